@@ -1,0 +1,32 @@
+# optlab: `make demo` shows it working, `make test` proves it. Both build .venv first.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo serve test lint typecheck unit clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/optlab demo
+
+serve: $(STAMP)
+	$(BIN)/optlab serve
+
+lint: $(STAMP)
+	$(BIN)/ruff check service jobs optimizers tests
+	$(BIN)/ruff format --check service jobs optimizers tests
+
+typecheck: $(STAMP)
+	$(BIN)/mypy service jobs optimizers
+
+test: $(STAMP) lint typecheck
+	$(BIN)/python -m pytest
+
+clean:
+	rm -rf $(VENV) .optlab .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,155 @@
+"""Run one job: `python -m jobs.run SPEC.json [--workdir DIR] [--tracking-uri URI]`.
+
+The worker starts this in a fresh process per job, so a crashing, leaking or hanging
+optimizer never takes the worker down. It always writes `result.json` (status
+`succeeded`, `failed`, `diverged` or `cancelled`), except when killed outright.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from pydantic import ValidationError
+
+from jobs.report import Reporter
+from jobs.spec import JobSpec
+
+TRACEBACK_TAIL_LINES = 40
+
+
+class Cancelled(Exception):
+    """SIGTERM from the worker: the job was cancelled or the worker is shutting down."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m jobs.run", description=__doc__)
+    parser.add_argument("spec", type=Path, help="job spec JSON file")
+    parser.add_argument("--workdir", type=Path, help="where checkpoints, progress and result go")
+    parser.add_argument(
+        "--tracking-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI"),
+        help="MLflow tracking server (http://...); default $MLFLOW_TRACKING_URI; none: no tracking",
+    )
+    parser.add_argument("--job-id", default="", help="the service's job id, recorded as a tag")
+    parser.add_argument("--attempt", type=int, default=1)
+    return parser.parse_args(argv)
+
+
+def load_spec(path: Path) -> JobSpec:
+    try:
+        return JobSpec.model_validate_json(path.read_text())
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}" for e in exc.errors()
+        )
+        raise ValueError(f"invalid job spec {path}: {problems}") from None
+
+
+def error_record(exc: BaseException) -> dict[str, str]:
+    lines = "".join(traceback.format_exception(exc)).splitlines()
+    return {
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "traceback": "\n".join(lines[-TRACEBACK_TAIL_LINES:]),
+    }
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    raise Cancelled("the job was stopped by its worker (cancelled or worker shutdown)")
+
+
+def run_job(args: argparse.Namespace) -> dict[str, Any]:
+    workdir: Path = args.workdir or Path(tempfile.mkdtemp(prefix="optlab-job-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    reporter = Reporter(workdir)
+    started = time.time()
+    result: dict[str, Any] = {"job_id": args.job_id, "attempt": args.attempt, "workdir": str(workdir)}
+    status, mlflow_run, job, spec = "failed", None, None, None
+    try:
+        spec = load_spec(args.spec)
+        reporter.progress(step=0, total=spec.steps, force=True)
+        # Heavy imports only now, so a bad spec fails in a fraction of a second.
+        from jobs.torch_trainer import TorchJob
+        from optimizers.registry import load_registry
+
+        if args.tracking_uri:
+            from jobs.tracking import MlflowRun
+
+            mlflow_run = MlflowRun(
+                args.tracking_uri,
+                experiment=spec.experiment,
+                run_name=spec.run_name(),
+                params=spec.flat_params(),
+                tags={
+                    "job_id": args.job_id,
+                    "framework": spec.framework,
+                    "workload": spec.workload.name,
+                    "optimizer": spec.optimizer.name,
+                    "attempt": str(args.attempt),
+                },
+            )
+            result["mlflow"] = mlflow_run.info.to_json()
+            reporter.progress(mlflow=result["mlflow"], force=True)
+        from jobs.tracking import NullTracker
+
+        job = TorchJob(
+            spec,
+            registry=load_registry(),
+            workdir=workdir,
+            tracker=mlflow_run or NullTracker(),
+            reporter=reporter,
+        )
+        result.update(job.run())
+        status = "succeeded"
+    except Cancelled as exc:
+        status, result["error"] = "cancelled", error_record(exc)
+    except Exception as exc:  # noqa: BLE001 - every failure becomes a readable result
+        from jobs.torch_trainer import Diverged
+
+        if isinstance(exc, Diverged):
+            status, result["diverged_at_step"] = "diverged", exc.step
+        result["error"] = error_record(exc)
+    if job is not None and status != "succeeded":
+        result["checkpoints"] = job.verified
+        result["warnings"] = job.warnings
+    result["status"] = status
+    result["duration_s"] = round(time.time() - started, 3)
+    if mlflow_run is not None:
+        result = finish_mlflow_run(mlflow_run, result, job, spec)
+    reporter.result(result)
+    return result
+
+
+def finish_mlflow_run(
+    mlflow_run: Any, result: dict[str, Any], job: Any, spec: JobSpec | None
+) -> dict[str, Any]:
+    """Artifacts (spec, result, final checkpoint), then flush metrics and end the run."""
+    mlflow_status = {"succeeded": "FINISHED", "cancelled": "KILLED"}.get(result["status"], "FAILED")
+    try:
+        if job is not None and job.last_checkpoint is not None:
+            mlflow_run.log_artifact(job.last_checkpoint, "checkpoints")
+        if spec is not None:
+            mlflow_run.log_json("spec.json", spec.model_dump(mode="json"))
+        mlflow_run.log_json("result.json", result)
+        mlflow_run.end(mlflow_status)
+    except Exception as exc:  # noqa: BLE001 - a lost metric or artifact fails the job loudly
+        result = {**result, "status": "failed", "error": error_record(exc)}
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    result = run_job(parse_args(argv))
+    return 0 if result["status"] == "succeeded" else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

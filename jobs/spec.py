@@ -1,0 +1,213 @@
+"""The job spec: one definition shared by the API (validation) and the job runner.
+
+No heavy imports here: the API process imports this module and never loads torch.
+Checks that need the optimizer catalogue (names, hyperparameters, ranges) are in
+`catalogue_errors`, which works from the catalogue's JSON form.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from optimizers.hyperparams import Param
+
+NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]*$"
+Name = Annotated[str, Field(min_length=1, max_length=100, pattern=NAME_PATTERN)]
+JsonScalar = bool | int | float | str | None
+
+
+def _finite(value: Any, where: str) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where} must be a finite number; received {value}")
+    if isinstance(value, list):
+        for item in value:
+            _finite(item, where)
+
+
+class Component(BaseModel):
+    """A named catalogue item with its parameters, e.g. an optimizer and its hyperparameters."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: Name
+    params: dict[Annotated[str, Field(max_length=100)], JsonScalar | list[JsonScalar]] = Field(
+        default_factory=dict, max_length=64
+    )
+
+    @field_validator("params")
+    @classmethod
+    def _params_finite(cls, params: dict[str, Any]) -> dict[str, Any]:
+        for key, value in params.items():
+            _finite(value, key)
+        return params
+
+
+class JobSpec(BaseModel):
+    """What to train, with what, for how long. The learning rate is `optimizer.params.lr`."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "framework": "torch",
+                    "workload": {"name": "digits_mlp"},
+                    "optimizer": {"name": "ema_momentum", "params": {"lr": 0.05}},
+                    "schedule": {"name": "cosine", "params": {"warmup_steps": 20}},
+                    "steps": 300,
+                    "batch_size": 64,
+                    "seed": 0,
+                    "checkpoint_every": 100,
+                    "eval_every": 100,
+                    "experiment": "demo",
+                }
+            ]
+        },
+    )
+
+    framework: Literal["torch"] = "torch"
+    workload: Component
+    optimizer: Component
+    schedule: Component = Field(default_factory=lambda: Component(name="constant"))
+    steps: int = Field(gt=0, description="optimizer updates to run")
+    batch_size: int = Field(default=64, gt=0, le=65536)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    checkpoint_every: int = Field(default=100, gt=0, description="steps between verified checkpoints")
+    eval_every: int = Field(default=100, gt=0, description="steps between validation passes")
+    experiment: str = Field(default="default", min_length=1, max_length=200, pattern=r"^[^\x00-\x1f]+$")
+    device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:[0-9]{1,2})?)$")
+
+    @property
+    def lr(self) -> float | None:
+        value = self.optimizer.params.get("lr")
+        return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+    def run_name(self) -> str:
+        """How the run reads in the MLflow UI: `ema_momentum lr=0.05 digits_mlp seed=0`."""
+        lr = self.optimizer.params.get("lr")
+        lr_part = f" lr={lr:g}" if isinstance(lr, int | float) and not isinstance(lr, bool) else ""
+        return f"{self.optimizer.name}{lr_part} {self.workload.name} seed={self.seed}"
+
+    def flat_params(self) -> dict[str, str]:
+        """The spec as MLflow params: `optimizer.name`, `optimizer.lr`, `schedule.name`, ..."""
+        flat: dict[str, str] = {}
+        for key, value in self.model_dump(mode="json").items():
+            if isinstance(value, dict):
+                flat[f"{key}.name"] = str(value["name"])
+                for param, param_value in value.get("params", {}).items():
+                    flat[f"{key}.{param}"] = str(param_value)
+            else:
+                flat[key] = str(value)
+        return flat
+
+
+class SpecError(BaseModel):
+    """One problem, located like FastAPI's own validation errors."""
+
+    loc: list[str | int]
+    msg: str
+    type: str = "value_error"
+
+
+class Catalogue(BaseModel):
+    """What the job side can run, as published by `python -m jobs.catalogue`."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    optimizers: list[dict[str, Any]]
+    schedules: list[dict[str, Any]]
+    workloads: list[dict[str, Any]]
+    errors: list[dict[str, str]] = Field(default_factory=list)
+
+    def optimizer(self, name: str) -> dict[str, Any] | None:
+        return next((o for o in self.optimizers if o["name"] == name), None)
+
+    def schedule(self, name: str) -> dict[str, Any] | None:
+        return next((s for s in self.schedules if s["name"] == name), None)
+
+    def workload(self, name: str) -> dict[str, Any] | None:
+        return next((w for w in self.workloads if w["name"] == name), None)
+
+
+def catalogue_errors(spec: JobSpec, catalogue: Catalogue, *, max_steps: int) -> list[SpecError]:
+    """Everything in `spec` that the catalogue or the service's limits reject."""
+    errors: list[SpecError] = []
+    if spec.steps > max_steps:
+        errors.append(
+            SpecError(loc=["body", "steps"], msg=f"steps must be at most {max_steps}; received {spec.steps}")
+        )
+
+    optimizer = catalogue.optimizer(spec.optimizer.name)
+    if optimizer is None:
+        known = ", ".join(sorted(o["name"] for o in catalogue.optimizers))
+        errors.append(_unknown("optimizer", spec.optimizer.name, known))
+    elif optimizer["framework"] != spec.framework:
+        errors.append(
+            SpecError(
+                loc=["body", "optimizer", "name"],
+                msg=f"optimizer {spec.optimizer.name!r} is a {optimizer['framework']} optimizer; "
+                f"this job's framework is {spec.framework!r}",
+            )
+        )
+    else:
+        errors += _param_errors("optimizer", spec.optimizer, optimizer["params"])
+
+    schedule = catalogue.schedule(spec.schedule.name)
+    if schedule is None:
+        errors.append(_unknown("schedule", spec.schedule.name, ", ".join(s["name"] for s in catalogue.schedules)))
+    else:
+        errors += _param_errors("schedule", spec.schedule, schedule["params"])
+
+    workload = catalogue.workload(spec.workload.name)
+    if workload is None:
+        errors.append(_unknown("workload", spec.workload.name, ", ".join(w["name"] for w in catalogue.workloads)))
+    else:
+        errors += _param_errors("workload", spec.workload, workload["params"])
+        if spec.framework not in workload["frameworks"]:
+            errors.append(
+                SpecError(
+                    loc=["body", "workload", "name"],
+                    msg=f"workload {spec.workload.name!r} runs on {', '.join(workload['frameworks'])}; "
+                    f"received framework {spec.framework!r}",
+                )
+            )
+        if spec.batch_size > workload["train_size"]:
+            errors.append(
+                SpecError(
+                    loc=["body", "batch_size"],
+                    msg=f"batch_size must be at most the training set size {workload['train_size']} "
+                    f"of {spec.workload.name!r}; received {spec.batch_size}",
+                )
+            )
+    return errors
+
+
+def _unknown(kind: str, name: str, known: str) -> SpecError:
+    return SpecError(loc=["body", kind, "name"], msg=f"unknown {kind} {name!r}; known: {known}")
+
+
+def _param_errors(kind: str, component: Component, declared_json: list[Mapping[str, Any]]) -> list[SpecError]:
+    declared = {p["name"]: Param.from_json(p) for p in declared_json}
+    word = "hyperparameter" if kind == "optimizer" else "parameter"
+    errors = []
+    for key, value in component.params.items():
+        loc: list[str | int] = ["body", kind, "params", key]
+        if key not in declared:
+            accepted = ", ".join(declared) or "none"
+            errors.append(
+                SpecError(
+                    loc=loc,
+                    msg=f"{kind} {component.name!r} has no {word} {key!r}; accepted: {accepted}",
+                )
+            )
+            continue
+        try:
+            declared[key].check(value)
+        except ValueError as exc:
+            errors.append(SpecError(loc=loc, msg=str(exc)))
+    return errors

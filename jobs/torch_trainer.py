@@ -1,0 +1,273 @@
+"""Train one PyTorch job: a loop a reader can hold in their head (after nanoGPT's train.py).
+
+Every `checkpoint_every` steps (and after the last) the job saves, reloads into fresh
+objects, verifies, and *continues from the reloaded objects*, so a serialization bug
+shows in the result instead of hiding until someone resumes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from jobs.report import Reporter
+from jobs.spec import JobSpec
+from jobs.torch_checkpoint import (
+    TrainObjects,
+    load_checkpoint,
+    restore,
+    save_checkpoint,
+    verify_roundtrip,
+)
+from jobs.tracking import Tracker
+from jobs.workloads import Dataset, get_workload
+from optimizers.registry import Registry
+from optimizers.schedules import build_schedule
+
+
+class Diverged(Exception):
+    def __init__(self, step: int, what: str, value: float) -> None:
+        super().__init__(f"{what} became {value} at step {step}")
+        self.step = step
+
+
+@dataclass
+class Timings:
+    step_ms: list[float] = field(default_factory=list)
+    optimizer_ms: list[float] = field(default_factory=list)
+
+
+def resolve_device(requested: str) -> torch.device:
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(requested)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device {requested!r} requested, but CUDA is not available here")
+        index = device.index or 0
+        if index >= torch.cuda.device_count():
+            raise ValueError(
+                f"device {requested!r} requested, but only {torch.cuda.device_count()} CUDA devices exist"
+            )
+    return device
+
+
+def make_deterministic(seed: int) -> None:
+    # Must be set before CUDA initialises for deterministic cuBLAS.
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    # warn_only: a user's optimizer may use an op with no deterministic CUDA kernel;
+    # that should cost bitwise reproducibility on GPU (with a warning), not the job.
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.benchmark = False
+    torch.manual_seed(seed)
+
+
+def params_sha256(model: nn.Module) -> str:
+    """SHA-256 over every parameter's name, dtype, shape and raw bytes, in module order."""
+    digest = hashlib.sha256()
+    for name, param in model.named_parameters():
+        tensor = param.detach().cpu().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{list(tensor.shape)}".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+class Batches:
+    """Batch `step` is a pure function of (seed, step): shuffled per epoch, last partial batch dropped."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, *, batch_size: int, seed: int) -> None:
+        self.x, self.y = x, y
+        self.batch_size = batch_size
+        self.seed = seed
+        self.per_epoch = len(x) // batch_size
+        self._epoch = -1
+        self._order = np.arange(0)
+
+    def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        epoch, index = divmod(step, self.per_epoch)
+        if epoch != self._epoch:
+            self._order = np.random.default_rng([self.seed, epoch]).permutation(len(self.x))
+            self._epoch = epoch
+        rows = torch.from_numpy(self._order[index * self.batch_size : (index + 1) * self.batch_size])
+        rows = rows.to(self.x.device)
+        return self.x[rows], self.y[rows]
+
+
+class TorchJob:
+    def __init__(
+        self,
+        spec: JobSpec,
+        *,
+        registry: Registry,
+        workdir: Path,
+        tracker: Tracker,
+        reporter: Reporter,
+    ) -> None:
+        self.spec = spec
+        self.registry = registry
+        self.workdir = workdir
+        self.tracker = tracker
+        self.reporter = reporter
+        self.device = resolve_device(spec.device)
+        self.workload = get_workload(spec.workload.name)
+        self.dataset: Dataset = self.workload.load_data()
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.checkpoint_dir = workdir / "checkpoints"
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        self.warnings: list[str] = []
+        self.verified: list[dict[str, Any]] = []
+        self.last_checkpoint: Path | None = None
+
+    def build(self) -> TrainObjects:
+        """Fresh model, optimizer and scheduler exactly as the spec describes them."""
+        model = self.workload.torch_model(self.spec.workload.params, self.dataset).to(self.device)
+        optimizer = self.registry.build(
+            self.spec.optimizer.name, model.parameters(), self.spec.optimizer.params
+        )
+        schedule = build_schedule(
+            self.spec.schedule.name, self.spec.schedule.params, total_steps=self.spec.steps
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=schedule)
+        return TrainObjects(model, optimizer, scheduler)
+
+    def run(self) -> dict[str, Any]:
+        spec = self.spec
+        make_deterministic(spec.seed)
+        x_train, y_train = self._tensors(self.dataset.x_train, self.dataset.y_train)
+        x_val, y_val = self._tensors(self.dataset.x_val, self.dataset.y_val)
+        batches = Batches(x_train, y_train, batch_size=spec.batch_size, seed=spec.seed)
+        objects = self.build()
+        timings = Timings()
+        started = time.monotonic()
+        train_loss = math.nan
+        evaluation: dict[str, float] = {}
+
+        for step in range(spec.steps):
+            train_loss = self._train_step(objects, batches(step), step, timings)
+            done = step + 1
+            if done % spec.eval_every == 0 or done == spec.steps:
+                evaluation = self._evaluate(objects.model, x_val, y_val, done)
+            if done % spec.checkpoint_every == 0 or done == spec.steps:
+                probe_batch = batches(min(done, spec.steps - 1))
+                objects = self._checkpoint_roundtrip(objects, done, probe_batch)
+            self.reporter.progress(
+                step=done, total=spec.steps, loss=train_loss, force=done == spec.steps, **evaluation
+            )
+
+        step_seconds = sum(timings.step_ms) / 1000
+        return {
+            "steps_completed": spec.steps,
+            "final": {"train_loss": train_loss, **evaluation},
+            "params_sha256": params_sha256(objects.model),
+            "samples_per_sec": spec.steps * spec.batch_size / step_seconds if step_seconds else None,
+            "step_time_ms_median": statistics.median(timings.step_ms),
+            "optimizer_step_ms_median": statistics.median(timings.optimizer_ms),
+            "checkpoints": self.verified,
+            "checkpoints_verified": sum(1 for c in self.verified if c["ok"]),
+            "device": str(self.device),
+            "train_seconds": time.monotonic() - started,
+            "warnings": self.warnings,
+        }
+
+    def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
+
+    def _forward_backward(self, objects: TrainObjects, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        objects.optimizer.zero_grad(set_to_none=True)
+        loss = self.loss_fn(objects.model(x), y)
+        loss.backward()
+        return loss
+
+    def _train_step(
+        self,
+        objects: TrainObjects,
+        batch: tuple[torch.Tensor, torch.Tensor],
+        step: int,
+        timings: Timings,
+    ) -> float:
+        lr = float(objects.optimizer.param_groups[0]["lr"])
+        started = time.perf_counter()
+        loss = self._forward_backward(objects, batch)
+        grad_norm = _grad_norm(objects.model)
+        optimizer_started = self._sync_clock()
+        objects.optimizer.step()
+        optimizer_ms = (self._sync_clock() - optimizer_started) * 1000
+        objects.scheduler.step()
+        loss_value = float(loss.item())
+        step_ms = (time.perf_counter() - started) * 1000
+        if not math.isfinite(loss_value):
+            raise Diverged(step, "train/loss", loss_value)
+        timings.step_ms.append(step_ms)
+        timings.optimizer_ms.append(optimizer_ms)
+        for key, value in (
+            ("train/loss", loss_value),
+            ("train/lr", lr),
+            ("train/grad_norm", grad_norm),
+            ("perf/step_time_ms", step_ms),
+            ("perf/optimizer_step_ms", optimizer_ms),
+            ("perf/samples_per_sec", self.spec.batch_size / (step_ms / 1000)),
+        ):
+            self.tracker.metric(key, value, step)
+        return loss_value
+
+    def _sync_clock(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    @torch.no_grad()
+    def _evaluate(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, step: int) -> dict[str, float]:
+        model.eval()
+        logits = model(x)
+        model.train()
+        val_loss = float(self.loss_fn(logits, y).item())
+        accuracy = float((logits.argmax(dim=1) == y).float().mean().item())
+        if not math.isfinite(val_loss):
+            raise Diverged(step, "val/loss", val_loss)
+        self.tracker.metric("val/loss", val_loss, step)
+        self.tracker.metric("val/accuracy", accuracy, step)
+        return {"val_loss": val_loss, "val_accuracy": accuracy}
+
+    def _checkpoint_roundtrip(
+        self, objects: TrainObjects, step: int, probe_batch: tuple[torch.Tensor, torch.Tensor]
+    ) -> TrainObjects:
+        path = self.checkpoint_dir / f"step-{step:08d}.pt"
+        save_checkpoint(path, objects, step=step, spec_json=self.spec.model_dump_json())
+        checkpoint = load_checkpoint(path, self.device)
+        reloaded = restore(checkpoint, self.build())
+
+        def probe(candidate: TrainObjects) -> None:
+            self._forward_backward(candidate, probe_batch)
+            candidate.optimizer.step()
+
+        try:
+            self.warnings += verify_roundtrip(objects, reloaded, probe)
+        except Exception:
+            self.tracker.metric("checkpoint/roundtrip_ok", 0.0, step)
+            self.verified.append({"step": step, "ok": False, "path": str(path)})
+            raise
+        self.tracker.metric("checkpoint/roundtrip_ok", 1.0, step)
+        self.verified.append({"step": step, "ok": True, "path": str(path)})
+        if self.last_checkpoint is not None and self.last_checkpoint != path:
+            self.last_checkpoint.unlink(missing_ok=True)  # keep only the latest verified one
+        self.last_checkpoint = path
+        return reloaded
+
+
+def _grad_norm(model: nn.Module) -> float:
+    norms = [p.grad.detach().norm() for p in model.parameters() if p.grad is not None]
+    if not norms:
+        return 0.0
+    return float(torch.stack(norms).norm().item())
+

@@ -1,0 +1,26 @@
+"""Workloads: a dataset and a model architecture, defined once for every framework.
+
+Only light metadata lives at import time; data and framework code load on use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jobs.workloads.base import Dataset, Workload
+from jobs.workloads.digits_mlp import DigitsMlp
+
+WORKLOADS: dict[str, Workload] = {workload.name: workload for workload in (DigitsMlp(),)}
+
+
+def get_workload(name: str) -> Workload:
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; known: {', '.join(WORKLOADS)}")
+    return WORKLOADS[name]
+
+
+def describe_workloads() -> list[dict[str, Any]]:
+    return [workload.describe() for workload in WORKLOADS.values()]
+
+
+__all__ = ["WORKLOADS", "Dataset", "Workload", "describe_workloads", "get_workload"]

@@ -1,0 +1,5 @@
+"""The optimizer catalogue. Importing this package loads no framework."""
+
+from optimizers.registry import register
+
+__all__ = ["register"]

@@ -1,0 +1,193 @@
+"""Declarations of tunable parameters: one description, used both to validate
+constructor arguments and to publish the catalogue the API validates jobs against.
+
+Pure Python on purpose: the API process imports this module and must never pull in
+torch or TensorFlow.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+ParamType = Literal["float", "int", "number", "bool", "float_pair"]
+
+
+@dataclass(frozen=True)
+class Param:
+    """One tunable argument: its type, default and allowed interval.
+
+    `low`/`high` bound every number in the value (both numbers of a `float_pair`);
+    `None` means unbounded on that side.
+    """
+
+    name: str
+    type: ParamType
+    default: Any
+    low: float | None = None
+    high: float | None = None
+    low_inclusive: bool = True
+    high_inclusive: bool = True
+    help: str = ""
+
+    def allowed(self) -> str:
+        """Human description of the allowed values, e.g. `a number in [0, 1)`."""
+        if self.type == "bool":
+            return "true or false"
+        kind = {
+            "float": "a number",
+            "number": "a number",
+            "int": "an integer",
+            "float_pair": "two numbers",
+        }[self.type]
+        if self.low is None and self.high is None:
+            return kind
+        if self.low is not None and self.high is not None:
+            left = "[" if self.low_inclusive else "("
+            right = "]" if self.high_inclusive else ")"
+            return f"{kind} in {left}{_fmt(self.low)}, {_fmt(self.high)}{right}"
+        if self.low is not None:
+            return f"{kind} {'>=' if self.low_inclusive else '>'} {_fmt(self.low)}"
+        assert self.high is not None
+        return f"{kind} {'<=' if self.high_inclusive else '<'} {_fmt(self.high)}"
+
+    def check(self, value: Any) -> Any:
+        """Return `value` normalised to this type, or raise ValueError saying what is allowed."""
+        numbers = self._coerce(value)
+        for number in numbers:
+            if not self._in_range(number):
+                raise ValueError(
+                    f"{self.name} must be {self.allowed()}; received {_show(value)}"
+                )
+        if self.type == "float_pair":
+            return (numbers[0], numbers[1])
+        return numbers[0]
+
+    def to_json(self) -> dict[str, Any]:
+        default = list(self.default) if isinstance(self.default, tuple) else self.default
+        return {
+            "name": self.name,
+            "type": self.type,
+            "default": default,
+            "low": self.low,
+            "high": self.high,
+            "low_inclusive": self.low_inclusive,
+            "high_inclusive": self.high_inclusive,
+            "allowed": self.allowed(),
+            "help": self.help,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Param:
+        default = data["default"]
+        if data["type"] == "float_pair" and isinstance(default, list):
+            default = tuple(default)
+        return cls(
+            name=data["name"],
+            type=data["type"],
+            default=default,
+            low=data.get("low"),
+            high=data.get("high"),
+            low_inclusive=data.get("low_inclusive", True),
+            high_inclusive=data.get("high_inclusive", True),
+            help=data.get("help", ""),
+        )
+
+    def _coerce(self, value: Any) -> list[Any]:
+        wrong = ValueError(f"{self.name} must be {self.allowed()}; received {_show(value)}")
+        if self.type == "bool":
+            if not isinstance(value, bool):
+                raise wrong
+            return [value]
+        if self.type == "float_pair":
+            if not isinstance(value, list | tuple) or len(value) != 2:
+                raise wrong
+            return [self._number(item, wrong, integer=False) for item in value]
+        if self.type == "number":
+            # Kept as given: an int stays an int for code that counts with it.
+            if isinstance(value, int) and not isinstance(value, bool):
+                return [value]
+        return [self._number(value, wrong, integer=self.type == "int")]
+
+    @staticmethod
+    def _number(value: Any, wrong: ValueError, *, integer: bool) -> float | int:
+        # bool is an int subclass in Python; `true` is never a valid learning rate.
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise wrong
+        if integer:
+            if isinstance(value, float):
+                if not value.is_integer():
+                    raise wrong
+                return int(value)
+            return value
+        if not math.isfinite(value):
+            raise wrong
+        return float(value)
+
+    def _in_range(self, number: float) -> bool:
+        if self.low is not None:
+            if number < self.low or (number == self.low and not self.low_inclusive):
+                return False
+        if self.high is not None:
+            if number > self.high or (number == self.high and not self.high_inclusive):
+                return False
+        return True
+
+
+def check_all(
+    params: Mapping[str, Any], declared: Mapping[str, Param], *, owner: str
+) -> dict[str, Any]:
+    """Validate `params` against `declared`; return them with defaults filled in.
+
+    Raises ValueError naming the first unknown or invalid argument.
+    """
+    unknown = sorted(set(params) - set(declared))
+    if unknown:
+        raise ValueError(
+            f"{owner} has no hyperparameter {unknown[0]!r}; accepted: {', '.join(declared)}"
+        )
+    checked = {name: param.default for name, param in declared.items()}
+    for name, value in params.items():
+        checked[name] = declared[name].check(value)
+    return checked
+
+
+def check_hyperparameters(declared: Mapping[str, Param], **values: Any) -> None:
+    """Constructor-side validation: raise ValueError naming the argument and the value."""
+    for name, value in values.items():
+        declared[name].check(value)
+
+
+# Declarations used by optimizer classes. The default comes from the constructor's
+# signature when the catalogue is built, so it is written in one place only.
+def positive(name: str, help: str = "") -> Param:
+    return Param(name, "float", None, low=0.0, low_inclusive=False, help=help)
+
+
+def non_negative(name: str, help: str = "") -> Param:
+    return Param(name, "float", None, low=0.0, help=help)
+
+
+def unit_interval(name: str, help: str = "") -> Param:
+    """A decay factor in [0, 1): 1 would freeze an average forever."""
+    return Param(name, "float", None, low=0.0, high=1.0, high_inclusive=False, help=help)
+
+
+def unit_interval_pair(name: str, help: str = "") -> Param:
+    """Two decay factors in [0, 1), as torch's `betas`."""
+    return Param(name, "float_pair", None, low=0.0, high=1.0, high_inclusive=False, help=help)
+
+
+def _fmt(number: float) -> str:
+    return f"{number:g}"
+
+
+def _show(value: Any) -> str:
+    """Show a received value as the client sent it (JSON spelling: true, null, NaN)."""
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)

@@ -1,0 +1,184 @@
+"""`optlab` command line: serve | api | worker | submit | demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from service.settings import Settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll drowns the progress
+    try:
+        settings = settings_from(args)
+    except ValidationError as exc:
+        for error in exc.errors():
+            print(f"optlab: invalid setting OPTLAB_{str(error['loc'][0]).upper()}: {error['msg']}", file=sys.stderr)
+        return 2
+    handler = {"serve": cmd_serve, "api": cmd_api, "worker": cmd_worker, "submit": cmd_submit, "demo": cmd_demo}
+    try:
+        return handler[args.command](args, settings)
+    except KeyboardInterrupt:
+        return 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="optlab", description="Train and compare custom optimizers.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    for name, help_text in (
+        ("serve", "run the API, one worker and a local MLflow server together"),
+        ("demo", "start everything, train three optimizers over HTTP, compare them, stop"),
+    ):
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("--host", help="API host (default 127.0.0.1)")
+        sub.add_argument("--port", type=int, help="API port (default 8000)")
+        sub.add_argument("--mlflow-port", type=int, help="MLflow port (default 5000)")
+        sub.add_argument("--data-dir", type=Path, help="where jobs, databases and artifacts live")
+    commands.choices["demo"].add_argument(
+        "--specs", type=Path, default=Path("examples/demo"), help="folder of job spec JSON files"
+    )
+
+    api = commands.add_parser("api", help="run the HTTP API only")
+    api.add_argument("--host")
+    api.add_argument("--port", type=int)
+    commands.add_parser("worker", help="run one worker only")
+
+    submit = commands.add_parser("submit", help="submit a job spec over HTTP")
+    submit.add_argument("spec", type=Path, help="job spec JSON file")
+    submit.add_argument("--wait", action="store_true", help="show progress until the job ends")
+    submit.add_argument("--api", help="API URL (default $OPTLAB_API_URL or http://127.0.0.1:8000)")
+    return parser
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, Any] = {}
+    if getattr(args, "host", None):
+        overrides["api_host"] = args.host
+    if getattr(args, "port", None):
+        overrides["api_port"] = args.port
+    if getattr(args, "data_dir", None):
+        overrides["data_dir"] = args.data_dir
+    settings = Settings(**overrides)
+    if args.command in ("serve", "demo"):
+        # serve runs its own MLflow, so the tracking URI is where that server listens.
+        port = args.mlflow_port or settings.mlflow_port
+        settings = settings.model_copy(
+            update={"mlflow_port": port, "mlflow_tracking_uri": f"http://{settings.mlflow_host}:{port}"}
+        )
+    return settings
+
+
+def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from service.supervisor import StartupError, Supervisor
+
+    supervisor = Supervisor(settings)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    print("starting MLflow, the API and a worker (the first start takes a minute)...", flush=True)
+    try:
+        supervisor.start()
+    except StartupError as exc:
+        print(f"optlab serve: {exc}", file=sys.stderr)
+        return 1
+    print(
+        f"\noptlab is up\n  API       {supervisor.api_url}\n  API docs  {supervisor.api_url}/docs\n"
+        f"  MLflow UI {supervisor.mlflow_url}\n  data      {supervisor.data_dir}\nCtrl-C stops everything.",
+        flush=True,
+    )
+    try:
+        while not stop.wait(1.0):
+            supervisor.check_children()
+    except KeyboardInterrupt:
+        pass
+    except StartupError as exc:
+        print(f"optlab serve: {exc}", file=sys.stderr)
+        supervisor.stop()
+        return 1
+    print("stopping...", flush=True)
+    supervisor.stop()
+    return 0
+
+
+def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
+    import uvicorn
+
+    from service.app import create_app
+
+    uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port, log_level="info")
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
+    from service.db import make_engine, migrate, session_factory
+    from service.worker import CatalogueError, Worker, install_stop_handlers
+
+    engine = make_engine(settings.resolved_database_url)
+    migrate(engine)
+    worker = Worker(settings, session_factory(engine))
+    install_stop_handlers(worker.stopping.set)
+    try:
+        worker.publish_catalogue()
+    except CatalogueError as exc:
+        print(f"optlab worker: {exc}", file=sys.stderr)
+        return 1
+    worker.run_forever()
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
+    from service.client import ApiClient, ApiError
+    from service.progress import follow_jobs
+
+    try:
+        spec = json.loads(args.spec.read_text())
+    except (OSError, ValueError) as exc:
+        print(f"optlab submit: cannot read {args.spec}: {exc}", file=sys.stderr)
+        return 2
+    url = args.api or os.environ.get("OPTLAB_API_URL") or f"http://{settings.api_host}:{settings.api_port}"
+    client = ApiClient(url)
+    try:
+        job = client.submit(spec)
+        print(f"job {job['id']} {job['status']}: {url}/jobs/{job['id']}")
+        if not args.wait:
+            return 0
+        final = follow_jobs(client, {job["id"]: spec_label(job["spec"])})[job["id"]]
+    except ApiError as exc:
+        print(f"optlab submit: {exc}", file=sys.stderr)
+        return 2 if exc.status_code in (400, 404, 413, 422) else 1
+    finally:
+        client.close()
+    print(f"job {final['id']} {final['status']}")
+    if final.get("error"):
+        print(f"  {final['error'].get('type')}: {final['error'].get('message')}")
+    if final.get("mlflow"):
+        print(f"  MLflow run: {final['mlflow']['run_url']}")
+    return 0 if final["status"] == "succeeded" else 1
+
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from service.demo import run_demo
+
+    return run_demo(settings, args.specs)
+
+
+def spec_label(spec: dict[str, Any]) -> str:
+    lr = spec.get("optimizer", {}).get("params", {}).get("lr")
+    return f"{spec['optimizer']['name']}" + (f" lr={lr:g}" if isinstance(lr, int | float) else "")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

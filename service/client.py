@@ -1,0 +1,80 @@
+"""A small HTTP client for the optlab API, used by `optlab submit` and `optlab demo`."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+TERMINAL = ("succeeded", "failed", "diverged", "cancelled")
+
+
+class ApiError(RuntimeError):
+    def __init__(self, status_code: int, detail: Any) -> None:
+        self.status_code = status_code
+        self.detail = detail
+        super().__init__(format_detail(status_code, detail))
+
+
+def format_detail(status_code: int, detail: Any) -> str:
+    if isinstance(detail, list):
+        lines = [f"  - {item.get('msg', item)}" if isinstance(item, dict) else f"  - {item}" for item in detail]
+        return f"HTTP {status_code}:\n" + "\n".join(lines)
+    return f"HTTP {status_code}: {detail}"
+
+
+class ApiClient:
+    def __init__(self, base_url: str, timeout_s: float = 30.0) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/jobs", json=spec)
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        return self._call("GET", f"/jobs/{job_id}")
+
+    def cancel(self, job_id: int) -> dict[str, Any]:
+        return self._call("POST", f"/jobs/{job_id}/cancel")
+
+    def wait(
+        self,
+        job_ids: list[int],
+        on_update: Callable[[dict[str, Any]], None] | None = None,
+        poll_s: float = 0.5,
+        timeout_s: float | None = None,
+    ) -> dict[int, dict[str, Any]]:
+        """Poll until every job has ended; `on_update` sees each job on every poll."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        latest: dict[int, dict[str, Any]] = {}
+        while True:
+            for job_id in job_ids:
+                if job_id in latest and latest[job_id]["status"] in TERMINAL:
+                    continue
+                latest[job_id] = self.job(job_id)
+                if on_update:
+                    on_update(latest[job_id])
+            if all(job["status"] in TERMINAL for job in latest.values()):
+                return latest
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"jobs {job_ids} still running after {timeout_s}s")
+            time.sleep(poll_s)
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        try:
+            response = self._http.request(method, path, **kwargs)
+        except httpx.ConnectError:
+            raise ApiError(0, f"cannot reach the optlab API at {self.base_url}; is `optlab serve` running?") from None
+        if response.status_code >= 400:
+            try:
+                detail = response.json().get("detail", response.text)
+            except ValueError:
+                detail = response.text
+            raise ApiError(response.status_code, detail)
+        data: dict[str, Any] = response.json()
+        return data

@@ -1,0 +1,88 @@
+"""`make demo`: start everything, train three optimizers over HTTP, compare them, stop."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from service.client import ApiClient, ApiError
+from service.progress import follow_jobs
+from service.settings import Settings
+from service.supervisor import StartupError, Supervisor
+
+
+def load_specs(folder: Path) -> list[dict[str, Any]]:
+    paths = sorted(folder.glob("*.json"))
+    if not paths:
+        raise FileNotFoundError(f"no job specs (*.json) in {folder}")
+    return [json.loads(path.read_text()) for path in paths]
+
+
+def run_demo(settings: Settings, specs_dir: Path) -> int:
+    console = Console()
+    try:
+        specs = load_specs(specs_dir)
+    except (OSError, ValueError) as exc:
+        console.print(f"[red]optlab demo: {exc}")
+        return 2
+    console.print("Starting MLflow, the API and a worker (the first start takes a minute)...")
+    try:
+        with Supervisor(settings) as supervisor:
+            client = ApiClient(supervisor.api_url)
+            try:
+                jobs = [client.submit(spec) for spec in specs]
+            except ApiError as exc:
+                console.print(f"[red]optlab demo: the API refused a demo spec: {exc}")
+                return 1
+            console.print(f"Submitted {len(jobs)} jobs over HTTP to {supervisor.api_url}")
+            final = follow_jobs(client, {job["id"]: label(job["spec"]) for job in jobs}, console)
+            console.print(comparison_table(list(final.values())))
+            experiment_ids = {job["mlflow"]["experiment_id"] for job in final.values() if job.get("mlflow")}
+            for experiment_id in sorted(experiment_ids):
+                console.print(f"Compare the runs in the MLflow UI: {supervisor.mlflow_url}/#/experiments/{experiment_id}")
+            console.print(
+                "Stopping everything now; `make serve` keeps the service and the MLflow UI running."
+            )
+            ok = all(job["status"] == "succeeded" for job in final.values())
+    except StartupError as exc:
+        console.print(f"[red]optlab demo: {exc}")
+        return 1
+    return 0 if ok else 1
+
+
+def label(spec: dict[str, Any]) -> str:
+    lr = spec["optimizer"].get("params", {}).get("lr")
+    return spec["optimizer"]["name"] + (f" lr={lr:g}" if isinstance(lr, int | float) else "")
+
+
+def comparison_table(jobs: list[dict[str, Any]]) -> Table:
+    table = Table(title="digits_mlp: optimizers compared")
+    for column in ("job", "optimizer", "status", "val accuracy", "val loss", "samples/s", "checkpoints verified"):
+        table.add_column(column, justify="left" if column in ("optimizer", "status") else "right")
+    for job in sorted(jobs, key=lambda j: j["id"]):
+        result = job.get("result") or {}
+        final = result.get("final", {})
+        checkpoints = result.get("checkpoints", [])
+        table.add_row(
+            str(job["id"]),
+            label(job["spec"]),
+            job["status"],
+            _fmt(final.get("val_accuracy"), ".3f"),
+            _fmt(final.get("val_loss"), ".4f"),
+            _fmt(result.get("samples_per_sec"), ",.0f"),
+            f"{result.get('checkpoints_verified', 0)}/{len(checkpoints)}",
+        )
+    return table
+
+
+def _fmt(value: Any, spec: str) -> str:
+    return format(value, spec) if isinstance(value, int | float) else "-"
+
+
+if __name__ == "__main__":
+    sys.exit(run_demo(Settings(), Path("examples/demo")))

@@ -1,0 +1,39 @@
+"""Live progress bars for jobs followed over HTTP (rich)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from service.client import ApiClient
+
+
+def follow_jobs(client: ApiClient, labels: dict[int, str], console: Console | None = None) -> dict[int, dict[str, Any]]:
+    """Show one bar per job (step / total, status, latest loss) until every job has ended."""
+    progress = Progress(
+        TextColumn("{task.description:<28}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]:<10} loss {task.fields[loss]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    tasks = {
+        job_id: progress.add_task(f"#{job_id} {label}", total=None, status="queued", loss="-")
+        for job_id, label in labels.items()
+    }
+
+    def update(job: dict[str, Any]) -> None:
+        loss = job.get("latest_loss")
+        progress.update(
+            tasks[job["id"]],
+            completed=job["progress"]["step"],
+            total=job["progress"]["total"],
+            status=job["status"],
+            loss=f"{loss:.4f}" if isinstance(loss, float) else "-",
+        )
+
+    with progress:
+        return client.wait(list(labels), on_update=update)

@@ -1,0 +1,51 @@
+"""Job routes: thin; validation is `jobs.spec`, storage is `service.store`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Query
+
+from jobs.spec import JobSpec, catalogue_errors
+from service import store
+from service.deps import CatalogueDep, SessionDep, SettingsDep
+from service.schemas import JobRead, JobsPage, JobStatus
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+@router.post("", status_code=201, response_model=JobRead)
+def submit_job(spec: JobSpec, session: SessionDep, settings: SettingsDep, catalogue: CatalogueDep) -> JobRead:
+    errors = catalogue_errors(spec, catalogue, max_steps=settings.max_steps)
+    if errors:
+        raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
+    return JobRead.from_row(store.create_job(session=session, spec=spec))
+
+
+@router.get("", response_model=JobsPage)
+def list_jobs(
+    session: SessionDep,
+    status: JobStatus | None = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> JobsPage:
+    jobs, total = store.list_jobs(session=session, status=status, limit=limit, offset=offset)
+    return JobsPage(items=[JobRead.from_row(j) for j in jobs], total=total, limit=limit, offset=offset)
+
+
+@router.get("/{job_id}", response_model=JobRead)
+def get_job(job_id: int, session: SessionDep) -> JobRead:
+    job = store.get_job(session=session, job_id=job_id)
+    if job is None:
+        raise HTTPException(status_code=404, detail=f"no job with id {job_id}")
+    return JobRead.from_row(job)
+
+
+@router.post("/{job_id}/cancel", response_model=JobRead)
+def cancel_job(job_id: int, session: SessionDep) -> JobRead:
+    job = store.request_cancel(session=session, job_id=job_id)
+    if job is None:
+        raise HTTPException(status_code=404, detail=f"no job with id {job_id}")
+    if job.status in store.TERMINAL and job.status != "cancelled":
+        raise HTTPException(status_code=409, detail=f"job {job_id} already ended as {job.status}")
+    return JobRead.from_row(job)

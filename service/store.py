@@ -1,0 +1,191 @@
+"""The job store: small keyword-only functions over a SQLAlchemy session.
+
+Works on SQLite and PostgreSQL alike. Claiming uses `FOR UPDATE SKIP LOCKED` where the
+database has it, and a conditional UPDATE everywhere, so two workers never run one job.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy import func, select, update
+from sqlalchemy.orm import Session
+
+from jobs.spec import Catalogue, JobSpec
+from service.models import CatalogueSnapshot, Job, utcnow
+
+TERMINAL = ("succeeded", "failed", "diverged", "cancelled")
+STATUSES = ("queued", "running", *TERMINAL)
+
+
+def as_utc(moment: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; everything stored here is UTC."""
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=UTC)
+
+
+def create_job(*, session: Session, spec: JobSpec) -> Job:
+    job = Job(
+        status="queued",
+        spec=spec.model_dump(mode="json"),
+        total_steps=spec.steps,
+        step=0,
+        attempt=0,
+        cancel_requested=False,
+    )
+    session.add(job)
+    session.commit()
+    return job
+
+
+def get_job(*, session: Session, job_id: int) -> Job | None:
+    return session.get(Job, job_id)
+
+
+def list_jobs(
+    *, session: Session, status: str | None, limit: int, offset: int
+) -> tuple[list[Job], int]:
+    query = select(Job)
+    count = select(func.count()).select_from(Job)
+    if status is not None:
+        query = query.where(Job.status == status)
+        count = count.where(Job.status == status)
+    jobs = session.scalars(query.order_by(Job.id.desc()).limit(limit).offset(offset)).all()
+    return list(jobs), int(session.scalar(count) or 0)
+
+
+def request_cancel(*, session: Session, job_id: int) -> Job | None:
+    """A queued job is cancelled at once; a running one is flagged for its worker to stop."""
+    job = session.get(Job, job_id, with_for_update=True)
+    if job is None:
+        return None
+    if job.status == "queued":
+        job.status = "cancelled"
+        job.finished_at = utcnow()
+        job.error = {"type": "Cancelled", "message": "cancelled before it started"}
+    elif job.status == "running":
+        job.cancel_requested = True
+    session.commit()
+    return job
+
+
+def claim_next(*, session: Session, worker_id: str, lease_s: float) -> Job | None:
+    """Take the oldest queued job for `worker_id`, or None when the queue is empty."""
+    for _ in range(5):
+        candidate = session.scalars(
+            select(Job.id)
+            .where(Job.status == "queued")
+            .order_by(Job.id)
+            .limit(1)
+            .with_for_update(skip_locked=True)
+        ).first()
+        if candidate is None:
+            session.rollback()
+            return None
+        now = utcnow()
+        claimed = session.execute(
+            update(Job)
+            .where(Job.id == candidate, Job.status == "queued")
+            .values(
+                status="running",
+                worker_id=worker_id,
+                attempt=Job.attempt + 1,
+                started_at=now,
+                lease_expires_at=now + timedelta(seconds=lease_s),
+                cancel_requested=False,
+            )
+        )
+        session.commit()
+        if getattr(claimed, "rowcount", 0) == 1:
+            return session.get(Job, candidate, populate_existing=True)
+    return None
+
+
+def record_progress(
+    *,
+    session: Session,
+    job_id: int,
+    step: int | None,
+    loss: float | None,
+    mlflow: dict[str, Any] | None,
+    workdir: str | None,
+    lease_s: float,
+) -> bool:
+    """Store progress and extend the lease; return whether cancellation was requested."""
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None:
+        return True
+    if step is not None:
+        job.step = step
+    if loss is not None:
+        job.latest_loss = loss
+    if mlflow is not None:
+        job.mlflow = mlflow
+    if workdir is not None:
+        job.workdir = workdir
+    job.lease_expires_at = utcnow() + timedelta(seconds=lease_s)
+    session.commit()
+    return job.cancel_requested
+
+
+def finish_job(
+    *,
+    session: Session,
+    job_id: int,
+    status: str,
+    result: dict[str, Any] | None,
+    error: dict[str, Any] | None,
+) -> None:
+    if status not in TERMINAL:
+        raise ValueError(f"finish_job needs a terminal status {TERMINAL}; received {status!r}")
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None:
+        return
+    job.status = status
+    job.result = result
+    job.error = error
+    job.finished_at = utcnow()
+    job.lease_expires_at = None
+    if result is not None:
+        job.step = int(result.get("steps_completed") or job.step)
+        job.mlflow = result.get("mlflow") or job.mlflow
+        final_loss = (result.get("final") or {}).get("train_loss")
+        if isinstance(final_loss, float):
+            job.latest_loss = final_loss
+    session.commit()
+
+
+def requeue_job(*, session: Session, job_id: int, reason: str) -> None:
+    """Hand a running job back to the queue (its worker is stopping); the next claim retries it."""
+    job = session.get(Job, job_id, populate_existing=True)
+    if job is None or job.status != "running":
+        return
+    job.status = "queued"
+    job.worker_id = None
+    job.lease_expires_at = None
+    job.error = {"type": "Interrupted", "message": reason}
+    session.commit()
+
+
+def publish_catalogue(*, session: Session, worker_id: str, catalogue: dict[str, Any]) -> None:
+    Catalogue.model_validate(catalogue)  # refuse to publish something the API cannot read
+    snapshot = session.get(CatalogueSnapshot, worker_id)
+    if snapshot is None:
+        session.add(CatalogueSnapshot(worker_id=worker_id, data=catalogue, published_at=utcnow()))
+    else:
+        snapshot.data = catalogue
+        snapshot.published_at = utcnow()
+    session.commit()
+
+
+def latest_catalogue(*, session: Session) -> tuple[Catalogue, datetime] | None:
+    snapshot = session.scalars(
+        select(CatalogueSnapshot).order_by(CatalogueSnapshot.published_at.desc()).limit(1)
+    ).first()
+    if snapshot is None:
+        return None
+    published = as_utc(snapshot.published_at)
+    assert published is not None
+    return Catalogue.model_validate(snapshot.data), published

@@ -1,0 +1,169 @@
+"""`optlab serve`: run MLflow, the API and one worker together, and stop them together.
+
+Each part is a child process in its own process group, so Ctrl-C stops them in order
+(worker, API, MLflow) and nothing is orphaned; each also gets SIGTERM if this
+supervisor dies without cleaning up.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import httpx
+
+from service.settings import Settings
+from service.worker import _die_with_parent, terminate_group
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+@dataclass
+class Child:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+class Supervisor:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.data_dir = settings.data_dir.resolve()
+        self.logs = self.data_dir / "logs"
+        self.children: list[Child] = []
+        self.api_url = f"http://{settings.api_host}:{settings.api_port}"
+        self.mlflow_url = settings.mlflow_tracking_uri
+
+    def __enter__(self) -> Supervisor:
+        self.start()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        for host, port, what in (
+            (self.settings.mlflow_host, self.settings.mlflow_port, "--mlflow-port"),
+            (self.settings.api_host, self.settings.api_port, "--port"),
+        ):
+            ensure_port_free(host, port, what)
+        try:
+            self._spawn("mlflow", self._mlflow_command(), {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
+            self._spawn("api", [sys.executable, "-m", "service.cli", "api"], self._env())
+            self._spawn("worker", [sys.executable, "-m", "service.cli", "worker"], self._env())
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        """Block until MLflow answers, the API answers and a worker published the catalogue."""
+        deadline = time.monotonic() + timeout_s
+        waiting_for = ["mlflow", "api", "catalogue"]
+        with httpx.Client(timeout=2.0) as client:
+            while waiting_for:
+                self.check_children()
+                if time.monotonic() > deadline:
+                    raise StartupError(f"timed out after {timeout_s:.0f}s waiting for {waiting_for[0]}; logs in {self.logs}")
+                if _answers(client, f"{self.mlflow_url}/health") and "mlflow" in waiting_for:
+                    waiting_for.remove("mlflow")
+                health = _json(client, f"{self.api_url}/healthz")
+                if health is not None and "api" in waiting_for:
+                    waiting_for.remove("api")
+                if health and health.get("catalogue_published_at") and "catalogue" in waiting_for:
+                    waiting_for.remove("catalogue")
+                time.sleep(0.3)
+
+    def check_children(self) -> None:
+        for child in self.children:
+            code = child.process.poll()
+            if code is not None:
+                raise StartupError(
+                    f"{child.name} exited with code {code}; last lines of {child.log_path}:\n{child.log_tail()}"
+                )
+
+    def stop(self) -> None:
+        for child in reversed(self.children):  # worker first, MLflow last
+            if child.process.poll() is None:
+                terminate_group(child.process, grace_s=15.0)
+        self.children.clear()
+
+    def _spawn(self, name: str, command: list[str], extra_env: dict[str, str]) -> None:
+        log_path = self.logs / f"{name}.log"
+        with open(log_path, "ab") as log_file:
+            process = subprocess.Popen(
+                command,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+                env={**os.environ, **extra_env},
+            )
+        self.children.append(Child(name, process, log_path))
+
+    def _mlflow_command(self) -> list[str]:
+        return [
+            sys.executable, "-m", "mlflow", "server",
+            "--backend-store-uri", f"sqlite:///{self.data_dir / 'mlflow.db'}",
+            "--artifacts-destination", str(self.data_dir / "mlartifacts"),
+            "--serve-artifacts",
+            "--host", self.settings.mlflow_host,
+            "--port", str(self.settings.mlflow_port),
+            "--workers", "1",
+        ]  # fmt: skip
+
+    def _env(self) -> dict[str, str]:
+        s = self.settings
+        return {
+            "OPTLAB_DATA_DIR": str(self.data_dir),
+            "OPTLAB_DATABASE_URL": s.resolved_database_url,
+            "OPTLAB_MLFLOW_TRACKING_URI": s.mlflow_tracking_uri,
+            "OPTLAB_API_HOST": s.api_host,
+            "OPTLAB_API_PORT": str(s.api_port),
+        }
+
+
+def ensure_port_free(host: str, port: int, option: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise StartupError(
+                f"{host}:{port} is already in use ({exc.strerror}); another optlab or MLflow may be "
+                f"running there: stop it, or choose another port with {option}"
+            ) from None
+
+
+def _answers(client: httpx.Client, url: str) -> bool:
+    try:
+        return client.get(url).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _json(client: httpx.Client, url: str) -> dict[str, object] | None:
+    try:
+        response = client.get(url)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    data = response.json()
+    return data if isinstance(data, dict) else None

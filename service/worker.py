@@ -1,0 +1,217 @@
+"""The worker daemon: publish the catalogue, then claim jobs and run each in a fresh process.
+
+A job runs as `python -m jobs.run` in its own process group, so a crash, leak or hang
+in user code never takes the worker down, and cancellation ends the whole group.
+The worker relays progress from the job's `progress.json` to the store and reads
+`result.json` when the process exits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from jobs.report import LOG_FILE, PROGRESS_FILE, RESULT_FILE, read_json
+from service import store
+from service.models import Job
+from service.settings import Settings
+
+log = logging.getLogger("optlab.worker")
+
+LOG_TAIL_CHARS = 4000
+LEASE_S = 60.0
+
+
+class CatalogueError(RuntimeError):
+    """The job environment could not produce the optimizer catalogue."""
+
+
+def produce_catalogue(settings: Settings) -> dict[str, Any]:
+    """Run `python -m jobs.catalogue` in the job environment (frameworks stay out of this process)."""
+    completed = subprocess.run(
+        [settings.job_python, "-m", "jobs.catalogue"],
+        capture_output=True,
+        text=True,
+        timeout=settings.catalogue_timeout_s,
+        check=False,
+    )
+    if completed.returncode != 0:
+        raise CatalogueError(
+            f"`{settings.job_python} -m jobs.catalogue` exited with {completed.returncode}:\n"
+            f"{completed.stderr[-LOG_TAIL_CHARS:]}"
+        )
+    data: dict[str, Any] = json.loads(completed.stdout)
+    return data
+
+
+class Worker:
+    def __init__(self, settings: Settings, sessions: sessionmaker[Session], *, worker_id: str | None = None) -> None:
+        self.settings = settings
+        self.sessions = sessions
+        self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.stopping = threading.Event()
+
+    def publish_catalogue(self) -> dict[str, Any]:
+        catalogue = produce_catalogue(self.settings)
+        with self.sessions() as session:
+            store.publish_catalogue(session=session, worker_id=self.worker_id, catalogue=catalogue)
+        for failure in catalogue.get("errors", []):
+            log.warning("optimizer plugin failed to load: %s: %s", failure["source"], failure["error"])
+        return catalogue
+
+    def run_forever(self) -> None:
+        log.info("worker %s polling for jobs", self.worker_id)
+        while not self.stopping.is_set():
+            if not self.run_next():
+                self.stopping.wait(self.settings.poll_interval_s)
+
+    def run_next(self) -> bool:
+        """Claim and run one job; False when the queue was empty."""
+        with self.sessions() as session:
+            job = store.claim_next(session=session, worker_id=self.worker_id, lease_s=LEASE_S)
+        if job is None:
+            return False
+        log.info("job %s: attempt %s started", job.id, job.attempt)
+        outcome = self._run_job(job)
+        log.info("job %s: %s", job.id, outcome)
+        return True
+
+    def _run_job(self, job: Job) -> str:
+        workdir = (self.settings.jobs_dir / str(job.id) / f"attempt-{job.attempt}").resolve()
+        workdir.mkdir(parents=True, exist_ok=True)
+        spec_path = workdir / "spec.json"
+        spec_path.write_text(json.dumps(job.spec, indent=2))
+        command = [
+            self.settings.job_python, "-m", "jobs.run", str(spec_path),
+            "--workdir", str(workdir),
+            "--tracking-uri", self.settings.mlflow_tracking_uri,
+            "--job-id", str(job.id),
+            "--attempt", str(job.attempt),
+        ]  # fmt: skip
+        with open(workdir / LOG_FILE, "ab") as log_file:
+            process = subprocess.Popen(
+                command,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        stop_reason = self._watch(job.id, process, workdir)
+        return self._conclude(job.id, process, workdir, stop_reason)
+
+    def _watch(self, job_id: int, process: subprocess.Popen[bytes], workdir: Path) -> str | None:
+        """Relay progress until the process exits; return why we stopped it, if we did."""
+        last_progress: dict[str, Any] | None = None
+        while process.poll() is None:
+            progress = read_json(workdir / PROGRESS_FILE)
+            changed = progress != last_progress
+            last_progress = progress or last_progress
+            with self.sessions() as session:
+                cancel = store.record_progress(
+                    session=session,
+                    job_id=job_id,
+                    step=progress.get("step") if progress and changed else None,
+                    loss=_number(progress.get("loss")) if progress and changed else None,
+                    mlflow=progress.get("mlflow") if progress and changed else None,
+                    workdir=str(workdir),
+                    lease_s=LEASE_S,
+                )
+            if cancel:
+                terminate_group(process, self.settings.cancel_grace_s)
+                return "cancelled"
+            if self.stopping.is_set():
+                terminate_group(process, self.settings.cancel_grace_s)
+                return "worker stopping"
+            time.sleep(self.settings.poll_interval_s)
+        return None
+
+    def _conclude(self, job_id: int, process: subprocess.Popen[bytes], workdir: Path, stop_reason: str | None) -> str:
+        result = read_json(workdir / RESULT_FILE)
+        with self.sessions() as session:
+            if stop_reason == "worker stopping":
+                store.requeue_job(
+                    session=session,
+                    job_id=job_id,
+                    reason="its worker stopped while it ran; it will run again from the start",
+                )
+                return "requeued"
+            if stop_reason == "cancelled":
+                error = (result or {}).get("error") or {"type": "Cancelled", "message": "cancelled while running"}
+                store.finish_job(session=session, job_id=job_id, status="cancelled", result=result, error=error)
+                return "cancelled"
+            if result is None or result.get("status") not in store.TERMINAL:
+                error = {
+                    "type": "JobProcessDied",
+                    "message": f"the job process ended with {_describe_exit(process.returncode)} "
+                    "before writing a result",
+                    "traceback": _tail(workdir / LOG_FILE),
+                }
+                store.finish_job(session=session, job_id=job_id, status="failed", result=result, error=error)
+                return "failed"
+            status = str(result["status"])
+            store.finish_job(session=session, job_id=job_id, status=status, result=result, error=result.get("error"))
+            return status
+
+
+def terminate_group(process: subprocess.Popen[bytes], grace_s: float) -> None:
+    """SIGTERM the job's process group, then SIGKILL whatever is left after `grace_s`."""
+    _signal_group(process, signal.SIGTERM)
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    _signal_group(process, signal.SIGKILL)  # children the job may have left behind
+    process.wait()
+
+
+def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _die_with_parent() -> None:
+    """Linux: the job gets SIGTERM if its worker dies, so no job outlives a killed worker."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"signal {signal.Signals(-code).name}"
+    return f"exit code {code}"
+
+
+def _tail(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
+    except OSError:
+        return ""
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def install_stop_handlers(stop: Callable[[], None]) -> None:
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop())
