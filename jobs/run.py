@@ -40,6 +40,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--job-id", default="", help="the service's job id, recorded as a tag")
     parser.add_argument("--attempt", type=int, default=1)
+    parser.add_argument("--resume", type=Path, help="continue from this checkpoint file")
+    parser.add_argument("--stop-after", type=int, help="stop (with a checkpoint) after this many steps")
     return parser.parse_args(argv)
 
 
@@ -107,7 +109,7 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
             tracker=mlflow_run or NullTracker(),
             reporter=reporter,
         )
-        result.update(job.run())
+        result.update(job.run(resume_from=args.resume, stop_after=args.stop_after))
         status = "succeeded"
     except Cancelled as exc:
         status, result["error"] = "cancelled", error_record(exc)

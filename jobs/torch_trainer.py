@@ -140,44 +140,58 @@ class TorchJob:
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=schedule)
         return TrainObjects(model, optimizer, scheduler)
 
-    def run(self) -> dict[str, Any]:
+    def run(self, *, resume_from: Path | None = None, stop_after: int | None = None) -> dict[str, Any]:
+        """Train to `spec.steps` (or `stop_after`), optionally continuing from a checkpoint file."""
         spec = self.spec
         make_deterministic(spec.seed)
         x_train, y_train = self._tensors(self.dataset.x_train, self.dataset.y_train)
         x_val, y_val = self._tensors(self.dataset.x_val, self.dataset.y_val)
         batches = Batches(x_train, y_train, batch_size=spec.batch_size, seed=spec.seed)
         objects = self.build()
+        start = 0
+        if resume_from is not None:
+            objects, start = self._resume(resume_from)
+        end = min(stop_after, spec.steps) if stop_after is not None else spec.steps
         timings = Timings()
         started = time.monotonic()
         train_loss = math.nan
         evaluation: dict[str, float] = {}
 
-        for step in range(spec.steps):
+        for step in range(start, end):
             train_loss = self._train_step(objects, batches(step), step, timings)
             done = step + 1
-            if done % spec.eval_every == 0 or done == spec.steps:
+            if done % spec.eval_every == 0 or done == end:
                 evaluation = self._evaluate(objects.model, x_val, y_val, done)
-            if done % spec.checkpoint_every == 0 or done == spec.steps:
+            if done % spec.checkpoint_every == 0 or done == end:
                 probe_batch = batches(min(done, spec.steps - 1))
                 objects = self._checkpoint_roundtrip(objects, done, probe_batch)
-            self.reporter.progress(
-                step=done, total=spec.steps, loss=train_loss, force=done == spec.steps, **evaluation
-            )
+            self.reporter.progress(step=done, total=spec.steps, loss=train_loss, force=done == end, **evaluation)
 
         step_seconds = sum(timings.step_ms) / 1000
+        trained = end - start
         return {
-            "steps_completed": spec.steps,
+            "steps_completed": end,
+            "resumed_from_step": start if resume_from is not None else None,
             "final": {"train_loss": train_loss, **evaluation},
             "params_sha256": params_sha256(objects.model),
-            "samples_per_sec": spec.steps * spec.batch_size / step_seconds if step_seconds else None,
-            "step_time_ms_median": statistics.median(timings.step_ms),
-            "optimizer_step_ms_median": statistics.median(timings.optimizer_ms),
+            "samples_per_sec": trained * spec.batch_size / step_seconds if step_seconds else None,
+            "step_time_ms_median": statistics.median(timings.step_ms) if timings.step_ms else None,
+            "optimizer_step_ms_median": statistics.median(timings.optimizer_ms) if timings.optimizer_ms else None,
             "checkpoints": self.verified,
             "checkpoints_verified": sum(1 for c in self.verified if c["ok"]),
             "device": str(self.device),
             "train_seconds": time.monotonic() - started,
             "warnings": self.warnings,
         }
+
+    def _resume(self, path: Path) -> tuple[TrainObjects, int]:
+        checkpoint = load_checkpoint(path, self.device)
+        saved_spec = JobSpec.model_validate_json(checkpoint["spec"])
+        if saved_spec != self.spec:
+            raise ValueError(f"checkpoint {path} was written by a different job spec; refusing to resume")
+        if checkpoint["data_position"] != checkpoint["step"]:
+            raise ValueError(f"checkpoint {path}: data position {checkpoint['data_position']} != step")
+        return restore(checkpoint, self.build()), int(checkpoint["step"])
 
     def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
