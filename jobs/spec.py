@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from optimizers.hyperparams import Param
 
@@ -22,7 +23,12 @@ JsonScalar = bool | int | float | str | None
 
 def _finite(value: Any, where: str) -> None:
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{where} must be a finite number; received {value}")
+        # A custom error type carries the key, so the API can point at params.<key>.
+        raise PydanticCustomError(
+            "finite_number",
+            "{key} must be a finite number; received {received}",
+            {"key": where, "received": "NaN" if math.isnan(value) else str(value).replace("inf", "Infinity")},
+        )
     if isinstance(value, list):
         for item in value:
             _finite(item, where)

@@ -117,14 +117,22 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
     detail = []
     for error in exc.errors():
         loc = list(error.get("loc", ()))
+        kind = error.get("type", "value_error")
         field = ".".join(str(part) for part in loc[1:]) or "body"
         message = f"{field}: {error.get('msg', 'invalid')}"
-        if error.get("type") == "extra_forbidden":
+        ctx = error.get("ctx") or {}
+        if kind == "json_invalid":
+            loc = ["body"]
+            message = f"the body is not valid JSON ({ctx.get('error', 'decode error')})"
+        elif kind == "finite_number":
+            loc.append(ctx["key"])
+            message = f"{field}.{error['msg']}"
+        elif kind == "extra_forbidden":
             allowed = _allowed_fields(loc[1:-1])
             message = f"unknown field {field!r}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
-        elif "input" in error and error.get("type") != "missing":
+        elif "input" in error and kind != "missing" and "received" not in message:
             message += f"; received {_short(error['input'])}"
-        detail.append({"loc": loc, "msg": message, "type": error.get("type", "value_error")})
+        detail.append({"loc": loc, "msg": message, "type": kind})
     return JSONResponse(status_code=422, content={"detail": detail})
 
 

@@ -1,0 +1,186 @@
+"""End to end: the real thing (`optlab serve`: API over HTTP, a worker, an MLflow server).
+
+One service for the module; jobs run one after another on its single worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from service.settings import Settings
+from service.supervisor import Supervisor
+from tests.conftest import ROOT, free_port
+
+EXPLODING_PLUGIN = '''
+import torch
+
+
+class ExplodingOptimizer(torch.optim.Optimizer):
+    """Raises on its first step, as a buggy user optimizer would."""
+
+    def __init__(self, params, lr=0.01):
+        super().__init__(params, {"lr": lr})
+
+    def step(self, closure=None):
+        raise RuntimeError("boom: this optimizer always fails")
+'''
+
+
+def spec(optimizer: str, params: dict[str, Any], **overrides: Any) -> dict[str, Any]:
+    return {
+        "framework": "torch",
+        "workload": {"name": "digits_mlp"},
+        "optimizer": {"name": optimizer, "params": params},
+        "schedule": {"name": "cosine", "params": {"warmup_steps": 10}},
+        "steps": 120,
+        "batch_size": 64,
+        "seed": 1,
+        "checkpoint_every": 50,
+        "eval_every": 40,
+        "experiment": "e2e",
+        **overrides,
+    }
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
+    plugins = tmp_path_factory.mktemp("plugins")
+    (plugins / "exploding.py").write_text(EXPLODING_PLUGIN)
+    (plugins / "broken.py").write_text("this is not python(\n")
+    api_port, mlflow_port = free_port(), free_port()
+    settings = Settings(
+        data_dir=tmp_path_factory.mktemp("data"),
+        api_port=api_port,
+        mlflow_port=mlflow_port,
+        mlflow_tracking_uri=f"http://127.0.0.1:{mlflow_port}",
+        poll_interval_s=0.2,
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("OPTLAB_PLUGIN_DIRS", str(plugins))
+        with Supervisor(settings) as supervisor:
+            yield supervisor
+
+
+@pytest.fixture(scope="module")
+def api(service: Supervisor) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=service.api_url, timeout=30) as client:
+        yield client
+
+
+def submit_and_wait(api: httpx.Client, body: dict[str, Any], timeout_s: float = 180) -> dict[str, Any]:
+    response = api.post("/jobs", json=body)
+    assert response.status_code == 201, response.text
+    return wait_for(api, response.json()["id"], lambda job: job["status"] not in ("queued", "running"), timeout_s)
+
+
+def wait_for(api: httpx.Client, job_id: int, done: Any, timeout_s: float = 180) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        job: dict[str, Any] = api.get(f"/jobs/{job_id}").json()
+        if done(job):
+            return job
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} did not get there in {timeout_s}s: {job}")
+
+
+def test_a_job_trains_verifies_checkpoints_and_lands_in_mlflow(service: Supervisor, api: httpx.Client) -> None:
+    from mlflow import MlflowClient
+
+    job = submit_and_wait(api, spec("ema_momentum", {"lr": 0.5}))
+    assert job["status"] == "succeeded", job["error"]
+    result = job["result"]
+    assert [c["step"] for c in result["checkpoints"]] == [50, 100, 120]
+    assert result["checkpoints_verified"] == 3
+    assert len(result["params_sha256"]) == 64
+    assert result["final"]["val_accuracy"] > 0.8
+    assert job["progress"] == {"step": 120, "total": 120, "fraction": 1.0}
+    link = job["mlflow"]
+    assert link["run_url"] == f"{service.mlflow_url}/#/experiments/{link['experiment_id']}/runs/{link['run_id']}"
+
+    client = MlflowClient(service.mlflow_url)
+    run = client.get_run(link["run_id"])
+    assert run.info.status == "FINISHED"
+    assert run.info.run_name == "ema_momentum lr=0.5 digits_mlp seed=1"
+    assert run.data.tags["job_id"] == str(job["id"]) and run.data.tags["optimizer"] == "ema_momentum"
+    assert run.data.params["optimizer.lr"] == "0.5" and run.data.params["schedule.name"] == "cosine"
+    for key in ("train/loss", "train/lr", "train/grad_norm", "perf/step_time_ms", "perf/samples_per_sec"):
+        assert len(client.get_metric_history(run.info.run_id, key)) == 120, key
+    assert [m.step for m in client.get_metric_history(run.info.run_id, "val/accuracy")] == [40, 80, 120]
+    roundtrips = client.get_metric_history(run.info.run_id, "checkpoint/roundtrip_ok")
+    assert sorted((m.step, m.value) for m in roundtrips) == [(50, 1.0), (100, 1.0), (120, 1.0)]
+    lr = sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, "train/lr"))
+    assert lr[0] == (0, pytest.approx(0.5 / 10)) and lr[9] == (9, pytest.approx(0.5))
+
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"spec.json", "result.json", "checkpoints"} <= artifacts
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")] == ["checkpoints/step-00000120.pt"]
+    downloaded = Path(client.download_artifacts(run.info.run_id, "result.json"))
+    assert json.loads(downloaded.read_text())["params_sha256"] == result["params_sha256"]
+
+
+def test_a_failing_optimizer_fails_its_job_and_the_worker_carries_on(api: httpx.Client) -> None:
+    catalogue = api.get("/optimizers").json()
+    assert any("broken.py" in error["source"] for error in catalogue["errors"])
+    failed = submit_and_wait(api, spec("exploding_optimizer", {"lr": 0.1}))
+    assert failed["status"] == "failed"
+    assert "boom: this optimizer always fails" in failed["error"]["message"]
+    assert "exploding.py" in failed["error"]["traceback"]
+
+    following = submit_and_wait(api, spec("adam", {"lr": 0.003}, steps=30, checkpoint_every=30))
+    assert following["status"] == "succeeded", following["error"]
+
+
+def test_divergence_is_its_own_status_with_the_step(api: httpx.Client) -> None:
+    job = submit_and_wait(api, spec("sgd", {"lr": 1e6}, steps=200, schedule={"name": "constant"}))
+    assert job["status"] == "diverged"
+    assert isinstance(job["result"]["diverged_at_step"], int)
+    assert "became" in job["error"]["message"]
+
+
+def test_cancelling_a_running_job_stops_its_process(service: Supervisor, api: httpx.Client) -> None:
+    body = spec("adam", {"lr": 0.001}, steps=500_000, checkpoint_every=100_000, eval_every=100_000)
+    job_id = api.post("/jobs", json=body).json()["id"]
+    wait_for(api, job_id, lambda job: job["status"] == "running" and job["progress"]["step"] > 0, timeout_s=120)
+    asked = time.monotonic()
+    assert api.post(f"/jobs/{job_id}/cancel").status_code == 200
+    job = wait_for(api, job_id, lambda job: job["status"] == "cancelled", timeout_s=20)
+    assert time.monotonic() - asked < 15
+    assert job["finished_at"] is not None
+    leftover = subprocess.run(["pgrep", "-f", f"--job-id {job_id} "], capture_output=True, text=True)
+    assert leftover.stdout.strip() == "", "the job process outlived its cancellation"
+
+
+def test_optlab_submit_wait_shows_the_outcome(service: Supervisor, tmp_path: Path) -> None:
+    spec_file = tmp_path / "job.json"
+    spec_file.write_text(json.dumps(spec("sgd", {"lr": 0.05, "momentum": 0.9}, steps=40, checkpoint_every=20)))
+    completed = subprocess.run(
+        [sys.executable, "-m", "service.cli", "submit", str(spec_file), "--wait", "--api", service.api_url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "COLUMNS": "120"},
+    )
+    assert completed.returncode == 0, completed.stderr
+    assert "succeeded" in completed.stdout and "MLflow run: http" in completed.stdout
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(spec("nope", {})))
+    refused = subprocess.run(
+        [sys.executable, "-m", "service.cli", "submit", str(bad), "--api", service.api_url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 2 and "unknown optimizer 'nope'" in refused.stderr

@@ -1,0 +1,202 @@
+"""The HTTP API: accepted specs, every kind of bad input, listing, cancelling."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app
+from service.settings import Settings
+from tests.conftest import ROOT
+
+GOOD: dict[str, Any] = {
+    "framework": "torch",
+    "workload": {"name": "digits_mlp"},
+    "optimizer": {"name": "ema_momentum", "params": {"lr": 0.05}},
+    "schedule": {"name": "cosine", "params": {"warmup_steps": 20}},
+    "steps": 300,
+    "batch_size": 64,
+    "seed": 0,
+    "checkpoint_every": 100,
+    "eval_every": 100,
+    "experiment": "demo",
+}
+
+
+def with_changes(**changes: Any) -> dict[str, Any]:
+    spec = json.loads(json.dumps(GOOD))
+    for dotted, value in changes.items():
+        *parents, last = dotted.split("__")
+        target = spec
+        for part in parents:
+            target = target[part]
+        if value is DELETE:
+            del target[last]
+        else:
+            target[last] = value
+    return spec
+
+
+DELETE = object()
+
+
+def test_submit_returns_the_queued_job(client: TestClient) -> None:
+    response = client.post("/jobs", json=GOOD)
+    assert response.status_code == 201, response.text
+    job = response.json()
+    assert job["status"] == "queued"
+    assert job["spec"]["optimizer"] == {"name": "ema_momentum", "params": {"lr": 0.05}}
+    assert job["progress"] == {"step": 0, "total": 300, "fraction": 0.0}
+    assert job["created_at"].endswith("Z") or "+00:00" in job["created_at"]
+    assert client.get(f"/jobs/{job['id']}").json()["id"] == job["id"]
+
+
+# (changes to the good spec, text every message must contain, field the error points at)
+BAD_SPECS = [
+    ({"optimizer__name": "nope"}, ["unknown optimizer 'nope'", "ema_momentum", "adam"], "optimizer"),
+    ({"schedule__name": "zigzag"}, ["unknown schedule 'zigzag'", "cosine"], "schedule"),
+    ({"workload__name": "imagenet"}, ["unknown workload 'imagenet'", "digits_mlp"], "workload"),
+    ({"optimizer__params": {"lr": 0.1, "gamma": 2}}, ["no hyperparameter 'gamma'", "beta"], "gamma"),
+    ({"optimizer__params": {"lr": 0}}, ["lr must be a number > 0", "received 0"], "lr"),
+    ({"optimizer__params": {"lr": -1.0}}, ["lr must be a number > 0"], "lr"),
+    ({"optimizer__params": {"beta": 1.5}}, ["[0, 1)", "received 1.5"], "beta"),
+    ({"optimizer__params": {"beta": 1.0}}, ["[0, 1)", "received 1.0"], "beta"),
+    ({"optimizer__params": {"lr": "fast"}}, ["lr must be a number", "fast"], "lr"),
+    ({"optimizer__params": {"lr": True}}, ["lr must be a number"], "lr"),
+    ({"schedule__params": {"warmup_steps": -3}}, ["warmup_steps"], "warmup_steps"),
+    ({"steps": 0}, ["steps", "greater than 0"], "steps"),
+    ({"steps": 10_001}, ["steps must be at most 10000", "10001"], "steps"),
+    ({"steps": "300"}, ["steps", "integer"], "steps"),
+    ({"steps": 3.5}, ["steps"], "steps"),
+    ({"batch_size": 5000}, ["batch_size must be at most the training set size"], "batch_size"),
+    ({"framework": "jax"}, ["framework", "torch"], "framework"),
+    ({"device": "tpu"}, ["device"], "device"),
+    ({"optimiser": {"name": "adam"}}, ["unknown field 'optimiser'", "optimizer"], "optimiser"),
+    ({"optimizer__lr": 0.1}, ["unknown field 'optimizer.lr'", "params"], "lr"),
+    ({"optimizer": DELETE}, ["optimizer", "Field required"], "optimizer"),
+    ({"experiment": ""}, ["experiment"], "experiment"),
+]
+
+
+@pytest.mark.parametrize(("changes", "expected", "field"), BAD_SPECS, ids=[str(c[0]) for c in BAD_SPECS])
+def test_bad_specs_get_422_naming_the_field(
+    client: TestClient, changes: dict[str, Any], expected: list[str], field: str
+) -> None:
+    response = client.post("/jobs", json=with_changes(**changes))
+    assert response.status_code == 422, response.text
+    detail = response.json()["detail"]
+    messages = " | ".join(item["msg"] for item in detail)
+    for text in expected:
+        assert text in messages, messages
+    assert any(field in map(str, item["loc"]) for item in detail), detail
+    assert client.get("/jobs").json()["total"] == 0, "a rejected request stored something"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"{",
+        b"null",
+        b"[]",
+        b'"a string"',
+        b"42",
+        b'{"steps": NaN}',
+        json.dumps(GOOD).replace('"lr": 0.05', '"lr": NaN').encode(),
+        json.dumps(GOOD).replace('"lr": 0.05', '"lr": Infinity').encode(),
+        json.dumps(GOOD).replace('"steps": 300', '"steps": 1e400').encode(),
+        json.dumps(GOOD).replace('"steps": 300', '"steps": 99999999999999999999999999').encode(),
+        json.dumps(GOOD).replace('"lr": 0.05', '"lr": [0.1, {"x": 1}]').encode(),
+        json.dumps(GOOD).replace('"params": {"lr": 0.05}', '"params": [1, 2]').encode(),
+        json.dumps(GOOD).replace('"seed": 0', '"seed": -1').encode(),
+        "{\"experiment\": \"\udcff\"}".encode("utf-8", "surrogatepass"),
+        b"\xff\xfe\x00garbage",
+    ],
+)
+def test_malformed_bodies_get_422_never_500(client: TestClient, body: bytes) -> None:
+    response = client.post("/jobs", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"]
+    assert client.get("/jobs").json()["total"] == 0
+
+
+def test_bodies_over_64_kib_are_refused_before_parsing(client: TestClient) -> None:
+    big = with_changes(experiment="x" * 70_000)
+    response = client.post("/jobs", json=big)
+    assert response.status_code == 413
+    assert "65536" in response.json()["detail"]
+
+    def chunks() -> Any:  # no content-length: the limit must hold for streamed bodies too
+        for _ in range(100):
+            yield b" " * 1024
+
+    response = client.post("/jobs", content=chunks(), headers={"content-type": "application/json"})
+    assert response.status_code == 413
+    assert client.get("/jobs").json()["total"] == 0
+
+
+def test_list_filters_by_status_and_paginates(client: TestClient) -> None:
+    ids = [client.post("/jobs", json=GOOD).json()["id"] for _ in range(5)]
+    client.post(f"/jobs/{ids[0]}/cancel")
+    page = client.get("/jobs", params={"limit": 2, "offset": 1}).json()
+    assert page["total"] == 5 and page["limit"] == 2 and page["offset"] == 1
+    assert [job["id"] for job in page["items"]] == [ids[3], ids[2]]  # newest first
+    cancelled = client.get("/jobs", params={"status": "cancelled"}).json()
+    assert [job["id"] for job in cancelled["items"]] == [ids[0]]
+    assert client.get("/jobs", params={"status": "bogus"}).status_code == 422
+    assert client.get("/jobs", params={"limit": 0}).status_code == 422
+
+
+def test_cancel(client: TestClient) -> None:
+    job = client.post("/jobs", json=GOOD).json()
+    cancelled = client.post(f"/jobs/{job['id']}/cancel")
+    assert cancelled.status_code == 200
+    assert cancelled.json()["status"] == "cancelled"
+    assert client.post(f"/jobs/{job['id']}/cancel").status_code == 200  # idempotent
+    assert client.post("/jobs/999/cancel").status_code == 404
+    missing = client.get("/jobs/999")
+    assert missing.status_code == 404 and "999" in missing.json()["detail"]
+    assert client.get("/jobs/not-a-number").status_code == 422
+
+
+def test_catalogue_routes(client: TestClient) -> None:
+    names = {o["name"] for o in client.get("/optimizers").json()["items"]}
+    assert {"ema_momentum", "sgd", "adam", "adamw"} <= names
+    ema = client.get("/optimizers/ema_momentum").json()
+    assert {p["name"] for p in ema["params"]} == {"lr", "beta", "weight_decay"}
+    assert "known:" in client.get("/optimizers/zzz").json()["detail"]
+    assert {s["name"] for s in client.get("/schedules").json()["items"]} >= {"constant", "exponential", "cosine"}
+    assert client.get("/workloads").json()["items"][0]["name"] == "digits_mlp"
+    health = client.get("/healthz").json()
+    assert health["status"] == "ok" and health["optimizers"] >= 4
+
+
+def test_submitting_before_any_worker_published_a_catalogue_is_503(settings: Settings) -> None:
+    with TestClient(create_app(settings)) as fresh:
+        response = fresh.post("/jobs", json=GOOD)
+    assert response.status_code == 503
+    assert "optlab worker" in response.json()["detail"]
+
+
+def test_the_api_process_never_imports_a_framework(tmp_path: Any) -> None:
+    script = f"""
+import sys
+from fastapi.testclient import TestClient
+from service.app import create_app
+from service.settings import Settings
+import service.cli, service.worker, service.supervisor
+with TestClient(create_app(Settings(data_dir={str(tmp_path)!r}))) as client:
+    client.post("/jobs", json={{"workload": {{"name": "x"}}, "optimizer": {{"name": "y"}}, "steps": 1}})
+    client.get("/healthz")
+loaded = sorted(m for m in ("torch", "tensorflow", "keras", "sklearn", "mlflow") if m in sys.modules)
+print(loaded)
+"""
+    completed = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert completed.stdout.strip() == "[]", completed.stdout

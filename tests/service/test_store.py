@@ -1,0 +1,134 @@
+"""The job store on both databases it runs on: SQLite (embedded) and PostgreSQL (compose)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.orm import Session, sessionmaker
+
+from jobs.spec import JobSpec
+from service import store
+from service.db import make_engine, migrate, session_factory
+
+SPEC = JobSpec.model_validate(
+    {"workload": {"name": "digits_mlp"}, "optimizer": {"name": "adam", "params": {"lr": 0.001}}, "steps": 10}
+)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def sessions(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sessionmaker[Session]]:
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'store.db'}"
+    else:
+        url = request.getfixturevalue("postgres_url")
+    engine = make_engine(url)
+    migrate(engine)
+    migrate(engine)  # idempotent
+    factory = session_factory(engine)
+    yield factory
+    with engine.begin() as connection:  # the PostgreSQL database is shared by the session
+        connection.execute(text("DELETE FROM jobs"))
+        connection.execute(text("DELETE FROM catalogue"))
+    engine.dispose()
+
+
+def test_create_get_list(sessions: sessionmaker[Session]) -> None:
+    with sessions() as session:
+        ids = [store.create_job(session=session, spec=SPEC).id for _ in range(3)]
+        job = store.get_job(session=session, job_id=ids[0])
+        assert job is not None and job.status == "queued" and job.total_steps == 10
+        assert JobSpec.model_validate(job.spec) == SPEC
+        page, total = store.list_jobs(session=session, status="queued", limit=2, offset=0)
+        assert total == 3 and [j.id for j in page] == [ids[2], ids[1]]
+        assert store.list_jobs(session=session, status="running", limit=10, offset=0) == ([], 0)
+
+
+def test_claim_takes_the_oldest_and_marks_it_running(sessions: sessionmaker[Session]) -> None:
+    with sessions() as session:
+        first = store.create_job(session=session, spec=SPEC).id
+        store.create_job(session=session, spec=SPEC)
+    with sessions() as session:
+        claimed = store.claim_next(session=session, worker_id="w1", lease_s=30)
+    assert claimed is not None and claimed.id == first
+    assert claimed.status == "running" and claimed.attempt == 1 and claimed.worker_id == "w1"
+    assert claimed.started_at is not None and claimed.lease_expires_at is not None
+
+
+def test_concurrent_claims_never_share_a_job(sessions: sessionmaker[Session]) -> None:
+    with sessions() as session:
+        expected = {store.create_job(session=session, spec=SPEC).id for _ in range(30)}
+    claimed: list[int] = []
+    lock = threading.Lock()
+
+    def claimer(name: str) -> None:
+        while True:
+            with sessions() as session:
+                job = store.claim_next(session=session, worker_id=name, lease_s=30)
+            if job is None:
+                return
+            with lock:
+                claimed.append(job.id)
+
+    threads = [threading.Thread(target=claimer, args=(f"w{i}",)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(claimed) == sorted(expected), "a job was claimed twice or not at all"
+
+
+def test_cancel_queued_at_once_running_by_flag(sessions: sessionmaker[Session]) -> None:
+    with sessions() as session:
+        queued = store.create_job(session=session, spec=SPEC).id
+        running = store.create_job(session=session, spec=SPEC).id
+    with sessions() as session:
+        assert store.claim_next(session=session, worker_id="w", lease_s=30).id == queued  # type: ignore[union-attr]
+    with sessions() as session:
+        store.request_cancel(session=session, job_id=queued)
+        store.request_cancel(session=session, job_id=running)
+    with sessions() as session:
+        first, second = store.get_job(session=session, job_id=queued), store.get_job(session=session, job_id=running)
+        assert first is not None and first.status == "running" and first.cancel_requested
+        assert second is not None and second.status == "cancelled" and second.finished_at is not None
+        assert store.request_cancel(session=session, job_id=12345) is None
+
+
+def test_progress_finish_and_requeue(sessions: sessionmaker[Session]) -> None:
+    with sessions() as session:
+        job_id = store.create_job(session=session, spec=SPEC).id
+        store.claim_next(session=session, worker_id="w", lease_s=30)
+    mlflow = {"tracking_uri": "http://x", "experiment_id": "1", "run_id": "r", "run_url": "http://x/#/r"}
+    with sessions() as session:
+        cancel = store.record_progress(
+            session=session, job_id=job_id, step=4, loss=0.5, mlflow=mlflow, workdir="/tmp/w", lease_s=30
+        )
+        assert cancel is False
+        store.requeue_job(session=session, job_id=job_id, reason="worker stopped")
+    with sessions() as session:
+        job = store.get_job(session=session, job_id=job_id)
+        assert job is not None and job.status == "queued" and job.step == 4 and job.mlflow == mlflow
+        again = store.claim_next(session=session, worker_id="w2", lease_s=30)
+        assert again is not None and again.attempt == 2
+        result: dict[str, Any] = {"steps_completed": 10, "final": {"train_loss": 0.25}}
+        store.finish_job(session=session, job_id=job_id, status="succeeded", result=result, error=None)
+    with sessions() as session:
+        job = store.get_job(session=session, job_id=job_id)
+        assert job is not None and job.status == "succeeded" and job.step == 10 and job.latest_loss == 0.25
+        with pytest.raises(ValueError, match="terminal status"):
+            store.finish_job(session=session, job_id=job_id, status="running", result=None, error=None)
+
+
+def test_catalogue_publish_and_latest(sessions: sessionmaker[Session], catalogue_data: dict[str, Any]) -> None:
+    with sessions() as session:
+        assert store.latest_catalogue(session=session) is None
+        store.publish_catalogue(session=session, worker_id="w1", catalogue=catalogue_data)
+        store.publish_catalogue(session=session, worker_id="w1", catalogue=catalogue_data)  # replaces
+        found = store.latest_catalogue(session=session)
+        assert found is not None and found[0].optimizer("ema_momentum") is not None
+        with pytest.raises(ValueError):
+            store.publish_catalogue(session=session, worker_id="w2", catalogue={"optimizers": "nope"})

@@ -1,0 +1,150 @@
+"""The worker's process handling, with stand-in job programs (the real one runs in e2e tests).
+
+A stand-in is a shell script in place of the job interpreter: it receives the same
+arguments (`-m jobs.run SPEC --workdir DIR ...`) and misbehaves on purpose.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy.orm import Session, sessionmaker
+
+from jobs.spec import JobSpec
+from service import store
+from service.settings import Settings
+from service.worker import Worker
+
+SPEC = JobSpec.model_validate(
+    {"workload": {"name": "digits_mlp"}, "optimizer": {"name": "adam"}, "steps": 10}
+)
+
+# Finds DIR after --workdir in the arguments.
+WORKDIR = 'while [ $# -gt 0 ] && [ "$1" != "--workdir" ]; do shift; done; W="$2"'
+
+
+def stand_in(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "fake-python"
+    path.write_text(f"#!/bin/sh\n{WORKDIR}\n{body}\n")
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path)
+
+
+def make_worker(settings: Settings, sessions: sessionmaker[Session], job_python: str) -> Worker:
+    fast = settings.model_copy(update={"job_python": job_python, "poll_interval_s": 0.1, "cancel_grace_s": 2.0})
+    return Worker(fast, sessions, worker_id="test-worker")
+
+
+def submit(sessions: sessionmaker[Session]) -> int:
+    with sessions() as session:
+        return store.create_job(session=session, spec=SPEC).id
+
+
+def job_row(sessions: sessionmaker[Session], job_id: int) -> store.Job:
+    with sessions() as session:
+        job = store.get_job(session=session, job_id=job_id)
+        assert job is not None
+        return job
+
+
+def test_result_file_decides_the_status(tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]) -> None:
+    body = (
+        'echo \'{"step": 10, "total": 10, "loss": 0.5}\' > "$W/progress.json"\n'
+        'echo \'{"status": "diverged", "steps_completed": 7, "diverged_at_step": 7,'
+        ' "error": {"type": "Diverged", "message": "train/loss became nan at step 7"}}\' > "$W/result.json"'
+    )
+    worker = make_worker(settings, sessions, stand_in(tmp_path, body))
+    job_id = submit(sessions)
+    assert worker.run_next() is True
+    job = job_row(sessions, job_id)
+    assert job.status == "diverged" and job.step == 7
+    assert job.error is not None and "step 7" in job.error["message"]
+    assert worker.run_next() is False  # queue empty
+
+
+def test_a_job_process_that_dies_fails_with_its_log_tail(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    worker = make_worker(settings, sessions, stand_in(tmp_path, 'echo "Segmentation fault in user code" >&2; exit 139'))
+    job_id = submit(sessions)
+    next_id = submit(sessions)
+    worker.run_next()
+    job = job_row(sessions, job_id)
+    assert job.status == "failed" and job.error is not None
+    assert job.error["type"] == "JobProcessDied"
+    assert "exit code 139" in job.error["message"]
+    assert "Segmentation fault in user code" in job.error["traceback"]
+    worker.run_next()  # the worker carries on with the next job
+    assert job_row(sessions, next_id).status == "failed"
+
+
+def test_cancelling_a_running_job_ends_its_whole_process_group(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    # The job starts a grandchild, as a data loader would; cancellation must end it too.
+    body = 'sleep 300 & echo $! > "$W/child.pid"\necho started > "$W/started"\nwait'
+    worker = make_worker(settings, sessions, stand_in(tmp_path, body))
+    job_id = submit(sessions)
+    thread = threading.Thread(target=worker.run_next)
+    thread.start()
+    workdir = settings.jobs_dir / str(job_id) / "attempt-1"
+    _wait_for(lambda: (workdir / "started").exists())
+    with sessions() as session:
+        store.request_cancel(session=session, job_id=job_id)
+    asked = time.monotonic()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    assert time.monotonic() - asked < 10
+    assert job_row(sessions, job_id).status == "cancelled"
+    child = int((workdir / "child.pid").read_text())
+    _wait_for(lambda: not _alive(child))
+
+
+def test_a_stopping_worker_hands_its_job_back_to_the_queue(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    worker = make_worker(settings, sessions, stand_in(tmp_path, 'echo started > "$W/started"; exec sleep 300'))
+    job_id = submit(sessions)
+    thread = threading.Thread(target=worker.run_forever)
+    thread.start()
+    _wait_for(lambda: (settings.jobs_dir / str(job_id) / "attempt-1" / "started").exists())
+    worker.stopping.set()
+    thread.join(timeout=30)
+    assert not thread.is_alive()
+    job = job_row(sessions, job_id)
+    assert job.status == "queued" and job.attempt == 1
+    assert job.error is not None and "worker stopped" in job.error["message"]
+
+
+def test_catalogue_failure_is_reported(tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]) -> None:
+    from service.worker import CatalogueError
+
+    worker = make_worker(settings, sessions, stand_in(tmp_path, 'echo "ImportError: no torch" >&2; exit 1'))
+    with pytest.raises(CatalogueError, match="no torch"):
+        worker.publish_catalogue()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it is dead for our purposes.
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _wait_for(condition: object, timeout_s: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():  # type: ignore[operator]
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
