@@ -49,9 +49,7 @@ def load_spec(path: Path) -> JobSpec:
     try:
         return JobSpec.model_validate_json(path.read_text())
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}" for e in exc.errors()
-        )
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}" for e in exc.errors())
         raise ValueError(f"invalid job spec {path}: {problems}") from None
 
 
@@ -113,7 +111,7 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
         status = "succeeded"
     except Cancelled as exc:
         status, result["error"] = "cancelled", error_record(exc)
-    except Exception as exc:  # noqa: BLE001 - every failure becomes a readable result
+    except Exception as exc:
         from jobs.torch_trainer import Diverged
 
         if isinstance(exc, Diverged):
@@ -142,7 +140,7 @@ def finish_mlflow_run(
             mlflow_run.log_json("spec.json", spec.model_dump(mode="json"))
         mlflow_run.log_json("result.json", result)
         mlflow_run.end(mlflow_status)
-    except Exception as exc:  # noqa: BLE001 - a lost metric or artifact fails the job loudly
+    except Exception as exc:
         result = {**result, "status": "failed", "error": error_record(exc)}
     return result
 

@@ -165,13 +165,17 @@ def catalogue_errors(spec: JobSpec, catalogue: Catalogue, *, max_steps: int) -> 
 
     schedule = catalogue.schedule(spec.schedule.name)
     if schedule is None:
-        errors.append(_unknown("schedule", spec.schedule.name, ", ".join(s["name"] for s in catalogue.schedules)))
+        errors.append(
+            _unknown("schedule", spec.schedule.name, ", ".join(s["name"] for s in catalogue.schedules))
+        )
     else:
         errors += _param_errors("schedule", spec.schedule, schedule["params"])
 
     workload = catalogue.workload(spec.workload.name)
     if workload is None:
-        errors.append(_unknown("workload", spec.workload.name, ", ".join(w["name"] for w in catalogue.workloads)))
+        errors.append(
+            _unknown("workload", spec.workload.name, ", ".join(w["name"] for w in catalogue.workloads))
+        )
     else:
         errors += _param_errors("workload", spec.workload, workload["params"])
         if spec.framework not in workload["frameworks"]:

@@ -125,7 +125,7 @@ def _verify_probe_step(
     rng = rng_state()
     try:
         copies = [_detached_copy(original), _detached_copy(reloaded)]
-    except Exception as exc:  # noqa: BLE001 - user objects may refuse deepcopy
+    except Exception as exc:
         return [f"probe step skipped: the optimizer could not be deep-copied ({exc})"]
     for objects in copies:
         set_rng_state(rng)

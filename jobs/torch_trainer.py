@@ -165,7 +165,9 @@ class TorchJob:
             if done % spec.checkpoint_every == 0 or done == end:
                 probe_batch = batches(min(done, spec.steps - 1))
                 objects = self._checkpoint_roundtrip(objects, done, probe_batch)
-            self.reporter.progress(step=done, total=spec.steps, loss=train_loss, force=done == end, **evaluation)
+            self.reporter.progress(
+                step=done, total=spec.steps, loss=train_loss, force=done == end, **evaluation
+            )
 
         step_seconds = sum(timings.step_ms) / 1000
         trained = end - start
@@ -176,7 +178,9 @@ class TorchJob:
             "params_sha256": params_sha256(objects.model),
             "samples_per_sec": trained * spec.batch_size / step_seconds if step_seconds else None,
             "step_time_ms_median": statistics.median(timings.step_ms) if timings.step_ms else None,
-            "optimizer_step_ms_median": statistics.median(timings.optimizer_ms) if timings.optimizer_ms else None,
+            "optimizer_step_ms_median": statistics.median(timings.optimizer_ms)
+            if timings.optimizer_ms
+            else None,
             "checkpoints": self.verified,
             "checkpoints_verified": sum(1 for c in self.verified if c["ok"]),
             "device": str(self.device),
@@ -196,7 +200,9 @@ class TorchJob:
     def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
 
-    def _forward_backward(self, objects: TrainObjects, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def _forward_backward(
+        self, objects: TrainObjects, batch: tuple[torch.Tensor, torch.Tensor]
+    ) -> torch.Tensor:
         x, y = batch
         objects.optimizer.zero_grad(set_to_none=True)
         loss = self.loss_fn(objects.model(x), y)
@@ -284,4 +290,3 @@ def _grad_norm(model: nn.Module) -> float:
     if not norms:
         return 0.0
     return float(torch.stack(norms).norm().item())
-

@@ -100,9 +100,11 @@ class BatchedMetricLogger:
         while True:
             with self._cond:
                 self._cond.wait_for(
-                    lambda: self._closing
-                    or len(self._pending) >= self._max_batch
-                    or (self._flush_requested and bool(self._pending)),
+                    lambda: (
+                        self._closing
+                        or len(self._pending) >= self._max_batch
+                        or (self._flush_requested and bool(self._pending))
+                    ),
                     timeout=self._interval_s,
                 )
                 if self._closing and not self._pending:
@@ -123,7 +125,7 @@ class BatchedMetricLogger:
             try:
                 self._send(batch)
                 return
-            except Exception as exc:  # noqa: BLE001 - network, server or client errors alike
+            except Exception as exc:
                 self._last_error = exc
                 if time.monotonic() + delay > deadline:
                     with self._cond:

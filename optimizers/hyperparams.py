@@ -59,9 +59,7 @@ class Param:
         numbers = self._coerce(value)
         for number in numbers:
             if not self._in_range(number):
-                raise ValueError(
-                    f"{self.name} must be {self.allowed()}; received {_show(value)}"
-                )
+                raise ValueError(f"{self.name} must be {self.allowed()}; received {_show(value)}")
         if self.type == "float_pair":
             return (numbers[0], numbers[1])
         return numbers[0]
@@ -137,18 +135,14 @@ class Param:
         return True
 
 
-def check_all(
-    params: Mapping[str, Any], declared: Mapping[str, Param], *, owner: str
-) -> dict[str, Any]:
+def check_all(params: Mapping[str, Any], declared: Mapping[str, Param], *, owner: str) -> dict[str, Any]:
     """Validate `params` against `declared`; return them with defaults filled in.
 
     Raises ValueError naming the first unknown or invalid argument.
     """
     unknown = sorted(set(params) - set(declared))
     if unknown:
-        raise ValueError(
-            f"{owner} has no hyperparameter {unknown[0]!r}; accepted: {', '.join(declared)}"
-        )
+        raise ValueError(f"{owner} has no hyperparameter {unknown[0]!r}; accepted: {', '.join(declared)}")
     checked = {name: param.default for name, param in declared.items()}
     for name, value in params.items():
         checked[name] = declared[name].check(value)

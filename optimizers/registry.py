@@ -18,11 +18,12 @@ import sys
 import traceback
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from optimizers.hyperparams import Param, check_all
+from optimizers.hyperparams import Param, ParamType, check_all
 
 ENTRY_POINT_GROUP = "optlab.optimizers"
 PLUGIN_DIRS_ENV = "OPTLAB_PLUGIN_DIRS"
@@ -163,9 +164,8 @@ def derive_params(cls: type) -> dict[str, Param]:
     """
     declared: Mapping[str, Param] = getattr(cls, "optlab_hyperparameters", {})
     only: Iterable[str] | None = getattr(cls, "optlab_tunable", None)
-    signature = inspect.signature(cls.__init__)
     params: dict[str, Param] = {}
-    for arg in list(signature.parameters.values())[1:]:
+    for arg in inspect.signature(cls).parameters.values():  # the constructor's, without self
         if arg.name in _NOT_HYPERPARAMETERS or arg.kind in (arg.VAR_POSITIONAL, arg.VAR_KEYWORD):
             continue
         if only is not None and arg.name not in only:
@@ -192,12 +192,14 @@ def load_registry(plugin_dirs: Iterable[str] | None = None) -> Registry:
     for module_name in BUILTIN_MODULES:
         registry.load_module(importlib.import_module(module_name), source=f"builtin:{module_name}")
     for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        _guarded(registry, f"entry point {entry_point.name}", lambda ep=entry_point: _load_entry_point(registry, ep))
+        _guarded(
+            registry, f"entry point {entry_point.name}", partial(_load_entry_point, registry, entry_point)
+        )
     if plugin_dirs is None:
         plugin_dirs = [d for d in os.environ.get(PLUGIN_DIRS_ENV, "").split(os.pathsep) if d]
     for directory in plugin_dirs:
         for path in sorted(Path(directory).glob("*.py")):
-            _guarded(registry, str(path), lambda p=path: _load_plugin_file(registry, p))
+            _guarded(registry, str(path), partial(_load_plugin_file, registry, path))
     return registry
 
 
@@ -205,7 +207,7 @@ def _guarded(registry: Registry, source: str, load: Callable[[], None]) -> None:
     # One bad plugin must not hide the others: record the failure and carry on.
     try:
         load()
-    except Exception as exc:  # noqa: BLE001 - any import-time error of user code
+    except Exception as exc:
         tail = traceback.format_exception_only(type(exc), exc)[-1].strip()
         registry.errors.append(LoadError(source=source, error=tail))
 
@@ -229,9 +231,7 @@ def _load_plugin_file(registry: Registry, path: Path) -> None:
     spec.loader.exec_module(module)
     found = _optimizer_classes(module)
     if not found:
-        raise ValueError(
-            f"{path} defines no optimizer class (a subclass of torch.optim.Optimizer)"
-        )
+        raise ValueError(f"{path} defines no optimizer class (a subclass of torch.optim.Optimizer)")
     registry.load_module(module, source=f"plugin {path}")
 
 
@@ -267,10 +267,10 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _infer_type(default: Any, annotation: Any) -> str | None:
+def _infer_type(default: Any, annotation: Any) -> ParamType | None:
     if default is inspect.Parameter.empty:
         return None
-    named = {"float": "float", "int": "int", "bool": "bool"}
+    named: dict[str, ParamType] = {"float": "float", "int": "int", "bool": "bool"}
     if isinstance(annotation, str) and annotation in named:  # postponed annotations
         return named[annotation]
     if annotation in (float, int, bool):

@@ -40,7 +40,12 @@ class Exponential:
     params: ClassVar[dict[str, Param]] = {
         "decay_steps": Param("decay_steps", "int", 100, low=1, help="steps per decay period"),
         "decay_rate": Param(
-            "decay_rate", "float", 0.5, low=0.0, high=1.0, low_inclusive=False,
+            "decay_rate",
+            "float",
+            0.5,
+            low=0.0,
+            high=1.0,
+            low_inclusive=False,
             help="factor applied once per decay period",
         ),
         "staircase": Param("staircase", "bool", False, help="decay in whole periods"),
@@ -80,9 +85,7 @@ class Cosine:
     summary: ClassVar[str] = "Linear warmup, then cosine decay to min_ratio * lr at the last step."
     params: ClassVar[dict[str, Param]] = {
         "warmup_steps": Param("warmup_steps", "int", 0, low=0, help="steps of linear ramp"),
-        "min_ratio": Param(
-            "min_ratio", "float", 0.0, low=0.0, high=1.0, help="final lr as a fraction of lr"
-        ),
+        "min_ratio": Param("min_ratio", "float", 0.0, low=0.0, high=1.0, help="final lr as a fraction of lr"),
     }
     warmup_steps: int
     min_ratio: float
@@ -133,5 +136,3 @@ def _warmup(step: int, warmup_steps: int) -> float:
     if warmup_steps <= 0 or step >= warmup_steps:
         return 1.0
     return (step + 1) / warmup_steps
-
-

@@ -26,9 +26,18 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings_from(args)
     except ValidationError as exc:
         for error in exc.errors():
-            print(f"optlab: invalid setting OPTLAB_{str(error['loc'][0]).upper()}: {error['msg']}", file=sys.stderr)
+            print(
+                f"optlab: invalid setting OPTLAB_{str(error['loc'][0]).upper()}: {error['msg']}",
+                file=sys.stderr,
+            )
         return 2
-    handler = {"serve": cmd_serve, "api": cmd_api, "worker": cmd_worker, "submit": cmd_submit, "demo": cmd_demo}
+    handler = {
+        "serve": cmd_serve,
+        "api": cmd_api,
+        "worker": cmd_worker,
+        "submit": cmd_submit,
+        "demo": cmd_demo,
+    }
     try:
         return handler[args.command](args, settings)
     except KeyboardInterrupt:

@@ -20,7 +20,9 @@ class ApiError(RuntimeError):
 
 def format_detail(status_code: int, detail: Any) -> str:
     if isinstance(detail, list):
-        lines = [f"  - {item.get('msg', item)}" if isinstance(item, dict) else f"  - {item}" for item in detail]
+        lines = [
+            f"  - {item.get('msg', item)}" if isinstance(item, dict) else f"  - {item}" for item in detail
+        ]
         return f"HTTP {status_code}:\n" + "\n".join(lines)
     return f"HTTP {status_code}: {detail}"
 
@@ -69,7 +71,9 @@ class ApiClient:
         try:
             response = self._http.request(method, path, **kwargs)
         except httpx.ConnectError:
-            raise ApiError(0, f"cannot reach the optlab API at {self.base_url}; is `optlab serve` running?") from None
+            raise ApiError(
+                0, f"cannot reach the optlab API at {self.base_url}; is `optlab serve` running?"
+            ) from None
         if response.status_code >= 400:
             try:
                 detail = response.json().get("detail", response.text)

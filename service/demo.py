@@ -44,7 +44,8 @@ def run_demo(settings: Settings, specs_dir: Path) -> int:
             console.print(comparison_table(list(final.values())))
             experiment_ids = {job["mlflow"]["experiment_id"] for job in final.values() if job.get("mlflow")}
             for experiment_id in sorted(experiment_ids):
-                console.print(f"Compare the runs in the MLflow UI: {supervisor.mlflow_url}/#/experiments/{experiment_id}")
+                url = f"{supervisor.mlflow_url}/#/experiments/{experiment_id}"
+                console.print(f"Compare the runs in the MLflow UI: {url}")
             console.print(
                 "Stopping everything now; `make serve` keeps the service and the MLflow UI running."
             )
@@ -62,7 +63,15 @@ def label(spec: dict[str, Any]) -> str:
 
 def comparison_table(jobs: list[dict[str, Any]]) -> Table:
     table = Table(title="digits_mlp: optimizers compared")
-    for column in ("job", "optimizer", "status", "val accuracy", "val loss", "samples/s", "checkpoints verified"):
+    for column in (
+        "job",
+        "optimizer",
+        "status",
+        "val accuracy",
+        "val loss",
+        "samples/s",
+        "checkpoints verified",
+    ):
         table.add_column(column, justify="left" if column in ("optimizer", "status") else "right")
     for job in sorted(jobs, key=lambda j: j["id"]):
         result = job.get("result") or {}

@@ -10,7 +10,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from service.client import ApiClient
 
 
-def follow_jobs(client: ApiClient, labels: dict[int, str], console: Console | None = None) -> dict[int, dict[str, Any]]:
+def follow_jobs(
+    client: ApiClient, labels: dict[int, str], console: Console | None = None
+) -> dict[int, dict[str, Any]]:
     """Show one bar per job (step / total, status, latest loss) until every job has ended."""
     progress = Progress(
         TextColumn("{task.description:<28}"),

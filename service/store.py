@@ -44,9 +44,7 @@ def get_job(*, session: Session, job_id: int) -> Job | None:
     return session.get(Job, job_id)
 
 
-def list_jobs(
-    *, session: Session, status: str | None, limit: int, offset: int
-) -> tuple[list[Job], int]:
+def list_jobs(*, session: Session, status: str | None, limit: int, offset: int) -> tuple[list[Job], int]:
     query = select(Job)
     count = select(func.count()).select_from(Job)
     if status is not None:

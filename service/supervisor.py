@@ -52,7 +52,9 @@ class Supervisor:
         self.start()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
     def start(self) -> None:
@@ -79,7 +81,9 @@ class Supervisor:
             while waiting_for:
                 self.check_children()
                 if time.monotonic() > deadline:
-                    raise StartupError(f"timed out after {timeout_s:.0f}s waiting for {waiting_for[0]}; logs in {self.logs}")
+                    raise StartupError(
+                        f"timed out after {timeout_s:.0f}s waiting for {waiting_for[0]}; logs in {self.logs}"
+                    )
                 if _answers(client, f"{self.mlflow_url}/health") and "mlflow" in waiting_for:
                     waiting_for.remove("mlflow")
                 health = _json(client, f"{self.api_url}/healthz")
@@ -94,7 +98,8 @@ class Supervisor:
             code = child.process.poll()
             if code is not None:
                 raise StartupError(
-                    f"{child.name} exited with code {code}; last lines of {child.log_path}:\n{child.log_tail()}"
+                    f"{child.name} exited with code {code}; "
+                    f"last lines of {child.log_path}:\n{child.log_tail()}"
                 )
 
     def stop(self) -> None:

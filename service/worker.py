@@ -58,7 +58,9 @@ def produce_catalogue(settings: Settings) -> dict[str, Any]:
 
 
 class Worker:
-    def __init__(self, settings: Settings, sessions: sessionmaker[Session], *, worker_id: str | None = None) -> None:
+    def __init__(
+        self, settings: Settings, sessions: sessionmaker[Session], *, worker_id: str | None = None
+    ) -> None:
         self.settings = settings
         self.sessions = sessions
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -140,7 +142,9 @@ class Worker:
             time.sleep(self.settings.poll_interval_s)
         return None
 
-    def _conclude(self, job_id: int, process: subprocess.Popen[bytes], workdir: Path, stop_reason: str | None) -> str:
+    def _conclude(
+        self, job_id: int, process: subprocess.Popen[bytes], workdir: Path, stop_reason: str | None
+    ) -> str:
         result = read_json(workdir / RESULT_FILE)
         with self.sessions() as session:
             if stop_reason == "worker stopping":
@@ -151,8 +155,13 @@ class Worker:
                 )
                 return "requeued"
             if stop_reason == "cancelled":
-                error = (result or {}).get("error") or {"type": "Cancelled", "message": "cancelled while running"}
-                store.finish_job(session=session, job_id=job_id, status="cancelled", result=result, error=error)
+                error = (result or {}).get("error") or {
+                    "type": "Cancelled",
+                    "message": "cancelled while running",
+                }
+                store.finish_job(
+                    session=session, job_id=job_id, status="cancelled", result=result, error=error
+                )
                 return "cancelled"
             if result is None or result.get("status") not in store.TERMINAL:
                 error = {
@@ -164,7 +173,9 @@ class Worker:
                 store.finish_job(session=session, job_id=job_id, status="failed", result=result, error=error)
                 return "failed"
             status = str(result["status"])
-            store.finish_job(session=session, job_id=job_id, status=status, result=result, error=result.get("error"))
+            store.finish_job(
+                session=session, job_id=job_id, status=status, result=result, error=result.get("error")
+            )
             return status
 
 

@@ -80,7 +80,9 @@ def api(service: Supervisor) -> Iterator[httpx.Client]:
 def submit_and_wait(api: httpx.Client, body: dict[str, Any], timeout_s: float = 180) -> dict[str, Any]:
     response = api.post("/jobs", json=body)
     assert response.status_code == 201, response.text
-    return wait_for(api, response.json()["id"], lambda job: job["status"] not in ("queued", "running"), timeout_s)
+    return wait_for(
+        api, response.json()["id"], lambda job: job["status"] not in ("queued", "running"), timeout_s
+    )
 
 
 def wait_for(api: httpx.Client, job_id: int, done: Any, timeout_s: float = 180) -> dict[str, Any]:
@@ -93,7 +95,9 @@ def wait_for(api: httpx.Client, job_id: int, done: Any, timeout_s: float = 180) 
     raise AssertionError(f"job {job_id} did not get there in {timeout_s}s: {job}")
 
 
-def test_a_job_trains_verifies_checkpoints_and_lands_in_mlflow(service: Supervisor, api: httpx.Client) -> None:
+def test_a_job_trains_verifies_checkpoints_and_lands_in_mlflow(
+    service: Supervisor, api: httpx.Client
+) -> None:
     from mlflow import MlflowClient
 
     job = submit_and_wait(api, spec("ema_momentum", {"lr": 0.5}))
@@ -105,7 +109,9 @@ def test_a_job_trains_verifies_checkpoints_and_lands_in_mlflow(service: Supervis
     assert result["final"]["val_accuracy"] > 0.8
     assert job["progress"] == {"step": 120, "total": 120, "fraction": 1.0}
     link = job["mlflow"]
-    assert link["run_url"] == f"{service.mlflow_url}/#/experiments/{link['experiment_id']}/runs/{link['run_id']}"
+    assert (
+        link["run_url"] == f"{service.mlflow_url}/#/experiments/{link['experiment_id']}/runs/{link['run_id']}"
+    )
 
     client = MlflowClient(service.mlflow_url)
     run = client.get_run(link["run_id"])
@@ -123,7 +129,9 @@ def test_a_job_trains_verifies_checkpoints_and_lands_in_mlflow(service: Supervis
 
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"spec.json", "result.json", "checkpoints"} <= artifacts
-    assert [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")] == ["checkpoints/step-00000120.pt"]
+    assert [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")] == [
+        "checkpoints/step-00000120.pt"
+    ]
     downloaded = Path(client.download_artifacts(run.info.run_id, "result.json"))
     assert json.loads(downloaded.read_text())["params_sha256"] == result["params_sha256"]
 
@@ -150,7 +158,9 @@ def test_divergence_is_its_own_status_with_the_step(api: httpx.Client) -> None:
 def test_cancelling_a_running_job_stops_its_process(service: Supervisor, api: httpx.Client) -> None:
     body = spec("adam", {"lr": 0.001}, steps=500_000, checkpoint_every=100_000, eval_every=100_000)
     job_id = api.post("/jobs", json=body).json()["id"]
-    wait_for(api, job_id, lambda job: job["status"] == "running" and job["progress"]["step"] > 0, timeout_s=120)
+    wait_for(
+        api, job_id, lambda job: job["status"] == "running" and job["progress"]["step"] > 0, timeout_s=120
+    )
     asked = time.monotonic()
     assert api.post(f"/jobs/{job_id}/cancel").status_code == 200
     job = wait_for(api, job_id, lambda job: job["status"] == "cancelled", timeout_s=20)
@@ -162,7 +172,9 @@ def test_cancelling_a_running_job_stops_its_process(service: Supervisor, api: ht
 
 def test_optlab_submit_wait_shows_the_outcome(service: Supervisor, tmp_path: Path) -> None:
     spec_file = tmp_path / "job.json"
-    spec_file.write_text(json.dumps(spec("sgd", {"lr": 0.05, "momentum": 0.9}, steps=40, checkpoint_every=20)))
+    spec_file.write_text(
+        json.dumps(spec("sgd", {"lr": 0.05, "momentum": 0.9}, steps=40, checkpoint_every=20))
+    )
     completed = subprocess.run(
         [sys.executable, "-m", "service.cli", "submit", str(spec_file), "--wait", "--api", service.api_url],
         cwd=ROOT,

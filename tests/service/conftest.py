@@ -27,7 +27,9 @@ def sessions(settings: Settings) -> sessionmaker[Session]:
 
 
 @pytest.fixture
-def client(settings: Settings, sessions: sessionmaker[Session], catalogue_data: dict[str, Any]) -> Iterator[TestClient]:
+def client(
+    settings: Settings, sessions: sessionmaker[Session], catalogue_data: dict[str, Any]
+) -> Iterator[TestClient]:
     with sessions() as session:
         store.publish_catalogue(session=session, worker_id="test-worker", catalogue=catalogue_data)
     with TestClient(create_app(settings), raise_server_exceptions=False) as test_client:

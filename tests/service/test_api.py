@@ -114,7 +114,7 @@ def test_bad_specs_get_422_naming_the_field(
         json.dumps(GOOD).replace('"lr": 0.05', '"lr": [0.1, {"x": 1}]').encode(),
         json.dumps(GOOD).replace('"params": {"lr": 0.05}', '"params": [1, 2]').encode(),
         json.dumps(GOOD).replace('"seed": 0', '"seed": -1').encode(),
-        "{\"experiment\": \"\udcff\"}".encode("utf-8", "surrogatepass"),
+        '{"experiment": "\udcff"}'.encode("utf-8", "surrogatepass"),
         b"\xff\xfe\x00garbage",
     ],
 )
@@ -170,7 +170,11 @@ def test_catalogue_routes(client: TestClient) -> None:
     ema = client.get("/optimizers/ema_momentum").json()
     assert {p["name"] for p in ema["params"]} == {"lr", "beta", "weight_decay"}
     assert "known:" in client.get("/optimizers/zzz").json()["detail"]
-    assert {s["name"] for s in client.get("/schedules").json()["items"]} >= {"constant", "exponential", "cosine"}
+    assert {s["name"] for s in client.get("/schedules").json()["items"]} >= {
+        "constant",
+        "exponential",
+        "cosine",
+    }
     assert client.get("/workloads").json()["items"][0]["name"] == "digits_mlp"
     health = client.get("/healthz").json()
     assert health["status"] == "ok" and health["optimizers"] >= 4

@@ -92,7 +92,10 @@ def test_cancel_queued_at_once_running_by_flag(sessions: sessionmaker[Session]) 
         store.request_cancel(session=session, job_id=queued)
         store.request_cancel(session=session, job_id=running)
     with sessions() as session:
-        first, second = store.get_job(session=session, job_id=queued), store.get_job(session=session, job_id=running)
+        first, second = (
+            store.get_job(session=session, job_id=queued),
+            store.get_job(session=session, job_id=running),
+        )
         assert first is not None and first.status == "running" and first.cancel_requested
         assert second is not None and second.status == "cancelled" and second.finished_at is not None
         assert store.request_cancel(session=session, job_id=12345) is None
@@ -123,7 +126,9 @@ def test_progress_finish_and_requeue(sessions: sessionmaker[Session]) -> None:
             store.finish_job(session=session, job_id=job_id, status="running", result=None, error=None)
 
 
-def test_catalogue_publish_and_latest(sessions: sessionmaker[Session], catalogue_data: dict[str, Any]) -> None:
+def test_catalogue_publish_and_latest(
+    sessions: sessionmaker[Session], catalogue_data: dict[str, Any]
+) -> None:
     with sessions() as session:
         assert store.latest_catalogue(session=session) is None
         store.publish_catalogue(session=session, worker_id="w1", catalogue=catalogue_data)

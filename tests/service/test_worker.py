@@ -36,7 +36,9 @@ def stand_in(tmp_path: Path, body: str) -> str:
 
 
 def make_worker(settings: Settings, sessions: sessionmaker[Session], job_python: str) -> Worker:
-    fast = settings.model_copy(update={"job_python": job_python, "poll_interval_s": 0.1, "cancel_grace_s": 2.0})
+    fast = settings.model_copy(
+        update={"job_python": job_python, "poll_interval_s": 0.1, "cancel_grace_s": 2.0}
+    )
     return Worker(fast, sessions, worker_id="test-worker")
 
 
@@ -52,7 +54,9 @@ def job_row(sessions: sessionmaker[Session], job_id: int) -> store.Job:
         return job
 
 
-def test_result_file_decides_the_status(tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]) -> None:
+def test_result_file_decides_the_status(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
     body = (
         'echo \'{"step": 10, "total": 10, "loss": 0.5}\' > "$W/progress.json"\n'
         'echo \'{"status": "diverged", "steps_completed": 7, "diverged_at_step": 7,'
@@ -70,7 +74,9 @@ def test_result_file_decides_the_status(tmp_path: Path, settings: Settings, sess
 def test_a_job_process_that_dies_fails_with_its_log_tail(
     tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
-    worker = make_worker(settings, sessions, stand_in(tmp_path, 'echo "Segmentation fault in user code" >&2; exit 139'))
+    worker = make_worker(
+        settings, sessions, stand_in(tmp_path, 'echo "Segmentation fault in user code" >&2; exit 139')
+    )
     job_id = submit(sessions)
     next_id = submit(sessions)
     worker.run_next()
@@ -108,7 +114,9 @@ def test_cancelling_a_running_job_ends_its_whole_process_group(
 def test_a_stopping_worker_hands_its_job_back_to_the_queue(
     tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
-    worker = make_worker(settings, sessions, stand_in(tmp_path, 'echo started > "$W/started"; exec sleep 300'))
+    worker = make_worker(
+        settings, sessions, stand_in(tmp_path, 'echo started > "$W/started"; exec sleep 300')
+    )
     job_id = submit(sessions)
     thread = threading.Thread(target=worker.run_forever)
     thread.start()
@@ -121,7 +129,9 @@ def test_a_stopping_worker_hands_its_job_back_to_the_queue(
     assert job.error is not None and "worker stopped" in job.error["message"]
 
 
-def test_catalogue_failure_is_reported(tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]) -> None:
+def test_catalogue_failure_is_reported(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
     from service.worker import CatalogueError
 
     worker = make_worker(settings, sessions, stand_in(tmp_path, 'echo "ImportError: no torch" >&2; exit 1'))
