@@ -19,8 +19,8 @@ serve: $(STAMP)
 	$(BIN)/optlab serve
 
 lint: $(STAMP)
-	$(BIN)/ruff check service jobs optimizers tests
-	$(BIN)/ruff format --check service jobs optimizers tests
+	$(BIN)/ruff check service jobs optimizers tests benchmarks
+	$(BIN)/ruff format --check service jobs optimizers tests benchmarks
 
 typecheck: $(STAMP)
 	$(BIN)/mypy service jobs optimizers
