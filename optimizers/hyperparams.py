@@ -121,9 +121,13 @@ class Param:
                     raise wrong
                 return int(value)
             return value
-        if not math.isfinite(value):
+        try:
+            number = float(value)  # a JSON integer literal can be too long for a float
+        except OverflowError:
+            raise wrong from None
+        if not math.isfinite(number):
             raise wrong
-        return float(value)
+        return number
 
     def _in_range(self, number: float) -> bool:
         if self.low is not None:
@@ -142,7 +146,9 @@ def check_all(params: Mapping[str, Any], declared: Mapping[str, Param], *, owner
     """
     unknown = sorted(set(params) - set(declared))
     if unknown:
-        raise ValueError(f"{owner} has no hyperparameter {unknown[0]!r}; accepted: {', '.join(declared)}")
+        raise ValueError(
+            f"{owner} has no hyperparameter {unknown[0]!r}; accepted: {', '.join(declared) or 'none'}"
+        )
     checked = {name: param.default for name, param in declared.items()}
     for name, value in params.items():
         checked[name] = declared[name].check(value)
@@ -182,6 +188,7 @@ def _fmt(number: float) -> str:
 def _show(value: Any) -> str:
     """Show a received value as the client sent it (JSON spelling: true, null, NaN)."""
     try:
-        return json.dumps(value)
+        shown = json.dumps(value)
     except (TypeError, ValueError):
-        return repr(value)
+        shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."

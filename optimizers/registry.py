@@ -8,6 +8,7 @@ registered under its `optlab_name` attribute, else its class name in snake_case.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -139,7 +140,8 @@ def snake_case(class_name: str) -> str:
 
 def entry_for_class(cls: type, *, source: str) -> Entry:
     framework, style = _style_of(cls)
-    doc = inspect.getdoc(cls) or ""
+    # The class's own docstring only: an undocumented plugin must not borrow torch's.
+    doc = inspect.cleandoc(cls.__doc__) if cls.__doc__ else ""
     summary = getattr(cls, "optlab_summary", None) or (doc.splitlines()[0] if doc else "")
     reference = getattr(cls, "optlab_reference", None) or _first_url(doc)
     return Entry(
@@ -222,13 +224,19 @@ def _load_entry_point(registry: Registry, entry_point: importlib.metadata.EntryP
 
 
 def _load_plugin_file(registry: Registry, path: Path) -> None:
-    module_name = "optlab_plugin_" + re.sub(r"\W", "_", path.stem)
+    # The path's hash keeps same-named files in two plugin folders apart.
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]
+    module_name = f"optlab_plugin_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}_{digest}"
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot load {path} as a Python module")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]  # leave no half-imported module behind
+        raise
     found = _optimizer_classes(module)
     if not found:
         raise ValueError(f"{path} defines no optimizer class (a subclass of torch.optim.Optimizer)")

@@ -82,7 +82,7 @@ class Cosine:
     Loshchilov & Hutter, SGDR (https://arxiv.org/abs/1608.03983), without restarts.
     """
 
-    summary: ClassVar[str] = "Linear warmup, then cosine decay to min_ratio * lr at the last step."
+    summary: ClassVar[str] = "Linear warmup, then cosine decay reaching min_ratio * lr when training ends."
     params: ClassVar[dict[str, Param]] = {
         "warmup_steps": Param("warmup_steps", "int", 0, low=0, help="steps of linear ramp"),
         "min_ratio": Param("min_ratio", "float", 0.0, low=0.0, high=1.0, help="final lr as a fraction of lr"),

@@ -1,0 +1,100 @@
+"""`optlab serve` and `optlab demo` as a user runs them: start, work, stop with nothing left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from tests.conftest import ROOT, free_port
+
+
+def processes_mentioning(marker: str) -> list[int]:
+    """Live processes whose command line or environment names `marker` (our data dir)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if (entry / "stat").read_text().split()[2] == "Z":
+                continue
+            blob = (entry / "cmdline").read_bytes() + (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in blob:
+            found.append(int(entry.name))
+    return found
+
+
+def wait_gone(marker: str, timeout_s: float = 30) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while (left := processes_mentioning(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
+def test_serve_comes_up_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
+    data = tmp_path / "serve-data"
+    api_port = free_port()
+    command = [sys.executable, "-m", "service.cli", "serve", "--port", str(api_port)]
+    command += ["--mlflow-port", str(free_port()), "--data-dir", str(data)]
+    serve = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert serve.stdout is not None
+    output = []
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        line = serve.stdout.readline()
+        output.append(line)
+        if "Ctrl-C stops everything" in line or not line:
+            break
+    banner = "".join(output)
+    assert f"http://127.0.0.1:{api_port}/docs" in banner and "MLflow UI" in banner, banner
+    assert len(processes_mentioning(str(data))) >= 3  # MLflow, API, worker (and their children)
+
+    serve.send_signal(signal.SIGINT)
+    assert serve.wait(timeout=90) == 0
+    assert wait_gone(str(data)) == [], "processes outlived `optlab serve`"
+
+
+def test_serve_refuses_a_port_in_use(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        completed = subprocess.run(
+            [sys.executable, "-m", "service.cli", "serve", "--port", str(port), "--data-dir", str(tmp_path)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    assert completed.returncode == 1
+    assert f"127.0.0.1:{port} is already in use" in completed.stderr and "--port" in completed.stderr
+
+
+def test_demo_trains_compares_and_cleans_up(tmp_path: Path) -> None:
+    specs = tmp_path / "specs"
+    specs.mkdir()
+    demo_spec = json.loads((ROOT / "examples/demo/1-ema_momentum.json").read_text())
+    demo_spec.update(steps=40, checkpoint_every=20, eval_every=20)
+    (specs / "one.json").write_text(json.dumps(demo_spec))
+    data = tmp_path / "demo-data"
+    completed = subprocess.run(
+        [sys.executable, "-m", "service.cli", "demo", "--specs", str(specs), "--data-dir", str(data)]
+        + ["--port", str(free_port()), "--mlflow-port", str(free_port())],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        env={**os.environ, "COLUMNS": "160"},
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    assert "val accuracy" in completed.stdout and "2/2" in completed.stdout  # both checkpoints verified
+    assert "Compare the runs in the MLflow UI: http://127.0.0.1:" in completed.stdout
+    assert wait_gone(str(data)) == []
