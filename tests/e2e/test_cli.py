@@ -85,9 +85,10 @@ def test_demo_trains_compares_and_cleans_up(tmp_path: Path) -> None:
     demo_spec.update(steps=40, checkpoint_every=20, eval_every=20)
     (specs / "one.json").write_text(json.dumps(demo_spec))
     data = tmp_path / "demo-data"
+    command = [sys.executable, "-m", "service.cli", "demo", "--specs", str(specs), "--data-dir", str(data)]
+    command += ["--port", str(free_port()), "--mlflow-port", str(free_port())]
     completed = subprocess.run(
-        [sys.executable, "-m", "service.cli", "demo", "--specs", str(specs), "--data-dir", str(data)]
-        + ["--port", str(free_port()), "--mlflow-port", str(free_port())],
+        command,
         cwd=ROOT,
         capture_output=True,
         text=True,
