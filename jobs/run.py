@@ -19,14 +19,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from jobs.errors import Cancelled, Diverged
 from jobs.report import Reporter
 from jobs.spec import JobSpec
 
 TRACEBACK_TAIL_LINES = 40
-
-
-class Cancelled(Exception):
-    """SIGTERM from the worker: the job was cancelled or the worker is shutting down."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -111,9 +108,7 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
         status = "succeeded"
     except Cancelled as exc:
         status, result["error"] = "cancelled", error_record(exc)
-    except Exception as exc:
-        from jobs.torch_trainer import Diverged
-
+    except Exception as exc:  # every failure becomes a readable result
         if isinstance(exc, Diverged):
             status, result["diverged_at_step"] = "diverged", exc.step
         result["error"] = error_record(exc)

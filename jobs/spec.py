@@ -34,6 +34,24 @@ def _finite(value: Any, where: str) -> None:
             _finite(item, where)
 
 
+def short_number(value: float) -> str:
+    """`0.05` stays `0.05`; small rates read as in papers: `0.0003` -> `3e-4`."""
+    text = f"{value:g}"
+    if "e" in text or value == 0 or abs(value) >= 1e-3:
+        return text.replace("e-0", "e-").replace("e+0", "e+")
+    mantissa, exponent = f"{value:e}".split("e")
+    mantissa = mantissa.rstrip("0").rstrip(".")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def optimizer_label(optimizer: Mapping[str, Any]) -> str:
+    """`ema_momentum lr=0.05` from a spec's optimizer part (a dict, as the API returns it)."""
+    lr = optimizer.get("params", {}).get("lr")
+    if isinstance(lr, int | float) and not isinstance(lr, bool):
+        return f"{optimizer['name']} lr={short_number(lr)}"
+    return str(optimizer["name"])
+
+
 class Component(BaseModel):
     """A named catalogue item with its parameters, e.g. an optimizer and its hyperparameters."""
 
@@ -96,7 +114,9 @@ class JobSpec(BaseModel):
     def run_name(self) -> str:
         """How the run reads in the MLflow UI: `ema_momentum lr=0.05 digits_mlp seed=0`."""
         lr = self.optimizer.params.get("lr")
-        lr_part = f" lr={lr:g}" if isinstance(lr, int | float) and not isinstance(lr, bool) else ""
+        lr_part = (
+            f" lr={short_number(lr)}" if isinstance(lr, int | float) and not isinstance(lr, bool) else ""
+        )
         return f"{self.optimizer.name}{lr_part} {self.workload.name} seed={self.seed}"
 
     def flat_params(self) -> dict[str, str]:

@@ -147,10 +147,20 @@ def _verify_probe_step(
 
 
 def _detached_copy(objects: TrainObjects) -> TrainObjects:
-    model, optimizer = copy.deepcopy((objects.model, objects.optimizer))
-    # An LR scheduler wraps `optimizer.step` in an instance attribute bound to the
-    # original optimizer; drop it so the copy steps itself.
-    optimizer.__dict__.pop("step", None)
+    """A deep copy of model and optimizer, the optimizer's plain attributes included.
+
+    `copy.deepcopy(optimizer)` goes through `Optimizer.__getstate__`, which keeps only
+    defaults, state and param_groups: exactly the state the probe must not rely on.
+    One memo maps the copied optimizer onto the copied model's parameters. The
+    instance attribute `step` (an LR scheduler's wrapper bound to the original
+    optimizer) is left out so the copy steps itself.
+    """
+    memo: dict[int, Any] = {}
+    model = copy.deepcopy(objects.model, memo)
+    original = objects.optimizer
+    attributes = {key: value for key, value in vars(original).items() if key != "step"}
+    optimizer = object.__new__(type(original))
+    optimizer.__dict__.update(copy.deepcopy(attributes, memo))
     return TrainObjects(model, optimizer, objects.scheduler)
 
 
@@ -165,10 +175,13 @@ def _tensor_difference(saved: Any, loaded: Any, where: str) -> str | None:
     if saved.is_sparse or loaded.is_sparse:
         saved, loaded = saved.to_dense(), loaded.to_dense()
     a, b = saved.detach().cpu(), loaded.detach().cpu()
-    same = (a == b) | (torch.isnan(a) & torch.isnan(b)) if a.is_floating_point() else a == b
+    inexact = a.is_floating_point() or a.is_complex()
+    same = (a == b) | (torch.isnan(a) & torch.isnan(b)) if inexact else a == b
     if bool(same.all()):
         return None
-    if a.is_floating_point():
+    if a.is_complex():
+        diff = (a.to(torch.complex128) - b.to(torch.complex128)).abs().nan_to_num(nan=math.inf).max().item()
+    elif a.is_floating_point():
         diff = (a.double() - b.double()).abs().nan_to_num(nan=math.inf).max().item()
     else:
         diff = (a.long() - b.long()).abs().max().item()

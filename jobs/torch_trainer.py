@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from jobs.errors import Diverged
 from jobs.report import Reporter
 from jobs.spec import JobSpec
 from jobs.torch_checkpoint import (
@@ -33,12 +34,6 @@ from jobs.tracking import Tracker
 from jobs.workloads import Dataset, get_workload
 from optimizers.registry import Registry
 from optimizers.schedules import build_schedule
-
-
-class Diverged(Exception):
-    def __init__(self, step: int, what: str, value: float) -> None:
-        super().__init__(f"{what} became {value} at step {step}")
-        self.step = step
 
 
 @dataclass
@@ -90,6 +85,8 @@ class Batches:
         self.batch_size = batch_size
         self.seed = seed
         self.per_epoch = len(x) // batch_size
+        if self.per_epoch == 0:
+            raise ValueError(f"batch_size must be at most the {len(x)} training rows; received {batch_size}")
         self._epoch = -1
         self._order = np.arange(0)
 

@@ -191,8 +191,11 @@ class MlflowRun:
         """Flush metrics, then mark the run FINISHED, FAILED or KILLED."""
         try:
             self.metrics.close()
-        finally:
-            self._client.set_terminated(self.info.run_id, status=status)
+        except BaseException:
+            # The run lost points: MLflow must not call it FINISHED.
+            self._client.set_terminated(self.info.run_id, status="FAILED")
+            raise
+        self._client.set_terminated(self.info.run_id, status=status)
 
     def _experiment_id(self, name: str) -> str:
         from mlflow.exceptions import MlflowException

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from jobs.spec import optimizer_label
 from service.settings import Settings
 
 
@@ -164,7 +165,7 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
         print(f"job {job['id']} {job['status']}: {url}/jobs/{job['id']}")
         if not args.wait:
             return 0
-        final = follow_jobs(client, {job["id"]: spec_label(job["spec"])})[job["id"]]
+        final = follow_jobs(client, {job["id"]: optimizer_label(job["spec"]["optimizer"])})[job["id"]]
     except ApiError as exc:
         print(f"optlab submit: {exc}", file=sys.stderr)
         return 2 if exc.status_code in (400, 404, 413, 422) else 1
@@ -182,11 +183,6 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from service.demo import run_demo
 
     return run_demo(settings, args.specs)
-
-
-def spec_label(spec: dict[str, Any]) -> str:
-    lr = spec.get("optimizer", {}).get("params", {}).get("lr")
-    return f"{spec['optimizer']['name']}" + (f" lr={lr:g}" if isinstance(lr, int | float) else "")
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from jobs.spec import optimizer_label
 from service.client import ApiClient, ApiError
 from service.progress import follow_jobs
 from service.settings import Settings
@@ -40,7 +41,9 @@ def run_demo(settings: Settings, specs_dir: Path) -> int:
                 console.print(f"[red]optlab demo: the API refused a demo spec: {exc}")
                 return 1
             console.print(f"Submitted {len(jobs)} jobs over HTTP to {supervisor.api_url}")
-            final = follow_jobs(client, {job["id"]: label(job["spec"]) for job in jobs}, console)
+            final = follow_jobs(
+                client, {job["id"]: optimizer_label(job["spec"]["optimizer"]) for job in jobs}, console
+            )
             console.print(comparison_table(list(final.values())))
             experiment_ids = {job["mlflow"]["experiment_id"] for job in final.values() if job.get("mlflow")}
             for experiment_id in sorted(experiment_ids):
@@ -54,11 +57,6 @@ def run_demo(settings: Settings, specs_dir: Path) -> int:
         console.print(f"[red]optlab demo: {exc}")
         return 1
     return 0 if ok else 1
-
-
-def label(spec: dict[str, Any]) -> str:
-    lr = spec["optimizer"].get("params", {}).get("lr")
-    return spec["optimizer"]["name"] + (f" lr={lr:g}" if isinstance(lr, int | float) else "")
 
 
 def comparison_table(jobs: list[dict[str, Any]]) -> Table:
@@ -79,7 +77,7 @@ def comparison_table(jobs: list[dict[str, Any]]) -> Table:
         checkpoints = result.get("checkpoints", [])
         table.add_row(
             str(job["id"]),
-            label(job["spec"]),
+            optimizer_label(job["spec"]["optimizer"]),
             job["status"],
             _fmt(final.get("val_accuracy"), ".3f"),
             _fmt(final.get("val_loss"), ".4f"),

@@ -1,0 +1,249 @@
+"""JobSpec validation (strict pydantic) and catalogue_errors against the real catalogue."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from jobs.spec import Catalogue, JobSpec, catalogue_errors
+
+EXAMPLE: dict[str, Any] = JobSpec.model_json_schema()["examples"][0]
+
+
+def example(**overrides: Any) -> dict[str, Any]:
+    return {**copy.deepcopy(EXAMPLE), **overrides}
+
+
+def with_optimizer(name: str = "ema_momentum", **params: Any) -> dict[str, Any]:
+    return example(optimizer={"name": name, "params": params})
+
+
+def test_the_documented_example_is_valid() -> None:
+    spec = JobSpec.model_validate(EXAMPLE)
+    assert spec.steps == 300
+    assert spec.lr == 0.05
+    assert JobSpec.model_validate_json(spec.model_dump_json()) == spec
+
+
+def test_defaults_fill_in_what_is_left_out() -> None:
+    spec = JobSpec.model_validate(
+        {"workload": {"name": "digits_mlp"}, "optimizer": {"name": "adam"}, "steps": 5}
+    )
+    assert (spec.framework, spec.schedule.name, spec.device) == ("torch", "constant", "auto")
+    assert spec.lr is None
+
+
+@pytest.mark.parametrize(
+    ("data", "field"),
+    [
+        pytest.param(example(steps=0), "steps", id="steps zero"),
+        pytest.param(example(steps=-5), "steps", id="steps negative"),
+        pytest.param(example(steps="300"), "steps", id="steps as a string (strict)"),
+        pytest.param(example(steps=300.0), "steps", id="steps as a float (strict)"),
+        pytest.param(example(steps=True), "steps", id="steps as a bool (strict)"),
+        pytest.param(example(batch_size=0), "batch_size", id="batch_size zero"),
+        pytest.param(example(seed=-1), "seed", id="seed negative"),
+        pytest.param(example(learning_rate=0.1), "learning_rate", id="unknown top-level field"),
+        pytest.param(example(framework="jax"), "framework", id="unknown framework"),
+        pytest.param(example(device="gpu"), "device", id="device gpu"),
+        pytest.param(example(device="cuda:"), "device", id="device cuda colon"),
+        pytest.param(example(device="cuda:123"), "device", id="device index too long"),
+        pytest.param(example(device="CPU"), "device", id="device upper case"),
+        pytest.param(example(experiment="a\nb"), "experiment", id="experiment with a newline"),
+        pytest.param(with_optimizer(lr=float("nan")), "optimizer", id="lr NaN"),
+        pytest.param(with_optimizer(lr=float("inf")), "optimizer", id="lr inf"),
+        pytest.param(with_optimizer("adam", betas=[0.9, float("-inf")]), "optimizer", id="-inf in a list"),
+        pytest.param(with_optimizer(lr={"value": 0.1}), "optimizer", id="hyperparameter not a scalar"),
+        pytest.param(example(optimizer={"name": "x" * 101}), "optimizer", id="name too long"),
+        pytest.param(example(optimizer={"name": ""}), "optimizer", id="name empty"),
+        pytest.param(example(optimizer={"name": "ema momentum"}), "optimizer", id="name with a space"),
+        pytest.param(
+            example(workload={"name": "digits_mlp", "extra": 1}), "workload", id="unknown component field"
+        ),
+        pytest.param(
+            example(optimizer={"name": "adam", "params": {"k" * 101: 1}}),
+            "optimizer",
+            id="hyperparameter name too long",
+        ),
+    ],
+)
+def test_invalid_specs_are_rejected_at_the_field(data: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValidationError) as raised:
+        JobSpec.model_validate(data)
+    assert {error["loc"][0] for error in raised.value.errors()} == {field}
+
+
+def test_a_non_finite_hyperparameter_names_the_key() -> None:
+    with pytest.raises(ValidationError) as raised:
+        JobSpec.model_validate(with_optimizer(lr=0.1, beta=float("nan")))
+    (error,) = raised.value.errors()
+    assert error["loc"][:2] == ("optimizer", "params")
+    assert "beta" in error["msg"]
+    assert "finite" in error["msg"]
+
+
+def test_longest_allowed_name_is_accepted() -> None:
+    assert JobSpec.model_validate(example(optimizer={"name": "x" * 100})).optimizer.name == "x" * 100
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "seed", "expected"),
+    [
+        ({"name": "ema_momentum", "params": {"lr": 0.05}}, 0, "ema_momentum lr=0.05 digits_mlp seed=0"),
+        ({"name": "adam", "params": {"lr": 1}}, 3, "adam lr=1 digits_mlp seed=3"),
+        ({"name": "adam"}, 1, "adam digits_mlp seed=1"),
+        ({"name": "sgd", "params": {"lr": True}}, 1, "sgd digits_mlp seed=1"),
+    ],
+)
+def test_run_name_reads_well_in_the_ui(optimizer: dict[str, Any], seed: int, expected: str) -> None:
+    assert JobSpec.model_validate(example(optimizer=optimizer, seed=seed)).run_name() == expected
+
+
+def test_flat_params_are_dotted_strings() -> None:
+    spec = JobSpec.model_validate(
+        example(optimizer={"name": "adam", "params": {"lr": 0.001, "betas": [0.9, 0.99]}})
+    )
+    flat = spec.flat_params()
+    assert flat["optimizer.name"] == "adam"
+    assert flat["optimizer.lr"] == "0.001"
+    assert flat["optimizer.betas"] == "[0.9, 0.99]"
+    assert flat["schedule.name"] == "cosine"
+    assert flat["schedule.warmup_steps"] == "20"
+    assert flat["workload.name"] == "digits_mlp"
+    assert (flat["steps"], flat["seed"], flat["device"]) == ("300", "0", "auto")
+    assert all(isinstance(value, str) for value in flat.values())
+
+
+# -- catalogue_errors -------------------------------------------------------------------------------
+
+MAX_STEPS = 10_000
+
+
+@pytest.fixture(scope="module")
+def catalogue() -> Catalogue:
+    from jobs.catalogue import build_catalogue
+
+    return Catalogue.model_validate(build_catalogue())
+
+
+def test_the_example_passes_the_catalogue(catalogue: Catalogue) -> None:
+    assert catalogue_errors(JobSpec.model_validate(EXAMPLE), catalogue, max_steps=MAX_STEPS) == []
+
+
+def test_the_catalogue_lists_the_builtins(catalogue: Catalogue) -> None:
+    assert {"ema_momentum", "sgd", "adam", "adamw"} <= {o["name"] for o in catalogue.optimizers}
+    assert catalogue.workload("digits_mlp") is not None
+    assert catalogue.errors == []
+
+
+@pytest.mark.parametrize(
+    ("data", "loc", "fragments"),
+    [
+        pytest.param(
+            with_optimizer("lion", lr=0.1),
+            ["body", "optimizer", "name"],
+            ["unknown optimizer 'lion'", "adam", "ema_momentum", "sgd"],
+            id="unknown optimizer",
+        ),
+        pytest.param(
+            example(schedule={"name": "triangle"}),
+            ["body", "schedule", "name"],
+            ["unknown schedule 'triangle'", "constant", "cosine"],
+            id="unknown schedule",
+        ),
+        pytest.param(
+            example(workload={"name": "cifar10"}),
+            ["body", "workload", "name"],
+            ["unknown workload 'cifar10'", "digits_mlp"],
+            id="unknown workload",
+        ),
+        pytest.param(
+            with_optimizer(lr=0.05, momentum=0.9),
+            ["body", "optimizer", "params", "momentum"],
+            ["no hyperparameter 'momentum'", "accepted: lr, beta, weight_decay"],
+            id="unknown hyperparameter",
+        ),
+        pytest.param(
+            with_optimizer(lr=0.0),
+            ["body", "optimizer", "params", "lr"],
+            ["> 0", "received 0"],
+            id="lr zero",
+        ),
+        pytest.param(
+            with_optimizer(lr=-0.1),
+            ["body", "optimizer", "params", "lr"],
+            ["> 0", "received -0.1"],
+            id="lr negative",
+        ),
+        pytest.param(
+            with_optimizer(lr="0.05"),
+            ["body", "optimizer", "params", "lr"],
+            ["a number", 'received "0.05"'],
+            id="lr as a string",
+        ),
+        pytest.param(
+            with_optimizer(lr=True),
+            ["body", "optimizer", "params", "lr"],
+            ["a number", "received true"],
+            id="lr as a bool",
+        ),
+        pytest.param(
+            with_optimizer(lr=0.05, beta=1.5),
+            ["body", "optimizer", "params", "beta"],
+            ["[0, 1)", "received 1.5"],
+            id="beta out of range",
+        ),
+        pytest.param(
+            with_optimizer("adam", betas=[0.9, 1.0]),
+            ["body", "optimizer", "params", "betas"],
+            ["[0, 1)", "received [0.9, 1.0]"],
+            id="adam betas out of range",
+        ),
+        pytest.param(
+            example(schedule={"name": "cosine", "params": {"warmup_steps": -1}}),
+            ["body", "schedule", "params", "warmup_steps"],
+            [">= 0", "received -1"],
+            id="schedule parameter out of range",
+        ),
+        pytest.param(
+            example(schedule={"name": "constant", "params": {"warmup_steps": 5}}),
+            ["body", "schedule", "params", "warmup_steps"],
+            ["no parameter 'warmup_steps'", "accepted: none"],
+            id="schedule without parameters",
+        ),
+        pytest.param(
+            example(workload={"name": "digits_mlp", "params": {"hidden": 0}}),
+            ["body", "workload", "params", "hidden"],
+            ["[1, 4096]", "received 0"],
+            id="workload parameter out of range",
+        ),
+        pytest.param(
+            example(steps=MAX_STEPS + 1),
+            ["body", "steps"],
+            [f"at most {MAX_STEPS}", f"received {MAX_STEPS + 1}"],
+            id="steps above max_steps",
+        ),
+        pytest.param(
+            example(batch_size=2000),
+            ["body", "batch_size"],
+            ["training set size 1437", "received 2000"],
+            id="batch larger than the training set",
+        ),
+    ],
+)
+def test_catalogue_errors_point_at_the_field(
+    catalogue: Catalogue, data: dict[str, Any], loc: list[str], fragments: list[str]
+) -> None:
+    errors = catalogue_errors(JobSpec.model_validate(data), catalogue, max_steps=MAX_STEPS)
+    assert [error.loc for error in errors] == [loc]
+    for fragment in fragments:
+        assert fragment in errors[0].msg
+
+
+def test_catalogue_errors_reports_every_problem(catalogue: Catalogue) -> None:
+    data = example(optimizer={"name": "ema_momentum", "params": {"lr": 0, "beta": 1.5}}, steps=MAX_STEPS + 1)
+    errors = catalogue_errors(JobSpec.model_validate(data), catalogue, max_steps=MAX_STEPS)
+    assert sorted(error.loc[-1] for error in errors) == ["beta", "lr", "steps"]

@@ -1,0 +1,246 @@
+"""The checkpoint round-trip: first_difference, and verify_roundtrip against broken optimizers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from jobs.spec import JobSpec
+from jobs.torch_checkpoint import (
+    CheckpointMismatch,
+    TrainObjects,
+    first_difference,
+    load_checkpoint,
+    restore,
+    save_checkpoint,
+    verify_roundtrip,
+)
+from optimizers.registry import Registry, entry_for_class, load_registry
+
+from .helpers import digits_spec
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+# -- first_difference --------------------------------------------------------------------------------
+
+
+def state(weight: list[float], step: Any = 3) -> dict[str, Any]:
+    return {"state": {0: {"momentum": torch.tensor(weight), "step": step}}, "param_groups": [{"lr": 0.1}]}
+
+
+@pytest.mark.parametrize(
+    ("saved", "loaded"),
+    [
+        pytest.param(state([1.0, 2.0]), state([1.0, 2.0]), id="equal tensors"),
+        pytest.param(state([math.nan, 2.0]), state([math.nan, 2.0]), id="NaN in a tensor equals NaN"),
+        pytest.param(state([1.0], step=math.nan), state([1.0], step=math.nan), id="float NaN equals NaN"),
+        pytest.param([1, "a", (2, 3)], [1, "a", (2, 3)], id="nested sequences"),
+        pytest.param(torch.tensor([1, 2]), torch.tensor([1, 2]), id="integer tensors"),
+    ],
+)
+def test_equal_states_have_no_difference(saved: Any, loaded: Any) -> None:
+    assert first_difference(saved, loaded, "optimizer") is None
+
+
+@pytest.mark.parametrize(
+    ("saved", "loaded", "expected"),
+    [
+        pytest.param(
+            state([1.0, 2.0]),
+            state([1.0, 2.5]),
+            "optimizer['state'][0]['momentum']: max abs difference 0.5",
+            id="tensor values",
+        ),
+        pytest.param(
+            state([1.0, 2.0]),
+            state([1.0, math.nan]),
+            "optimizer['state'][0]['momentum']: max abs difference inf",
+            id="NaN against a number",
+        ),
+        pytest.param(
+            state([1.0]),
+            state([1.0, 2.0]),
+            "optimizer['state'][0]['momentum']: torch.float32[1] saved, torch.float32[2] after reload",
+            id="tensor shape",
+        ),
+        pytest.param(
+            state([1.0], step=3),
+            state([1.0], step=4),
+            "optimizer['state'][0]['step']: 3 saved, 4 after reload",
+            id="python scalar",
+        ),
+        pytest.param(
+            state([1.0]),
+            {"state": {0: {"momentum": torch.tensor([1.0])}}, "param_groups": [{"lr": 0.1}]},
+            "optimizer['state'][0]: keys differ (missing after reload: ['step'], unexpected: [])",
+            id="missing key",
+        ),
+        pytest.param(
+            {"param_groups": [{"lr": 0.1}]},
+            {"param_groups": [{"lr": 0.1}, {"lr": 0.2}]},
+            "optimizer['param_groups']: [{'lr': 0.1}] saved, [{'lr': 0.1}, {'lr': 0.2}] after reload",
+            id="sequence length",
+        ),
+        pytest.param(
+            state([1.0], step=torch.tensor(3.0)),
+            state([1.0], step=3.0),
+            "optimizer['state'][0]['step']: Tensor saved, float after reload",
+            id="tensor against a float",
+        ),
+    ],
+)
+def test_a_difference_names_its_path(saved: Any, loaded: Any, expected: str) -> None:
+    assert first_difference(saved, loaded, "optimizer") == expected
+
+
+@pytest.mark.filterwarnings("ignore:Casting complex values to real")
+def test_complex_tensors_report_their_difference() -> None:
+    found = first_difference(torch.tensor([1 + 1j]), torch.tensor([1 + 2j]), "m")
+    assert found == "m: max abs difference 1"
+
+
+# -- verify_roundtrip --------------------------------------------------------------------------------
+
+
+class AttributeMomentum(torch.optim.Optimizer):
+    """BROKEN on purpose: momentum lives in a Python dict, which state_dict() never sees."""
+
+    def __init__(self, params: Any, lr: float = 0.05, beta: float = 0.9) -> None:
+        super().__init__(params, {"lr": lr, "beta": beta})
+        self.momenta: dict[torch.Tensor, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    momentum = self.momenta.setdefault(p, torch.zeros_like(p))
+                    momentum.mul_(group["beta"]).add_(p.grad)
+                    p.add_(momentum, alpha=-group["lr"])
+
+
+class LazyAttributeMomentum(AttributeMomentum):
+    """BROKEN on purpose, as above, but creates its dict on first use."""
+
+    def __init__(self, params: Any, lr: float = 0.05, beta: float = 0.9) -> None:
+        torch.optim.Optimizer.__init__(self, params, {"lr": lr, "beta": beta})
+
+    def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
+        if not hasattr(self, "momenta"):
+            self.momenta = {}
+        super().step(closure)
+
+
+class StateMomentum(torch.optim.Optimizer):
+    """Correct: every bit of state lives in self.state[p], so state_dict() carries it."""
+
+    def __init__(self, params: Any, lr: float = 0.05, beta: float = 0.9) -> None:
+        super().__init__(params, {"lr": lr, "beta": beta})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["momentum"] = torch.zeros_like(p)
+                    state["updates"] = torch.tensor(0.0)
+                state["updates"] += 1
+                state["momentum"].mul_(group["beta"]).add_(p.grad)
+                p.add_(state["momentum"], alpha=-group["lr"])
+
+
+class ForgetfulMomentum(StateMomentum):
+    """BROKEN on purpose: load_state_dict drops `updates`."""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        kept = {key: {k: v for k, v in s.items() if k != "updates"} for key, s in state_dict["state"].items()}
+        super().load_state_dict({**state_dict, "state": kept})
+
+
+OptimizerClass = Callable[..., torch.optim.Optimizer]
+
+
+X = torch.linspace(-1, 1, 32).reshape(8, 4)
+Y = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+
+
+def build(optimizer_cls: OptimizerClass) -> TrainObjects:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 3)
+    optimizer = optimizer_cls(model.parameters())
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 0.5**step)
+    return TrainObjects(model, optimizer, scheduler)
+
+
+def train_step(objects: TrainObjects) -> None:
+    objects.optimizer.zero_grad()
+    nn.functional.cross_entropy(objects.model(X), Y).backward()
+    objects.optimizer.step()
+
+
+def roundtrip(tmp_path: Path, optimizer_cls: OptimizerClass) -> list[str]:
+    """Three steps, save, reload into fresh objects, verify with one probe step."""
+    original = build(optimizer_cls)
+    for _ in range(3):
+        train_step(original)
+        original.scheduler.step()
+    path = tmp_path / "step-3.pt"
+    save_checkpoint(path, original, step=3, spec_json="{}")
+    reloaded = restore(load_checkpoint(path, torch.device("cpu")), build(optimizer_cls))
+    return verify_roundtrip(original, reloaded, train_step)
+
+
+@pytest.mark.parametrize("optimizer_cls", [StateMomentum, torch.optim.Adam, torch.optim.SGD])
+def test_a_correct_optimizer_survives_the_roundtrip(tmp_path: Path, optimizer_cls: OptimizerClass) -> None:
+    assert roundtrip(tmp_path, optimizer_cls) == []
+
+
+def test_state_dropped_on_load_is_named(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointMismatch, match=r"optimizer\['state'\]\[0\]: keys differ .*\['updates'\]"):
+        roundtrip(tmp_path, ForgetfulMomentum)
+
+
+@pytest.mark.parametrize("optimizer_cls", [AttributeMomentum, LazyAttributeMomentum])
+def test_state_outside_state_dict_is_caught_by_the_probe_step(
+    tmp_path: Path, optimizer_cls: OptimizerClass
+) -> None:
+    with pytest.raises(CheckpointMismatch, match="the next step differs"):
+        roundtrip(tmp_path, optimizer_cls)
+
+
+# -- the same, inside a real job ---------------------------------------------------------------------
+
+
+def registry_with(optimizer_cls: type) -> Registry:
+    registry = load_registry(plugin_dirs=[])
+    registry.add(entry_for_class(optimizer_cls, source="test"))
+    return registry
+
+
+def broken_spec(name: str) -> JobSpec:
+    return digits_spec(optimizer={"name": name, "params": {"lr": 0.05}}, steps=12, checkpoint_every=5)
+
+
+def test_a_job_fails_its_first_checkpoint_when_state_is_dropped(make_job: Callable[..., Any]) -> None:
+    job = make_job(broken_spec("forgetful_momentum"), with_registry=registry_with(ForgetfulMomentum))
+    with pytest.raises(CheckpointMismatch, match=r"\['updates'\]"):
+        job.run()
+    assert [(c["step"], c["ok"]) for c in job.verified] == [(5, False)]
+
+
+def test_a_job_fails_its_first_checkpoint_when_state_is_outside_state_dict(
+    make_job: Callable[..., Any],
+) -> None:
+    job = make_job(broken_spec("attribute_momentum"), with_registry=registry_with(AttributeMomentum))
+    with pytest.raises(CheckpointMismatch, match="the next step differs"):
+        job.run()
+    assert [(c["step"], c["ok"]) for c in job.verified] == [(5, False)]

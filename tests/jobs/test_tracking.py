@@ -1,0 +1,244 @@
+"""BatchedMetricLogger delivery semantics, with a fake `send` in place of MLflow's log_batch."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from jobs import tracking
+from jobs.tracking import (
+    MAX_METRICS_PER_BATCH,
+    MAX_PARAMS_PER_BATCH,
+    BatchedMetricLogger,
+    MetricDeliveryError,
+    MlflowRun,
+    Point,
+    RunInfo,
+)
+
+WAIT_S = 30  # a safety net against hangs; never reached when the code is right
+
+
+class FakeSend:
+    """Records each batch it accepts; can fail, be slow, or hold a batch until released."""
+
+    def __init__(self, *, failures: int = 0, always_fail: bool = False, delay_s: float = 0.0) -> None:
+        self.failures = failures
+        self.always_fail = always_fail
+        self.delay_s = delay_s
+        self.calls = 0
+        self.batches: list[list[Point]] = []
+        self.entered = threading.Event()
+        self.released = threading.Event()
+        self.released.set()
+
+    def __call__(self, batch: list[Point]) -> None:
+        self.calls += 1
+        self.entered.set()
+        assert self.released.wait(WAIT_S)
+        if self.always_fail or self.calls <= self.failures:
+            raise ConnectionError("tracking server unavailable")
+        time.sleep(self.delay_s)
+        self.batches.append(list(batch))
+
+    @property
+    def steps(self) -> list[int]:
+        return [point.step for batch in self.batches for point in batch]
+
+
+def log(logger: BatchedMetricLogger, steps: range) -> None:
+    for step in steps:
+        logger.metric("train/loss", 1.0 / (step + 1), step)
+
+
+def test_every_point_arrives_once_in_order_after_close() -> None:
+    send = FakeSend()
+    logger = BatchedMetricLogger(send)
+    log(logger, range(10))
+    logger.close()
+    assert send.steps == list(range(10))
+    point = send.batches[0][3]
+    assert (point.key, point.value, point.step) == ("train/loss", 0.25, 3)
+
+
+def test_no_batch_exceeds_the_mlflow_limit() -> None:
+    send = FakeSend()
+    logger = BatchedMetricLogger(send)
+    log(logger, range(2500))
+    logger.close()
+    assert send.steps == list(range(2500))
+    assert max(len(batch) for batch in send.batches) <= MAX_METRICS_PER_BATCH
+    assert len(send.batches) >= 3
+
+
+def test_points_go_out_after_the_interval_without_a_flush() -> None:
+    send = FakeSend()
+    logger = BatchedMetricLogger(send, interval_s=0.05)
+    log(logger, range(3))
+    assert send.entered.wait(WAIT_S)
+    logger.close()
+    assert send.steps == [0, 1, 2]
+
+
+def test_flush_blocks_until_delivered() -> None:
+    send = FakeSend()
+    send.released.clear()
+    logger = BatchedMetricLogger(send)
+    log(logger, range(5))
+    flusher = threading.Thread(target=logger.flush)
+    flusher.start()
+    assert send.entered.wait(WAIT_S)
+    flusher.join(timeout=0.2)
+    assert flusher.is_alive(), "flush() returned while the batch was still being sent"
+    send.released.set()
+    flusher.join(WAIT_S)
+    assert not flusher.is_alive()
+    assert send.steps == list(range(5))
+    logger.close()
+
+
+def test_a_send_that_fails_twice_then_succeeds_loses_nothing() -> None:
+    send = FakeSend(failures=2)
+    logger = BatchedMetricLogger(send)
+    log(logger, range(20))
+    logger.close()
+    assert send.calls == 3
+    assert send.steps == list(range(20))
+
+
+def test_points_that_cannot_be_delivered_make_close_raise() -> None:
+    logger = BatchedMetricLogger(FakeSend(always_fail=True), retry_for_s=0.1)
+    log(logger, range(7))
+    with pytest.raises(MetricDeliveryError, match=r"^7 metric points .*tracking server unavailable"):
+        logger.close()
+
+
+def test_metric_after_close_raises() -> None:
+    logger = BatchedMetricLogger(FakeSend())
+    logger.close()
+    with pytest.raises(RuntimeError, match="after close"):
+        logger.metric("train/loss", 1.0, 0)
+
+
+def test_the_caller_never_waits_for_the_network() -> None:
+    """10,000 points against a slow server (50 ms a call): metric() returns while a send is stuck."""
+    send = FakeSend(delay_s=0.05)
+    send.released.clear()
+    logger = BatchedMetricLogger(send)
+    log(logger, range(MAX_METRICS_PER_BATCH))  # a full batch: the sender thread takes it
+    assert send.entered.wait(WAIT_S)
+    log(logger, range(MAX_METRICS_PER_BATCH, 10_000))
+    # Every metric() call above returned while the first batch was still held at the server.
+    assert send.batches == []
+    send.released.set()
+    logger.close()
+    assert send.steps == list(range(10_000))
+    assert max(len(batch) for batch in send.batches) <= MAX_METRICS_PER_BATCH
+
+
+@pytest.mark.parametrize("uri", ["http://127.0.0.1:5000", "http://127.0.0.1:5000/"])
+def test_run_url_points_at_the_run_in_the_ui(uri: str) -> None:
+    info = RunInfo(uri, "3", "abc123")
+    assert info.run_url == "http://127.0.0.1:5000/#/experiments/3/runs/abc123"
+    assert info.to_json() == {
+        "tracking_uri": uri,
+        "experiment_id": "3",
+        "run_id": "abc123",
+        "run_url": info.run_url,
+    }
+
+
+# -- MlflowRun, against a stand-in for MlflowClient ----------------------------------------------------
+
+
+class FakeMlflowClient:
+    """Records what MlflowRun asks of the tracking server."""
+
+    def __init__(self) -> None:
+        self.experiments: dict[str, SimpleNamespace] = {}
+        self.runs: list[dict[str, Any]] = []
+        self.param_batches: list[list[Any]] = []
+        self.metric_batches: list[list[Any]] = []
+        self.terminated: list[tuple[str, str]] = []
+        self.server_down = False
+
+    def get_experiment_by_name(self, name: str) -> SimpleNamespace | None:
+        return self.experiments.get(name)
+
+    def create_experiment(self, name: str) -> str:
+        experiment_id = str(len(self.experiments) + 1)
+        self.experiments[name] = SimpleNamespace(experiment_id=experiment_id, lifecycle_stage="active")
+        return experiment_id
+
+    def create_run(self, experiment_id: str, *, run_name: str, tags: dict[str, str]) -> SimpleNamespace:
+        self.runs.append({"experiment_id": experiment_id, "run_name": run_name, "tags": tags})
+        return SimpleNamespace(info=SimpleNamespace(run_id=f"run-{len(self.runs)}"))
+
+    def log_batch(self, run_id: str, metrics: Any = (), params: Any = (), synchronous: bool = True) -> None:
+        if params:
+            self.param_batches.append(list(params))
+        if metrics:
+            if self.server_down:
+                raise ConnectionError("tracking server unavailable")
+            self.metric_batches.append(list(metrics))
+
+    def set_terminated(self, run_id: str, status: str) -> None:
+        self.terminated.append((run_id, status))
+
+
+@pytest.fixture
+def client(monkeypatch: pytest.MonkeyPatch) -> FakeMlflowClient:
+    import mlflow
+
+    fake = FakeMlflowClient()
+    monkeypatch.setattr(mlflow, "MlflowClient", lambda tracking_uri: fake)
+    # Give up on an unreachable server after a moment, not a minute.
+    monkeypatch.setattr(
+        tracking, "BatchedMetricLogger", functools.partial(BatchedMetricLogger, retry_for_s=0.1)
+    )
+    return fake
+
+
+def start_run(experiment: str = "demo", params: int = 3) -> MlflowRun:
+    return MlflowRun(
+        "http://mlflow.test:5000",
+        experiment=experiment,
+        run_name="adam lr=0.001 digits_mlp seed=0",
+        params={f"p{i}": str(i) for i in range(params)},
+        tags={"job_id": "7"},
+    )
+
+
+def test_a_run_records_params_metrics_and_its_end(client: FakeMlflowClient) -> None:
+    run = start_run(params=2 * MAX_PARAMS_PER_BATCH + 1)
+    assert run.info.run_url == "http://mlflow.test:5000/#/experiments/1/runs/run-1"
+    assert client.runs == [
+        {"experiment_id": "1", "run_name": "adam lr=0.001 digits_mlp seed=0", "tags": {"job_id": "7"}}
+    ]
+    assert [len(batch) for batch in client.param_batches] == [100, 100, 1]
+    run.metric("train/loss", 0.5, 3)
+    run.end("FINISHED")
+    ((metric,),) = client.metric_batches
+    assert (metric.key, metric.value, metric.step) == ("train/loss", 0.5, 3)
+    assert client.terminated == [("run-1", "FINISHED")]
+
+
+def test_runs_share_an_existing_experiment(client: FakeMlflowClient) -> None:
+    first, second = start_run(), start_run()
+    assert first.info.experiment_id == second.info.experiment_id == "1"
+    for run in (first, second):
+        run.end("FINISHED")
+
+
+def test_lost_metrics_end_the_mlflow_run_as_failed(client: FakeMlflowClient) -> None:
+    run = start_run()
+    client.server_down = True
+    run.metric("train/loss", 0.5, 0)
+    with pytest.raises(MetricDeliveryError, match="1 metric points"):
+        run.end("FINISHED")
+    assert client.terminated == [("run-1", "FAILED")]
