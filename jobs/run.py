@@ -99,7 +99,7 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
 
         job = TorchJob(
             spec,
-            registry=load_registry(),
+            registry=load_registry(styles=("torch",)),
             workdir=workdir,
             tracker=mlflow_run or NullTracker(),
             reporter=reporter,

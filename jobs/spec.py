@@ -150,8 +150,15 @@ class Catalogue(BaseModel):
     workloads: list[dict[str, Any]]
     errors: list[dict[str, str]] = Field(default_factory=list)
 
-    def optimizer(self, name: str) -> dict[str, Any] | None:
-        return next((o for o in self.optimizers if o["name"] == name), None)
+    def optimizer(self, name: str, framework: str | None = None) -> dict[str, Any] | None:
+        """The first implementation of `name` (in `framework`, when given)."""
+        return next(
+            (o for o in self.optimizers if o["name"] == name and framework in (None, o["framework"])),
+            None,
+        )
+
+    def optimizer_names(self) -> list[str]:
+        return sorted({o["name"] for o in self.optimizers})
 
     def schedule(self, name: str) -> dict[str, Any] | None:
         return next((s for s in self.schedules if s["name"] == name), None)
@@ -168,15 +175,15 @@ def catalogue_errors(spec: JobSpec, catalogue: Catalogue, *, max_steps: int) -> 
             SpecError(loc=["body", "steps"], msg=f"steps must be at most {max_steps}; received {spec.steps}")
         )
 
-    optimizer = catalogue.optimizer(spec.optimizer.name)
-    if optimizer is None:
-        known = ", ".join(sorted(o["name"] for o in catalogue.optimizers))
-        errors.append(_unknown("optimizer", spec.optimizer.name, known))
-    elif optimizer["framework"] != spec.framework:
+    optimizer = catalogue.optimizer(spec.optimizer.name, spec.framework)
+    if optimizer is None and catalogue.optimizer(spec.optimizer.name) is None:
+        errors.append(_unknown("optimizer", spec.optimizer.name, ", ".join(catalogue.optimizer_names())))
+    elif optimizer is None:
+        elsewhere = sorted({o["framework"] for o in catalogue.optimizers if o["name"] == spec.optimizer.name})
         errors.append(
             SpecError(
                 loc=["body", "optimizer", "name"],
-                msg=f"optimizer {spec.optimizer.name!r} is a {optimizer['framework']} optimizer; "
+                msg=f"optimizer {spec.optimizer.name!r} exists for {', '.join(elsewhere)} only; "
                 f"this job's framework is {spec.framework!r}",
             )
         )
@@ -189,7 +196,10 @@ def catalogue_errors(spec: JobSpec, catalogue: Catalogue, *, max_steps: int) -> 
             _unknown("schedule", spec.schedule.name, ", ".join(s["name"] for s in catalogue.schedules))
         )
     else:
-        errors += _param_errors("schedule", spec.schedule, schedule["params"])
+        schedule_errors = _param_errors("schedule", spec.schedule, schedule["params"])
+        if not schedule_errors:
+            schedule_errors = _schedule_build_errors(spec)
+        errors += schedule_errors
 
     workload = catalogue.workload(spec.workload.name)
     if workload is None:
@@ -215,6 +225,17 @@ def catalogue_errors(spec: JobSpec, catalogue: Catalogue, *, max_steps: int) -> 
                 )
             )
     return errors
+
+
+def _schedule_build_errors(spec: JobSpec) -> list[SpecError]:
+    """Constraints between a schedule's parameters (pure Python, so the API can run it)."""
+    from optimizers.schedules import build_schedule
+
+    try:
+        build_schedule(spec.schedule.name, spec.schedule.params, total_steps=spec.steps)
+    except ValueError as exc:
+        return [SpecError(loc=["body", "schedule", "params"], msg=str(exc))]
+    return []
 
 
 def _unknown(kind: str, name: str, known: str) -> SpecError:

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-ParamType = Literal["float", "int", "number", "bool", "float_pair"]
+ParamType = Literal["float", "int", "number", "bool", "float_pair", "int_list", "float_list"]
+MAX_LIST_LENGTH = 64
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class Param:
             "number": "a number",
             "int": "an integer",
             "float_pair": "two numbers",
+            "int_list": f"a list of at most {MAX_LIST_LENGTH} integers",
+            "float_list": f"a list of at most {MAX_LIST_LENGTH} numbers",
         }[self.type]
         if self.low is None and self.high is None:
             return kind
@@ -62,10 +65,12 @@ class Param:
                 raise ValueError(f"{self.name} must be {self.allowed()}; received {_show(value)}")
         if self.type == "float_pair":
             return (numbers[0], numbers[1])
+        if self.type in ("int_list", "float_list"):
+            return numbers
         return numbers[0]
 
     def to_json(self) -> dict[str, Any]:
-        default = list(self.default) if isinstance(self.default, tuple) else self.default
+        default = list(self.default) if isinstance(self.default, tuple | list) else self.default
         return {
             "name": self.name,
             "type": self.type,
@@ -104,6 +109,10 @@ class Param:
             if not isinstance(value, list | tuple) or len(value) != 2:
                 raise wrong
             return [self._number(item, wrong, integer=False) for item in value]
+        if self.type in ("int_list", "float_list"):
+            if not isinstance(value, list | tuple) or len(value) > MAX_LIST_LENGTH:
+                raise wrong
+            return [self._number(item, wrong, integer=self.type == "int_list") for item in value]
         if self.type == "number":
             # Kept as given: an int stays an int for code that counts with it.
             if isinstance(value, int) and not isinstance(value, bool):

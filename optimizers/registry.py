@@ -29,15 +29,29 @@ from optimizers.hyperparams import Param, ParamType, check_all
 ENTRY_POINT_GROUP = "optlab.optimizers"
 PLUGIN_DIRS_ENV = "OPTLAB_PLUGIN_DIRS"
 
-BUILTIN_MODULES = (
-    "optimizers.torch.ema_momentum",
-    "optimizers.torch.sgd",
-    "optimizers.torch.adam",
-    "optimizers.torch.adamw",
-)
+STYLES = ("torch", "keras", "tf_legacy")
+FRAMEWORK_OF_STYLE = {"torch": "torch", "keras": "tensorflow", "tf_legacy": "tensorflow"}
 
-# Constructor arguments that are implementation switches, not hyperparameters.
-_NOT_HYPERPARAMETERS = {"params", "foreach", "fused", "capturable", "differentiable", "maximize"}
+BUILTIN_MODULES: dict[str, tuple[str, ...]] = {
+    style: tuple(
+        f"optimizers.{style}.{name}"
+        for name in ("ema_momentum", "lion", "adamw_ref", "sgd", "adam", "adamw")
+        if not (style == "tf_legacy" and name == "adamw")  # tf_keras has no legacy AdamW
+    )
+    for style in STYLES
+}
+
+# Constructor arguments that are implementation switches or framework plumbing, not
+# hyperparameters a job should tune.
+_NOT_HYPERPARAMETERS = {
+    "params", "foreach", "fused", "capturable", "differentiable", "maximize",  # torch
+    "name", "clipnorm", "clipvalue", "global_clipnorm", "use_ema", "ema_momentum",  # keras
+    "ema_overwrite_frequency", "loss_scale_factor", "gradient_accumulation_steps", "jit_compile",
+    "mesh", "is_legacy_optimizer",
+}  # fmt: skip
+_LR_ARGS = ("lr", "learning_rate")
+# Keras optimizers take the learning rate through **kwargs when a subclass does not restate it.
+_KERAS_DEFAULT_LR = 1e-3
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,26 @@ class Entry:
     reference: str
     source: str
     lr_arg: str = "lr"
+
+    def create(
+        self,
+        hyperparams: Mapping[str, Any],
+        *,
+        model_params: Iterable[Any] | None = None,
+        learning_rate: Any = None,
+    ) -> Any:
+        """Validate `hyperparams` (`lr` included) and construct the optimizer.
+
+        torch optimizers take `model_params`; Keras ones take none. `learning_rate`, when
+        given, replaces the validated `lr` (a Keras LearningRateSchedule built from it).
+        """
+        checked = check_all(hyperparams, self.params, owner=f"optimizer {self.name!r} ({self.style})")
+        kwargs = {(self.lr_arg if key == "lr" else key): value for key, value in checked.items()}
+        if learning_rate is not None:
+            kwargs[self.lr_arg] = learning_rate
+        if self.style == "torch":
+            return self.cls(model_params, **kwargs)
+        return self.cls(**kwargs)
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -75,34 +109,46 @@ class LoadError:
 
 @dataclass
 class Registry:
-    entries: dict[str, Entry] = field(default_factory=dict)
+    """Entries keyed by (name, style): one name may exist once in each style."""
+
+    entries: dict[tuple[str, str], Entry] = field(default_factory=dict)
     errors: list[LoadError] = field(default_factory=list)
 
     def add(self, entry: Entry) -> None:
-        if entry.name in self.entries:
-            first = self.entries[entry.name]
+        key = (entry.name, entry.style)
+        if key in self.entries:
+            first = self.entries[key]
             raise ValueError(
-                f"optimizer name {entry.name!r} is registered twice: by {first.source} "
-                f"and by {entry.source}; set a distinct `optlab_name` on one of them"
+                f"optimizer name {entry.name!r} ({entry.style} style) is registered twice: by "
+                f"{first.source} and by {entry.source}; set a distinct `optlab_name` on one of them"
             )
-        self.entries[entry.name] = entry
+        self.entries[key] = entry
 
-    def get(self, name: str) -> Entry:
-        if name not in self.entries:
-            raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(sorted(self.entries))}")
-        return self.entries[name]
+    def names(self) -> list[str]:
+        return sorted({name for name, _ in self.entries})
 
-    def build(self, name: str, model_params: Iterable[Any], hyperparams: Mapping[str, Any]) -> Any:
-        """Construct optimizer `name` over `model_params`; `lr` maps to the class's own name."""
-        entry = self.get(name)
-        checked = check_all(hyperparams, entry.params, owner=f"optimizer {name!r}")
-        kwargs = {(entry.lr_arg if key == "lr" else key): value for key, value in checked.items()}
-        return entry.cls(model_params, **kwargs)
+    def get(self, name: str, style: str | None = None) -> Entry:
+        """The entry for `name` in `style`; without a style, the first of torch, keras, tf_legacy."""
+        styles = [style] if style is not None else list(STYLES)
+        for candidate in styles:
+            if (name, candidate) in self.entries:
+                return self.entries[(name, candidate)]
+        if any(n == name for n, _ in self.entries):
+            have = ", ".join(s for n, s in self.entries if n == name)
+            raise ValueError(f"optimizer {name!r} has no {style} style; it exists in: {have}")
+        raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(self.names())}")
 
-    def load_module(self, module: ModuleType, source: str) -> None:
-        """Register every optimizer class defined in `module` (not those it imports)."""
-        for cls in _optimizer_classes(module):
-            self.add(entry_for_class(cls, source=source))
+    def build(
+        self, name: str, model_params: Iterable[Any], hyperparams: Mapping[str, Any], style: str = "torch"
+    ) -> Any:
+        """Construct torch optimizer `name` over `model_params`; `lr` maps to the class's own name."""
+        return self.get(name, style).create(hyperparams, model_params=model_params)
+
+    def load_module(self, module: ModuleType, source: str, styles: Iterable[str] = STYLES) -> None:
+        """Register every optimizer class defined in `module` (not those it imports) of `styles`."""
+        for cls, style in optimizer_classes(module):
+            if style in styles:
+                self.add(entry_for_class(cls, source=source, style=style))
 
 
 def register(
@@ -138,18 +184,25 @@ def snake_case(class_name: str) -> str:
     return spaced.lower()
 
 
-def entry_for_class(cls: type, *, source: str) -> Entry:
-    framework, style = _style_of(cls)
+def entry_for_class(cls: type, *, source: str, style: str | None = None) -> Entry:
+    style = style or style_of(cls)
+    if style is None:
+        raise TypeError(
+            f"{cls.__module__}.{cls.__qualname__} is not an optimizer: expected a subclass of "
+            "torch.optim.Optimizer, keras.optimizers.Optimizer or tf_keras.optimizers.legacy.Optimizer"
+        )
+    params, lr_arg = derive_params(cls, style)
     # The class's own docstring only: an undocumented plugin must not borrow torch's.
     doc = inspect.cleandoc(cls.__doc__) if cls.__doc__ else ""
     summary = getattr(cls, "optlab_summary", None) or (doc.splitlines()[0] if doc else "")
     reference = getattr(cls, "optlab_reference", None) or _first_url(doc)
     return Entry(
         name=getattr(cls, "optlab_name", None) or snake_case(cls.__name__),
-        framework=framework,
+        framework=FRAMEWORK_OF_STYLE[style],
         style=style,
         cls=cls,
-        params=derive_params(cls),
+        params=params,
+        lr_arg=lr_arg,
         supports_sparse=bool(getattr(cls, "optlab_supports_sparse", False)),
         summary=summary,
         reference=reference,
@@ -157,16 +210,19 @@ def entry_for_class(cls: type, *, source: str) -> Entry:
     )
 
 
-def derive_params(cls: type) -> dict[str, Param]:
+def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], str]:
     """Hyperparameters from the constructor signature, ranges from the class's declarations.
 
     Types and defaults come from the signature (written once, in `__init__`); ranges
     from `optlab_hyperparameters`, the same declarations the constructor validates with.
     Arguments with no default of a tunable type (None, strings, callables) are left out.
+    The learning rate is catalogued as `lr` whatever the class calls it; the second
+    value returned is the class's own name for it.
     """
     declared: Mapping[str, Param] = getattr(cls, "optlab_hyperparameters", {})
     only: Iterable[str] | None = getattr(cls, "optlab_tunable", None)
     params: dict[str, Param] = {}
+    lr_arg = "lr" if style == "torch" else "learning_rate"
     for arg in inspect.signature(cls).parameters.values():  # the constructor's, without self
         if arg.name in _NOT_HYPERPARAMETERS or arg.kind in (arg.VAR_POSITIONAL, arg.VAR_KEYWORD):
             continue
@@ -176,32 +232,48 @@ def derive_params(cls: type) -> dict[str, Param]:
         kind = _infer_type(default, arg.annotation)
         if kind is None:
             continue
+        name = "lr" if arg.name in _LR_ARGS else arg.name
+        if arg.name in _LR_ARGS:
+            lr_arg = arg.name
         if arg.name in declared:
             param = declared[arg.name]
             if param.type == "float" and isinstance(default, int):
                 default = float(default)  # torch writes `momentum=0`
-            params[arg.name] = dataclasses.replace(param, default=default)
-        elif arg.name == "lr":
-            params[arg.name] = Param("lr", "float", default, low=0.0, low_inclusive=False)
+            params[name] = dataclasses.replace(param, name=name, default=default)
+        elif name == "lr":
+            params[name] = Param("lr", "float", float(default), low=0.0, low_inclusive=False)
         else:
-            params[arg.name] = Param(arg.name, kind, default)
-    return params
+            params[name] = Param(name, kind, default)
+    if "lr" not in params and style != "torch":
+        params = {"lr": Param("lr", "float", _KERAS_DEFAULT_LR, low=0.0, low_inclusive=False), **params}
+    return params, lr_arg
 
 
-def load_registry(plugin_dirs: Iterable[str] | None = None) -> Registry:
-    """Built-ins, then entry points, then plugin folders; failures are kept, not raised."""
+def load_registry(plugin_dirs: Iterable[str] | None = None, styles: Iterable[str] = STYLES) -> Registry:
+    """Built-ins, then entry points, then plugin folders; failures are kept, not raised.
+
+    Only entries of `styles` are registered: a job process loads just its own
+    framework, and the two Keras styles are never loaded into one process.
+    """
+    styles = tuple(styles)
+    unknown = sorted(set(styles) - set(STYLES))
+    if unknown:
+        raise ValueError(f"unknown style {unknown[0]!r}; known: {', '.join(STYLES)}")
     registry = Registry()
-    for module_name in BUILTIN_MODULES:
-        registry.load_module(importlib.import_module(module_name), source=f"builtin:{module_name}")
+    for style in styles:
+        for module_name in BUILTIN_MODULES[style]:
+            # Guarded too: a host without TensorFlow still serves its torch optimizers.
+            _guarded(
+                registry, f"builtin:{module_name}", partial(_load_builtin, registry, module_name, styles)
+            )
     for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        _guarded(
-            registry, f"entry point {entry_point.name}", partial(_load_entry_point, registry, entry_point)
-        )
+        load = partial(_load_entry_point, registry, entry_point, styles)
+        _guarded(registry, f"entry point {entry_point.name}", load)
     if plugin_dirs is None:
         plugin_dirs = [d for d in os.environ.get(PLUGIN_DIRS_ENV, "").split(os.pathsep) if d]
     for directory in plugin_dirs:
         for path in sorted(Path(directory).glob("*.py")):
-            _guarded(registry, str(path), partial(_load_plugin_file, registry, path))
+            _guarded(registry, str(path), partial(_load_plugin_file, registry, path, styles))
     return registry
 
 
@@ -214,16 +286,26 @@ def _guarded(registry: Registry, source: str, load: Callable[[], None]) -> None:
         registry.errors.append(LoadError(source=source, error=tail))
 
 
-def _load_entry_point(registry: Registry, entry_point: importlib.metadata.EntryPoint) -> None:
+def _load_builtin(registry: Registry, module_name: str, styles: tuple[str, ...]) -> None:
+    registry.load_module(importlib.import_module(module_name), f"builtin:{module_name}", styles)
+
+
+def _load_entry_point(
+    registry: Registry, entry_point: importlib.metadata.EntryPoint, styles: tuple[str, ...]
+) -> None:
     loaded = entry_point.load()
     source = f"entry point {entry_point.name} ({entry_point.value})"
     if isinstance(loaded, ModuleType):
-        registry.load_module(loaded, source=source)
-    else:
-        registry.add(entry_for_class(loaded, source=source))
+        registry.load_module(loaded, source, styles)
+        return
+    style = style_of(loaded)
+    if style is None:
+        entry_for_class(loaded, source=source)  # raises the "not an optimizer" error
+    elif style in styles:
+        registry.add(entry_for_class(loaded, source=source, style=style))
 
 
-def _load_plugin_file(registry: Registry, path: Path) -> None:
+def _load_plugin_file(registry: Registry, path: Path, styles: tuple[str, ...]) -> None:
     # The path's hash keeps same-named files in two plugin folders apart.
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]
     module_name = f"optlab_plugin_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}_{digest}"
@@ -237,34 +319,42 @@ def _load_plugin_file(registry: Registry, path: Path) -> None:
     except BaseException:
         del sys.modules[module_name]  # leave no half-imported module behind
         raise
-    found = _optimizer_classes(module)
-    if not found:
-        raise ValueError(f"{path} defines no optimizer class (a subclass of torch.optim.Optimizer)")
-    registry.load_module(module, source=f"plugin {path}")
+    if not optimizer_classes(module):
+        raise ValueError(
+            f"{path} defines no optimizer class (a subclass of torch.optim.Optimizer, "
+            "keras.optimizers.Optimizer or tf_keras.optimizers.legacy.Optimizer)"
+        )
+    registry.load_module(module, f"plugin {path}", styles)
 
 
-def _optimizer_classes(module: ModuleType) -> list[type]:
-    import torch
-
-    return [
-        value
-        for value in vars(module).values()
-        if inspect.isclass(value)
-        and value.__module__ == module.__name__
-        and issubclass(value, torch.optim.Optimizer)
-        and not inspect.isabstract(value)
-    ]
+def optimizer_classes(module: ModuleType) -> list[tuple[type, str]]:
+    """The optimizer classes `module` defines, each with its style."""
+    found = []
+    for value in vars(module).values():
+        if inspect.isclass(value) and value.__module__ == module.__name__ and not inspect.isabstract(value):
+            style = style_of(value)
+            if style is not None:
+                found.append((value, style))
+    return found
 
 
-def _style_of(cls: type) -> tuple[str, str]:
-    import torch
+def style_of(cls: type) -> str | None:
+    """torch, keras or tf_legacy, from the class's bases; None for anything else.
 
-    if issubclass(cls, torch.optim.Optimizer):
-        return "torch", "torch"
-    raise TypeError(
-        f"{cls.__module__}.{cls.__qualname__} is not an optimizer: expected a subclass of "
-        "torch.optim.Optimizer"
-    )
+    Only frameworks already imported are consulted: a class cannot subclass a framework
+    that was never imported, and checking must not import one.
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and issubclass(cls, torch.optim.Optimizer):
+        return "torch"
+    if "tf_keras" in sys.modules:
+        legacy = importlib.import_module("tf_keras.src.optimizers.legacy.optimizer_v2")
+        if issubclass(cls, legacy.OptimizerV2):
+            return "tf_legacy"
+    keras = sys.modules.get("keras")
+    if keras is not None and issubclass(cls, keras.optimizers.Optimizer):
+        return "keras"
+    return None
 
 
 def _plain(value: Any) -> Any:

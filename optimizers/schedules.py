@@ -1,82 +1,118 @@
-"""Framework-neutral learning-rate schedules: pure `step -> multiplier` functions.
+"""Framework-neutral learning-rate schedules: `step -> multiplier` of the base `lr`.
 
-The multiplier scales the optimizer's base `lr`; step 0 is the first update. Each
-framework renders the same function (torch: `LambdaLR`), so the value applied at a
-step is identical everywhere. Schedules are small dataclasses rather than closures
-so their settings travel inside a torch scheduler's `state_dict`.
-Composition follows optax's `schedules` module: warmup is a separate piece.
+Step 0 is the first update. Each schedule's formula is written once, against a small
+math namespace: plain Python here (`__call__`, used by torch's `LambdaLR` and by the
+API's validation), Keras ops in `optimizers.keras.schedules`, TensorFlow ops in
+`optimizers.tf_legacy.schedules`. So the value applied at a step is the same in every
+framework. Schedules are small dataclasses rather than closures so their settings
+travel inside a torch scheduler's `state_dict`. Composition follows optax's
+`schedules` module: warmup is a separate piece.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from optimizers.hyperparams import Param, check_all
 
 
-class Schedule(Protocol):
-    def __call__(self, step: int) -> float: ...
+class Math(Protocol):
+    """The operations a schedule formula may use; `step` is a float or a float64 tensor."""
+
+    def where(self, condition: Any, if_true: Any, if_false: Any) -> Any: ...
+    def floor(self, x: Any) -> Any: ...
+    def cos(self, x: Any) -> Any: ...
+    def minimum(self, x: Any, y: Any) -> Any: ...
+    def maximum(self, x: Any, y: Any) -> Any: ...
+    def power(self, x: Any, y: Any) -> Any: ...
+
+
+class PythonMath:
+    def where(self, condition: Any, if_true: Any, if_false: Any) -> Any:
+        return if_true if condition else if_false
+
+    def floor(self, x: Any) -> Any:
+        return float(math.floor(x))
+
+    def cos(self, x: Any) -> Any:
+        return math.cos(x)
+
+    def minimum(self, x: Any, y: Any) -> Any:
+        return min(x, y)
+
+    def maximum(self, x: Any, y: Any) -> Any:
+        return max(x, y)
+
+    def power(self, x: Any, y: Any) -> Any:
+        return float(x) ** y
+
+
+PYTHON = PythonMath()
+
+
+class Schedule:
+    """Base: subclasses declare `params` and implement `value(step, m)` once."""
+
+    summary: ClassVar[str]
+    params: ClassVar[dict[str, Param]]
+
+    def value(self, step: Any, m: Math) -> Any:
+        raise NotImplementedError
+
+    def __call__(self, step: int) -> float:
+        return float(self.value(float(step), PYTHON))
 
 
 @dataclass
-class Constant:
-    """The base learning rate at every step."""
-
+class Constant(Schedule):
     summary: ClassVar[str] = "The base learning rate at every step."
     params: ClassVar[dict[str, Param]] = {}
 
-    def __call__(self, step: int) -> float:
+    def value(self, step: Any, m: Math) -> Any:
         return 1.0
 
 
 @dataclass
-class Exponential:
-    """lr * decay_rate ** (step / decay_steps); with `staircase` the exponent is floored."""
+class Exponential(Schedule):
+    """decay_rate ** (step / decay_steps); with `staircase` the exponent is floored."""
 
     summary: ClassVar[str] = "lr * decay_rate^(step / decay_steps), optionally in whole stairs."
     params: ClassVar[dict[str, Param]] = {
         "decay_steps": Param("decay_steps", "int", 100, low=1, help="steps per decay period"),
         "decay_rate": Param(
-            "decay_rate",
-            "float",
-            0.5,
-            low=0.0,
-            high=1.0,
-            low_inclusive=False,
+            "decay_rate", "float", 0.5, low=0.0, high=1.0, low_inclusive=False,
             help="factor applied once per decay period",
         ),
         "staircase": Param("staircase", "bool", False, help="decay in whole periods"),
-    }
+    }  # fmt: skip
     decay_steps: int
     decay_rate: float
     staircase: bool
 
-    def __call__(self, step: int) -> float:
+    def value(self, step: Any, m: Math) -> Any:
         exponent = step / self.decay_steps
-        if self.staircase:
-            exponent = math.floor(exponent)
-        return float(self.decay_rate**exponent)
+        if self.staircase:  # a setting, not a tensor: plain Python control flow is fine
+            exponent = m.floor(exponent)
+        return m.power(self.decay_rate, exponent)
 
 
 @dataclass
-class LinearWarmup:
-    """Ramps linearly to the base rate over `warmup_steps`, then holds it."""
-
+class LinearWarmup(Schedule):
     summary: ClassVar[str] = "Linear ramp to the base rate over warmup_steps, then constant."
     params: ClassVar[dict[str, Param]] = {
         "warmup_steps": Param("warmup_steps", "int", 100, low=0, help="steps of linear ramp"),
     }
     warmup_steps: int
 
-    def __call__(self, step: int) -> float:
-        return _warmup(step, self.warmup_steps)
+    def value(self, step: Any, m: Math) -> Any:
+        return _warmup(step, self.warmup_steps, m)
 
 
 @dataclass
-class Cosine:
+class Cosine(Schedule):
     """Linear warmup, then a half cosine from the base rate down to `min_ratio` of it.
 
     Loshchilov & Hutter, SGDR (https://arxiv.org/abs/1608.03983), without restarts.
@@ -91,20 +127,54 @@ class Cosine:
     min_ratio: float
     total_steps: int
 
-    def __call__(self, step: int) -> float:
-        if step < self.warmup_steps:
-            return _warmup(step, self.warmup_steps)
+    def value(self, step: Any, m: Math) -> Any:
         decay_steps = max(1, self.total_steps - self.warmup_steps)
-        progress = min(1.0, (step - self.warmup_steps) / decay_steps)
-        cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
-        return self.min_ratio + (1.0 - self.min_ratio) * cosine
+        progress = m.minimum(m.maximum(step - self.warmup_steps, 0.0) / decay_steps, 1.0)
+        decayed = self.min_ratio + (1.0 - self.min_ratio) * (0.5 * (1.0 + m.cos(math.pi * progress)))
+        return m.where(step < self.warmup_steps, _warmup(step, self.warmup_steps, m), decayed)
 
 
-SCHEDULES: dict[str, type[Any]] = {
+@dataclass
+class PiecewiseConstant(Schedule):
+    """values[i] between boundaries[i-1] and boundaries[i]: step < boundaries[0] gives values[0]."""
+
+    summary: ClassVar[str] = "Multipliers that change at given steps (len(values) = len(boundaries) + 1)."
+    params: ClassVar[dict[str, Param]] = {
+        "boundaries": Param(
+            "boundaries", "int_list", [], low=1, help="increasing steps where the value changes"
+        ),
+        "values": Param(
+            "values", "float_list", [1.0], low=0.0, help="multipliers of lr, one more than boundaries"
+        ),
+    }
+    boundaries: list[int] = field(default_factory=list)
+    values: list[float] = field(default_factory=lambda: [1.0])
+
+    def __post_init__(self) -> None:
+        if len(self.values) != len(self.boundaries) + 1:
+            raise ValueError(
+                f"piecewise_constant needs one more value than boundaries; received {len(self.boundaries)} "
+                f"boundaries and {len(self.values)} values"
+            )
+        if any(
+            later <= earlier for earlier, later in zip(self.boundaries, self.boundaries[1:], strict=False)
+        ):
+            raise ValueError(f"boundaries must be strictly increasing; received {self.boundaries}")
+
+    def value(self, step: Any, m: Math) -> Any:
+        # Nested selections, not sums of differences: each value comes back exactly.
+        result: Any = self.values[0]
+        for boundary, value in zip(self.boundaries, self.values[1:], strict=True):
+            result = m.where(step >= boundary, value, result)
+        return result
+
+
+SCHEDULES: dict[str, type[Schedule]] = {
     "constant": Constant,
     "exponential": Exponential,
     "linear_warmup": LinearWarmup,
     "cosine": Cosine,
+    "piecewise_constant": PiecewiseConstant,
 }
 
 
@@ -114,10 +184,9 @@ def build_schedule(name: str, params: Mapping[str, Any], *, total_steps: int) ->
         raise ValueError(f"unknown schedule {name!r}; known: {', '.join(SCHEDULES)}")
     cls = SCHEDULES[name]
     checked = check_all(params, cls.params, owner=f"schedule {name!r}")
-    if "total_steps" in cls.__dataclass_fields__:
+    if "total_steps" in cls.__dataclass_fields__:  # type: ignore[attr-defined]
         checked["total_steps"] = total_steps
-    schedule: Schedule = cls(**checked)
-    return schedule
+    return cls(**checked)
 
 
 def describe_schedules() -> list[dict[str, Any]]:
@@ -131,8 +200,6 @@ def describe_schedules() -> list[dict[str, Any]]:
     ]
 
 
-def _warmup(step: int, warmup_steps: int) -> float:
+def _warmup(step: Any, warmup_steps: int, m: Math) -> Any:
     # (step + 1) / warmup: the first update already moves, the last warmup step is full lr.
-    if warmup_steps <= 0 or step >= warmup_steps:
-        return 1.0
-    return (step + 1) / warmup_steps
+    return m.where(step < warmup_steps, (step + 1.0) / max(warmup_steps, 1), 1.0)

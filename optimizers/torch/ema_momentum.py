@@ -6,6 +6,7 @@
 Weight decay is decoupled as in AdamW (Loshchilov & Hutter, https://arxiv.org/abs/1711.05101).
 Structured like `torch/optim/sgd.py`: the class gathers parameters and state, a
 functional `ema_momentum()` dispatches to a per-tensor or a multi-tensor kernel.
+Sparse gradients (`nn.Embedding(sparse=True)`) update only the rows they touch.
 """
 
 from __future__ import annotations
@@ -23,12 +24,14 @@ from optimizers.hyperparams import (
     positive,
     unit_interval,
 )
+from optimizers.torch.sparse_rows import coalesced_rows, touched_rows
 
 
 class EmaMomentum(torch.optim.Optimizer):
     """Momentum as an exponential moving average of gradients, with decoupled weight decay."""
 
     optlab_name = "ema_momentum"
+    optlab_supports_sparse = True
     optlab_hyperparameters: ClassVar[dict[str, Param]] = {
         "lr": positive("lr", "step size"),
         "beta": unit_interval("beta", "decay of the gradient average"),
@@ -59,11 +62,6 @@ class EmaMomentum(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                if p.grad.is_sparse:
-                    raise RuntimeError(
-                        "ema_momentum does not support sparse gradients; "
-                        "use nn.Embedding(sparse=False) with it"
-                    )
                 state = self.state[p]
                 if not state:
                     state["momentum"] = torch.zeros_like(p, memory_format=torch.preserve_format)
@@ -92,13 +90,25 @@ def ema_momentum(
     weight_decay: float,
     foreach: bool | None,
 ) -> None:
-    """Functional form; `foreach=None` picks the multi-tensor kernel when all tensors are on CUDA."""
+    """Functional form; `foreach=None` picks the multi-tensor kernel when all tensors are on CUDA.
+
+    Sparse gradients always take the per-tensor kernel, applied to the touched rows only.
+    """
     if not params:
         return
     if foreach is None:
         foreach = all(p.is_cuda for p in params)
-    kernel = _multi_tensor_ema_momentum if foreach else _single_tensor_ema_momentum
-    kernel(params, grads, momenta, lr=lr, beta=beta, weight_decay=weight_decay)
+    if foreach and not any(g.is_sparse for g in grads):
+        _multi_tensor_ema_momentum(params, grads, momenta, lr=lr, beta=beta, weight_decay=weight_decay)
+        return
+    hyper = {"lr": lr, "beta": beta, "weight_decay": weight_decay}
+    for param, grad, momentum in zip(params, grads, momenta, strict=True):
+        if grad.is_sparse:
+            rows, values = coalesced_rows(grad)
+            with touched_rows(rows, param, momentum) as (param_rows, momentum_rows):
+                _single_tensor_ema_momentum([param_rows], [values], [momentum_rows], **hyper)
+        else:
+            _single_tensor_ema_momentum([param], [grad], [momentum], **hyper)
 
 
 def _single_tensor_ema_momentum(

@@ -12,18 +12,22 @@ router = APIRouter(tags=["catalogue"])
 
 
 @router.get("/optimizers")
-def list_optimizers(catalogue: CatalogueDep, framework: Literal["torch"] | None = None) -> dict[str, Any]:
+def list_optimizers(
+    catalogue: CatalogueDep, framework: Literal["torch", "tensorflow"] | None = None
+) -> dict[str, Any]:
+    """Every implementation (one per name and style), with hyperparameters and their ranges."""
     items = [o for o in catalogue.optimizers if framework is None or o["framework"] == framework]
     return {"items": items, "errors": catalogue.errors}
 
 
 @router.get("/optimizers/{name}")
 def get_optimizer(name: str, catalogue: CatalogueDep) -> dict[str, Any]:
-    found = catalogue.optimizer(name)
-    if found is None:
-        known = ", ".join(sorted(o["name"] for o in catalogue.optimizers))
+    """One optimizer name and its implementations in each style it exists in."""
+    implementations = [o for o in catalogue.optimizers if o["name"] == name]
+    if not implementations:
+        known = ", ".join(catalogue.optimizer_names())
         raise HTTPException(status_code=404, detail=f"unknown optimizer {name!r}; known: {known}")
-    return found
+    return {"name": name, "implementations": implementations}
 
 
 @router.get("/schedules")

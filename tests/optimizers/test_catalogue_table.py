@@ -18,8 +18,8 @@ import torch
 from optimizers.hyperparams import Param
 from optimizers.registry import Entry, load_registry
 
-REGISTRY = load_registry()
-NAMES = sorted(REGISTRY.entries)
+REGISTRY = load_registry(styles=("torch",))
+NAMES = REGISTRY.names()
 
 # The only per-entry knowledge: a learning rate that solves the toy problem in 100 steps,
 # where the default (torch's 1e-3) is meant for networks, not for it.
@@ -158,7 +158,7 @@ def _just_outside(param: Param, side: str) -> float | int:
 def _out_of_range_cases() -> list[OutOfRange]:
     cases = []
     for name in NAMES:
-        for param in REGISTRY.entries[name].params.values():
+        for param in REGISTRY.get(name, "torch").params.values():
             sides = [
                 side for side, bound in (("below", param.low), ("above", param.high)) if bound is not None
             ]

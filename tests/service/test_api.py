@@ -168,7 +168,11 @@ def test_catalogue_routes(client: TestClient) -> None:
     names = {o["name"] for o in client.get("/optimizers").json()["items"]}
     assert {"ema_momentum", "sgd", "adam", "adamw"} <= names
     ema = client.get("/optimizers/ema_momentum").json()
-    assert {p["name"] for p in ema["params"]} == {"lr", "beta", "weight_decay"}
+    assert {i["style"] for i in ema["implementations"]} == {"torch", "keras", "tf_legacy"}
+    for implementation in ema["implementations"]:
+        assert {p["name"] for p in implementation["params"]} == {"lr", "beta", "weight_decay"}
+    tensorflow = client.get("/optimizers", params={"framework": "tensorflow"}).json()["items"]
+    assert {o["style"] for o in tensorflow} == {"keras", "tf_legacy"}
     assert "known:" in client.get("/optimizers/zzz").json()["detail"]
     assert {s["name"] for s in client.get("/schedules").json()["items"]} >= {
         "constant",

@@ -1,0 +1,177 @@
+"""A hand-written AdamW, to prove the harness against the frameworks' own implementations.
+
+Loshchilov & Hutter, Decoupled Weight Decay Regularization, https://arxiv.org/abs/1711.05101;
+written in torch.optim.AdamW's convention (epsilon added after the bias-corrected root):
+
+    p <- p * (1 - lr * weight_decay)
+    m <- beta_1 * m + (1 - beta_1) * g;   v <- beta_2 * v + (1 - beta_2) * g^2
+    p <- p - lr / (1 - beta_1^t) * m / (sqrt(v) / sqrt(1 - beta_2^t) + epsilon)
+
+It must match `torch.optim.AdamW` and `keras.optimizers.AdamW` to 1e-6 after 50 steps.
+Sparse gradients update only the touched rows (LazyAdam semantics).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from optimizers.hyperparams import Param, check_hyperparameters, non_negative, positive, unit_interval
+from optimizers.torch.sparse_rows import coalesced_rows, touched_rows
+
+
+class AdamWRef(torch.optim.Optimizer):
+    """AdamW written out by hand: Adam moments, bias correction, decoupled weight decay."""
+
+    optlab_name = "adamw_ref"
+    optlab_reference = "https://arxiv.org/abs/1711.05101"
+    optlab_supports_sparse = True
+    optlab_hyperparameters: ClassVar[dict[str, Param]] = {
+        "lr": positive("lr", "step size"),
+        "beta_1": unit_interval("beta_1", "decay of the first moment"),
+        "beta_2": unit_interval("beta_2", "decay of the second moment"),
+        "epsilon": positive("epsilon", "added to the bias-corrected root"),
+        "weight_decay": non_negative("weight_decay", "decoupled, scaled by lr"),
+    }
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 1e-3,
+        beta_1: float = 0.9,
+        beta_2: float = 0.999,
+        epsilon: float = 1e-8,
+        weight_decay: float = 1e-2,
+        *,
+        foreach: bool | None = None,
+    ) -> None:
+        hyper = {
+            "lr": lr,
+            "beta_1": beta_1,
+            "beta_2": beta_2,
+            "epsilon": epsilon,
+            "weight_decay": weight_decay,
+        }
+        check_hyperparameters(self.optlab_hyperparameters, **hyper)
+        super().__init__(params, {**hyper, "foreach": foreach})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params, grads, firsts, seconds, steps = [], [], [], [], []
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                params.append(p)
+                grads.append(p.grad)
+                firsts.append(state["exp_avg"])
+                seconds.append(state["exp_avg_sq"])
+                steps.append(state["step"])
+            adamw_ref(
+                params,
+                grads,
+                firsts,
+                seconds,
+                steps,
+                lr=group["lr"],
+                beta_1=group["beta_1"],
+                beta_2=group["beta_2"],
+                epsilon=group["epsilon"],
+                weight_decay=group["weight_decay"],
+                foreach=group["foreach"],
+            )
+        return loss
+
+
+def adamw_ref(
+    params: list[Tensor],
+    grads: list[Tensor],
+    firsts: list[Tensor],
+    seconds: list[Tensor],
+    steps: list[int],
+    *,
+    lr: float,
+    beta_1: float,
+    beta_2: float,
+    epsilon: float,
+    weight_decay: float,
+    foreach: bool | None,
+) -> None:
+    """Functional form; `steps` holds each parameter's update count t (already incremented)."""
+    if not params:
+        return
+    hyper = {"lr": lr, "beta_1": beta_1, "beta_2": beta_2, "epsilon": epsilon, "weight_decay": weight_decay}
+    if foreach is None:
+        foreach = all(p.is_cuda for p in params)
+    if foreach and not any(g.is_sparse for g in grads):
+        _multi_tensor_adamw_ref(params, grads, firsts, seconds, steps, **hyper)
+        return
+    for param, grad, first, second, step in zip(params, grads, firsts, seconds, steps, strict=True):
+        if grad.is_sparse:
+            rows, values = coalesced_rows(grad)
+            with touched_rows(rows, param, first, second) as (param_rows, first_rows, second_rows):
+                _single_tensor_adamw_ref([param_rows], [values], [first_rows], [second_rows], [step], **hyper)
+        else:
+            _single_tensor_adamw_ref([param], [grad], [first], [second], [step], **hyper)
+
+
+def _single_tensor_adamw_ref(
+    params: list[Tensor],
+    grads: list[Tensor],
+    firsts: list[Tensor],
+    seconds: list[Tensor],
+    steps: list[int],
+    *,
+    lr: float,
+    beta_1: float,
+    beta_2: float,
+    epsilon: float,
+    weight_decay: float,
+) -> None:
+    for param, grad, first, second, step in zip(params, grads, firsts, seconds, steps, strict=True):
+        if weight_decay != 0:
+            param.mul_(1 - lr * weight_decay)
+        first.mul_(beta_1).add_(grad, alpha=1 - beta_1)
+        second.mul_(beta_2).addcmul_(grad, grad, value=1 - beta_2)
+        root_correction = math.sqrt(1 - beta_2**step)
+        denominator = second.sqrt().div_(root_correction).add_(epsilon)
+        param.addcdiv_(first, denominator, value=-lr / (1 - beta_1**step))
+
+
+def _multi_tensor_adamw_ref(
+    params: list[Tensor],
+    grads: list[Tensor],
+    firsts: list[Tensor],
+    seconds: list[Tensor],
+    steps: list[int],
+    *,
+    lr: float,
+    beta_1: float,
+    beta_2: float,
+    epsilon: float,
+    weight_decay: float,
+) -> None:
+    if weight_decay != 0:
+        torch._foreach_mul_(params, 1 - lr * weight_decay)
+    torch._foreach_mul_(firsts, beta_1)
+    torch._foreach_add_(firsts, grads, alpha=1 - beta_1)
+    torch._foreach_mul_(seconds, beta_2)
+    torch._foreach_addcmul_(seconds, grads, grads, value=1 - beta_2)
+    denominators = torch._foreach_sqrt(seconds)
+    torch._foreach_div_(denominators, [math.sqrt(1 - beta_2**step) for step in steps])
+    torch._foreach_add_(denominators, epsilon)
+    torch._foreach_addcdiv_(params, firsts, denominators, [-lr / (1 - beta_1**step) for step in steps])
