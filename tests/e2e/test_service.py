@@ -66,7 +66,9 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
         poll_interval_s=0.2,
     )
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("OPTLAB_PLUGIN_DIRS", str(plugins))
+        patch.setenv(
+            "OPTLAB_PLUGIN_DIRS", os.pathsep.join([str(plugins), str(ROOT / "examples" / "plugins")])
+        )
         with Supervisor(settings) as supervisor:
             yield supervisor
 
@@ -196,3 +198,19 @@ def test_optlab_submit_wait_shows_the_outcome(service: Supervisor, tmp_path: Pat
         timeout=60,
     )
     assert refused.returncode == 2 and "unknown optimizer 'nope'" in refused.stderr
+
+
+def test_the_example_plugin_trains_through_the_api(api: httpx.Client) -> None:
+    described = api.get("/optimizers/sign_momentum").json()["implementations"][0]
+    assert described["style"] == "torch" and "examples/plugins/sign_momentum.py" in described["source"]
+    assert described["summary"].startswith("Signum") and described["reference"].startswith(
+        "https://arxiv.org"
+    )
+    assert {p["name"] for p in described["params"]} == {"lr", "beta", "weight_decay"}
+    job = submit_and_wait(
+        api, spec("sign_momentum", {"lr": 0.003, "beta": 0.9}, steps=60, checkpoint_every=30)
+    )
+    assert job["status"] == "succeeded", job["error"]
+    assert job["result"]["checkpoints_verified"] == 2
+    refused = api.post("/jobs", json=spec("sign_momentum", {"lr": 0.003, "gamma": 1}))
+    assert refused.status_code == 422 and "accepted: lr, beta, weight_decay" in refused.text
