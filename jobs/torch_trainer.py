@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from jobs.batches import BatchOrder
 from jobs.errors import Diverged
 from jobs.report import Reporter
 from jobs.spec import JobSpec
@@ -78,25 +79,14 @@ def params_sha256(model: nn.Module) -> str:
 
 
 class Batches:
-    """Batch `step` is a pure function of (seed, step): shuffled per epoch, last partial batch dropped."""
+    """Batch `step` as tensors on the training device (rows chosen by `BatchOrder`)."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, *, batch_size: int, seed: int) -> None:
         self.x, self.y = x, y
-        self.batch_size = batch_size
-        self.seed = seed
-        self.per_epoch = len(x) // batch_size
-        if self.per_epoch == 0:
-            raise ValueError(f"batch_size must be at most the {len(x)} training rows; received {batch_size}")
-        self._epoch = -1
-        self._order = np.arange(0)
+        self.order = BatchOrder(len(x), batch_size=batch_size, seed=seed)
 
     def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        epoch, index = divmod(step, self.per_epoch)
-        if epoch != self._epoch:
-            self._order = np.random.default_rng([self.seed, epoch]).permutation(len(self.x))
-            self._epoch = epoch
-        rows = torch.from_numpy(self._order[index * self.batch_size : (index + 1) * self.batch_size])
-        rows = rows.to(self.x.device)
+        rows = torch.from_numpy(self.order.rows(step)).to(self.x.device)
         return self.x[rows], self.y[rows]
 
 

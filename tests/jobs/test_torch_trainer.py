@@ -120,7 +120,7 @@ def test_a_batch_is_a_pure_function_of_seed_and_step() -> None:
 
 def test_an_epoch_drops_the_partial_batch_and_repeats_no_row() -> None:
     batches = Batches(X, Y, batch_size=3, seed=0)
-    assert batches.per_epoch == 3
+    assert batches.order.per_epoch == 3
     epoch = [row for step in range(3) for row in rows(batches(step))]
     assert len(epoch) == len(set(epoch)) == 9
 

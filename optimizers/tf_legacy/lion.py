@@ -1,0 +1,141 @@
+"""Lion (EvoLved Sign Momentum, Chen et al., https://arxiv.org/abs/2302.06675) for legacy tf.keras.
+
+    c <- beta_1 * m + (1 - beta_1) * g
+    p <- p * (1 - lr * weight_decay)
+    p <- p - lr * sign(c)
+    m <- beta_2 * m + (1 - beta_2) * g
+
+The update direction interpolates with beta_1, the momentum it keeps with beta_2; every
+coordinate moves by exactly lr, so Lion wants a smaller lr than Adam. A sparse gradient
+updates only the rows it touches, weights and momentum alike (lazy, as LazyAdam).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from optimizers.hyperparams import (
+    Param,
+    check_hyperparameters,
+    non_negative,
+    positive,
+    unit_interval,
+)
+
+
+@tf_keras.utils.register_keras_serializable(package="optlab")
+class Lion(tf_keras.optimizers.legacy.Optimizer):
+    """Lion: steps by the sign of an interpolated momentum, with decoupled weight decay."""
+
+    optlab_name = "lion"
+    optlab_reference = "https://arxiv.org/abs/2302.06675"
+    optlab_supports_sparse = True
+    optlab_hyperparameters: ClassVar[dict[str, Param]] = {
+        "learning_rate": positive("learning_rate", "step size; a LearningRateSchedule is allowed"),
+        "beta_1": unit_interval("beta_1", "interpolation of the update direction"),
+        "beta_2": unit_interval("beta_2", "decay of the momentum kept between steps"),
+        "weight_decay": non_negative("weight_decay", "decoupled, scaled by lr"),
+    }
+
+    _HAS_AGGREGATE_GRAD = True
+
+    def __init__(
+        self,
+        learning_rate: Any = 1e-4,
+        beta_1: float = 0.9,
+        beta_2: float = 0.99,
+        weight_decay: float = 0.0,
+        name: str = "Lion",
+        **kwargs: Any,
+    ) -> None:
+        learning_rate = kwargs.pop("lr", learning_rate)  # the legacy alias the base class accepts
+        if isinstance(learning_rate, int | float):  # a schedule or a tensor is taken as given
+            check_hyperparameters(self.optlab_hyperparameters, learning_rate=learning_rate)
+        check_hyperparameters(
+            self.optlab_hyperparameters, beta_1=beta_1, beta_2=beta_2, weight_decay=weight_decay
+        )
+        super().__init__(name, **kwargs)
+        self._set_hyper("learning_rate", learning_rate)
+        self._set_hyper("beta_1", beta_1)
+        self._set_hyper("beta_2", beta_2)
+        self._set_hyper("weight_decay", weight_decay)
+
+    def _create_slots(self, var_list: list[Any]) -> None:
+        for var in var_list:
+            self.add_slot(var, "momentum")
+
+    def _prepare_local(self, var_device: Any, var_dtype: Any, apply_state: dict[Any, Any]) -> None:
+        # Once per (device, dtype) and step: the base class puts the decayed lr in `lr_t`.
+        super()._prepare_local(var_device, var_dtype, apply_state)
+        coefficients = apply_state[(var_device, var_dtype)]
+        beta_1 = tf.identity(self._get_hyper("beta_1", var_dtype))
+        beta_2 = tf.identity(self._get_hyper("beta_2", var_dtype))
+        weight_decay = self._get_hyper("weight_decay", var_dtype)
+        coefficients.update(
+            beta_1=beta_1,
+            one_minus_beta_1=1 - beta_1,
+            beta_2=beta_2,
+            one_minus_beta_2=1 - beta_2,
+            decay_factor=1 - coefficients["lr_t"] * weight_decay,
+        )
+
+    def _coefficients(self, var: Any, apply_state: dict[Any, Any] | None) -> dict[str, Any]:
+        key = (var.device, var.dtype.base_dtype)
+        found: dict[str, Any] | None = (apply_state or {}).get(key)
+        return found or self._fallback_apply_state(*key)
+
+    def _step(self, c: dict[str, Any], param: Any, momentum: Any, grad: Any) -> tuple[Any, Any]:
+        """New weights and momentum from current ones: the same math for all rows or some."""
+        direction = tf.sign(c["beta_1"] * momentum + c["one_minus_beta_1"] * grad)
+        new_param = param * c["decay_factor"] - c["lr_t"] * direction
+        new_momentum = c["beta_2"] * momentum + c["one_minus_beta_2"] * grad
+        return new_param, new_momentum
+
+    def _resource_apply_dense(self, grad: Any, var: Any, apply_state: dict[Any, Any] | None = None) -> Any:
+        momentum = self.get_slot(var, "momentum")
+        new_param, new_momentum = self._step(self._coefficients(var, apply_state), var, momentum, grad)
+        return tf.group(
+            var.assign(new_param, use_locking=self._use_locking, read_value=False),
+            momentum.assign(new_momentum, use_locking=self._use_locking, read_value=False),
+        )
+
+    def _resource_apply_sparse(
+        self, grad: Any, var: Any, indices: Any, apply_state: dict[Any, Any] | None = None
+    ) -> Any:
+        # `indices` are unique here: the base class sums duplicates before calling us.
+        momentum = self.get_slot(var, "momentum")
+        new_rows, new_momentum = self._step(
+            self._coefficients(var, apply_state),
+            tf.gather(var, indices),
+            tf.gather(momentum, indices),
+            grad,
+        )
+        return tf.group(
+            tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=indices, updates=new_rows),
+            tf.raw_ops.ResourceScatterUpdate(resource=momentum.handle, indices=indices, updates=new_momentum),
+        )
+
+    def get_config(self) -> dict[str, Any]:
+        config: dict[str, Any] = super().get_config()
+        config.update(
+            learning_rate=self._plain_hyperparameter("learning_rate"),
+            beta_1=self._plain_hyperparameter("beta_1"),
+            beta_2=self._plain_hyperparameter("beta_2"),
+            weight_decay=self._plain_hyperparameter("weight_decay"),
+            decay=self._initial_decay,
+        )
+        return config
+
+    def _plain_hyperparameter(self, name: str) -> Any:
+        # Once the optimizer has run, a hyperparameter lives in a float32 variable and reads back
+        # as a NumPy scalar, which neither JSON nor our range checks accept. Its shortest repr
+        # gives back the number as written (0.1, not 0.10000000149011612), the same in float32.
+        value = self._serialize_hyperparameter(name)
+        if not isinstance(value, np.generic | np.ndarray) or np.ndim(value) != 0:
+            return value
+        scalar = np.asarray(value)[()]
+        return float(str(scalar)) if isinstance(scalar, np.floating) else scalar.item()
