@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import tempfile
 import time
 import traceback
@@ -24,6 +25,7 @@ from jobs.report import Reporter
 from jobs.spec import JobSpec
 
 TRACEBACK_TAIL_LINES = 40
+LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -39,7 +41,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--attempt", type=int, default=1)
     parser.add_argument("--resume", type=Path, help="continue from this checkpoint file")
     parser.add_argument("--stop-after", type=int, help="stop (with a checkpoint) after this many steps")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    return args
 
 
 def load_spec(path: Path) -> JobSpec:
@@ -48,6 +52,25 @@ def load_spec(path: Path) -> JobSpec:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}" for e in exc.errors())
         raise ValueError(f"invalid job spec {path}: {problems}") from None
+
+
+def ensure_process_setup(spec: JobSpec, args: argparse.Namespace) -> None:
+    """Legacy tf.keras jobs need TF_USE_LEGACY_KERAS=1 before TensorFlow is imported:
+    re-execute this process with it (same pid, so the worker keeps watching it)."""
+    legacy = spec.framework == "tensorflow" and spec.optimizer.style == "tf_legacy"
+    if legacy and os.environ.get(LEGACY_KERAS_ENV) != "1":
+        argv = [sys.executable, "-m", "jobs.run", *args.argv]
+        os.execve(sys.executable, argv, {**os.environ, LEGACY_KERAS_ENV: "1"})
+
+
+def trainer_class(spec: JobSpec) -> Any:
+    if spec.framework == "torch":
+        from jobs.torch_trainer import TorchJob
+
+        return TorchJob
+    from jobs.keras_trainer import KerasJob
+
+    return KerasJob
 
 
 def error_record(exc: BaseException) -> dict[str, str]:
@@ -73,8 +96,8 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     try:
         spec = load_spec(args.spec)
         reporter.progress(step=0, total=spec.steps, force=True)
+        ensure_process_setup(spec, args)
         # Heavy imports only now, so a bad spec fails in a fraction of a second.
-        from jobs.torch_trainer import TorchJob
         from optimizers.registry import load_registry
 
         if args.tracking_uri:
@@ -90,6 +113,7 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
                     "framework": spec.framework,
                     "workload": spec.workload.name,
                     "optimizer": spec.optimizer.name,
+                    "style": spec.optimizer.style or spec.framework,
                     "attempt": str(args.attempt),
                 },
             )
@@ -97,9 +121,11 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
             reporter.progress(mlflow=result["mlflow"], force=True)
         from jobs.tracking import NullTracker
 
-        job = TorchJob(
+        style = spec.optimizer.style or ("torch" if spec.framework == "torch" else "keras")
+        trainer = trainer_class(spec)
+        job = trainer(
             spec,
-            registry=load_registry(styles=("torch",)),
+            registry=load_registry(styles=(style,)),
             workdir=workdir,
             tracker=mlflow_run or NullTracker(),
             reporter=reporter,

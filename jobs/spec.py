@@ -70,6 +70,18 @@ class Component(BaseModel):
         return params
 
 
+class OptimizerChoice(Component):
+    """An optimizer by name; for TensorFlow jobs `style` picks Keras 3 or legacy tf.keras."""
+
+    style: Literal["keras", "tf_legacy"] | None = Field(
+        default=None,
+        description="tensorflow jobs only: keras (default where both exist) or tf_legacy",
+    )
+
+
+TENSORFLOW_STYLES = ("keras", "tf_legacy")
+
+
 class JobSpec(BaseModel):
     """What to train, with what, for how long. The learning rate is `optimizer.params.lr`."""
 
@@ -94,9 +106,9 @@ class JobSpec(BaseModel):
         },
     )
 
-    framework: Literal["torch"] = "torch"
+    framework: Literal["torch", "tensorflow"] = "torch"
     workload: Component
-    optimizer: Component
+    optimizer: OptimizerChoice
     schedule: Component = Field(default_factory=lambda: Component(name="constant"))
     steps: int = Field(gt=0, description="optimizer updates to run")
     batch_size: int = Field(default=64, gt=0, le=65536)
@@ -105,6 +117,7 @@ class JobSpec(BaseModel):
     eval_every: int = Field(default=100, gt=0, description="steps between validation passes")
     experiment: str = Field(default="default", min_length=1, max_length=200, pattern=r"^[^\x00-\x1f]+$")
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:[0-9]{1,2})?)$")
+    jit_compile: bool = Field(default=False, description="tensorflow jobs: compile the step with XLA")
 
     @property
     def lr(self) -> float | None:
@@ -127,6 +140,8 @@ class JobSpec(BaseModel):
                 flat[f"{key}.name"] = str(value["name"])
                 for param, param_value in value.get("params", {}).items():
                     flat[f"{key}.{param}"] = str(param_value)
+                if value.get("style"):
+                    flat[f"{key}.style"] = str(value["style"])
             else:
                 flat[key] = str(value)
         return flat
@@ -150,12 +165,20 @@ class Catalogue(BaseModel):
     workloads: list[dict[str, Any]]
     errors: list[dict[str, str]] = Field(default_factory=list)
 
-    def optimizer(self, name: str, framework: str | None = None) -> dict[str, Any] | None:
-        """The first implementation of `name` (in `framework`, when given)."""
-        return next(
-            (o for o in self.optimizers if o["name"] == name and framework in (None, o["framework"])),
-            None,
-        )
+    def optimizer(
+        self, name: str, framework: str | None = None, style: str | None = None
+    ) -> dict[str, Any] | None:
+        """The implementation of `name` a job would run.
+
+        Within a framework without a `style`, Keras 3 is preferred over legacy tf.keras.
+        """
+        candidates = [
+            o
+            for o in self.optimizers
+            if o["name"] == name and framework in (None, o["framework"]) and style in (None, o["style"])
+        ]
+        candidates.sort(key=lambda o: ("torch", "keras", "tf_legacy").index(o["style"]))
+        return candidates[0] if candidates else None
 
     def optimizer_names(self) -> list[str]:
         return sorted({o["name"] for o in self.optimizers})
@@ -175,9 +198,26 @@ def catalogue_errors(spec: JobSpec, catalogue: Catalogue, *, max_steps: int) -> 
             SpecError(loc=["body", "steps"], msg=f"steps must be at most {max_steps}; received {spec.steps}")
         )
 
-    optimizer = catalogue.optimizer(spec.optimizer.name, spec.framework)
-    if optimizer is None and catalogue.optimizer(spec.optimizer.name) is None:
+    optimizer = catalogue.optimizer(spec.optimizer.name, spec.framework, spec.optimizer.style)
+    if spec.optimizer.style is not None and spec.framework != "tensorflow":
+        errors.append(
+            SpecError(
+                loc=["body", "optimizer", "style"],
+                msg=f"optimizer.style chooses between {' and '.join(TENSORFLOW_STYLES)} for tensorflow "
+                f"jobs; this job's framework is {spec.framework!r}: leave style out",
+            )
+        )
+    elif catalogue.optimizer(spec.optimizer.name) is None:
         errors.append(_unknown("optimizer", spec.optimizer.name, ", ".join(catalogue.optimizer_names())))
+    elif optimizer is None and spec.optimizer.style is not None:
+        styles = sorted(o["style"] for o in catalogue.optimizers if o["name"] == spec.optimizer.name)
+        errors.append(
+            SpecError(
+                loc=["body", "optimizer", "style"],
+                msg=f"optimizer {spec.optimizer.name!r} has no {spec.optimizer.style} style; "
+                f"it exists in: {', '.join(styles)}",
+            )
+        )
     elif optimizer is None:
         elsewhere = sorted({o["framework"] for o in catalogue.optimizers if o["name"] == spec.optimizer.name})
         errors.append(
@@ -225,6 +265,21 @@ def catalogue_errors(spec: JobSpec, catalogue: Catalogue, *, max_steps: int) -> 
                 )
             )
     return errors
+
+
+def with_resolved_style(spec: JobSpec, catalogue: Catalogue) -> JobSpec:
+    """The spec with `optimizer.style` filled in for tensorflow jobs, as the job will run it.
+
+    Stored that way, a job process knows before importing TensorFlow whether it needs
+    the legacy tf.keras set-up.
+    """
+    if spec.framework != "tensorflow" or spec.optimizer.style is not None:
+        return spec
+    chosen = catalogue.optimizer(spec.optimizer.name, spec.framework)
+    if chosen is None:
+        return spec
+    optimizer = spec.optimizer.model_copy(update={"style": chosen["style"]})
+    return spec.model_copy(update={"optimizer": optimizer})
 
 
 def _schedule_build_errors(spec: JobSpec) -> list[SpecError]:

@@ -179,7 +179,12 @@ class MlflowRun:
         self.metrics.metric(key, value, step)
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        self._client.log_artifact(self.info.run_id, str(path), artifact_path)
+        """A file, or a folder (a checkpoint made of several files) under its own name."""
+        if path.is_dir():
+            target = f"{artifact_path}/{path.name}" if artifact_path else path.name
+            self._client.log_artifacts(self.info.run_id, str(path), target)
+        else:
+            self._client.log_artifact(self.info.run_id, str(path), artifact_path)
 
     def log_json(self, name: str, data: Any) -> None:
         with tempfile.TemporaryDirectory() as tmp:

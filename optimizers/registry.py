@@ -255,7 +255,7 @@ def load_registry(plugin_dirs: Iterable[str] | None = None, styles: Iterable[str
     Only entries of `styles` are registered: a job process loads just its own
     framework, and the two Keras styles are never loaded into one process.
     """
-    styles = tuple(styles)
+    styles = (styles,) if isinstance(styles, str) else tuple(styles)
     unknown = sorted(set(styles) - set(STYLES))
     if unknown:
         raise ValueError(f"unknown style {unknown[0]!r}; known: {', '.join(STYLES)}")

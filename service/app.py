@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from jobs.spec import Component, JobSpec
+from jobs.spec import Component, JobSpec, OptimizerChoice
 from service import store
 from service.db import make_engine, migrate, session_factory
 from service.deps import SessionDep
@@ -147,7 +147,9 @@ def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
 def _allowed_fields(parent: list[Any]) -> list[str]:
     model: type[Any] = JobSpec
     for part in parent:
-        if model is JobSpec and part in ("workload", "optimizer", "schedule"):
+        if model is JobSpec and part == "optimizer":
+            model = OptimizerChoice
+        elif model is JobSpec and part in ("workload", "schedule"):
             model = Component
         else:
             return []

@@ -69,3 +69,8 @@ class OptlabLegacySchedule(tf_keras.optimizers.schedules.LearningRateSchedule):
             "params": self.params,
             "total_steps": self.total_steps,
         }
+
+
+# tf_keras serializes a schedule inside an optimizer config with its bare class name
+# (plus `registered_name`), but h5 loading looks up the bare name only: register both.
+tf_keras.utils.get_custom_objects().setdefault("OptlabLegacySchedule", OptlabLegacySchedule)

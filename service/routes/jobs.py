@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Query
 
-from jobs.spec import JobSpec, catalogue_errors
+from jobs.spec import JobSpec, catalogue_errors, with_resolved_style
 from service import store
 from service.deps import CatalogueDep, SessionDep, SettingsDep
 from service.schemas import JobRead, JobsPage, JobStatus
@@ -19,6 +19,7 @@ def submit_job(spec: JobSpec, session: SessionDep, settings: SettingsDep, catalo
     errors = catalogue_errors(spec, catalogue, max_steps=settings.max_steps)
     if errors:
         raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
+    spec = with_resolved_style(spec, catalogue)
     return JobRead.from_row(store.create_job(session=session, spec=spec))
 
 

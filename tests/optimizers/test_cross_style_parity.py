@@ -105,7 +105,8 @@ def run_legacy(name: str, sparse: bool) -> list[np.ndarray]:
 @pytest.mark.parametrize("name", sorted(HYPER))
 def test_torch_keras_and_legacy_agree(name: str, sparse: bool) -> None:
     reference = run_torch(name, sparse)
-    moved = max(float(np.abs(after - before).max()) for after, before in zip(reference, problem(sparse)[0]))
+    initial = problem(sparse)[0]
+    moved = max(float(np.abs(after - before).max()) for after, before in zip(reference, initial, strict=True))
     assert moved > 1e-3, "the problem is too small to tell implementations apart"
     for style, run in (("keras", run_keras), ("tf_legacy", run_legacy)):
         for index, (expected, got) in enumerate(zip(reference, run(name, sparse), strict=True)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
@@ -14,18 +15,29 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
+from optimizers import registry as registry_module
 from optimizers.hyperparams import Param, non_negative, unit_interval
 from optimizers.registry import (
+    BUILTIN_MODULES,
     ENTRY_POINT_GROUP,
     PLUGIN_DIRS_ENV,
+    STYLES,
     Entry,
     Registry,
     derive_params,
     entry_for_class,
     load_registry,
+    optimizer_classes,
     register,
     snake_case,
+    style_of,
 )
+
+# The Keras 3 and tf_keras built-ins are written elsewhere and may be missing or in flux: every
+# test that is not about styles loads the torch style only (which also keeps TensorFlow out).
+TORCH_ONLY = ("torch",)
+TORCH_BUILTINS = ["adam", "adamw", "adamw_ref", "ema_momentum", "lion", "sgd"]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(autouse=True)
@@ -46,6 +58,25 @@ def _write(directory: Path, filename: str, source: str) -> Path:
 
 def _errors_for(registry: Registry, path: Path) -> list[str]:
     return [error.error for error in registry.errors if error.source == str(path)]
+
+
+def _torch_registry(plugin_dirs: list[str] | None = None) -> Registry:
+    return load_registry(plugin_dirs=[] if plugin_dirs is None else plugin_dirs, styles=TORCH_ONLY)
+
+
+def _fake_entry(name: str, style: str, source: str = "test") -> Entry:
+    """An entry that needs no framework: enough for the bookkeeping of `Registry`."""
+    return Entry(
+        name=name,
+        framework=registry_module.FRAMEWORK_OF_STYLE[style],
+        style=style,
+        cls=object,
+        params={},
+        supports_sparse=False,
+        summary="",
+        reference="",
+        source=source,
+    )
 
 
 # --- snake_case -----------------------------------------------------------------------------------------
@@ -72,45 +103,179 @@ def test_snake_case(class_name: str, expected: str) -> None:
 # --- built-ins ------------------------------------------------------------------------------------------
 
 
-def test_load_registry_has_the_builtins() -> None:
-    registry = load_registry(plugin_dirs=[])
+def test_load_registry_has_the_torch_builtins() -> None:
+    registry = _torch_registry()
     assert registry.errors == []
-    for name in ("ema_momentum", "sgd", "adam", "adamw"):
+    assert registry.names() == TORCH_BUILTINS
+    assert sorted(registry.entries) == [(name, "torch") for name in TORCH_BUILTINS]
+    for name in TORCH_BUILTINS:
         entry = registry.get(name)
+        assert entry is registry.get(name, "torch") is registry.entries[(name, "torch")]
         assert entry.name == name
         assert entry.framework == "torch"
         assert entry.style == "torch"
+        assert entry.lr_arg == "lr"
         assert issubclass(entry.cls, torch.optim.Optimizer)
-        assert entry.source.startswith("builtin:optimizers.torch.")
+        assert entry.source == f"builtin:optimizers.torch.{name}"
         assert "lr" in entry.params
 
 
+def test_builtin_modules_follow_the_file_layout() -> None:
+    """One file per optimizer, named after its registry key, for every style."""
+    assert set(BUILTIN_MODULES) == set(STYLES)
+    for style, modules in BUILTIN_MODULES.items():
+        assert all(module.startswith(f"optimizers.{style}.") for module in modules)
+    assert "optimizers.tf_legacy.adamw" not in BUILTIN_MODULES["tf_legacy"]  # tf_keras has no legacy AdamW
+    assert "optimizers.keras.adamw" in BUILTIN_MODULES["keras"]
+
+
 def test_builtin_tunables_follow_optlab_tunable() -> None:
-    registry = load_registry(plugin_dirs=[])
+    registry = _torch_registry()
     assert list(registry.get("sgd").params) == ["lr", "momentum", "dampening", "weight_decay", "nesterov"]
     assert list(registry.get("adam").params) == ["lr", "betas", "eps", "weight_decay", "amsgrad"]
     assert list(registry.get("ema_momentum").params) == ["lr", "beta", "weight_decay"]
+    assert list(registry.get("lion").params) == ["lr", "beta_1", "beta_2", "weight_decay"]
+    assert list(registry.get("adamw_ref").params) == ["lr", "beta_1", "beta_2", "epsilon", "weight_decay"]
     # torch writes `momentum=0`; a declared float keeps a float default.
     assert registry.get("sgd").params["momentum"].default == 0.0
     assert type(registry.get("sgd").params["momentum"].default) is float
     assert registry.get("adamw").params["weight_decay"].default == 0.01
+    lion = registry.get("lion").params
+    assert [lion[name].default for name in lion] == [1e-4, 0.9, 0.99, 0.0]
+
+
+def test_builtin_sparse_support_is_declared() -> None:
+    registry = _torch_registry()
+    sparse = {name for name in registry.names() if registry.get(name).supports_sparse}
+    assert sparse == {"adamw_ref", "ema_momentum", "lion"}
 
 
 def test_describe_is_json_serializable() -> None:
-    registry = load_registry(plugin_dirs=[])
+    registry = _torch_registry()
     for entry in registry.entries.values():
         described = entry.describe()
         assert json.loads(json.dumps(described)) == described
+        assert described["style"] == "torch"
     adam = registry.get("adam").describe()
     assert adam["class"] == "optimizers.torch.adam.Adam"
     assert adam["reference"] == "https://arxiv.org/abs/1412.6980"
     assert {"name": "betas", "default": [0.9, 0.999]}.items() <= adam["params"][1].items()
+    lion = registry.get("lion").describe()
+    assert (lion["reference"], lion["supports_sparse"]) == ("https://arxiv.org/abs/2302.06675", True)
 
 
 def test_get_unknown_lists_known() -> None:
-    registry = load_registry(plugin_dirs=[])
-    with pytest.raises(ValueError, match=r"^unknown optimizer 'lion'; known: adam, adamw, ema_momentum, sgd"):
-        registry.get("lion")
+    registry = _torch_registry()
+    with pytest.raises(ValueError) as caught:
+        registry.get("nope")
+    assert str(caught.value) == (
+        "unknown optimizer 'nope'; known: adam, adamw, adamw_ref, ema_momentum, lion, sgd"
+    )
+
+
+def test_get_a_style_the_name_lacks_says_which_styles_it_has() -> None:
+    registry = _torch_registry()
+    with pytest.raises(ValueError) as caught:
+        registry.get("sgd", "keras")
+    assert str(caught.value) == "optimizer 'sgd' has no keras style; it exists in: torch"
+
+
+# --- styles ---------------------------------------------------------------------------------------------
+
+
+def test_one_name_may_exist_once_in_each_style() -> None:
+    registry = Registry()
+    registry.add(_fake_entry("lion", "tf_legacy"))
+    registry.add(_fake_entry("lion", "keras"))
+    assert registry.get("lion").style == "keras"  # no torch entry: keras comes next
+    registry.add(_fake_entry("lion", "torch"))
+    registry.add(_fake_entry("sgd", "keras"))
+    assert registry.names() == ["lion", "sgd"]
+    assert sorted(registry.entries) == [
+        ("lion", "keras"),
+        ("lion", "tf_legacy"),
+        ("lion", "torch"),
+        ("sgd", "keras"),
+    ]
+    assert registry.get("lion").style == "torch"  # without a style: torch, keras, tf_legacy
+    assert [registry.get("lion", style).style for style in STYLES] == list(STYLES)
+    with pytest.raises(ValueError, match=r"^optimizer 'sgd' has no tf_legacy style; it exists in: keras$"):
+        registry.get("sgd", "tf_legacy")
+
+
+def test_the_same_name_twice_in_one_style_is_refused_naming_both_sources() -> None:
+    registry = Registry()
+    registry.add(_fake_entry("lion", "keras", source="first.py"))
+    with pytest.raises(ValueError) as caught:
+        registry.add(_fake_entry("lion", "keras", source="second.py"))
+    assert str(caught.value) == (
+        "optimizer name 'lion' (keras style) is registered twice: by first.py and by second.py; "
+        "set a distinct `optlab_name` on one of them"
+    )
+    assert registry.get("lion", "keras").source == "first.py"
+
+
+def test_style_of() -> None:
+    class Plain:
+        def step(self) -> None:
+            pass
+
+    assert style_of(torch.optim.SGD) == "torch"
+    assert style_of(_Probe) == "torch"
+    assert style_of(Plain) is None
+    assert style_of(dict) is None
+
+
+def test_optimizer_classes_returns_each_defined_class_with_its_style(tmp_path: Path) -> None:
+    _write(tmp_path, "sign.py", SIGN_MOMENTUM)
+    registry = _torch_registry([str(tmp_path)])
+    module = sys.modules[registry.get("sign_momentum").cls.__module__]
+    assert [(cls.__name__, style) for cls, style in optimizer_classes(module)] == [("SignMomentum", "torch")]
+
+
+def test_unknown_style_is_refused_listing_the_known_ones() -> None:
+    with pytest.raises(ValueError) as caught:
+        load_registry(plugin_dirs=[], styles=("torch", "jax"))
+    assert str(caught.value) == "unknown style 'jax'; known: torch, keras, tf_legacy"
+
+
+def test_torch_style_registers_no_tensorflow_entries() -> None:
+    registry = _torch_registry()
+    assert {style for _, style in registry.entries} == {"torch"}
+    assert {entry.framework for entry in registry.entries.values()} == {"torch"}
+
+
+def test_torch_style_imports_no_tensorflow() -> None:
+    """A torch job process must not pay for (or depend on) TensorFlow."""
+    code = (
+        "import sys; from optimizers.registry import load_registry; "
+        "registry = load_registry(plugin_dirs=[], styles=('torch',)); "
+        "assert not registry.errors, registry.errors; "
+        "print(sorted(m for m in ('tensorflow', 'keras', 'tf_keras') if m in sys.modules))"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert completed.stdout.strip() == "[]"
+
+
+def test_a_builtin_that_fails_to_import_is_recorded_not_raised(monkeypatch: pytest.MonkeyPatch) -> None:
+    modules = ("optimizers.torch.sgd", "optimizers.torch.no_such_optimizer", "optimizers.torch.adam")
+    monkeypatch.setitem(BUILTIN_MODULES, "torch", modules)
+    registry = _torch_registry()
+    assert registry.names() == ["adam", "sgd"]  # the others still loaded
+    [error] = registry.errors
+    assert error.source == "builtin:optimizers.torch.no_such_optimizer"
+    assert error.error.startswith("ModuleNotFoundError: No module named 'optimizers.torch.no_such_optimizer'")
+
+
+def test_only_the_requested_styles_builtins_are_imported(monkeypatch: pytest.MonkeyPatch) -> None:
+    for style in ("keras", "tf_legacy"):
+        monkeypatch.setitem(BUILTIN_MODULES, style, (f"optimizers.{style}.no_such_optimizer",))
+    assert _torch_registry().errors == []
+    registry = load_registry(plugin_dirs=[], styles=("torch", "keras"))
+    assert [error.source for error in registry.errors] == ["builtin:optimizers.keras.no_such_optimizer"]
+    assert registry.names() == TORCH_BUILTINS
 
 
 # --- plugin folders -------------------------------------------------------------------------------------
@@ -164,11 +329,11 @@ DUPLICATE_OF_BUILTIN = """
 
 def test_plugin_file_defining_an_optimizer_is_registered_under_snake_case(tmp_path: Path) -> None:
     path = _write(tmp_path, "sign.py", SIGN_MOMENTUM)
-    registry = load_registry(plugin_dirs=[str(tmp_path)])
+    registry = _torch_registry([str(tmp_path)])
     assert registry.errors == []
     entry = registry.get("sign_momentum")
     assert entry.cls.__name__ == "SignMomentum"
-    assert entry.framework == "torch"
+    assert (entry.framework, entry.style, entry.lr_arg) == ("torch", "torch", "lr")
     assert entry.source == f"plugin {path}"
     # Postponed annotations (strings) still give the types.
     assert {name: param.type for name, param in entry.params.items()} == {
@@ -183,18 +348,16 @@ def test_plugin_file_defining_an_optimizer_is_registered_under_snake_case(tmp_pa
 
 def test_plugin_class_without_docstring_gets_no_borrowed_summary(tmp_path: Path) -> None:
     _write(tmp_path, "sign.py", SIGN_MOMENTUM)
-    entry = load_registry(plugin_dirs=[str(tmp_path)]).get("sign_momentum")
+    entry = _torch_registry([str(tmp_path)]).get("sign_momentum")
     assert entry.summary != "Base class for all optimizers."
 
 
 def test_optlab_name_overrides_and_imported_classes_are_not_registered(tmp_path: Path) -> None:
     _write(tmp_path, "named.py", NAMED)
-    registry = load_registry(plugin_dirs=[str(tmp_path)])
+    registry = _torch_registry([str(tmp_path)])
     assert registry.errors == []
     assert registry.get("my_sgd").cls.__name__ == "Anything"
-    assert "anything" not in registry.entries
-    assert "adagrad" not in registry.entries
-    assert sorted(registry.entries) == ["adam", "adamw", "ema_momentum", "my_sgd", "sgd"]
+    assert registry.names() == sorted([*TORCH_BUILTINS, "my_sgd"])  # no "anything", no "adagrad"
 
 
 def test_bad_plugins_are_recorded_and_the_others_still_load(tmp_path: Path) -> None:
@@ -205,7 +368,7 @@ def test_bad_plugins_are_recorded_and_the_others_still_load(tmp_path: Path) -> N
     _write(tmp_path, "e_sign.py", SIGN_MOMENTUM)
     _write(tmp_path, "notes.txt", "not python")
 
-    registry = load_registry(plugin_dirs=[str(tmp_path)])
+    registry = _torch_registry([str(tmp_path)])
 
     assert sorted(error.source for error in registry.errors) == sorted(
         [str(broken), str(empty), str(duplicate)]
@@ -215,22 +378,22 @@ def test_bad_plugins_are_recorded_and_the_others_still_load(tmp_path: Path) -> N
     assert str(empty) in no_optimizer
     assert "defines no optimizer class" in no_optimizer
     [twice] = _errors_for(registry, duplicate)
-    assert "'sgd' is registered twice" in twice
+    assert "optimizer name 'sgd' (torch style) is registered twice" in twice
     assert str(duplicate) in twice
     assert "builtin:optimizers.torch.sgd" in twice
     # The good plugins loaded, and the built-in kept its name.
-    assert {"my_sgd", "sign_momentum"} <= set(registry.entries)
+    assert {"my_sgd", "sign_momentum"} <= set(registry.names())
     assert registry.get("sgd").source == "builtin:optimizers.torch.sgd"
 
 
 def test_same_name_in_two_plugin_files_keeps_the_first(tmp_path: Path) -> None:
     first = _write(tmp_path, "a_first.py", SIGN_MOMENTUM)
     second = _write(tmp_path, "b_second.py", SIGN_MOMENTUM)
-    registry = load_registry(plugin_dirs=[str(tmp_path)])
+    registry = _torch_registry([str(tmp_path)])
     assert registry.get("sign_momentum").source == f"plugin {first}"
     [error] = registry.errors
     assert error.source == str(second)
-    assert "'sign_momentum' is registered twice" in error.error
+    assert "optimizer name 'sign_momentum' (torch style) is registered twice" in error.error
 
 
 def test_plugin_dirs_come_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -239,21 +402,22 @@ def test_plugin_dirs_come_from_the_environment(tmp_path: Path, monkeypatch: pyte
     _write(tmp_path / "one", "sign.py", SIGN_MOMENTUM)
     _write(tmp_path / "two", "named.py", NAMED)
     monkeypatch.setenv(PLUGIN_DIRS_ENV, os.pathsep.join([str(tmp_path / "one"), str(tmp_path / "two")]))
-    registry = load_registry()
+    registry = load_registry(styles=TORCH_ONLY)
     assert registry.errors == []
-    assert {"sign_momentum", "my_sgd"} <= set(registry.entries)
+    assert {"sign_momentum", "my_sgd"} <= set(registry.names())
     # An explicit list wins over the environment.
-    assert "sign_momentum" not in load_registry(plugin_dirs=[]).entries
+    assert "sign_momentum" not in _torch_registry([]).names()
 
 
 def test_entry_points_register_modules_and_classes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _write(tmp_path, "optlab_test_ep_module.py", SIGN_MOMENTUM)
-    _write(tmp_path, "optlab_test_ep_class.py", NAMED)
+    _write(tmp_path, "optlab_test_ep_class.py", NAMED + "\n\n    class Plain:\n        pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     points = [
         importlib.metadata.EntryPoint("signs", "optlab_test_ep_module", ENTRY_POINT_GROUP),
         importlib.metadata.EntryPoint("mine", "optlab_test_ep_class:Anything", ENTRY_POINT_GROUP),
         importlib.metadata.EntryPoint("gone", "optlab_test_ep_missing", ENTRY_POINT_GROUP),
+        importlib.metadata.EntryPoint("plain", "optlab_test_ep_class:Plain", ENTRY_POINT_GROUP),
     ]
 
     def entry_points(*, group: str) -> list[importlib.metadata.EntryPoint]:
@@ -261,15 +425,71 @@ def test_entry_points_register_modules_and_classes(tmp_path: Path, monkeypatch: 
 
     monkeypatch.setattr(importlib.metadata, "entry_points", entry_points)
     try:
-        registry = load_registry(plugin_dirs=[])
+        registry = _torch_registry()
     finally:
         for name in ("optlab_test_ep_module", "optlab_test_ep_class", "optlab_test_ep_missing"):
             sys.modules.pop(name, None)
     assert registry.get("sign_momentum").source == "entry point signs (optlab_test_ep_module)"
     assert registry.get("my_sgd").source == "entry point mine (optlab_test_ep_class:Anything)"
-    [error] = registry.errors
-    assert error.source == "entry point gone"
-    assert "ModuleNotFoundError" in error.error
+    gone, plain = registry.errors
+    assert gone.source == "entry point gone"
+    assert "ModuleNotFoundError" in gone.error
+    assert plain.source == "entry point plain"
+    assert plain.error.startswith(
+        "TypeError: optlab_test_ep_class.Plain is not an optimizer: expected a subclass"
+    )
+
+
+# --- a Keras 3 plugin ----------------------------------------------------------------------------------
+
+KERAS_SIGN_DESCENT = '''
+    """Sign descent, Keras 3 style: a plugin needs no import of optlab."""
+    import keras
+
+
+    class KerasSignDescent(keras.optimizers.Optimizer):
+        def __init__(self, learning_rate: float = 0.01, beta: float = 0.9, **kwargs):
+            super().__init__(learning_rate=learning_rate, **kwargs)
+            self.beta = beta
+
+        def update_step(self, gradient, variable, learning_rate):
+            self.assign_sub(variable, learning_rate * keras.ops.sign(gradient))
+'''
+
+
+@pytest.fixture
+def keras_plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A folder holding one Keras 3 plugin; the Keras built-ins (written elsewhere) kept out."""
+    pytest.importorskip("keras")
+    monkeypatch.setitem(BUILTIN_MODULES, "keras", ())
+    _write(tmp_path, "keras_sign.py", KERAS_SIGN_DESCENT)
+    return tmp_path
+
+
+def test_a_keras_plugin_is_registered_in_the_keras_style(keras_plugin_dir: Path) -> None:
+    registry = load_registry(plugin_dirs=[str(keras_plugin_dir)], styles=("torch", "keras"))
+    assert registry.errors == []
+    entry = registry.get("keras_sign_descent")
+    assert entry is registry.entries[("keras_sign_descent", "keras")]
+    assert (entry.style, entry.framework, entry.lr_arg) == ("keras", "tensorflow", "learning_rate")
+    assert entry.source == f"plugin {keras_plugin_dir / 'keras_sign.py'}"
+    assert style_of(entry.cls) == "keras"
+    assert entry.params == {
+        "lr": Param("lr", "float", 0.01, low=0.0, low_inclusive=False),
+        "beta": Param("beta", "float", 0.9),
+    }
+    assert entry.describe()["style"] == "keras"
+    assert registry.get("sgd").style == "torch"  # the torch built-ins are still there
+    optimizer = entry.create({"lr": 0.5, "beta": 0.8})  # no model params in the Keras style
+    assert float(optimizer.learning_rate) == 0.5
+    assert optimizer.beta == 0.8
+    assert float(entry.create({"lr": 0.5}, learning_rate=0.125).learning_rate) == 0.125
+
+
+def test_a_keras_plugin_is_skipped_without_error_when_keras_is_not_loaded(keras_plugin_dir: Path) -> None:
+    registry = _torch_registry([str(keras_plugin_dir)])
+    assert registry.errors == []
+    assert registry.names() == TORCH_BUILTINS
 
 
 # --- derive_params --------------------------------------------------------------------------------------
@@ -305,7 +525,8 @@ class _Probe(torch.optim.Optimizer):
 
 
 def test_derive_params_types_and_defaults_from_signature_ranges_from_declarations() -> None:
-    params = derive_params(_Probe)
+    params, lr_arg = derive_params(_Probe, "torch")
+    assert lr_arg == "lr"
     assert params == {
         "lr": Param("lr", "float", 0.5, low=0.0, low_inclusive=False),
         "beta": Param("beta", "float", 0.9, low=0.0, high=1.0, high_inclusive=False, help="decay"),
@@ -323,7 +544,8 @@ def test_derive_params_respects_optlab_tunable() -> None:
     class Narrow(_Probe):
         optlab_tunable = ("lr", "steps")
 
-    assert list(derive_params(Narrow)) == ["lr", "steps"]
+    params, _ = derive_params(Narrow)
+    assert list(params) == ["lr", "steps"]
 
 
 def test_derive_params_reads_a_tensor_lr_default() -> None:
@@ -331,7 +553,57 @@ def test_derive_params_reads_a_tensor_lr_default() -> None:
         def __init__(self, params: Any, lr: float | torch.Tensor = torch.tensor(0.25)) -> None:  # noqa: B008
             super().__init__(params, {"lr": lr})
 
-    assert derive_params(TensorLr)["lr"] == Param("lr", "float", 0.25, low=0.0, low_inclusive=False)
+    params, lr_arg = derive_params(TensorLr)
+    assert params["lr"] == Param("lr", "float", 0.25, low=0.0, low_inclusive=False)
+    assert lr_arg == "lr"
+
+
+# derive_params reads signatures only: plain classes stand in for Keras ones without importing Keras.
+class _KerasLike:
+    def __init__(
+        self,
+        learning_rate: float = 0.01,
+        beta: float = 0.9,
+        name: str = "x",
+        clipnorm: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        pass
+
+
+class _KerasLikeWithoutLr:
+    """A Keras optimizer that takes the learning rate through **kwargs, as Keras allows."""
+
+    def __init__(self, beta: float = 0.9, **kwargs: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("style", ["keras", "tf_legacy"])
+def test_derive_params_catalogues_learning_rate_as_lr(style: str) -> None:
+    params, lr_arg = derive_params(_KerasLike, style)
+    assert lr_arg == "learning_rate"
+    assert params == {
+        "lr": Param("lr", "float", 0.01, low=0.0, low_inclusive=False),
+        "beta": Param("beta", "float", 0.9),
+    }
+
+
+@pytest.mark.parametrize("style", ["keras", "tf_legacy"])
+def test_derive_params_gives_a_keras_class_without_lr_keras_default(style: str) -> None:
+    params, lr_arg = derive_params(_KerasLikeWithoutLr, style)
+    assert lr_arg == "learning_rate"
+    assert list(params) == ["lr", "beta"]
+    assert params["lr"] == Param("lr", "float", 1e-3, low=0.0, low_inclusive=False)
+
+
+def test_derive_params_keeps_a_torch_class_learning_rate_name() -> None:
+    class Renamed(torch.optim.Optimizer):
+        def __init__(self, params: Any, learning_rate: float = 0.1) -> None:
+            super().__init__(params, {"lr": learning_rate})
+
+    params, lr_arg = derive_params(Renamed, "torch")
+    assert (list(params), lr_arg) == (["lr"], "learning_rate")
+    assert entry_for_class(Renamed, source="test").lr_arg == "learning_rate"
 
 
 def test_entry_for_class_reads_docstring_and_register_annotations() -> None:
@@ -356,7 +628,9 @@ def test_entry_for_class_reads_docstring_and_register_annotations() -> None:
 
 
 def test_entry_for_class_rejects_a_non_optimizer() -> None:
-    with pytest.raises(TypeError, match=r"expected a subclass of torch\.optim\.Optimizer"):
+    with pytest.raises(
+        TypeError, match=r"^builtins\.dict is not an optimizer: expected a subclass of torch\.optim"
+    ):
         entry_for_class(dict, source="test")
 
 
@@ -364,7 +638,7 @@ def test_entry_for_class_rejects_a_non_optimizer() -> None:
 
 
 def test_build_passes_hyperparameters_and_fills_defaults() -> None:
-    registry = load_registry(plugin_dirs=[])
+    registry = _torch_registry()
     optimizer = registry.build("ema_momentum", [torch.nn.Parameter(torch.zeros(2))], {"lr": 0.5, "beta": 0.8})
     group = optimizer.param_groups[0]
     assert (group["lr"], group["beta"], group["weight_decay"]) == (0.5, 0.8, 0.0)
@@ -394,17 +668,38 @@ def test_build_maps_lr_to_the_class_argument() -> None:
     assert optimizer.param_groups[0]["lr"] == 0.3
 
 
+def test_create_takes_model_params_and_a_learning_rate_that_replaces_lr() -> None:
+    entry = _torch_registry().get("lion")
+    param = torch.nn.Parameter(torch.zeros(2))
+    optimizer = entry.create({"lr": 0.5, "beta_2": 0.9}, model_params=[param], learning_rate=0.25)
+    assert isinstance(optimizer, entry.cls)
+    assert optimizer.param_groups[0]["params"] == [param]
+    group = optimizer.param_groups[0]
+    assert (group["lr"], group["beta_1"], group["beta_2"]) == (0.25, 0.9, 0.9)
+    # `lr` is still validated, even when `learning_rate` replaces it.
+    with pytest.raises(ValueError, match=r"^lr must be a number > 0; received 0$"):
+        entry.create({"lr": 0}, model_params=[param], learning_rate=0.25)
+
+
+def test_build_names_the_style() -> None:
+    registry = _torch_registry()
+    params = [torch.nn.Parameter(torch.zeros(1))]
+    assert isinstance(registry.build("sgd", params, {}, style="torch"), torch.optim.SGD)
+    with pytest.raises(ValueError, match=r"^optimizer 'sgd' has no keras style; it exists in: torch$"):
+        registry.build("sgd", params, {}, style="keras")
+
+
 def test_build_rejects_unknown_hyperparameter_listing_accepted() -> None:
-    registry = load_registry(plugin_dirs=[])
+    registry = _torch_registry()
     with pytest.raises(ValueError) as caught:
         registry.build("sgd", [torch.nn.Parameter(torch.zeros(1))], {"lr": 0.1, "foreach": True})
     assert str(caught.value) == (
-        "optimizer 'sgd' has no hyperparameter 'foreach'; "
+        "optimizer 'sgd' (torch) has no hyperparameter 'foreach'; "
         "accepted: lr, momentum, dampening, weight_decay, nesterov"
     )
 
 
 def test_build_rejects_invalid_value_naming_it() -> None:
-    registry = load_registry(plugin_dirs=[])
+    registry = _torch_registry()
     with pytest.raises(ValueError, match=r"^momentum must be a number in \[0, 1\); received 1.0$"):
         registry.build("sgd", [torch.nn.Parameter(torch.zeros(1))], {"momentum": 1.0})

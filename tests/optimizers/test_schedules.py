@@ -105,7 +105,8 @@ def test_build_schedule_rejects_unknown_name_listing_known() -> None:
         build_schedule("warmup_cosine", {}, total_steps=10)
     assert (
         str(caught.value)
-        == "unknown schedule 'warmup_cosine'; known: constant, exponential, linear_warmup, cosine, piecewise_constant"
+        == "unknown schedule 'warmup_cosine'; known: constant, exponential, linear_warmup, cosine, "
+        "piecewise_constant"
     )
 
 

@@ -178,10 +178,52 @@ def test_step_emits_no_warnings(foreach: bool) -> None:
             optimizer.step()
 
 
-def test_sparse_gradients_raise_a_clear_error() -> None:
-    embedding = torch.nn.Embedding(10, 3, sparse=True)
-    optimizer = EmaMomentum(embedding.parameters())
-    embedding(torch.tensor([1, 2])).sum().backward()
+@pytest.mark.parametrize("foreach", [False, True])
+def test_sparse_gradients_update_only_the_touched_rows(foreach: bool) -> None:
+    """nn.Embedding(sparse=True): lazy updates; duplicate rows summed, other rows and state left alone."""
+    embedding = torch.nn.Embedding(4, 2, sparse=True, dtype=DOUBLE)
+    with torch.no_grad():
+        embedding.weight.copy_(torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]], dtype=DOUBLE))
+    optimizer = EmaMomentum(embedding.parameters(), lr=0.1, beta=0.9, weight_decay=0.5, foreach=foreach)
+
+    def momentum() -> torch.Tensor:
+        return optimizer.state[embedding.weight]["momentum"]
+
+    # Step 1 looks up row 1 twice and row 3 once, so their gradients are [2, 2] and [1, 1]:
+    # m = 0.1 * g;  p <- p * 0.95 - 0.1 * m.
+    embedding(torch.tensor([1, 3, 1])).sum().backward()
     assert embedding.weight.grad is not None and embedding.weight.grad.is_sparse
-    with pytest.raises(RuntimeError, match="ema_momentum does not support sparse gradients"):
-        optimizer.step()
+    optimizer.step()
+    expected = [
+        [1.0, 2.0],
+        [3.0 * 0.95 - 0.02, 4.0 * 0.95 - 0.02],
+        [5.0, 6.0],
+        [7.0 * 0.95 - 0.01, 8.0 * 0.95 - 0.01],
+    ]
+    torch.testing.assert_close(
+        embedding.weight.detach(), torch.tensor(expected, dtype=DOUBLE), rtol=1e-14, atol=0
+    )
+    torch.testing.assert_close(
+        momentum(),
+        torch.tensor([[0.0, 0.0], [0.2, 0.2], [0.0, 0.0], [0.1, 0.1]], dtype=DOUBLE),
+        rtol=1e-14,
+        atol=0,
+    )
+
+    # Step 2 touches row 0 only: rows 1 and 3 keep their parameters and their momentum exactly.
+    weight_before, momentum_before = embedding.weight.detach().clone(), momentum().clone()
+    optimizer.zero_grad()
+    embedding(torch.tensor([0])).sum().backward()
+    optimizer.step()
+    assert torch.equal(embedding.weight.detach()[1:], weight_before[1:])
+    assert torch.equal(momentum()[1:], momentum_before[1:])
+    expected[0] = [1.0 * 0.95 - 0.01, 2.0 * 0.95 - 0.01]
+    torch.testing.assert_close(
+        embedding.weight.detach(), torch.tensor(expected, dtype=DOUBLE), rtol=1e-14, atol=0
+    )
+    torch.testing.assert_close(
+        momentum(),
+        torch.tensor([[0.1, 0.1], [0.2, 0.2], [0.0, 0.0], [0.1, 0.1]], dtype=DOUBLE),
+        rtol=1e-14,
+        atol=0,
+    )
