@@ -89,7 +89,7 @@ class KerasJob:
         self.reporter = reporter
         self.workload = get_workload(spec.workload.name)
         self.dataset: Dataset = self.workload.load_data()
-        self.task = getattr(self.workload, "task", "classification")
+        self.task = self.workload.task
         self.device = self._choose_device(spec.device)
         self.checkpoint_dir = workdir / "checkpoints"
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)

@@ -108,7 +108,10 @@ class TorchJob:
         self.device = resolve_device(spec.device)
         self.workload = get_workload(spec.workload.name)
         self.dataset: Dataset = self.workload.load_data()
-        self.loss_fn = nn.CrossEntropyLoss()
+        self.task = self.workload.task
+        self.loss_fn: nn.Module = nn.MSELoss() if self.task == "regression" else nn.CrossEntropyLoss()
+        # Sparse embedding gradients only for optimizers that declare they take them.
+        self.sparse = registry.get(spec.optimizer.name, "torch").supports_sparse
         self.checkpoint_dir = workdir / "checkpoints"
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.warnings: list[str] = []
@@ -117,7 +120,8 @@ class TorchJob:
 
     def build(self) -> TrainObjects:
         """Fresh model, optimizer and scheduler exactly as the spec describes them."""
-        model = self.workload.torch_model(self.spec.workload.params, self.dataset).to(self.device)
+        model = self.workload.torch_model(self.spec.workload.params, self.dataset, sparse=self.sparse)
+        model = model.to(self.device)
         optimizer = self.registry.build(
             self.spec.optimizer.name, model.parameters(), self.spec.optimizer.params
         )
@@ -192,7 +196,7 @@ class TorchJob:
     ) -> torch.Tensor:
         x, y = batch
         objects.optimizer.zero_grad(set_to_none=True)
-        loss = self.loss_fn(objects.model(x), y)
+        loss = self._loss(objects.model(x), y)
         loss.backward()
         return loss
 
@@ -233,16 +237,26 @@ class TorchJob:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
+    def _loss(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.task == "regression":
+            output = output.reshape(-1)
+        loss: torch.Tensor = self.loss_fn(output, y)
+        return loss
+
     @torch.no_grad()
     def _evaluate(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor, step: int) -> dict[str, float]:
         model.eval()
-        logits = model(x)
+        output = model(x)
         model.train()
-        val_loss = float(self.loss_fn(logits, y).item())
-        accuracy = float((logits.argmax(dim=1) == y).float().mean().item())
+        val_loss = float(self._loss(output, y).item())
         if not math.isfinite(val_loss):
             raise Diverged(step, "val/loss", val_loss)
         self.tracker.metric("val/loss", val_loss, step)
+        if self.task == "regression":
+            rmse = math.sqrt(val_loss)
+            self.tracker.metric("val/rmse", rmse, step)
+            return {"val_loss": val_loss, "val_rmse": rmse}
+        accuracy = float((output.argmax(dim=1) == y).float().mean().item())
         self.tracker.metric("val/accuracy", accuracy, step)
         return {"val_loss": val_loss, "val_accuracy": accuracy}
 
@@ -273,7 +287,12 @@ class TorchJob:
 
 
 def _grad_norm(model: nn.Module) -> float:
-    norms = [p.grad.detach().norm() for p in model.parameters() if p.grad is not None]
+    norms = [_norm(p.grad.detach()) for p in model.parameters() if p.grad is not None]
     if not norms:
         return 0.0
     return float(torch.stack(norms).norm().item())
+
+
+def _norm(grad: torch.Tensor) -> torch.Tensor:
+    # A sparse gradient's repeated rows must be summed before taking the norm.
+    return grad.coalesce().values().norm() if grad.is_sparse else grad.norm()

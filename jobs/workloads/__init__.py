@@ -7,10 +7,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs.workloads.base import Dataset, Workload
+from jobs.workloads.base import Dataset, Task, Workload
+from jobs.workloads.digits_cnn import DigitsCnn
 from jobs.workloads.digits_mlp import DigitsMlp
+from jobs.workloads.embedding_mf import EmbeddingMf
 
-WORKLOADS: dict[str, Workload] = {workload.name: workload for workload in (DigitsMlp(),)}
+WORKLOADS: dict[str, Workload] = {
+    workload.name: workload for workload in (DigitsMlp(), DigitsCnn(), EmbeddingMf())
+}
 
 
 def get_workload(name: str) -> Workload:
@@ -23,4 +27,4 @@ def describe_workloads() -> list[dict[str, Any]]:
     return [workload.describe() for workload in WORKLOADS.values()]
 
 
-__all__ = ["WORKLOADS", "Dataset", "Workload", "describe_workloads", "get_workload"]
+__all__ = ["WORKLOADS", "Dataset", "Task", "Workload", "describe_workloads", "get_workload"]

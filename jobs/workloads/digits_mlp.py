@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping
 from functools import cache
 from typing import Any, ClassVar
 
 import numpy as np
 
-from jobs.workloads.base import Dataset, Workload
+from jobs.workloads.base import Dataset, Task, Workload
 from optimizers.hyperparams import Param
 
 # The split is part of the workload's definition, not of a job: every job, seed and
@@ -19,6 +20,7 @@ VALIDATION_SIZE = 360
 
 @cache
 def load_digits_split() -> Dataset:
+    """1437 train / 360 val rows of 64 float32 pixels in [0, 1] (row-major 8x8), int64 labels 0..9."""
     from sklearn.datasets import load_digits
 
     features, labels = load_digits(return_X_y=True)
@@ -35,9 +37,15 @@ def load_digits_split() -> Dataset:
 
 
 class DigitsMlp(Workload):
+    """64 -> hidden -> hidden -> 10 logits; ReLU; Glorot-uniform kernels and zero biases everywhere.
+
+    Layers carry the same names in every framework (`hidden_1`, `hidden_2`, `logits`).
+    """
+
     name: ClassVar[str] = "digits_mlp"
     summary: ClassVar[str] = "8x8 digits (1437 train / 360 val), MLP 64-h-h-10 with ReLU"
-    frameworks: ClassVar[tuple[str, ...]] = ("torch",)
+    task: ClassVar[Task] = "classification"
+    frameworks: ClassVar[tuple[str, ...]] = ("torch", "tensorflow")
     params: ClassVar[dict[str, Param]] = {
         "hidden": Param("hidden", "int", 64, low=1, high=4096, help="width of both hidden layers"),
     }
@@ -45,14 +53,34 @@ class DigitsMlp(Workload):
     def load_data(self) -> Dataset:
         return load_digits_split()
 
-    def torch_model(self, params: Mapping[str, Any], dataset: Dataset) -> Any:
+    def torch_model(self, params: Mapping[str, Any], dataset: Dataset, *, sparse: bool = False) -> Any:
         from torch import nn
 
+        from jobs.workloads.torch_modules import glorot_init_
+
         hidden = self.check_params(params)["hidden"]
-        return nn.Sequential(
-            nn.Linear(dataset.x_train.shape[1], hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, dataset.n_classes),
+        return glorot_init_(
+            nn.Sequential(
+                OrderedDict(
+                    hidden_1=nn.Linear(dataset.x_train.shape[1], hidden),
+                    relu_1=nn.ReLU(),
+                    hidden_2=nn.Linear(hidden, hidden),
+                    relu_2=nn.ReLU(),
+                    logits=nn.Linear(hidden, dataset.n_classes),
+                )
+            )
+        )
+
+    def keras_model(self, params: Mapping[str, Any], dataset: Dataset, *, keras_module: Any) -> Any:
+        hidden = self.check_params(params)["hidden"]
+        layers = keras_module.layers
+        dense = {"kernel_initializer": "glorot_uniform", "bias_initializer": "zeros"}
+        return keras_module.Sequential(
+            [
+                keras_module.Input(shape=dataset.x_train.shape[1:], dtype="float32"),
+                layers.Dense(hidden, activation="relu", name="hidden_1", **dense),
+                layers.Dense(hidden, activation="relu", name="hidden_2", **dense),
+                layers.Dense(dataset.n_classes, name="logits", **dense),
+            ],
+            name=self.name,
         )

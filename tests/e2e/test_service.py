@@ -214,3 +214,70 @@ def test_the_example_plugin_trains_through_the_api(api: httpx.Client) -> None:
     assert job["result"]["checkpoints_verified"] == 2
     refused = api.post("/jobs", json=spec("sign_momentum", {"lr": 0.003, "gamma": 1}))
     assert refused.status_code == 422 and "accepted: lr, beta, weight_decay" in refused.text
+
+
+def test_tensorflow_jobs_in_both_styles_match_torch_on_digits(service: Supervisor, api: httpx.Client) -> None:
+    """The same spec in torch, Keras 3 and legacy tf.keras reaches comparable accuracy.
+
+    Data, split, architecture, initialisation scheme, batch order and schedule are the
+    same; only the frameworks' random streams for the initial weights differ, which on
+    360 validation images moves accuracy by a few points at most: tolerance 0.06.
+    """
+    from mlflow import MlflowClient
+
+    jobs = {}
+    for style, framework in (("torch", "torch"), ("keras", "tensorflow"), ("tf_legacy", "tensorflow")):
+        body = spec("ema_momentum", {"lr": 0.5}, framework=framework)
+        if style == "tf_legacy":
+            body["optimizer"]["style"] = "tf_legacy"
+        jobs[style] = submit_and_wait(api, body)
+    for style, job in jobs.items():
+        assert job["status"] == "succeeded", (style, job["error"])
+        assert job["result"]["checkpoints_verified"] == 3, style
+    assert jobs["keras"]["spec"]["optimizer"]["style"] == "keras"  # resolved at submission
+    torch_accuracy = jobs["torch"]["result"]["final"]["val_accuracy"]
+    for style in ("keras", "tf_legacy"):
+        assert jobs[style]["result"]["final"]["val_accuracy"] == pytest.approx(torch_accuracy, abs=0.06), (
+            style
+        )
+
+    client = MlflowClient(service.mlflow_url)
+    keys = set(client.get_run(jobs["torch"]["mlflow"]["run_id"]).data.metrics)
+    for style in ("keras", "tf_legacy"):
+        run = client.get_run(jobs[style]["mlflow"]["run_id"])
+        assert set(run.data.metrics) == keys, style
+        assert run.data.tags["style"] == style
+        artifacts = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")]
+        assert artifacts == ["checkpoints/step-00000120"], artifacts
+
+
+def test_legacy_optimizer_requested_explicitly(api: httpx.Client) -> None:
+    body = spec("adam", {"lr": 0.003}, framework="tensorflow", steps=30, checkpoint_every=30)
+    body["optimizer"]["style"] = "tf_legacy"
+    job = submit_and_wait(api, body)
+    assert job["status"] == "succeeded", job["error"]
+    missing = api.post("/jobs", json={**body, "optimizer": {"name": "adamw", "style": "tf_legacy"}})
+    assert missing.status_code == 422 and "has no tf_legacy style" in missing.text
+
+
+def test_sparse_embedding_workload_in_all_three_styles(api: httpx.Client) -> None:
+    """embedding_mf hands the optimizer sparse gradients (IndexedSlices, sparse torch grads)."""
+    results = {}
+    for framework, style in (("torch", None), ("tensorflow", "keras"), ("tensorflow", "tf_legacy")):
+        body = spec(
+            "adamw_ref",
+            {"lr": 0.02, "weight_decay": 0.0},
+            framework=framework,
+            workload={"name": "embedding_mf"},
+            steps=150,
+            checkpoint_every=75,
+            eval_every=75,
+            batch_size=256,
+        )
+        if style:
+            body["optimizer"]["style"] = style
+        job = submit_and_wait(api, body)
+        assert job["status"] == "succeeded", (style, job["error"])
+        results[style or "torch"] = job["result"]["final"]
+    for style in ("keras", "tf_legacy"):
+        assert results[style]["val_rmse"] == pytest.approx(results["torch"]["val_rmse"], rel=0.15), results
