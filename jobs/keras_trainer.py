@@ -311,8 +311,20 @@ class KerasJob:
                 f"{path.name}: the optimizer came back as {type(optimizer).__name__}, not "
                 f"{expected.__name__}; register the class with register_keras_serializable"
             )
-        self._compare_optimizers(objects.optimizer, optimizer, path.name)
         self._check_config_has_hyperparameters(optimizer, path.name)
+        if int(optimizer.iterations) == 0 < int(objects.optimizer.iterations):
+            # The format reloaded no optimizer state at all (a legacy optimizer from .keras or
+            # SavedModel does this for every class, built-ins too): the format's loss, not the
+            # optimizer's. Warn; the tf.train.Checkpoint round-trip stays the one of record.
+            warning = (
+                f"{path.name}: the whole-model format reloaded the optimizer without its state "
+                f"(iterations 0, not {int(objects.optimizer.iterations)}); resume from the "
+                "tf.train.Checkpoint instead"
+            )
+            if warning not in self.warnings:
+                self.warnings.append(warning)
+            return
+        self._compare_optimizers(objects.optimizer, optimizer, path.name)
 
     def _check_config_has_hyperparameters(self, optimizer: Any, where: str) -> None:
         """Every hyperparameter this job set must come back from the saved config.

@@ -134,3 +134,17 @@ def test_a_hyperparameter_missing_from_get_config_fails_the_round_trip(tmp_path:
         run(tf_spec("forgetful", "keras", {"lr": 0.01, "decay": 0.25}), tmp_path, dirs)
     assert "get_config" in str(failed.value)
     sys.modules.pop("tests_forgetful", None)
+
+
+def test_a_format_that_drops_all_optimizer_state_is_a_warning_not_a_failure(tmp_path: Path) -> None:
+    """SavedModel reloads a legacy optimizer with iterations 0 and no slots, for every class:
+    the format's behaviour. The job warns and relies on the tf.train.Checkpoint round-trip."""
+    spec = tf_spec("adam", "tf_legacy", {"lr": 0.003}, steps=10, checkpoint_every=10)
+    registry = load_registry(plugin_dirs=[], styles=("tf_legacy",))
+    job = KerasJob(
+        spec, registry=registry, workdir=tmp_path, tracker=NullTracker(), reporter=Reporter(tmp_path)
+    )
+    job.model_suffix = ""  # no suffix: tf_keras writes a SavedModel folder
+    result = job.run()
+    assert result["checkpoints_verified"] == 1
+    assert any("iterations 0, not 10" in warning for warning in result["warnings"]), result["warnings"]
