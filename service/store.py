@@ -55,26 +55,53 @@ def list_jobs(*, session: Session, status: str | None, limit: int, offset: int) 
 
 
 def request_cancel(*, session: Session, job_id: int) -> Job | None:
-    """A queued job is cancelled at once; a running one is flagged for its worker to stop."""
-    job = session.get(Job, job_id, with_for_update=True)
-    if job is None:
-        return None
-    if job.status == "queued":
-        job.status = "cancelled"
-        job.finished_at = utcnow()
-        job.error = {"type": "Cancelled", "message": "cancelled before it started"}
-    elif job.status == "running":
-        job.cancel_requested = True
+    """A queued job is cancelled at once; a running one is flagged for its worker to stop.
+
+    Conditional updates, not read-then-write: a worker claiming the job at the same moment
+    either sees it cancelled or gets the flag, never neither.
+    """
+    cancelled = session.execute(
+        update(Job)
+        .where(Job.id == job_id, Job.status == "queued")
+        .values(
+            status="cancelled",
+            finished_at=utcnow(),
+            error={"type": "Cancelled", "message": "cancelled before it started"},
+        )
+    )
+    if _rowcount(cancelled) == 0:
+        session.execute(
+            update(Job).where(Job.id == job_id, Job.status == "running").values(cancel_requested=True)
+        )
     session.commit()
-    return job
+    return session.get(Job, job_id, populate_existing=True)
 
 
 def claim_next(*, session: Session, worker_id: str, lease_s: float) -> Job | None:
-    """Take the oldest queued job for `worker_id`, or None when the queue is empty."""
+    """Take the oldest claimable job for `worker_id`, or None when there is none.
+
+    Claimable: queued, or running under a lease that expired (its worker died without
+    handing it back); such a job starts again as its next attempt. A stranded job whose
+    cancellation was requested is cancelled instead.
+    """
+    now = utcnow()
+    expired = (Job.status == "running") & (Job.lease_expires_at < now)
+    session.execute(
+        update(Job)
+        .where(expired, Job.cancel_requested.is_(True))
+        .values(
+            status="cancelled",
+            finished_at=now,
+            lease_expires_at=None,
+            error={"type": "Cancelled", "message": "cancelled; its worker had stopped answering"},
+        )
+    )
+    session.commit()
+    claimable = (Job.status == "queued") | expired
     for _ in range(5):
-        candidate = session.scalars(
-            select(Job.id)
-            .where(Job.status == "queued")
+        candidate = session.execute(
+            select(Job.id, Job.status, Job.worker_id)
+            .where(claimable)
             .order_by(Job.id)
             .limit(1)
             .with_for_update(skip_locked=True)
@@ -82,22 +109,24 @@ def claim_next(*, session: Session, worker_id: str, lease_s: float) -> Job | Non
         if candidate is None:
             session.rollback()
             return None
-        now = utcnow()
-        claimed = session.execute(
-            update(Job)
-            .where(Job.id == candidate, Job.status == "queued")
-            .values(
-                status="running",
-                worker_id=worker_id,
-                attempt=Job.attempt + 1,
-                started_at=now,
-                lease_expires_at=now + timedelta(seconds=lease_s),
-                cancel_requested=False,
-            )
-        )
+        job_id, previous_status, previous_worker = candidate
+        values: dict[str, Any] = {
+            "status": "running",
+            "worker_id": worker_id,
+            "attempt": Job.attempt + 1,
+            "started_at": now,
+            "lease_expires_at": now + timedelta(seconds=lease_s),
+            "cancel_requested": False,
+        }
+        if previous_status == "running":
+            values["error"] = {
+                "type": "LeaseExpired",
+                "message": f"worker {previous_worker} stopped answering; the job was started again",
+            }
+        claimed = session.execute(update(Job).where(Job.id == job_id, claimable).values(**values))
         session.commit()
-        if getattr(claimed, "rowcount", 0) == 1:
-            return session.get(Job, candidate, populate_existing=True)
+        if _rowcount(claimed) == 1:
+            return session.get(Job, job_id, populate_existing=True)
     return None
 
 
@@ -105,15 +134,18 @@ def record_progress(
     *,
     session: Session,
     job_id: int,
+    worker_id: str,
     step: int | None,
     loss: float | None,
     mlflow: dict[str, Any] | None,
     workdir: str | None,
     lease_s: float,
 ) -> bool:
-    """Store progress and extend the lease; return whether cancellation was requested."""
+    """Store progress and extend the lease; return whether the worker must stop the job
+    (cancellation requested, or the job is no longer this worker's)."""
     job = session.get(Job, job_id, populate_existing=True)
-    if job is None:
+    if job is None or job.status != "running" or job.worker_id != worker_id:
+        session.rollback()
         return True
     if step is not None:
         job.step = step
@@ -132,15 +164,18 @@ def finish_job(
     *,
     session: Session,
     job_id: int,
+    worker_id: str,
     status: str,
     result: dict[str, Any] | None,
     error: dict[str, Any] | None,
-) -> None:
+) -> bool:
+    """Record the outcome, if the job is still running under `worker_id`; return whether it was."""
     if status not in TERMINAL:
         raise ValueError(f"finish_job needs a terminal status {TERMINAL}; received {status!r}")
     job = session.get(Job, job_id, populate_existing=True)
-    if job is None:
-        return
+    if job is None or job.status != "running" or job.worker_id != worker_id:
+        session.rollback()
+        return False
     job.status = status
     job.result = result
     job.error = error
@@ -153,17 +188,27 @@ def finish_job(
         if isinstance(final_loss, float):
             job.latest_loss = final_loss
     session.commit()
+    return True
 
 
-def requeue_job(*, session: Session, job_id: int, reason: str) -> None:
-    """Hand a running job back to the queue (its worker is stopping); the next claim retries it."""
+def requeue_job(*, session: Session, job_id: int, worker_id: str, reason: str) -> None:
+    """Hand a running job back to the queue (its worker is stopping); the next claim retries it.
+
+    A job whose cancellation was requested is cancelled instead.
+    """
     job = session.get(Job, job_id, populate_existing=True)
-    if job is None or job.status != "running":
+    if job is None or job.status != "running" or job.worker_id != worker_id:
+        session.rollback()
         return
-    job.status = "queued"
+    if job.cancel_requested:
+        job.status = "cancelled"
+        job.finished_at = utcnow()
+        job.error = {"type": "Cancelled", "message": "cancelled while its worker was stopping"}
+    else:
+        job.status = "queued"
+        job.error = {"type": "Interrupted", "message": reason}
     job.worker_id = None
     job.lease_expires_at = None
-    job.error = {"type": "Interrupted", "message": reason}
     session.commit()
 
 
@@ -187,3 +232,7 @@ def latest_catalogue(*, session: Session) -> tuple[Catalogue, datetime] | None:
     published = as_utc(snapshot.published_at)
     assert published is not None
     return Catalogue.model_validate(snapshot.data), published
+
+
+def _rowcount(result: Any) -> int:
+    return int(getattr(result, "rowcount", 0) or 0)

@@ -77,17 +77,36 @@ class Worker:
     def run_forever(self) -> None:
         log.info("worker %s polling for jobs", self.worker_id)
         while not self.stopping.is_set():
-            if not self.run_next():
+            try:
+                busy = self.run_next()
+            except Exception:  # a database hiccup must not end the worker: log, wait, retry
+                log.exception("worker %s: error while claiming or running a job", self.worker_id)
+                busy = False
+            if not busy:
                 self.stopping.wait(self.settings.poll_interval_s)
 
     def run_next(self) -> bool:
-        """Claim and run one job; False when the queue was empty."""
+        """Claim and run one job; False when there was none to claim."""
         with self.sessions() as session:
             job = store.claim_next(session=session, worker_id=self.worker_id, lease_s=LEASE_S)
         if job is None:
             return False
         log.info("job %s: attempt %s started", job.id, job.attempt)
-        outcome = self._run_job(job)
+        try:
+            outcome = self._run_job(job)
+        except Exception as exc:
+            # Spawning or watching failed (disk full, database gone...): never leave it running.
+            log.exception("job %s: the worker failed to run it", job.id)
+            with self.sessions() as session:
+                store.finish_job(
+                    session=session,
+                    job_id=job.id,
+                    worker_id=self.worker_id,
+                    status="failed",
+                    result=None,
+                    error={"type": "WorkerError", "message": f"{type(exc).__name__}: {exc}"},
+                )
+            outcome = "failed"
         log.info("job %s: %s", job.id, outcome)
         return True
 
@@ -127,6 +146,7 @@ class Worker:
                 cancel = store.record_progress(
                     session=session,
                     job_id=job_id,
+                    worker_id=self.worker_id,
                     step=progress.get("step") if progress and changed else None,
                     loss=_number(progress.get("loss")) if progress and changed else None,
                     mlflow=progress.get("mlflow") if progress and changed else None,
@@ -146,11 +166,15 @@ class Worker:
         self, job_id: int, process: subprocess.Popen[bytes], workdir: Path, stop_reason: str | None
     ) -> str:
         result = read_json(workdir / RESULT_FILE)
+        finished = result is not None and result.get("status") in store.TERMINAL
         with self.sessions() as session:
-            if stop_reason == "worker stopping":
+            if stop_reason == "worker stopping" and not (
+                finished and result and result["status"] != "cancelled"
+            ):
                 store.requeue_job(
                     session=session,
                     job_id=job_id,
+                    worker_id=self.worker_id,
                     reason="its worker stopped while it ran; it will run again from the start",
                 )
                 return "requeued"
@@ -159,24 +183,46 @@ class Worker:
                     "type": "Cancelled",
                     "message": "cancelled while running",
                 }
-                store.finish_job(
-                    session=session, job_id=job_id, status="cancelled", result=result, error=error
-                )
-                return "cancelled"
-            if result is None or result.get("status") not in store.TERMINAL:
+                status = "cancelled"
+                if finished and result and result["status"] not in ("cancelled", "failed"):
+                    status, error = str(result["status"]), result.get("error")  # it ended first
+                self._finish(session, job_id, status, result, error)
+                return status
+            if not finished or result is None:
                 error = {
                     "type": "JobProcessDied",
                     "message": f"the job process ended with {_describe_exit(process.returncode)} "
                     "before writing a result",
                     "traceback": _tail(workdir / LOG_FILE),
                 }
-                store.finish_job(session=session, job_id=job_id, status="failed", result=result, error=error)
+                self._finish(session, job_id, "failed", result, error)
                 return "failed"
             status = str(result["status"])
-            store.finish_job(
-                session=session, job_id=job_id, status=status, result=result, error=result.get("error")
-            )
+            self._finish(session, job_id, status, result, result.get("error"))
             return status
+
+    def _finish(
+        self,
+        session: Session,
+        job_id: int,
+        status: str,
+        result: dict[str, Any] | None,
+        error: dict[str, Any] | None,
+    ) -> None:
+        recorded = store.finish_job(
+            session=session,
+            job_id=job_id,
+            worker_id=self.worker_id,
+            status=status,
+            result=result,
+            error=error,
+        )
+        if not recorded:
+            log.warning(
+                "job %s: no longer this worker's (lease lost); its %s outcome was not recorded",
+                job_id,
+                status,
+            )
 
 
 def terminate_group(process: subprocess.Popen[bytes], grace_s: float) -> None:

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.spec import JobSpec
 from service import store
 from service.db import make_engine, migrate, session_factory
+from service.models import Job, utcnow
 
 SPEC = JobSpec.model_validate(
     {"workload": {"name": "digits_mlp"}, "optimizer": {"name": "adam", "params": {"lr": 0.001}}, "steps": 10}
@@ -108,22 +110,33 @@ def test_progress_finish_and_requeue(sessions: sessionmaker[Session]) -> None:
     mlflow = {"tracking_uri": "http://x", "experiment_id": "1", "run_id": "r", "run_url": "http://x/#/r"}
     with sessions() as session:
         cancel = store.record_progress(
-            session=session, job_id=job_id, step=4, loss=0.5, mlflow=mlflow, workdir="/tmp/w", lease_s=30
+            session=session,
+            job_id=job_id,
+            worker_id="w",
+            step=4,
+            loss=0.5,
+            mlflow=mlflow,
+            workdir="/tmp/w",
+            lease_s=30,
         )
         assert cancel is False
-        store.requeue_job(session=session, job_id=job_id, reason="worker stopped")
+        store.requeue_job(session=session, job_id=job_id, worker_id="w", reason="worker stopped")
     with sessions() as session:
         job = store.get_job(session=session, job_id=job_id)
         assert job is not None and job.status == "queued" and job.step == 4 and job.mlflow == mlflow
         again = store.claim_next(session=session, worker_id="w2", lease_s=30)
         assert again is not None and again.attempt == 2
         result: dict[str, Any] = {"steps_completed": 10, "final": {"train_loss": 0.25}}
-        store.finish_job(session=session, job_id=job_id, status="succeeded", result=result, error=None)
+        finish = {"session": session, "job_id": job_id, "result": result, "error": None}
+        assert not store.finish_job(worker_id="w", status="failed", **finish)  # no longer w's job
+        assert store.finish_job(worker_id="w2", status="succeeded", **finish)
     with sessions() as session:
         job = store.get_job(session=session, job_id=job_id)
         assert job is not None and job.status == "succeeded" and job.step == 10 and job.latest_loss == 0.25
         with pytest.raises(ValueError, match="terminal status"):
-            store.finish_job(session=session, job_id=job_id, status="running", result=None, error=None)
+            store.finish_job(
+                session=session, job_id=job_id, worker_id="w2", status="running", result=None, error=None
+            )
 
 
 def test_catalogue_publish_and_latest(
@@ -137,3 +150,38 @@ def test_catalogue_publish_and_latest(
         assert found is not None and found[0].optimizer("ema_momentum") is not None
         with pytest.raises(ValueError):
             store.publish_catalogue(session=session, worker_id="w2", catalogue={"optimizers": "nope"})
+
+
+def test_a_job_whose_worker_stopped_answering_is_claimed_again(sessions: sessionmaker[Session]) -> None:
+    with sessions() as session:
+        stranded = store.create_job(session=session, spec=SPEC).id
+        doomed = store.create_job(session=session, spec=SPEC).id
+        store.claim_next(session=session, worker_id="dead", lease_s=30)
+        store.claim_next(session=session, worker_id="dead", lease_s=30)
+        store.request_cancel(session=session, job_id=doomed)  # flagged, but nobody is watching
+        # The worker died: nothing renews its leases, and they run out.
+        session.execute(update(Job).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+        session.commit()
+    with sessions() as session:
+        again = store.claim_next(session=session, worker_id="alive", lease_s=30)
+        assert again is not None and again.id == stranded and again.attempt == 2
+        assert again.error is not None and again.error["type"] == "LeaseExpired"
+        cancelled = store.get_job(session=session, job_id=doomed)
+        assert cancelled is not None and cancelled.status == "cancelled"
+        # The dead worker, should it wake up, can no longer touch the job.
+        assert store.record_progress(
+            session=session, job_id=stranded, worker_id="dead", step=1, loss=None, mlflow=None,
+            workdir=None, lease_s=30,
+        )  # fmt: skip
+        assert store.claim_next(session=session, worker_id="alive", lease_s=30) is None
+
+
+def test_a_cancel_requested_before_a_worker_stops_is_not_undone(sessions: sessionmaker[Session]) -> None:
+    with sessions() as session:
+        job_id = store.create_job(session=session, spec=SPEC).id
+        store.claim_next(session=session, worker_id="w", lease_s=30)
+        store.request_cancel(session=session, job_id=job_id)
+        store.requeue_job(session=session, job_id=job_id, worker_id="w", reason="worker stopped")
+        job = store.get_job(session=session, job_id=job_id)
+        assert job is not None and job.status == "cancelled"
+        assert store.claim_next(session=session, worker_id="w", lease_s=30) is None
