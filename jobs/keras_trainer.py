@@ -312,7 +312,7 @@ class KerasJob:
                 f"{expected.__name__}; register the class with register_keras_serializable"
             )
         self._check_config_has_hyperparameters(optimizer, path.name)
-        if int(optimizer.iterations) == 0 < int(objects.optimizer.iterations):
+        if self.style == "tf_legacy" and int(optimizer.iterations) == 0 < int(objects.optimizer.iterations):
             # The format reloaded no optimizer state at all (a legacy optimizer from .keras or
             # SavedModel does this for every class, built-ins too): the format's loss, not the
             # optimizer's. Warn; the tf.train.Checkpoint round-trip stays the one of record.
@@ -354,7 +354,13 @@ class KerasJob:
         tf = self.tf
         written = tf.train.Checkpoint(model=objects.model, optimizer=objects.optimizer).write(str(prefix))
         fresh = self.build()
-        tf.train.Checkpoint(model=fresh.model, optimizer=fresh.optimizer).read(written).assert_consumed()
+        status = tf.train.Checkpoint(model=fresh.model, optimizer=fresh.optimizer).read(written)
+        try:
+            status.assert_consumed()
+        except AssertionError as exc:
+            raise CheckpointMismatch(
+                f"tf.train.Checkpoint: some saved values found no variable in freshly built objects: {exc}"
+            ) from None
         for index, (saved, loaded) in enumerate(
             zip(objects.model.get_weights(), fresh.model.get_weights(), strict=True)
         ):

@@ -144,6 +144,9 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     result["status"] = status
     result["duration_s"] = round(time.time() - started, 3)
     if mlflow_run is not None:
+        # A stop request now would leave the MLflow run RUNNING: finish first (the worker's
+        # SIGKILL after its grace period still bounds this).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         result = finish_mlflow_run(mlflow_run, result, job, spec)
     reporter.result(result)
     return result
@@ -155,12 +158,17 @@ def finish_mlflow_run(
     """Artifacts (spec, result, final checkpoint), then flush metrics and end the run."""
     mlflow_status = {"succeeded": "FINISHED", "cancelled": "KILLED"}.get(result["status"], "FAILED")
     try:
-        if job is not None and job.last_checkpoint is not None:
-            mlflow_run.log_artifact(job.last_checkpoint, "checkpoints")
-        if spec is not None:
-            mlflow_run.log_json("spec.json", spec.model_dump(mode="json"))
-        mlflow_run.log_json("result.json", result)
-        mlflow_run.end(mlflow_status)
+        try:
+            if job is not None and job.last_checkpoint is not None:
+                mlflow_run.log_artifact(job.last_checkpoint, "checkpoints")
+            if spec is not None:
+                mlflow_run.log_json("spec.json", spec.model_dump(mode="json"))
+            mlflow_run.log_json("result.json", result)
+        except Exception:
+            mlflow_status = "FAILED"
+            raise
+        finally:
+            mlflow_run.end(mlflow_status)  # flushes metrics; the run never stays RUNNING
     except Exception as exc:
         result = {**result, "status": "failed", "error": error_record(exc)}
     return result

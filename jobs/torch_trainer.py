@@ -265,15 +265,15 @@ class TorchJob:
     ) -> TrainObjects:
         path = self.checkpoint_dir / f"step-{step:08d}.pt"
         save_checkpoint(path, objects, step=step, spec_json=self.spec.model_dump_json())
-        checkpoint = load_checkpoint(path, self.device)
-        reloaded = restore(checkpoint, self.build())
+        reloaded = restore(load_checkpoint(path, self.device), self.build())
+        twin = restore(load_checkpoint(path, self.device), self.build())  # used up by the probe
 
         def probe(candidate: TrainObjects) -> None:
             self._forward_backward(candidate, probe_batch)
             candidate.optimizer.step()
 
         try:
-            self.warnings += verify_roundtrip(objects, reloaded, probe)
+            verify_roundtrip(objects, reloaded, twin, probe)
         except Exception:
             self.tracker.metric("checkpoint/roundtrip_ok", 0.0, step)
             self.verified.append({"step": step, "ok": False, "path": str(path)})

@@ -119,6 +119,16 @@ class BatchedMetricLogger:
                 self._cond.notify_all()
 
     def _deliver(self, batch: list[Point]) -> None:
+        if self._lost:
+            # The server has already failed for a whole retry period: don't wait that long
+            # again for every remaining batch. They are counted and close() reports them.
+            try:
+                self._send(batch)
+            except Exception as exc:
+                self._last_error = exc
+                with self._cond:
+                    self._lost += len(batch)
+            return
         deadline = time.monotonic() + self._retry_for_s
         delay = 0.25
         while True:
@@ -172,7 +182,11 @@ class MlflowRun:
         experiment_id = self._experiment_id(experiment)
         run = self._client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
         self.info = RunInfo(tracking_uri, experiment_id, run.info.run_id)
-        self._log_params(params)
+        try:
+            self._log_params(params)
+        except BaseException:
+            self._client.set_terminated(self.info.run_id, status="FAILED")  # never left RUNNING
+            raise
         self.metrics = BatchedMetricLogger(self._send_metrics)
 
     def metric(self, key: str, value: float, step: int) -> None:

@@ -71,6 +71,8 @@ class Param:
 
     def to_json(self) -> dict[str, Any]:
         default = list(self.default) if isinstance(self.default, tuple | list) else self.default
+        if isinstance(default, float) and not math.isfinite(default):
+            default = str(default)  # JSON (and PostgreSQL's json type) has no inf or NaN
         return {
             "name": self.name,
             "type": self.type,

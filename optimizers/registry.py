@@ -281,7 +281,7 @@ def _guarded(registry: Registry, source: str, load: Callable[[], None]) -> None:
     # One bad plugin must not hide the others: record the failure and carry on.
     try:
         load()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # any import-time error of user code, sys.exit() too
         tail = traceback.format_exception_only(type(exc), exc)[-1].strip()
         registry.errors.append(LoadError(source=source, error=tail))
 

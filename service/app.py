@@ -140,7 +140,7 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
 
 
 def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return JSONResponse(status_code=500, content={"detail": "internal error; see the API log"})
 
 

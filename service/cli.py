@@ -145,6 +145,9 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     except CatalogueError as exc:
         print(f"optlab worker: {exc}", file=sys.stderr)
         return 1
+    except Exception as exc:  # e.g. the database refused the catalogue: say so, not a traceback
+        print(f"optlab worker: could not publish the optimizer catalogue: {exc}", file=sys.stderr)
+        return 1
     worker.run_forever()
     return 0
 

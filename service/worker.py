@@ -41,19 +41,30 @@ class CatalogueError(RuntimeError):
 
 def produce_catalogue(settings: Settings) -> dict[str, Any]:
     """Run `python -m jobs.catalogue` in the job environment (frameworks stay out of this process)."""
-    completed = subprocess.run(
-        [settings.job_python, "-m", "jobs.catalogue"],
-        capture_output=True,
-        text=True,
-        timeout=settings.catalogue_timeout_s,
-        check=False,
-    )
+    try:
+        completed = subprocess.run(
+            [settings.job_python, "-m", "jobs.catalogue"],
+            capture_output=True,
+            text=True,
+            timeout=settings.catalogue_timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise CatalogueError(
+            f"`{settings.job_python} -m jobs.catalogue` took over {settings.catalogue_timeout_s:.0f}s "
+            "(OPTLAB_CATALOGUE_TIMEOUT_S); a plugin may hang at import"
+        ) from None
     if completed.returncode != 0:
         raise CatalogueError(
             f"`{settings.job_python} -m jobs.catalogue` exited with {completed.returncode}:\n"
             f"{completed.stderr[-LOG_TAIL_CHARS:]}"
         )
-    data: dict[str, Any] = json.loads(completed.stdout)
+    try:
+        data: dict[str, Any] = json.loads(completed.stdout)
+    except ValueError as exc:
+        raise CatalogueError(
+            f"`jobs.catalogue` printed no valid JSON ({exc}); stderr: {completed.stderr[-2000:]}"
+        ) from None
     return data
 
 

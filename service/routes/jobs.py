@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Path, Query
 
 from jobs.spec import JobSpec, catalogue_errors, with_resolved_style
 from service import store
@@ -12,6 +12,9 @@ from service.deps import CatalogueDep, SessionDep, SettingsDep
 from service.schemas import JobRead, JobsPage, JobStatus
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+# Job ids are 32-bit integers in every database the store runs on.
+JobId = Annotated[int, Path(ge=1, le=2**31 - 1, description="the job's id")]
 
 
 @router.post("", status_code=201, response_model=JobRead)
@@ -28,14 +31,14 @@ def list_jobs(
     session: SessionDep,
     status: JobStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
 ) -> JobsPage:
     jobs, total = store.list_jobs(session=session, status=status, limit=limit, offset=offset)
     return JobsPage(items=[JobRead.from_row(j) for j in jobs], total=total, limit=limit, offset=offset)
 
 
 @router.get("/{job_id}", response_model=JobRead)
-def get_job(job_id: int, session: SessionDep) -> JobRead:
+def get_job(job_id: JobId, session: SessionDep) -> JobRead:
     job = store.get_job(session=session, job_id=job_id)
     if job is None:
         raise HTTPException(status_code=404, detail=f"no job with id {job_id}")
@@ -43,7 +46,7 @@ def get_job(job_id: int, session: SessionDep) -> JobRead:
 
 
 @router.post("/{job_id}/cancel", response_model=JobRead)
-def cancel_job(job_id: int, session: SessionDep) -> JobRead:
+def cancel_job(job_id: JobId, session: SessionDep) -> JobRead:
     job = store.request_cancel(session=session, job_id=job_id)
     if job is None:
         raise HTTPException(status_code=404, detail=f"no job with id {job_id}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -196,7 +197,9 @@ def roundtrip(tmp_path: Path, optimizer_cls: OptimizerClass) -> list[str]:
     path = tmp_path / "step-3.pt"
     save_checkpoint(path, original, step=3, spec_json="{}")
     reloaded = restore(load_checkpoint(path, torch.device("cpu")), build(optimizer_cls))
-    return verify_roundtrip(original, reloaded, train_step)
+    twin = restore(load_checkpoint(path, torch.device("cpu")), build(optimizer_cls))
+    verify_roundtrip(original, reloaded, twin, train_step)
+    return []
 
 
 @pytest.mark.parametrize("optimizer_cls", [StateMomentum, torch.optim.Adam, torch.optim.SGD])
@@ -244,3 +247,27 @@ def test_a_job_fails_its_first_checkpoint_when_state_is_outside_state_dict(
     with pytest.raises(CheckpointMismatch, match="the next step differs"):
         job.run()
     assert [(c["step"], c["ok"]) for c in job.verified] == [(5, False)]
+
+
+class LockedCounter(StateMomentum):
+    """Counts its steps in an attribute and holds a lock: it cannot be deep-copied, and the
+    count never reaches state_dict(). The probe must still see the difference."""
+
+    def __init__(self, params: Any, lr: float = 0.1) -> None:
+        super().__init__(params, lr=lr)
+        self.lock = threading.Lock()
+        self.t = 0
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        self.t += 1
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-group["lr"] / self.t)
+        return None
+
+
+def test_state_in_an_uncopyable_optimizer_is_still_caught(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointMismatch, match="next step differs"):
+        roundtrip(tmp_path, LockedCounter)
