@@ -248,3 +248,11 @@ def test_to_json_publishes_allowed_and_a_json_default() -> None:
 
 def test_from_json_fills_optional_fields() -> None:
     assert Param.from_json({"name": "lr", "type": "float", "default": 0.1}) == Param("lr", "float", 0.1)
+
+
+def test_a_non_finite_default_is_published_as_text() -> None:
+    """JSON (and PostgreSQL's json type) has no inf: a plugin's `clip: float = inf` must not
+    stop the catalogue from being stored."""
+    described = Param("clip", "float", float("inf")).to_json()
+    assert described["default"] == "inf"
+    json.dumps(described, allow_nan=False)

@@ -208,3 +208,26 @@ print(loaded)
         [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert completed.stdout.strip() == "[]", completed.stdout
+
+
+@pytest.mark.parametrize(
+    ("method", "url"),
+    [
+        ("GET", "/jobs/3000000000"),
+        ("GET", "/jobs/0"),
+        ("POST", "/jobs/9223372036854775808/cancel"),
+        ("GET", "/jobs?offset=99999999999999999999"),
+        ("GET", "/jobs?limit=-1"),
+    ],
+)
+def test_out_of_range_ids_and_pages_are_422_not_500(client: TestClient, method: str, url: str) -> None:
+    response = client.request(method, url)
+    assert response.status_code == 422, response.text
+    assert "received" in response.json()["detail"][0]["msg"]
+
+
+def test_huge_numbers_in_hyperparameters_are_refused(client: TestClient) -> None:
+    body = json.dumps(with_changes(schedule={"name": "exponential", "params": {"decay_steps": 1}}))
+    body = body.replace('"decay_steps": 1', '"decay_steps": 1e400')
+    response = client.post("/jobs", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422 and "decay_steps" in response.text
