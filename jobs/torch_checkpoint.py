@@ -34,7 +34,8 @@ class TrainObjects:
 
 def rng_state() -> dict[str, Any]:
     state: dict[str, Any] = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
+    # Only when this job already uses CUDA: asking earlier would create a context on every GPU.
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
