@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import numpy as np
 import tensorflow as tf
 import tf_keras
 
@@ -24,6 +23,13 @@ from optimizers.hyperparams import (
     non_negative,
     positive,
     unit_interval,
+)
+from optimizers.tf_legacy.plumbing import (
+    assign_all,
+    coefficients,
+    gather_rows,
+    plain_config,
+    scatter_rows,
 )
 
 
@@ -83,11 +89,6 @@ class Lion(tf_keras.optimizers.legacy.Optimizer):
             decay_factor=1 - coefficients["lr_t"] * weight_decay,
         )
 
-    def _coefficients(self, var: Any, apply_state: dict[Any, Any] | None) -> dict[str, Any]:
-        key = (var.device, var.dtype.base_dtype)
-        found: dict[str, Any] | None = (apply_state or {}).get(key)
-        return found or self._fallback_apply_state(*key)
-
     def _step(self, c: dict[str, Any], param: Any, momentum: Any, grad: Any) -> tuple[Any, Any]:
         """New weights and momentum from current ones: the same math for all rows or some."""
         direction = tf.sign(c["beta_1"] * momentum + c["one_minus_beta_1"] * grad)
@@ -97,45 +98,25 @@ class Lion(tf_keras.optimizers.legacy.Optimizer):
 
     def _resource_apply_dense(self, grad: Any, var: Any, apply_state: dict[Any, Any] | None = None) -> Any:
         momentum = self.get_slot(var, "momentum")
-        new_param, new_momentum = self._step(self._coefficients(var, apply_state), var, momentum, grad)
-        return tf.group(
-            var.assign(new_param, use_locking=self._use_locking, read_value=False),
-            momentum.assign(new_momentum, use_locking=self._use_locking, read_value=False),
-        )
+        updated = self._step(coefficients(self, var, apply_state), var, momentum, grad)
+        return assign_all(self, (var, momentum), updated)
 
     def _resource_apply_sparse(
         self, grad: Any, var: Any, indices: Any, apply_state: dict[Any, Any] | None = None
     ) -> Any:
         # `indices` are unique here: the base class sums duplicates before calling us.
         momentum = self.get_slot(var, "momentum")
-        new_rows, new_momentum = self._step(
-            self._coefficients(var, apply_state),
-            tf.gather(var, indices),
-            tf.gather(momentum, indices),
-            grad,
-        )
-        return tf.group(
-            tf.raw_ops.ResourceScatterUpdate(resource=var.handle, indices=indices, updates=new_rows),
-            tf.raw_ops.ResourceScatterUpdate(resource=momentum.handle, indices=indices, updates=new_momentum),
-        )
+        param_rows, momentum_rows = gather_rows((var, momentum), indices)
+        updated = self._step(coefficients(self, var, apply_state), param_rows, momentum_rows, grad)
+        return scatter_rows((var, momentum), indices, updated)
 
     def get_config(self) -> dict[str, Any]:
         config: dict[str, Any] = super().get_config()
         config.update(
-            learning_rate=self._plain_hyperparameter("learning_rate"),
-            beta_1=self._plain_hyperparameter("beta_1"),
-            beta_2=self._plain_hyperparameter("beta_2"),
-            weight_decay=self._plain_hyperparameter("weight_decay"),
-            decay=self._initial_decay,
+            {
+                name: self._serialize_hyperparameter(name)
+                for name in ("learning_rate", "beta_1", "beta_2", "weight_decay")
+            }
         )
-        return config
-
-    def _plain_hyperparameter(self, name: str) -> Any:
-        # Once the optimizer has run, a hyperparameter lives in a float32 variable and reads back
-        # as a NumPy scalar, which neither JSON nor our range checks accept. Its shortest repr
-        # gives back the number as written (0.1, not 0.10000000149011612), the same in float32.
-        value = self._serialize_hyperparameter(name)
-        if not isinstance(value, np.generic | np.ndarray) or np.ndim(value) != 0:
-            return value
-        scalar = np.asarray(value)[()]
-        return float(str(scalar)) if isinstance(scalar, np.floating) else scalar.item()
+        config["decay"] = self._initial_decay
+        return plain_config(config)

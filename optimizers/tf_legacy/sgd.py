@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-import numpy as np
 import tf_keras
 
 from optimizers.hyperparams import Param, check_hyperparameters, positive
+from optimizers.tf_legacy.plumbing import plain_config
 
 
 @tf_keras.utils.register_keras_serializable(package="optlab")
@@ -42,11 +42,4 @@ class SGD(tf_keras.optimizers.legacy.SGD):
 
     def get_config(self) -> dict[str, Any]:
         # A hyperparameter in a variable reads back as a NumPy float32; give the plain number.
-        return {key: _plain(value) for key, value in super().get_config().items()}
-
-
-def _plain(value: Any) -> Any:
-    if not isinstance(value, np.generic | np.ndarray) or np.ndim(value) != 0:
-        return value
-    scalar = np.asarray(value)[()]
-    return float(str(scalar)) if isinstance(scalar, np.floating) else scalar.item()
+        return plain_config(super().get_config())
