@@ -14,8 +14,10 @@ after the last) the job proves the optimizer survives a checkpoint the Keras way
 
 from __future__ import annotations
 
+import hashlib
 import inspect
 import math
+import shutil
 import statistics
 import time
 import traceback
@@ -297,7 +299,7 @@ class KerasJob:
         self.tracker.metric("checkpoint/roundtrip_ok", 1.0, step)
         self.verified.append({"step": step, "ok": True, "path": str(folder)})
         if self.last_checkpoint is not None and self.last_checkpoint != folder:
-            _remove_tree(self.last_checkpoint)  # keep only the latest verified one
+            shutil.rmtree(self.last_checkpoint, ignore_errors=True)  # keep only the latest verified one
         self.last_checkpoint = folder
         return reloaded
 
@@ -442,18 +444,21 @@ class _Compiled:
         return self.compiled(*args)
 
 
-def _optimizer_variables(optimizer: Any) -> list[tuple[str, np.ndarray]]:
+def _variables_of(optimizer: Any) -> list[Any]:
     variables = optimizer.variables
-    if callable(variables):  # legacy OptimizerV2: a method
-        variables = variables()
-    return [(getattr(v, "path", None) or v.name, np.asarray(v.numpy())) for v in variables]
+    return list(variables() if callable(variables) else variables)  # legacy: a method
+
+
+def _optimizer_variables(optimizer: Any) -> list[tuple[str, np.ndarray]]:
+    return [(_name(v), np.asarray(v.numpy())) for v in _variables_of(optimizer)]
 
 
 def _optimizer_variable_devices(optimizer: Any) -> list[tuple[str, Any, str]]:
-    variables = optimizer.variables
-    if callable(variables):
-        variables = variables()
-    return [(getattr(v, "path", None) or v.name, v, _device(v)) for v in variables]
+    return [(_name(v), v, _device(v)) for v in _variables_of(optimizer)]
+
+
+def _name(variable: Any) -> str:
+    return str(getattr(variable, "path", None) or variable.name)
 
 
 def _device(variable: Any) -> str:
@@ -484,17 +489,9 @@ def _same_value(restored: Any, given: Any) -> bool:
 
 
 def weights_sha256(model: Any) -> str:
-    import hashlib
-
     digest = hashlib.sha256()
     for index, weight in enumerate(model.get_weights()):
         array = np.ascontiguousarray(weight)
         digest.update(f"{index}:{array.dtype}:{list(array.shape)}".encode())
         digest.update(array.tobytes())
     return digest.hexdigest()
-
-
-def _remove_tree(path: Path) -> None:
-    import shutil
-
-    shutil.rmtree(path, ignore_errors=True)

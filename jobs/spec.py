@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from optimizers.hyperparams import Param
+from optimizers.registry import STYLES
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]*$"
 Name = Annotated[str, Field(min_length=1, max_length=100, pattern=NAME_PATTERN)]
@@ -177,7 +178,7 @@ class Catalogue(BaseModel):
             for o in self.optimizers
             if o["name"] == name and framework in (None, o["framework"]) and style in (None, o["style"])
         ]
-        candidates.sort(key=lambda o: ("torch", "keras", "tf_legacy").index(o["style"]))
+        candidates.sort(key=lambda o: STYLES.index(o["style"]))
         return candidates[0] if candidates else None
 
     def optimizer_names(self) -> list[str]:

@@ -2,11 +2,11 @@
 
 Step 0 is the first update. Each schedule's formula is written once, against a small
 math namespace: plain Python here (`__call__`, used by torch's `LambdaLR` and by the
-API's validation), Keras ops in `optimizers.keras.schedules`, TensorFlow ops in
-`optimizers.tf_legacy.schedules`. So the value applied at a step is the same in every
-framework. Schedules are small dataclasses rather than closures so their settings
-travel inside a torch scheduler's `state_dict`. Composition follows optax's
-`schedules` module: warmup is a separate piece.
+API's validation), TensorFlow ops in `optimizers.tensorflow_schedules` (both Keras
+styles). So the value applied at a step is the same in every framework. Schedules are
+small dataclasses rather than closures so their settings travel inside a torch
+scheduler's `state_dict`. Composition follows optax's `schedules` module: warmup is a
+separate piece.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from types import TracebackType
 import httpx
 
 from service.settings import Settings
-from service.worker import _die_with_parent, terminate_group
+from service.worker import die_with_parent, terminate_group
 
 
 class StartupError(RuntimeError):
@@ -117,7 +117,7 @@ class Supervisor:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
                 env={**os.environ, **extra_env},
             )
         self.children.append(Child(name, process, log_path))

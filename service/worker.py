@@ -140,7 +140,7 @@ class Worker:
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=die_with_parent,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         stop_reason = self._watch(job.id, process, workdir)
@@ -254,7 +254,7 @@ def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None
         pass
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: the job gets SIGTERM if its worker dies, so no job outlives a killed worker."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)

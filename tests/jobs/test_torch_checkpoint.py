@@ -188,7 +188,7 @@ def train_step(objects: TrainObjects) -> None:
     objects.optimizer.step()
 
 
-def roundtrip(tmp_path: Path, optimizer_cls: OptimizerClass) -> list[str]:
+def roundtrip(tmp_path: Path, optimizer_cls: OptimizerClass) -> TrainObjects:
     """Three steps, save, reload into fresh objects, verify with one probe step."""
     original = build(optimizer_cls)
     for _ in range(3):
@@ -197,14 +197,17 @@ def roundtrip(tmp_path: Path, optimizer_cls: OptimizerClass) -> list[str]:
     path = tmp_path / "step-3.pt"
     save_checkpoint(path, original, step=3, spec_json="{}")
     reloaded = restore(load_checkpoint(path, torch.device("cpu")), build(optimizer_cls))
+    expected = {name: tensor.clone() for name, tensor in original.model.state_dict().items()}
     twin = restore(load_checkpoint(path, torch.device("cpu")), build(optimizer_cls))
     verify_roundtrip(original, reloaded, twin, train_step)
-    return []
+    assert first_difference(expected, reloaded.model.state_dict(), "model") is None  # not used up
+    return reloaded
 
 
 @pytest.mark.parametrize("optimizer_cls", [StateMomentum, torch.optim.Adam, torch.optim.SGD])
 def test_a_correct_optimizer_survives_the_roundtrip(tmp_path: Path, optimizer_cls: OptimizerClass) -> None:
-    assert roundtrip(tmp_path, optimizer_cls) == []
+    reloaded = roundtrip(tmp_path, optimizer_cls)  # raises CheckpointMismatch on a loss
+    assert reloaded.scheduler.last_epoch == 3, "the reloaded objects carry the saved state"
 
 
 def test_state_dropped_on_load_is_named(tmp_path: Path) -> None:
