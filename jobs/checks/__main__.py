@@ -1,0 +1,130 @@
+"""`python -m jobs.checks TARGET [--framework F] [--style S] [--params JSON] [--json FILE]`.
+
+Exit status: 0 when no check fails, 1 when one does, 2 for a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from jobs.checks.report import CHECK_IDS, CheckReport, CheckResult, format_figure
+from jobs.checks.target import (
+    LEGACY_KERAS_ENV,
+    UsageError,
+    candidate_styles,
+    is_class_reference,
+    needs_legacy_keras,
+    resolve_target,
+)
+
+STATUS_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="optlab check",
+        description="Run the conformance checks on one optimizer class and print what each found.",
+    )
+    parser.add_argument(
+        "target", help="a registered optimizer name, path/to/file.py:ClassName or package.module:ClassName"
+    )
+    parser.add_argument("--framework", choices=("torch", "tensorflow"), help="for a name registered in both")
+    parser.add_argument("--style", choices=("torch", "keras", "tf_legacy"), help="keras or tf_legacy")
+    parser.add_argument("--params", default="{}", help='hyperparameters as JSON, e.g. \'{"lr": 0.01}\'')
+    parser.add_argument("--json", type=Path, dest="json_path", help="also write the report here")
+    parser.add_argument("--only", help=f"comma-separated check ids (default all: {', '.join(CHECK_IDS)})")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter hides the table
+    try:
+        params = parse_params(args.params)
+        report = check(args, params, argv if argv is not None else sys.argv[1:])
+    except UsageError as exc:
+        print(f"optlab check: {exc}", file=sys.stderr)
+        return 2
+    print_table(report)
+    if args.json_path is not None:
+        args.json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+    return 0 if report.ok else 1
+
+
+def parse_params(text: str) -> dict[str, Any]:
+    try:
+        params = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"--params must be a JSON object such as '{{\"lr\": 0.01}}'; {exc}") from None
+    if not isinstance(params, dict):
+        raise UsageError(f"--params must be a JSON object such as '{{\"lr\": 0.01}}'; received {text}")
+    return params
+
+
+def check(args: argparse.Namespace, params: dict[str, Any], argv: list[str]) -> CheckReport:
+    from jobs.checks.runner import run_checks
+
+    legacy_process = os.environ.get(LEGACY_KERAS_ENV) == "1"
+    if needs_legacy_keras(args.target, style=args.style) and not legacy_process:
+        reexec_legacy(argv)
+    try:
+        target = resolve_target(args.target, framework=args.framework, style=args.style)
+    except UsageError:
+        legacy_left = "tf_legacy" in candidate_styles(args.framework, args.style)
+        if not legacy_process and legacy_left and not is_class_reference(args.target):
+            reexec_legacy(argv)  # a registered name not found yet may be a legacy one
+        raise
+    except Exception as exc:  # the user's module failed to import
+        raise UsageError(f"importing {args.target} failed: {_import_error(exc)}") from None
+    if target.style == "tf_legacy" and not legacy_process:
+        reexec_legacy(argv)
+    only = [i.strip() for i in args.only.split(",")] if args.only else None
+    print(f"Checking {target.name} ({target.style}, {target.qualname})", file=sys.stderr)
+    return run_checks(target, params, only=only, on_result=print_progress)
+
+
+def reexec_legacy(argv: list[str]) -> None:
+    """Legacy tf.keras needs TF_USE_LEGACY_KERAS=1 before TensorFlow is imported: start over with it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(
+        sys.executable,
+        [sys.executable, "-m", "jobs.checks", *argv],
+        {**os.environ, LEGACY_KERAS_ENV: "1"},
+    )
+
+
+def _import_error(exc: BaseException) -> str:
+    frame = traceback.extract_tb(exc.__traceback__)[-1:] or None
+    where = f" at {frame[0].filename}:{frame[0].lineno}" if frame else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def print_progress(result: CheckResult, done: int, total: int) -> None:
+    print(f"  [{done:>2}/{total}] {result.id:<18} {result.status:<4} ({result.duration_s:.1f} s)", file=sys.stderr)
+
+
+def print_table(report: CheckReport) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{report.optimizer} ({report.style}) — {report.cls}", show_lines=False)
+    for column in ("check", "status", "figure", "explanation"):
+        table.add_column(column, overflow="fold")
+    for result in report.checks:
+        status = f"[{STATUS_STYLE[result.status]}]{result.status}[/]"
+        table.add_row(result.id, status, format_figure(result.figure), result.detail)
+    console = Console(width=max(120, Console().width))
+    console.print(table)
+    counts = ", ".join(f"{n} {status}" for status, n in report.counts().items())
+    console.print(f"{counts} in {report.duration_s:.1f} s")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

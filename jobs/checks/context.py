@@ -1,0 +1,62 @@
+"""What every check function gets: the target, the hyperparameters, a scratch folder."""
+
+from __future__ import annotations
+
+import traceback
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jobs.checks.target import Target
+
+
+@dataclass
+class CheckContext:
+    target: Target
+    # The user's hyperparameters in catalogue form (`lr`, not `learning_rate`), checked
+    # against the class's declared ranges; defaults fill the rest when building.
+    params: dict[str, Any]
+    workdir: Path
+    # Checks may leave notes for later ones (e.g. the variables that `dense_step` saw).
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def build(
+        self,
+        model_params: Iterable[Any] | None = None,
+        *,
+        learning_rate: Any = None,
+        **overrides: Any,
+    ) -> Any:
+        """A new optimizer with the user's params (and `overrides`, catalogue names)."""
+        return self.target.entry.create(
+            {**self.params, **overrides}, model_params=model_params, learning_rate=learning_rate
+        )
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the optimizer is built with (the user's, else the class default)."""
+        declared = self.target.entry.params.get("lr")
+        return float(self.params.get("lr", declared.default if declared is not None else 1e-3))
+
+    def where(self, error: BaseException | None = None) -> str:
+        """`file.py:line` in the user's class: the deepest frame of `error` inside its file, else
+        the class statement."""
+        source = self.target.source_file()
+        if error is not None and source is not None:
+            frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == source]
+            if frames:
+                return f"{frames[-1].filename}:{frames[-1].lineno}"
+        return self.target.class_location()
+
+    def describe_error(self, error: BaseException) -> str:
+        """`TypeError: message` cut to one readable line."""
+        message = " ".join(str(error).split())
+        if len(message) > 300:
+            message = message[:297] + "..."
+        return f"{type(error).__name__}: {message}"
+
+
+def with_defaults(target: Target, params: Mapping[str, Any]) -> dict[str, Any]:
+    """The full hyperparameter set a build with `params` uses: declared defaults, then `params`."""
+    return {**{name: p.default for name, p in target.entry.params.items()}, **params}

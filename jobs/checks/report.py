@@ -1,0 +1,149 @@
+"""What a conformance check run reports: plain data, no framework imports.
+
+The check ids are stable: users script against them, MLflow logs `checks/<id>`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Status = Literal["pass", "fail", "warn", "skip"]
+STATUSES: tuple[Status, ...] = ("pass", "fail", "warn", "skip")
+
+CHECK_IDS: tuple[str, ...] = (
+    "construct",
+    "dense_step",
+    "descends",
+    "none_grads",
+    "schedule",
+    "sparse",
+    "config_roundtrip",
+    "state_roundtrip",
+    "save_load_model",
+    "resume_exact",
+    "graph_mode",
+    "distributed",
+    "device_placement",
+    "param_groups",
+    "closure",
+    "mixed_precision",
+    "state_untrainable",
+    "step_cost",
+    "deprecations",
+)
+
+# Checks that exist for some styles only; every other check applies to all three.
+ONLY_FOR_STYLES: dict[str, tuple[str, ...]] = {
+    "save_load_model": ("keras", "tf_legacy"),
+    "param_groups": ("torch",),
+    "closure": ("torch",),
+}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one check function observed; the runner adds the id and the time taken."""
+
+    status: Status
+    detail: str
+    figure: float | None = None
+    where: str = ""
+
+
+def passed(detail: str, figure: float | None = None) -> Outcome:
+    return Outcome("pass", detail, figure)
+
+
+def skipped(reason: str) -> Outcome:
+    return Outcome("skip", reason)
+
+
+def failed(observed: str, *, fix: str, where: str = "", figure: float | None = None) -> Outcome:
+    """A fault of the optimizer: what was seen, where (file:line when known), the usual fix."""
+    return Outcome("fail", _explain(observed, where, fix), figure, where)
+
+
+def warned(observed: str, *, fix: str, where: str = "", figure: float | None = None) -> Outcome:
+    """Worth knowing, not wrong: same shape as `failed`."""
+    return Outcome("warn", _explain(observed, where, fix), figure, where)
+
+
+def _explain(observed: str, where: str, fix: str) -> str:
+    located = f"{observed} (at {where})" if where and where not in observed else observed
+    return f"{located.rstrip('. ')}. Fix: {fix}"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    id: str
+    status: Status
+    detail: str
+    figure: float | None = None
+    where: str = ""
+    duration_s: float = 0.0
+
+
+@dataclass
+class CheckReport:
+    optimizer: str
+    framework: str
+    style: str
+    target: str
+    cls: str
+    params: dict[str, Any]
+    checks: list[CheckResult] = field(default_factory=list)
+    duration_s: float = 0.0
+
+    def counts(self) -> dict[str, int]:
+        return {status: sum(c.status == status for c in self.checks) for status in STATUSES}
+
+    @property
+    def ok(self) -> bool:
+        return not any(c.status == "fail" for c in self.checks)
+
+    def summary(self) -> dict[str, Any]:
+        """The short form the service shows next to an optimizer."""
+        return {
+            **self.counts(),
+            "failed": [c.id for c in self.checks if c.status == "fail"],
+            "warned": [c.id for c in self.checks if c.status == "warn"],
+            "duration_s": self.duration_s,
+        }
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "optimizer": self.optimizer,
+            "framework": self.framework,
+            "style": self.style,
+            "target": self.target,
+            "class": self.cls,
+            "params": self.params,
+            "checks": [asdict(check) for check in self.checks],
+            "summary": self.summary(),
+            "duration_s": self.duration_s,
+        }
+
+    def to_markdown(self) -> str:
+        counts = ", ".join(f"{n} {status}" for status, n in self.counts().items())
+        lines = [
+            f"# Conformance checks: {self.optimizer} ({self.style})",
+            "",
+            f"Class `{self.cls}`, framework {self.framework}, params `{self.params}`: {counts} "
+            f"in {self.duration_s:.1f} s.",
+            "",
+            "| check | status | figure | detail |",
+            "| --- | --- | --- | --- |",
+        ]
+        for check in self.checks:
+            detail = check.detail.replace("|", "\\|").replace("\n", " ")
+            lines.append(f"| {check.id} | {check.status} | {format_figure(check.figure)} | {detail} |")
+        return "\n".join(lines) + "\n"
+
+
+def format_figure(figure: float | None) -> str:
+    if figure is None:
+        return ""
+    if figure == 0 or 1e-3 <= abs(figure) < 1e5:
+        return f"{figure:.4g}"
+    return f"{figure:.2e}"

@@ -1,0 +1,109 @@
+"""Run every check on one target, in the stable order of `CHECK_IDS`, and collect the report.
+
+Each style has one table, `{check id: function(CheckContext) -> Outcome}`, written once
+and applied to any class of that style (the idea of torch's `optim_db`).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from jobs.checks.context import CheckContext
+from jobs.checks.report import CHECK_IDS, ONLY_FOR_STYLES, CheckReport, CheckResult, Outcome, failed, skipped
+from jobs.checks.target import Target, UsageError
+from optimizers.hyperparams import check_all
+
+CheckFunction = Callable[[CheckContext], Outcome]
+
+
+def checks_for_style(style: str) -> Mapping[str, CheckFunction]:
+    """The style's check table; imported on demand so only one framework is ever loaded."""
+    if style == "torch":
+        from jobs.checks.torch_checks import CHECKS
+    else:
+        from jobs.checks.keras_checks import CHECKS
+    return CHECKS
+
+
+def validated_params(target: Target, params: Mapping[str, Any]) -> dict[str, Any]:
+    """`params` checked against the class's hyperparameters; UsageError names the bad one."""
+    try:
+        return check_all(params, target.entry.params, owner=f"optimizer {target.name!r} ({target.style})")
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"--params: {exc}") from None
+
+
+def run_checks(
+    target: Target,
+    params: Mapping[str, Any],
+    *,
+    only: Iterable[str] | None = None,
+    workdir: Path | None = None,
+    on_result: Callable[[CheckResult, int, int], None] | None = None,
+) -> CheckReport:
+    """All checks (or `only` those) on `target`; `on_result(result, done, total)` after each."""
+    checked = validated_params(target, params)
+    ids = [i for i in CHECK_IDS if only is None or i in set(only)]
+    unknown = sorted(set(only or ()) - set(CHECK_IDS))
+    if unknown:
+        raise UsageError(f"unknown check {unknown[0]!r}; known: {', '.join(CHECK_IDS)}")
+    table = checks_for_style(target.style)
+    report = CheckReport(
+        optimizer=target.name,
+        framework=target.framework,
+        style=target.style,
+        target=target.text,
+        cls=target.qualname,
+        params=dict(params),
+    )
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="optlab-check-", dir=workdir) as scratch:
+        context = CheckContext(target=target, params=checked, workdir=Path(scratch))
+        for number, check_id in enumerate(ids, start=1):
+            result = _run_one(check_id, table, context, report)
+            report.checks.append(result)
+            if on_result is not None:
+                on_result(result, number, len(ids))
+    report.duration_s = round(time.perf_counter() - started, 2)
+    return report
+
+
+def _run_one(
+    check_id: str, table: Mapping[str, CheckFunction], context: CheckContext, report: CheckReport
+) -> CheckResult:
+    started = time.perf_counter()
+    outcome = _outcome(check_id, table, context, report)
+    return CheckResult(
+        id=check_id,
+        status=outcome.status,
+        detail=outcome.detail,
+        figure=outcome.figure,
+        where=outcome.where,
+        duration_s=round(time.perf_counter() - started, 3),
+    )
+
+
+def _outcome(
+    check_id: str, table: Mapping[str, CheckFunction], context: CheckContext, report: CheckReport
+) -> Outcome:
+    style = context.target.style
+    if style not in ONLY_FOR_STYLES.get(check_id, (style,)):
+        return skipped(f"applies to {' and '.join(ONLY_FOR_STYLES[check_id])} optimizers only")
+    if check_id not in table:
+        return skipped(f"not available for {style} optimizers")
+    construct = next((c for c in report.checks if c.id == "construct"), None)
+    if construct is not None and construct.status == "fail":
+        return skipped("not run: the optimizer cannot be constructed (see construct)")
+    try:
+        return table[check_id](context)
+    except Exception as exc:  # the user's code raised somewhere the check did not expect
+        where = context.where(exc)
+        return failed(
+            f"raised {context.describe_error(exc)}",
+            where=where,
+            fix="the optimizer raised during this check; the error above and its line say why",
+        )

@@ -1,0 +1,191 @@
+"""What to check: a registered optimizer name, `path/to/file.py:Class` or `package.module:Class`.
+
+A class is checked exactly as the registry would catalogue it (same hyperparameters,
+same `lr` mapping), so a class that passes here behaves the same once registered.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from optimizers.registry import FRAMEWORK_OF_STYLE, STYLES, Entry, entry_for_class, load_registry, style_of
+
+LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
+STYLES_OF_FRAMEWORK = {"torch": ("torch",), "tensorflow": ("keras", "tf_legacy")}
+# Source text that only legacy tf.keras optimizers contain: such a file must be imported
+# with TF_USE_LEGACY_KERAS=1, which has to be set before TensorFlow is imported.
+_LEGACY_MARKERS = ("optimizers.legacy", "_resource_apply_dense", "_resource_apply_sparse", "tf_keras")
+
+
+class UsageError(Exception):
+    """The target or the options are wrong (exit status 2), not the optimizer."""
+
+
+@dataclass(frozen=True)
+class Target:
+    text: str  # as the user wrote it; a child process resolves the same text again
+    entry: Entry
+
+    @property
+    def cls(self) -> type:
+        return self.entry.cls
+
+    @property
+    def style(self) -> str:
+        return self.entry.style
+
+    @property
+    def framework(self) -> str:
+        return self.entry.framework
+
+    @property
+    def name(self) -> str:
+        """The registered name; for a class reference, the class's own name (`RMSprop`, not
+        the `rm_sprop` the registry would derive) unless it sets `optlab_name`."""
+        if is_class_reference(self.text) and not getattr(self.cls, "optlab_name", None):
+            return self.cls.__name__
+        return self.entry.name
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.cls.__module__}.{self.cls.__qualname__}"
+
+    def source_file(self) -> str | None:
+        try:
+            return inspect.getsourcefile(self.cls)
+        except TypeError:
+            return None
+
+    def class_location(self) -> str:
+        """`file.py:line` of the class statement, or the class's qualified name."""
+        try:
+            lines, first = inspect.getsourcelines(self.cls)
+        except (OSError, TypeError):
+            return self.qualname
+        return f"{self.source_file()}:{first}"
+
+
+def is_class_reference(text: str) -> bool:
+    return ":" in text
+
+
+def needs_legacy_keras(text: str, *, style: str | None = None) -> bool:
+    """Whether checking `text` should happen in a TF_USE_LEGACY_KERAS=1 process.
+
+    Decided before any import: an explicit style, else a look at the module path or
+    the file's source for legacy-only names.
+    """
+    if style is not None:
+        return style == "tf_legacy"
+    if not is_class_reference(text):
+        return False
+    reference, _ = text.rsplit(":", 1)
+    if reference.endswith(".py"):
+        try:
+            source = Path(reference).read_text(errors="replace")
+        except OSError:
+            return False
+        return any(marker in source for marker in _LEGACY_MARKERS)
+    return "legacy" in reference.split(".") or reference.split(".")[0] == "tf_keras"
+
+
+def resolve_target(text: str, *, framework: str | None = None, style: str | None = None) -> Target:
+    """The target's registry entry; UsageError says what is wrong with `text` and what is allowed."""
+    if framework is not None and framework not in STYLES_OF_FRAMEWORK:
+        raise UsageError(f"--framework must be torch or tensorflow; received {framework!r}")
+    if style is not None and style not in STYLES:
+        raise UsageError(f"--style must be one of {', '.join(STYLES)}; received {style!r}")
+    if is_class_reference(text):
+        entry = _class_entry(text)
+        if style is not None and entry.style != style or framework not in (None, entry.framework):
+            raise UsageError(
+                f"{text} is a {entry.style} optimizer; it cannot be checked as "
+                f"{style or framework}"
+            )
+        return Target(text, entry)
+    return Target(text, _registered_entry(text, framework=framework, style=style))
+
+
+def candidate_styles(framework: str | None, style: str | None) -> tuple[str, ...]:
+    if style is not None:
+        return (style,)
+    return STYLES_OF_FRAMEWORK[framework] if framework is not None else STYLES
+
+
+def _registered_entry(name: str, *, framework: str | None, style: str | None) -> Entry:
+    # One style at a time, cheapest framework first, and never both Keras styles in one
+    # process: the legacy style is only looked at in a TF_USE_LEGACY_KERAS=1 process.
+    legacy_process = os.environ.get(LEGACY_KERAS_ENV) == "1"
+    candidates = candidate_styles(framework, style)
+    for candidate in candidates:
+        if (candidate == "tf_legacy") != legacy_process:
+            continue
+        registry = load_registry(styles=(candidate,))
+        if any(n == name for n, _ in registry.entries):
+            return registry.get(name, candidate)
+    raise UsageError(
+        f"no optimizer named {name!r} is registered in the {', '.join(candidates)} style(s); give a "
+        "registered name (see GET /optimizers), path/to/file.py:ClassName or package.module:ClassName"
+    )
+
+
+def _class_entry(text: str) -> Entry:
+    reference, class_name = text.rsplit(":", 1)
+    if not class_name.isidentifier():
+        raise UsageError(f"{text!r}: {class_name!r} after the colon is not a class name")
+    module = _import_file(Path(reference)) if reference.endswith(".py") else _import_module(reference)
+    cls: Any = getattr(module, class_name, None)
+    if cls is None:
+        defined = sorted(k for k, v in vars(module).items() if inspect.isclass(v) and not k.startswith("_"))
+        raise UsageError(f"{reference} has no class {class_name!r}; it defines: {', '.join(defined) or 'none'}")
+    if not inspect.isclass(cls) or style_of(cls) is None:
+        raise UsageError(
+            f"{text} is not an optimizer class: expected a subclass of torch.optim.Optimizer, "
+            "keras.optimizers.Optimizer or tf_keras.optimizers.legacy.Optimizer"
+        )
+    try:
+        return entry_for_class(cls, source=text)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(f"{text}: {exc}") from None
+
+
+def _import_module(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name is not None and name.startswith(exc.name):
+            raise UsageError(f"no module named {name!r} (is its package installed or on PYTHONPATH?)") from None
+        raise
+
+
+def _import_file(path: Path) -> Any:
+    if not path.is_file():
+        raise UsageError(f"file not found: {path}")
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]
+    module_name = f"optlab_check_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}_{digest}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise UsageError(f"{path} cannot be loaded as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look classes up here
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[module_name]
+        raise
+    return module
+
+
+def framework_of(style: str) -> str:
+    return FRAMEWORK_OF_STYLE[style]
