@@ -36,7 +36,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--framework", choices=("torch", "tensorflow"), help="for a name registered in both")
     parser.add_argument("--style", choices=("torch", "keras", "tf_legacy"), help="keras or tf_legacy")
-    parser.add_argument("--params", default="{}", help='hyperparameters as JSON, e.g. \'{"lr": 0.01}\'')
+    parser.add_argument("--params", default="{}", help="hyperparameters as JSON, e.g. '{\"lr\": 0.01}'")
     parser.add_argument("--json", type=Path, dest="json_path", help="also write the report here")
     parser.add_argument("--only", help=f"comma-separated check ids (default all: {', '.join(CHECK_IDS)})")
     return parser.parse_args(argv)
@@ -107,7 +107,8 @@ def _import_error(exc: BaseException) -> str:
 
 
 def print_progress(result: CheckResult, done: int, total: int) -> None:
-    print(f"  [{done:>2}/{total}] {result.id:<18} {result.status:<4} ({result.duration_s:.1f} s)", file=sys.stderr)
+    line = f"  [{done:>2}/{total}] {result.id:<18} {result.status:<4} ({result.duration_s:.1f} s)"
+    print(line, file=sys.stderr)
 
 
 def print_table(report: CheckReport) -> None:

@@ -68,7 +68,7 @@ class Target:
     def class_location(self) -> str:
         """`file.py:line` of the class statement, or the class's qualified name."""
         try:
-            lines, first = inspect.getsourcelines(self.cls)
+            _, first = inspect.getsourcelines(self.cls)
         except (OSError, TypeError):
             return self.qualname
         return f"{self.source_file()}:{first}"
@@ -106,10 +106,9 @@ def resolve_target(text: str, *, framework: str | None = None, style: str | None
         raise UsageError(f"--style must be one of {', '.join(STYLES)}; received {style!r}")
     if is_class_reference(text):
         entry = _class_entry(text)
-        if style is not None and entry.style != style or framework not in (None, entry.framework):
+        if (style is not None and entry.style != style) or framework not in (None, entry.framework):
             raise UsageError(
-                f"{text} is a {entry.style} optimizer; it cannot be checked as "
-                f"{style or framework}"
+                f"{text} is a {entry.style} optimizer; it cannot be checked as {style or framework}"
             )
         return Target(text, entry)
     return Target(text, _registered_entry(text, framework=framework, style=style))
@@ -146,7 +145,8 @@ def _class_entry(text: str) -> Entry:
     cls: Any = getattr(module, class_name, None)
     if cls is None:
         defined = sorted(k for k, v in vars(module).items() if inspect.isclass(v) and not k.startswith("_"))
-        raise UsageError(f"{reference} has no class {class_name!r}; it defines: {', '.join(defined) or 'none'}")
+        listed = ", ".join(defined) or "none"
+        raise UsageError(f"{reference} has no class {class_name!r}; it defines: {listed}")
     if not inspect.isclass(cls) or style_of(cls) is None:
         raise UsageError(
             f"{text} is not an optimizer class: expected a subclass of torch.optim.Optimizer, "
@@ -163,7 +163,8 @@ def _import_module(name: str) -> Any:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:
         if exc.name is not None and name.startswith(exc.name):
-            raise UsageError(f"no module named {name!r} (is its package installed or on PYTHONPATH?)") from None
+            hint = "is its package installed, or on PYTHONPATH?"
+            raise UsageError(f"no module named {name!r} ({hint})") from None
         raise
 
 
