@@ -3,6 +3,7 @@
 The worker starts this in a fresh process per job, so a crashing, leaking or hanging
 optimizer never takes the worker down. It always writes `result.json` (status
 `succeeded`, `failed`, `diverged` or `cancelled`), except when killed outright.
+A spec with `"kind": "check"` runs the conformance checks instead of training.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pydantic import ValidationError
 
 from jobs.errors import Cancelled, Diverged
 from jobs.report import Reporter
-from jobs.spec import JobSpec
+from jobs.spec import AnySpec, CheckSpec, JobSpec, parse_spec
 
 TRACEBACK_TAIL_LINES = 40
 LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
@@ -46,15 +47,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def load_spec(path: Path) -> JobSpec:
+def load_spec(path: Path) -> AnySpec:
     try:
-        return JobSpec.model_validate_json(path.read_text())
+        return parse_spec(path.read_text())
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'spec'}: {e['msg']}" for e in exc.errors())
         raise ValueError(f"invalid job spec {path}: {problems}") from None
 
 
-def ensure_process_setup(spec: JobSpec, args: argparse.Namespace) -> None:
+def ensure_process_setup(spec: AnySpec, args: argparse.Namespace) -> None:
     """Legacy tf.keras jobs need TF_USE_LEGACY_KERAS=1 before TensorFlow is imported:
     re-execute this process with it (same pid, so the worker keeps watching it)."""
     legacy = spec.framework == "tensorflow" and spec.optimizer.style == "tf_legacy"
@@ -71,6 +72,38 @@ def trainer_class(spec: JobSpec) -> Any:
     from jobs.keras_trainer import KerasJob
 
     return KerasJob
+
+
+def total_steps(spec: AnySpec) -> int:
+    """What progress counts: optimizer updates for training, checks done for a check job."""
+    return len(spec.check_ids()) if isinstance(spec, CheckSpec) else spec.steps
+
+
+def run_tags(spec: AnySpec, args: argparse.Namespace) -> dict[str, str]:
+    tags = {
+        "job_id": args.job_id,
+        "framework": spec.framework,
+        "optimizer": spec.optimizer.name,
+        "style": spec.optimizer.style or spec.framework,
+        "attempt": str(args.attempt),
+    }
+    if isinstance(spec, CheckSpec):
+        return {**tags, "kind": "check"}
+    return {**tags, "workload": spec.workload.name}
+
+
+def make_job(spec: AnySpec, *, workdir: Path, tracker: Any, reporter: Reporter) -> Any:
+    """The trainer for the spec's framework, or the check job; imports only what that needs."""
+    if isinstance(spec, CheckSpec):
+        from jobs.check_job import CheckJob
+
+        return CheckJob(spec, workdir=workdir, tracker=tracker, reporter=reporter)
+    from optimizers.registry import load_registry
+
+    style = spec.optimizer.style or ("torch" if spec.framework == "torch" else "keras")
+    return trainer_class(spec)(
+        spec, registry=load_registry(styles=(style,)), workdir=workdir, tracker=tracker, reporter=reporter
+    )
 
 
 def error_record(exc: BaseException) -> dict[str, str]:
@@ -95,11 +128,9 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     status, mlflow_run, job, spec = "failed", None, None, None
     try:
         spec = load_spec(args.spec)
-        reporter.progress(step=0, total=spec.steps, force=True)
+        reporter.progress(step=0, total=total_steps(spec), force=True)
         ensure_process_setup(spec, args)
         # Heavy imports only now, so a bad spec fails in a fraction of a second.
-        from optimizers.registry import load_registry
-
         if args.tracking_uri:
             from jobs.tracking import MlflowRun
 
@@ -108,28 +139,13 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
                 experiment=spec.experiment,
                 run_name=spec.run_name(),
                 params=spec.flat_params(),
-                tags={
-                    "job_id": args.job_id,
-                    "framework": spec.framework,
-                    "workload": spec.workload.name,
-                    "optimizer": spec.optimizer.name,
-                    "style": spec.optimizer.style or spec.framework,
-                    "attempt": str(args.attempt),
-                },
+                tags=run_tags(spec, args),
             )
             result["mlflow"] = mlflow_run.info.to_json()
             reporter.progress(mlflow=result["mlflow"], force=True)
         from jobs.tracking import NullTracker
 
-        style = spec.optimizer.style or ("torch" if spec.framework == "torch" else "keras")
-        trainer = trainer_class(spec)
-        job = trainer(
-            spec,
-            registry=load_registry(styles=(style,)),
-            workdir=workdir,
-            tracker=mlflow_run or NullTracker(),
-            reporter=reporter,
-        )
+        job = make_job(spec, workdir=workdir, tracker=mlflow_run or NullTracker(), reporter=reporter)
         result.update(job.run(resume_from=args.resume, stop_after=args.stop_after))
         status = "succeeded"
     except Cancelled as exc:
@@ -138,7 +154,7 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
         if isinstance(exc, Diverged):
             status, result["diverged_at_step"] = "diverged", exc.step
         result["error"] = error_record(exc)
-    if job is not None and status != "succeeded":
+    if isinstance(spec, JobSpec) and job is not None and status != "succeeded":
         result["checkpoints"] = job.verified
         result["warnings"] = job.warnings
     result["status"] = status
@@ -153,14 +169,16 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def finish_mlflow_run(
-    mlflow_run: Any, result: dict[str, Any], job: Any, spec: JobSpec | None
+    mlflow_run: Any, result: dict[str, Any], job: Any, spec: AnySpec | None
 ) -> dict[str, Any]:
-    """Artifacts (spec, result, final checkpoint), then flush metrics and end the run."""
+    """Artifacts (spec, result, final checkpoint or check report), then flush metrics and end the run."""
     mlflow_status = {"succeeded": "FINISHED", "cancelled": "KILLED"}.get(result["status"], "FAILED")
     try:
         try:
             if job is not None and job.last_checkpoint is not None:
                 mlflow_run.log_artifact(job.last_checkpoint, "checkpoints")
+            for path in getattr(job, "artifacts", []):  # a check job's report.json and report.md
+                mlflow_run.log_artifact(path)
             if spec is not None:
                 mlflow_run.log_json("spec.json", spec.model_dump(mode="json"))
             mlflow_run.log_json("result.json", result)

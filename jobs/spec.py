@@ -7,13 +7,15 @@ Checks that need the optimizer catalogue (names, hyperparameters, ranges) are in
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from jobs.checks.report import CHECK_IDS
 from optimizers.hyperparams import Param
 from optimizers.registry import STYLES
 
@@ -135,17 +137,94 @@ class JobSpec(BaseModel):
 
     def flat_params(self) -> dict[str, str]:
         """The spec as MLflow params: `optimizer.name`, `optimizer.lr`, `schedule.name`, ..."""
-        flat: dict[str, str] = {}
-        for key, value in self.model_dump(mode="json").items():
-            if isinstance(value, dict):
-                flat[f"{key}.name"] = str(value["name"])
-                for param, param_value in value.get("params", {}).items():
-                    flat[f"{key}.{param}"] = str(param_value)
-                if value.get("style"):
-                    flat[f"{key}.style"] = str(value["style"])
-            else:
-                flat[key] = str(value)
-        return flat
+        return _flatten(self.model_dump(mode="json"))
+
+
+class CheckSpec(BaseModel):
+    """Run the conformance checks (`jobs.checks`) on a registered optimizer with these hyperparameters."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {"framework": "torch", "optimizer": {"name": "lion", "params": {"lr": 0.0003}}},
+                {
+                    "framework": "tensorflow",
+                    "optimizer": {"name": "ema_momentum", "params": {"lr": 0.05}, "style": "tf_legacy"},
+                    "checks": ["construct", "dense_step", "config_roundtrip"],
+                },
+            ]
+        },
+    )
+
+    kind: Literal["check"] = "check"
+    framework: Literal["torch", "tensorflow"] = "torch"
+    optimizer: OptimizerChoice
+    checks: list[str] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=len(CHECK_IDS),
+        description=f"check ids to run (default all): {', '.join(CHECK_IDS)}",
+    )
+    experiment: str = Field(
+        default="optimizer-checks", min_length=1, max_length=200, pattern=r"^[^\x00-\x1f]+$"
+    )
+
+    @field_validator("checks")
+    @classmethod
+    def _known_checks(cls, checks: list[str] | None) -> list[str] | None:
+        unknown = [check for check in checks or () if check not in CHECK_IDS]
+        if unknown:
+            raise PydanticCustomError(
+                "unknown_check",
+                "unknown check id {check}; known: {known}",
+                {"check": repr(unknown[0]), "known": ", ".join(CHECK_IDS)},
+            )
+        return checks
+
+    def check_ids(self) -> list[str]:
+        """The checks this job runs, in the stable order of CHECK_IDS."""
+        return [check for check in CHECK_IDS if self.checks is None or check in self.checks]
+
+    def run_name(self) -> str:
+        """How the run reads in the MLflow UI: `check lion (torch)`, `check lion lr=3e-4 (keras)`."""
+        label = optimizer_label(self.optimizer.model_dump())
+        return f"check {label} ({self.optimizer.style or self.framework})"
+
+    def flat_params(self) -> dict[str, str]:
+        """MLflow params: the hyperparameters (`optimizer.lr`, ...), framework, style and checks."""
+        return _flatten(self.model_dump(mode="json", exclude={"kind"}))
+
+
+AnySpec = JobSpec | CheckSpec
+
+
+def parse_spec(text: str) -> AnySpec:
+    """A stored spec of either kind: `"kind": "check"` marks a check job, anything else trains."""
+    try:
+        kind = json.loads(text).get("kind")
+    except (ValueError, AttributeError):
+        kind = None
+    if kind == "check":
+        return CheckSpec.model_validate_json(text)
+    return JobSpec.model_validate_json(text)
+
+
+def _flatten(dump: Mapping[str, Any]) -> dict[str, str]:
+    flat: dict[str, str] = {}
+    for key, value in dump.items():
+        if isinstance(value, dict):
+            flat[f"{key}.name"] = str(value["name"])
+            for param, param_value in value.get("params", {}).items():
+                flat[f"{key}.{param}"] = str(param_value)
+            if value.get("style"):
+                flat[f"{key}.style"] = str(value["style"])
+        elif isinstance(value, list):
+            flat[key] = ",".join(map(str, value))
+        elif value is not None:
+            flat[key] = str(value)
+    return flat
 
 
 class SpecError(BaseModel):
@@ -199,37 +278,7 @@ def catalogue_errors(spec: JobSpec, catalogue: Catalogue, *, max_steps: int) -> 
             SpecError(loc=["body", "steps"], msg=f"steps must be at most {max_steps}; received {spec.steps}")
         )
 
-    optimizer = catalogue.optimizer(spec.optimizer.name, spec.framework, spec.optimizer.style)
-    if spec.optimizer.style is not None and spec.framework != "tensorflow":
-        errors.append(
-            SpecError(
-                loc=["body", "optimizer", "style"],
-                msg=f"optimizer.style chooses between {' and '.join(TENSORFLOW_STYLES)} for tensorflow "
-                f"jobs; this job's framework is {spec.framework!r}: leave style out",
-            )
-        )
-    elif catalogue.optimizer(spec.optimizer.name) is None:
-        errors.append(_unknown("optimizer", spec.optimizer.name, ", ".join(catalogue.optimizer_names())))
-    elif optimizer is None and spec.optimizer.style is not None:
-        styles = sorted(o["style"] for o in catalogue.optimizers if o["name"] == spec.optimizer.name)
-        errors.append(
-            SpecError(
-                loc=["body", "optimizer", "style"],
-                msg=f"optimizer {spec.optimizer.name!r} has no {spec.optimizer.style} style; "
-                f"it exists in: {', '.join(styles)}",
-            )
-        )
-    elif optimizer is None:
-        elsewhere = sorted({o["framework"] for o in catalogue.optimizers if o["name"] == spec.optimizer.name})
-        errors.append(
-            SpecError(
-                loc=["body", "optimizer", "name"],
-                msg=f"optimizer {spec.optimizer.name!r} exists for {', '.join(elsewhere)} only; "
-                f"this job's framework is {spec.framework!r}",
-            )
-        )
-    else:
-        errors += _param_errors("optimizer", spec.optimizer, optimizer["params"])
+    errors += optimizer_errors(spec.optimizer, spec.framework, catalogue)
 
     schedule = catalogue.schedule(spec.schedule.name)
     if schedule is None:
@@ -268,7 +317,52 @@ def catalogue_errors(spec: JobSpec, catalogue: Catalogue, *, max_steps: int) -> 
     return errors
 
 
-def with_resolved_style(spec: JobSpec, catalogue: Catalogue) -> JobSpec:
+def check_errors(spec: CheckSpec, catalogue: Catalogue) -> list[SpecError]:
+    """Everything in a check spec that the catalogue rejects (the optimizer, its style and params)."""
+    return optimizer_errors(spec.optimizer, spec.framework, catalogue)
+
+
+def optimizer_errors(choice: OptimizerChoice, framework: str, catalogue: Catalogue) -> list[SpecError]:
+    """The optimizer's name, style and hyperparameters against the catalogue, for any kind of job."""
+    errors: list[SpecError] = []
+    optimizer = catalogue.optimizer(choice.name, framework, choice.style)
+    if choice.style is not None and framework != "tensorflow":
+        errors.append(
+            SpecError(
+                loc=["body", "optimizer", "style"],
+                msg=f"optimizer.style chooses between {' and '.join(TENSORFLOW_STYLES)} for tensorflow "
+                f"jobs; this job's framework is {framework!r}: leave style out",
+            )
+        )
+    elif catalogue.optimizer(choice.name) is None:
+        errors.append(_unknown("optimizer", choice.name, ", ".join(catalogue.optimizer_names())))
+    elif optimizer is None and choice.style is not None:
+        styles = sorted(o["style"] for o in catalogue.optimizers if o["name"] == choice.name)
+        errors.append(
+            SpecError(
+                loc=["body", "optimizer", "style"],
+                msg=f"optimizer {choice.name!r} has no {choice.style} style; "
+                f"it exists in: {', '.join(styles)}",
+            )
+        )
+    elif optimizer is None:
+        elsewhere = sorted({o["framework"] for o in catalogue.optimizers if o["name"] == choice.name})
+        errors.append(
+            SpecError(
+                loc=["body", "optimizer", "name"],
+                msg=f"optimizer {choice.name!r} exists for {', '.join(elsewhere)} only; "
+                f"this job's framework is {framework!r}",
+            )
+        )
+    else:
+        errors += _param_errors("optimizer", choice, optimizer["params"])
+    return errors
+
+
+SpecT = TypeVar("SpecT", JobSpec, CheckSpec)
+
+
+def with_resolved_style(spec: SpecT, catalogue: Catalogue) -> SpecT:
     """The spec with `optimizer.style` filled in for tensorflow jobs, as the job will run it.
 
     Stored that way, a job process knows before importing TensorFlow whether it needs

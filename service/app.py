@@ -9,14 +9,15 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel
 from sqlalchemy import text
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from jobs.spec import Component, JobSpec, OptimizerChoice
+from jobs.spec import CheckSpec, JobSpec
 from service import store
 from service.db import make_engine, migrate, session_factory
 from service.deps import SessionDep
-from service.routes import catalogue, jobs
+from service.routes import catalogue, checks, jobs
 from service.schemas import Health
 from service.settings import Settings
 
@@ -39,6 +40,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected_error)
     app.include_router(jobs.router)
+    app.include_router(checks.router)
     app.include_router(catalogue.router)
 
     @app.get("/healthz", response_model=Health, tags=["health"])
@@ -131,7 +133,7 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
             loc.append(ctx["key"])
             message = f"{field}.{error['msg']}"
         elif kind == "extra_forbidden":
-            allowed = _allowed_fields(loc[1:-1])
+            allowed = _allowed_fields(BODY_MODELS.get(request.url.path.rstrip("/"), JobSpec), loc[1:-1])
             message = f"unknown field {field!r}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
         elif "input" in error and kind != "missing" and "received" not in message:
             message += f"; received {_short(error['input'])}"
@@ -144,15 +146,17 @@ def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=500, content={"detail": "internal error; see the API log"})
 
 
-def _allowed_fields(parent: list[Any]) -> list[str]:
-    model: type[Any] = JobSpec
+# The body model of each route that takes one, to say which fields an unknown one could have been.
+BODY_MODELS: dict[str, type[BaseModel]] = {"/jobs": JobSpec, "/checks": CheckSpec}
+
+
+def _allowed_fields(model: type[BaseModel], parent: list[Any]) -> list[str]:
     for part in parent:
-        if model is JobSpec and part == "optimizer":
-            model = OptimizerChoice
-        elif model is JobSpec and part in ("workload", "schedule"):
-            model = Component
-        else:
+        field = model.model_fields.get(str(part))
+        annotation = field.annotation if field is not None else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
             return []
+        model = annotation
     return list(model.model_fields)
 
 

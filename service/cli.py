@@ -1,4 +1,4 @@
-"""`optlab` command line: serve | api | worker | submit | demo."""
+"""`optlab` command line: serve | api | worker | submit | check | demo."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from jobs.checks.report import CHECK_IDS
 from jobs.spec import optimizer_label
 from service.settings import Settings
 
@@ -37,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         "api": cmd_api,
         "worker": cmd_worker,
         "submit": cmd_submit,
+        "check": cmd_check,
         "demo": cmd_demo,
     }
     try:
@@ -71,7 +74,60 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("spec", type=Path, help="job spec JSON file")
     submit.add_argument("--wait", action="store_true", help="show progress until the job ends")
     submit.add_argument("--api", help="API URL (default $OPTLAB_API_URL or http://127.0.0.1:8000)")
+    add_check_parser(commands)
     return parser
+
+
+CHECK_HELP = """\
+Run the conformance checks on one optimizer class: each known custom-optimizer pitfall
+(state lost in a checkpoint, a hyperparameter missing from get_config, sparse gradients,
+graph mode, ...) is one check that passes, fails, warns or is skipped, with a one-line
+explanation. Locally, the checks run in the job environment ($OPTLAB_JOB_PYTHON) with the
+same arguments as `python -m jobs.checks`; with --remote, the optlab API queues a check
+job (POST /checks) for a registered optimizer and this follows it.
+
+exit status: 0 when no check fails, 1 when one does, 2 for a usage error
+(unknown target, file not found, class not an optimizer, a refused request).
+"""
+
+CHECK_EXAMPLES = """\
+examples:
+  optlab check lion
+  optlab check my_optimizers.py:Sophia --params '{"lr": 0.001}' --json report.json
+  optlab check keras.optimizers:Adam --style keras --only construct,config_roundtrip
+  optlab check lion --remote http://127.0.0.1:8000 --framework tensorflow
+"""
+
+
+def add_check_parser(commands: Any) -> None:
+    check = commands.add_parser(
+        "check",
+        help="run the conformance checks on an optimizer class (locally, or on the service with --remote)",
+        description=CHECK_HELP,
+        epilog=CHECK_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    check.add_argument(
+        "target",
+        help="a registered optimizer name, path/to/file.py:ClassName or package.module:ClassName "
+        "(--remote: a registered name)",
+    )
+    check.add_argument("--framework", choices=("torch", "tensorflow"), help="for a name registered in both")
+    check.add_argument("--style", choices=("torch", "keras", "tf_legacy"), help="keras or tf_legacy")
+    check.add_argument(
+        "--params", default="{}", metavar="JSON", help="hyperparameters as JSON, e.g. '{\"lr\": 0.01}'"
+    )
+    check.add_argument(
+        "--json", type=Path, dest="json_path", metavar="FILE", help="also write the report (JSON) here"
+    )
+    check.add_argument(
+        "--only", metavar="IDS", help=f"comma-separated check ids (default all: {', '.join(CHECK_IDS)})"
+    )
+    check.add_argument(
+        "--remote",
+        metavar="URL",
+        help="run on the optlab API at URL (POST /checks) instead of here, and follow its progress",
+    )
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -180,6 +236,29 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
     if final.get("mlflow"):
         print(f"  MLflow run: {final['mlflow']['run_url']}")
     return 0 if final["status"] == "succeeded" else 1
+
+
+def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
+    if args.remote:
+        from service.remote_check import run_remote_check
+
+        return run_remote_check(args)
+    return run_local_check(args, settings)
+
+
+def run_local_check(args: argparse.Namespace, settings: Settings) -> int:
+    """`python -m jobs.checks` in the job environment: the frameworks never load in this process."""
+    command = [settings.job_python, "-m", "jobs.checks", args.target, "--params", args.params]
+    for option, value in (
+        ("--framework", args.framework),
+        ("--style", args.style),
+        ("--json", args.json_path),
+        ("--only", args.only),
+    ):
+        if value is not None:
+            command += [option, str(value)]
+    returncode = subprocess.run(command, check=False).returncode
+    return returncode if returncode >= 0 else 128 - returncode  # killed by a signal: as a shell says
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:

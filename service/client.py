@@ -1,4 +1,4 @@
-"""A small HTTP client for the optlab API, used by `optlab submit` and `optlab demo`."""
+"""A small HTTP client for the optlab API: `optlab submit`, `optlab check --remote`, `optlab demo`."""
 
 from __future__ import annotations
 
@@ -37,6 +37,10 @@ class ApiClient:
 
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/jobs", json=spec)
+
+    def submit_check(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Queue the conformance checks (POST /checks); the returned job is followed like any other."""
+        return self._call("POST", "/checks", json=body)
 
     def job(self, job_id: int) -> dict[str, Any]:
         return self._call("GET", f"/jobs/{job_id}")

@@ -22,6 +22,8 @@ class Job(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     status: Mapped[str] = mapped_column(String(16), index=True)
+    # "train" (a JobSpec) or "check" (a CheckSpec: the conformance checks on one optimizer).
+    kind: Mapped[str] = mapped_column(String(16), index=True, default="train", server_default="train")
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)

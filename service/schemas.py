@@ -5,12 +5,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from service.models import Job
 from service.store import as_utc
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "diverged", "cancelled"]
+JobKind = Literal["train", "check"]
 
 
 class MlflowLink(BaseModel):
@@ -28,6 +29,7 @@ class Progress(BaseModel):
 
 class JobRead(BaseModel):
     id: int
+    kind: JobKind
     status: JobStatus
     created_at: datetime
     updated_at: datetime
@@ -46,6 +48,7 @@ class JobRead(BaseModel):
     def from_row(cls, job: Job) -> JobRead:
         return cls(
             id=job.id,
+            kind=job.kind,  # type: ignore[arg-type]
             status=job.status,  # type: ignore[arg-type]
             created_at=as_utc(job.created_at),  # type: ignore[arg-type]
             updated_at=as_utc(job.updated_at),  # type: ignore[arg-type]
@@ -64,6 +67,41 @@ class JobRead(BaseModel):
             error=job.error,
             cancel_requested=job.cancel_requested,
         )
+
+
+class CheckSummary(BaseModel):
+    """The latest finished check job of one optimizer in one style, in short."""
+
+    job_id: int
+    finished_at: datetime | None
+    params: dict[str, Any]
+    checks: list[str] | None  # the subset that was asked for; None: all of them
+    pass_: int = Field(alias="pass")
+    fail: int
+    warn: int
+    skip: int
+    failed: list[str]
+    warned: list[str]
+    duration_s: float | None
+
+    @classmethod
+    def from_row(cls, job: Job) -> CheckSummary:
+        summary = ((job.result or {}).get("report") or {}).get("summary") or {}
+        return cls.model_validate(
+            {
+                "job_id": job.id,
+                "finished_at": as_utc(job.finished_at),
+                "params": job.spec["optimizer"].get("params", {}),
+                "checks": job.spec.get("checks"),
+                **{status: int(summary.get(status, 0)) for status in ("pass", "fail", "warn", "skip")},
+                "failed": list(summary.get("failed", [])),
+                "warned": list(summary.get("warned", [])),
+                "duration_s": summary.get("duration_s"),
+            }
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
 
 
 class JobsPage(BaseModel):

@@ -6,13 +6,14 @@ database has it, and a conditional UPDATE everywhere, so two workers never run o
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
-from jobs.spec import Catalogue, JobSpec
+from jobs.spec import AnySpec, Catalogue, CheckSpec
 from service.models import CatalogueSnapshot, Job, utcnow
 
 TERMINAL = ("succeeded", "failed", "diverged", "cancelled")
@@ -26,11 +27,13 @@ def as_utc(moment: datetime | None) -> datetime | None:
     return moment.replace(tzinfo=UTC)
 
 
-def create_job(*, session: Session, spec: JobSpec) -> Job:
+def create_job(*, session: Session, spec: AnySpec) -> Job:
+    """Queue a training job, or a check job (its progress counts checks instead of steps)."""
     job = Job(
         status="queued",
+        kind="check" if isinstance(spec, CheckSpec) else "train",
         spec=spec.model_dump(mode="json"),
-        total_steps=spec.steps,
+        total_steps=len(spec.check_ids()) if isinstance(spec, CheckSpec) else spec.steps,
         step=0,
         attempt=0,
         cancel_requested=False,
@@ -44,14 +47,41 @@ def get_job(*, session: Session, job_id: int) -> Job | None:
     return session.get(Job, job_id)
 
 
-def list_jobs(*, session: Session, status: str | None, limit: int, offset: int) -> tuple[list[Job], int]:
+def list_jobs(
+    *, session: Session, status: str | None, limit: int, offset: int, kind: str | None = None
+) -> tuple[list[Job], int]:
     query = select(Job)
     count = select(func.count()).select_from(Job)
     if status is not None:
         query = query.where(Job.status == status)
         count = count.where(Job.status == status)
+    if kind is not None:
+        query = query.where(Job.kind == kind)
+        count = count.where(Job.kind == kind)
     jobs = session.scalars(query.order_by(Job.id.desc()).limit(limit).offset(offset)).all()
     return list(jobs), int(session.scalar(count) or 0)
+
+
+def latest_checks(*, session: Session, name: str, styles: Iterable[str]) -> dict[str, Job | None]:
+    """Per style, the most recently finished check job of optimizer `name` whose checks ran.
+
+    A check job succeeds whenever its checks ran (some may have failed), so `succeeded` is
+    exactly "has a report". The spec is JSON: its path expressions work on SQLite and PostgreSQL.
+    """
+    named = (
+        (Job.kind == "check")
+        & (Job.status == "succeeded")
+        & (Job.spec[("optimizer", "name")].as_string() == name)
+    )
+    latest: dict[str, Job | None] = {}
+    for style in styles:
+        if style == "torch":
+            of_style = Job.spec[("framework",)].as_string() == "torch"
+        else:
+            of_style = Job.spec[("optimizer", "style")].as_string() == style
+        query = select(Job).where(named, of_style).order_by(Job.finished_at.desc(), Job.id.desc()).limit(1)
+        latest[style] = session.scalars(query).first()
+    return latest
 
 
 def request_cancel(*, session: Session, job_id: int) -> Job | None:

@@ -5,6 +5,7 @@ The check ids are stable: users script against them, MLflow logs `checks/<id>`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -119,7 +120,7 @@ class CheckReport:
             "target": self.target,
             "class": self.cls,
             "params": self.params,
-            "checks": [asdict(check) for check in self.checks],
+            "checks": [_json_safe(asdict(check)) for check in self.checks],
             "summary": self.summary(),
             "duration_s": self.duration_s,
         }
@@ -139,6 +140,15 @@ class CheckReport:
             detail = check.detail.replace("|", "\\|").replace("\n", " ")
             lines.append(f"| {check.id} | {check.status} | {format_figure(check.figure)} | {detail} |")
         return "\n".join(lines) + "\n"
+
+
+def _json_safe(check: dict[str, Any]) -> dict[str, Any]:
+    """JSON has no NaN or infinity: such a figure is written as text ("nan", "inf"), as
+    the job's result files do."""
+    figure = check["figure"]
+    if isinstance(figure, float) and not math.isfinite(figure):
+        return {**check, "figure": str(figure)}
+    return check
 
 
 def format_figure(figure: float | None) -> str:

@@ -6,7 +6,9 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException
 
-from service.deps import CatalogueDep
+from service import store
+from service.deps import CatalogueDep, SessionDep
+from service.schemas import CheckSummary
 
 router = APIRouter(tags=["catalogue"])
 
@@ -21,13 +23,17 @@ def list_optimizers(
 
 
 @router.get("/optimizers/{name}")
-def get_optimizer(name: str, catalogue: CatalogueDep) -> dict[str, Any]:
-    """One optimizer name and its implementations in each style it exists in."""
+def get_optimizer(name: str, catalogue: CatalogueDep, session: SessionDep) -> dict[str, Any]:
+    """One optimizer name and its implementations in each style it exists in, each with the
+    summary of its latest finished conformance check (`latest_check`, null when never checked)."""
     implementations = [o for o in catalogue.optimizers if o["name"] == name]
     if not implementations:
         known = ", ".join(catalogue.optimizer_names())
         raise HTTPException(status_code=404, detail=f"unknown optimizer {name!r}; known: {known}")
-    return {"name": name, "implementations": implementations}
+    latest = store.latest_checks(session=session, name=name, styles=[o["style"] for o in implementations])
+    summaries = {style: job and CheckSummary.from_row(job).to_json() for style, job in latest.items()}
+    items = [{**o, "latest_check": summaries[o["style"]]} for o in implementations]
+    return {"name": name, "implementations": items}
 
 
 @router.get("/schedules")

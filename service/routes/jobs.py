@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Path, Query
 from jobs.spec import JobSpec, catalogue_errors, with_resolved_style
 from service import store
 from service.deps import CatalogueDep, SessionDep, SettingsDep
-from service.schemas import JobRead, JobsPage, JobStatus
+from service.schemas import JobKind, JobRead, JobsPage, JobStatus
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -30,10 +30,11 @@ def submit_job(spec: JobSpec, session: SessionDep, settings: SettingsDep, catalo
 def list_jobs(
     session: SessionDep,
     status: JobStatus | None = None,
+    kind: JobKind | None = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
 ) -> JobsPage:
-    jobs, total = store.list_jobs(session=session, status=status, limit=limit, offset=offset)
+    jobs, total = store.list_jobs(session=session, status=status, kind=kind, limit=limit, offset=offset)
     return JobsPage(items=[JobRead.from_row(j) for j in jobs], total=total, limit=limit, offset=offset)
 
 

@@ -281,3 +281,39 @@ def test_sparse_embedding_workload_in_all_three_styles(api: httpx.Client) -> Non
         results[style or "torch"] = job["result"]["final"]
     for style in ("keras", "tf_legacy"):
         assert results[style]["val_rmse"] == pytest.approx(results["torch"]["val_rmse"], rel=0.15), results
+
+
+def test_a_check_job_reports_in_the_job_in_mlflow_and_on_the_optimizer(
+    service: Supervisor, api: httpx.Client
+) -> None:
+    from mlflow import MlflowClient
+
+    checks = ["construct", "dense_step", "config_roundtrip"]
+    body = {"framework": "torch", "optimizer": {"name": "lion", "params": {"lr": 0.0003}}, "checks": checks}
+    response = api.post("/checks", json=body)
+    assert response.status_code == 201, response.text
+    job = wait_for(api, response.json()["id"], lambda job: job["status"] not in ("queued", "running"))
+    assert job["status"] == "succeeded", job["error"]
+    assert job["kind"] == "check" and job["progress"] == {"step": 3, "total": 3, "fraction": 1.0}
+    report = job["result"]["report"]
+    assert [c["id"] for c in report["checks"]] == checks
+    assert job["result"]["checks_failed"] == 0, report["checks"]  # a catalogue optimizer: no false alarm
+
+    client = MlflowClient(service.mlflow_url)
+    run = client.get_run(job["mlflow"]["run_id"])
+    assert client.get_experiment(run.info.experiment_id).name == "optimizer-checks"
+    assert run.info.status == "FINISHED" and run.info.run_name == "check lion lr=3e-4 (torch)"
+    assert run.data.tags["kind"] == "check" and run.data.tags["job_id"] == str(job["id"])
+    assert run.data.params["optimizer.lr"] == "0.0003"
+    ran = [c["id"] for c in report["checks"] if c["status"] != "skip"]
+    assert run.data.metrics == {f"checks/{check}": 1.0 for check in ran}
+    assert {"report.json", "report.md", "result.json"} <= {
+        a.path for a in client.list_artifacts(run.info.run_id)
+    }
+    downloaded = Path(client.download_artifacts(run.info.run_id, "report.json"))
+    assert json.loads(downloaded.read_text())["checks"] == report["checks"]
+
+    implementations = api.get("/optimizers/lion").json()["implementations"]
+    latest = {i["style"]: i["latest_check"] for i in implementations}
+    assert latest["torch"]["job_id"] == job["id"] and latest["torch"]["params"] == {"lr": 0.0003}
+    assert latest["torch"]["fail"] == 0 and latest["torch"]["checks"] == checks

@@ -8,7 +8,16 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from jobs.spec import Catalogue, JobSpec, catalogue_errors
+from jobs.checks.report import CHECK_IDS
+from jobs.spec import (
+    Catalogue,
+    CheckSpec,
+    JobSpec,
+    catalogue_errors,
+    check_errors,
+    parse_spec,
+    with_resolved_style,
+)
 
 EXAMPLE: dict[str, Any] = JobSpec.model_json_schema()["examples"][0]
 
@@ -245,3 +254,81 @@ def test_catalogue_errors_reports_every_problem(catalogue: Catalogue) -> None:
     data = example(optimizer={"name": "ema_momentum", "params": {"lr": 0, "beta": 1.5}}, steps=MAX_STEPS + 1)
     errors = catalogue_errors(JobSpec.model_validate(data), catalogue, max_steps=MAX_STEPS)
     assert sorted(error.loc[-1] for error in errors) == ["beta", "lr", "steps"]
+
+
+# -- CheckSpec: a check job ----------------------------------------------------------------------------
+
+
+def check(**fields: Any) -> dict[str, Any]:
+    return {"optimizer": {"name": "lion", "params": {"lr": 0.0003}}, **fields}
+
+
+def test_a_check_spec_defaults_to_every_check_in_its_own_experiment() -> None:
+    spec = CheckSpec.model_validate(check())
+    assert (spec.kind, spec.framework, spec.experiment) == ("check", "torch", "optimizer-checks")
+    assert spec.check_ids() == list(CHECK_IDS)
+
+
+def test_a_subset_runs_in_the_stable_order() -> None:
+    spec = CheckSpec.model_validate(check(checks=["sparse", "construct"]))
+    assert spec.check_ids() == ["construct", "sparse"]
+
+
+@pytest.mark.parametrize(
+    ("data", "field", "fragment"),
+    [
+        pytest.param(check(checks=["construct", "nope"]), "checks", "unknown check id 'nope'", id="unknown"),
+        pytest.param(check(checks=[]), "checks", "at least 1", id="empty subset"),
+        pytest.param(check(kind="train"), "kind", "'check'", id="another kind"),
+        pytest.param(check(steps=10), "steps", "Extra inputs", id="a training field"),
+        pytest.param(check(framework="jax"), "framework", "torch", id="unknown framework"),
+        pytest.param({"framework": "torch"}, "optimizer", "Field required", id="no optimizer"),
+    ],
+)
+def test_invalid_check_specs_are_rejected_at_the_field(
+    data: dict[str, Any], field: str, fragment: str
+) -> None:
+    with pytest.raises(ValidationError) as raised:
+        CheckSpec.model_validate(data)
+    (error,) = raised.value.errors()
+    assert error["loc"][0] == field and fragment in error["msg"]
+
+
+def test_a_check_reads_well_in_mlflow() -> None:
+    spec = CheckSpec.model_validate(check(checks=["construct", "sparse"]))
+    assert spec.run_name() == "check lion lr=3e-4 (torch)"
+    assert CheckSpec.model_validate({"optimizer": {"name": "lion"}}).run_name() == "check lion (torch)"
+    assert spec.flat_params() == {
+        "framework": "torch",
+        "optimizer.name": "lion",
+        "optimizer.lr": "0.0003",
+        "checks": "construct,sparse",
+        "experiment": "optimizer-checks",
+    }
+
+
+def test_parse_spec_tells_the_kinds_apart() -> None:
+    assert isinstance(parse_spec(CheckSpec.model_validate(check()).model_dump_json()), CheckSpec)
+    assert isinstance(parse_spec(JobSpec.model_validate(EXAMPLE).model_dump_json()), JobSpec)
+    with pytest.raises(ValidationError):
+        parse_spec('{"kind": "check", "steps": 3}')
+
+
+def test_check_errors_share_the_optimizer_validation_of_training_jobs(catalogue: Catalogue) -> None:
+    assert check_errors(CheckSpec.model_validate(check()), catalogue) == []
+    bad = {"name": "ema_momentum", "params": {"lr": 0, "momentum": 0.9}}
+    as_check = check_errors(CheckSpec.model_validate(check(optimizer=bad)), catalogue)
+    as_job = catalogue_errors(JobSpec.model_validate(example(optimizer=bad)), catalogue, max_steps=MAX_STEPS)
+    assert as_check == as_job and [error.loc[-1] for error in as_check] == ["lr", "momentum"]
+    unknown = check_errors(CheckSpec.model_validate(check(optimizer={"name": "shampoo"})), catalogue)
+    assert [error.loc for error in unknown] == [["body", "optimizer", "name"]]
+    styled = check_errors(
+        CheckSpec.model_validate(check(optimizer={"name": "lion", "style": "keras"})), catalogue
+    )
+    assert "leave style out" in styled[0].msg
+
+
+def test_a_tensorflow_check_gets_the_style_it_will_run(catalogue: Catalogue) -> None:
+    spec = CheckSpec.model_validate(check(framework="tensorflow"))
+    resolved = with_resolved_style(spec, catalogue)
+    assert isinstance(resolved, CheckSpec) and resolved.optimizer.style == "keras"

@@ -197,9 +197,10 @@ import sys
 from fastapi.testclient import TestClient
 from service.app import create_app
 from service.settings import Settings
-import service.cli, service.worker, service.supervisor
+import service.cli, service.worker, service.supervisor, service.remote_check
 with TestClient(create_app(Settings(data_dir={str(tmp_path)!r}))) as client:
     client.post("/jobs", json={{"workload": {{"name": "x"}}, "optimizer": {{"name": "y"}}, "steps": 1}})
+    client.post("/checks", json={{"optimizer": {{"name": "y"}}}})
     client.get("/healthz")
 loaded = sorted(m for m in ("torch", "tensorflow", "keras", "sklearn", "mlflow") if m in sys.modules)
 print(loaded)

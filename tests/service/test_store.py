@@ -3,23 +3,34 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import text, update
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, inspect, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.spec import JobSpec
+from jobs.spec import CheckSpec, JobSpec
 from service import store
-from service.db import make_engine, migrate, session_factory
+from service.db import MIGRATIONS, make_engine, migrate, session_factory
 from service.models import Job, utcnow
+from tests.conftest import POSTGRES_ADMIN_URL
 
 SPEC = JobSpec.model_validate(
     {"workload": {"name": "digits_mlp"}, "optimizer": {"name": "adam", "params": {"lr": 0.001}}, "steps": 10}
 )
+
+
+def check_spec(
+    name: str = "adam", framework: str = "torch", style: str | None = None, **params: Any
+) -> CheckSpec:
+    optimizer = {"name": name, "params": params, "style": style}
+    return CheckSpec.model_validate({"framework": framework, "optimizer": optimizer, "checks": ["construct"]})
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -185,3 +196,96 @@ def test_a_cancel_requested_before_a_worker_stops_is_not_undone(sessions: sessio
         job = store.get_job(session=session, job_id=job_id)
         assert job is not None and job.status == "cancelled"
         assert store.claim_next(session=session, worker_id="w", lease_s=30) is None
+
+
+def finish_next(session: Session, status: str = "succeeded", failed: tuple[str, ...] = ()) -> int:
+    job = store.claim_next(session=session, worker_id="w", lease_s=30)
+    assert job is not None
+    summary = {"pass": 1, "fail": len(failed), "warn": 0, "skip": 0, "failed": list(failed), "warned": []}
+    result = {"report": {"summary": summary}, "steps_completed": 1}
+    store.finish_job(session=session, job_id=job.id, worker_id="w", status=status, result=result, error=None)
+    return job.id
+
+
+def test_jobs_have_a_kind_to_list_by(sessions: sessionmaker[Session]) -> None:
+    with sessions() as session:
+        trained = store.create_job(session=session, spec=SPEC)
+        checked = store.create_job(session=session, spec=check_spec())
+        assert (trained.kind, checked.kind) == ("train", "check")
+        assert (trained.total_steps, checked.total_steps) == (10, 1)
+        page, total = store.list_jobs(session=session, status=None, kind="check", limit=10, offset=0)
+        assert total == 1 and [j.id for j in page] == [checked.id]
+        page, total = store.list_jobs(session=session, status="queued", kind="train", limit=10, offset=0)
+        assert total == 1 and [j.id for j in page] == [trained.id]
+
+
+def test_the_latest_check_with_a_report_per_style(sessions: sessionmaker[Session]) -> None:
+    with sessions() as session:
+        for spec in (
+            check_spec(lr=0.1),  # torch, superseded by the next
+            check_spec(lr=0.2),  # torch, the latest with a report
+            check_spec(framework="tensorflow", style="keras"),
+            check_spec("sgd"),  # another optimizer
+            SPEC,  # a training job of the same optimizer
+            check_spec(lr=0.3),  # torch, newer but failed: no report
+            check_spec(framework="tensorflow", style="tf_legacy"),  # still queued
+        ):
+            store.create_job(session=session, spec=spec)
+        finished = [finish_next(session) for _ in range(5)]
+        finish_next(session, status="failed")
+        latest = store.latest_checks(session=session, name="adam", styles=["torch", "keras", "tf_legacy"])
+        assert latest["tf_legacy"] is None
+        assert latest["keras"] is not None and latest["keras"].id == finished[2]
+        assert latest["torch"] is not None and latest["torch"].id == finished[1]
+        assert latest["torch"].spec["optimizer"]["params"] == {"lr": 0.2}
+        assert store.latest_checks(session=session, name="lion", styles=["torch"]) == {"torch": None}
+
+
+def alembic_config(connection: object) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS))
+    config.attributes["connection"] = connection
+    return config
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def empty_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    """A database with no tables yet, on each backend."""
+    if request.param == "sqlite":
+        engine = make_engine(f"sqlite:///{tmp_path / 'migrate.db'}")
+        yield engine
+        engine.dispose()
+        return
+    name = f"optlab_migrate_{uuid.uuid4().hex[:10]}"
+    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'CREATE DATABASE "{name}"'))
+    engine = make_engine(POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}")
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+        with admin.connect() as connection:
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def test_jobs_from_before_kinds_become_training_jobs(empty_engine: Engine) -> None:
+    with empty_engine.begin() as connection:
+        command.upgrade(alembic_config(connection), "0001")
+        connection.execute(
+            text(
+                "INSERT INTO jobs (status, spec, created_at, updated_at, attempt, step, total_steps, "
+                "cancel_requested) VALUES ('succeeded', :spec, :now, :now, 1, 10, 10, false)"
+            ),
+            {"spec": SPEC.model_dump_json(), "now": utcnow()},
+        )
+    migrate(empty_engine)
+    assert "ix_jobs_kind" in {index["name"] for index in inspect(empty_engine).get_indexes("jobs")}
+    with session_factory(empty_engine)() as session:
+        (old,) = store.list_jobs(session=session, status=None, kind="train", limit=10, offset=0)[0]
+        assert old.kind == "train" and JobSpec.model_validate(old.spec) == SPEC
+        assert store.create_job(session=session, spec=check_spec()).kind == "check"
+    with empty_engine.begin() as connection:  # and back down
+        command.downgrade(alembic_config(connection), "0001")
+    assert "kind" not in {column["name"] for column in inspect(empty_engine).get_columns("jobs")}

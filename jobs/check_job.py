@@ -1,0 +1,66 @@
+"""A check job: the conformance checks (`jobs.checks`) on a registered optimizer, run by `jobs.run`.
+
+Shaped like the trainers (`run()`, `last_checkpoint`) so `jobs.run` drives both kinds of job
+through one set of MLflow, cancellation and error paths. Checks that find faults are the
+job's answer, not its failure: the job succeeds whenever the checks ran.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from jobs.checks.report import CheckReport, CheckResult
+from jobs.report import Reporter
+from jobs.spec import CheckSpec
+from jobs.tracking import Tracker
+
+REPORT_JSON = "report.json"
+REPORT_MARKDOWN = "report.md"
+# MLflow metric per check: 1 when the optimizer is fine (pass or warn), 0 when it fails.
+METRIC_OF_STATUS = {"pass": 1.0, "warn": 1.0, "fail": 0.0}
+
+
+class CheckJob:
+    def __init__(self, spec: CheckSpec, *, workdir: Path, tracker: Tracker, reporter: Reporter) -> None:
+        self.spec = spec
+        self.workdir = workdir
+        self.tracker = tracker
+        self.reporter = reporter
+        self.last_checkpoint: Path | None = None  # a check job leaves no checkpoint behind
+        self.artifacts: list[Path] = []  # report.json and report.md once the checks have run
+
+    def run(self, *, resume_from: Path | None = None, stop_after: int | None = None) -> dict[str, Any]:
+        if resume_from is not None or stop_after is not None:
+            raise ValueError("--resume and --stop-after are for training jobs; a check job always runs whole")
+        from jobs.checks.runner import run_checks
+        from jobs.checks.target import resolve_target
+
+        optimizer = self.spec.optimizer
+        target = resolve_target(optimizer.name, framework=self.spec.framework, style=optimizer.style)
+        report = run_checks(
+            target,
+            optimizer.params,
+            only=self.spec.check_ids(),
+            workdir=self.workdir,
+            on_result=self._on_result,
+        )
+        self.artifacts = self._write_report(report)
+        return {
+            "report": report.to_json(),
+            "checks_failed": report.counts()["fail"],
+            "steps_completed": len(report.checks),
+        }
+
+    def _on_result(self, result: CheckResult, done: int, total: int) -> None:
+        if result.status in METRIC_OF_STATUS:
+            self.tracker.metric(f"checks/{result.id}", METRIC_OF_STATUS[result.status], 0)
+        self.reporter.progress(step=done, total=total, check=result.id, force=True)
+
+    def _write_report(self, report: CheckReport) -> list[Path]:
+        as_json = self.workdir / REPORT_JSON
+        as_json.write_text(json.dumps(report.to_json(), indent=2, default=str) + "\n")
+        as_markdown = self.workdir / REPORT_MARKDOWN
+        as_markdown.write_text(report.to_markdown())
+        return [as_json, as_markdown]

@@ -1,0 +1,89 @@
+"""`optlab check --remote URL NAME`: queue a check job on the service and show its report here."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from service.client import ApiClient, ApiError
+from service.progress import follow_jobs
+
+STATUS_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}
+
+
+def check_body(args: argparse.Namespace) -> dict[str, Any]:
+    """The POST /checks body from `optlab check`'s arguments; ValueError says what is wrong."""
+    if ":" in args.target:
+        raise ValueError(
+            f"--remote checks a registered optimizer by name; received the class reference {args.target}: "
+            "register it (OPTLAB_PLUGIN_DIRS on the workers) or check it here without --remote"
+        )
+    try:
+        params = json.loads(args.params)
+    except ValueError as exc:
+        raise ValueError(f"--params must be a JSON object such as '{{\"lr\": 0.01}}'; {exc}") from None
+    if not isinstance(params, dict):
+        raise ValueError(f"--params must be a JSON object such as '{{\"lr\": 0.01}}'; received {args.params}")
+    style = None if args.style in (None, "torch") else args.style
+    framework = args.framework or ("tensorflow" if style else "torch")
+    body: dict[str, Any] = {"framework": framework, "optimizer": {"name": args.target, "params": params}}
+    if style:
+        body["optimizer"]["style"] = style
+    if args.only:
+        body["checks"] = [check.strip() for check in args.only.split(",") if check.strip()]
+    return body
+
+
+def run_remote_check(args: argparse.Namespace) -> int:
+    try:
+        body = check_body(args)
+    except ValueError as exc:
+        print(f"optlab check: {exc}", file=sys.stderr)
+        return 2
+    client = ApiClient(args.remote)
+    try:
+        job = client.submit_check(body)
+        print(f"check job {job['id']} {job['status']}: {client.base_url}/jobs/{job['id']}", file=sys.stderr)
+        final = follow_jobs(client, {job["id"]: f"check {args.target}"})[job["id"]]
+    except ApiError as exc:
+        print(f"optlab check: {exc}", file=sys.stderr)
+        return 2 if exc.status_code in (400, 404, 413, 422) else 1
+    finally:
+        client.close()
+    if final["status"] != "succeeded":
+        error = final.get("error") or {}
+        print(f"check job {final['id']} {final['status']}: {error.get('message', '')}", file=sys.stderr)
+        return 1
+    report: dict[str, Any] = final["result"]["report"]
+    print_report(report)
+    if final.get("mlflow"):
+        print(f"MLflow run: {final['mlflow']['run_url']}")
+    if args.json_path is not None:
+        args.json_path.write_text(json.dumps(report, indent=2) + "\n")
+    return 0 if report["summary"]["fail"] == 0 else 1
+
+
+def print_report(report: dict[str, Any]) -> None:
+    table = Table(title=f"{report['optimizer']} ({report['style']}) — {report['class']}")
+    for column in ("check", "status", "figure", "explanation"):
+        table.add_column(column, overflow="fold")
+    for check in report["checks"]:
+        status = f"[{STATUS_STYLE[check['status']]}]{check['status']}[/]"
+        table.add_row(check["id"], status, _figure(check["figure"]), check["detail"])
+    console = Console(width=max(120, Console().width))
+    console.print(table)
+    summary = report["summary"]
+    counts = ", ".join(f"{summary[status]} {status}" for status in ("pass", "fail", "warn", "skip"))
+    console.print(f"{counts} in {report['duration_s']:.1f} s")
+
+
+def _figure(figure: Any) -> str:
+    """A number as the local table shows it; NaN and infinity arrive as strings (JSON has neither)."""
+    if isinstance(figure, int | float) and not isinstance(figure, bool):
+        return f"{figure:.4g}"
+    return "" if figure is None else str(figure)

@@ -1,0 +1,25 @@
+"""Check routes: queue the conformance checks on a registered optimizer as a job.
+
+The job is an ordinary job (`GET /jobs/{id}` shows its progress and, once finished, the
+report in its result); only its spec differs.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException
+
+from jobs.spec import CheckSpec, check_errors, with_resolved_style
+from service import store
+from service.deps import CatalogueDep, SessionDep
+from service.schemas import JobRead
+
+router = APIRouter(prefix="/checks", tags=["checks"])
+
+
+@router.post("", status_code=201, response_model=JobRead)
+def submit_check(spec: CheckSpec, session: SessionDep, catalogue: CatalogueDep) -> JobRead:
+    errors = check_errors(spec, catalogue)
+    if errors:
+        raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
+    spec = with_resolved_style(spec, catalogue)
+    return JobRead.from_row(store.create_job(session=session, spec=spec))

@@ -1,0 +1,165 @@
+"""`optlab check`: locally it runs `python -m jobs.checks` in the job environment and passes its
+exit status through; with --remote it queues POST /checks and shows the report."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from service import cli, remote_check, store
+from service.client import ApiClient
+from tests.conftest import ROOT
+
+FAKE_JOB_PYTHON = """#!/bin/sh
+printf '%s\\n' "$@" > "$FAKE_ARGS_FILE"
+exit "$FAKE_EXIT_STATUS"
+"""
+
+
+@pytest.fixture
+def fake_job_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A job interpreter that records its arguments and exits with $FAKE_EXIT_STATUS."""
+    script = tmp_path / "python"
+    script.write_text(FAKE_JOB_PYTHON)
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("OPTLAB_JOB_PYTHON", str(script))
+    monkeypatch.setenv("FAKE_ARGS_FILE", str(tmp_path / "args"))
+    return tmp_path / "args"
+
+
+@pytest.mark.parametrize("status", [0, 1, 2])
+def test_the_checker_runs_in_the_job_environment_and_its_exit_status_passes_through(
+    fake_job_python: Path, monkeypatch: pytest.MonkeyPatch, status: int
+) -> None:
+    monkeypatch.setenv("FAKE_EXIT_STATUS", str(status))
+    argv = ["check", "my_opt.py:Sophia", "--params", '{"lr": 0.1}', "--style", "torch", "--only", "construct"]
+    assert cli.main([*argv, "--json", "out.json"]) == status
+    forwarded = fake_job_python.read_text().splitlines()
+    assert forwarded == [
+        "-m", "jobs.checks", "my_opt.py:Sophia", "--params", '{"lr": 0.1}',
+        "--style", "torch", "--json", "out.json", "--only", "construct",
+    ]  # fmt: skip
+
+
+def optlab_check(*args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "service.cli", "check", *args]
+    environment = {**os.environ, "COLUMNS": "160"}
+    environment.pop("OPTLAB_JOB_PYTHON", None)
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120, env=environment)
+
+
+def test_a_real_check_run_and_a_usage_error(tmp_path: Path) -> None:
+    report_path = tmp_path / "report.json"
+    ran = optlab_check("torch.optim:SGD", "--only", "construct", "--json", str(report_path))
+    assert ran.returncode in (0, 1), ran.stderr
+    assert "construct" in ran.stdout
+    assert json.loads(report_path.read_text())["checks"][0]["id"] == "construct"
+
+    missing = optlab_check(str(tmp_path / "nowhere.py") + ":Sophia")
+    assert missing.returncode == 2
+    assert "file not found" in missing.stderr
+
+
+def test_bad_arguments_are_usage_errors() -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["check", "lion", "--framework", "jax"])
+    assert exited.value.code == 2
+
+
+# -- --remote ---------------------------------------------------------------------------------------
+
+
+def remote_args(*args: str) -> Any:
+    return cli.build_parser().parse_args(["check", *args, "--remote", "http://optlab.test"])
+
+
+def test_the_remote_body_mirrors_the_local_arguments() -> None:
+    body = remote_check.check_body(remote_args("lion", "--style", "keras", "--params", '{"lr": 0.01}'))
+    assert body == {
+        "framework": "tensorflow",
+        "optimizer": {"name": "lion", "params": {"lr": 0.01}, "style": "keras"},
+    }
+    body = remote_check.check_body(remote_args("lion", "--only", "construct, sparse"))
+    assert body == {
+        "framework": "torch",
+        "optimizer": {"name": "lion", "params": {}},
+        "checks": ["construct", "sparse"],
+    }
+    with pytest.raises(ValueError, match="registered optimizer by name"):
+        remote_check.check_body(remote_args("my_opt.py:Sophia"))
+    with pytest.raises(ValueError, match="JSON object"):
+        remote_check.check_body(remote_args("lion", "--params", "[1]"))
+
+
+@pytest.fixture
+def remote(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> TestClient:
+    """`optlab check --remote` talks to the test app instead of a server."""
+
+    def api_client(base_url: str) -> ApiClient:
+        api = ApiClient(base_url)
+        api._http = client
+        return api
+
+    monkeypatch.setattr(remote_check, "ApiClient", api_client)
+    return client
+
+
+def test_a_refused_remote_check_is_a_usage_error(
+    remote: TestClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["check", "nope", "--remote", "http://optlab.test"]) == 2
+    assert "unknown optimizer 'nope'" in capsys.readouterr().err
+
+
+def test_a_remote_check_shows_the_report_and_fails_when_a_check_does(
+    remote: TestClient,
+    sessions: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    checks = [
+        {"id": "construct", "status": "pass", "detail": "builds", "figure": None},
+        {"id": "sparse", "status": "fail", "detail": "densified the table", "figure": 1000.0},
+    ]
+    summary = {"pass": 1, "fail": 1, "warn": 0, "skip": 0, "failed": ["sparse"], "warned": []}
+    report = {"optimizer": "lion", "style": "torch", "class": "Lion", "checks": checks, "summary": summary}
+
+    def worker_runs_it(client: ApiClient, labels: dict[int, str]) -> dict[int, dict[str, Any]]:
+        (job_id,) = labels
+        with sessions() as session:
+            store.claim_next(session=session, worker_id="w", lease_s=30)
+            result = {"report": {**report, "duration_s": 1.5}, "steps_completed": 2}
+            store.finish_job(
+                session=session, job_id=job_id, worker_id="w", status="succeeded", result=result, error=None
+            )
+        return {job_id: client.job(job_id)}
+
+    monkeypatch.setattr(remote_check, "follow_jobs", worker_runs_it)
+    saved = tmp_path / "report.json"
+    argv = [
+        "check",
+        "lion",
+        "--only",
+        "construct,sparse",
+        "--json",
+        str(saved),
+        "--remote",
+        "http://optlab.test",
+    ]
+    assert cli.main(argv) == 1
+    out = capsys.readouterr().out
+    assert "densified the table" in out and "1 pass, 1 fail, 0 warn, 0 skip" in out
+    assert json.loads(saved.read_text())["summary"]["failed"] == ["sparse"]
+    with sessions() as session:
+        (job,), _ = store.list_jobs(session=session, status=None, kind="check", limit=10, offset=0)
+    assert job.spec["checks"] == ["construct", "sparse"]
