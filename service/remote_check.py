@@ -7,13 +7,9 @@ import json
 import sys
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
-
+from jobs.checks.report import print_report_table
 from service.client import ApiClient, ApiError
 from service.progress import follow_jobs
-
-STATUS_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}
 
 
 def check_body(args: argparse.Namespace) -> dict[str, Any]:
@@ -60,30 +56,9 @@ def run_remote_check(args: argparse.Namespace) -> int:
         print(f"check job {final['id']} {final['status']}: {error.get('message', '')}", file=sys.stderr)
         return 1
     report: dict[str, Any] = final["result"]["report"]
-    print_report(report)
+    print_report_table(report)
     if final.get("mlflow"):
         print(f"MLflow run: {final['mlflow']['run_url']}")
     if args.json_path is not None:
         args.json_path.write_text(json.dumps(report, indent=2) + "\n")
     return 0 if report["summary"]["fail"] == 0 else 1
-
-
-def print_report(report: dict[str, Any]) -> None:
-    table = Table(title=f"{report['optimizer']} ({report['style']}) — {report['class']}")
-    for column in ("check", "status", "figure", "explanation"):
-        table.add_column(column, overflow="fold")
-    for check in report["checks"]:
-        status = f"[{STATUS_STYLE[check['status']]}]{check['status']}[/]"
-        table.add_row(check["id"], status, _figure(check["figure"]), check["detail"])
-    console = Console(width=max(120, Console().width))
-    console.print(table)
-    summary = report["summary"]
-    counts = ", ".join(f"{summary[status]} {status}" for status in ("pass", "fail", "warn", "skip"))
-    console.print(f"{counts} in {report['duration_s']:.1f} s")
-
-
-def _figure(figure: Any) -> str:
-    """A number as the local table shows it; NaN and infinity arrive as strings (JSON has neither)."""
-    if isinstance(figure, int | float) and not isinstance(figure, bool):
-        return f"{figure:.4g}"
-    return "" if figure is None else str(figure)

@@ -13,7 +13,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from jobs.checks.report import CHECK_IDS, CheckReport, CheckResult, format_figure
+from jobs.checks.report import CHECK_IDS, CheckReport, CheckResult, print_report_table
 from jobs.checks.target import (
     LEGACY_KERAS_ENV,
     UsageError,
@@ -22,8 +22,6 @@ from jobs.checks.target import (
     needs_legacy_keras,
     resolve_target,
 )
-
-STATUS_STYLE = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -51,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"optlab check: {exc}", file=sys.stderr)
         return 2
-    print_table(report)
+    print_report_table(report.to_json())
     if args.json_path is not None:
         args.json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
     return 0 if report.ok else 1
@@ -109,22 +107,6 @@ def _import_error(exc: BaseException) -> str:
 def print_progress(result: CheckResult, done: int, total: int) -> None:
     line = f"  [{done:>2}/{total}] {result.id:<18} {result.status:<4} ({result.duration_s:.1f} s)"
     print(line, file=sys.stderr)
-
-
-def print_table(report: CheckReport) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"{report.optimizer} ({report.style}) — {report.cls}", show_lines=False)
-    for column in ("check", "status", "figure", "explanation"):
-        table.add_column(column, overflow="fold")
-    for result in report.checks:
-        status = f"[{STATUS_STYLE[result.status]}]{result.status}[/]"
-        table.add_row(result.id, status, format_figure(result.figure), result.detail)
-    console = Console(width=max(120, Console().width))
-    console.print(table)
-    counts = ", ".join(f"{n} {status}" for status, n in report.counts().items())
-    console.print(f"{counts} in {report.duration_s:.1f} s")
 
 
 if __name__ == "__main__":

@@ -151,9 +151,31 @@ def _json_safe(check: dict[str, Any]) -> dict[str, Any]:
     return check
 
 
-def format_figure(figure: float | None) -> str:
-    if figure is None:
-        return ""
+STATUS_COLOUR = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}
+
+
+def print_report_table(report: dict[str, Any]) -> None:
+    """The readable table, from the report's JSON form (local runs and the service's alike)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{report['optimizer']} ({report['style']}) — {report['class']}")
+    for column in ("check", "status", "figure", "explanation"):
+        table.add_column(column, overflow="fold")
+    for check in report["checks"]:
+        status = f"[{STATUS_COLOUR[check['status']]}]{check['status']}[/]"
+        table.add_row(check["id"], status, format_figure(check["figure"]), check["detail"])
+    console = Console(width=max(120, Console().width))
+    console.print(table)
+    summary = report["summary"]
+    counts = ", ".join(f"{summary[status]} {status}" for status in STATUSES)
+    console.print(f"{counts} in {report['duration_s']:.1f} s")
+
+
+def format_figure(figure: float | str | None) -> str:
+    """A figure for the table; NaN and infinity arrive from JSON as text."""
+    if figure is None or isinstance(figure, str):
+        return figure or ""
     if figure == 0 or 1e-3 <= abs(figure) < 1e5:
         return f"{figure:.4g}"
     return f"{figure:.2e}"
