@@ -1,0 +1,34 @@
+"""Broken on purpose: float32 state and p.data rebinding: bfloat16 parameters silently become float32."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+EXPECTED_FAILURES = frozenset({"mixed_precision"})
+
+
+class Float32State(torch.optim.Optimizer):
+    def __init__(self, params: Any, lr: float = 1e-2, beta: float = 0.9) -> None:
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0; received {lr}")
+        super().__init__(params, {"lr": lr, "beta": beta})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["momentum"] = torch.zeros(p.shape)
+                state["momentum"].mul_(group["beta"]).add_(p.grad, alpha=1 - group["beta"])
+                p.data = p.data - group["lr"] * state["momentum"]
+        return loss

@@ -1,0 +1,35 @@
+"""Broken on purpose: beta is read from self.defaults, so a param group's own beta is ignored."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+EXPECTED_FAILURES = frozenset({"param_groups"})
+
+
+class DefaultsBeta(torch.optim.Optimizer):
+    def __init__(self, params: Any, lr: float = 1e-2, beta: float = 0.9) -> None:
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0; received {lr}")
+        super().__init__(params, {"lr": lr, "beta": beta})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        beta = self.defaults["beta"]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["momentum"] = torch.zeros_like(p)
+                state["momentum"].mul_(beta).add_(p.grad, alpha=1 - beta)
+                p.add_(state["momentum"], alpha=-group["lr"])
+        return loss

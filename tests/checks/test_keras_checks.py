@@ -1,0 +1,168 @@
+"""The TensorFlow check table, one check at a time: correct optimizers pass (or get a truthful
+warn), each broken one in tests/checks/broken fails with a message that names the problem and
+points at its own file. Keras 3 and legacy tf_keras run in this one process.
+
+The full runs (every check on every broken file, on every built-in) are the table tests in
+test_broken_corpus.py and test_every_optimizer_passes.py; these stay small and fast.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import keras
+import pytest
+import tf_keras
+
+from jobs.checks.context import CheckContext
+from jobs.checks.keras_checks import CHECKS
+from jobs.checks.report import CHECK_IDS, ONLY_FOR_STYLES, Outcome
+from tests.checks.tables import BROKEN_DIR, target_of
+
+
+def _context(text: str, tmp_path: Path, style: str | None = None) -> CheckContext:
+    return CheckContext(target=target_of(text, style), params={}, workdir=tmp_path)
+
+
+def _broken(name: str, tmp_path: Path) -> CheckContext:
+    path = BROKEN_DIR / f"{name}.py"
+    class_name = next(
+        line.split("class ", 1)[1].split("(", 1)[0]
+        for line in path.read_text().splitlines()
+        if line.startswith("class ")
+    )
+    return _context(f"{path}:{class_name}", tmp_path)
+
+
+def _run(check_id: str, ctx: CheckContext) -> Outcome:
+    return CHECKS[check_id](ctx)
+
+
+def _assert_fails_here(outcome: Outcome, broken: str, *words: str) -> None:
+    assert outcome.status == "fail", outcome
+    assert f"{broken}.py:" in outcome.where, outcome
+    assert "Fix:" in outcome.detail
+    for word in words:
+        assert word in outcome.detail, outcome.detail
+
+
+def test_table_covers_every_tensorflow_check() -> None:
+    torch_only = {check for check, styles in ONLY_FOR_STYLES.items() if styles == ("torch",)}
+    assert set(CHECKS) == set(CHECK_IDS) - torch_only
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield tmp_path_factory.mktemp("keras-checks")
+
+
+# -- good optimizers: no false alarm ----------------------------------------------------------------------
+
+GOOD = [
+    ("keras.optimizers:Adam", None),
+    ("tf_keras.optimizers.legacy:SGD", None),
+    ("lion", "keras"),
+    ("lion", "tf_legacy"),
+]
+
+
+@pytest.mark.parametrize(
+    "check_id",
+    ["construct", "dense_step", "descends", "none_grads", "schedule", "config_roundtrip", "state_roundtrip"],
+)
+@pytest.mark.parametrize(("text", "style"), GOOD, ids=lambda v: str(v))
+def test_good_optimizers_pass(check_id: str, text: str, style: str | None, workdir: Path) -> None:
+    outcome = _run(check_id, _context(text, workdir, style))
+    assert outcome.status == "pass", outcome
+
+
+def test_lazy_sparse_update_passes_and_dense_one_is_a_truthful_warn(workdir: Path) -> None:
+    assert _run("sparse", _context("lion", workdir, "keras")).status == "pass"
+    adam = _run("sparse", _context("keras.optimizers:Adam", workdir))
+    assert adam.status == "warn"
+    assert "densifies" in adam.detail and "repeated index" in adam.detail
+
+
+def test_declared_ranges_are_probed(workdir: Path) -> None:
+    outcome = _run("construct", _context("lion", workdir, "keras"))
+    assert outcome.status == "pass" and outcome.figure == 4.0, outcome  # lr, beta_1, beta_2, weight_decay
+
+
+def test_legacy_whole_model_formats_warn_only_for_what_every_optimizer_loses(workdir: Path) -> None:
+    outcome = _run("save_load_model", _context("tf_keras.optimizers.legacy:Adam", workdir))
+    assert outcome.status == "warn", outcome
+    assert ".keras" in outcome.detail and "h5" in outcome.detail
+
+
+def test_keras_model_save_passes(workdir: Path) -> None:
+    assert _run("save_load_model", _context("keras.optimizers:Adam", workdir)).status == "pass"
+
+
+def test_graph_mode_passes_and_state_is_untrainable(workdir: Path) -> None:
+    ctx = _context("adam", workdir, "tf_legacy")
+    assert _run("graph_mode", ctx).status == "pass"
+    assert _run("state_untrainable", ctx).status == "pass"
+
+
+def test_mixed_precision_restores_the_global_policies(workdir: Path) -> None:
+    before = (keras.mixed_precision.global_policy().name, tf_keras.mixed_precision.global_policy().name)
+    assert _run("mixed_precision", _context("keras.optimizers:SGD", workdir)).status == "pass"
+    assert _run("mixed_precision", _context("tf_keras.optimizers.legacy:SGD", workdir)).status == "pass"
+    after = (keras.mixed_precision.global_policy().name, tf_keras.mixed_precision.global_policy().name)
+    assert after == before
+
+
+def test_device_placement_skips_without_a_gpu(workdir: Path) -> None:
+    import tensorflow as tf
+
+    if tf.config.list_physical_devices("GPU"):
+        pytest.skip("a GPU is visible: the check runs for real")
+    outcome = _run("device_placement", _context("keras.optimizers:Adam", workdir))
+    assert outcome.status == "skip" and "GPU" in outcome.detail
+
+
+# -- broken optimizers: caught, named, located -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("broken", "check_id", "words"),
+    [
+        ("keras_construct", "construct", ("beta=", "accepted")),
+        ("keras_dense_step", "dense_step", ("unchanged", "(3,)")),
+        ("keras_descends", "descends", ("loss went from",)),
+        ("keras_none_grads", "none_grads", ("None",)),
+        ("keras_schedule", "schedule", ("LearningRateSchedule", "left every variable unchanged")),
+        ("legacy_sparse", "sparse", ("IndexedSlices", "InvalidArgumentError")),
+        ("keras_config_roundtrip", "config_roundtrip", ("'nesterov'", "get_config")),
+        ("legacy_state_roundtrip", "state_roundtrip", ("next step differs",)),
+        ("keras_save_load_model", "save_load_model", ("register_keras_serializable",)),
+        ("keras_graph_mode", "graph_mode", ("tf.function", "bool")),
+        ("legacy_mixed_precision", "mixed_precision", ("experimental_aggregate_gradients",)),
+        ("keras_state_untrainable", "state_untrainable", ("trainable",)),
+    ],
+)
+def test_broken_optimizer_fails_its_check(
+    broken: str, check_id: str, words: tuple[str, ...], workdir: Path
+) -> None:
+    _assert_fails_here(_run(check_id, _broken(broken, workdir)), broken, *words)
+
+
+def test_graph_failure_points_at_the_users_if(workdir: Path) -> None:
+    outcome = _run("graph_mode", _broken("keras_graph_mode", workdir))
+    source = (BROKEN_DIR / "keras_graph_mode.py").read_text().splitlines()
+    line = int(outcome.where.rsplit(":", 1)[1])
+    assert source[line - 1].strip().startswith("if "), outcome.where
+
+
+def test_slow_update_warns_with_the_ratio(workdir: Path) -> None:
+    outcome = _run("step_cost", _broken("keras_step_cost", workdir))
+    assert outcome.status == "warn" and outcome.figure is not None and outcome.figure > 3, outcome
+    assert "SelfAdjointEig" in outcome.detail  # where the time goes
+
+
+def test_deprecated_call_warns_at_the_users_line(workdir: Path) -> None:
+    outcome = _run("deprecations", _broken("legacy_deprecations", workdir))
+    assert outcome.status == "warn" and "to_float" in outcome.detail, outcome
+    source = (BROKEN_DIR / "legacy_deprecations.py").read_text().splitlines()
+    assert "to_float" in source[int(outcome.where.rsplit(":", 1)[1]) - 1]

@@ -1,0 +1,159 @@
+"""The torch check table: good optimizers pass, each broken one is caught by its own check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from jobs.checks import torch_checks  # noqa: E402
+from jobs.checks.context import CheckContext  # noqa: E402
+from jobs.checks.report import CHECK_IDS  # noqa: E402
+from jobs.checks.runner import validated_params  # noqa: E402
+from jobs.checks.target import resolve_target  # noqa: E402
+
+BROKEN = Path(__file__).parent / "broken"
+
+
+def context(text: str, tmp_path: Path, **params: object) -> CheckContext:
+    target = resolve_target(text, framework="torch")
+    return CheckContext(target=target, params=validated_params(target, params), workdir=tmp_path)
+
+
+def broken(name: str, tmp_path: Path) -> CheckContext:
+    path = BROKEN / f"{name}.py"
+    class_name = next(
+        line.split()[1].split("(")[0] for line in path.read_text().splitlines() if line.startswith("class ")
+    )
+    return context(f"{path}:{class_name}", tmp_path)
+
+
+def test_table_covers_every_torch_check() -> None:
+    assert set(torch_checks.CHECKS) == set(CHECK_IDS) - {"save_load_model"}
+
+
+FAST_CHECKS = [
+    "construct",
+    "dense_step",
+    "descends",
+    "none_grads",
+    "schedule",
+    "sparse",
+    "config_roundtrip",
+    "state_roundtrip",
+    "param_groups",
+    "closure",
+    "mixed_precision",
+    "state_untrainable",
+    "deprecations",
+]
+
+
+@pytest.mark.parametrize("text", ["torch.optim:SGD", "torch.optim:Adam", "lion"])
+def test_good_optimizers_pass_the_fast_checks(text: str, tmp_path: Path) -> None:
+    ctx = context(text, tmp_path)
+    for check_id in FAST_CHECKS:
+        outcome = torch_checks.CHECKS[check_id](ctx)
+        assert outcome.status == "pass", (check_id, outcome.detail)
+
+
+@pytest.mark.parametrize(
+    ("name", "check_id", "words"),
+    [
+        ("torch_construct", "construct", "does not name lr"),
+        ("torch_dense_step", "dense_step", "did not change"),
+        ("torch_descends", "descends", "loss went from"),
+        ("torch_none_grads", "none_grads", "grad is None"),
+        ("torch_schedule", "schedule", "set to 0"),
+        ("torch_sparse", "sparse", "crashed inside the update"),
+        ("torch_config_roundtrip", "config_roundtrip", "'beta' is not in param_groups"),
+        ("torch_state_roundtrip", "state_roundtrip", "next step after reloading differs"),
+        ("torch_state_roundtrip_weights_only", "state_roundtrip", "collections.deque"),
+        ("torch_param_groups", "param_groups", "second param group"),
+        ("torch_closure", "closure", "never called the closure"),
+        ("torch_mixed_precision", "mixed_precision", "changed dtype"),
+        ("torch_state_untrainable", "state_untrainable", "requires grad"),
+    ],
+)
+def test_broken_optimizer_fails_its_check_at_the_users_file(
+    name: str, check_id: str, words: str, tmp_path: Path
+) -> None:
+    ctx = broken(name, tmp_path)
+    outcome = torch_checks.CHECKS[check_id](ctx)
+    assert outcome.status == "fail", outcome.detail
+    assert words in outcome.detail
+    assert outcome.where.startswith(str(BROKEN / f"{name}.py")), outcome.where
+    assert "Fix:" in outcome.detail
+
+
+def test_deprecated_overload_is_a_warning_with_the_users_line(tmp_path: Path) -> None:
+    outcome = torch_checks.check_deprecations(broken("torch_deprecations", tmp_path))
+    assert outcome.status == "warn"
+    assert "add_" in outcome.detail
+    source = (BROKEN / "torch_deprecations.py").read_text().splitlines()
+    file, line = outcome.where.rsplit(":", 1)
+    assert file == str(BROKEN / "torch_deprecations.py")
+    assert "add_(" in source[int(line) - 1]
+
+
+def test_row_loop_with_host_syncs_is_a_slow_step(tmp_path: Path) -> None:
+    outcome = torch_checks.check_step_cost(broken("torch_step_cost", tmp_path))
+    assert outcome.status == "warn", outcome.detail
+    assert "host syncs" in outcome.detail
+    assert outcome.figure is not None and outcome.figure > torch_checks.STEP_COST_LIMIT
+
+
+def test_sparse_refusals_and_densifying(tmp_path: Path) -> None:
+    refused = torch_checks.check_sparse(context("torch.optim:Adam", tmp_path))
+    assert refused.status == "pass" and "refuses sparse" in refused.detail
+    # torch's SGD with weight decay crashes inside an op on a sparse gradient: a fail.
+    crashed = torch_checks.check_sparse(context("torch.optim:SGD", tmp_path, weight_decay=0.1))
+    assert crashed.status == "fail" and "crashed inside the update" in crashed.detail
+    dense = torch_checks.check_sparse(context(f"{__name__}:DecayEveryRow", tmp_path))
+    assert dense.status == "warn" and "densifies" in dense.detail
+
+
+class DecayEveryRow(torch.optim.Optimizer):
+    """Decoupled weight decay on the whole table, then the sparse gradient's rows."""
+
+    def __init__(self, params: object, lr: float = 0.1, weight_decay: float = 0.1) -> None:
+        super().__init__(params, {"lr": lr, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.mul_(1 - group["lr"] * group["weight_decay"])
+                    p.add_(p.grad, alpha=-group["lr"])
+
+
+def test_construct_accepts_torch_wording_for_the_argument() -> None:
+    assert torch_checks._names_argument("Invalid learning rate: -0.001", "lr")
+    assert torch_checks._names_argument("Invalid beta parameter at index 0: -0.001", "betas")
+    assert torch_checks._names_argument("Invalid epsilon value: -1", "eps")
+    assert torch_checks._names_argument("beta_1 must be a number in [0, 1); received 1.0", "beta_1")
+    assert not torch_checks._names_argument("", "lr")
+    assert not torch_checks._names_argument("already failed", "lr")
+
+
+def test_checks_leave_rng_and_warn_always_as_found(tmp_path: Path) -> None:
+    ctx = context("lion", tmp_path)
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    warn_always, threads = torch.is_warn_always_enabled(), torch.get_num_threads()
+    torch_checks.check_deprecations(ctx)
+    torch_checks.check_dense_step(ctx)
+    assert torch.equal(torch.rand(3), expected)
+    assert torch.is_warn_always_enabled() == warn_always
+    assert torch.get_num_threads() == threads
+
+
+def test_device_placement_skips_without_cuda(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    outcome = torch_checks.check_device_placement(context("lion", tmp_path))
+    assert outcome.status == "skip" and "CUDA" in outcome.detail
