@@ -1,0 +1,157 @@
+"""The fresh-process checks, `resume_exact` and `distributed`, in all three styles.
+
+Each call starts Python processes that import torch (~3 s) or TensorFlow (~6 s), so the
+targets are few: one correct optimizer per style, the broken ones written for these
+checks, and the failure paths (an error, a hang) that must come back readable.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from jobs.checks import child, keras_processes, torch_processes
+from jobs.checks.context import CheckContext
+from jobs.checks.report import Outcome
+from jobs.checks.runner import validated_params
+from jobs.checks.target import resolve_target
+
+REPO = Path(__file__).resolve().parents[2]
+BROKEN = Path(__file__).parent / "broken"
+CheckFunction = Callable[[CheckContext], Outcome]
+
+
+def context(text: str, style: str, workdir: Path) -> CheckContext:
+    target = resolve_target(text, style=style)
+    return CheckContext(target=target, params=validated_params(target, {}), workdir=workdir)
+
+
+def checks_of(style: str) -> dict[str, CheckFunction]:
+    module = torch_processes if style == "torch" else keras_processes
+    return {"resume_exact": module.resume_exact, "distributed": module.distributed}
+
+
+@pytest.mark.parametrize(
+    ("text", "style"),
+    [
+        ("torch.optim:Adam", "torch"),
+        ("keras.optimizers:Adam", "keras"),
+        ("tf_keras.optimizers.legacy:SGD", "tf_legacy"),
+    ],
+)
+def test_correct_optimizers_pass_both(text: str, style: str, tmp_path: Path) -> None:
+    ctx = context(text, style, tmp_path)
+    outcomes = {check_id: check(ctx) for check_id, check in checks_of(style).items()}
+    for check_id, outcome in outcomes.items():
+        assert outcome.status == "pass", f"{check_id}: {outcome.detail}"
+        assert outcome.figure is not None and outcome.figure < 1e-5
+    assert outcomes["resume_exact"].figure == 0.0 and "bitwise equal" in outcomes["resume_exact"].detail
+
+
+def test_momentum_is_turned_on_where_the_defaults_keep_no_state(tmp_path: Path) -> None:
+    outcome = torch_processes.resume_exact(context("torch.optim:SGD", "torch", tmp_path))
+    assert outcome.status == "pass"
+    assert "momentum=0.9" in outcome.detail
+
+
+def test_a_relative_plugin_path_resolves_in_the_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(REPO)
+    outcome = torch_processes.resume_exact(
+        context("examples/plugins/sign_momentum.py:SignMomentum", "torch", tmp_path)
+    )
+    assert outcome.status == "pass", outcome.detail
+
+
+@pytest.mark.parametrize(
+    ("file_name", "class_name", "style", "check_id", "names"),
+    [
+        ("torch_resume_exact.py", "GentleStartSGD", "torch", "resume_exact", "fresh process differ"),
+        ("keras_resume_exact.py", "GentleStartSGD", "keras", "resume_exact", "fresh process differ"),
+        ("legacy_resume_exact.py", "GentleStartSGD", "tf_legacy", "resume_exact", "fresh process differ"),
+        ("torch_distributed.py", "WorkerSumSGD", "torch", "distributed", "beyond rounding"),
+        ("keras_distributed.py", "NormalizedSGD", "keras", "distributed", "beyond rounding"),
+        ("legacy_distributed.py", "NormalizedSGD", "tf_legacy", "distributed", "beyond rounding"),
+    ],
+)
+def test_broken_optimizers_fail_with_the_problem_named(
+    file_name: str, class_name: str, style: str, check_id: str, names: str, tmp_path: Path
+) -> None:
+    path = BROKEN / file_name
+    outcome = checks_of(style)[check_id](context(f"{path}:{class_name}", style, tmp_path))
+    assert outcome.status == "fail"
+    assert names in outcome.detail and "Fix:" in outcome.detail
+    assert outcome.where.startswith(f"{path}:")
+    assert outcome.figure is not None and outcome.figure > 1e-4
+
+
+@pytest.mark.parametrize(
+    ("file_name", "class_name", "style", "check_id"),
+    [
+        # A per-process global: every run of `distributed` starts after a first step, so it is resume's.
+        ("torch_resume_exact.py", "GentleStartSGD", "torch", "distributed"),
+        ("keras_resume_exact.py", "GentleStartSGD", "keras", "distributed"),
+        ("torch_distributed.py", "WorkerSumSGD", "torch", "resume_exact"),
+    ],
+)
+def test_each_broken_optimizer_fails_only_its_own_check(
+    file_name: str, class_name: str, style: str, check_id: str, tmp_path: Path
+) -> None:
+    outcome = checks_of(style)[check_id](context(f"{BROKEN / file_name}:{class_name}", style, tmp_path))
+    assert outcome.status == "pass", outcome.detail
+
+
+MISBEHAVING_UNDER_DDP = """
+import time
+
+import torch
+import torch.distributed as dist
+
+
+class RaisesUnderDdp(torch.optim.SGD):
+    def step(self, closure=None):
+        if dist.is_initialized():
+            raise ValueError("this optimizer cannot run on several ranks")
+        return super().step(closure)
+
+
+class HangsUnderDdp(torch.optim.SGD):
+    def step(self, closure=None):
+        if dist.is_initialized():
+            time.sleep(3600)
+        return super().step(closure)
+"""
+
+
+@pytest.fixture
+def misbehaving(tmp_path: Path) -> Path:
+    path = tmp_path / "misbehaving.py"
+    path.write_text(textwrap.dedent(MISBEHAVING_UNDER_DDP))
+    return path
+
+
+def test_an_error_in_a_child_reads_as_one_line_with_the_users_line(misbehaving: Path, tmp_path: Path) -> None:
+    outcome = torch_processes.distributed(context(f"{misbehaving}:RaisesUnderDdp", "torch", tmp_path))
+    assert outcome.status == "fail"
+    assert "ValueError: this optimizer cannot run on several ranks" in outcome.detail
+    raise_line = (
+        misbehaving.read_text()
+        .splitlines()
+        .index('            raise ValueError("this optimizer cannot run on several ranks")')
+        + 1
+    )
+    assert outcome.where == f"{misbehaving}:{raise_line}"
+    assert "Traceback" not in outcome.detail
+
+
+def test_a_hung_child_is_stopped_and_reported(
+    misbehaving: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(child, "CHILD_TIMEOUT_S", 12.0)
+    outcome = torch_processes.distributed(context(f"{misbehaving}:HangsUnderDdp", "torch", tmp_path))
+    assert outcome.status == "fail"
+    assert "did not finish within 12 s" in outcome.detail
