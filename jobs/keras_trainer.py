@@ -334,7 +334,7 @@ class KerasJob:
         Comparing the saved and the reloaded config cannot see one missing from both, yet
         the reloaded optimizer would silently run with its default.
         """
-        config = _plain_config(optimizer)
+        config = plain_config(optimizer)
         given = check_all(
             self.spec.optimizer.params, self.entry.params, owner=f"optimizer {self.entry.name!r}"
         )
@@ -347,7 +347,7 @@ class KerasJob:
                     f"{type(optimizer).__name__}.get_config(); a reloaded optimizer would silently use "
                     "its default. Return every constructor argument"
                 )
-            if not _same_value(config[name], value):
+            if not same_config_value(config[name], value):
                 raise CheckpointMismatch(
                     f"{where}: hyperparameter {name!r} was {value!r} but came back as {config[name]!r}"
                 )
@@ -372,7 +372,7 @@ class KerasJob:
         return fresh
 
     def _compare_optimizers(self, saved: Any, loaded: Any, where: str) -> None:
-        saved_config, loaded_config = _plain_config(saved), _plain_config(loaded)
+        saved_config, loaded_config = plain_config(saved), plain_config(loaded)
         if saved_config != loaded_config:
             keys = sorted(
                 k
@@ -400,7 +400,7 @@ class KerasJob:
 
     def _placement(self, objects: KerasObjects) -> dict[str, Any]:
         """Where optimizer state lives against its model variables (a GPU performance cliff)."""
-        model_devices = sorted({_device(v) for v in objects.model.trainable_variables})
+        model_devices = sorted({variable_device(v) for v in objects.model.trainable_variables})
         optimizer_devices = sorted(
             {device for _, _, device in _optimizer_variable_devices(objects.optimizer)}
         )
@@ -444,31 +444,31 @@ class _Compiled:
         return self.compiled(*args)
 
 
-def _variables_of(optimizer: Any) -> list[Any]:
+def optimizer_variables_of(optimizer: Any) -> list[Any]:
     variables = optimizer.variables
     return list(variables() if callable(variables) else variables)  # legacy: a method
 
 
 def _optimizer_variables(optimizer: Any) -> list[tuple[str, np.ndarray]]:
-    return [(_name(v), np.asarray(v.numpy())) for v in _variables_of(optimizer)]
+    return [(_name(v), np.asarray(v.numpy())) for v in optimizer_variables_of(optimizer)]
 
 
 def _optimizer_variable_devices(optimizer: Any) -> list[tuple[str, Any, str]]:
-    return [(_name(v), v, _device(v)) for v in _variables_of(optimizer)]
+    return [(_name(v), v, variable_device(v)) for v in optimizer_variables_of(optimizer)]
 
 
 def _name(variable: Any) -> str:
     return str(getattr(variable, "path", None) or variable.name)
 
 
-def _device(variable: Any) -> str:
+def variable_device(variable: Any) -> str:
     # A Keras 3 Variable wraps the backend's tf.Variable, which knows its device.
     if hasattr(variable, "device"):
         return str(variable.device)
     return str(variable.value.device)
 
 
-def _plain_config(optimizer: Any) -> dict[str, Any]:
+def plain_config(optimizer: Any) -> dict[str, Any]:
     """get_config() with numpy scalars as Python numbers (legacy configs hold float32s)."""
     config = dict(optimizer.get_config())
     config.pop("name", None)  # reloaded optimizers may be renamed
@@ -478,10 +478,10 @@ def _plain_config(optimizer: Any) -> dict[str, Any]:
     }
 
 
-def _same_value(restored: Any, given: Any) -> bool:
+def same_config_value(restored: Any, given: Any) -> bool:
     if isinstance(given, tuple | list):
         return isinstance(restored, tuple | list) and all(
-            _same_value(r, g) for r, g in zip(restored, given, strict=True)
+            same_config_value(r, g) for r, g in zip(restored, given, strict=True)
         )
     if isinstance(given, float) and isinstance(restored, int | float):
         return math.isclose(restored, given, rel_tol=1e-6)  # legacy configs pass through float32

@@ -30,7 +30,7 @@ import numpy as np
 from jobs.checks.context import CheckContext, with_defaults
 from jobs.checks.keras_processes import distributed, resume_exact
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
-from jobs.keras_trainer import _device, _plain_config, _same_value, _variables_of
+from jobs.keras_trainer import optimizer_variables_of, plain_config, same_config_value, variable_device
 from optimizers.hyperparams import Param
 
 # Small shapes with distinct sizes, so an optimizer variable can be told apart by its shape.
@@ -147,7 +147,7 @@ def _fresh(
 
 
 def _state(optimizer: Any) -> list[np.ndarray]:
-    return [np.array(np.asarray(v.numpy())) for v in _variables_of(optimizer)]
+    return [np.array(np.asarray(v.numpy())) for v in optimizer_variables_of(optimizer)]
 
 
 def _max_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
@@ -242,7 +242,7 @@ def _stateful(ctx: CheckContext) -> dict[str, Any]:
     overrides: dict[str, Any] = {}
     optimizer, _ = _fresh(ctx)
     param = ctx.target.entry.params.get("momentum")
-    if not any(len(v.shape) > 0 for v in _variables_of(optimizer)) and param is not None:
+    if not any(len(v.shape) > 0 for v in optimizer_variables_of(optimizer)) and param is not None:
         try:
             param.check(0.9)
             overrides = {"momentum": 0.9}
@@ -682,14 +682,14 @@ def _config_problem(ctx: CheckContext, optimizer: Any, *, schedule: bool) -> Out
         return missing
     try:
         clone = cls.from_config(dict(config))
-        again = _plain_config(clone)
+        again = plain_config(clone)
     except Exception as exc:
         return failed(
             f"{cls.__name__}.from_config(get_config()){with_what} raised {ctx.describe_error(exc)}",
             where=_user_line(ctx, exc),
             fix="get_config must return exactly the constructor's arguments (plus the base class's)",
         )
-    first = _plain_config(optimizer)
+    first = plain_config(optimizer)
     differing = sorted(
         k for k in first.keys() | again.keys() if not _config_value_equal(first.get(k), again.get(k))
     )
@@ -721,7 +721,7 @@ def _missing_hyperparameters(
             )
         if arg == ctx.target.entry.lr_arg and schedule:
             continue
-        if not _same_value(_plain_scalar(config[arg]), value):
+        if not same_config_value(_plain_scalar(config[arg]), value):
             return failed(
                 f"hyperparameter {arg!r} was built as {value!r} but get_config() says {config[arg]!r}",
                 where=ctx.target.class_location(),
@@ -941,7 +941,7 @@ def _whole_model_reload(kit: _Kit, build: Callable[[], Any], path: Any) -> _Relo
             loaded = kit.km.models.load_model(path).optimizer
     except Exception as exc:
         return _Reload(error=exc)
-    saved_config, loaded_config = _plain_config(optimizer), _plain_config(loaded)
+    saved_config, loaded_config = plain_config(optimizer), plain_config(loaded)
     differing = tuple(
         sorted(
             k
@@ -969,7 +969,7 @@ def _state_outside_variables(ctx: CheckContext) -> int:
 
 
 def _tracked_outside(kit: _Kit, optimizer: Any, trained: Sequence[Any]) -> list[Any]:
-    known = {id(_backing(v)) for v in [*_variables_of(optimizer), *trained]}
+    known = {id(_backing(v)) for v in [*optimizer_variables_of(optimizer), *trained]}
     found = []
     for item in kit.tf.train.TrackableView(optimizer).descendants():
         backing = _backing(item)
@@ -1092,13 +1092,13 @@ def check_device_placement(ctx: CheckContext) -> Outcome:
 
 def _misplaced_slots(variables: Sequence[Any], optimizer: Any) -> list[str]:
     """Slots are matched to variables by shape (the variables' shapes are all distinct)."""
-    device_of_shape = {tuple(v.shape): _device(v) for v in variables}
+    device_of_shape = {tuple(v.shape): variable_device(v) for v in variables}
     misplaced = []
-    for slot in _variables_of(optimizer):
+    for slot in optimizer_variables_of(optimizer):
         home = device_of_shape.get(tuple(slot.shape))
-        if home is not None and _device(slot) != home:
+        if home is not None and variable_device(slot) != home:
             misplaced.append(
-                f"{getattr(slot, 'path', None) or slot.name} on {_device(slot)}, variable on {home}"
+                f"{getattr(slot, 'path', None) or slot.name} on {variable_device(slot)}, variable on {home}"
             )
     return misplaced
 
@@ -1187,7 +1187,7 @@ def check_state_untrainable(ctx: CheckContext) -> Outcome:
     grads = [tf.ones_like(v) for v in model.trainable_variables]
     kit.apply(optimizer, grads, model.trainable_variables)
     weights = model.trainable_variables
-    state = [*_variables_of(optimizer), *_tracked_outside(kit, optimizer, weights)]
+    state = [*optimizer_variables_of(optimizer), *_tracked_outside(kit, optimizer, weights)]
     weight_ids = {id(_backing(v)) for v in weights}
     in_model = [v for v in state if id(_backing(v)) in weight_ids]
     trainable = [

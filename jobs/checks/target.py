@@ -57,6 +57,10 @@ class Target:
 
     @property
     def qualname(self) -> str:
+        """`package.module.Class`; for a class loaded from a file, `path/file.py:Class`
+        (its module name is one this checker made up)."""
+        if is_class_reference(self.text) and self.text.rsplit(":", 1)[0].endswith(".py"):
+            return self.text
         return f"{self.cls.__module__}.{self.cls.__qualname__}"
 
     def source_file(self) -> str | None:

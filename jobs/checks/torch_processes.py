@@ -255,17 +255,16 @@ def _rank(task: Mapping[str, Any], context: CheckContext, rank: int, out: str) -
         world_size=WORLD_SIZE,
         timeout=timedelta(seconds=60),
     )
-    try:
-        model, optimizer = build(context, task["overrides"])
-        initial = {k: v.clone() for k, v in model.state_dict().items()}
-        wrapped = DistributedDataParallel(model)
-        # Each rank its own random stream from here, as dropout and augmentation need in real training.
-        torch.manual_seed(SEED + 1 + rank)
-        share = GLOBAL_BATCH // WORLD_SIZE
-        train(wrapped, optimizer, range(DDP_STEPS), slice(rank * share, (rank + 1) * share))
-        _save_run(out, model, optimizer, initial)
-    finally:
-        dist.destroy_process_group()
+    # No destroy_process_group(): with the peer already gone it can block for good in
+    # gloo (seen here, about one run in ten); this forked process ends with os._exit.
+    model, optimizer = build(context, task["overrides"])
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    wrapped = DistributedDataParallel(model)
+    # Each rank its own random stream from here, as dropout and augmentation need in real training.
+    torch.manual_seed(SEED + 1 + rank)
+    share = GLOBAL_BATCH // WORLD_SIZE
+    train(wrapped, optimizer, range(DDP_STEPS), slice(rank * share, (rank + 1) * share))
+    _save_run(out, model, optimizer, initial)
 
 
 def _single(task: Mapping[str, Any], context: CheckContext, out: str) -> None:
@@ -277,7 +276,13 @@ def _single(task: Mapping[str, Any], context: CheckContext, out: str) -> None:
 
 
 def _save_run(path: str, model: nn.Module, optimizer: Any, initial: Mapping[str, Any]) -> None:
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "initial": initial}, path)
+    # Tensors only: what the optimizer keeps besides them is state_roundtrip's business,
+    # and the parent reads this file with weights_only=True.
+    state = {
+        index: {key: value for key, value in entry.items() if isinstance(value, torch.Tensor)}
+        for index, entry in optimizer.state_dict()["state"].items()
+    }
+    torch.save({"model": model.state_dict(), "optimizer": {"state": state}, "initial": initial}, path)
 
 
 # -- children -----------------------------------------------------------------------------------------
