@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import fcntl
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 
 MIGRATIONS = Path(__file__).parent / "migrations"
+MIGRATION_LOCK_KEY = 0x6F70746C6162  # "optlab": any constant all optlab processes share
 
 
 def make_engine(url: str) -> Engine:
@@ -36,9 +40,31 @@ def session_factory(engine: Engine) -> sessionmaker[Session]:
 
 
 def migrate(engine: Engine) -> None:
-    """Bring the schema to the latest Alembic revision (idempotent)."""
+    """Bring the schema to the latest Alembic revision (idempotent).
+
+    `optlab serve` starts the API and a worker at once and both migrate: one at a time,
+    or the second one sees no schema yet and fails creating a table the first just made.
+    """
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
-    with engine.begin() as connection:
+    with _one_migration_at_a_time(engine), engine.begin() as connection:
+        if engine.dialect.name == "postgresql":
+            # Held until this transaction ends; every migrating process takes the same key.
+            connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
         config.attributes["connection"] = connection
         command.upgrade(config, "head")
+
+
+@contextmanager
+def _one_migration_at_a_time(engine: Engine) -> Iterator[None]:
+    """A file lock beside a SQLite database (PostgreSQL uses an advisory lock instead)."""
+    database = engine.url.database
+    if engine.dialect.name != "sqlite" or not database or database == ":memory:":
+        yield
+        return
+    with open(f"{database}.migrate.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

@@ -89,22 +89,6 @@ def test_broken_optimizers_fail_with_the_problem_named(
     assert outcome.figure is not None and outcome.figure > 1e-4
 
 
-@pytest.mark.parametrize(
-    ("file_name", "class_name", "style", "check_id"),
-    [
-        # A per-process global: every run of `distributed` starts after a first step, so it is resume's.
-        ("torch_resume_exact.py", "GentleStartSGD", "torch", "distributed"),
-        ("keras_resume_exact.py", "GentleStartSGD", "keras", "distributed"),
-        ("torch_distributed.py", "WorkerSumSGD", "torch", "resume_exact"),
-    ],
-)
-def test_each_broken_optimizer_fails_only_its_own_check(
-    file_name: str, class_name: str, style: str, check_id: str, tmp_path: Path
-) -> None:
-    outcome = checks_of(style)[check_id](context(f"{BROKEN / file_name}:{class_name}", style, tmp_path))
-    assert outcome.status == "pass", outcome.detail
-
-
 MISBEHAVING_UNDER_DDP = """
 import time
 
