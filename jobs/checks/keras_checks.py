@@ -467,15 +467,18 @@ def check_none_grads(ctx: CheckContext) -> Outcome:
 # Multiples of the learning rate for steps 0..4: zero on some steps, so an optimizer that
 # reads the rate once (in __init__ or build) instead of every step is caught.
 SCHEDULE_FACTORS = (0.0, 1.0, 0.0, 2.0, 0.5)
+# Where a rate of 0 is outside what the optimizer can take: every step must move, and differently.
+POSITIVE_SCHEDULE_FACTORS = (1.0, 0.5, 2.0, 0.25, 1.0)
 
 
 def check_schedule(ctx: CheckContext) -> Outcome:
     if _updates_nothing(ctx):
         return skipped(MOVES_NOTHING)
     kit = _kit(ctx)
-    rates = [ctx.lr * f for f in SCHEDULE_FACTORS]
-    schedule = kit.schedules.PiecewiseConstantDecay(list(range(len(rates) - 1)), rates)
     overrides = _without_weight_decay(ctx)
+    zero_rate_ok = _takes_a_zero_rate(ctx, overrides)
+    rates = [ctx.lr * f for f in (SCHEDULE_FACTORS if zero_rate_ok else POSITIVE_SCHEDULE_FACTORS)]
+    schedule = kit.schedules.PiecewiseConstantDecay(list(range(len(rates) - 1)), rates)
     optimizer, variables = _fresh(ctx, learning_rate=schedule, **overrides)
     reference = _reference_with_rate_set_each_step(ctx, overrides)
     grads = [_tensors(_arrays(SHAPES, seed=10 + step), kit) for step in range(len(rates))]
@@ -513,11 +516,28 @@ def check_schedule(ctx: CheckContext) -> Outcome:
             figure=worst,
         )
     compared = " and matched the rate set by hand each step" if reference is not None else ""
+    zero_note = (
+        "zero-rate steps left the variables alone"
+        if zero_rate_ok
+        else "rates kept above 0: a step at rate 0 gives non-finite values in this optimizer (e.g. FTRL)"
+    )
     return passed(
-        f"a LearningRateSchedule was applied at each of {len(rates)} steps (zero-rate steps left the "
-        f"variables alone){compared}{decay_note}",
+        f"a LearningRateSchedule was applied at each of {len(rates)} steps ({zero_note}){compared}"
+        f"{decay_note}",
         figure=worst,
     )
+
+
+def _takes_a_zero_rate(ctx: CheckContext, overrides: Mapping[str, Any]) -> bool:
+    """Whether a step at learning rate 0 stays finite: FTRL divides by the rate, so the zero-rate
+    steps of the schedule check would compare NaN with NaN for it."""
+    kit = _kit(ctx)
+    try:
+        optimizer, variables = _fresh(ctx, learning_rate=0.0, **overrides)
+        kit.apply(optimizer, _tensors(_arrays(SHAPES, seed=10), kit), variables)
+    except Exception:
+        return False
+    return all(np.all(np.isfinite(value)) for value in _values(variables))
 
 
 def _reference_with_rate_set_each_step(
