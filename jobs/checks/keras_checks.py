@@ -474,6 +474,15 @@ POSITIVE_SCHEDULE_FACTORS = (1.0, 0.5, 2.0, 0.25, 1.0)
 def check_schedule(ctx: CheckContext) -> Outcome:
     if _updates_nothing(ctx):
         return skipped(MOVES_NOTHING)
+    refusal = _schedule_refusal(ctx)
+    if refusal is not None:
+        return warned(
+            f"the class refuses a LearningRateSchedule with a clear error ({refusal}), so no schedule can "
+            "be used with it",
+            where=ctx.target.class_location(),
+            fix="accept a schedule and read the rate each step (legacy: self._decayed_lr(var_dtype)); "
+            "until then, set the rate by hand between steps",
+        )
     kit = _kit(ctx)
     overrides = _without_weight_decay(ctx)
     zero_rate_ok = _takes_a_zero_rate(ctx, overrides)
@@ -672,16 +681,37 @@ def check_config_roundtrip(ctx: CheckContext) -> Outcome:
     problem = _config_problem(ctx, optimizer, schedule=False)
     if problem is not None:
         return problem
+    count = len(ctx.target.entry.params)
+    refusal = _schedule_refusal(ctx)
+    if refusal is not None:
+        return passed(
+            f"get_config() is JSON-serializable, carries all {count} hyperparameters and survives "
+            f"from_config() (not tried with a LearningRateSchedule, which the class refuses: {refusal})",
+            figure=float(count),
+        )
     schedule = kit.schedules.ExponentialDecay(ctx.lr, decay_steps=10, decay_rate=0.5)
     problem = _config_problem(ctx, ctx.build(learning_rate=schedule), schedule=True)
     if problem is not None:
         return problem
-    count = len(ctx.target.entry.params)
     return passed(
         f"get_config() is JSON-serializable, carries all {count} hyperparameters and survives "
         "from_config(), with a plain rate and with a LearningRateSchedule",
         figure=float(count),
     )
+
+
+def _schedule_refusal(ctx: CheckContext) -> str | None:
+    """The message of a clear refusal to take a LearningRateSchedule at construction (legacy
+    Nadam has one), or None when the class accepts one (or fails in some other way, which
+    the checks that use a schedule then report)."""
+    kit = _kit(ctx)
+    schedule = kit.schedules.ExponentialDecay(ctx.lr, decay_steps=10, decay_rate=0.5)
+    try:
+        ctx.build(learning_rate=schedule)
+    except (ValueError, TypeError, NotImplementedError) as exc:
+        if "schedule" in str(exc).lower():
+            return ctx.describe_error(exc)
+    return None
 
 
 def _config_problem(ctx: CheckContext, optimizer: Any, *, schedule: bool) -> Outcome | None:
