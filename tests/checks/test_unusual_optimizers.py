@@ -1,0 +1,36 @@
+"""Framework optimizers with unusual but legitimate semantics, beyond the ones the issue
+names: the checks that once misjudged them, each run alone (fast)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from jobs.checks.runner import run_checks
+from tests.checks.tables import target_of
+
+
+@pytest.mark.parametrize(
+    ("text", "check_id", "status", "says"),
+    [
+        # ASGD applies a rate derived from the previous step's lr: one step late, not ignored.
+        ("torch.optim:ASGD", "schedule", "pass", "one step late"),
+        # Rprop uses lr only to start its per-element step sizes: a schedule never reaches it.
+        ("torch.optim:Rprop", "schedule", "fail", "never applied"),
+        # Halving Rprop's etas would make them invalid: the group check must vary only what is valid.
+        ("torch.optim:Rprop", "param_groups", "pass", "steps like a single-group optimizer"),
+        # FTRL divides by the rate: the schedule is checked with positive rates.
+        ("keras.optimizers:Ftrl", "schedule", "pass", "rates kept above 0"),
+        ("tf_keras.optimizers.legacy:Ftrl", "schedule", "pass", "rates kept above 0"),
+        # Legacy Nadam refuses schedules outright, with a clear message.
+        ("tf_keras.optimizers.legacy:Nadam", "schedule", "warn", "refuses a LearningRateSchedule"),
+        ("tf_keras.optimizers.legacy:Nadam", "config_roundtrip", "pass", "which the class refuses"),
+    ],
+)
+def test_unusual_semantics_are_judged_fairly(
+    text: str, check_id: str, status: str, says: str, tmp_path: Path
+) -> None:
+    (result,) = run_checks(target_of(text), {}, only=[check_id], workdir=tmp_path).checks
+    assert (result.id, result.status) == (check_id, status), result.detail
+    assert says in result.detail
