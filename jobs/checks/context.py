@@ -39,6 +39,17 @@ class CheckContext:
         declared = self.target.entry.params.get("lr")
         return float(self.params.get("lr", declared.default if declared is not None else 1e-3))
 
+    def mark_unbuildable(self) -> None:
+        """`construct` could not build the optimizer at all: the other checks cannot run.
+
+        A construct fail for an invalid value it accepted does not count: the rest still runs.
+        """
+        self.notes["unbuildable"] = True
+
+    @property
+    def unbuildable(self) -> bool:
+        return bool(self.notes.get("unbuildable"))
+
     def where(self, error: BaseException | None = None) -> str:
         """`file.py:line` in the user's class: the deepest frame of `error` inside its file, else
         the class statement."""

@@ -264,6 +264,7 @@ def check_construct(ctx: CheckContext) -> Outcome:
     try:
         ctx.build()
     except Exception as exc:
+        ctx.mark_unbuildable()
         return failed(
             f"building with {ctx.params or 'the defaults'} raised {ctx.describe_error(exc)}",
             where=_user_line(ctx, exc),

@@ -64,7 +64,7 @@ def run_checks(
     with tempfile.TemporaryDirectory(prefix="optlab-check-", dir=workdir) as scratch:
         context = CheckContext(target=target, params=checked, workdir=Path(scratch))
         for number, check_id in enumerate(ids, start=1):
-            result = _run_one(check_id, table, context, report)
+            result = _run_one(check_id, table, context)
             report.checks.append(result)
             if on_result is not None:
                 on_result(result, number, len(ids))
@@ -72,11 +72,9 @@ def run_checks(
     return report
 
 
-def _run_one(
-    check_id: str, table: Mapping[str, CheckFunction], context: CheckContext, report: CheckReport
-) -> CheckResult:
+def _run_one(check_id: str, table: Mapping[str, CheckFunction], context: CheckContext) -> CheckResult:
     started = time.perf_counter()
-    outcome = _outcome(check_id, table, context, report)
+    outcome = _outcome(check_id, table, context)
     return CheckResult(
         id=check_id,
         status=outcome.status,
@@ -87,16 +85,13 @@ def _run_one(
     )
 
 
-def _outcome(
-    check_id: str, table: Mapping[str, CheckFunction], context: CheckContext, report: CheckReport
-) -> Outcome:
+def _outcome(check_id: str, table: Mapping[str, CheckFunction], context: CheckContext) -> Outcome:
     style = context.target.style
     if style not in ONLY_FOR_STYLES.get(check_id, (style,)):
         return skipped(f"applies to {' and '.join(ONLY_FOR_STYLES[check_id])} optimizers only")
     if check_id not in table:
         return skipped(f"not available for {style} optimizers")
-    construct = next((c for c in report.checks if c.id == "construct"), None)
-    if construct is not None and construct.status == "fail":
+    if context.unbuildable:
         return skipped("not run: the optimizer cannot be constructed (see construct)")
     try:
         return table[check_id](context)

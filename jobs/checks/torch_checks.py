@@ -170,6 +170,7 @@ def check_construct(ctx: CheckContext) -> Outcome:
         try:
             build()
         except Exception as exc:
+            ctx.mark_unbuildable()
             return failed(
                 f"building with {label} raised {ctx.describe_error(exc)}",
                 where=ctx.where(exc),
