@@ -27,11 +27,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jobs.checks.context import one_line
 from jobs.checks.report import Outcome, failed
 from jobs.checks.target import LEGACY_KERAS_ENV
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHILD_TIMEOUT_S = 120.0
+
+# What the two fresh-process checks share, in every framework.
+SEED = 20240607
+RESUME_STEPS = 6  # N steps straight ...
+RESUME_SPLIT = 3  # ... against k steps, save, a fresh process runs the other N - k
+GLOBAL_BATCH = 8  # each replica (DDP rank, MirroredStrategy replica) takes an equal share of the rows
+# Replicas average their share's gradients, which rounds differently from one full-batch
+# mean (a few float32 ulps). Over a few steps that moves parameters by about 1e-6 of their
+# movement; a real distribution fault (a gradient summed twice, a norm over replicas,
+# replicas drifting apart) changes the movement itself by a large fraction. So parameters
+# must agree within 1e-3 of their movement, and optimizer state within 1e-3 of its own size.
+RELATIVE_TOLERANCE = 1e-3
+ABSOLUTE_FLOOR = 1e-7
 
 
 class ChildFailed(Exception):
@@ -132,29 +146,6 @@ def failure_of(child: Child, code: int) -> ChildFailed:
     return ChildFailed(f"the fresh process ({child.name}) {how}: {' | '.join(tail)[-400:]}")
 
 
-def stateful_overrides(context: Any) -> dict[str, Any]:
-    """Settings that give the optimizer state to carry, when its own give it none.
-
-    SGD and RMSprop keep no buffer at `momentum=0` (their default), which would make a
-    check of state across processes vacuous: momentum 0.9 is used instead, only when the
-    class declares a float `momentum` that allows it, and the pass detail says so.
-    """
-    declared = context.target.entry.params.get("momentum")
-    if declared is None or context.params.get("momentum", declared.default) not in (0, 0.0, None):
-        return {}
-    if declared.type not in ("float", "number") or not (declared.low or 0) <= 0.9 < (declared.high or 1):
-        return {}
-    return {"momentum": 0.9}
-
-
-def overrides_note(overrides: Mapping[str, Any]) -> str:
-    """What a pass detail adds when `stateful_overrides` changed the build."""
-    if not overrides:
-        return ""
-    shown = ", ".join(f"{k}={v}" for k, v in overrides.items())
-    return f" (built with {shown} so that there is state to carry)"
-
-
 def failed_in_child(exc: ChildFailed, what: str, *, where: str, fix: str = "") -> Outcome:
     """The check's fail for a child that raised or hung; `where` is the fallback location."""
     if exc.timed_out:
@@ -200,7 +191,7 @@ def report_failure(task: Mapping[str, Any], context: Any, exc: BaseException) ->
     error_path = Path(task["error_path"])
     if not error_path.exists():
         where = context.where(exc) if context is not None else _deepest_frame(exc)
-        error_path.write_text(json.dumps({"error": _one_line(exc), "where": where}))
+        error_path.write_text(json.dumps({"error": one_line(exc), "where": where}))
     traceback.print_exc()  # kept in the child's log for whoever wants the whole story
 
 
@@ -251,13 +242,6 @@ def _wait_for(path: Path, timeout_s: float = CHILD_TIMEOUT_S) -> None:
 def ready(path: Path) -> None:
     """Tell a child waiting on `path` (see `wait_for` in the task) that its input is written."""
     path.touch()
-
-
-def _one_line(exc: BaseException) -> str:
-    message = " ".join(str(exc).split())
-    if len(message) > 300:
-        message = message[:297] + "..."
-    return f"{type(exc).__name__}: {message}"
 
 
 def _deepest_frame(exc: BaseException) -> str:

@@ -10,6 +10,8 @@ from typing import Any
 
 from jobs.checks.target import Target
 
+STATEFUL_MOMENTUM = 0.9
+
 
 @dataclass
 class CheckContext:
@@ -61,11 +63,40 @@ class CheckContext:
         return self.target.class_location()
 
     def describe_error(self, error: BaseException) -> str:
-        """`TypeError: message` cut to one readable line."""
-        message = " ".join(str(error).split())
-        if len(message) > 300:
-            message = message[:297] + "..."
-        return f"{type(error).__name__}: {message}"
+        return one_line(error)
+
+    def stateful_overrides(self) -> dict[str, Any]:
+        """Settings that give a stateless configuration (SGD's default momentum=0) some state.
+
+        Checks of state across a save or a process would be vacuous without it: momentum 0.9
+        is used instead, only when the class declares a numeric `momentum` that allows it, and
+        the pass detail says so (`overrides_note`).
+        """
+        declared = self.target.entry.params.get("momentum")
+        if declared is None or declared.type not in ("float", "number"):
+            return {}
+        if self.params.get("momentum", declared.default) != 0:
+            return {}
+        try:
+            return {"momentum": declared.check(STATEFUL_MOMENTUM)}
+        except ValueError:
+            return {}
+
+
+def overrides_note(overrides: Mapping[str, Any]) -> str:
+    """What a pass detail adds when `stateful_overrides` changed the build."""
+    if not overrides:
+        return ""
+    settings = ", ".join(f"{k}={v}" for k, v in overrides.items())
+    return f" (built with {settings}: the given settings keep no state to check)"
+
+
+def one_line(error: BaseException) -> str:
+    """`TypeError: message` cut to one readable line."""
+    message = " ".join(str(error).split())
+    if len(message) > 300:
+        message = message[:297] + "..."
+    return f"{type(error).__name__}: {message}"
 
 
 def with_defaults(target: Target, params: Mapping[str, Any]) -> dict[str, Any]:

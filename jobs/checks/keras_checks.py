@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from jobs.checks.context import CheckContext, with_defaults
+from jobs.checks.context import CheckContext, overrides_note, with_defaults
 from jobs.checks.keras_processes import distributed, resume_exact
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.keras_trainer import optimizer_variables_of, plain_config, same_config_value, variable_device
@@ -252,11 +252,6 @@ def _stateful(ctx: CheckContext) -> dict[str, Any]:
     return dict(overrides)
 
 
-def _stateful_note(overrides: Mapping[str, Any]) -> str:
-    settings = ", ".join(f"{k}={v}" for k, v in overrides.items())
-    return f" (built with {settings}: the given settings keep no per-variable state)" if overrides else ""
-
-
 # -- construct -----------------------------------------------------------------------------------------
 
 
@@ -459,7 +454,7 @@ def check_none_grads(ctx: CheckContext) -> Outcome:
         )
     return passed(
         "a variable with a None gradient and its state were left alone; the others were updated"
-        + _stateful_note(stateful)
+        + overrides_note(stateful)
     )
 
 
@@ -859,7 +854,7 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
         )
     return passed(
         f"{len(saved)} optimizer variables and iterations restored into a fresh optimizer; the next step "
-        "is bitwise identical" + _stateful_note(stateful),
+        "is bitwise identical" + overrides_note(stateful),
         figure=0.0,
     )
 
@@ -925,7 +920,7 @@ def check_save_load_model(ctx: CheckContext) -> Outcome:
         )
     return passed(
         f"model.save({names}) and load_model without custom_objects brought back the same class, config, "
-        "iterations and optimizer variables" + _stateful_note(stateful)
+        "iterations and optimizer variables" + overrides_note(stateful)
     )
 
 
@@ -1257,7 +1252,7 @@ def check_state_untrainable(ctx: CheckContext) -> Outcome:
         )
     return passed(
         f"all {len(state)} optimizer variables are non-trainable and none is a model weight"
-        + _stateful_note(stateful),
+        + overrides_note(stateful),
         figure=0.0,
     )
 

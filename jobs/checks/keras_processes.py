@@ -21,30 +21,24 @@ from typing import Any
 import numpy as np
 
 from jobs.checks.child import (
+    ABSOLUTE_FLOOR,
+    GLOBAL_BATCH,
+    RELATIVE_TOLERANCE,
+    RESUME_SPLIT,
+    RESUME_STEPS,
+    SEED,
     ChildFailed,
     failed_in_child,
     kill,
-    overrides_note,
     ready,
     spawn,
-    stateful_overrides,
     wait_all,
 )
-from jobs.checks.context import CheckContext
+from jobs.checks.context import CheckContext, overrides_note
 from jobs.checks.report import Outcome, failed, passed
 
-SEED = 20240607
-RESUME_STEPS = 6  # N steps straight ...
-RESUME_SPLIT = 3  # ... against k steps, save, a fresh process runs the other N - k
 MIRRORED_STEPS = 3
 REPLICAS = 2
-GLOBAL_BATCH = 8  # each replica takes GLOBAL_BATCH // REPLICAS rows
-# Two replicas sum their half-batch gradients, which rounds differently from one
-# full-batch mean (a few float32 ulps); over a few steps that moves variables by about
-# 1e-6 of their movement. A real fault (state per replica, statistics of the local
-# gradient instead of the aggregated one) changes the movement by a large fraction.
-RELATIVE_TOLERANCE = 1e-3
-ABSOLUTE_FLOOR = 1e-7
 MODULE = "jobs.checks.keras_processes"
 LAYER_SHAPES = ((6, 8), (8,), (8, 3), (3,))
 
@@ -143,7 +137,7 @@ def resume_exact(ctx: CheckContext) -> Outcome:
     import tensorflow as tf
 
     style = ctx.target.style
-    overrides = stateful_overrides(ctx)
+    overrides = ctx.stateful_overrides()
     prefix, go, final = (
         ctx.workdir / "resume-ckpt",
         ctx.workdir / "resume-go",
@@ -220,7 +214,7 @@ def _resume_in_child(task: Mapping[str, Any], context: CheckContext) -> None:
 
 
 def distributed(ctx: CheckContext) -> Outcome:
-    overrides = stateful_overrides(ctx)
+    overrides = ctx.stateful_overrides()
     out = ctx.workdir / "mirrored.npz"
     task = _task(ctx, "mirrored", overrides, out=str(out), **_determinism())
     try:

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from jobs.checks.context import CheckContext
+from jobs.checks.context import CheckContext, overrides_note
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.checks.torch_processes import distributed, resume_exact
 from jobs.torch_checkpoint import first_difference
@@ -90,26 +90,6 @@ def _twin(model: nn.Module) -> nn.Sequential:
 
 def _snapshot(tensors: Iterable[Tensor]) -> list[Tensor]:
     return [t.detach().clone() for t in tensors]
-
-
-def _state_overrides(ctx: CheckContext) -> dict[str, Any]:
-    """Settings that give a stateless default (SGD's momentum=0) some state to check."""
-    declared = ctx.target.entry.params.get("momentum")
-    if declared is None or declared.type not in ("float", "number"):
-        return {}
-    if ctx.params.get("momentum", declared.default) != 0:
-        return {}
-    try:
-        return {"momentum": declared.check(0.9)}
-    except ValueError:
-        return {}
-
-
-def _overrides_note(overrides: Mapping[str, Any]) -> str:
-    if not overrides:
-        return ""
-    settings = ", ".join(f"{k}={v}" for k, v in overrides.items())
-    return f" (built with {settings} so that there is state to check)"
 
 
 def _state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[str, Tensor]]:
@@ -337,7 +317,7 @@ def check_none_grads(ctx: CheckContext) -> Outcome:
     model = _tiny_model()
     frozen = nn.Parameter(torch.randn(5), requires_grad=False)  # never gets a .grad
     later = nn.Parameter(torch.randn(4))  # trained one step, then frozen
-    overrides = _state_overrides(ctx)
+    overrides = ctx.stateful_overrides()
     optimizer = ctx.build([*model.parameters(), later, frozen], **overrides)
     frozen_before = frozen.detach().clone()
     batch = _batch()
@@ -380,7 +360,7 @@ def check_none_grads(ctx: CheckContext) -> Outcome:
         )
     return passed(
         "parameters with .grad None (never trained, and frozen after a step) and their state stayed bitwise "
-        f"unchanged over 2 steps{_overrides_note(overrides)}",
+        f"unchanged over 2 steps{overrides_note(overrides)}",
         0.0,
     )
 
@@ -614,7 +594,7 @@ def _same_value(actual: Any, expected: Any) -> bool:
 
 @_isolated
 def check_state_roundtrip(ctx: CheckContext) -> Outcome:
-    overrides = _state_overrides(ctx)
+    overrides = ctx.stateful_overrides()
     model, batch = _tiny_model(), _batch()
     optimizer = ctx.build(model.parameters(), **overrides)
     for _ in range(3):
@@ -657,7 +637,7 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
     tensors = sum(1 for _ in _state_tensors(optimizer))
     return passed(
         f"state_dict -> torch.save -> torch.load(weights_only=True) -> fresh optimizer: {tensors} state "
-        f"tensors identical and the next step bitwise equal{_overrides_note(overrides)}",
+        f"tensors identical and the next step bitwise equal{overrides_note(overrides)}",
         0.0,
     )
 
@@ -755,7 +735,7 @@ def check_device_placement(ctx: CheckContext) -> Outcome:
     if not torch.cuda.is_available():
         return skipped("needs a CUDA device; torch.cuda.is_available() is False here")
     device = torch.device("cuda")
-    overrides = _state_overrides(ctx)
+    overrides = ctx.stateful_overrides()
     model, batch = _tiny_model().to(device), tuple(t.to(device) for t in _batch())
     optimizer = ctx.build(model.parameters(), **overrides)
     for _ in range(2):
@@ -789,7 +769,7 @@ def check_device_placement(ctx: CheckContext) -> Outcome:
         )
     return passed(
         "state sits on its parameter's device after CUDA steps and after a CPU-mapped reload "
-        f"into a CUDA optimizer{_overrides_note(overrides)}"
+        f"into a CUDA optimizer{overrides_note(overrides)}"
     )
 
 
@@ -1043,7 +1023,7 @@ def _grad_scaler_step(ctx: CheckContext) -> str:
 
 @_isolated
 def check_state_untrainable(ctx: CheckContext) -> Outcome:
-    overrides = _state_overrides(ctx)
+    overrides = ctx.stateful_overrides()
     model, batch = _tiny_model(), _batch()
     optimizer = ctx.build(model.parameters(), **overrides)
     for _ in range(2):
@@ -1069,10 +1049,10 @@ def check_state_untrainable(ctx: CheckContext) -> Outcome:
             "(torch.zeros_like(p), p.detach().clone()), never views of p or nn.Parameters",
         )
     if not tensors:
-        return passed(f"the optimizer keeps no state tensors{_overrides_note(overrides)}", 0.0)
+        return passed(f"the optimizer keeps no state tensors{overrides_note(overrides)}", 0.0)
     return passed(
         f"none of {len(tensors)} state tensors requires grad, is an nn.Parameter or aliases a parameter"
-        f"{_overrides_note(overrides)}",
+        f"{overrides_note(overrides)}",
         0.0,
     )
 
@@ -1175,7 +1155,7 @@ def _where_time_goes(optimizer: torch.optim.Optimizer) -> str:
 def check_deprecations(ctx: CheckContext) -> Outcome:
     """TORCH_WARN_ONCE fires once per process unless warn-always is on: turn it on for the step."""
     model, batch = _tiny_model(), _batch()
-    optimizer = ctx.build(model.parameters(), **_state_overrides(ctx))
+    optimizer = ctx.build(model.parameters(), **ctx.stateful_overrides())
     warn_always = torch.is_warn_always_enabled()
     torch.set_warn_always(True)
     try:

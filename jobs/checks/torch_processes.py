@@ -18,33 +18,26 @@ import torch
 from torch import nn
 
 from jobs.checks.child import (
+    ABSOLUTE_FLOOR,
+    GLOBAL_BATCH,
+    RELATIVE_TOLERANCE,
+    RESUME_SPLIT,
+    RESUME_STEPS,
+    SEED,
     ChildFailed,
     failed_in_child,
     kill,
-    overrides_note,
     ready,
     run_forked,
     spawn,
-    stateful_overrides,
     wait_all,
 )
-from jobs.checks.context import CheckContext
+from jobs.checks.context import CheckContext, overrides_note
 from jobs.checks.report import Outcome, failed, passed
 from jobs.torch_checkpoint import first_difference, rng_state, set_rng_state
 
-SEED = 20240607
-RESUME_STEPS = 6  # N steps straight ...
-RESUME_SPLIT = 3  # ... against k steps, save, a fresh process runs the other N - k
 DDP_STEPS = 3
 WORLD_SIZE = 2
-GLOBAL_BATCH = 8  # each rank takes GLOBAL_BATCH // WORLD_SIZE rows
-# DDP averages the ranks' half-batch gradients, which rounds differently from one full-batch
-# mean (a few float32 ulps). Over a few steps that moves parameters by about 1e-6 of their
-# movement; a real distribution fault (a gradient summed twice, a norm over replicas, ranks
-# drifting apart) changes the movement itself by a large fraction. So parameters must agree
-# within 1e-3 of their movement, and optimizer state within 1e-3 of its own magnitude.
-RELATIVE_TOLERANCE = 1e-3
-ABSOLUTE_FLOOR = 1e-7
 MODULE = "jobs.checks.torch_processes"
 
 
@@ -81,7 +74,7 @@ def build(context: CheckContext, overrides: Mapping[str, Any]) -> tuple[nn.Modul
 
 
 def resume_exact(ctx: CheckContext) -> Outcome:
-    overrides = stateful_overrides(ctx)
+    overrides = ctx.stateful_overrides()
     checkpoint, final = ctx.workdir / "resume-checkpoint.pt", ctx.workdir / "resume-final.pt"
     go = ctx.workdir / "resume-go"
     task = _task(ctx, "resume", overrides, checkpoint=str(checkpoint), out=str(final), wait_for=str(go))
@@ -137,7 +130,7 @@ def _resume_in_child(task: Mapping[str, Any], context: CheckContext) -> None:
 
 
 def distributed(ctx: CheckContext) -> Outcome:
-    overrides = stateful_overrides(ctx)
+    overrides = ctx.stateful_overrides()
     store = ctx.workdir / "ddp-store"
     store.unlink(missing_ok=True)
     outs = {name: ctx.workdir / f"ddp-{name}.pt" for name in ("rank0", "rank1", "single")}
