@@ -44,19 +44,19 @@ class Reporter:
         self._progress.update(fields)
         now = time.monotonic()
         if force or now - self._last_write >= self._min_interval_s:
-            write_json_atomic(self.workdir / PROGRESS_FILE, _finite(self._progress))
+            write_json_atomic(self.workdir / PROGRESS_FILE, finite_json(self._progress))
             self._last_write = now
 
     def result(self, result: dict[str, Any]) -> None:
-        write_json_atomic(self.workdir / RESULT_FILE, _finite(result))
+        write_json_atomic(self.workdir / RESULT_FILE, finite_json(result))
 
 
-def _finite(data: Any) -> Any:
+def finite_json(data: Any) -> Any:
     """JSON has no NaN or infinity: report them as strings rather than fail to write."""
     if isinstance(data, float) and (data != data or data in (float("inf"), float("-inf"))):
         return str(data)
     if isinstance(data, dict):
-        return {key: _finite(value) for key, value in data.items()}
+        return {key: finite_json(value) for key, value in data.items()}
     if isinstance(data, list | tuple):
-        return [_finite(value) for value in data]
+        return [finite_json(value) for value in data]
     return data

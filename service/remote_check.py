@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from jobs.checks.report import print_report_table
+from jobs.checks.target import parse_params
 from service.client import ApiClient, ApiError
 from service.progress import follow_jobs
 
@@ -19,12 +20,7 @@ def check_body(args: argparse.Namespace) -> dict[str, Any]:
             f"--remote checks a registered optimizer by name; received the class reference {args.target}: "
             "register it (OPTLAB_PLUGIN_DIRS on the workers) or check it here without --remote"
         )
-    try:
-        params = json.loads(args.params)
-    except ValueError as exc:
-        raise ValueError(f"--params must be a JSON object such as '{{\"lr\": 0.01}}'; {exc}") from None
-    if not isinstance(params, dict):
-        raise ValueError(f"--params must be a JSON object such as '{{\"lr\": 0.01}}'; received {args.params}")
+    params = parse_params(args.params)  # a UsageError is a ValueError
     style = None if args.style in (None, "torch") else args.style
     framework = args.framework or ("tensorflow" if style else "torch")
     body: dict[str, Any] = {"framework": framework, "optimizer": {"name": args.target, "params": params}}

@@ -20,6 +20,7 @@ from jobs.checks.target import (
     candidate_styles,
     is_class_reference,
     needs_legacy_keras,
+    parse_params,
     resolve_target,
 )
 
@@ -53,16 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.json_path is not None:
         args.json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
     return 0 if report.ok else 1
-
-
-def parse_params(text: str) -> dict[str, Any]:
-    try:
-        params = json.loads(text)
-    except ValueError as exc:
-        raise UsageError(f"--params must be a JSON object such as '{{\"lr\": 0.01}}'; {exc}") from None
-    if not isinstance(params, dict):
-        raise UsageError(f"--params must be a JSON object such as '{{\"lr\": 0.01}}'; received {text}")
-    return params
 
 
 def check(args: argparse.Namespace, params: dict[str, Any], argv: list[str]) -> CheckReport:

@@ -5,9 +5,10 @@ The check ids are stable: users script against them, MLflow logs `checks/<id>`.
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
+
+from jobs.report import finite_json
 
 Status = Literal["pass", "fail", "warn", "skip"]
 STATUSES: tuple[Status, ...] = ("pass", "fail", "warn", "skip")
@@ -120,7 +121,7 @@ class CheckReport:
             "target": self.target,
             "class": self.cls,
             "params": self.params,
-            "checks": [_json_safe(asdict(check)) for check in self.checks],
+            "checks": [finite_json(asdict(check)) for check in self.checks],  # NaN figures as text
             "summary": self.summary(),
             "duration_s": self.duration_s,
         }
@@ -140,15 +141,6 @@ class CheckReport:
             detail = check.detail.replace("|", "\\|").replace("\n", " ")
             lines.append(f"| {check.id} | {check.status} | {format_figure(check.figure)} | {detail} |")
         return "\n".join(lines) + "\n"
-
-
-def _json_safe(check: dict[str, Any]) -> dict[str, Any]:
-    """JSON has no NaN or infinity: such a figure is written as text ("nan", "inf"), as
-    the job's result files do."""
-    figure = check["figure"]
-    if isinstance(figure, float) and not math.isfinite(figure):
-        return {**check, "figure": str(figure)}
-    return check
 
 
 STATUS_COLOUR = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}

@@ -10,6 +10,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import json
 import os
 import re
 import sys
@@ -26,8 +27,19 @@ STYLES_OF_FRAMEWORK = {"torch": ("torch",), "tensorflow": ("keras", "tf_legacy")
 _LEGACY_MARKERS = ("optimizers.legacy", "_resource_apply_dense", "_resource_apply_sparse", "tf_keras")
 
 
-class UsageError(Exception):
+class UsageError(ValueError):
     """The target or the options are wrong (exit status 2), not the optimizer."""
+
+
+def parse_params(text: str) -> dict[str, Any]:
+    """`--params` JSON as a dict; UsageError says what is allowed."""
+    try:
+        params = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"--params must be a JSON object such as '{{\"lr\": 0.01}}'; {exc}") from None
+    if not isinstance(params, dict):
+        raise UsageError(f"--params must be a JSON object such as '{{\"lr\": 0.01}}'; received {text}")
+    return params
 
 
 @dataclass(frozen=True)
