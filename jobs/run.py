@@ -74,11 +74,6 @@ def trainer_class(spec: JobSpec) -> Any:
     return KerasJob
 
 
-def total_steps(spec: AnySpec) -> int:
-    """What progress counts: optimizer updates for training, checks done for a check job."""
-    return len(spec.check_ids()) if isinstance(spec, CheckSpec) else spec.steps
-
-
 def run_tags(spec: AnySpec, args: argparse.Namespace) -> dict[str, str]:
     tags = {
         "job_id": args.job_id,
@@ -128,7 +123,7 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     status, mlflow_run, job, spec = "failed", None, None, None
     try:
         spec = load_spec(args.spec)
-        reporter.progress(step=0, total=total_steps(spec), force=True)
+        reporter.progress(step=0, total=spec.total_steps, force=True)
         ensure_process_setup(spec, args)
         # Heavy imports only now, so a bad spec fails in a fraction of a second.
         if args.tracking_uri:

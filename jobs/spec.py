@@ -123,6 +123,11 @@ class JobSpec(BaseModel):
     jit_compile: bool = Field(default=False, description="tensorflow jobs: compile the step with XLA")
 
     @property
+    def total_steps(self) -> int:
+        """What the job's progress counts: optimizer updates."""
+        return self.steps
+
+    @property
     def lr(self) -> float | None:
         value = self.optimizer.params.get("lr")
         return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
@@ -186,6 +191,11 @@ class CheckSpec(BaseModel):
     def check_ids(self) -> list[str]:
         """The checks this job runs, in the stable order of CHECK_IDS."""
         return [check for check in CHECK_IDS if self.checks is None or check in self.checks]
+
+    @property
+    def total_steps(self) -> int:
+        """What the job's progress counts: checks done."""
+        return len(self.check_ids())
 
     def run_name(self) -> str:
         """How the run reads in the MLflow UI: `check lion (torch)`, `check lion lr=3e-4 (keras)`."""

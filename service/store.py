@@ -33,7 +33,7 @@ def create_job(*, session: Session, spec: AnySpec) -> Job:
         status="queued",
         kind="check" if isinstance(spec, CheckSpec) else "train",
         spec=spec.model_dump(mode="json"),
-        total_steps=len(spec.check_ids()) if isinstance(spec, CheckSpec) else spec.steps,
+        total_steps=spec.total_steps,
         step=0,
         attempt=0,
         cancel_requested=False,
