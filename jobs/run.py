@@ -64,16 +64,6 @@ def ensure_process_setup(spec: AnySpec, args: argparse.Namespace) -> None:
         os.execve(sys.executable, argv, {**os.environ, LEGACY_KERAS_ENV: "1"})
 
 
-def trainer_class(spec: JobSpec) -> Any:
-    if spec.framework == "torch":
-        from jobs.torch_trainer import TorchJob
-
-        return TorchJob
-    from jobs.keras_trainer import KerasJob
-
-    return KerasJob
-
-
 def run_tags(spec: AnySpec, args: argparse.Namespace) -> dict[str, str]:
     tags = {
         "job_id": args.job_id,
@@ -93,12 +83,12 @@ def make_job(spec: AnySpec, *, workdir: Path, tracker: Any, reporter: Reporter) 
         from jobs.check_job import CheckJob
 
         return CheckJob(spec, workdir=workdir, tracker=tracker, reporter=reporter)
+    from jobs.frameworks import style_of
+    from jobs.training.loop import TrainingJob
     from optimizers.registry import load_registry
 
-    style = spec.optimizer.style or ("torch" if spec.framework == "torch" else "keras")
-    return trainer_class(spec)(
-        spec, registry=load_registry(styles=(style,)), workdir=workdir, tracker=tracker, reporter=reporter
-    )
+    registry = load_registry(styles=(style_of(spec),))
+    return TrainingJob(spec, registry=registry, workdir=workdir, tracker=tracker, reporter=reporter)
 
 
 def error_record(exc: BaseException) -> dict[str, str]:

@@ -30,7 +30,12 @@ import numpy as np
 from jobs.checks.context import CheckContext, overrides_note, with_defaults
 from jobs.checks.keras_processes import distributed, resume_exact
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
-from jobs.keras_trainer import optimizer_variables_of, plain_config, same_config_value, variable_device
+from jobs.frameworks.keras_driver import (
+    optimizer_variables_of,
+    plain_config,
+    same_config_value,
+    variable_device,
+)
 from optimizers.hyperparams import Param
 
 # Small shapes with distinct sizes, so an optimizer variable can be told apart by its shape.

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 from jobs.checks.context import CheckContext, overrides_note
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.checks.torch_processes import distributed, resume_exact
-from jobs.torch_checkpoint import first_difference
+from jobs.frameworks.torch_driver import first_difference
 from optimizers.hyperparams import Param
 
 CheckFunction = Callable[[CheckContext], Outcome]

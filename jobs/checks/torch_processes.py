@@ -34,7 +34,7 @@ from jobs.checks.child import (
 )
 from jobs.checks.context import CheckContext, overrides_note
 from jobs.checks.report import Outcome, failed, passed
-from jobs.torch_checkpoint import first_difference, rng_state, set_rng_state
+from jobs.frameworks.torch_driver import first_difference, rng_state, set_rng_state
 
 DDP_STEPS = 3
 WORLD_SIZE = 2
@@ -86,7 +86,7 @@ def resume_exact(ctx: CheckContext) -> Outcome:
             straight = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
             model, optimizer = build(ctx, overrides)
             train(model, optimizer, range(RESUME_SPLIT))
-            # As a training loop saves: model, optimizer and RNG in one dict (jobs/torch_checkpoint.py).
+            # As a training loop saves: model, optimizer and RNG in one dict (frameworks/torch_driver.py).
             torch.save(
                 {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_state()},
                 checkpoint,

@@ -1,4 +1,4 @@
-"""Shared fixtures for the job-side tests: one torch thread, the built-in registry, a TorchJob factory."""
+"""Shared fixtures for the job-side tests: one torch thread, the built-in registry, a TrainingJob factory."""
 
 from __future__ import annotations
 
@@ -32,17 +32,17 @@ def registry() -> Registry:
 
 @pytest.fixture
 def make_job(tmp_path: Path, registry: Registry) -> Callable[..., Any]:
-    """`make_job(spec)` -> a TorchJob with its own workdir, a NullTracker and a Reporter."""
+    """`make_job(spec)` -> a TrainingJob with its own workdir, a NullTracker and a Reporter."""
     from jobs.report import Reporter
-    from jobs.torch_trainer import TorchJob
     from jobs.tracking import NullTracker
+    from jobs.training.loop import TrainingJob
 
     numbers = count()
 
-    def make(spec: JobSpec, *, with_registry: Registry | None = None) -> TorchJob:
+    def make(spec: JobSpec, *, with_registry: Registry | None = None) -> TrainingJob:
         workdir = tmp_path / f"job-{next(numbers)}"
         workdir.mkdir()
-        return TorchJob(
+        return TrainingJob(
             spec,
             registry=with_registry or registry,
             workdir=workdir,

@@ -1,4 +1,5 @@
-"""KerasJob: both TensorFlow styles train, verify checkpoints the Keras way, and explain failures."""
+"""The training loop with the Keras drivers: both TensorFlow styles train, verify checkpoints
+the Keras way, and explain failures."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from typing import Any
 import pytest
 
 from jobs.errors import Diverged
-from jobs.keras_trainer import GraphModeError, KerasJob
+from jobs.frameworks.base import CheckpointMismatch
+from jobs.frameworks.keras_driver import GraphModeError
 from jobs.report import Reporter
 from jobs.spec import JobSpec
-from jobs.torch_checkpoint import CheckpointMismatch
 from jobs.tracking import NullTracker
+from jobs.training.loop import TrainingJob
 from optimizers.registry import load_registry
 
 
@@ -37,7 +39,7 @@ def tf_spec(optimizer: str, style: str, params: dict[str, Any], **overrides: Any
 def run(spec: JobSpec, tmp_path: Path, plugin_dirs: list[str] | None = None) -> dict[str, Any]:
     assert spec.optimizer.style is not None
     registry = load_registry(plugin_dirs=plugin_dirs or [], styles=(spec.optimizer.style,))
-    job = KerasJob(
+    job = TrainingJob(
         spec, registry=registry, workdir=tmp_path, tracker=NullTracker(), reporter=Reporter(tmp_path)
     )
     return job.run()
@@ -141,10 +143,10 @@ def test_a_format_that_drops_all_optimizer_state_is_a_warning_not_a_failure(tmp_
     the format's behaviour. The job warns and relies on the tf.train.Checkpoint round-trip."""
     spec = tf_spec("adam", "tf_legacy", {"lr": 0.003}, steps=10, checkpoint_every=10)
     registry = load_registry(plugin_dirs=[], styles=("tf_legacy",))
-    job = KerasJob(
+    job = TrainingJob(
         spec, registry=registry, workdir=tmp_path, tracker=NullTracker(), reporter=Reporter(tmp_path)
     )
-    job.model_suffix = ""  # no suffix: tf_keras writes a SavedModel folder
+    job.driver.model_suffix = ""  # type: ignore[misc]  # no suffix: tf_keras writes a SavedModel folder
     result = job.run()
     assert result["checkpoints_verified"] == 1
     assert any("iterations 0, not 10" in warning for warning in result["warnings"]), result["warnings"]

@@ -1,4 +1,5 @@
-"""TorchJob on digits_mlp: determinism, lossless checkpoints, divergence, progress; Batches."""
+"""The training loop with the torch driver on digits_mlp: determinism, lossless checkpoints,
+divergence, progress; Batches."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import Any
 import pytest
 import torch
 
+from jobs.errors import Diverged
+from jobs.frameworks.torch_driver import Batches
 from jobs.report import PROGRESS_FILE
-from jobs.torch_trainer import Batches, Diverged
 
 from .helpers import digits_spec
 

@@ -12,8 +12,7 @@ import pytest
 import torch
 from torch import nn
 
-from jobs.spec import JobSpec
-from jobs.torch_checkpoint import (
+from jobs.frameworks.torch_driver import (
     CheckpointMismatch,
     TrainObjects,
     first_difference,
@@ -22,6 +21,7 @@ from jobs.torch_checkpoint import (
     save_checkpoint,
     verify_roundtrip,
 )
+from jobs.spec import JobSpec
 from optimizers.registry import Registry, entry_for_class, load_registry
 
 from .helpers import digits_spec

@@ -1,0 +1,1 @@
+"""The training loop, written once over the framework drivers (`jobs.frameworks`)."""

@@ -1,0 +1,165 @@
+"""Train one job in any framework: a loop a reader can hold in their head (after nanoGPT's train.py).
+
+The loop owns what is the same everywhere: the cadence (evaluate every `eval_every`,
+checkpoint every `checkpoint_every` and after the last step), timings, the metric keys,
+divergence, checkpoint bookkeeping and the result. The framework's session (from its
+driver, `jobs.frameworks`) does the rest. Every checkpoint is saved, reloaded into
+fresh objects and verified, and training *continues from the reloaded objects*, so a
+serialization bug shows in the result instead of hiding until someone resumes.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from jobs.errors import Diverged
+from jobs.frameworks import driver_for, style_of
+from jobs.frameworks.base import CheckpointMismatch, Evaluation, TrainingSession, remove_checkpoint
+from jobs.report import Reporter
+from jobs.spec import JobSpec
+from jobs.tracking import Tracker
+from jobs.workloads import get_workload
+from optimizers.registry import Registry
+
+
+@dataclass
+class Timings:
+    step_ms: list[float] = field(default_factory=list)
+    optimizer_ms: list[float] = field(default_factory=list)
+
+    def median(self, values: list[float]) -> float | None:
+        return statistics.median(values) if values else None
+
+
+class TrainingJob:
+    """One training job: the spec's optimizer on the spec's workload, in the spec's style."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        *,
+        registry: Registry,
+        workdir: Path,
+        tracker: Tracker,
+        reporter: Reporter,
+    ) -> None:
+        self.spec = spec
+        self.workdir = workdir
+        self.tracker = tracker
+        self.reporter = reporter
+        self.driver = driver_for(style_of(spec))
+        entry = registry.get(spec.optimizer.name, self.driver.style)
+        self.workload = get_workload(spec.workload.name)
+        self.session: TrainingSession = self.driver.session(spec, entry, self.workload, workdir)
+        self.checkpoint_dir = workdir / "checkpoints"
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        self.warnings: list[str] = []
+        self.verified: list[dict[str, Any]] = []
+        self.last_checkpoint: Path | None = None
+
+    def run(self, *, resume_from: Path | None = None, stop_after: int | None = None) -> dict[str, Any]:
+        """Train to `spec.steps` (or `stop_after`), optionally continuing from a checkpoint file."""
+        spec, session = self.spec, self.session
+        end = min(stop_after, spec.steps) if stop_after is not None else spec.steps
+        timings = Timings()
+        train_loss = math.nan
+        evaluation: dict[str, float] = {}
+        with session.scope():
+            objects = session.build()
+            start = 0
+            if resume_from is not None:
+                objects, start = session.resume(resume_from)
+            started = time.monotonic()
+            for step in range(start, end):
+                train_loss = self._train_step(objects, step, timings)
+                done = step + 1
+                if done % spec.eval_every == 0 or done == end:
+                    evaluation = self._evaluate(objects, done)
+                if done % spec.checkpoint_every == 0 or done == end:
+                    objects = self._checkpoint(objects, done)
+                self.reporter.progress(
+                    step=done, total=spec.steps, loss=train_loss, force=done == end, **evaluation
+                )
+            train_seconds = time.monotonic() - started
+            details = session.details(objects)
+        step_seconds = sum(timings.step_ms) / 1000
+        return {
+            "steps_completed": end,
+            "resumed_from_step": start if resume_from is not None else None,
+            "final": {"train_loss": train_loss, **evaluation},
+            "params_sha256": session.params_sha256(objects),
+            "samples_per_sec": (end - start) * spec.batch_size / step_seconds if step_seconds else None,
+            "step_time_ms_median": timings.median(timings.step_ms),
+            "optimizer_step_ms_median": timings.median(timings.optimizer_ms),
+            "checkpoints": self.verified,
+            "checkpoints_verified": sum(1 for c in self.verified if c["ok"]),
+            "device": session.device,
+            "train_seconds": train_seconds,
+            "warnings": self.warnings,
+            **details,
+        }
+
+    def _train_step(self, objects: Any, step: int, timings: Timings) -> float:
+        batch = self.session.batch(step)
+        started = time.perf_counter()
+        record = self.session.train_step(objects, batch, step)
+        step_ms = (time.perf_counter() - started) * 1000
+        if not math.isfinite(record.loss):
+            raise Diverged(step, "train/loss", record.loss)
+        timings.step_ms.append(step_ms)
+        timings.optimizer_ms.append(record.optimizer_ms)
+        for key, value in (
+            ("train/loss", record.loss),
+            ("train/lr", record.lr),
+            ("train/grad_norm", record.grad_norm),
+            ("perf/step_time_ms", step_ms),
+            ("perf/optimizer_step_ms", record.optimizer_ms),
+            ("perf/samples_per_sec", self.spec.batch_size / (step_ms / 1000)),
+        ):
+            self.tracker.metric(key, value, step)
+        return record.loss
+
+    def _evaluate(self, objects: Any, step: int) -> dict[str, float]:
+        """Validation metrics, logged at `step` (the updates the parameters have seen)."""
+        evaluation = self.session.evaluate(objects)
+        if not math.isfinite(evaluation.loss):
+            raise Diverged(step, "val/loss", evaluation.loss)
+        metrics = {"val_loss": evaluation.loss, **self._task_metric(evaluation)}
+        for name, value in metrics.items():
+            self.tracker.metric(name.replace("val_", "val/", 1), value, step)
+        return metrics
+
+    def _task_metric(self, evaluation: Evaluation) -> dict[str, float]:
+        if self.workload.task == "regression":
+            return {"val_rmse": math.sqrt(evaluation.loss)}
+        accuracy = float(np.mean(np.argmax(evaluation.outputs, axis=1) == evaluation.labels))
+        return {"val_accuracy": accuracy}
+
+    def _checkpoint(self, objects: Any, step: int) -> Any:
+        try:
+            checkpointed = self.session.checkpoint(objects, step, self.checkpoint_dir)
+        except CheckpointMismatch:
+            self.tracker.metric("checkpoint/roundtrip_ok", 0.0, step)
+            self.verified.append({"step": step, "ok": False, "path": str(self._path_of(step))})
+            raise
+        self.tracker.metric("checkpoint/roundtrip_ok", 1.0, step)
+        self.verified.append({"step": step, "ok": True, "path": str(checkpointed.path)})
+        for warning in checkpointed.warnings:
+            if warning not in self.warnings:
+                self.warnings.append(warning)
+        if self.last_checkpoint is not None and self.last_checkpoint != checkpointed.path:
+            remove_checkpoint(self.last_checkpoint)  # keep only the latest verified one
+        self.last_checkpoint = checkpointed.path
+        return checkpointed.objects
+
+    def _path_of(self, step: int) -> Path:
+        """Where a failed checkpoint of `step` lies (the file or folder the session wrote)."""
+        candidates = sorted(self.checkpoint_dir.glob(f"step-{step:08d}*"))
+        return candidates[0] if candidates else self.checkpoint_dir / f"step-{step:08d}"
