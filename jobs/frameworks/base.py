@@ -115,8 +115,9 @@ class TrainingSession(ABC):
         """
 
     def resume(self, path: Path) -> tuple[Any, int]:
-        """Objects restored from a checkpoint this style wrote, and the step it was taken at."""
-        raise ValueError(f"--resume is not available for {self.style_name} jobs yet")
+        """Objects restored from a checkpoint this style wrote, and the step it was taken at
+        (only for drivers whose `capabilities.resume` is set)."""
+        raise NotImplementedError
 
     @abstractmethod
     def params_sha256(self, objects: Any) -> str:
@@ -125,10 +126,6 @@ class TrainingSession(ABC):
     def details(self, objects: Any) -> dict[str, Any]:
         """Style-specific facts for the result (e.g. where optimizer variables sit)."""
         return {}
-
-    @property
-    def style_name(self) -> str:
-        return type(self).__name__
 
 
 class Driver(ABC):

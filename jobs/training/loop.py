@@ -75,6 +75,8 @@ class TrainingJob:
             objects = session.build()
             start = 0
             if resume_from is not None:
+                if not self.driver.capabilities.resume:
+                    raise ValueError(f"--resume is not available for {self.driver.style} jobs yet")
                 objects, start = session.resume(resume_from)
             started = time.monotonic()
             for step in range(start, end):
