@@ -18,10 +18,10 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
+from jobs.processes import legacy_keras_environment, start_in_own_group
 from jobs.workloads import describe_workloads
 from optimizers.schedules import describe_schedules
 
-LEGACY_ENV = {"TF_USE_LEGACY_KERAS": "1"}
 IN_PROCESS_STYLES = ("torch", "keras")
 
 
@@ -59,9 +59,15 @@ def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def legacy_part() -> subprocess.Popen[str]:
+    """The legacy part, in a child that ends with this process (a timed-out catalogue leaves none)."""
     command = [sys.executable, "-m", "jobs.catalogue", "--part", "tf_legacy"]
-    return subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **LEGACY_ENV}
+    return start_in_own_group(
+        command,
+        die_with_parent=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=legacy_keras_environment(os.environ),
     )
 
 

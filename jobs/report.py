@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-PROGRESS_FILE = "progress.json"
-RESULT_FILE = "result.json"
-LOG_FILE = "log.txt"
+from jobs.result import LOG_FILE, PROGRESS_FILE, RESULT_FILE, JobResult, Progress, finite_json, read_json
+
+# The file names, the reader and finite_json live in jobs.result (the service reads them too).
+__all__ = ["LOG_FILE", "PROGRESS_FILE", "RESULT_FILE", "Reporter", "finite_json", "read_json"]
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -23,40 +24,23 @@ def write_json_atomic(path: Path, data: Any) -> None:
     os.replace(tmp, path)
 
 
-def read_json(path: Path) -> dict[str, Any] | None:
-    """The file's object, or None when absent or unreadable (a writer may have crashed)."""
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 class Reporter:
     def __init__(self, workdir: Path, *, min_interval_s: float = 0.5) -> None:
         self.workdir = workdir
         self._min_interval_s = min_interval_s
         self._last_write = 0.0
-        self._progress: dict[str, Any] = {}
+        self._progress: Progress | None = None
 
     def progress(self, *, force: bool = False, **fields: Any) -> None:
-        """Merge `fields` into the progress record; written at most every `min_interval_s`."""
-        self._progress.update(fields)
+        """Merge `fields` into the progress record (validated as `jobs.result.Progress`, so a
+        misnamed field fails here, in the job, not silently in the service); written at most
+        every `min_interval_s`. The first call must give `step` and `total`."""
+        current = self._progress
+        self._progress = current.merged(**fields) if current else Progress.model_validate(fields)
         now = time.monotonic()
         if force or now - self._last_write >= self._min_interval_s:
-            write_json_atomic(self.workdir / PROGRESS_FILE, finite_json(self._progress))
+            write_json_atomic(self.workdir / PROGRESS_FILE, self._progress.to_json())
             self._last_write = now
 
-    def result(self, result: dict[str, Any]) -> None:
-        write_json_atomic(self.workdir / RESULT_FILE, finite_json(result))
-
-
-def finite_json(data: Any) -> Any:
-    """JSON has no NaN or infinity: report them as strings rather than fail to write."""
-    if isinstance(data, float) and (data != data or data in (float("inf"), float("-inf"))):
-        return str(data)
-    if isinstance(data, dict):
-        return {key: finite_json(value) for key, value in data.items()}
-    if isinstance(data, list | tuple):
-        return [finite_json(value) for value in data]
-    return data
+    def result(self, result: JobResult) -> None:
+        write_json_atomic(self.workdir / RESULT_FILE, result.to_json())

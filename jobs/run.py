@@ -17,16 +17,36 @@ import time
 import traceback
 from pathlib import Path
 from types import FrameType
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
 from jobs.errors import Cancelled, Diverged
+from jobs.processes import in_legacy_keras_process, reexec_with_legacy_keras
 from jobs.report import Reporter
+from jobs.result import (
+    CheckOutcome,
+    CheckpointRecord,
+    ErrorRecord,
+    JobResult,
+    JobStatus,
+    MlflowInfo,
+    Outcome,
+    TrainOutcome,
+)
 from jobs.spec import AnySpec, CheckSpec, JobSpec, parse_spec
 
 TRACEBACK_TAIL_LINES = 40
-LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
+# What the MLflow run ends as, per job status; anything else ends FAILED.
+MLFLOW_STATUS = {JobStatus.SUCCEEDED: "FINISHED", JobStatus.CANCELLED: "KILLED"}
+
+
+class Job(Protocol):
+    """A trainer or the check job, as this runner drives it."""
+
+    last_checkpoint: Path | None
+
+    def run(self, *, resume_from: Path | None, stop_after: int | None) -> Outcome | dict[str, Any]: ...
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -58,10 +78,10 @@ def load_spec(path: Path) -> AnySpec:
 def ensure_process_setup(spec: AnySpec, args: argparse.Namespace) -> None:
     """Legacy tf.keras jobs need TF_USE_LEGACY_KERAS=1 before TensorFlow is imported:
     re-execute this process with it (same pid, so the worker keeps watching it)."""
-    legacy = spec.framework == "tensorflow" and spec.optimizer.style == "tf_legacy"
-    if legacy and os.environ.get(LEGACY_KERAS_ENV) != "1":
-        argv = [sys.executable, "-m", "jobs.run", *args.argv]
-        os.execve(sys.executable, argv, {**os.environ, LEGACY_KERAS_ENV: "1"})
+    from jobs.frameworks import needs_legacy_keras_process, style_of
+
+    if needs_legacy_keras_process(style_of(spec)) and not in_legacy_keras_process():
+        reexec_with_legacy_keras("jobs.run", args.argv)
 
 
 def run_tags(spec: AnySpec, args: argparse.Namespace) -> dict[str, str]:
@@ -77,7 +97,7 @@ def run_tags(spec: AnySpec, args: argparse.Namespace) -> dict[str, str]:
     return {**tags, "workload": spec.workload.name}
 
 
-def make_job(spec: AnySpec, *, workdir: Path, tracker: Any, reporter: Reporter) -> Any:
+def make_job(spec: AnySpec, *, workdir: Path, tracker: Any, reporter: Reporter) -> Job:
     """The trainer for the spec's framework, or the check job; imports only what that needs."""
     if isinstance(spec, CheckSpec):
         from jobs.check_job import CheckJob
@@ -91,26 +111,36 @@ def make_job(spec: AnySpec, *, workdir: Path, tracker: Any, reporter: Reporter) 
     return TrainingJob(spec, registry=registry, workdir=workdir, tracker=tracker, reporter=reporter)
 
 
-def error_record(exc: BaseException) -> dict[str, str]:
+def outcome_kind(spec: AnySpec) -> type[Outcome]:
+    return CheckOutcome if isinstance(spec, CheckSpec) else TrainOutcome
+
+
+def error_record(exc: BaseException) -> ErrorRecord:
     lines = "".join(traceback.format_exception(exc)).splitlines()
-    return {
-        "type": type(exc).__name__,
-        "message": str(exc),
-        "traceback": "\n".join(lines[-TRACEBACK_TAIL_LINES:]),
-    }
+    return ErrorRecord(
+        type=type(exc).__name__,
+        message=str(exc),
+        traceback="\n".join(lines[-TRACEBACK_TAIL_LINES:]),
+    )
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise Cancelled("the job was stopped by its worker (cancelled or worker shutdown)")
 
 
-def run_job(args: argparse.Namespace) -> dict[str, Any]:
+def run_job(args: argparse.Namespace) -> JobResult:
     workdir: Path = args.workdir or Path(tempfile.mkdtemp(prefix="optlab-job-"))
     workdir.mkdir(parents=True, exist_ok=True)
     reporter = Reporter(workdir)
     started = time.time()
-    result: dict[str, Any] = {"job_id": args.job_id, "attempt": args.attempt, "workdir": str(workdir)}
-    status, mlflow_run, job, spec = "failed", None, None, None
+    # FAILED until the job's run() returns: whatever goes wrong on the way is a failed job.
+    result = JobResult(
+        job_id=args.job_id, attempt=args.attempt, workdir=str(workdir), status=JobStatus.FAILED
+    )
+    status = JobStatus.FAILED
+    mlflow_run: Any = None
+    job: Job | None = None
+    spec: AnySpec | None = None
     try:
         spec = load_spec(args.spec)
         reporter.progress(step=0, total=spec.total_steps, force=True)
@@ -126,24 +156,24 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
                 params=spec.flat_params(),
                 tags=run_tags(spec, args),
             )
-            result["mlflow"] = mlflow_run.info.to_json()
-            reporter.progress(mlflow=result["mlflow"], force=True)
+            mlflow = MlflowInfo.model_validate(mlflow_run.info.to_json())
+            result = result.with_fields(mlflow=mlflow)
+            reporter.progress(mlflow=mlflow, force=True)
         from jobs.tracking import NullTracker
 
         job = make_job(spec, workdir=workdir, tracker=mlflow_run or NullTracker(), reporter=reporter)
-        result.update(job.run(resume_from=args.resume, stop_after=args.stop_after))
-        status = "succeeded"
+        outcome = job.run(resume_from=args.resume, stop_after=args.stop_after)
+        result = result.with_outcome(outcome, kind=outcome_kind(spec))
+        status = JobStatus.SUCCEEDED
     except Cancelled as exc:
-        status, result["error"] = "cancelled", error_record(exc)
+        status, result = JobStatus.CANCELLED, result.with_fields(error=error_record(exc))
     except Exception as exc:  # every failure becomes a readable result
         if isinstance(exc, Diverged):
-            status, result["diverged_at_step"] = "diverged", exc.step
-        result["error"] = error_record(exc)
-    if isinstance(spec, JobSpec) and job is not None and status != "succeeded":
-        result["checkpoints"] = job.verified
-        result["warnings"] = job.warnings
-    result["status"] = status
-    result["duration_s"] = round(time.time() - started, 3)
+            status, result = JobStatus.DIVERGED, result.with_fields(diverged_at_step=exc.step)
+        result = result.with_fields(error=error_record(exc))
+    if isinstance(spec, JobSpec) and job is not None and status is not JobStatus.SUCCEEDED:
+        result = result.with_fields(**checkpoints_so_far(job))
+    result = result.with_fields(status=status, duration_s=round(time.time() - started, 3))
     if mlflow_run is not None:
         # A stop request now would leave the MLflow run RUNNING: finish first (the worker's
         # SIGKILL after its grace period still bounds this).
@@ -153,11 +183,16 @@ def run_job(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def finish_mlflow_run(
-    mlflow_run: Any, result: dict[str, Any], job: Any, spec: AnySpec | None
-) -> dict[str, Any]:
+def checkpoints_so_far(job: Job) -> dict[str, Any]:
+    """A trainer that stopped early: the checkpoints it verified and the warnings it gathered."""
+    verified: list[CheckpointRecord] = getattr(job, "verified", [])
+    warnings: list[str] = getattr(job, "warnings", [])
+    return {"checkpoints": list(verified), "warnings": warnings}
+
+
+def finish_mlflow_run(mlflow_run: Any, result: JobResult, job: Job | None, spec: AnySpec | None) -> JobResult:
     """Artifacts (spec, result, final checkpoint or check report), then flush metrics and end the run."""
-    mlflow_status = {"succeeded": "FINISHED", "cancelled": "KILLED"}.get(result["status"], "FAILED")
+    mlflow_status = MLFLOW_STATUS.get(result.status, "FAILED")
     try:
         try:
             if job is not None and job.last_checkpoint is not None:
@@ -166,21 +201,21 @@ def finish_mlflow_run(
                 mlflow_run.log_artifact(path)
             if spec is not None:
                 mlflow_run.log_json("spec.json", spec.model_dump(mode="json"))
-            mlflow_run.log_json("result.json", result)
+            mlflow_run.log_json("result.json", result.to_json())
         except Exception:
             mlflow_status = "FAILED"
             raise
         finally:
             mlflow_run.end(mlflow_status)  # flushes metrics; the run never stays RUNNING
     except Exception as exc:
-        result = {**result, "status": "failed", "error": error_record(exc)}
+        result = result.with_fields(status=JobStatus.FAILED, error=error_record(exc))
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     result = run_job(parse_args(argv))
-    return 0 if result["status"] == "succeeded" else 1
+    return 0 if result.status is JobStatus.SUCCEEDED else 1
 
 
 if __name__ == "__main__":

@@ -210,6 +210,21 @@ class CheckSpec(BaseModel):
 AnySpec = JobSpec | CheckSpec
 
 
+def parse_params(text: str) -> dict[str, Any]:
+    """`--params` JSON as a dict; ValueError says what is allowed.
+
+    Here rather than in jobs.checks so `optlab check` parses it the same way locally and with
+    `--remote`, where the service may import only jobs.spec and jobs.result.
+    """
+    try:
+        params = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"--params must be a JSON object such as '{{\"lr\": 0.01}}'; {exc}") from None
+    if not isinstance(params, dict):
+        raise ValueError(f"--params must be a JSON object such as '{{\"lr\": 0.01}}'; received {text}")
+    return params
+
+
 def parse_spec(text: str) -> AnySpec:
     """A stored spec of either kind: `"kind": "check"` marks a check job, anything else trains."""
     try:

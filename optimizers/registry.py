@@ -8,7 +8,6 @@ registered under its `optlab_name` attribute, else its class name in snake_case.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import importlib
 import importlib.metadata
 import importlib.util
@@ -25,6 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from optimizers.hyperparams import Param, ParamType, check_all
+from optimizers.plugin_import import import_file
 
 ENTRY_POINT_GROUP = "optlab.optimizers"
 PLUGIN_DIRS_ENV = "OPTLAB_PLUGIN_DIRS"
@@ -306,19 +306,7 @@ def _load_entry_point(
 
 
 def _load_plugin_file(registry: Registry, path: Path, styles: tuple[str, ...]) -> None:
-    # The path's hash keeps same-named files in two plugin folders apart.
-    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]
-    module_name = f"optlab_plugin_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}_{digest}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path} as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[module_name]  # leave no half-imported module behind
-        raise
+    module = import_file(path, prefix="optlab_plugin")
     if not optimizer_classes(module):
         raise ValueError(
             f"{path} defines no optimizer class (a subclass of torch.optim.Optimizer, "

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from jobs.checks.report import CHECK_IDS
+from jobs.result import JobStatus
 from jobs.spec import optimizer_label
 from service.settings import Settings
 
@@ -209,7 +210,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
-    from service.client import ApiClient, ApiError
+    from service.client import ApiClient, ApiError, error_of, status_of
     from service.progress import follow_jobs
 
     try:
@@ -230,12 +231,13 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
         return 2 if exc.status_code in (400, 404, 413, 422) else 1
     finally:
         client.close()
-    print(f"job {final['id']} {final['status']}")
-    if final.get("error"):
-        print(f"  {final['error'].get('type')}: {final['error'].get('message')}")
+    status, error = status_of(final), error_of(final)
+    print(f"job {final['id']} {status}")
+    if error is not None:
+        print(f"  {error.type}: {error.message}")
     if final.get("mlflow"):
         print(f"  MLflow run: {final['mlflow']['run_url']}")
-    return 0 if final["status"] == "succeeded" else 1
+    return 0 if status is JobStatus.SUCCEEDED else 1
 
 
 def cmd_check(args: argparse.Namespace, settings: Settings) -> int:

@@ -8,7 +8,21 @@ from typing import Any
 
 import httpx
 
-TERMINAL = ("succeeded", "failed", "diverged", "cancelled")
+from jobs.result import ErrorRecord, JobResult, JobStatus
+
+
+def status_of(job: dict[str, Any]) -> JobStatus:
+    """A job's status from the API, as the enum (a status this client does not know is an error)."""
+    return JobStatus(job["status"])
+
+
+def result_of(job: dict[str, Any]) -> JobResult | None:
+    """A job's `result` from the API, validated: a renamed or missing key fails here, loudly."""
+    return JobResult.model_validate(job["result"]) if job.get("result") else None
+
+
+def error_of(job: dict[str, Any]) -> ErrorRecord | None:
+    return ErrorRecord.model_validate(job["error"]) if job.get("error") else None
 
 
 class ApiError(RuntimeError):
@@ -60,12 +74,12 @@ class ApiClient:
         latest: dict[int, dict[str, Any]] = {}
         while True:
             for job_id in job_ids:
-                if job_id in latest and latest[job_id]["status"] in TERMINAL:
+                if job_id in latest and status_of(latest[job_id]).terminal:
                     continue
                 latest[job_id] = self.job(job_id)
                 if on_update:
                     on_update(latest[job_id])
-            if all(job["status"] in TERMINAL for job in latest.values()):
+            if all(status_of(job).terminal for job in latest.values()):
                 return latest
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"jobs {job_ids} still running after {timeout_s}s")

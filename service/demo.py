@@ -10,8 +10,9 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from jobs.result import JobStatus
 from jobs.spec import optimizer_label
-from service.client import ApiClient, ApiError
+from service.client import ApiClient, ApiError, result_of, status_of
 from service.progress import follow_jobs
 from service.settings import Settings
 from service.supervisor import StartupError, Supervisor
@@ -52,7 +53,7 @@ def run_demo(settings: Settings, specs_dir: Path) -> int:
             console.print(
                 "Stopping everything now; `make serve` keeps the service and the MLflow UI running."
             )
-            ok = all(job["status"] == "succeeded" for job in final.values())
+            ok = all(status_of(job) is JobStatus.SUCCEEDED for job in final.values())
     except StartupError as exc:
         console.print(f"[red]optlab demo: {exc}")
         return 1
@@ -72,17 +73,17 @@ def comparison_table(jobs: list[dict[str, Any]]) -> Table:
     ):
         table.add_column(column, justify="left" if column in ("optimizer", "status") else "right")
     for job in sorted(jobs, key=lambda j: j["id"]):
-        result = job.get("result") or {}
-        final = result.get("final", {})
-        checkpoints = result.get("checkpoints", [])
+        result = result_of(job)
+        final = (result.final if result else None) or {}
+        checkpoints = (result.checkpoints if result else None) or []
         table.add_row(
             str(job["id"]),
             optimizer_label(job["spec"]["optimizer"]),
-            job["status"],
+            status_of(job),
             _fmt(final.get("val_accuracy"), ".3f"),
             _fmt(final.get("val_loss"), ".4f"),
-            _fmt(result.get("samples_per_sec"), ",.0f"),
-            f"{result.get('checkpoints_verified', 0)}/{len(checkpoints)}",
+            _fmt(result.samples_per_sec if result else None, ",.0f"),
+            f"{(result.checkpoints_verified if result else None) or 0}/{len(checkpoints)}",
         )
     return table
 

@@ -5,12 +5,28 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, Integer, String
+from sqlalchemy import JSON, Boolean, DateTime, Dialect, Float, Integer, String, TypeDecorator
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from jobs.result import JobStatus
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+class StatusColumn(TypeDecorator[JobStatus]):
+    """A `JobStatus` stored as its bare string (VARCHAR(16), as the migrations made it): no
+    migration, and a value that is no status fails on write or read instead of spreading."""
+
+    impl = String(16)
+    cache_ok = True
+
+    def process_bind_param(self, value: JobStatus | str | None, dialect: Dialect) -> str | None:
+        return None if value is None else JobStatus(value).value
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> JobStatus | None:
+        return None if value is None else JobStatus(value)
 
 
 class Base(DeclarativeBase):
@@ -21,7 +37,7 @@ class Job(Base):
     __tablename__ = "jobs"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    status: Mapped[str] = mapped_column(String(16), index=True)
+    status: Mapped[JobStatus] = mapped_column(StatusColumn(), index=True)
     # "train" (a JobSpec) or "check" (a CheckSpec: the conformance checks on one optimizer).
     kind: Mapped[str] = mapped_column(String(16), index=True, default="train", server_default="train")
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)

@@ -7,7 +7,8 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from service.client import ApiClient
+from jobs.result import JobStatus
+from service.client import ApiClient, status_of
 
 
 def follow_jobs(
@@ -23,7 +24,7 @@ def follow_jobs(
         console=console,
     )
     tasks = {
-        job_id: progress.add_task(f"#{job_id} {label}", total=None, status="queued", loss="-")
+        job_id: progress.add_task(f"#{job_id} {label}", total=None, status=JobStatus.QUEUED, loss="-")
         for job_id, label in labels.items()
     }
 
@@ -33,7 +34,7 @@ def follow_jobs(
             tasks[job["id"]],
             completed=job["progress"]["step"],
             total=job["progress"]["total"],
-            status=job["status"],
+            status=status_of(job),
             loss=f"{loss:.4f}" if isinstance(loss, float) else "-",
         )
 

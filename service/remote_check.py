@@ -8,8 +8,9 @@ import sys
 from typing import Any
 
 from jobs.checks.report import print_report_table
-from jobs.checks.target import parse_params
-from service.client import ApiClient, ApiError
+from jobs.result import JobStatus
+from jobs.spec import parse_params
+from service.client import ApiClient, ApiError, error_of, result_of, status_of
 from service.progress import follow_jobs
 
 
@@ -20,7 +21,7 @@ def check_body(args: argparse.Namespace) -> dict[str, Any]:
             f"--remote checks a registered optimizer by name; received the class reference {args.target}: "
             "register it (OPTLAB_PLUGIN_DIRS on the workers) or check it here without --remote"
         )
-    params = parse_params(args.params)  # a UsageError is a ValueError
+    params = parse_params(args.params)  # ValueError says what is allowed
     style = None if args.style in (None, "torch") else args.style
     framework = args.framework or ("tensorflow" if style else "torch")
     body: dict[str, Any] = {"framework": framework, "optimizer": {"name": args.target, "params": params}}
@@ -47,11 +48,14 @@ def run_remote_check(args: argparse.Namespace) -> int:
         return 2 if exc.status_code in (400, 404, 413, 422) else 1
     finally:
         client.close()
-    if final["status"] != "succeeded":
-        error = final.get("error") or {}
-        print(f"check job {final['id']} {final['status']}: {error.get('message', '')}", file=sys.stderr)
+    status, result = status_of(final), result_of(final)
+    if status is not JobStatus.SUCCEEDED:
+        error = error_of(final)
+        print(f"check job {final['id']} {status}: {error.message if error else ''}", file=sys.stderr)
         return 1
-    report: dict[str, Any] = final["result"]["report"]
+    if result is None or result.report is None:
+        raise ValueError(f"check job {final['id']} succeeded without a report in its result: {result}")
+    report: dict[str, Any] = result.report
     print_report_table(report)
     if final.get("mlflow"):
         print(f"MLflow run: {final['mlflow']['run_url']}")

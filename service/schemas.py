@@ -7,18 +7,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from jobs.result import ErrorRecord, JobResult, JobStatus, MlflowInfo
 from service.models import Job
 from service.store import as_utc
 
-JobStatus = Literal["queued", "running", "succeeded", "failed", "diverged", "cancelled"]
+__all__ = ["CheckSummary", "Health", "JobKind", "JobRead", "JobStatus", "JobsPage", "Progress"]
+
 JobKind = Literal["train", "check"]
-
-
-class MlflowLink(BaseModel):
-    tracking_uri: str
-    experiment_id: str
-    run_id: str
-    run_url: str
 
 
 class Progress(BaseModel):
@@ -39,9 +34,10 @@ class JobRead(BaseModel):
     progress: Progress
     latest_loss: float | None
     spec: dict[str, Any]
-    mlflow: MlflowLink | None
+    mlflow: MlflowInfo | None
+    # result.json as the job wrote it (validated as jobs.result.JobResult, shown with the keys it set)
     result: dict[str, Any] | None
-    error: dict[str, Any] | None
+    error: dict[str, Any] | None  # a jobs.result.ErrorRecord
     cancel_requested: bool
 
     @classmethod
@@ -49,7 +45,7 @@ class JobRead(BaseModel):
         return cls(
             id=job.id,
             kind=job.kind,  # type: ignore[arg-type]
-            status=job.status,  # type: ignore[arg-type]
+            status=job.status,
             created_at=as_utc(job.created_at),  # type: ignore[arg-type]
             updated_at=as_utc(job.updated_at),  # type: ignore[arg-type]
             started_at=as_utc(job.started_at),
@@ -62,9 +58,9 @@ class JobRead(BaseModel):
             ),
             latest_loss=job.latest_loss,
             spec=job.spec,
-            mlflow=MlflowLink(**job.mlflow) if job.mlflow else None,
-            result=job.result,
-            error=job.error,
+            mlflow=MlflowInfo.model_validate(job.mlflow) if job.mlflow else None,
+            result=JobResult.model_validate(job.result).to_json() if job.result else None,
+            error=ErrorRecord.model_validate(job.error).to_json() if job.error else None,
             cancel_requested=job.cancel_requested,
         )
 
@@ -86,7 +82,8 @@ class CheckSummary(BaseModel):
 
     @classmethod
     def from_row(cls, job: Job) -> CheckSummary:
-        summary = ((job.result or {}).get("report") or {}).get("summary") or {}
+        report = JobResult.model_validate(job.result).report if job.result else None
+        summary = (report or {}).get("summary") or {}
         return cls.model_validate(
             {
                 "job_id": job.id,

@@ -6,6 +6,7 @@ database has it, and a conditional UPDATE everywhere, so two workers never run o
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -13,11 +14,9 @@ from typing import Any
 from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
+from jobs.result import TERMINAL_STATUSES, ErrorRecord, JobResult, JobStatus, Progress
 from jobs.spec import AnySpec, Catalogue, CheckSpec
 from service.models import CatalogueSnapshot, Job, utcnow
-
-TERMINAL = ("succeeded", "failed", "diverged", "cancelled")
-STATUSES = ("queued", "running", *TERMINAL)
 
 
 def as_utc(moment: datetime | None) -> datetime | None:
@@ -30,7 +29,7 @@ def as_utc(moment: datetime | None) -> datetime | None:
 def create_job(*, session: Session, spec: AnySpec) -> Job:
     """Queue a training job, or a check job (its progress counts checks instead of steps)."""
     job = Job(
-        status="queued",
+        status=JobStatus.QUEUED,
         kind="check" if isinstance(spec, CheckSpec) else "train",
         spec=spec.model_dump(mode="json"),
         total_steps=spec.total_steps,
@@ -48,7 +47,7 @@ def get_job(*, session: Session, job_id: int) -> Job | None:
 
 
 def list_jobs(
-    *, session: Session, status: str | None, limit: int, offset: int, kind: str | None = None
+    *, session: Session, status: JobStatus | None, limit: int, offset: int, kind: str | None = None
 ) -> tuple[list[Job], int]:
     query = select(Job)
     count = select(func.count()).select_from(Job)
@@ -70,7 +69,7 @@ def latest_checks(*, session: Session, name: str, styles: Iterable[str]) -> dict
     """
     named = (
         (Job.kind == "check")
-        & (Job.status == "succeeded")
+        & (Job.status == JobStatus.SUCCEEDED)
         & (Job.spec[("optimizer", "name")].as_string() == name)
     )
     latest: dict[str, Job | None] = {}
@@ -92,16 +91,16 @@ def request_cancel(*, session: Session, job_id: int) -> Job | None:
     """
     cancelled = session.execute(
         update(Job)
-        .where(Job.id == job_id, Job.status == "queued")
+        .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
         .values(
-            status="cancelled",
+            status=JobStatus.CANCELLED,
             finished_at=utcnow(),
-            error={"type": "Cancelled", "message": "cancelled before it started"},
+            error=_error("Cancelled", "cancelled before it started"),
         )
     )
     if _rowcount(cancelled) == 0:
         session.execute(
-            update(Job).where(Job.id == job_id, Job.status == "running").values(cancel_requested=True)
+            update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING).values(cancel_requested=True)
         )
     session.commit()
     return session.get(Job, job_id, populate_existing=True)
@@ -115,19 +114,19 @@ def claim_next(*, session: Session, worker_id: str, lease_s: float) -> Job | Non
     cancellation was requested is cancelled instead.
     """
     now = utcnow()
-    expired = (Job.status == "running") & (Job.lease_expires_at < now)
+    expired = (Job.status == JobStatus.RUNNING) & (Job.lease_expires_at < now)
     session.execute(
         update(Job)
         .where(expired, Job.cancel_requested.is_(True))
         .values(
-            status="cancelled",
+            status=JobStatus.CANCELLED,
             finished_at=now,
             lease_expires_at=None,
-            error={"type": "Cancelled", "message": "cancelled; its worker had stopped answering"},
+            error=_error("Cancelled", "cancelled; its worker had stopped answering"),
         )
     )
     session.commit()
-    claimable = (Job.status == "queued") | expired
+    claimable = (Job.status == JobStatus.QUEUED) | expired
     for _ in range(5):
         candidate = session.execute(
             select(Job.id, Job.status, Job.worker_id)
@@ -141,18 +140,17 @@ def claim_next(*, session: Session, worker_id: str, lease_s: float) -> Job | Non
             return None
         job_id, previous_status, previous_worker = candidate
         values: dict[str, Any] = {
-            "status": "running",
+            "status": JobStatus.RUNNING,
             "worker_id": worker_id,
             "attempt": Job.attempt + 1,
             "started_at": now,
             "lease_expires_at": now + timedelta(seconds=lease_s),
             "cancel_requested": False,
         }
-        if previous_status == "running":
-            values["error"] = {
-                "type": "LeaseExpired",
-                "message": f"worker {previous_worker} stopped answering; the job was started again",
-            }
+        if previous_status == JobStatus.RUNNING:
+            values["error"] = _error(
+                "LeaseExpired", f"worker {previous_worker} stopped answering; the job was started again"
+            )
         claimed = session.execute(update(Job).where(Job.id == job_id, claimable).values(**values))
         session.commit()
         if _rowcount(claimed) == 1:
@@ -165,24 +163,22 @@ def record_progress(
     session: Session,
     job_id: int,
     worker_id: str,
-    step: int | None,
-    loss: float | None,
-    mlflow: dict[str, Any] | None,
+    progress: Progress | None,
     workdir: str | None,
     lease_s: float,
 ) -> bool:
-    """Store progress and extend the lease; return whether the worker must stop the job
-    (cancellation requested, or the job is no longer this worker's)."""
+    """Store progress (None: nothing new) and extend the lease; return whether the worker must
+    stop the job (cancellation requested, or the job is no longer this worker's)."""
     job = session.get(Job, job_id, populate_existing=True)
-    if job is None or job.status != "running" or job.worker_id != worker_id:
+    if job is None or job.status is not JobStatus.RUNNING or job.worker_id != worker_id:
         session.rollback()
         return True
-    if step is not None:
-        job.step = step
-    if loss is not None:
-        job.latest_loss = loss
-    if mlflow is not None:
-        job.mlflow = mlflow
+    if progress is not None:
+        job.step = progress.step
+        if _finite(progress.loss):
+            job.latest_loss = progress.loss
+        if progress.mlflow is not None:
+            job.mlflow = progress.mlflow.to_json()
     if workdir is not None:
         job.workdir = workdir
     job.lease_expires_at = utcnow() + timedelta(seconds=lease_s)
@@ -195,30 +191,40 @@ def finish_job(
     session: Session,
     job_id: int,
     worker_id: str,
-    status: str,
-    result: dict[str, Any] | None,
-    error: dict[str, Any] | None,
+    status: JobStatus,
+    result: JobResult | None,
+    error: ErrorRecord | None,
 ) -> bool:
     """Record the outcome, if the job is still running under `worker_id`; return whether it was."""
-    if status not in TERMINAL:
-        raise ValueError(f"finish_job needs a terminal status {TERMINAL}; received {status!r}")
+    if status not in TERMINAL_STATUSES:
+        allowed = ", ".join(sorted(TERMINAL_STATUSES))
+        raise ValueError(f"finish_job needs a terminal status ({allowed}); received {status!r}")
     job = session.get(Job, job_id, populate_existing=True)
-    if job is None or job.status != "running" or job.worker_id != worker_id:
+    if job is None or job.status is not JobStatus.RUNNING or job.worker_id != worker_id:
         session.rollback()
         return False
     job.status = status
-    job.result = result
-    job.error = error
+    job.result = None if result is None else result.to_json()
+    job.error = None if error is None else error.to_json()
     job.finished_at = utcnow()
     job.lease_expires_at = None
     if result is not None:
-        job.step = int(result.get("steps_completed") or job.step)
-        job.mlflow = result.get("mlflow") or job.mlflow
-        final_loss = (result.get("final") or {}).get("train_loss")
-        if isinstance(final_loss, float):
-            job.latest_loss = final_loss
+        job.step = result.steps_completed or job.step
+        job.mlflow = result.mlflow.to_json() if result.mlflow else job.mlflow
+        if _finite(result.final_train_loss):
+            job.latest_loss = result.final_train_loss
     session.commit()
     return True
+
+
+def _finite(value: float | None) -> bool:
+    """NaN and infinities stay out of latest_loss: JSON (the API's) has no such numbers."""
+    return value is not None and math.isfinite(value)
+
+
+def _error(type_: str, message: str) -> dict[str, Any]:
+    """An error the store writes itself, in the shape of a job's (no traceback)."""
+    return ErrorRecord(type=type_, message=message).to_json()
 
 
 def requeue_job(*, session: Session, job_id: int, worker_id: str, reason: str) -> None:
@@ -227,16 +233,16 @@ def requeue_job(*, session: Session, job_id: int, worker_id: str, reason: str) -
     A job whose cancellation was requested is cancelled instead.
     """
     job = session.get(Job, job_id, populate_existing=True)
-    if job is None or job.status != "running" or job.worker_id != worker_id:
+    if job is None or job.status is not JobStatus.RUNNING or job.worker_id != worker_id:
         session.rollback()
         return
     if job.cancel_requested:
-        job.status = "cancelled"
+        job.status = JobStatus.CANCELLED
         job.finished_at = utcnow()
-        job.error = {"type": "Cancelled", "message": "cancelled while its worker was stopping"}
+        job.error = _error("Cancelled", "cancelled while its worker was stopping")
     else:
-        job.status = "queued"
-        job.error = {"type": "Interrupted", "message": reason}
+        job.status = JobStatus.QUEUED
+        job.error = _error("Interrupted", reason)
     job.worker_id = None
     job.lease_expires_at = None
     session.commit()

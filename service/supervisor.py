@@ -18,8 +18,8 @@ from types import TracebackType
 
 import httpx
 
+from jobs.processes import start_in_own_group, terminate_group
 from service.settings import Settings
-from service.worker import die_with_parent, terminate_group
 
 
 class StartupError(RuntimeError):
@@ -111,13 +111,12 @@ class Supervisor:
     def _spawn(self, name: str, command: list[str], extra_env: dict[str, str]) -> None:
         log_path = self.logs / f"{name}.log"
         with open(log_path, "ab") as log_file:
-            process = subprocess.Popen(
+            process: subprocess.Popen[bytes] = start_in_own_group(
                 command,
+                die_with_parent=True,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=die_with_parent,
                 env={**os.environ, **extra_env},
             )
         self.children.append(Child(name, process, log_path))

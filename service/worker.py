@@ -8,7 +8,6 @@ The worker relays progress from the job's `progress.json` to the store and reads
 
 from __future__ import annotations
 
-import ctypes
 import json
 import logging
 import os
@@ -22,9 +21,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.report import LOG_FILE, PROGRESS_FILE, RESULT_FILE, read_json
+from jobs.processes import start_in_own_group, terminate_group
+from jobs.result import (
+    LOG_FILE,
+    RESULT_FILE,
+    ErrorRecord,
+    JobResult,
+    JobStatus,
+    Progress,
+    read_progress,
+    read_result,
+)
 from service import store
 from service.models import Job
 from service.settings import Settings
@@ -113,15 +123,16 @@ class Worker:
                     session=session,
                     job_id=job.id,
                     worker_id=self.worker_id,
-                    status="failed",
+                    status=JobStatus.FAILED,
                     result=None,
-                    error={"type": "WorkerError", "message": f"{type(exc).__name__}: {exc}"},
+                    error=ErrorRecord(type="WorkerError", message=f"{type(exc).__name__}: {exc}"),
                 )
-            outcome = "failed"
+            outcome = JobStatus.FAILED
         log.info("job %s: %s", job.id, outcome)
         return True
 
     def _run_job(self, job: Job) -> str:
+        """Run the job's process to its end; whatever goes wrong here, the process does not outlive it."""
         workdir = (self.settings.jobs_dir / str(job.id) / f"attempt-{job.attempt}").resolve()
         workdir.mkdir(parents=True, exist_ok=True)
         spec_path = workdir / "spec.json"
@@ -134,33 +145,34 @@ class Worker:
             "--attempt", str(job.attempt),
         ]  # fmt: skip
         with open(workdir / LOG_FILE, "ab") as log_file:
-            process = subprocess.Popen(
+            process: subprocess.Popen[bytes] = start_in_own_group(
                 command,
+                die_with_parent=True,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=die_with_parent,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
-        stop_reason = self._watch(job.id, process, workdir)
+        try:
+            stop_reason = self._watch(job.id, process, workdir)
+        finally:  # e.g. a progress.json that does not match jobs.result.Progress: loud, and no orphan
+            if process.poll() is None:
+                terminate_group(process, self.settings.cancel_grace_s)
         return self._conclude(job.id, process, workdir, stop_reason)
 
     def _watch(self, job_id: int, process: subprocess.Popen[bytes], workdir: Path) -> str | None:
         """Relay progress until the process exits; return why we stopped it, if we did."""
-        last_progress: dict[str, Any] | None = None
+        last_progress: Progress | None = None
         while process.poll() is None:
-            progress = read_json(workdir / PROGRESS_FILE)
-            changed = progress != last_progress
+            progress = read_progress(workdir)
+            changed = progress is not None and progress != last_progress
             last_progress = progress or last_progress
             with self.sessions() as session:
                 cancel = store.record_progress(
                     session=session,
                     job_id=job_id,
                     worker_id=self.worker_id,
-                    step=progress.get("step") if progress and changed else None,
-                    loss=_number(progress.get("loss")) if progress and changed else None,
-                    mlflow=progress.get("mlflow") if progress and changed else None,
+                    progress=progress if changed else None,
                     workdir=str(workdir),
                     lease_s=LEASE_S,
                 )
@@ -176,12 +188,9 @@ class Worker:
     def _conclude(
         self, job_id: int, process: subprocess.Popen[bytes], workdir: Path, stop_reason: str | None
     ) -> str:
-        result = read_json(workdir / RESULT_FILE)
-        finished = result is not None and result.get("status") in store.TERMINAL
+        result, error = self._read_result(process, workdir)
         with self.sessions() as session:
-            if stop_reason == "worker stopping" and not (
-                finished and result and result["status"] != "cancelled"
-            ):
+            if stop_reason == "worker stopping" and (result is None or result.status is JobStatus.CANCELLED):
                 store.requeue_job(
                     session=session,
                     job_id=job_id,
@@ -190,35 +199,46 @@ class Worker:
                 )
                 return "requeued"
             if stop_reason == "cancelled":
-                error = (result or {}).get("error") or {
-                    "type": "Cancelled",
-                    "message": "cancelled while running",
-                }
-                status = "cancelled"
-                if finished and result and result["status"] not in ("cancelled", "failed"):
-                    status, error = str(result["status"]), result.get("error")  # it ended first
+                status: JobStatus
+                if result and result.status not in (JobStatus.CANCELLED, JobStatus.FAILED):
+                    status, error = result.status, result.error  # it ended first
+                else:
+                    status = JobStatus.CANCELLED
+                    cancelled = ErrorRecord(type="Cancelled", message="cancelled while running")
+                    error = (result.error if result else None) or cancelled
                 self._finish(session, job_id, status, result, error)
                 return status
-            if not finished or result is None:
-                error = {
-                    "type": "JobProcessDied",
-                    "message": f"the job process ended with {_describe_exit(process.returncode)} "
-                    "before writing a result",
-                    "traceback": _tail(workdir / LOG_FILE),
-                }
-                self._finish(session, job_id, "failed", result, error)
-                return "failed"
-            status = str(result["status"])
-            self._finish(session, job_id, status, result, result.get("error"))
-            return status
+            if result is None:
+                self._finish(session, job_id, JobStatus.FAILED, None, error)
+                return JobStatus.FAILED
+            self._finish(session, job_id, result.status, result, result.error)
+            return result.status
+
+    def _read_result(
+        self, process: subprocess.Popen[bytes], workdir: Path
+    ) -> tuple[JobResult | None, ErrorRecord | None]:
+        """The job's result, or None and why there is none (it died first, or wrote a malformed one)."""
+        try:
+            result = read_result(workdir)
+        except ValidationError as exc:
+            message = (
+                f"the job process wrote a {RESULT_FILE} that does not match jobs.result.JobResult: {exc}"
+            )
+            return None, ErrorRecord(
+                type="InvalidResult", message=message, traceback=_tail(workdir / LOG_FILE)
+            )
+        if result is not None:
+            return result, None
+        message = f"the job process ended with {_describe_exit(process.returncode)} before writing a result"
+        return None, ErrorRecord(type="JobProcessDied", message=message, traceback=_tail(workdir / LOG_FILE))
 
     def _finish(
         self,
         session: Session,
         job_id: int,
-        status: str,
-        result: dict[str, Any] | None,
-        error: dict[str, Any] | None,
+        status: JobStatus,
+        result: JobResult | None,
+        error: ErrorRecord | None,
     ) -> None:
         recorded = store.finish_job(
             session=session,
@@ -236,33 +256,6 @@ class Worker:
             )
 
 
-def terminate_group(process: subprocess.Popen[bytes], grace_s: float) -> None:
-    """SIGTERM the job's process group, then SIGKILL whatever is left after `grace_s`."""
-    _signal_group(process, signal.SIGTERM)
-    try:
-        process.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        pass
-    _signal_group(process, signal.SIGKILL)  # children the job may have left behind
-    process.wait()
-
-
-def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    try:
-        os.killpg(process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def die_with_parent() -> None:
-    """Linux: the job gets SIGTERM if its worker dies, so no job outlives a killed worker."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def _describe_exit(code: int | None) -> str:
     if code is not None and code < 0:
         return f"signal {signal.Signals(-code).name}"
@@ -274,10 +267,6 @@ def _tail(path: Path) -> str:
         return path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
     except OSError:
         return ""
-
-
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 def install_stop_handlers(stop: Callable[[], None]) -> None:

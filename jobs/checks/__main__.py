@@ -11,11 +11,10 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from jobs.checks.report import CHECK_IDS, CheckReport, CheckResult, print_report_table
 from jobs.checks.target import (
-    LEGACY_KERAS_ENV,
     UsageError,
     candidate_styles,
     is_class_reference,
@@ -23,6 +22,7 @@ from jobs.checks.target import (
     parse_params,
     resolve_target,
 )
+from jobs.processes import in_legacy_keras_process, reexec_with_legacy_keras
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
 def check(args: argparse.Namespace, params: dict[str, Any], argv: list[str]) -> CheckReport:
     from jobs.checks.runner import run_checks
 
-    legacy_process = os.environ.get(LEGACY_KERAS_ENV) == "1"
+    legacy_process = in_legacy_keras_process()
     if needs_legacy_keras(args.target, style=args.style) and not legacy_process:
         reexec_legacy(argv)
     try:
@@ -78,15 +78,9 @@ def check(args: argparse.Namespace, params: dict[str, Any], argv: list[str]) -> 
     return run_checks(target, params, only=only, on_result=print_progress)
 
 
-def reexec_legacy(argv: list[str]) -> None:
+def reexec_legacy(argv: list[str]) -> NoReturn:
     """Legacy tf.keras needs TF_USE_LEGACY_KERAS=1 before TensorFlow is imported: start over with it."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(
-        sys.executable,
-        [sys.executable, "-m", "jobs.checks", *argv],
-        {**os.environ, LEGACY_KERAS_ENV: "1"},
-    )
+    reexec_with_legacy_keras("jobs.checks", argv)
 
 
 def _import_error(exc: BaseException) -> str:

@@ -29,7 +29,7 @@ from typing import Any
 
 from jobs.checks.context import one_line
 from jobs.checks.report import Outcome, failed
-from jobs.checks.target import LEGACY_KERAS_ENV
+from jobs.processes import legacy_keras_environment, start_in_own_group, terminate_group
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHILD_TIMEOUT_S = 120.0
@@ -75,13 +75,13 @@ def spawn(name: str, task: Mapping[str, Any], workdir: Path, *, legacy_keras: bo
     task_path.write_text(json.dumps({**task, "error_path": str(error_path)}))
     env = child_environment(legacy_keras=legacy_keras)
     with log_path.open("wb") as log:
-        process = subprocess.Popen(
+        # Its own process group, so a kill takes its helpers too.
+        process = start_in_own_group(
             [sys.executable, "-m", "jobs.checks.child", str(task_path)],
             cwd=os.getcwd(),  # relative target paths resolve as they did for the parent
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, so a kill takes its helpers too
         )
     return Child(name, process, error_path, log_path)
 
@@ -91,11 +91,7 @@ def child_environment(*, legacy_keras: bool) -> dict[str, str]:
     paths = [str(REPO_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if legacy_keras:
-        env[LEGACY_KERAS_ENV] = "1"  # must be set before TensorFlow is imported
-    else:
-        env.pop(LEGACY_KERAS_ENV, None)
-    return env
+    return legacy_keras_environment(env, legacy=legacy_keras)  # set before TensorFlow is imported
 
 
 def wait_all(children: Sequence[Child], timeout_s: float | None = None) -> None:
@@ -127,11 +123,7 @@ def wait_all(children: Sequence[Child], timeout_s: float | None = None) -> None:
 
 def kill(child: Child) -> None:
     if child.process.poll() is None:
-        try:
-            os.killpg(child.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        child.process.wait()
+        terminate_group(child.process, grace_s=0)
 
 
 def failure_of(child: Child, code: int) -> ChildFailed:

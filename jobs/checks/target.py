@@ -6,21 +6,18 @@ same `lr` mapping), so a class that passes here behaves the same once registered
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import importlib.util
 import inspect
-import json
 import os
-import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jobs.processes import LEGACY_KERAS_ENV
+from jobs.spec import parse_params as parse_params_json
+from optimizers.plugin_import import NotAModule, import_file
 from optimizers.registry import FRAMEWORK_OF_STYLE, STYLES, Entry, entry_for_class, load_registry, style_of
 
-LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
 STYLES_OF_FRAMEWORK = {"torch": ("torch",), "tensorflow": ("keras", "tf_legacy")}
 # Source text that only legacy tf.keras optimizers contain: such a file must be imported
 # with TF_USE_LEGACY_KERAS=1, which has to be set before TensorFlow is imported.
@@ -32,14 +29,11 @@ class UsageError(ValueError):
 
 
 def parse_params(text: str) -> dict[str, Any]:
-    """`--params` JSON as a dict; UsageError says what is allowed."""
+    """`--params` JSON as a dict (`jobs.spec.parse_params`); UsageError says what is allowed."""
     try:
-        params = json.loads(text)
+        return parse_params_json(text)
     except ValueError as exc:
-        raise UsageError(f"--params must be a JSON object such as '{{\"lr\": 0.01}}'; {exc}") from None
-    if not isinstance(params, dict):
-        raise UsageError(f"--params must be a JSON object such as '{{\"lr\": 0.01}}'; received {text}")
-    return params
+        raise UsageError(str(exc)) from None
 
 
 @dataclass(frozen=True)
@@ -187,21 +181,10 @@ def _import_module(name: str) -> Any:
 def _import_file(path: Path) -> Any:
     if not path.is_file():
         raise UsageError(f"file not found: {path}")
-    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:8]
-    module_name = f"optlab_check_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}_{digest}"
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise UsageError(f"{path} cannot be loaded as a Python module")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses and pickling look classes up here
     try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[module_name]
-        raise
-    return module
+        return import_file(path, prefix="optlab_check", reuse=True)
+    except NotAModule as exc:
+        raise UsageError(str(exc)) from None
 
 
 def framework_of(style: str) -> str:

@@ -26,8 +26,17 @@ DRIVERS: dict[str, tuple[str, str]] = {
 DEFAULT_STYLE = {"torch": "torch", "tensorflow": "keras"}
 
 
+# Styles whose process must start with TF_USE_LEGACY_KERAS=1 (it swaps `tf.keras` for the whole
+# process, so it must be known before TensorFlow is imported, i.e. before loading the driver).
+LEGACY_KERAS_STYLES = frozenset({"tf_legacy"})
+
+
 def style_of(spec: AnySpec) -> str:
     return spec.optimizer.style or DEFAULT_STYLE[spec.framework]
+
+
+def needs_legacy_keras_process(style: str) -> bool:
+    return style in LEGACY_KERAS_STYLES
 
 
 def driver_for(style: str) -> Driver:

@@ -23,6 +23,7 @@ from jobs.errors import Diverged
 from jobs.frameworks import driver_for, style_of
 from jobs.frameworks.base import CheckpointMismatch, Evaluation, TrainingSession, remove_checkpoint
 from jobs.report import Reporter
+from jobs.result import CheckpointRecord, TrainOutcome
 from jobs.spec import JobSpec
 from jobs.tracking import Tracker
 from jobs.workloads import get_workload
@@ -61,10 +62,10 @@ class TrainingJob:
         self.checkpoint_dir = workdir / "checkpoints"
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.warnings: list[str] = []
-        self.verified: list[dict[str, Any]] = []
+        self.verified: list[CheckpointRecord] = []
         self.last_checkpoint: Path | None = None
 
-    def run(self, *, resume_from: Path | None = None, stop_after: int | None = None) -> dict[str, Any]:
+    def run(self, *, resume_from: Path | None = None, stop_after: int | None = None) -> TrainOutcome:
         """Train to `spec.steps` (or `stop_after`), optionally continuing from a checkpoint file."""
         spec, session = self.spec, self.session
         end = min(stop_after, spec.steps) if stop_after is not None else spec.steps
@@ -92,21 +93,21 @@ class TrainingJob:
             train_seconds = time.monotonic() - started
             details = session.details(objects)
         step_seconds = sum(timings.step_ms) / 1000
-        return {
-            "steps_completed": end,
-            "resumed_from_step": start if resume_from is not None else None,
-            "final": {"train_loss": train_loss, **evaluation},
-            "params_sha256": session.params_sha256(objects),
-            "samples_per_sec": (end - start) * spec.batch_size / step_seconds if step_seconds else None,
-            "step_time_ms_median": timings.median(timings.step_ms),
-            "optimizer_step_ms_median": timings.median(timings.optimizer_ms),
-            "checkpoints": self.verified,
-            "checkpoints_verified": sum(1 for c in self.verified if c["ok"]),
-            "device": session.device,
-            "train_seconds": train_seconds,
-            "warnings": self.warnings,
+        return TrainOutcome(
+            steps_completed=end,
+            resumed_from_step=start if resume_from is not None else None,
+            final={"train_loss": train_loss, **evaluation},
+            params_sha256=session.params_sha256(objects),
+            samples_per_sec=(end - start) * spec.batch_size / step_seconds if step_seconds else None,
+            step_time_ms_median=timings.median(timings.step_ms),
+            optimizer_step_ms_median=timings.median(timings.optimizer_ms),
+            checkpoints=self.verified,
+            checkpoints_verified=sum(1 for c in self.verified if c.ok),
+            device=session.device,
+            train_seconds=train_seconds,
+            warnings=self.warnings,
             **details,
-        }
+        )
 
     def _train_step(self, objects: Any, step: int, timings: Timings) -> float:
         batch = self.session.batch(step)
@@ -149,10 +150,10 @@ class TrainingJob:
             checkpointed = self.session.checkpoint(objects, step, self.checkpoint_dir)
         except CheckpointMismatch:
             self.tracker.metric("checkpoint/roundtrip_ok", 0.0, step)
-            self.verified.append({"step": step, "ok": False, "path": str(self._path_of(step))})
+            self.verified.append(CheckpointRecord(step=step, ok=False, path=str(self._path_of(step))))
             raise
         self.tracker.metric("checkpoint/roundtrip_ok", 1.0, step)
-        self.verified.append({"step": step, "ok": True, "path": str(checkpointed.path)})
+        self.verified.append(CheckpointRecord(step=step, ok=True, path=str(checkpointed.path)))
         for warning in checkpointed.warnings:
             if warning not in self.warnings:
                 self.warnings.append(warning)

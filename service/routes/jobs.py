@@ -6,10 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query
 
+from jobs.result import JobStatus
 from jobs.spec import JobSpec, catalogue_errors, with_resolved_style
 from service import store
 from service.deps import CatalogueDep, SessionDep, SettingsDep
-from service.schemas import JobKind, JobRead, JobsPage, JobStatus
+from service.schemas import JobKind, JobRead, JobsPage
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -51,6 +52,6 @@ def cancel_job(job_id: JobId, session: SessionDep) -> JobRead:
     job = store.request_cancel(session=session, job_id=job_id)
     if job is None:
         raise HTTPException(status_code=404, detail=f"no job with id {job_id}")
-    if job.status in store.TERMINAL and job.status != "cancelled":
+    if job.status.terminal and job.status is not JobStatus.CANCELLED:
         raise HTTPException(status_code=409, detail=f"job {job_id} already ended as {job.status}")
     return JobRead.from_row(job)

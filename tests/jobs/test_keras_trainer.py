@@ -14,6 +14,7 @@ from jobs.errors import Diverged
 from jobs.frameworks.base import CheckpointMismatch
 from jobs.frameworks.keras_driver import GraphModeError
 from jobs.report import Reporter
+from jobs.result import TrainOutcome
 from jobs.spec import JobSpec
 from jobs.tracking import NullTracker
 from jobs.training.loop import TrainingJob
@@ -36,7 +37,7 @@ def tf_spec(optimizer: str, style: str, params: dict[str, Any], **overrides: Any
     return JobSpec.model_validate(body)
 
 
-def run(spec: JobSpec, tmp_path: Path, plugin_dirs: list[str] | None = None) -> dict[str, Any]:
+def run(spec: JobSpec, tmp_path: Path, plugin_dirs: list[str] | None = None) -> TrainOutcome:
     assert spec.optimizer.style is not None
     registry = load_registry(plugin_dirs=plugin_dirs or [], styles=(spec.optimizer.style,))
     job = TrainingJob(
@@ -48,10 +49,10 @@ def run(spec: JobSpec, tmp_path: Path, plugin_dirs: list[str] | None = None) -> 
 @pytest.mark.parametrize("style", ["keras", "tf_legacy"])
 def test_trains_and_verifies_every_checkpoint(style: str, tmp_path: Path) -> None:
     result = run(tf_spec("ema_momentum", style, {"lr": 0.5}), tmp_path)
-    assert [c["step"] for c in result["checkpoints"]] == [15, 30, 40]
-    assert result["checkpoints_verified"] == 3
-    assert result["final"]["val_accuracy"] > 0.6  # 40 small steps: well above chance (0.1)
-    assert result["variable_placement"]["optimizer_variables_elsewhere"] == []
+    assert [c.step for c in result.checkpoints] == [15, 30, 40]
+    assert result.checkpoints_verified == 3
+    assert result.final["val_accuracy"] > 0.6  # 40 small steps: well above chance (0.1)
+    assert result.variable_placement.optimizer_variables_elsewhere == []
     assert len(list((tmp_path / "checkpoints").iterdir())) == 1  # only the latest is kept
 
 
@@ -60,13 +61,13 @@ def test_deterministic_and_checkpoints_lose_nothing(tmp_path: Path) -> None:
     often = run(tf_spec("adamw_ref", "keras", {"lr": 0.01}, checkpoint_every=7), tmp_path / "a")
     again = run(tf_spec("adamw_ref", "keras", {"lr": 0.01}, checkpoint_every=7), tmp_path / "b")
     rarely = run(tf_spec("adamw_ref", "keras", {"lr": 0.01}, checkpoint_every=1000), tmp_path / "c")
-    assert often["params_sha256"] == again["params_sha256"] == rarely["params_sha256"]
+    assert often.params_sha256 == again.params_sha256 == rarely.params_sha256
 
 
 def test_the_two_keras_styles_agree_on_a_training_run(tmp_path: Path) -> None:
     keras3 = run(tf_spec("lion", "keras", {"lr": 0.003}), tmp_path / "k")
     legacy = run(tf_spec("lion", "tf_legacy", {"lr": 0.003}), tmp_path / "l")
-    assert keras3["final"]["train_loss"] == pytest.approx(legacy["final"]["train_loss"], rel=1e-4)
+    assert keras3.final["train_loss"] == pytest.approx(legacy.final["train_loss"], rel=1e-4)
 
 
 def test_divergence_names_the_step(tmp_path: Path) -> None:
@@ -148,5 +149,5 @@ def test_a_format_that_drops_all_optimizer_state_is_a_warning_not_a_failure(tmp_
     )
     job.driver.model_suffix = ""  # type: ignore[misc]  # no suffix: tf_keras writes a SavedModel folder
     result = job.run()
-    assert result["checkpoints_verified"] == 1
-    assert any("iterations 0, not 10" in warning for warning in result["warnings"]), result["warnings"]
+    assert result.checkpoints_verified == 1
+    assert any("iterations 0, not 10" in warning for warning in result.warnings), result.warnings

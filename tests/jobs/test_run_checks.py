@@ -133,7 +133,7 @@ def run_in_process(tmp_path: Path, spec: dict[str, Any]) -> dict[str, Any]:
     spec_path.write_text(json.dumps(spec))
     argv = [str(spec_path), "--workdir", str(tmp_path / "work"), "--tracking-uri", "http://mlflow.test"]
     args: argparse.Namespace = run.parse_args([*argv, "--job-id", "42"])
-    return run.run_job(args)
+    return run.run_job(args).to_json()
 
 
 def test_a_check_job_becomes_an_mlflow_run_with_one_metric_per_check(

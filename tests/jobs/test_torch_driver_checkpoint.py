@@ -240,7 +240,7 @@ def test_a_job_fails_its_first_checkpoint_when_state_is_dropped(make_job: Callab
     job = make_job(broken_spec("forgetful_momentum"), with_registry=registry_with(ForgetfulMomentum))
     with pytest.raises(CheckpointMismatch, match=r"\['updates'\]"):
         job.run()
-    assert [(c["step"], c["ok"]) for c in job.verified] == [(5, False)]
+    assert [(c.step, c.ok) for c in job.verified] == [(5, False)]
 
 
 def test_a_job_fails_its_first_checkpoint_when_state_is_outside_state_dict(
@@ -249,7 +249,7 @@ def test_a_job_fails_its_first_checkpoint_when_state_is_outside_state_dict(
     job = make_job(broken_spec("attribute_momentum"), with_registry=registry_with(AttributeMomentum))
     with pytest.raises(CheckpointMismatch, match="the next step differs"):
         job.run()
-    assert [(c["step"], c["ok"]) for c in job.verified] == [(5, False)]
+    assert [(c.step, c.ok) for c in job.verified] == [(5, False)]
 
 
 class LockedCounter(StateMomentum):

@@ -24,22 +24,22 @@ MakeJob = Callable[..., Any]
 def test_two_runs_train_the_same_weights(make_job: MakeJob) -> None:
     first = make_job(digits_spec()).run()
     second = make_job(digits_spec()).run()
-    assert first["params_sha256"] == second["params_sha256"]
-    assert first["steps_completed"] == 60
-    assert first["resumed_from_step"] is None
+    assert first.params_sha256 == second.params_sha256
+    assert first.steps_completed == 60
+    assert first.resumed_from_step is None
 
 
 def test_checkpoint_roundtrips_lose_nothing(make_job: MakeJob) -> None:
     often = make_job(digits_spec(checkpoint_every=7)).run()
     once = make_job(digits_spec(checkpoint_every=1000)).run()
-    assert often["params_sha256"] == once["params_sha256"]
-    assert often["final"] == once["final"]
+    assert often.params_sha256 == once.params_sha256
+    assert often.final == once.final
 
 
 def test_a_different_seed_trains_different_weights(make_job: MakeJob) -> None:
     seed_0 = make_job(digits_spec(steps=5)).run()
     seed_1 = make_job(digits_spec(steps=5, seed=1)).run()
-    assert seed_0["params_sha256"] != seed_1["params_sha256"]
+    assert seed_0.params_sha256 != seed_1.params_sha256
 
 
 @pytest.mark.parametrize(
@@ -55,9 +55,9 @@ def test_every_checkpoint_boundary_is_verified(
 ) -> None:
     job = make_job(digits_spec(steps=steps, checkpoint_every=checkpoint_every))
     result = job.run()
-    assert [c["step"] for c in result["checkpoints"]] == boundaries
-    assert result["checkpoints_verified"] == len(boundaries)
-    assert result["warnings"] == []
+    assert [c.step for c in result.checkpoints] == boundaries
+    assert result.checkpoints_verified == len(boundaries)
+    assert result.warnings == []
     # Only the latest verified checkpoint is kept on disk.
     assert [p.name for p in job.checkpoint_dir.iterdir()] == [f"step-{steps:08d}.pt"]
 
@@ -67,7 +67,7 @@ def test_progress_reports_step_and_total(make_job: MakeJob) -> None:
     result = job.run()
     progress = json.loads((job.workdir / PROGRESS_FILE).read_text())
     assert (progress["step"], progress["total"]) == (30, 30)
-    assert progress["loss"] == result["final"]["train_loss"]
+    assert progress["loss"] == result.final["train_loss"]
     assert 0.0 <= progress["val_accuracy"] <= 1.0
 
 
@@ -76,11 +76,11 @@ def test_stop_after_then_resume_equals_a_straight_run(make_job: MakeJob) -> None
     straight = make_job(spec).run()
     first_leg_job = make_job(spec)
     first_leg = first_leg_job.run(stop_after=17)
-    assert first_leg["steps_completed"] == 17
+    assert first_leg.steps_completed == 17
     resumed = make_job(spec).run(resume_from=first_leg_job.last_checkpoint)
-    assert resumed["resumed_from_step"] == 17
-    assert resumed["steps_completed"] == 60
-    assert resumed["params_sha256"] == straight["params_sha256"]
+    assert resumed.resumed_from_step == 17
+    assert resumed.steps_completed == 60
+    assert resumed.params_sha256 == straight.params_sha256
 
 
 def test_resume_refuses_a_checkpoint_of_another_spec(make_job: MakeJob) -> None:

@@ -9,6 +9,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.checks.report import CHECK_IDS
+from jobs.result import JobResult, JobStatus
 from service import store
 from service.app import create_app
 from service.settings import Settings
@@ -109,12 +110,15 @@ def report(failed: list[str], warned: list[str]) -> dict[str, Any]:
     return {"report": {"summary": {**summary, "failed": failed, "warned": warned}}, "steps_completed": 6}
 
 
-def finish_next(sessions: sessionmaker[Session], status: str, result: dict[str, Any] | None) -> None:
+def finish_next(sessions: sessionmaker[Session], status: JobStatus, result: dict[str, Any] | None) -> None:
+    """Finish the next job as a worker would, with `result` as the job's own part of result.json."""
     with sessions() as session:
         job = store.claim_next(session=session, worker_id="w", lease_s=30)
         assert job is not None
+        run = {"job_id": str(job.id), "attempt": job.attempt, "workdir": "/tmp/w", "status": status}
+        typed = None if result is None else JobResult.model_validate({**run, **result})
         store.finish_job(
-            session=session, job_id=job.id, worker_id="w", status=status, result=result, error=None
+            session=session, job_id=job.id, worker_id="w", status=status, result=typed, error=None
         )
 
 
@@ -134,11 +138,11 @@ def test_the_optimizer_shows_its_latest_finished_check_per_style(
     client.post("/checks", json={"framework": "tensorflow", "optimizer": {"name": "lion"}})  # keras
     client.post("/jobs", json=TRAINING)  # a training job is no check
     client.post("/checks", json=GOOD)  # queued behind the others; fails without a report below
-    finish_next(sessions, "succeeded", report(failed=[], warned=[]))
-    finish_next(sessions, "succeeded", report(failed=["sparse"], warned=["step_cost"]))
-    finish_next(sessions, "succeeded", report(failed=[], warned=[]))
-    finish_next(sessions, "succeeded", {"steps_completed": 10})
-    finish_next(sessions, "failed", None)
+    finish_next(sessions, JobStatus.SUCCEEDED, report(failed=[], warned=[]))
+    finish_next(sessions, JobStatus.SUCCEEDED, report(failed=["sparse"], warned=["step_cost"]))
+    finish_next(sessions, JobStatus.SUCCEEDED, report(failed=[], warned=[]))
+    finish_next(sessions, JobStatus.SUCCEEDED, {"steps_completed": 10})
+    finish_next(sessions, JobStatus.FAILED, None)
 
     latest = latest_checks()
     assert latest["tf_legacy"] is None

@@ -15,6 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy.orm import Session, sessionmaker
 
+from jobs.result import JobResult, JobStatus
 from service import cli, remote_check, store
 from service.client import ApiClient
 from tests.conftest import ROOT
@@ -138,9 +139,21 @@ def test_a_remote_check_shows_the_report_and_fails_when_a_check_does(
         (job_id,) = labels
         with sessions() as session:
             store.claim_next(session=session, worker_id="w", lease_s=30)
-            result = {"report": {**report, "duration_s": 1.5}, "steps_completed": 2}
+            result = JobResult(
+                job_id=str(job_id),
+                attempt=1,
+                workdir="/tmp/w",
+                status=JobStatus.SUCCEEDED,
+                report={**report, "duration_s": 1.5},
+                steps_completed=2,
+            )
             store.finish_job(
-                session=session, job_id=job_id, worker_id="w", status="succeeded", result=result, error=None
+                session=session,
+                job_id=job_id,
+                worker_id="w",
+                status=JobStatus.SUCCEEDED,
+                result=result,
+                error=None,
             )
         return {job_id: client.job(job_id)}
 

@@ -15,6 +15,7 @@ from alembic.config import Config
 from sqlalchemy import Engine, create_engine, inspect, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from jobs.result import JobResult, JobStatus, MlflowInfo, Progress
 from jobs.spec import CheckSpec, JobSpec
 from service import store
 from service.db import MIGRATIONS, make_engine, migrate, session_factory
@@ -55,6 +56,7 @@ def test_create_get_list(sessions: sessionmaker[Session]) -> None:
         ids = [store.create_job(session=session, spec=SPEC).id for _ in range(3)]
         job = store.get_job(session=session, job_id=ids[0])
         assert job is not None and job.status == "queued" and job.total_steps == 10
+        assert job.status is JobStatus.QUEUED  # the stored string reads back as the enum
         assert JobSpec.model_validate(job.spec) == SPEC
         page, total = store.list_jobs(session=session, status="queued", limit=2, offset=0)
         assert total == 3 and [j.id for j in page] == [ids[2], ids[1]]
@@ -124,9 +126,7 @@ def test_progress_finish_and_requeue(sessions: sessionmaker[Session]) -> None:
             session=session,
             job_id=job_id,
             worker_id="w",
-            step=4,
-            loss=0.5,
-            mlflow=mlflow,
+            progress=Progress(step=4, total=10, loss=0.5, mlflow=MlflowInfo.model_validate(mlflow)),
             workdir="/tmp/w",
             lease_s=30,
         )
@@ -137,10 +137,17 @@ def test_progress_finish_and_requeue(sessions: sessionmaker[Session]) -> None:
         assert job is not None and job.status == "queued" and job.step == 4 and job.mlflow == mlflow
         again = store.claim_next(session=session, worker_id="w2", lease_s=30)
         assert again is not None and again.attempt == 2
-        result: dict[str, Any] = {"steps_completed": 10, "final": {"train_loss": 0.25}}
+        result = JobResult(
+            job_id=str(job_id),
+            attempt=2,
+            workdir="/tmp/w",
+            status=JobStatus.SUCCEEDED,
+            steps_completed=10,
+            final={"train_loss": 0.25},
+        )
         finish = {"session": session, "job_id": job_id, "result": result, "error": None}
-        assert not store.finish_job(worker_id="w", status="failed", **finish)  # no longer w's job
-        assert store.finish_job(worker_id="w2", status="succeeded", **finish)
+        assert not store.finish_job(worker_id="w", status=JobStatus.FAILED, **finish)  # no longer w's job
+        assert store.finish_job(worker_id="w2", status=JobStatus.SUCCEEDED, **finish)
     with sessions() as session:
         job = store.get_job(session=session, job_id=job_id)
         assert job is not None and job.status == "succeeded" and job.step == 10 and job.latest_loss == 0.25
@@ -181,7 +188,7 @@ def test_a_job_whose_worker_stopped_answering_is_claimed_again(sessions: session
         assert cancelled is not None and cancelled.status == "cancelled"
         # The dead worker, should it wake up, can no longer touch the job.
         assert store.record_progress(
-            session=session, job_id=stranded, worker_id="dead", step=1, loss=None, mlflow=None,
+            session=session, job_id=stranded, worker_id="dead", progress=Progress(step=1, total=10),
             workdir=None, lease_s=30,
         )  # fmt: skip
         assert store.claim_next(session=session, worker_id="alive", lease_s=30) is None
@@ -198,11 +205,21 @@ def test_a_cancel_requested_before_a_worker_stops_is_not_undone(sessions: sessio
         assert store.claim_next(session=session, worker_id="w", lease_s=30) is None
 
 
-def finish_next(session: Session, status: str = "succeeded", failed: tuple[str, ...] = ()) -> int:
+def finish_next(
+    session: Session, status: JobStatus = JobStatus.SUCCEEDED, failed: tuple[str, ...] = ()
+) -> int:
     job = store.claim_next(session=session, worker_id="w", lease_s=30)
     assert job is not None
     summary = {"pass": 1, "fail": len(failed), "warn": 0, "skip": 0, "failed": list(failed), "warned": []}
-    result = {"report": {"summary": summary}, "steps_completed": 1}
+    result = JobResult(
+        job_id=str(job.id),
+        attempt=job.attempt,
+        workdir="/tmp/w",
+        status=status,
+        report={"summary": summary},
+        checks_failed=len(failed),
+        steps_completed=1,
+    )
     store.finish_job(session=session, job_id=job.id, worker_id="w", status=status, result=result, error=None)
     return job.id
 
@@ -232,7 +249,7 @@ def test_the_latest_check_with_a_report_per_style(sessions: sessionmaker[Session
         ):
             store.create_job(session=session, spec=spec)
         finished = [finish_next(session) for _ in range(5)]
-        finish_next(session, status="failed")
+        finish_next(session, status=JobStatus.FAILED)
         latest = store.latest_checks(session=session, name="adam", styles=["torch", "keras", "tf_legacy"])
         assert latest["tf_legacy"] is None
         assert latest["keras"] is not None and latest["keras"].id == finished[2]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
+from jobs.result import JobStatus
 from jobs.spec import JobSpec
 from service import store
 from service.settings import Settings
@@ -59,7 +60,8 @@ def test_result_file_decides_the_status(
 ) -> None:
     body = (
         'echo \'{"step": 10, "total": 10, "loss": 0.5}\' > "$W/progress.json"\n'
-        'echo \'{"status": "diverged", "steps_completed": 7, "diverged_at_step": 7,'
+        'echo \'{"job_id": "1", "attempt": 1, "workdir": "\'"$W"\'",'
+        ' "status": "diverged", "steps_completed": 7, "diverged_at_step": 7,'
         ' "error": {"type": "Diverged", "message": "train/loss became nan at step 7"}}\' > "$W/result.json"'
     )
     worker = make_worker(settings, sessions, stand_in(tmp_path, body))
@@ -69,6 +71,36 @@ def test_result_file_decides_the_status(
     assert job.status == "diverged" and job.step == 7
     assert job.error is not None and "step 7" in job.error["message"]
     assert worker.run_next() is False  # queue empty
+
+
+def test_a_result_with_a_renamed_key_fails_the_job_naming_the_key(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    body = (
+        'echo \'{"job_id": "1", "attempt": 1, "workdir": "/w", "status": "succeeded",'
+        ' "steps_done": 10}\' > "$W/result.json"'
+    )
+    worker = make_worker(settings, sessions, stand_in(tmp_path, body))
+    job_id = submit(sessions)
+    worker.run_next()
+    job = job_row(sessions, job_id)
+    assert job.status is JobStatus.FAILED and job.result is None and job.error is not None
+    assert job.error["type"] == "InvalidResult"
+    assert "steps_done" in job.error["message"] and "Extra inputs are not permitted" in job.error["message"]
+
+
+def test_progress_with_a_renamed_key_fails_the_job_and_stops_its_process(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    body = 'echo \'{"step": 3, "total": 10, "train_loss": 0.5}\' > "$W/progress.json"\nexec sleep 300'
+    worker = make_worker(settings, sessions, stand_in(tmp_path, body))
+    job_id = submit(sessions)
+    started = time.monotonic()
+    worker.run_next()
+    assert time.monotonic() - started < 30  # the process was stopped, not waited for
+    job = job_row(sessions, job_id)
+    assert job.status is JobStatus.FAILED and job.error is not None
+    assert job.error["type"] == "WorkerError" and "train_loss" in job.error["message"]
 
 
 def test_a_job_process_that_dies_fails_with_its_log_tail(

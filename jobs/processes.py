@@ -1,0 +1,96 @@
+"""Process plumbing, written once: child processes in their own group, ending a group,
+dying with the parent, and the legacy-Keras re-exec.
+
+Standard library only, so the service may use it too (the worker and the supervisor start
+and stop process groups exactly as the check children do): `tests/service/test_imports.py`
+allows `jobs.processes` in service/ for that reason, and checks it stays stdlib-only.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
+
+# Legacy tf.keras (`tf_keras`) replaces `tf.keras` only when this is "1" before TensorFlow is
+# imported, and for the whole process: a legacy job or check runs in a process of its own.
+LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
+PR_SET_PDEATHSIG = 1
+
+
+def in_legacy_keras_process() -> bool:
+    return os.environ.get(LEGACY_KERAS_ENV) == "1"
+
+
+def legacy_keras_environment(env: Mapping[str, str], *, legacy: bool = True) -> dict[str, str]:
+    """`env` with the legacy-Keras switch on (or, `legacy=False`, removed)."""
+    changed = dict(env)
+    if legacy:
+        changed[LEGACY_KERAS_ENV] = "1"
+    else:
+        changed.pop(LEGACY_KERAS_ENV, None)
+    return changed
+
+
+def reexec_with_legacy_keras(module: str, argv: Sequence[str]) -> NoReturn:
+    """Start `python -m module *argv` over in this process (same pid, so whoever watches it keeps
+    watching) with TF_USE_LEGACY_KERAS=1, which must be set before TensorFlow is imported."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(
+        sys.executable,
+        [sys.executable, "-m", module, *argv],
+        legacy_keras_environment(os.environ),
+    )
+
+
+def die_with_parent() -> None:
+    """Linux: this process gets SIGTERM when its parent dies, so no child outlives a killed parent.
+
+    Meant as a `preexec_fn` (it runs in the child between fork and exec); elsewhere a no-op.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def start_in_own_group(
+    command: Sequence[str], *, die_with_parent: bool = False, **popen: Any
+) -> subprocess.Popen[Any]:
+    """`subprocess.Popen(command, **popen)` as the leader of a new process group (a new session), so
+    `terminate_group` ends it and every helper it started, and a terminal's Ctrl-C reaches only us."""
+    if "start_new_session" in popen or "preexec_fn" in popen:
+        raise TypeError("start_in_own_group sets start_new_session and preexec_fn itself")
+    preexec = _die_with_parent if die_with_parent else None
+    return subprocess.Popen(list(command), start_new_session=True, preexec_fn=preexec, **popen)
+
+
+def _die_with_parent() -> None:
+    die_with_parent()
+
+
+def terminate_group(process: subprocess.Popen[Any], grace_s: float) -> None:
+    """SIGTERM `process`'s group, then SIGKILL whatever is left after `grace_s` seconds (children the
+    leader left behind included); `grace_s=0`: SIGKILL at once. Returns once the leader is reaped."""
+    if grace_s > 0:
+        signal_group(process, signal.SIGTERM)
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+    signal_group(process, signal.SIGKILL)
+    process.wait()
+
+
+def signal_group(process: subprocess.Popen[Any], sig: signal.Signals) -> None:
+    """Send `sig` to the group `process` leads; a group already gone is not an error."""
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,253 @@
+"""What a job process reports, typed: its status, its progress and its result.
+
+`jobs.run` writes `progress.json` and `result.json` through these models and the service
+reads them back through the same models, so a renamed or mistyped key fails validation on
+one side or the other instead of silently showing up as a missing value. Light on purpose
+(pydantic and the standard library only): the service imports this, and it must never
+load torch or TensorFlow.
+
+The JSON keeps exactly the keys the writer set (`to_json` dumps the fields that were set,
+even when set to None), so result.json and the API's `result` read as they always have: a
+torch result has `resumed_from_step`, a Keras one `style` and `variable_placement`, a check
+job's `report`. JSON has no NaN or infinity: such floats are written as text (`"nan"`), and
+read back as floats.
+"""
+
+from __future__ import annotations
+
+import json
+from enum import Enum, StrEnum
+from pathlib import Path
+from typing import Any, Literal, Self
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+
+class JobStatus(StrEnum):
+    """A job's life: `queued -> running -> succeeded | failed | diverged | cancelled`.
+
+    A `str` enum (`StrEnum`: `str(status)` is its value too), so the database and the API keep
+    storing and showing the bare strings.
+    """
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    DIVERGED = "diverged"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_STATUSES
+
+
+TERMINAL_STATUSES: frozenset[JobStatus] = frozenset(
+    {JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.DIVERGED, JobStatus.CANCELLED}
+)
+
+# In a job's workdir: rewritten as it runs, written once at the end, its output.
+PROGRESS_FILE = "progress.json"
+RESULT_FILE = "result.json"
+LOG_FILE = "log.txt"
+
+
+def finite_json(data: Any) -> Any:
+    """JSON has no NaN or infinity: report them as strings rather than fail to write."""
+    if isinstance(data, float) and (data != data or data in (float("inf"), float("-inf"))):
+        return str(data)
+    if isinstance(data, dict):
+        return {key: finite_json(value) for key, value in data.items()}
+    if isinstance(data, list | tuple):
+        return [finite_json(value) for value in data]
+    return data
+
+
+class Record(BaseModel):
+    """A strict record: an unknown key is an error, so a renamed field cannot pass unnoticed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    def to_json(self) -> dict[str, Any]:
+        """The fields that were set (None included), NaN and infinities as text."""
+        data: dict[str, Any] = finite_json(self.model_dump(mode="python", exclude_unset=True))
+        return _jsonable(data)
+
+
+def _jsonable(data: Any) -> Any:
+    # model_dump(mode="python") keeps enums; JSON wants their values.
+    if isinstance(data, Enum):
+        return data.value
+    if isinstance(data, dict):
+        return {key: _jsonable(value) for key, value in data.items()}
+    if isinstance(data, list):
+        return [_jsonable(value) for value in data]
+    return data
+
+
+class ErrorRecord(Record):
+    """Why a job did not succeed. `traceback` is the tail of the job process's traceback; errors
+    the service writes itself (a cancelled queued job, a lost lease) have none."""
+
+    type: str
+    message: str
+    traceback: str | None = None
+
+
+class CheckpointRecord(Record):
+    """One checkpoint round trip: saved at `step`, reloaded into fresh objects, compared."""
+
+    step: int
+    ok: bool
+    path: str
+
+
+class MlflowInfo(Record):
+    """Where a job's MLflow run lives (jobs.tracking's run info; the API's `mlflow`)."""
+
+    tracking_uri: str
+    experiment_id: str
+    run_id: str
+    run_url: str
+
+
+class VariablePlacement(Record):
+    """Keras only: where optimizer state lives against the model's variables."""
+
+    model_variable_devices: list[str]
+    optimizer_variable_devices: list[str]
+    optimizer_variables_elsewhere: list[str]
+
+
+class Progress(Record):
+    """progress.json: rewritten as the job advances (steps for training, checks for a check job)."""
+
+    step: int
+    total: int
+    loss: float | None = None
+    val_loss: float | None = None
+    val_accuracy: float | None = None
+    val_rmse: float | None = None
+    mlflow: MlflowInfo | None = None
+    check: str | None = None  # a check job: the id of the check that just finished
+
+    def merged(self, **fields: Any) -> Progress:
+        """This progress with `fields` replaced, validated again (a misnamed field is an error)."""
+        return Progress.model_validate({**self.model_dump(exclude_unset=True), **fields})
+
+
+class TrainOutcome(Record):
+    """What a trainer's `run()` returns: the training part of a job's result."""
+
+    steps_completed: int
+    resumed_from_step: int | None = None  # torch only: the step a resumed job started from
+    final: dict[str, float]  # train_loss and the last evaluation (val_loss, val_accuracy | val_rmse)
+    params_sha256: str
+    samples_per_sec: float | None
+    step_time_ms_median: float | None
+    optimizer_step_ms_median: float | None
+    checkpoints: list[CheckpointRecord]
+    checkpoints_verified: int
+    device: str
+    train_seconds: float
+    warnings: list[str]
+    style: Literal["keras", "tf_legacy"] | None = None  # Keras only
+    variable_placement: VariablePlacement | None = None  # Keras only
+
+
+class CheckOutcome(Record):
+    """What the check job's `run()` returns: the conformance report and its counts."""
+
+    report: dict[str, Any]  # jobs.checks.report.CheckReport.to_json()
+    checks_failed: int
+    steps_completed: int  # checks run, so the progress reads "3 of 3" at the end
+
+
+Outcome = TrainOutcome | CheckOutcome
+
+
+class JobResult(Record):
+    """result.json: the run's own fields plus, flattened, the outcome of a job that ran.
+
+    Flat rather than nested (`train: TrainOutcome`) so the file and the API's `result` keep
+    the keys they always had. The outcome fields are optional here: a failed job has none
+    of them, or only the checkpoints and warnings gathered before it failed.
+    """
+
+    job_id: str
+    attempt: int
+    workdir: str
+    status: JobStatus
+    duration_s: float | None = None
+    mlflow: MlflowInfo | None = None
+    error: ErrorRecord | None = None
+    diverged_at_step: int | None = None
+    # TrainOutcome's fields
+    steps_completed: int | None = None
+    resumed_from_step: int | None = None
+    final: dict[str, float] | None = None
+    params_sha256: str | None = None
+    samples_per_sec: float | None = None
+    step_time_ms_median: float | None = None
+    optimizer_step_ms_median: float | None = None
+    checkpoints: list[CheckpointRecord] | None = None
+    checkpoints_verified: int | None = None
+    device: str | None = None
+    train_seconds: float | None = None
+    warnings: list[str] | None = None
+    style: Literal["keras", "tf_legacy"] | None = None
+    variable_placement: VariablePlacement | None = None
+    # CheckOutcome's fields
+    report: dict[str, Any] | None = None
+    checks_failed: int | None = None
+
+    @field_validator("status")
+    @classmethod
+    def _ended(cls, status: JobStatus) -> JobStatus:
+        if not status.terminal:
+            allowed = ", ".join(sorted(s.value for s in TERMINAL_STATUSES))
+            raise ValueError(f"a result's status must be one of {allowed}; received {status.value!r}")
+        return status
+
+    def with_outcome(self, outcome: Outcome | dict[str, Any], *, kind: type[Outcome]) -> Self:
+        """This result with a job's outcome merged in; a dict is validated as `kind` first."""
+        typed = kind.model_validate(outcome) if isinstance(outcome, dict) else outcome
+        if not isinstance(typed, kind):
+            raise TypeError(f"the job's run() returned a {type(typed).__name__}; expected {kind.__name__}")
+        return self.with_fields(**_set_fields(typed))
+
+    def with_fields(self, **fields: Any) -> Self:
+        """A copy with `fields` set, validated (a wrong name or type is an error, not a new key)."""
+        return type(self).model_validate({**_set_fields(self), **fields})
+
+    @property
+    def final_train_loss(self) -> float | None:
+        return (self.final or {}).get("train_loss")
+
+
+def _set_fields(model: BaseModel) -> dict[str, Any]:
+    """The fields set on `model`, as they are (nested models stay models)."""
+    return {name: getattr(model, name) for name in model.model_fields_set}
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """The file's object, or None when absent or unreadable (a writer may have crashed)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_progress(workdir: Path) -> Progress | None:
+    """The job's progress.json; None before the job wrote one. A file that does not match
+    `Progress` (a renamed or mistyped field) raises pydantic's ValidationError, naming it."""
+    data = read_json(workdir / PROGRESS_FILE)
+    return None if data is None else Progress.model_validate(data)
+
+
+def read_result(workdir: Path) -> JobResult | None:
+    """The job's result.json; None when the job ended without writing one. A file that does not
+    match `JobResult` raises pydantic's ValidationError, naming the field and the value."""
+    data = read_json(workdir / RESULT_FILE)
+    return None if data is None else JobResult.model_validate(data)

@@ -1,0 +1,80 @@
+"""A TensorFlow job never imports torch, and a torch job never imports TensorFlow.
+
+Each job runs as the worker runs it (`python -m jobs.run SPEC --workdir DIR`, no tracking), in a
+child process that lists, once the job is done, which framework modules it loaded.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from jobs.processes import legacy_keras_environment
+from tests.conftest import ROOT
+
+FRAMEWORKS = ("torch", "tensorflow", "keras", "tf_keras")
+# Which top-level modules a job of each style must never load.
+FORBIDDEN = {"torch": {"tensorflow", "keras", "tf_keras"}, "keras": {"torch"}, "tf_legacy": {"torch"}}
+
+WRAPPER = f"""
+import runpy, sys
+sys.argv = ["jobs.run", *sys.argv[1:]]
+try:
+    runpy.run_module("jobs.run", run_name="__main__")
+except SystemExit as exit:
+    code = exit.code
+print("LOADED", sorted(m for m in sys.modules if m.split(".")[0] in {FRAMEWORKS!r}))
+sys.exit(code)
+"""
+
+
+def tiny_spec(style: str) -> dict[str, Any]:
+    optimizer: dict[str, Any] = {"name": "sgd", "params": {"lr": 0.1}}
+    if style != "torch":
+        optimizer["style"] = style
+    return {
+        "framework": "torch" if style == "torch" else "tensorflow",
+        "workload": {"name": "digits_mlp"},
+        "optimizer": optimizer,
+        "steps": 2,
+        "batch_size": 16,
+        "checkpoint_every": 2,
+        "eval_every": 2,
+        "device": "cpu",
+    }
+
+
+def run_job(tmp_path: Path, style: str) -> tuple[dict[str, Any], set[str]]:
+    spec_path = tmp_path / "spec.json"
+    spec_path.write_text(json.dumps(tiny_spec(style)))
+    workdir = tmp_path / "work"
+    # Legacy Keras from the start: jobs.run would otherwise re-exec itself, and the wrapper with it.
+    env = legacy_keras_environment(os.environ, legacy=style == "tf_legacy")
+    completed = subprocess.run(
+        [sys.executable, "-c", WRAPPER, str(spec_path), "--workdir", str(workdir)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    lines = [line for line in completed.stdout.splitlines() if line.startswith("LOADED ")]
+    assert lines, f"the job printed no module list; exit {completed.returncode}:\n{completed.stderr[-3000:]}"
+    loaded = {name.split(".")[0] for name in ast.literal_eval(lines[-1].removeprefix("LOADED "))}
+    return json.loads((workdir / "result.json").read_text()), loaded
+
+
+@pytest.mark.parametrize("style", ["torch", "keras", "tf_legacy"])
+def test_a_job_loads_only_its_own_framework(tmp_path: Path, style: str) -> None:
+    result, loaded = run_job(tmp_path, style)
+    assert result["status"] == "succeeded", result.get("error")
+    assert not loaded & FORBIDDEN[style], f"a {style} job loaded {sorted(loaded & FORBIDDEN[style])}"
+    assert ("torch" in loaded) == (style == "torch")  # and it did load its own
