@@ -83,6 +83,22 @@ class OptimizerChoice(Component):
 
 
 TENSORFLOW_STYLES = ("keras", "tf_legacy")
+# The styles each framework runs, the one a spec means when it names none first (Keras 3
+# before legacy). A spec may only name a style where there is a choice.
+STYLES_OF_FRAMEWORK: dict[str, tuple[str, ...]] = {"torch": ("torch",), "tensorflow": TENSORFLOW_STYLES}
+
+
+def default_style(framework: str) -> str:
+    return STYLES_OF_FRAMEWORK[framework][0]
+
+
+def framework_of_style(style: str) -> str:
+    return next(framework for framework, styles in STYLES_OF_FRAMEWORK.items() if style in styles)
+
+
+def style_choice(framework: str) -> bool:
+    """Whether a spec of `framework` may name `optimizer.style` (only where it has several)."""
+    return len(STYLES_OF_FRAMEWORK[framework]) > 1
 
 
 class JobSpec(BaseModel):
@@ -351,7 +367,7 @@ def optimizer_errors(choice: OptimizerChoice, framework: str, catalogue: Catalog
     """The optimizer's name, style and hyperparameters against the catalogue, for any kind of job."""
     errors: list[SpecError] = []
     optimizer = catalogue.optimizer(choice.name, framework, choice.style)
-    if choice.style is not None and framework != "tensorflow":
+    if choice.style is not None and not style_choice(framework):
         errors.append(
             SpecError(
                 loc=["body", "optimizer", "style"],
@@ -393,7 +409,7 @@ def with_resolved_style(spec: SpecT, catalogue: Catalogue) -> SpecT:
     Stored that way, a job process knows before importing TensorFlow whether it needs
     the legacy tf.keras set-up.
     """
-    if spec.framework != "tensorflow" or spec.optimizer.style is not None:
+    if spec.optimizer.style is not None or not style_choice(spec.framework):
         return spec
     chosen = catalogue.optimizer(spec.optimizer.name, spec.framework)
     if chosen is None:

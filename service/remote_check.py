@@ -9,7 +9,7 @@ from typing import Any
 
 from jobs.checks.report import print_report_table
 from jobs.result import JobStatus
-from jobs.spec import parse_params
+from jobs.spec import default_style, framework_of_style, parse_params, style_choice
 from service.client import ApiClient, ApiError, error_of, result_of, status_of
 from service.progress import follow_jobs
 
@@ -22,11 +22,11 @@ def check_body(args: argparse.Namespace) -> dict[str, Any]:
             "register it (OPTLAB_PLUGIN_DIRS on the workers) or check it here without --remote"
         )
     params = parse_params(args.params)  # ValueError says what is allowed
-    style = None if args.style in (None, "torch") else args.style
-    framework = args.framework or ("tensorflow" if style else "torch")
+    framework = args.framework or (framework_of_style(args.style) if args.style else "torch")
     body: dict[str, Any] = {"framework": framework, "optimizer": {"name": args.target, "params": params}}
-    if style:
-        body["optimizer"]["style"] = style
+    # A spec names its style only where there is a choice (torch's only style goes without saying).
+    if args.style and (style_choice(framework) or args.style != default_style(framework)):
+        body["optimizer"]["style"] = args.style
     if args.only:
         body["checks"] = [check.strip() for check in args.only.split(",") if check.strip()]
     return body

@@ -11,11 +11,11 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
 from jobs.result import TERMINAL_STATUSES, ErrorRecord, JobResult, JobStatus, Progress
-from jobs.spec import AnySpec, Catalogue, CheckSpec
+from jobs.spec import AnySpec, Catalogue, CheckSpec, default_style, framework_of_style
 from service.models import CatalogueSnapshot, Job, utcnow
 
 
@@ -74,13 +74,22 @@ def latest_checks(*, session: Session, name: str, styles: Iterable[str]) -> dict
     )
     latest: dict[str, Job | None] = {}
     for style in styles:
-        if style == "torch":
-            of_style = Job.spec[("framework",)].as_string() == "torch"
-        else:
-            of_style = Job.spec[("optimizer", "style")].as_string() == style
-        query = select(Job).where(named, of_style).order_by(Job.finished_at.desc(), Job.id.desc()).limit(1)
+        query = (
+            select(Job)
+            .where(named, _ran_style(style))
+            .order_by(Job.finished_at.desc(), Job.id.desc())
+            .limit(1)
+        )
         latest[style] = session.scalars(query).first()
     return latest
+
+
+def _ran_style(style: str) -> Any:
+    """A job's spec ran `style`: it names it, or names none and `style` is its framework's default."""
+    framework = framework_of_style(style)
+    named = Job.spec[("optimizer", "style")].as_string()
+    by_default = [named.is_(None)] if default_style(framework) == style else []
+    return (Job.spec[("framework",)].as_string() == framework) & or_(named == style, *by_default)
 
 
 def request_cancel(*, session: Session, job_id: int) -> Job | None:

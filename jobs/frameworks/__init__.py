@@ -11,6 +11,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from jobs.frameworks.base import Driver
+from jobs.spec import default_style
 
 if TYPE_CHECKING:
     from jobs.spec import AnySpec
@@ -22,9 +23,6 @@ DRIVERS: dict[str, tuple[str, str]] = {
     "tf_legacy": ("jobs.frameworks.keras_driver", "LegacyKerasDriver"),
 }
 
-# The style a spec means when it names only its framework (Keras 3 before legacy).
-DEFAULT_STYLE = {"torch": "torch", "tensorflow": "keras"}
-
 
 # Styles whose process must start with TF_USE_LEGACY_KERAS=1 (it swaps `tf.keras` for the whole
 # process, so it must be known before TensorFlow is imported, i.e. before loading the driver).
@@ -32,7 +30,8 @@ LEGACY_KERAS_STYLES = frozenset({"tf_legacy"})
 
 
 def style_of(spec: AnySpec) -> str:
-    return spec.optimizer.style or DEFAULT_STYLE[spec.framework]
+    """The style a spec runs: the one it names, else its framework's default."""
+    return spec.optimizer.style or default_style(spec.framework)
 
 
 def needs_legacy_keras_process(style: str) -> bool:
