@@ -1,6 +1,7 @@
-"""A TensorFlow job never imports torch, and a torch job never imports TensorFlow.
+"""A TensorFlow job or check never imports torch, and a torch one never imports TensorFlow.
 
-Each job runs as the worker runs it (`python -m jobs.run SPEC --workdir DIR`, no tracking), in a
+Each job (a training job, or a check job running the in-process checks) runs as the worker
+runs it (`python -m jobs.run SPEC --workdir DIR`, no tracking), in a
 child process that lists, once the job is done, which framework modules it loaded.
 """
 
@@ -51,9 +52,21 @@ def tiny_spec(style: str) -> dict[str, Any]:
     }
 
 
-def run_job(tmp_path: Path, style: str) -> tuple[dict[str, Any], set[str]]:
+def check_spec(style: str) -> dict[str, Any]:
+    """The in-process checks only: the fresh-process ones run in children of their own."""
+    train = tiny_spec(style)
+    checks = ["construct", "dense_step", "sparse", "state_roundtrip", "step_cost", "deprecations"]
+    return {
+        "kind": "check",
+        "framework": train["framework"],
+        "optimizer": train["optimizer"],
+        "checks": checks,
+    }
+
+
+def run_job(tmp_path: Path, style: str, spec: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
     spec_path = tmp_path / "spec.json"
-    spec_path.write_text(json.dumps(tiny_spec(style)))
+    spec_path.write_text(json.dumps(spec))
     workdir = tmp_path / "work"
     # Legacy Keras from the start: jobs.run would otherwise re-exec itself, and the wrapper with it.
     env = legacy_keras_environment(os.environ, legacy=style == "tf_legacy")
@@ -74,7 +87,16 @@ def run_job(tmp_path: Path, style: str) -> tuple[dict[str, Any], set[str]]:
 
 @pytest.mark.parametrize("style", ["torch", "keras", "tf_legacy"])
 def test_a_job_loads_only_its_own_framework(tmp_path: Path, style: str) -> None:
-    result, loaded = run_job(tmp_path, style)
+    result, loaded = run_job(tmp_path, style, tiny_spec(style))
     assert result["status"] == "succeeded", result.get("error")
     assert not loaded & FORBIDDEN[style], f"a {style} job loaded {sorted(loaded & FORBIDDEN[style])}"
     assert ("torch" in loaded) == (style == "torch")  # and it did load its own
+
+
+@pytest.mark.parametrize("style", ["torch", "keras", "tf_legacy"])
+def test_a_check_job_loads_only_its_own_framework(tmp_path: Path, style: str) -> None:
+    result, loaded = run_job(tmp_path, style, check_spec(style))
+    assert result["status"] == "succeeded", result.get("error")
+    assert result["report"]["summary"]["fail"] == 0, result["report"]
+    assert not loaded & FORBIDDEN[style], f"a {style} check loaded {sorted(loaded & FORBIDDEN[style])}"
+    assert ("torch" in loaded) == (style == "torch")
