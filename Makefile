@@ -25,8 +25,10 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy service jobs optimizers
 
+# Tests spread over the cores (at most 4 workers: each loads torch and TensorFlow); tests that
+# share one running service are kept on one worker (xdist_group).
 test: $(STAMP) lint typecheck
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadgroup
 
 clean:
 	rm -rf $(VENV) .optlab .pytest_cache .mypy_cache .ruff_cache

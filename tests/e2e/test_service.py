@@ -21,6 +21,10 @@ from service.settings import Settings
 from service.supervisor import Supervisor
 from tests.conftest import ROOT, free_port
 
+# One running service (MLflow, API, worker) serves the whole module: keep its tests on one
+# pytest-xdist worker, so the service starts once.
+pytestmark = pytest.mark.xdist_group("e2e_service")
+
 EXPLODING_PLUGIN = '''
 import torch
 

@@ -42,7 +42,15 @@ def with_changes(**changes: Any) -> dict[str, Any]:
     return spec
 
 
-DELETE = object()
+class _Delete:
+    """A marker: remove this field from the spec (a stable repr keeps the test ids the same in every
+    pytest-xdist worker)."""
+
+    def __repr__(self) -> str:
+        return "DELETE"
+
+
+DELETE = _Delete()
 
 
 def test_submit_returns_the_queued_job(client: TestClient) -> None:
