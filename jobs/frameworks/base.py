@@ -10,11 +10,13 @@ user gets the same verdict in every framework.
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 if TYPE_CHECKING:
     import numpy as np
@@ -47,6 +49,40 @@ class Capabilities:
     whole_model_save: bool = False
     # A resumed job continues from a checkpoint file of this style.
     resume: bool = False
+    # The framework's own optimizers refuse a learning rate below 0, so a class that accepts
+    # one is at fault (torch). Keras and tf_keras accept it by design: probing it would be a
+    # false alarm there.
+    refuses_negative_lr: bool = False
+
+
+@dataclass(frozen=True)
+class SparseRows:
+    """A row-sparse gradient as an Embedding produces it (repeated rows are summed)."""
+
+    rows: list[int]
+    values: np.ndarray
+    shape: tuple[int, ...]
+
+
+# What the checks feed a step: dense, row-sparse, or None for a frozen variable.
+Gradient: TypeAlias = "np.ndarray | SparseRows | None"
+# Called by a driver for every warning (or logged deprecation) it captures: message,
+# category (None for a log record), file and line where the framework says it was raised.
+WarningSink: TypeAlias = "Callable[[str, type[Warning] | None, str | None, int | None], None]"
+
+
+@dataclass(frozen=True)
+class Advice:
+    """The sentences of a fix that must name the framework's own API."""
+
+    update_method: str  # where the user's update lives (`step`, `update_step`)
+    in_place_update: str
+    skip_none_grad: str
+    finite_state: str
+    untrainable_state: str
+    fast_update: str
+    sign_of_update: str
+    deprecated_call: str  # an example of replacing a deprecated call
 
 
 @dataclass(frozen=True)
@@ -138,9 +174,99 @@ class Driver(ABC):
     framework: ClassVar[str]
     capabilities: ClassVar[Capabilities]
 
+    advice: ClassVar[Advice]
+
     @abstractmethod
     def session(self, spec: JobSpec, entry: Entry, workload: Workload, workdir: Path) -> TrainingSession:
         """The training session of one job."""
+
+    # -- what the conformance checks drive ---------------------------------------------------------------
+    # Numpy arrays are the common currency: a check makes variables from arrays, feeds numpy
+    # gradients and reads values and state back as numpy, so its verdict reads the same for
+    # every framework.
+
+    def isolated(self) -> AbstractContextManager[Any]:
+        """A check's framework RNG seeded, and the caller's given back afterwards."""
+        return nullcontext()
+
+    @abstractmethod
+    def variables(self, arrays: Sequence[np.ndarray]) -> list[Any]:
+        """Trainable float32 variables holding `arrays`."""
+
+    @abstractmethod
+    def optimizer_over(self, create: Callable[[Any], Any], variables: Sequence[Any]) -> Any:
+        """`create(model_params)` (the catalogue's build) over `variables`, state created as the
+        style's own training loop creates it."""
+
+    @abstractmethod
+    def construct(self, cls: type, kwargs: Mapping[str, Any]) -> Any:
+        """The class called directly with `kwargs` (its own argument names), as a user calls it."""
+
+    @abstractmethod
+    def step(self, optimizer: Any, variables: Sequence[Any], grads: Sequence[Gradient]) -> None:
+        """One update from numpy gradients, called the way the style's training loop calls it."""
+
+    @abstractmethod
+    def values(self, variables: Sequence[Any]) -> list[np.ndarray]:
+        """The variables' current values, copied."""
+
+    @abstractmethod
+    def state(self, optimizer: Any) -> list[tuple[str, np.ndarray]]:
+        """Every numeric piece of optimizer state, named, copied as numpy."""
+
+    @abstractmethod
+    def state_of(self, optimizer: Any, variables: Sequence[Any], index: int) -> list[np.ndarray]:
+        """The state the optimizer keeps for `variables[index]` (their shapes are distinct)."""
+
+    @abstractmethod
+    def trainable_state(self, optimizer: Any, variables: Sequence[Any]) -> tuple[int, list[str]]:
+        """How many state tensors there are, and which are trainable or are (alias) a variable."""
+
+    @abstractmethod
+    def recording_warnings(self, sink: WarningSink) -> AbstractContextManager[Any]:
+        """Pass every warning the framework raises while inside to `sink`, once-only ones too."""
+
+    @abstractmethod
+    def reference_sgd(self, variables: Sequence[Any]) -> Any:
+        """The framework's SGD(momentum=0.9) over `variables`, state created: the yardstick."""
+
+    @abstractmethod
+    def timed_update(
+        self, optimizer: Any, variables: Sequence[Any], grads: Sequence[np.ndarray]
+    ) -> Callable[[], Any]:
+        """One update with fixed gradients, as a job runs it (Keras: compiled), warmed up."""
+
+    def timing(self) -> AbstractContextManager[Any]:
+        """Where timings are taken (torch: one intra-op thread); nothing by default."""
+        return nullcontext()
+
+    @abstractmethod
+    def where_time_goes(self, slow: Callable[[], Any], reference: Callable[[], Any]) -> str:
+        """What makes `slow` slower than `reference`, in a phrase (profiler ops, host syncs)."""
+
+    @property
+    @abstractmethod
+    def timed_update_name(self) -> str:
+        """How the update is timed, for the detail (`step()`, `the update under tf.function`)."""
+
+    @property
+    @abstractmethod
+    def reference_sgd_name(self) -> str:
+        """The yardstick by name (`torch.optim.SGD(momentum=0.9)`)."""
+
+
+@contextmanager
+def python_warnings_to(sink: WarningSink) -> Iterator[None]:
+    """Every Python warning raised inside goes to `sink` as it is raised (so the caller can
+    still see the stack that raised it), none shown, the filters restored afterwards."""
+
+    def show(message: Any, category: type[Warning], filename: str, lineno: int, *_: Any, **__: Any) -> None:
+        sink(str(message), category, filename, lineno)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        yield
 
 
 def remove_checkpoint(path: Path) -> None:

@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import logging
 import math
+import re
 import time
 import traceback
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,13 +34,18 @@ import numpy as np
 
 from jobs.batches import BatchOrder
 from jobs.frameworks.base import (
+    Advice,
     Capabilities,
     Checkpointed,
     CheckpointMismatch,
     Driver,
     Evaluation,
+    Gradient,
+    SparseRows,
     StepRecord,
     TrainingSession,
+    WarningSink,
+    python_warnings_to,
 )
 from jobs.spec import JobSpec
 from jobs.workloads import Workload
@@ -97,6 +106,132 @@ class KerasDriver(Driver):
     def session(self, spec: JobSpec, entry: Entry, workload: Workload, workdir: Path) -> KerasSession:
         return KerasSession(self, spec, entry, workload)
 
+    # -- what the conformance checks drive ---------------------------------------------------------------
+    # The steps run eagerly unless a check is about compilation, so a graph-only fault fails
+    # only `graph_mode`.
+
+    advice: ClassVar[Advice] = Advice(
+        update_method="update_step",
+        in_place_update="update the variable in place (self.assign / assign_sub); `variable = variable - "
+        "lr * g` only rebinds a local name, and every variable with a gradient must be updated",
+        skip_none_grad="skip pairs whose gradient is None before using them (as the base class's apply "
+        "does), e.g. in an overridden apply",
+        finite_state="look for a division by a zero state (add epsilon) or a log/sqrt of a negative value",
+        untrainable_state="create state with add_variable / add_optimizer_variables, or pass trainable=False",
+        fast_update="keep host round-trips (tf.print, py_function, .numpy()) out of the update, clip by one "
+        "global norm, and move per-step work that does not depend on the variable out of the per-variable "
+        "loop",
+        sign_of_update="subtract lr * direction from the variable (self.assign_sub)",
+        deprecated_call="tf.cast(x, tf.float32) instead of tf.to_float(x)",
+    )
+
+    def variables(self, arrays: Sequence[np.ndarray]) -> list[Any]:
+        return [self.km.Variable(np.array(a, dtype=np.float32)) for a in arrays]
+
+    def optimizer_over(self, create: Callable[[Any], Any], variables: Sequence[Any]) -> Any:
+        optimizer = create(None)
+        self.create_state(optimizer, variables)
+        return optimizer
+
+    def construct(self, cls: type, kwargs: Mapping[str, Any]) -> Any:
+        return cls(**kwargs)
+
+    def step(self, optimizer: Any, variables: Sequence[Any], grads: Sequence[Gradient]) -> None:
+        tensors = [self._gradient(g) for g in grads]
+        if any(g is None for g in grads):
+            with warnings.catch_warnings():  # "gradients do not exist for variables": expected here
+                warnings.simplefilter("ignore")
+                self.apply(optimizer, tensors, variables)
+            return
+        self.apply(optimizer, tensors, variables)
+
+    def _gradient(self, grad: Gradient) -> Any:
+        tf = self.tf
+        if grad is None:
+            return None
+        if isinstance(grad, SparseRows):
+            return tf.IndexedSlices(
+                tf.constant(np.array(grad.values, dtype=np.float32)),
+                tf.constant(grad.rows, dtype=tf.int64),
+                tf.constant(grad.shape),
+            )
+        return tf.constant(np.array(grad, dtype=np.float32))
+
+    def values(self, variables: Sequence[Any]) -> list[np.ndarray]:
+        return [np.array(v.numpy()) for v in variables]
+
+    def state(self, optimizer: Any) -> list[tuple[str, np.ndarray]]:
+        return [(_name(v), np.array(np.asarray(v.numpy()))) for v in optimizer_variables_of(optimizer)]
+
+    def state_of(self, optimizer: Any, variables: Sequence[Any], index: int) -> list[np.ndarray]:
+        """Slots are matched to their variable by shape: the checks give every variable its own."""
+        shape = tuple(variables[index].shape)
+        return [value for _, value in self.state(optimizer) if value.shape == shape]
+
+    def trainable_state(self, optimizer: Any, variables: Sequence[Any]) -> tuple[int, list[str]]:
+        state = [*optimizer_variables_of(optimizer), *tracked_outside(self.tf, optimizer, variables)]
+        weights = {id(backing(v)) for v in variables}
+        offending = []
+        for v in state:
+            if id(backing(v)) in weights:
+                offending.append(f"{_name(v)!r} is one of the trained variables")
+            elif bool(getattr(v, "trainable", False)):
+                offending.append(f"{_name(v)!r} is trainable")
+        return len(state), offending
+
+    @contextmanager
+    def recording_warnings(self, sink: WarningSink) -> Iterator[None]:
+        """Python warnings, and TensorFlow's own deprecations (logged once per process through
+        the `tensorflow` logger, so its once-only memory is emptied for the duration)."""
+
+        class Handler(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                # TensorFlow starts with "From <its own caller>:<line>:", never the user's line.
+                sink(re.sub(r"^From \S+:\d+: ", "", " ".join(record.getMessage().split())), None, None, None)
+
+        from tensorflow.python.util import deprecation
+
+        printed = getattr(deprecation, "_PRINTED_WARNING", None)
+        handler = Handler()
+        logger = logging.getLogger("tensorflow")
+        with python_warnings_to(sink):
+            logger.addHandler(handler)
+            if isinstance(printed, dict):
+                deprecation._PRINTED_WARNING = {}
+            try:
+                yield
+            finally:
+                logger.removeHandler(handler)
+                if isinstance(printed, dict):
+                    deprecation._PRINTED_WARNING = printed
+
+    def reference_sgd(self, variables: Sequence[Any]) -> Any:
+        optimizer = self.km.optimizers.SGD(learning_rate=0.01, momentum=0.9)
+        self.create_state(optimizer, variables)
+        return optimizer
+
+    def timed_update(
+        self, optimizer: Any, variables: Sequence[Any], grads: Sequence[np.ndarray]
+    ) -> Callable[[], Any]:
+        tensors = [self._gradient(g) for g in grads]
+        update = self.tf.function(lambda gs: self.apply(optimizer, gs, variables))
+        graph = update.get_concrete_function(tensors).graph.as_graph_def()
+        for _ in range(3):  # warm-up: tracing and first-call costs are not the step's
+            update(tensors)
+        return _TimedUpdate(lambda: update(tensors), graph)
+
+    def where_time_goes(self, slow: Callable[[], Any], reference: Callable[[], Any]) -> str:
+        assert isinstance(slow, _TimedUpdate) and isinstance(reference, _TimedUpdate)
+        return _graph_difference(slow.graph, reference.graph)
+
+    @property
+    def timed_update_name(self) -> str:
+        return "the update under tf.function"
+
+    @property
+    def reference_sgd_name(self) -> str:
+        return "SGD(momentum=0.9)"
+
 
 class LegacyKerasDriver(KerasDriver):
     """Legacy tf.keras optimizers (`tf_keras.optimizers.legacy.Optimizer`, Keras 2's OptimizerV2),
@@ -122,6 +257,23 @@ class LegacyKerasDriver(KerasDriver):
 
     def apply(self, optimizer: Any, grads: Sequence[Any], variables: Sequence[Any]) -> None:
         optimizer.apply_gradients(list(zip(grads, variables, strict=True)))
+
+    advice: ClassVar[Advice] = replace(
+        KerasDriver.advice,
+        update_method="_resource_apply_dense",
+        in_place_update="update the variable in place (var.assign / assign_sub, or the training ops); "
+        "`var = var - lr * g` only rebinds a local name, and every variable with a gradient must be updated",
+        untrainable_state="create state with add_slot / add_weight, or pass trainable=False",
+        sign_of_update="subtract lr * direction from the variable (var.assign_sub)",
+    )
+
+    def variables(self, arrays: Sequence[np.ndarray]) -> list[Any]:
+        return [self.tf.Variable(np.array(a, dtype=np.float32)) for a in arrays]
+
+    def reference_sgd(self, variables: Sequence[Any]) -> Any:
+        optimizer = self.km.optimizers.legacy.SGD(learning_rate=0.01, momentum=0.9)
+        self.create_state(optimizer, variables)
+        return optimizer
 
     def reloads_no_state(self, saved: Any, reloaded: Any) -> bool:
         """A whole-model format that gave the optimizer back without any state (legacy optimizers
@@ -389,6 +541,72 @@ class _Compiled:
 
     def __call__(self, *args: Any) -> Any:
         return self.compiled(*args)
+
+
+class _TimedUpdate:
+    """A compiled update ready to time, and the graph it runs (to say where its time goes)."""
+
+    def __init__(self, run: Callable[[], Any], graph: Any) -> None:
+        self.run = run
+        self.graph = graph
+
+    def __call__(self) -> Any:
+        return self.run()
+
+
+LINALG_OPS = ("SelfAdjointEig", "Svd", "Qr", "Cholesky", "Matrix", "BatchMatMul", "MatMul", "Einsum", "Lu")
+HOST_SYNC_OPS = {"PrintV2", "Print", "PyFunc", "PyFuncStateless", "EagerPyFunc"}
+
+
+def _graph_ops(graph_def: Any) -> list[tuple[str, str]]:
+    nodes = [(n.op, n.name) for n in graph_def.node]
+    for function in graph_def.library.function:
+        nodes.extend((n.op, n.name) for n in function.node_def)
+    return nodes
+
+
+def _graph_difference(user_graph: Any, reference_graph: Any) -> str:
+    user_ops, reference_ops = _graph_ops(user_graph), _graph_ops(reference_graph)
+    syncs = sorted({op for op, _ in user_ops if op in HOST_SYNC_OPS})
+    if syncs:
+        count = sum(op in HOST_SYNC_OPS for op, _ in user_ops)
+        return (
+            f"the traced update has {count} host round-trip ops ({', '.join(syncs)}: tf.print / py_function)"
+        )
+    norms = {
+        name.rsplit("/", 1)[0] for _, name in user_ops if "clip_by_norm" in name or "norm" in name.lower()
+    }
+    if len(norms) > 1:
+        return (
+            f"the traced update computes {len(norms)} separate norms (per-variable clipping or normalisation)"
+        )
+    known = {op for op, _ in reference_ops} | {"Const", "Identity", "NoOp", "ReadVariableOp"}
+    extra = Counter(op for op, _ in user_ops if op not in known)
+    # Linear algebra first: a few of those cost more than all the elementwise ops together.
+    ranked = sorted(extra.items(), key=lambda item: (not item[0].startswith(LINALG_OPS), -item[1]))
+    listed = ", ".join(f"{op} x{count}" for op, count in ranked[:4])
+    return f"the traced update has {len(user_ops)} ops against SGD's {len(reference_ops)}" + (
+        f"; ops SGD does not need: {listed}" if listed else ""
+    )
+
+
+def tracked_outside(tf: Any, optimizer: Any, trained: Sequence[Any]) -> list[Any]:
+    """tf.Variables (not scalars) reachable from the optimizer as a checkpoint sees it, but neither
+    in optimizer.variables nor among the variables it trains."""
+    known = {id(backing(v)) for v in [*optimizer_variables_of(optimizer), *trained]}
+    found = []
+    for item in tf.train.TrackableView(optimizer).descendants():
+        inner = backing(item)
+        if isinstance(inner, tf.Variable) and id(inner) not in known and len(inner.shape) > 0:
+            known.add(id(inner))
+            found.append(item)
+    return found
+
+
+def backing(variable: Any) -> Any:
+    """The tf.Variable behind a Keras 3 variable (itself for a tf.Variable)."""
+    value = getattr(variable, "_value", None)
+    return value if value is not None and hasattr(value, "handle") else variable
 
 
 def optimizer_variables_of(optimizer: Any) -> list[Any]:

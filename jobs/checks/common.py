@@ -1,0 +1,539 @@
+"""The checks that mean the same in every framework, written once over the drivers.
+
+Each check makes variables from numpy arrays, builds the optimizer over them through the
+catalogue (so the user's hyperparameters apply), feeds numpy gradients and reads values
+and state back as numpy; `jobs.frameworks` says how for each style. What passes, warns
+and fails, and the fix, read here; a fix sentence that must name framework API comes from
+the driver's `advice`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+import statistics
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from jobs.checks.context import CheckContext, overrides_note
+from jobs.checks.report import Outcome, failed, passed, skipped, warned
+from jobs.frameworks.base import Gradient
+from optimizers.hyperparams import Param
+
+CheckFunction = Callable[[CheckContext], Outcome]
+
+# Small shapes with distinct sizes, so an optimizer's state can be told apart by its shape.
+SHAPES: tuple[tuple[int, ...], ...] = ((4, 3), (3,), (5,))
+FROZEN_SHAPE = (7, 2)
+LATER_FROZEN_SHAPE = (2, 6)
+DESCENT_STEPS = 20
+# step_cost: four 256-wide layers, so element-wise work (not Python overhead) dominates a
+# correct update; over this ratio to the framework's SGD(momentum=0.9) is a warn.
+COST_SHAPES: tuple[tuple[int, ...], ...] = ((256, 256), (256,)) * 4
+STEP_COST_LIMIT = 3.0
+MOVES_NOTHING = "not meaningful: a step changes no variable at all (see dense_step)"
+# Words an error may use for an argument instead of its own name.
+_ARGUMENT_WORDS: dict[str, tuple[str, ...]] = {
+    "lr": ("learning rate", "learning_rate", "step size"),
+    "learning_rate": ("learning rate", "lr"),
+    "eps": ("epsilon",),
+    "epsilon": ("eps",),
+    "betas": ("beta",),
+}
+
+
+# -- shared tools ------------------------------------------------------------------------------------
+
+
+def isolated(check: CheckFunction) -> CheckFunction:
+    """The framework's RNG seeded for the check, the caller's given back afterwards."""
+
+    @functools.wraps(check)
+    def run(ctx: CheckContext) -> Outcome:
+        with ctx.driver.isolated():
+            return check(ctx)
+
+    return run
+
+
+def arrays(shapes: Sequence[tuple[int, ...]], seed: int, mean: float = 0.0) -> list[np.ndarray]:
+    rng = np.random.RandomState(seed)
+    return [(mean + rng.normal(0.0, 1.0, shape)).astype(np.float32) for shape in shapes]
+
+
+def fresh(
+    ctx: CheckContext,
+    shapes: Sequence[tuple[int, ...]] = SHAPES,
+    *,
+    seed: int = 0,
+    learning_rate: Any = None,
+    **overrides: Any,
+) -> tuple[Any, list[Any]]:
+    """A new optimizer with the user's params over new variables, its state already created."""
+    driver = ctx.driver
+    variables = driver.variables(arrays(shapes, seed, mean=1.0))
+
+    def create(model_params: Any) -> Any:
+        return ctx.build(model_params, learning_rate=learning_rate, **overrides)
+
+    return driver.optimizer_over(create, variables), variables
+
+
+def max_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
+    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b, strict=True)):
+        return math.inf
+    diffs = [
+        float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64))))
+        for x, y in zip(a, b, strict=True)
+        if x.size
+    ]
+    return max(diffs, default=0.0)
+
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(n) for n in shape) + (",)" if len(shape) == 1 else ")")
+
+
+def method_location(ctx: CheckContext, method: str | None = None) -> str:
+    """`file:line` of the class's update method (where the fix goes) when the user's file
+    defines it, else the class statement."""
+    import inspect
+
+    # Unwrapped: torch wraps `step` in profiling hooks and no_grad decorators defined elsewhere.
+    function = getattr(ctx.target.cls, method or ctx.driver.advice.update_method, None)
+    try:
+        function = inspect.unwrap(function)  # type: ignore[arg-type]
+        _, first = inspect.getsourcelines(function)
+        source = inspect.getsourcefile(function)
+    except (OSError, TypeError):
+        return ctx.where()
+    if source is None or source != ctx.target.source_file():
+        return ctx.where()
+    return f"{source}:{first}"
+
+
+def user_line(ctx: CheckContext, error: BaseException) -> str:
+    """`file:line` in the user's file: from the traceback, else from a message that quotes the
+    user's code (`File "x.py", line 12`: autograph, dynamo), else the class statement."""
+    source = ctx.target.source_file()
+    if source is not None:
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == source]
+        if frames:
+            return f"{source}:{frames[-1].lineno}"
+        quoted = re.findall(rf'File "{re.escape(source)}", line (\d+)', str(error))
+        if quoted:
+            return f"{source}:{quoted[-1]}"
+    return ctx.target.class_location()
+
+
+def updates_nothing(ctx: CheckContext) -> bool:
+    """`dense_step` saw no variable move: checks that need movement say so instead of failing."""
+    return ctx.notes.get("moves_nothing", False) is True
+
+
+# -- construct ---------------------------------------------------------------------------------------
+
+
+@isolated
+def check_construct(ctx: CheckContext) -> Outcome:
+    entry, driver = ctx.target.entry, ctx.driver
+    for label, params in (
+        ("the default hyperparameters", {}),
+        (f"the given hyperparameters {ctx.params}", ctx.params),
+    ):
+        try:
+            entry.create(params, model_params=driver.variables(arrays(SHAPES, seed=0)))
+        except Exception as exc:
+            ctx.mark_unbuildable()
+            return failed(
+                f"building with {label} raised {ctx.describe_error(exc)}",
+                where=user_line(ctx, exc),
+                fix="the constructor must accept every declared hyperparameter at its default and in range",
+            )
+    probed: list[str] = []
+    problems: list[str] = []
+    where = ""
+    for param in entry.params.values():
+        values = _invalid_values(ctx, param)
+        if values:
+            probed.append(param.name)
+        for value in values:
+            problem, at = _probe_invalid(ctx, param, value)
+            if problem:
+                problems.append(problem)
+                where = where or at
+    if problems:
+        return failed(
+            "; ".join(problems),
+            where=where,
+            figure=float(len(problems)),
+            fix="validate each argument in __init__ and raise ValueError naming it, the value and what is "
+            "allowed (e.g. 'lr must be a number > 0; received -1')",
+        )
+    if not probed:
+        return passed("builds with the defaults and the given params; it declares no ranges to probe", 0.0)
+    return passed(
+        f"builds with the defaults and the given params; values just outside the ranges of {len(probed)} "
+        f"arguments ({', '.join(probed)}) were rejected with errors naming the argument "
+        "(figure: arguments probed)",
+        float(len(probed)),
+    )
+
+
+def _native(ctx: CheckContext, name: str) -> str:
+    """The class's own argument name for catalogue name `name` (`lr` may be `learning_rate`)."""
+    return ctx.target.entry.lr_arg if name == "lr" else name
+
+
+def _native_kwargs(ctx: CheckContext, params: Mapping[str, Any]) -> dict[str, Any]:
+    return {_native(ctx, k): v for k, v in params.items()}
+
+
+def _invalid_values(ctx: CheckContext, param: Param) -> list[Any]:
+    """Values just outside `param`'s range: the ranges the class declares (the exclusive bound
+    itself too), and the learning rate's `> 0` only where the framework's own optimizers refuse
+    a negative rate (torch; Keras accepts one by design)."""
+    if param.type not in ("float", "number", "int", "float_pair"):
+        return []
+    declared = _native(ctx, param.name) in (getattr(ctx.target.cls, "optlab_hyperparameters", {}) or {})
+    if not declared and not (param.name == "lr" and ctx.driver.capabilities.refuses_negative_lr):
+        return []
+    numbers: list[float] = []
+    for bound, inclusive, direction in (
+        (param.low, param.low_inclusive, -1),
+        (param.high, param.high_inclusive, 1),
+    ):
+        if bound is None or not math.isfinite(bound):
+            continue
+        margin = 1 if param.type == "int" else 1e-3 * max(1.0, abs(bound))
+        numbers.append(bound + direction * margin)
+        if not inclusive and declared:
+            numbers.append(bound)
+    if param.type == "int":
+        return [int(n) for n in numbers]
+    if param.type == "float_pair":
+        pair = ctx.params.get(param.name, param.default)
+        return [(n, pair[1]) for n in numbers]
+    return numbers
+
+
+def _probe_invalid(ctx: CheckContext, param: Param, value: Any) -> tuple[str, str]:
+    """('', '') when building with `value` raises an error naming the argument, else (problem, where)."""
+    name = _native(ctx, param.name)
+    try:
+        ctx.driver.construct(ctx.target.cls, _native_kwargs(ctx, {**ctx.params, param.name: value}))
+    except Exception as exc:
+        if names_argument(str(exc), name):
+            return "", ""
+        return (
+            f"{name}={value!r} was rejected with {ctx.describe_error(exc)}, which does not name {name}",
+            user_line(ctx, exc),
+        )
+    return (
+        f"{name}={value!r} was accepted although {name} must be {param.allowed()}",
+        method_location(ctx, "__init__"),
+    )
+
+
+def names_argument(message: str, name: str) -> bool:
+    """Whether an error message names argument `name`, in its own words or a usual synonym."""
+    words = {name, name.replace("_", " "), name.replace("_", ""), *_ARGUMENT_WORDS.get(name, ())}
+    stem = re.sub(r"[_\d]+$", "", name).rstrip("s")  # beta_1 -> beta, betas -> beta
+    if len(stem) > 2:
+        words.add(stem)
+    lowered = message.lower()
+    return any(re.search(rf"(?<![a-z0-9]){re.escape(w.lower())}(?![a-z0-9])", lowered) for w in words)
+
+
+# -- dense_step, descends ----------------------------------------------------------------------------
+
+
+@isolated
+def check_dense_step(ctx: CheckContext) -> Outcome:
+    driver = ctx.driver
+    optimizer, variables = fresh(ctx)
+    before = driver.values(variables)
+    driver.step(optimizer, variables, arrays(SHAPES, seed=1))
+    after = driver.values(variables)
+    unchanged = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if np.array_equal(a, b)]
+    ctx.notes["moves_nothing"] = len(unchanged) == len(variables)
+    bad = [f"variable {shape_text(SHAPES[i])}" for i, a in enumerate(after) if not np.all(np.isfinite(a))]
+    bad += [name for name, value in driver.state(optimizer) if not _finite(value)]
+    if bad:
+        return failed(
+            f"after one step these are not finite: {', '.join(bad[:6])}",
+            where=method_location(ctx),
+            figure=float(len(bad)),
+            fix=driver.advice.finite_state,
+        )
+    if unchanged:
+        shapes = ", ".join(shape_text(SHAPES[i]) for i in unchanged)
+        return failed(
+            f"{len(unchanged)} of {len(variables)} variables with a nonzero gradient did not change after "
+            f"one step: left unchanged (shapes {shapes})",
+            where=method_location(ctx),
+            figure=float(len(unchanged)),
+            fix=driver.advice.in_place_update,
+        )
+    smallest = min(float(np.max(np.abs(a - b))) for a, b in zip(before, after, strict=True))
+    return passed(
+        f"one step changed all {len(variables)} variables; values and state finite "
+        "(figure: smallest largest change)",
+        smallest,
+    )
+
+
+def _finite(value: np.ndarray) -> bool:
+    return not np.issubdtype(value.dtype, np.floating) or bool(np.all(np.isfinite(value)))
+
+
+@isolated
+def check_descends(ctx: CheckContext) -> Outcome:
+    """0.5 * |w - t|^2 (condition number 1): any optimizer's steps must bring the loss down."""
+    if updates_nothing(ctx):
+        return skipped(MOVES_NOTHING)
+    driver = ctx.driver
+    optimizer, variables = fresh(ctx)
+    targets = arrays(SHAPES, seed=2)
+
+    def loss() -> float:
+        values = driver.values(variables)
+        return sum(0.5 * float(np.sum((v - t) ** 2)) for v, t in zip(values, targets, strict=True))
+
+    start = loss()
+    for _ in range(DESCENT_STEPS):
+        grads = [v - t for v, t in zip(driver.values(variables), targets, strict=True)]
+        driver.step(optimizer, variables, grads)
+    end = loss()
+    ratio = end / start
+    if not math.isfinite(end) or end >= start:
+        return failed(
+            f"the loss went from {start:.4g} to {end:.4g} in {DESCENT_STEPS} steps on a well-conditioned "
+            f"quadratic with lr={ctx.lr:g}",
+            where=method_location(ctx),
+            figure=ratio,
+            fix=f"{driver.advice.sign_of_update}; check signs and that the learning rate is applied to the "
+            "update and not far too large",
+        )
+    return passed(
+        f"loss fell to {ratio:.3g} of its start in {DESCENT_STEPS} steps on a quadratic (lr={ctx.lr:g}; "
+        "figure: final/initial)",
+        ratio,
+    )
+
+
+# -- none_grads --------------------------------------------------------------------------------------
+
+
+@isolated
+def check_none_grads(ctx: CheckContext) -> Outcome:
+    """A variable that never gets a gradient, and one whose gradient goes away after a step."""
+    driver = ctx.driver
+    shapes = (*SHAPES[:2], LATER_FROZEN_SHAPE, FROZEN_SHAPE)
+    frozen, later = 3, 2
+    overrides = ctx.stateful_overrides()
+    optimizer, variables = fresh(ctx, shapes, **overrides)
+
+    def grads(seed: int, *, later_too: bool) -> list[Gradient]:
+        trained = arrays(shapes[:3], seed)
+        return [trained[0], trained[1], trained[2] if later_too else None, None]
+
+    try:
+        driver.step(optimizer, variables, grads(3, later_too=True))
+        saved = driver.values(variables)
+        state = {i: driver.state_of(optimizer, variables, i) for i in (later, frozen)}
+        for seed in (4, 5):
+            driver.step(optimizer, variables, grads(seed, later_too=False))
+    except Exception as exc:
+        return failed(
+            f"a step where a variable has no gradient (None, as for a frozen layer) raised "
+            f"{ctx.describe_error(exc)}",
+            where=user_line(ctx, exc),
+            fix=driver.advice.skip_none_grad,
+        )
+    after = driver.values(variables)
+    problems = []
+    for index, label in ((frozen, "never had"), (later, "lost its")):
+        moved = max_diff([after[index]], [saved[index]])
+        if moved > 0:
+            problems.append(f"a variable that {label} gradient (None) moved by {moved:.3g}")
+        state_moved = max_diff(driver.state_of(optimizer, variables, index), state[index])
+        if state_moved > 0:
+            problems.append(
+                f"the state of a variable that {label} gradient (None) changed by {state_moved:.3g}"
+            )
+    if problems:
+        return failed(
+            "; ".join(problems),
+            where=method_location(ctx),
+            figure=float(len(problems)),
+            fix="leave a variable whose gradient is None alone: no weight decay, no momentum step, no state "
+            "update for it",
+        )
+    if not updates_nothing(ctx) and max_diff(after[:2], saved[:2]) == 0:
+        return failed(
+            "with one gradient None, the variables that do have gradients were not updated either",
+            where=method_location(ctx),
+            fix="drop only the None pairs, not the whole step",
+        )
+    return passed(
+        "variables with a None gradient (never trained, and frozen after a step) and their state stayed "
+        f"bitwise unchanged over 2 steps; the others were updated{overrides_note(overrides)}",
+        0.0,
+    )
+
+
+# -- state_untrainable -------------------------------------------------------------------------------
+
+
+@isolated
+def check_state_untrainable(ctx: CheckContext) -> Outcome:
+    driver = ctx.driver
+    overrides = ctx.stateful_overrides()
+    optimizer, variables = fresh(ctx, **overrides)
+    for seed in (90, 91):
+        driver.step(optimizer, variables, arrays(SHAPES, seed))
+    count, offending = driver.trainable_state(optimizer, variables)
+    if offending:
+        return failed(
+            f"{len(offending)} of {count} optimizer state tensors are trainable or are the trained "
+            f"variables: {'; '.join(offending[:4])}; a tape or autograd watches them and a model or "
+            "strategy may treat them as weights",
+            where=method_location(ctx),
+            figure=float(len(offending)),
+            fix=driver.advice.untrainable_state,
+        )
+    if not count:
+        return passed(f"the optimizer keeps no state tensors{overrides_note(overrides)}", 0.0)
+    return passed(
+        f"none of {count} optimizer state tensors is trainable or one of the trained variables"
+        f"{overrides_note(overrides)}",
+        0.0,
+    )
+
+
+# -- step_cost ---------------------------------------------------------------------------------------
+
+
+@isolated
+def check_step_cost(ctx: CheckContext) -> Outcome:
+    """The best of interleaved rounds: the estimate least hurt by other processes sharing the CPU."""
+    driver = ctx.driver
+    grads = arrays(COST_SHAPES, seed=100)
+    with driver.timing():
+        try:
+            optimizer, variables = fresh(ctx, COST_SHAPES, seed=101)
+            candidate = driver.timed_update(optimizer, variables, grads)
+        except Exception as exc:
+            return skipped(f"not measurable: {driver.timed_update_name} raised {ctx.describe_error(exc)}")
+        reference_variables = driver.variables(arrays(COST_SHAPES, seed=101, mean=1.0))
+        reference = driver.timed_update(driver.reference_sgd(reference_variables), reference_variables, grads)
+        ours, theirs = interleaved_best(candidate, reference)
+        if ours / theirs > STEP_COST_LIMIT:  # a busy machine can fake one slow round: measure once more
+            ours, theirs = min(
+                (ours, theirs), interleaved_best(candidate, reference), key=lambda t: t[0] / t[1]
+            )
+        ratio = ours / theirs
+        slow = ratio > STEP_COST_LIMIT
+        where_time_goes = driver.where_time_goes(candidate, reference) if slow else ""
+    timing = (
+        f"{driver.timed_update_name} takes {ours * 1e3:.3g} ms, {driver.reference_sgd_name} "
+        f"{theirs * 1e3:.3g} ms on {sum(math.prod(s) for s in COST_SHAPES):,} parameters"
+    )
+    if not slow:
+        return passed(f"{timing} (figure: ratio)", ratio)
+    return warned(
+        f"{timing}: {ratio:.1f}x; {where_time_goes}",
+        where=method_location(ctx),
+        figure=ratio,
+        fix=driver.advice.fast_update,
+    )
+
+
+def interleaved_best(
+    first: Callable[[], Any], second: Callable[[], Any], *, budget_s: float = 1.0
+) -> tuple[float, float]:
+    """Median seconds per call of each, in alternating rounds so that load from other processes
+    hits both alike; the best round of each counts. A very slow update needs few samples."""
+    rounds: tuple[list[float], list[float]] = ([], [])
+    deadline = time.perf_counter() + budget_s
+    for _ in range(7):
+        for index, run in enumerate((first, second)):
+            times: list[float] = []
+            while len(times) < 15 and sum(times) < budget_s:
+                started = time.perf_counter()
+                run()
+                times.append(time.perf_counter() - started)
+            rounds[index].append(statistics.median(times))
+        if time.perf_counter() > deadline:
+            break
+    return min(rounds[0]), min(rounds[1])
+
+
+# -- deprecations ------------------------------------------------------------------------------------
+
+
+@isolated
+def check_deprecations(ctx: CheckContext) -> Outcome:
+    """Building, two steps and reading the state: each deprecation warning the class's own code
+    triggers is a `warn` at its line; ones raised by framework code alone are not the class's."""
+    driver = ctx.driver
+    found: list[tuple[str, str]] = []  # (message, the user's line or "")
+
+    def record(
+        message: str, category: type[Warning] | None, filename: str | None, lineno: int | None
+    ) -> None:
+        if is_deprecation(category, message):
+            found.append((" ".join(message.split()), _line_in_user_file(ctx, filename, lineno)))
+
+    with driver.recording_warnings(record):
+        optimizer, variables = fresh(ctx, **ctx.stateful_overrides())
+        for seed in (110, 111):
+            driver.step(optimizer, variables, arrays(SHAPES, seed))
+        driver.state(optimizer)
+    located = [(message, where) for message, where in found if where]
+    if not located:
+        other = f"; {len(found)} raised by framework code outside the class were ignored" if found else ""
+        return passed(f"building and two steps raised no deprecation warning from the class{other}", 0.0)
+    message, where = located[0]
+    return warned(
+        f"{len(located)} deprecation warning(s) from the class's code, first: {message[:200]}",
+        where=where,
+        figure=float(len(located)),
+        fix=f"switch to the replacement the warning names (e.g. {driver.advice.deprecated_call}) before a "
+        "framework upgrade removes the old call",
+    )
+
+
+def is_deprecation(category: type[Warning] | None, message: str) -> bool:
+    """The one deprecation filter: the warning classes for it, or a message that says so."""
+    deprecated = category is not None and issubclass(category, DeprecationWarning | FutureWarning)
+    return deprecated or "deprecat" in message.lower()
+
+
+def _line_in_user_file(ctx: CheckContext, filename: str | None, lineno: int | None) -> str:
+    """The user's line responsible: the warning's own location when it is there, else the
+    innermost frame of the current stack inside the class's file."""
+    source = ctx.target.source_file()
+    if source is None:
+        return ""
+    if filename == source and lineno is not None:
+        return f"{source}:{lineno}"
+    frames = [f for f in traceback.extract_stack() if f.filename == source]
+    return f"{source}:{frames[-1].lineno}" if frames else ""
+
+
+CHECKS: Mapping[str, CheckFunction] = {
+    "construct": check_construct,
+    "dense_step": check_dense_step,
+    "descends": check_descends,
+    "none_grads": check_none_grads,
+    "state_untrainable": check_state_untrainable,
+    "step_cost": check_step_cost,
+    "deprecations": check_deprecations,
+}
