@@ -11,112 +11,46 @@ about compilation (`graph_mode`, `step_cost`), so a graph-only fault fails only 
 from __future__ import annotations
 
 import json
-import logging
 import math
 import re
-import statistics
-import time
 import traceback
 import warnings
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 import numpy as np
 
+from jobs.checks import common
 from jobs.checks.context import CheckContext, overrides_note, with_defaults
 from jobs.checks.keras_processes import distributed, resume_exact
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.frameworks.keras_driver import (
+    KerasDriver,
     optimizer_variables_of,
     plain_config,
     same_config_value,
+    tracked_outside,
     variable_device,
 )
-from optimizers.hyperparams import Param
 
 # Small shapes with distinct sizes, so an optimizer variable can be told apart by its shape.
 SHAPES: tuple[tuple[int, ...], ...] = ((4, 3), (3,), (5,))
-FROZEN_SHAPE = (7, 2)
 TABLE_SHAPE = (10, 4)
 # Closeness of two computations that should agree up to float32 rounding (graph rewrites,
 # a sparse and a dense path); XLA fuses and reorders more, so it gets a looser bound.
 RTOL, ATOL = 1e-5, 1e-6
 XLA_RTOL, XLA_ATOL = 1e-4, 1e-5
-STEP_COST_LIMIT = 3.0
-LINALG_OPS = ("SelfAdjointEig", "Svd", "Qr", "Cholesky", "Matrix", "BatchMatMul", "MatMul", "Einsum", "Lu")
-HOST_SYNC_OPS = {"PrintV2", "Print", "PyFunc", "PyFuncStateless", "EagerPyFunc"}
 
 
 # -- what differs between the two styles -------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class _Kit:
-    style: str
-    km: Any  # the `keras` module, or `tf_keras` for legacy optimizers
-    tf: Any
-
-    @property
-    def legacy(self) -> bool:
-        return self.style == "tf_legacy"
-
-    def variable(self, value: np.ndarray) -> Any:
-        if self.legacy:
-            return self.tf.Variable(value)
-        return self.km.Variable(value)
-
-    def create_state(self, optimizer: Any, variables: Sequence[Any]) -> None:
-        """Make every optimizer variable now, eagerly, as the trainer does before compiling."""
-        if self.legacy:
-            optimizer._create_all_weights(list(variables))  # the legacy API's only way to make slots
-        else:
-            optimizer.build(list(variables))
-
-    def apply(self, optimizer: Any, grads: Sequence[Any], variables: Sequence[Any]) -> None:
-        """One update, called the way each style's own training loop calls it."""
-        if self.legacy:
-            optimizer.apply_gradients(list(zip(grads, variables, strict=True)))
-        else:
-            optimizer.apply(list(grads), list(variables))
-
-    @property
-    def schedules(self) -> Any:
-        return self.km.optimizers.schedules
-
-    def reference_sgd(self) -> Any:
-        """The framework's SGD with momentum: the yardstick for formats and speed."""
-        if self.legacy:
-            return self.km.optimizers.legacy.SGD(learning_rate=0.01, momentum=0.9)
-        return self.km.optimizers.SGD(learning_rate=0.01, momentum=0.9)
-
-    def tiny_model(self, seed: int, hidden: int = 0) -> Any:
-        layers = self.km.layers
-        body = [layers.Dense(hidden, activation="tanh"), layers.Dense(1)] if hidden else [layers.Dense(3)]
-        model = self.km.Sequential([self.km.Input((4,)), *body])
-        rng = np.random.RandomState(seed)
-        model.set_weights([rng.normal(0.0, 0.5, w.shape).astype(np.float32) for w in model.get_weights()])
-        return model
-
-
-@cache
-def _kit_for(style: str) -> _Kit:
-    import tensorflow as tf
-
-    if style == "tf_legacy":
-        import tf_keras
-
-        return _Kit(style, tf_keras, tf)
-    import keras
-
-    return _Kit(style, keras, tf)
-
-
-def _kit(ctx: CheckContext) -> _Kit:
-    return _kit_for(ctx.target.style)
+def _kit(ctx: CheckContext) -> KerasDriver:
+    driver = ctx.driver
+    assert isinstance(driver, KerasDriver), "the Keras checks run only with a Keras driver"
+    return driver
 
 
 # -- small tools -------------------------------------------------------------------------------------
@@ -127,7 +61,7 @@ def _arrays(shapes: Sequence[tuple[int, ...]], seed: int, mean: float = 0.0) -> 
     return [(mean + rng.normal(0.0, 1.0, shape)).astype(np.float32) for shape in shapes]
 
 
-def _tensors(arrays: Sequence[np.ndarray | None], kit: _Kit) -> list[Any]:
+def _tensors(arrays: Sequence[np.ndarray | None], kit: KerasDriver) -> list[Any]:
     return [None if a is None else kit.tf.constant(a) for a in arrays]
 
 
@@ -144,11 +78,7 @@ def _fresh(
     **overrides: Any,
 ) -> tuple[Any, list[Any]]:
     """A new optimizer with the user's params over new variables, its state already created."""
-    kit = _kit(ctx)
-    variables = [kit.variable(a) for a in _arrays(shapes, seed, mean=1.0)]
-    optimizer = ctx.build(learning_rate=learning_rate, **overrides)
-    kit.create_state(optimizer, variables)
-    return optimizer, variables
+    return common.fresh(ctx, shapes, seed=seed, learning_rate=learning_rate, **overrides)
 
 
 def _state(optimizer: Any) -> list[np.ndarray]:
@@ -238,229 +168,13 @@ def _without_weight_decay(ctx: CheckContext) -> dict[str, Any]:
     return {"weight_decay": 0.0}
 
 
-def _stateful(ctx: CheckContext) -> dict[str, Any]:
-    """Overrides that give the optimizer per-variable state when the user's settings leave it with
-    none (SGD's default momentum=0), so state checks have something to check: `momentum=0.9` when
-    the class declares a momentum it would accept. Empty when state exists or nothing helps."""
-    if "keras.stateful" in ctx.notes:
-        return dict(ctx.notes["keras.stateful"])
-    overrides: dict[str, Any] = {}
-    optimizer, _ = _fresh(ctx)
-    param = ctx.target.entry.params.get("momentum")
-    if not any(len(v.shape) > 0 for v in optimizer_variables_of(optimizer)) and param is not None:
-        try:
-            param.check(0.9)
-            overrides = {"momentum": 0.9}
-        except ValueError:
-            pass
-    ctx.notes["keras.stateful"] = overrides
-    return dict(overrides)
-
-
 # -- construct -----------------------------------------------------------------------------------------
-
-
-def check_construct(ctx: CheckContext) -> Outcome:
-    try:
-        ctx.build()
-    except Exception as exc:
-        ctx.mark_unbuildable()
-        return failed(
-            f"building with {ctx.params or 'the defaults'} raised {ctx.describe_error(exc)}",
-            where=_user_line(ctx, exc),
-            fix="the constructor must accept its own defaults and any value in its declared ranges",
-        )
-    probes = list(_range_probes(ctx))
-    problems: list[tuple[str, BaseException | None]] = []
-    for arg, bad, param in probes:
-        kwargs = {**_constructor_kwargs(ctx), arg: bad}
-        try:
-            ctx.target.cls(**kwargs)
-        except Exception as exc:
-            if arg not in str(exc):
-                problems.append(
-                    (
-                        f"{arg}={bad!r} is rejected, but the error does not name {arg}: "
-                        f"{ctx.describe_error(exc)}",
-                        exc,
-                    )
-                )
-            continue
-        problems.append(
-            (f"{arg}={bad!r} is accepted although the class declares {arg} {param.allowed()}", None)
-        )
-    if problems:
-        text, error = problems[0]
-        more = (
-            f"; and {len(problems) - 1} more: " + "; ".join(t for t, _ in problems[1:])
-            if len(problems) > 1
-            else ""
-        )
-        return failed(
-            text + more,
-            where=_user_line(ctx, error) if error is not None else ctx.target.class_location(),
-            fix="validate each argument in __init__ (e.g. optlab_hyperparameters[...].check) and name it "
-            "in the error",
-            figure=float(len(problems)),
-        )
-    if not probes:
-        return passed("builds with the defaults and the given params; it declares no ranges to probe")
-    return passed(
-        f"builds with the defaults and the given params; {len(probes)} out-of-range values rejected "
-        "with errors naming the argument",
-        figure=float(len(probes)),
-    )
-
-
-def _range_probes(ctx: CheckContext) -> Iterator[tuple[str, Any, Param]]:
-    """(argument, a value outside its declared range, its declaration) for each declared range.
-
-    Only ranges the class itself declares (`optlab_hyperparameters`) are probed: Keras and
-    tf_keras accept e.g. a negative learning rate, and that is the framework's choice.
-    """
-    declared: Mapping[str, Param] = getattr(ctx.target.cls, "optlab_hyperparameters", {}) or {}
-    entry = ctx.target.entry
-    arguments = {entry.lr_arg if name == "lr" else name for name in entry.params}
-    for arg, param in declared.items():
-        if arg not in arguments:
-            continue
-        bad = _outside(param)
-        if bad is None:
-            continue
-        if param.type == "float_pair":
-            default = param.default if isinstance(param.default, tuple | list) else (bad, bad)
-            yield arg, (bad, default[1]), param
-        elif param.type in ("float", "number", "int"):
-            yield arg, bad, param
-
-
-def _outside(param: Param) -> float | int | None:
-    integer = param.type == "int"
-    if param.low is not None and math.isfinite(param.low):
-        value = param.low - 1 if param.low_inclusive else param.low
-    elif param.high is not None and math.isfinite(param.high):
-        value = param.high + 1 if param.high_inclusive else param.high
-    else:
-        return None
-    return int(value) if integer else float(value)
 
 
 # -- dense_step, descends --------------------------------------------------------------------------------
 
 
-def check_dense_step(ctx: CheckContext) -> Outcome:
-    kit = _kit(ctx)
-    optimizer, variables = _fresh(ctx)
-    before = _values(variables)
-    kit.apply(optimizer, _tensors(_arrays(SHAPES, seed=1), kit), variables)
-    after = _values(variables)
-    nonfinite = [i for i, a in enumerate(after) if not np.all(np.isfinite(a))]
-    unchanged = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if np.array_equal(a, b)]
-    ctx.notes["keras.moves_nothing"] = len(unchanged) == len(variables)
-    if nonfinite:
-        return failed(
-            f"one step left non-finite values in {len(nonfinite)} of {len(variables)} variables",
-            where=ctx.target.class_location(),
-            fix="look for a division by a zero state (add epsilon) or a log/sqrt of a negative value",
-            figure=float(len(nonfinite)),
-        )
-    if unchanged:
-        shapes = ", ".join(_shape_text(SHAPES[i]) for i in unchanged)
-        return failed(
-            f"one step with a non-zero gradient left {len(unchanged)} of {len(variables)} variables "
-            "unchanged "
-            f"(shapes {shapes})",
-            where=ctx.target.class_location(),
-            fix="update the variable in place (self.assign / assign_sub, or var.assign in legacy code); "
-            "`variable = variable - lr * g` only rebinds a local name, and every variable with a gradient "
-            "must be updated",
-            figure=float(len(unchanged)),
-        )
-    smallest = min(float(np.max(np.abs(a - b))) for a, b in zip(before, after, strict=True))
-    return passed(f"one step changed all {len(variables)} variables, values finite", figure=smallest)
-
-
-def check_descends(ctx: CheckContext) -> Outcome:
-    """0.5 * |w - t|^2 (condition number 1): any optimizer's steps must bring the loss down."""
-    if _updates_nothing(ctx):
-        return skipped(MOVES_NOTHING)
-    kit = _kit(ctx)
-    optimizer, variables = _fresh(ctx)
-    targets = _arrays(SHAPES, seed=2)
-    steps = 20
-
-    def loss() -> float:
-        return sum(
-            0.5 * float(np.sum((v - t) ** 2)) for v, t in zip(_values(variables), targets, strict=True)
-        )
-
-    start = loss()
-    for _ in range(steps):
-        grads = [v - t for v, t in zip(_values(variables), targets, strict=True)]
-        kit.apply(optimizer, _tensors(grads, kit), variables)
-    end = loss()
-    ratio = end / start
-    if not math.isfinite(end) or end >= start:
-        return failed(
-            f"the loss went from {start:.4g} to {end:.4g} in {steps} steps on a well-conditioned quadratic "
-            f"with lr={ctx.lr:g}",
-            where=ctx.target.class_location(),
-            fix="check the sign of the update (subtract lr * direction) and that the learning rate is "
-            "applied to it",
-            figure=ratio,
-        )
-    return passed(f"loss fell to {ratio:.3g} of its start in {steps} steps (lr={ctx.lr:g})", figure=ratio)
-
-
 # -- none_grads ------------------------------------------------------------------------------------------
-
-
-def check_none_grads(ctx: CheckContext) -> Outcome:
-    kit = _kit(ctx)
-    shapes = (*SHAPES[:2], FROZEN_SHAPE)
-    stateful = _stateful(ctx)
-    optimizer, variables = _fresh(ctx, shapes, **stateful)
-
-    def frozen_state() -> list[np.ndarray]:  # its slots: the only optimizer variables of its shape
-        return [s for s in _state(optimizer) if s.shape == FROZEN_SHAPE]
-
-    frozen_before, state_before = _values(variables)[2], frozen_state()
-    others_before = _values(variables)[:2]
-    try:
-        with _quiet():
-            for seed in (3, 4):
-                grads = [*_tensors(_arrays(SHAPES[:2], seed), kit), None]
-                kit.apply(optimizer, grads, variables)
-    except Exception as exc:
-        return failed(
-            f"a step where one variable has no gradient (None, as for a frozen layer) raised "
-            f"{ctx.describe_error(exc)}",
-            where=_user_line(ctx, exc),
-            fix="skip pairs whose gradient is None before using them (as the base class's "
-            "apply does), e.g. in an overridden apply/apply_gradients",
-        )
-    moved = float(np.max(np.abs(_values(variables)[2] - frozen_before)))
-    state_moved = _max_diff(frozen_state(), state_before)
-    if moved > 0 or state_moved > 0:
-        what = "the variable" if moved > 0 else "its optimizer state"
-        return failed(
-            f"a variable whose gradient is None changed ({what}, by up to {max(moved, state_moved):.3g})",
-            where=ctx.target.class_location(),
-            fix="leave a variable without a gradient alone: no weight decay, momentum or slot update for it",
-            figure=max(moved, state_moved),
-        )
-    if not _updates_nothing(ctx) and all(
-        np.array_equal(a, b) for a, b in zip(others_before, _values(variables)[:2], strict=True)
-    ):
-        return failed(
-            "with one gradient None, the variables that do have gradients were not updated either",
-            where=ctx.target.class_location(),
-            fix="drop only the None pairs, not the whole step",
-        )
-    return passed(
-        "a variable with a None gradient and its state were left alone; the others were updated"
-        + overrides_note(stateful)
-    )
 
 
 # -- schedule ------------------------------------------------------------------------------------------
@@ -642,7 +356,7 @@ def _sparse_vs_dense(ctx: CheckContext, rows: list[int], seed: int, sparse_resul
     return float(np.max(np.abs(sparse_result[touched] - dense)))
 
 
-def _slices(kit: _Kit, rows: list[int], seed: int) -> Any:
+def _slices(kit: KerasDriver, rows: list[int], seed: int) -> Any:
     tf = kit.tf
     values = _arrays([(len(rows), TABLE_SHAPE[1])], seed)[0]
     return tf.IndexedSlices(tf.constant(values), tf.constant(rows, dtype=tf.int64), tf.constant(TABLE_SHAPE))
@@ -805,65 +519,6 @@ def _config_value_equal(a: Any, b: Any) -> bool:
 # -- state_roundtrip ----------------------------------------------------------------------------------------
 
 
-def check_state_roundtrip(ctx: CheckContext) -> Outcome:
-    kit = _kit(ctx)
-    tf = kit.tf
-    stateful = _stateful(ctx)
-    optimizer, variables = _fresh(ctx, **stateful)
-    for seed in (40, 41):
-        kit.apply(optimizer, _tensors(_arrays(SHAPES, seed), kit), variables)
-    prefix = str(ctx.workdir / "state_roundtrip" / "ckpt")
-    written = tf.train.Checkpoint(optimizer=optimizer, variables=list(variables)).write(prefix)
-    fresh, fresh_variables = _fresh(ctx, **stateful)
-    status = tf.train.Checkpoint(optimizer=fresh, variables=list(fresh_variables)).read(written)
-    try:
-        status.assert_consumed()
-    except AssertionError as exc:
-        return failed(
-            f"tf.train.Checkpoint: saved optimizer values found no variable in a freshly built optimizer "
-            f"({str(exc).splitlines()[0][:200]})",
-            where=ctx.target.class_location(),
-            fix="create all state in build (add_variable / add_optimizer_variables; legacy: add_slot in "
-            "_create_slots) so a fresh optimizer has it before restoring",
-        )
-    saved, restored = _state(optimizer), _state(fresh)
-    if len(restored) != len(saved) or _max_diff(saved, restored) > 0:
-        diff = _max_diff(saved, restored)
-        return failed(
-            f"the restored optimizer's variables differ from the saved ones ({len(saved)} saved, "
-            f"{len(restored)} restored, max abs difference {diff:.3g})",
-            where=ctx.target.class_location(),
-            fix="create state only through add_variable / add_slot, in a fixed order",
-            figure=diff,
-        )
-    if int(fresh.iterations) != int(optimizer.iterations):
-        return failed(
-            f"iterations came back as {int(fresh.iterations)}, not {int(optimizer.iterations)}",
-            where=ctx.target.class_location(),
-            fix="let the base class count steps in self.iterations; keep no step counter of your own",
-        )
-    grads = _tensors(_arrays(SHAPES, seed=42), kit)
-    kit.apply(optimizer, grads, variables)
-    kit.apply(fresh, grads, fresh_variables)
-    diff = _max_diff(_values(variables) + _state(optimizer), _values(fresh_variables) + _state(fresh))
-    if diff > 0:
-        return failed(
-            f"after restoring, the next step differs from the uninterrupted one by up to {diff:.3g}: some "
-            "state lives outside the checkpointed variables (a Python attribute, a dict of tf.Variables "
-            "the optimizer does not track)",
-            where=ctx.target.class_location(),
-            fix="keep all state in optimizer variables (Keras 3: self.add_variable / "
-            "add_optimizer_variables; "
-            "legacy: self.add_slot / add_weight)",
-            figure=diff,
-        )
-    return passed(
-        f"{len(saved)} optimizer variables and iterations restored into a fresh optimizer; the next step "
-        "is bitwise identical" + overrides_note(stateful),
-        figure=0.0,
-    )
-
-
 # -- save_load_model -----------------------------------------------------------------------------------------
 
 
@@ -896,7 +551,7 @@ class _Reload:
 
 def check_save_load_model(ctx: CheckContext) -> Outcome:
     kit = _kit(ctx)
-    formats = (".h5", ".keras") if kit.legacy else (".keras",)
+    formats = kit.whole_model_formats
     untracked = _state_outside_variables(ctx)
     if untracked:
         return failed(
@@ -906,7 +561,7 @@ def check_save_load_model(ctx: CheckContext) -> Outcome:
             fix="create state with self.add_variable / add_optimizer_variables, not tf.Variable",
             figure=float(untracked),
         )
-    stateful = _stateful(ctx)
+    stateful = ctx.stateful_overrides()
     format_warnings: list[str] = []
     for suffix in formats:
         user = _whole_model_reload(kit, lambda: ctx.build(**stateful), ctx.workdir / f"user{suffix}")
@@ -929,7 +584,7 @@ def check_save_load_model(ctx: CheckContext) -> Outcome:
     )
 
 
-def _judge_reload(ctx: CheckContext, kit: _Kit, suffix: str, user: _Reload) -> Outcome | str | None:
+def _judge_reload(ctx: CheckContext, kit: KerasDriver, suffix: str, user: _Reload) -> Outcome | str | None:
     """None when the reload is complete; a `fail` for the class's faults; what the format loses
     when the framework's SGD loses the same through it (for a `warn`)."""
     cls = ctx.target.cls
@@ -940,8 +595,8 @@ def _judge_reload(ctx: CheckContext, kit: _Kit, suffix: str, user: _Reload) -> O
             f"load_model of a {suffix} model compiled with it raised {_first_line(user.error, ctx)}",
             where=ctx.target.class_location() if not_found else _user_line(ctx, user.error),
             fix=(
-                f"decorate the class with @{'tf_keras.utils' if kit.legacy else 'keras.saving'}"
-                ".register_keras_serializable(package=...) so load_model finds it by name"
+                f"decorate the class with @{kit.serializable_decorator}(package=...) so load_model finds it "
+                "by name"
                 if not_found
                 else "get_config must return exactly what the constructor accepts"
             ),
@@ -961,7 +616,7 @@ def _judge_reload(ctx: CheckContext, kit: _Kit, suffix: str, user: _Reload) -> O
         )
     if not user.lost_state:
         return None
-    reference = _whole_model_reload(kit, kit.reference_sgd, ctx.workdir / f"reference{suffix}")
+    reference = _whole_model_reload(kit, kit.plain_reference_sgd, ctx.workdir / f"reference{suffix}")
     if reference.error is None and reference.lost_state:
         return (
             f"{suffix}: the format itself reloads the optimizer without its state ({user.state_text()}); "
@@ -976,7 +631,7 @@ def _judge_reload(ctx: CheckContext, kit: _Kit, suffix: str, user: _Reload) -> O
     )
 
 
-def _whole_model_reload(kit: _Kit, build: Callable[[], Any], path: Any) -> _Reload:
+def _whole_model_reload(kit: KerasDriver, build: Callable[[], Any], path: Any) -> _Reload:
     model = kit.tiny_model(seed=50)
     optimizer = build()
     model.compile(optimizer=optimizer, loss="mse")
@@ -1016,24 +671,7 @@ def _state_outside_variables(ctx: CheckContext) -> int:
     in optimizer.variables nor among the variables it trains: what tf.train.Checkpoint saves and a
     whole-model file does not."""
     optimizer, variables = _fresh(ctx)
-    return len(_tracked_outside(_kit(ctx), optimizer, variables))
-
-
-def _tracked_outside(kit: _Kit, optimizer: Any, trained: Sequence[Any]) -> list[Any]:
-    known = {id(_backing(v)) for v in [*optimizer_variables_of(optimizer), *trained]}
-    found = []
-    for item in kit.tf.train.TrackableView(optimizer).descendants():
-        backing = _backing(item)
-        if isinstance(backing, kit.tf.Variable) and id(backing) not in known and len(backing.shape) > 0:
-            known.add(id(backing))
-            found.append(item)
-    return found
-
-
-def _backing(variable: Any) -> Any:
-    """The tf.Variable behind a Keras 3 variable (itself for a tf.Variable)."""
-    value = getattr(variable, "_value", None)
-    return value if value is not None and hasattr(value, "handle") else variable
+    return len(tracked_outside(_kit(ctx).tf, optimizer, variables))
 
 
 # -- graph_mode ---------------------------------------------------------------------------------------------
@@ -1098,7 +736,7 @@ def _run_steps(
 ) -> list[np.ndarray]:
     """Variables and optimizer state after the steps: eagerly (None), tf.function, or XLA (True)."""
     kit = _kit(ctx)
-    optimizer, variables = _fresh(ctx, **_stateful(ctx))
+    optimizer, variables = _fresh(ctx, **ctx.stateful_overrides())
 
     def step(step_grads: list[Any]) -> None:
         kit.apply(optimizer, step_grads, variables)
@@ -1118,7 +756,7 @@ def check_device_placement(ctx: CheckContext) -> Outcome:
     if not tf.config.list_physical_devices("GPU"):
         return skipped("no GPU visible to TensorFlow: optimizer state placement needs one to mean anything")
     with tf.device("/GPU:0"):
-        optimizer, variables = _fresh(ctx, **_stateful(ctx))
+        optimizer, variables = _fresh(ctx, **ctx.stateful_overrides())
         kit.apply(optimizer, _tensors(_arrays(SHAPES, seed=70), kit), variables)
     misplaced = _misplaced_slots(variables, optimizer)
     if not misplaced:
@@ -1127,7 +765,7 @@ def check_device_placement(ctx: CheckContext) -> Outcome:
             str(ctx.workdir / "device_placement" / "ckpt")
         )
         with tf.device("/GPU:0"):
-            fresh, fresh_variables = _fresh(ctx, **_stateful(ctx))
+            fresh, fresh_variables = _fresh(ctx, **ctx.stateful_overrides())
             tf.train.Checkpoint(optimizer=fresh, variables=list(fresh_variables)).read(written)
         misplaced = [f"after restore: {m}" for m in _misplaced_slots(fresh_variables, fresh)]
     if misplaced:
@@ -1199,261 +837,43 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
     )
 
 
-def _loss_scale_name(kit: _Kit) -> str:
-    return f"{'tf_keras' if kit.legacy else 'keras'}.mixed_precision.LossScaleOptimizer"
+def _loss_scale_name(kit: KerasDriver) -> str:
+    return kit.loss_scale_name
 
 
-def _mixed_precision_steps(kit: _Kit, model: Any, inner: Any) -> list[float]:
+def _mixed_precision_steps(kit: KerasDriver, model: Any, inner: Any) -> list[float]:
     tf = kit.tf
     x, y = (tf.constant(a) for a in _arrays([(16, 4), (16, 1)], seed=81))
     variables = model.trainable_variables
-    if kit.legacy:
-        optimizer = kit.km.mixed_precision.LossScaleOptimizer(inner, initial_scale=2.0**8)
-    else:
-        optimizer = kit.km.optimizers.LossScaleOptimizer(inner, initial_scale=2.0**8)
+    optimizer = kit.loss_scale_optimizer(inner, initial_scale=2.0**8)
     scales = []
     for _ in range(3):
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean(tf.square(tf.cast(model(x), tf.float32) - y))
-            scaled = optimizer.get_scaled_loss(loss) if kit.legacy else optimizer.scale_loss(loss)
-        grads = tape.gradient(scaled, variables)
-        if kit.legacy:
-            grads = optimizer.get_unscaled_gradients(grads)
+            scaled = kit.scaled_loss(optimizer, loss)
+        grads = kit.unscaled_gradients(optimizer, tape.gradient(scaled, variables))
         kit.apply(optimizer, grads, variables)
-        scales.append(float(optimizer.loss_scale if kit.legacy else optimizer.dynamic_scale))
+        scales.append(kit.loss_scale(optimizer))
     return scales
 
 
 # -- state_untrainable ---------------------------------------------------------------------------------------
 
 
-def check_state_untrainable(ctx: CheckContext) -> Outcome:
-    kit = _kit(ctx)
-    tf = kit.tf
-    model = kit.tiny_model(seed=90)
-    stateful = _stateful(ctx)
-    optimizer = ctx.build(**stateful)
-    model.compile(optimizer=optimizer, loss="mse")
-    kit.create_state(optimizer, model.trainable_variables)
-    grads = [tf.ones_like(v) for v in model.trainable_variables]
-    kit.apply(optimizer, grads, model.trainable_variables)
-    weights = model.trainable_variables
-    state = [*optimizer_variables_of(optimizer), *_tracked_outside(kit, optimizer, weights)]
-    weight_ids = {id(_backing(v)) for v in weights}
-    in_model = [v for v in state if id(_backing(v)) in weight_ids]
-    trainable = [
-        v for v in state if id(_backing(v)) not in weight_ids and bool(getattr(v, "trainable", False))
-    ]
-    bad = trainable + in_model
-    if bad:
-        name = getattr(bad[0], "path", None) or bad[0].name
-        return failed(
-            f"{len(bad)} optimizer variables are trainable (e.g. {name!r}); a tape watches them and a "
-            "model or strategy may treat them as weights",
-            where=ctx.target.class_location(),
-            fix="create state with add_variable / add_optimizer_variables (legacy: add_slot), or pass "
-            "trainable=False",
-            figure=float(len(bad)),
-        )
-    return passed(
-        f"all {len(state)} optimizer variables are non-trainable and none is a model weight"
-        + overrides_note(stateful),
-        figure=0.0,
-    )
-
-
 # -- step_cost -------------------------------------------------------------------------------------
-
-COST_SHAPES: tuple[tuple[int, ...], ...] = ((16, 16), (16,), (16, 8), (8,), (8, 1), (1,))
-
-
-def check_step_cost(ctx: CheckContext) -> Outcome:
-    kit = _kit(ctx)
-    grads = _tensors(_arrays(COST_SHAPES, seed=100), kit)
-    try:
-        user, user_graph = _compiled_update(ctx, ctx.build, grads)
-    except Exception:
-        return skipped("not measurable: the update fails under tf.function (see graph_mode)")
-    reference, reference_graph = _compiled_update(ctx, kit.reference_sgd, grads)
-    user_s, reference_s = _interleaved_medians(user, reference)
-    ratio = user_s / reference_s
-    if ratio <= STEP_COST_LIMIT:
-        return passed(
-            f"update {user_s * 1e6:.0f} us vs {reference_s * 1e6:.0f} us for SGD(momentum=0.9) under "
-            "tf.function",
-            figure=ratio,
-        )
-    return warned(
-        f"the update takes {ratio:.1f}x as long as SGD(momentum=0.9) on the same {len(COST_SHAPES)} "
-        "variables "
-        f"under tf.function ({user_s * 1e6:.0f} us vs {reference_s * 1e6:.0f} us); "
-        + _where_time_goes(user_graph, reference_graph),
-        where=ctx.target.class_location(),
-        fix="keep host round-trips (tf.print, py_function, .numpy()) out of the update, clip by one global "
-        "norm, and move per-step work that does not depend on the variable out of the per-variable loop",
-        figure=ratio,
-    )
-
-
-def _compiled_update(
-    ctx: CheckContext, build: Callable[[], Any], grads: list[Any]
-) -> tuple[Callable[[], Any], Any]:
-    kit = _kit(ctx)
-    variables = [kit.variable(a) for a in _arrays(COST_SHAPES, seed=101, mean=1.0)]
-    optimizer = build()
-    kit.create_state(optimizer, variables)
-    update = kit.tf.function(lambda gs: kit.apply(optimizer, gs, variables))
-    graph = update.get_concrete_function(grads).graph.as_graph_def()
-    for _ in range(3):  # warm-up: tracing and first-call costs are not the step's
-        update(grads)
-    return (lambda: update(grads)), graph
-
-
-def _interleaved_medians(first: Callable[[], Any], second: Callable[[], Any]) -> tuple[float, float]:
-    """Median seconds per call of each, measured in alternating rounds so that load from other
-    processes hits both alike; the best round of each counts."""
-    rounds: tuple[list[float], list[float]] = ([], [])
-    deadline = time.perf_counter() + 1.0
-    for _ in range(7):
-        for index, run in enumerate((first, second)):
-            times = []
-            for _ in range(15):
-                started = time.perf_counter()
-                run()
-                times.append(time.perf_counter() - started)
-            rounds[index].append(statistics.median(times))
-        if time.perf_counter() > deadline:
-            break
-    return min(rounds[0]), min(rounds[1])
-
-
-def _graph_op_types(graph_def: Any) -> list[tuple[str, str]]:
-    nodes = [(n.op, n.name) for n in graph_def.node]
-    for function in graph_def.library.function:
-        nodes.extend((n.op, n.name) for n in function.node_def)
-    return nodes
-
-
-def _where_time_goes(user_graph: Any, reference_graph: Any) -> str:
-    user_ops, reference_ops = _graph_op_types(user_graph), _graph_op_types(reference_graph)
-    syncs = sorted({op for op, _ in user_ops if op in HOST_SYNC_OPS})
-    if syncs:
-        count = sum(op in HOST_SYNC_OPS for op, _ in user_ops)
-        return (
-            f"the traced update has {count} host round-trip ops ({', '.join(syncs)}: tf.print / py_function)"
-        )
-    norms = {
-        name.rsplit("/", 1)[0] for _, name in user_ops if "clip_by_norm" in name or "norm" in name.lower()
-    }
-    if len(norms) > 1:
-        return (
-            f"the traced update computes {len(norms)} separate norms (per-variable clipping or normalisation)"
-        )
-    known = {op for op, _ in reference_ops} | {"Const", "Identity", "NoOp", "ReadVariableOp"}
-    extra = Counter(op for op, _ in user_ops if op not in known)
-    # Linear algebra first: a few of those cost more than all the elementwise ops together.
-    ranked = sorted(extra.items(), key=lambda item: (not item[0].startswith(LINALG_OPS), -item[1]))
-    listed = ", ".join(f"{op} x{count}" for op, count in ranked[:4])
-    return f"the traced update has {len(user_ops)} ops against SGD's {len(reference_ops)}" + (
-        f"; ops SGD does not need: {listed}" if listed else ""
-    )
 
 
 # -- deprecations --------------------------------------------------------------------------------------------
 
 
-def check_deprecations(ctx: CheckContext) -> Outcome:
-    kit = _kit(ctx)
-    found: list[tuple[str, str]] = []  # (message, user's line or "")
-    with _recording_deprecations(ctx, found):
-        optimizer, variables = _fresh(ctx)
-        for seed in (110, 111):
-            kit.apply(optimizer, _tensors(_arrays(SHAPES, seed), kit), variables)
-        optimizer.get_config()
-    located = [(message, where) for message, where in found if where]
-    if not located:
-        other = f"; {len(found)} raised by framework code outside the class were ignored" if found else ""
-        return passed(
-            f"building, two steps and get_config raised no deprecation warning from the class{other}"
-        )
-    message, where = located[0]
-    return warned(
-        f"{len(located)} deprecation warning(s) from the class's code, first: {message[:200]}",
-        where=where,
-        fix="change that line to the replacement the warning names before the deprecated API is removed",
-        figure=float(len(located)),
-    )
-
-
-def _is_deprecation(category: type[Warning] | None, message: str) -> bool:
-    deprecated = category is not None and issubclass(category, DeprecationWarning | FutureWarning)
-    return deprecated or "deprecat" in message.lower()
-
-
-def _line_in_user_file(ctx: CheckContext, filename: str | None = None, lineno: int | None = None) -> str:
-    """The user's line responsible: the warning's own location when it is there, else the
-    innermost frame of the current stack inside the class's file."""
-    source = ctx.target.source_file()
-    if source is None:
-        return ""
-    if filename == source and lineno is not None:
-        return f"{source}:{lineno}"
-    frames = [f for f in traceback.extract_stack() if f.filename == source]
-    return f"{source}:{frames[-1].lineno}" if frames else ""
-
-
-@contextmanager
-def _recording_deprecations(ctx: CheckContext, found: list[tuple[str, str]]) -> Iterator[None]:
-    """Python deprecation warnings, and TensorFlow's own (logged once per process through the
-    `tensorflow` logger, so its once-only memory is emptied for the duration)."""
-
-    def show(message: Any, category: type[Warning], filename: str, lineno: int, *_: Any, **__: Any) -> None:
-        if _is_deprecation(category, str(message)):
-            found.append((str(message), _line_in_user_file(ctx, filename, lineno)))
-
-    class Handler(logging.Handler):
-        def emit(self, record: logging.LogRecord) -> None:
-            text = record.getMessage()
-            if _is_deprecation(None, text):
-                # TensorFlow starts with "From <its own caller>:<line>:", never the user's line.
-                text = re.sub(r"^From \S+:\d+: ", "", " ".join(text.split()))
-                found.append((text, _line_in_user_file(ctx)))
-
-    from tensorflow.python.util import deprecation
-
-    printed = getattr(deprecation, "_PRINTED_WARNING", None)
-    handler = Handler()
-    logger = logging.getLogger("tensorflow")
-    with warnings.catch_warnings():
-        warnings.simplefilter("always")
-        warnings.showwarning = show
-        logger.addHandler(handler)
-        if isinstance(printed, dict):
-            deprecation._PRINTED_WARNING = {}
-        try:
-            yield
-        finally:
-            logger.removeHandler(handler)
-            if isinstance(printed, dict):
-                deprecation._PRINTED_WARNING = printed
-
-
 CHECKS: Mapping[str, Callable[[CheckContext], Outcome]] = {
-    "construct": check_construct,
-    "dense_step": check_dense_step,
-    "descends": check_descends,
-    "none_grads": check_none_grads,
     "schedule": check_schedule,
     "sparse": check_sparse,
     "config_roundtrip": check_config_roundtrip,
-    "state_roundtrip": check_state_roundtrip,
     "save_load_model": check_save_load_model,
     "resume_exact": resume_exact,
     "graph_mode": check_graph_mode,
     "distributed": distributed,
     "device_placement": check_device_placement,
     "mixed_precision": check_mixed_precision,
-    "state_untrainable": check_state_untrainable,
-    "step_cost": check_step_cost,
-    "deprecations": check_deprecations,
 }

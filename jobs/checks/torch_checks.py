@@ -12,8 +12,6 @@ import inspect
 import logging
 import math
 import re
-import statistics
-import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -26,22 +24,12 @@ from torch import Tensor, nn
 from jobs.checks.context import CheckContext, overrides_note
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.checks.torch_processes import distributed, resume_exact
-from jobs.frameworks.torch_driver import first_difference
-from optimizers.hyperparams import Param
 
 CheckFunction = Callable[[CheckContext], Outcome]
 SEED = 0
 # Words an error may use for an argument instead of its own name.
-_ARGUMENT_WORDS: dict[str, tuple[str, ...]] = {
-    "lr": ("learning rate", "learning_rate", "step size"),
-    "learning_rate": ("learning rate", "lr"),
-    "eps": ("epsilon",),
-    "epsilon": ("eps",),
-    "betas": ("beta",),
-}
 # Where torch's own optimizers live: a refusal raised there is torch's clear error.
 _TORCH_OPTIM_DIR = str(Path(torch.optim.__file__).parent)
-STEP_COST_LIMIT = 3.0
 
 
 # --- shared helpers -------------------------------------------------------------------------------
@@ -140,229 +128,10 @@ def _max_abs(a: Tensor, b: Tensor) -> float:
 # --- construct ------------------------------------------------------------------------------------
 
 
-@_isolated
-def check_construct(ctx: CheckContext) -> Outcome:
-    entry = ctx.target.entry
-    for label, build in (
-        ("the default hyperparameters", lambda: entry.create({}, model_params=_tiny_model().parameters())),
-        (f"the given hyperparameters {ctx.params}", lambda: ctx.build(_tiny_model().parameters())),
-    ):
-        try:
-            build()
-        except Exception as exc:
-            ctx.mark_unbuildable()
-            return failed(
-                f"building with {label} raised {ctx.describe_error(exc)}",
-                where=ctx.where(exc),
-                fix="the constructor must accept every declared hyperparameter at its default and in range",
-            )
-    probed, problems, where = [], [], ""
-    for param in entry.params.values():
-        for value in _invalid_values(ctx, param):
-            probed.append(f"{param.name}={value!r}")
-            problem, at = _probe_invalid(ctx, param, value)
-            if problem:
-                problems.append(problem)
-                where = where or at
-    if problems:
-        return failed(
-            "; ".join(problems),
-            where=where,
-            figure=float(len(problems)),
-            fix="validate each argument in __init__ and raise ValueError naming it, the value and what is "
-            "allowed (e.g. 'lr must be a number > 0; received -1')",
-        )
-    if not probed:
-        return passed(
-            "built with defaults and with the given hyperparameters; no declared ranges to probe", 0.0
-        )
-    return passed(
-        f"built with defaults and with the given hyperparameters; rejected {len(probed)} out-of-range "
-        f"values ({', '.join(probed)}), each with an error naming its argument",
-        0.0,
-    )
-
-
-def _invalid_values(ctx: CheckContext, param: Param) -> list[Any]:
-    """Values just outside `param`'s declared range (the exclusive bound itself when the class
-    declares the range; a range the registry derived is only probed strictly beyond it)."""
-    if param.type not in ("float", "number", "int", "float_pair"):
-        return []
-    declared = _native(ctx, param.name) in getattr(ctx.target.cls, "optlab_hyperparameters", {})
-    numbers: list[float] = []
-    for bound, inclusive, direction in (
-        (param.low, param.low_inclusive, -1),
-        (param.high, param.high_inclusive, 1),
-    ):
-        if bound is None:
-            continue
-        margin = 1 if param.type == "int" else 1e-3 * max(1.0, abs(bound))
-        numbers.append(bound + direction * margin)
-        if not inclusive and declared:
-            numbers.append(bound)
-    if param.type == "int":
-        return [int(n) for n in numbers]
-    if param.type == "float_pair":
-        pair = ctx.params.get(param.name, param.default)
-        return [(n, pair[1]) for n in numbers]
-    return numbers
-
-
-def _probe_invalid(ctx: CheckContext, param: Param, value: Any) -> tuple[str, str]:
-    """('', '') when building with `value` raises an error naming the argument, else (problem, where)."""
-    kwargs = {_native(ctx, k): v for k, v in {**ctx.params, param.name: value}.items()}
-    try:
-        ctx.target.cls(_tiny_model().parameters(), **kwargs)
-    except Exception as exc:
-        if _names_argument(str(exc), _native(ctx, param.name)):
-            return "", ""
-        return (
-            f"{param.name}={value!r} was rejected with {ctx.describe_error(exc) or type(exc).__name__}, "
-            f"which does not name {param.name}",
-            ctx.where(exc),
-        )
-    return (
-        f"{param.name}={value!r} was accepted although {param.name} must be {param.allowed()}",
-        _method_location(ctx, "__init__"),
-    )
-
-
-def _names_argument(message: str, name: str) -> bool:
-    words = {name, name.replace("_", " "), name.replace("_", ""), *_ARGUMENT_WORDS.get(name, ())}
-    stem = re.sub(r"[_\d]+$", "", name).rstrip("s")  # beta_1 -> beta, betas -> beta
-    if len(stem) > 2:
-        words.add(stem)
-    lowered = message.lower()
-    return any(re.search(rf"(?<![a-z0-9]){re.escape(w.lower())}(?![a-z0-9])", lowered) for w in words)
-
-
 # --- dense_step, descends -------------------------------------------------------------------------
 
 
-@_isolated
-def check_dense_step(ctx: CheckContext) -> Outcome:
-    model = _tiny_model()
-    named = list(model.named_parameters())
-    before = _snapshot(p for _, p in named)
-    _backward(model, _batch())
-    optimizer = ctx.build(model.parameters())
-    optimizer.step()
-    unchanged = [name for (name, p), old in zip(named, before, strict=True) if torch.equal(p.detach(), old)]
-    bad = _nonfinite(named) + _nonfinite(_state_tensors(optimizer))
-    if bad:
-        return failed(
-            f"after one step these are not finite: {', '.join(bad)}",
-            where=_method_location(ctx),
-            fix="guard divisions and square roots with an epsilon; start state finite (zeros, not empty)",
-        )
-    if unchanged:
-        return failed(
-            f"{len(unchanged)} of {len(named)} parameters with a nonzero gradient did not change after "
-            f"one step: {', '.join(unchanged)}",
-            where=_method_location(ctx),
-            figure=float(len(unchanged)),
-            fix="update every parameter that has a gradient, in place (p.add_(update, alpha=-lr)), never "
-            "by rebinding a name (p = p - lr * g) or skipping some parameters",
-        )
-    change = max(_max_abs(p.detach(), old) for (_, p), old in zip(named, before, strict=True))
-    return passed(f"one step changed all {len(named)} parameters; parameters and state finite", change)
-
-
-_DESCENT_STEPS = 30
-
-
-@_isolated
-def check_descends(ctx: CheckContext) -> Outcome:
-    # Least squares with 64 Gaussian rows in 8 dimensions: X^T X / 64 is close to the identity.
-    generator = torch.Generator().manual_seed(SEED + 2)
-    inputs = torch.randn(64, 8, generator=generator)
-    targets = inputs @ torch.randn(8, 1, generator=generator) + 0.01 * torch.randn(64, 1, generator=generator)
-    model = nn.Linear(8, 1)
-    optimizer = ctx.build(model.parameters())
-
-    def loss() -> Tensor:
-        return nn.functional.mse_loss(model(inputs), targets)
-
-    with torch.no_grad():
-        initial = float(loss())
-    for _ in range(_DESCENT_STEPS):
-        optimizer.zero_grad()
-        loss().backward()
-        optimizer.step()
-    with torch.no_grad():
-        final = float(loss())
-    ratio = final / initial
-    if not math.isfinite(final) or final >= initial:
-        return failed(
-            f"least squares loss went from {initial:.4g} to {final:.4g} in {_DESCENT_STEPS} full-batch steps "
-            f"with lr={ctx.lr:g}",
-            where=_method_location(ctx),
-            figure=ratio,
-            fix="the update must move against the gradient (p.add_(update, alpha=-lr)); check signs and "
-            "that the learning rate is not far too large",
-        )
-    return passed(
-        f"least squares loss {initial:.4g} -> {final:.4g} in {_DESCENT_STEPS} steps with lr={ctx.lr:g} "
-        "(figure: final/initial)",
-        ratio,
-    )
-
-
 # --- none_grads -----------------------------------------------------------------------------------
-
-
-@_isolated
-def check_none_grads(ctx: CheckContext) -> Outcome:
-    """A parameter that never had a gradient and one whose gradient goes away after a step."""
-    model = _tiny_model()
-    frozen = nn.Parameter(torch.randn(5), requires_grad=False)  # never gets a .grad
-    later = nn.Parameter(torch.randn(4))  # trained one step, then frozen
-    overrides = ctx.stateful_overrides()
-    optimizer = ctx.build([*model.parameters(), later, frozen], **overrides)
-    frozen_before = frozen.detach().clone()
-    batch = _batch()
-    try:
-        _backward(model, batch, extra=(later**2).sum())
-        optimizer.step()
-        later_before, later_state = later.detach().clone(), _clone_state(dict(optimizer.state.get(later, {})))
-        frozen_state = _clone_state(dict(optimizer.state.get(frozen, {})))
-        later.requires_grad_(False)
-        later.grad = None
-        for _ in range(2):
-            _backward(model, batch, extra=(later**2).sum())
-            optimizer.step()
-    except Exception as exc:
-        return failed(
-            f"step() raised {ctx.describe_error(exc)} with a parameter whose .grad is None",
-            where=ctx.where(exc),
-            fix="skip parameters without a gradient in step(): `if p.grad is None: continue`",
-        )
-    problems = []
-    if not torch.equal(frozen.detach(), frozen_before):
-        problems.append(
-            f"a parameter that never had a gradient moved by {_max_abs(frozen, frozen_before):.3g}"
-        )
-    if not torch.equal(later.detach(), later_before):
-        problems.append(
-            f"a parameter whose gradient became None moved by {_max_abs(later, later_before):.3g}"
-        )
-    for label, param, saved in (("never had", frozen, frozen_state), ("lost its", later, later_state)):
-        found = first_difference(saved, _clone_state(dict(optimizer.state.get(param, {}))), "state")
-        if found:
-            problems.append(f"the state of a parameter that {label} gradient changed ({found})")
-    if problems:
-        return failed(
-            "; ".join(problems),
-            where=_method_location(ctx),
-            figure=float(len(problems)),
-            fix="leave parameters whose p.grad is None alone (no weight decay, no momentum step, no state "
-            "update): `if p.grad is None: continue`",
-        )
-    return passed(
-        "parameters with .grad None (never trained, and frozen after a step) and their state stayed bitwise "
-        f"unchanged over 2 steps{overrides_note(overrides)}",
-        0.0,
-    )
 
 
 # --- schedule -------------------------------------------------------------------------------------
@@ -590,63 +359,6 @@ def _same_value(actual: Any, expected: Any) -> bool:
     if isinstance(expected, float) and isinstance(actual, int | float) and not isinstance(actual, bool):
         return math.isclose(actual, expected, rel_tol=1e-12, abs_tol=0.0)
     return bool(actual == expected)
-
-
-@_isolated
-def check_state_roundtrip(ctx: CheckContext) -> Outcome:
-    overrides = ctx.stateful_overrides()
-    model, batch = _tiny_model(), _batch()
-    optimizer = ctx.build(model.parameters(), **overrides)
-    for _ in range(3):
-        _backward(model, batch)
-        optimizer.step()
-    path = ctx.workdir / "optimizer_state.pt"
-    saved = optimizer.state_dict()
-    torch.save(saved, path)
-    try:
-        loaded = torch.load(path, weights_only=True)
-    except Exception as exc:
-        return failed(
-            f"torch.load(weights_only=True) refuses the saved state_dict: {_unpickling_reason(ctx, exc)}",
-            where=_method_location(ctx),
-            fix="keep only tensors, numbers, strings, None and lists/tuples/dicts of them in self.state "
-            "and param_groups (no custom classes, deques, numpy objects or functions)",
-        )
-    twin = _twin(model)
-    fresh = ctx.build(twin.parameters(), **overrides)
-    fresh.load_state_dict(loaded)
-    found = first_difference(saved, fresh.state_dict(), "state_dict")
-    fix = "keep per-parameter state in self.state[p] and hyperparameters in param_groups, nowhere else"
-    if found:
-        return failed(
-            f"the reloaded optimizer's state differs: {found}", where=_method_location(ctx), fix=fix
-        )
-    for m, opt in ((model, optimizer), (twin, fresh)):
-        _backward(m, batch)
-        opt.step()
-    found = first_difference(model.state_dict(), twin.state_dict(), "parameters") or first_difference(
-        optimizer.state_dict(), fresh.state_dict(), "state_dict"
-    )
-    if found:
-        return failed(
-            "the state_dict round trip matched, but the next step after reloading differs from the "
-            f"uninterrupted one: {found}; the optimizer keeps state that state_dict() does not save",
-            where=_method_location(ctx),
-            fix=fix,
-        )
-    tensors = sum(1 for _ in _state_tensors(optimizer))
-    return passed(
-        f"state_dict -> torch.save -> torch.load(weights_only=True) -> fresh optimizer: {tensors} state "
-        f"tensors identical and the next step bitwise equal{overrides_note(overrides)}",
-        0.0,
-    )
-
-
-def _unpickling_reason(ctx: CheckContext, error: Exception) -> str:
-    """The line of torch's long weights_only message that names the refused type."""
-    plain = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
-    found = re.search(r"Unsupported global: [^\n]*?(?=\. |\n|$)", plain)
-    return found.group(0) if found else ctx.describe_error(error)
 
 
 # --- graph_mode -----------------------------------------------------------------------------------
@@ -1021,180 +733,16 @@ def _grad_scaler_step(ctx: CheckContext) -> str:
 # --- state_untrainable ----------------------------------------------------------------------------
 
 
-@_isolated
-def check_state_untrainable(ctx: CheckContext) -> Outcome:
-    overrides = ctx.stateful_overrides()
-    model, batch = _tiny_model(), _batch()
-    optimizer = ctx.build(model.parameters(), **overrides)
-    for _ in range(2):
-        _backward(model, batch)
-        optimizer.step()
-    storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    offending = []
-    tensors = list(_state_tensors(optimizer))
-    for name, tensor in tensors:
-        if isinstance(tensor, nn.Parameter):
-            offending.append(f"{name} is an nn.Parameter")
-        elif tensor.requires_grad:
-            offending.append(f"{name} requires grad")
-        elif tensor.numel() and tensor.untyped_storage().data_ptr() in storages:
-            offending.append(f"{name} shares storage with a model parameter")
-    if offending:
-        return failed(
-            f"{len(offending)} of {len(tensors)} state tensors are trainable or alias parameters: "
-            f"{'; '.join(offending[:4])}",
-            where=_method_location(ctx),
-            figure=float(len(offending)),
-            fix="decorate step() with @torch.no_grad() and create state as plain tensors "
-            "(torch.zeros_like(p), p.detach().clone()), never views of p or nn.Parameters",
-        )
-    if not tensors:
-        return passed(f"the optimizer keeps no state tensors{overrides_note(overrides)}", 0.0)
-    return passed(
-        f"none of {len(tensors)} state tensors requires grad, is an nn.Parameter or aliases a parameter"
-        f"{overrides_note(overrides)}",
-        0.0,
-    )
-
-
 # --- step_cost ------------------------------------------------------------------------------------
-
-
-_COST_WIDTH, _COST_DEPTH, _COST_REPEATS = 256, 4, 15
-
-
-@_isolated
-def check_step_cost(ctx: CheckContext) -> Outcome:
-    """The minimum of interleaved timings: the estimate least hurt by other processes sharing the
-    CPU. 256-wide layers, so element-wise work (not Python overhead) dominates a correct step."""
-    candidate, baseline = _cost_setup(ctx), _cost_setup(ctx, baseline=True)
-    # One intra-op thread: on a shared CPU, a second thread waiting for a busy core adds
-    # milliseconds to a step at random, whichever optimizer it is.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        ratio, ours, theirs = _cost_ratio(candidate, baseline)
-        if ratio > STEP_COST_LIMIT:  # a busy machine can fake one slow sample: measure once more
-            again = _cost_ratio(candidate, baseline)
-            ratio, ours, theirs = min((ratio, ours, theirs), again)
-        where_time_goes = _where_time_goes(candidate) if ratio > STEP_COST_LIMIT else ""
-    finally:
-        torch.set_num_threads(threads)
-    timing = (
-        f"step() takes {ours * 1e3:.3g} ms, torch.optim.SGD(momentum=0.9) {theirs * 1e3:.3g} ms "
-        "(one thread, fastest of interleaved runs)"
-    )
-    if ratio <= STEP_COST_LIMIT:
-        return passed(f"{timing} on a {_cost_params():,}-parameter MLP (figure: ratio)", ratio)
-    return warned(
-        f"{timing}: {ratio:.1f}x; {where_time_goes}",
-        where=_method_location(ctx),
-        figure=ratio,
-        fix="update whole tensors (or torch._foreach_* lists) with no .item()/.tolist()/float(tensor) "
-        "host syncs and no Python loops over rows or elements",
-    )
-
-
-def _cost_params() -> int:
-    return _COST_DEPTH * (_COST_WIDTH * _COST_WIDTH + _COST_WIDTH)
-
-
-def _cost_setup(ctx: CheckContext, *, baseline: bool = False) -> torch.optim.Optimizer:
-    torch.manual_seed(SEED)
-    model = nn.Sequential(*(nn.Linear(_COST_WIDTH, _COST_WIDTH) for _ in range(_COST_DEPTH)))
-    # Unit-scale gradients: backpropagated ones through a deep stack can be so small that their
-    # squares are denormal floats, and the CPU's slow path for those would be measured instead.
-    for p in model.parameters():
-        p.grad = torch.randn_like(p)
-    if baseline:
-        return torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-    optimizer: torch.optim.Optimizer = ctx.build(model.parameters())
-    return optimizer
-
-
-def _cost_ratio(
-    candidate: torch.optim.Optimizer, baseline: torch.optim.Optimizer
-) -> tuple[float, float, float]:
-    with torch.no_grad():
-        for _ in range(5):  # warm-up: state creation, allocator
-            candidate.step()
-            baseline.step()
-        ours: list[float] = []
-        theirs: list[float] = []
-        for _ in range(_COST_REPEATS):
-            for optimizer, times in ((candidate, ours), (baseline, theirs)):
-                started = time.perf_counter()
-                optimizer.step()
-                times.append(time.perf_counter() - started)
-                if sum(ours) > 1.0:  # a very slow step needs no more samples to say so
-                    break
-            if sum(ours) > 1.0:
-                break
-    best, reference = min(ours), min(theirs) if theirs else statistics.median(ours)
-    return best / reference, best, reference
-
-
-def _where_time_goes(optimizer: torch.optim.Optimizer) -> str:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU]) as profiler:
-        optimizer.step()
-    events = [e for e in profiler.key_averages() if e.key.startswith("aten::")]
-    events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
-    top = ", ".join(f"{e.key} x{e.count}" for e in events[:4])
-    # aten::item calls aten::_local_scalar_dense: count each host sync once.
-    syncs = max((e.count for e in events if e.key in ("aten::item", "aten::_local_scalar_dense")), default=0)
-    sync_note = f"{syncs} host syncs (aten::item / _local_scalar_dense) per step; " if syncs > 8 else ""
-    return f"{sync_note}most time in {top}" if top else "no aten ops recorded"
 
 
 # --- deprecations ---------------------------------------------------------------------------------
 
 
-@_isolated
-def check_deprecations(ctx: CheckContext) -> Outcome:
-    """TORCH_WARN_ONCE fires once per process unless warn-always is on: turn it on for the step."""
-    model, batch = _tiny_model(), _batch()
-    optimizer = ctx.build(model.parameters(), **ctx.stateful_overrides())
-    warn_always = torch.is_warn_always_enabled()
-    torch.set_warn_always(True)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            for _ in range(2):
-                _backward(model, batch)
-                optimizer.step()
-    finally:
-        torch.set_warn_always(warn_always)
-    deprecated = [w for w in caught if _is_deprecation(w)]
-    if not deprecated:
-        return passed("2 steps raised no deprecation warnings (torch warn-always on)", 0.0)
-    first = deprecated[0]
-    message = " ".join(str(first.message).split())
-    return warned(
-        f"{len(deprecated)} deprecation warning(s) during step(): {first.category.__name__}: {message[:200]}",
-        where=f"{first.filename}:{first.lineno}",
-        figure=float(len(deprecated)),
-        fix="switch to the signature the warning recommends (e.g. p.add_(grad, alpha=-lr) instead of "
-        "p.add_(-lr, grad)) before a torch upgrade removes the old one",
-    )
-
-
-def _is_deprecation(caught: warnings.WarningMessage) -> bool:
-    if issubclass(caught.category, DeprecationWarning | FutureWarning):
-        return True
-    return issubclass(caught.category, UserWarning) and "deprecat" in str(caught.message).lower()
-
-
 CHECKS: Mapping[str, CheckFunction] = {
-    "construct": check_construct,
-    "dense_step": check_dense_step,
-    "descends": check_descends,
-    "none_grads": check_none_grads,
     "schedule": check_schedule,
     "sparse": check_sparse,
     "config_roundtrip": check_config_roundtrip,
-    "state_roundtrip": check_state_roundtrip,
     "resume_exact": resume_exact,
     "graph_mode": check_graph_mode,
     "distributed": distributed,
@@ -1202,7 +750,4 @@ CHECKS: Mapping[str, CheckFunction] = {
     "param_groups": check_param_groups,
     "closure": check_closure,
     "mixed_precision": check_mixed_precision,
-    "state_untrainable": check_state_untrainable,
-    "step_cost": check_step_cost,
-    "deprecations": check_deprecations,
 }

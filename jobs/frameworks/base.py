@@ -30,6 +30,14 @@ class CheckpointMismatch(Exception):
     """The reloaded objects differ from the ones that were saved."""
 
 
+class StateNotRestored(Exception):
+    """Saved optimizer state could not be loaded back; `fix` says what the class must change."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.fix = fix
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What applies to a style, the way torch's `OptimizerInfo` flags what an optimizer supports.
@@ -83,6 +91,7 @@ class Advice:
     fast_update: str
     sign_of_update: str
     deprecated_call: str  # an example of replacing a deprecated call
+    state_in_checkpoint: str  # where state must live for the style's checkpoint to save it
 
 
 @dataclass(frozen=True)
@@ -175,6 +184,9 @@ class Driver(ABC):
     capabilities: ClassVar[Capabilities]
 
     advice: ClassVar[Advice]
+    # The variables `step_cost` times an update on: large enough that the update's own work, not
+    # the framework's per-call overhead, is what is measured.
+    cost_shapes: ClassVar[tuple[tuple[int, ...], ...]]
 
     @abstractmethod
     def session(self, spec: JobSpec, entry: Entry, workload: Workload, workdir: Path) -> TrainingSession:
@@ -221,6 +233,23 @@ class Driver(ABC):
     @abstractmethod
     def trainable_state(self, optimizer: Any, variables: Sequence[Any]) -> tuple[int, list[str]]:
         """How many state tensors there are, and which are trainable or are (alias) a variable."""
+
+    @property
+    @abstractmethod
+    def state_format(self) -> str:
+        """How `save_state` saves, for the detail (`torch.save -> torch.load(weights_only=True)`)."""
+
+    @abstractmethod
+    def save_state(self, optimizer: Any, variables: Sequence[Any], folder: Path) -> Any:
+        """Save the optimizer's state as a job's checkpoint does; returns what `restore_state` reads."""
+
+    @abstractmethod
+    def restore_state(self, optimizer: Any, variables: Sequence[Any], saved: Any) -> None:
+        """Load saved state into a never-stepped optimizer; StateNotRestored when that fails."""
+
+    @abstractmethod
+    def state_difference(self, saved: Any, restored: Any) -> str | None:
+        """Where two optimizers' saved state differs (config and step count included), or None."""
 
     @abstractmethod
     def recording_warnings(self, sink: WarningSink) -> AbstractContextManager[Any]:

@@ -42,6 +42,7 @@ from jobs.frameworks.base import (
     Evaluation,
     Gradient,
     SparseRows,
+    StateNotRestored,
     StepRecord,
     TrainingSession,
     WarningSink,
@@ -73,6 +74,10 @@ class KerasDriver(Driver):
     framework: ClassVar[str] = "tensorflow"
     capabilities: ClassVar[Capabilities] = Capabilities(whole_model_save=True)
     model_suffix: ClassVar[str] = ".keras"
+    # The whole-model formats `save_load_model` proves, and what registers a class by name.
+    whole_model_formats: ClassVar[tuple[str, ...]] = (".keras",)
+    serializable_decorator: ClassVar[str] = "keras.saving.register_keras_serializable"
+    loss_scale_name: ClassVar[str] = "keras.mixed_precision.LossScaleOptimizer"
 
     def __init__(self) -> None:
         import tensorflow as tf
@@ -123,7 +128,13 @@ class KerasDriver(Driver):
         "loop",
         sign_of_update="subtract lr * direction from the variable (self.assign_sub)",
         deprecated_call="tf.cast(x, tf.float32) instead of tf.to_float(x)",
+        state_in_checkpoint="keep all state in optimizer variables (self.add_variable / "
+        "add_optimizer_variables), created in build",
     )
+
+    # A small MLP: the compiled update has no per-call Python overhead to drown, and a
+    # full-matrix preconditioner (n x n per variable, as Shampoo-like updates build) must fit.
+    cost_shapes: ClassVar[tuple[tuple[int, ...], ...]] = ((16, 16), (16,), (16, 8), (8,), (8, 1), (1,))
 
     def variables(self, arrays: Sequence[np.ndarray]) -> list[Any]:
         return [self.km.Variable(np.array(a, dtype=np.float32)) for a in arrays]
@@ -179,6 +190,36 @@ class KerasDriver(Driver):
                 offending.append(f"{_name(v)!r} is trainable")
         return len(state), offending
 
+    @property
+    def state_format(self) -> str:
+        return "tf.train.Checkpoint"
+
+    def save_state(self, optimizer: Any, variables: Sequence[Any], folder: Path) -> Any:
+        checkpoint = self.tf.train.Checkpoint(optimizer=optimizer, variables=list(variables))
+        return checkpoint.write(str(folder / "ckpt"))
+
+    def restore_state(self, optimizer: Any, variables: Sequence[Any], saved: Any) -> None:
+        status = self.tf.train.Checkpoint(optimizer=optimizer, variables=list(variables)).read(saved)
+        try:
+            status.assert_consumed()
+        except AssertionError as exc:
+            raise StateNotRestored(
+                "tf.train.Checkpoint: saved optimizer values found no variable in a freshly built optimizer "
+                f"({str(exc).splitlines()[0][:200]})",
+                fix=self.advice.state_in_checkpoint + ", so a fresh optimizer has it before restoring",
+            ) from None
+
+    def state_difference(self, saved: Any, restored: Any) -> str | None:
+        before, after = self.state(saved), self.state(restored)
+        if len(before) != len(after):
+            return f"{len(before)} optimizer variables saved, {len(after)} restored"
+        for (name, value), (_, back) in zip(before, after, strict=True):
+            if value.shape != back.shape or not np.array_equal(value, back, equal_nan=True):
+                return f"optimizer variable {name!r} differs after restoring"
+        if int(saved.iterations) != int(restored.iterations):
+            return f"iterations came back as {int(restored.iterations)}, not {int(saved.iterations)}"
+        return None
+
     @contextmanager
     def recording_warnings(self, sink: WarningSink) -> Iterator[None]:
         """Python warnings, and TensorFlow's own deprecations (logged once per process through
@@ -206,7 +247,7 @@ class KerasDriver(Driver):
                     deprecation._PRINTED_WARNING = printed
 
     def reference_sgd(self, variables: Sequence[Any]) -> Any:
-        optimizer = self.km.optimizers.SGD(learning_rate=0.01, momentum=0.9)
+        optimizer = self.plain_reference_sgd()
         self.create_state(optimizer, variables)
         return optimizer
 
@@ -229,6 +270,34 @@ class KerasDriver(Driver):
         return "the update under tf.function"
 
     @property
+    def schedules(self) -> Any:
+        return self.km.optimizers.schedules
+
+    def plain_reference_sgd(self) -> Any:
+        """SGD(momentum=0.9) with no state yet (a model's compile builds it)."""
+        return self.km.optimizers.SGD(learning_rate=0.01, momentum=0.9)
+
+    def tiny_model(self, seed: int, hidden: int = 0) -> Any:
+        layers = self.km.layers
+        body = [layers.Dense(hidden, activation="tanh"), layers.Dense(1)] if hidden else [layers.Dense(3)]
+        model = self.km.Sequential([self.km.Input((4,)), *body])
+        rng = np.random.RandomState(seed)
+        model.set_weights([rng.normal(0.0, 0.5, w.shape).astype(np.float32) for w in model.get_weights()])
+        return model
+
+    def loss_scale_optimizer(self, inner: Any, initial_scale: float) -> Any:
+        return self.km.optimizers.LossScaleOptimizer(inner, initial_scale=initial_scale)
+
+    def scaled_loss(self, optimizer: Any, loss: Any) -> Any:
+        return optimizer.scale_loss(loss)
+
+    def unscaled_gradients(self, optimizer: Any, grads: Any) -> Any:
+        return grads  # Keras 3's LossScaleOptimizer.apply unscales them itself
+
+    def loss_scale(self, optimizer: Any) -> float:
+        return float(optimizer.dynamic_scale)
+
+    @property
     def reference_sgd_name(self) -> str:
         return "SGD(momentum=0.9)"
 
@@ -241,6 +310,9 @@ class LegacyKerasDriver(KerasDriver):
     # h5 keeps a legacy optimizer's iterations and slots; SavedModel and .keras reload them
     # as zero (the formats' documented behaviour, not the optimizer's).
     model_suffix: ClassVar[str] = ".h5"
+    whole_model_formats: ClassVar[tuple[str, ...]] = (".h5", ".keras")
+    serializable_decorator: ClassVar[str] = "tf_keras.utils.register_keras_serializable"
+    loss_scale_name: ClassVar[str] = "tf_keras.mixed_precision.LossScaleOptimizer"
 
     def _keras_module(self) -> Any:
         import tf_keras
@@ -264,16 +336,27 @@ class LegacyKerasDriver(KerasDriver):
         in_place_update="update the variable in place (var.assign / assign_sub, or the training ops); "
         "`var = var - lr * g` only rebinds a local name, and every variable with a gradient must be updated",
         untrainable_state="create state with add_slot / add_weight, or pass trainable=False",
+        state_in_checkpoint="keep all state in slots (self.add_slot in _create_slots) or add_weight",
         sign_of_update="subtract lr * direction from the variable (var.assign_sub)",
     )
 
     def variables(self, arrays: Sequence[np.ndarray]) -> list[Any]:
         return [self.tf.Variable(np.array(a, dtype=np.float32)) for a in arrays]
 
-    def reference_sgd(self, variables: Sequence[Any]) -> Any:
-        optimizer = self.km.optimizers.legacy.SGD(learning_rate=0.01, momentum=0.9)
-        self.create_state(optimizer, variables)
-        return optimizer
+    def plain_reference_sgd(self) -> Any:
+        return self.km.optimizers.legacy.SGD(learning_rate=0.01, momentum=0.9)
+
+    def loss_scale_optimizer(self, inner: Any, initial_scale: float) -> Any:
+        return self.km.mixed_precision.LossScaleOptimizer(inner, initial_scale=initial_scale)
+
+    def scaled_loss(self, optimizer: Any, loss: Any) -> Any:
+        return optimizer.get_scaled_loss(loss)
+
+    def unscaled_gradients(self, optimizer: Any, grads: Any) -> Any:
+        return optimizer.get_unscaled_gradients(grads)
+
+    def loss_scale(self, optimizer: Any) -> float:
+        return float(optimizer.loss_scale)
 
     def reloads_no_state(self, saved: Any, reloaded: Any) -> bool:
         """A whole-model format that gave the optimizer back without any state (legacy optimizers

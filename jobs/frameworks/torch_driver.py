@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -35,6 +36,7 @@ from jobs.frameworks.base import (
     Evaluation,
     Gradient,
     SparseRows,
+    StateNotRestored,
     StepRecord,
     TrainingSession,
     WarningSink,
@@ -217,7 +219,13 @@ class TorchDriver(Driver):
         "float(tensor) host syncs and no Python loops over rows or elements",
         sign_of_update="the update must move against the gradient (p.add_(update, alpha=-lr))",
         deprecated_call="p.add_(grad, alpha=-lr) instead of p.add_(-lr, grad)",
+        state_in_checkpoint="keep per-parameter state in self.state[p] and hyperparameters in param_groups, "
+        "nowhere else",
     )
+
+    # Four 256-wide layers: an eager step pays Python overhead per tensor, so element-wise work
+    # must dominate a correct step for the ratio to SGD to mean anything.
+    cost_shapes: ClassVar[tuple[tuple[int, ...], ...]] = ((256, 256), (256,)) * 4
 
     def session(self, spec: JobSpec, entry: Entry, workload: Workload, workdir: Path) -> TorchSession:
         return TorchSession(spec, entry, workload)
@@ -273,6 +281,30 @@ class TorchDriver(Driver):
             elif tensor.numel() and tensor.untyped_storage().data_ptr() in storages:
                 offending.append(f"{name} shares storage with a model parameter")
         return len(tensors), offending
+
+    @property
+    def state_format(self) -> str:
+        return "state_dict -> torch.save -> torch.load(weights_only=True)"
+
+    def save_state(self, optimizer: Any, variables: Sequence[Any], folder: Path) -> Any:
+        path = folder / "optimizer_state.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(optimizer.state_dict(), path)
+        return path
+
+    def restore_state(self, optimizer: Any, variables: Sequence[Any], saved: Any) -> None:
+        try:
+            loaded = torch.load(saved, weights_only=True)
+        except Exception as exc:
+            raise StateNotRestored(
+                f"torch.load(weights_only=True) refuses the saved state_dict: {_unpickling_reason(exc)}",
+                fix="keep only tensors, numbers, strings, None and lists/tuples/dicts of them in self.state "
+                "and param_groups (no custom classes, deques, numpy objects or functions)",
+            ) from exc
+        optimizer.load_state_dict(loaded)
+
+    def state_difference(self, saved: Any, restored: Any) -> str | None:
+        return first_difference(saved.state_dict(), restored.state_dict(), "state_dict")
 
     @contextmanager
     def recording_warnings(self, sink: WarningSink) -> Iterator[None]:
@@ -347,6 +379,13 @@ def state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[str, torch
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
                 yield f"state[param {index.get(id(param), '?')}][{key!r}]", value
+
+
+def _unpickling_reason(error: Exception) -> str:
+    """The line of torch's long weights_only message that names the refused type."""
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    found = re.search(r"Unsupported global: [^\n]*?(?=\. |\n|$)", plain)
+    return found.group(0) if found else f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
 
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:
