@@ -14,6 +14,7 @@ import math
 import re
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from jobs.checks.context import CheckContext, overrides_note
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
-from jobs.frameworks.base import Gradient, StateNotRestored
+from jobs.frameworks.base import Gradient, SparseRows, StateNotRestored
 from optimizers.hyperparams import Param
 
 CheckFunction = Callable[[CheckContext], Outcome]
@@ -385,6 +386,142 @@ def check_none_grads(ctx: CheckContext) -> Outcome:
     )
 
 
+# -- sparse ------------------------------------------------------------------------------------------
+
+TABLE_SHAPE = (10, 4)
+
+
+@isolated
+def check_sparse(ctx: CheckContext) -> Outcome:
+    """Unique rows first (the plain case), then a second step elsewhere to see whether rows the
+    gradient did not touch move, then a repeated id (as an Embedding batch has)."""
+    driver = ctx.driver
+    first_rows, second_rows, repeated_rows = [1, 3], [6, 8], [2, 5, 5]
+    optimizer, table = fresh(ctx, (TABLE_SHAPE,))
+    start = driver.values(table)[0]
+    try:
+        _sparse_step(ctx, optimizer, table, _rows(first_rows, seed=20))
+    except Exception as exc:
+        return _sparse_refusal(ctx, exc)
+    after_first = driver.values(table)[0]
+    diff = _sparse_vs_dense(ctx, _rows(first_rows, seed=20), after_first)
+    if not np.all(np.isfinite(after_first)) or diff > 0:
+        return failed(
+            f"the rows a row-sparse gradient ({driver.sparse_gradient_name}) touches differ by up to "
+            f"{diff:.3g} from the same optimizer on the equivalent dense gradient",
+            where=method_location(ctx),
+            figure=diff,
+            fix=driver.advice.sparse_update,
+        )
+    _sparse_step(ctx, optimizer, table, _rows(second_rows, seed=21))
+    densified = _rows_changed(start, after_first, exclude=first_rows) | _rows_changed(
+        after_first, driver.values(table)[0], exclude=second_rows
+    )
+    repeated_optimizer, repeated_table = fresh(ctx, (TABLE_SHAPE,))
+    _sparse_step(ctx, repeated_optimizer, repeated_table, _rows(repeated_rows, seed=22))
+    repeated_diff = _sparse_vs_dense(ctx, _rows(repeated_rows, seed=22), driver.values(repeated_table)[0])
+    repeats = (
+        f"with a repeated index (ids {repeated_rows}) the touched rows differ by up to {repeated_diff:.3g} "
+        "from the dense gradient, which sums the repeats"
+    )
+    if repeated_diff > 0 and driver.capabilities.sums_repeated_rows:
+        return failed(
+            repeats + " (the framework's own optimizers sum them first)",
+            where=method_location(ctx),
+            figure=repeated_diff,
+            fix=driver.advice.sparse_update,
+        )
+    notes = []
+    if repeated_diff > 0:
+        notes.append(repeats + " (the framework's own Adam and RMSprop square each repeat separately too)")
+    if densified:
+        notes.append(
+            f"densifies: {len(densified)} of {TABLE_SHAPE[0]} rows the gradient did not touch changed too: "
+            "the update touches the whole table every step (O(table) work, e.g. momentum or weight decay on "
+            "all rows)"
+        )
+    if notes:
+        return warned(
+            "sparse gradients work, but " + "; ".join(notes),
+            where=method_location(ctx),
+            figure=float(len(densified)) if densified else repeated_diff,
+            fix=(
+                "sum repeated indices first (unique + segment sum) before squaring or taking signs; "
+                if repeated_diff > 0
+                else ""
+            )
+            + "for large embeddings update only the touched rows (gather, compute, scatter: LazyAdam-style), "
+            "weight decay included",
+        )
+    return passed(
+        f"row-sparse gradients ({driver.sparse_gradient_name}), repeated ids too, update only the rows they "
+        "touch, and those match the dense computation (figure: rows changed outside the gradient)",
+        0.0,
+    )
+
+
+def _rows(rows: list[int], seed: int) -> SparseRows:
+    return SparseRows(rows=rows, values=arrays([(len(rows), TABLE_SHAPE[1])], seed)[0], shape=TABLE_SHAPE)
+
+
+def _dense(grad: SparseRows) -> np.ndarray:
+    dense = np.zeros(grad.shape, np.float32)
+    np.add.at(dense, grad.rows, grad.values)
+    return dense
+
+
+def _sparse_step(ctx: CheckContext, optimizer: Any, table: list[Any], grad: SparseRows) -> None:
+    with warnings.catch_warnings():  # the framework's notes on sparse tensors are not the user's
+        warnings.simplefilter("ignore")
+        ctx.driver.step(optimizer, table, [grad])
+
+
+def _sparse_vs_dense(ctx: CheckContext, grad: SparseRows, sparse_result: np.ndarray) -> float:
+    """How far the touched rows after one sparse step are from the same optimizer's dense step
+    (0 when within float32 rounding)."""
+    optimizer, table = fresh(ctx, (TABLE_SHAPE,))
+    ctx.driver.step(optimizer, table, [_dense(grad)])
+    touched = sorted(set(grad.rows))
+    dense = ctx.driver.values(table)[0][touched]
+    if np.allclose(sparse_result[touched], dense, rtol=1e-5, atol=1e-6):
+        return 0.0
+    return float(np.max(np.abs(sparse_result[touched].astype(np.float64) - dense)))
+
+
+def _rows_changed(before: np.ndarray, after: np.ndarray, *, exclude: list[int]) -> set[int]:
+    changed = np.nonzero(np.any(before != after, axis=1))[0]
+    return {int(row) for row in changed} - set(exclude)
+
+
+def _sparse_refusal(ctx: CheckContext, error: Exception) -> Outcome:
+    """A deliberate `raise` that mentions sparse gradients, in the class's own code (or the
+    framework's optimizers'), is a clear refusal; anything else is an error from deep inside an op."""
+    driver = ctx.driver
+    frames = traceback.extract_tb(error.__traceback__)
+    deepest = frames[-1] if frames else None
+    deliberate = (
+        deepest is not None
+        and (deepest.line or "").lstrip().startswith("raise")
+        and deepest.filename in driver.refusal_files(ctx.target.cls)
+    )
+    message = str(error).lower()
+    if deliberate and ("sparse" in message or "indexedslices" in message):
+        if ctx.target.entry.supports_sparse:
+            return failed(
+                f"the class declares optlab_supports_sparse but refuses sparse gradients: "
+                f"{ctx.describe_error(error)}",
+                where=user_line(ctx, error),
+                fix="support sparse gradients or drop optlab_supports_sparse",
+            )
+        return passed(f"refuses sparse gradients with a clear error: {ctx.describe_error(error)}")
+    return failed(
+        f"a row-sparse gradient ({driver.sparse_gradient_name}) crashed inside the update: "
+        f"{ctx.describe_error(error)}",
+        where=user_line(ctx, error),
+        fix=driver.advice.sparse_update,
+    )
+
+
 # -- state_roundtrip ---------------------------------------------------------------------------------
 
 
@@ -582,6 +719,7 @@ CHECKS: Mapping[str, CheckFunction] = {
     "dense_step": check_dense_step,
     "descends": check_descends,
     "none_grads": check_none_grads,
+    "sparse": check_sparse,
     "state_roundtrip": check_state_roundtrip,
     "state_untrainable": check_state_untrainable,
     "step_cost": check_step_cost,

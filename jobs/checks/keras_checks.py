@@ -37,7 +37,6 @@ from jobs.frameworks.keras_driver import (
 
 # Small shapes with distinct sizes, so an optimizer variable can be told apart by its shape.
 SHAPES: tuple[tuple[int, ...], ...] = ((4, 3), (3,), (5,))
-TABLE_SHAPE = (10, 4)
 # Closeness of two computations that should agree up to float32 rounding (graph rewrites,
 # a sparse and a dense path); XLA fuses and reorders more, so it gets a looser bound.
 RTOL, ATOL = 1e-5, 1e-6
@@ -278,112 +277,6 @@ def _reference_with_rate_set_each_step(
 
 
 # -- sparse ---------------------------------------------------------------------------------------------
-
-
-def check_sparse(ctx: CheckContext) -> Outcome:
-    """Unique rows first (the plain case), then a repeated id (as an Embedding batch has), then a
-    second step elsewhere to see whether rows the gradient did not touch move."""
-    kit = _kit(ctx)
-    first_rows, second_rows, repeated_rows = [1, 3], [6, 8], [2, 5, 5]
-    optimizer, (table,) = _fresh(ctx, (TABLE_SHAPE,))
-    start = _values([table])[0]
-    try:
-        kit.apply(optimizer, [_slices(kit, first_rows, 20)], [table])
-    except Exception as exc:
-        return _sparse_refused(ctx, exc)
-    after_first = _values([table])[0]
-    diff = _sparse_vs_dense(ctx, first_rows, 20, after_first)
-    if not np.all(np.isfinite(after_first)) or diff > 0:
-        return failed(
-            f"the rows a tf.IndexedSlices gradient touches differ by up to {diff:.3g} from the same "
-            "optimizer "
-            "on the equivalent dense gradient",
-            where=ctx.target.class_location(),
-            fix="in the sparse path gather the touched rows, apply the same math to them and scatter them "
-            "back (legacy: _resource_apply_sparse gets the touched rows' values and their indices)",
-            figure=diff,
-        )
-    kit.apply(optimizer, [_slices(kit, second_rows, 21)], [table])
-    densified = _rows_changed(start, after_first, exclude=first_rows) | _rows_changed(
-        after_first, _values([table])[0], exclude=second_rows
-    )
-    notes = []
-    repeated_optimizer, (repeated_table,) = _fresh(ctx, (TABLE_SHAPE,))
-    kit.apply(repeated_optimizer, [_slices(kit, repeated_rows, 22)], [repeated_table])
-    repeated_diff = _sparse_vs_dense(ctx, repeated_rows, 22, _values([repeated_table])[0])
-    if repeated_diff > 0:
-        notes.append(
-            f"with a repeated index (ids {repeated_rows}) the touched rows differ by up to "
-            f"{repeated_diff:.3g} "
-            "from the dense gradient, which sums the repeats (Keras 3's own Adam and RMSprop square each "
-            "repeat separately too)"
-        )
-    if densified:
-        notes.append(
-            f"{len(densified)} of {TABLE_SHAPE[0]} rows the gradient did not touch changed too: the update "
-            "densifies the whole table every step (O(table) work, e.g. momentum or weight decay on all rows)"
-        )
-    if notes:
-        return warned(
-            "sparse gradients work, but " + "; ".join(notes),
-            where=ctx.target.class_location(),
-            fix=(
-                "sum repeated indices first (tf.unique + tf.math.unsorted_segment_sum) before squaring or "
-                "taking signs; "
-                if repeated_diff > 0
-                else ""
-            )
-            + "for large embeddings update only the touched rows (gather, compute, scatter: LazyAdam-style)",
-            figure=float(len(densified)) if densified else repeated_diff,
-        )
-    return passed(
-        "tf.IndexedSlices gradients (repeated ids too) update only the rows they touch, and those match the "
-        "dense computation",
-        figure=0.0,
-    )
-
-
-def _sparse_vs_dense(ctx: CheckContext, rows: list[int], seed: int, sparse_result: np.ndarray) -> float:
-    """How far the touched rows after one sparse step are from the same optimizer's dense step
-    (0 when within float32 rounding)."""
-    kit = _kit(ctx)
-    optimizer, (table,) = _fresh(ctx, (TABLE_SHAPE,))
-    kit.apply(optimizer, [kit.tf.convert_to_tensor(_slices(kit, rows, seed))], [table])
-    touched = sorted(set(rows))
-    dense = _values([table])[0][touched]
-    if np.allclose(sparse_result[touched], dense, rtol=RTOL, atol=ATOL):
-        return 0.0
-    return float(np.max(np.abs(sparse_result[touched] - dense)))
-
-
-def _slices(kit: KerasDriver, rows: list[int], seed: int) -> Any:
-    tf = kit.tf
-    values = _arrays([(len(rows), TABLE_SHAPE[1])], seed)[0]
-    return tf.IndexedSlices(tf.constant(values), tf.constant(rows, dtype=tf.int64), tf.constant(TABLE_SHAPE))
-
-
-def _rows_changed(before: np.ndarray, after: np.ndarray, *, exclude: list[int]) -> set[int]:
-    changed = np.nonzero(np.any(before != after, axis=1))[0]
-    return {int(row) for row in changed} - set(exclude)
-
-
-def _sparse_refused(ctx: CheckContext, exc: BaseException) -> Outcome:
-    message = str(exc).lower()
-    clear = _raised_by_user(ctx, exc) and ("sparse" in message or "indexedslices" in message)
-    if clear and not ctx.target.entry.supports_sparse:
-        return passed(f"refuses sparse gradients with a clear error: {_first_line(exc, ctx)}")
-    if clear:
-        return failed(
-            f"the class sets optlab_supports_sparse but refuses tf.IndexedSlices: {_first_line(exc, ctx)}",
-            where=_user_line(ctx, exc),
-            fix="implement the sparse path, or drop optlab_supports_sparse",
-        )
-    return failed(
-        f"a tf.IndexedSlices gradient (what an Embedding produces) raised {_first_line(exc, ctx)}",
-        where=_user_line(ctx, exc),
-        fix="handle tf.IndexedSlices (legacy: _resource_apply_sparse gets only the touched rows' values "
-        "and their indices), or raise a clear error saying sparse gradients are not supported",
-    )
 
 
 # -- config_roundtrip -------------------------------------------------------------------------------------
@@ -868,7 +761,6 @@ def _mixed_precision_steps(kit: KerasDriver, model: Any, inner: Any) -> list[flo
 
 CHECKS: Mapping[str, Callable[[CheckContext], Outcome]] = {
     "schedule": check_schedule,
-    "sparse": check_sparse,
     "config_roundtrip": check_config_roundtrip,
     "save_load_model": check_save_load_model,
     "resume_exact": resume_exact,

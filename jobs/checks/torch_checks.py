@@ -12,10 +12,7 @@ import inspect
 import logging
 import math
 import re
-import traceback
-import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -29,7 +26,6 @@ CheckFunction = Callable[[CheckContext], Outcome]
 SEED = 0
 # Words an error may use for an argument instead of its own name.
 # Where torch's own optimizers live: a refusal raised there is torch's clear error.
-_TORCH_OPTIM_DIR = str(Path(torch.optim.__file__).parent)
 
 
 # --- shared helpers -------------------------------------------------------------------------------
@@ -208,100 +204,6 @@ def _scheduled_updates(ctx: CheckContext, key: str, factors: tuple[float, ...]) 
 
 
 # --- sparse ---------------------------------------------------------------------------------------
-
-
-_ROWS, _TOUCHED = 20, (1, 3, 3, 7, 12)
-
-
-@_isolated
-def check_sparse(ctx: CheckContext) -> Outcome:
-    embedding = nn.Embedding(_ROWS, 4, sparse=True)
-    dense_weight = nn.Parameter(embedding.weight.detach().clone())
-    before = embedding.weight.detach().clone()
-    rows = torch.tensor(_TOUCHED)
-    (embedding(rows) * torch.randn(len(_TOUCHED), 4)).sum().backward()
-    grad = embedding.weight.grad
-    assert grad is not None and grad.is_sparse
-    dense_weight.grad = grad.to_dense()
-    sparse_optimizer = ctx.build([embedding.weight])
-    try:
-        with warnings.catch_warnings():  # torch's note on sparse invariant checks is not the user's
-            warnings.simplefilter("ignore")
-            sparse_optimizer.step()
-    except Exception as exc:
-        return _sparse_refusal(ctx, exc)
-    dense_optimizer = ctx.build([dense_weight])
-    dense_optimizer.step()
-    weight = embedding.weight.detach()
-    touched = sorted(set(_TOUCHED))
-    untouched = [r for r in range(_ROWS) if r not in set(_TOUCHED)]
-    if _nonfinite([("the embedding", weight)]):
-        return failed(
-            "a step on a sparse gradient left non-finite values in the embedding",
-            where=_method_location(ctx),
-            fix="coalesce the sparse gradient (grad.coalesce()) and update only its rows",
-        )
-    difference = _max_abs(weight[touched], dense_weight.detach()[touched])
-    scale = float(dense_weight.detach()[touched].abs().max())
-    if difference > 1e-5 * max(1.0, scale):
-        return failed(
-            f"the touched rows differ from the same step on the equivalent dense gradient by "
-            f"{difference:.3g}",
-            where=_method_location(ctx),
-            figure=difference,
-            fix="coalesce the gradient (grad.coalesce() sums repeated rows) and apply the dense update to "
-            "grad.indices() rows, or raise an error saying sparse gradients are not supported",
-        )
-    changed = sum(not torch.equal(weight[r], before[r]) for r in untouched)
-    if changed:
-        return warned(
-            f"densifies: {changed} of {len(untouched)} rows without a gradient changed on a sparse step "
-            "(the whole table is updated, not the touched rows)",
-            where=_method_location(ctx),
-            figure=float(changed),
-            fix="apply the update (weight decay included) to the rows in grad.coalesce().indices() only",
-        )
-    return passed(
-        f"sparse gradients work: {len(touched)} touched rows match the dense computation, the "
-        f"{len(untouched)} other rows are untouched (figure: rows changed outside the gradient)",
-        0.0,
-    )
-
-
-def _sparse_refusal(ctx: CheckContext, error: Exception) -> Outcome:
-    """A deliberate `raise` mentioning sparse in the optimizer's (or torch.optim's) code is a clear
-    refusal; anything else is a framework error from deep inside an op."""
-    frames = traceback.extract_tb(error.__traceback__)
-    deepest = frames[-1] if frames else None
-    own_files = {_source_of(c) for c in ctx.target.cls.__mro__} - {None}
-    deliberate = (
-        deepest is not None
-        and (deepest.line or "").lstrip().startswith("raise")
-        and (deepest.filename in own_files or deepest.filename.startswith(_TORCH_OPTIM_DIR))
-    )
-    if deliberate and "sparse" in str(error).lower():
-        if ctx.target.entry.supports_sparse:
-            return failed(
-                f"the class declares optlab_supports_sparse but refuses sparse gradients: "
-                f"{ctx.describe_error(error)}",
-                where=ctx.where(error),
-                fix="support sparse gradients or drop optlab_supports_sparse",
-            )
-        return passed(f"refuses sparse gradients with a clear error: {ctx.describe_error(error)}")
-    return failed(
-        "a sparse gradient (nn.Embedding(sparse=True)) crashed inside the update: "
-        f"{ctx.describe_error(error)}",
-        where=ctx.where(error),
-        fix="check p.grad.is_sparse in step() and either update only the touched rows "
-        "(grad.coalesce().indices()) or raise RuntimeError('... does not support sparse gradients')",
-    )
-
-
-def _source_of(cls: type) -> str | None:
-    try:
-        return inspect.getsourcefile(cls)
-    except TypeError:
-        return None
 
 
 # --- config_roundtrip, state_roundtrip ------------------------------------------------------------
@@ -741,7 +643,6 @@ def _grad_scaler_step(ctx: CheckContext) -> str:
 
 CHECKS: Mapping[str, CheckFunction] = {
     "schedule": check_schedule,
-    "sparse": check_sparse,
     "config_roundtrip": check_config_roundtrip,
     "resume_exact": resume_exact,
     "graph_mode": check_graph_mode,

@@ -57,6 +57,10 @@ class Capabilities:
     whole_model_save: bool = False
     # A resumed job continues from a checkpoint file of this style.
     resume: bool = False
+    # The framework's own optimizers sum a row-sparse gradient's repeated rows first (torch
+    # coalesces), so a custom one that does not is wrong; Keras 3's own Adam and RMSprop
+    # square each repeat separately, so there it is only worth a warning.
+    sums_repeated_rows: bool = False
     # The framework's own optimizers refuse a learning rate below 0, so a class that accepts
     # one is at fault (torch). Keras and tf_keras accept it by design: probing it would be a
     # false alarm there.
@@ -92,6 +96,7 @@ class Advice:
     sign_of_update: str
     deprecated_call: str  # an example of replacing a deprecated call
     state_in_checkpoint: str  # where state must live for the style's checkpoint to save it
+    sparse_update: str  # how to update only a sparse gradient's rows, or refuse it clearly
 
 
 @dataclass(frozen=True)
@@ -233,6 +238,15 @@ class Driver(ABC):
     @abstractmethod
     def trainable_state(self, optimizer: Any, variables: Sequence[Any]) -> tuple[int, list[str]]:
         """How many state tensors there are, and which are trainable or are (alias) a variable."""
+
+    @property
+    @abstractmethod
+    def sparse_gradient_name(self) -> str:
+        """What a row-sparse gradient is in the framework (`nn.Embedding(sparse=True)`)."""
+
+    @abstractmethod
+    def refusal_files(self, cls: type) -> set[str]:
+        """Files whose `raise` is a deliberate refusal: the class's own and the framework's optimizers'."""
 
     @property
     @abstractmethod

@@ -128,6 +128,8 @@ class KerasDriver(Driver):
         "loop",
         sign_of_update="subtract lr * direction from the variable (self.assign_sub)",
         deprecated_call="tf.cast(x, tf.float32) instead of tf.to_float(x)",
+        sparse_update="handle tf.IndexedSlices (gather the touched rows, apply the same math, scatter them "
+        "back), or raise a clear error saying sparse gradients are not supported",
         state_in_checkpoint="keep all state in optimizer variables (self.add_variable / "
         "add_optimizer_variables), created in build",
     )
@@ -189,6 +191,17 @@ class KerasDriver(Driver):
             elif bool(getattr(v, "trainable", False)):
                 offending.append(f"{_name(v)!r} is trainable")
         return len(state), offending
+
+    @property
+    def sparse_gradient_name(self) -> str:
+        return "tf.IndexedSlices, what an Embedding produces"
+
+    def refusal_files(self, cls: type) -> set[str]:
+        # Only the class's own file: TensorFlow raises from deep inside its ops, never deliberately.
+        try:
+            return {inspect.getsourcefile(cls) or ""} - {""}
+        except TypeError:
+            return set()
 
     @property
     def state_format(self) -> str:
@@ -336,6 +349,8 @@ class LegacyKerasDriver(KerasDriver):
         in_place_update="update the variable in place (var.assign / assign_sub, or the training ops); "
         "`var = var - lr * g` only rebinds a local name, and every variable with a gradient must be updated",
         untrainable_state="create state with add_slot / add_weight, or pass trainable=False",
+        sparse_update="implement _resource_apply_sparse (it gets only the touched rows' values and their "
+        "indices), or raise a clear error saying sparse gradients are not supported",
         state_in_checkpoint="keep all state in slots (self.add_slot in _create_slots) or add_weight",
         sign_of_update="subtract lr * direction from the variable (var.assign_sub)",
     )

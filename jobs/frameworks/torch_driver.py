@@ -204,7 +204,7 @@ class TorchDriver(Driver):
     style: ClassVar[str] = "torch"
     framework: ClassVar[str] = "torch"
     capabilities: ClassVar[Capabilities] = Capabilities(
-        closure=True, param_groups=True, resume=True, refuses_negative_lr=True
+        closure=True, param_groups=True, resume=True, refuses_negative_lr=True, sums_repeated_rows=True
     )
     advice: ClassVar[Advice] = Advice(
         update_method="step",
@@ -219,6 +219,9 @@ class TorchDriver(Driver):
         "float(tensor) host syncs and no Python loops over rows or elements",
         sign_of_update="the update must move against the gradient (p.add_(update, alpha=-lr))",
         deprecated_call="p.add_(grad, alpha=-lr) instead of p.add_(-lr, grad)",
+        sparse_update="check p.grad.is_sparse in step() and either update only the touched rows "
+        "(grad.coalesce() sums repeated rows; its indices() are the rows) or raise RuntimeError('... does "
+        "not support sparse gradients')",
         state_in_checkpoint="keep per-parameter state in self.state[p] and hyperparameters in param_groups, "
         "nowhere else",
     )
@@ -281,6 +284,13 @@ class TorchDriver(Driver):
             elif tensor.numel() and tensor.untyped_storage().data_ptr() in storages:
                 offending.append(f"{name} shares storage with a model parameter")
         return len(tensors), offending
+
+    @property
+    def sparse_gradient_name(self) -> str:
+        return "nn.Embedding(sparse=True)"
+
+    def refusal_files(self, cls: type) -> set[str]:
+        return source_files(cls) | set(_files_under(Path(torch.optim.__file__).parent))
 
     @property
     def state_format(self) -> str:
@@ -379,6 +389,23 @@ def state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[str, torch
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
                 yield f"state[param {index.get(id(param), '?')}][{key!r}]", value
+
+
+def source_files(cls: type) -> set[str]:
+    """The files that define `cls` and its bases."""
+    import inspect
+
+    found = set()
+    for klass in cls.__mro__:
+        try:
+            found.add(inspect.getsourcefile(klass) or "")
+        except TypeError:
+            continue
+    return found - {""}
+
+
+def _files_under(folder: Path) -> list[str]:
+    return [str(path) for path in folder.rglob("*.py")]
 
 
 def _unpickling_reason(error: Exception) -> str:
