@@ -142,8 +142,7 @@ def _quiet() -> Iterator[None]:
 
 
 def _updates_nothing(ctx: CheckContext) -> bool:
-    """`dense_step` saw no variable move: checks that need movement say so instead of failing."""
-    return ctx.notes.get("keras.moves_nothing", False) is True
+    return common.updates_nothing(ctx)
 
 
 MOVES_NOTHING = "not meaningful: a step changes no variable at all (see dense_step)"
@@ -152,19 +151,6 @@ MOVES_NOTHING = "not meaningful: a step changes no variable at all (see dense_st
 def _constructor_kwargs(ctx: CheckContext) -> dict[str, Any]:
     entry = ctx.target.entry
     return {(entry.lr_arg if k == "lr" else k): v for k, v in with_defaults(ctx.target, ctx.params).items()}
-
-
-def _without_weight_decay(ctx: CheckContext) -> dict[str, Any]:
-    """`weight_decay=0` when the class has one and allows 0: decay not scaled by the learning rate
-    is a legitimate design, and would blur checks about the learning rate."""
-    param = ctx.target.entry.params.get("weight_decay")
-    if param is None or param.type not in ("float", "number"):
-        return {}
-    try:
-        param.check(0.0)
-    except ValueError:
-        return {}
-    return {"weight_decay": 0.0}
 
 
 # -- construct -----------------------------------------------------------------------------------------
@@ -180,100 +166,7 @@ def _without_weight_decay(ctx: CheckContext) -> dict[str, Any]:
 
 # Multiples of the learning rate for steps 0..4: zero on some steps, so an optimizer that
 # reads the rate once (in __init__ or build) instead of every step is caught.
-SCHEDULE_FACTORS = (0.0, 1.0, 0.0, 2.0, 0.5)
 # Where a rate of 0 is outside what the optimizer can take: every step must move, and differently.
-POSITIVE_SCHEDULE_FACTORS = (1.0, 0.5, 2.0, 0.25, 1.0)
-
-
-def check_schedule(ctx: CheckContext) -> Outcome:
-    if _updates_nothing(ctx):
-        return skipped(MOVES_NOTHING)
-    refusal = _schedule_refusal(ctx)
-    if refusal is not None:
-        return warned(
-            f"the class refuses a LearningRateSchedule with a clear error ({refusal}), so no schedule can "
-            "be used with it",
-            where=ctx.target.class_location(),
-            fix="accept a schedule and read the rate each step (legacy: self._decayed_lr(var_dtype)); "
-            "until then, set the rate by hand between steps",
-        )
-    kit = _kit(ctx)
-    overrides = _without_weight_decay(ctx)
-    zero_rate_ok = _takes_a_zero_rate(ctx, overrides)
-    rates = [ctx.lr * f for f in (SCHEDULE_FACTORS if zero_rate_ok else POSITIVE_SCHEDULE_FACTORS)]
-    schedule = kit.schedules.PiecewiseConstantDecay(list(range(len(rates) - 1)), rates)
-    optimizer, variables = _fresh(ctx, learning_rate=schedule, **overrides)
-    reference = _reference_with_rate_set_each_step(ctx, overrides)
-    grads = [_tensors(_arrays(SHAPES, seed=10 + step), kit) for step in range(len(rates))]
-    wrong: list[str] = []  # movement against the schedule: the plainest evidence, reported first
-    off_reference: list[str] = []
-    worst = 0.0
-    for step, rate in enumerate(rates):
-        before = _values(variables)
-        kit.apply(optimizer, grads[step], variables)
-        change = _max_diff(_values(variables), before)
-        if rate == 0.0 and change > 0.0:
-            wrong.append(f"step {step} (rate 0) moved the variables by {change:.3g}")
-        elif rate > 0.0 and change == 0.0:
-            wrong.append(f"step {step} (rate {rate:g}) left every variable unchanged")
-        if reference is not None:
-            ref_optimizer, ref_variables = reference
-            ref_optimizer.learning_rate = rate
-            kit.apply(ref_optimizer, grads[step], ref_variables)
-            diff = _max_diff(_values(variables), _values(ref_variables))
-            worst = max(worst, diff)
-            if not _all_close(_values(variables), _values(ref_variables), RTOL, ATOL):
-                off_reference.append(
-                    f"after step {step} the result differs by {diff:.3g} from the same optimizer with "
-                    f"its learning rate set to {rate:g} by hand"
-                )
-    wrong.extend(off_reference)
-    decay_note = " (weight_decay set to 0 for this check)" if overrides else ""
-    if wrong:
-        return failed(
-            f"a LearningRateSchedule of rates {[round(r, 8) for r in rates]} was not followed: {wrong[0]}"
-            f"{decay_note}",
-            where=ctx.target.class_location(),
-            fix="use the learning_rate argument update_step receives (legacy: _decayed_lr / "
-            "apply_state['lr_t']) every step; never cache float(self.learning_rate) in __init__ or build",
-            figure=worst,
-        )
-    compared = " and matched the rate set by hand each step" if reference is not None else ""
-    zero_note = (
-        "zero-rate steps left the variables alone"
-        if zero_rate_ok
-        else "rates kept above 0: a step at rate 0 gives non-finite values in this optimizer (e.g. FTRL)"
-    )
-    return passed(
-        f"a LearningRateSchedule was applied at each of {len(rates)} steps ({zero_note}){compared}"
-        f"{decay_note}",
-        figure=worst,
-    )
-
-
-def _takes_a_zero_rate(ctx: CheckContext, overrides: Mapping[str, Any]) -> bool:
-    """Whether a step at learning rate 0 stays finite: FTRL divides by the rate, so the zero-rate
-    steps of the schedule check would compare NaN with NaN for it."""
-    kit = _kit(ctx)
-    try:
-        optimizer, variables = _fresh(ctx, learning_rate=0.0, **overrides)
-        kit.apply(optimizer, _tensors(_arrays(SHAPES, seed=10), kit), variables)
-    except Exception:
-        return False
-    return all(np.all(np.isfinite(value)) for value in _values(variables))
-
-
-def _reference_with_rate_set_each_step(
-    ctx: CheckContext, overrides: Mapping[str, Any]
-) -> tuple[Any, list[Any]] | None:
-    """The same optimizer with a plain rate that the check assigns before each step, or None
-    when the class does not let its learning rate be assigned."""
-    try:
-        optimizer, variables = _fresh(ctx, **overrides)
-        optimizer.learning_rate = ctx.lr
-    except Exception:
-        return None
-    return optimizer, variables
 
 
 # -- sparse ---------------------------------------------------------------------------------------------
@@ -760,7 +653,6 @@ def _mixed_precision_steps(kit: KerasDriver, model: Any, inner: Any) -> list[flo
 
 
 CHECKS: Mapping[str, Callable[[CheckContext], Outcome]] = {
-    "schedule": check_schedule,
     "config_roundtrip": check_config_roundtrip,
     "save_load_model": check_save_load_model,
     "resume_exact": resume_exact,

@@ -133,76 +133,6 @@ def _max_abs(a: Tensor, b: Tensor) -> float:
 # --- schedule -------------------------------------------------------------------------------------
 
 
-@_isolated
-def check_schedule(ctx: CheckContext) -> Outcome:
-    """Set the group's lr before each step as a scheduler does: x1, x0.5, x0, x0 against x1 throughout.
-
-    The runs are identical up to the second step, so from there on the updates must differ,
-    and with lr 0 for two steps the second must move nothing (decoupled weight decay is
-    scaled by lr too). One step of lag is allowed: averaging optimizers such as ASGD apply
-    a rate derived from the previous step's lr.
-    """
-    key = _native(ctx, "lr")
-    reference = _scheduled_updates(ctx, key, (1.0, 1.0, 1.0, 1.0))
-    scheduled = _scheduled_updates(ctx, key, (1.0, 0.5, 0.0, 0.0))
-    fix = (
-        f"read the learning rate from group[{key!r}] inside step() at every step; never cache it "
-        "(self.lr, a copy in state or in the group) in __init__ or on the first step"
-    )
-    changed = [
-        not all(torch.equal(a, b) for a, b in zip(mine, theirs, strict=True))
-        for mine, theirs in zip(scheduled, reference, strict=True)
-    ]
-    if not any(changed[1:]):
-        return failed(
-            f"setting group[{key!r}] to x0.5 and then 0 over 3 steps left every update bitwise the same: "
-            "a schedule is never applied",
-            where=_method_location(ctx),
-            fix=fix,
-        )
-    moved_at_zero = [max(float(d.abs().max()) for d in scheduled[step]) for step in (2, 3)]
-    if moved_at_zero[1] > 0:
-        return failed(
-            f"with group[{key!r}] set to 0 by a schedule for two steps the parameters still moved by "
-            f"{moved_at_zero[1]:.3g}",
-            where=_method_location(ctx),
-            figure=moved_at_zero[1],
-            fix=fix,
-        )
-    if moved_at_zero[0] > 0 or not changed[1]:
-        return passed(
-            f"the update follows group[{key!r}] one step late (the rate applied is derived from the "
-            "previous step's lr, as in averaging optimizers such as ASGD); two steps at lr 0 moved nothing"
-        )
-    ratio = _norm(scheduled[1]) / _norm(reference[1])
-    return passed(
-        f"the update follows group[{key!r}] each step: lr x0.5 gave {ratio:.3g}x the update, lr 0 moved "
-        "nothing (figure: update ratio at x0.5)",
-        ratio,
-    )
-
-
-def _norm(tensors: list[Tensor]) -> float:
-    return math.sqrt(sum(float(t.double().pow(2).sum()) for t in tensors)) or math.nan
-
-
-def _scheduled_updates(ctx: CheckContext, key: str, factors: tuple[float, ...]) -> list[list[Tensor]]:
-    torch.manual_seed(SEED)
-    model = _tiny_model()
-    optimizer = ctx.build(model.parameters())
-    base = [group[key] for group in optimizer.param_groups]
-    batch = _batch()
-    updates = []
-    for factor in factors:
-        for group, lr in zip(optimizer.param_groups, base, strict=True):
-            group[key] = lr * factor
-        _backward(model, batch)
-        before = _snapshot(model.parameters())
-        optimizer.step()
-        updates.append([p.detach() - old for p, old in zip(model.parameters(), before, strict=True)])
-    return updates
-
-
 # --- sparse ---------------------------------------------------------------------------------------
 
 
@@ -642,7 +572,6 @@ def _grad_scaler_step(ctx: CheckContext) -> str:
 
 
 CHECKS: Mapping[str, CheckFunction] = {
-    "schedule": check_schedule,
     "config_roundtrip": check_config_roundtrip,
     "resume_exact": resume_exact,
     "graph_mode": check_graph_mode,

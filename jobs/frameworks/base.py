@@ -97,6 +97,7 @@ class Advice:
     deprecated_call: str  # an example of replacing a deprecated call
     state_in_checkpoint: str  # where state must live for the style's checkpoint to save it
     sparse_update: str  # how to update only a sparse gradient's rows, or refuse it clearly
+    read_lr_each_step: str  # where the update must read the scheduled learning rate
 
 
 @dataclass(frozen=True)
@@ -238,6 +239,23 @@ class Driver(ABC):
     @abstractmethod
     def trainable_state(self, optimizer: Any, variables: Sequence[Any]) -> tuple[int, list[str]]:
         """How many state tensors there are, and which are trainable or are (alias) a variable."""
+
+    @abstractmethod
+    def scheduled(
+        self, create: Callable[[Any, Any], Any], variables: Sequence[Any], rates: Sequence[float], lr_arg: str
+    ) -> tuple[Any, Callable[[int], None]]:
+        """`create(model_params, learning_rate)` over `variables` with the rate scheduled as the style
+        schedules it (torch: the group's lr set before each step; Keras: a LearningRateSchedule),
+        and what to call before step i."""
+
+    @abstractmethod
+    def set_learning_rate(self, optimizer: Any, rate: float, lr_arg: str) -> None:
+        """Set a plain rate by hand, between steps."""
+
+    @property
+    @abstractmethod
+    def schedule_name(self) -> str:
+        """The style's schedule, for the detail (`a LearningRateSchedule`)."""
 
     @property
     @abstractmethod

@@ -130,6 +130,8 @@ class KerasDriver(Driver):
         deprecated_call="tf.cast(x, tf.float32) instead of tf.to_float(x)",
         sparse_update="handle tf.IndexedSlices (gather the touched rows, apply the same math, scatter them "
         "back), or raise a clear error saying sparse gradients are not supported",
+        read_lr_each_step="use the learning_rate argument update_step receives every step; never cache "
+        "float(self.learning_rate) in __init__ or build",
         state_in_checkpoint="keep all state in optimizer variables (self.add_variable / "
         "add_optimizer_variables), created in build",
     )
@@ -191,6 +193,21 @@ class KerasDriver(Driver):
             elif bool(getattr(v, "trainable", False)):
                 offending.append(f"{_name(v)!r} is trainable")
         return len(state), offending
+
+    def scheduled(
+        self, create: Callable[[Any, Any], Any], variables: Sequence[Any], rates: Sequence[float], lr_arg: str
+    ) -> tuple[Any, Callable[[int], None]]:
+        schedule = self.schedules.PiecewiseConstantDecay(list(range(len(rates) - 1)), list(rates))
+        optimizer = create(None, schedule)
+        self.create_state(optimizer, variables)
+        return optimizer, lambda step: None  # the optimizer asks its schedule each step
+
+    def set_learning_rate(self, optimizer: Any, rate: float, lr_arg: str) -> None:
+        optimizer.learning_rate = rate
+
+    @property
+    def schedule_name(self) -> str:
+        return "a LearningRateSchedule"
 
     @property
     def sparse_gradient_name(self) -> str:
@@ -351,6 +368,8 @@ class LegacyKerasDriver(KerasDriver):
         untrainable_state="create state with add_slot / add_weight, or pass trainable=False",
         sparse_update="implement _resource_apply_sparse (it gets only the touched rows' values and their "
         "indices), or raise a clear error saying sparse gradients are not supported",
+        read_lr_each_step="read the rate every step (self._decayed_lr(var_dtype) or apply_state['lr_t']); "
+        "never cache float(self.learning_rate) in __init__ or _create_slots",
         state_in_checkpoint="keep all state in slots (self.add_slot in _create_slots) or add_weight",
         sign_of_update="subtract lr * direction from the variable (var.assign_sub)",
     )

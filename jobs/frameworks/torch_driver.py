@@ -222,6 +222,8 @@ class TorchDriver(Driver):
         sparse_update="check p.grad.is_sparse in step() and either update only the touched rows "
         "(grad.coalesce() sums repeated rows; its indices() are the rows) or raise RuntimeError('... does "
         "not support sparse gradients')",
+        read_lr_each_step="read the learning rate from the group (group['lr']) inside step() at every step; "
+        "never cache it (self.lr, a copy in state or in the group) in __init__ or on the first step",
         state_in_checkpoint="keep per-parameter state in self.state[p] and hyperparameters in param_groups, "
         "nowhere else",
     )
@@ -284,6 +286,24 @@ class TorchDriver(Driver):
             elif tensor.numel() and tensor.untyped_storage().data_ptr() in storages:
                 offending.append(f"{name} shares storage with a model parameter")
         return len(tensors), offending
+
+    def scheduled(
+        self, create: Callable[[Any, Any], Any], variables: Sequence[Any], rates: Sequence[float], lr_arg: str
+    ) -> tuple[Any, Callable[[int], None]]:
+        optimizer = create(list(variables), None)
+
+        def before_step(step: int) -> None:
+            self.set_learning_rate(optimizer, rates[step], lr_arg)
+
+        return optimizer, before_step
+
+    def set_learning_rate(self, optimizer: Any, rate: float, lr_arg: str) -> None:
+        for group in optimizer.param_groups:  # what an LRScheduler does
+            group[lr_arg] = rate
+
+    @property
+    def schedule_name(self) -> str:
+        return "a schedule setting each param group's lr before each step (as an LRScheduler does)"
 
     @property
     def sparse_gradient_name(self) -> str:
