@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from jobs.checks.context import CheckContext, overrides_note
+from jobs.checks.context import CheckContext, overrides_note, with_defaults
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
-from jobs.frameworks.base import Driver, Gradient, SparseRows, StateNotRestored
+from jobs.frameworks.base import ConfigNotSerialized, Driver, Gradient, SparseRows, StateNotRestored
 from optimizers.hyperparams import Param
 
 CheckFunction = Callable[[CheckContext], Outcome]
@@ -682,6 +682,118 @@ def _sparse_refusal(ctx: CheckContext, error: Exception) -> Outcome:
     )
 
 
+# -- config_roundtrip --------------------------------------------------------------------------------
+
+
+@isolated
+def check_config_roundtrip(ctx: CheckContext) -> Outcome:
+    """Every hyperparameter is where the style serializes it, with the value it was built with
+    (the learning rate halved, so a stored default cannot pass for it), and comes back from the
+    style's round trip into an optimizer built with other values; with a schedule object too
+    where the style has them."""
+    driver = ctx.driver
+    problem = _config_problem(ctx, schedule=False)
+    if problem is not None:
+        return problem
+    count = len(ctx.target.entry.params)
+    where_kept = f"{driver.config_name} carries all {count} hyperparameters with their values and survives"
+    if not driver.capabilities.schedule_objects:
+        return passed(f"{where_kept} {driver.config_roundtrip_name}", float(count))
+    try:
+        problem = _config_problem(ctx, schedule=True)
+    except (ValueError, TypeError, NotImplementedError) as exc:
+        if "schedule" not in str(exc).lower():
+            raise
+        return passed(
+            f"{where_kept} {driver.config_roundtrip_name} (not tried with {driver.schedule_name}, which the "
+            f"class refuses: {ctx.describe_error(exc)})",
+            float(count),
+        )
+    if problem is not None:
+        return problem
+    return passed(
+        f"{where_kept} {driver.config_roundtrip_name}, with a plain rate and with {driver.schedule_name}",
+        float(count),
+    )
+
+
+def _config_problem(ctx: CheckContext, *, schedule: bool) -> Outcome | None:
+    driver = ctx.driver
+    lr_arg = ctx.target.entry.lr_arg
+    expected = {_native(ctx, k): v for k, v in with_defaults(ctx.target, ctx.params).items()}
+    expected[lr_arg] = ctx.lr * 0.5
+    learning_rate = driver.learning_rate_schedule(ctx.lr * 0.5) if schedule else None
+    with_what = f" (built with {driver.schedule_name})" if schedule else ""
+    optimizer, variables = fresh(ctx, learning_rate=learning_rate, lr=ctx.lr * 0.5)
+    driver.step(optimizer, variables, arrays(SHAPES, seed=30))  # legacy: hyperparameters now variables
+    if schedule:
+        del expected[lr_arg]  # serialized as the schedule, compared with the round trip below
+    fix = driver.advice.keep_hyperparameters
+    where = method_location(ctx, "__init__")
+    try:
+        built = driver.config(optimizer)
+        problems = _missing(driver.config_name, built, expected, f"after construction{with_what}")
+        if problems:
+            return failed("; ".join(problems), where=where, fix=fix)
+        reloaded = driver.config_roundtrip(optimizer, lambda: fresh(ctx, seed=1)[0])
+    except ConfigNotSerialized as exc:
+        return failed(f"{exc}{with_what}", where=where, fix=exc.fix)
+    when = f"after {driver.config_roundtrip_name}{with_what}"
+    problems = _missing(driver.config_name, reloaded, expected, when)
+    for index, (first, again) in enumerate(zip(built, reloaded, strict=True)):
+        differing = sorted(
+            k for k in first.keys() | again.keys() if not same_value(first.get(k), again.get(k))
+        )
+        if differing and not problems:
+            key = differing[0]
+            problems.append(
+                f"{driver.config_name}[{index}][{key!r}] was {first.get(key)!r} and is {again.get(key)!r} "
+                f"{when}" + (f" ({len(differing) - 1} more keys)" if len(differing) > 1 else "")
+            )
+    if problems:
+        return failed("; ".join(problems), where=where, fix=fix)
+    return None
+
+
+def _missing(
+    config_name: str, configs: Sequence[Mapping[str, Any]], expected: Mapping[str, Any], when: str
+) -> list[str]:
+    """Comparing a config with its reload cannot see an argument missing from both: a reloaded
+    optimizer would silently use its default. So each built value is looked for by name."""
+    problems = []
+    for name, value in expected.items():
+        for index, config in enumerate(configs):
+            if name not in config:
+                problems.append(
+                    f"hyperparameter {name!r} is not in {config_name}[{index}] {when}; a reloaded optimizer "
+                    "would silently use its default"
+                )
+                break
+            if not same_value(config[name], value):
+                problems.append(
+                    f"{config_name}[{index}][{name!r}] is {config[name]!r} {when}, expected {value!r}"
+                )
+                break
+    return problems
+
+
+def same_value(actual: Any, expected: Any) -> bool:
+    """Equal as hyperparameters: one-element tensors and numpy scalars as numbers, floats to
+    float32 precision (legacy Keras stores them as float32 variables), lists as tuples."""
+    if hasattr(actual, "item") and getattr(actual, "size", 1) in (1, None) and np.ndim(actual) == 0:
+        actual = actual.item()
+    if isinstance(actual, Mapping) and isinstance(expected, Mapping):
+        return actual.keys() == expected.keys() and all(same_value(actual[k], expected[k]) for k in actual)
+    if isinstance(expected, tuple | list) and isinstance(actual, tuple | list):
+        return len(actual) == len(expected) and all(
+            same_value(a, e) for a, e in zip(actual, expected, strict=True)
+        )
+    numbers = (int, float)
+    if isinstance(expected, float) and isinstance(actual, numbers) and not isinstance(actual, bool):
+        return math.isclose(actual, expected, rel_tol=1e-6) or (math.isnan(actual) and math.isnan(expected))
+    return bool(actual == expected)
+
+
 # -- state_roundtrip ---------------------------------------------------------------------------------
 
 
@@ -881,6 +993,7 @@ CHECKS: Mapping[str, CheckFunction] = {
     "none_grads": check_none_grads,
     "schedule": check_schedule,
     "sparse": check_sparse,
+    "config_roundtrip": check_config_roundtrip,
     "state_roundtrip": check_state_roundtrip,
     "state_untrainable": check_state_untrainable,
     "step_cost": check_step_cost,

@@ -10,7 +10,6 @@ about compilation (`graph_mode`, `step_cost`), so a graph-only fault fails only 
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import traceback
@@ -23,14 +22,13 @@ from typing import Any
 import numpy as np
 
 from jobs.checks import common
-from jobs.checks.context import CheckContext, overrides_note, with_defaults
+from jobs.checks.context import CheckContext, overrides_note
 from jobs.checks.keras_processes import distributed, resume_exact
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.frameworks.keras_driver import (
     KerasDriver,
     optimizer_variables_of,
     plain_config,
-    same_config_value,
     tracked_outside,
     variable_device,
 )
@@ -148,11 +146,6 @@ def _updates_nothing(ctx: CheckContext) -> bool:
 MOVES_NOTHING = "not meaningful: a step changes no variable at all (see dense_step)"
 
 
-def _constructor_kwargs(ctx: CheckContext) -> dict[str, Any]:
-    entry = ctx.target.entry
-    return {(entry.lr_arg if k == "lr" else k): v for k, v in with_defaults(ctx.target, ctx.params).items()}
-
-
 # -- construct -----------------------------------------------------------------------------------------
 
 
@@ -173,133 +166,6 @@ def _constructor_kwargs(ctx: CheckContext) -> dict[str, Any]:
 
 
 # -- config_roundtrip -------------------------------------------------------------------------------------
-
-
-def check_config_roundtrip(ctx: CheckContext) -> Outcome:
-    kit = _kit(ctx)
-    optimizer, variables = _fresh(ctx)
-    kit.apply(optimizer, _tensors(_arrays(SHAPES, seed=30), kit), variables)  # legacy: hypers now variables
-    problem = _config_problem(ctx, optimizer, schedule=False)
-    if problem is not None:
-        return problem
-    count = len(ctx.target.entry.params)
-    refusal = _schedule_refusal(ctx)
-    if refusal is not None:
-        return passed(
-            f"get_config() is JSON-serializable, carries all {count} hyperparameters and survives "
-            f"from_config() (not tried with a LearningRateSchedule, which the class refuses: {refusal})",
-            figure=float(count),
-        )
-    schedule = kit.schedules.ExponentialDecay(ctx.lr, decay_steps=10, decay_rate=0.5)
-    problem = _config_problem(ctx, ctx.build(learning_rate=schedule), schedule=True)
-    if problem is not None:
-        return problem
-    return passed(
-        f"get_config() is JSON-serializable, carries all {count} hyperparameters and survives "
-        "from_config(), with a plain rate and with a LearningRateSchedule",
-        figure=float(count),
-    )
-
-
-def _schedule_refusal(ctx: CheckContext) -> str | None:
-    """The message of a clear refusal to take a LearningRateSchedule at construction (legacy
-    Nadam has one), or None when the class accepts one (or fails in some other way, which
-    the checks that use a schedule then report)."""
-    kit = _kit(ctx)
-    schedule = kit.schedules.ExponentialDecay(ctx.lr, decay_steps=10, decay_rate=0.5)
-    try:
-        ctx.build(learning_rate=schedule)
-    except (ValueError, TypeError, NotImplementedError) as exc:
-        if "schedule" in str(exc).lower():
-            return ctx.describe_error(exc)
-    return None
-
-
-def _config_problem(ctx: CheckContext, optimizer: Any, *, schedule: bool) -> Outcome | None:
-    cls: Any = ctx.target.cls
-    with_what = " (built with a LearningRateSchedule)" if schedule else ""
-    try:
-        config = optimizer.get_config()
-        json.dumps(config, default=_numpy_scalar)
-    except Exception as exc:
-        return failed(
-            f"get_config(){with_what} is not JSON-serializable: {ctx.describe_error(exc)}",
-            where=_user_line(ctx, exc),
-            fix="return plain Python values from get_config (floats, not tensors or variables; "
-            "a schedule through its serialize())",
-        )
-    missing = _missing_hyperparameters(ctx, config, schedule=schedule)
-    if missing is not None:
-        return missing
-    try:
-        clone = cls.from_config(dict(config))
-        again = plain_config(clone)
-    except Exception as exc:
-        return failed(
-            f"{cls.__name__}.from_config(get_config()){with_what} raised {ctx.describe_error(exc)}",
-            where=_user_line(ctx, exc),
-            fix="get_config must return exactly the constructor's arguments (plus the base class's)",
-        )
-    first = plain_config(optimizer)
-    differing = sorted(
-        k for k in first.keys() | again.keys() if not _config_value_equal(first.get(k), again.get(k))
-    )
-    if differing:
-        key = differing[0]
-        return failed(
-            f"from_config(get_config()){with_what} gives a different config: {key!r} was {first.get(key)!r}, "
-            f"came back {again.get(key)!r}"
-            + (f" ({len(differing) - 1} more keys)" if len(differing) > 1 else ""),
-            where=ctx.target.class_location(),
-            fix="store each constructor argument as given and return it from get_config unchanged",
-        )
-    return None
-
-
-def _missing_hyperparameters(
-    ctx: CheckContext, config: Mapping[str, Any], *, schedule: bool
-) -> Outcome | None:
-    """Comparing a config with its reload cannot see an argument missing from both: the reloaded
-    optimizer would silently use its default."""
-    built_with = _constructor_kwargs(ctx)
-    for arg, value in built_with.items():
-        if arg not in config:
-            return failed(
-                f"hyperparameter {arg!r} is missing from get_config(); a reloaded optimizer would silently "
-                "use its default",
-                where=ctx.target.class_location(),
-                fix=f"add {arg!r} to the dict get_config returns (config.update({{{arg!r}: ...}}))",
-            )
-        if arg == ctx.target.entry.lr_arg and schedule:
-            continue
-        if not same_config_value(_plain_scalar(config[arg]), value):
-            return failed(
-                f"hyperparameter {arg!r} was built as {value!r} but get_config() says {config[arg]!r}",
-                where=ctx.target.class_location(),
-                fix=f"return the value {arg!r} was built with from get_config",
-            )
-    return None
-
-
-def _numpy_scalar(value: Any) -> Any:
-    """What Keras's own JSON encoders accept beyond json's: NumPy scalars."""
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
-
-
-def _plain_scalar(value: Any) -> Any:
-    return value.item() if isinstance(value, np.generic) else value
-
-
-def _config_value_equal(a: Any, b: Any) -> bool:
-    if isinstance(a, float) and isinstance(b, float):
-        return math.isclose(a, b, rel_tol=1e-6) or (math.isnan(a) and math.isnan(b))
-    if isinstance(a, dict) and isinstance(b, dict):
-        return a.keys() == b.keys() and all(_config_value_equal(a[k], b[k]) for k in a)
-    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
-        return len(a) == len(b) and all(_config_value_equal(x, y) for x, y in zip(a, b, strict=True))
-    return bool(a == b)
 
 
 # -- state_roundtrip ----------------------------------------------------------------------------------------
@@ -438,7 +304,7 @@ def _whole_model_reload(kit: KerasDriver, build: Callable[[], Any], path: Any) -
         sorted(
             k
             for k in saved_config.keys() | loaded_config.keys()
-            if not _config_value_equal(saved_config.get(k), loaded_config.get(k))
+            if not common.same_value(saved_config.get(k), loaded_config.get(k))
         )
     )
     saved_state, loaded_state = _state(optimizer), _state(loaded)
@@ -653,7 +519,6 @@ def _mixed_precision_steps(kit: KerasDriver, model: Any, inner: Any) -> list[flo
 
 
 CHECKS: Mapping[str, Callable[[CheckContext], Outcome]] = {
-    "config_roundtrip": check_config_roundtrip,
     "save_load_model": check_save_load_model,
     "resume_exact": resume_exact,
     "graph_mode": check_graph_mode,

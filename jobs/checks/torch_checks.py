@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import math
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -137,60 +136,6 @@ def _max_abs(a: Tensor, b: Tensor) -> float:
 
 
 # --- config_roundtrip, state_roundtrip ------------------------------------------------------------
-
-
-@_isolated
-def check_config_roundtrip(ctx: CheckContext) -> Outcome:
-    # Built with half the lr, reloaded into one built with the full lr: the saved value must win.
-    model = _tiny_model()
-    expected = {**ctx.params, "lr": ctx.lr * 0.5}
-    optimizer = ctx.build(model.parameters(), lr=expected["lr"])
-    fix = (
-        "pass every hyperparameter in the defaults dict given to Optimizer.__init__ and read it from "
-        "group[name] in step(), not from attributes such as self.beta"
-    )
-    problems = _group_problems(ctx, optimizer.param_groups, expected, "after construction")
-    if problems:
-        return failed("; ".join(problems), where=_method_location(ctx, "__init__"), fix=fix)
-    fresh = ctx.build(_tiny_model().parameters())
-    fresh.load_state_dict(optimizer.state_dict())
-    problems = _group_problems(ctx, fresh.param_groups, expected, "after state_dict() -> load_state_dict()")
-    if problems:
-        return failed("; ".join(problems), where=_method_location(ctx, "__init__"), fix=fix)
-    return passed(
-        f"all {len(expected)} hyperparameters ({', '.join(_native(ctx, n) for n in expected)}) are in "
-        "param_groups with the constructed values and survive state_dict() -> load_state_dict()"
-    )
-
-
-def _group_problems(
-    ctx: CheckContext, groups: list[dict[str, Any]], expected: Mapping[str, Any], when: str
-) -> list[str]:
-    problems = []
-    for name, value in expected.items():
-        key = _native(ctx, name)
-        for index, group in enumerate(groups):
-            if key not in group:
-                problems.append(f"hyperparameter {key!r} is not in param_groups[{index}] {when}")
-                break
-            if not _same_value(group[key], value):
-                problems.append(
-                    f"param_groups[{index}][{key!r}] is {group[key]!r} {when}, expected {value!r}"
-                )
-                break
-    return problems
-
-
-def _same_value(actual: Any, expected: Any) -> bool:
-    if isinstance(actual, Tensor) and actual.numel() == 1:
-        actual = actual.item()
-    if isinstance(expected, tuple | list) and isinstance(actual, tuple | list):
-        return len(actual) == len(expected) and all(
-            _same_value(a, e) for a, e in zip(actual, expected, strict=True)
-        )
-    if isinstance(expected, float) and isinstance(actual, int | float) and not isinstance(actual, bool):
-        return math.isclose(actual, expected, rel_tol=1e-12, abs_tol=0.0)
-    return bool(actual == expected)
 
 
 # --- graph_mode -----------------------------------------------------------------------------------
@@ -572,7 +517,6 @@ def _grad_scaler_step(ctx: CheckContext) -> str:
 
 
 CHECKS: Mapping[str, CheckFunction] = {
-    "config_roundtrip": check_config_roundtrip,
     "resume_exact": resume_exact,
     "graph_mode": check_graph_mode,
     "distributed": distributed,

@@ -30,6 +30,14 @@ class CheckpointMismatch(Exception):
     """The reloaded objects differ from the ones that were saved."""
 
 
+class ConfigNotSerialized(Exception):
+    """The optimizer's hyperparameters cannot be written or read back; `fix` says what to change."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.fix = fix
+
+
 class StateNotRestored(Exception):
     """Saved optimizer state could not be loaded back; `fix` says what the class must change."""
 
@@ -57,6 +65,9 @@ class Capabilities:
     whole_model_save: bool = False
     # A resumed job continues from a checkpoint file of this style.
     resume: bool = False
+    # The learning rate may be a schedule object the optimizer serializes (Keras's
+    # LearningRateSchedule); torch schedules live outside the optimizer.
+    schedule_objects: bool = False
     # The framework's own optimizers sum a row-sparse gradient's repeated rows first (torch
     # coalesces), so a custom one that does not is wrong; Keras 3's own Adam and RMSprop
     # square each repeat separately, so there it is only worth a warning.
@@ -98,6 +109,7 @@ class Advice:
     state_in_checkpoint: str  # where state must live for the style's checkpoint to save it
     sparse_update: str  # how to update only a sparse gradient's rows, or refuse it clearly
     read_lr_each_step: str  # where the update must read the scheduled learning rate
+    keep_hyperparameters: str  # where every hyperparameter must be kept to be serialized
 
 
 @dataclass(frozen=True)
@@ -256,6 +268,30 @@ class Driver(ABC):
     @abstractmethod
     def schedule_name(self) -> str:
         """The style's schedule, for the detail (`a LearningRateSchedule`)."""
+
+    @property
+    @abstractmethod
+    def config_name(self) -> str:
+        """Where the style keeps hyperparameters, for the detail (`param_groups`, `get_config()`)."""
+
+    @abstractmethod
+    def config(self, optimizer: Any) -> list[dict[str, Any]]:
+        """The hyperparameters as the style serializes them, by argument name: one dict per param
+        group (torch) or the one config; ConfigNotSerialized when they cannot be serialized."""
+
+    @abstractmethod
+    def config_roundtrip(self, optimizer: Any, fresh: Callable[[], Any]) -> list[dict[str, Any]]:
+        """`config` after the style's round trip (torch: state_dict into `fresh()`, built with other
+        values; Keras: JSON and from_config); ConfigNotSerialized when the round trip fails."""
+
+    @property
+    @abstractmethod
+    def config_roundtrip_name(self) -> str:
+        """The round trip `config_roundtrip` takes, for the detail."""
+
+    def learning_rate_schedule(self, lr: float) -> Any:
+        """A schedule object starting at `lr` (only where `capabilities.schedule_objects`)."""
+        raise NotImplementedError(f"{self.style} optimizers take no schedule objects")
 
     @property
     @abstractmethod

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 import logging
 import math
 import re
@@ -38,6 +39,7 @@ from jobs.frameworks.base import (
     Capabilities,
     Checkpointed,
     CheckpointMismatch,
+    ConfigNotSerialized,
     Driver,
     Evaluation,
     Gradient,
@@ -72,7 +74,7 @@ class KerasDriver(Driver):
 
     style: ClassVar[str] = "keras"
     framework: ClassVar[str] = "tensorflow"
-    capabilities: ClassVar[Capabilities] = Capabilities(whole_model_save=True)
+    capabilities: ClassVar[Capabilities] = Capabilities(whole_model_save=True, schedule_objects=True)
     model_suffix: ClassVar[str] = ".keras"
     # The whole-model formats `save_load_model` proves, and what registers a class by name.
     whole_model_formats: ClassVar[tuple[str, ...]] = (".keras",)
@@ -132,6 +134,8 @@ class KerasDriver(Driver):
         "back), or raise a clear error saying sparse gradients are not supported",
         read_lr_each_step="use the learning_rate argument update_step receives every step; never cache "
         "float(self.learning_rate) in __init__ or build",
+        keep_hyperparameters="store each constructor argument as given and return it from get_config "
+        "(config.update({...})); from_config must accept exactly that",
         state_in_checkpoint="keep all state in optimizer variables (self.add_variable / "
         "add_optimizer_variables), created in build",
     )
@@ -208,6 +212,42 @@ class KerasDriver(Driver):
     @property
     def schedule_name(self) -> str:
         return "a LearningRateSchedule"
+
+    @property
+    def config_name(self) -> str:
+        return "get_config()"
+
+    def config(self, optimizer: Any) -> list[dict[str, Any]]:
+        try:
+            config = optimizer.get_config()
+            json.dumps(config, default=_numpy_scalar)
+        except Exception as exc:
+            raise ConfigNotSerialized(
+                "get_config() is not JSON-serializable: "
+                f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
+                fix="return plain Python values from get_config (floats, not tensors or variables; a "
+                "schedule through its serialize())",
+            ) from exc
+        return [plain_config(optimizer)]
+
+    @property
+    def config_roundtrip_name(self) -> str:
+        return "from_config()"
+
+    def config_roundtrip(self, optimizer: Any, fresh: Callable[[], Any]) -> list[dict[str, Any]]:
+        config = optimizer.get_config()
+        cls = type(optimizer)
+        try:
+            return [plain_config(cls.from_config(dict(config)))]
+        except Exception as exc:
+            raise ConfigNotSerialized(
+                f"{cls.__name__}.from_config(get_config()) raised {type(exc).__name__}: "
+                f"{' '.join(str(exc).split())[:300]}",
+                fix="get_config must return exactly the constructor's arguments (plus the base class's)",
+            ) from exc
+
+    def learning_rate_schedule(self, lr: float) -> Any:
+        return self.schedules.ExponentialDecay(lr, decay_steps=10, decay_rate=0.5)
 
     @property
     def sparse_gradient_name(self) -> str:
@@ -705,6 +745,13 @@ def _graph_difference(user_graph: Any, reference_graph: Any) -> str:
     return f"the traced update has {len(user_ops)} ops against SGD's {len(reference_ops)}" + (
         f"; ops SGD does not need: {listed}" if listed else ""
     )
+
+
+def _numpy_scalar(value: Any) -> Any:
+    """What Keras's own JSON encoders accept beyond json's: NumPy scalars."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
 
 
 def tracked_outside(tf: Any, optimizer: Any, trained: Sequence[Any]) -> list[Any]:

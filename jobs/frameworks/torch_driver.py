@@ -224,6 +224,8 @@ class TorchDriver(Driver):
         "not support sparse gradients')",
         read_lr_each_step="read the learning rate from the group (group['lr']) inside step() at every step; "
         "never cache it (self.lr, a copy in state or in the group) in __init__ or on the first step",
+        keep_hyperparameters="pass every hyperparameter in the defaults dict given to Optimizer.__init__ and "
+        "read it from group[name] in step(), not from attributes such as self.beta",
         state_in_checkpoint="keep per-parameter state in self.state[p] and hyperparameters in param_groups, "
         "nowhere else",
     )
@@ -304,6 +306,22 @@ class TorchDriver(Driver):
     @property
     def schedule_name(self) -> str:
         return "a schedule setting each param group's lr before each step (as an LRScheduler does)"
+
+    @property
+    def config_name(self) -> str:
+        return "param_groups"
+
+    def config(self, optimizer: Any) -> list[dict[str, Any]]:
+        return [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+
+    @property
+    def config_roundtrip_name(self) -> str:
+        return "state_dict() -> load_state_dict()"
+
+    def config_roundtrip(self, optimizer: Any, fresh: Callable[[], Any]) -> list[dict[str, Any]]:
+        reloaded = fresh()
+        reloaded.load_state_dict(optimizer.state_dict())
+        return self.config(reloaded)
 
     @property
     def sparse_gradient_name(self) -> str:
