@@ -24,9 +24,9 @@ CheckFunction = Callable[[CheckContext], Outcome]
 # The checks only one framework has, per style: imported on demand, so only one framework
 # is ever loaded.
 FRAMEWORK_CHECKS: dict[str, str] = {
-    "torch": "jobs.checks.torch_checks",
-    "keras": "jobs.checks.keras_checks",
-    "tf_legacy": "jobs.checks.keras_checks",
+    "torch": "jobs.checks.torch_only",
+    "keras": "jobs.checks.keras_only",
+    "tf_legacy": "jobs.checks.keras_only",
 }
 
 

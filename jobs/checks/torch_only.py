@@ -1,45 +1,29 @@
-"""The PyTorch check table: every conformance check, written once for any `torch.optim.Optimizer`.
+"""The checks only PyTorch has: graph_mode (torch.compile), device_placement (CUDA),
+param_groups, closure, mixed_precision (bf16 autocast, GradScaler).
 
-Each check builds its own tiny model (a few hundred parameters, fixed seeds, CPU) and
-the optimizer through `ctx.build`, so the user's hyperparameters are always applied.
-The fresh-process checks (`resume_exact`, `distributed`) live in `torch_processes`.
+Every check that means the same in all frameworks is in `jobs.checks.common`, written
+once over the drivers; these drive torch directly, on a tiny MLP with fixed seeds (CPU
+unless the check is about a device). The fresh-process checks (`resume_exact`,
+`distributed`) live in `torch_processes`.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
-import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
+from jobs.checks.common import isolated, method_location, user_line
 from jobs.checks.context import CheckContext, overrides_note
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.checks.torch_processes import distributed, resume_exact
+from jobs.frameworks.torch_driver import state_tensors
 
 CheckFunction = Callable[[CheckContext], Outcome]
 SEED = 0
-# Words an error may use for an argument instead of its own name.
-# Where torch's own optimizers live: a refusal raised there is torch's clear error.
-
-
-# --- shared helpers -------------------------------------------------------------------------------
-
-
-def _isolated(check: CheckFunction) -> CheckFunction:
-    """Seed torch for the check and give the caller its RNG state back afterwards."""
-
-    @functools.wraps(check)
-    def run(ctx: CheckContext) -> Outcome:
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(SEED)
-            return check(ctx)
-
-    return run
 
 
 def _tiny_model() -> nn.Sequential:
@@ -75,40 +59,8 @@ def _snapshot(tensors: Iterable[Tensor]) -> list[Tensor]:
     return [t.detach().clone() for t in tensors]
 
 
-def _state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[str, Tensor]]:
-    """(`state[i][key]`, tensor) for every tensor the optimizer keeps in `self.state`."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    index = {id(p): i for i, p in enumerate(params)}
-    for param, state in optimizer.state.items():
-        if not isinstance(state, Mapping):
-            continue
-        for key, value in state.items():
-            if isinstance(value, Tensor):
-                yield f"state[param {index.get(id(param), '?')}][{key!r}]", value
-
-
-def _clone_state(state: Any) -> Any:
-    if isinstance(state, Tensor):
-        return state.detach().clone()
-    if isinstance(state, Mapping):
-        return {k: _clone_state(v) for k, v in state.items()}
-    return state
-
-
 def _nonfinite(named: Iterable[tuple[str, Tensor]]) -> list[str]:
     return [name for name, t in named if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-
-
-def _method_location(ctx: CheckContext, method: str = "step") -> str:
-    """`file:line` of the class's `method` (where the fix goes), else of the class."""
-    # Unwrapped: torch wraps `step` in profiling hooks and no_grad decorators defined elsewhere.
-    function = inspect.unwrap(getattr(ctx.target.cls, method, None))  # type: ignore[arg-type]
-    try:
-        _, first = inspect.getsourcelines(function)
-        source = inspect.getsourcefile(function)
-    except (OSError, TypeError):
-        return ctx.where()
-    return f"{source}:{first}" if source else ctx.where()
 
 
 def _native(ctx: CheckContext, name: str) -> str:
@@ -120,31 +72,13 @@ def _max_abs(a: Tensor, b: Tensor) -> float:
     return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
 
 
-# --- construct ------------------------------------------------------------------------------------
-
-
-# --- dense_step, descends -------------------------------------------------------------------------
-
-
-# --- none_grads -----------------------------------------------------------------------------------
-
-
-# --- schedule -------------------------------------------------------------------------------------
-
-
-# --- sparse ---------------------------------------------------------------------------------------
-
-
-# --- config_roundtrip, state_roundtrip ------------------------------------------------------------
-
-
 # --- graph_mode -----------------------------------------------------------------------------------
 
 
 _COMPILE_BACKEND = "aot_eager"
 
 
-@_isolated
+@isolated
 def check_graph_mode(ctx: CheckContext) -> Outcome:
     """torch.compile the step with dynamo (backend aot_eager: tracing and AOTAutograd, no inductor
     code generation, which costs tens of seconds on a small CPU) and compare with eager."""
@@ -172,7 +106,7 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
     except Exception as exc:
         return warned(
             f"torch.compile(optimizer.step, backend={_COMPILE_BACKEND!r}) raised {ctx.describe_error(exc)}",
-            where=_compile_location(ctx, exc),
+            where=user_line(ctx, exc),
             fix="keep step() traceable: no Python control flow on tensor values (.item(), if tensor), "
             "no data-dependent shapes",
         )
@@ -188,7 +122,7 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
     if not difference <= 1e-5 * max(1.0, scale):
         return warned(
             f"3 compiled steps differ from 3 eager steps by {difference:.3g}",
-            where=_method_location(ctx),
+            where=method_location(ctx),
             figure=difference,
             fix="avoid state changes dynamo cannot see (Python attributes updated in step, random numbers)",
         )
@@ -206,20 +140,10 @@ def _graph_breaks() -> int:
     return sum(counters["graph_break"].values())
 
 
-def _compile_location(ctx: CheckContext, error: Exception) -> str:
-    where = ctx.where(error)
-    source = ctx.target.source_file()
-    if source:  # dynamo reports the user's frame in its message, not in the traceback
-        found = re.findall(rf'File "{re.escape(source)}", line (\d+)', str(error))
-        if found:
-            return f"{source}:{found[-1]}"
-    return where
-
-
 # --- device_placement -----------------------------------------------------------------------------
 
 
-@_isolated
+@isolated
 def check_device_placement(ctx: CheckContext) -> Outcome:
     if not torch.cuda.is_available():
         return skipped("needs a CUDA device; torch.cuda.is_available() is False here")
@@ -235,7 +159,7 @@ def check_device_placement(ctx: CheckContext) -> Outcome:
     if misplaced:
         return failed(
             f"state on the wrong device after 2 CUDA steps: {'; '.join(misplaced)}",
-            where=_method_location(ctx),
+            where=method_location(ctx),
             fix=fix,
         )
     path = ctx.workdir / "optimizer_cuda.pt"
@@ -252,7 +176,7 @@ def check_device_placement(ctx: CheckContext) -> Outcome:
         return failed(
             "after torch.load(map_location='cpu') and load_state_dict into a CUDA optimizer, state stayed "
             f"on the wrong device: {'; '.join(misplaced)}",
-            where=_method_location(ctx),
+            where=method_location(ctx),
             fix="let Optimizer.load_state_dict cast state (do not override it), or move state to p.device "
             "in step()",
         )
@@ -275,7 +199,7 @@ def _misplaced_state(optimizer: torch.optim.Optimizer) -> list[str]:
 # --- param_groups, closure ------------------------------------------------------------------------
 
 
-@_isolated
+@isolated
 def check_param_groups(ctx: CheckContext) -> Outcome:
     """Two groups, the second with every hyperparameter that lives in the groups halved, against
     one single-group optimizer per setting; then a third group added after two steps."""
@@ -309,7 +233,7 @@ def check_param_groups(ctx: CheckContext) -> Outcome:
         return failed(
             f"a second param group with {settings} does not step like a single-group optimizer built with "
             f"those values (max abs difference {difference:.3g} after 2 steps)",
-            where=_method_location(ctx),
+            where=method_location(ctx),
             figure=difference,
             fix=fix,
         )
@@ -345,7 +269,7 @@ def _check_added_group(
         return failed(
             f"a param group added with add_param_group(lr={lr:g}) after 2 steps does not step like a fresh "
             f"optimizer with that lr (max abs difference {difference:.3g})",
-            where=_method_location(ctx),
+            where=method_location(ctx),
             figure=difference,
             fix=fix,
         )
@@ -380,7 +304,7 @@ def _halved_settings(ctx: CheckContext, group_keys: set[str]) -> dict[str, Any]:
     return halved
 
 
-@_isolated
+@isolated
 def check_closure(ctx: CheckContext) -> Outcome:
     model, batch = _tiny_model(), _batch()
     optimizer = ctx.build(model.parameters())
@@ -408,11 +332,11 @@ def check_closure(ctx: CheckContext) -> Outcome:
         "loss = closure()` and `return loss`"
     )
     if not calls:
-        return failed("step(closure) never called the closure", where=_method_location(ctx), fix=fix)
+        return failed("step(closure) never called the closure", where=method_location(ctx), fix=fix)
     if returned is None or not (isinstance(returned, Tensor | float) and float(returned) == float(calls[0])):
         return failed(
             f"step(closure) returned {returned!r} instead of the closure's loss {float(calls[0]):.4g}",
-            where=_method_location(ctx),
+            where=method_location(ctx),
             fix=fix,
         )
     return passed(
@@ -423,7 +347,7 @@ def check_closure(ctx: CheckContext) -> Outcome:
 # --- mixed_precision ------------------------------------------------------------------------------
 
 
-@_isolated
+@isolated
 def check_mixed_precision(ctx: CheckContext) -> Outcome:
     batch = _batch()
     parts = []
@@ -440,7 +364,7 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
     problem = _precision_problem(model, optimizer, before, torch.float32)
     if problem:
         return failed(
-            f"after a step under bf16 autocast: {problem}", where=_method_location(ctx), fix=_PRECISION_FIX
+            f"after a step under bf16 autocast: {problem}", where=method_location(ctx), fix=_PRECISION_FIX
         )
     parts.append("a step under CPU bf16 autocast")
     # bfloat16 parameters: gradients and (for torch's own optimizers) state in bf16 too.
@@ -454,7 +378,7 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
     problem = _precision_problem(model, optimizer, before, torch.bfloat16, require_change=False)
     if problem:
         return failed(
-            f"after a step on bfloat16 parameters: {problem}", where=_method_location(ctx), fix=_PRECISION_FIX
+            f"after a step on bfloat16 parameters: {problem}", where=method_location(ctx), fix=_PRECISION_FIX
         )
     parts.append("a step on bfloat16 parameters")
     if torch.cuda.is_available():
@@ -482,7 +406,7 @@ def _precision_problem(
     wrong = [f"{n} is {p.dtype}" for n, p in params if p.dtype != dtype]
     if wrong:
         return f"parameters changed dtype from {dtype}: {', '.join(wrong)}"
-    bad = _nonfinite((n, p.detach()) for n, p in params) + _nonfinite(_state_tensors(optimizer))
+    bad = _nonfinite((n, p.detach()) for n, p in params) + _nonfinite(state_tensors(optimizer))
     if bad:
         return f"not finite: {', '.join(bad)}"
     if require_change and all(
@@ -505,15 +429,6 @@ def _grad_scaler_step(ctx: CheckContext) -> str:
     if _nonfinite((n, p.detach()) for n, p in model.named_parameters()):
         raise RuntimeError("parameters not finite after a GradScaler step")
     return "a float16 GradScaler step on CUDA"
-
-
-# --- state_untrainable ----------------------------------------------------------------------------
-
-
-# --- step_cost ------------------------------------------------------------------------------------
-
-
-# --- deprecations ---------------------------------------------------------------------------------
 
 
 CHECKS: Mapping[str, CheckFunction] = {

@@ -1,18 +1,14 @@
-"""The TensorFlow check table: one set of checks for Keras 3 (`keras`) and legacy tf.keras (`tf_legacy`).
+"""The checks only Keras has, for Keras 3 (`keras`) and legacy tf.keras (`tf_legacy`):
+save_load_model, graph_mode (tf.function, XLA), device_placement, mixed_precision.
 
-Every check builds its own tiny problem (a few hundred float32 numbers, fixed NumPy seeds,
-CPU) through `ctx.build`, so the user's hyperparameters apply. Where the two styles differ
-(how state is created, how gradients are applied, which module holds schedules, saving
-formats) a `_Kit` says how; legacy classes are driven through `tf_keras` directly, never
-`tf.keras`, so both styles work in one process. The steps run eagerly unless the check is
-about compilation (`graph_mode`, `step_cost`), so a graph-only fault fails only `graph_mode`.
+Every check that means the same in all frameworks is in `jobs.checks.common`, written
+once over the drivers; what the two Keras styles do differently here (whole-model
+formats, loss scaling, registration) the Keras drivers say. The steps run eagerly unless
+the check is about compilation, so a graph-only fault fails only `graph_mode`.
 """
 
 from __future__ import annotations
 
-import math
-import re
-import traceback
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -22,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from jobs.checks import common
+from jobs.checks.common import SHAPES, arrays, fresh, max_diff, updates_nothing, user_line
 from jobs.checks.context import CheckContext, overrides_note
 from jobs.checks.keras_processes import distributed, resume_exact
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
@@ -33,15 +30,10 @@ from jobs.frameworks.keras_driver import (
     variable_device,
 )
 
-# Small shapes with distinct sizes, so an optimizer variable can be told apart by its shape.
-SHAPES: tuple[tuple[int, ...], ...] = ((4, 3), (3,), (5,))
-# Closeness of two computations that should agree up to float32 rounding (graph rewrites,
-# a sparse and a dense path); XLA fuses and reorders more, so it gets a looser bound.
+# Closeness of two computations that should agree up to float32 rounding (graph rewrites);
+# XLA fuses and reorders more, so it gets a looser bound.
 RTOL, ATOL = 1e-5, 1e-6
 XLA_RTOL, XLA_ATOL = 1e-4, 1e-5
-
-
-# -- what differs between the two styles -------------------------------------------------------------
 
 
 def _kit(ctx: CheckContext) -> KerasDriver:
@@ -50,43 +42,12 @@ def _kit(ctx: CheckContext) -> KerasDriver:
     return driver
 
 
-# -- small tools -------------------------------------------------------------------------------------
-
-
-def _arrays(shapes: Sequence[tuple[int, ...]], seed: int, mean: float = 0.0) -> list[np.ndarray]:
-    rng = np.random.RandomState(seed)
-    return [(mean + rng.normal(0.0, 1.0, shape)).astype(np.float32) for shape in shapes]
-
-
-def _tensors(arrays: Sequence[np.ndarray | None], kit: KerasDriver) -> list[Any]:
-    return [None if a is None else kit.tf.constant(a) for a in arrays]
-
-
-def _values(variables: Sequence[Any]) -> list[np.ndarray]:
-    return [np.array(v.numpy()) for v in variables]
-
-
-def _fresh(
-    ctx: CheckContext,
-    shapes: Sequence[tuple[int, ...]] = SHAPES,
-    *,
-    seed: int = 0,
-    learning_rate: Any = None,
-    **overrides: Any,
-) -> tuple[Any, list[Any]]:
-    """A new optimizer with the user's params over new variables, its state already created."""
-    return common.fresh(ctx, shapes, seed=seed, learning_rate=learning_rate, **overrides)
+def _tensors(values: Sequence[np.ndarray | None], kit: KerasDriver) -> list[Any]:
+    return [None if a is None else kit.tf.constant(a) for a in values]
 
 
 def _state(optimizer: Any) -> list[np.ndarray]:
     return [np.array(np.asarray(v.numpy())) for v in optimizer_variables_of(optimizer)]
-
-
-def _max_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
-    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b, strict=True)):
-        return math.inf
-    diffs = [float(np.max(np.abs(x.astype(np.float64) - y))) for x, y in zip(a, b, strict=True) if x.size]
-    return max(diffs, default=0.0)
 
 
 def _all_close(a: Sequence[np.ndarray], b: Sequence[np.ndarray], rtol: float, atol: float) -> bool:
@@ -94,30 +55,6 @@ def _all_close(a: Sequence[np.ndarray], b: Sequence[np.ndarray], rtol: float, at
         x.shape == y.shape and np.allclose(x, y, rtol=rtol, atol=atol, equal_nan=False)
         for x, y in zip(a, b, strict=True)
     )
-
-
-def _shape_text(shape: tuple[int, ...]) -> str:
-    return "(" + ", ".join(str(n) for n in shape) + (",)" if len(shape) == 1 else ")")
-
-
-def _user_line(ctx: CheckContext, error: BaseException) -> str:
-    """`file:line` in the user's file: from the traceback, else from an autograph message that
-    quotes the user's code (`File "x.py", line 12`), else the class statement."""
-    source = ctx.target.source_file()
-    if source is not None:
-        frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == source]
-        if frames:
-            return f"{source}:{frames[-1].lineno}"
-        quoted = re.findall(rf'File "{re.escape(source)}", line (\d+)', str(error))
-        if quoted:
-            return f"{source}:{quoted[-1]}"
-    return ctx.target.class_location()
-
-
-def _raised_by_user(ctx: CheckContext, error: BaseException) -> bool:
-    """The exception was raised by a `raise` in the user's own file (not deep inside TF)."""
-    frames = traceback.extract_tb(error.__traceback__)
-    return bool(frames) and frames[-1].filename == ctx.target.source_file()
 
 
 def _first_line(error: BaseException, ctx: CheckContext) -> str:
@@ -133,42 +70,10 @@ def _first_line(error: BaseException, ctx: CheckContext) -> str:
 
 @contextmanager
 def _quiet() -> Iterator[None]:
-    """Framework chatter that is expected in a check (missing gradients, h5 is legacy)."""
+    """Framework chatter that is expected in a check (h5 is legacy)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
-
-
-def _updates_nothing(ctx: CheckContext) -> bool:
-    return common.updates_nothing(ctx)
-
-
-MOVES_NOTHING = "not meaningful: a step changes no variable at all (see dense_step)"
-
-
-# -- construct -----------------------------------------------------------------------------------------
-
-
-# -- dense_step, descends --------------------------------------------------------------------------------
-
-
-# -- none_grads ------------------------------------------------------------------------------------------
-
-
-# -- schedule ------------------------------------------------------------------------------------------
-
-# Multiples of the learning rate for steps 0..4: zero on some steps, so an optimizer that
-# reads the rate once (in __init__ or build) instead of every step is caught.
-# Where a rate of 0 is outside what the optimizer can take: every step must move, and differently.
-
-
-# -- sparse ---------------------------------------------------------------------------------------------
-
-
-# -- config_roundtrip -------------------------------------------------------------------------------------
-
-
-# -- state_roundtrip ----------------------------------------------------------------------------------------
 
 
 # -- save_load_model -----------------------------------------------------------------------------------------
@@ -245,7 +150,7 @@ def _judge_reload(ctx: CheckContext, kit: KerasDriver, suffix: str, user: _Reloa
         not_found = "Could not locate class" in message or "Unknown optimizer" in message
         return failed(
             f"load_model of a {suffix} model compiled with it raised {_first_line(user.error, ctx)}",
-            where=ctx.target.class_location() if not_found else _user_line(ctx, user.error),
+            where=ctx.target.class_location() if not_found else user_line(ctx, user.error),
             fix=(
                 f"decorate the class with @{kit.serializable_decorator}(package=...) so load_model finds it "
                 "by name"
@@ -289,7 +194,7 @@ def _whole_model_reload(kit: KerasDriver, build: Callable[[], Any], path: Any) -
     model.compile(optimizer=optimizer, loss="mse")
     variables = model.trainable_variables
     kit.create_state(optimizer, variables)
-    x = kit.tf.constant(_arrays([(8, 4)], seed=51)[0])
+    x = kit.tf.constant(arrays([(8, 4)], seed=51)[0])
     with kit.tf.GradientTape() as tape:
         loss = kit.tf.reduce_mean(kit.tf.square(model(x)))
     kit.apply(optimizer, tape.gradient(loss, variables), variables)
@@ -308,7 +213,7 @@ def _whole_model_reload(kit: KerasDriver, build: Callable[[], Any], path: Any) -
         )
     )
     saved_state, loaded_state = _state(optimizer), _state(loaded)
-    diff = _max_diff(saved_state, loaded_state) if len(saved_state) == len(loaded_state) else 0.0
+    diff = max_diff(saved_state, loaded_state) if len(saved_state) == len(loaded_state) else 0.0
     return _Reload(
         cls=type(loaded),
         config_keys=differing,
@@ -322,7 +227,7 @@ def _state_outside_variables(ctx: CheckContext) -> int:
     """tf.Variables (not scalars) reachable from the optimizer as a checkpoint sees it, but neither
     in optimizer.variables nor among the variables it trains: what tf.train.Checkpoint saves and a
     whole-model file does not."""
-    optimizer, variables = _fresh(ctx)
+    optimizer, variables = fresh(ctx)
     return len(tracked_outside(_kit(ctx).tf, optimizer, variables))
 
 
@@ -333,7 +238,7 @@ GRAPH_STEPS = 3
 
 def check_graph_mode(ctx: CheckContext) -> Outcome:
     kit = _kit(ctx)
-    grads = [_tensors(_arrays(SHAPES, seed=60 + step), kit) for step in range(GRAPH_STEPS)]
+    grads = [_tensors(arrays(SHAPES, seed=60 + step), kit) for step in range(GRAPH_STEPS)]
     try:
         eager = _run_steps(ctx, grads, compile_with=None)
     except Exception:
@@ -343,11 +248,11 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
     except Exception as exc:
         return failed(
             f"the update works eagerly but not inside tf.function: {_first_line(exc, ctx)}",
-            where=_user_line(ctx, exc),
+            where=user_line(ctx, exc),
             fix="use tensor ops (tf.where, tf.cond, ops.where) instead of Python if/while on tensor values, "
             "and no .numpy(), float(tensor) or .item() in the update",
         )
-    diff = _max_diff(eager, graph)
+    diff = max_diff(eager, graph)
     if not _all_close(eager, graph, RTOL, ATOL):
         return failed(
             f"{GRAPH_STEPS} steps under tf.function differ from the eager ones by up to {diff:.3g}: Python "
@@ -364,10 +269,10 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
             "the update works under tf.function but not with jit_compile=True (XLA): "
             f"{_first_line(exc, ctx)}; "
             "jobs with jit_compile will fail",
-            where=_user_line(ctx, exc),
+            where=user_line(ctx, exc),
             fix="avoid ops XLA cannot compile in the update (tf.py_function, tf.print, string ops)",
         )
-    xla_diff = _max_diff(eager, xla)
+    xla_diff = max_diff(eager, xla)
     if not _all_close(eager, xla, XLA_RTOL, XLA_ATOL):
         return warned(
             f"with jit_compile=True (XLA) {GRAPH_STEPS} steps differ from eager by up to {xla_diff:.3g}, "
@@ -388,7 +293,7 @@ def _run_steps(
 ) -> list[np.ndarray]:
     """Variables and optimizer state after the steps: eagerly (None), tf.function, or XLA (True)."""
     kit = _kit(ctx)
-    optimizer, variables = _fresh(ctx, **ctx.stateful_overrides())
+    optimizer, variables = fresh(ctx, **ctx.stateful_overrides())
 
     def step(step_grads: list[Any]) -> None:
         kit.apply(optimizer, step_grads, variables)
@@ -396,7 +301,7 @@ def _run_steps(
     run = step if compile_with is None else kit.tf.function(step, jit_compile=compile_with)
     for step_grads in grads:
         run(list(step_grads))
-    return _values(variables) + _state(optimizer)
+    return _kit(ctx).values(variables) + _state(optimizer)
 
 
 # -- device_placement ------------------------------------------------------------------------------
@@ -408,8 +313,8 @@ def check_device_placement(ctx: CheckContext) -> Outcome:
     if not tf.config.list_physical_devices("GPU"):
         return skipped("no GPU visible to TensorFlow: optimizer state placement needs one to mean anything")
     with tf.device("/GPU:0"):
-        optimizer, variables = _fresh(ctx, **ctx.stateful_overrides())
-        kit.apply(optimizer, _tensors(_arrays(SHAPES, seed=70), kit), variables)
+        optimizer, variables = fresh(ctx, **ctx.stateful_overrides())
+        kit.apply(optimizer, _tensors(arrays(SHAPES, seed=70), kit), variables)
     misplaced = _misplaced_slots(variables, optimizer)
     if not misplaced:
         # Restored into objects built on the GPU again, as a job resumed on a GPU host does.
@@ -417,9 +322,9 @@ def check_device_placement(ctx: CheckContext) -> Outcome:
             str(ctx.workdir / "device_placement" / "ckpt")
         )
         with tf.device("/GPU:0"):
-            fresh, fresh_variables = _fresh(ctx, **ctx.stateful_overrides())
-            tf.train.Checkpoint(optimizer=fresh, variables=list(fresh_variables)).read(written)
-        misplaced = [f"after restore: {m}" for m in _misplaced_slots(fresh_variables, fresh)]
+            restored, restored_variables = fresh(ctx, **ctx.stateful_overrides())
+            tf.train.Checkpoint(optimizer=restored, variables=list(restored_variables)).read(written)
+        misplaced = [f"after restore: {m}" for m in _misplaced_slots(restored_variables, restored)]
     if misplaced:
         return failed(
             f"{len(misplaced)} optimizer variables sit on another device than their variable: {misplaced[0]}",
@@ -461,7 +366,7 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
             return failed(
                 f"training under a mixed_float16 policy with {_loss_scale_name(kit)} raised "
                 f"{_first_line(exc, ctx)}",
-                where=_user_line(ctx, exc),
+                where=user_line(ctx, exc),
                 fix="keep the update dtype-generic (cast to variable.dtype, not a fixed float32/float16) and "
                 "keep the base class's apply/apply_gradients signature",
             )
@@ -475,7 +380,7 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
             fix="compute the update in the variable's dtype (float32 here) and let the loss scale handle "
             "float16 gradients",
         )
-    if not _updates_nothing(ctx) and all(np.array_equal(a, b) for a, b in zip(before, after, strict=True)):
+    if not updates_nothing(ctx) and all(np.array_equal(a, b) for a, b in zip(before, after, strict=True)):
         return failed(
             f"{len(scales)} steps under mixed_float16 with {_loss_scale_name(kit)} changed no weight "
             f"(loss scales {scales})",
@@ -495,7 +400,7 @@ def _loss_scale_name(kit: KerasDriver) -> str:
 
 def _mixed_precision_steps(kit: KerasDriver, model: Any, inner: Any) -> list[float]:
     tf = kit.tf
-    x, y = (tf.constant(a) for a in _arrays([(16, 4), (16, 1)], seed=81))
+    x, y = (tf.constant(a) for a in arrays([(16, 4), (16, 1)], seed=81))
     variables = model.trainable_variables
     optimizer = kit.loss_scale_optimizer(inner, initial_scale=2.0**8)
     scales = []
@@ -507,15 +412,6 @@ def _mixed_precision_steps(kit: KerasDriver, model: Any, inner: Any) -> list[flo
         kit.apply(optimizer, grads, variables)
         scales.append(kit.loss_scale(optimizer))
     return scales
-
-
-# -- state_untrainable ---------------------------------------------------------------------------------------
-
-
-# -- step_cost -------------------------------------------------------------------------------------
-
-
-# -- deprecations --------------------------------------------------------------------------------------------
 
 
 CHECKS: Mapping[str, Callable[[CheckContext], Outcome]] = {
