@@ -659,13 +659,18 @@ def _sparse_refusal(ctx: CheckContext, error: Exception) -> Outcome:
     driver = ctx.driver
     frames = traceback.extract_tb(error.__traceback__)
     deepest = frames[-1] if frames else None
-    deliberate = (
-        deepest is not None
-        and (deepest.line or "").lstrip().startswith("raise")
-        and deepest.filename in driver.refusal_files(ctx.target.cls)
-    )
+    own = deepest is not None and deepest.filename in driver.refusal_files(ctx.target.cls)
+    statement = (deepest.line or "").lstrip() if deepest is not None else ""
     message = str(error).lower()
-    if deliberate and ("sparse" in message or "indexedslices" in message):
+    about_sparse = "sparse" in message or "indexedslices" in message
+    if own and about_sparse and statement.startswith("assert"):
+        return failed(
+            f"refuses sparse gradients with an assert, not a raise ({ctx.describe_error(error)}): python -O "
+            "strips asserts, and then the sparse gradient runs into the dense math",
+            where=user_line(ctx, error),
+            fix=driver.advice.sparse_update,
+        )
+    if own and about_sparse:
         if ctx.target.entry.supports_sparse:
             return failed(
                 f"the class declares optlab_supports_sparse but refuses sparse gradients: "
