@@ -16,6 +16,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -848,6 +849,57 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
     )
 
 
+# -- device_placement --------------------------------------------------------------------------------
+
+
+@isolated
+def check_device_placement(ctx: CheckContext) -> Outcome:
+    """State next to its variable on an accelerator, after steps and after a restore that loads
+    the saved state onto the host first (as a job resumed on another machine does)."""
+    driver = ctx.driver
+    if driver.accelerator() is None:
+        return skipped(driver.no_accelerator)
+    overrides = ctx.stateful_overrides()
+    with _on_accelerator(driver):
+        optimizer, variables = fresh(ctx, **overrides)
+        for seed in (70, 71):
+            driver.step(optimizer, variables, arrays(SHAPES, seed))
+    misplaced = driver.misplaced_state(optimizer, variables)
+    if misplaced:
+        return failed(
+            f"{len(misplaced)} state tensors on the wrong device after 2 steps: {'; '.join(misplaced[:4])}",
+            where=method_location(ctx),
+            figure=float(len(misplaced)),
+            fix=driver.advice.state_on_device,
+        )
+    saved = driver.save_state(optimizer, variables, ctx.workdir / "device_placement")
+    with _on_accelerator(driver):
+        restored, restored_variables = fresh(ctx, **overrides)
+        driver.restore_state(restored, restored_variables, saved)
+        driver.step(restored, restored_variables, arrays(SHAPES, seed=72))
+    misplaced = driver.misplaced_state(restored, restored_variables)
+    if misplaced:
+        return failed(
+            f"after {driver.state_format} (loaded onto the host) into an optimizer on the accelerator, "
+            f"{len(misplaced)} state tensors sit on the wrong device: {'; '.join(misplaced[:4])}",
+            where=method_location(ctx),
+            figure=float(len(misplaced)),
+            fix=driver.advice.state_on_device_after_restore,
+        )
+    return passed(
+        "state sits on its variable's device after steps on the accelerator and after a restore loaded "
+        f"onto the host{overrides_note(overrides)}",
+        0.0,
+    )
+
+
+def _on_accelerator(driver: Driver) -> AbstractContextManager[Any]:
+    """A new scope each time: a framework's device scope need not be re-entrant."""
+    scope = driver.accelerator()
+    assert scope is not None, "checked before"
+    return scope
+
+
 # -- state_untrainable -------------------------------------------------------------------------------
 
 
@@ -1000,6 +1052,7 @@ CHECKS: Mapping[str, CheckFunction] = {
     "sparse": check_sparse,
     "config_roundtrip": check_config_roundtrip,
     "state_roundtrip": check_state_roundtrip,
+    "device_placement": check_device_placement,
     "state_untrainable": check_state_untrainable,
     "step_cost": check_step_cost,
     "deprecations": check_deprecations,

@@ -27,7 +27,6 @@ from jobs.frameworks.keras_driver import (
     optimizer_variables_of,
     plain_config,
     tracked_outside,
-    variable_device,
 )
 
 # Closeness of two computations that should agree up to float32 rounding (graph rewrites);
@@ -307,48 +306,6 @@ def _run_steps(
 # -- device_placement ------------------------------------------------------------------------------
 
 
-def check_device_placement(ctx: CheckContext) -> Outcome:
-    kit = _kit(ctx)
-    tf = kit.tf
-    if not tf.config.list_physical_devices("GPU"):
-        return skipped("no GPU visible to TensorFlow: optimizer state placement needs one to mean anything")
-    with tf.device("/GPU:0"):
-        optimizer, variables = fresh(ctx, **ctx.stateful_overrides())
-        kit.apply(optimizer, _tensors(arrays(SHAPES, seed=70), kit), variables)
-    misplaced = _misplaced_slots(variables, optimizer)
-    if not misplaced:
-        # Restored into objects built on the GPU again, as a job resumed on a GPU host does.
-        written = tf.train.Checkpoint(optimizer=optimizer, variables=list(variables)).write(
-            str(ctx.workdir / "device_placement" / "ckpt")
-        )
-        with tf.device("/GPU:0"):
-            restored, restored_variables = fresh(ctx, **ctx.stateful_overrides())
-            tf.train.Checkpoint(optimizer=restored, variables=list(restored_variables)).read(written)
-        misplaced = [f"after restore: {m}" for m in _misplaced_slots(restored_variables, restored)]
-    if misplaced:
-        return failed(
-            f"{len(misplaced)} optimizer variables sit on another device than their variable: {misplaced[0]}",
-            where=ctx.target.class_location(),
-            fix="create slots with add_variable_from_reference / add_optimizer_variables (legacy: add_slot), "
-            "which place them next to their variable",
-            figure=float(len(misplaced)),
-        )
-    return passed("every slot variable sits on its variable's device, also after a checkpoint restore")
-
-
-def _misplaced_slots(variables: Sequence[Any], optimizer: Any) -> list[str]:
-    """Slots are matched to variables by shape (the variables' shapes are all distinct)."""
-    device_of_shape = {tuple(v.shape): variable_device(v) for v in variables}
-    misplaced = []
-    for slot in optimizer_variables_of(optimizer):
-        home = device_of_shape.get(tuple(slot.shape))
-        if home is not None and variable_device(slot) != home:
-            misplaced.append(
-                f"{getattr(slot, 'path', None) or slot.name} on {variable_device(slot)}, variable on {home}"
-            )
-    return misplaced
-
-
 # -- mixed_precision ----------------------------------------------------------------------------------------
 
 
@@ -419,6 +376,5 @@ CHECKS: Mapping[str, Callable[[CheckContext], Outcome]] = {
     "resume_exact": resume_exact,
     "graph_mode": check_graph_mode,
     "distributed": distributed,
-    "device_placement": check_device_placement,
     "mixed_precision": check_mixed_precision,
 }

@@ -17,8 +17,8 @@ import torch
 from torch import Tensor, nn
 
 from jobs.checks.common import isolated, method_location, user_line
-from jobs.checks.context import CheckContext, overrides_note
-from jobs.checks.report import Outcome, failed, passed, skipped, warned
+from jobs.checks.context import CheckContext
+from jobs.checks.report import Outcome, failed, passed, warned
 from jobs.checks.torch_processes import distributed, resume_exact
 from jobs.frameworks.torch_driver import state_tensors
 
@@ -141,59 +141,6 @@ def _graph_breaks() -> int:
 
 
 # --- device_placement -----------------------------------------------------------------------------
-
-
-@isolated
-def check_device_placement(ctx: CheckContext) -> Outcome:
-    if not torch.cuda.is_available():
-        return skipped("needs a CUDA device; torch.cuda.is_available() is False here")
-    device = torch.device("cuda")
-    overrides = ctx.stateful_overrides()
-    model, batch = _tiny_model().to(device), tuple(t.to(device) for t in _batch())
-    optimizer = ctx.build(model.parameters(), **overrides)
-    for _ in range(2):
-        _backward(model, batch)  # type: ignore[arg-type]
-        optimizer.step()
-    misplaced = _misplaced_state(optimizer)
-    fix = "create state with torch.zeros_like(p) (or device=p.device), never a bare torch.zeros(shape)"
-    if misplaced:
-        return failed(
-            f"state on the wrong device after 2 CUDA steps: {'; '.join(misplaced)}",
-            where=method_location(ctx),
-            fix=fix,
-        )
-    path = ctx.workdir / "optimizer_cuda.pt"
-    torch.save(optimizer.state_dict(), path)
-    loaded = torch.load(path, map_location="cpu", weights_only=True)
-    fresh_model = _tiny_model().to(device)
-    fresh_model.load_state_dict(model.state_dict())
-    fresh = ctx.build(fresh_model.parameters(), **overrides)
-    fresh.load_state_dict(loaded)
-    _backward(fresh_model, batch)  # type: ignore[arg-type]
-    fresh.step()
-    misplaced = _misplaced_state(fresh)
-    if misplaced:
-        return failed(
-            "after torch.load(map_location='cpu') and load_state_dict into a CUDA optimizer, state stayed "
-            f"on the wrong device: {'; '.join(misplaced)}",
-            where=method_location(ctx),
-            fix="let Optimizer.load_state_dict cast state (do not override it), or move state to p.device "
-            "in step()",
-        )
-    return passed(
-        "state sits on its parameter's device after CUDA steps and after a CPU-mapped reload "
-        f"into a CUDA optimizer{overrides_note(overrides)}"
-    )
-
-
-def _misplaced_state(optimizer: torch.optim.Optimizer) -> list[str]:
-    found = []
-    for param, state in optimizer.state.items():
-        for key, value in state.items() if isinstance(state, Mapping) else ():
-            # torch keeps scalar step counters on the CPU on purpose (capturable=False).
-            if isinstance(value, Tensor) and value.device != param.device and value.dim() > 0:
-                found.append(f"{key!r} on {value.device}, parameter on {param.device}")
-    return found
 
 
 # --- param_groups, closure ------------------------------------------------------------------------
@@ -435,7 +382,6 @@ CHECKS: Mapping[str, CheckFunction] = {
     "resume_exact": resume_exact,
     "graph_mode": check_graph_mode,
     "distributed": distributed,
-    "device_placement": check_device_placement,
     "param_groups": check_param_groups,
     "closure": check_closure,
     "mixed_precision": check_mixed_precision,

@@ -110,6 +110,8 @@ class Advice:
     sparse_update: str  # how to update only a sparse gradient's rows, or refuse it clearly
     read_lr_each_step: str  # where the update must read the scheduled learning rate
     keep_hyperparameters: str  # where every hyperparameter must be kept to be serialized
+    state_on_device: str  # how to create state next to its variable
+    state_on_device_after_restore: str  # how restored state lands next to its variable
 
 
 @dataclass(frozen=True)
@@ -302,6 +304,19 @@ class Driver(ABC):
     def refusal_files(self, cls: type) -> set[str]:
         """Files whose `raise` is a deliberate refusal: the class's own and the framework's optimizers'."""
 
+    @abstractmethod
+    def accelerator(self) -> AbstractContextManager[Any] | None:
+        """A scope that puts new variables (and the optimizer) on an accelerator, or None without one."""
+
+    @property
+    @abstractmethod
+    def no_accelerator(self) -> str:
+        """Why there is no accelerator here, for a skip."""
+
+    @abstractmethod
+    def misplaced_state(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
+        """State that sits on another device than its variable, one phrase each."""
+
     @property
     @abstractmethod
     def state_format(self) -> str:
@@ -313,7 +328,8 @@ class Driver(ABC):
 
     @abstractmethod
     def restore_state(self, optimizer: Any, variables: Sequence[Any], saved: Any) -> None:
-        """Load saved state into a never-stepped optimizer; StateNotRestored when that fails."""
+        """Load saved state into a never-stepped optimizer (onto the host first, as a job resumed on
+        another machine loads it); StateNotRestored when that fails."""
 
     @abstractmethod
     def state_difference(self, saved: Any, restored: Any) -> str | None:

@@ -136,6 +136,10 @@ class KerasDriver(Driver):
         "float(self.learning_rate) in __init__ or build",
         keep_hyperparameters="store each constructor argument as given and return it from get_config "
         "(config.update({...})); from_config must accept exactly that",
+        state_on_device="create slots with add_variable_from_reference / add_optimizer_variables, which "
+        "place them next to their variable",
+        state_on_device_after_restore="create slots with add_variable_from_reference / "
+        "add_optimizer_variables in build, so a restore fills variables that already sit next to theirs",
         state_in_checkpoint="keep all state in optimizer variables (self.add_variable / "
         "add_optimizer_variables), created in build",
     )
@@ -259,6 +263,26 @@ class KerasDriver(Driver):
             return {inspect.getsourcefile(cls) or ""} - {""}
         except TypeError:
             return set()
+
+    def accelerator(self) -> AbstractContextManager[Any] | None:
+        if not self.tf.config.list_physical_devices("GPU"):
+            return None
+        device: AbstractContextManager[Any] = self.tf.device("/GPU:0")
+        return device
+
+    @property
+    def no_accelerator(self) -> str:
+        return "no GPU visible to TensorFlow: optimizer state placement needs one to mean anything"
+
+    def misplaced_state(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
+        """Slots are matched to variables by shape (the checks give every variable its own)."""
+        device_of_shape = {tuple(v.shape): variable_device(v) for v in variables}
+        misplaced = []
+        for slot in optimizer_variables_of(optimizer):
+            home = device_of_shape.get(tuple(slot.shape))
+            if home is not None and variable_device(slot) != home:
+                misplaced.append(f"{_name(slot)} on {variable_device(slot)}, variable on {home}")
+        return misplaced
 
     @property
     def state_format(self) -> str:
@@ -410,6 +434,9 @@ class LegacyKerasDriver(KerasDriver):
         "indices), or raise a clear error saying sparse gradients are not supported",
         read_lr_each_step="read the rate every step (self._decayed_lr(var_dtype) or apply_state['lr_t']); "
         "never cache float(self.learning_rate) in __init__ or _create_slots",
+        state_on_device="create slots with add_slot, which places them next to their variable",
+        state_on_device_after_restore="create slots with add_slot in _create_slots, so a restore fills "
+        "variables that already sit next to theirs",
         state_in_checkpoint="keep all state in slots (self.add_slot in _create_slots) or add_weight",
         sign_of_update="subtract lr * direction from the variable (var.assign_sub)",
     )

@@ -17,7 +17,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -226,6 +226,10 @@ class TorchDriver(Driver):
         "never cache it (self.lr, a copy in state or in the group) in __init__ or on the first step",
         keep_hyperparameters="pass every hyperparameter in the defaults dict given to Optimizer.__init__ and "
         "read it from group[name] in step(), not from attributes such as self.beta",
+        state_on_device="create state with torch.zeros_like(p) (or device=p.device), never a bare "
+        "torch.zeros(shape)",
+        state_on_device_after_restore="let Optimizer.load_state_dict cast state (do not override it), or "
+        "move state to p.device in step()",
         state_in_checkpoint="keep per-parameter state in self.state[p] and hyperparameters in param_groups, "
         "nowhere else",
     )
@@ -246,7 +250,9 @@ class TorchDriver(Driver):
             yield
 
     def variables(self, arrays: Sequence[np.ndarray]) -> list[nn.Parameter]:
-        return [nn.Parameter(torch.from_numpy(np.array(a, dtype=np.float32))) for a in arrays]
+        # On the default device: the CPU, or the accelerator inside `accelerator()`.
+        device = torch.get_default_device()
+        return [nn.Parameter(torch.tensor(np.array(a, dtype=np.float32), device=device)) for a in arrays]
 
     def optimizer_over(self, create: Callable[[Any], Any], variables: Sequence[Any]) -> Any:
         return create(list(variables))  # torch creates state lazily, in the first step
@@ -256,7 +262,7 @@ class TorchDriver(Driver):
 
     def step(self, optimizer: Any, variables: Sequence[Any], grads: Sequence[Gradient]) -> None:
         for param, grad in zip(variables, grads, strict=True):
-            param.grad = None if grad is None else _torch_gradient(grad)
+            param.grad = None if grad is None else _torch_gradient(grad).to(param.device)
         optimizer.step()
 
     def values(self, variables: Sequence[Any]) -> list[np.ndarray]:
@@ -330,6 +336,22 @@ class TorchDriver(Driver):
     def refusal_files(self, cls: type) -> set[str]:
         return source_files(cls) | set(_files_under(Path(torch.optim.__file__).parent))
 
+    def accelerator(self) -> AbstractContextManager[Any] | None:
+        return torch.device("cuda") if torch.cuda.is_available() else None
+
+    @property
+    def no_accelerator(self) -> str:
+        return "needs a CUDA device; torch.cuda.is_available() is False here"
+
+    def misplaced_state(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
+        found = []
+        for param, state in optimizer.state.items():
+            for key, value in state.items() if isinstance(state, Mapping) else ():
+                # torch keeps scalar step counters on the CPU on purpose (capturable=False).
+                if isinstance(value, torch.Tensor) and value.device != param.device and value.dim() > 0:
+                    found.append(f"{key!r} on {value.device}, parameter on {param.device}")
+        return found
+
     @property
     def state_format(self) -> str:
         return "state_dict -> torch.save -> torch.load(weights_only=True)"
@@ -342,7 +364,7 @@ class TorchDriver(Driver):
 
     def restore_state(self, optimizer: Any, variables: Sequence[Any], saved: Any) -> None:
         try:
-            loaded = torch.load(saved, weights_only=True)
+            loaded = torch.load(saved, map_location="cpu", weights_only=True)
         except Exception as exc:
             raise StateNotRestored(
                 f"torch.load(weights_only=True) refuses the saved state_dict: {_unpickling_reason(exc)}",
@@ -372,7 +394,7 @@ class TorchDriver(Driver):
         self, optimizer: Any, variables: Sequence[Any], grads: Sequence[np.ndarray]
     ) -> Callable[[], Any]:
         for param, grad in zip(variables, grads, strict=True):
-            param.grad = _torch_gradient(grad)
+            param.grad = _torch_gradient(grad).to(param.device)
 
         def update() -> None:
             with torch.no_grad():

@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from jobs.checks import common, torch_only  # noqa: E402
+from jobs.checks import common  # noqa: E402
 from jobs.checks.context import CheckContext  # noqa: E402
 from jobs.checks.report import CHECK_IDS  # noqa: E402
 from jobs.checks.runner import checks_for_style, validated_params  # noqa: E402
@@ -157,5 +157,5 @@ def test_checks_leave_rng_and_warn_always_as_found(tmp_path: Path) -> None:
 def test_device_placement_skips_without_cuda(tmp_path: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
-    outcome = torch_only.check_device_placement(context("lion", tmp_path))
+    outcome = common.check_device_placement(context("lion", tmp_path))
     assert outcome.status == "skip" and "CUDA" in outcome.detail
