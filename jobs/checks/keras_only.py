@@ -1,7 +1,7 @@
 """The checks only Keras has, for Keras 3 (`keras`) and legacy tf.keras (`tf_legacy`):
 save_load_model, graph_mode (tf.function, XLA), device_placement, mixed_precision.
 
-Every check that means the same in all frameworks is in `jobs.checks.common`, written
+Every check that means the same in all frameworks is in the tables of `jobs.checks.common`, written
 once over the drivers; what the two Keras styles do differently here (whole-model
 formats, loss scaling, registration) the Keras drivers say. The steps run eagerly unless
 the check is about compilation, so a graph-only fault fails only `graph_mode`.
@@ -17,11 +17,18 @@ from typing import Any
 
 import numpy as np
 
-from jobs.checks import common
-from jobs.checks.common import SHAPES, arrays, fresh, max_diff, updates_nothing, user_line
 from jobs.checks.context import CheckContext, overrides_note
 from jobs.checks.keras_processes import distributed, resume_exact
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
+from jobs.checks.tools import (
+    SHAPES,
+    arrays,
+    fresh,
+    max_diff,
+    same_value,
+    updates_nothing,
+    user_line,
+)
 from jobs.frameworks.keras_driver import (
     KerasDriver,
     optimizer_variables_of,
@@ -208,7 +215,7 @@ def _whole_model_reload(kit: KerasDriver, build: Callable[[], Any], path: Any) -
         sorted(
             k
             for k in saved_config.keys() | loaded_config.keys()
-            if not common.same_value(saved_config.get(k), loaded_config.get(k))
+            if not same_value(saved_config.get(k), loaded_config.get(k))
         )
     )
     saved_state, loaded_state = _state(optimizer), _state(loaded)

@@ -1,7 +1,7 @@
 """The checks only PyTorch has: graph_mode (torch.compile), device_placement (CUDA),
 param_groups, closure, mixed_precision (bf16 autocast, GradScaler).
 
-Every check that means the same in all frameworks is in `jobs.checks.common`, written
+Every check that means the same in all frameworks is in the tables of `jobs.checks.common`, written
 once over the drivers; these drive torch directly, on a tiny MLP with fixed seeds (CPU
 unless the check is about a device). The fresh-process checks (`resume_exact`,
 `distributed`) live in `torch_processes`.
@@ -16,9 +16,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from jobs.checks.common import isolated, method_location, user_line
 from jobs.checks.context import CheckContext
 from jobs.checks.report import Outcome, failed, passed, warned
+from jobs.checks.tools import isolated, method_location, user_line
 from jobs.checks.torch_processes import distributed, resume_exact
 from jobs.frameworks.torch_driver import state_tensors
 

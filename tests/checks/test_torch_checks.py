@@ -9,7 +9,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from jobs.checks import common  # noqa: E402
+from jobs.checks import build_checks, cost_checks, rate_checks, state_checks  # noqa: E402
 from jobs.checks.context import CheckContext  # noqa: E402
 from jobs.checks.report import CHECK_IDS  # noqa: E402
 from jobs.checks.runner import checks_for_style, validated_params  # noqa: E402
@@ -91,7 +91,7 @@ def test_broken_optimizer_fails_its_check_at_the_users_file(
 
 
 def test_deprecated_overload_is_a_warning_with_the_users_line(tmp_path: Path) -> None:
-    outcome = common.check_deprecations(broken("torch_deprecations", tmp_path))
+    outcome = cost_checks.check_deprecations(broken("torch_deprecations", tmp_path))
     assert outcome.status == "warn"
     assert "add_" in outcome.detail
     source = (BROKEN / "torch_deprecations.py").read_text().splitlines()
@@ -101,19 +101,19 @@ def test_deprecated_overload_is_a_warning_with_the_users_line(tmp_path: Path) ->
 
 
 def test_row_loop_with_host_syncs_is_a_slow_step(tmp_path: Path) -> None:
-    outcome = common.check_step_cost(broken("torch_step_cost", tmp_path))
+    outcome = cost_checks.check_step_cost(broken("torch_step_cost", tmp_path))
     assert outcome.status == "warn", outcome.detail
     assert "host syncs" in outcome.detail
-    assert outcome.figure is not None and outcome.figure > common.STEP_COST_LIMIT
+    assert outcome.figure is not None and outcome.figure > cost_checks.STEP_COST_LIMIT
 
 
 def test_sparse_refusals_and_densifying(tmp_path: Path) -> None:
-    refused = common.check_sparse(context("torch.optim:Adam", tmp_path))
+    refused = rate_checks.check_sparse(context("torch.optim:Adam", tmp_path))
     assert refused.status == "pass" and "refuses sparse" in refused.detail
     # torch's SGD with weight decay crashes inside an op on a sparse gradient: a fail.
-    crashed = common.check_sparse(context("torch.optim:SGD", tmp_path, weight_decay=0.1))
+    crashed = rate_checks.check_sparse(context("torch.optim:SGD", tmp_path, weight_decay=0.1))
     assert crashed.status == "fail" and "crashed inside the update" in crashed.detail
-    dense = common.check_sparse(context(f"{__name__}:DecayEveryRow", tmp_path))
+    dense = rate_checks.check_sparse(context(f"{__name__}:DecayEveryRow", tmp_path))
     assert dense.status == "warn" and "densifies" in dense.detail
 
 
@@ -133,12 +133,12 @@ class DecayEveryRow(torch.optim.Optimizer):
 
 
 def test_construct_accepts_torch_wording_for_the_argument() -> None:
-    assert common.names_argument("Invalid learning rate: -0.001", "lr")
-    assert common.names_argument("Invalid beta parameter at index 0: -0.001", "betas")
-    assert common.names_argument("Invalid epsilon value: -1", "eps")
-    assert common.names_argument("beta_1 must be a number in [0, 1); received 1.0", "beta_1")
-    assert not common.names_argument("", "lr")
-    assert not common.names_argument("already failed", "lr")
+    assert build_checks.names_argument("Invalid learning rate: -0.001", "lr")
+    assert build_checks.names_argument("Invalid beta parameter at index 0: -0.001", "betas")
+    assert build_checks.names_argument("Invalid epsilon value: -1", "eps")
+    assert build_checks.names_argument("beta_1 must be a number in [0, 1); received 1.0", "beta_1")
+    assert not build_checks.names_argument("", "lr")
+    assert not build_checks.names_argument("already failed", "lr")
 
 
 def test_checks_leave_rng_and_warn_always_as_found(tmp_path: Path) -> None:
@@ -147,8 +147,8 @@ def test_checks_leave_rng_and_warn_always_as_found(tmp_path: Path) -> None:
     expected = torch.rand(3)
     torch.manual_seed(123)
     warn_always, threads = torch.is_warn_always_enabled(), torch.get_num_threads()
-    common.check_deprecations(ctx)
-    common.check_dense_step(ctx)
+    cost_checks.check_deprecations(ctx)
+    build_checks.check_dense_step(ctx)
     assert torch.equal(torch.rand(3), expected)
     assert torch.is_warn_always_enabled() == warn_always
     assert torch.get_num_threads() == threads
@@ -157,5 +157,5 @@ def test_checks_leave_rng_and_warn_always_as_found(tmp_path: Path) -> None:
 def test_device_placement_skips_without_cuda(tmp_path: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
-    outcome = common.check_device_placement(context("lion", tmp_path))
+    outcome = state_checks.check_device_placement(context("lion", tmp_path))
     assert outcome.status == "skip" and "CUDA" in outcome.detail
