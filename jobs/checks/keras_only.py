@@ -189,8 +189,8 @@ def _judge_reload(ctx: CheckContext, kit: KerasDriver, suffix: str, user: _Reloa
         f"after a {suffix} save and load the optimizer came back with {user.state_text()}, while the "
         "framework's SGD keeps its state through the same format",
         where=ctx.target.class_location(),
-        fix="create every optimizer variable in build (legacy: _create_slots) in a fixed order, so a "
-        "loaded model's optimizer can receive the saved values",
+        fix=f"{kit.advice.state_in_checkpoint}, in a fixed order, so a loaded model's optimizer can receive "
+        "the saved values",
     )
 
 
