@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from jobs.checks.target import Target
+from jobs.frameworks import driver_for
+from jobs.frameworks.base import Driver
 
 STATEFUL_MOMENTUM = 0.9
 
@@ -22,6 +24,14 @@ class CheckContext:
     workdir: Path
     # Checks may leave notes for later ones (e.g. the variables that `dense_step` saw).
     notes: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def driver(self) -> Driver:
+        """The style's driver: how the checks drive its framework (imported on first use)."""
+        if "driver" not in self.notes:
+            self.notes["driver"] = driver_for(self.target.style)
+        driver: Driver = self.notes["driver"]
+        return driver
 
     def build(
         self,

@@ -6,6 +6,7 @@ and applied to any class of that style (the idea of torch's `optim_db`).
 
 from __future__ import annotations
 
+import importlib
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -20,13 +21,21 @@ from optimizers.hyperparams import check_all
 CheckFunction = Callable[[CheckContext], Outcome]
 
 
+# The checks only one framework has, per style: imported on demand, so only one framework
+# is ever loaded.
+FRAMEWORK_CHECKS: dict[str, str] = {
+    "torch": "jobs.checks.torch_only",
+    "keras": "jobs.checks.keras_only",
+    "tf_legacy": "jobs.checks.keras_only",
+}
+
+
 def checks_for_style(style: str) -> Mapping[str, CheckFunction]:
-    """The style's check table; imported on demand so only one framework is ever loaded."""
-    if style == "torch":
-        from jobs.checks.torch_checks import CHECKS
-    else:
-        from jobs.checks.keras_checks import CHECKS
-    return CHECKS
+    """The style's check table: the checks written once for every style, plus its framework's own."""
+    from jobs.checks.common import CHECKS as COMMON
+
+    framework: Mapping[str, CheckFunction] = importlib.import_module(FRAMEWORK_CHECKS[style]).CHECKS
+    return {**framework, **COMMON}
 
 
 def validated_params(target: Target, params: Mapping[str, Any]) -> dict[str, Any]:

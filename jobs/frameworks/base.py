@@ -10,11 +10,13 @@ user gets the same verdict in every framework.
 
 from __future__ import annotations
 
+import warnings
 from abc import ABC, abstractmethod
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 if TYPE_CHECKING:
     import numpy as np
@@ -26,6 +28,22 @@ if TYPE_CHECKING:
 
 class CheckpointMismatch(Exception):
     """The reloaded objects differ from the ones that were saved."""
+
+
+class ConfigNotSerialized(Exception):
+    """The optimizer's hyperparameters cannot be written or read back; `fix` says what to change."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.fix = fix
+
+
+class StateNotRestored(Exception):
+    """Saved optimizer state could not be loaded back; `fix` says what the class must change."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.fix = fix
 
 
 @dataclass(frozen=True)
@@ -47,6 +65,53 @@ class Capabilities:
     whole_model_save: bool = False
     # A resumed job continues from a checkpoint file of this style.
     resume: bool = False
+    # The learning rate may be a schedule object the optimizer serializes (Keras's
+    # LearningRateSchedule); torch schedules live outside the optimizer.
+    schedule_objects: bool = False
+    # The framework's own optimizers sum a row-sparse gradient's repeated rows first (torch
+    # coalesces), so a custom one that does not is wrong; Keras 3's own Adam and RMSprop
+    # square each repeat separately, so there it is only worth a warning.
+    sums_repeated_rows: bool = False
+    # The framework's own optimizers refuse a learning rate below 0, so a class that accepts
+    # one is at fault (torch). Keras and tf_keras accept it by design: probing it would be a
+    # false alarm there.
+    refuses_negative_lr: bool = False
+
+
+@dataclass(frozen=True)
+class SparseRows:
+    """A row-sparse gradient as an Embedding produces it (repeated rows are summed)."""
+
+    rows: list[int]
+    values: np.ndarray
+    shape: tuple[int, ...]
+
+
+# What the checks feed a step: dense, row-sparse, or None for a frozen variable.
+Gradient: TypeAlias = "np.ndarray | SparseRows | None"
+# Called by a driver for every warning (or logged deprecation) it captures: message,
+# category (None for a log record), file and line where the framework says it was raised.
+WarningSink: TypeAlias = "Callable[[str, type[Warning] | None, str | None, int | None], None]"
+
+
+@dataclass(frozen=True)
+class Advice:
+    """The sentences of a fix that must name the framework's own API."""
+
+    update_method: str  # where the user's update lives (`step`, `update_step`)
+    in_place_update: str
+    skip_none_grad: str
+    finite_state: str
+    untrainable_state: str
+    fast_update: str
+    sign_of_update: str
+    deprecated_call: str  # an example of replacing a deprecated call
+    state_in_checkpoint: str  # where state must live for the style's checkpoint to save it
+    sparse_update: str  # how to update only a sparse gradient's rows, or refuse it clearly
+    read_lr_each_step: str  # where the update must read the scheduled learning rate
+    keep_hyperparameters: str  # where every hyperparameter must be kept to be serialized
+    state_on_device: str  # how to create state next to its variable
+    state_on_device_after_restore: str  # how restored state lands next to its variable
 
 
 @dataclass(frozen=True)
@@ -135,9 +200,183 @@ class Driver(ABC):
     framework: ClassVar[str]
     capabilities: ClassVar[Capabilities]
 
+    advice: ClassVar[Advice]
+    # The variables `step_cost` times an update on: large enough that the update's own work, not
+    # the framework's per-call overhead, is what is measured.
+    cost_shapes: ClassVar[tuple[tuple[int, ...], ...]]
+
     @abstractmethod
     def session(self, spec: JobSpec, entry: Entry, workload: Workload, workdir: Path) -> TrainingSession:
         """The training session of one job."""
+
+    # -- what the conformance checks drive ---------------------------------------------------------------
+    # Numpy arrays are the common currency: a check makes variables from arrays, feeds numpy
+    # gradients and reads values and state back as numpy, so its verdict reads the same for
+    # every framework.
+
+    def isolated(self) -> AbstractContextManager[Any]:
+        """A check's framework RNG seeded, and the caller's given back afterwards."""
+        return nullcontext()
+
+    @abstractmethod
+    def variables(self, arrays: Sequence[np.ndarray]) -> list[Any]:
+        """Trainable float32 variables holding `arrays`."""
+
+    @abstractmethod
+    def optimizer_over(self, create: Callable[[Any], Any], variables: Sequence[Any]) -> Any:
+        """`create(model_params)` (the catalogue's build) over `variables`, state created as the
+        style's own training loop creates it."""
+
+    @abstractmethod
+    def construct(self, cls: type, kwargs: Mapping[str, Any]) -> Any:
+        """The class called directly with `kwargs` (its own argument names), as a user calls it."""
+
+    @abstractmethod
+    def step(self, optimizer: Any, variables: Sequence[Any], grads: Sequence[Gradient]) -> None:
+        """One update from numpy gradients, called the way the style's training loop calls it."""
+
+    @abstractmethod
+    def values(self, variables: Sequence[Any]) -> list[np.ndarray]:
+        """The variables' current values, copied."""
+
+    @abstractmethod
+    def state(self, optimizer: Any) -> list[tuple[str, np.ndarray]]:
+        """Every numeric piece of optimizer state, named, copied as numpy."""
+
+    @abstractmethod
+    def state_of(self, optimizer: Any, variables: Sequence[Any], index: int) -> list[np.ndarray]:
+        """The state the optimizer keeps for `variables[index]` (their shapes are distinct)."""
+
+    @abstractmethod
+    def trainable_state(self, optimizer: Any, variables: Sequence[Any]) -> tuple[int, list[str]]:
+        """How many state tensors there are, and which are trainable or are (alias) a variable."""
+
+    @abstractmethod
+    def scheduled(
+        self, create: Callable[[Any, Any], Any], variables: Sequence[Any], rates: Sequence[float], lr_arg: str
+    ) -> tuple[Any, Callable[[int], None]]:
+        """`create(model_params, learning_rate)` over `variables` with the rate scheduled as the style
+        schedules it (torch: the group's lr set before each step; Keras: a LearningRateSchedule),
+        and what to call before step i."""
+
+    @abstractmethod
+    def set_learning_rate(self, optimizer: Any, rate: float, lr_arg: str) -> None:
+        """Set a plain rate by hand, between steps."""
+
+    @property
+    @abstractmethod
+    def schedule_name(self) -> str:
+        """The style's schedule, for the detail (`a LearningRateSchedule`)."""
+
+    @property
+    @abstractmethod
+    def config_name(self) -> str:
+        """Where the style keeps hyperparameters, for the detail (`param_groups`, `get_config()`)."""
+
+    @abstractmethod
+    def config(self, optimizer: Any) -> list[dict[str, Any]]:
+        """The hyperparameters as the style serializes them, by argument name: one dict per param
+        group (torch) or the one config; ConfigNotSerialized when they cannot be serialized."""
+
+    @abstractmethod
+    def config_roundtrip(self, optimizer: Any, fresh: Callable[[], Any]) -> list[dict[str, Any]]:
+        """`config` after the style's round trip (torch: state_dict into `fresh()`, built with other
+        values; Keras: JSON and from_config); ConfigNotSerialized when the round trip fails."""
+
+    @property
+    @abstractmethod
+    def config_roundtrip_name(self) -> str:
+        """The round trip `config_roundtrip` takes, for the detail."""
+
+    def learning_rate_schedule(self, lr: float) -> Any:
+        """A schedule object starting at `lr` (only where `capabilities.schedule_objects`)."""
+        raise NotImplementedError(f"{self.style} optimizers take no schedule objects")
+
+    @property
+    @abstractmethod
+    def sparse_gradient_name(self) -> str:
+        """What a row-sparse gradient is in the framework (`nn.Embedding(sparse=True)`)."""
+
+    @abstractmethod
+    def refusal_files(self, cls: type) -> set[str]:
+        """Files whose `raise` is a deliberate refusal: the class's own and the framework's optimizers'."""
+
+    @abstractmethod
+    def accelerator(self) -> AbstractContextManager[Any] | None:
+        """A scope that puts new variables (and the optimizer) on an accelerator, or None without one."""
+
+    @property
+    @abstractmethod
+    def no_accelerator(self) -> str:
+        """Why there is no accelerator here, for a skip."""
+
+    @abstractmethod
+    def misplaced_state(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
+        """State that sits on another device than its variable, one phrase each."""
+
+    @property
+    @abstractmethod
+    def state_format(self) -> str:
+        """How `save_state` saves, for the detail (`torch.save -> torch.load(weights_only=True)`)."""
+
+    @abstractmethod
+    def save_state(self, optimizer: Any, variables: Sequence[Any], folder: Path) -> Any:
+        """Save the optimizer's state as a job's checkpoint does; returns what `restore_state` reads."""
+
+    @abstractmethod
+    def restore_state(self, optimizer: Any, variables: Sequence[Any], saved: Any) -> None:
+        """Load saved state into a never-stepped optimizer (onto the host first, as a job resumed on
+        another machine loads it); StateNotRestored when that fails."""
+
+    @abstractmethod
+    def state_difference(self, saved: Any, restored: Any) -> str | None:
+        """Where two optimizers' saved state differs (config and step count included), or None."""
+
+    @abstractmethod
+    def recording_warnings(self, sink: WarningSink) -> AbstractContextManager[Any]:
+        """Pass every warning the framework raises while inside to `sink`, once-only ones too."""
+
+    @abstractmethod
+    def reference_sgd(self, variables: Sequence[Any]) -> Any:
+        """The framework's SGD(momentum=0.9) over `variables`, state created: the yardstick."""
+
+    @abstractmethod
+    def timed_update(
+        self, optimizer: Any, variables: Sequence[Any], grads: Sequence[np.ndarray]
+    ) -> Callable[[], Any]:
+        """One update with fixed gradients, as a job runs it (Keras: compiled), warmed up."""
+
+    def timing(self) -> AbstractContextManager[Any]:
+        """Where timings are taken (torch: one intra-op thread); nothing by default."""
+        return nullcontext()
+
+    @abstractmethod
+    def where_time_goes(self, slow: Callable[[], Any], reference: Callable[[], Any]) -> str:
+        """What makes `slow` slower than `reference`, in a phrase (profiler ops, host syncs)."""
+
+    @property
+    @abstractmethod
+    def timed_update_name(self) -> str:
+        """How the update is timed, for the detail (`step()`, `the update under tf.function`)."""
+
+    @property
+    @abstractmethod
+    def reference_sgd_name(self) -> str:
+        """The yardstick by name (`torch.optim.SGD(momentum=0.9)`)."""
+
+
+@contextmanager
+def python_warnings_to(sink: WarningSink) -> Iterator[None]:
+    """Every Python warning raised inside goes to `sink` as it is raised (so the caller can
+    still see the stack that raised it), none shown, the filters restored afterwards."""
+
+    def show(message: Any, category: type[Warning], filename: str, lineno: int, *_: Any, **__: Any) -> None:
+        sink(str(message), category, filename, lineno)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = show
+        yield
 
 
 def remove_checkpoint(path: Path) -> None:

@@ -17,12 +17,17 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import json
+import logging
 import math
+import re
 import time
 import traceback
-from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,13 +35,20 @@ import numpy as np
 
 from jobs.batches import BatchOrder
 from jobs.frameworks.base import (
+    Advice,
     Capabilities,
     Checkpointed,
     CheckpointMismatch,
+    ConfigNotSerialized,
     Driver,
     Evaluation,
+    Gradient,
+    SparseRows,
+    StateNotRestored,
     StepRecord,
     TrainingSession,
+    WarningSink,
+    python_warnings_to,
 )
 from jobs.spec import JobSpec
 from jobs.workloads import Workload
@@ -62,8 +74,12 @@ class KerasDriver(Driver):
 
     style: ClassVar[str] = "keras"
     framework: ClassVar[str] = "tensorflow"
-    capabilities: ClassVar[Capabilities] = Capabilities(whole_model_save=True)
+    capabilities: ClassVar[Capabilities] = Capabilities(whole_model_save=True, schedule_objects=True)
     model_suffix: ClassVar[str] = ".keras"
+    # The whole-model formats `save_load_model` proves, and what registers a class by name.
+    whole_model_formats: ClassVar[tuple[str, ...]] = (".keras",)
+    serializable_decorator: ClassVar[str] = "keras.saving.register_keras_serializable"
+    loss_scale_name: ClassVar[str] = "keras.mixed_precision.LossScaleOptimizer"
 
     def __init__(self) -> None:
         import tensorflow as tf
@@ -97,6 +113,288 @@ class KerasDriver(Driver):
     def session(self, spec: JobSpec, entry: Entry, workload: Workload, workdir: Path) -> KerasSession:
         return KerasSession(self, spec, entry, workload)
 
+    # -- what the conformance checks drive ---------------------------------------------------------------
+    # The steps run eagerly unless a check is about compilation, so a graph-only fault fails
+    # only `graph_mode`.
+
+    advice: ClassVar[Advice] = Advice(
+        update_method="update_step",
+        in_place_update="update the variable in place (self.assign / assign_sub); `variable = variable - "
+        "lr * g` only rebinds a local name, and every variable with a gradient must be updated",
+        skip_none_grad="skip pairs whose gradient is None before using them (as the base class's apply "
+        "does), e.g. in an overridden apply",
+        finite_state="look for a division by a zero state (add epsilon) or a log/sqrt of a negative value",
+        untrainable_state="create state with add_variable / add_optimizer_variables, or pass trainable=False",
+        fast_update="keep host round-trips (tf.print, py_function, .numpy()) out of the update, clip by one "
+        "global norm, and move per-step work that does not depend on the variable out of the per-variable "
+        "loop",
+        sign_of_update="subtract lr * direction from the variable (self.assign_sub)",
+        deprecated_call="tf.cast(x, tf.float32) instead of tf.to_float(x)",
+        sparse_update="handle tf.IndexedSlices (gather the touched rows, apply the same math, scatter them "
+        "back), or raise a clear error saying sparse gradients are not supported",
+        read_lr_each_step="use the learning_rate argument update_step receives every step; never cache "
+        "float(self.learning_rate) in __init__ or build",
+        keep_hyperparameters="store each constructor argument as given and return it from get_config "
+        "(config.update({...})); from_config must accept exactly that",
+        state_on_device="create slots with add_variable_from_reference / add_optimizer_variables, which "
+        "place them next to their variable",
+        state_on_device_after_restore="create slots with add_variable_from_reference / "
+        "add_optimizer_variables in build, so a restore fills variables that already sit next to theirs",
+        state_in_checkpoint="keep all state in optimizer variables (self.add_variable / "
+        "add_optimizer_variables), created in build",
+    )
+
+    # A small MLP: the compiled update has no per-call Python overhead to drown, and a
+    # full-matrix preconditioner (n x n per variable, as Shampoo-like updates build) must fit.
+    cost_shapes: ClassVar[tuple[tuple[int, ...], ...]] = ((16, 16), (16,), (16, 8), (8,), (8, 1), (1,))
+
+    def variables(self, arrays: Sequence[np.ndarray]) -> list[Any]:
+        return [self.km.Variable(np.array(a, dtype=np.float32)) for a in arrays]
+
+    def optimizer_over(self, create: Callable[[Any], Any], variables: Sequence[Any]) -> Any:
+        optimizer = create(None)
+        self.create_state(optimizer, variables)
+        return optimizer
+
+    def construct(self, cls: type, kwargs: Mapping[str, Any]) -> Any:
+        return cls(**kwargs)
+
+    def step(self, optimizer: Any, variables: Sequence[Any], grads: Sequence[Gradient]) -> None:
+        tensors = [self._gradient(g) for g in grads]
+        if any(g is None for g in grads):
+            with warnings.catch_warnings():  # "gradients do not exist for variables": expected here
+                warnings.simplefilter("ignore")
+                self.apply(optimizer, tensors, variables)
+            return
+        self.apply(optimizer, tensors, variables)
+
+    def _gradient(self, grad: Gradient) -> Any:
+        tf = self.tf
+        if grad is None:
+            return None
+        if isinstance(grad, SparseRows):
+            return tf.IndexedSlices(
+                tf.constant(np.array(grad.values, dtype=np.float32)),
+                tf.constant(grad.rows, dtype=tf.int64),
+                tf.constant(grad.shape),
+            )
+        return tf.constant(np.array(grad, dtype=np.float32))
+
+    def values(self, variables: Sequence[Any]) -> list[np.ndarray]:
+        return [np.array(v.numpy()) for v in variables]
+
+    def state(self, optimizer: Any) -> list[tuple[str, np.ndarray]]:
+        return [(_name(v), np.array(np.asarray(v.numpy()))) for v in optimizer_variables_of(optimizer)]
+
+    def state_of(self, optimizer: Any, variables: Sequence[Any], index: int) -> list[np.ndarray]:
+        """Slots are matched to their variable by shape: the checks give every variable its own."""
+        shape = tuple(variables[index].shape)
+        return [value for _, value in self.state(optimizer) if value.shape == shape]
+
+    def trainable_state(self, optimizer: Any, variables: Sequence[Any]) -> tuple[int, list[str]]:
+        state = [*optimizer_variables_of(optimizer), *tracked_outside(self.tf, optimizer, variables)]
+        weights = {id(backing(v)) for v in variables}
+        offending = []
+        for v in state:
+            if id(backing(v)) in weights:
+                offending.append(f"{_name(v)!r} is one of the trained variables")
+            elif bool(getattr(v, "trainable", False)):
+                offending.append(f"{_name(v)!r} is trainable")
+        return len(state), offending
+
+    def scheduled(
+        self, create: Callable[[Any, Any], Any], variables: Sequence[Any], rates: Sequence[float], lr_arg: str
+    ) -> tuple[Any, Callable[[int], None]]:
+        schedule = self.schedules.PiecewiseConstantDecay(list(range(len(rates) - 1)), list(rates))
+        optimizer = create(None, schedule)
+        self.create_state(optimizer, variables)
+        return optimizer, lambda step: None  # the optimizer asks its schedule each step
+
+    def set_learning_rate(self, optimizer: Any, rate: float, lr_arg: str) -> None:
+        optimizer.learning_rate = rate
+
+    @property
+    def schedule_name(self) -> str:
+        return "a LearningRateSchedule"
+
+    @property
+    def config_name(self) -> str:
+        return "get_config()"
+
+    def config(self, optimizer: Any) -> list[dict[str, Any]]:
+        try:
+            config = optimizer.get_config()
+            json.dumps(config, default=_numpy_scalar)
+        except Exception as exc:
+            raise ConfigNotSerialized(
+                "get_config() is not JSON-serializable: "
+                f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
+                fix="return plain Python values from get_config (floats, not tensors or variables; a "
+                "schedule through its serialize())",
+            ) from exc
+        return [plain_config(optimizer)]
+
+    @property
+    def config_roundtrip_name(self) -> str:
+        return "from_config()"
+
+    def config_roundtrip(self, optimizer: Any, fresh: Callable[[], Any]) -> list[dict[str, Any]]:
+        config = optimizer.get_config()
+        cls = type(optimizer)
+        try:
+            return [plain_config(cls.from_config(dict(config)))]
+        except Exception as exc:
+            raise ConfigNotSerialized(
+                f"{cls.__name__}.from_config(get_config()) raised {type(exc).__name__}: "
+                f"{' '.join(str(exc).split())[:300]}",
+                fix="get_config must return exactly the constructor's arguments (plus the base class's)",
+            ) from exc
+
+    def learning_rate_schedule(self, lr: float) -> Any:
+        return self.schedules.ExponentialDecay(lr, decay_steps=10, decay_rate=0.5)
+
+    @property
+    def sparse_gradient_name(self) -> str:
+        return "tf.IndexedSlices, what an Embedding produces"
+
+    def refusal_files(self, cls: type) -> set[str]:
+        # Only the class's own file: TensorFlow raises from deep inside its ops, never deliberately.
+        try:
+            return {inspect.getsourcefile(cls) or ""} - {""}
+        except TypeError:
+            return set()
+
+    def accelerator(self) -> AbstractContextManager[Any] | None:
+        if not self.tf.config.list_physical_devices("GPU"):
+            return None
+        device: AbstractContextManager[Any] = self.tf.device("/GPU:0")
+        return device
+
+    @property
+    def no_accelerator(self) -> str:
+        return "no GPU visible to TensorFlow: optimizer state placement needs one to mean anything"
+
+    def misplaced_state(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
+        """Slots are matched to variables by shape (the checks give every variable its own)."""
+        device_of_shape = {tuple(v.shape): variable_device(v) for v in variables}
+        misplaced = []
+        for slot in optimizer_variables_of(optimizer):
+            home = device_of_shape.get(tuple(slot.shape))
+            if home is not None and variable_device(slot) != home:
+                misplaced.append(f"{_name(slot)} on {variable_device(slot)}, variable on {home}")
+        return misplaced
+
+    @property
+    def state_format(self) -> str:
+        return "tf.train.Checkpoint"
+
+    def save_state(self, optimizer: Any, variables: Sequence[Any], folder: Path) -> Any:
+        checkpoint = self.tf.train.Checkpoint(optimizer=optimizer, variables=list(variables))
+        return checkpoint.write(str(folder / "ckpt"))
+
+    def restore_state(self, optimizer: Any, variables: Sequence[Any], saved: Any) -> None:
+        status = self.tf.train.Checkpoint(optimizer=optimizer, variables=list(variables)).read(saved)
+        try:
+            status.assert_consumed()
+        except AssertionError as exc:
+            raise StateNotRestored(
+                "tf.train.Checkpoint: saved optimizer values found no variable in a freshly built optimizer "
+                f"({str(exc).splitlines()[0][:200]})",
+                fix=self.advice.state_in_checkpoint + ", so a fresh optimizer has it before restoring",
+            ) from None
+
+    def state_difference(self, saved: Any, restored: Any) -> str | None:
+        before, after = self.state(saved), self.state(restored)
+        if len(before) != len(after):
+            return f"{len(before)} optimizer variables saved, {len(after)} restored"
+        for (name, value), (_, back) in zip(before, after, strict=True):
+            if value.shape != back.shape or not np.array_equal(value, back, equal_nan=True):
+                return f"optimizer variable {name!r} differs after restoring"
+        if int(saved.iterations) != int(restored.iterations):
+            return f"iterations came back as {int(restored.iterations)}, not {int(saved.iterations)}"
+        return None
+
+    @contextmanager
+    def recording_warnings(self, sink: WarningSink) -> Iterator[None]:
+        """Python warnings, and TensorFlow's own deprecations (logged once per process through
+        the `tensorflow` logger, so its once-only memory is emptied for the duration)."""
+
+        class Handler(logging.Handler):
+            def emit(self, record: logging.LogRecord) -> None:
+                # TensorFlow starts with "From <its own caller>:<line>:", never the user's line.
+                sink(re.sub(r"^From \S+:\d+: ", "", " ".join(record.getMessage().split())), None, None, None)
+
+        from tensorflow.python.util import deprecation
+
+        printed = getattr(deprecation, "_PRINTED_WARNING", None)
+        handler = Handler()
+        logger = logging.getLogger("tensorflow")
+        with python_warnings_to(sink):
+            logger.addHandler(handler)
+            if isinstance(printed, dict):
+                deprecation._PRINTED_WARNING = {}
+            try:
+                yield
+            finally:
+                logger.removeHandler(handler)
+                if isinstance(printed, dict):
+                    deprecation._PRINTED_WARNING = printed
+
+    def reference_sgd(self, variables: Sequence[Any]) -> Any:
+        optimizer = self.plain_reference_sgd()
+        self.create_state(optimizer, variables)
+        return optimizer
+
+    def timed_update(
+        self, optimizer: Any, variables: Sequence[Any], grads: Sequence[np.ndarray]
+    ) -> Callable[[], Any]:
+        tensors = [self._gradient(g) for g in grads]
+        update = self.tf.function(lambda gs: self.apply(optimizer, gs, variables))
+        graph = update.get_concrete_function(tensors).graph.as_graph_def()
+        for _ in range(3):  # warm-up: tracing and first-call costs are not the step's
+            update(tensors)
+        return _TimedUpdate(lambda: update(tensors), graph)
+
+    def where_time_goes(self, slow: Callable[[], Any], reference: Callable[[], Any]) -> str:
+        assert isinstance(slow, _TimedUpdate) and isinstance(reference, _TimedUpdate)
+        return _graph_difference(slow.graph, reference.graph)
+
+    @property
+    def timed_update_name(self) -> str:
+        return "the update under tf.function"
+
+    @property
+    def schedules(self) -> Any:
+        return self.km.optimizers.schedules
+
+    def plain_reference_sgd(self) -> Any:
+        """SGD(momentum=0.9) with no state yet (a model's compile builds it)."""
+        return self.km.optimizers.SGD(learning_rate=0.01, momentum=0.9)
+
+    def tiny_model(self, seed: int, hidden: int = 0) -> Any:
+        layers = self.km.layers
+        body = [layers.Dense(hidden, activation="tanh"), layers.Dense(1)] if hidden else [layers.Dense(3)]
+        model = self.km.Sequential([self.km.Input((4,)), *body])
+        rng = np.random.RandomState(seed)
+        model.set_weights([rng.normal(0.0, 0.5, w.shape).astype(np.float32) for w in model.get_weights()])
+        return model
+
+    def loss_scale_optimizer(self, inner: Any, initial_scale: float) -> Any:
+        return self.km.optimizers.LossScaleOptimizer(inner, initial_scale=initial_scale)
+
+    def scaled_loss(self, optimizer: Any, loss: Any) -> Any:
+        return optimizer.scale_loss(loss)
+
+    def unscaled_gradients(self, optimizer: Any, grads: Any) -> Any:
+        return grads  # Keras 3's LossScaleOptimizer.apply unscales them itself
+
+    def loss_scale(self, optimizer: Any) -> float:
+        return float(optimizer.dynamic_scale)
+
+    @property
+    def reference_sgd_name(self) -> str:
+        return "SGD(momentum=0.9)"
+
 
 class LegacyKerasDriver(KerasDriver):
     """Legacy tf.keras optimizers (`tf_keras.optimizers.legacy.Optimizer`, Keras 2's OptimizerV2),
@@ -106,6 +404,9 @@ class LegacyKerasDriver(KerasDriver):
     # h5 keeps a legacy optimizer's iterations and slots; SavedModel and .keras reload them
     # as zero (the formats' documented behaviour, not the optimizer's).
     model_suffix: ClassVar[str] = ".h5"
+    whole_model_formats: ClassVar[tuple[str, ...]] = (".h5", ".keras")
+    serializable_decorator: ClassVar[str] = "tf_keras.utils.register_keras_serializable"
+    loss_scale_name: ClassVar[str] = "tf_keras.mixed_precision.LossScaleOptimizer"
 
     def _keras_module(self) -> Any:
         import tf_keras
@@ -122,6 +423,41 @@ class LegacyKerasDriver(KerasDriver):
 
     def apply(self, optimizer: Any, grads: Sequence[Any], variables: Sequence[Any]) -> None:
         optimizer.apply_gradients(list(zip(grads, variables, strict=True)))
+
+    advice: ClassVar[Advice] = replace(
+        KerasDriver.advice,
+        update_method="_resource_apply_dense",
+        in_place_update="update the variable in place (var.assign / assign_sub, or the training ops); "
+        "`var = var - lr * g` only rebinds a local name, and every variable with a gradient must be updated",
+        untrainable_state="create state with add_slot / add_weight, or pass trainable=False",
+        sparse_update="implement _resource_apply_sparse (it gets only the touched rows' values and their "
+        "indices), or raise a clear error saying sparse gradients are not supported",
+        read_lr_each_step="read the rate every step (self._decayed_lr(var_dtype) or apply_state['lr_t']); "
+        "never cache float(self.learning_rate) in __init__ or _create_slots",
+        state_on_device="create slots with add_slot, which places them next to their variable",
+        state_on_device_after_restore="create slots with add_slot in _create_slots, so a restore fills "
+        "variables that already sit next to theirs",
+        state_in_checkpoint="keep all state in slots (self.add_slot in _create_slots) or add_weight",
+        sign_of_update="subtract lr * direction from the variable (var.assign_sub)",
+    )
+
+    def variables(self, arrays: Sequence[np.ndarray]) -> list[Any]:
+        return [self.tf.Variable(np.array(a, dtype=np.float32)) for a in arrays]
+
+    def plain_reference_sgd(self) -> Any:
+        return self.km.optimizers.legacy.SGD(learning_rate=0.01, momentum=0.9)
+
+    def loss_scale_optimizer(self, inner: Any, initial_scale: float) -> Any:
+        return self.km.mixed_precision.LossScaleOptimizer(inner, initial_scale=initial_scale)
+
+    def scaled_loss(self, optimizer: Any, loss: Any) -> Any:
+        return optimizer.get_scaled_loss(loss)
+
+    def unscaled_gradients(self, optimizer: Any, grads: Any) -> Any:
+        return optimizer.get_unscaled_gradients(grads)
+
+    def loss_scale(self, optimizer: Any) -> float:
+        return float(optimizer.loss_scale)
 
     def reloads_no_state(self, saved: Any, reloaded: Any) -> bool:
         """A whole-model format that gave the optimizer back without any state (legacy optimizers
@@ -389,6 +725,79 @@ class _Compiled:
 
     def __call__(self, *args: Any) -> Any:
         return self.compiled(*args)
+
+
+class _TimedUpdate:
+    """A compiled update ready to time, and the graph it runs (to say where its time goes)."""
+
+    def __init__(self, run: Callable[[], Any], graph: Any) -> None:
+        self.run = run
+        self.graph = graph
+
+    def __call__(self) -> Any:
+        return self.run()
+
+
+LINALG_OPS = ("SelfAdjointEig", "Svd", "Qr", "Cholesky", "Matrix", "BatchMatMul", "MatMul", "Einsum", "Lu")
+HOST_SYNC_OPS = {"PrintV2", "Print", "PyFunc", "PyFuncStateless", "EagerPyFunc"}
+
+
+def _graph_ops(graph_def: Any) -> list[tuple[str, str]]:
+    nodes = [(n.op, n.name) for n in graph_def.node]
+    for function in graph_def.library.function:
+        nodes.extend((n.op, n.name) for n in function.node_def)
+    return nodes
+
+
+def _graph_difference(user_graph: Any, reference_graph: Any) -> str:
+    user_ops, reference_ops = _graph_ops(user_graph), _graph_ops(reference_graph)
+    syncs = sorted({op for op, _ in user_ops if op in HOST_SYNC_OPS})
+    if syncs:
+        count = sum(op in HOST_SYNC_OPS for op, _ in user_ops)
+        return (
+            f"the traced update has {count} host round-trip ops ({', '.join(syncs)}: tf.print / py_function)"
+        )
+    norms = {
+        name.rsplit("/", 1)[0] for _, name in user_ops if "clip_by_norm" in name or "norm" in name.lower()
+    }
+    if len(norms) > 1:
+        return (
+            f"the traced update computes {len(norms)} separate norms (per-variable clipping or normalisation)"
+        )
+    known = {op for op, _ in reference_ops} | {"Const", "Identity", "NoOp", "ReadVariableOp"}
+    extra = Counter(op for op, _ in user_ops if op not in known)
+    # Linear algebra first: a few of those cost more than all the elementwise ops together.
+    ranked = sorted(extra.items(), key=lambda item: (not item[0].startswith(LINALG_OPS), -item[1]))
+    listed = ", ".join(f"{op} x{count}" for op, count in ranked[:4])
+    return f"the traced update has {len(user_ops)} ops against SGD's {len(reference_ops)}" + (
+        f"; ops SGD does not need: {listed}" if listed else ""
+    )
+
+
+def _numpy_scalar(value: Any) -> Any:
+    """What Keras's own JSON encoders accept beyond json's: NumPy scalars."""
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def tracked_outside(tf: Any, optimizer: Any, trained: Sequence[Any]) -> list[Any]:
+    """tf.Variables (not scalars) reachable from the optimizer as a checkpoint sees it, but neither
+    in optimizer.variables nor among the variables it trains."""
+    known = {id(backing(v)) for v in [*optimizer_variables_of(optimizer), *trained]}
+    found = []
+    for item in tf.train.TrackableView(optimizer).descendants():
+        inner = backing(item)
+        if isinstance(inner, tf.Variable) and id(inner) not in known and len(inner.shape) > 0:
+            known.add(id(inner))
+            found.append(item)
+    return found
+
+
+def backing(variable: Any) -> Any:
+    """The tf.Variable behind a Keras 3 variable (itself for a tf.Variable)."""
+    value = getattr(variable, "_value", None)
+    return value if value is not None and hasattr(value, "handle") else variable
 
 
 def optimizer_variables_of(optimizer: Any) -> list[Any]:

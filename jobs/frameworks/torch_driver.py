@@ -14,8 +14,10 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -26,13 +28,19 @@ from torch import nn
 
 from jobs.batches import BatchOrder
 from jobs.frameworks.base import (
+    Advice,
     Capabilities,
     Checkpointed,
     CheckpointMismatch,
     Driver,
     Evaluation,
+    Gradient,
+    SparseRows,
+    StateNotRestored,
     StepRecord,
     TrainingSession,
+    WarningSink,
+    python_warnings_to,
 )
 from jobs.spec import JobSpec
 from jobs.workloads import Workload
@@ -189,13 +197,299 @@ def _both_nan(a: Any, b: Any) -> bool:
 # -- the driver -----------------------------------------------------------------------------------------
 
 
+CHECK_SEED = 0
+
+
 class TorchDriver(Driver):
     style: ClassVar[str] = "torch"
     framework: ClassVar[str] = "torch"
-    capabilities: ClassVar[Capabilities] = Capabilities(closure=True, param_groups=True, resume=True)
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        closure=True, param_groups=True, resume=True, refuses_negative_lr=True, sums_repeated_rows=True
+    )
+    advice: ClassVar[Advice] = Advice(
+        update_method="step",
+        in_place_update="update every parameter that has a gradient, in place (p.add_(update, alpha=-lr)), "
+        "never by rebinding a name (p = p - lr * g) or skipping some parameters",
+        skip_none_grad="skip parameters without a gradient in step(): `if p.grad is None: continue`",
+        finite_state="guard divisions and square roots with an epsilon; start state finite (zeros, not "
+        "empty)",
+        untrainable_state="decorate step() with @torch.no_grad() and create state as plain tensors "
+        "(torch.zeros_like(p), p.detach().clone()), never views of p or nn.Parameters",
+        fast_update="update whole tensors (or torch._foreach_* lists) with no .item()/.tolist()/"
+        "float(tensor) host syncs and no Python loops over rows or elements",
+        sign_of_update="the update must move against the gradient (p.add_(update, alpha=-lr))",
+        deprecated_call="p.add_(grad, alpha=-lr) instead of p.add_(-lr, grad)",
+        sparse_update="check p.grad.is_sparse in step() and either update only the touched rows "
+        "(grad.coalesce() sums repeated rows; its indices() are the rows) or raise RuntimeError('... does "
+        "not support sparse gradients')",
+        read_lr_each_step="read the learning rate from the group (group['lr']) inside step() at every step; "
+        "never cache it (self.lr, a copy in state or in the group) in __init__ or on the first step",
+        keep_hyperparameters="pass every hyperparameter in the defaults dict given to Optimizer.__init__ and "
+        "read it from group[name] in step(), not from attributes such as self.beta",
+        state_on_device="create state with torch.zeros_like(p) (or device=p.device), never a bare "
+        "torch.zeros(shape)",
+        state_on_device_after_restore="let Optimizer.load_state_dict cast state (do not override it), or "
+        "move state to p.device in step()",
+        state_in_checkpoint="keep per-parameter state in self.state[p] and hyperparameters in param_groups, "
+        "nowhere else",
+    )
+
+    # Four 256-wide layers: an eager step pays Python overhead per tensor, so element-wise work
+    # must dominate a correct step for the ratio to SGD to mean anything.
+    cost_shapes: ClassVar[tuple[tuple[int, ...], ...]] = ((256, 256), (256,)) * 4
 
     def session(self, spec: JobSpec, entry: Entry, workload: Workload, workdir: Path) -> TorchSession:
         return TorchSession(spec, entry, workload)
+
+    # -- what the conformance checks drive ---------------------------------------------------------------
+
+    @contextmanager
+    def isolated(self) -> Iterator[None]:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(CHECK_SEED)
+            yield
+
+    def variables(self, arrays: Sequence[np.ndarray]) -> list[nn.Parameter]:
+        # On the default device: the CPU, or the accelerator inside `accelerator()`.
+        device = torch.get_default_device()
+        return [nn.Parameter(torch.tensor(np.array(a, dtype=np.float32), device=device)) for a in arrays]
+
+    def optimizer_over(self, create: Callable[[Any], Any], variables: Sequence[Any]) -> Any:
+        return create(list(variables))  # torch creates state lazily, in the first step
+
+    def construct(self, cls: type, kwargs: Mapping[str, Any]) -> Any:
+        return cls(self.variables([np.zeros((2, 2), np.float32)]), **kwargs)
+
+    def step(self, optimizer: Any, variables: Sequence[Any], grads: Sequence[Gradient]) -> None:
+        for param, grad in zip(variables, grads, strict=True):
+            param.grad = None if grad is None else _torch_gradient(grad).to(param.device)
+        optimizer.step()
+
+    def values(self, variables: Sequence[Any]) -> list[np.ndarray]:
+        return [p.detach().cpu().float().numpy().copy() for p in variables]
+
+    def state(self, optimizer: Any) -> list[tuple[str, np.ndarray]]:
+        return [(name, _numpy(t)) for name, t in state_tensors(optimizer)]
+
+    def state_of(self, optimizer: Any, variables: Sequence[Any], index: int) -> list[np.ndarray]:
+        state = optimizer.state.get(variables[index], {})
+        found = []
+        for key in sorted(state, key=str) if isinstance(state, Mapping) else ():
+            value = state[key]
+            if isinstance(value, torch.Tensor):
+                found.append(_numpy(value))
+            elif isinstance(value, int | float) and not isinstance(value, bool):
+                found.append(np.array(value))
+        return found
+
+    def trainable_state(self, optimizer: Any, variables: Sequence[Any]) -> tuple[int, list[str]]:
+        storages = {p.untyped_storage().data_ptr() for p in variables}
+        tensors = list(state_tensors(optimizer))
+        offending = []
+        for name, tensor in tensors:
+            if isinstance(tensor, nn.Parameter):
+                offending.append(f"{name} is an nn.Parameter")
+            elif tensor.requires_grad:
+                offending.append(f"{name} requires grad")
+            elif tensor.numel() and tensor.untyped_storage().data_ptr() in storages:
+                offending.append(f"{name} shares storage with a model parameter")
+        return len(tensors), offending
+
+    def scheduled(
+        self, create: Callable[[Any, Any], Any], variables: Sequence[Any], rates: Sequence[float], lr_arg: str
+    ) -> tuple[Any, Callable[[int], None]]:
+        optimizer = create(list(variables), None)
+
+        def before_step(step: int) -> None:
+            self.set_learning_rate(optimizer, rates[step], lr_arg)
+
+        return optimizer, before_step
+
+    def set_learning_rate(self, optimizer: Any, rate: float, lr_arg: str) -> None:
+        for group in optimizer.param_groups:  # what an LRScheduler does
+            group[lr_arg] = rate
+
+    @property
+    def schedule_name(self) -> str:
+        return "a schedule setting each param group's lr before each step (as an LRScheduler does)"
+
+    @property
+    def config_name(self) -> str:
+        return "param_groups"
+
+    def config(self, optimizer: Any) -> list[dict[str, Any]]:
+        return [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+
+    @property
+    def config_roundtrip_name(self) -> str:
+        return "state_dict() -> load_state_dict()"
+
+    def config_roundtrip(self, optimizer: Any, fresh: Callable[[], Any]) -> list[dict[str, Any]]:
+        reloaded = fresh()
+        reloaded.load_state_dict(optimizer.state_dict())
+        return self.config(reloaded)
+
+    @property
+    def sparse_gradient_name(self) -> str:
+        return "nn.Embedding(sparse=True)"
+
+    def refusal_files(self, cls: type) -> set[str]:
+        return source_files(cls) | set(_files_under(Path(torch.optim.__file__).parent))
+
+    def accelerator(self) -> AbstractContextManager[Any] | None:
+        return torch.device("cuda") if torch.cuda.is_available() else None
+
+    @property
+    def no_accelerator(self) -> str:
+        return "needs a CUDA device; torch.cuda.is_available() is False here"
+
+    def misplaced_state(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
+        found = []
+        for param, state in optimizer.state.items():
+            for key, value in state.items() if isinstance(state, Mapping) else ():
+                # torch keeps scalar step counters on the CPU on purpose (capturable=False).
+                if isinstance(value, torch.Tensor) and value.device != param.device and value.dim() > 0:
+                    found.append(f"{key!r} on {value.device}, parameter on {param.device}")
+        return found
+
+    @property
+    def state_format(self) -> str:
+        return "state_dict -> torch.save -> torch.load(weights_only=True)"
+
+    def save_state(self, optimizer: Any, variables: Sequence[Any], folder: Path) -> Any:
+        path = folder / "optimizer_state.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(optimizer.state_dict(), path)
+        return path
+
+    def restore_state(self, optimizer: Any, variables: Sequence[Any], saved: Any) -> None:
+        try:
+            loaded = torch.load(saved, map_location="cpu", weights_only=True)
+        except Exception as exc:
+            raise StateNotRestored(
+                f"torch.load(weights_only=True) refuses the saved state_dict: {_unpickling_reason(exc)}",
+                fix="keep only tensors, numbers, strings, None and lists/tuples/dicts of them in self.state "
+                "and param_groups (no custom classes, deques, numpy objects or functions)",
+            ) from exc
+        optimizer.load_state_dict(loaded)
+
+    def state_difference(self, saved: Any, restored: Any) -> str | None:
+        return first_difference(saved.state_dict(), restored.state_dict(), "state_dict")
+
+    @contextmanager
+    def recording_warnings(self, sink: WarningSink) -> Iterator[None]:
+        """TORCH_WARN_ONCE fires once per process unless warn-always is on: on for the duration."""
+        warn_always = torch.is_warn_always_enabled()
+        torch.set_warn_always(True)
+        try:
+            with python_warnings_to(sink):
+                yield
+        finally:
+            torch.set_warn_always(warn_always)
+
+    def reference_sgd(self, variables: Sequence[Any]) -> Any:
+        return torch.optim.SGD(list(variables), lr=1e-3, momentum=0.9)
+
+    def timed_update(
+        self, optimizer: Any, variables: Sequence[Any], grads: Sequence[np.ndarray]
+    ) -> Callable[[], Any]:
+        for param, grad in zip(variables, grads, strict=True):
+            param.grad = _torch_gradient(grad).to(param.device)
+
+        def update() -> None:
+            with torch.no_grad():
+                optimizer.step()
+
+        for _ in range(5):  # warm-up: state creation, allocator
+            update()
+        return update
+
+    @contextmanager
+    def timing(self) -> Iterator[None]:
+        """One intra-op thread: on a shared CPU, a second thread waiting for a busy core adds
+        milliseconds to a step at random, whichever optimizer it is."""
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(threads)
+
+    def where_time_goes(self, slow: Callable[[], Any], reference: Callable[[], Any]) -> str:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as profiler:
+            slow()
+        events = [e for e in profiler.key_averages() if e.key.startswith("aten::")]
+        events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+        top = ", ".join(f"{e.key} x{e.count}" for e in events[:4])
+        # aten::item calls aten::_local_scalar_dense: count each host sync once.
+        syncs = max(
+            (e.count for e in events if e.key in ("aten::item", "aten::_local_scalar_dense")), default=0
+        )
+        sync_note = f"{syncs} host syncs (aten::item / _local_scalar_dense) per step; " if syncs > 8 else ""
+        return f"{sync_note}most time in {top}" if top else "no aten ops recorded"
+
+    @property
+    def timed_update_name(self) -> str:
+        return "step()"
+
+    @property
+    def reference_sgd_name(self) -> str:
+        return "torch.optim.SGD(momentum=0.9)"
+
+
+def state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[str, torch.Tensor]]:
+    """(`state[param i][key]`, tensor) for every tensor the optimizer keeps in `self.state`."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    index = {id(p): i for i, p in enumerate(params)}
+    for param, state in optimizer.state.items():
+        if not isinstance(state, Mapping):
+            continue
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                yield f"state[param {index.get(id(param), '?')}][{key!r}]", value
+
+
+def source_files(cls: type) -> set[str]:
+    """The files that define `cls` and its bases."""
+    import inspect
+
+    found = set()
+    for klass in cls.__mro__:
+        try:
+            found.add(inspect.getsourcefile(klass) or "")
+        except TypeError:
+            continue
+    return found - {""}
+
+
+def _files_under(folder: Path) -> list[str]:
+    return [str(path) for path in folder.rglob("*.py")]
+
+
+def _unpickling_reason(error: Exception) -> str:
+    """The line of torch's long weights_only message that names the refused type."""
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", str(error))
+    found = re.search(r"Unsupported global: [^\n]*?(?=\. |\n|$)", plain)
+    return found.group(0) if found else f"{type(error).__name__}: {' '.join(str(error).split())[:300]}"
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    value = tensor.detach().cpu()
+    if value.is_sparse:
+        value = value.to_dense()
+    if value.dtype == torch.bfloat16:
+        value = value.float()
+    return value.numpy().copy()
+
+
+def _torch_gradient(grad: np.ndarray | SparseRows) -> torch.Tensor:
+    if isinstance(grad, SparseRows):
+        indices = torch.tensor([grad.rows], dtype=torch.int64)
+        values = torch.from_numpy(np.array(grad.values, dtype=np.float32))
+        return torch.sparse_coo_tensor(indices, values, grad.shape)
+    return torch.from_numpy(np.array(grad, dtype=np.float32))
 
 
 def resolve_device(requested: str) -> torch.device:

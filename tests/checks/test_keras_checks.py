@@ -1,6 +1,7 @@
-"""The TensorFlow check table, one check at a time: correct optimizers pass (or get a truthful
-warn), each broken one in tests/checks/broken fails with a message that names the problem and
-points at its own file. Keras 3 and legacy tf_keras run in this one process.
+"""The TensorFlow check tables (the common checks plus Keras's own), one check at a time:
+correct optimizers pass (or get a truthful warn), each broken one in tests/checks/broken fails
+with a message that names the problem and points at its own file. Keras 3 and legacy tf_keras
+run in this one process.
 
 The full runs (every check on every broken file, on every built-in) are the table tests in
 test_broken_corpus.py and test_every_optimizer_passes.py; these stay small and fast.
@@ -16,8 +17,8 @@ import pytest
 import tf_keras
 
 from jobs.checks.context import CheckContext
-from jobs.checks.keras_checks import CHECKS
 from jobs.checks.report import CHECK_IDS, ONLY_FOR_STYLES, Outcome
+from jobs.checks.runner import checks_for_style
 from tests.checks.tables import BROKEN_DIR, target_of
 
 
@@ -36,7 +37,7 @@ def _broken(name: str, tmp_path: Path) -> CheckContext:
 
 
 def _run(check_id: str, ctx: CheckContext) -> Outcome:
-    return CHECKS[check_id](ctx)
+    return checks_for_style(ctx.target.style)[check_id](ctx)
 
 
 def _assert_fails_here(outcome: Outcome, broken: str, *words: str) -> None:
@@ -47,9 +48,10 @@ def _assert_fails_here(outcome: Outcome, broken: str, *words: str) -> None:
         assert word in outcome.detail, outcome.detail
 
 
-def test_table_covers_every_tensorflow_check() -> None:
+@pytest.mark.parametrize("style", ["keras", "tf_legacy"])
+def test_table_covers_every_tensorflow_check(style: str) -> None:
     torch_only = {check for check, styles in ONLY_FOR_STYLES.items() if styles == ("torch",)}
-    assert set(CHECKS) == set(CHECK_IDS) - torch_only
+    assert set(checks_for_style(style)) == set(CHECK_IDS) - torch_only
 
 
 @pytest.fixture(scope="module")

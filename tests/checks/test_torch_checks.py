@@ -1,4 +1,5 @@
-"""The torch check table: good optimizers pass, each broken one is caught by its own check."""
+"""The torch check table (the common checks plus torch's own): good optimizers pass, each broken
+one is caught by its own check."""
 
 from __future__ import annotations
 
@@ -8,13 +9,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from jobs.checks import torch_checks  # noqa: E402
+from jobs.checks import build_checks, cost_checks, rate_checks, state_checks  # noqa: E402
 from jobs.checks.context import CheckContext  # noqa: E402
 from jobs.checks.report import CHECK_IDS  # noqa: E402
-from jobs.checks.runner import validated_params  # noqa: E402
+from jobs.checks.runner import checks_for_style, validated_params  # noqa: E402
 from jobs.checks.target import resolve_target  # noqa: E402
 
 BROKEN = Path(__file__).parent / "broken"
+CHECKS = checks_for_style("torch")
 
 
 def context(text: str, tmp_path: Path, **params: object) -> CheckContext:
@@ -31,7 +33,7 @@ def broken(name: str, tmp_path: Path) -> CheckContext:
 
 
 def test_table_covers_every_torch_check() -> None:
-    assert set(torch_checks.CHECKS) == set(CHECK_IDS) - {"save_load_model"}
+    assert set(CHECKS) == set(CHECK_IDS) - {"save_load_model"}
 
 
 FAST_CHECKS = [
@@ -55,7 +57,7 @@ FAST_CHECKS = [
 def test_good_optimizers_pass_the_fast_checks(text: str, tmp_path: Path) -> None:
     ctx = context(text, tmp_path)
     for check_id in FAST_CHECKS:
-        outcome = torch_checks.CHECKS[check_id](ctx)
+        outcome = CHECKS[check_id](ctx)
         assert outcome.status == "pass", (check_id, outcome.detail)
 
 
@@ -81,7 +83,7 @@ def test_broken_optimizer_fails_its_check_at_the_users_file(
     name: str, check_id: str, words: str, tmp_path: Path
 ) -> None:
     ctx = broken(name, tmp_path)
-    outcome = torch_checks.CHECKS[check_id](ctx)
+    outcome = CHECKS[check_id](ctx)
     assert outcome.status == "fail", outcome.detail
     assert words in outcome.detail
     assert outcome.where.startswith(str(BROKEN / f"{name}.py")), outcome.where
@@ -89,7 +91,7 @@ def test_broken_optimizer_fails_its_check_at_the_users_file(
 
 
 def test_deprecated_overload_is_a_warning_with_the_users_line(tmp_path: Path) -> None:
-    outcome = torch_checks.check_deprecations(broken("torch_deprecations", tmp_path))
+    outcome = cost_checks.check_deprecations(broken("torch_deprecations", tmp_path))
     assert outcome.status == "warn"
     assert "add_" in outcome.detail
     source = (BROKEN / "torch_deprecations.py").read_text().splitlines()
@@ -99,19 +101,19 @@ def test_deprecated_overload_is_a_warning_with_the_users_line(tmp_path: Path) ->
 
 
 def test_row_loop_with_host_syncs_is_a_slow_step(tmp_path: Path) -> None:
-    outcome = torch_checks.check_step_cost(broken("torch_step_cost", tmp_path))
+    outcome = cost_checks.check_step_cost(broken("torch_step_cost", tmp_path))
     assert outcome.status == "warn", outcome.detail
     assert "host syncs" in outcome.detail
-    assert outcome.figure is not None and outcome.figure > torch_checks.STEP_COST_LIMIT
+    assert outcome.figure is not None and outcome.figure > cost_checks.STEP_COST_LIMIT
 
 
 def test_sparse_refusals_and_densifying(tmp_path: Path) -> None:
-    refused = torch_checks.check_sparse(context("torch.optim:Adam", tmp_path))
+    refused = rate_checks.check_sparse(context("torch.optim:Adam", tmp_path))
     assert refused.status == "pass" and "refuses sparse" in refused.detail
     # torch's SGD with weight decay crashes inside an op on a sparse gradient: a fail.
-    crashed = torch_checks.check_sparse(context("torch.optim:SGD", tmp_path, weight_decay=0.1))
+    crashed = rate_checks.check_sparse(context("torch.optim:SGD", tmp_path, weight_decay=0.1))
     assert crashed.status == "fail" and "crashed inside the update" in crashed.detail
-    dense = torch_checks.check_sparse(context(f"{__name__}:DecayEveryRow", tmp_path))
+    dense = rate_checks.check_sparse(context(f"{__name__}:DecayEveryRow", tmp_path))
     assert dense.status == "warn" and "densifies" in dense.detail
 
 
@@ -131,12 +133,12 @@ class DecayEveryRow(torch.optim.Optimizer):
 
 
 def test_construct_accepts_torch_wording_for_the_argument() -> None:
-    assert torch_checks._names_argument("Invalid learning rate: -0.001", "lr")
-    assert torch_checks._names_argument("Invalid beta parameter at index 0: -0.001", "betas")
-    assert torch_checks._names_argument("Invalid epsilon value: -1", "eps")
-    assert torch_checks._names_argument("beta_1 must be a number in [0, 1); received 1.0", "beta_1")
-    assert not torch_checks._names_argument("", "lr")
-    assert not torch_checks._names_argument("already failed", "lr")
+    assert build_checks.names_argument("Invalid learning rate: -0.001", "lr")
+    assert build_checks.names_argument("Invalid beta parameter at index 0: -0.001", "betas")
+    assert build_checks.names_argument("Invalid epsilon value: -1", "eps")
+    assert build_checks.names_argument("beta_1 must be a number in [0, 1); received 1.0", "beta_1")
+    assert not build_checks.names_argument("", "lr")
+    assert not build_checks.names_argument("already failed", "lr")
 
 
 def test_checks_leave_rng_and_warn_always_as_found(tmp_path: Path) -> None:
@@ -145,8 +147,8 @@ def test_checks_leave_rng_and_warn_always_as_found(tmp_path: Path) -> None:
     expected = torch.rand(3)
     torch.manual_seed(123)
     warn_always, threads = torch.is_warn_always_enabled(), torch.get_num_threads()
-    torch_checks.check_deprecations(ctx)
-    torch_checks.check_dense_step(ctx)
+    cost_checks.check_deprecations(ctx)
+    build_checks.check_dense_step(ctx)
     assert torch.equal(torch.rand(3), expected)
     assert torch.is_warn_always_enabled() == warn_always
     assert torch.get_num_threads() == threads
@@ -155,5 +157,5 @@ def test_checks_leave_rng_and_warn_always_as_found(tmp_path: Path) -> None:
 def test_device_placement_skips_without_cuda(tmp_path: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present")
-    outcome = torch_checks.check_device_placement(context("lion", tmp_path))
+    outcome = state_checks.check_device_placement(context("lion", tmp_path))
     assert outcome.status == "skip" and "CUDA" in outcome.detail

@@ -1,0 +1,300 @@
+"""construct, dense_step, descends, none_grads: written once over the drivers.
+
+What passes, warns and fails, and the fix, read here; a fix sentence that must name the
+framework's API comes from the driver's `advice`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from jobs.checks.context import CheckContext, overrides_note
+from jobs.checks.report import Outcome, failed, passed, skipped
+from jobs.checks.tools import (
+    MOVES_NOTHING,
+    SHAPES,
+    CheckFunction,
+    arrays,
+    fresh,
+    isolated,
+    max_diff,
+    method_location,
+    native,
+    shape_text,
+    updates_nothing,
+    user_line,
+)
+from jobs.frameworks.base import Gradient
+from optimizers.hyperparams import Param
+
+FROZEN_SHAPE = (7, 2)
+LATER_FROZEN_SHAPE = (2, 6)
+DESCENT_STEPS = 20
+# Words an error may use for an argument instead of its own name.
+_ARGUMENT_WORDS: dict[str, tuple[str, ...]] = {
+    "lr": ("learning rate", "learning_rate", "step size"),
+    "learning_rate": ("learning rate", "lr"),
+    "eps": ("epsilon",),
+    "epsilon": ("eps",),
+    "betas": ("beta",),
+}
+
+
+# -- construct ---------------------------------------------------------------------------------------
+
+
+@isolated
+def check_construct(ctx: CheckContext) -> Outcome:
+    entry, driver = ctx.target.entry, ctx.driver
+    for label, params in (
+        ("the default hyperparameters", {}),
+        (f"the given hyperparameters {ctx.params}", ctx.params),
+    ):
+        try:
+            entry.create(params, model_params=driver.variables(arrays(SHAPES, seed=0)))
+        except Exception as exc:
+            ctx.mark_unbuildable()
+            return failed(
+                f"building with {label} raised {ctx.describe_error(exc)}",
+                where=user_line(ctx, exc),
+                fix="the constructor must accept every declared hyperparameter at its default and in range",
+            )
+    probed: list[str] = []
+    problems: list[str] = []
+    where = ""
+    for param in entry.params.values():
+        values = _invalid_values(ctx, param)
+        if values:
+            probed.append(param.name)
+        for value in values:
+            problem, at = _probe_invalid(ctx, param, value)
+            if problem:
+                problems.append(problem)
+                where = where or at
+    if problems:
+        return failed(
+            "; ".join(problems),
+            where=where,
+            figure=float(len(problems)),
+            fix="validate each argument in __init__ and raise ValueError naming it, the value and what is "
+            "allowed (e.g. 'lr must be a number > 0; received -1')",
+        )
+    if not probed:
+        return passed("builds with the defaults and the given params; it declares no ranges to probe", 0.0)
+    return passed(
+        f"builds with the defaults and the given params; values just outside the ranges of {len(probed)} "
+        f"arguments ({', '.join(probed)}) were rejected with errors naming the argument "
+        "(figure: arguments probed)",
+        float(len(probed)),
+    )
+
+
+def _native_kwargs(ctx: CheckContext, params: Mapping[str, Any]) -> dict[str, Any]:
+    return {native(ctx, k): v for k, v in params.items()}
+
+
+def _invalid_values(ctx: CheckContext, param: Param) -> list[Any]:
+    """Values just outside `param`'s range: the ranges the class declares (the exclusive bound
+    itself too), and the learning rate's `> 0` only where the framework's own optimizers refuse
+    a negative rate (torch; Keras accepts one by design)."""
+    if param.type not in ("float", "number", "int", "float_pair"):
+        return []
+    declared = native(ctx, param.name) in (getattr(ctx.target.cls, "optlab_hyperparameters", {}) or {})
+    if not declared and not (param.name == "lr" and ctx.driver.capabilities.refuses_negative_lr):
+        return []
+    numbers: list[float] = []
+    for bound, inclusive, direction in (
+        (param.low, param.low_inclusive, -1),
+        (param.high, param.high_inclusive, 1),
+    ):
+        if bound is None or not math.isfinite(bound):
+            continue
+        margin = 1 if param.type == "int" else 1e-3 * max(1.0, abs(bound))
+        numbers.append(bound + direction * margin)
+        if not inclusive and declared:
+            numbers.append(bound)
+    if param.type == "int":
+        return [int(n) for n in numbers]
+    if param.type == "float_pair":
+        pair = ctx.params.get(param.name, param.default)
+        return [(n, pair[1]) for n in numbers]
+    return numbers
+
+
+def _probe_invalid(ctx: CheckContext, param: Param, value: Any) -> tuple[str, str]:
+    """('', '') when building with `value` raises an error naming the argument, else (problem, where)."""
+    name = native(ctx, param.name)
+    try:
+        ctx.driver.construct(ctx.target.cls, _native_kwargs(ctx, {**ctx.params, param.name: value}))
+    except Exception as exc:
+        if names_argument(str(exc), name):
+            return "", ""
+        return (
+            f"{name}={value!r} was rejected with {ctx.describe_error(exc)}, which does not name {name}",
+            user_line(ctx, exc),
+        )
+    return (
+        f"{name}={value!r} was accepted although {name} must be {param.allowed()}",
+        method_location(ctx, "__init__"),
+    )
+
+
+def names_argument(message: str, name: str) -> bool:
+    """Whether an error message names argument `name`, in its own words or a usual synonym."""
+    words = {name, name.replace("_", " "), name.replace("_", ""), *_ARGUMENT_WORDS.get(name, ())}
+    stem = re.sub(r"[_\d]+$", "", name).rstrip("s")  # beta_1 -> beta, betas -> beta
+    if len(stem) > 2:
+        words.add(stem)
+    lowered = message.lower()
+    return any(re.search(rf"(?<![a-z0-9]){re.escape(w.lower())}(?![a-z0-9])", lowered) for w in words)
+
+
+# -- dense_step, descends ----------------------------------------------------------------------------
+
+
+@isolated
+def check_dense_step(ctx: CheckContext) -> Outcome:
+    driver = ctx.driver
+    optimizer, variables = fresh(ctx)
+    before = driver.values(variables)
+    driver.step(optimizer, variables, arrays(SHAPES, seed=1))
+    after = driver.values(variables)
+    unchanged = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if np.array_equal(a, b)]
+    ctx.notes["moves_nothing"] = len(unchanged) == len(variables)
+    bad = [f"variable {shape_text(SHAPES[i])}" for i, a in enumerate(after) if not np.all(np.isfinite(a))]
+    bad += [name for name, value in driver.state(optimizer) if not _finite(value)]
+    if bad:
+        return failed(
+            f"after one step these are not finite: {', '.join(bad[:6])}",
+            where=method_location(ctx),
+            figure=float(len(bad)),
+            fix=driver.advice.finite_state,
+        )
+    if unchanged:
+        shapes = ", ".join(shape_text(SHAPES[i]) for i in unchanged)
+        return failed(
+            f"{len(unchanged)} of {len(variables)} variables with a nonzero gradient did not change after "
+            f"one step: left unchanged (shapes {shapes})",
+            where=method_location(ctx),
+            figure=float(len(unchanged)),
+            fix=driver.advice.in_place_update,
+        )
+    smallest = min(float(np.max(np.abs(a - b))) for a, b in zip(before, after, strict=True))
+    return passed(
+        f"one step changed all {len(variables)} variables; values and state finite "
+        "(figure: smallest largest change)",
+        smallest,
+    )
+
+
+def _finite(value: np.ndarray) -> bool:
+    return not np.issubdtype(value.dtype, np.floating) or bool(np.all(np.isfinite(value)))
+
+
+@isolated
+def check_descends(ctx: CheckContext) -> Outcome:
+    """0.5 * |w - t|^2 (condition number 1): any optimizer's steps must bring the loss down."""
+    if updates_nothing(ctx):
+        return skipped(MOVES_NOTHING)
+    driver = ctx.driver
+    optimizer, variables = fresh(ctx)
+    targets = arrays(SHAPES, seed=2)
+
+    def loss() -> float:
+        values = driver.values(variables)
+        return sum(0.5 * float(np.sum((v - t) ** 2)) for v, t in zip(values, targets, strict=True))
+
+    start = loss()
+    for _ in range(DESCENT_STEPS):
+        grads = [v - t for v, t in zip(driver.values(variables), targets, strict=True)]
+        driver.step(optimizer, variables, grads)
+    end = loss()
+    ratio = end / start
+    if not math.isfinite(end) or end >= start:
+        return failed(
+            f"the loss went from {start:.4g} to {end:.4g} in {DESCENT_STEPS} steps on a well-conditioned "
+            f"quadratic with lr={ctx.lr:g}",
+            where=method_location(ctx),
+            figure=ratio,
+            fix=f"{driver.advice.sign_of_update}; check signs and that the learning rate is applied to the "
+            "update and not far too large",
+        )
+    return passed(
+        f"loss fell to {ratio:.3g} of its start in {DESCENT_STEPS} steps on a quadratic (lr={ctx.lr:g}; "
+        "figure: final/initial)",
+        ratio,
+    )
+
+
+# -- none_grads --------------------------------------------------------------------------------------
+
+
+@isolated
+def check_none_grads(ctx: CheckContext) -> Outcome:
+    """A variable that never gets a gradient, and one whose gradient goes away after a step."""
+    driver = ctx.driver
+    shapes = (*SHAPES[:2], LATER_FROZEN_SHAPE, FROZEN_SHAPE)
+    frozen, later = 3, 2
+    overrides = ctx.stateful_overrides()
+    optimizer, variables = fresh(ctx, shapes, **overrides)
+
+    def grads(seed: int, *, later_too: bool) -> list[Gradient]:
+        trained = arrays(shapes[:3], seed)
+        return [trained[0], trained[1], trained[2] if later_too else None, None]
+
+    try:
+        driver.step(optimizer, variables, grads(3, later_too=True))
+        saved = driver.values(variables)
+        state = {i: driver.state_of(optimizer, variables, i) for i in (later, frozen)}
+        for seed in (4, 5):
+            driver.step(optimizer, variables, grads(seed, later_too=False))
+    except Exception as exc:
+        return failed(
+            f"a step where a variable has no gradient (None, as for a frozen layer) raised "
+            f"{ctx.describe_error(exc)}",
+            where=user_line(ctx, exc),
+            fix=driver.advice.skip_none_grad,
+        )
+    after = driver.values(variables)
+    problems = []
+    for index, label in ((frozen, "never had"), (later, "lost its")):
+        moved = max_diff([after[index]], [saved[index]])
+        if moved > 0:
+            problems.append(f"a variable that {label} gradient (None) moved by {moved:.3g}")
+        state_moved = max_diff(driver.state_of(optimizer, variables, index), state[index])
+        if state_moved > 0:
+            problems.append(
+                f"the state of a variable that {label} gradient (None) changed by {state_moved:.3g}"
+            )
+    if problems:
+        return failed(
+            "; ".join(problems),
+            where=method_location(ctx),
+            figure=float(len(problems)),
+            fix="leave a variable whose gradient is None alone: no weight decay, no momentum step, no state "
+            "update for it",
+        )
+    if not updates_nothing(ctx) and max_diff(after[:2], saved[:2]) == 0:
+        return failed(
+            "with one gradient None, the variables that do have gradients were not updated either",
+            where=method_location(ctx),
+            fix="drop only the None pairs, not the whole step",
+        )
+    return passed(
+        "variables with a None gradient (never trained, and frozen after a step) and their state stayed "
+        f"bitwise unchanged over 2 steps; the others were updated{overrides_note(overrides)}",
+        0.0,
+    )
+
+
+CHECKS: Mapping[str, CheckFunction] = {
+    "construct": check_construct,
+    "dense_step": check_dense_step,
+    "descends": check_descends,
+    "none_grads": check_none_grads,
+}

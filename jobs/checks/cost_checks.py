@@ -1,0 +1,145 @@
+"""step_cost and deprecations: what an update costs and what it triggers, written once over the
+drivers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from jobs.checks.context import CheckContext
+from jobs.checks.report import Outcome, passed, skipped, warned
+from jobs.checks.tools import (
+    SHAPES,
+    CheckFunction,
+    arrays,
+    fresh,
+    isolated,
+    method_location,
+)
+
+# Over this ratio to the framework's SGD(momentum=0.9) is a warn.
+STEP_COST_LIMIT = 3.0
+
+
+# -- step_cost ---------------------------------------------------------------------------------------
+
+
+@isolated
+def check_step_cost(ctx: CheckContext) -> Outcome:
+    """The update's time against the framework's SGD(momentum=0.9) on the same variables."""
+    driver = ctx.driver
+    shapes = driver.cost_shapes
+    grads = arrays(shapes, seed=100)
+    with driver.timing():
+        try:
+            optimizer, variables = fresh(ctx, shapes, seed=101)
+            candidate = driver.timed_update(optimizer, variables, grads)
+        except Exception as exc:
+            return skipped(f"not measurable: {driver.timed_update_name} raised {ctx.describe_error(exc)}")
+        reference_variables = driver.variables(arrays(shapes, seed=101, mean=1.0))
+        reference = driver.timed_update(driver.reference_sgd(reference_variables), reference_variables, grads)
+        ours, theirs = interleaved_best(candidate, reference)
+        if ours / theirs > STEP_COST_LIMIT:  # a busy machine can fake one slow round: measure once more
+            ours, theirs = min(
+                (ours, theirs), interleaved_best(candidate, reference), key=lambda t: t[0] / t[1]
+            )
+        ratio = ours / theirs
+        slow = ratio > STEP_COST_LIMIT
+        where_time_goes = driver.where_time_goes(candidate, reference) if slow else ""
+    timing = (
+        f"{driver.timed_update_name} takes {ours * 1e3:.3g} ms, {driver.reference_sgd_name} "
+        f"{theirs * 1e3:.3g} ms on {sum(math.prod(s) for s in shapes):,} parameters"
+    )
+    if not slow:
+        return passed(f"{timing} (figure: ratio)", ratio)
+    return warned(
+        f"{timing}: {ratio:.1f}x; {where_time_goes}",
+        where=method_location(ctx),
+        figure=ratio,
+        fix=driver.advice.fast_update,
+    )
+
+
+def interleaved_best(
+    first: Callable[[], Any], second: Callable[[], Any], *, budget_s: float = 1.0
+) -> tuple[float, float]:
+    """The fastest call of each, timed in alternating rounds so that load from other processes
+    hits both alike: the fastest is the sample least hurt by it. A very slow update needs
+    fewer samples to say so."""
+    best = [math.inf, math.inf]
+    spent = [0.0, 0.0]
+    for _ in range(7):
+        for index, run in enumerate((first, second)):
+            for _ in range(15):
+                started = time.perf_counter()
+                run()
+                took = time.perf_counter() - started
+                best[index], spent[index] = min(best[index], took), spent[index] + took
+                if spent[index] > budget_s:
+                    break
+        if max(spent) > budget_s:
+            break
+    return best[0], best[1]
+
+
+# -- deprecations ------------------------------------------------------------------------------------
+
+
+@isolated
+def check_deprecations(ctx: CheckContext) -> Outcome:
+    """Building, two steps and reading the state: each deprecation warning the class's own code
+    triggers is a `warn` at its line; ones raised by framework code alone are not the class's."""
+    driver = ctx.driver
+    found: list[tuple[str, str]] = []  # (message, the user's line or "")
+
+    def record(
+        message: str, category: type[Warning] | None, filename: str | None, lineno: int | None
+    ) -> None:
+        if is_deprecation(category, message):
+            found.append((" ".join(message.split()), _line_in_user_file(ctx, filename, lineno)))
+
+    with driver.recording_warnings(record):
+        optimizer, variables = fresh(ctx, **ctx.stateful_overrides())
+        for seed in (110, 111):
+            driver.step(optimizer, variables, arrays(SHAPES, seed))
+        driver.state(optimizer)
+    located = [(message, where) for message, where in found if where]
+    if not located:
+        other = f"; {len(found)} raised by framework code outside the class were ignored" if found else ""
+        return passed(f"building and two steps raised no deprecation warning from the class{other}", 0.0)
+    message, where = located[0]
+    return warned(
+        f"{len(located)} deprecation warning(s) from the class's code, first: {message[:200]}",
+        where=where,
+        figure=float(len(located)),
+        fix=f"switch to the replacement the warning names (e.g. {driver.advice.deprecated_call}) before a "
+        "framework upgrade removes the old call",
+    )
+
+
+def is_deprecation(category: type[Warning] | None, message: str) -> bool:
+    """The one deprecation filter: the warning classes for it, or a message that says so."""
+    deprecated = category is not None and issubclass(category, DeprecationWarning | FutureWarning)
+    return deprecated or "deprecat" in message.lower()
+
+
+def _line_in_user_file(ctx: CheckContext, filename: str | None, lineno: int | None) -> str:
+    """The user's line responsible: the warning's own location when it is there, else the
+    innermost frame of the current stack inside the class's file."""
+    source = ctx.target.source_file()
+    if source is None:
+        return ""
+    if filename == source and lineno is not None:
+        return f"{source}:{lineno}"
+    frames = [f for f in traceback.extract_stack() if f.filename == source]
+    return f"{source}:{frames[-1].lineno}" if frames else ""
+
+
+CHECKS: Mapping[str, CheckFunction] = {
+    "step_cost": check_step_cost,
+    "deprecations": check_deprecations,
+}

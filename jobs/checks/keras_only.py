@@ -1,0 +1,387 @@
+"""The checks only Keras has, for Keras 3 (`keras`) and legacy tf.keras (`tf_legacy`):
+save_load_model, graph_mode (tf.function, XLA), device_placement, mixed_precision.
+
+Every check that means the same in all frameworks is in the tables of `jobs.checks.common`, written
+once over the drivers; what the two Keras styles do differently here (whole-model
+formats, loss scaling, registration) the Keras drivers say. The steps run eagerly unless
+the check is about compilation, so a graph-only fault fails only `graph_mode`.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from jobs.checks.context import CheckContext, overrides_note
+from jobs.checks.keras_processes import distributed, resume_exact
+from jobs.checks.report import Outcome, failed, passed, skipped, warned
+from jobs.checks.tools import (
+    SHAPES,
+    arrays,
+    fresh,
+    max_diff,
+    same_value,
+    updates_nothing,
+    user_line,
+)
+from jobs.frameworks.keras_driver import (
+    KerasDriver,
+    optimizer_variables_of,
+    plain_config,
+    tracked_outside,
+)
+
+# Closeness of two computations that should agree up to float32 rounding (graph rewrites);
+# XLA fuses and reorders more, so it gets a looser bound.
+RTOL, ATOL = 1e-5, 1e-6
+XLA_RTOL, XLA_ATOL = 1e-4, 1e-5
+
+
+def _kit(ctx: CheckContext) -> KerasDriver:
+    driver = ctx.driver
+    assert isinstance(driver, KerasDriver), "the Keras checks run only with a Keras driver"
+    return driver
+
+
+def _tensors(values: Sequence[np.ndarray | None], kit: KerasDriver) -> list[Any]:
+    return [None if a is None else kit.tf.constant(a) for a in values]
+
+
+def _state(optimizer: Any) -> list[np.ndarray]:
+    return [np.array(np.asarray(v.numpy())) for v in optimizer_variables_of(optimizer)]
+
+
+def _all_close(a: Sequence[np.ndarray], b: Sequence[np.ndarray], rtol: float, atol: float) -> bool:
+    return len(a) == len(b) and all(
+        x.shape == y.shape and np.allclose(x, y, rtol=rtol, atol=atol, equal_nan=False)
+        for x, y in zip(a, b, strict=True)
+    )
+
+
+def _first_line(error: BaseException, ctx: CheckContext) -> str:
+    """The error in one line; for an autograph error (which quotes the traced code first, the
+    user's line included) its last line, where the actual complaint is."""
+    text = str(error)
+    if "in user code:" in text:
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        last = lines[-1][:300]
+        return last if last.startswith(type(error).__name__) else f"{type(error).__name__}: {last}"
+    return ctx.describe_error(error)
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """Framework chatter that is expected in a check (h5 is legacy)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+# -- save_load_model -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Reload:
+    """What a whole-model save and load brought back of an optimizer."""
+
+    error: BaseException | None = None
+    cls: type | None = None
+    config_keys: tuple[str, ...] = ()  # keys whose values differ after the reload
+    iterations: tuple[int, int] = (0, 0)  # saved, reloaded
+    variables: tuple[int, int] = (0, 0)  # saved, reloaded count
+    variable_diff: float = 0.0
+
+    @property
+    def lost_state(self) -> bool:
+        return (
+            self.iterations[1] != self.iterations[0]
+            or self.variables[1] != self.variables[0]
+            or self.variable_diff > 0
+        )
+
+    def state_text(self) -> str:
+        return (
+            f"iterations {self.iterations[1]} (saved {self.iterations[0]}), {self.variables[1]} of "
+            f"{self.variables[0]} optimizer variables"
+            + (f", values off by up to {self.variable_diff:.3g}" if self.variable_diff > 0 else "")
+        )
+
+
+def check_save_load_model(ctx: CheckContext) -> Outcome:
+    kit = _kit(ctx)
+    formats = kit.whole_model_formats
+    untracked = _state_outside_variables(ctx)
+    if untracked:
+        return failed(
+            f"{untracked} tf.Variable(s) the optimizer tracks are not among optimizer.variables, so a "
+            "whole-model save (which writes optimizer.variables) drops them",
+            where=ctx.target.class_location(),
+            fix="create state with self.add_variable / add_optimizer_variables, not tf.Variable",
+            figure=float(untracked),
+        )
+    stateful = ctx.stateful_overrides()
+    format_warnings: list[str] = []
+    for suffix in formats:
+        user = _whole_model_reload(kit, lambda: ctx.build(**stateful), ctx.workdir / f"user{suffix}")
+        judged = _judge_reload(ctx, kit, suffix, user)
+        if isinstance(judged, Outcome):
+            return judged
+        if judged is not None:
+            format_warnings.append(judged)
+    names = " and ".join(formats)
+    if format_warnings:
+        return warned(
+            " ".join(format_warnings),
+            where=ctx.target.class_location(),
+            fix="save the whole model as h5, or resume from a tf.train.Checkpoint(model=..., optimizer=...) "
+            "which keeps every optimizer variable",
+        )
+    return passed(
+        f"model.save({names}) and load_model without custom_objects brought back the same class, config, "
+        "iterations and optimizer variables" + overrides_note(stateful)
+    )
+
+
+def _judge_reload(ctx: CheckContext, kit: KerasDriver, suffix: str, user: _Reload) -> Outcome | str | None:
+    """None when the reload is complete; a `fail` for the class's faults; what the format loses
+    when the framework's SGD loses the same through it (for a `warn`)."""
+    cls = ctx.target.cls
+    if user.error is not None:
+        message = str(user.error)
+        not_found = "Could not locate class" in message or "Unknown optimizer" in message
+        return failed(
+            f"load_model of a {suffix} model compiled with it raised {_first_line(user.error, ctx)}",
+            where=ctx.target.class_location() if not_found else user_line(ctx, user.error),
+            fix=(
+                f"decorate the class with @{kit.serializable_decorator}(package=...) so load_model finds it "
+                "by name"
+                if not_found
+                else "get_config must return exactly what the constructor accepts"
+            ),
+        )
+    if user.cls is not cls:
+        return failed(
+            f"the {suffix} model's optimizer came back as {getattr(user.cls, '__name__', user.cls)}, "
+            f"not {cls.__name__}",
+            where=ctx.target.class_location(),
+            fix="register the class under its own name with register_keras_serializable",
+        )
+    if user.config_keys:
+        return failed(
+            f"after a {suffix} save and load the optimizer config differs in {list(user.config_keys)}",
+            where=ctx.target.class_location(),
+            fix="get_config must return every constructor argument and from_config must restore it",
+        )
+    if not user.lost_state:
+        return None
+    reference = _whole_model_reload(kit, kit.plain_reference_sgd, ctx.workdir / f"reference{suffix}")
+    if reference.error is None and reference.lost_state:
+        return (
+            f"{suffix}: the format itself reloads the optimizer without its state ({user.state_text()}); "
+            f"the framework's SGD(momentum=0.9) loses the same ({reference.state_text()})."
+        )
+    return failed(
+        f"after a {suffix} save and load the optimizer came back with {user.state_text()}, while the "
+        "framework's SGD keeps its state through the same format",
+        where=ctx.target.class_location(),
+        fix=f"{kit.advice.state_in_checkpoint}, in a fixed order, so a loaded model's optimizer can receive "
+        "the saved values",
+    )
+
+
+def _whole_model_reload(kit: KerasDriver, build: Callable[[], Any], path: Any) -> _Reload:
+    model = kit.tiny_model(seed=50)
+    optimizer = build()
+    model.compile(optimizer=optimizer, loss="mse")
+    variables = model.trainable_variables
+    kit.create_state(optimizer, variables)
+    x = kit.tf.constant(arrays([(8, 4)], seed=51)[0])
+    with kit.tf.GradientTape() as tape:
+        loss = kit.tf.reduce_mean(kit.tf.square(model(x)))
+    kit.apply(optimizer, tape.gradient(loss, variables), variables)
+    try:
+        with _quiet():
+            model.save(path)
+            loaded = kit.km.models.load_model(path).optimizer
+    except Exception as exc:
+        return _Reload(error=exc)
+    saved_config, loaded_config = plain_config(optimizer), plain_config(loaded)
+    differing = tuple(
+        sorted(
+            k
+            for k in saved_config.keys() | loaded_config.keys()
+            if not same_value(saved_config.get(k), loaded_config.get(k))
+        )
+    )
+    saved_state, loaded_state = _state(optimizer), _state(loaded)
+    diff = max_diff(saved_state, loaded_state) if len(saved_state) == len(loaded_state) else 0.0
+    return _Reload(
+        cls=type(loaded),
+        config_keys=differing,
+        iterations=(int(optimizer.iterations), int(loaded.iterations)),
+        variables=(len(saved_state), len(loaded_state)),
+        variable_diff=diff,
+    )
+
+
+def _state_outside_variables(ctx: CheckContext) -> int:
+    """tf.Variables (not scalars) reachable from the optimizer as a checkpoint sees it, but neither
+    in optimizer.variables nor among the variables it trains: what tf.train.Checkpoint saves and a
+    whole-model file does not."""
+    optimizer, variables = fresh(ctx)
+    return len(tracked_outside(_kit(ctx).tf, optimizer, variables))
+
+
+# -- graph_mode ---------------------------------------------------------------------------------------------
+
+GRAPH_STEPS = 3
+
+
+def check_graph_mode(ctx: CheckContext) -> Outcome:
+    kit = _kit(ctx)
+    grads = [_tensors(arrays(SHAPES, seed=60 + step), kit) for step in range(GRAPH_STEPS)]
+    try:
+        eager = _run_steps(ctx, grads, compile_with=None)
+    except Exception:
+        return skipped("not meaningful: the eager step itself raises (see dense_step)")
+    try:
+        graph = _run_steps(ctx, grads, compile_with=False)
+    except Exception as exc:
+        return failed(
+            f"the update works eagerly but not inside tf.function: {_first_line(exc, ctx)}",
+            where=user_line(ctx, exc),
+            fix="use tensor ops (tf.where, tf.cond, ops.where) instead of Python if/while on tensor values, "
+            "and no .numpy(), float(tensor) or .item() in the update",
+        )
+    diff = max_diff(eager, graph)
+    if not _all_close(eager, graph, RTOL, ATOL):
+        return failed(
+            f"{GRAPH_STEPS} steps under tf.function differ from the eager ones by up to {diff:.3g}: Python "
+            "state (a counter, a cached value) is frozen when the function is traced",
+            where=ctx.target.class_location(),
+            fix="keep anything that changes between steps in optimizer variables (self.iterations, "
+            "add_variable), not in Python attributes",
+            figure=diff,
+        )
+    try:
+        xla = _run_steps(ctx, grads, compile_with=True)
+    except Exception as exc:
+        return warned(
+            "the update works under tf.function but not with jit_compile=True (XLA): "
+            f"{_first_line(exc, ctx)}; "
+            "jobs with jit_compile will fail",
+            where=user_line(ctx, exc),
+            fix="avoid ops XLA cannot compile in the update (tf.py_function, tf.print, string ops)",
+        )
+    xla_diff = max_diff(eager, xla)
+    if not _all_close(eager, xla, XLA_RTOL, XLA_ATOL):
+        return warned(
+            f"with jit_compile=True (XLA) {GRAPH_STEPS} steps differ from eager by up to {xla_diff:.3g}, "
+            "more "
+            "than float32 reordering explains",
+            where=ctx.target.class_location(),
+            fix="look for ops whose XLA lowering differs (random ops, reductions over huge ranges)",
+            figure=xla_diff,
+        )
+    return passed(
+        f"{GRAPH_STEPS} steps under tf.function and with jit_compile=True match the eager ones",
+        figure=max(diff, xla_diff),
+    )
+
+
+def _run_steps(
+    ctx: CheckContext, grads: Sequence[Sequence[Any]], *, compile_with: bool | None
+) -> list[np.ndarray]:
+    """Variables and optimizer state after the steps: eagerly (None), tf.function, or XLA (True)."""
+    kit = _kit(ctx)
+    optimizer, variables = fresh(ctx, **ctx.stateful_overrides())
+
+    def step(step_grads: list[Any]) -> None:
+        kit.apply(optimizer, step_grads, variables)
+
+    run = step if compile_with is None else kit.tf.function(step, jit_compile=compile_with)
+    for step_grads in grads:
+        run(list(step_grads))
+    return _kit(ctx).values(variables) + _state(optimizer)
+
+
+# -- device_placement ------------------------------------------------------------------------------
+
+
+# -- mixed_precision ----------------------------------------------------------------------------------------
+
+
+def check_mixed_precision(ctx: CheckContext) -> Outcome:
+    kit = _kit(ctx)
+    mixed = kit.km.mixed_precision
+    previous = mixed.global_policy()
+    try:
+        mixed.set_global_policy("mixed_float16")
+        model = kit.tiny_model(seed=80, hidden=8)
+        before = [np.array(w) for w in model.get_weights()]
+        try:
+            scales = _mixed_precision_steps(kit, model, ctx.build())
+        except Exception as exc:
+            return failed(
+                f"training under a mixed_float16 policy with {_loss_scale_name(kit)} raised "
+                f"{_first_line(exc, ctx)}",
+                where=user_line(ctx, exc),
+                fix="keep the update dtype-generic (cast to variable.dtype, not a fixed float32/float16) and "
+                "keep the base class's apply/apply_gradients signature",
+            )
+        after = model.get_weights()
+    finally:
+        mixed.set_global_policy(previous)
+    if not all(np.all(np.isfinite(w)) for w in after):
+        return failed(
+            f"weights became non-finite under mixed_float16 with {_loss_scale_name(kit)}",
+            where=ctx.target.class_location(),
+            fix="compute the update in the variable's dtype (float32 here) and let the loss scale handle "
+            "float16 gradients",
+        )
+    if not updates_nothing(ctx) and all(np.array_equal(a, b) for a, b in zip(before, after, strict=True)):
+        return failed(
+            f"{len(scales)} steps under mixed_float16 with {_loss_scale_name(kit)} changed no weight "
+            f"(loss scales {scales})",
+            where=ctx.target.class_location(),
+            fix="the wrapped optimizer must apply the unscaled gradients it is given",
+        )
+    return passed(
+        f"{len(scales)} steps under a mixed_float16 policy with {_loss_scale_name(kit)}: finite, weights "
+        "updated",
+        figure=scales[-1] if scales else None,
+    )
+
+
+def _loss_scale_name(kit: KerasDriver) -> str:
+    return kit.loss_scale_name
+
+
+def _mixed_precision_steps(kit: KerasDriver, model: Any, inner: Any) -> list[float]:
+    tf = kit.tf
+    x, y = (tf.constant(a) for a in arrays([(16, 4), (16, 1)], seed=81))
+    variables = model.trainable_variables
+    optimizer = kit.loss_scale_optimizer(inner, initial_scale=2.0**8)
+    scales = []
+    for _ in range(3):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(tf.cast(model(x), tf.float32) - y))
+            scaled = kit.scaled_loss(optimizer, loss)
+        grads = kit.unscaled_gradients(optimizer, tape.gradient(scaled, variables))
+        kit.apply(optimizer, grads, variables)
+        scales.append(kit.loss_scale(optimizer))
+    return scales
+
+
+CHECKS: Mapping[str, Callable[[CheckContext], Outcome]] = {
+    "save_load_model": check_save_load_model,
+    "resume_exact": resume_exact,
+    "graph_mode": check_graph_mode,
+    "distributed": distributed,
+    "mixed_precision": check_mixed_precision,
+}

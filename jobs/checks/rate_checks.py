@@ -1,0 +1,335 @@
+"""schedule and sparse: the rate a schedule sets, and row-sparse gradients, written once over
+the drivers.
+"""
+
+from __future__ import annotations
+
+import functools
+import traceback
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from jobs.checks.context import CheckContext
+from jobs.checks.report import Outcome, failed, passed, skipped, warned
+from jobs.checks.tools import (
+    MOVES_NOTHING,
+    SHAPES,
+    CheckFunction,
+    arrays,
+    fresh,
+    isolated,
+    max_diff,
+    method_location,
+    updates_nothing,
+    user_line,
+)
+from jobs.frameworks.base import Driver, SparseRows
+
+# -- schedule ----------------------------------------------------------------------------------------
+
+# Multiples of the learning rate for steps 0..4: zero on some steps, so an optimizer that
+# reads the rate once (in __init__, build or the first step) instead of every step is caught.
+SCHEDULE_FACTORS = (0.0, 1.0, 0.0, 2.0, 0.5)
+# Where a rate of 0 is outside what the optimizer can take (FTRL divides by it): every step
+# must move, and differently from a constant rate.
+POSITIVE_SCHEDULE_FACTORS = (1.0, 0.5, 2.0, 0.25, 1.0)
+
+
+@isolated
+def check_schedule(ctx: CheckContext) -> Outcome:
+    """The rate the style's schedule sets must be the one applied at every step: zero-rate steps
+    move nothing, the others move, and the result equals the rate set by hand each step. One
+    step of lag is allowed: averaging optimizers (torch's ASGD) apply a rate derived from the
+    previous step's."""
+    if updates_nothing(ctx):
+        return skipped(MOVES_NOTHING)
+    driver = ctx.driver
+    overrides = _without_weight_decay(ctx)
+    zero_rate_ok = _takes_a_zero_rate(ctx, overrides)
+    rates = [ctx.lr * f for f in (SCHEDULE_FACTORS if zero_rate_ok else POSITIVE_SCHEDULE_FACTORS)]
+    grads = [arrays(SHAPES, seed=10 + step) for step in range(len(rates))]
+    try:
+        scheduled = _updates(ctx, grads, rates, overrides, by_hand=False)
+    except (ValueError, TypeError, NotImplementedError) as exc:
+        if "schedule" not in str(exc).lower():
+            raise
+        return warned(
+            f"the class refuses {driver.schedule_name} with a clear error ({ctx.describe_error(exc)}), so no "
+            "schedule can be used with it",
+            where=method_location(ctx, "__init__"),
+            fix=f"accept a schedule and {driver.advice.read_lr_each_step}; until then, set the rate by hand "
+            "between steps",
+        )
+    by_hand = _updates(ctx, grads, rates, overrides, by_hand=True)
+    decay_note = (
+        " (weight_decay set to 0 for this check: decay need not follow the rate)" if overrides else ""
+    )
+    shown = [round(r, 8) for r in rates]
+    fix = driver.advice.read_lr_each_step
+    moved = [max(float(np.max(np.abs(d))) for d in update) > 0 for update in scheduled]
+    # A rate read once (at construction, or on the first step) and kept: the schedule never reaches
+    # the update, which then equals the same optimizer's at that constant rate.
+    for constant_rate in dict.fromkeys((ctx.lr, rates[0])):
+        constant = _updates(ctx, grads, [constant_rate] * len(rates), overrides, by_hand=True)
+        if all(max_diff(a, b) == 0 for a, b in zip(scheduled, constant, strict=True)):
+            still = "; every step left every variable unchanged" if not any(moved) else ""
+            return failed(
+                f"with {driver.schedule_name} of rates {shown} every update was bitwise the same as at a "
+                f"constant rate of {constant_rate:g}: a schedule is never applied{still}{decay_note}",
+                where=method_location(ctx),
+                fix=fix,
+            )
+    moved = [max(float(np.max(np.abs(d))) for d in update) > 0 for update in scheduled]
+    on_time = [rate > 0 for rate in rates]
+    late = [rates[max(step - 1, 0)] > 0 for step in range(len(rates))]
+    if moved != on_time and moved == late and zero_rate_ok:
+        return passed(
+            f"the update follows {driver.schedule_name} one step late (the rate applied is derived from the "
+            "previous step's, as in averaging optimizers such as ASGD); zero-rate steps moved nothing"
+            f"{decay_note}"
+        )
+    wrong = [
+        f"step {step} (rate {rate:g}) " + ("moved the variables" if move else "left every variable unchanged")
+        for step, (rate, move, expected) in enumerate(zip(rates, moved, on_time, strict=True))
+        if move != expected
+    ]
+    worst = max(max_diff(a, b) for a, b in zip(scheduled, by_hand, strict=True))
+    wrong += [
+        f"after step {step} the update differs by {max_diff(a, b):.3g} from the same optimizer with its rate "
+        f"set to {rates[step]:g} by hand"
+        for step, (a, b) in enumerate(zip(scheduled, by_hand, strict=True))
+        if not _close(a, b)
+    ]
+    if wrong:
+        return failed(
+            f"{driver.schedule_name} of rates {shown} was not followed: {wrong[0]}{decay_note}",
+            where=method_location(ctx),
+            figure=worst,
+            fix=fix,
+        )
+    zero_note = (
+        "zero-rate steps left the variables alone"
+        if zero_rate_ok
+        else "rates kept above 0: a step at rate 0 gives non-finite values in this optimizer (e.g. FTRL)"
+    )
+    return passed(
+        f"{driver.schedule_name} was applied at each of {len(rates)} steps ({zero_note}) and matched the "
+        f"rate set by hand each step{decay_note}",
+        figure=worst,
+    )
+
+
+def _updates(
+    ctx: CheckContext,
+    grads: Sequence[Sequence[np.ndarray]],
+    rates: Sequence[float],
+    overrides: Mapping[str, Any],
+    *,
+    by_hand: bool,
+) -> list[list[np.ndarray]]:
+    """What each step changed, with the rates scheduled the style's way or set by hand."""
+    driver = ctx.driver
+    lr_arg = ctx.target.entry.lr_arg
+    variables = driver.variables(arrays(SHAPES, seed=0, mean=1.0))
+    before_step: Callable[[int], None]
+    if by_hand:
+        optimizer = driver.optimizer_over(lambda params: ctx.build(params, **overrides), variables)
+        before_step = functools.partial(_set_rate, driver, optimizer, rates, lr_arg)
+    else:
+
+        def create(params: Any, learning_rate: Any) -> Any:
+            return ctx.build(params, learning_rate=learning_rate, **overrides)
+
+        optimizer, before_step = driver.scheduled(create, variables, rates, lr_arg)
+    updates = []
+    for step, step_grads in enumerate(grads):
+        before_step(step)
+        before = driver.values(variables)
+        driver.step(optimizer, variables, step_grads)
+        updates.append([a - b for a, b in zip(driver.values(variables), before, strict=True)])
+    return updates
+
+
+def _set_rate(driver: Driver, optimizer: Any, rates: Sequence[float], lr_arg: str, step: int) -> None:
+    driver.set_learning_rate(optimizer, rates[step], lr_arg)
+
+
+def _close(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> bool:
+    """Equal up to float32 rounding: a schedule and a rate set by hand take different code paths."""
+    return all(np.allclose(x, y, rtol=1e-5, atol=1e-6) for x, y in zip(a, b, strict=True))
+
+
+def _takes_a_zero_rate(ctx: CheckContext, overrides: Mapping[str, Any]) -> bool:
+    """Whether a step at learning rate 0 stays finite: FTRL divides by the rate, so the zero-rate
+    steps would compare NaN with NaN for it."""
+    driver = ctx.driver
+    try:
+        optimizer, variables = fresh(ctx, **overrides)
+        driver.set_learning_rate(optimizer, 0.0, ctx.target.entry.lr_arg)
+        driver.step(optimizer, variables, arrays(SHAPES, seed=10))
+    except Exception:
+        return False
+    return all(bool(np.all(np.isfinite(value))) for value in driver.values(variables))
+
+
+def _without_weight_decay(ctx: CheckContext) -> dict[str, Any]:
+    """`weight_decay=0` when the class has one and allows 0: decay not scaled by the learning rate
+    is a legitimate design, and would blur a check about the learning rate."""
+    param = ctx.target.entry.params.get("weight_decay")
+    if param is None or param.type not in ("float", "number"):
+        return {}
+    try:
+        param.check(0.0)
+    except ValueError:
+        return {}
+    return {"weight_decay": 0.0}
+
+
+# -- sparse ------------------------------------------------------------------------------------------
+
+TABLE_SHAPE = (10, 4)
+
+
+@isolated
+def check_sparse(ctx: CheckContext) -> Outcome:
+    """Unique rows first (the plain case), then a second step elsewhere to see whether rows the
+    gradient did not touch move, then a repeated id (as an Embedding batch has)."""
+    driver = ctx.driver
+    first_rows, second_rows, repeated_rows = [1, 3], [6, 8], [2, 5, 5]
+    optimizer, table = fresh(ctx, (TABLE_SHAPE,))
+    start = driver.values(table)[0]
+    try:
+        _sparse_step(ctx, optimizer, table, _rows(first_rows, seed=20))
+    except Exception as exc:
+        return _sparse_refusal(ctx, exc)
+    after_first = driver.values(table)[0]
+    diff = _sparse_vs_dense(ctx, _rows(first_rows, seed=20), after_first)
+    if not np.all(np.isfinite(after_first)) or diff > 0:
+        return failed(
+            f"the rows a row-sparse gradient ({driver.sparse_gradient_name}) touches differ by up to "
+            f"{diff:.3g} from the same optimizer on the equivalent dense gradient",
+            where=method_location(ctx),
+            figure=diff,
+            fix=driver.advice.sparse_update,
+        )
+    _sparse_step(ctx, optimizer, table, _rows(second_rows, seed=21))
+    densified = _rows_changed(start, after_first, exclude=first_rows) | _rows_changed(
+        after_first, driver.values(table)[0], exclude=second_rows
+    )
+    repeated_optimizer, repeated_table = fresh(ctx, (TABLE_SHAPE,))
+    _sparse_step(ctx, repeated_optimizer, repeated_table, _rows(repeated_rows, seed=22))
+    repeated_diff = _sparse_vs_dense(ctx, _rows(repeated_rows, seed=22), driver.values(repeated_table)[0])
+    repeats = (
+        f"with a repeated index (ids {repeated_rows}) the touched rows differ by up to {repeated_diff:.3g} "
+        "from the dense gradient, which sums the repeats"
+    )
+    if repeated_diff > 0 and driver.capabilities.sums_repeated_rows:
+        return failed(
+            repeats + " (the framework's own optimizers sum them first)",
+            where=method_location(ctx),
+            figure=repeated_diff,
+            fix=driver.advice.sparse_update,
+        )
+    notes = []
+    if repeated_diff > 0:
+        notes.append(repeats + " (the framework's own Adam and RMSprop square each repeat separately too)")
+    if densified:
+        notes.append(
+            f"densifies: {len(densified)} of {TABLE_SHAPE[0]} rows the gradient did not touch changed too: "
+            "the update touches the whole table every step (O(table) work, e.g. momentum or weight decay on "
+            "all rows)"
+        )
+    if notes:
+        return warned(
+            "sparse gradients work, but " + "; ".join(notes),
+            where=method_location(ctx),
+            figure=float(len(densified)) if densified else repeated_diff,
+            fix=(
+                "sum repeated indices first (unique + segment sum) before squaring or taking signs; "
+                if repeated_diff > 0
+                else ""
+            )
+            + "for large embeddings update only the touched rows (gather, compute, scatter: LazyAdam-style), "
+            "weight decay included",
+        )
+    return passed(
+        f"row-sparse gradients ({driver.sparse_gradient_name}), repeated ids too, update only the rows they "
+        "touch, and those match the dense computation (figure: rows changed outside the gradient)",
+        0.0,
+    )
+
+
+def _rows(rows: list[int], seed: int) -> SparseRows:
+    return SparseRows(rows=rows, values=arrays([(len(rows), TABLE_SHAPE[1])], seed)[0], shape=TABLE_SHAPE)
+
+
+def _dense(grad: SparseRows) -> np.ndarray:
+    dense = np.zeros(grad.shape, np.float32)
+    np.add.at(dense, grad.rows, grad.values)
+    return dense
+
+
+def _sparse_step(ctx: CheckContext, optimizer: Any, table: list[Any], grad: SparseRows) -> None:
+    with warnings.catch_warnings():  # the framework's notes on sparse tensors are not the user's
+        warnings.simplefilter("ignore")
+        ctx.driver.step(optimizer, table, [grad])
+
+
+def _sparse_vs_dense(ctx: CheckContext, grad: SparseRows, sparse_result: np.ndarray) -> float:
+    """How far the touched rows after one sparse step are from the same optimizer's dense step
+    (0 when within float32 rounding)."""
+    optimizer, table = fresh(ctx, (TABLE_SHAPE,))
+    ctx.driver.step(optimizer, table, [_dense(grad)])
+    touched = sorted(set(grad.rows))
+    dense = ctx.driver.values(table)[0][touched]
+    if np.allclose(sparse_result[touched], dense, rtol=1e-5, atol=1e-6):
+        return 0.0
+    return float(np.max(np.abs(sparse_result[touched].astype(np.float64) - dense)))
+
+
+def _rows_changed(before: np.ndarray, after: np.ndarray, *, exclude: list[int]) -> set[int]:
+    changed = np.nonzero(np.any(before != after, axis=1))[0]
+    return {int(row) for row in changed} - set(exclude)
+
+
+def _sparse_refusal(ctx: CheckContext, error: Exception) -> Outcome:
+    """A deliberate `raise` that mentions sparse gradients, in the class's own code (or the
+    framework's optimizers'), is a clear refusal; anything else is an error from deep inside an op."""
+    driver = ctx.driver
+    frames = traceback.extract_tb(error.__traceback__)
+    deepest = frames[-1] if frames else None
+    own = deepest is not None and deepest.filename in driver.refusal_files(ctx.target.cls)
+    statement = (deepest.line or "").lstrip() if deepest is not None else ""
+    message = str(error).lower()
+    about_sparse = "sparse" in message or "indexedslices" in message
+    if own and about_sparse and statement.startswith("assert"):
+        return failed(
+            f"refuses sparse gradients with an assert, not a raise ({ctx.describe_error(error)}): python -O "
+            "strips asserts, and then the sparse gradient runs into the dense math",
+            where=user_line(ctx, error),
+            fix=driver.advice.sparse_update,
+        )
+    if own and about_sparse and statement.startswith("raise"):
+        if ctx.target.entry.supports_sparse:
+            return failed(
+                f"the class declares optlab_supports_sparse but refuses sparse gradients: "
+                f"{ctx.describe_error(error)}",
+                where=user_line(ctx, error),
+                fix="support sparse gradients or drop optlab_supports_sparse",
+            )
+        return passed(f"refuses sparse gradients with a clear error: {ctx.describe_error(error)}")
+    return failed(
+        f"a row-sparse gradient ({driver.sparse_gradient_name}) crashed inside the update: "
+        f"{ctx.describe_error(error)}",
+        where=user_line(ctx, error),
+        fix=driver.advice.sparse_update,
+    )
+
+
+CHECKS: Mapping[str, CheckFunction] = {
+    "schedule": check_schedule,
+    "sparse": check_sparse,
+}

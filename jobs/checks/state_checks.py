@@ -1,0 +1,255 @@
+"""config_roundtrip, state_roundtrip, device_placement, state_untrainable: what an optimizer
+keeps and how it survives a save, written once over the drivers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
+from typing import Any
+
+from jobs.checks.context import CheckContext, overrides_note, with_defaults
+from jobs.checks.report import Outcome, failed, passed, skipped
+from jobs.checks.tools import (
+    SHAPES,
+    CheckFunction,
+    arrays,
+    fresh,
+    isolated,
+    max_diff,
+    method_location,
+    native,
+    same_value,
+)
+from jobs.frameworks.base import ConfigNotSerialized, Driver, StateNotRestored
+
+# -- config_roundtrip --------------------------------------------------------------------------------
+
+
+@isolated
+def check_config_roundtrip(ctx: CheckContext) -> Outcome:
+    """Every hyperparameter is where the style serializes it, with the value it was built with
+    (the learning rate halved, so a stored default cannot pass for it), and comes back from the
+    style's round trip into an optimizer built with other values; with a schedule object too
+    where the style has them."""
+    driver = ctx.driver
+    problem = _config_problem(ctx, schedule=False)
+    if problem is not None:
+        return problem
+    count = len(ctx.target.entry.params)
+    where_kept = f"{driver.config_name} carries all {count} hyperparameters with their values and survives"
+    if not driver.capabilities.schedule_objects:
+        return passed(f"{where_kept} {driver.config_roundtrip_name}", float(count))
+    try:
+        problem = _config_problem(ctx, schedule=True)
+    except (ValueError, TypeError, NotImplementedError) as exc:
+        if "schedule" not in str(exc).lower():
+            raise
+        return passed(
+            f"{where_kept} {driver.config_roundtrip_name} (not tried with {driver.schedule_name}, which the "
+            f"class refuses: {ctx.describe_error(exc)})",
+            float(count),
+        )
+    if problem is not None:
+        return problem
+    return passed(
+        f"{where_kept} {driver.config_roundtrip_name}, with a plain rate and with {driver.schedule_name}",
+        float(count),
+    )
+
+
+def _config_problem(ctx: CheckContext, *, schedule: bool) -> Outcome | None:
+    driver = ctx.driver
+    lr_arg = ctx.target.entry.lr_arg
+    expected = {native(ctx, k): v for k, v in with_defaults(ctx.target, ctx.params).items()}
+    expected[lr_arg] = ctx.lr * 0.5
+    learning_rate = driver.learning_rate_schedule(ctx.lr * 0.5) if schedule else None
+    with_what = f" (built with {driver.schedule_name})" if schedule else ""
+    optimizer, variables = fresh(ctx, learning_rate=learning_rate, lr=ctx.lr * 0.5)
+    driver.step(optimizer, variables, arrays(SHAPES, seed=30))  # legacy: hyperparameters now variables
+    if schedule:
+        del expected[lr_arg]  # serialized as the schedule, compared with the round trip below
+    fix = driver.advice.keep_hyperparameters
+    where = method_location(ctx, "__init__")
+    try:
+        built = driver.config(optimizer)
+        problems = _missing(driver.config_name, built, expected, f"after construction{with_what}")
+        if problems:
+            return failed("; ".join(problems), where=where, fix=fix)
+        reloaded = driver.config_roundtrip(optimizer, lambda: fresh(ctx, seed=1)[0])
+    except ConfigNotSerialized as exc:
+        return failed(f"{exc}{with_what}", where=where, fix=exc.fix)
+    when = f"after {driver.config_roundtrip_name}{with_what}"
+    problems = _missing(driver.config_name, reloaded, expected, when)
+    for index, (first, again) in enumerate(zip(built, reloaded, strict=True)):
+        differing = sorted(
+            k for k in first.keys() | again.keys() if not same_value(first.get(k), again.get(k))
+        )
+        if differing and not problems:
+            key = differing[0]
+            problems.append(
+                f"{driver.config_name}[{index}][{key!r}] was {first.get(key)!r} and is {again.get(key)!r} "
+                f"{when}" + (f" ({len(differing) - 1} more keys)" if len(differing) > 1 else "")
+            )
+    if problems:
+        return failed("; ".join(problems), where=where, fix=fix)
+    return None
+
+
+def _missing(
+    config_name: str, configs: Sequence[Mapping[str, Any]], expected: Mapping[str, Any], when: str
+) -> list[str]:
+    """Comparing a config with its reload cannot see an argument missing from both: a reloaded
+    optimizer would silently use its default. So each built value is looked for by name."""
+    problems = []
+    for name, value in expected.items():
+        for index, config in enumerate(configs):
+            if name not in config:
+                problems.append(
+                    f"hyperparameter {name!r} is not in {config_name}[{index}] {when}; a reloaded optimizer "
+                    "would silently use its default"
+                )
+                break
+            if not same_value(config[name], value):
+                problems.append(
+                    f"{config_name}[{index}][{name!r}] is {config[name]!r} {when}, expected {value!r}"
+                )
+                break
+    return problems
+
+
+# -- state_roundtrip ---------------------------------------------------------------------------------
+
+
+@isolated
+def check_state_roundtrip(ctx: CheckContext) -> Outcome:
+    """Save after 3 steps, restore into a never-stepped optimizer over equal variables: the state
+    must come back equal, and the next step bitwise equal to the uninterrupted one (which catches
+    state the save never sees, since both copies would lack it alike)."""
+    driver = ctx.driver
+    overrides = ctx.stateful_overrides()
+    optimizer, variables = fresh(ctx, **overrides)
+    for seed in (40, 41, 42):
+        driver.step(optimizer, variables, arrays(SHAPES, seed))
+    saved = driver.save_state(optimizer, variables, ctx.workdir / "state_roundtrip")
+    # A never-stepped optimizer over variables equal to the saved ones, as a resumed job builds it.
+    restored_variables = driver.variables(driver.values(variables))
+    restored = driver.optimizer_over(lambda params: ctx.build(params, **overrides), restored_variables)
+    try:
+        driver.restore_state(restored, restored_variables, saved)
+    except StateNotRestored as exc:
+        return failed(str(exc), where=method_location(ctx), fix=exc.fix)
+    fix = driver.advice.state_in_checkpoint
+    found = driver.state_difference(optimizer, restored)
+    if found:
+        return failed(f"the restored optimizer's state differs: {found}", where=method_location(ctx), fix=fix)
+    grads = arrays(SHAPES, seed=43)
+    driver.step(optimizer, variables, grads)
+    driver.step(restored, restored_variables, grads)
+    diff = max_diff(
+        driver.values(variables) + [v for _, v in driver.state(optimizer)],
+        driver.values(restored_variables) + [v for _, v in driver.state(restored)],
+    )
+    if diff > 0:
+        return failed(
+            f"the restored state matched, but the next step after reloading differs from the uninterrupted "
+            f"one by up to {diff:.3g}: with equal saved state, a next step differs only when the optimizer "
+            "keeps state the save does not see (a Python attribute, a dict of tensors it does not track)",
+            where=method_location(ctx),
+            figure=diff,
+            fix=fix,
+        )
+    count = len(driver.state(optimizer))
+    return passed(
+        f"{driver.state_format} into a fresh optimizer: {count} state tensors identical and the next step "
+        f"bitwise equal{overrides_note(overrides)}",
+        0.0,
+    )
+
+
+# -- device_placement --------------------------------------------------------------------------------
+
+
+@isolated
+def check_device_placement(ctx: CheckContext) -> Outcome:
+    """State next to its variable on an accelerator, after steps and after a restore that loads
+    the saved state onto the host first (as a job resumed on another machine does)."""
+    driver = ctx.driver
+    if driver.accelerator() is None:
+        return skipped(driver.no_accelerator)
+    overrides = ctx.stateful_overrides()
+    with _on_accelerator(driver):
+        optimizer, variables = fresh(ctx, **overrides)
+        for seed in (70, 71):
+            driver.step(optimizer, variables, arrays(SHAPES, seed))
+    misplaced = driver.misplaced_state(optimizer, variables)
+    if misplaced:
+        return failed(
+            f"{len(misplaced)} state tensors on the wrong device after 2 steps: {'; '.join(misplaced[:4])}",
+            where=method_location(ctx),
+            figure=float(len(misplaced)),
+            fix=driver.advice.state_on_device,
+        )
+    saved = driver.save_state(optimizer, variables, ctx.workdir / "device_placement")
+    with _on_accelerator(driver):
+        restored, restored_variables = fresh(ctx, **overrides)
+        driver.restore_state(restored, restored_variables, saved)
+        driver.step(restored, restored_variables, arrays(SHAPES, seed=72))
+    misplaced = driver.misplaced_state(restored, restored_variables)
+    if misplaced:
+        return failed(
+            f"after {driver.state_format} (loaded onto the host) into an optimizer on the accelerator, "
+            f"{len(misplaced)} state tensors sit on the wrong device: {'; '.join(misplaced[:4])}",
+            where=method_location(ctx),
+            figure=float(len(misplaced)),
+            fix=driver.advice.state_on_device_after_restore,
+        )
+    return passed(
+        "state sits on its variable's device after steps on the accelerator and after a restore loaded "
+        f"onto the host{overrides_note(overrides)}",
+        0.0,
+    )
+
+
+def _on_accelerator(driver: Driver) -> AbstractContextManager[Any]:
+    """A new scope each time: a framework's device scope need not be re-entrant."""
+    scope = driver.accelerator()
+    assert scope is not None, "checked before"
+    return scope
+
+
+# -- state_untrainable -------------------------------------------------------------------------------
+
+
+@isolated
+def check_state_untrainable(ctx: CheckContext) -> Outcome:
+    driver = ctx.driver
+    overrides = ctx.stateful_overrides()
+    optimizer, variables = fresh(ctx, **overrides)
+    for seed in (90, 91):
+        driver.step(optimizer, variables, arrays(SHAPES, seed))
+    count, offending = driver.trainable_state(optimizer, variables)
+    if offending:
+        return failed(
+            f"{len(offending)} of {count} optimizer state tensors are trainable or are the trained "
+            f"variables: {'; '.join(offending[:4])}; a tape or autograd watches them and a model or "
+            "strategy may treat them as weights",
+            where=method_location(ctx),
+            figure=float(len(offending)),
+            fix=driver.advice.untrainable_state,
+        )
+    if not count:
+        return passed(f"the optimizer keeps no state tensors{overrides_note(overrides)}", 0.0)
+    return passed(
+        f"none of {count} optimizer state tensors is trainable or one of the trained variables"
+        f"{overrides_note(overrides)}",
+        0.0,
+    )
+
+
+CHECKS: Mapping[str, CheckFunction] = {
+    "config_roundtrip": check_config_roundtrip,
+    "state_roundtrip": check_state_roundtrip,
+    "device_placement": check_device_placement,
+    "state_untrainable": check_state_untrainable,
+}

@@ -1,0 +1,134 @@
+"""What the checks written once over the drivers share: numpy problems, a fresh optimizer over
+new variables, differences, and where in the user's file a fault is.
+
+Each check makes variables from numpy arrays, builds the optimizer over them through the
+catalogue (so the user's hyperparameters apply), feeds numpy gradients and reads values
+and state back as numpy; `jobs.frameworks` says how for each style.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+import re
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from jobs.checks.context import CheckContext
+from jobs.checks.report import Outcome
+
+CheckFunction = Callable[[CheckContext], Outcome]
+
+# Small shapes with distinct sizes, so an optimizer's state can be told apart by its shape.
+SHAPES: tuple[tuple[int, ...], ...] = ((4, 3), (3,), (5,))
+MOVES_NOTHING = "not meaningful: a step changes no variable at all (see dense_step)"
+
+
+def isolated(check: CheckFunction) -> CheckFunction:
+    """The framework's RNG seeded for the check, the caller's given back afterwards."""
+
+    @functools.wraps(check)
+    def run(ctx: CheckContext) -> Outcome:
+        with ctx.driver.isolated():
+            return check(ctx)
+
+    return run
+
+
+def arrays(shapes: Sequence[tuple[int, ...]], seed: int, mean: float = 0.0) -> list[np.ndarray]:
+    rng = np.random.RandomState(seed)
+    return [(mean + rng.normal(0.0, 1.0, shape)).astype(np.float32) for shape in shapes]
+
+
+def fresh(
+    ctx: CheckContext,
+    shapes: Sequence[tuple[int, ...]] = SHAPES,
+    *,
+    seed: int = 0,
+    learning_rate: Any = None,
+    **overrides: Any,
+) -> tuple[Any, list[Any]]:
+    """A new optimizer with the user's params over new variables, its state already created."""
+    driver = ctx.driver
+    variables = driver.variables(arrays(shapes, seed, mean=1.0))
+
+    def create(model_params: Any) -> Any:
+        return ctx.build(model_params, learning_rate=learning_rate, **overrides)
+
+    return driver.optimizer_over(create, variables), variables
+
+
+def max_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
+    if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b, strict=True)):
+        return math.inf
+    diffs = [
+        float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64))))
+        for x, y in zip(a, b, strict=True)
+        if x.size
+    ]
+    return max(diffs, default=0.0)
+
+
+def shape_text(shape: tuple[int, ...]) -> str:
+    return "(" + ", ".join(str(n) for n in shape) + (",)" if len(shape) == 1 else ")")
+
+
+def method_location(ctx: CheckContext, method: str | None = None) -> str:
+    """`file:line` of the class's update method (where the fix goes) when the user's file
+    defines it, else the class statement."""
+    # Unwrapped: torch wraps `step` in profiling hooks and no_grad decorators defined elsewhere.
+    function = getattr(ctx.target.cls, method or ctx.driver.advice.update_method, None)
+    try:
+        function = inspect.unwrap(function)  # type: ignore[arg-type]
+        _, first = inspect.getsourcelines(function)
+        source = inspect.getsourcefile(function)
+    except (OSError, TypeError):
+        return ctx.where()
+    if source is None or source != ctx.target.source_file():
+        return ctx.where()
+    return f"{source}:{first}"
+
+
+def user_line(ctx: CheckContext, error: BaseException) -> str:
+    """`file:line` in the user's file: from the traceback, else from a message that quotes the
+    user's code (`File "x.py", line 12`: autograph, dynamo), else the class statement."""
+    source = ctx.target.source_file()
+    if source is not None:
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == source]
+        if frames:
+            return f"{source}:{frames[-1].lineno}"
+        quoted = re.findall(rf'File "{re.escape(source)}", line (\d+)', str(error))
+        if quoted:
+            return f"{source}:{quoted[-1]}"
+    return ctx.target.class_location()
+
+
+def native(ctx: CheckContext, name: str) -> str:
+    """The class's own argument name for catalogue name `name` (`lr` may be `learning_rate`)."""
+    return ctx.target.entry.lr_arg if name == "lr" else name
+
+
+def same_value(actual: Any, expected: Any) -> bool:
+    """Equal as hyperparameters: one-element tensors and numpy scalars as numbers, floats to
+    float32 precision (legacy Keras stores them as float32 variables), lists as tuples."""
+    if hasattr(actual, "item") and getattr(actual, "size", 1) in (1, None) and np.ndim(actual) == 0:
+        actual = actual.item()
+    if isinstance(actual, Mapping) and isinstance(expected, Mapping):
+        return actual.keys() == expected.keys() and all(same_value(actual[k], expected[k]) for k in actual)
+    if isinstance(expected, tuple | list) and isinstance(actual, tuple | list):
+        return len(actual) == len(expected) and all(
+            same_value(a, e) for a, e in zip(actual, expected, strict=True)
+        )
+    numbers = (int, float)
+    if isinstance(expected, float) and isinstance(actual, numbers) and not isinstance(actual, bool):
+        return math.isclose(actual, expected, rel_tol=1e-6) or (math.isnan(actual) and math.isnan(expected))
+    return bool(actual == expected)
+
+
+def updates_nothing(ctx: CheckContext) -> bool:
+    """`dense_step` saw no variable move: checks that need movement say so instead of failing."""
+    return ctx.notes.get("moves_nothing", False) is True

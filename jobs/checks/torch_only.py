@@ -1,0 +1,388 @@
+"""The checks only PyTorch has: graph_mode (torch.compile), device_placement (CUDA),
+param_groups, closure, mixed_precision (bf16 autocast, GradScaler).
+
+Every check that means the same in all frameworks is in the tables of `jobs.checks.common`, written
+once over the drivers; these drive torch directly, on a tiny MLP with fixed seeds (CPU
+unless the check is about a device). The fresh-process checks (`resume_exact`,
+`distributed`) live in `torch_processes`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from jobs.checks.context import CheckContext
+from jobs.checks.report import Outcome, failed, passed, warned
+from jobs.checks.tools import isolated, method_location, user_line
+from jobs.checks.torch_processes import distributed, resume_exact
+from jobs.frameworks.torch_driver import state_tensors
+
+CheckFunction = Callable[[CheckContext], Outcome]
+SEED = 0
+
+
+def _tiny_model() -> nn.Sequential:
+    # tanh, not ReLU: no dead units, so every parameter gets a nonzero gradient.
+    return nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 3))
+
+
+def _batch() -> tuple[Tensor, Tensor]:
+    generator = torch.Generator().manual_seed(SEED + 1)
+    return torch.randn(16, 6, generator=generator), torch.randn(16, 3, generator=generator)
+
+
+def _backward(model: nn.Module, batch: tuple[Tensor, Tensor], extra: Tensor | None = None) -> Tensor:
+    """Fresh gradients (old ones set to None) of the mean squared error on `batch`."""
+    for p in model.parameters():
+        p.grad = None
+    inputs, targets = batch
+    loss = nn.functional.mse_loss(model(inputs), targets)
+    if extra is not None:
+        loss = loss + extra
+    loss.backward()
+    return loss.detach()
+
+
+def _twin(model: nn.Module) -> nn.Sequential:
+    """A second model with bitwise the same parameters (built, not deep-copied)."""
+    twin = _tiny_model()
+    twin.load_state_dict(model.state_dict())
+    return twin
+
+
+def _snapshot(tensors: Iterable[Tensor]) -> list[Tensor]:
+    return [t.detach().clone() for t in tensors]
+
+
+def _nonfinite(named: Iterable[tuple[str, Tensor]]) -> list[str]:
+    return [name for name, t in named if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+
+
+def _native(ctx: CheckContext, name: str) -> str:
+    """The class's own argument name for catalogue name `name` (`lr` may be `learning_rate`)."""
+    return ctx.target.entry.lr_arg if name == "lr" else name
+
+
+def _max_abs(a: Tensor, b: Tensor) -> float:
+    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+
+
+# --- graph_mode -----------------------------------------------------------------------------------
+
+
+_COMPILE_BACKEND = "aot_eager"
+
+
+@isolated
+def check_graph_mode(ctx: CheckContext) -> Outcome:
+    """torch.compile the step with dynamo (backend aot_eager: tracing and AOTAutograd, no inductor
+    code generation, which costs tens of seconds on a small CPU) and compare with eager."""
+    import torch._dynamo
+
+    batch = _batch()
+    eager_model = _tiny_model()
+    compiled_model = _twin(eager_model)
+    eager = ctx.build(eager_model.parameters())
+    compiled = ctx.build(compiled_model.parameters())
+    torch._dynamo.reset()
+    breaks_before = _graph_breaks()
+    quiet = logging.getLogger("torch._dynamo"), logging.getLogger("torch._logging")
+    levels = [logger.level for logger in quiet]
+    try:
+        for logger in quiet:
+            logger.setLevel(logging.ERROR)
+        step = torch.compile(compiled.step, backend=_COMPILE_BACKEND)
+        for _ in range(3):
+            _backward(eager_model, batch)
+            eager.step()
+            _backward(compiled_model, batch)
+            step()
+        breaks = _graph_breaks() - breaks_before
+    except Exception as exc:
+        return warned(
+            f"torch.compile(optimizer.step, backend={_COMPILE_BACKEND!r}) raised {ctx.describe_error(exc)}",
+            where=user_line(ctx, exc),
+            fix="keep step() traceable: no Python control flow on tensor values (.item(), if tensor), "
+            "no data-dependent shapes",
+        )
+    finally:
+        for logger, level in zip(quiet, levels, strict=True):
+            logger.setLevel(level)
+        torch._dynamo.reset()
+    difference = max(
+        _max_abs(a.detach(), b.detach())
+        for a, b in zip(eager_model.parameters(), compiled_model.parameters(), strict=True)
+    )
+    scale = max(float(p.detach().abs().max()) for p in eager_model.parameters())
+    if not difference <= 1e-5 * max(1.0, scale):
+        return warned(
+            f"3 compiled steps differ from 3 eager steps by {difference:.3g}",
+            where=method_location(ctx),
+            figure=difference,
+            fix="avoid state changes dynamo cannot see (Python attributes updated in step, random numbers)",
+        )
+    breaks_note = f", {breaks} graph break(s)" if breaks else ", no graph breaks"
+    return passed(
+        f"torch.compile(step, backend={_COMPILE_BACKEND!r}) matches eager over 3 steps{breaks_note} "
+        "(figure: max abs difference)",
+        difference,
+    )
+
+
+def _graph_breaks() -> int:
+    from torch._dynamo.utils import counters
+
+    return sum(counters["graph_break"].values())
+
+
+# --- device_placement -----------------------------------------------------------------------------
+
+
+# --- param_groups, closure ------------------------------------------------------------------------
+
+
+@isolated
+def check_param_groups(ctx: CheckContext) -> Outcome:
+    """Two groups, the second with every hyperparameter that lives in the groups halved, against
+    one single-group optimizer per setting; then a third group added after two steps."""
+    model, batch = _tiny_model(), _batch()
+    first, second = list(model[0].parameters()), list(model[2].parameters())
+    probe = ctx.build(_tiny_model().parameters())
+    halved = _halved_settings(ctx, set(probe.defaults))
+    optimizer = ctx.build(
+        [{"params": first}, {"params": second, **{_native(ctx, k): v for k, v in halved.items()}}]
+    )
+    reference_model = _twin(model)
+    references = [
+        ctx.build(reference_model[0].parameters()),
+        ctx.build(reference_model[2].parameters(), **halved),
+    ]
+    settings = ", ".join(f"{_native(ctx, k)}={v}" for k, v in halved.items())
+    fix = (
+        "read every hyperparameter from the group being updated (group['beta']), not from "
+        "self.defaults or attributes"
+    )
+    for _ in range(2):
+        for m, opts in ((model, [optimizer]), (reference_model, references)):
+            _backward(m, batch)
+            for opt in opts:
+                opt.step()
+    difference = max(
+        _max_abs(a.detach(), b.detach())
+        for a, b in zip(model.parameters(), reference_model.parameters(), strict=True)
+    )
+    if difference > 1e-6:
+        return failed(
+            f"a second param group with {settings} does not step like a single-group optimizer built with "
+            f"those values (max abs difference {difference:.3g} after 2 steps)",
+            where=method_location(ctx),
+            figure=difference,
+            fix=fix,
+        )
+    return _check_added_group(ctx, optimizer, model, batch, settings, fix)
+
+
+def _check_added_group(
+    ctx: CheckContext,
+    optimizer: torch.optim.Optimizer,
+    model: nn.Module,
+    batch: tuple[Tensor, Tensor],
+    settings: str,
+    fix: str,
+) -> Outcome:
+    extra = nn.Parameter(torch.randn(5))
+    alone = nn.Parameter(extra.detach().clone())
+    lr = ctx.lr * 0.25
+    try:
+        optimizer.add_param_group({"params": [extra], _native(ctx, "lr"): lr})
+        _backward(model, batch, extra=(extra**2).sum())
+        optimizer.step()
+    except Exception as exc:
+        return failed(
+            f"add_param_group after 2 steps, then a step, raised {ctx.describe_error(exc)}",
+            where=ctx.where(exc),
+            fix="keep no per-group bookkeeping outside param_groups (e.g. lists built in __init__)",
+        )
+    reference = ctx.build([alone], lr=lr)
+    (alone**2).sum().backward()
+    reference.step()
+    difference = _max_abs(extra.detach(), alone.detach())
+    if difference > 1e-6:
+        return failed(
+            f"a param group added with add_param_group(lr={lr:g}) after 2 steps does not step like a fresh "
+            f"optimizer with that lr (max abs difference {difference:.3g})",
+            where=method_location(ctx),
+            figure=difference,
+            fix=fix,
+        )
+    return passed(
+        f"a second group with {settings} steps like a single-group optimizer with those values, and a "
+        "group added by add_param_group after 2 steps steps like a fresh one (figure: max abs difference)",
+        difference,
+    )
+
+
+def _halved_settings(ctx: CheckContext, group_keys: set[str]) -> dict[str, Any]:
+    """Declared numeric hyperparameters kept in the groups, halved where that stays valid."""
+    halved: dict[str, Any] = {}
+    for name, param in ctx.target.entry.params.items():
+        value = ctx.params.get(name, param.default)
+        if _native(ctx, name) not in group_keys or param.type not in ("float", "number", "float_pair"):
+            continue
+        candidate: Any
+        if param.type == "float_pair":
+            candidate = tuple(v * 0.5 for v in value)
+        elif isinstance(value, bool) or not isinstance(value, int | float) or value == 0:
+            continue
+        else:
+            candidate = value * 0.5
+        try:
+            candidate = param.check(candidate)
+            # Undeclared constraints too (torch's Rprop wants etas (<1, >1)): ask the constructor.
+            ctx.build(_tiny_model().parameters(), **{name: candidate})
+        except (ValueError, TypeError):
+            continue
+        halved[name] = candidate
+    return halved
+
+
+@isolated
+def check_closure(ctx: CheckContext) -> Outcome:
+    model, batch = _tiny_model(), _batch()
+    optimizer = ctx.build(model.parameters())
+    calls: list[Tensor] = []
+
+    def closure() -> Tensor:
+        optimizer.zero_grad()
+        loss = nn.functional.mse_loss(model(batch[0]), batch[1])
+        loss.backward()
+        calls.append(loss)
+        return loss
+
+    try:
+        returned = optimizer.step(closure)
+    except RuntimeError as exc:
+        if "does not require grad" in str(exc):
+            return failed(
+                "step(closure) ran the closure with gradients disabled, so its backward() failed",
+                where=ctx.where(exc),
+                fix="call the closure inside `with torch.enable_grad():` (step() itself runs under no_grad)",
+            )
+        raise
+    fix = (
+        "in step(closure=None): `loss = None; if closure is not None: with torch.enable_grad(): "
+        "loss = closure()` and `return loss`"
+    )
+    if not calls:
+        return failed("step(closure) never called the closure", where=method_location(ctx), fix=fix)
+    if returned is None or not (isinstance(returned, Tensor | float) and float(returned) == float(calls[0])):
+        return failed(
+            f"step(closure) returned {returned!r} instead of the closure's loss {float(calls[0]):.4g}",
+            where=method_location(ctx),
+            fix=fix,
+        )
+    return passed(
+        f"step(closure) called the closure {len(calls)} time(s) and returned its loss", float(returned)
+    )
+
+
+# --- mixed_precision ------------------------------------------------------------------------------
+
+
+@isolated
+def check_mixed_precision(ctx: CheckContext) -> Outcome:
+    batch = _batch()
+    parts = []
+    # bf16 autocast: the forward runs in bf16, parameters and gradients stay float32.
+    model = _tiny_model()
+    before = _snapshot(model.parameters())
+    optimizer = ctx.build(model.parameters())
+    for p in model.parameters():
+        p.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        output = model(batch[0])
+    nn.functional.mse_loss(output.float(), batch[1]).backward()
+    optimizer.step()
+    problem = _precision_problem(model, optimizer, before, torch.float32)
+    if problem:
+        return failed(
+            f"after a step under bf16 autocast: {problem}", where=method_location(ctx), fix=_PRECISION_FIX
+        )
+    parts.append("a step under CPU bf16 autocast")
+    # bfloat16 parameters: gradients and (for torch's own optimizers) state in bf16 too.
+    model = _tiny_model().to(torch.bfloat16)
+    before = _snapshot(model.parameters())
+    optimizer = ctx.build(model.parameters())
+    for p in model.parameters():
+        p.grad = None
+    nn.functional.mse_loss(model(batch[0].bfloat16()).float(), batch[1]).backward()
+    optimizer.step()
+    problem = _precision_problem(model, optimizer, before, torch.bfloat16, require_change=False)
+    if problem:
+        return failed(
+            f"after a step on bfloat16 parameters: {problem}", where=method_location(ctx), fix=_PRECISION_FIX
+        )
+    parts.append("a step on bfloat16 parameters")
+    if torch.cuda.is_available():
+        parts.append(_grad_scaler_step(ctx))
+    else:
+        parts.append("GradScaler skipped (needs CUDA)")
+    return passed("; ".join(parts) + ": finite, parameters keep their dtype")
+
+
+_PRECISION_FIX = (
+    "create state with torch.zeros_like(p) (same dtype and device) or keep an explicit float32 copy, and "
+    "update parameters in place (p.add_) so their dtype never changes"
+)
+
+
+def _precision_problem(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    before: list[Tensor],
+    dtype: torch.dtype,
+    *,
+    require_change: bool = True,
+) -> str:
+    params = list(model.named_parameters())
+    wrong = [f"{n} is {p.dtype}" for n, p in params if p.dtype != dtype]
+    if wrong:
+        return f"parameters changed dtype from {dtype}: {', '.join(wrong)}"
+    bad = _nonfinite((n, p.detach()) for n, p in params) + _nonfinite(state_tensors(optimizer))
+    if bad:
+        return f"not finite: {', '.join(bad)}"
+    if require_change and all(
+        torch.equal(p.detach(), old) for (_, p), old in zip(params, before, strict=True)
+    ):
+        return "no parameter changed"
+    return ""
+
+
+def _grad_scaler_step(ctx: CheckContext) -> str:
+    model = _tiny_model().cuda()
+    inputs, targets = (t.cuda() for t in _batch())
+    optimizer = ctx.build(model.parameters())
+    scaler = torch.amp.GradScaler("cuda")
+    with torch.autocast("cuda", dtype=torch.float16):
+        loss = nn.functional.mse_loss(model(inputs).float(), targets)
+    scaler.scale(loss).backward()
+    scaler.step(optimizer)
+    scaler.update()
+    if _nonfinite((n, p.detach()) for n, p in model.named_parameters()):
+        raise RuntimeError("parameters not finite after a GradScaler step")
+    return "a float16 GradScaler step on CUDA"
+
+
+CHECKS: Mapping[str, CheckFunction] = {
+    "resume_exact": resume_exact,
+    "graph_mode": check_graph_mode,
+    "distributed": distributed,
+    "param_groups": check_param_groups,
+    "closure": check_closure,
+    "mixed_precision": check_mixed_precision,
+}
