@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from jobs.checks.context import CheckContext, overrides_note, with_defaults
-from jobs.checks.keras_processes import distributed, resume_exact
+from jobs.checks.fresh import distributed, resume_exact
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.frameworks.keras_driver import (
     optimizer_variables_of,

@@ -2,7 +2,7 @@
 
 Each check builds its own tiny model (a few hundred parameters, fixed seeds, CPU) and
 the optimizer through `ctx.build`, so the user's hyperparameters are always applied.
-The fresh-process checks (`resume_exact`, `distributed`) live in `torch_processes`.
+The fresh-process checks (`resume_exact`, `distributed`) live in `jobs.checks.fresh`.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import torch
 from torch import Tensor, nn
 
 from jobs.checks.context import CheckContext, overrides_note
+from jobs.checks.fresh import distributed, resume_exact
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
-from jobs.checks.torch_processes import distributed, resume_exact
 from jobs.frameworks.torch_driver import first_difference
 from optimizers.hyperparams import Param
 

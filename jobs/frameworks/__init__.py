@@ -36,3 +36,16 @@ def driver_for(style: str) -> Driver:
     module, name = DRIVERS[style]
     driver: Driver = getattr(importlib.import_module(module), name)()
     return driver
+
+
+# -- fresh-process checks --
+
+
+def driver_class(style: str) -> type[Driver]:
+    """The style's driver class without making one: a Keras driver imports TensorFlow when made,
+    which a fresh child wants to do in its own way (jobs/checks/fresh/keras_child.py)."""
+    if style not in DRIVERS:
+        raise ValueError(f"unknown optimizer style {style!r}; known: {', '.join(DRIVERS)}")
+    module, name = DRIVERS[style]
+    cls: type[Driver] = getattr(importlib.import_module(module), name)
+    return cls

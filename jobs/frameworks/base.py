@@ -142,6 +142,11 @@ class Driver(ABC):
     def session(self, spec: JobSpec, entry: Entry, workload: Workload, workdir: Path) -> TrainingSession:
         """The training session of one job."""
 
+    # -- fresh-process checks --
+    # The module with this style's side of `resume_exact` and `distributed` (a `FreshRuns`,
+    # jobs/checks/fresh/plan.py), named, so a fresh child can find it before importing anything.
+    fresh_module: ClassVar[str]
+
 
 def remove_checkpoint(path: Path) -> None:
     """Delete a checkpoint of any style: one file (torch) or one folder (Keras)."""

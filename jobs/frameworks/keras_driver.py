@@ -97,6 +97,9 @@ class KerasDriver(Driver):
     def session(self, spec: JobSpec, entry: Entry, workload: Workload, workdir: Path) -> KerasSession:
         return KerasSession(self, spec, entry, workload)
 
+    # -- fresh-process checks --
+    fresh_module: ClassVar[str] = "jobs.checks.fresh.keras_child"  # both Keras styles
+
 
 class LegacyKerasDriver(KerasDriver):
     """Legacy tf.keras optimizers (`tf_keras.optimizers.legacy.Optimizer`, Keras 2's OptimizerV2),

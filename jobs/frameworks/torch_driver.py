@@ -197,6 +197,9 @@ class TorchDriver(Driver):
     def session(self, spec: JobSpec, entry: Entry, workload: Workload, workdir: Path) -> TorchSession:
         return TorchSession(spec, entry, workload)
 
+    # -- fresh-process checks --
+    fresh_module: ClassVar[str] = "jobs.checks.fresh.torch_child"
+
 
 def resolve_device(requested: str) -> torch.device:
     if requested == "auto":
