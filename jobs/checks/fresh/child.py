@@ -1,14 +1,15 @@
 """The fresh child: `python -m jobs.checks.fresh.child TASK.json`, started by `spawner.spawn`.
 
-The task names the target exactly as the user wrote it, its style and the validated
-hyperparameters. The child imports the style's framework once, then reads requests, one
-JSON line each, from its stdin until it closes, and runs each in a process forked from
-itself: that process resolves the same class again (the working directory and the
-environment pass through, so plugins and relative paths resolve; the user's module is
-imported anew), builds the optimizer the same way and runs the request's role. The
-child itself never runs optimizer code, so every fork is fresh as far as the optimizer
-is concerned. Any failure is written as one readable line plus the user's `file:line`,
-never a raw traceback.
+The task names a style. The child imports the style's framework once, then reads
+requests, one JSON line each, from its stdin until it closes, and runs each in a process
+forked from itself: that process resolves the request's target exactly as the user wrote
+it (the working directory, the import path and, for each request anew, the environment
+are the checking process's, so plugins and relative paths resolve; the user's module is
+imported anew), builds the optimizer
+with the same hyperparameters and runs the request's role. The child itself never runs
+optimizer code nor starts the framework's runtime, so every fork is fresh as far as the
+optimizer is concerned. Any failure is written as one readable line plus the user's
+`file:line`, never a raw traceback; a run's output goes to the request's log.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ def main(argv: Sequence[str]) -> int:
         return 1
     for line in iter(sys.stdin.readline, ""):  # ends when the checking process closes the pipe
         request = {**task, **json.loads(line)}
-        status = _in_fork(functools.partial(_run, request, runs))
+        status = _in_fork(functools.partial(_run, request, runs), Path(request["log_path"]))
         _write_status(Path(request["status_path"]), status)
     return 0
 
@@ -52,6 +53,8 @@ def _run(request: Mapping[str, Any], runs: FreshRuns) -> None:
     the user's class as the checking process resolved it, then the role."""
     context = None
     try:
+        os.environ.clear()
+        os.environ.update(request["environment"])
         runs.prepare_run(request)
         target = resolve_target(request["target"], style=request["style"])
         context = CheckContext(
@@ -66,12 +69,16 @@ def _run(request: Mapping[str, Any], runs: FreshRuns) -> None:
         raise AlreadyReported() from None
 
 
-def _in_fork(run: Callable[[], None]) -> int:
-    """Run `run` in a forked copy of this process; its exit status (negative: the signal)."""
+def _in_fork(run: Callable[[], None], log_path: Path) -> int:
+    """Run `run` in a forked copy of this process, output to `log_path`; its exit status
+    (negative: the signal that ended it)."""
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        os.dup2(log, sys.stdout.fileno())
+        os.dup2(log, sys.stderr.fileno())
         _exit_after(run)
     _, status = os.waitpid(pid, 0)
     return os.waitstatus_to_exitcode(status)

@@ -1,23 +1,28 @@
 """The checking process's side of the fresh processes: start, ask, wait, time out, kill.
 
-One child per check context (`fresh_child`) imports the framework once and then serves
-requests: each request runs in a process forked from it before any optimizer code has
-run there, so every run is as fresh as a new interpreter for the optimizer (its module
-is imported anew, class attributes and module globals start clean) without paying the
-interpreter start and the framework import (seconds) per run. A request that outlives
-its time has the whole child killed, helpers included, so a hung optimizer cannot hang
-a check; a failure comes back as one readable line and the user's file:line.
+One child per style and checking process (`fresh_child`) imports the framework once and
+then serves requests: each request runs in a process forked from it before any optimizer
+code has run there, and that process imports the user's module anew, so every run is as
+fresh as a new interpreter for the optimizer (class attributes and module globals start
+clean, the framework's runtime is not started yet) without paying the interpreter start
+and the framework import (seconds) per run. A child is kept for the next context: in a
+process that checks many optimizers (the test suite, a benchmark) only the first pays the
+import. A request that outlives its time has the whole child killed, helpers included,
+so a hung optimizer cannot hang a check; a failure comes back as one readable line and
+the user's file:line.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,7 +35,6 @@ from jobs.checks.target import LEGACY_KERAS_ENV, needs_legacy_keras
 REPO_ROOT = Path(__file__).resolve().parents[3]
 CHILD_TIMEOUT_S = 120.0
 CHILD_MODULE = "jobs.checks.fresh.child"
-_NOTE = "fresh_child"  # where a context keeps its child between the two checks
 
 
 class ChildFailed(Exception):
@@ -49,13 +53,14 @@ class Child:
     process: subprocess.Popen[bytes]
     error_path: Path
     log_path: Path
+    legacy_keras: bool
 
 
 def spawn(name: str, task: Mapping[str, Any], workdir: Path, *, legacy_keras: bool = False) -> Child:
     """Start `python -m jobs.checks.fresh.child` on `task` (written to `workdir/<name>.json`);
     it reads its requests from the pipe on its stdin and ends when that closes."""
     task_path = workdir / f"{name}.json"
-    error_path = workdir / f"{name}.error.json"
+    error_path = workdir / f"{name}.error"
     log_path = workdir / f"{name}.log"
     error_path.unlink(missing_ok=True)
     task_path.write_text(json.dumps({**task, "error_path": str(error_path)}))
@@ -70,7 +75,7 @@ def spawn(name: str, task: Mapping[str, Any], workdir: Path, *, legacy_keras: bo
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, so a kill takes its helpers too
         )
-    return Child(name, process, error_path, log_path)
+    return Child(name, process, error_path, log_path, legacy_keras)
 
 
 def child_environment(*, legacy_keras: bool) -> dict[str, str]:
@@ -96,45 +101,86 @@ def kill(child: Child) -> None:
         child.process.stdin.close()
 
 
-def fresh_child(ctx: CheckContext) -> Child:
-    """The context's fresh child, started on first use; it is killed with the context."""
-    child = ctx.notes.get(_NOTE)
-    if isinstance(child, Child) and child.process.poll() is None:
-        return child
-    task = {
-        "target": ctx.target.text,
-        "style": ctx.target.style,
-        "params": ctx.params,
-        "workdir": str(ctx.workdir),
-    }
-    legacy = needs_legacy_keras(ctx.target.text, style=ctx.target.style)
-    child = spawn("fresh", task, ctx.workdir, legacy_keras=legacy)
-    ctx.notes[_NOTE] = child
-    weakref.finalize(ctx, kill, child)  # also at exit; the child ends by itself if we die
+@dataclass
+class _Kept:
+    child: Child
+    started_for: str  # the working directory and import path it inherited
+    folder: Path  # its task, log and error files
+
+
+_KEPT: dict[str, _Kept] = {}  # style -> its child
+
+
+def stop_all() -> None:
+    for style in list(_KEPT):
+        _stop(style)
+
+
+atexit.register(stop_all)  # a child left behind would also end by itself, at the end of its stdin
+
+
+def fresh_child(style: str, *, legacy_keras: bool) -> Child:
+    """The style's child, started on first use and again when it died or was killed, or when what
+    the interpreter reads at its start changed: the working directory and PYTHONPATH make its
+    import path. The rest of the environment each request brings along (`run_fresh`)."""
+    env = child_environment(legacy_keras=legacy_keras)
+    started_for = json.dumps([os.getcwd(), env["PYTHONPATH"]])
+    kept = _KEPT.get(style)
+    if kept is not None and kept.started_for == started_for and kept.child.process.poll() is None:
+        return kept.child
+    if kept is not None:
+        _stop(style)
+    folder = Path(tempfile.mkdtemp(prefix=f"optlab-fresh-{style}-"))
+    child = spawn(style, {"style": style}, folder, legacy_keras=legacy_keras)
+    _KEPT[style] = _Kept(child, started_for, folder)
     return child
+
+
+def child_for(ctx: CheckContext) -> Child:
+    """The fresh child for the context's target; starting it early overlaps its imports with
+    the checking process's work."""
+    style = ctx.target.style
+    return fresh_child(style, legacy_keras=needs_legacy_keras(ctx.target.text, style=style))
+
+
+def _stop(style: str) -> None:
+    kept = _KEPT.pop(style)
+    kill(kept.child)
+    shutil.rmtree(kept.folder, ignore_errors=True)
 
 
 def run_fresh(
     ctx: CheckContext, role: str, request: Mapping[str, Any], timeout_s: float | None = None
 ) -> None:
-    """Run `role` ("resume", "distributed") in a fresh process; ChildFailed says why it failed."""
-    child = fresh_child(ctx)
-    error_path, status_path = (ctx.workdir / f"{role}.{suffix}" for suffix in ("error.json", "status"))
-    error_path.unlink(missing_ok=True)
-    status_path.unlink(missing_ok=True)
+    """Run `role` ("resume", "distributed") on the context's target in a fresh process, its files
+    in the context's workdir; ChildFailed says why it failed."""
+    child = child_for(ctx)
+    paths = {name: ctx.workdir / f"{role}.{name}" for name in ("error", "status", "log")}
+    for path in paths.values():
+        path.unlink(missing_ok=True)
     line = json.dumps(
-        {**request, "role": role, "error_path": str(error_path), "status_path": str(status_path)}
+        {
+            **request,
+            "role": role,
+            "target": ctx.target.text,
+            "style": ctx.target.style,
+            "params": ctx.params,
+            "workdir": str(ctx.workdir),
+            # As the checking process has it now (a test may have set OPTLAB_PLUGIN_DIRS since).
+            "environment": child_environment(legacy_keras=child.legacy_keras),
+            **{f"{name}_path": str(path) for name, path in paths.items()},
+        }
     )
     try:
         assert child.process.stdin is not None
         child.process.stdin.write(f"{line}\n".encode())
         child.process.stdin.flush()
-        _wait(child, role, status_path, CHILD_TIMEOUT_S if timeout_s is None else timeout_s)
+        _wait(child, role, paths["status"], CHILD_TIMEOUT_S if timeout_s is None else timeout_s)
     except BrokenPipeError:  # the child ended before it read the request
-        raise _failure_of(child, role, child.process.wait(), child.error_path) from None
-    code = int(status_path.read_text())
+        raise _failure_of(role, child.process.wait(), child.error_path, child.log_path) from None
+    code = int(paths["status"].read_text())
     if code != 0:
-        raise _failure_of(child, role, code, error_path)
+        raise _failure_of(role, code, paths["error"], paths["log"])
 
 
 def _wait(child: Child, role: str, status_path: Path, timeout_s: float) -> None:
@@ -142,9 +188,9 @@ def _wait(child: Child, role: str, status_path: Path, timeout_s: float) -> None:
     while not status_path.exists():
         code = child.process.poll()
         if code is not None:
-            raise _failure_of(child, role, code, child.error_path)
+            raise _failure_of(role, code, child.error_path, child.log_path)
         if time.monotonic() > deadline:
-            kill(child)
+            _stop(child.name)  # a child is named after its style
             raise ChildFailed(
                 f"the fresh process ({role}) did not finish within {timeout_s:.0f} s and was stopped; "
                 "the optimizer's step may hang or be extremely slow there",
@@ -153,12 +199,13 @@ def _wait(child: Child, role: str, status_path: Path, timeout_s: float) -> None:
         time.sleep(0.02)
 
 
-def _failure_of(child: Child, role: str, code: int, error_path: Path) -> ChildFailed:
-    """What the run wrote about its failure, else the end of the child's output."""
+def _failure_of(role: str, code: int, error_path: Path, log_path: Path) -> ChildFailed:
+    """What the process wrote about its failure, else the end of its output."""
     if error_path.is_file():
         reported = json.loads(error_path.read_text())
         return ChildFailed(f"in a fresh process ({role}): {reported['error']}", reported.get("where", ""))
-    tail = [line for line in child.log_path.read_text(errors="replace").splitlines() if line.strip()][-3:]
+    lines = log_path.read_text(errors="replace").splitlines() if log_path.is_file() else []
+    tail = [line for line in lines if line.strip()][-3:]
     how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
     return ChildFailed(f"the fresh process ({role}) {how}: {' | '.join(tail)[-400:]}")
 

@@ -140,7 +140,9 @@ def run_and_save(ctx: CheckContext, overrides: Mapping[str, Any], checkpoint: Pa
 
 
 def import_framework(style: str) -> None:
-    """torch is imported with this module; creating no thread pool yet, it survives a fork."""
+    """torch came with this module. DDP's constructor imports torch._dynamo (seconds): once here
+    for every fork. Neither starts a thread pool, so both survive a fork."""
+    importlib.import_module("torch._dynamo")
 
 
 def prepare_run(request: Mapping[str, Any]) -> None:
@@ -161,8 +163,6 @@ def resume(request: Mapping[str, Any], ctx: CheckContext) -> None:
 
 def distributed(request: Mapping[str, Any], ctx: CheckContext) -> None:
     """The DDP ranks and the single-process run, each in a forked copy of this fresh process."""
-    # DDP's constructor imports torch._dynamo (seconds): once here, before the fork, not per rank.
-    importlib.import_module("torch._dynamo")
     outs = request["outs"]
     store = Path(outs[SINGLE]).with_name("ddp-store")  # where the ranks find each other
     store.unlink(missing_ok=True)
