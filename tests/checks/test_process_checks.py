@@ -64,6 +64,20 @@ def test_a_relative_plugin_path_resolves_in_the_child(
     assert outcome.status == "pass", outcome.detail
 
 
+def test_every_run_is_fresh_though_the_child_is_kept(tmp_path: Path) -> None:
+    # The gentle first step is remembered in a module global: had the second resumed run
+    # shared a process with the first, it would take no gentle step and wrongly pass.
+    text = f"{BROKEN / 'torch_resume_exact.py'}:GentleStartSGD"
+    children = []
+    for attempt in ("first", "second"):
+        ctx = context(text, "torch", tmp_path / attempt)
+        ctx.workdir.mkdir()
+        outcome = resume_exact(ctx)
+        assert outcome.status == "fail", f"{attempt}: {outcome.detail}"
+        children.append(spawner.child_for(ctx).process.pid)
+    assert children[0] == children[1]  # one framework import served both
+
+
 @pytest.mark.parametrize(
     ("file_name", "class_name", "style", "check_id", "names"),
     [
