@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -80,8 +81,20 @@ def _in_fork(run: Callable[[], None], log_path: Path) -> int:
         os.dup2(log, sys.stdout.fileno())
         os.dup2(log, sys.stderr.fileno())
         _exit_after(run)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
+    return _wait_for(pid)
+
+
+def _wait_for(pid: int) -> int:
+    """The fork's exit status; if the checking process dies meanwhile (this child is handed to
+    another parent), its whole process group goes too, so a hung run cannot outlive it."""
+    parent = os.getppid()
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if os.getppid() != parent:
+            os.killpg(0, signal.SIGKILL)
+        time.sleep(0.02)
 
 
 def _exit_after(run: Callable[[], None]) -> None:
