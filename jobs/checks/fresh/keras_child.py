@@ -31,7 +31,7 @@ from jobs.checks.fresh.plan import (
     SINGLE,
     Wording,
 )
-from jobs.checks.fresh.results import MODEL, OPTIMIZER, Arrays, save_run
+from jobs.checks.fresh.results import MODEL, OPTIMIZER, Arrays, Run, save_run
 from jobs.frameworks import driver_for
 from jobs.frameworks.keras_driver import KerasDriver, optimizer_variables_of
 
@@ -138,10 +138,10 @@ def settings() -> dict[str, Any]:
     }
 
 
-def run_and_save(ctx: CheckContext, overrides: Mapping[str, Any], checkpoint: Path) -> Arrays:
+def run_and_save(ctx: CheckContext, overrides: Mapping[str, Any], checkpoint: Path) -> Run:
     model, optimizer = build(ctx, overrides)
     train(ctx, model, optimizer, range(RESUME_STEPS))
-    straight, _ = snapshot(model, optimizer)
+    straight = Run(*snapshot(model, optimizer))
     model, optimizer = build(ctx, overrides)
     train(ctx, model, optimizer, range(RESUME_SPLIT))
     driver(ctx).tf.train.Checkpoint(model=model, optimizer=optimizer).write(str(checkpoint))

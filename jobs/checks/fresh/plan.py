@@ -17,7 +17,7 @@ from jobs.frameworks import driver_class
 
 if TYPE_CHECKING:
     from jobs.checks.context import CheckContext
-    from jobs.checks.fresh.results import Arrays
+    from jobs.checks.fresh.results import Run
 
 SEED = 20240607
 RESUME_STEPS = 6  # N steps straight ...
@@ -69,7 +69,7 @@ class FreshRuns(Protocol):
     def settings(self) -> dict[str, Any]:
         """This process's settings that decide how sums are ordered; the fresh runs copy them."""
 
-    def run_and_save(self, ctx: CheckContext, overrides: Mapping[str, Any], checkpoint: Path) -> Arrays:
+    def run_and_save(self, ctx: CheckContext, overrides: Mapping[str, Any], checkpoint: Path) -> Run:
         """RESUME_STEPS steps straight (returned), then RESUME_SPLIT steps saved to `checkpoint`."""
 
     def import_framework(self, style: str) -> None:

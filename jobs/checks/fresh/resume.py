@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from jobs.checks.context import CheckContext, overrides_note
 from jobs.checks.fresh.plan import RESUME_SPLIT, RESUME_STEPS, runs_for
-from jobs.checks.fresh.results import Run, first_difference, load_run, max_abs_difference
+from jobs.checks.fresh.results import first_difference, load_run, max_abs_difference
 from jobs.checks.fresh.spawner import ChildFailed, child_for, failed_in_child, run_fresh
 from jobs.checks.report import Outcome, failed, passed
 
@@ -21,7 +21,7 @@ def resume_exact(ctx: CheckContext) -> Outcome:
     overrides = ctx.stateful_overrides()
     checkpoint, out = ctx.workdir / "resume-checkpoint", ctx.workdir / "resume-final.npz"
     child_for(ctx)  # started first: its imports overlap the runs here
-    straight = Run(runs.run_and_save(ctx, overrides, checkpoint))
+    straight = runs.run_and_save(ctx, overrides, checkpoint)
     request = {
         "overrides": overrides,
         "settings": runs.settings(),

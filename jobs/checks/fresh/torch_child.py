@@ -32,7 +32,7 @@ from jobs.checks.fresh.plan import (
     SINGLE,
     Wording,
 )
-from jobs.checks.fresh.results import MODEL, OPTIMIZER, Arrays, save_run
+from jobs.checks.fresh.results import MODEL, OPTIMIZER, Arrays, Run, save_run
 from jobs.frameworks.torch_driver import rng_state, set_rng_state
 
 WORDING = Wording(
@@ -123,11 +123,11 @@ def settings() -> dict[str, Any]:
     return {"threads": torch.get_num_threads()}
 
 
-def run_and_save(ctx: CheckContext, overrides: Mapping[str, Any], checkpoint: Path) -> Arrays:
+def run_and_save(ctx: CheckContext, overrides: Mapping[str, Any], checkpoint: Path) -> Run:
     with torch.random.fork_rng(devices=[]):  # leave the global RNG as the other checks had it
         model, optimizer = build(ctx, overrides)
         train(model, optimizer, range(RESUME_STEPS))
-        straight = snapshot(model, optimizer)
+        straight = Run(snapshot(model, optimizer))
         model, optimizer = build(ctx, overrides)
         train(model, optimizer, range(RESUME_SPLIT))
         # As a training loop saves: model, optimizer and RNG in one dict (frameworks/torch_driver.py).
