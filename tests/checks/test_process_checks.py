@@ -78,6 +78,18 @@ def test_every_run_is_fresh_though_the_child_is_kept(tmp_path: Path) -> None:
     assert children[0] == children[1]  # one framework import served both
 
 
+def test_a_kept_child_runs_with_the_environment_of_the_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "before").mkdir()
+    assert resume_exact(context("torch.optim:SGD", "torch", tmp_path / "before")).status == "pass"
+    # Set after the child started: the fresh run must still find the plugin by its name.
+    monkeypatch.setenv("OPTLAB_PLUGIN_DIRS", str(REPO / "examples" / "plugins"))
+    (tmp_path / "after").mkdir()
+    outcome = resume_exact(context("sign_momentum", "torch", tmp_path / "after"))
+    assert outcome.status == "pass", outcome.detail
+
+
 @pytest.mark.parametrize(
     ("file_name", "class_name", "style", "check_id", "names"),
     [
