@@ -1,5 +1,5 @@
 """The checks only Keras has, for Keras 3 (`keras`) and legacy tf.keras (`tf_legacy`):
-save_load_model, graph_mode (tf.function, XLA), device_placement, mixed_precision.
+save_load_model, graph_mode (tf.function, XLA), mixed_precision.
 
 Every check that means the same in all frameworks is in the tables of `jobs.checks.common`, written
 once over the drivers; what the two Keras styles do differently here (whole-model
@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from jobs.checks.context import CheckContext, overrides_note
-from jobs.checks.keras_processes import distributed, resume_exact
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.checks.tools import (
     SHAPES,
@@ -380,8 +379,6 @@ def _mixed_precision_steps(kit: KerasDriver, model: Any, inner: Any) -> list[flo
 
 CHECKS: Mapping[str, Callable[[CheckContext], Outcome]] = {
     "save_load_model": check_save_load_model,
-    "resume_exact": resume_exact,
     "graph_mode": check_graph_mode,
-    "distributed": distributed,
     "mixed_precision": check_mixed_precision,
 }

@@ -1,10 +1,10 @@
-"""The checks only PyTorch has: graph_mode (torch.compile), device_placement (CUDA),
-param_groups, closure, mixed_precision (bf16 autocast, GradScaler).
+"""The checks only PyTorch has: graph_mode (torch.compile), param_groups, closure,
+mixed_precision (bf16 autocast, GradScaler).
 
 Every check that means the same in all frameworks is in the tables of `jobs.checks.common`, written
 once over the drivers; these drive torch directly, on a tiny MLP with fixed seeds (CPU
 unless the check is about a device). The fresh-process checks (`resume_exact`,
-`distributed`) live in `torch_processes`.
+`distributed`) are written once in `jobs.checks.fresh`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from torch import Tensor, nn
 from jobs.checks.context import CheckContext
 from jobs.checks.report import Outcome, failed, passed, warned
 from jobs.checks.tools import isolated, method_location, user_line
-from jobs.checks.torch_processes import distributed, resume_exact
 from jobs.frameworks.torch_driver import state_tensors
 
 CheckFunction = Callable[[CheckContext], Outcome]
@@ -379,9 +378,7 @@ def _grad_scaler_step(ctx: CheckContext) -> str:
 
 
 CHECKS: Mapping[str, CheckFunction] = {
-    "resume_exact": resume_exact,
     "graph_mode": check_graph_mode,
-    "distributed": distributed,
     "param_groups": check_param_groups,
     "closure": check_closure,
     "mixed_precision": check_mixed_precision,

@@ -39,8 +39,14 @@ def needs_legacy_keras_process(style: str) -> bool:
 
 
 def driver_for(style: str) -> Driver:
+    return driver_class(style)()
+
+
+def driver_class(style: str) -> type[Driver]:
+    """The style's driver class without making one: a Keras driver imports TensorFlow when made,
+    which a fresh child wants to do in its own way (jobs/checks/fresh/keras_child.py)."""
     if style not in DRIVERS:
         raise ValueError(f"unknown optimizer style {style!r}; known: {', '.join(DRIVERS)}")
     module, name = DRIVERS[style]
-    driver: Driver = getattr(importlib.import_module(module), name)()
-    return driver
+    cls: type[Driver] = getattr(importlib.import_module(module), name)
+    return cls

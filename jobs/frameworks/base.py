@@ -199,6 +199,9 @@ class Driver(ABC):
     style: ClassVar[str]
     framework: ClassVar[str]
     capabilities: ClassVar[Capabilities]
+    # The module with this style's side of `resume_exact` and `distributed` (a `FreshRuns`,
+    # jobs/checks/fresh/plan.py), named, so a fresh child can find it before importing anything.
+    fresh_module: ClassVar[str]
 
     advice: ClassVar[Advice]
     # The variables `step_cost` times an update on: large enough that the update's own work, not

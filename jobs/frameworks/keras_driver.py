@@ -395,6 +395,9 @@ class KerasDriver(Driver):
     def reference_sgd_name(self) -> str:
         return "SGD(momentum=0.9)"
 
+    # -- fresh-process checks --
+    fresh_module: ClassVar[str] = "jobs.checks.fresh.keras_child"  # both Keras styles
+
 
 class LegacyKerasDriver(KerasDriver):
     """Legacy tf.keras optimizers (`tf_keras.optimizers.legacy.Optimizer`, Keras 2's OptimizerV2),

@@ -206,6 +206,7 @@ class TorchDriver(Driver):
     capabilities: ClassVar[Capabilities] = Capabilities(
         closure=True, param_groups=True, resume=True, refuses_negative_lr=True, sums_repeated_rows=True
     )
+    fresh_module: ClassVar[str] = "jobs.checks.fresh.torch_child"
     advice: ClassVar[Advice] = Advice(
         update_method="step",
         in_place_update="update every parameter that has a gradient, in place (p.add_(update, alpha=-lr)), "

@@ -1,8 +1,9 @@
 """The fresh-process checks, `resume_exact` and `distributed`, in all three styles.
 
-Each call starts Python processes that import torch (~3 s) or TensorFlow (~6 s), so the
-targets are few: one correct optimizer per style, the broken ones written for these
-checks, and the failure paths (an error, a hang) that must come back readable.
+Each context starts a Python process that imports torch (~3 s) or TensorFlow (~6 s), so
+the targets are few: one correct optimizer per style, the broken ones written for these
+checks, and the failure paths (an error, a hang) that must come back readable. The checks
+are the same functions for every style.
 """
 
 from __future__ import annotations
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from jobs.checks import child, keras_processes, torch_processes
 from jobs.checks.context import CheckContext
+from jobs.checks.fresh import distributed, resume_exact, spawner
 from jobs.checks.report import Outcome
 from jobs.checks.runner import validated_params
 from jobs.checks.target import resolve_target
@@ -29,9 +30,7 @@ def context(text: str, style: str, workdir: Path) -> CheckContext:
     return CheckContext(target=target, params=validated_params(target, {}), workdir=workdir)
 
 
-def checks_of(style: str) -> dict[str, CheckFunction]:
-    module = torch_processes if style == "torch" else keras_processes
-    return {"resume_exact": module.resume_exact, "distributed": module.distributed}
+CHECKS: dict[str, CheckFunction] = {"resume_exact": resume_exact, "distributed": distributed}
 
 
 @pytest.mark.parametrize(
@@ -44,7 +43,7 @@ def checks_of(style: str) -> dict[str, CheckFunction]:
 )
 def test_correct_optimizers_pass_both(text: str, style: str, tmp_path: Path) -> None:
     ctx = context(text, style, tmp_path)
-    outcomes = {check_id: check(ctx) for check_id, check in checks_of(style).items()}
+    outcomes = {check_id: check(ctx) for check_id, check in CHECKS.items()}
     for check_id, outcome in outcomes.items():
         assert outcome.status == "pass", f"{check_id}: {outcome.detail}"
         assert outcome.figure is not None and outcome.figure < 1e-5
@@ -52,7 +51,7 @@ def test_correct_optimizers_pass_both(text: str, style: str, tmp_path: Path) -> 
 
 
 def test_momentum_is_turned_on_where_the_defaults_keep_no_state(tmp_path: Path) -> None:
-    outcome = torch_processes.resume_exact(context("torch.optim:SGD", "torch", tmp_path))
+    outcome = resume_exact(context("torch.optim:SGD", "torch", tmp_path))
     assert outcome.status == "pass"
     assert "momentum=0.9" in outcome.detail
 
@@ -61,9 +60,33 @@ def test_a_relative_plugin_path_resolves_in_the_child(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(REPO)
-    outcome = torch_processes.resume_exact(
-        context("examples/plugins/sign_momentum.py:SignMomentum", "torch", tmp_path)
-    )
+    outcome = resume_exact(context("examples/plugins/sign_momentum.py:SignMomentum", "torch", tmp_path))
+    assert outcome.status == "pass", outcome.detail
+
+
+def test_every_run_is_fresh_though_the_child_is_kept(tmp_path: Path) -> None:
+    # The gentle first step is remembered in a module global: had the second resumed run
+    # shared a process with the first, it would take no gentle step and wrongly pass.
+    text = f"{BROKEN / 'torch_resume_exact.py'}:GentleStartSGD"
+    children = []
+    for attempt in ("first", "second"):
+        ctx = context(text, "torch", tmp_path / attempt)
+        ctx.workdir.mkdir()
+        outcome = resume_exact(ctx)
+        assert outcome.status == "fail", f"{attempt}: {outcome.detail}"
+        children.append(spawner.child_for(ctx).process.pid)
+    assert children[0] == children[1]  # one framework import served both
+
+
+def test_a_kept_child_runs_with_the_environment_of_the_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "before").mkdir()
+    assert resume_exact(context("torch.optim:SGD", "torch", tmp_path / "before")).status == "pass"
+    # Set after the child started: the fresh run must still find the plugin by its name.
+    monkeypatch.setenv("OPTLAB_PLUGIN_DIRS", str(REPO / "examples" / "plugins"))
+    (tmp_path / "after").mkdir()
+    outcome = resume_exact(context("sign_momentum", "torch", tmp_path / "after"))
     assert outcome.status == "pass", outcome.detail
 
 
@@ -82,7 +105,7 @@ def test_broken_optimizers_fail_with_the_problem_named(
     file_name: str, class_name: str, style: str, check_id: str, names: str, tmp_path: Path
 ) -> None:
     path = BROKEN / file_name
-    outcome = checks_of(style)[check_id](context(f"{path}:{class_name}", style, tmp_path))
+    outcome = CHECKS[check_id](context(f"{path}:{class_name}", style, tmp_path))
     assert outcome.status == "fail"
     assert names in outcome.detail and "Fix:" in outcome.detail
     assert outcome.where.startswith(f"{path}:")
@@ -119,7 +142,7 @@ def misbehaving(tmp_path: Path) -> Path:
 
 
 def test_an_error_in_a_child_reads_as_one_line_with_the_users_line(misbehaving: Path, tmp_path: Path) -> None:
-    outcome = torch_processes.distributed(context(f"{misbehaving}:RaisesUnderDdp", "torch", tmp_path))
+    outcome = distributed(context(f"{misbehaving}:RaisesUnderDdp", "torch", tmp_path))
     assert outcome.status == "fail"
     assert "ValueError: this optimizer cannot run on several ranks" in outcome.detail
     raise_line = (
@@ -135,7 +158,7 @@ def test_an_error_in_a_child_reads_as_one_line_with_the_users_line(misbehaving: 
 def test_a_hung_child_is_stopped_and_reported(
     misbehaving: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(child, "CHILD_TIMEOUT_S", 12.0)
-    outcome = torch_processes.distributed(context(f"{misbehaving}:HangsUnderDdp", "torch", tmp_path))
+    monkeypatch.setattr(spawner, "CHILD_TIMEOUT_S", 12.0)
+    outcome = distributed(context(f"{misbehaving}:HangsUnderDdp", "torch", tmp_path))
     assert outcome.status == "fail"
     assert "did not finish within 12 s" in outcome.detail

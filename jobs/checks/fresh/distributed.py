@@ -1,0 +1,83 @@
+"""`distributed`: two replicas, each on half the batch, against one on the full batch.
+
+The runs happen in a fresh process: DDP needs processes of its own, and TensorFlow takes
+the two logical CPU devices a MirroredStrategy needs only before its runtime starts.
+The replicas must hold bitwise the same values, the optimizer state must be laid out as
+on one device, and the result must equal one device's within rounding (`plan.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from jobs.checks.context import CheckContext, overrides_note
+from jobs.checks.fresh.plan import DISTRIBUTED_STEPS, INITIAL, REPLICA_RUNS, SINGLE, Wording, runs_for
+from jobs.checks.fresh.results import (
+    beyond_tolerance,
+    first_difference,
+    layout_difference,
+    load_run,
+    max_abs_difference,
+)
+from jobs.checks.fresh.spawner import ChildFailed, failed_in_child, run_fresh
+from jobs.checks.report import Outcome, failed, passed
+
+
+def distributed(ctx: CheckContext) -> Outcome:
+    runs = runs_for(ctx.target.style)
+    overrides = ctx.stateful_overrides()
+    outs = {name: ctx.workdir / f"distributed-{name}.npz" for name in (INITIAL, SINGLE, *REPLICA_RUNS)}
+    request = {
+        "overrides": overrides,
+        "settings": runs.settings(),
+        "outs": {k: str(v) for k, v in outs.items()},
+    }
+    try:
+        run_fresh(ctx, "distributed", request)
+    except ChildFailed as exc:
+        return failed_in_child(
+            exc, runs.WORDING.setup, where=ctx.where(), fix=runs.WORDING.distributed_child_fix
+        )
+    return judge(ctx, runs.WORDING, outs, overrides)
+
+
+def judge(
+    ctx: CheckContext, words: Wording, outs: Mapping[str, Path], overrides: Mapping[str, Any]
+) -> Outcome:
+    single, first = load_run(outs[SINGLE]), load_run(outs[REPLICA_RUNS[0]])
+    problem = first.problem or layout_difference(single, first)
+    if problem:
+        return failed(
+            f"under {words.setup} the optimizer state is not what {words.single} has: {problem}",
+            where=ctx.where(),
+            fix=words.layout_fix,
+        )
+    for number, name in enumerate(REPLICA_RUNS[1:], start=1):
+        other = load_run(outs[name])
+        apart = first_difference(first, other)
+        if apart:
+            return failed(
+                f"under {words.setup}, {words.replica} {number} holds other values than {words.replica} 0 "
+                f"after {DISTRIBUTED_STEPS} steps on the same averaged gradients ({apart})",
+                where=ctx.where(),
+                fix=words.apart_fix,
+                figure=max_abs_difference(first, other),
+            )
+    figure = max_abs_difference(single, first)
+    far = beyond_tolerance(single, first, load_run(outs[INITIAL]))
+    if far:
+        return failed(
+            f"{words.setup} (half the batch each) differs from {words.single} on the full batch beyond "
+            f"rounding: {far}",
+            where=ctx.where(),
+            fix=words.beyond_fix,
+            figure=figure,
+        )
+    return passed(
+        f"{words.setup} equals {words.single} on the full batch after {DISTRIBUTED_STEPS} steps: "
+        f"{len(single.optimizer_keys())} optimizer state array(s), laid out alike, {words.replica}s bitwise "
+        f"equal, max abs difference to {words.single} {figure:.2g} (rounding){overrides_note(overrides)}",
+        figure,
+    )

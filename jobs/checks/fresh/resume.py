@@ -1,0 +1,51 @@
+"""`resume_exact`: N steps straight against k steps, save, and a fresh process running N - k.
+
+A fresh process because state an optimizer keeps in a class attribute or a module global
+survives every in-process round trip (all instances share it) and only a new process
+shows that it was never saved. The straight run and the save happen here, in the checking
+process, while the fresh child imports its framework.
+"""
+
+from __future__ import annotations
+
+from jobs.checks.context import CheckContext, overrides_note
+from jobs.checks.fresh.plan import RESUME_SPLIT, RESUME_STEPS, runs_for
+from jobs.checks.fresh.results import first_difference, load_run, max_abs_difference
+from jobs.checks.fresh.spawner import ChildFailed, child_for, failed_in_child, run_fresh
+from jobs.checks.report import Outcome, failed, passed
+
+
+def resume_exact(ctx: CheckContext) -> Outcome:
+    runs = runs_for(ctx.target.style)
+    words = runs.WORDING
+    overrides = ctx.stateful_overrides()
+    checkpoint, out = ctx.workdir / "resume-checkpoint", ctx.workdir / "resume-final.npz"
+    child_for(ctx)  # started first: its imports overlap the runs here
+    straight = runs.run_and_save(ctx, overrides, checkpoint)
+    request = {
+        "overrides": overrides,
+        "settings": runs.settings(),
+        "checkpoint": str(checkpoint),
+        "out": str(out),
+    }
+    try:
+        run_fresh(ctx, "resume", request)
+    except ChildFailed as exc:
+        return failed_in_child(exc, "the resumed run", where=ctx.where(), fix=words.resume_child_fix)
+    resumed = load_run(out)
+    rest = RESUME_STEPS - RESUME_SPLIT
+    steps = (
+        f"{RESUME_STEPS} steps straight vs {RESUME_SPLIT} + {words.checkpoint} + {rest} in a fresh process"
+    )
+    difference = first_difference(straight, resumed)
+    if not difference:
+        return passed(
+            f"{steps}: parameters and optimizer state bitwise equal{overrides_note(overrides)}", 0.0
+        )
+    return failed(
+        f"{steps} differ: {difference}",
+        where=ctx.where(),
+        fix=f"keep {words.state_home} (never in a class attribute, module global or other Python "
+        f"attribute), so {words.saver} saves it",
+        figure=max_abs_difference(straight, resumed),
+    )

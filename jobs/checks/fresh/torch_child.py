@@ -1,0 +1,198 @@
+"""torch's side of the fresh-process checks: the tiny problem, the runs, DDP over two gloo ranks.
+
+Reached through `TorchDriver.fresh_module`. `run_and_save` runs in the checking process,
+the rest in a process forked from the fresh child (`child.py`). Results are written as
+named numpy arrays (`results.py`), so the verdicts are not written here.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Mapping
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from jobs.checks.context import CheckContext
+from jobs.checks.fresh.child import run_forked
+from jobs.checks.fresh.plan import (
+    DISTRIBUTED_STEPS,
+    GLOBAL_BATCH,
+    INITIAL,
+    REPLICA_RUNS,
+    REPLICAS,
+    RESUME_SPLIT,
+    RESUME_STEPS,
+    SEED,
+    SINGLE,
+    Wording,
+)
+from jobs.checks.fresh.results import MODEL, OPTIMIZER, Arrays, Run, save_run
+from jobs.frameworks.torch_driver import rng_state, set_rng_state
+
+WORDING = Wording(
+    checkpoint="save",
+    state_home="every piece of state in self.state[p] or param_groups",
+    saver="state_dict()",
+    resume_child_fix="",
+    setup=f"DDP with {REPLICAS} gloo ranks",
+    replica="rank",
+    single="one process",
+    distributed_child_fix="",
+    apart_fix="make the update a deterministic function of the gradient and self.state (no draws from the "
+    "per-rank global RNG, no rank-local inputs), so every replica takes the same step",
+    layout_fix="create state lazily per parameter in self.state[p] from the parameter itself",
+    beyond_fix="use only the gradient DDP hands over (already averaged); do not all-reduce gradients or "
+    "norms again inside the optimizer for replicated parameters",
+)
+
+
+# -- the tiny problem both sides of every comparison run ------------------------------------------------
+
+
+def tiny_model() -> nn.Module:
+    return nn.Sequential(nn.Linear(6, 8), nn.Tanh(), nn.Linear(8, 3)).to(torch.float32)
+
+
+def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch of `step`, a pure function of the step (so a resumed run sees the same data)."""
+    generator = torch.Generator().manual_seed(SEED + step)
+    x = torch.randn(GLOBAL_BATCH, 6, generator=generator, dtype=torch.float32)
+    return x, torch.randn(GLOBAL_BATCH, 3, generator=generator, dtype=torch.float32)
+
+
+def train(model: nn.Module, optimizer: Any, steps: range, rows: slice = slice(None)) -> None:
+    for step in steps:
+        x, y = batch(step)
+        optimizer.zero_grad(set_to_none=True)
+        loss = nn.functional.mse_loss(model(x[rows]), y[rows])
+        loss.backward()
+        optimizer.step()
+
+
+def build(ctx: CheckContext, overrides: Mapping[str, Any]) -> tuple[nn.Module, Any]:
+    torch.manual_seed(SEED)
+    model = tiny_model()
+    return model, ctx.build(model.parameters(), **overrides)
+
+
+def snapshot(model: nn.Module, optimizer: Any, *, tensors_only: bool = False) -> Arrays:
+    """Model and optimizer state dicts as named arrays (`optimizer/state/0/exp_avg`).
+
+    `tensors_only`: the optimizer's tensors alone; what it keeps besides them (param_groups,
+    Python numbers) must survive a save, but is not what distribution changes.
+    """
+    arrays = _flatten(model.state_dict(), MODEL)
+    state = optimizer.state_dict()
+    if tensors_only:
+        state = {
+            "state": {
+                index: {key: value for key, value in entry.items() if isinstance(value, torch.Tensor)}
+                for index, entry in state["state"].items()
+            }
+        }
+    return {**arrays, **_flatten(state, OPTIMIZER)}
+
+
+def _flatten(value: Any, key: str) -> Arrays:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu()
+        tensor = tensor.to_dense() if tensor.is_sparse else tensor
+        if tensor.dtype == torch.bfloat16:
+            tensor = tensor.float()  # exact: numpy has no bfloat16
+        return {key: tensor.numpy().copy()}
+    if isinstance(value, Mapping):
+        return {k: v for name, item in value.items() for k, v in _flatten(item, f"{key}/{name}").items()}
+    if isinstance(value, list | tuple):
+        return {k: v for index, item in enumerate(value) for k, v in _flatten(item, f"{key}/{index}").items()}
+    if isinstance(value, bool | int | float | complex):
+        return {key: np.asarray(value)}
+    return {key: np.asarray(repr(value))}  # None, strings: compared as text
+
+
+# -- the checking process -------------------------------------------------------------------------------
+
+
+def settings() -> dict[str, Any]:
+    # Same intra-op threads as here in the resumed run: a different count may sum in another order.
+    return {"threads": torch.get_num_threads()}
+
+
+def run_and_save(ctx: CheckContext, overrides: Mapping[str, Any], checkpoint: Path) -> Run:
+    with torch.random.fork_rng(devices=[]):  # leave the global RNG as the other checks had it
+        model, optimizer = build(ctx, overrides)
+        train(model, optimizer, range(RESUME_STEPS))
+        straight = Run(snapshot(model, optimizer))
+        model, optimizer = build(ctx, overrides)
+        train(model, optimizer, range(RESUME_SPLIT))
+        # As a training loop saves: model, optimizer and RNG in one dict (frameworks/torch_driver.py).
+        payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_state()}
+        torch.save(payload, checkpoint)
+    return straight
+
+
+# -- the fresh child and its forks ---------------------------------------------------------------------
+
+
+def import_framework(style: str) -> None:
+    """torch came with this module. DDP's constructor imports torch._dynamo (seconds): once here
+    for every fork. Neither starts a thread pool, so both survive a fork."""
+    importlib.import_module("torch._dynamo")
+
+
+def prepare_run(request: Mapping[str, Any]) -> None:
+    # DDP's ranks share the machine: one thread each; the resumed run as the checking process.
+    torch.set_num_threads(int(request["settings"]["threads"]) if request["role"] == "resume" else 1)
+
+
+def resume(request: Mapping[str, Any], ctx: CheckContext) -> None:
+    model = tiny_model()
+    optimizer = ctx.build(model.parameters(), **request["overrides"])
+    saved = torch.load(request["checkpoint"], weights_only=True)  # as a careful user loads
+    model.load_state_dict(saved["model"])
+    optimizer.load_state_dict(saved["optimizer"])
+    set_rng_state(saved["rng"])
+    train(model, optimizer, range(RESUME_SPLIT, RESUME_STEPS))
+    save_run(request["out"], snapshot(model, optimizer))
+
+
+def distributed(request: Mapping[str, Any], ctx: CheckContext) -> None:
+    """The DDP ranks and the single-process run, each in a forked copy of this fresh process."""
+    outs = request["outs"]
+    store = Path(outs[SINGLE]).with_name("ddp-store")  # where the ranks find each other
+    store.unlink(missing_ok=True)
+    runs = {
+        name: functools.partial(_rank, request, ctx, rank, store) for rank, name in enumerate(REPLICA_RUNS)
+    }
+    run_forked(request, ctx, {**runs, SINGLE: functools.partial(_single, request, ctx, outs)})
+
+
+def _rank(request: Mapping[str, Any], ctx: CheckContext, rank: int, store: Path) -> None:
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group(
+        "gloo", init_method=f"file://{store}", rank=rank, world_size=REPLICAS, timeout=timedelta(seconds=60)
+    )
+    # No destroy_process_group(): with the peer already gone it can block for good in
+    # gloo (seen here, about one run in ten); this forked process ends with os._exit.
+    model, optimizer = build(ctx, request["overrides"])
+    wrapped = DistributedDataParallel(model)
+    # Each rank its own random stream from here, as dropout and augmentation need in real training.
+    torch.manual_seed(SEED + 1 + rank)
+    share = GLOBAL_BATCH // REPLICAS
+    train(wrapped, optimizer, range(DISTRIBUTED_STEPS), slice(rank * share, (rank + 1) * share))
+    save_run(request["outs"][REPLICA_RUNS[rank]], snapshot(model, optimizer, tensors_only=True))
+
+
+def _single(request: Mapping[str, Any], ctx: CheckContext, outs: Mapping[str, str]) -> None:
+    model, optimizer = build(ctx, request["overrides"])
+    save_run(outs[INITIAL], _flatten(model.state_dict(), MODEL))
+    torch.manual_seed(SEED + 1)  # the stream rank 0 has
+    train(model, optimizer, range(DISTRIBUTED_STEPS))
+    save_run(outs[SINGLE], snapshot(model, optimizer, tensors_only=True))
