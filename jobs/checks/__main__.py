@@ -22,6 +22,7 @@ from jobs.checks.target import (
     parse_params,
     resolve_target,
 )
+from jobs.frameworks import needs_legacy_keras_process
 from jobs.processes import in_legacy_keras_process, reexec_with_legacy_keras
 
 
@@ -71,7 +72,7 @@ def check(args: argparse.Namespace, params: dict[str, Any], argv: list[str]) -> 
         raise
     except Exception as exc:  # the user's module failed to import
         raise UsageError(f"importing {args.target} failed: {_import_error(exc)}") from None
-    if target.style == "tf_legacy" and not legacy_process:
+    if needs_legacy_keras_process(target.style) and not legacy_process:
         reexec_legacy(argv)
     only = [i.strip() for i in args.only.split(",")] if args.only else None
     print(f"Checking {target.name} ({target.style}, {target.qualname})", file=sys.stderr)

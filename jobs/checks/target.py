@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jobs.frameworks import needs_legacy_keras_process
 from jobs.processes import LEGACY_KERAS_ENV
 from jobs.spec import parse_params as parse_params_json
 from optimizers.plugin_import import NotAModule, import_file
@@ -95,7 +96,7 @@ def needs_legacy_keras(text: str, *, style: str | None = None) -> bool:
     the file's source for legacy-only names.
     """
     if style is not None:
-        return style == "tf_legacy"
+        return needs_legacy_keras_process(style)
     if not is_class_reference(text):
         return False
     reference, _ = text.rsplit(":", 1)
@@ -136,7 +137,7 @@ def _registered_entry(name: str, *, framework: str | None, style: str | None) ->
     legacy_process = os.environ.get(LEGACY_KERAS_ENV) == "1"
     candidates = candidate_styles(framework, style)
     for candidate in candidates:
-        if (candidate == "tf_legacy") != legacy_process:
+        if needs_legacy_keras_process(candidate) != legacy_process:
             continue
         registry = load_registry(styles=(candidate,))
         if any(n == name for n, _ in registry.entries):

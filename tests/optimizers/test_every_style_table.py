@@ -4,7 +4,7 @@ The idea of torch's `common_optimizers.py` (`OptimizerInfo`, `optim_db`) across 
 styles: the table is `load_registry()` with torch, Keras 3 and legacy tf.keras loaded in
 this one process, so an optimizer registered in any style (built-in, entry point or
 OPTLAB_PLUGIN_DIRS plugin) is covered without editing this file. What differs between
-styles lives in one small `StyleDriver` per style, never in per-optimizer code; the
+styles lives in the framework drivers (`jobs.frameworks`), never in per-optimizer code; the
 capability flags (`style`, `supports_sparse`) come from the entries themselves.
 """
 
@@ -25,6 +25,8 @@ import tensorflow as tf
 import tf_keras
 import torch
 
+from jobs.frameworks import driver_for
+from jobs.frameworks.base import Driver, SparseRows
 from optimizers.hyperparams import Param
 from optimizers.registry import BUILTIN_MODULES, STYLES, Entry, load_registry
 
@@ -54,74 +56,20 @@ def _arg(entry: Entry, param: str) -> str:
     return entry.lr_arg if param == "lr" else param
 
 
-# --- gradients both frameworks understand -----------------------------------------------------------
+# --- one driver per style -----------------------------------------------------------------------------
+# The framework drivers of jobs/frameworks drive every style (variables, optimizer, step,
+# values); what this table asserts about each style's own serialization is below them.
+
+DRIVERS: dict[str, Driver] = {style: driver_for(style) for style in STYLES}
 
 
-@dataclass(frozen=True)
-class SparseRows:
-    """A row-sparse gradient, as an Embedding produces it: repeated rows are summed."""
-
-    rows: list[int]
-    values: np.ndarray
-    shape: tuple[int, ...]
-
-
-Gradient = np.ndarray | SparseRows
-
-
-def _torch_gradient(grad: Gradient) -> torch.Tensor:
-    if isinstance(grad, SparseRows):
-        indices = torch.tensor([grad.rows], dtype=torch.int64)
-        values = torch.from_numpy(grad.values.copy())
-        return torch.sparse_coo_tensor(indices, values, grad.shape, check_invariants=True)
-    return torch.from_numpy(grad.copy())
-
-
-def _tf_gradient(grad: Gradient) -> Any:
-    if isinstance(grad, SparseRows):
-        return tf.IndexedSlices(
-            tf.constant(grad.values), tf.constant(grad.rows, dtype=tf.int64), tf.constant(grad.shape)
-        )
-    return tf.constant(grad)
-
-
-# --- one adapter per style --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class StyleDriver:
-    """How to drive one style; everything else in this module is written once for all styles.
-
-    `config_roundtrip` checks the style's own serialization and returns the optimizer's
-    hyperparameters by constructor argument name. `state_roundtrip` saves the state of an
-    optimizer that has taken steps, loads it into a fresh optimizer over fresh variables,
-    asserts nothing was lost, and returns the two.
-    """
-
-    make_variables: Callable[[Sequence[np.ndarray]], list[Any]]
-    create: Callable[[Entry, Mapping[str, Any], list[Any]], Any]  # through the catalogue
-    construct: Callable[[type, Mapping[str, Any], list[Any]], Any]  # the class itself, as from_config
-    step: Callable[[Any, list[Any], Sequence[Gradient]], None]
-    values: Callable[[list[Any]], list[np.ndarray]]
-    config_roundtrip: Callable[[Any], dict[str, Any]]
-    state_roundtrip: Callable[[Entry, Mapping[str, Any], Any, list[Any], Path], tuple[Any, list[Any]]]
+def _create(entry: Entry, hyperparams: Mapping[str, Any], variables: list[Any]) -> Any:
+    """Through the catalogue, over `variables`, as a training job builds it."""
+    driver = DRIVERS[entry.style]
+    return driver.optimizer_over(lambda params: entry.create(hyperparams, model_params=params), variables)
 
 
 # torch
-
-
-def _torch_variables(values: Sequence[np.ndarray]) -> list[torch.nn.Parameter]:
-    return [torch.nn.Parameter(torch.from_numpy(value.copy())) for value in values]
-
-
-def _torch_step(optimizer: torch.optim.Optimizer, variables: list[Any], grads: Sequence[Gradient]) -> None:
-    for param, grad in zip(variables, grads, strict=True):
-        param.grad = _torch_gradient(grad)
-    optimizer.step()
-
-
-def _torch_values(variables: list[Any]) -> list[np.ndarray]:
-    return [param.detach().numpy().copy() for param in variables]
 
 
 def _torch_saved(obj: Any) -> Any:
@@ -155,8 +103,9 @@ def _assert_same_torch_state(left: dict[str, Any], right: dict[str, Any]) -> Non
 def _torch_state_roundtrip(
     entry: Entry, hyperparams: Mapping[str, Any], optimizer: Any, variables: list[Any], tmp_path: Path
 ) -> tuple[Any, list[Any]]:
+    driver = DRIVERS["torch"]
     loaded = _torch_saved(optimizer.state_dict())
-    fresh_variables = _torch_variables(_torch_values(variables))
+    fresh_variables = driver.variables(driver.values(variables))
     fresh = entry.create(hyperparams, model_params=fresh_variables)
     fresh.load_state_dict(loaded)
     _assert_same_torch_state(optimizer.state_dict(), fresh.state_dict())
@@ -164,18 +113,6 @@ def _torch_state_roundtrip(
 
 
 # Keras 3 and legacy tf.keras
-
-
-def _tf_values(variables: list[Any]) -> list[np.ndarray]:
-    return [np.array(variable.numpy()) for variable in variables]
-
-
-def _keras_step(optimizer: Any, variables: list[Any], grads: Sequence[Gradient]) -> None:
-    optimizer.apply([_tf_gradient(grad) for grad in grads], variables)
-
-
-def _legacy_step(optimizer: Any, variables: list[Any], grads: Sequence[Gradient]) -> None:
-    optimizer.apply_gradients(zip([_tf_gradient(grad) for grad in grads], variables, strict=True))
 
 
 def _config_roundtrip(module: Any) -> Callable[[Any], dict[str, Any]]:
@@ -205,23 +142,20 @@ def _unnamed_config(optimizer: Any) -> dict[str, Any]:
     return {**optimizer.get_config(), "name": None}
 
 
-def _checkpoint_roundtrip(
-    make_variables: Callable[[Sequence[np.ndarray]], list[Any]],
-    create_state: Callable[[Any, list[Any]], None],
-) -> Callable[..., tuple[Any, list[Any]]]:
+def _checkpoint_roundtrip(style: str) -> Callable[..., tuple[Any, list[Any]]]:
     def roundtrip(
         entry: Entry, hyperparams: Mapping[str, Any], optimizer: Any, variables: list[Any], tmp_path: Path
     ) -> tuple[Any, list[Any]]:
+        driver = DRIVERS[style]
         written = tf.train.Checkpoint(optimizer=optimizer, variables=variables).write(str(tmp_path / "ckpt"))
         # Fresh variables hold zeros: their values must come back from the checkpoint too.
-        fresh_variables = make_variables([np.zeros_like(value) for value in _tf_values(variables)])
-        fresh = entry.create(hyperparams)
-        create_state(fresh, fresh_variables)  # variables created first, then filled by `read`
+        fresh_variables = driver.variables([np.zeros_like(value) for value in driver.values(variables)])
+        fresh = _create(entry, hyperparams, fresh_variables)  # state created first, then filled by `read`
         tf.train.Checkpoint(optimizer=fresh, variables=fresh_variables).read(written).assert_consumed()
 
         assert int(fresh.iterations.numpy()) == int(optimizer.iterations.numpy()) == STATE_STEPS
         for index, (saved, loaded) in enumerate(
-            zip(_tf_values(variables), _tf_values(fresh_variables), strict=True)
+            zip(driver.values(variables), driver.values(fresh_variables), strict=True)
         ):
             assert np.array_equal(saved, loaded), f"variable {index}"
         before, after = _optimizer_variables(optimizer), _optimizer_variables(fresh)
@@ -236,56 +170,32 @@ def _checkpoint_roundtrip(
     return roundtrip
 
 
-def _keras_variables(values: Sequence[np.ndarray]) -> list[Any]:
-    return [keras.Variable(value.copy()) for value in values]
+@dataclass(frozen=True)
+class RoundTrips:
+    """What this table asserts about a style's own serialization, on top of its driver.
+
+    `config` checks the style's config serialization and returns the optimizer's
+    hyperparameters by constructor argument name. `state` saves the state of an optimizer
+    that has taken steps, loads it into a fresh optimizer over fresh variables, asserts
+    nothing was lost, and returns the two.
+    """
+
+    config: Callable[[Any], dict[str, Any]]
+    state: Callable[[Entry, Mapping[str, Any], Any, list[Any], Path], tuple[Any, list[Any]]]
 
 
-def _legacy_variables(values: Sequence[np.ndarray]) -> list[Any]:
-    return [tf.Variable(value.copy()) for value in values]
-
-
-def _keras_create_state(optimizer: Any, variables: list[Any]) -> None:
-    optimizer.build(variables)
-
-
-def _legacy_create_state(optimizer: Any, variables: list[Any]) -> None:
-    optimizer._create_all_weights(variables)  # the legacy API's only way to make slots up front
-
-
-DRIVERS: dict[str, StyleDriver] = {
-    "torch": StyleDriver(
-        make_variables=_torch_variables,
-        create=lambda entry, hyperparams, variables: entry.create(hyperparams, model_params=variables),
-        construct=lambda cls, kwargs, variables: cls(variables, **kwargs),
-        step=_torch_step,
-        values=_torch_values,
-        config_roundtrip=_torch_config,
-        state_roundtrip=_torch_state_roundtrip,
-    ),
-    "keras": StyleDriver(
-        make_variables=_keras_variables,
-        create=lambda entry, hyperparams, variables: entry.create(hyperparams),
-        construct=lambda cls, kwargs, variables: cls(**kwargs),
-        step=_keras_step,
-        values=_tf_values,
-        config_roundtrip=_config_roundtrip(keras.optimizers),
-        state_roundtrip=_checkpoint_roundtrip(_keras_variables, _keras_create_state),
-    ),
-    "tf_legacy": StyleDriver(
-        make_variables=_legacy_variables,
-        create=lambda entry, hyperparams, variables: entry.create(hyperparams),
-        construct=lambda cls, kwargs, variables: cls(**kwargs),
-        step=_legacy_step,
-        values=_tf_values,
-        config_roundtrip=_config_roundtrip(tf_keras.optimizers),
-        state_roundtrip=_checkpoint_roundtrip(_legacy_variables, _legacy_create_state),
+ROUND_TRIPS: dict[str, RoundTrips] = {
+    "torch": RoundTrips(config=_torch_config, state=_torch_state_roundtrip),
+    "keras": RoundTrips(config=_config_roundtrip(keras.optimizers), state=_checkpoint_roundtrip("keras")),
+    "tf_legacy": RoundTrips(
+        config=_config_roundtrip(tf_keras.optimizers), state=_checkpoint_roundtrip("tf_legacy")
     ),
 }
 
 
 def test_table_loads_all_styles_cleanly() -> None:
     assert REGISTRY.errors == [], "an optimizer on the path failed to load"
-    assert set(DRIVERS) == set(STYLES), "a style without a driver"
+    assert set(DRIVERS) == set(ROUND_TRIPS) == set(STYLES), "a style without a driver"
     builtins = {
         (module.rsplit(".", 1)[1], style) for style, modules in BUILTIN_MODULES.items() for module in modules
     }
@@ -323,8 +233,8 @@ class LeastSquares:
 def test_loss_halves_on_least_squares(entry: Entry) -> None:
     driver = DRIVERS[entry.style]
     problem = LeastSquares()
-    variables = driver.make_variables(problem.initial())
-    optimizer = driver.create(entry, _hyperparams(entry), variables)
+    variables = driver.variables(problem.initial())
+    optimizer = _create(entry, _hyperparams(entry), variables)
     first, grads = problem.loss_and_gradients(driver.values(variables))
     last, steps = first, 0
     while last > 0.5 * first and steps < DESCENT_STEPS:
@@ -388,13 +298,13 @@ def test_out_of_range_hyperparameter_is_refused_by_name(case: OutOfRange) -> Non
     with pytest.raises(ValueError):  # the case really is outside the declaration
         case.param.check(case.value)
     driver = DRIVERS[case.entry.style]
-    variables = driver.make_variables([np.zeros(2, np.float32)])
+    variables = driver.variables([np.zeros(2, np.float32)])
     with pytest.raises(ValueError, match=rf"\b{case.param.name}\b"):
-        driver.create(case.entry, {case.param.name: case.value}, variables)
+        _create(case.entry, {case.param.name: case.value}, variables)
     # The constructor enforces the same declaration: from_config and load paths skip the catalogue.
     arg = _arg(case.entry, case.param.name)
     with pytest.raises(ValueError, match=rf"\b{arg}\b"):
-        driver.construct(case.entry.cls, {arg: case.value}, variables)
+        driver.construct(case.entry.cls, {arg: case.value})
 
 
 # --- 3. config and state round trips ----------------------------------------------------------------
@@ -417,8 +327,8 @@ def test_config_and_state_round_trip(entry: Entry, tmp_path: Path) -> None:
     hyperparams = _hyperparams(entry)
     rng = np.random.default_rng(1)
     shapes = [(3, 2), (2,)]
-    variables = driver.make_variables([rng.normal(size=shape).astype(np.float32) for shape in shapes])
-    optimizer = driver.create(entry, hyperparams, variables)
+    variables = driver.variables([rng.normal(size=shape).astype(np.float32) for shape in shapes])
+    optimizer = _create(entry, hyperparams, variables)
 
     def gradients() -> list[np.ndarray]:
         return [rng.normal(size=shape).astype(np.float32) for shape in shapes]
@@ -427,14 +337,16 @@ def test_config_and_state_round_trip(entry: Entry, tmp_path: Path) -> None:
         driver.step(optimizer, variables, gradients())
 
     # Every catalogue hyperparameter reaches the optimizer and comes back from its config.
-    config = driver.config_roundtrip(optimizer)
+    config = ROUND_TRIPS[entry.style].config(optimizer)
     for name, param in entry.params.items():
         given = hyperparams.get(name, param.default)
         arg = _arg(entry, name)
         assert arg in config, f"{arg!r} missing from the config"
         assert _same_hyperparameter(given, config[arg]), f"{arg}: gave {given!r}, config has {config[arg]!r}"
 
-    fresh, fresh_variables = driver.state_roundtrip(entry, hyperparams, optimizer, variables, tmp_path)
+    fresh, fresh_variables = ROUND_TRIPS[entry.style].state(
+        entry, hyperparams, optimizer, variables, tmp_path
+    )
     grads = gradients()
     driver.step(optimizer, variables, grads)
     driver.step(fresh, fresh_variables, grads)
@@ -457,8 +369,8 @@ def test_sparse_step_changes_only_the_touched_rows(entry: Entry) -> None:
     if "weight_decay" in entry.params:  # a lazy update must not decay the untouched rows either
         hyperparams["weight_decay"] = 0.1
     rng = np.random.default_rng(2)
-    variables = driver.make_variables([rng.normal(size=TABLE_SHAPE).astype(np.float32)])
-    optimizer = driver.create(entry, hyperparams, variables)
+    variables = driver.variables([rng.normal(size=TABLE_SHAPE).astype(np.float32)])
+    optimizer = _create(entry, hyperparams, variables)
     before = driver.values(variables)[0]
 
     values = rng.normal(size=(len(TOUCHED), TABLE_SHAPE[1])).astype(np.float32)
