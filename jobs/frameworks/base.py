@@ -340,6 +340,17 @@ class Driver(ABC):
         """Pass every warning the framework raises while inside to `sink`, once-only ones too."""
 
     @abstractmethod
+    def reference_adamw(self, variables: Sequence[Any]) -> Any:
+        """The framework's AdamW (two state tensors per variable) over `variables`, state created:
+        the yardstick for an optimizer that keeps two or more, so an Adam-like update is compared
+        with Adam's cost, not SGD's."""
+
+    @property
+    @abstractmethod
+    def reference_adamw_name(self) -> str:
+        """That yardstick by name (`torch.optim.AdamW`)."""
+
+    @abstractmethod
     def reference_sgd(self, variables: Sequence[Any]) -> Any:
         """The framework's SGD(momentum=0.9) over `variables`, state created: the yardstick."""
 

@@ -345,6 +345,18 @@ class KerasDriver(Driver):
         self.create_state(optimizer, variables)
         return optimizer
 
+    def reference_adamw(self, variables: Sequence[Any]) -> Any:
+        optimizer = self.plain_reference_adamw()
+        self.create_state(optimizer, variables)
+        return optimizer
+
+    def plain_reference_adamw(self) -> Any:
+        return self.km.optimizers.AdamW(learning_rate=1e-3)
+
+    @property
+    def reference_adamw_name(self) -> str:
+        return "AdamW"
+
     def timed_update(
         self, optimizer: Any, variables: Sequence[Any], grads: Sequence[np.ndarray]
     ) -> Callable[[], Any]:
@@ -449,6 +461,14 @@ class LegacyKerasDriver(KerasDriver):
 
     def plain_reference_sgd(self) -> Any:
         return self.km.optimizers.legacy.SGD(learning_rate=0.01, momentum=0.9)
+
+    def plain_reference_adamw(self) -> Any:
+        # tf_keras has no legacy AdamW; legacy Adam keeps the same two slots per variable.
+        return self.km.optimizers.legacy.Adam(learning_rate=1e-3)
+
+    @property
+    def reference_adamw_name(self) -> str:
+        return "legacy Adam"
 
     def loss_scale_optimizer(self, inner: Any, initial_scale: float) -> Any:
         return self.km.mixed_precision.LossScaleOptimizer(inner, initial_scale=initial_scale)

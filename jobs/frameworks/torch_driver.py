@@ -391,6 +391,13 @@ class TorchDriver(Driver):
     def reference_sgd(self, variables: Sequence[Any]) -> Any:
         return torch.optim.SGD(list(variables), lr=1e-3, momentum=0.9)
 
+    def reference_adamw(self, variables: Sequence[Any]) -> Any:
+        return torch.optim.AdamW(list(variables), lr=1e-3)
+
+    @property
+    def reference_adamw_name(self) -> str:
+        return "torch.optim.AdamW"
+
     def timed_update(
         self, optimizer: Any, variables: Sequence[Any], grads: Sequence[np.ndarray]
     ) -> Callable[[], Any]:
