@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from jobs.checks.report import CheckReport, CheckResult
 from jobs.report import Reporter
+from jobs.result import CheckOutcome
 from jobs.spec import CheckSpec
 from jobs.tracking import Tracker
 
@@ -31,7 +31,7 @@ class CheckJob:
         self.last_checkpoint: Path | None = None  # a check job leaves no checkpoint behind
         self.artifacts: list[Path] = []  # report.json and report.md once the checks have run
 
-    def run(self, *, resume_from: Path | None = None, stop_after: int | None = None) -> dict[str, Any]:
+    def run(self, *, resume_from: Path | None = None, stop_after: int | None = None) -> CheckOutcome:
         if resume_from is not None or stop_after is not None:
             raise ValueError("--resume and --stop-after are for training jobs; a check job always runs whole")
         from jobs.checks.runner import run_checks
@@ -47,11 +47,9 @@ class CheckJob:
             on_result=self._on_result,
         )
         self.artifacts = self._write_report(report)
-        return {
-            "report": report.to_json(),
-            "checks_failed": report.counts()["fail"],
-            "steps_completed": len(report.checks),
-        }
+        return CheckOutcome(
+            report=report.to_json(), checks_failed=report.counts()["fail"], steps_completed=len(report.checks)
+        )
 
     def _on_result(self, result: CheckResult, done: int, total: int) -> None:
         if result.status in METRIC_OF_STATUS:

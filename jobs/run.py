@@ -46,7 +46,7 @@ class Job(Protocol):
 
     last_checkpoint: Path | None
 
-    def run(self, *, resume_from: Path | None, stop_after: int | None) -> Outcome | dict[str, Any]: ...
+    def run(self, *, resume_from: Path | None, stop_after: int | None) -> Outcome: ...
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
