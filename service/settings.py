@@ -26,6 +26,9 @@ class Settings(BaseSettings):
     cancel_grace_s: float = Field(default=5.0, gt=0, le=300, description="SIGTERM -> SIGKILL delay")
     catalogue_timeout_s: float = Field(default=300.0, gt=0)
     job_python: str = Field(default=sys.executable, description="interpreter that runs jobs")
+    plugin_poll_s: float = Field(
+        default=2.0, gt=0, le=3600, description="how often a worker looks for changed plugin files"
+    )
 
     @field_validator("mlflow_tracking_uri")
     @classmethod

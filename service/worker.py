@@ -37,12 +37,15 @@ from jobs.result import (
 )
 from service import store
 from service.models import Job
+from service.plugins import PluginWatcher, fingerprint, plugin_dirs_from_environment
 from service.settings import Settings
 
 log = logging.getLogger("optlab.worker")
 
 LOG_TAIL_CHARS = 4000
 LEASE_S = 60.0
+# After a failed re-publish of the catalogue (the job environment broke), wait this long.
+REPUBLISH_RETRY_S = 30.0
 
 
 class CatalogueError(RuntimeError):
@@ -86,17 +89,23 @@ class Worker:
         self.sessions = sessions
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.stopping = threading.Event()
+        self.plugins = PluginWatcher(plugin_dirs_from_environment())
 
     def publish_catalogue(self) -> dict[str, Any]:
+        # Taken before producing: a file changed meanwhile is published again on the next poll.
+        plugin_files = fingerprint(self.plugins.folders)
         catalogue = produce_catalogue(self.settings)
         with self.sessions() as session:
             store.publish_catalogue(session=session, worker_id=self.worker_id, catalogue=catalogue)
+        self.plugins.published = plugin_files
         for failure in catalogue.get("errors", []):
             log.warning("optimizer plugin failed to load: %s: %s", failure["source"], failure["error"])
         return catalogue
 
     def run_forever(self) -> None:
         log.info("worker %s polling for jobs", self.worker_id)
+        refresher = threading.Thread(target=self.refresh_catalogue_forever, name="plugin-watch", daemon=True)
+        refresher.start()
         while not self.stopping.is_set():
             try:
                 busy = self.run_next()
@@ -105,6 +114,23 @@ class Worker:
                 busy = False
             if not busy:
                 self.stopping.wait(self.settings.poll_interval_s)
+
+    def refresh_catalogue_forever(self) -> None:
+        """Publish the catalogue again whenever plugin files change, while jobs keep running.
+
+        A thread of its own: producing the catalogue takes seconds (it imports the frameworks in
+        a child), which must delay neither claims nor a running job's supervision. A failed
+        publish keeps the old catalogue and is tried again after a pause.
+        """
+        while not self.stopping.wait(self.settings.plugin_poll_s):
+            if self.plugins.poll() is None:
+                continue
+            log.info("worker %s: plugin files changed; publishing the catalogue again", self.worker_id)
+            try:
+                self.publish_catalogue()
+            except Exception:  # a broken environment must not end the worker
+                log.exception("worker %s: could not publish the catalogue again", self.worker_id)
+                self.stopping.wait(REPUBLISH_RETRY_S)
 
     def run_next(self) -> bool:
         """Claim and run one job; False when there was none to claim."""
