@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from optimizers.hyperparams import Param, ParamType, check_all
+from optimizers.loop_needs import LoopNeeds, detect_loop_needs
 from optimizers.plugin_import import import_file
 
 ENTRY_POINT_GROUP = "optlab.optimizers"
@@ -66,6 +67,8 @@ class Entry:
     reference: str
     source: str
     lr_arg: str = "lr"
+    # What the optimizer needs from the training loop (closure, create_graph, train/eval, ...).
+    needs: LoopNeeds = field(default_factory=LoopNeeds)
 
     def create(
         self,
@@ -95,6 +98,7 @@ class Entry:
             "class": f"{self.cls.__module__}.{self.cls.__qualname__}",
             "params": [param.to_json() for param in self.params.values()],
             "supports_sparse": self.supports_sparse,
+            "needs": self.needs.to_json(),
             "summary": self.summary,
             "reference": self.reference,
             "source": self.source,
@@ -204,6 +208,7 @@ def entry_for_class(cls: type, *, source: str, style: str | None = None) -> Entr
         params=params,
         lr_arg=lr_arg,
         supports_sparse=bool(getattr(cls, "optlab_supports_sparse", False)),
+        needs=detect_loop_needs(cls),
         summary=summary,
         reference=reference,
         source=source,

@@ -1,0 +1,105 @@
+"""What an optimizer needs from the training loop beyond `loss.backward()` then `step()`.
+
+Real optimizers break that assumption in a few known ways: sharpness-aware ones (SAM)
+re-evaluate the loss through `step(closure)`; Hessian-based ones (AdaHessian, Sophia-H)
+need the backward pass to keep its graph for Hessian-vector products; schedule-free ones
+must be switched with `optimizer.train()` / `optimizer.eval()` around evaluation and
+saving; wrappers (Lookahead, SAM) take a base optimizer. Declared once here, in the
+catalogue entry, and read by both the trainer and the checks, so neither blames the
+optimizer for what the loop assumed.
+
+Pure Python: the API reads these from the published catalogue.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+# A class states what detection cannot see (or corrects it) with, e.g.,
+# `optlab_needs = {"create_graph": True}`.
+NEEDS_ATTRIBUTE = "optlab_needs"
+# Constructor arguments that take the optimizer a wrapper wraps.
+_BASE_ARGUMENTS = ("base_optimizer", "optimizer", "base")
+# `if closure is None: raise ...` in step(): the closure is optional in the signature only.
+_CLOSURE_REFUSED = re.compile(r"if\s+closure\s+is\s+None\s*:\s*\n\s*raise\b")
+
+
+@dataclass(frozen=True)
+class LoopNeeds:
+    """What the loop must do for this optimizer; all False/None is the plain case."""
+
+    closure: bool = False  # step(closure) is required; the closure recomputes loss and gradients
+    create_graph: bool = False  # backward(create_graph=True), for Hessian-vector products
+    train_eval: bool = False  # optimizer.train() before training steps, .eval() before evaluating/saving
+    base_optimizer: str | None = None  # the constructor argument that takes the wrapped optimizer
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def with_overrides(self, overrides: Mapping[str, Any], *, owner: str) -> LoopNeeds:
+        """These needs with `overrides` applied; ValueError names an unknown or mistyped key."""
+        known = {f.name: f for f in fields(self)}
+        for key, value in overrides.items():
+            if key not in known:
+                raise ValueError(f"{owner}: unknown need {key!r}; known: {', '.join(known)}")
+            expected = str if key == "base_optimizer" else bool
+            if not (isinstance(value, expected) or (key == "base_optimizer" and value is None)):
+                raise ValueError(f"{owner}: need {key!r} must be {expected.__name__}; received {value!r}")
+        return replace(self, **dict(overrides))
+
+
+def detect_loop_needs(cls: type) -> LoopNeeds:
+    """What can be read from the class itself, then what it declares in `optlab_needs`."""
+    detected = LoopNeeds(
+        closure=_closure_required(cls),
+        create_graph=_asks_for_create_graph(cls),
+        train_eval=_has_train_eval(cls),
+        base_optimizer=_base_argument(cls),
+    )
+    declared = getattr(cls, NEEDS_ATTRIBUTE, None) or {}
+    return detected.with_overrides(declared, owner=f"{cls.__qualname__}.{NEEDS_ATTRIBUTE}")
+
+
+def _closure_required(cls: type) -> bool:
+    step = inspect.unwrap(getattr(cls, "step", None))  # type: ignore[arg-type]
+    if step is None:
+        return False
+    try:
+        closure = inspect.signature(step).parameters.get("closure")
+    except (TypeError, ValueError):
+        return False
+    if closure is None:
+        return False
+    if closure.default is inspect.Parameter.empty:
+        return True
+    try:
+        source = inspect.getsource(step)
+    except (OSError, TypeError):
+        return False
+    return bool(_CLOSURE_REFUSED.search(source))
+
+
+def _asks_for_create_graph(cls: type) -> bool:
+    """The class's own docstring tells its users to call backward(create_graph=True)."""
+    return "create_graph=True" in (cls.__doc__ or "")
+
+
+def _has_train_eval(cls: type) -> bool:
+    """Both modes defined by the optimizer itself: the frameworks' base classes have neither."""
+    return callable(getattr(cls, "train", None)) and callable(getattr(cls, "eval", None))
+
+
+def _base_argument(cls: type) -> str | None:
+    try:
+        parameters = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return None
+    for name in _BASE_ARGUMENTS:
+        parameter = parameters.get(name)
+        if parameter is not None and parameter.default is inspect.Parameter.empty:
+            return name
+    return None

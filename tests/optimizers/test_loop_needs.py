@@ -1,0 +1,82 @@
+"""What an optimizer needs from the loop, read from the class: on published optimizers
+(pytorch-optimizer) and on small classes that show each signal, and stated by the class
+where detection cannot see it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import pytorch_optimizer
+import torch
+
+from optimizers.loop_needs import LoopNeeds, detect_loop_needs
+from optimizers.registry import load_registry
+
+PUBLISHED = [
+    ("SAM", LoopNeeds(closure=True, base_optimizer="base_optimizer")),
+    ("AdaHessian", LoopNeeds(create_graph=True)),
+    ("SophiaH", LoopNeeds(create_graph=True)),
+    ("ScheduleFreeAdamW", LoopNeeds(train_eval=True)),
+    ("ScheduleFreeSGD", LoopNeeds(train_eval=True)),
+    ("Lookahead", LoopNeeds(base_optimizer="optimizer")),
+    ("Prodigy", LoopNeeds()),
+    ("AdamP", LoopNeeds()),
+]
+
+
+@pytest.mark.parametrize(("name", "needs"), PUBLISHED, ids=[name for name, _ in PUBLISHED])
+def test_published_optimizers(name: str, needs: LoopNeeds) -> None:
+    assert detect_loop_needs(getattr(pytorch_optimizer, name)) == needs
+
+
+def test_every_built_in_is_plain() -> None:
+    registry = load_registry(plugin_dirs=[])
+    assert {key: entry.needs for key, entry in registry.entries.items() if entry.needs != LoopNeeds()} == {}
+
+
+class ClosureInSignature(torch.optim.Optimizer):
+    def __init__(self, params: Any, lr: float = 0.1) -> None:
+        super().__init__(params, {"lr": lr})
+
+    def step(self, closure: Any) -> Any:  # no default: a closure is required
+        return closure()
+
+
+class ClosureRefused(ClosureInSignature):
+    def step(self, closure: Any = None) -> Any:
+        if closure is None:
+            raise RuntimeError("this optimizer needs a closure")
+        return closure()
+
+
+class Declared(ClosureInSignature):
+    """States what detection cannot see; a state that detection would get wrong is corrected."""
+
+    optlab_needs = {"create_graph": True, "closure": False}
+
+
+def test_signals_in_the_class() -> None:
+    assert detect_loop_needs(ClosureInSignature).closure
+    assert detect_loop_needs(ClosureRefused).closure
+    assert detect_loop_needs(Declared) == LoopNeeds(create_graph=True)
+    assert not detect_loop_needs(torch.optim.SGD).closure  # closure=None and never refused
+
+
+def test_a_wrong_declaration_is_refused_by_name() -> None:
+    class Typo(ClosureInSignature):
+        optlab_needs = {"create_grpah": True}
+
+    with pytest.raises(ValueError, match="unknown need 'create_grpah'"):
+        detect_loop_needs(Typo)
+
+    class NotABool(ClosureInSignature):
+        optlab_needs = {"train_eval": "yes"}
+
+    with pytest.raises(ValueError, match="need 'train_eval' must be bool"):
+        detect_loop_needs(NotABool)
+
+
+def test_the_catalogue_publishes_the_needs() -> None:
+    described = load_registry(plugin_dirs=[], styles=("torch",)).get("sgd", "torch").describe()
+    assert described["needs"] == LoopNeeds().to_json()
