@@ -117,22 +117,34 @@ def survey(names: list[str], timeout: float, log: Path) -> list[dict[str, Any]]:
                     line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
                 except queue.Empty:
                     _kill_group(child)
-                    results.append({"class": current, "resolved": True, "built": None,
-                                    "why_not": f"timed out after {timeout:.0f} s"})
+                    results.append(
+                        {
+                            "class": current,
+                            "resolved": True,
+                            "built": None,
+                            "why_not": f"timed out after {timeout:.0f} s",
+                        }
+                    )
                     print(f"  {current:<22} TIMEOUT", flush=True)
                     remaining.pop(0)
                     break
                 if line == "":  # the worker died
                     child.wait()
-                    results.append({"class": current, "resolved": None, "built": None,
-                                    "why_not": f"worker died (exit {child.returncode}) checking it"})
+                    results.append(
+                        {
+                            "class": current,
+                            "resolved": None,
+                            "built": None,
+                            "why_not": f"worker died (exit {child.returncode}) checking it",
+                        }
+                    )
                     print(f"  {current:<22} DIED exit {child.returncode}", flush=True)
                     remaining.pop(0)
                     _kill_group(child)
                     break
                 if not line.startswith(RESULT_PREFIX):
                     continue  # the optimizer's own prints
-                row = json.loads(line[len(RESULT_PREFIX):])
+                row = json.loads(line[len(RESULT_PREFIX) :])
                 results.append(row)
                 _print_row(row)
                 remaining.pop(0)
@@ -188,7 +200,8 @@ def summarize(results: list[dict[str, Any]]) -> None:
     print("\nslowest classes by check time:")
     for row in sorted(checked, key=lambda r: -r["check_time_s"])[:10]:
         slow = sorted(row["durations"].items(), key=lambda kv: -kv[1])[:3]
-        print(f"  {row['class']:<22} {row['check_time_s']:6.1f} s  ({', '.join(f'{k} {v:.1f} s' for k, v in slow)})")
+        where = ", ".join(f"{k} {v:.1f} s" for k, v in slow)
+        print(f"  {row['class']:<22} {row['check_time_s']:6.1f} s  ({where})")
     print(
         f"\nBENCH pytorch_optimizer_survey classes={len(results)} checked={len(checked)} "
         f"fails={sum(fails.values())} warns={sum(warns.values())} unbuildable={len(unchecked)}"
@@ -200,7 +213,7 @@ def main() -> None:
     parser.add_argument("--only", help="comma-separated class names (default: the whole catalogue)")
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds per class (default 240)")
     parser.add_argument("--json", type=Path, default=Path("/tmp/po-survey.json"), dest="json_path")
-    parser.add_argument("--log", type=Path, default=None, help="the workers' stderr (default: JSON path + .log)")
+    parser.add_argument("--log", type=Path, default=None, help="workers' stderr (default: JSON + .log)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker is not None:
@@ -218,10 +231,19 @@ def main() -> None:
     started = time.perf_counter()
     print(f"checking {len(names)} classes (timeout {args.timeout:.0f} s each; worker stderr in {log})")
     results = survey(names, args.timeout, log)
-    args.json_path.write_text(json.dumps({
-        "package": "pytorch-optimizer", "version": _version(), "timeout_s": args.timeout,
-        "wall_s": round(time.perf_counter() - started, 1), "results": results,
-    }, indent=1) + "\n")
+    args.json_path.write_text(
+        json.dumps(
+            {
+                "package": "pytorch-optimizer",
+                "version": _version(),
+                "timeout_s": args.timeout,
+                "wall_s": round(time.perf_counter() - started, 1),
+                "results": results,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     summarize(results)
     print(f"raw results: {args.json_path}")
 
