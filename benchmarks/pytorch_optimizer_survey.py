@@ -9,7 +9,7 @@ Classes run one after another in a worker process; a class that takes longer tha
 group) and a new one carries on with the next class. Writes the raw results as JSON and
 prints figures. Asserts nothing: these are the "before" figures of the false-alarm work.
 
-Needs the `bench` extra (`pip install -e .[bench]`: pytorch-optimizer==4.1.0).
+Needs pytorch-optimizer==4.1.0, which the `test` extra installs (`make test` does).
 Run: `.venv/bin/python benchmarks/pytorch_optimizer_survey.py [--only Adan,Lion]
 [--timeout 240] [--json /tmp/po-survey.json]`.
 """
