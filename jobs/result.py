@@ -136,6 +136,17 @@ class Progress(Record):
         return Progress.model_validate({**self.model_dump(exclude_unset=True), **fields})
 
 
+class OptimizerState(Record):
+    """What the optimizer holds and adapts, as MLflow's `optim/...` metrics show it, at the job's end."""
+
+    state_bytes: int  # every optimizer state tensor (torch: optimizer.state; Keras: its variables)
+    param_bytes: int  # the model's trainable parameters
+    state_to_param_ratio: float | None  # None for a model without trainable parameters
+    # The last value of each per-group value the optimizer changed during the job, keyed as
+    # `optim/<key>` without the prefix (`d`, `d/group1`); constant hyperparameters are not here.
+    adapted: dict[str, float]
+
+
 class TrainOutcome(Record):
     """What a trainer's `run()` returns: the training part of a job's result."""
 
@@ -153,6 +164,7 @@ class TrainOutcome(Record):
     warnings: list[str]
     style: Literal["keras", "tf_legacy"] | None = None  # Keras only
     variable_placement: VariablePlacement | None = None  # Keras only
+    optimizer_state: OptimizerState | None = None  # None when the job took no step
 
 
 class CheckOutcome(Record):
@@ -197,6 +209,7 @@ class JobResult(Record):
     warnings: list[str] | None = None
     style: Literal["keras", "tf_legacy"] | None = None
     variable_placement: VariablePlacement | None = None
+    optimizer_state: OptimizerState | None = None
     # CheckOutcome's fields
     report: dict[str, Any] | None = None
     checks_failed: int | None = None

@@ -159,12 +159,21 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
             figure=diff,
             fix=fix,
         )
-    count = len(driver.state(optimizer))
+    state = driver.state(optimizer)
     return passed(
-        f"{driver.state_format} into a fresh optimizer: {count} state tensors identical and the next step "
+        f"{driver.state_format} into a fresh optimizer: {len(state)} state tensors "
+        f"({_memory([a for _, a in state], driver.values(variables))}) identical and the next step "
         f"bitwise equal{overrides_note(overrides)}",
         0.0,
     )
+
+
+def _memory(state: Sequence[Any], params: Sequence[Any]) -> str:
+    """What the state costs next to the parameters, as a job's `optim/state_to_param_ratio` shows it."""
+    state_bytes = sum(a.nbytes for a in state)
+    param_bytes = sum(a.nbytes for a in params)
+    ratio = f", {state_bytes / param_bytes:.2f}x the parameters' {param_bytes}" if param_bytes else ""
+    return f"{state_bytes} bytes{ratio}"
 
 
 # -- device_placement --------------------------------------------------------------------------------

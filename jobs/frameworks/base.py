@@ -192,6 +192,17 @@ class TrainingSession(ABC):
         """Style-specific facts for the result (e.g. where optimizer variables sit)."""
         return {}
 
+    @abstractmethod
+    def state_bytes(self, objects: Any) -> tuple[int, int]:
+        """Bytes held by the optimizer's state, and by the model's trainable parameters: what an
+        optimizer costs in memory next to the model it trains."""
+
+    @abstractmethod
+    def adapted_values(self, objects: Any) -> list[dict[str, float]]:
+        """Per param group (one for a style without groups), the numeric scalars an optimizer may
+        change itself (Prodigy's `d`), by key; the loop logs those that do change. Not the step
+        counter or the learning rate, which the loop already logs as `train/lr`."""
+
 
 class Driver(ABC):
     """One optimizer style: the single place that knows its framework."""

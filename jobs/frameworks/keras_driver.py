@@ -610,6 +610,23 @@ class KerasSession(TrainingSession):
     def details(self, objects: KerasObjects) -> dict[str, Any]:
         return {"style": self.entry.style, "variable_placement": self._placement(objects)}
 
+    def state_bytes(self, objects: KerasObjects) -> tuple[int, int]:
+        state = sum(variable_bytes(v) for v in optimizer_variables_of(objects.optimizer))
+        params = sum(variable_bytes(v) for v in objects.model.trainable_variables)
+        return state, params
+
+    def adapted_values(self, objects: KerasObjects) -> list[dict[str, float]]:
+        """0-d numeric optimizer variables (a `d` estimate), by their short name; Keras has no groups."""
+        optimizer = objects.optimizer
+        # The step counter, and the rate when a float made it a variable: the loop logs the rate.
+        counters = {id(backing(optimizer.iterations)), id(backing(optimizer.learning_rate))}
+        values = {}
+        for variable in optimizer_variables_of(optimizer):
+            inner = backing(variable)
+            if len(inner.shape) == 0 and not inner.dtype.is_bool and id(inner) not in counters:
+                values[_short_name(variable)] = float(inner.numpy())
+        return [values]
+
     # -- checkpoints -----------------------------------------------------------------------------------
 
     def checkpoint(self, objects: KerasObjects, step: int, folder: Path) -> Checkpointed:
@@ -834,6 +851,16 @@ def _optimizer_variables(optimizer: Any) -> list[tuple[str, np.ndarray]]:
 
 def _name(variable: Any) -> str:
     return str(getattr(variable, "path", None) or variable.name)
+
+
+def _short_name(variable: Any) -> str:
+    """`d` for Keras 3's `adam/d` and tf.keras's `Adam/d:0`: the name the optimizer gave it."""
+    return str(variable.name).rsplit("/", 1)[-1].split(":", 1)[0]
+
+
+def variable_bytes(variable: Any) -> int:
+    inner = backing(variable)
+    return int(np.prod(tuple(inner.shape))) * int(inner.dtype.size)
 
 
 def variable_device(variable: Any) -> str:

@@ -646,6 +646,34 @@ class TorchSession(TrainingSession):
     def params_sha256(self, objects: TrainObjects) -> str:
         return params_sha256(objects.model)
 
+    def state_bytes(self, objects: TrainObjects) -> tuple[int, int]:
+        state = sum(tensor_bytes(tensor) for _, tensor in state_tensors(objects.optimizer))
+        params = sum(tensor_bytes(p) for p in objects.model.parameters() if p.requires_grad)
+        return state, params
+
+    def adapted_values(self, objects: TrainObjects) -> list[dict[str, float]]:
+        return [
+            {
+                key: float(value)
+                for key, value in group.items()
+                if key not in SCHEDULED_GROUP_KEYS
+                and isinstance(value, int | float)
+                and not isinstance(value, bool)
+            }
+            for group in objects.optimizer.param_groups
+        ]
+
+
+# What LambdaLR writes into each param group: the loop logs the rate as `train/lr`.
+SCHEDULED_GROUP_KEYS = frozenset({"lr", "initial_lr"})
+
+
+def tensor_bytes(tensor: torch.Tensor) -> int:
+    """Memory a tensor holds; a sparse one's indices and values (it has no dense storage)."""
+    if tensor.is_sparse:
+        return tensor_bytes(tensor._indices()) + tensor_bytes(tensor._values())
+    return tensor.numel() * tensor.element_size()
+
 
 def _grad_norm(model: nn.Module) -> float:
     norms = [_norm(p.grad.detach()) for p in model.parameters() if p.grad is not None]

@@ -23,7 +23,7 @@ from jobs.errors import Diverged
 from jobs.frameworks import driver_for, style_of
 from jobs.frameworks.base import CheckpointMismatch, Evaluation, TrainingSession, remove_checkpoint
 from jobs.report import Reporter
-from jobs.result import CheckpointRecord, TrainOutcome
+from jobs.result import CheckpointRecord, OptimizerState, TrainOutcome
 from jobs.spec import JobSpec
 from jobs.tracking import Tracker
 from jobs.workloads import get_workload
@@ -70,6 +70,7 @@ class TrainingJob:
         spec, session = self.spec, self.session
         end = min(stop_after, spec.steps) if stop_after is not None else spec.steps
         timings = Timings()
+        watch = OptimizerWatch(session, self.tracker)
         train_loss = math.nan
         evaluation: dict[str, float] = {}
         with session.scope():
@@ -83,8 +84,11 @@ class TrainingJob:
             for step in range(start, end):
                 train_loss = self._train_step(objects, step, timings)
                 done = step + 1
+                if step == start:
+                    watch.first_step(objects, done)
                 if done % spec.eval_every == 0 or done == end:
                     evaluation = self._evaluate(objects, done)
+                    watch.evaluate(objects, done, end=done == end)
                 if done % spec.checkpoint_every == 0 or done == end:
                     objects = self._checkpoint(objects, done)
                 self.reporter.progress(
@@ -106,6 +110,7 @@ class TrainingJob:
             device=session.device,
             train_seconds=train_seconds,
             warnings=self.warnings,
+            optimizer_state=watch.outcome(),
             **details,
         )
 
@@ -166,3 +171,70 @@ class TrainingJob:
         """Where a failed checkpoint of `step` lies (the file or folder the session wrote)."""
         candidates = sorted(self.checkpoint_dir.glob(f"step-{step:08d}*"))
         return candidates[0] if candidates else self.checkpoint_dir / f"step-{step:08d}"
+
+
+class OptimizerWatch:
+    """What a user of an optimizer wants to see of it, as `optim/...` metrics and in the result.
+
+    Read at the evaluation cadence, never every step, so it costs nothing: the memory its state
+    holds (`optim/state_bytes`, `optim/state_to_param_ratio`) once state exists and at the end,
+    and every per-group value the optimizer itself changes (`optim/<key>`, `optim/<key>/group<i>`
+    for groups after the first). Values are compared with those right after the first step, so
+    constant hyperparameters (betas, weight decay) are never logged.
+    """
+
+    def __init__(self, session: TrainingSession, tracker: Tracker) -> None:
+        self.session = session
+        self.tracker = tracker
+        self.first: dict[str, float] = {}
+        self.first_at = 0
+        self.changing: dict[str, float] = {}  # the last value of each value seen to change
+        self.memory: tuple[int, int] | None = None
+
+    def first_step(self, objects: Any, step: int) -> None:
+        self.first = self._values(objects)
+        self.first_at = step
+        self._log_memory(objects, step)
+
+    def evaluate(self, objects: Any, step: int, *, end: bool) -> None:
+        for key, value in self._values(objects).items():
+            if key not in self.changing and _same(value, self.first.get(key)):
+                continue
+            if key not in self.changing and key in self.first:
+                # Its curve starts where the comparison did, not where the change was first seen.
+                self.tracker.metric(f"optim/{key}", self.first[key], self.first_at)
+            self.changing[key] = value
+            self.tracker.metric(f"optim/{key}", value, step)
+        if end and step != self.first_at:  # a one-step job measured it already
+            self._log_memory(objects, step)
+
+    def outcome(self) -> OptimizerState | None:
+        """The end of the job as the result shows it; None when the job took no step."""
+        if self.memory is None:
+            return None
+        state, params = self.memory
+        return OptimizerState(
+            state_bytes=state,
+            param_bytes=params,
+            state_to_param_ratio=state / params if params else None,
+            adapted=dict(self.changing),
+        )
+
+    def _log_memory(self, objects: Any, step: int) -> None:
+        self.memory = state, params = self.session.state_bytes(objects)
+        self.tracker.metric("optim/state_bytes", state, step)
+        if params:
+            self.tracker.metric("optim/state_to_param_ratio", state / params, step)
+
+    def _values(self, objects: Any) -> dict[str, float]:
+        """The session's per-group values, named as their metrics are (without `optim/`)."""
+        return {
+            key if index == 0 else f"{key}/group{index}": value
+            for index, group in enumerate(self.session.adapted_values(objects))
+            for key, value in group.items()
+        }
+
+
+def _same(value: float, first: float | None) -> bool:
+    # A value that was NaN from the start has not changed; one absent at first has.
+    return first is not None and (value == first or (math.isnan(value) and math.isnan(first)))

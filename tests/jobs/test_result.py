@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import typing
 from typing import Any
 
 import pytest
@@ -75,6 +76,26 @@ def test_a_trainer_dict_keeps_exactly_its_keys_in_result_json(outcome: dict[str,
     assert set(written) == {*RUN, *outcome, "status", "duration_s"}
     assert written["status"] == "succeeded" and written["checkpoints"] == outcome["checkpoints"]
     assert JobResult.model_validate(json.loads(json.dumps(written))).to_json() == written  # round trip
+
+
+@pytest.mark.parametrize("kind", [TrainOutcome, CheckOutcome])
+def test_the_result_mirrors_every_outcome_field(kind: type[TrainOutcome | CheckOutcome]) -> None:
+    """Flattened, so `GET /jobs/{id}` shows each outcome field under the same name."""
+    mirrored = JobResult.model_fields
+    for name, field in kind.model_fields.items():
+        assert name in mirrored, f"JobResult lacks {kind.__name__}.{name}"
+        # Optional there: a failed job has none of them.
+        assert mirrored[name].annotation == typing.Optional[field.annotation], name  # noqa: UP045
+
+
+def test_the_optimizer_state_reads_back_as_written() -> None:
+    state = {"state_bytes": 8, "param_bytes": 4, "state_to_param_ratio": 2.0, "adapted": {"d/group1": 0.5}}
+    written = started().with_outcome({**TORCH_RUN, "optimizer_state": state}, kind=TrainOutcome).to_json()
+    assert written["optimizer_state"] == state
+    read = JobResult.model_validate(json.loads(json.dumps(written)))
+    assert read.optimizer_state is not None and read.optimizer_state.adapted == {"d/group1": 0.5}
+    with pytest.raises(ValidationError, match="state_byte"):
+        TrainOutcome.model_validate({**TORCH_RUN, "optimizer_state": {**state, "state_byte": 1}})
 
 
 def test_a_typed_outcome_is_taken_as_it_is() -> None:
