@@ -69,6 +69,18 @@ class Param:
             return numbers
         return numbers[0]
 
+    def is_default(self, value: Any) -> bool:
+        """Whether `value` is the declared default itself (as `derive_params` read it from the signature).
+
+        Same type too: `True == 1` in Python, and `true` given for an integer whose default
+        is 1 must still be refused.
+        """
+        if type(value) is not type(self.default):
+            return False
+        if isinstance(value, float) and math.isnan(value):
+            return math.isnan(self.default)
+        return bool(value == self.default)
+
     def to_json(self) -> dict[str, Any]:
         default = list(self.default) if isinstance(self.default, tuple | list) else self.default
         if isinstance(default, float) and not math.isfinite(default):
@@ -162,7 +174,11 @@ def check_all(params: Mapping[str, Any], declared: Mapping[str, Param], *, owner
         )
     checked = {name: param.default for name, param in declared.items()}
     for name, value in params.items():
-        checked[name] = declared[name].check(value)
+        param = declared[name]
+        # The default the class declares is valid by definition, whatever it is (Prodigy's
+        # `growth_rate=inf`, a `None` meaning "off"): the filled-in defaults come back here
+        # when the optimizer is built, and refusing them would make the class unbuildable.
+        checked[name] = value if param.is_default(value) else param.check(value)
     return checked
 
 

@@ -256,3 +256,21 @@ def test_a_non_finite_default_is_published_as_text() -> None:
     described = Param("clip", "float", float("inf")).to_json()
     assert described["default"] == "inf"
     json.dumps(described, allow_nan=False)
+
+
+def test_a_declared_default_is_valid_by_definition() -> None:
+    # Prodigy declares `growth_rate=inf`: the filled-in default comes back when the optimizer is
+    # built, and must not be refused as if a user had sent it.
+    growth = Param("growth_rate", "number", math.inf)
+    checked = check_all({"growth_rate": math.inf}, {"growth_rate": growth}, owner="x")
+    assert checked == {"growth_rate": math.inf}
+    off = Param("clip", "float", None, low=0.0)
+    assert check_all({"clip": None}, {"clip": off}, owner="x") == {"clip": None}
+
+
+def test_a_value_other_than_the_default_is_still_validated() -> None:
+    with pytest.raises(ValueError, match="received Infinity"):
+        check_all({"lr": math.inf}, {"lr": Param("lr", "float", 0.1, low=0.0)}, owner="x")
+    # `True == 1` in Python: the default 1 does not make `true` a valid integer.
+    with pytest.raises(ValueError, match="received true"):
+        check_all({"steps": True}, {"steps": Param("steps", "int", 1)}, owner="x")
