@@ -52,6 +52,10 @@ class LoopNeeds:
         return replace(self, **dict(overrides))
 
 
+# The plain case: `backward()` then `step()`.
+PLAIN = LoopNeeds()
+
+
 def detect_loop_needs(cls: type) -> LoopNeeds:
     """What can be read from the class itself, then what it declares in `optlab_needs`."""
     detected = LoopNeeds(

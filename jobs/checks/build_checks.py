@@ -162,7 +162,7 @@ def check_dense_step(ctx: CheckContext) -> Outcome:
     driver = ctx.driver
     optimizer, variables = fresh(ctx)
     before = driver.values(variables)
-    driver.step(optimizer, variables, arrays(SHAPES, seed=1))
+    driver.step(optimizer, variables, arrays(SHAPES, seed=1), ctx.needs)
     after = driver.values(variables)
     unchanged = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if np.array_equal(a, b)]
     ctx.notes["moves_nothing"] = len(unchanged) == len(variables)
@@ -212,7 +212,7 @@ def check_descends(ctx: CheckContext) -> Outcome:
     start = loss()
     for _ in range(DESCENT_STEPS):
         grads = [v - t for v, t in zip(driver.values(variables), targets, strict=True)]
-        driver.step(optimizer, variables, grads)
+        driver.step(optimizer, variables, grads, ctx.needs)
     end = loss()
     ratio = end / start
     if not math.isfinite(end) or end >= start:
@@ -248,11 +248,11 @@ def check_none_grads(ctx: CheckContext) -> Outcome:
         return [trained[0], trained[1], trained[2] if later_too else None, None]
 
     try:
-        driver.step(optimizer, variables, grads(3, later_too=True))
+        driver.step(optimizer, variables, grads(3, later_too=True), ctx.needs)
         saved = driver.values(variables)
         state = {i: driver.state_of(optimizer, variables, i) for i in (later, frozen)}
         for seed in (4, 5):
-            driver.step(optimizer, variables, grads(seed, later_too=False))
+            driver.step(optimizer, variables, grads(seed, later_too=False), ctx.needs)
     except Exception as exc:
         return failed(
             f"a step where a variable has no gradient (None, as for a frozen layer) raised "

@@ -11,6 +11,7 @@ from typing import Any
 from jobs.checks.target import Target
 from jobs.frameworks import driver_for
 from jobs.frameworks.base import Driver
+from optimizers.loop_needs import LoopNeeds
 
 STATEFUL_MOMENTUM = 0.9
 
@@ -44,6 +45,11 @@ class CheckContext:
         return self.target.entry.create(
             {**self.params, **overrides}, model_params=model_params, learning_rate=learning_rate
         )
+
+    @property
+    def needs(self) -> LoopNeeds:
+        """How the class must be stepped (closure, create_graph): every step a check takes passes it."""
+        return self.target.entry.needs
 
     @property
     def lr(self) -> float:

@@ -119,7 +119,7 @@ def check_deprecations(ctx: CheckContext) -> Outcome:
     with driver.recording_warnings(record):
         optimizer, variables = fresh(ctx, **ctx.stateful_overrides())
         for seed in (110, 111):
-            driver.step(optimizer, variables, arrays(SHAPES, seed))
+            driver.step(optimizer, variables, arrays(SHAPES, seed), ctx.needs)
         driver.state(optimizer)
     located = [(message, where) for message, where in found if where]
     if not located:

@@ -148,7 +148,7 @@ def _updates(
     for step, step_grads in enumerate(grads):
         before_step(step)
         before = driver.values(variables)
-        driver.step(optimizer, variables, step_grads)
+        driver.step(optimizer, variables, step_grads, ctx.needs)
         updates.append([a - b for a, b in zip(driver.values(variables), before, strict=True)])
     return updates
 
@@ -169,7 +169,7 @@ def _takes_a_zero_rate(ctx: CheckContext, overrides: Mapping[str, Any]) -> bool:
     try:
         optimizer, variables = fresh(ctx, **overrides)
         driver.set_learning_rate(optimizer, 0.0, ctx.target.entry.lr_arg)
-        driver.step(optimizer, variables, arrays(SHAPES, seed=10))
+        driver.step(optimizer, variables, arrays(SHAPES, seed=10), ctx.needs)
     except Exception:
         return False
     return all(bool(np.all(np.isfinite(value))) for value in driver.values(variables))
@@ -275,14 +275,14 @@ def _dense(grad: SparseRows) -> np.ndarray:
 def _sparse_step(ctx: CheckContext, optimizer: Any, table: list[Any], grad: SparseRows) -> None:
     with warnings.catch_warnings():  # the framework's notes on sparse tensors are not the user's
         warnings.simplefilter("ignore")
-        ctx.driver.step(optimizer, table, [grad])
+        ctx.driver.step(optimizer, table, [grad], ctx.needs)
 
 
 def _sparse_vs_dense(ctx: CheckContext, grad: SparseRows, sparse_result: np.ndarray) -> float:
     """How far the touched rows after one sparse step are from the same optimizer's dense step
     (0 when within float32 rounding)."""
     optimizer, table = fresh(ctx, (TABLE_SHAPE,))
-    ctx.driver.step(optimizer, table, [_dense(grad)])
+    ctx.driver.step(optimizer, table, [_dense(grad)], ctx.needs)
     touched = sorted(set(grad.rows))
     dense = ctx.driver.values(table)[0][touched]
     if np.allclose(sparse_result[touched], dense, rtol=1e-5, atol=1e-6):

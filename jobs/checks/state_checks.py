@@ -66,7 +66,9 @@ def _config_problem(ctx: CheckContext, *, schedule: bool) -> Outcome | None:
     learning_rate = driver.learning_rate_schedule(ctx.lr * 0.5) if schedule else None
     with_what = f" (built with {driver.schedule_name})" if schedule else ""
     optimizer, variables = fresh(ctx, learning_rate=learning_rate, lr=ctx.lr * 0.5)
-    driver.step(optimizer, variables, arrays(SHAPES, seed=30))  # legacy: hyperparameters now variables
+    driver.step(
+        optimizer, variables, arrays(SHAPES, seed=30), ctx.needs
+    )  # legacy: hyperparameters now variables
     if schedule:
         del expected[lr_arg]  # serialized as the schedule, compared with the round trip below
     fix = driver.advice.keep_hyperparameters
@@ -130,7 +132,7 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
     overrides = ctx.stateful_overrides()
     optimizer, variables = fresh(ctx, **overrides)
     for seed in (40, 41, 42):
-        driver.step(optimizer, variables, arrays(SHAPES, seed))
+        driver.step(optimizer, variables, arrays(SHAPES, seed), ctx.needs)
     saved = driver.save_state(optimizer, variables, ctx.workdir / "state_roundtrip")
     # A never-stepped optimizer over variables equal to the saved ones, as a resumed job builds it.
     restored_variables = driver.variables(driver.values(variables))
@@ -144,8 +146,8 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
     if found:
         return failed(f"the restored optimizer's state differs: {found}", where=method_location(ctx), fix=fix)
     grads = arrays(SHAPES, seed=43)
-    driver.step(optimizer, variables, grads)
-    driver.step(restored, restored_variables, grads)
+    driver.step(optimizer, variables, grads, ctx.needs)
+    driver.step(restored, restored_variables, grads, ctx.needs)
     diff = max_diff(
         driver.values(variables) + [v for _, v in driver.state(optimizer)],
         driver.values(restored_variables) + [v for _, v in driver.state(restored)],
@@ -190,7 +192,7 @@ def check_device_placement(ctx: CheckContext) -> Outcome:
     with _on_accelerator(driver):
         optimizer, variables = fresh(ctx, **overrides)
         for seed in (70, 71):
-            driver.step(optimizer, variables, arrays(SHAPES, seed))
+            driver.step(optimizer, variables, arrays(SHAPES, seed), ctx.needs)
     misplaced = driver.misplaced_state(optimizer, variables)
     if misplaced:
         return failed(
@@ -203,7 +205,7 @@ def check_device_placement(ctx: CheckContext) -> Outcome:
     with _on_accelerator(driver):
         restored, restored_variables = fresh(ctx, **overrides)
         driver.restore_state(restored, restored_variables, saved)
-        driver.step(restored, restored_variables, arrays(SHAPES, seed=72))
+        driver.step(restored, restored_variables, arrays(SHAPES, seed=72), ctx.needs)
     misplaced = driver.misplaced_state(restored, restored_variables)
     if misplaced:
         return failed(
@@ -236,7 +238,7 @@ def check_state_untrainable(ctx: CheckContext) -> Outcome:
     overrides = ctx.stateful_overrides()
     optimizer, variables = fresh(ctx, **overrides)
     for seed in (90, 91):
-        driver.step(optimizer, variables, arrays(SHAPES, seed))
+        driver.step(optimizer, variables, arrays(SHAPES, seed), ctx.needs)
     count, offending = driver.trainable_state(optimizer, variables)
     if offending:
         return failed(

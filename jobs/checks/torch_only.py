@@ -35,16 +35,45 @@ def _batch() -> tuple[Tensor, Tensor]:
     return torch.randn(16, 6, generator=generator), torch.randn(16, 3, generator=generator)
 
 
-def _backward(model: nn.Module, batch: tuple[Tensor, Tensor], extra: Tensor | None = None) -> Tensor:
-    """Fresh gradients (old ones set to None) of the mean squared error on `batch`."""
+def _backward(
+    model: nn.Module,
+    batch: tuple[Tensor, Tensor],
+    extra: Callable[[], Tensor] | None = None,
+    *,
+    create_graph: bool = False,
+) -> Tensor:
+    """Fresh gradients (old ones set to None) of the mean squared error on `batch` (+ `extra()`)."""
     for p in model.parameters():
         p.grad = None
     inputs, targets = batch
     loss = nn.functional.mse_loss(model(inputs), targets)
     if extra is not None:
-        loss = loss + extra
-    loss.backward()
+        loss = loss + extra()
+    loss.backward(create_graph=create_graph)
     return loss.detach()
+
+
+def _closure(
+    ctx: CheckContext,
+    model: nn.Module,
+    batch: tuple[Tensor, Tensor],
+    extra: Callable[[], Tensor] | None = None,
+) -> Callable[[], Tensor]:
+    """The loss and fresh gradients, with a graph when the class needs Hessian-vector products."""
+
+    def closure() -> Tensor:
+        with torch.enable_grad():  # step(closure) may run it under torch.no_grad()
+            return _backward(model, batch, extra, create_graph=ctx.needs.create_graph)
+
+    return closure
+
+
+def _step(ctx: CheckContext, step: Callable[..., Any], closure: Callable[[], Tensor]) -> None:
+    """`step` the way the entry says the class is stepped: `step(closure)` only when it needs one."""
+    if ctx.needs.closure:
+        step(closure)
+    else:
+        step()
 
 
 def _twin(model: nn.Module) -> nn.Sequential:
@@ -96,11 +125,15 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
         for logger in quiet:
             logger.setLevel(logging.ERROR)
         step = torch.compile(compiled.step, backend=_COMPILE_BACKEND)
+        eager_closure, compiled_closure = (
+            _closure(ctx, eager_model, batch),
+            _closure(ctx, compiled_model, batch),
+        )
         for _ in range(3):
-            _backward(eager_model, batch)
-            eager.step()
-            _backward(compiled_model, batch)
-            step()
+            eager_closure()
+            _step(ctx, eager.step, eager_closure)
+            compiled_closure()
+            _step(ctx, step, compiled_closure)
         breaks = _graph_breaks() - breaks_before
     except Exception as exc:
         return warned(
@@ -168,9 +201,10 @@ def check_param_groups(ctx: CheckContext) -> Outcome:
     )
     for _ in range(2):
         for m, opts in ((model, [optimizer]), (reference_model, references)):
-            _backward(m, batch)
+            closure = _closure(ctx, m, batch)
+            closure()
             for opt in opts:
-                opt.step()
+                _step(ctx, opt.step, closure)
     difference = max(
         _max_abs(a.detach(), b.detach())
         for a, b in zip(model.parameters(), reference_model.parameters(), strict=True)
@@ -199,8 +233,9 @@ def _check_added_group(
     lr = ctx.lr * 0.25
     try:
         optimizer.add_param_group({"params": [extra], _native(ctx, "lr"): lr})
-        _backward(model, batch, extra=(extra**2).sum())
-        optimizer.step()
+        closure = _closure(ctx, model, batch, extra=lambda: (extra**2).sum())
+        closure()
+        _step(ctx, optimizer.step, closure)
     except Exception as exc:
         return failed(
             f"add_param_group after 2 steps, then a step, raised {ctx.describe_error(exc)}",
@@ -208,8 +243,16 @@ def _check_added_group(
             fix="keep no per-group bookkeeping outside param_groups (e.g. lists built in __init__)",
         )
     reference = ctx.build([alone], lr=lr)
-    (alone**2).sum().backward()
-    reference.step()
+
+    def alone_closure() -> Tensor:
+        alone.grad = None
+        with torch.enable_grad():
+            loss = (alone**2).sum()
+            loss.backward(create_graph=ctx.needs.create_graph)
+        return loss.detach()
+
+    alone_closure()
+    _step(ctx, reference.step, alone_closure)
     difference = _max_abs(extra.detach(), alone.detach())
     if difference > 1e-6:
         return failed(

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
+from optimizers.loop_needs import PLAIN, LoopNeeds
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -246,8 +248,14 @@ class Driver(ABC):
         """The class called directly with `kwargs` (its own argument names), as a user calls it."""
 
     @abstractmethod
-    def step(self, optimizer: Any, variables: Sequence[Any], grads: Sequence[Gradient]) -> None:
-        """One update from numpy gradients, called the way the style's training loop calls it."""
+    def step(
+        self, optimizer: Any, variables: Sequence[Any], grads: Sequence[Gradient], needs: LoopNeeds = PLAIN
+    ) -> None:
+        """One update from numpy gradients, called the way the style's training loop calls it.
+
+        `needs` (the entry's) says how: a style with closures passes one when the optimizer needs
+        it, and gradients with a graph for Hessian-vector products.
+        """
 
     @abstractmethod
     def values(self, variables: Sequence[Any]) -> list[np.ndarray]:

@@ -53,6 +53,7 @@ from jobs.frameworks.base import (
 from jobs.spec import JobSpec
 from jobs.workloads import Workload
 from optimizers.hyperparams import check_all
+from optimizers.loop_needs import PLAIN, LoopNeeds
 from optimizers.registry import Entry
 from optimizers.schedules import build_schedule
 
@@ -159,7 +160,10 @@ class KerasDriver(Driver):
     def construct(self, cls: type, kwargs: Mapping[str, Any]) -> Any:
         return cls(**kwargs)
 
-    def step(self, optimizer: Any, variables: Sequence[Any], grads: Sequence[Gradient]) -> None:
+    def step(
+        self, optimizer: Any, variables: Sequence[Any], grads: Sequence[Gradient], needs: LoopNeeds = PLAIN
+    ) -> None:
+        # Keras optimizers take no closure and no graph: `needs` changes nothing here.
         tensors = [self._gradient(g) for g in grads]
         if any(g is None for g in grads):
             with warnings.catch_warnings():  # "gradients do not exist for variables": expected here

@@ -44,6 +44,7 @@ from jobs.frameworks.base import (
 )
 from jobs.spec import JobSpec
 from jobs.workloads import Workload
+from optimizers.loop_needs import PLAIN, LoopNeeds
 from optimizers.registry import Entry
 from optimizers.schedules import build_schedule
 
@@ -261,10 +262,26 @@ class TorchDriver(Driver):
     def construct(self, cls: type, kwargs: Mapping[str, Any]) -> Any:
         return cls(self.variables([np.zeros((2, 2), np.float32)]), **kwargs)
 
-    def step(self, optimizer: Any, variables: Sequence[Any], grads: Sequence[Gradient]) -> None:
-        for param, grad in zip(variables, grads, strict=True):
-            param.grad = None if grad is None else _torch_gradient(grad).to(param.device)
-        optimizer.step()
+    def step(
+        self, optimizer: Any, variables: Sequence[Any], grads: Sequence[Gradient], needs: LoopNeeds = PLAIN
+    ) -> None:
+        tensors = [
+            None if g is None else _torch_gradient(g).to(p.device)
+            for p, g in zip(variables, grads, strict=True)
+        ]
+        if not (needs.closure or needs.create_graph):
+            for param, grad in zip(variables, tensors, strict=True):
+                param.grad = grad
+            optimizer.step()
+            return
+        # A closure or Hessian-vector products need a loss, not just gradients: a quadratic whose
+        # gradient at the current point is exactly the given one keeps every numeric expectation.
+        closure = _quadratic_closure(variables, tensors, create_graph=needs.create_graph)
+        closure()  # the gradients a training loop's backward() leaves before step()
+        if needs.closure:
+            optimizer.step(closure)
+        else:
+            optimizer.step()
 
     def values(self, variables: Sequence[Any]) -> list[np.ndarray]:
         return [p.detach().cpu().float().numpy().copy() for p in variables]
@@ -490,6 +507,34 @@ def _numpy(tensor: torch.Tensor) -> np.ndarray:
     if value.dtype == torch.bfloat16:
         value = value.float()
     return value.numpy().copy()
+
+
+def _quadratic_closure(
+    variables: Sequence[Any], grads: Sequence[torch.Tensor | None], *, create_graph: bool
+) -> Callable[[], torch.Tensor]:
+    """A closure over L(v) = 0.5 * sum ||v - v0 + g||^2, v0 the variables now.
+
+    Its gradient at v0 is exactly g, its Hessian the identity (so Hessian-vector products are
+    well defined), and it is never negative with minimum 0 (AliG divides by the loss). Sparse
+    gradients cannot come out of a dense graph: they are set as given and left out of the loss.
+    """
+    given = [(p, g) for p, g in zip(variables, grads, strict=True) if g is not None]
+    dense = [(p, g, p.detach().clone()) for p, g in given if not g.is_sparse]
+    sparse = [(p, g) for p, g in given if g.is_sparse]
+
+    def closure() -> torch.Tensor:
+        for param in variables:
+            param.grad = None  # as zero_grad(set_to_none=True) before a backward: no stale gradient
+        for param, grad in sparse:
+            param.grad = grad.clone()
+        with torch.enable_grad():  # step(closure) may run it under torch.no_grad()
+            terms = [0.5 * ((p - p0 + g.to(p.dtype)) ** 2).sum() for p, g, p0 in dense]
+            loss = torch.stack(terms).sum() if terms else torch.zeros(())
+            if terms:
+                loss.backward(create_graph=create_graph)
+        return loss.detach()
+
+    return closure
 
 
 def _torch_gradient(grad: np.ndarray | SparseRows) -> torch.Tensor:

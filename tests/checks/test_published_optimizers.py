@@ -22,6 +22,10 @@ PO = "pytorch_optimizer.optimizer"
         (f"{PO}.prodigy:Prodigy", ["construct", "dense_step"]),
         (f"{PO}.dadapt:DAdaptAdam", ["construct", "dense_step"]),
         (f"{PO}.dadapt:DAdaptSGD", ["construct"]),
+        # Stepped the way the entry declares: Hessian-vector products need a graph, AliG a closure.
+        (f"{PO}.adahessian:AdaHessian", ["dense_step", "descends", "none_grads", "resume_exact"]),
+        (f"{PO}.sophia:SophiaH", ["dense_step", "descends", "none_grads", "state_roundtrip"]),
+        (f"{PO}.alig:AliG", ["dense_step", "descends", "none_grads", "resume_exact"]),
     ],
 )
 def test_published_optimizer_gets_no_fail(text: str, check_ids: list[str], tmp_path: Path) -> None:
@@ -29,3 +33,26 @@ def test_published_optimizer_gets_no_fail(text: str, check_ids: list[str], tmp_p
     failed = {r.id: r.detail for r in report.checks if r.status == "fail"}
     assert not failed
     assert {r.id for r in report.checks if r.status == "pass"} == set(check_ids), report.checks
+
+
+def test_a_closure_step_sees_exactly_the_given_gradient() -> None:
+    import numpy as np
+    import torch
+
+    from jobs.frameworks.torch_driver import TorchDriver
+    from optimizers.loop_needs import LoopNeeds
+
+    driver = TorchDriver()
+    variables = driver.variables([np.ones((2, 3), np.float32)])
+    grad = np.arange(6, dtype=np.float32).reshape(2, 3)
+    seen: list[torch.Tensor] = []
+    optimizer = torch.optim.SGD(variables, lr=0.0)
+
+    def step(closure: object = None) -> None:
+        assert callable(closure)  # a closure optimizer gets one
+        seen.append(variables[0].grad.detach().clone())
+        assert variables[0].grad.requires_grad  # with a graph, for Hessian-vector products
+
+    optimizer.step = step  # type: ignore[method-assign]
+    driver.step(optimizer, variables, [grad], LoopNeeds(closure=True, create_graph=True))
+    assert np.array_equal(seen[0].numpy(), grad)

@@ -34,6 +34,7 @@ from jobs.checks.fresh.plan import (
 )
 from jobs.checks.fresh.results import MODEL, OPTIMIZER, Arrays, Run, save_run
 from jobs.frameworks.torch_driver import rng_state, set_rng_state
+from optimizers.loop_needs import PLAIN, LoopNeeds
 
 WORDING = Wording(
     checkpoint="save",
@@ -66,13 +67,28 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x, torch.randn(GLOBAL_BATCH, 3, generator=generator, dtype=torch.float32)
 
 
-def train(model: nn.Module, optimizer: Any, steps: range, rows: slice = slice(None)) -> None:
+def train(
+    model: nn.Module, optimizer: Any, steps: range, rows: slice = slice(None), needs: LoopNeeds = PLAIN
+) -> None:
+    """Steps the way the entry says the class is stepped: a closure, a graph for Hessian products."""
     for step in steps:
         x, y = batch(step)
-        optimizer.zero_grad(set_to_none=True)
-        loss = nn.functional.mse_loss(model(x[rows]), y[rows])
-        loss.backward()
-        optimizer.step()
+        closure = functools.partial(_loss_and_grads, model, optimizer, x[rows], y[rows], needs.create_graph)
+        closure()
+        if needs.closure:
+            optimizer.step(closure)
+        else:
+            optimizer.step()
+
+
+def _loss_and_grads(
+    model: nn.Module, optimizer: Any, x: torch.Tensor, y: torch.Tensor, create_graph: bool
+) -> torch.Tensor:
+    optimizer.zero_grad(set_to_none=True)
+    with torch.enable_grad():  # step(closure) may run it under torch.no_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward(create_graph=create_graph)
+    return loss.detach()
 
 
 def build(ctx: CheckContext, overrides: Mapping[str, Any]) -> tuple[nn.Module, Any]:
@@ -126,10 +142,10 @@ def settings() -> dict[str, Any]:
 def run_and_save(ctx: CheckContext, overrides: Mapping[str, Any], checkpoint: Path) -> Run:
     with torch.random.fork_rng(devices=[]):  # leave the global RNG as the other checks had it
         model, optimizer = build(ctx, overrides)
-        train(model, optimizer, range(RESUME_STEPS))
+        train(model, optimizer, range(RESUME_STEPS), needs=ctx.needs)
         straight = Run(snapshot(model, optimizer))
         model, optimizer = build(ctx, overrides)
-        train(model, optimizer, range(RESUME_SPLIT))
+        train(model, optimizer, range(RESUME_SPLIT), needs=ctx.needs)
         # As a training loop saves: model, optimizer and RNG in one dict (frameworks/torch_driver.py).
         payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_state()}
         torch.save(payload, checkpoint)
@@ -157,7 +173,7 @@ def resume(request: Mapping[str, Any], ctx: CheckContext) -> None:
     model.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
     set_rng_state(saved["rng"])
-    train(model, optimizer, range(RESUME_SPLIT, RESUME_STEPS))
+    train(model, optimizer, range(RESUME_SPLIT, RESUME_STEPS), needs=ctx.needs)
     save_run(request["out"], snapshot(model, optimizer))
 
 
@@ -186,7 +202,7 @@ def _rank(request: Mapping[str, Any], ctx: CheckContext, rank: int, store: Path)
     # Each rank its own random stream from here, as dropout and augmentation need in real training.
     torch.manual_seed(SEED + 1 + rank)
     share = GLOBAL_BATCH // REPLICAS
-    train(wrapped, optimizer, range(DISTRIBUTED_STEPS), slice(rank * share, (rank + 1) * share))
+    train(wrapped, optimizer, range(DISTRIBUTED_STEPS), slice(rank * share, (rank + 1) * share), ctx.needs)
     save_run(request["outs"][REPLICA_RUNS[rank]], snapshot(model, optimizer, tensors_only=True))
 
 
@@ -194,5 +210,5 @@ def _single(request: Mapping[str, Any], ctx: CheckContext, outs: Mapping[str, st
     model, optimizer = build(ctx, request["overrides"])
     save_run(outs[INITIAL], _flatten(model.state_dict(), MODEL))
     torch.manual_seed(SEED + 1)  # the stream rank 0 has
-    train(model, optimizer, range(DISTRIBUTED_STEPS))
+    train(model, optimizer, range(DISTRIBUTED_STEPS), needs=ctx.needs)
     save_run(outs[SINGLE], snapshot(model, optimizer, tensors_only=True))
