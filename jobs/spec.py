@@ -176,7 +176,7 @@ class JobSpec(BaseModel):
 
     def run_name(self) -> str:
         """How the run reads in the MLflow UI: `ema_momentum lr=0.05 digits_mlp seed=0`,
-        `lookahead(adamw) lr=1e-3 digits_mlp seed=0`."""
+        `lookahead(adamw) lr=0.001 digits_mlp seed=0`."""
         return f"{optimizer_label(self.optimizer.model_dump())} {self.workload.name} seed={self.seed}"
 
     def flat_params(self) -> dict[str, str]:
