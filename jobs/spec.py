@@ -17,6 +17,7 @@ from pydantic_core import PydanticCustomError
 
 from jobs.checks.report import CHECK_IDS
 from optimizers.hyperparams import Param
+from optimizers.loop_needs import LoopNeeds, base_problem, unserved
 from optimizers.registry import STYLES
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]*$"
@@ -49,10 +50,12 @@ def short_number(value: float) -> str:
 
 def optimizer_label(optimizer: Mapping[str, Any]) -> str:
     """`ema_momentum lr=0.05` from a spec's optimizer part (a dict, as the API returns it)."""
-    lr = optimizer.get("params", {}).get("lr")
+    rated = optimizer.get("base") or optimizer
+    lr = rated.get("params", {}).get("lr")
+    name = f"{optimizer['name']}({optimizer['base']['name']})" if optimizer.get("base") else optimizer["name"]
     if isinstance(lr, int | float) and not isinstance(lr, bool):
-        return f"{optimizer['name']} lr={short_number(lr)}"
-    return str(optimizer["name"])
+        return f"{name} lr={short_number(lr)}"
+    return str(name)
 
 
 class Component(BaseModel):
@@ -80,6 +83,29 @@ class OptimizerChoice(Component):
         default=None,
         description="tensorflow jobs only: keras (default where both exist) or tf_legacy",
     )
+    base: OptimizerChoice | None = Field(
+        default=None,
+        description="wrappers only (needs.base_optimizer, e.g. lookahead, sam): the optimizer they wrap; "
+        "the learning rate is the base's",
+    )
+    needs: dict[Annotated[str, Field(max_length=100)], bool | str | None] | None = Field(
+        default=None,
+        description="what the loop must do that the catalogue could not detect, merged over its needs: "
+        "closure, create_graph, train_eval (true/false), base_optimizer (an argument name)",
+    )
+
+    @field_validator("needs")
+    @classmethod
+    def _known_needs(cls, needs: dict[str, Any] | None) -> dict[str, Any] | None:
+        try:
+            LoopNeeds().with_overrides(needs or {}, owner="optimizer.needs")
+        except ValueError as exc:
+            raise PydanticCustomError("unknown_need", "{reason}", {"reason": str(exc)}) from None
+        return needs
+
+    def rate_params(self) -> Mapping[str, Any]:
+        """Where the learning rate is: a wrapper's base takes it (SAM forwards it, Lookahead has none)."""
+        return self.base.params if self.base is not None else self.params
 
 
 TENSORFLOW_STYLES = ("keras", "tf_legacy")
@@ -145,16 +171,13 @@ class JobSpec(BaseModel):
 
     @property
     def lr(self) -> float | None:
-        value = self.optimizer.params.get("lr")
+        value = self.optimizer.rate_params().get("lr")
         return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
     def run_name(self) -> str:
-        """How the run reads in the MLflow UI: `ema_momentum lr=0.05 digits_mlp seed=0`."""
-        lr = self.optimizer.params.get("lr")
-        lr_part = (
-            f" lr={short_number(lr)}" if isinstance(lr, int | float) and not isinstance(lr, bool) else ""
-        )
-        return f"{self.optimizer.name}{lr_part} {self.workload.name} seed={self.seed}"
+        """How the run reads in the MLflow UI: `ema_momentum lr=0.05 digits_mlp seed=0`,
+        `lookahead(adamw) lr=0.001 digits_mlp seed=0`."""
+        return f"{optimizer_label(self.optimizer.model_dump())} {self.workload.name} seed={self.seed}"
 
     def flat_params(self) -> dict[str, str]:
         """The spec as MLflow params: `optimizer.name`, `optimizer.lr`, `schedule.name`, ..."""
@@ -261,6 +284,10 @@ def _flatten(dump: Mapping[str, Any]) -> dict[str, str]:
                 flat[f"{key}.{param}"] = str(param_value)
             if value.get("style"):
                 flat[f"{key}.style"] = str(value["style"])
+            if value.get("base"):
+                flat.update({f"{key}.{k}": v for k, v in _flatten({"base": value["base"]}).items()})
+            for need, need_value in (value.get("needs") or {}).items():
+                flat[f"{key}.needs.{need}"] = str(need_value)
         elif isinstance(value, list):
             flat[key] = ",".join(map(str, value))
         elif value is not None:
@@ -397,6 +424,31 @@ def optimizer_errors(choice: OptimizerChoice, framework: str, catalogue: Catalog
         )
     else:
         errors += _param_errors("optimizer", choice, optimizer["params"])
+        errors += _needs_errors(choice, framework, optimizer, catalogue)
+    return errors
+
+
+def _needs_errors(
+    choice: OptimizerChoice, framework: str, optimizer: Mapping[str, Any], catalogue: Catalogue
+) -> list[SpecError]:
+    """The base a wrapper needs (and only a wrapper takes), and needs the framework's loop cannot serve."""
+    needs = LoopNeeds(**optimizer.get("needs", {})).with_overrides(
+        choice.needs or {}, owner="optimizer.needs"
+    )
+    loc: list[str | int] = ["body", "optimizer", "base"]
+    base = choice.base
+    base_entry = catalogue.optimizer(base.name, framework, base.style) if base is not None else None
+    base_needs = LoopNeeds(**base_entry.get("needs", {})) if base_entry is not None else LoopNeeds()
+    problem = base_problem(choice.name, needs, (base.name, base_needs) if base is not None else None)
+    if problem:
+        return [SpecError(loc=loc, msg=problem)]
+    refused = unserved(choice.name, needs, framework)
+    errors = [SpecError(loc=["body", "optimizer", "name"], msg=refused)] if refused else []
+    if base is not None:
+        errors += [
+            e.model_copy(update={"loc": [*loc, *e.loc[2:]]})
+            for e in optimizer_errors(base, framework, catalogue)
+        ]
     return errors
 
 

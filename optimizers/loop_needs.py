@@ -107,3 +107,40 @@ def _base_argument(cls: type) -> str | None:
         if parameter is not None and parameter.default is inspect.Parameter.empty:
             return name
     return None
+
+
+# What a Keras training step cannot do: `apply_gradients` takes no closure, and its
+# GradientTape gives no second-order backward to the optimizer.
+_UNSERVED = {"tensorflow": ("closure", "create_graph")}
+
+
+def unserved(name: str, needs: LoopNeeds, framework: str) -> str | None:
+    """Why a `framework` job cannot train optimizer `name`, else None (torch serves every need)."""
+    missing = [need for need in _UNSERVED.get(framework, ()) if getattr(needs, need)]
+    if not missing:
+        return None
+    return (
+        f"optimizer {name!r} needs {' and '.join(missing)}, which {framework} training steps cannot "
+        "provide; run it in a torch job"
+    )
+
+
+def base_problem(name: str, needs: LoopNeeds, base: tuple[str, LoopNeeds] | None) -> str | None:
+    """Why optimizer `name` cannot be built over `base` (its name and needs) or without one, else None.
+
+    The one rule for the API (from the catalogue) and the job (from the registry): a wrapper
+    needs a base, only a wrapper takes one, and the base is a plain optimizer.
+    """
+    if needs.base_optimizer is None:
+        return (
+            None if base is None else f"optimizer {name!r} wraps no base optimizer; leave optimizer.base out"
+        )
+    if base is None:
+        return (
+            f"optimizer {name!r} wraps a base optimizer (its {needs.base_optimizer!r} argument): "
+            'name it in optimizer.base, e.g. {"name": "adamw", "params": {"lr": 0.001}}'
+        )
+    base_name, base_needs = base
+    if base_needs.base_optimizer is not None:
+        return f"optimizer.base {base_name!r} is itself a wrapper; name a plain optimizer as the base"
+    return None

@@ -24,7 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from optimizers.hyperparams import Param, ParamType, check_all
-from optimizers.loop_needs import LoopNeeds, detect_loop_needs
+from optimizers.loop_needs import LoopNeeds, base_problem, detect_loop_needs
 from optimizers.plugin_import import import_file
 
 ENTRY_POINT_GROUP = "optlab.optimizers"
@@ -51,6 +51,8 @@ _NOT_HYPERPARAMETERS = {
     "mesh", "is_legacy_optimizer",
 }  # fmt: skip
 _LR_ARGS = ("lr", "learning_rate")
+# A wrapper's argument that takes the base optimizer's class (SAM); any other takes a built one.
+_BASE_CLASS_ARGUMENTS = ("base_optimizer",)
 # Keras optimizers take the learning rate through **kwargs when a subclass does not restate it.
 _KERAS_DEFAULT_LR = 1e-3
 
@@ -76,19 +78,54 @@ class Entry:
         *,
         model_params: Iterable[Any] | None = None,
         learning_rate: Any = None,
+        base: Base | None = None,
     ) -> Any:
         """Validate `hyperparams` (`lr` included) and construct the optimizer.
 
         torch optimizers take `model_params`; Keras ones take none. `learning_rate`, when
         given, replaces the validated `lr` (a Keras LearningRateSchedule built from it).
+        A wrapper (`needs.base_optimizer`) is built around `base`, which it requires.
         """
-        checked = check_all(hyperparams, self.params, owner=f"optimizer {self.name!r} ({self.style})")
-        kwargs = {(self.lr_arg if key == "lr" else key): value for key, value in checked.items()}
+        kwargs = self.kwargs(hyperparams)
         if learning_rate is not None:
             kwargs[self.lr_arg] = learning_rate
+        problem = base_problem(self.name, self.needs, (base.entry.name, base.entry.needs) if base else None)
+        if problem:
+            raise ValueError(problem)
+        if base is not None and self.needs.base_optimizer is not None:
+            return self._wrap(base, self.needs.base_optimizer, kwargs, model_params)
         if self.style == "torch":
             return self.cls(model_params, **kwargs)
         return self.cls(**kwargs)
+
+    def kwargs(self, hyperparams: Mapping[str, Any]) -> dict[str, Any]:
+        """`hyperparams` validated and keyed by the class's own argument names (`lr` -> `lr_arg`)."""
+        checked = check_all(hyperparams, self.params, owner=f"optimizer {self.name!r} ({self.style})")
+        return {(self.lr_arg if key == "lr" else key): value for key, value in checked.items()}
+
+    def _wrap(self, base: Base, argument: str, kwargs: dict[str, Any], model_params: Any) -> Any:
+        """The two conventions wrappers follow, told apart by the argument's name."""
+        if self.style != "torch":
+            raise ValueError(f"optimizer {self.name!r} ({self.style}): wrappers run in torch jobs only")
+        base_kwargs = base.entry.kwargs(base.hyperparams)
+        if argument in _BASE_CLASS_ARGUMENTS:
+            # SAM: builds the base itself from the class, forwarding the keyword arguments it does
+            # not take (the base's lr and the rest) and sharing the base's param groups.
+            shared = sorted(set(base_kwargs) & set(kwargs))
+            if shared:
+                raise ValueError(
+                    f"optimizer {self.name!r} and its base {base.entry.name!r} both take {shared}; "
+                    "set them in optimizer.params or optimizer.base.params, not both"
+                )
+            return self.cls(model_params, **{argument: base.entry.cls}, **base_kwargs, **kwargs)
+        # Lookahead: wraps a built base optimizer, whose param groups it exposes as its own.
+        return self.cls(**{argument: base.entry.cls(model_params, **base_kwargs)}, **kwargs)
+
+    def with_needs(self, overrides: Mapping[str, Any]) -> Entry:
+        """This entry with needs a job states (what detection cannot see) merged over the detected ones."""
+        if not overrides:
+            return self
+        return dataclasses.replace(self, needs=self.needs.with_overrides(overrides, owner="optimizer.needs"))
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -103,6 +140,14 @@ class Entry:
             "reference": self.reference,
             "source": self.source,
         }
+
+
+@dataclass(frozen=True)
+class Base:
+    """The optimizer a wrapper wraps, as a job names it: its entry and its hyperparameters."""
+
+    entry: Entry
+    hyperparams: Mapping[str, Any]
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from jobs.spec import JobSpec
     from jobs.workloads import Workload
-    from optimizers.registry import Entry
+    from optimizers.registry import Base, Entry
 
 
 class CheckpointMismatch(Exception):
@@ -222,8 +222,10 @@ class Driver(ABC):
     cost_shapes: ClassVar[tuple[tuple[int, ...], ...]]
 
     @abstractmethod
-    def session(self, spec: JobSpec, entry: Entry, workload: Workload, workdir: Path) -> TrainingSession:
-        """The training session of one job."""
+    def session(
+        self, spec: JobSpec, entry: Entry, workload: Workload, workdir: Path, base: Base | None = None
+    ) -> TrainingSession:
+        """The training session of one job; `base` is what a wrapper optimizer wraps."""
 
     # -- what the conformance checks drive ---------------------------------------------------------------
     # Numpy arrays are the common currency: a check makes variables from arrays, feeds numpy

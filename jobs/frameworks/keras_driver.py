@@ -54,7 +54,7 @@ from jobs.spec import JobSpec
 from jobs.workloads import Workload
 from optimizers.hyperparams import check_all
 from optimizers.loop_needs import PLAIN, LoopNeeds
-from optimizers.registry import Entry
+from optimizers.registry import Base, Entry
 from optimizers.schedules import build_schedule
 
 
@@ -111,7 +111,13 @@ class KerasDriver(Driver):
         for every optimizer of the style (then it is the format's loss, not the optimizer's)."""
         return False
 
-    def session(self, spec: JobSpec, entry: Entry, workload: Workload, workdir: Path) -> KerasSession:
+    def session(
+        self, spec: JobSpec, entry: Entry, workload: Workload, workdir: Path, base: Base | None = None
+    ) -> KerasSession:
+        if base is not None:
+            raise ValueError(
+                f"optimizer.base: wrapper optimizers run in torch jobs only; received {base.entry.name!r}"
+            )
         return KerasSession(self, spec, entry, workload)
 
     # -- what the conformance checks drive ---------------------------------------------------------------

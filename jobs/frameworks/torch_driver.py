@@ -45,7 +45,7 @@ from jobs.frameworks.base import (
 from jobs.spec import JobSpec
 from jobs.workloads import Workload
 from optimizers.loop_needs import PLAIN, LoopNeeds
-from optimizers.registry import Entry
+from optimizers.registry import Base, Entry
 from optimizers.schedules import build_schedule
 
 __all__ = ["CheckpointMismatch", "TorchDriver", "TrainObjects", "first_difference"]
@@ -240,8 +240,10 @@ class TorchDriver(Driver):
     # must dominate a correct step for the ratio to SGD to mean anything.
     cost_shapes: ClassVar[tuple[tuple[int, ...], ...]] = ((256, 256), (256,)) * 4
 
-    def session(self, spec: JobSpec, entry: Entry, workload: Workload, workdir: Path) -> TorchSession:
-        return TorchSession(spec, entry, workload)
+    def session(
+        self, spec: JobSpec, entry: Entry, workload: Workload, workdir: Path, base: Base | None = None
+    ) -> TorchSession:
+        return TorchSession(spec, entry, workload, base)
 
     # -- what the conformance checks drive ---------------------------------------------------------------
 
@@ -595,9 +597,11 @@ class Batches:
 class TorchSession(TrainingSession):
     """A job's model, optimizer and LambdaLR scheduler; the checkpoint is one torch.save dict."""
 
-    def __init__(self, spec: JobSpec, entry: Entry, workload: Workload) -> None:
+    def __init__(self, spec: JobSpec, entry: Entry, workload: Workload, base: Base | None = None) -> None:
         self.spec = spec
         self.entry = entry
+        self.needs = entry.needs
+        self.base = base
         self.workload = workload
         self.torch_device = resolve_device(spec.device)
         self.device = str(self.torch_device)
@@ -617,7 +621,9 @@ class TorchSession(TrainingSession):
     def build(self) -> TrainObjects:
         model = self.workload.torch_model(self.spec.workload.params, self.dataset, sparse=self.sparse)
         model = model.to(self.torch_device)
-        optimizer = self.entry.create(self.spec.optimizer.params, model_params=model.parameters())
+        optimizer = self.entry.create(
+            self.spec.optimizer.params, model_params=model.parameters(), base=self.base
+        )
         schedule = build_schedule(
             self.spec.schedule.name, self.spec.schedule.params, total_steps=self.spec.steps
         )
@@ -629,10 +635,13 @@ class TorchSession(TrainingSession):
 
     def train_step(self, objects: TrainObjects, batch: Any, step: int) -> StepRecord:
         lr = float(objects.optimizer.param_groups[0]["lr"])
+        self._train_mode(objects)
+        # The step's loss is the first forward's, at the weights the step starts from; SAM wants
+        # these first gradients before step(closure), as its docstring shows.
         loss = self._forward_backward(objects, batch)
         grad_norm = _grad_norm(objects.model)
         optimizer_started = self._sync_clock()
-        objects.optimizer.step()
+        self._optimizer_step(objects, batch)  # with a closure, its forward/backward is the optimizer's cost
         optimizer_ms = (self._sync_clock() - optimizer_started) * 1000
         objects.scheduler.step()
         return StepRecord(loss=float(loss.item()), grad_norm=grad_norm, lr=lr, optimizer_ms=optimizer_ms)
@@ -643,8 +652,34 @@ class TorchSession(TrainingSession):
         x, y = batch
         objects.optimizer.zero_grad(set_to_none=True)
         loss = self._loss(objects.model(x), y)
-        loss.backward()
+        # Hessian-vector products (AdaHessian, Sophia-H) differentiate the gradients again.
+        loss.backward(create_graph=self.needs.create_graph)
         return loss
+
+    def _optimizer_step(self, objects: TrainObjects, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
+        """step(), or step(closure) where the closure recomputes loss and gradients on the same batch."""
+        if self.needs.closure:
+
+            def closure() -> Any:  # the loss tensor, though torch's stubs say float
+                return self._forward_backward(objects, batch)
+
+            objects.optimizer.step(closure)
+        else:
+            objects.optimizer.step()
+        if self.needs.create_graph:
+            # Gradients built with create_graph hold the whole backward graph: free it now, or
+            # every step's graph stays alive until the next zero_grad.
+            objects.optimizer.zero_grad(set_to_none=True)
+
+    def _train_mode(self, objects: TrainObjects) -> None:
+        # Schedule-free optimizers step from other weights than they evaluate; both calls
+        # do nothing when already in that mode, so each step and evaluation just asks for its own.
+        if self.needs.train_eval:
+            objects.optimizer.train()  # type: ignore[attr-defined]
+
+    def _eval_mode(self, objects: TrainObjects) -> None:
+        if self.needs.train_eval:
+            objects.optimizer.eval()  # type: ignore[attr-defined]
 
     def _sync_clock(self) -> float:
         if self.torch_device.type == "cuda":
@@ -659,6 +694,9 @@ class TorchSession(TrainingSession):
 
     @torch.no_grad()
     def evaluate(self, objects: TrainObjects) -> Evaluation:
+        # Left in eval mode: the checkpoint that may follow saves these weights, and the next
+        # training step switches back.
+        self._eval_mode(objects)
         objects.model.eval()
         output = objects.model(self.x_val)
         objects.model.train()
@@ -667,14 +705,17 @@ class TorchSession(TrainingSession):
 
     def checkpoint(self, objects: TrainObjects, step: int, folder: Path) -> Checkpointed:
         path = folder / f"step-{step:08d}.pt"
+        self._eval_mode(objects)  # what is saved are the weights the user evaluates
         save_checkpoint(path, objects, step=step, spec_json=self.spec.model_dump_json())
         reloaded = restore(load_checkpoint(path, self.torch_device), self.build())
         twin = restore(load_checkpoint(path, self.torch_device), self.build())  # used up by the probe
         probe_batch = self.batch(min(step, self.spec.steps - 1))
 
         def probe(candidate: TrainObjects) -> None:
+            # A training step, as the job takes it (in train mode, with its closure).
+            self._train_mode(candidate)
             self._forward_backward(candidate, probe_batch)
-            candidate.optimizer.step()
+            self._optimizer_step(candidate, probe_batch)
 
         verify_roundtrip(objects, reloaded, twin, probe)
         return Checkpointed(reloaded, path)

@@ -27,7 +27,8 @@ from jobs.result import CheckpointRecord, OptimizerState, TrainOutcome
 from jobs.spec import JobSpec
 from jobs.tracking import Tracker
 from jobs.workloads import get_workload
-from optimizers.registry import Registry
+from optimizers.loop_needs import unserved
+from optimizers.registry import Base, Registry
 
 
 @dataclass
@@ -56,9 +57,18 @@ class TrainingJob:
         self.tracker = tracker
         self.reporter = reporter
         self.driver = driver_for(style_of(spec))
-        entry = registry.get(spec.optimizer.name, self.driver.style)
+        entry = registry.get(spec.optimizer.name, self.driver.style).with_needs(spec.optimizer.needs or {})
+        refused = unserved(entry.name, entry.needs, spec.framework)
+        if refused:
+            raise ValueError(refused)
+        chosen_base = spec.optimizer.base
+        base = (
+            Base(registry.get(chosen_base.name, self.driver.style), chosen_base.params)
+            if chosen_base
+            else None
+        )
         self.workload = get_workload(spec.workload.name)
-        self.session: TrainingSession = self.driver.session(spec, entry, self.workload, workdir)
+        self.session: TrainingSession = self.driver.session(spec, entry, self.workload, workdir, base)
         self.checkpoint_dir = workdir / "checkpoints"
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.warnings: list[str] = []

@@ -332,3 +332,121 @@ def test_a_tensorflow_check_gets_the_style_it_will_run(catalogue: Catalogue) -> 
     spec = CheckSpec.model_validate(check(framework="tensorflow"))
     resolved = with_resolved_style(spec, catalogue)
     assert isinstance(resolved, CheckSpec) and resolved.optimizer.style == "keras"
+
+
+# -- Loop needs: a wrapper's base, needs a spec states ---------------------------------------------------
+
+LOOKAHEAD = {"name": "lookahead", "params": {"k": 5}, "base": {"name": "adamw", "params": {"lr": 0.001}}}
+
+
+@pytest.fixture(scope="module")
+def wrapper_catalogue(catalogue_data: dict[str, Any]) -> Catalogue:
+    """The real catalogue plus pytorch-optimizer's wrappers, and a Keras optimizer that needs a closure."""
+    from pytorch_optimizer import SAM, Lookahead
+
+    from optimizers.registry import entry_for_class
+
+    data = copy.deepcopy(catalogue_data)
+    data["optimizers"] += [entry_for_class(cls, source="test").describe() for cls in (SAM, Lookahead)]
+    keras_sgd = next(o for o in data["optimizers"] if o["name"] == "sgd" and o["style"] == "keras")
+    data["optimizers"].append(
+        {**keras_sgd, "name": "keras_sam", "needs": {**keras_sgd["needs"], "closure": True}}
+    )
+    return Catalogue.model_validate(data)
+
+
+def test_a_wrapper_with_its_base_passes_and_takes_the_rate_from_it(wrapper_catalogue: Catalogue) -> None:
+    spec = JobSpec.model_validate(example(optimizer=LOOKAHEAD))
+    assert catalogue_errors(spec, wrapper_catalogue, max_steps=MAX_STEPS) == []
+    assert spec.lr == 0.001
+    assert spec.run_name() == "lookahead(adamw) lr=0.001 digits_mlp seed=0"
+    assert spec.flat_params()["optimizer.base.name"] == "adamw"
+    assert spec.flat_params()["optimizer.base.lr"] == "0.001"
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "loc", "fragment"),
+    [
+        (
+            {"name": "lookahead", "params": {"k": 5}},
+            ["body", "optimizer", "base"],
+            "name it in optimizer.base",
+        ),
+        ({"name": "sam", "params": {}}, ["body", "optimizer", "base"], "'base_optimizer' argument"),
+        (
+            {"name": "adamw", "params": {}, "base": {"name": "sgd"}},
+            ["body", "optimizer", "base"],
+            "wraps no base optimizer",
+        ),
+        (
+            {**LOOKAHEAD, "base": {"name": "nope"}},
+            ["body", "optimizer", "base", "name"],
+            "unknown optimizer 'nope'",
+        ),
+        (
+            {**LOOKAHEAD, "base": {"name": "adamw", "params": {"lr": -1.0}}},
+            ["body", "optimizer", "base", "params", "lr"],
+            "lr",
+        ),
+        (
+            {**LOOKAHEAD, "base": {"name": "sam", "base": {"name": "sgd"}}},
+            ["body", "optimizer", "base"],
+            "is itself a wrapper",
+        ),
+        ({**LOOKAHEAD, "params": {"lr": 0.1}}, ["body", "optimizer", "params", "lr"], "accepted: k, alpha"),
+        (
+            {"name": "sgd", "params": {}, "needs": {"base_optimizer": "optimizer"}},
+            ["body", "optimizer", "base"],
+            "name it in optimizer.base",
+        ),
+    ],
+    ids=[
+        "wrapper without base",
+        "sam without base",
+        "base on a plain optimizer",
+        "unknown base",
+        "base hyperparameter",
+        "nested wrapper",
+        "lr on the wrapper",
+        "stated wrapper need",
+    ],
+)
+def test_base_errors_point_at_optimizer_base(
+    wrapper_catalogue: Catalogue, optimizer: dict[str, Any], loc: list[str], fragment: str
+) -> None:
+    errors = catalogue_errors(
+        JobSpec.model_validate(example(optimizer=optimizer)), wrapper_catalogue, max_steps=MAX_STEPS
+    )
+    assert [error.loc for error in errors] == [loc]
+    assert fragment in errors[0].msg
+
+
+def test_needs_a_spec_states_are_checked_by_key_and_type() -> None:
+    spec = JobSpec.model_validate(
+        example(optimizer={"name": "sgd", "params": {}, "needs": {"closure": True}})
+    )
+    assert spec.optimizer.needs == {"closure": True}
+    assert spec.flat_params()["optimizer.needs.closure"] == "True"
+    for needs, fragment in (
+        ({"closur": True}, "unknown need 'closur'; known: closure, create_graph, train_eval, base_optimizer"),
+        ({"closure": "yes"}, "need 'closure' must be bool; received 'yes'"),
+    ):
+        with pytest.raises(ValidationError) as raised:
+            JobSpec.model_validate(example(optimizer={"name": "sgd", "needs": needs}))
+        error = raised.value.errors()[0]
+        assert error["loc"] == ("optimizer", "needs")
+        assert fragment in error["msg"]
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [{"name": "keras_sam"}, {"name": "sgd", "needs": {"create_graph": True}}],
+    ids=["detected closure", "stated create_graph"],
+)
+def test_a_tensorflow_job_that_needs_a_closure_or_create_graph_is_refused(
+    wrapper_catalogue: Catalogue, optimizer: dict[str, Any]
+) -> None:
+    spec = JobSpec.model_validate(example(framework="tensorflow", optimizer=optimizer))
+    errors = catalogue_errors(spec, wrapper_catalogue, max_steps=MAX_STEPS)
+    assert [error.loc for error in errors] == [["body", "optimizer", "name"]]
+    assert "which tensorflow training steps cannot provide; run it in a torch job" in errors[0].msg

@@ -1,0 +1,143 @@
+"""Real pytorch-optimizer classes through the one loop on digits_mlp: each gets what its catalogue
+entry says it needs (closure, create_graph, train/eval, a base optimizer), every checkpoint verifies,
+and each reaches the issue's bar of 0.9 validation accuracy."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from pytorch_optimizer import SAM, AdaHessian, Lookahead, ScheduleFreeAdamW
+
+from optimizers.registry import Base, Registry, entry_for_class, load_registry
+
+from .helpers import digits_spec
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+MakeJob = Callable[..., Any]
+
+SAM_SGD = {
+    "name": "sam",
+    "params": {"rho": 0.05},
+    "base": {"name": "sgd", "params": {"lr": 0.1, "momentum": 0.9}},
+}
+ADA_HESSIAN = {"name": "ada_hessian", "params": {"lr": 0.1}}
+SCHEDULE_FREE = {"name": "schedule_free_adam_w", "params": {"lr": 0.01}}
+LOOKAHEAD_ADAMW = {"name": "lookahead", "params": {"k": 5}, "base": {"name": "adamw", "params": {"lr": 0.01}}}
+
+
+@pytest.fixture(scope="module")
+def real_registry() -> Registry:
+    registry = load_registry(plugin_dirs=[])
+    for cls in (SAM, AdaHessian, ScheduleFreeAdamW, Lookahead):
+        registry.add(entry_for_class(cls, source="test"))
+    return registry
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "steps"),
+    [(SAM_SGD, 200), (ADA_HESSIAN, 150), (SCHEDULE_FREE, 60), (LOOKAHEAD_ADAMW, 60)],
+    ids=["sam-closure", "ada_hessian-create_graph", "schedule_free-train_eval", "lookahead-wrapper"],
+)
+def test_each_need_trains_to_090_and_every_checkpoint_verifies(
+    make_job: MakeJob, real_registry: Registry, optimizer: dict[str, Any], steps: int
+) -> None:
+    spec = digits_spec(optimizer=optimizer, steps=steps, checkpoint_every=25, eval_every=steps)
+    result = make_job(spec, with_registry=real_registry).run()
+    assert result.final["val_accuracy"] >= 0.9
+    assert result.checkpoints_verified == len(result.checkpoints) == -(-steps // 25)
+
+
+@pytest.mark.parametrize("optimizer", [SAM_SGD, SCHEDULE_FREE], ids=["sam-closure", "schedule_free"])
+def test_stop_after_then_resume_equals_a_straight_run(
+    make_job: MakeJob, real_registry: Registry, optimizer: dict[str, Any]
+) -> None:
+    # Stopped on an evaluation and checkpoint boundary: a schedule-free optimizer switches to
+    # its evaluation weights there in both runs.
+    spec = digits_spec(optimizer=optimizer, steps=40, checkpoint_every=10, eval_every=10)
+    straight = make_job(spec, with_registry=real_registry).run()
+    first_leg_job = make_job(spec, with_registry=real_registry)
+    first_leg_job.run(stop_after=20)
+    resumed = make_job(spec, with_registry=real_registry).run(resume_from=first_leg_job.last_checkpoint)
+    assert resumed.resumed_from_step == 20
+    assert resumed.params_sha256 == straight.params_sha256
+
+
+def test_the_closure_recomputes_the_loss_on_the_same_batch(
+    make_job: MakeJob, real_registry: Registry
+) -> None:
+    job = make_job(digits_spec(optimizer=SAM_SGD, steps=3), with_registry=real_registry)
+    seen: list[torch.Tensor] = []
+    forward = job.session._forward_backward
+
+    def recording(objects: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        seen.append(batch[0])
+        return forward(objects, batch)
+
+    job.session._forward_backward = recording
+    objects = job.session.build()
+    job.session.train_step(objects, job.session.batch(0), 0)
+    assert len(seen) == 2 and seen[0] is seen[1]  # the first gradients, then the closure's
+
+
+def test_create_graph_gradients_are_freed_after_the_step(make_job: MakeJob, real_registry: Registry) -> None:
+    job = make_job(digits_spec(optimizer=ADA_HESSIAN, steps=2), with_registry=real_registry)
+    objects = job.session.build()
+    job.session.train_step(objects, job.session.batch(0), 0)
+    assert all(p.grad is None for p in objects.model.parameters())
+
+
+def test_schedule_free_saves_and_evaluates_its_evaluation_weights(
+    make_job: MakeJob, real_registry: Registry
+) -> None:
+    job = make_job(digits_spec(optimizer=SCHEDULE_FREE, steps=5), with_registry=real_registry)
+    session = job.session
+    objects = session.build()
+    session.train_step(objects, session.batch(0), 0)
+    assert objects.optimizer.param_groups[0]["train_mode"]
+    session.evaluate(objects)
+    assert not objects.optimizer.param_groups[0]["train_mode"]
+    checkpointed = session.checkpoint(objects, 1, job.checkpoint_dir)
+    assert not torch.load(checkpointed.path, weights_only=True)["optimizer"]["param_groups"][0]["train_mode"]
+    session.train_step(checkpointed.objects, session.batch(1), 1)
+    assert checkpointed.objects.optimizer.param_groups[0]["train_mode"]
+
+
+def test_the_schedule_drives_the_wrapped_optimizers_rate(make_job: MakeJob, real_registry: Registry) -> None:
+    spec = digits_spec(optimizer=LOOKAHEAD_ADAMW, steps=10, schedule={"name": "cosine", "params": {}})
+    session = make_job(spec, with_registry=real_registry).session
+    objects = session.build()
+    session.train_step(objects, session.batch(0), 0)
+    assert objects.optimizer.optimizer.param_groups[0]["lr"] < 0.01
+
+
+def test_a_stated_need_is_merged_over_the_detected_ones(make_job: MakeJob, real_registry: Registry) -> None:
+    # SAM's need for a closure is detected; a spec stating it again changes nothing.
+    job = make_job(
+        digits_spec(optimizer={**SAM_SGD, "needs": {"closure": True}}, steps=1), with_registry=real_registry
+    )
+    assert job.session.needs.closure
+    plain = make_job(
+        digits_spec(optimizer={"name": "sgd", "params": {"lr": 0.1}, "needs": {"closure": True}}, steps=3)
+    )
+    assert plain.session.needs.closure and plain.run().steps_completed == 3  # torch's SGD takes a closure too
+
+
+def test_a_wrapper_built_without_its_base_is_refused_by_name(real_registry: Registry) -> None:
+    with pytest.raises(ValueError, match=r"optimizer\.base"):
+        real_registry.get("lookahead").create({"k": 5}, model_params=[torch.zeros(2, requires_grad=True)])
+    sgd = real_registry.get("sgd")
+    with pytest.raises(ValueError, match=r"leave optimizer\.base out"):
+        sgd.create({}, model_params=[torch.zeros(2, requires_grad=True)], base=Base(sgd, {}))
+
+
+def test_sam_takes_the_base_class_and_its_params(real_registry: Registry) -> None:
+    sgd = real_registry.get("sgd")
+    sam = real_registry.get("sam").create(
+        {"rho": 0.1}, model_params=[torch.zeros(2, requires_grad=True)], base=Base(sgd, {"lr": 0.3})
+    )
+    assert isinstance(sam.base_optimizer, sgd.cls)
+    assert sam.param_groups[0]["lr"] == 0.3 and sam.param_groups[0]["rho"] == 0.1
