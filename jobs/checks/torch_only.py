@@ -189,10 +189,13 @@ def check_param_groups(ctx: CheckContext) -> Outcome:
     optimizer = ctx.build(
         [{"params": first}, {"params": second, **{_native(ctx, k): v for k, v in halved.items()}}]
     )
-    reference_model = _twin(model)
+    # One model per reference optimizer, each given the other's parameters before every step: both
+    # then see the gradients the two-group model sees, each from a graph of its own (a Hessian-vector
+    # product frees the graph it uses).
+    first_model, second_model = _twin(model), _twin(model)
     references = [
-        ctx.build(reference_model[0].parameters()),
-        ctx.build(reference_model[2].parameters(), **halved),
+        (first_model, ctx.build(first_model[0].parameters())),
+        (second_model, ctx.build(second_model[2].parameters(), **halved)),
     ]
     settings = ", ".join(f"{_native(ctx, k)}={v}" for k, v in halved.items())
     fix = (
@@ -200,14 +203,21 @@ def check_param_groups(ctx: CheckContext) -> Outcome:
         "self.defaults or attributes"
     )
     for _ in range(2):
-        for m, opts in ((model, [optimizer]), (reference_model, references)):
-            closure = _closure(ctx, m, batch)
+        closure = _closure(ctx, model, batch)
+        closure()
+        _step(ctx, optimizer.step, closure)
+        with torch.no_grad():
+            for mine, theirs in zip(second_model[0].parameters(), first_model[0].parameters(), strict=True):
+                mine.copy_(theirs)
+            for mine, theirs in zip(first_model[2].parameters(), second_model[2].parameters(), strict=True):
+                mine.copy_(theirs)
+        for reference_model, reference in references:
+            closure = _closure(ctx, reference_model, batch)
             closure()
-            for opt in opts:
-                _step(ctx, opt.step, closure)
+            _step(ctx, reference.step, closure)
+    expected = [*first_model[0].parameters(), *second_model[2].parameters()]
     difference = max(
-        _max_abs(a.detach(), b.detach())
-        for a, b in zip(model.parameters(), reference_model.parameters(), strict=True)
+        _max_abs(a.detach(), b.detach()) for a, b in zip(model.parameters(), expected, strict=True)
     )
     if difference > 1e-6:
         return failed(
