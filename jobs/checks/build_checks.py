@@ -18,6 +18,7 @@ from jobs.checks.report import Outcome, failed, passed, skipped
 from jobs.checks.tools import (
     MOVES_NOTHING,
     SHAPES,
+    WARMUP_STEPS,
     CheckFunction,
     arrays,
     fresh,
@@ -159,18 +160,27 @@ def names_argument(message: str, name: str) -> bool:
 
 @isolated
 def check_dense_step(ctx: CheckContext) -> Outcome:
+    """Every variable with a gradient moves, and values and state stay finite. A first step that only
+    builds state (a warm-up) is allowed: movement is required by step WARMUP_STEPS."""
     driver = ctx.driver
     optimizer, variables = fresh(ctx)
     before = driver.values(variables)
-    driver.step(optimizer, variables, arrays(SHAPES, seed=1), ctx.needs)
-    after = driver.values(variables)
-    unchanged = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if np.array_equal(a, b)]
+    unchanged: list[int] = []
+    bad: list[str] = []
+    for step in range(WARMUP_STEPS):
+        driver.step(optimizer, variables, arrays(SHAPES, seed=1 + step), ctx.needs)
+        after = driver.values(variables)
+        unchanged = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if np.array_equal(a, b)]
+        bad = [f"variable {shape_text(SHAPES[i])}" for i, a in enumerate(after) if not np.all(np.isfinite(a))]
+        bad += [name for name, value in driver.state(optimizer) if not _finite(value)]
+        if bad or not unchanged:
+            break
+    steps = step + 1
+    after_steps = "one step" if steps == 1 else f"{steps} steps"
     ctx.notes["moves_nothing"] = len(unchanged) == len(variables)
-    bad = [f"variable {shape_text(SHAPES[i])}" for i, a in enumerate(after) if not np.all(np.isfinite(a))]
-    bad += [name for name, value in driver.state(optimizer) if not _finite(value)]
     if bad:
         return failed(
-            f"after one step these are not finite: {', '.join(bad[:6])}",
+            f"after {after_steps} these are not finite: {', '.join(bad[:6])}",
             where=method_location(ctx),
             figure=float(len(bad)),
             fix=driver.advice.finite_state,
@@ -179,14 +189,15 @@ def check_dense_step(ctx: CheckContext) -> Outcome:
         shapes = ", ".join(shape_text(SHAPES[i]) for i in unchanged)
         return failed(
             f"{len(unchanged)} of {len(variables)} variables with a nonzero gradient did not change after "
-            f"one step: left unchanged (shapes {shapes})",
+            f"{after_steps}: left unchanged (shapes {shapes})",
             where=method_location(ctx),
             figure=float(len(unchanged)),
             fix=driver.advice.in_place_update,
         )
     smallest = min(float(np.max(np.abs(a - b))) for a, b in zip(before, after, strict=True))
+    warmup = f" (the first {steps - 1} step(s) only built state: a warm-up)" if steps > 1 else ""
     return passed(
-        f"one step changed all {len(variables)} variables; values and state finite "
+        f"{after_steps} changed all {len(variables)} variables{warmup}; values and state finite "
         "(figure: smallest largest change)",
         smallest,
     )

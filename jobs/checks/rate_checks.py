@@ -23,6 +23,7 @@ from jobs.checks.tools import (
     isolated,
     max_diff,
     method_location,
+    still_steps,
     updates_nothing,
     user_line,
 )
@@ -50,9 +51,12 @@ def check_schedule(ctx: CheckContext) -> Outcome:
     overrides = _without_weight_decay(ctx)
     zero_rate_ok = _takes_a_zero_rate(ctx, overrides)
     rates = [ctx.lr * f for f in (SCHEDULE_FACTORS if zero_rate_ok else POSITIVE_SCHEDULE_FACTORS)]
-    grads = [arrays(SHAPES, seed=10 + step) for step in range(len(rates))]
+    # Steps that only build state come first at the base rate, in every run compared, so the
+    # schedule's steps are judged like for like; they are left out of the comparison.
+    warmup = still_steps(ctx, **overrides)
+    grads = [arrays(SHAPES, seed=10 + step) for step in range(warmup + len(rates))]
     try:
-        scheduled = _updates(ctx, grads, rates, overrides, by_hand=False)
+        scheduled = _updates(ctx, grads, rates, overrides, warmup, by_hand=False)
     except (ValueError, TypeError, NotImplementedError) as exc:
         if "schedule" not in str(exc).lower():
             raise
@@ -63,17 +67,19 @@ def check_schedule(ctx: CheckContext) -> Outcome:
             fix=f"accept a schedule and {driver.advice.read_lr_each_step}; until then, set the rate by hand "
             "between steps",
         )
-    by_hand = _updates(ctx, grads, rates, overrides, by_hand=True)
+    by_hand = _updates(ctx, grads, rates, overrides, warmup, by_hand=True)
     decay_note = (
         " (weight_decay set to 0 for this check: decay need not follow the rate)" if overrides else ""
     )
+    if warmup:
+        decay_note += f" (after {warmup} warm-up step(s) at the base rate that only built state)"
     shown = [round(r, 8) for r in rates]
     fix = driver.advice.read_lr_each_step
     moved = [max(float(np.max(np.abs(d))) for d in update) > 0 for update in scheduled]
     # A rate read once (at construction, or on the first step) and kept: the schedule never reaches
     # the update, which then equals the same optimizer's at that constant rate.
     for constant_rate in dict.fromkeys((ctx.lr, rates[0])):
-        constant = _updates(ctx, grads, [constant_rate] * len(rates), overrides, by_hand=True)
+        constant = _updates(ctx, grads, [constant_rate] * len(rates), overrides, warmup, by_hand=True)
         if all(max_diff(a, b) == 0 for a, b in zip(scheduled, constant, strict=True)):
             still = "; every step left every variable unchanged" if not any(moved) else ""
             return failed(
@@ -127,11 +133,14 @@ def _updates(
     grads: Sequence[Sequence[np.ndarray]],
     rates: Sequence[float],
     overrides: Mapping[str, Any],
+    warmup: int,
     *,
     by_hand: bool,
 ) -> list[list[np.ndarray]]:
-    """What each step changed, with the rates scheduled the style's way or set by hand."""
+    """What each step after `warmup` steps at the base rate changed, with the rates scheduled the
+    style's way or set by hand."""
     driver = ctx.driver
+    rates = [ctx.lr] * warmup + list(rates)
     lr_arg = ctx.target.entry.lr_arg
     variables = driver.variables(arrays(SHAPES, seed=0, mean=1.0))
     before_step: Callable[[int], None]
@@ -150,7 +159,7 @@ def _updates(
         before = driver.values(variables)
         driver.step(optimizer, variables, step_grads, ctx.needs)
         updates.append([a - b for a, b in zip(driver.values(variables), before, strict=True)])
-    return updates
+    return updates[warmup:]
 
 
 def _set_rate(driver: Driver, optimizer: Any, rates: Sequence[float], lr_arg: str, step: int) -> None:

@@ -25,7 +25,10 @@ CheckFunction = Callable[[CheckContext], Outcome]
 
 # Small shapes with distinct sizes, so an optimizer's state can be told apart by its shape.
 SHAPES: tuple[tuple[int, ...], ...] = ((4, 3), (3,), (5,))
-MOVES_NOTHING = "not meaningful: a step changes no variable at all (see dense_step)"
+# A first step may only build state (ADOPT's second moment, a rectification or a preconditioner
+# warm-up): checks that need movement allow this many steps before they require it.
+WARMUP_STEPS = 3
+MOVES_NOTHING = f"not meaningful: {WARMUP_STEPS} steps change no variable at all (see dense_step)"
 
 
 def isolated(check: CheckFunction) -> CheckFunction:
@@ -132,3 +135,17 @@ def same_value(actual: Any, expected: Any) -> bool:
 def updates_nothing(ctx: CheckContext) -> bool:
     """`dense_step` saw no variable move: checks that need movement say so instead of failing."""
     return ctx.notes.get("moves_nothing", False) is True
+
+
+def still_steps(ctx: CheckContext, shapes: Sequence[tuple[int, ...]] = SHAPES, **overrides: Any) -> int:
+    """How many first steps of a fresh optimizer move no variable at all (a warm-up that only
+    builds state), at most WARMUP_STEPS - 1; an optimizer still at rest after WARMUP_STEPS steps
+    gets 0, so the checks judge it as they would any other."""
+    driver = ctx.driver
+    optimizer, variables = fresh(ctx, shapes, **overrides)
+    start = driver.values(variables)
+    for step in range(WARMUP_STEPS):
+        driver.step(optimizer, variables, arrays(shapes, seed=1 + step), ctx.needs)
+        if max_diff(driver.values(variables), start) > 0:
+            return step
+    return 0

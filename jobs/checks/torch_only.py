@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from jobs.checks.context import CheckContext
 from jobs.checks.report import Outcome, failed, passed, warned
-from jobs.checks.tools import isolated, method_location, user_line
+from jobs.checks.tools import WARMUP_STEPS, isolated, method_location, user_line
 from jobs.frameworks.torch_driver import state_tensors
 
 CheckFunction = Callable[[CheckContext], Outcome]
@@ -189,10 +189,13 @@ def check_param_groups(ctx: CheckContext) -> Outcome:
     optimizer = ctx.build(
         [{"params": first}, {"params": second, **{_native(ctx, k): v for k, v in halved.items()}}]
     )
-    reference_model = _twin(model)
+    # One model per reference optimizer, each given the other's parameters before every step: both
+    # then see the gradients the two-group model sees, each from a graph of its own (a Hessian-vector
+    # product frees the graph it uses).
+    first_model, second_model = _twin(model), _twin(model)
     references = [
-        ctx.build(reference_model[0].parameters()),
-        ctx.build(reference_model[2].parameters(), **halved),
+        (first_model, ctx.build(first_model[0].parameters())),
+        (second_model, ctx.build(second_model[2].parameters(), **halved)),
     ]
     settings = ", ".join(f"{_native(ctx, k)}={v}" for k, v in halved.items())
     fix = (
@@ -200,14 +203,21 @@ def check_param_groups(ctx: CheckContext) -> Outcome:
         "self.defaults or attributes"
     )
     for _ in range(2):
-        for m, opts in ((model, [optimizer]), (reference_model, references)):
-            closure = _closure(ctx, m, batch)
+        closure = _closure(ctx, model, batch)
+        closure()
+        _step(ctx, optimizer.step, closure)
+        with torch.no_grad():
+            for mine, theirs in zip(second_model[0].parameters(), first_model[0].parameters(), strict=True):
+                mine.copy_(theirs)
+            for mine, theirs in zip(first_model[2].parameters(), second_model[2].parameters(), strict=True):
+                mine.copy_(theirs)
+        for reference_model, reference in references:
+            closure = _closure(ctx, reference_model, batch)
             closure()
-            for opt in opts:
-                _step(ctx, opt.step, closure)
+            _step(ctx, reference.step, closure)
+    expected = [*first_model[0].parameters(), *second_model[2].parameters()]
     difference = max(
-        _max_abs(a.detach(), b.detach())
-        for a, b in zip(model.parameters(), reference_model.parameters(), strict=True)
+        _max_abs(a.detach(), b.detach()) for a, b in zip(model.parameters(), expected, strict=True)
     )
     if difference > 1e-6:
         return failed(
@@ -338,32 +348,35 @@ def check_closure(ctx: CheckContext) -> Outcome:
 
 @isolated
 def check_mixed_precision(ctx: CheckContext) -> Outcome:
+    """bf16 autocast, then bf16 parameters, each stepped the way the entry declares (closure, graph).
+    A warm-up that only builds state is allowed: a parameter must have moved by step WARMUP_STEPS."""
     batch = _batch()
     parts = []
     # bf16 autocast: the forward runs in bf16, parameters and gradients stay float32.
     model = _tiny_model()
     before = _snapshot(model.parameters())
     optimizer = ctx.build(model.parameters())
-    for p in model.parameters():
-        p.grad = None
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        output = model(batch[0])
-    nn.functional.mse_loss(output.float(), batch[1]).backward()
-    optimizer.step()
-    problem = _precision_problem(model, optimizer, before, torch.float32)
+    closure = _precision_closure(ctx, model, batch, autocast=True)
+    for _ in range(WARMUP_STEPS):
+        closure()
+        _step(ctx, optimizer.step, closure)
+        problem = _precision_problem(model, optimizer, before, torch.float32)
+        if problem != _NO_CHANGE:
+            break
     if problem:
         return failed(
-            f"after a step under bf16 autocast: {problem}", where=method_location(ctx), fix=_PRECISION_FIX
+            f"after {WARMUP_STEPS if problem == _NO_CHANGE else 'a'} step(s) under bf16 autocast: {problem}",
+            where=method_location(ctx),
+            fix=_PRECISION_FIX,
         )
     parts.append("a step under CPU bf16 autocast")
     # bfloat16 parameters: gradients and (for torch's own optimizers) state in bf16 too.
     model = _tiny_model().to(torch.bfloat16)
     before = _snapshot(model.parameters())
     optimizer = ctx.build(model.parameters())
-    for p in model.parameters():
-        p.grad = None
-    nn.functional.mse_loss(model(batch[0].bfloat16()).float(), batch[1]).backward()
-    optimizer.step()
+    closure = _precision_closure(ctx, model, batch, autocast=False)
+    closure()
+    _step(ctx, optimizer.step, closure)
     problem = _precision_problem(model, optimizer, before, torch.bfloat16, require_change=False)
     if problem:
         return failed(
@@ -377,6 +390,28 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
     return passed("; ".join(parts) + ": finite, parameters keep their dtype")
 
 
+def _precision_closure(
+    ctx: CheckContext, model: nn.Module, batch: tuple[Tensor, Tensor], *, autocast: bool
+) -> Callable[[], Tensor]:
+    """Fresh gradients of the loss in reduced precision: the forward under bf16 autocast, or on a
+    bf16 model (inputs cast to its dtype); with a graph when the class needs Hessian products."""
+    inputs, targets = batch
+    dtype = next(model.parameters()).dtype
+
+    def closure() -> Tensor:
+        for p in model.parameters():
+            p.grad = None
+        with torch.enable_grad():  # step(closure) may run it under torch.no_grad()
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                output = model(inputs.to(dtype))
+            loss = nn.functional.mse_loss(output.float(), targets)
+            loss.backward(create_graph=ctx.needs.create_graph)
+        return loss.detach()
+
+    return closure
+
+
+_NO_CHANGE = "no parameter changed"
 _PRECISION_FIX = (
     "create state with torch.zeros_like(p) (same dtype and device) or keep an explicit float32 copy, and "
     "update parameters in place (p.add_) so their dtype never changes"
@@ -401,7 +436,7 @@ def _precision_problem(
     if require_change and all(
         torch.equal(p.detach(), old) for (_, p), old in zip(params, before, strict=True)
     ):
-        return "no parameter changed"
+        return _NO_CHANGE
     return ""
 
 

@@ -26,6 +26,16 @@ PO = "pytorch_optimizer.optimizer"
         (f"{PO}.adahessian:AdaHessian", ["dense_step", "descends", "none_grads", "resume_exact"]),
         (f"{PO}.sophia:SophiaH", ["dense_step", "descends", "none_grads", "state_roundtrip"]),
         (f"{PO}.alig:AliG", ["dense_step", "descends", "none_grads", "resume_exact"]),
+        # A first step that only builds state is a warm-up, not "changed nothing".
+        (f"{PO}.adopt:ADOPT", ["dense_step", "schedule", "mixed_precision"]),
+        (f"{PO}.avagrad:AvaGrad", ["dense_step", "schedule", "mixed_precision"]),
+        (f"{PO}.soap:SOAP", ["dense_step", "mixed_precision"]),
+        # A class stepped with a graph gets one under bf16 autocast too.
+        (f"{PO}.adahessian:AdaHessian", ["mixed_precision"]),
+        # Each reference optimizer of param_groups gets a graph of its own.
+        (f"{PO}.sophia:SophiaH", ["param_groups"]),
+        # The DDP child reads any state layout: tensors and numbers beside the per-parameter dicts.
+        (f"{PO}.madgrad:MADGRAD", ["distributed"]),
     ],
 )
 def test_published_optimizer_gets_no_fail(text: str, check_ids: list[str], tmp_path: Path) -> None:
@@ -33,6 +43,13 @@ def test_published_optimizer_gets_no_fail(text: str, check_ids: list[str], tmp_p
     failed = {r.id: r.detail for r in report.checks if r.status == "fail"}
     assert not failed
     assert {r.id for r in report.checks if r.status == "pass"} == set(check_ids), report.checks
+
+
+def test_ddp_refusing_create_graph_is_inconclusive(tmp_path: Path) -> None:
+    report = run_checks(target_of(f"{PO}.adahessian:AdaHessian"), {}, only=["distributed"], workdir=tmp_path)
+    (outcome,) = report.checks
+    assert outcome.status == "skip", outcome.detail
+    assert "create_graph" in outcome.detail
 
 
 def test_a_closure_step_sees_exactly_the_given_gradient() -> None:

@@ -106,13 +106,22 @@ def snapshot(model: nn.Module, optimizer: Any, *, tensors_only: bool = False) ->
     arrays = _flatten(model.state_dict(), MODEL)
     state = optimizer.state_dict()
     if tensors_only:
-        state = {
-            "state": {
-                index: {key: value for key, value in entry.items() if isinstance(value, torch.Tensor)}
-                for index, entry in state["state"].items()
-            }
-        }
+        # Any layout: per-parameter dicts under "state" as torch's, but also tensors or numbers kept
+        # beside them (MADGRAD's state['k'], SPAM's state['total_step']) or a state_dict of the
+        # class's own (a wrapper's): optlab's assumption about it must not fail the user's class.
+        state = _tensors_in({key: value for key, value in state.items() if key != "param_groups"})
     return {**arrays, **_flatten(state, OPTIMIZER)}
+
+
+def _tensors_in(value: Any) -> Any:
+    """`value` with only its tensors kept, nested mappings and sequences followed."""
+    if isinstance(value, Mapping):
+        kept = {key: _tensors_in(item) for key, item in value.items()}
+        return {key: item for key, item in kept.items() if item is not None}
+    if isinstance(value, list | tuple):
+        kept_items = [item for item in (_tensors_in(item) for item in value) if item is not None]
+        return kept_items or None
+    return value if isinstance(value, torch.Tensor) else None
 
 
 def _flatten(value: Any, key: str) -> Arrays:
