@@ -58,7 +58,14 @@ def test_submit_returns_the_queued_job(client: TestClient) -> None:
     assert response.status_code == 201, response.text
     job = response.json()
     assert job["status"] == "queued"
-    assert job["spec"]["optimizer"] == {"name": "ema_momentum", "params": {"lr": 0.05}, "style": None}
+    assert job["spec"]["optimizer"] == {
+        "name": "ema_momentum",
+        "params": {"lr": 0.05},
+        "style": None,
+        "base": None,
+        "needs": None,
+        "param_groups": None,
+    }
     assert job["progress"] == {"step": 0, "total": 300, "fraction": 0.0}
     assert job["created_at"].endswith("Z") or "+00:00" in job["created_at"]
     assert client.get(f"/jobs/{job['id']}").json()["id"] == job["id"]
