@@ -18,6 +18,7 @@ from pydantic_core import PydanticCustomError
 from jobs.checks.report import CHECK_IDS
 from optimizers.hyperparams import Param
 from optimizers.loop_needs import LoopNeeds, base_problem, unserved
+from optimizers.param_groups import GroupRule, parse_ndim
 from optimizers.registry import STYLES
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]*$"
@@ -76,6 +77,59 @@ class Component(BaseModel):
         return params
 
 
+class GroupMatch(BaseModel):
+    """Which parameters a param group takes: every test given must hold."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    ndim: str | None = Field(
+        default=None, max_length=10, description='tensor dimensions, a comparison: "<2", ">=2", "==1"'
+    )
+    name: str | None = Field(
+        default=None, min_length=1, max_length=200, description='parameter name glob, e.g. "logits.*"'
+    )
+
+    @field_validator("ndim")
+    @classmethod
+    def _comparison(cls, ndim: str | None) -> str | None:
+        if ndim is not None:
+            try:
+                parse_ndim(ndim)
+            except ValueError as exc:
+                raise PydanticCustomError("ndim_comparison", "{reason}", {"reason": str(exc)}) from None
+        return ndim
+
+    def rule(self) -> GroupRule:
+        return GroupRule(ndim=self.ndim, name=self.name)
+
+
+class ParamGroupRecipe(BaseModel):
+    """One param group: the parameters `match` takes get these hyperparameters over the optimizer's."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    match: GroupMatch
+    params: dict[Annotated[str, Field(max_length=100)], JsonScalar | list[JsonScalar]] = Field(
+        default_factory=dict, max_length=64
+    )
+
+    @field_validator("params")
+    @classmethod
+    def _params_finite(cls, params: dict[str, Any]) -> dict[str, Any]:
+        for key, value in params.items():
+            _finite(value, key)
+        return params
+
+    @field_validator("match")
+    @classmethod
+    def _some_test(cls, match: GroupMatch) -> GroupMatch:
+        if match.ndim is None and match.name is None:
+            raise PydanticCustomError(
+                "empty_match", 'match needs ndim (e.g. "<2"), name (a glob, e.g. "logits.*") or both', {}
+            )
+        return match
+
+
 class OptimizerChoice(Component):
     """An optimizer by name; for TensorFlow jobs `style` picks Keras 3 or legacy tf.keras."""
 
@@ -102,6 +156,17 @@ class OptimizerChoice(Component):
         except ValueError as exc:
             raise PydanticCustomError("unknown_need", "{reason}", {"reason": str(exc)}) from None
         return needs
+
+    param_groups: list[ParamGroupRecipe] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=32,
+        description="torch jobs: param groups by tensor ndim and/or name glob, first match wins; "
+        "unmatched parameters keep the optimizer's params (a wrapper's groups are its base's)",
+    )
+
+    def group_rules(self) -> list[tuple[GroupRule, Mapping[str, Any]]]:
+        return [(group.match.rule(), group.params) for group in self.param_groups or ()]
 
     def rate_params(self) -> Mapping[str, Any]:
         """Where the learning rate is: a wrapper's base takes it (SAM forwards it, Lookahead has none)."""
@@ -286,6 +351,8 @@ def _flatten(dump: Mapping[str, Any]) -> dict[str, str]:
                 flat[f"{key}.style"] = str(value["style"])
             if value.get("base"):
                 flat.update({f"{key}.{k}": v for k, v in _flatten({"base": value["base"]}).items()})
+            if value.get("param_groups"):
+                flat[f"{key}.param_groups"] = json.dumps(value["param_groups"], separators=(",", ":"))
             for need, need_value in (value.get("needs") or {}).items():
                 flat[f"{key}.needs.{need}"] = str(need_value)
         elif isinstance(value, list):
@@ -425,7 +492,48 @@ def optimizer_errors(choice: OptimizerChoice, framework: str, catalogue: Catalog
     else:
         errors += _param_errors("optimizer", choice, optimizer["params"])
         errors += _needs_errors(choice, framework, optimizer, catalogue)
+        errors += _group_errors(choice, framework, optimizer, catalogue)
     return errors
+
+
+def _group_errors(
+    choice: OptimizerChoice, framework: str, optimizer: Mapping[str, Any], catalogue: Catalogue
+) -> list[SpecError]:
+    """Each param group's params against the hyperparameters of the optimizer that holds the groups:
+    a wrapper's base (where the rate and weight decay live), else the optimizer itself."""
+    loc: list[str | int] = ["body", "optimizer", "param_groups"]
+    if choice.base is not None and choice.base.param_groups:
+        # The wrapper builds the groups once and hands them to its base: one recipe, on the wrapper.
+        return [
+            SpecError(
+                loc=["body", "optimizer", "base", "param_groups"],
+                msg="a wrapper's param groups go in optimizer.param_groups (they carry the base's params); "
+                "leave optimizer.base.param_groups out",
+            )
+        ]
+    if not choice.param_groups:
+        return []
+    if framework != "torch":
+        return [
+            SpecError(
+                loc=loc,
+                msg=f"param groups are served in torch jobs; this job's framework is {framework!r}: "
+                "leave optimizer.param_groups out",
+            )
+        ]
+    owner, declared = choice, optimizer
+    if choice.base is not None:
+        base_entry = catalogue.optimizer(choice.base.name, framework, choice.base.style)
+        if base_entry is None:
+            return []  # already reported at optimizer.base
+        owner, declared = choice.base, base_entry
+    return [
+        error
+        for index, group in enumerate(choice.param_groups)
+        for error in _param_errors(
+            "optimizer", owner, declared["params"], params=group.params, at=[*loc, index, "params"]
+        )
+    ]
 
 
 def _needs_errors(
@@ -485,12 +593,36 @@ def _unknown(kind: str, name: str, known: str) -> SpecError:
     return SpecError(loc=["body", kind, "name"], msg=f"unknown {kind} {name!r}; known: {known}")
 
 
-def _param_errors(kind: str, component: Component, declared_json: list[Mapping[str, Any]]) -> list[SpecError]:
+def _param_errors(
+    kind: str,
+    component: Component,
+    declared_json: list[Mapping[str, Any]],
+    *,
+    params: Mapping[str, Any] | None = None,
+    at: list[str | int] | None = None,
+) -> list[SpecError]:
+    """`component.params` (or a param group's `params`, located `at`) against the declared ones.
+
+    Required hyperparameters are asked of the component itself only: a param group adds to them.
+    """
     declared = {p["name"]: Param.from_json(p) for p in declared_json}
     word = "hyperparameter" if kind == "optimizer" else "parameter"
+    given = component.params if params is None else params
+    where: list[str | int] = ["body", kind, "params"] if at is None else at
     errors = []
-    for key, value in component.params.items():
-        loc: list[str | int] = ["body", kind, "params", key]
+    if params is None:
+        errors += [
+            SpecError(
+                loc=[*where, name],
+                msg=f"{kind} {component.name!r} requires {word} {name!r} ({param.allowed()}): it has "
+                "no default",
+                type="missing",
+            )
+            for name, param in declared.items()
+            if param.required and name not in given
+        ]
+    for key, value in given.items():
+        loc: list[str | int] = [*where, key]
         if key not in declared:
             accepted = ", ".join(declared) or "none"
             errors.append(

@@ -33,6 +33,8 @@ class Param:
     low_inclusive: bool = True
     high_inclusive: bool = True
     help: str = ""
+    # No default in the signature: a job must give it (the default is then None).
+    required: bool = False
 
     def allowed(self) -> str:
         """Human description of the allowed values, e.g. `a number in [0, 1)`."""
@@ -95,6 +97,7 @@ class Param:
             "high_inclusive": self.high_inclusive,
             "allowed": self.allowed(),
             "help": self.help,
+            "required": self.required,
         }
 
     @classmethod
@@ -111,6 +114,7 @@ class Param:
             low_inclusive=data.get("low_inclusive", True),
             high_inclusive=data.get("high_inclusive", True),
             help=data.get("help", ""),
+            required=data.get("required", False),
         )
 
     def _coerce(self, value: Any) -> list[Any]:
@@ -162,17 +166,26 @@ class Param:
         return True
 
 
-def check_all(params: Mapping[str, Any], declared: Mapping[str, Param], *, owner: str) -> dict[str, Any]:
+def check_all(
+    params: Mapping[str, Any], declared: Mapping[str, Param], *, owner: str, partial: bool = False
+) -> dict[str, Any]:
     """Validate `params` against `declared`; return them with defaults filled in.
 
-    Raises ValueError naming the first unknown or invalid argument.
+    `partial` (a param group's own params, which add to the optimizer's): only those given,
+    none required. Raises ValueError naming the first unknown, missing required or invalid argument.
     """
     unknown = sorted(set(params) - set(declared))
     if unknown:
         raise ValueError(
             f"{owner} has no hyperparameter {unknown[0]!r}; accepted: {', '.join(declared) or 'none'}"
         )
-    checked = {name: param.default for name, param in declared.items()}
+    missing = [name for name, param in declared.items() if param.required and name not in params]
+    if missing and not partial:
+        param = declared[missing[0]]
+        raise ValueError(
+            f"{owner} requires hyperparameter {param.name!r} ({param.allowed()}): it has no default"
+        )
+    checked = {} if partial else {name: p.default for name, p in declared.items() if not p.required}
     for name, value in params.items():
         param = declared[name]
         # The default the class declares is valid by definition, whatever it is (Prodigy's

@@ -88,8 +88,12 @@ def _closure_required(cls: type) -> bool:
 
 
 def _asks_for_create_graph(cls: type) -> bool:
-    """The class's own docstring tells its users to call backward(create_graph=True)."""
-    return "create_graph=True" in (cls.__doc__ or "")
+    """The class's docstring, or a base class's, tells its users to call backward(create_graph=True).
+
+    Bases too: a plugin's thin subclass (`class AdaHessian(pytorch_optimizer.AdaHessian)`) has no
+    docstring of its own, and Python does not inherit `__doc__`.
+    """
+    return any("create_graph=True" in (klass.__doc__ or "") for klass in cls.__mro__)
 
 
 def _has_train_eval(cls: type) -> bool:

@@ -98,9 +98,13 @@ class Entry:
             return self.cls(model_params, **kwargs)
         return self.cls(**kwargs)
 
-    def kwargs(self, hyperparams: Mapping[str, Any]) -> dict[str, Any]:
-        """`hyperparams` validated and keyed by the class's own argument names (`lr` -> `lr_arg`)."""
-        checked = check_all(hyperparams, self.params, owner=f"optimizer {self.name!r} ({self.style})")
+    def kwargs(self, hyperparams: Mapping[str, Any], *, partial: bool = False) -> dict[str, Any]:
+        """`hyperparams` validated and keyed by the class's own argument names (`lr` -> `lr_arg`).
+
+        `partial`: a param group's params, only those given (torch keys its groups by the same names).
+        """
+        owner = f"optimizer {self.name!r} ({self.style})"
+        checked = check_all(hyperparams, self.params, owner=owner, partial=partial)
         return {(self.lr_arg if key == "lr" else key): value for key, value in checked.items()}
 
     def _wrap(self, base: Base, argument: str, kwargs: dict[str, Any], model_params: Any) -> Any:
@@ -265,7 +269,8 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
 
     Types and defaults come from the signature (written once, in `__init__`); ranges
     from `optlab_hyperparameters`, the same declarations the constructor validates with.
-    Arguments with no default of a tunable type (None, strings, callables) are left out.
+    Arguments of no tunable type (None, strings, callables) are left out; one with no default
+    but a tunable annotation (`beta: float`) is catalogued as required.
     The learning rate is catalogued as `lr` whatever the class calls it; the second
     value returned is the class's own name for it.
     """
@@ -278,8 +283,9 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
             continue
         if only is not None and arg.name not in only:
             continue
-        default = _plain(arg.default)
-        kind = _infer_type(default, arg.annotation)
+        required = arg.default is inspect.Parameter.empty
+        default = None if required else _plain(arg.default)
+        kind = _infer_type(arg.annotation) if required else _infer_type(arg.annotation, default)
         if kind is None:
             continue
         name = "lr" if arg.name in _LR_ARGS else arg.name
@@ -289,11 +295,12 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
             param = declared[arg.name]
             if param.type == "float" and isinstance(default, int):
                 default = float(default)  # torch writes `momentum=0`
-            params[name] = dataclasses.replace(param, name=name, default=default)
+            params[name] = dataclasses.replace(param, name=name, default=default, required=required)
         elif name == "lr":
-            params[name] = Param("lr", "float", float(default), low=0.0, low_inclusive=False)
+            lr_default = None if default is None else float(default)
+            params[name] = Param("lr", "float", lr_default, low=0.0, low_inclusive=False, required=required)
         else:
-            params[name] = Param(name, kind, default)
+            params[name] = Param(name, kind, default, required=required)
     if "lr" not in params and style != "torch":
         params = {"lr": Param("lr", "float", _KERAS_DEFAULT_LR, low=0.0, low_inclusive=False), **params}
     return params, lr_arg
@@ -403,14 +410,15 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _infer_type(default: Any, annotation: Any) -> ParamType | None:
-    if default is inspect.Parameter.empty:
-        return None
+def _infer_type(annotation: Any, default: Any = inspect.Parameter.empty) -> ParamType | None:
+    """The type from the annotation, else from the default; None for an argument that is not tunable."""
     named: dict[str, ParamType] = {"float": "float", "int": "int", "bool": "bool"}
     if isinstance(annotation, str) and annotation in named:  # postponed annotations
         return named[annotation]
     if annotation in (float, int, bool):
         return named[annotation.__name__]
+    if default is inspect.Parameter.empty:
+        return None
     if isinstance(default, bool):
         return "bool"
     if isinstance(default, int | float):

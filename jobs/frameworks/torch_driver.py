@@ -45,6 +45,7 @@ from jobs.frameworks.base import (
 from jobs.spec import JobSpec
 from jobs.workloads import Workload
 from optimizers.loop_needs import PLAIN, LoopNeeds
+from optimizers.param_groups import assign_groups
 from optimizers.registry import Base, Entry
 from optimizers.schedules import build_schedule
 
@@ -622,13 +623,29 @@ class TorchSession(TrainingSession):
         model = self.workload.torch_model(self.spec.workload.params, self.dataset, sparse=self.sparse)
         model = model.to(self.torch_device)
         optimizer = self.entry.create(
-            self.spec.optimizer.params, model_params=model.parameters(), base=self.base
+            self.spec.optimizer.params, model_params=self._model_params(model), base=self.base
         )
         schedule = build_schedule(
             self.spec.schedule.name, self.spec.schedule.params, total_steps=self.spec.steps
         )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=schedule)
         return TrainObjects(model, optimizer, scheduler)
+
+    def _model_params(self, model: nn.Module) -> Any:
+        """The model's parameters, or the param groups the spec's recipe makes of them.
+
+        A wrapper's groups carry its base's hyperparameters: the base steps them.
+        """
+        rules = self.spec.optimizer.group_rules()
+        if not rules:
+            return model.parameters()
+        holder = self.base.entry if self.base is not None else self.entry
+        named = dict(model.named_parameters())
+        groups = assign_groups(
+            [(rule, holder.kwargs(params, partial=True)) for rule, params in rules],
+            [(name, tuple(tensor.shape)) for name, tensor in named.items()],
+        )
+        return [{"params": [named[name] for name in group.names], **group.params} for group in groups]
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.batches(step)

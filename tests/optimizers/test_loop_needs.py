@@ -63,6 +63,13 @@ def test_signals_in_the_class() -> None:
     assert not detect_loop_needs(torch.optim.SGD).closure  # closure=None and never refused
 
 
+@pytest.mark.parametrize(("name", "needs"), PUBLISHED, ids=[name for name, _ in PUBLISHED])
+def test_a_thin_plugin_subclass_keeps_the_needs(name: str, needs: LoopNeeds) -> None:
+    # How a plugin file exposes a published class: no docstring, no methods of its own.
+    thin = type(name, (getattr(pytorch_optimizer, name),), {"optlab_name": name.lower()})
+    assert detect_loop_needs(thin) == needs
+
+
 def test_a_wrong_declaration_is_refused_by_name() -> None:
     class Typo(ClosureInSignature):
         optlab_needs = {"create_grpah": True}

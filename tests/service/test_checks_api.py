@@ -26,7 +26,14 @@ def test_a_check_is_queued_as_a_job_of_kind_check(client: TestClient) -> None:
     assert job["spec"] == {
         "kind": "check",
         "framework": "torch",
-        "optimizer": {"name": "lion", "params": {"lr": 0.0003}, "style": None, "base": None, "needs": None},
+        "optimizer": {
+            "name": "lion",
+            "params": {"lr": 0.0003},
+            "style": None,
+            "base": None,
+            "needs": None,
+            "param_groups": None,
+        },
         "checks": ["dense_step", "construct"],
         "experiment": "optimizer-checks",
     }

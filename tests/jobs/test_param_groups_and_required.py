@@ -1,0 +1,186 @@
+"""Param-group recipes (matching over (name, shape), the torch job's groups, the API's 422s) and
+required hyperparameters (catalogued, refused when omitted, by the API and by the job)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+
+from jobs.spec import Catalogue, CheckSpec, JobSpec, check_errors, optimizer_errors
+from optimizers.param_groups import GroupRule, assign_groups
+from optimizers.registry import Registry, entry_for_class, load_registry
+
+from .helpers import digits_spec
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+MakeJob = Callable[..., Any]
+
+DIGITS_MLP = [
+    ("hidden_1.weight", (64, 64)),
+    ("hidden_1.bias", (64,)),
+    ("hidden_2.weight", (64, 64)),
+    ("hidden_2.bias", (64,)),
+    ("logits.weight", (10, 64)),
+    ("logits.bias", (10,)),
+]
+# No weight decay on biases (and norms: any tensor under 2-d); half the rate for the head.
+RECIPE = [
+    {"match": {"ndim": "<2"}, "params": {"weight_decay": 0.0}},
+    {"match": {"name": "logits.*"}, "params": {"lr": 0.005}},
+]
+ADAMW = {"name": "adamw", "params": {"lr": 0.01, "weight_decay": 0.01}, "param_groups": RECIPE}
+
+
+def test_first_match_wins_and_the_rest_keep_the_optimizers_params() -> None:
+    rules = [(GroupRule(ndim="<2"), {"weight_decay": 0.0}), (GroupRule(name="logits.*"), {"lr": 0.5})]
+    groups = assign_groups(rules, DIGITS_MLP)
+    assert [group.names for group in groups] == [
+        ["hidden_1.bias", "hidden_2.bias", "logits.bias"],  # logits.bias is 1-d: the first rule takes it
+        ["logits.weight"],
+        ["hidden_1.weight", "hidden_2.weight"],
+    ]
+    assert [dict(group.params) for group in groups] == [{"weight_decay": 0.0}, {"lr": 0.5}, {}]
+    both = assign_groups([(GroupRule(ndim=">=2", name="hidden_*"), {})], DIGITS_MLP)
+    assert both[0].names == ["hidden_1.weight", "hidden_2.weight"]
+
+
+def test_a_rule_that_matches_nothing_is_an_error_listing_the_parameters() -> None:
+    rules = [(GroupRule(ndim="<2"), {}), (GroupRule(name="*.bias"), {})]  # the biases went to the first
+    with pytest.raises(ValueError, match=r"optimizer\.param_groups\[1\] matches no parameter.*logits\.bias"):
+        assign_groups(rules, DIGITS_MLP)
+
+
+def test_a_job_with_a_recipe_has_the_groups_trains_and_verifies_its_checkpoints(make_job: MakeJob) -> None:
+    job = make_job(digits_spec(optimizer=ADAMW, steps=60, checkpoint_every=25, eval_every=60))
+    optimizer = job.session.build().optimizer
+    shapes = [[tuple(p.shape) for p in group["params"]] for group in optimizer.param_groups]
+    assert shapes == [[(64,), (64,), (10,)], [(10, 64)], [(64, 64), (64, 64)]]
+    assert [(g["lr"], g["weight_decay"]) for g in optimizer.param_groups] == [
+        (0.01, 0.0),
+        (0.005, 0.01),
+        (0.01, 0.01),
+    ]
+    result = job.run()
+    assert result.checkpoints_verified == len(result.checkpoints) == 3
+    assert result.final["val_accuracy"] >= 0.9
+
+
+def test_a_recipe_that_matches_nothing_fails_the_job_by_name(make_job: MakeJob) -> None:
+    optimizer = {**ADAMW, "param_groups": [{"match": {"name": "encoder.*"}, "params": {"lr": 0.1}}]}
+    with pytest.raises(ValueError, match=r"param_groups\[0\] matches no parameter of the model"):
+        make_job(digits_spec(optimizer=optimizer, steps=2)).run()
+
+
+@pytest.fixture(scope="module")
+def catalogue(catalogue_data: dict[str, Any]) -> Catalogue:
+    registry = load_registry(plugin_dirs=[], styles=["torch"])
+    registry.add(entry_for_class(NeedsBeta, source="test"))
+    return Catalogue.model_validate(
+        {**catalogue_data, "optimizers": [entry.describe() for entry in registry.entries.values()]}
+    )
+
+
+def test_a_bad_group_param_gets_a_named_422(catalogue: Catalogue) -> None:
+    optimizer = {**ADAMW, "param_groups": [RECIPE[0], {"match": {"ndim": "2"}, "params": {"lr": -1.0}}]}
+    errors = optimizer_errors(
+        JobSpec.model_validate({**_job(), "optimizer": optimizer}).optimizer, "torch", catalogue
+    )
+    assert [e.loc for e in errors] == [["body", "optimizer", "param_groups", 1, "params", "lr"]]
+    assert "lr must be a number > 0; received -1.0" in errors[0].msg
+    unknown = {**ADAMW, "param_groups": [{"match": {"ndim": "<2"}, "params": {"rho": 0.1}}]}
+    errors = optimizer_errors(
+        JobSpec.model_validate({**_job(), "optimizer": unknown}).optimizer, "torch", catalogue
+    )
+    assert errors[0].loc[-1] == "rho" and "accepted: lr" in errors[0].msg
+
+
+def test_a_wrappers_groups_carry_its_bases_params(make_job: MakeJob) -> None:
+    from pytorch_optimizer import Lookahead
+
+    registry = load_registry(plugin_dirs=[], styles=["torch"])
+    registry.add(entry_for_class(Lookahead, source="test"))
+    base = {"name": "adamw", "params": ADAMW["params"]}
+    optimizer = {"name": "lookahead", "params": {"k": 5}, "base": base, "param_groups": RECIPE}
+    job = make_job(
+        digits_spec(
+            optimizer=optimizer,
+            steps=50,
+            checkpoint_every=25,
+            eval_every=50,
+        ),
+        with_registry=registry,
+    )
+    groups = job.session.build().optimizer.optimizer.param_groups  # the AdamW that Lookahead wraps
+    assert [(g["lr"], g["weight_decay"]) for g in groups] == [(0.01, 0.0), (0.005, 0.01), (0.01, 0.01)]
+    result = job.run()
+    assert result.checkpoints_verified == len(result.checkpoints) == 2
+
+
+@pytest.mark.parametrize(
+    ("match", "says"),
+    [({"ndim": "two"}, "ndim must be a comparison"), ({}, "match needs ndim"), ({"size": 2}, "Extra inputs")],
+)
+def test_a_malformed_match_is_refused_by_the_spec(match: dict[str, Any], says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        JobSpec.model_validate({**_job(), "optimizer": {**ADAMW, "param_groups": [{"match": match}]}})
+
+
+def test_a_bases_own_recipe_is_refused(catalogue: Catalogue) -> None:
+    optimizer = {"name": "adamw", "params": {}, "base": ADAMW}
+    choice = JobSpec.model_validate({**_job(), "optimizer": optimizer}).optimizer
+    assert ["body", "optimizer", "base", "param_groups"] in [
+        e.loc for e in optimizer_errors(choice, "torch", catalogue)
+    ]
+
+
+def test_tensorflow_jobs_take_no_param_groups(catalogue_data: dict[str, Any]) -> None:
+    choice = JobSpec.model_validate({**_job(), "framework": "tensorflow", "optimizer": ADAMW}).optimizer
+    errors = optimizer_errors(choice, "tensorflow", Catalogue.model_validate(catalogue_data))
+    assert [e.loc for e in errors] == [["body", "optimizer", "param_groups"]]
+
+
+# -- required hyperparameters ---------------------------------------------------------------------
+
+
+class NeedsBeta(torch.optim.SGD):
+    """SGD with a required beta, to show an argument with no default."""
+
+    def __init__(self, params: Any, beta: float, lr: float = 0.1) -> None:
+        super().__init__(params, lr=lr)
+        self.beta = beta
+
+
+def test_an_argument_with_no_default_and_a_tunable_type_is_catalogued_as_required() -> None:
+    entry = entry_for_class(NeedsBeta, source="test")
+    assert entry.params["beta"].required and not entry.params["lr"].required
+    published = {p["name"]: p for p in entry.describe()["params"]}
+    assert published["beta"]["required"] is True and published["beta"]["default"] is None
+    assert published["lr"]["required"] is False
+
+
+def test_a_job_or_check_that_omits_it_is_refused_by_name(catalogue: Catalogue) -> None:
+    job = JobSpec.model_validate({**_job(), "optimizer": {"name": "needs_beta", "params": {"lr": 0.1}}})
+    errors = optimizer_errors(job.optimizer, "torch", catalogue)
+    assert [(e.loc, e.type) for e in errors] == [(["body", "optimizer", "params", "beta"], "missing")]
+    assert "requires hyperparameter 'beta' (a number)" in errors[0].msg
+    check = CheckSpec.model_validate({"optimizer": {"name": "needs_beta", "params": {}}})
+    assert [e.loc for e in check_errors(check, catalogue)] == [["body", "optimizer", "params", "beta"]]
+    given = JobSpec.model_validate({**_job(), "optimizer": {"name": "needs_beta", "params": {"beta": 0.5}}})
+    assert optimizer_errors(given.optimizer, "torch", catalogue) == []
+
+
+def test_the_registry_refuses_to_build_without_it_and_passes_it_on() -> None:
+    registry = Registry()
+    registry.add(entry_for_class(NeedsBeta, source="test"))
+    params = [torch.zeros(2, requires_grad=True)]
+    with pytest.raises(ValueError, match="requires hyperparameter 'beta'"):
+        registry.build("needs_beta", params, {"lr": 0.1})
+    assert registry.build("needs_beta", params, {"beta": 0.5}).beta == 0.5
+
+
+def _job() -> dict[str, Any]:
+    return {"workload": {"name": "digits_mlp"}, "optimizer": ADAMW, "steps": 10}
