@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from jobs.checks.report import CHECK_IDS
@@ -59,22 +59,27 @@ def optimizer_label(optimizer: Mapping[str, Any]) -> str:
     return str(name)
 
 
+def _finite_params(params: dict[str, Any]) -> dict[str, Any]:
+    for key, value in params.items():
+        _finite(value, key)
+    return params
+
+
+# Hyperparameters as JSON gives them: at most 64, finite numbers only.
+Params = Annotated[
+    dict[Annotated[str, Field(max_length=100)], JsonScalar | list[JsonScalar]],
+    Field(max_length=64),
+    AfterValidator(_finite_params),
+]
+
+
 class Component(BaseModel):
     """A named catalogue item with its parameters, e.g. an optimizer and its hyperparameters."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
     name: Name
-    params: dict[Annotated[str, Field(max_length=100)], JsonScalar | list[JsonScalar]] = Field(
-        default_factory=dict, max_length=64
-    )
-
-    @field_validator("params")
-    @classmethod
-    def _params_finite(cls, params: dict[str, Any]) -> dict[str, Any]:
-        for key, value in params.items():
-            _finite(value, key)
-        return params
+    params: Params = Field(default_factory=dict)
 
 
 class GroupMatch(BaseModel):
@@ -109,16 +114,7 @@ class ParamGroupRecipe(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     match: GroupMatch
-    params: dict[Annotated[str, Field(max_length=100)], JsonScalar | list[JsonScalar]] = Field(
-        default_factory=dict, max_length=64
-    )
-
-    @field_validator("params")
-    @classmethod
-    def _params_finite(cls, params: dict[str, Any]) -> dict[str, Any]:
-        for key, value in params.items():
-            _finite(value, key)
-        return params
+    params: Params = Field(default_factory=dict)
 
     @field_validator("match")
     @classmethod
