@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import queue
-import signal
 import subprocess
 import sys
 import threading
@@ -32,7 +31,10 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # `jobs`, when run as a script
-UNBUILDABLE_MARK = "not run: the optimizer cannot be constructed"
+
+from jobs.checks.runner import UNBUILDABLE  # noqa: E402
+from jobs.processes import start_in_own_group, terminate_group  # noqa: E402
+
 RESULT_PREFIX = "SURVEY-RESULT "
 
 
@@ -68,7 +70,7 @@ def check_one(name: str, text: str) -> dict[str, Any]:
         row["traceback"] = traceback.format_exc()[-2000:]
         return row
     checks = report.to_json()["checks"]
-    unbuildable = any(c["status"] == "skip" and c["detail"].startswith(UNBUILDABLE_MARK) for c in checks)
+    unbuildable = any(c["status"] == "skip" and c["detail"].startswith(UNBUILDABLE) for c in checks)
     row["built"] = not unbuildable
     if unbuildable:
         construct = next((c for c in checks if c["id"] == "construct"), None)
@@ -100,13 +102,13 @@ def survey(names: list[str], timeout: float, log: Path) -> list[dict[str, Any]]:
     remaining = list(names)
     with log.open("a") as stderr:
         while remaining:
-            child = subprocess.Popen(
+            # Its own process group: killed with its grandchildren.
+            child = start_in_own_group(
                 [sys.executable, __file__, "--worker", ",".join(remaining)],
                 cwd=ROOT,
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 text=True,
-                start_new_session=True,  # its own process group: killed with its grandchildren
             )
             lines: queue.Queue[str] = queue.Queue()
             threading.Thread(target=_pump, args=(child, lines), daemon=True).start()
@@ -116,7 +118,7 @@ def survey(names: list[str], timeout: float, log: Path) -> list[dict[str, Any]]:
                 try:
                     line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
                 except queue.Empty:
-                    _kill_group(child)
+                    terminate_group(child, grace_s=0)
                     results.append(
                         {
                             "class": current,
@@ -140,7 +142,7 @@ def survey(names: list[str], timeout: float, log: Path) -> list[dict[str, Any]]:
                     )
                     print(f"  {current:<22} DIED exit {child.returncode}", flush=True)
                     remaining.pop(0)
-                    _kill_group(child)
+                    terminate_group(child, grace_s=0)
                     break
                 if not line.startswith(RESULT_PREFIX):
                     continue  # the optimizer's own prints
@@ -160,14 +162,6 @@ def _pump(child: subprocess.Popen[str], lines: queue.Queue[str]) -> None:
     for line in child.stdout:
         lines.put(line)
     lines.put("")
-
-
-def _kill_group(child: subprocess.Popen[str]) -> None:
-    try:
-        os.killpg(child.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    child.wait()
 
 
 def _print_row(row: dict[str, Any]) -> None:

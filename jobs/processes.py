@@ -65,8 +65,6 @@ def start_in_own_group(
 ) -> subprocess.Popen[Any]:
     """`subprocess.Popen(command, **popen)` as the leader of a new process group (a new session), so
     `terminate_group` ends it and every helper it started, and a terminal's Ctrl-C reaches only us."""
-    if "start_new_session" in popen or "preexec_fn" in popen:
-        raise TypeError("start_in_own_group sets start_new_session and preexec_fn itself")
     preexec = _die_with_parent if die_with_parent else None
     return subprocess.Popen(list(command), start_new_session=True, preexec_fn=preexec, **popen)
 

@@ -12,10 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from jobs.result import LOG_FILE, PROGRESS_FILE, RESULT_FILE, JobResult, Progress, finite_json, read_json
-
-# The file names, the reader and finite_json live in jobs.result (the service reads them too).
-__all__ = ["LOG_FILE", "PROGRESS_FILE", "RESULT_FILE", "Reporter", "finite_json", "read_json"]
+from jobs.result import PROGRESS_FILE, RESULT_FILE, JobResult, Progress
 
 
 def write_json_atomic(path: Path, data: Any) -> None:

@@ -19,7 +19,7 @@ from jobs.checks.report import CHECK_IDS
 from optimizers.hyperparams import Param
 from optimizers.loop_needs import LoopNeeds, base_problem, unserved
 from optimizers.param_groups import GroupRule, parse_ndim
-from optimizers.registry import STYLES
+from optimizers.registry import FRAMEWORK_OF_STYLE, STYLES
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]*$"
 Name = Annotated[str, Field(min_length=1, max_length=100, pattern=NAME_PATTERN)]
@@ -180,7 +180,7 @@ def default_style(framework: str) -> str:
 
 
 def framework_of_style(style: str) -> str:
-    return next(framework for framework, styles in STYLES_OF_FRAMEWORK.items() if style in styles)
+    return FRAMEWORK_OF_STYLE[style]
 
 
 def style_choice(framework: str) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
-import importlib.util
 import inspect
 import os
 import re
@@ -327,11 +326,16 @@ def load_registry(plugin_dirs: Iterable[str] | None = None, styles: Iterable[str
         load = partial(_load_entry_point, registry, entry_point, styles)
         _guarded(registry, f"entry point {entry_point.name}", load)
     if plugin_dirs is None:
-        plugin_dirs = [d for d in os.environ.get(PLUGIN_DIRS_ENV, "").split(os.pathsep) if d]
+        plugin_dirs = [str(d) for d in plugin_dirs_from_environment()]
     for directory in plugin_dirs:
         for path in sorted(Path(directory).glob("*.py")):
             _guarded(registry, str(path), partial(_load_plugin_file, registry, path, styles))
     return registry
+
+
+def plugin_dirs_from_environment() -> list[Path]:
+    """The plugin folders `OPTLAB_PLUGIN_DIRS` names (`:`-separated), as every process reads them."""
+    return [Path(d) for d in os.environ.get(PLUGIN_DIRS_ENV, "").split(os.pathsep) if d]
 
 
 def _guarded(registry: Registry, source: str, load: Callable[[], None]) -> None:

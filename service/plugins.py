@@ -14,14 +14,11 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-PLUGIN_DIRS_ENV = "OPTLAB_PLUGIN_DIRS"
+from optimizers.registry import PLUGIN_DIRS_ENV, plugin_dirs_from_environment
+
+__all__ = ["PLUGIN_DIRS_ENV", "PluginWatcher", "fingerprint", "plugin_dirs_from_environment"]
 
 Fingerprint = tuple[tuple[str, int, int], ...]
-
-
-def plugin_dirs_from_environment() -> list[Path]:
-    """The folders the job processes will load plugins from (the same variable, `:`-separated)."""
-    return [Path(d) for d in os.environ.get(PLUGIN_DIRS_ENV, "").split(os.pathsep) if d]
 
 
 def fingerprint(folders: Iterable[Path]) -> Fingerprint:

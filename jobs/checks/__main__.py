@@ -66,7 +66,7 @@ def check(args: argparse.Namespace, params: dict[str, Any], argv: list[str]) -> 
     try:
         target = resolve_target(args.target, framework=args.framework, style=args.style)
     except UsageError:
-        legacy_left = "tf_legacy" in candidate_styles(args.framework, args.style)
+        legacy_left = any(map(needs_legacy_keras_process, candidate_styles(args.framework, args.style)))
         if not legacy_process and legacy_left and not is_class_reference(args.target):
             reexec_legacy(argv)  # a registered name not found yet may be a legacy one
         raise

@@ -30,7 +30,6 @@ from jobs.checks.tools import (
 )
 from jobs.frameworks.keras_driver import (
     KerasDriver,
-    optimizer_variables_of,
     plain_config,
     tracked_outside,
 )
@@ -49,10 +48,6 @@ def _kit(ctx: CheckContext) -> KerasDriver:
 
 def _tensors(values: Sequence[np.ndarray | None], kit: KerasDriver) -> list[Any]:
     return [None if a is None else kit.tf.constant(a) for a in values]
-
-
-def _state(optimizer: Any) -> list[np.ndarray]:
-    return [np.array(np.asarray(v.numpy())) for v in optimizer_variables_of(optimizer)]
 
 
 def _all_close(a: Sequence[np.ndarray], b: Sequence[np.ndarray], rtol: float, atol: float) -> bool:
@@ -217,7 +212,8 @@ def _whole_model_reload(kit: KerasDriver, build: Callable[[], Any], path: Any) -
             if not same_value(saved_config.get(k), loaded_config.get(k))
         )
     )
-    saved_state, loaded_state = _state(optimizer), _state(loaded)
+    saved_state = [value for _, value in kit.state(optimizer)]
+    loaded_state = [value for _, value in kit.state(loaded)]
     diff = max_diff(saved_state, loaded_state) if len(saved_state) == len(loaded_state) else 0.0
     return _Reload(
         cls=type(loaded),
@@ -306,10 +302,7 @@ def _run_steps(
     run = step if compile_with is None else kit.tf.function(step, jit_compile=compile_with)
     for step_grads in grads:
         run(list(step_grads))
-    return _kit(ctx).values(variables) + _state(optimizer)
-
-
-# -- device_placement ------------------------------------------------------------------------------
+    return kit.values(variables) + [value for _, value in kit.state(optimizer)]
 
 
 # -- mixed_precision ----------------------------------------------------------------------------------------
@@ -327,7 +320,7 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
             scales = _mixed_precision_steps(kit, model, ctx.build())
         except Exception as exc:
             return failed(
-                f"training under a mixed_float16 policy with {_loss_scale_name(kit)} raised "
+                f"training under a mixed_float16 policy with {kit.loss_scale_name} raised "
                 f"{_first_line(exc, ctx)}",
                 where=user_line(ctx, exc),
                 fix="keep the update dtype-generic (cast to variable.dtype, not a fixed float32/float16) and "
@@ -338,27 +331,23 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
         mixed.set_global_policy(previous)
     if not all(np.all(np.isfinite(w)) for w in after):
         return failed(
-            f"weights became non-finite under mixed_float16 with {_loss_scale_name(kit)}",
+            f"weights became non-finite under mixed_float16 with {kit.loss_scale_name}",
             where=ctx.target.class_location(),
             fix="compute the update in the variable's dtype (float32 here) and let the loss scale handle "
             "float16 gradients",
         )
     if not updates_nothing(ctx) and all(np.array_equal(a, b) for a, b in zip(before, after, strict=True)):
         return failed(
-            f"{len(scales)} steps under mixed_float16 with {_loss_scale_name(kit)} changed no weight "
+            f"{len(scales)} steps under mixed_float16 with {kit.loss_scale_name} changed no weight "
             f"(loss scales {scales})",
             where=ctx.target.class_location(),
             fix="the wrapped optimizer must apply the unscaled gradients it is given",
         )
     return passed(
-        f"{len(scales)} steps under a mixed_float16 policy with {_loss_scale_name(kit)}: finite, weights "
+        f"{len(scales)} steps under a mixed_float16 policy with {kit.loss_scale_name}: finite, weights "
         "updated",
         figure=scales[-1] if scales else None,
     )
-
-
-def _loss_scale_name(kit: KerasDriver) -> str:
-    return kit.loss_scale_name
 
 
 def _mixed_precision_steps(kit: KerasDriver, model: Any, inner: Any) -> list[float]:

@@ -88,7 +88,6 @@ def check_schedule(ctx: CheckContext) -> Outcome:
                 where=method_location(ctx),
                 fix=fix,
             )
-    moved = [max(float(np.max(np.abs(d))) for d in update) > 0 for update in scheduled]
     on_time = [rate > 0 for rate in rates]
     late = [rates[max(step - 1, 0)] > 0 for step in range(len(rates))]
     if moved != on_time and moved == late and zero_rate_ok:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from jobs.report import finite_json
+from jobs.result import finite_json
 
 Status = Literal["pass", "fail", "warn", "skip"]
 STATUSES: tuple[Status, ...] = ("pass", "fail", "warn", "skip")

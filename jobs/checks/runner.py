@@ -16,10 +16,8 @@ from typing import Any
 from jobs.checks.context import CheckContext
 from jobs.checks.report import CHECK_IDS, ONLY_FOR_STYLES, CheckReport, CheckResult, Outcome, failed, skipped
 from jobs.checks.target import Target, UsageError
+from jobs.checks.tools import CheckFunction
 from optimizers.hyperparams import check_all
-
-CheckFunction = Callable[[CheckContext], Outcome]
-
 
 # The checks only one framework has, per style: imported on demand, so only one framework
 # is ever loaded.
@@ -28,6 +26,10 @@ FRAMEWORK_CHECKS: dict[str, str] = {
     "keras": "jobs.checks.keras_only",
     "tf_legacy": "jobs.checks.keras_only",
 }
+
+
+# The skip of every check after a construct that could not build the optimizer at all.
+UNBUILDABLE = "not run: the optimizer cannot be constructed"
 
 
 def checks_for_style(style: str) -> Mapping[str, CheckFunction]:
@@ -101,7 +103,7 @@ def _outcome(check_id: str, table: Mapping[str, CheckFunction], context: CheckCo
     if check_id not in table:
         return skipped(f"not available for {style} optimizers")
     if context.unbuildable:
-        return skipped("not run: the optimizer cannot be constructed (see construct)")
+        return skipped(f"{UNBUILDABLE} (see construct)")
     try:
         return table[check_id](context)
     except Exception as exc:  # the user's code raised somewhere the check did not expect

@@ -148,8 +148,9 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
     grads = arrays(SHAPES, seed=43)
     driver.step(optimizer, variables, grads, ctx.needs)
     driver.step(restored, restored_variables, grads, ctx.needs)
+    state = driver.state(optimizer)
     diff = max_diff(
-        driver.values(variables) + [v for _, v in driver.state(optimizer)],
+        driver.values(variables) + [v for _, v in state],
         driver.values(restored_variables) + [v for _, v in driver.state(restored)],
     )
     if diff > 0:
@@ -161,7 +162,6 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
             figure=diff,
             fix=fix,
         )
-    state = driver.state(optimizer)
     return passed(
         f"{driver.state_format} into a fresh optimizer: {len(state)} state tensors "
         f"({_memory([a for _, a in state], driver.values(variables))}) identical and the next step "

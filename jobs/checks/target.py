@@ -8,18 +8,17 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from jobs.frameworks import needs_legacy_keras_process
-from jobs.processes import LEGACY_KERAS_ENV
+from jobs.processes import in_legacy_keras_process
+from jobs.spec import STYLES_OF_FRAMEWORK
 from jobs.spec import parse_params as parse_params_json
 from optimizers.plugin_import import NotAModule, import_file
-from optimizers.registry import FRAMEWORK_OF_STYLE, STYLES, Entry, entry_for_class, load_registry, style_of
+from optimizers.registry import STYLES, Entry, entry_for_class, load_registry, style_of
 
-STYLES_OF_FRAMEWORK = {"torch": ("torch",), "tensorflow": ("keras", "tf_legacy")}
 # Source text that only legacy tf.keras optimizers contain: such a file must be imported
 # with TF_USE_LEGACY_KERAS=1, which has to be set before TensorFlow is imported.
 _LEGACY_MARKERS = ("optimizers.legacy", "_resource_apply_dense", "_resource_apply_sparse", "tf_keras")
@@ -134,7 +133,7 @@ def candidate_styles(framework: str | None, style: str | None) -> tuple[str, ...
 def _registered_entry(name: str, *, framework: str | None, style: str | None) -> Entry:
     # One style at a time, cheapest framework first, and never both Keras styles in one
     # process: the legacy style is only looked at in a TF_USE_LEGACY_KERAS=1 process.
-    legacy_process = os.environ.get(LEGACY_KERAS_ENV) == "1"
+    legacy_process = in_legacy_keras_process()
     candidates = candidate_styles(framework, style)
     for candidate in candidates:
         if needs_legacy_keras_process(candidate) != legacy_process:
@@ -186,7 +185,3 @@ def _import_file(path: Path) -> Any:
         return import_file(path, prefix="optlab_check", reuse=True)
     except NotAModule as exc:
         raise UsageError(str(exc)) from None
-
-
-def framework_of(style: str) -> str:
-    return FRAMEWORK_OF_STYLE[style]

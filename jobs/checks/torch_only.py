@@ -18,10 +18,9 @@ from torch import Tensor, nn
 
 from jobs.checks.context import CheckContext
 from jobs.checks.report import Outcome, failed, passed, warned
-from jobs.checks.tools import WARMUP_STEPS, isolated, method_location, user_line
+from jobs.checks.tools import WARMUP_STEPS, CheckFunction, isolated, method_location, native, user_line
 from jobs.frameworks.torch_driver import state_tensors
 
-CheckFunction = Callable[[CheckContext], Outcome]
 SEED = 0
 
 
@@ -89,11 +88,6 @@ def _snapshot(tensors: Iterable[Tensor]) -> list[Tensor]:
 
 def _nonfinite(named: Iterable[tuple[str, Tensor]]) -> list[str]:
     return [name for name, t in named if t.is_floating_point() and not bool(torch.isfinite(t).all())]
-
-
-def _native(ctx: CheckContext, name: str) -> str:
-    """The class's own argument name for catalogue name `name` (`lr` may be `learning_rate`)."""
-    return ctx.target.entry.lr_arg if name == "lr" else name
 
 
 def _max_abs(a: Tensor, b: Tensor) -> float:
@@ -172,9 +166,6 @@ def _graph_breaks() -> int:
     return sum(counters["graph_break"].values())
 
 
-# --- device_placement -----------------------------------------------------------------------------
-
-
 # --- param_groups, closure ------------------------------------------------------------------------
 
 
@@ -187,7 +178,7 @@ def check_param_groups(ctx: CheckContext) -> Outcome:
     probe = ctx.build(_tiny_model().parameters())
     halved = _halved_settings(ctx, set(probe.defaults))
     optimizer = ctx.build(
-        [{"params": first}, {"params": second, **{_native(ctx, k): v for k, v in halved.items()}}]
+        [{"params": first}, {"params": second, **{native(ctx, k): v for k, v in halved.items()}}]
     )
     # One model per reference optimizer, each given the other's parameters before every step: both
     # then see the gradients the two-group model sees, each from a graph of its own (a Hessian-vector
@@ -197,7 +188,7 @@ def check_param_groups(ctx: CheckContext) -> Outcome:
         (first_model, ctx.build(first_model[0].parameters())),
         (second_model, ctx.build(second_model[2].parameters(), **halved)),
     ]
-    settings = ", ".join(f"{_native(ctx, k)}={v}" for k, v in halved.items())
+    settings = ", ".join(f"{native(ctx, k)}={v}" for k, v in halved.items())
     fix = (
         "read every hyperparameter from the group being updated (group['beta']), not from "
         "self.defaults or attributes"
@@ -242,7 +233,7 @@ def _check_added_group(
     alone = nn.Parameter(extra.detach().clone())
     lr = ctx.lr * 0.25
     try:
-        optimizer.add_param_group({"params": [extra], _native(ctx, "lr"): lr})
+        optimizer.add_param_group({"params": [extra], native(ctx, "lr"): lr})
         closure = _closure(ctx, model, batch, extra=lambda: (extra**2).sum())
         closure()
         _step(ctx, optimizer.step, closure)
@@ -284,7 +275,7 @@ def _halved_settings(ctx: CheckContext, group_keys: set[str]) -> dict[str, Any]:
     halved: dict[str, Any] = {}
     for name, param in ctx.target.entry.params.items():
         value = ctx.params.get(name, param.default)
-        if _native(ctx, name) not in group_keys or param.type not in ("float", "number", "float_pair"):
+        if native(ctx, name) not in group_keys or param.type not in ("float", "number", "float_pair"):
             continue
         candidate: Any
         if param.type == "float_pair":

@@ -22,6 +22,8 @@ from tests.conftest import ROOT
 
 FRAMEWORKS = ("torch", "tensorflow", "keras", "tf_keras")
 # Which top-level modules a job of each style must never load.
+# And what each must load: its own framework.
+OWN = {"torch": {"torch"}, "keras": {"tensorflow", "keras"}, "tf_legacy": {"tensorflow", "tf_keras"}}
 FORBIDDEN = {"torch": {"tensorflow", "keras", "tf_keras"}, "keras": {"torch"}, "tf_legacy": {"torch"}}
 
 WRAPPER = f"""
@@ -90,7 +92,9 @@ def test_a_job_loads_only_its_own_framework(tmp_path: Path, style: str) -> None:
     result, loaded = run_job(tmp_path, style, tiny_spec(style))
     assert result["status"] == "succeeded", result.get("error")
     assert not loaded & FORBIDDEN[style], f"a {style} job loaded {sorted(loaded & FORBIDDEN[style])}"
-    assert ("torch" in loaded) == (style == "torch")  # and it did load its own
+    assert ("torch" in loaded) == (style == "torch")
+    assert OWN[style] <= loaded, f"a {style} check did not load {sorted(OWN[style] - loaded)}"
+    assert OWN[style] <= loaded, f"a {style} job did not load {sorted(OWN[style] - loaded)}"
 
 
 @pytest.mark.parametrize("style", ["torch", "keras", "tf_legacy"])

@@ -115,10 +115,11 @@ def test_the_schedule_drives_the_wrapped_optimizers_rate(make_job: MakeJob, real
 
 
 def test_a_stated_need_is_merged_over_the_detected_ones(make_job: MakeJob, real_registry: Registry) -> None:
-    # SAM's need for a closure is detected; a spec stating it again changes nothing.
+    # SAM's need for a closure is detected; a spec stating it again keeps every detected need.
     job = make_job(
         digits_spec(optimizer={**SAM_SGD, "needs": {"closure": True}}, steps=1), with_registry=real_registry
     )
+    assert job.session.needs == real_registry.get("sam").needs
     assert job.session.needs.closure
     plain = make_job(
         digits_spec(optimizer={"name": "sgd", "params": {"lr": 0.1}, "needs": {"closure": True}}, steps=3)
