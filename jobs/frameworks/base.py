@@ -55,14 +55,10 @@ class Capabilities:
     Checks and the loop read these instead of asking which framework they are in.
     """
 
-    # Row-sparse gradients exist in the framework (torch sparse COO, tf.IndexedSlices).
-    sparse_gradients: bool = True
     # `step(closure)`: the optimizer can re-evaluate the loss itself (torch only).
     closure: bool = False
     # Hyperparameters live per param group and groups can be added (torch only).
     param_groups: bool = False
-    # The step can be compiled (torch.compile, tf.function / XLA).
-    compiled_step: bool = True
     # A whole model (weights plus compiled optimizer) can be saved and loaded by name.
     whole_model_save: bool = False
     # A resumed job continues from a checkpoint file of this style.
@@ -172,6 +168,10 @@ class TrainingSession(ABC):
     @abstractmethod
     def evaluate(self, objects: Any) -> Evaluation:
         """Loss and outputs on the validation split, in evaluation mode."""
+
+    @abstractmethod
+    def checkpoint_path(self, folder: Path, step: int) -> Path:
+        """Where the checkpoint of `step` lies under `folder` (a file or a folder, by style)."""
 
     @abstractmethod
     def checkpoint(self, objects: Any, step: int, folder: Path) -> Checkpointed:

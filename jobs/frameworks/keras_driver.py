@@ -171,12 +171,10 @@ class KerasDriver(Driver):
     ) -> None:
         # Keras optimizers take no closure and no graph: `needs` changes nothing here.
         tensors = [self._gradient(g) for g in grads]
-        if any(g is None for g in grads):
-            with warnings.catch_warnings():  # "gradients do not exist for variables": expected here
+        with warnings.catch_warnings():
+            if any(g is None for g in grads):  # "gradients do not exist for variables": expected here
                 warnings.simplefilter("ignore")
-                self.apply(optimizer, tensors, variables)
-            return
-        self.apply(optimizer, tensors, variables)
+            self.apply(optimizer, tensors, variables)
 
     def _gradient(self, grad: Gradient) -> Any:
         tf = self.tf
@@ -194,7 +192,7 @@ class KerasDriver(Driver):
         return [np.array(v.numpy()) for v in variables]
 
     def state(self, optimizer: Any) -> list[tuple[str, np.ndarray]]:
-        return [(_name(v), np.array(np.asarray(v.numpy()))) for v in optimizer_variables_of(optimizer)]
+        return _optimizer_variables(optimizer)
 
     def state_of(self, optimizer: Any, variables: Sequence[Any], index: int) -> list[np.ndarray]:
         """Slots are matched to their variable by shape: the checks give every variable its own."""
@@ -351,14 +349,10 @@ class KerasDriver(Driver):
                     deprecation._PRINTED_WARNING = printed
 
     def reference_sgd(self, variables: Sequence[Any]) -> Any:
-        optimizer = self.plain_reference_sgd()
-        self.create_state(optimizer, variables)
-        return optimizer
+        return self.optimizer_over(lambda _: self.plain_reference_sgd(), variables)
 
     def reference_adamw(self, variables: Sequence[Any]) -> Any:
-        optimizer = self.plain_reference_adamw()
-        self.create_state(optimizer, variables)
-        return optimizer
+        return self.optimizer_over(lambda _: self.plain_reference_adamw(), variables)
 
     def plain_reference_adamw(self) -> Any:
         return self.km.optimizers.AdamW(learning_rate=1e-3)
@@ -573,13 +567,11 @@ class KerasSession(TrainingSession):
         return StepRecord(loss=float(loss), grad_norm=float(grad_norm), lr=lr, optimizer_ms=optimizer_ms)
 
     def _apply(self, objects: KerasObjects, grads: Any, *, first: bool) -> None:
-        if not first:
-            objects.apply.compiled(grads)
-            return
         try:
             objects.apply.compiled(grads)
         except Exception as graph_error:
-            self._explain_graph_failure(graph_error, grads)
+            if first:  # the first update is where a graph-only fault shows: explain it
+                self._explain_graph_failure(graph_error, grads)
             raise
 
     def _explain_graph_failure(self, graph_error: Exception, grads: Any) -> None:
@@ -639,8 +631,11 @@ class KerasSession(TrainingSession):
 
     # -- checkpoints -----------------------------------------------------------------------------------
 
+    def checkpoint_path(self, folder: Path, step: int) -> Path:
+        return folder / f"step-{step:08d}"
+
     def checkpoint(self, objects: KerasObjects, step: int, folder: Path) -> Checkpointed:
-        path = folder / f"step-{step:08d}"
+        path = self.checkpoint_path(folder, step)
         path.mkdir(exist_ok=True)
         warnings = self._whole_model_roundtrip(objects, path / f"model{self.driver.model_suffix}")
         reloaded = self._checkpoint_of_record(objects, path / "ckpt")
@@ -773,9 +768,6 @@ class _Compiled:
         self.eager = eager
         self.compiled = compiled
 
-    def __call__(self, *args: Any) -> Any:
-        return self.compiled(*args)
-
 
 class _TimedUpdate:
     """A compiled update ready to time, and the graph it runs (to say where its time goes)."""
@@ -856,7 +848,8 @@ def optimizer_variables_of(optimizer: Any) -> list[Any]:
 
 
 def _optimizer_variables(optimizer: Any) -> list[tuple[str, np.ndarray]]:
-    return [(_name(v), np.asarray(v.numpy())) for v in optimizer_variables_of(optimizer)]
+    """Every optimizer variable, named, copied (a view would change with the next step)."""
+    return [(_name(v), np.array(np.asarray(v.numpy()))) for v in optimizer_variables_of(optimizer)]
 
 
 def _name(variable: Any) -> str:

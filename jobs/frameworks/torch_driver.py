@@ -721,7 +721,7 @@ class TorchSession(TrainingSession):
         return Evaluation(loss=loss, outputs=output.detach().cpu().numpy(), labels=self.dataset.y_val)
 
     def checkpoint(self, objects: TrainObjects, step: int, folder: Path) -> Checkpointed:
-        path = folder / f"step-{step:08d}.pt"
+        path = self.checkpoint_path(folder, step)
         self._eval_mode(objects)  # what is saved are the weights the user evaluates
         save_checkpoint(path, objects, step=step, spec_json=self.spec.model_dump_json())
         reloaded = restore(load_checkpoint(path, self.torch_device), self.build())
@@ -736,6 +736,9 @@ class TorchSession(TrainingSession):
 
         verify_roundtrip(objects, reloaded, twin, probe)
         return Checkpointed(reloaded, path)
+
+    def checkpoint_path(self, folder: Path, step: int) -> Path:
+        return folder / f"step-{step:08d}.pt"
 
     def resume(self, path: Path) -> tuple[TrainObjects, int]:
         checkpoint = load_checkpoint(path, self.torch_device)

@@ -21,7 +21,7 @@ import numpy as np
 
 from jobs.errors import Diverged
 from jobs.frameworks import driver_for, style_of
-from jobs.frameworks.base import CheckpointMismatch, Evaluation, TrainingSession, remove_checkpoint
+from jobs.frameworks.base import Evaluation, TrainingSession, remove_checkpoint
 from jobs.report import Reporter
 from jobs.result import CheckpointRecord, OptimizerState, TrainOutcome
 from jobs.spec import JobSpec
@@ -84,12 +84,12 @@ class TrainingJob:
         train_loss = math.nan
         evaluation: dict[str, float] = {}
         with session.scope():
-            objects = session.build()
-            start = 0
             if resume_from is not None:
                 if not self.driver.capabilities.resume:
                     raise ValueError(f"--resume is not available for {self.driver.style} jobs yet")
-                objects, start = session.resume(resume_from)
+                objects, start = session.resume(resume_from)  # builds once, then restores
+            else:
+                objects, start = session.build(), 0
             started = time.monotonic()
             for step in range(start, end):
                 train_loss = self._train_step(objects, step, timings)
@@ -163,9 +163,10 @@ class TrainingJob:
     def _checkpoint(self, objects: Any, step: int) -> Any:
         try:
             checkpointed = self.session.checkpoint(objects, step, self.checkpoint_dir)
-        except CheckpointMismatch:
+        except Exception:  # a mismatch, or a reload that fails outright (weights_only refusing state)
             self.tracker.metric("checkpoint/roundtrip_ok", 0.0, step)
-            self.verified.append(CheckpointRecord(step=step, ok=False, path=str(self._path_of(step))))
+            path = self.session.checkpoint_path(self.checkpoint_dir, step)
+            self.verified.append(CheckpointRecord(step=step, ok=False, path=str(path)))
             raise
         self.tracker.metric("checkpoint/roundtrip_ok", 1.0, step)
         self.verified.append(CheckpointRecord(step=step, ok=True, path=str(checkpointed.path)))
@@ -176,11 +177,6 @@ class TrainingJob:
             remove_checkpoint(self.last_checkpoint)  # keep only the latest verified one
         self.last_checkpoint = checkpointed.path
         return checkpointed.objects
-
-    def _path_of(self, step: int) -> Path:
-        """Where a failed checkpoint of `step` lies (the file or folder the session wrote)."""
-        candidates = sorted(self.checkpoint_dir.glob(f"step-{step:08d}*"))
-        return candidates[0] if candidates else self.checkpoint_dir / f"step-{step:08d}"
 
 
 class OptimizerWatch:
