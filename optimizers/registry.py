@@ -285,6 +285,8 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
         required = arg.default is inspect.Parameter.empty
         default = None if required else _plain(arg.default)
         kind = _infer_type(arg.annotation) if required else _infer_type(arg.annotation, default)
+        if kind is None and arg.name in _LR_ARGS and default is None:
+            kind = "float"  # `lr=None`: the class derives its rate (SaRA); one given is still a rate
         if kind is None:
             continue
         name = "lr" if arg.name in _LR_ARGS else arg.name

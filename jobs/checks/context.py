@@ -52,10 +52,16 @@ class CheckContext:
         return self.target.entry.needs
 
     @property
+    def has_lr(self) -> bool:
+        """Whether the class takes a learning rate at all (A2Grad and AliG compute their step)."""
+        return "lr" in self.target.entry.params
+
+    @property
     def lr(self) -> float:
         """The learning rate the optimizer is built with (the user's, else the class default)."""
         declared = self.target.entry.params.get("lr")
-        return float(self.params.get("lr", declared.default if declared is not None else 1e-3))
+        given = self.params.get("lr", None if declared is None else declared.default)
+        return 1e-3 if given is None else float(given)  # None: the class derives its rate (SaRA)
 
     def mark_unbuildable(self) -> None:
         """`construct` could not build the optimizer at all: the other checks cannot run.

@@ -23,6 +23,7 @@ from jobs.checks.tools import (
     isolated,
     max_diff,
     method_location,
+    same_draws,
     still_steps,
     updates_nothing,
     user_line,
@@ -47,6 +48,8 @@ def check_schedule(ctx: CheckContext) -> Outcome:
     previous step's."""
     if updates_nothing(ctx):
         return skipped(MOVES_NOTHING)
+    if not ctx.has_lr:
+        return skipped("not meaningful: the class takes no learning rate, so there is no rate to schedule")
     driver = ctx.driver
     overrides = _without_weight_decay(ctx)
     zero_rate_ok = _takes_a_zero_rate(ctx, overrides)
@@ -54,9 +57,11 @@ def check_schedule(ctx: CheckContext) -> Outcome:
     # Steps that only build state come first at the base rate, in every run compared, so the
     # schedule's steps are judged like for like; they are left out of the comparison.
     warmup = still_steps(ctx, **overrides)
-    grads = [arrays(SHAPES, seed=10 + step) for step in range(warmup + len(rates))]
+    # One step more than the schedule: the perturbation runs below need one after the last rate.
+    grads = [arrays(SHAPES, seed=10 + step) for step in range(warmup + len(rates) + 1)]
+    updates = functools.partial(_updates, ctx, grads[:-1], overrides=overrides, warmup=warmup)
     try:
-        scheduled = _updates(ctx, grads, rates, overrides, warmup, by_hand=False)
+        scheduled = updates(rates, by_hand=False)
     except (ValueError, TypeError, NotImplementedError) as exc:
         if "schedule" not in str(exc).lower():
             raise
@@ -67,7 +72,7 @@ def check_schedule(ctx: CheckContext) -> Outcome:
             fix=f"accept a schedule and {driver.advice.read_lr_each_step}; until then, set the rate by hand "
             "between steps",
         )
-    by_hand = _updates(ctx, grads, rates, overrides, warmup, by_hand=True)
+    by_hand = updates(rates, by_hand=True)
     decay_note = (
         " (weight_decay set to 0 for this check: decay need not follow the rate)" if overrides else ""
     )
@@ -79,8 +84,15 @@ def check_schedule(ctx: CheckContext) -> Outcome:
     # A rate read once (at construction, or on the first step) and kept: the schedule never reaches
     # the update, which then equals the same optimizer's at that constant rate.
     for constant_rate in dict.fromkeys((ctx.lr, rates[0])):
-        constant = _updates(ctx, grads, [constant_rate] * len(rates), overrides, warmup, by_hand=True)
+        constant = updates([constant_rate] * len(rates), by_hand=True)
         if all(max_diff(a, b) == 0 for a, b in zip(scheduled, constant, strict=True)):
+            if _ignores_its_rate(ctx, grads[:-1], overrides):
+                return skipped(
+                    "not meaningful: with these hyperparameters the update does not depend on "
+                    f"{ctx.target.entry.lr_arg} at all (built with {ctx.lr:g} and {2 * ctx.lr:g}, every "
+                    "update is bitwise the same: a relative or learning-rate-free step), so there is no rate "
+                    f"for a schedule to set{decay_note}"
+                )
             still = "; every step left every variable unchanged" if not any(moved) else ""
             return failed(
                 f"with {driver.schedule_name} of rates {shown} every update was bitwise the same as at a "
@@ -96,21 +108,50 @@ def check_schedule(ctx: CheckContext) -> Outcome:
             "previous step's, as in averaging optimizers such as ASGD); zero-rate steps moved nothing"
             f"{decay_note}"
         )
-    wrong = [
-        f"step {step} (rate {rate:g}) " + ("moved the variables" if move else "left every variable unchanged")
-        for step, (rate, move, expected) in enumerate(zip(rates, moved, on_time, strict=True))
-        if move != expected
-    ]
     worst = max(max_diff(a, b) for a, b in zip(scheduled, by_hand, strict=True))
-    wrong += [
+    differing = [
         f"after step {step} the update differs by {max_diff(a, b):.3g} from the same optimizer with its rate "
         f"set to {rates[step]:g} by hand"
         for step, (a, b) in enumerate(zip(scheduled, by_hand, strict=True))
         if not _close(a, b)
     ]
-    if wrong:
+    if differing:
         return failed(
-            f"{driver.schedule_name} of rates {shown} was not followed: {wrong[0]}{decay_note}",
+            f"{driver.schedule_name} of rates {shown} was not followed: {differing[0]}{decay_note}",
+            where=method_location(ctx),
+            figure=worst,
+            fix=fix,
+        )
+    still_moving = [
+        step
+        for step, (move, expected) in enumerate(zip(moved, on_time, strict=True))
+        if move and not expected
+    ]
+    if still_moving:
+        # Momentum or averaging that carries earlier rates (LaProp's lr inside exp_avg, MADGRAD's
+        # dual averaging, parameter averaging): judged on the part the schedule drives, i.e. every
+        # step's rate must change what follows.
+        ignored = _ignored_rates(ctx, grads, rates, overrides, warmup)
+        if ignored:
+            return failed(
+                f"{driver.schedule_name} of rates {shown} was not followed: {ignored[0]}{decay_note}",
+                where=method_location(ctx),
+                fix=fix,
+            )
+        return passed(
+            f"{driver.schedule_name} reached every step: zero-rate step(s) {still_moving} still moved, "
+            "which the optimizer's own momentum or averaging of earlier rates explains, and changing any one "
+            f"step's rate changes the result; matched the rate set by hand each step{decay_note}",
+            figure=worst,
+        )
+    still_at_rate = [
+        f"step {step} (rate {rate:g}) left every variable unchanged"
+        for step, (rate, move, expected) in enumerate(zip(rates, moved, on_time, strict=True))
+        if expected and not move
+    ]
+    if still_at_rate:
+        return failed(
+            f"{driver.schedule_name} of rates {shown} was not followed: {still_at_rate[0]}{decay_note}",
             where=method_location(ctx),
             figure=worst,
             fix=fix,
@@ -127,6 +168,45 @@ def check_schedule(ctx: CheckContext) -> Outcome:
     )
 
 
+def _ignores_its_rate(
+    ctx: CheckContext, grads: Sequence[Sequence[np.ndarray]], overrides: Mapping[str, Any]
+) -> bool:
+    """Built with lr and with 2 lr and never touched again, the updates are bitwise equal: the
+    class does not use a learning rate with these hyperparameters (AdaFactor's relative step)."""
+    runs = []
+    for lr in (ctx.lr, 2 * ctx.lr):
+        with same_draws(ctx, seed=5):
+            optimizer, variables = fresh(ctx, **{**overrides, "lr": lr})
+            for step_grads in grads:
+                ctx.driver.step(optimizer, variables, step_grads, ctx.needs)
+            runs.append(ctx.driver.values(variables))
+    return max_diff(*runs) == 0
+
+
+def _ignored_rates(
+    ctx: CheckContext,
+    grads: Sequence[Sequence[np.ndarray]],
+    rates: Sequence[float],
+    overrides: Mapping[str, Any],
+    warmup: int,
+) -> list[str]:
+    """The steps whose rate, changed alone, changes nothing by one step after the last."""
+
+    def final(these: Sequence[float]) -> list[np.ndarray]:
+        steps = _updates(ctx, grads, [*these, ctx.lr], overrides, warmup, by_hand=True)
+        return [sum(parts) for parts in zip(*steps, strict=True)]
+
+    unchanged = final(rates)
+    ignored = []
+    for step, rate in enumerate(rates):
+        other = rate * 2 if rate > 0 else ctx.lr
+        if max_diff(final([*rates[:step], other, *rates[step + 1 :]]), unchanged) == 0:
+            ignored.append(
+                f"setting step {step}'s rate to {other:g} instead of {rate:g} changed nothing, then or later"
+            )
+    return ignored
+
+
 def _updates(
     ctx: CheckContext,
     grads: Sequence[Sequence[np.ndarray]],
@@ -137,7 +217,20 @@ def _updates(
     by_hand: bool,
 ) -> list[list[np.ndarray]]:
     """What each step after `warmup` steps at the base rate changed, with the rates scheduled the
-    style's way or set by hand."""
+    style's way or set by hand; every run draws the same random numbers."""
+    with same_draws(ctx, seed=5):
+        return _seeded_updates(ctx, grads, rates, overrides, warmup, by_hand=by_hand)
+
+
+def _seeded_updates(
+    ctx: CheckContext,
+    grads: Sequence[Sequence[np.ndarray]],
+    rates: Sequence[float],
+    overrides: Mapping[str, Any],
+    warmup: int,
+    *,
+    by_hand: bool,
+) -> list[list[np.ndarray]]:
     driver = ctx.driver
     rates = [ctx.lr] * warmup + list(rates)
     lr_arg = ctx.target.entry.lr_arg

@@ -31,17 +31,20 @@ def check_config_roundtrip(ctx: CheckContext) -> Outcome:
     """Every hyperparameter is where the style serializes it, with the value it was built with
     (the learning rate halved, so a stored default cannot pass for it), and comes back from the
     style's round trip into an optimizer built with other values; with a schedule object too
-    where the style has them."""
+    where the style has them. Where a reload rebuilds from the constructor call (torch), what
+    the constructor keeps elsewhere is noted, not failed: the reload does not lose it."""
     driver = ctx.driver
-    problem = _config_problem(ctx, schedule=False)
+    problem, elsewhere = _config_problem(ctx, schedule=False)
     if problem is not None:
         return problem
     count = len(ctx.target.entry.params)
+    if driver.capabilities.rebuilt_from_constructor:
+        return passed(_groups_survive(ctx, count, elsewhere), float(count - len(elsewhere)))
     where_kept = f"{driver.config_name} carries all {count} hyperparameters with their values and survives"
     if not driver.capabilities.schedule_objects:
         return passed(f"{where_kept} {driver.config_roundtrip_name}", float(count))
     try:
-        problem = _config_problem(ctx, schedule=True)
+        problem, _ = _config_problem(ctx, schedule=True)
     except (ValueError, TypeError, NotImplementedError) as exc:
         if "schedule" not in str(exc).lower():
             raise
@@ -58,31 +61,57 @@ def check_config_roundtrip(ctx: CheckContext) -> Outcome:
     )
 
 
-def _config_problem(ctx: CheckContext, *, schedule: bool) -> Outcome | None:
+def _groups_survive(ctx: CheckContext, count: int, elsewhere: Sequence[str]) -> str:
+    driver = ctx.driver
+    survives = f"{driver.config_name} survives {driver.config_roundtrip_name} unchanged"
+    if not elsewhere:
+        return f"{survives}, carrying all {count} hyperparameters with their values"
+    return (
+        f"{survives}; {len(elsewhere)} of {count} hyperparameters are not there as given ("
+        + "; ".join(elsewhere[:4])
+        + (f"; {len(elsewhere) - 4} more" if len(elsewhere) > 4 else "")
+        + "): a reload takes those from the constructor call, so none is lost (per-group values and "
+        "schedulers cannot reach them)"
+    )
+
+
+def _config_problem(ctx: CheckContext, *, schedule: bool) -> tuple[Outcome | None, list[str]]:
+    """The first fault of the config (None if none), and the hyperparameters kept outside it
+    or transformed, where the style's reload rebuilds from the constructor call."""
     driver = ctx.driver
     lr_arg = ctx.target.entry.lr_arg
     expected = {native(ctx, k): v for k, v in with_defaults(ctx.target, ctx.params).items()}
-    expected[lr_arg] = ctx.lr * 0.5
+    halved = {"lr": ctx.lr * 0.5} if ctx.has_lr else {}  # so a stored default cannot pass for it
+    if ctx.has_lr:
+        expected[lr_arg] = ctx.lr * 0.5
     learning_rate = driver.learning_rate_schedule(ctx.lr * 0.5) if schedule else None
     with_what = f" (built with {driver.schedule_name})" if schedule else ""
-    optimizer, variables = fresh(ctx, learning_rate=learning_rate, lr=ctx.lr * 0.5)
+    optimizer, variables = fresh(ctx, learning_rate=learning_rate, **halved)
+    # As constructed: a class may adapt its groups' values in training by design (an adaptive lr).
+    as_built = driver.config(optimizer)
     driver.step(
         optimizer, variables, arrays(SHAPES, seed=30), ctx.needs
     )  # legacy: hyperparameters now variables
     if schedule:
-        del expected[lr_arg]  # serialized as the schedule, compared with the round trip below
+        expected.pop(lr_arg, None)  # serialized as the schedule, compared with the round trip below
     fix = driver.advice.keep_hyperparameters
     where = method_location(ctx, "__init__")
+    from_constructor = driver.capabilities.rebuilt_from_constructor
+    elsewhere = _kept_elsewhere(as_built, expected) if from_constructor else []
     try:
         built = driver.config(optimizer)
-        problems = _missing(driver.config_name, built, expected, f"after construction{with_what}")
+        problems = (
+            []
+            if from_constructor
+            else _missing(driver.config_name, built, expected, f"after construction{with_what}")
+        )
         if problems:
-            return failed("; ".join(problems), where=where, fix=fix)
+            return failed("; ".join(problems), where=where, fix=fix), elsewhere
         reloaded = driver.config_roundtrip(optimizer, lambda: fresh(ctx, seed=1)[0])
     except ConfigNotSerialized as exc:
-        return failed(f"{exc}{with_what}", where=where, fix=exc.fix)
+        return failed(f"{exc}{with_what}", where=where, fix=exc.fix), elsewhere
     when = f"after {driver.config_roundtrip_name}{with_what}"
-    problems = _missing(driver.config_name, reloaded, expected, when)
+    problems = [] if from_constructor else _missing(driver.config_name, reloaded, expected, when)
     for index, (first, again) in enumerate(zip(built, reloaded, strict=True)):
         differing = sorted(
             k for k in first.keys() | again.keys() if not same_value(first.get(k), again.get(k))
@@ -94,8 +123,22 @@ def _config_problem(ctx: CheckContext, *, schedule: bool) -> Outcome | None:
                 f"{when}" + (f" ({len(differing) - 1} more keys)" if len(differing) > 1 else "")
             )
     if problems:
-        return failed("; ".join(problems), where=where, fix=fix)
-    return None
+        return failed("; ".join(problems), where=where, fix=fix), elsewhere
+    return None, elsewhere
+
+
+def _kept_elsewhere(configs: Sequence[Mapping[str, Any]], expected: Mapping[str, Any]) -> list[str]:
+    """Each hyperparameter not in every group as given, in a few words."""
+    notes = []
+    for name, value in expected.items():
+        absent = [config for config in configs if name not in config]
+        if absent:
+            notes.append(f"{name!r} kept outside the groups")
+            continue
+        stored = next((config[name] for config in configs if not same_value(config[name], value)), None)
+        if stored is not None:
+            notes.append(f"{name!r} stored as {stored!r}, given {value!r}")
+    return notes
 
 
 def _missing(

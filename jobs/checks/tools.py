@@ -8,12 +8,14 @@ and state back as numpy; `jobs.frameworks` says how for each style.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import math
+import random
 import re
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -32,14 +34,67 @@ MOVES_NOTHING = f"not meaningful: {WARMUP_STEPS} steps change no variable at all
 
 
 def isolated(check: CheckFunction) -> CheckFunction:
-    """The framework's RNG seeded for the check, the caller's given back afterwards."""
+    """Every random source seeded for the check, the caller's given back afterwards."""
 
     @functools.wraps(check)
     def run(ctx: CheckContext) -> Outcome:
-        with ctx.driver.isolated():
+        with same_draws(ctx):
             return check(ctx)
 
     return run
+
+
+@contextlib.contextmanager
+def same_draws(ctx: CheckContext, seed: int = 0) -> Iterator[None]:
+    """The framework's RNG, numpy's global one and Python's seeded with `seed`, and given back
+    afterwards. Optimizers that draw by design (Gravity's random velocity, Kron's
+    `np.random.random()` preconditioner updates, Hutchinson probes) then draw the same numbers in
+    every run a check compares, so their randomness is not mistaken for a fault."""
+    numpy_state, python_state = np.random.get_state(), random.getstate()
+    with ctx.driver.isolated(seed):
+        np.random.seed(seed)
+        random.seed(seed)
+        try:
+            yield
+        finally:
+            np.random.set_state(numpy_state)
+            random.setstate(python_state)
+
+
+def draws_randomly(ctx: CheckContext) -> bool:
+    """Whether the class's steps draw random numbers (by design: random state, random masks,
+    Hutchinson probes): a step moved a global RNG (the framework's, numpy's, Python's), or the same
+    gradients from two seeds give different values or state (a generator of its own). Comparisons
+    that cannot give both sides the same draws are then inconclusive. Cached."""
+    known = ctx.notes.get("draws_randomly")
+    if isinstance(known, bool):
+        return known
+    driver = ctx.driver
+    runs, moved_a_generator = [], False
+    for seed in (1, 2):
+        with same_draws(ctx, seed):
+            optimizer, variables = fresh(ctx)
+            before = _global_random_states(ctx)
+            for step in range(WARMUP_STEPS):
+                driver.step(optimizer, variables, arrays(SHAPES, seed=60 + step), ctx.needs)
+            moved_a_generator = moved_a_generator or _global_random_states(ctx) != before
+            runs.append(driver.values(variables) + [value for _, value in driver.state(optimizer)])
+    answer = moved_a_generator or max_diff(*runs) > 0
+    ctx.notes["draws_randomly"] = answer
+    return answer
+
+
+def _global_random_states(ctx: CheckContext) -> tuple[Any, ...]:
+    numpy_state = np.random.get_state()
+    return ctx.driver.random_state(), bytes(numpy_state[1].tobytes()), numpy_state[2], random.getstate()
+
+
+def inconclusive_random(what: str) -> str:
+    """The skip text of a comparison a class that draws random numbers makes meaningless."""
+    return (
+        f"inconclusive: the class draws random numbers in its steps (by design: random state, masks or "
+        f"probes), and {what} cannot give both sides the same draws"
+    )
 
 
 def arrays(shapes: Sequence[tuple[int, ...]], seed: int, mean: float = 0.0) -> list[np.ndarray]:

@@ -10,15 +10,25 @@ unless the check is about a device). The fresh-process checks (`resume_exact`,
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from jobs.checks.context import CheckContext
-from jobs.checks.report import Outcome, failed, passed, warned
-from jobs.checks.tools import WARMUP_STEPS, CheckFunction, isolated, method_location, native, user_line
+from jobs.checks.report import Outcome, failed, passed, skipped, warned
+from jobs.checks.tools import (
+    WARMUP_STEPS,
+    CheckFunction,
+    draws_randomly,
+    inconclusive_random,
+    isolated,
+    method_location,
+    native,
+    same_draws,
+    user_line,
+)
 from jobs.frameworks.torch_driver import state_tensors
 
 SEED = 0
@@ -172,78 +182,166 @@ def _graph_breaks() -> int:
 @isolated
 def check_param_groups(ctx: CheckContext) -> Outcome:
     """Two groups, the second with every hyperparameter that lives in the groups halved, against
-    one single-group optimizer per setting; then a third group added after two steps."""
-    model, batch = _tiny_model(), _batch()
-    first, second = list(model[0].parameters()), list(model[2].parameters())
+    one single-group optimizer per setting (or, where the update couples the groups by design,
+    against the same two groups with equal settings); then a group added after two steps, against
+    a fresh optimizer over it and against the same group present, idle, from the start."""
+    if draws_randomly(ctx):
+        return skipped(inconclusive_random("comparing two groups with separately built optimizers"))
     probe = ctx.build(_tiny_model().parameters())
     halved = _halved_settings(ctx, set(probe.defaults))
+    settings = ", ".join(f"{native(ctx, k)}={v}" for k, v in halved.items()) or "the optimizer's own values"
+    fix = (
+        "read every hyperparameter from the group being updated (group['beta']), not from "
+        "self.defaults or attributes"
+    )
+    try:
+        two_groups, alone = _two_groups(ctx, halved)
+    except ValueError as exc:
+        if "group" not in str(exc).lower():
+            raise
+        return skipped(
+            f"not applicable: the class refuses param groups with a clear error ({ctx.describe_error(exc)})"
+        )
+    # The first group keeps the optimizer's own values: if even it differs (at all) from a single-group
+    # optimizer over it, the class couples its groups by design (a global step size or statistics
+    # over all parameters: D-Adaptation's `d`, Adai's mean second moment, AliG's global step), so
+    # no single-group optimizer is a reference and a group's own values must reach its update.
+    coupled = _max_difference(two_groups[:SECOND], alone[:SECOND]) > 0
+    if coupled:
+        same_settings, _ = _two_groups(ctx, {})
+        if halved and _max_difference(two_groups[SECOND], same_settings[SECOND]) == 0:
+            return failed(
+                f"a second param group with {settings} stepped bitwise like one with the optimizer's own "
+                "values: the group's values are ignored",
+                where=method_location(ctx),
+                fix=fix,
+            )
+    else:
+        difference = _max_difference(two_groups, alone)
+        if difference > 1e-6:
+            return failed(
+                f"a second param group with {settings} does not step like a single-group optimizer built "
+                f"with those values (max abs difference {difference:.3g} after 2 steps)",
+                where=method_location(ctx),
+                figure=difference,
+                fix=fix,
+            )
+    added = _added_group_problem(ctx, halved, coupled=coupled)
+    if added is not None:
+        return failed(added, where=method_location(ctx), fix=_ADDED_GROUP_FIX)
+    judged = (
+        "changes its own update (the class couples its groups by design: a group's update depends on the "
+        "other groups, so no single-group optimizer is a reference)"
+        if coupled
+        else "steps like a single-group optimizer with those values"
+    )
+    return passed(
+        f"a second group with {settings} {judged}, and a group added by add_param_group after 2 steps "
+        "steps like a fresh optimizer over it or like the same group present, idle, from the start"
+    )
+
+
+_ADDED_GROUP_FIX = "keep no per-group bookkeeping outside param_groups (e.g. lists built in __init__)"
+SECOND = 1  # the index of the second group's parameters in `_two_groups`' results
+
+
+def _two_groups(ctx: CheckContext, halved: dict[str, Any]) -> tuple[list[list[Tensor]], list[list[Tensor]]]:
+    """Two steps of one optimizer over two groups (the second with `halved`), and of one single-group
+    optimizer per group: each group's parameters afterwards, from both."""
+    model, batch = _tiny_model(), _batch()
+    first, second = list(model[0].parameters()), list(model[2].parameters())
     optimizer = ctx.build(
         [{"params": first}, {"params": second, **{native(ctx, k): v for k, v in halved.items()}}]
     )
-    # One model per reference optimizer, each given the other's parameters before every step: both
-    # then see the gradients the two-group model sees, each from a graph of its own (a Hessian-vector
-    # product frees the graph it uses).
+    # One model per reference optimizer, given the two-group model's parameters of the other group
+    # before every step: each then sees the gradients the two-group model sees for its group, from a
+    # graph of its own (a Hessian-vector product frees the graph it uses).
     first_model, second_model = _twin(model), _twin(model)
     references = [
         (first_model, ctx.build(first_model[0].parameters())),
         (second_model, ctx.build(second_model[2].parameters(), **halved)),
     ]
-    settings = ", ".join(f"{native(ctx, k)}={v}" for k, v in halved.items())
-    fix = (
-        "read every hyperparameter from the group being updated (group['beta']), not from "
-        "self.defaults or attributes"
-    )
+    for _ in range(2):
+        with torch.no_grad():
+            for mine, theirs in zip(first_model[2].parameters(), model[2].parameters(), strict=True):
+                mine.copy_(theirs)
+            for mine, theirs in zip(second_model[0].parameters(), model[0].parameters(), strict=True):
+                mine.copy_(theirs)
+        for stepped, optimizer_of in ((model, optimizer), *references):
+            closure = _closure(ctx, stepped, batch)
+            closure()
+            _step(ctx, optimizer_of.step, closure)
+    mine = [_snapshot(model[0].parameters()), _snapshot(model[2].parameters())]
+    return mine, [_snapshot(first_model[0].parameters()), _snapshot(second_model[2].parameters())]
+
+
+def _max_difference(a: Sequence[Sequence[Tensor]], b: Sequence[Sequence[Tensor]]) -> float:
+    pairs = [(x, y) for xs, ys in zip(a, b, strict=True) for x, y in zip(xs, ys, strict=True)]
+    return max(_max_abs(x, y) for x, y in pairs)
+
+
+def _added_group_problem(ctx: CheckContext, halved: dict[str, Any], *, coupled: bool) -> str | None:
+    """What is wrong with a group added after two steps, or None. It may start afresh (its own step
+    count) or as if it had been there, idle, all along (a global step count): either is the class's
+    own semantics. Anything else is bookkeeping outside param_groups. Where the groups are coupled
+    only the second reference applies, and only roughly: it must move, finite."""
+    lr = {native(ctx, "lr"): ctx.lr * 0.25} if ctx.has_lr else {}
+    given = ", ".join(f"{k}={v:g}" for k, v in lr.items())
+    with same_draws(ctx, seed=3):
+        try:
+            added = _added_group_run(ctx, halved, lr, from_start=False)
+        except Exception as exc:
+            return f"add_param_group({given}) after 2 steps, then a step, raised {ctx.describe_error(exc)}"
+    extra = added[-1][0]
+    if not bool(torch.isfinite(extra).all()) or bool(torch.equal(extra, _EXTRA_START)):
+        state = "is not finite" if not bool(torch.isfinite(extra).all()) else "did not move"
+        return f"a param group added with add_param_group({given}) after 2 steps {state} after its first step"
+    if coupled:
+        return None
+    with same_draws(ctx, seed=3):
+        idle = _added_group_run(ctx, halved, lr, from_start=True)
+    afresh = _fresh_group_step(ctx, lr)
+    from_idle, from_fresh = _max_difference(added, idle), _max_abs(extra, afresh)
+    if min(from_idle, from_fresh) > 1e-6:
+        return (
+            f"a param group added with add_param_group({given}) after 2 steps steps neither like a fresh "
+            f"optimizer over it (max abs difference {from_fresh:.3g}) nor like the same group given at "
+            f"construction and idle until then ({from_idle:.3g})"
+        )
+    return None
+
+
+_EXTRA_START = torch.linspace(-1.0, 1.0, 5)
+
+
+def _added_group_run(
+    ctx: CheckContext, halved: dict[str, Any], lr: dict[str, float], *, from_start: bool
+) -> list[list[Tensor]]:
+    """Every parameter after 2 steps over two groups and a third step with an extra group, added by
+    add_param_group before it or (`from_start`) given at construction and idle until then."""
+    model, batch = _tiny_model(), _batch()
+    extra = nn.Parameter(_EXTRA_START.clone())
+    groups: list[dict[str, Any]] = [
+        {"params": list(model[0].parameters())},
+        {"params": list(model[2].parameters()), **{native(ctx, k): v for k, v in halved.items()}},
+    ]
+    optimizer = ctx.build([*groups, {"params": [extra], **lr}] if from_start else groups)
     for _ in range(2):
         closure = _closure(ctx, model, batch)
         closure()
         _step(ctx, optimizer.step, closure)
-        with torch.no_grad():
-            for mine, theirs in zip(second_model[0].parameters(), first_model[0].parameters(), strict=True):
-                mine.copy_(theirs)
-            for mine, theirs in zip(first_model[2].parameters(), second_model[2].parameters(), strict=True):
-                mine.copy_(theirs)
-        for reference_model, reference in references:
-            closure = _closure(ctx, reference_model, batch)
-            closure()
-            _step(ctx, reference.step, closure)
-    expected = [*first_model[0].parameters(), *second_model[2].parameters()]
-    difference = max(
-        _max_abs(a.detach(), b.detach()) for a, b in zip(model.parameters(), expected, strict=True)
-    )
-    if difference > 1e-6:
-        return failed(
-            f"a second param group with {settings} does not step like a single-group optimizer built with "
-            f"those values (max abs difference {difference:.3g} after 2 steps)",
-            where=method_location(ctx),
-            figure=difference,
-            fix=fix,
-        )
-    return _check_added_group(ctx, optimizer, model, batch, settings, fix)
+    if not from_start:
+        optimizer.add_param_group({"params": [extra], **lr})
+    closure = _closure(ctx, model, batch, extra=lambda: (extra**2).sum())
+    closure()
+    _step(ctx, optimizer.step, closure)
+    return [_snapshot(model.parameters()), [extra.detach().clone()]]
 
 
-def _check_added_group(
-    ctx: CheckContext,
-    optimizer: torch.optim.Optimizer,
-    model: nn.Module,
-    batch: tuple[Tensor, Tensor],
-    settings: str,
-    fix: str,
-) -> Outcome:
-    extra = nn.Parameter(torch.randn(5))
-    alone = nn.Parameter(extra.detach().clone())
-    lr = ctx.lr * 0.25
-    try:
-        optimizer.add_param_group({"params": [extra], native(ctx, "lr"): lr})
-        closure = _closure(ctx, model, batch, extra=lambda: (extra**2).sum())
-        closure()
-        _step(ctx, optimizer.step, closure)
-    except Exception as exc:
-        return failed(
-            f"add_param_group after 2 steps, then a step, raised {ctx.describe_error(exc)}",
-            where=ctx.where(exc),
-            fix="keep no per-group bookkeeping outside param_groups (e.g. lists built in __init__)",
-        )
-    reference = ctx.build([alone], lr=lr)
+def _fresh_group_step(ctx: CheckContext, lr: dict[str, float]) -> Tensor:
+    """The extra parameter after one step of a fresh optimizer over it alone."""
+    alone = nn.Parameter(_EXTRA_START.clone())
+    reference = ctx.build([{"params": [alone], **lr}])
 
     def alone_closure() -> Tensor:
         alone.grad = None
@@ -252,22 +350,10 @@ def _check_added_group(
             loss.backward(create_graph=ctx.needs.create_graph)
         return loss.detach()
 
-    alone_closure()
-    _step(ctx, reference.step, alone_closure)
-    difference = _max_abs(extra.detach(), alone.detach())
-    if difference > 1e-6:
-        return failed(
-            f"a param group added with add_param_group(lr={lr:g}) after 2 steps does not step like a fresh "
-            f"optimizer with that lr (max abs difference {difference:.3g})",
-            where=method_location(ctx),
-            figure=difference,
-            fix=fix,
-        )
-    return passed(
-        f"a second group with {settings} steps like a single-group optimizer with those values, and a "
-        "group added by add_param_group after 2 steps steps like a fresh one (figure: max abs difference)",
-        difference,
-    )
+    with same_draws(ctx, seed=3):
+        alone_closure()
+        _step(ctx, reference.step, alone_closure)
+    return alone.detach().clone()
 
 
 def _halved_settings(ctx: CheckContext, group_keys: set[str]) -> dict[str, Any]:

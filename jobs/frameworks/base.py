@@ -74,6 +74,11 @@ class Capabilities:
     # one is at fault (torch). Keras and tf_keras accept it by design: probing it would be a
     # false alarm there.
     refuses_negative_lr: bool = False
+    # A reload rebuilds the optimizer from its constructor call, then loads the saved state
+    # (torch's load_state_dict): a setting the constructor keeps as an attribute, or stores
+    # transformed, is not lost, so only what the round trip itself changes is a fault. Keras
+    # rebuilds from get_config() alone, so there every argument must be in it, as given.
+    rebuilt_from_constructor: bool = False
 
 
 @dataclass(frozen=True)
@@ -232,8 +237,12 @@ class Driver(ABC):
     # gradients and reads values and state back as numpy, so its verdict reads the same for
     # every framework.
 
-    def isolated(self) -> AbstractContextManager[Any]:
-        """A check's framework RNG seeded, and the caller's given back afterwards."""
+    def random_state(self) -> bytes:
+        """The framework's global RNG state, to see whether a step drew from it (b"": not read)."""
+        return b""
+
+    def isolated(self, seed: int = 0) -> AbstractContextManager[Any]:
+        """The framework's RNG seeded with `seed`, and the caller's given back afterwards."""
         return nullcontext()
 
     @abstractmethod

@@ -206,7 +206,12 @@ class TorchDriver(Driver):
     style: ClassVar[str] = "torch"
     framework: ClassVar[str] = "torch"
     capabilities: ClassVar[Capabilities] = Capabilities(
-        closure=True, param_groups=True, resume=True, refuses_negative_lr=True, sums_repeated_rows=True
+        closure=True,
+        param_groups=True,
+        resume=True,
+        refuses_negative_lr=True,
+        sums_repeated_rows=True,
+        rebuilt_from_constructor=True,
     )
     fresh_module: ClassVar[str] = "jobs.checks.fresh.torch_child"
     advice: ClassVar[Advice] = Advice(
@@ -227,8 +232,9 @@ class TorchDriver(Driver):
         "not support sparse gradients')",
         read_lr_each_step="read the learning rate from the group (group['lr']) inside step() at every step; "
         "never cache it (self.lr, a copy in state or in the group) in __init__ or on the first step",
-        keep_hyperparameters="pass every hyperparameter in the defaults dict given to Optimizer.__init__ and "
-        "read it from group[name] in step(), not from attributes such as self.beta",
+        keep_hyperparameters="keep each group's hyperparameters in param_groups and let load_state_dict() "
+        "restore them as saved: no state_dict()/load_state_dict() override that drops or rewrites group "
+        "values",
         state_on_device="create state with torch.zeros_like(p) (or device=p.device), never a bare "
         "torch.zeros(shape)",
         state_on_device_after_restore="let Optimizer.load_state_dict cast state (do not override it), or "
@@ -248,10 +254,13 @@ class TorchDriver(Driver):
 
     # -- what the conformance checks drive ---------------------------------------------------------------
 
+    def random_state(self) -> bytes:
+        return bytes(torch.get_rng_state().numpy().tobytes())
+
     @contextmanager
-    def isolated(self) -> Iterator[None]:
+    def isolated(self, seed: int = CHECK_SEED) -> Iterator[None]:
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(CHECK_SEED)
+            torch.manual_seed(seed)
             yield
 
     def variables(self, arrays: Sequence[np.ndarray]) -> list[nn.Parameter]:

@@ -70,7 +70,7 @@ def test_good_optimizers_pass_the_fast_checks(text: str, tmp_path: Path) -> None
         ("torch_none_grads", "none_grads", "grad is None"),
         ("torch_schedule", "schedule", "never applied"),
         ("torch_sparse", "sparse", "crashed inside the update"),
-        ("torch_config_roundtrip", "config_roundtrip", "'beta' is not in param_groups"),
+        ("torch_config_roundtrip", "config_roundtrip", "['lr'] was 0.005 and is 0.01"),
         ("torch_state_roundtrip", "state_roundtrip", "next step after reloading differs"),
         ("torch_state_roundtrip_weights_only", "state_roundtrip", "collections.deque"),
         ("torch_param_groups", "param_groups", "second param group"),

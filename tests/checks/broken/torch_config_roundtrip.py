@@ -1,4 +1,6 @@
-"""Broken on purpose: beta is kept as an attribute, not in param_groups, so state_dict() never saves it."""
+"""Broken on purpose: load_state_dict() "re-applies the configured rate" by writing the
+constructor's lr over every loaded group, so a group loses its own lr (the one a param-group
+recipe or a scheduler gave it) on every reload."""
 
 from __future__ import annotations
 
@@ -10,12 +12,16 @@ import torch
 EXPECTED_FAILURES = frozenset({"config_roundtrip"})
 
 
-class AttributeBeta(torch.optim.Optimizer):
+class ForgetfulGroups(torch.optim.Optimizer):
     def __init__(self, params: Any, lr: float = 1e-2, beta: float = 0.9) -> None:
         if not lr > 0:
             raise ValueError(f"lr must be > 0; received {lr}")
-        self.beta = beta
-        super().__init__(params, {"lr": lr})
+        super().__init__(params, {"lr": lr, "beta": beta})
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        for group in self.param_groups:
+            group["lr"] = self.defaults["lr"]
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -30,6 +36,6 @@ class AttributeBeta(torch.optim.Optimizer):
                 state = self.state[p]
                 if not state:
                     state["momentum"] = torch.zeros_like(p)
-                state["momentum"].mul_(self.beta).add_(p.grad, alpha=1 - self.beta)
+                state["momentum"].mul_(group["beta"]).add_(p.grad, alpha=1 - group["beta"])
                 p.add_(state["momentum"], alpha=-group["lr"])
         return loss
