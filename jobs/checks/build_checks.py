@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import re
+import traceback
 from collections.abc import Mapping
 from typing import Any
 
@@ -168,7 +169,13 @@ def check_dense_step(ctx: CheckContext) -> Outcome:
     unchanged: list[int] = []
     bad: list[str] = []
     for step in range(WARMUP_STEPS):
-        driver.step(optimizer, variables, arrays(SHAPES, seed=1 + step), ctx.needs)
+        try:
+            driver.step(optimizer, variables, arrays(SHAPES, seed=1 + step), ctx.needs)
+        except Exception as exc:
+            if step:
+                raise
+            ctx.mark_step_raises()
+            return _first_step_raised(ctx, exc)
         after = driver.values(variables)
         unchanged = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if np.array_equal(a, b)]
         bad = [f"variable {shape_text(SHAPES[i])}" for i, a in enumerate(after) if not np.all(np.isfinite(a))]
@@ -184,6 +191,12 @@ def check_dense_step(ctx: CheckContext) -> Outcome:
             where=method_location(ctx),
             figure=float(len(bad)),
             fix=driver.advice.finite_state,
+        )
+    if len(unchanged) == len(variables) and _moves_small_variables(ctx):
+        return skipped(
+            f"inconclusive: {after_steps} changed none of the variables (magnitude about 1), but the same "
+            "steps move variables of magnitude 1e-4: the class updates only small weights by design (a "
+            "magnitude threshold, as SaRA has), so optlab's problems cannot judge it"
         )
     if unchanged:
         shapes = ", ".join(shape_text(SHAPES[i]) for i in unchanged)
@@ -201,6 +214,38 @@ def check_dense_step(ctx: CheckContext) -> Outcome:
         "(figure: smallest largest change)",
         smallest,
     )
+
+
+def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
+    """A refusal the class raises itself with a clear error (`ValueError: only supports 2D
+    parameters`) is a limit of what it takes, so the checks' variables cannot judge it; any other
+    error in the first step (a crash inside torch, an IndexError) is a fault a user's model meets."""
+    source = ctx.target.source_file()
+    frames = traceback.extract_tb(error.__traceback__)
+    raised_by_the_class = bool(frames) and frames[-1].filename == source
+    if raised_by_the_class and isinstance(error, ValueError | TypeError | NotImplementedError):
+        return skipped(
+            f"inconclusive: the class refuses the checks' variables (a {shape_text(SHAPES[0])} matrix and "
+            f"two vectors) with a clear error ({ctx.describe_error(error)}), so optlab's problems cannot "
+            "judge it"
+        )
+    return failed(
+        f"the first step on a {shape_text(SHAPES[0])} matrix and two vectors raised "
+        f"{ctx.describe_error(error)}",
+        where=ctx.where(error),
+        fix="the optimizer raised during this check; the error above and its line say why",
+    )
+
+
+def _moves_small_variables(ctx: CheckContext) -> bool:
+    """Whether WARMUP_STEPS steps move variables of magnitude 1e-4 (the checks' are about 1)."""
+    driver = ctx.driver
+    variables = driver.variables([a * 1e-4 for a in arrays(SHAPES, seed=0, mean=1.0)])
+    optimizer = driver.optimizer_over(ctx.build, variables)
+    start = driver.values(variables)
+    for step in range(WARMUP_STEPS):
+        driver.step(optimizer, variables, arrays(SHAPES, seed=1 + step), ctx.needs)
+    return max_diff(driver.values(variables), start) > 0
 
 
 def _finite(value: np.ndarray) -> bool:

@@ -74,6 +74,15 @@ class CheckContext:
     def unbuildable(self) -> bool:
         return bool(self.notes.get("unbuildable"))
 
+    def mark_step_raises(self) -> None:
+        """`dense_step`'s first step on the standard variables raised: every later check would
+        report the same error again, so they are not run (one cause, one flag)."""
+        self.notes["step_raises"] = True
+
+    @property
+    def step_raises(self) -> bool:
+        return bool(self.notes.get("step_raises"))
+
     def where(self, error: BaseException | None = None) -> str:
         """`file.py:line` in the user's class: the deepest frame of `error` inside its file, else
         the class statement."""

@@ -30,6 +30,7 @@ FRAMEWORK_CHECKS: dict[str, str] = {
 
 # The skip of every check after a construct that could not build the optimizer at all.
 UNBUILDABLE = "not run: the optimizer cannot be constructed"
+STEP_RAISES = "not run: a step on the checks' variables raises"
 
 
 def checks_for_style(style: str) -> Mapping[str, CheckFunction]:
@@ -104,6 +105,8 @@ def _outcome(check_id: str, table: Mapping[str, CheckFunction], context: CheckCo
         return skipped(f"not available for {style} optimizers")
     if context.unbuildable:
         return skipped(f"{UNBUILDABLE} (see construct)")
+    if context.step_raises:
+        return skipped(f"{STEP_RAISES} (see dense_step)")
     try:
         return table[check_id](context)
     except Exception as exc:  # the user's code raised somewhere the check did not expect

@@ -29,7 +29,7 @@ CheckFunction = Callable[[CheckContext], Outcome]
 SHAPES: tuple[tuple[int, ...], ...] = ((4, 3), (3,), (5,))
 # A first step may only build state (ADOPT's second moment, a rectification or a preconditioner
 # warm-up): checks that need movement allow this many steps before they require it.
-WARMUP_STEPS = 3
+WARMUP_STEPS = 12
 MOVES_NOTHING = f"not meaningful: {WARMUP_STEPS} steps change no variable at all (see dense_step)"
 
 

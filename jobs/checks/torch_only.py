@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from jobs.checks.context import CheckContext
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.checks.tools import (
+    MOVES_NOTHING,
     WARMUP_STEPS,
     CheckFunction,
     draws_randomly,
@@ -27,6 +28,7 @@ from jobs.checks.tools import (
     method_location,
     native,
     same_draws,
+    updates_nothing,
     user_line,
 )
 from jobs.frameworks.torch_driver import state_tensors
@@ -427,6 +429,8 @@ def check_closure(ctx: CheckContext) -> Outcome:
 def check_mixed_precision(ctx: CheckContext) -> Outcome:
     """bf16 autocast, then bf16 parameters, each stepped the way the entry declares (closure, graph).
     A warm-up that only builds state is allowed: a parameter must have moved by step WARMUP_STEPS."""
+    if updates_nothing(ctx):
+        return skipped(MOVES_NOTHING)
     batch = _batch()
     parts = []
     # bf16 autocast: the forward runs in bf16, parameters and gradients stay float32.

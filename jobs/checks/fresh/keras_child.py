@@ -44,6 +44,7 @@ WORDING = Wording(
     setup=f"MirroredStrategy with {REPLICAS} replicas",
     replica="replica",
     single="one device",
+    reference="one device on the full batch",
     distributed_child_fix="create every variable in build() (add_variable_from_reference; legacy: "
     "_create_slots), never lazily in the update, which runs per replica under a strategy",
     apart_fix="update only through the variable passed to update_step and its slots, so every replica "

@@ -50,6 +50,7 @@ class Wording:
     setup: str  # the distributed setup: "DDP with 2 gloo ranks"
     replica: str  # one member of it: "rank", "replica"
     single: str  # what it is compared with: "one process", "one device"
+    reference: str  # and fed what: "one process fed the ranks' averaged gradient"
     distributed_child_fix: str  # the fix when a distributed run raises ('' for the generic one)
     apart_fix: str  # replicas hold different values
     layout_fix: str  # the optimizer state is not what the single run has

@@ -44,6 +44,7 @@ WORDING = Wording(
     setup=f"DDP with {REPLICAS} gloo ranks",
     replica="rank",
     single="one process",
+    reference="one process fed the ranks' averaged gradient",
     distributed_child_fix="",
     apart_fix="make the update a deterministic function of the gradient and self.state (no draws from the "
     "per-rank global RNG, no rank-local inputs), so every replica takes the same step",
@@ -68,12 +69,20 @@ def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def train(
-    model: nn.Module, optimizer: Any, steps: range, rows: slice = slice(None), needs: LoopNeeds = PLAIN
+    model: nn.Module,
+    optimizer: Any,
+    steps: range,
+    rows: slice = slice(None),
+    needs: LoopNeeds = PLAIN,
+    *,
+    averaged: bool = False,
 ) -> None:
-    """Steps the way the entry says the class is stepped: a closure, a graph for Hessian products."""
+    """Steps the way the entry says the class is stepped: a closure, a graph for Hessian products.
+    `averaged`: the gradient is the replicas' average, as DDP hands it over, computed here."""
     for step in steps:
         x, y = batch(step)
-        closure = functools.partial(_loss_and_grads, model, optimizer, x[rows], y[rows], needs.create_graph)
+        gradients = _loss_and_averaged_grads if averaged else _loss_and_grads
+        closure = functools.partial(gradients, model, optimizer, x[rows], y[rows], needs.create_graph)
         closure()
         if needs.closure:
             optimizer.step(closure)
@@ -89,6 +98,28 @@ def _loss_and_grads(
         loss = nn.functional.mse_loss(model(x), y)
         loss.backward(create_graph=create_graph)
     return loss.detach()
+
+
+def _loss_and_averaged_grads(
+    model: nn.Module, optimizer: Any, x: torch.Tensor, y: torch.Tensor, create_graph: bool
+) -> torch.Tensor:
+    """Each replica's share's gradient, averaged as DDP averages them (each divided by the number
+    of replicas, then summed in rank order): one process fed exactly what every rank is fed, so
+    only the optimizer can make the ranks differ from it."""
+    share = len(x) // REPLICAS
+    losses, shares = [], []
+    for rank in range(REPLICAS):
+        rows = slice(rank * share, (rank + 1) * share)
+        losses.append(_loss_and_grads(model, optimizer, x[rows], y[rows], create_graph))
+        shares.append([None if p.grad is None else p.grad.detach().clone() for p in model.parameters()])
+    for index, param in enumerate(model.parameters()):
+        parts = [grads[index] for grads in shares]
+        if all(part is not None for part in parts):
+            total = parts[0] / REPLICAS
+            for part in parts[1:]:
+                total = total + part / REPLICAS
+            param.grad = total
+    return torch.stack(losses).mean()
 
 
 def build(ctx: CheckContext, overrides: Mapping[str, Any]) -> tuple[nn.Module, Any]:
@@ -219,5 +250,5 @@ def _single(request: Mapping[str, Any], ctx: CheckContext, outs: Mapping[str, st
     model, optimizer = build(ctx, request["overrides"])
     save_run(outs[INITIAL], _flatten(model.state_dict(), MODEL))
     torch.manual_seed(SEED + 1)  # the stream rank 0 has
-    train(model, optimizer, range(DISTRIBUTED_STEPS), needs=ctx.needs)
+    train(model, optimizer, range(DISTRIBUTED_STEPS), needs=ctx.needs, averaged=True)
     save_run(outs[SINGLE], snapshot(model, optimizer, tensors_only=True))
