@@ -296,27 +296,22 @@ def _halved_settings(ctx: CheckContext, group_keys: set[str]) -> dict[str, Any]:
 
 @isolated
 def check_closure(ctx: CheckContext) -> Outcome:
+    """step(closure) as a training loop calls it: the step's own backward first, then a closure that
+    recomputes the loss and gradients (with a graph when the class needs Hessian-vector products, and
+    with gradients enabled even when step() runs it under no_grad, as AliG does); step() must call it
+    and return its loss."""
     model, batch = _tiny_model(), _batch()
     optimizer = ctx.build(model.parameters())
+    recompute = _closure(ctx, model, batch)
     calls: list[Tensor] = []
 
     def closure() -> Tensor:
-        optimizer.zero_grad()
-        loss = nn.functional.mse_loss(model(batch[0]), batch[1])
-        loss.backward()
+        loss = recompute()
         calls.append(loss)
         return loss
 
-    try:
-        returned = optimizer.step(closure)
-    except RuntimeError as exc:
-        if "does not require grad" in str(exc):
-            return failed(
-                "step(closure) ran the closure with gradients disabled, so its backward() failed",
-                where=ctx.where(exc),
-                fix="call the closure inside `with torch.enable_grad():` (step() itself runs under no_grad)",
-            )
-        raise
+    recompute()  # the gradients a loop's backward leaves before step(closure) (SAM needs them)
+    returned = optimizer.step(closure)
     fix = (
         "in step(closure=None): `loss = None; if closure is not None: with torch.enable_grad(): "
         "loss = closure()` and `return loss`"
