@@ -678,7 +678,8 @@ class TorchSession(TrainingSession):
         if self.needs.closure:
 
             def closure() -> Any:  # the loss tensor, though torch's stubs say float
-                return self._forward_backward(objects, batch)
+                with torch.enable_grad():  # step(closure) may run it under no_grad (AliG does)
+                    return self._forward_backward(objects, batch)
 
             objects.optimizer.step(closure)
         else:
