@@ -37,17 +37,20 @@ def _batch() -> tuple[Tensor, Tensor]:
 def _backward(
     model: nn.Module,
     batch: tuple[Tensor, Tensor],
-    extra: Callable[[], Tensor] | None = None,
+    extra: Tensor | None = None,
     *,
     create_graph: bool = False,
 ) -> Tensor:
-    """Fresh gradients (old ones set to None) of the mean squared error on `batch` (+ `extra()`)."""
-    for p in model.parameters():
+    """Fresh gradients (old ones set to None) of the mean squared error on `batch`, plus the squared
+    norm of `extra` (a parameter outside the model) when given: its gradient is fresh too, or a
+    closure called again by step() would add to it."""
+    params = [*model.parameters(), *([] if extra is None else [extra])]
+    for p in params:
         p.grad = None
     inputs, targets = batch
     loss = nn.functional.mse_loss(model(inputs), targets)
     if extra is not None:
-        loss = loss + extra()
+        loss = loss + (extra**2).sum()
     loss.backward(create_graph=create_graph)
     return loss.detach()
 
@@ -56,7 +59,7 @@ def _closure(
     ctx: CheckContext,
     model: nn.Module,
     batch: tuple[Tensor, Tensor],
-    extra: Callable[[], Tensor] | None = None,
+    extra: Tensor | None = None,
 ) -> Callable[[], Tensor]:
     """The loss and fresh gradients, with a graph when the class needs Hessian-vector products."""
 
@@ -234,7 +237,7 @@ def _check_added_group(
     lr = ctx.lr * 0.25
     try:
         optimizer.add_param_group({"params": [extra], native(ctx, "lr"): lr})
-        closure = _closure(ctx, model, batch, extra=lambda: (extra**2).sum())
+        closure = _closure(ctx, model, batch, extra=extra)
         closure()
         _step(ctx, optimizer.step, closure)
     except Exception as exc:
