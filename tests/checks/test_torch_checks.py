@@ -75,6 +75,7 @@ def test_good_optimizers_pass_the_fast_checks(text: str, tmp_path: Path) -> None
         ("torch_state_roundtrip_weights_only", "state_roundtrip", "collections.deque"),
         ("torch_param_groups", "param_groups", "second param group"),
         ("torch_closure", "closure", "never called the closure"),
+        ("torch_closure_loss", "closure", "returned None instead of the closure's loss"),
         ("torch_mixed_precision", "mixed_precision", "changed dtype"),
         ("torch_state_untrainable", "state_untrainable", "requires grad"),
     ],
