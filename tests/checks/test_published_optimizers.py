@@ -38,6 +38,11 @@ PO = "pytorch_optimizer.optimizer"
         # Hessian-vector products (AdaHessian), gradients enabled under step()'s no_grad (AliG).
         (f"{PO}.adahessian:AdaHessian", ["closure"]),
         (f"{PO}.alig:AliG", ["closure"]),
+        # Schedule-free classes are saved after eval() as a job saves them, and evaluated again after
+        # the restore; train() before every step.
+        (f"{PO}.schedulefree:ScheduleFreeAdamW", ["state_roundtrip", "resume_exact"]),
+        (f"{PO}.schedulefree:ScheduleFreeSGD", ["state_roundtrip", "resume_exact"]),
+        (f"{PO}.schedulefree:ScheduleFreeRAdam", ["state_roundtrip", "resume_exact"]),
         # The DDP child reads any state layout: tensors and numbers beside the per-parameter dicts.
         (f"{PO}.madgrad:MADGRAD", ["distributed"]),
     ],
