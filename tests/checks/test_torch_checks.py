@@ -73,6 +73,7 @@ def test_good_optimizers_pass_the_fast_checks(text: str, tmp_path: Path) -> None
         ("torch_config_roundtrip", "config_roundtrip", "'beta' is not in param_groups"),
         ("torch_state_roundtrip", "state_roundtrip", "next step after reloading differs"),
         ("torch_state_roundtrip_weights_only", "state_roundtrip", "collections.deque"),
+        ("torch_train_eval_mode", "state_roundtrip", "gives other variables than the saved ones"),
         ("torch_param_groups", "param_groups", "second param group"),
         ("torch_closure", "closure", "never called the closure"),
         ("torch_closure_loss", "closure", "returned None instead of the closure's loss"),
