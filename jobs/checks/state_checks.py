@@ -178,10 +178,12 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
             figure=diff,
             fix=fix,
         )
-    evaluated = f", saved after {evaluation}, which gives the saved variables again" if evaluation else ""
+    evaluated = ""
+    if evaluation is not None:
+        evaluated = f" (saved after {evaluation}, which gives the same variables after the restore)"
     return passed(
         f"{driver.state_format} into a fresh optimizer: {len(state)} state tensors "
-        f"({_memory([a for _, a in state], driver.values(variables))}) identical{evaluated}, and the next "
+        f"({_memory([a for _, a in state], driver.values(variables))}) identical{evaluated} and the next "
         f"step bitwise equal{overrides_note(overrides)}",
         0.0,
     )
