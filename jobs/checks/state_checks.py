@@ -170,12 +170,15 @@ def _missing(
 def check_state_roundtrip(ctx: CheckContext) -> Outcome:
     """Save after 3 steps, restore into a never-stepped optimizer over equal variables: the state
     must come back equal, and the next step bitwise equal to the uninterrupted one (which catches
-    state the save never sees, since both copies would lack it alike)."""
+    state the save never sees, since both copies would lack it alike). A class with an evaluation
+    mode (schedule-free) is saved in it, as a job saves, and must evaluate the same variables
+    after the restore."""
     driver = ctx.driver
     overrides = ctx.stateful_overrides()
     optimizer, variables = fresh(ctx, **overrides)
     for seed in (40, 41, 42):
         driver.step(optimizer, variables, arrays(SHAPES, seed), ctx.needs)
+    evaluation = driver.to_evaluation(optimizer, ctx.needs)
     saved = driver.save_state(optimizer, variables, ctx.workdir / "state_roundtrip")
     # A never-stepped optimizer over variables equal to the saved ones, as a resumed job builds it.
     restored_variables = driver.variables(driver.values(variables))
@@ -188,6 +191,19 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
     found = driver.state_difference(optimizer, restored)
     if found:
         return failed(f"the restored optimizer's state differs: {found}", where=method_location(ctx), fix=fix)
+    if evaluation is not None:
+        driver.to_evaluation(restored, ctx.needs)  # what a user does before evaluating the reloaded model
+        diff = max_diff(driver.values(variables), driver.values(restored_variables))
+        if diff > 0:
+            return failed(
+                f"saved after {evaluation} and restored, {evaluation} on the restored optimizer gives other "
+                f"variables than the saved ones (by up to {diff:.3g}): a reloaded model is evaluated at "
+                "another point, and training continues from another one; the mode or what the switch "
+                "reads is kept where the save does not see it",
+                where=method_location(ctx, "eval"),
+                figure=diff,
+                fix=f"{fix}, the current mode included",
+            )
     grads = arrays(SHAPES, seed=43)
     driver.step(optimizer, variables, grads, ctx.needs)
     driver.step(restored, restored_variables, grads, ctx.needs)
@@ -205,10 +221,13 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
             figure=diff,
             fix=fix,
         )
+    evaluated = ""
+    if evaluation is not None:
+        evaluated = f" (saved after {evaluation}, which gives the same variables after the restore)"
     return passed(
         f"{driver.state_format} into a fresh optimizer: {len(state)} state tensors "
-        f"({_memory([a for _, a in state], driver.values(variables))}) identical and the next step "
-        f"bitwise equal{overrides_note(overrides)}",
+        f"({_memory([a for _, a in state], driver.values(variables))}) identical{evaluated} and the next "
+        f"step bitwise equal{overrides_note(overrides)}",
         0.0,
     )
 

@@ -49,17 +49,20 @@ def _batch() -> tuple[Tensor, Tensor]:
 def _backward(
     model: nn.Module,
     batch: tuple[Tensor, Tensor],
-    extra: Callable[[], Tensor] | None = None,
+    extra: Tensor | None = None,
     *,
     create_graph: bool = False,
 ) -> Tensor:
-    """Fresh gradients (old ones set to None) of the mean squared error on `batch` (+ `extra()`)."""
-    for p in model.parameters():
+    """Fresh gradients (old ones set to None) of the mean squared error on `batch`, plus the squared
+    norm of `extra` (a parameter outside the model) when given: its gradient is fresh too, or a
+    closure called again by step() would add to it."""
+    params = [*model.parameters(), *([] if extra is None else [extra])]
+    for p in params:
         p.grad = None
     inputs, targets = batch
     loss = nn.functional.mse_loss(model(inputs), targets)
     if extra is not None:
-        loss = loss + extra()
+        loss = loss + (extra**2).sum()
     loss.backward(create_graph=create_graph)
     return loss.detach()
 
@@ -68,7 +71,7 @@ def _closure(
     ctx: CheckContext,
     model: nn.Module,
     batch: tuple[Tensor, Tensor],
-    extra: Callable[[], Tensor] | None = None,
+    extra: Tensor | None = None,
 ) -> Callable[[], Tensor]:
     """The loss and fresh gradients, with a graph when the class needs Hessian-vector products."""
 
@@ -334,7 +337,7 @@ def _added_group_run(
         _step(ctx, optimizer.step, closure)
     if not from_start:
         optimizer.add_param_group({"params": [extra], **lr})
-    closure = _closure(ctx, model, batch, extra=lambda: (extra**2).sum())
+    closure = _closure(ctx, model, batch, extra=extra)
     closure()
     _step(ctx, optimizer.step, closure)
     return [_snapshot(model.parameters()), [extra.detach().clone()]]
@@ -384,27 +387,22 @@ def _halved_settings(ctx: CheckContext, group_keys: set[str]) -> dict[str, Any]:
 
 @isolated
 def check_closure(ctx: CheckContext) -> Outcome:
+    """step(closure) as a training loop calls it: the step's own backward first, then a closure that
+    recomputes the loss and gradients (with a graph when the class needs Hessian-vector products, and
+    with gradients enabled even when step() runs it under no_grad, as AliG does); step() must call it
+    and return its loss."""
     model, batch = _tiny_model(), _batch()
     optimizer = ctx.build(model.parameters())
+    recompute = _closure(ctx, model, batch)
     calls: list[Tensor] = []
 
     def closure() -> Tensor:
-        optimizer.zero_grad()
-        loss = nn.functional.mse_loss(model(batch[0]), batch[1])
-        loss.backward()
+        loss = recompute()
         calls.append(loss)
         return loss
 
-    try:
-        returned = optimizer.step(closure)
-    except RuntimeError as exc:
-        if "does not require grad" in str(exc):
-            return failed(
-                "step(closure) ran the closure with gradients disabled, so its backward() failed",
-                where=ctx.where(exc),
-                fix="call the closure inside `with torch.enable_grad():` (step() itself runs under no_grad)",
-            )
-        raise
+    recompute()  # the gradients a loop's backward leaves before step(closure) (SAM needs them)
+    returned = optimizer.step(closure)
     fix = (
         "in step(closure=None): `loss = None; if closure is not None: with torch.enable_grad(): "
         "loss = closure()` and `return loss`"

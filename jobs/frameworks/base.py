@@ -265,8 +265,16 @@ class Driver(ABC):
         """One update from numpy gradients, called the way the style's training loop calls it.
 
         `needs` (the entry's) says how: a style with closures passes one when the optimizer needs
-        it, and gradients with a graph for Hessian-vector products.
+        it, and gradients with a graph for Hessian-vector products; one that serves `train_eval`
+        switches the optimizer to training first (back from `to_evaluation`).
         """
+
+    def to_evaluation(self, optimizer: Any, needs: LoopNeeds = PLAIN) -> str | None:
+        """Switch to the variables the user evaluates, as the style's loop does before evaluating and
+        saving (a schedule-free class's `optimizer.eval()`); `step` switches back to training. What
+        was called, for the detail, or None where nothing is switched (the default: a loop that
+        serves no `train_eval`)."""
+        return None
 
     @abstractmethod
     def values(self, variables: Sequence[Any]) -> list[np.ndarray]:

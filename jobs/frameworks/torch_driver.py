@@ -277,6 +277,8 @@ class TorchDriver(Driver):
     def step(
         self, optimizer: Any, variables: Sequence[Any], grads: Sequence[Gradient], needs: LoopNeeds = PLAIN
     ) -> None:
+        if needs.train_eval:
+            optimizer.train()  # as a job's training step: a no-op when already training
         tensors = [
             None if g is None else _torch_gradient(g).to(p.device)
             for p, g in zip(variables, grads, strict=True)
@@ -294,6 +296,12 @@ class TorchDriver(Driver):
             optimizer.step(closure)
         else:
             optimizer.step()
+
+    def to_evaluation(self, optimizer: Any, needs: LoopNeeds = PLAIN) -> str | None:
+        if not needs.train_eval:
+            return None
+        optimizer.eval()  # as a job's evaluation and checkpoint (TorchSession._eval_mode)
+        return "optimizer.eval()"
 
     def values(self, variables: Sequence[Any]) -> list[np.ndarray]:
         return [p.detach().cpu().float().numpy().copy() for p in variables]
@@ -687,7 +695,8 @@ class TorchSession(TrainingSession):
         if self.needs.closure:
 
             def closure() -> Any:  # the loss tensor, though torch's stubs say float
-                return self._forward_backward(objects, batch)
+                with torch.enable_grad():  # step(closure) may run it under no_grad (AliG does)
+                    return self._forward_backward(objects, batch)
 
             objects.optimizer.step(closure)
         else:

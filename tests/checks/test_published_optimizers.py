@@ -34,6 +34,15 @@ PO = "pytorch_optimizer.optimizer"
         (f"{PO}.adahessian:AdaHessian", ["mixed_precision"]),
         # Each reference optimizer of param_groups gets a graph of its own.
         (f"{PO}.sophia:SophiaH", ["param_groups"]),
+        # The closure check's closure as the loop's: after the step's own backward, with a graph for
+        # Hessian-vector products (AdaHessian), gradients enabled under step()'s no_grad (AliG).
+        (f"{PO}.adahessian:AdaHessian", ["closure"]),
+        (f"{PO}.alig:AliG", ["closure"]),
+        # Schedule-free classes are saved after eval() as a job saves them, and evaluated again after
+        # the restore; train() before every step.
+        (f"{PO}.schedulefree:ScheduleFreeAdamW", ["state_roundtrip", "resume_exact"]),
+        (f"{PO}.schedulefree:ScheduleFreeSGD", ["state_roundtrip", "resume_exact"]),
+        (f"{PO}.schedulefree:ScheduleFreeRAdam", ["state_roundtrip", "resume_exact"]),
         # The DDP child reads any state layout: tensors and numbers beside the per-parameter dicts.
         (f"{PO}.madgrad:MADGRAD", ["distributed"]),
     ],

@@ -32,7 +32,7 @@ LOOKAHEAD_ADAMW = {"name": "lookahead", "params": {"k": 5}, "base": {"name": "ad
 @pytest.fixture(scope="module")
 def real_registry() -> Registry:
     registry = load_registry(plugin_dirs=[])
-    for cls in (SAM, AdaHessian, ScheduleFreeAdamW, Lookahead):
+    for cls in (SAM, AdaHessian, ScheduleFreeAdamW, Lookahead, ClosureUnderNoGrad):
         registry.add(entry_for_class(cls, source="test"))
     return registry
 
@@ -81,6 +81,23 @@ def test_the_closure_recomputes_the_loss_on_the_same_batch(
     objects = job.session.build()
     job.session.train_step(objects, job.session.batch(0), 0)
     assert len(seen) == 2 and seen[0] is seen[1]  # the first gradients, then the closure's
+
+
+class ClosureUnderNoGrad(torch.optim.SGD):
+    """Calls its required closure inside step()'s no_grad, as AliG does (AliG has no lr to schedule)."""
+
+    @torch.no_grad()
+    def step(self, closure: Any) -> Any:  # type: ignore[override]
+        loss = closure()
+        super().step()
+        return loss
+
+
+def test_a_closure_run_under_no_grad_still_gets_gradients(make_job: MakeJob, real_registry: Registry) -> None:
+    spec = digits_spec(optimizer={"name": "closure_under_no_grad", "params": {"lr": 0.1}}, steps=3)
+    job = make_job(spec, with_registry=real_registry)
+    assert job.session.needs.closure
+    assert job.run().steps_completed == 3
 
 
 def test_create_graph_gradients_are_freed_after_the_step(make_job: MakeJob, real_registry: Registry) -> None:

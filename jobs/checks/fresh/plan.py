@@ -55,6 +55,7 @@ class Wording:
     apart_fix: str  # replicas hold different values
     layout_fix: str  # the optimizer state is not what the single run has
     beyond_fix: str  # the replicas' result differs from the single run's beyond rounding
+    evaluation: str = ""  # the switch to evaluation weights a resume saves after ('' where none)
 
 
 class FreshRuns(Protocol):

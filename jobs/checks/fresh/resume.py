@@ -37,6 +37,8 @@ def resume_exact(ctx: CheckContext) -> Outcome:
     steps = (
         f"{RESUME_STEPS} steps straight vs {RESUME_SPLIT} + {words.checkpoint} + {rest} in a fresh process"
     )
+    if ctx.needs.train_eval and words.evaluation:
+        steps += f", both saved and compared after {words.evaluation}"
     difference = first_difference(straight, resumed)
     if not difference:
         return passed(

@@ -46,6 +46,7 @@ WORDING = Wording(
     single="one process",
     reference="one process fed the ranks' averaged gradient",
     distributed_child_fix="",
+    evaluation="optimizer.eval()",
     apart_fix="make the update a deterministic function of the gradient and self.state (no draws from the "
     "per-rank global RNG, no rank-local inputs), so every replica takes the same step",
     layout_fix="create state lazily per parameter in self.state[p] from the parameter itself",
@@ -77,9 +78,12 @@ def train(
     *,
     averaged: bool = False,
 ) -> None:
-    """Steps the way the entry says the class is stepped: a closure, a graph for Hessian products.
-    `averaged`: the gradient is the replicas' average, as DDP hands it over, computed here."""
+    """Steps the way the entry says the class is stepped: a closure, a graph for Hessian products,
+    in training mode (schedule-free classes). `averaged`: the gradient is the replicas' average, as
+    DDP hands it over, computed here."""
     for step in steps:
+        if needs.train_eval:
+            optimizer.train()  # a no-op when already training
         x, y = batch(step)
         gradients = _loss_and_averaged_grads if averaged else _loss_and_grads
         closure = functools.partial(gradients, model, optimizer, x[rows], y[rows], needs.create_graph)
@@ -88,6 +92,14 @@ def train(
             optimizer.step(closure)
         else:
             optimizer.step()
+
+
+def to_evaluation(optimizer: Any, needs: LoopNeeds) -> None:
+    """Switch to the weights the user evaluates (schedule-free: `eval()`), as a job does before
+    evaluating and saving: both runs of `resume_exact` are saved and compared there, and the
+    straight run switches at the step where the other saves (a switch back and forth rounds)."""
+    if needs.train_eval:
+        optimizer.eval()
 
 
 def _loss_and_grads(
@@ -182,11 +194,16 @@ def settings() -> dict[str, Any]:
 def run_and_save(ctx: CheckContext, overrides: Mapping[str, Any], checkpoint: Path) -> Run:
     with torch.random.fork_rng(devices=[]):  # leave the global RNG as the other checks had it
         model, optimizer = build(ctx, overrides)
-        train(model, optimizer, range(RESUME_STEPS), needs=ctx.needs)
+        train(model, optimizer, range(RESUME_SPLIT), needs=ctx.needs)
+        to_evaluation(optimizer, ctx.needs)  # where the other run saves
+        train(model, optimizer, range(RESUME_SPLIT, RESUME_STEPS), needs=ctx.needs)
+        to_evaluation(optimizer, ctx.needs)
         straight = Run(snapshot(model, optimizer))
         model, optimizer = build(ctx, overrides)
         train(model, optimizer, range(RESUME_SPLIT), needs=ctx.needs)
-        # As a training loop saves: model, optimizer and RNG in one dict (frameworks/torch_driver.py).
+        # As a training loop saves: in evaluation mode, model, optimizer and RNG in one dict
+        # (frameworks/torch_driver.py).
+        to_evaluation(optimizer, ctx.needs)
         payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_state()}
         torch.save(payload, checkpoint)
     return straight
@@ -214,6 +231,7 @@ def resume(request: Mapping[str, Any], ctx: CheckContext) -> None:
     optimizer.load_state_dict(saved["optimizer"])
     set_rng_state(saved["rng"])
     train(model, optimizer, range(RESUME_SPLIT, RESUME_STEPS), needs=ctx.needs)
+    to_evaluation(optimizer, ctx.needs)
     save_run(request["out"], snapshot(model, optimizer))
 
 
