@@ -10,6 +10,7 @@ unless the check is about a device). The fresh-process checks (`resume_exact`,
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -289,7 +290,7 @@ def _added_group_problem(ctx: CheckContext, halved: dict[str, Any], *, coupled: 
     """What is wrong with a group added after two steps, or None. It may start afresh (its own step
     count) or as if it had been there, idle, all along (a global step count): either is the class's
     own semantics. Anything else is bookkeeping outside param_groups. Where the groups are coupled
-    only the second reference applies, and only roughly: it must move, finite."""
+    neither is a reference: the step must then run and stay finite."""
     lr = {native(ctx, "lr"): ctx.lr * 0.25} if ctx.has_lr else {}
     given = ", ".join(f"{k}={v:g}" for k, v in lr.items())
     with same_draws(ctx, seed=3):
@@ -298,15 +299,19 @@ def _added_group_problem(ctx: CheckContext, halved: dict[str, Any], *, coupled: 
         except Exception as exc:
             return f"add_param_group({given}) after 2 steps, then a step, raised {ctx.describe_error(exc)}"
     extra = added[-1][0]
-    if not bool(torch.isfinite(extra).all()) or bool(torch.equal(extra, _EXTRA_START)):
-        state = "is not finite" if not bool(torch.isfinite(extra).all()) else "did not move"
-        return f"a param group added with add_param_group({given}) after 2 steps {state} after its first step"
+    if not bool(torch.isfinite(extra).all()):
+        return f"a param group added with add_param_group({given}) after 2 steps is not finite after a step"
     if coupled:
         return None
-    with same_draws(ctx, seed=3):
-        idle = _added_group_run(ctx, halved, lr, from_start=True)
     afresh = _fresh_group_step(ctx, lr)
-    from_idle, from_fresh = _max_difference(added, idle), _max_abs(extra, afresh)
+    from_fresh, from_idle = _max_abs(extra, afresh), math.inf
+    if from_fresh > 1e-6:
+        try:
+            with same_draws(ctx, seed=3):
+                idle = _added_group_run(ctx, halved, lr, from_start=True)
+            from_idle = _max_difference(added, idle)
+        except Exception:  # an idle group has no gradient, which a class may not take (none_grads says so)
+            pass
     if min(from_idle, from_fresh) > 1e-6:
         return (
             f"a param group added with add_param_group({given}) after 2 steps steps neither like a fresh "
