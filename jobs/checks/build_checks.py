@@ -62,6 +62,13 @@ def check_construct(ctx: CheckContext) -> Outcome:
             entry.create(params, model_params=driver.variables(arrays(SHAPES, seed=0)))
         except Exception as exc:
             ctx.mark_unbuildable()
+            if not _refuses_its_own_values(ctx, exc):
+                return skipped(
+                    f"inconclusive: building over a list of parameters with {label} raised "
+                    f"{ctx.describe_error(exc)}; the class needs what the checks cannot guess (a "
+                    "param-group recipe: --param-groups; a model instead of parameters; a base optimizer; a "
+                    "package that is not installed), so it was not checked"
+                )
             return failed(
                 f"building with {label} raised {ctx.describe_error(exc)}",
                 where=user_line(ctx, exc),
@@ -95,6 +102,16 @@ def check_construct(ctx: CheckContext) -> Outcome:
         "(figure: arguments probed)",
         float(len(probed)),
     )
+
+
+def _refuses_its_own_values(ctx: CheckContext, error: Exception) -> bool:
+    """The class's own code raised (its validation refuses the values it declares or was given, or
+    its __init__ breaks): a fault. An error raised elsewhere (torch refusing group dicts it
+    expected), an AttributeError on the argument (a model was expected) or an ImportError (a
+    package is missing) says what it needs instead."""
+    frames = traceback.extract_tb(error.__traceback__)
+    raised_by_the_class = bool(frames) and frames[-1].filename == ctx.target.source_file()
+    return raised_by_the_class and not isinstance(error, AttributeError | ImportError)
 
 
 def _native_kwargs(ctx: CheckContext, params: Mapping[str, Any]) -> dict[str, Any]:
