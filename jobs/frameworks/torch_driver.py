@@ -535,26 +535,40 @@ def _quadratic_closure(
     """A closure over L(v) = 0.5 * sum ||v - v0 + g||^2, v0 the variables now.
 
     Its gradient at v0 is exactly g, its Hessian the identity (so Hessian-vector products are
-    well defined), and it is never negative with minimum 0 (AliG divides by the loss). Sparse
-    gradients cannot come out of a dense graph: they are set as given and left out of the loss.
+    well defined), and it is never negative with minimum 0 (AliG divides by the loss). A sparse
+    gradient cannot come out of a dense graph: it is built by hand, with the same rows (repeats
+    kept) and values that follow the variable as the dense one does, so a class that evaluates
+    the closure several times per step (LBFGS) meets the same problem either way.
     """
     given = [(p, g) for p, g in zip(variables, grads, strict=True) if g is not None]
     dense = [(p, g, p.detach().clone()) for p, g in given if not g.is_sparse]
-    sparse = [(p, g) for p, g in given if g.is_sparse]
+    sparse = [(p, g, p.detach().clone()) for p, g in given if g.is_sparse]
 
     def closure() -> torch.Tensor:
         for param in variables:
             param.grad = None  # as zero_grad(set_to_none=True) before a backward: no stale gradient
-        for param, grad in sparse:
-            param.grad = grad.clone()
+        sparse_loss = sum((_sparse_quadratic(p, g, p0) for p, g, p0 in sparse), torch.zeros(()))
         with torch.enable_grad():  # step(closure) may run it under torch.no_grad()
             terms = [0.5 * ((p - p0 + g.to(p.dtype)) ** 2).sum() for p, g, p0 in dense]
             loss = torch.stack(terms).sum() if terms else torch.zeros(())
             if terms:
                 loss.backward(create_graph=create_graph)
-        return loss.detach()
+        return loss.detach() + sparse_loss
 
     return closure
+
+
+def _sparse_quadratic(param: torch.Tensor, grad: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    """Sets `param.grad` to the sparse gradient of 0.5 * ||v - v0 + g||^2 over g's rows, each
+    repeat carrying its share of the drift, and returns that loss term."""
+    indices, values = grad._indices(), grad._values()
+    rows = indices[0]
+    repeats = torch.bincount(rows, minlength=param.shape[0])[rows].unsqueeze(1).to(values.dtype)
+    drift = param.detach()[rows] - start[rows]
+    param.grad = torch.sparse_coo_tensor(indices, values + drift / repeats, grad.shape)
+    touched = torch.unique(rows)
+    summed = grad.coalesce().to_dense()[touched]
+    return 0.5 * ((param.detach()[touched] - start[touched] + summed) ** 2).sum()
 
 
 def _torch_gradient(grad: np.ndarray | SparseRows) -> torch.Tensor:
