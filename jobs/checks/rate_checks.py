@@ -194,7 +194,7 @@ def _ignored_rates(
 
     def final(these: Sequence[float]) -> list[np.ndarray]:
         steps = _updates(ctx, grads, [*these, ctx.lr], overrides, warmup, by_hand=True)
-        return [sum(parts) for parts in zip(*steps, strict=True)]
+        return [np.sum(parts, axis=0) for parts in zip(*steps, strict=True)]
 
     unchanged = final(rates)
     ignored = []

@@ -9,7 +9,7 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 from jobs.checks.context import CheckContext, overrides_note, with_defaults
-from jobs.checks.report import Outcome, failed, passed, skipped
+from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.checks.tools import (
     SHAPES,
     CheckFunction,
@@ -82,7 +82,7 @@ def _config_problem(ctx: CheckContext, *, schedule: bool) -> tuple[Outcome | Non
     driver = ctx.driver
     lr_arg = ctx.target.entry.lr_arg
     expected = {native(ctx, k): v for k, v in with_defaults(ctx.target, ctx.params).items()}
-    halved = {"lr": ctx.lr * 0.5} if ctx.has_lr else {}  # so a stored default cannot pass for it
+    halved: dict[str, Any] = {"lr": ctx.lr * 0.5} if ctx.has_lr else {}  # a stored default cannot pass
     if ctx.has_lr:
         expected[lr_arg] = ctx.lr * 0.5
     learning_rate = driver.learning_rate_schedule(ctx.lr * 0.5) if schedule else None
@@ -303,7 +303,7 @@ def check_state_untrainable(ctx: CheckContext) -> Outcome:
     optimizer, variables = fresh(ctx, **overrides)
     for seed in (90, 91):
         driver.step(optimizer, variables, arrays(SHAPES, seed), ctx.needs)
-    count, offending = driver.trainable_state(optimizer, variables)
+    count, offending, as_builtins_do = driver.trainable_state(optimizer, variables)
     if offending:
         return failed(
             f"{len(offending)} of {count} optimizer state tensors are trainable or are the trained "
@@ -311,6 +311,15 @@ def check_state_untrainable(ctx: CheckContext) -> Outcome:
             "strategy may treat them as weights",
             where=method_location(ctx),
             figure=float(len(offending)),
+            fix=driver.advice.untrainable_state,
+        )
+    if as_builtins_do:
+        return warned(
+            f"{len(as_builtins_do)} of {count} optimizer state tensors are trainable scalars: "
+            f"{'; '.join(as_builtins_do[:4])} (the framework's own Nadam keeps one so too; a strategy may "
+            "treat it as a weight)",
+            where=method_location(ctx),
+            figure=float(len(as_builtins_do)),
             fix=driver.advice.untrainable_state,
         )
     if not count:

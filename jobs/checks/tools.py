@@ -85,8 +85,8 @@ def draws_randomly(ctx: CheckContext) -> bool:
 
 
 def _global_random_states(ctx: CheckContext) -> tuple[Any, ...]:
-    numpy_state = np.random.get_state()
-    return ctx.driver.random_state(), bytes(numpy_state[1].tobytes()), numpy_state[2], random.getstate()
+    _, keys, position, *_ = np.random.get_state()
+    return ctx.driver.random_state(), bytes(np.asarray(keys).tobytes()), position, random.getstate()
 
 
 def inconclusive_random(what: str) -> str:

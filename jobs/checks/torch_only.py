@@ -215,7 +215,7 @@ def check_param_groups(ctx: CheckContext) -> Outcome:
     coupled = _max_difference(two_groups[:SECOND], alone[:SECOND]) > 0
     if coupled:
         same_settings, _ = _two_groups(ctx, {})
-        if halved and _max_difference(two_groups[SECOND], same_settings[SECOND]) == 0:
+        if halved and _max_difference(two_groups[SECOND:], same_settings[SECOND:]) == 0:
             return failed(
                 f"a second param group with {settings} stepped bitwise like one with the optimizer's own "
                 "values: the group's values are ignored",
@@ -273,12 +273,12 @@ def _two_groups(ctx: CheckContext, halved: dict[str, Any]) -> tuple[list[list[Te
                 mine.copy_(theirs)
             for mine, theirs in zip(second_model[0].parameters(), model[0].parameters(), strict=True):
                 mine.copy_(theirs)
-        for stepped, optimizer_of in ((model, optimizer), *references):
-            closure = _closure(ctx, stepped, batch)
+        for stepped_model, stepped in ((model, optimizer), *references):
+            closure = _closure(ctx, stepped_model, batch)
             closure()
-            _step(ctx, optimizer_of.step, closure)
-    mine = [_snapshot(model[0].parameters()), _snapshot(model[2].parameters())]
-    return mine, [_snapshot(first_model[0].parameters()), _snapshot(second_model[2].parameters())]
+            _step(ctx, stepped.step, closure)
+    together = [_snapshot(model[0].parameters()), _snapshot(model[2].parameters())]
+    return together, [_snapshot(first_model[0].parameters()), _snapshot(second_model[2].parameters())]
 
 
 def _max_difference(a: Sequence[Sequence[Tensor]], b: Sequence[Sequence[Tensor]]) -> float:

@@ -289,8 +289,9 @@ class Driver(ABC):
         """The state the optimizer keeps for `variables[index]` (their shapes are distinct)."""
 
     @abstractmethod
-    def trainable_state(self, optimizer: Any, variables: Sequence[Any]) -> tuple[int, list[str]]:
-        """How many state tensors there are, and which are trainable or are (alias) a variable."""
+    def trainable_state(self, optimizer: Any, variables: Sequence[Any]) -> tuple[int, list[str], list[str]]:
+        """How many state tensors there are, which are trainable or are (alias) a variable, and
+        which are trainable only as the framework's own optimizers keep some (worth a warning)."""
 
     @abstractmethod
     def scheduled(

@@ -199,16 +199,19 @@ class KerasDriver(Driver):
         shape = tuple(variables[index].shape)
         return [value for _, value in self.state(optimizer) if value.shape == shape]
 
-    def trainable_state(self, optimizer: Any, variables: Sequence[Any]) -> tuple[int, list[str]]:
+    def trainable_state(self, optimizer: Any, variables: Sequence[Any]) -> tuple[int, list[str], list[str]]:
         state = [*optimizer_variables_of(optimizer), *tracked_outside(self.tf, optimizer, variables)]
         weights = {id(backing(v)) for v in variables}
-        offending = []
+        offending: list[str] = []
+        as_builtins_do: list[str] = []
         for v in state:
             if id(backing(v)) in weights:
                 offending.append(f"{_name(v)!r} is one of the trained variables")
             elif bool(getattr(v, "trainable", False)):
-                offending.append(f"{_name(v)!r} is trainable")
-        return len(state), offending
+                # Keras's own Nadam keeps its scalar `u_product` as a trainable keras.Variable.
+                scalar = len(tuple(v.shape)) == 0
+                (as_builtins_do if scalar else offending).append(f"{_name(v)!r} is trainable")
+        return len(state), offending, as_builtins_do
 
     def scheduled(
         self, create: Callable[[Any, Any], Any], variables: Sequence[Any], rates: Sequence[float], lr_arg: str

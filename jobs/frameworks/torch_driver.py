@@ -320,7 +320,7 @@ class TorchDriver(Driver):
                 found.append(np.array(value))
         return found
 
-    def trainable_state(self, optimizer: Any, variables: Sequence[Any]) -> tuple[int, list[str]]:
+    def trainable_state(self, optimizer: Any, variables: Sequence[Any]) -> tuple[int, list[str], list[str]]:
         storages = {p.untyped_storage().data_ptr() for p in variables}
         tensors = list(state_tensors(optimizer))
         offending = []
@@ -331,7 +331,7 @@ class TorchDriver(Driver):
                 offending.append(f"{name} requires grad")
             elif tensor.numel() and tensor.untyped_storage().data_ptr() in storages:
                 offending.append(f"{name} shares storage with a model parameter")
-        return len(tensors), offending
+        return len(tensors), offending, []
 
     def scheduled(
         self, create: Callable[[Any, Any], Any], variables: Sequence[Any], rates: Sequence[float], lr_arg: str

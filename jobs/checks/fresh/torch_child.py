@@ -126,9 +126,10 @@ def _loss_and_averaged_grads(
         shares.append([None if p.grad is None else p.grad.detach().clone() for p in model.parameters()])
     for index, param in enumerate(model.parameters()):
         parts = [grads[index] for grads in shares]
-        if all(part is not None for part in parts):
-            total = parts[0] / REPLICAS
-            for part in parts[1:]:
+        present = [part for part in parts if part is not None]
+        if len(present) == len(parts):
+            total = present[0] / REPLICAS
+            for part in present[1:]:
                 total = total + part / REPLICAS
             param.grad = total
     return torch.stack(losses).mean()
