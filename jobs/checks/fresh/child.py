@@ -121,7 +121,16 @@ def report_failure(task: Mapping[str, Any], context: CheckContext | None, exc: B
     error_path = Path(task["error_path"])
     if not error_path.exists():
         where = context.where(exc) if context is not None else _deepest_frame(exc)
-        error_path.write_text(json.dumps({"error": one_line(exc), "where": where}))
+        # Whole or not at all, and the first wins: two DDP ranks often fail at the same moment,
+        # and a reader must never see a file one of them is still writing.
+        partial = error_path.with_name(f"{error_path.name}.{os.getpid()}.partial")
+        partial.write_text(json.dumps({"error": one_line(exc), "where": where}))
+        try:
+            os.link(partial, error_path)
+        except FileExistsError:
+            pass
+        finally:
+            partial.unlink(missing_ok=True)
     traceback.print_exc()  # kept in the child's log for whoever wants the whole story
 
 

@@ -193,8 +193,11 @@ def _wait(child: Child, role: str, status_path: Path, timeout_s: float) -> None:
 
 def _failure_of(role: str, code: int, error_path: Path, log_path: Path) -> ChildFailed:
     """What the process wrote about its failure, else the end of its output."""
-    if error_path.is_file():
-        reported = json.loads(error_path.read_text())
+    try:
+        reported = json.loads(error_path.read_text()) if error_path.is_file() else None
+    except ValueError:  # not written whole (it is written atomically; kept for an older child)
+        reported = None
+    if reported is not None:
         return ChildFailed(f"in a fresh process ({role}): {reported['error']}", reported.get("where", ""))
     lines = log_path.read_text(errors="replace").splitlines() if log_path.is_file() else []
     tail = [line for line in lines if line.strip()][-3:]
