@@ -18,7 +18,7 @@ from pydantic_core import PydanticCustomError
 from jobs.checks.report import CHECK_IDS
 from optimizers.hyperparams import Param
 from optimizers.loop_needs import LoopNeeds, base_problem, unserved
-from optimizers.param_groups import GroupRule, parse_ndim
+from optimizers.param_groups import GroupRule, extra_key_problem, parse_ndim
 from optimizers.registry import FRAMEWORK_OF_STYLE, STYLES
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]*$"
@@ -109,21 +109,34 @@ class GroupMatch(BaseModel):
 
 
 class ParamGroupRecipe(BaseModel):
-    """One param group: the parameters `match` takes get these hyperparameters over the optimizer's."""
+    """One param group: the parameters `match` takes get these hyperparameters over the optimizer's.
+
+    `params` may also set keys the optimizer reads from its groups without cataloguing them
+    (Muon's `use_muon`): a JSON scalar or a list of numbers, passed as given
+    (`optimizers.param_groups.extra_key_problem`).
+    """
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    match: GroupMatch
+    match: GroupMatch | Literal["rest"] = Field(
+        description='ndim and/or name tests, or "rest" (last only): every parameter no earlier group took'
+    )
     params: Params = Field(default_factory=dict)
 
     @field_validator("match")
     @classmethod
-    def _some_test(cls, match: GroupMatch) -> GroupMatch:
-        if match.ndim is None and match.name is None:
+    def _some_test(cls, match: GroupMatch | str) -> GroupMatch | str:
+        if isinstance(match, GroupMatch) and match.ndim is None and match.name is None:
             raise PydanticCustomError(
-                "empty_match", 'match needs ndim (e.g. "<2"), name (a glob, e.g. "logits.*") or both', {}
+                "empty_match",
+                'match needs ndim (e.g. "<2"), name (a glob, e.g. "logits.*") or both, or is "rest"',
+                {},
             )
         return match
+
+    def rule(self) -> GroupRule:
+        # A rule without tests matches every parameter: as the last one, the rest.
+        return self.match.rule() if isinstance(self.match, GroupMatch) else GroupRule()
 
 
 class OptimizerChoice(Component):
@@ -158,11 +171,25 @@ class OptimizerChoice(Component):
         min_length=1,
         max_length=32,
         description="torch jobs: param groups by tensor ndim and/or name glob, first match wins; "
-        "unmatched parameters keep the optimizer's params (a wrapper's groups are its base's)",
+        "a last \"rest\" group takes the others, else they keep the optimizer's params (a wrapper's "
+        "groups are its base's); params may also set group keys the optimizer reads (Muon's use_muon)",
     )
 
+    @field_validator("param_groups")
+    @classmethod
+    def _rest_last(cls, groups: list[ParamGroupRecipe] | None) -> list[ParamGroupRecipe] | None:
+        for index, group in enumerate((groups or [])[:-1]):
+            if group.match == "rest":
+                raise PydanticCustomError(
+                    "rest_not_last",
+                    'param_groups[{index}]: "rest" takes every parameter left, so it must be the last group; '
+                    "received {count} groups",
+                    {"index": index, "count": len(groups or [])},
+                )
+        return groups
+
     def group_rules(self) -> list[tuple[GroupRule, Mapping[str, Any]]]:
-        return [(group.match.rule(), group.params) for group in self.param_groups or ()]
+        return [(group.rule(), group.params) for group in self.param_groups or ()]
 
     def rate_params(self) -> Mapping[str, Any]:
         """Where the learning rate is: a wrapper's base takes it (SAM forwards it, Lookahead has none)."""
@@ -523,11 +550,17 @@ def _group_errors(
         if base_entry is None:
             return []  # already reported at optimizer.base
         owner, declared = choice.base, base_entry
+    reads = declared.get("group_keys")  # absent from an older worker's catalogue: unknown
     return [
         error
         for index, group in enumerate(choice.param_groups)
         for error in _param_errors(
-            "optimizer", owner, declared["params"], params=group.params, at=[*loc, index, "params"]
+            "optimizer",
+            owner,
+            declared["params"],
+            params=group.params,
+            at=[*loc, index, "params"],
+            group_keys=None if reads is None else frozenset(reads),
         )
     ]
 
@@ -596,10 +629,13 @@ def _param_errors(
     *,
     params: Mapping[str, Any] | None = None,
     at: list[str | int] | None = None,
+    group_keys: frozenset[str] | None = None,
 ) -> list[SpecError]:
     """`component.params` (or a param group's `params`, located `at`) against the declared ones.
 
-    Required hyperparameters are asked of the component itself only: a param group adds to them.
+    Required hyperparameters are asked of the component itself only: a param group adds to them,
+    and may set keys the optimizer reads from its groups (`group_keys`, None when unknown) that it
+    does not declare.
     """
     declared = {p["name"]: Param.from_json(p) for p in declared_json}
     word = "hyperparameter" if kind == "optimizer" else "parameter"
@@ -619,6 +655,13 @@ def _param_errors(
         ]
     for key, value in given.items():
         loc: list[str | int] = [*where, key]
+        if key not in declared and params is not None:
+            problem = extra_key_problem(
+                key, value, owner=f"{kind} {component.name!r}", declared=declared, reads=group_keys
+            )
+            if problem:
+                errors.append(SpecError(loc=loc, msg=problem))
+            continue
         if key not in declared:
             accepted = ", ".join(declared) or "none"
             errors.append(

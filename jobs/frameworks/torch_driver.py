@@ -45,7 +45,6 @@ from jobs.frameworks.base import (
 from jobs.spec import JobSpec
 from jobs.workloads import Workload
 from optimizers.loop_needs import PLAIN, LoopNeeds
-from optimizers.param_groups import assign_groups
 from optimizers.registry import Base, Entry
 from optimizers.schedules import build_schedule
 
@@ -640,12 +639,7 @@ class TorchSession(TrainingSession):
         if not rules:
             return model.parameters()
         holder = self.base.entry if self.base is not None else self.entry
-        named = dict(model.named_parameters())
-        groups = assign_groups(
-            [(rule, holder.kwargs(params, partial=True)) for rule, params in rules],
-            [(name, tuple(tensor.shape)) for name, tensor in named.items()],
-        )
-        return [{"params": [named[name] for name in group.names], **group.params} for group in groups]
+        return holder.param_groups(rules, model.named_parameters())
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.batches(step)
