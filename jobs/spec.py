@@ -17,7 +17,7 @@ from pydantic_core import PydanticCustomError
 
 from jobs.checks.report import CHECK_IDS
 from optimizers.hyperparams import Param
-from optimizers.loop_needs import LoopNeeds, base_problem, unserved
+from optimizers.loop_needs import LoopNeeds, loop_problem
 from optimizers.param_groups import GroupRule, extra_key_problem, parse_ndim
 from optimizers.registry import FRAMEWORK_OF_STYLE, STYLES
 
@@ -569,24 +569,29 @@ def _needs_errors(
     choice: OptimizerChoice, framework: str, optimizer: Mapping[str, Any], catalogue: Catalogue
 ) -> list[SpecError]:
     """The base a wrapper needs (and only a wrapper takes), and needs the framework's loop cannot serve."""
-    needs = LoopNeeds(**optimizer.get("needs", {})).with_overrides(
-        choice.needs or {}, owner="optimizer.needs"
-    )
+    needs = _stated_needs(choice, optimizer)
     loc: list[str | int] = ["body", "optimizer", "base"]
     base = choice.base
     base_entry = catalogue.optimizer(base.name, framework, base.style) if base is not None else None
-    base_needs = LoopNeeds(**base_entry.get("needs", {})) if base_entry is not None else LoopNeeds()
-    problem = base_problem(choice.name, needs, (base.name, base_needs) if base is not None else None)
+    base_needs = (
+        _stated_needs(base, base_entry) if base is not None and base_entry is not None else LoopNeeds()
+    )
+    problem = loop_problem(
+        choice.name, needs, (base.name, base_needs) if base is not None else None, framework
+    )
     if problem:
-        return [SpecError(loc=loc, msg=problem)]
-    refused = unserved(choice.name, needs, framework)
-    errors = [SpecError(loc=["body", "optimizer", "name"], msg=refused)] if refused else []
-    if base is not None:
-        errors += [
-            e.model_copy(update={"loc": [*loc, *e.loc[2:]]})
-            for e in optimizer_errors(base, framework, catalogue)
-        ]
-    return errors
+        field, why = problem
+        return [SpecError(loc=["body", "optimizer", field], msg=why)]
+    if base is None:
+        return []
+    return [
+        e.model_copy(update={"loc": [*loc, *e.loc[2:]]}) for e in optimizer_errors(base, framework, catalogue)
+    ]
+
+
+def _stated_needs(choice: OptimizerChoice, optimizer: Mapping[str, Any]) -> LoopNeeds:
+    """The catalogue's needs with the ones the spec states merged over them."""
+    return LoopNeeds(**optimizer.get("needs", {})).with_overrides(choice.needs or {}, owner="optimizer.needs")
 
 
 SpecT = TypeVar("SpecT", JobSpec, CheckSpec)
