@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
 from jobs.checks.report import CHECK_IDS
@@ -350,6 +350,64 @@ def parse_params(text: str) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise ValueError(f"--params must be a JSON object such as '{{\"lr\": 0.01}}'; received {text}")
     return params
+
+
+def parse_needs(text: str, *, option: str = "--needs") -> dict[str, Any]:
+    """`--needs` JSON: the keys and checks of a job spec's `optimizer.needs`; ValueError names the
+    bad key and the allowed ones."""
+    needs = _json_object(text, option, '{"closure": true}')
+    LoopNeeds().with_overrides(needs, owner=option)
+    return needs
+
+
+def parse_param_groups(text: str, *, option: str = "--param-groups") -> list[dict[str, Any]]:
+    """`--param-groups` JSON: a recipe in the form of a job spec's `optimizer.param_groups`, checked
+    by the same rules; ValueError says where and what is allowed."""
+    example = '[{"match": {"ndim": ">=2"}, "params": {"use_muon": true}}, {"match": "rest", "params": {...}}]'
+    try:
+        groups = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{option} must be a JSON list such as '{example}'; {exc}") from None
+    if not isinstance(groups, list):
+        raise ValueError(f"{option} must be a JSON list such as '{example}'; received {text}")
+    try:
+        choice = OptimizerChoice.model_validate({"name": "recipe", "param_groups": groups})
+    except ValidationError as exc:
+        raise ValueError(f"{option}{_first_error(exc, skip=1)}") from None
+    return [group.model_dump(exclude_defaults=True) for group in choice.param_groups or ()]
+
+
+def parse_base(text: str, *, option: str = "--base") -> dict[str, Any]:
+    """`--base` JSON: the optimizer a wrapper wraps, as a job spec's `optimizer.base` names it
+    (`name`, `params`, `needs`); ValueError says what is wrong."""
+    base = _json_object(text, option, '{"name": "adamw", "params": {"lr": 0.001}}')
+    extra = sorted(set(base) - {"name", "params", "needs"})
+    if extra:
+        raise ValueError(f"{option} takes name, params and needs; received {extra[0]!r}")
+    try:
+        choice = OptimizerChoice.model_validate(base)
+    except ValidationError as exc:
+        raise ValueError(f"{option}{_first_error(exc)}") from None
+    return choice.model_dump(include={"name", "params", "needs"}, exclude_none=True)
+
+
+def _json_object(text: str, option: str, example: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{option} must be a JSON object such as '{example}'; {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{option} must be a JSON object such as '{example}'; received {text}")
+    return value
+
+
+def _first_error(error: ValidationError, *, skip: int = 0) -> str:
+    """`[1].match: message` from pydantic's first error, its location after `skip` parts."""
+    first = error.errors()[0]
+    # Left out: the tags pydantic gives each member of a union (`GroupMatch`, `literal['rest']`).
+    parts = [p for p in first["loc"][skip:] if not (isinstance(p, str) and (p[:1].isupper() or "[" in p))]
+    where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in parts)
+    return f"{where}: {first['msg']}"
 
 
 def parse_spec(text: str) -> AnySpec:
