@@ -164,14 +164,21 @@ def read_group_keys(cls: type) -> frozenset[str] | None:
     real key from a typo. None when a class's source cannot be read; `optlab_group_keys` adds keys."""
     found: set[str] = set(getattr(cls, GROUP_KEYS_ATTRIBUTE, ()) or ())
     for klass in cls.__mro__:
-        if klass is object:
-            continue
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
-        except (OSError, TypeError, SyntaxError):
+        keys = _keys_in_source(klass) if klass is not object else frozenset()
+        if keys is None:
             return None
-        found.update(_literal_keys(tree))
+        found.update(keys)
     return frozenset(key for key in found if not key.startswith("_") and key not in RESERVED_GROUP_KEYS)
+
+
+@functools.cache
+def _keys_in_source(klass: type) -> frozenset[str] | None:
+    """One class's own literal keys (cached: every torch optimizer shares torch's base class)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    return frozenset(_literal_keys(tree))
 
 
 def _literal_keys(tree: ast.AST) -> Iterable[str]:
