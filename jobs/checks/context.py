@@ -119,9 +119,9 @@ class CheckContext:
         variables = list(model_params)
         if any(isinstance(item, Mapping) for item in variables):
             raise RecipeNotHonoured(
-                "this check builds param groups of its own (and adds one with add_param_group), which the "
-                "given recipe cannot be applied to: group keys the class requires (such as Muon's "
-                "use_muon) would be missing, so a failure would be optlab's, not the class's"
+                "this check builds param groups of its own, which the given recipe cannot be applied to: "
+                "group keys the class requires (such as Muon's use_muon) would be missing, so a failure "
+                "would be optlab's, not the class's"
             )
         holder = self.base.entry if self.base is not None else self.entry
         named = [(f"p{index}", variable) for index, variable in enumerate(variables)]

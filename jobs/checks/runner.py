@@ -18,6 +18,7 @@ from jobs.checks.report import CHECK_IDS, ONLY_FOR_STYLES, CheckReport, CheckRes
 from jobs.checks.target import Target, UsageError
 from jobs.checks.tools import CheckFunction
 from optimizers.hyperparams import check_all
+from optimizers.loop_needs import LoopNeeds
 
 # The checks only one framework has, per style: imported on demand, so only one framework
 # is ever loaded.
@@ -59,9 +60,9 @@ def validated_params(target: Target, params: Mapping[str, Any]) -> dict[str, Any
 def validated_setup(target: Target, setup: LoopSetup) -> None:
     """Stated needs, a recipe and a base that apply to `target`; UsageError names the option."""
     try:
-        target.entry.with_needs(setup.needs)
+        LoopNeeds().with_overrides(setup.needs, owner="--needs")
     except ValueError as exc:
-        raise UsageError(f"--needs: {exc}") from None
+        raise UsageError(str(exc)) from None
     if setup.param_groups:
         if target.style != "torch":
             raise UsageError(
