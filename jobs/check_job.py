@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from jobs.checks.report import CheckReport, CheckResult
 from jobs.report import Reporter
 from jobs.result import CheckOutcome
 from jobs.spec import CheckSpec
 from jobs.tracking import Tracker
+
+if TYPE_CHECKING:
+    from jobs.checks.context import LoopSetup
 
 REPORT_JSON = "report.json"
 REPORT_MARKDOWN = "report.md"
@@ -45,6 +49,7 @@ class CheckJob:
             only=self.spec.check_ids(),
             workdir=self.workdir,
             on_result=self._on_result,
+            setup=setup_of(self.spec),
         )
         self.artifacts = self._write_report(report)
         return CheckOutcome(
@@ -62,3 +67,19 @@ class CheckJob:
         as_markdown = self.workdir / REPORT_MARKDOWN
         as_markdown.write_text(report.to_markdown())
         return [as_json, as_markdown]
+
+
+def setup_of(spec: CheckSpec) -> LoopSetup:
+    """What the spec's optimizer states beyond params (needs, a param-group recipe, a wrapper's base),
+    as the checks take it: the same as `python -m jobs.checks --needs --param-groups --base`."""
+    from jobs.checks.context import LoopSetup
+
+    optimizer = spec.optimizer
+    base = optimizer.base
+    return LoopSetup(
+        needs=dict(optimizer.needs or {}),
+        param_groups=[group.model_dump(exclude_defaults=True) for group in optimizer.param_groups or ()],
+        base=None
+        if base is None
+        else base.model_dump(include={"name", "params", "needs"}, exclude_none=True),
+    )

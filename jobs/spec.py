@@ -12,13 +12,13 @@ import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
 from jobs.checks.report import CHECK_IDS
 from optimizers.hyperparams import Param
-from optimizers.loop_needs import LoopNeeds, base_problem, unserved
-from optimizers.param_groups import GroupRule, parse_ndim
+from optimizers.loop_needs import LoopNeeds, loop_problem
+from optimizers.param_groups import GroupRule, extra_key_problem, parse_ndim
 from optimizers.registry import FRAMEWORK_OF_STYLE, STYLES
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]*$"
@@ -109,21 +109,34 @@ class GroupMatch(BaseModel):
 
 
 class ParamGroupRecipe(BaseModel):
-    """One param group: the parameters `match` takes get these hyperparameters over the optimizer's."""
+    """One param group: the parameters `match` takes get these hyperparameters over the optimizer's.
+
+    `params` may also set keys the optimizer reads from its groups without cataloguing them
+    (Muon's `use_muon`): a JSON scalar or a list of numbers, passed as given
+    (`optimizers.param_groups.extra_key_problem`).
+    """
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    match: GroupMatch
+    match: GroupMatch | Literal["rest"] = Field(
+        description='ndim and/or name tests, or "rest" (last only): every parameter no earlier group took'
+    )
     params: Params = Field(default_factory=dict)
 
     @field_validator("match")
     @classmethod
-    def _some_test(cls, match: GroupMatch) -> GroupMatch:
-        if match.ndim is None and match.name is None:
+    def _some_test(cls, match: GroupMatch | str) -> GroupMatch | str:
+        if isinstance(match, GroupMatch) and match.ndim is None and match.name is None:
             raise PydanticCustomError(
-                "empty_match", 'match needs ndim (e.g. "<2"), name (a glob, e.g. "logits.*") or both', {}
+                "empty_match",
+                'match needs ndim (e.g. "<2"), name (a glob, e.g. "logits.*") or both, or is "rest"',
+                {},
             )
         return match
+
+    def rule(self) -> GroupRule:
+        # A rule without tests matches every parameter: as the last one, the rest.
+        return self.match.rule() if isinstance(self.match, GroupMatch) else GroupRule()
 
 
 class OptimizerChoice(Component):
@@ -158,11 +171,25 @@ class OptimizerChoice(Component):
         min_length=1,
         max_length=32,
         description="torch jobs: param groups by tensor ndim and/or name glob, first match wins; "
-        "unmatched parameters keep the optimizer's params (a wrapper's groups are its base's)",
+        "a last \"rest\" group takes the others, else they keep the optimizer's params (a wrapper's "
+        "groups are its base's); params may also set group keys the optimizer reads (Muon's use_muon)",
     )
 
+    @field_validator("param_groups")
+    @classmethod
+    def _rest_last(cls, groups: list[ParamGroupRecipe] | None) -> list[ParamGroupRecipe] | None:
+        for index, group in enumerate((groups or [])[:-1]):
+            if group.match == "rest":
+                raise PydanticCustomError(
+                    "rest_not_last",
+                    'param_groups[{index}]: "rest" takes every parameter left, so it must be the last group; '
+                    "received {count} groups",
+                    {"index": index, "count": len(groups or [])},
+                )
+        return groups
+
     def group_rules(self) -> list[tuple[GroupRule, Mapping[str, Any]]]:
-        return [(group.match.rule(), group.params) for group in self.param_groups or ()]
+        return [(group.rule(), group.params) for group in self.param_groups or ()]
 
     def rate_params(self) -> Mapping[str, Any]:
         """Where the learning rate is: a wrapper's base takes it (SAM forwards it, Lookahead has none)."""
@@ -323,6 +350,64 @@ def parse_params(text: str) -> dict[str, Any]:
     if not isinstance(params, dict):
         raise ValueError(f"--params must be a JSON object such as '{{\"lr\": 0.01}}'; received {text}")
     return params
+
+
+def parse_needs(text: str, *, option: str = "--needs") -> dict[str, Any]:
+    """`--needs` JSON: the keys and checks of a job spec's `optimizer.needs`; ValueError names the
+    bad key and the allowed ones."""
+    needs = _json_object(text, option, '{"closure": true}')
+    LoopNeeds().with_overrides(needs, owner=option)
+    return needs
+
+
+def parse_param_groups(text: str, *, option: str = "--param-groups") -> list[dict[str, Any]]:
+    """`--param-groups` JSON: a recipe in the form of a job spec's `optimizer.param_groups`, checked
+    by the same rules; ValueError says where and what is allowed."""
+    example = '[{"match": {"ndim": ">=2"}, "params": {"use_muon": true}}, {"match": "rest", "params": {...}}]'
+    try:
+        groups = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{option} must be a JSON list such as '{example}'; {exc}") from None
+    if not isinstance(groups, list):
+        raise ValueError(f"{option} must be a JSON list such as '{example}'; received {text}")
+    try:
+        choice = OptimizerChoice.model_validate({"name": "recipe", "param_groups": groups})
+    except ValidationError as exc:
+        raise ValueError(f"{option}{_first_error(exc, skip=1)}") from None
+    return [group.model_dump(exclude_defaults=True) for group in choice.param_groups or ()]
+
+
+def parse_base(text: str, *, option: str = "--base") -> dict[str, Any]:
+    """`--base` JSON: the optimizer a wrapper wraps, as a job spec's `optimizer.base` names it
+    (`name`, `params`, `needs`); ValueError says what is wrong."""
+    base = _json_object(text, option, '{"name": "adamw", "params": {"lr": 0.001}}')
+    extra = sorted(set(base) - {"name", "params", "needs"})
+    if extra:
+        raise ValueError(f"{option} takes name, params and needs; received {extra[0]!r}")
+    try:
+        choice = OptimizerChoice.model_validate(base)
+    except ValidationError as exc:
+        raise ValueError(f"{option}{_first_error(exc)}") from None
+    return choice.model_dump(include={"name", "params", "needs"}, exclude_none=True)
+
+
+def _json_object(text: str, option: str, example: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{option} must be a JSON object such as '{example}'; {exc}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{option} must be a JSON object such as '{example}'; received {text}")
+    return value
+
+
+def _first_error(error: ValidationError, *, skip: int = 0) -> str:
+    """`[1].match: message` from pydantic's first error, its location after `skip` parts."""
+    first = error.errors()[0]
+    # Left out: the tags pydantic gives each member of a union (`GroupMatch`, `literal['rest']`).
+    parts = [p for p in first["loc"][skip:] if not (isinstance(p, str) and (p[:1].isupper() or "[" in p))]
+    where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in parts)
+    return f"{where}: {first['msg']}"
 
 
 def parse_spec(text: str) -> AnySpec:
@@ -523,11 +608,17 @@ def _group_errors(
         if base_entry is None:
             return []  # already reported at optimizer.base
         owner, declared = choice.base, base_entry
+    reads = declared.get("group_keys")  # absent from an older worker's catalogue: unknown
     return [
         error
         for index, group in enumerate(choice.param_groups)
         for error in _param_errors(
-            "optimizer", owner, declared["params"], params=group.params, at=[*loc, index, "params"]
+            "optimizer",
+            owner,
+            declared["params"],
+            params=group.params,
+            at=[*loc, index, "params"],
+            group_keys=None if reads is None else frozenset(reads),
         )
     ]
 
@@ -536,24 +627,29 @@ def _needs_errors(
     choice: OptimizerChoice, framework: str, optimizer: Mapping[str, Any], catalogue: Catalogue
 ) -> list[SpecError]:
     """The base a wrapper needs (and only a wrapper takes), and needs the framework's loop cannot serve."""
-    needs = LoopNeeds(**optimizer.get("needs", {})).with_overrides(
-        choice.needs or {}, owner="optimizer.needs"
-    )
+    needs = _stated_needs(choice, optimizer)
     loc: list[str | int] = ["body", "optimizer", "base"]
     base = choice.base
     base_entry = catalogue.optimizer(base.name, framework, base.style) if base is not None else None
-    base_needs = LoopNeeds(**base_entry.get("needs", {})) if base_entry is not None else LoopNeeds()
-    problem = base_problem(choice.name, needs, (base.name, base_needs) if base is not None else None)
+    base_needs = (
+        _stated_needs(base, base_entry) if base is not None and base_entry is not None else LoopNeeds()
+    )
+    problem = loop_problem(
+        choice.name, needs, (base.name, base_needs) if base is not None else None, framework
+    )
     if problem:
-        return [SpecError(loc=loc, msg=problem)]
-    refused = unserved(choice.name, needs, framework)
-    errors = [SpecError(loc=["body", "optimizer", "name"], msg=refused)] if refused else []
-    if base is not None:
-        errors += [
-            e.model_copy(update={"loc": [*loc, *e.loc[2:]]})
-            for e in optimizer_errors(base, framework, catalogue)
-        ]
-    return errors
+        field, why = problem
+        return [SpecError(loc=["body", "optimizer", field], msg=why)]
+    if base is None:
+        return []
+    return [
+        e.model_copy(update={"loc": [*loc, *e.loc[2:]]}) for e in optimizer_errors(base, framework, catalogue)
+    ]
+
+
+def _stated_needs(choice: OptimizerChoice, optimizer: Mapping[str, Any]) -> LoopNeeds:
+    """The catalogue's needs with the ones the spec states merged over them."""
+    return LoopNeeds(**optimizer.get("needs", {})).with_overrides(choice.needs or {}, owner="optimizer.needs")
 
 
 SpecT = TypeVar("SpecT", JobSpec, CheckSpec)
@@ -596,10 +692,13 @@ def _param_errors(
     *,
     params: Mapping[str, Any] | None = None,
     at: list[str | int] | None = None,
+    group_keys: frozenset[str] | None = None,
 ) -> list[SpecError]:
     """`component.params` (or a param group's `params`, located `at`) against the declared ones.
 
-    Required hyperparameters are asked of the component itself only: a param group adds to them.
+    Required hyperparameters are asked of the component itself only: a param group adds to them,
+    and may set keys the optimizer reads from its groups (`group_keys`, None when unknown) that it
+    does not declare.
     """
     declared = {p["name"]: Param.from_json(p) for p in declared_json}
     word = "hyperparameter" if kind == "optimizer" else "parameter"
@@ -619,6 +718,13 @@ def _param_errors(
         ]
     for key, value in given.items():
         loc: list[str | int] = [*where, key]
+        if key not in declared and params is not None:
+            problem = extra_key_problem(
+                key, value, owner=f"{kind} {component.name!r}", declared=declared, reads=group_keys
+            )
+            if problem:
+                errors.append(SpecError(loc=loc, msg=problem))
+            continue
         if key not in declared:
             accepted = ", ".join(declared) or "none"
             errors.append(

@@ -51,6 +51,23 @@ class LoopNeeds:
                 raise ValueError(f"{owner}: need {key!r} must be {expected.__name__}; received {value!r}")
         return replace(self, **dict(overrides))
 
+    def with_base(self, base: LoopNeeds | None) -> LoopNeeds:
+        """What the loop must do for this wrapper over a base with `base` needs: the union.
+
+        The loop steps the wrapper, whose step runs the base's: Lookahead over AdaHessian needs the
+        loop's backward to keep its graph, and over a base that needs a closure it hands the closure
+        on (`self.optimizer.step(closure)`); a base's train/eval modes are switched through the
+        wrapper (or on the base, when the wrapper has none). The wrapped argument is the wrapper's.
+        """
+        if base is None:
+            return self
+        return replace(
+            self,
+            closure=self.closure or base.closure,
+            create_graph=self.create_graph or base.create_graph,
+            train_eval=self.train_eval or base.train_eval,
+        )
+
 
 # The plain case: `backward()` then `step()`.
 PLAIN = LoopNeeds()
@@ -113,9 +130,9 @@ def _base_argument(cls: type) -> str | None:
     return None
 
 
-# What a Keras training step cannot do: `apply_gradients` takes no closure, and its
-# GradientTape gives no second-order backward to the optimizer.
-_UNSERVED = {"tensorflow": ("closure", "create_graph")}
+# What a Keras training step cannot do: `apply_gradients` takes no closure, its GradientTape
+# gives no second-order backward to the optimizer, and no Keras job builds a wrapper.
+_UNSERVED = {"tensorflow": ("closure", "create_graph", "base_optimizer")}
 
 
 def unserved(name: str, needs: LoopNeeds, framework: str) -> str | None:
@@ -127,6 +144,36 @@ def unserved(name: str, needs: LoopNeeds, framework: str) -> str | None:
         f"optimizer {name!r} needs {' and '.join(missing)}, which {framework} training steps cannot "
         "provide; run it in a torch job"
     )
+
+
+def base_unserved(framework: str) -> str | None:
+    """Why a `framework` job cannot take an `optimizer.base` at all, else None."""
+    if "base_optimizer" not in _UNSERVED.get(framework, ()):
+        return None
+    return (
+        f"{framework} jobs build no wrapper around a base optimizer (wrappers run in torch jobs); "
+        "leave optimizer.base out"
+    )
+
+
+def loop_problem(
+    name: str, needs: LoopNeeds, base: tuple[str, LoopNeeds] | None, framework: str
+) -> tuple[str, str] | None:
+    """The field at fault (`base` or `name`, under `optimizer`) and why, when a `framework` job cannot
+    serve optimizer `name` with `needs` over `base` (its name and needs); else None.
+
+    The one rule for the API (from the catalogue) and the job (from the registry), in this order:
+    a base the framework cannot wrap, needs its loop cannot serve (the wrapper's and its base's
+    together), then `base_problem`.
+    """
+    refused = base_unserved(framework) if base is not None else None
+    if refused:
+        return "base", refused
+    refused = unserved(name, needs.with_base(base[1] if base is not None else None), framework)
+    if refused:
+        return "name", refused
+    problem = base_problem(name, needs, base)
+    return ("base", problem) if problem else None
 
 
 def base_problem(name: str, needs: LoopNeeds, base: tuple[str, LoopNeeds] | None) -> str | None:

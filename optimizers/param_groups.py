@@ -7,15 +7,23 @@ rule that matches a parameter wins; parameters no rule matches form a last group
 optimizer's own params. Written once over `(name, shape)` pairs, so any framework's driver can
 turn the result into its own groups.
 
-Pure Python: the API validates `ndim` comparisons with it.
+A rule may also set group keys the optimizer does not catalogue as hyperparameters but reads
+from its groups (pytorch-optimizer's Muon family: `use_muon`, and `betas`/`eps` in its AdamW
+groups): see `extra_key_problem`.
+
+Pure Python: the API validates `ndim` comparisons and group keys with it.
 """
 
 from __future__ import annotations
 
+import ast
 import fnmatch
+import functools
+import inspect
 import operator
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import textwrap
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,12 +75,15 @@ def assign_groups(
     named_shapes: Iterable[tuple[str, Sequence[int]]],
     *,
     owner: str = "optimizer.param_groups",
+    skip_unmatched: bool = False,
 ) -> list[Group]:
     """The groups a recipe makes of a model's parameters: one per rule, then the unmatched ones.
 
     A rule that matches no parameter is an error (a typo in a name glob would otherwise train
     silently with the optimizer's own params); the message lists the parameters there are.
-    The last group is left out when every parameter matched a rule.
+    `skip_unmatched` leaves such a rule out instead: the checks' few variables are not the
+    model the recipe was written for. The last group is left out when every parameter matched
+    a rule.
     """
     named = list(named_shapes)
     groups = [Group([], params) for _, params in rules]
@@ -80,6 +91,8 @@ def assign_groups(
     for name, shape in named:
         index = next((i for i, (rule, _) in enumerate(rules) if rule.matches(name, shape)), None)
         (rest if index is None else groups[index]).names.append(name)
+    if skip_unmatched:
+        groups = [group for group in groups if group.names]
     for index, group in enumerate(groups):
         if not group.names:
             # Earlier rules may have taken this one's parameters: first match wins.
@@ -89,3 +102,96 @@ def assign_groups(
                 f"first); the model's parameters: {there}"
             )
     return groups + ([rest] if rest.names else [])
+
+
+# What a group key the optimizer does not catalogue may be set to: JSON has no tuples, and a
+# group's pair (`betas`) is read by unpacking, so a list of numbers becomes a tuple.
+EXTRA_VALUE_ALLOWED = "true/false, a number, a string or a list of numbers"
+# Declares group keys a class reads that its source does not show as literals (`group[key]`).
+GROUP_KEYS_ATTRIBUTE = "optlab_group_keys"
+# Keys of a torch param group that the recipe itself fills: its match chooses the parameters.
+RESERVED_GROUP_KEYS = frozenset({"params", "param_names"})
+
+
+def extra_key_value(key: str, value: Any) -> Any:
+    """`value` as a param group gets it for `key`, a group key that is no catalogued hyperparameter;
+    ValueError says what is allowed. Passed as given (a list as a tuple): the optimizer, not the
+    catalogue, knows what the key means, so there is no range to check."""
+    if isinstance(value, bool | str) or (isinstance(value, int | float) and not isinstance(value, bool)):
+        return value
+    if isinstance(value, list | tuple) and all(
+        isinstance(item, int | float) and not isinstance(item, bool) for item in value
+    ):
+        return tuple(value)
+    shown = "null" if value is None else repr(value)
+    raise ValueError(
+        f"{key} is not a catalogued hyperparameter, so a param group passes it to the optimizer as given: "
+        f"it must be {EXTRA_VALUE_ALLOWED}; received {shown}"
+    )
+
+
+def extra_key_problem(
+    key: str, value: Any, *, owner: str, declared: Collection[str], reads: Collection[str] | None
+) -> str | None:
+    """Why a param group cannot set `key`, which `owner` does not catalogue, to `value`, else None.
+
+    The rule: a param group may set a key the optimizer reads from its groups without declaring it
+    (Muon's `use_muon`), to a JSON scalar or a list of numbers, passed as given. `reads` are the group
+    keys the class's source reads (`read_group_keys`; None when its source cannot be read): a key it
+    never reads is refused, so a misspelt hyperparameter is an error rather than a key nobody reads.
+    """
+    if key in RESERVED_GROUP_KEYS:
+        return f"{key} is the group's parameters, which its match chooses; leave {key!r} out of params"
+    if reads is not None and key not in reads:
+        accepted = ", ".join(declared) or "none"
+        others = sorted(set(reads) - set(declared))
+        return (
+            f"{owner} has no hyperparameter {key!r} and its source reads no group key {key!r}; accepted: "
+            f"{accepted}, or a group key it reads ({', '.join(others) or 'none'}; a class that reads "
+            f"others declares them in `{GROUP_KEYS_ATTRIBUTE}`)"
+        )
+    try:
+        extra_key_value(key, value)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+@functools.cache
+def read_group_keys(cls: type) -> frozenset[str] | None:
+    """The string keys the class (and its bases) read or write by subscript, `.get`, `.setdefault`,
+    `.pop` or `in`: a superset of the group keys its step reads (state keys too), enough to tell a
+    real key from a typo. None when a class's source cannot be read; `optlab_group_keys` adds keys."""
+    found: set[str] = set(getattr(cls, GROUP_KEYS_ATTRIBUTE, ()) or ())
+    for klass in cls.__mro__:
+        keys = _keys_in_source(klass) if klass is not object else frozenset()
+        if keys is None:
+            return None
+        found.update(keys)
+    return frozenset(key for key in found if not key.startswith("_") and key not in RESERVED_GROUP_KEYS)
+
+
+@functools.cache
+def _keys_in_source(klass: type) -> frozenset[str] | None:
+    """One class's own literal keys (cached: every torch optimizer shares torch's base class)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    return frozenset(_literal_keys(tree))
+
+
+def _literal_keys(tree: ast.AST) -> Iterable[str]:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript):
+            key: Any = node.slice
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+            if node.func.attr not in ("get", "setdefault", "pop"):
+                continue
+            key = node.args[0]
+        elif isinstance(node, ast.Compare) and any(isinstance(op, ast.In | ast.NotIn) for op in node.ops):
+            key = node.left
+        else:
+            continue
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            yield key.value

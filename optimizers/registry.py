@@ -15,7 +15,7 @@ import os
 import re
 import sys
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -24,6 +24,13 @@ from typing import Any
 
 from optimizers.hyperparams import Param, ParamType, check_all
 from optimizers.loop_needs import LoopNeeds, base_problem, detect_loop_needs
+from optimizers.param_groups import (
+    GroupRule,
+    assign_groups,
+    extra_key_problem,
+    extra_key_value,
+    read_group_keys,
+)
 from optimizers.plugin_import import import_file
 
 ENTRY_POINT_GROUP = "optlab.optimizers"
@@ -106,6 +113,48 @@ class Entry:
         checked = check_all(hyperparams, self.params, owner=owner, partial=partial)
         return {(self.lr_arg if key == "lr" else key): value for key, value in checked.items()}
 
+    def group_keys(self) -> frozenset[str] | None:
+        """The keys the class reads from its param groups (torch, the only style with groups), a
+        superset read from its source; None when unknown (see `param_groups.read_group_keys`)."""
+        return read_group_keys(self.cls) if self.style == "torch" else None
+
+    def group_kwargs(
+        self, params: Mapping[str, Any], *, owner: str = "optimizer.param_groups"
+    ) -> dict[str, Any]:
+        """A param group's params as the group gets them: catalogued hyperparameters validated and
+        renamed as in `kwargs`, other keys the class reads from its groups passed as given
+        (`param_groups.extra_key_problem`); ValueError names the first bad key."""
+        extra = {key: value for key, value in params.items() if key not in self.params}
+        reads = self.group_keys()
+        for key, value in extra.items():
+            problem = extra_key_problem(
+                key, value, owner=f"optimizer {self.name!r}", declared=self.params, reads=reads
+            )
+            if problem:
+                raise ValueError(f"{owner}: {problem}")
+        declared = self.kwargs({k: v for k, v in params.items() if k in self.params}, partial=True)
+        return {**declared, **{key: extra_key_value(key, value) for key, value in extra.items()}}
+
+    def param_groups(
+        self,
+        rules: Sequence[tuple[GroupRule, Mapping[str, Any]]],
+        named: Iterable[tuple[str, Any]],
+        *,
+        skip_unmatched: bool = False,
+    ) -> list[dict[str, Any]]:
+        """torch param groups (`{"params": [...], **hyperparameters}`) a recipe makes of `named`
+        tensors (anything with a `shape`); `skip_unmatched` as in `assign_groups`."""
+        by_name = dict(named)
+        groups = assign_groups(
+            [
+                (rule, self.group_kwargs(params, owner=f"optimizer.param_groups[{i}]"))
+                for i, (rule, params) in enumerate(rules)
+            ],
+            [(name, tuple(tensor.shape)) for name, tensor in by_name.items()],
+            skip_unmatched=skip_unmatched,
+        )
+        return [{"params": [by_name[name] for name in group.names], **group.params} for group in groups]
+
     def _wrap(self, base: Base, argument: str, kwargs: dict[str, Any], model_params: Any) -> Any:
         """The two conventions wrappers follow, told apart by the argument's name."""
         if self.style != "torch":
@@ -139,6 +188,7 @@ class Entry:
             "params": [param.to_json() for param in self.params.values()],
             "supports_sparse": self.supports_sparse,
             "needs": self.needs.to_json(),
+            "group_keys": None if (keys := self.group_keys()) is None else sorted(keys),
             "summary": self.summary,
             "reference": self.reference,
             "source": self.source,

@@ -97,7 +97,20 @@ examples:
   optlab check my_optimizers.py:Sophia --params '{"lr": 0.001}' --json report.json
   optlab check keras.optimizers:Adam --style keras --only construct,config_roundtrip
   optlab check lion --remote http://127.0.0.1:8000 --framework tensorflow
+  optlab check my_optimizers.py:MySAM --needs '{"closure": true}'
+  optlab check pytorch_optimizer:Muon \
+      --param-groups '[{"match": {"ndim": ">=2"}, "params": {"use_muon": true}},
+                       {"match": "rest", "params": {"use_muon": false}}]'
+  optlab check pytorch_optimizer:Lookahead --base '{"name": "adamw", "params": {"lr": 0.001}}'
 """
+
+# What a job spec's optimizer states beyond params, in the same JSON forms (`python -m jobs.checks`
+# validates them; with --remote they go into the POST /checks body and the API does).
+SETUP_OPTIONS = (
+    ("--needs", "needs", "what the loop must do that detection missed, as a job spec's optimizer.needs"),
+    ("--param-groups", "param_groups", "torch: a param-group recipe, as a job spec's optimizer.param_groups"),
+    ("--base", "base", "torch wrappers: the optimizer they wrap, as a job spec's optimizer.base"),
+)
 
 
 def add_check_parser(commands: Any) -> None:
@@ -118,6 +131,8 @@ def add_check_parser(commands: Any) -> None:
     check.add_argument(
         "--params", default="{}", metavar="JSON", help="hyperparameters as JSON, e.g. '{\"lr\": 0.01}'"
     )
+    for option, dest, help_text in SETUP_OPTIONS:
+        check.add_argument(option, dest=dest, metavar="JSON", help=help_text)
     check.add_argument(
         "--json", type=Path, dest="json_path", metavar="FILE", help="also write the report (JSON) here"
     )
@@ -256,6 +271,7 @@ def run_local_check(args: argparse.Namespace, settings: Settings) -> int:
         ("--style", args.style),
         ("--json", args.json_path),
         ("--only", args.only),
+        *((option, getattr(args, dest)) for option, dest, _ in SETUP_OPTIONS),
     ):
         if value is not None:
             command += [option, str(value)]

@@ -9,7 +9,15 @@ from typing import Any
 
 from jobs.checks.report import print_report_table
 from jobs.result import JobStatus
-from jobs.spec import default_style, framework_of_style, parse_params, style_choice
+from jobs.spec import (
+    default_style,
+    framework_of_style,
+    parse_base,
+    parse_needs,
+    parse_param_groups,
+    parse_params,
+    style_choice,
+)
 from service.client import ApiClient, ApiError, error_of, result_of, status_of
 from service.progress import follow_jobs
 
@@ -27,6 +35,14 @@ def check_body(args: argparse.Namespace) -> dict[str, Any]:
     # A spec names its style only where there is a choice (torch's only style goes without saying).
     if args.style and (style_choice(framework) or args.style != default_style(framework)):
         body["optimizer"]["style"] = args.style
+    # Stated needs, a recipe and a base go where a check spec has them; the API validates them too.
+    for key, parse, text in (
+        ("needs", parse_needs, args.needs),
+        ("param_groups", parse_param_groups, args.param_groups),
+        ("base", parse_base, args.base),
+    ):
+        if text is not None:
+            body["optimizer"][key] = parse(text)  # ValueError names the option
     if args.only:
         body["checks"] = [check.strip() for check in args.only.split(",") if check.strip()]
     return body

@@ -1,4 +1,5 @@
-"""`python -m jobs.checks TARGET [--framework F] [--style S] [--params JSON] [--json FILE]`.
+"""`python -m jobs.checks TARGET [--framework F] [--style S] [--params JSON] [--needs JSON]
+[--param-groups JSON] [--base JSON] [--json FILE] [--only IDS]`.
 
 Exit status: 0 when no check fails, 1 when one does, 2 for a usage error.
 """
@@ -13,6 +14,7 @@ import traceback
 from pathlib import Path
 from typing import Any, NoReturn
 
+from jobs.checks.context import LoopSetup
 from jobs.checks.report import CHECK_IDS, CheckReport, CheckResult, print_report_table
 from jobs.checks.target import (
     UsageError,
@@ -24,6 +26,7 @@ from jobs.checks.target import (
 )
 from jobs.frameworks import needs_legacy_keras_process
 from jobs.processes import in_legacy_keras_process, reexec_with_legacy_keras
+from jobs.spec import parse_base, parse_needs, parse_param_groups
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -37,9 +40,53 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--framework", choices=("torch", "tensorflow"), help="for a name registered in both")
     parser.add_argument("--style", choices=("torch", "keras", "tf_legacy"), help="keras or tf_legacy")
     parser.add_argument("--params", default="{}", help="hyperparameters as JSON, e.g. '{\"lr\": 0.01}'")
+    add_setup_arguments(parser)
     parser.add_argument("--json", type=Path, dest="json_path", help="also write the report here")
     parser.add_argument("--only", help=f"comma-separated check ids (default all: {', '.join(CHECK_IDS)})")
     return parser.parse_args(argv)
+
+
+# What a job spec's optimizer states beyond params, as options in the same JSON forms; shared with
+# `optlab check`, which passes them through (or, with --remote, into the POST /checks body).
+SETUP_OPTIONS: tuple[tuple[str, str, str], ...] = (
+    (
+        "--needs",
+        "needs",
+        "what the loop must do that detection missed, as a job spec's optimizer.needs, e.g. "
+        "'{\"closure\": true}' (keys: closure, create_graph, train_eval, base_optimizer)",
+    ),
+    (
+        "--param-groups",
+        "param_groups",
+        "torch: a param-group recipe, as a job spec's optimizer.param_groups, applied to every build over "
+        "the checks' variables (named p0, p1, ...; rules that match none of a check's are left out), e.g. "
+        '\'[{"match": {"ndim": ">=2"}, "params": {"use_muon": true}}, {"match": "rest", "params": '
+        '{"use_muon": false}}]\'',
+    ),
+    (
+        "--base",
+        "base",
+        "torch wrappers: the optimizer they wrap, as a job spec's optimizer.base, e.g. "
+        '\'{"name": "adamw", "params": {"lr": 0.001}}\' (a registered name or module:Class)',
+    ),
+)
+
+
+def add_setup_arguments(parser: argparse.ArgumentParser) -> None:
+    for option, dest, help_text in SETUP_OPTIONS:
+        parser.add_argument(option, dest=dest, metavar="JSON", help=help_text)
+
+
+def parse_setup(args: argparse.Namespace) -> LoopSetup:
+    """The setup options as the checks take them; UsageError names the option and what is allowed."""
+    try:
+        return LoopSetup(
+            needs=parse_needs(args.needs) if args.needs else {},
+            param_groups=parse_param_groups(args.param_groups) if args.param_groups else (),
+            base=parse_base(args.base) if args.base else None,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # TensorFlow's start-up chatter hides the table
     try:
         params = parse_params(args.params)
+        parse_setup(args)  # a bad option is a usage error before any framework loads
         report = check(args, params, argv if argv is not None else sys.argv[1:])
     except UsageError as exc:
         print(f"optlab check: {exc}", file=sys.stderr)
@@ -76,7 +124,7 @@ def check(args: argparse.Namespace, params: dict[str, Any], argv: list[str]) -> 
         reexec_legacy(argv)
     only = [i.strip() for i in args.only.split(",")] if args.only else None
     print(f"Checking {target.name} ({target.style}, {target.qualname})", file=sys.stderr)
-    return run_checks(target, params, only=only, on_result=print_progress)
+    return run_checks(target, params, only=only, on_result=print_progress, setup=parse_setup(args))
 
 
 def reexec_legacy(argv: list[str]) -> NoReturn:

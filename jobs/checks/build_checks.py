@@ -59,7 +59,7 @@ def check_construct(ctx: CheckContext) -> Outcome:
         (f"the given hyperparameters {ctx.params}", ctx.params),
     ):
         try:
-            entry.create(params, model_params=driver.variables(arrays(SHAPES, seed=0)))
+            ctx.create(params, model_params=driver.variables(arrays(SHAPES, seed=0)))
         except Exception as exc:
             ctx.mark_unbuildable()
             if not _refuses_its_own_values(ctx, exc):

@@ -1,19 +1,65 @@
-"""What every check function gets: the target, the hyperparameters, a scratch folder."""
+"""What every check function gets: the target, the hyperparameters, what the loop is told
+(`LoopSetup`: stated needs, a param-group recipe, a wrapper's base), a scratch folder."""
 
 from __future__ import annotations
 
 import traceback
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from jobs.checks.target import Target
+from jobs.checks.target import Target, UsageError, resolve_target
 from jobs.frameworks import driver_for
 from jobs.frameworks.base import Driver
-from optimizers.loop_needs import LoopNeeds
+from jobs.spec import ParamGroupRecipe
+from optimizers.hyperparams import check_all
+from optimizers.loop_needs import LoopNeeds, base_unserved
+from optimizers.param_groups import GroupRule
+from optimizers.registry import Base, Entry
 
 STATEFUL_MOMENTUM = 0.9
+
+
+class RecipeNotHonoured(Exception):
+    """A check built param groups of its own, which a recipe cannot be applied to: its verdict would
+    be about optlab's groups, not the class (the runner reports it as an inconclusive skip)."""
+
+
+@dataclass(frozen=True)
+class LoopSetup:
+    """What a check is told beyond hyperparameters, in the job spec's own terms and JSON form:
+    `needs` merged over the detected ones (`optimizer.needs`), a param-group recipe
+    (`optimizer.param_groups`), the optimizer a wrapper wraps (`optimizer.base`: name, params,
+    needs). JSON, so a fresh process rebuilds the same context."""
+
+    needs: Mapping[str, Any] = field(default_factory=dict)
+    param_groups: Sequence[Mapping[str, Any]] = ()
+    base: Mapping[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        # One form whatever the caller passed (a list from JSON, a tuple by default).
+        object.__setattr__(self, "param_groups", tuple(self.param_groups))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **asdict(self),
+            "needs": dict(self.needs),
+            "param_groups": [dict(g) for g in self.param_groups],
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> LoopSetup:
+        data = data or {}
+        return cls(
+            needs=dict(data.get("needs") or {}),
+            param_groups=data.get("param_groups") or (),
+            base=data.get("base"),
+        )
+
+    def rules(self) -> list[tuple[GroupRule, Mapping[str, Any]]]:
+        recipes = [ParamGroupRecipe.model_validate(group) for group in self.param_groups]
+        return [(recipe.rule(), recipe.params) for recipe in recipes]
 
 
 @dataclass
@@ -25,6 +71,7 @@ class CheckContext:
     workdir: Path
     # Checks may leave notes for later ones (e.g. the variables that `dense_step` saw).
     notes: dict[str, Any] = field(default_factory=dict)
+    setup: LoopSetup = field(default_factory=LoopSetup)
 
     @property
     def driver(self) -> Driver:
@@ -42,14 +89,65 @@ class CheckContext:
         **overrides: Any,
     ) -> Any:
         """A new optimizer with the user's params (and `overrides`, catalogue names)."""
-        return self.target.entry.create(
+        return self.create(
             {**self.params, **overrides}, model_params=model_params, learning_rate=learning_rate
         )
 
+    def create(
+        self,
+        params: Mapping[str, Any],
+        *,
+        model_params: Iterable[Any] | None = None,
+        learning_rate: Any = None,
+    ) -> Any:
+        """The optimizer with exactly `params`, as a job builds it: over the recipe's param groups
+        (the variables named p0, p1, ... in order), around the base a wrapper wraps (which takes the
+        params the wrapper does not, the learning rate among them)."""
+        entry, base = self.entry, self.base
+        if base is not None:
+            moved = {k: v for k, v in params.items() if k not in entry.params and k in base.entry.params}
+            params = {k: v for k, v in params.items() if k not in moved}
+            base = Base(base.entry, {**base.hyperparams, **moved})
+        if model_params is not None and self.setup.param_groups:
+            model_params = self._grouped(model_params)
+        return entry.create(params, model_params=model_params, learning_rate=learning_rate, base=base)
+
+    def _grouped(self, model_params: Iterable[Any]) -> list[dict[str, Any]]:
+        """The recipe's groups of a check's flat list of variables. A rule that matches none of them
+        is left out (they are not the model it was written for); groups a check built itself are
+        not regrouped: RecipeNotHonoured."""
+        variables = list(model_params)
+        if any(isinstance(item, Mapping) for item in variables):
+            raise RecipeNotHonoured(
+                "this check builds param groups of its own, which the given recipe cannot be applied to: "
+                "group keys the class requires (such as Muon's use_muon) would be missing, so a failure "
+                "would be optlab's, not the class's"
+            )
+        holder = self.base.entry if self.base is not None else self.entry
+        named = [(f"p{index}", variable) for index, variable in enumerate(variables)]
+        return holder.param_groups(self.setup.rules(), named, skip_unmatched=True)
+
+    @property
+    def entry(self) -> Entry:
+        """The target's entry with the stated needs merged over the detected ones."""
+        return self.target.entry.with_needs(self.setup.needs)
+
+    @property
+    def base(self) -> Base | None:
+        """The optimizer a wrapper wraps, resolved like the target (in its style); None without one."""
+        if self.setup.base is None:
+            return None
+        if "base" not in self.notes:
+            self.notes["base"] = resolve_base(self.target, self.setup.base)
+        base: Base = self.notes["base"]
+        return base
+
     @property
     def needs(self) -> LoopNeeds:
-        """How the class must be stepped (closure, create_graph): every step a check takes passes it."""
-        return self.target.entry.needs
+        """How the class must be stepped (closure, create_graph): every step a check takes passes it.
+        A wrapper's are its own and its base's (Lookahead over AdaHessian needs a graph)."""
+        base = self.base
+        return self.entry.needs.with_base(base.entry.needs if base is not None else None)
 
     @property
     def has_lr(self) -> bool:
@@ -58,10 +156,15 @@ class CheckContext:
 
     @property
     def lr(self) -> float:
-        """The learning rate the optimizer is built with (the user's, else the class default)."""
+        """The learning rate the optimizer is built with (the user's, else the class default; a
+        wrapper without one of its own: its base's)."""
         declared = self.target.entry.params.get("lr")
         given = self.params.get("lr", None if declared is None else declared.default)
         return 1e-3 if given is None else float(given)  # None: the class derives its rate (SaRA)
+        base = self.base
+        if declared is None and base is not None and "lr" in base.entry.params:
+            return float(base.hyperparams.get("lr", base.entry.params["lr"].default))
+        return float(self.params.get("lr", declared.default if declared is not None else 1e-3))
 
     def mark_unbuildable(self) -> None:
         """`construct` could not build the optimizer at all: the other checks cannot run.
@@ -133,3 +236,20 @@ def one_line(error: BaseException) -> str:
 def with_defaults(target: Target, params: Mapping[str, Any]) -> dict[str, Any]:
     """The full hyperparameter set a build with `params` uses: declared defaults, then `params`."""
     return {**{name: p.default for name, p in target.entry.params.items()}, **params}
+
+
+def resolve_base(target: Target, base: Mapping[str, Any]) -> Base:
+    """`{"name", "params", "needs"}` (the job spec's `optimizer.base`) as the Base of `target`'s
+    style, its params validated; UsageError says what is wrong."""
+    refused = base_unserved(target.framework)
+    if refused:
+        raise UsageError(f"--base: {refused}")
+    found = resolve_target(str(base["name"]), style=target.style)
+    owner = f"--base: optimizer {found.name!r} ({found.style})"
+    try:
+        entry = found.entry.with_needs(base.get("needs") or {})
+        params = dict(base.get("params") or {})
+        check_all(params, entry.params, owner=owner)
+    except (TypeError, ValueError) as exc:
+        raise UsageError(str(exc) if str(exc).startswith(owner) else f"{owner}: {exc}") from None
+    return Base(entry, params)

@@ -96,6 +96,9 @@ class CheckReport:
     params: dict[str, Any]
     checks: list[CheckResult] = field(default_factory=list)
     duration_s: float = 0.0
+    # What the checks were told beyond params (stated needs, a param-group recipe, a wrapper's
+    # base), as given; reported only when something was.
+    setup: dict[str, Any] = field(default_factory=dict)
 
     def counts(self) -> dict[str, int]:
         return {status: sum(c.status == status for c in self.checks) for status in STATUSES}
@@ -121,6 +124,7 @@ class CheckReport:
             "target": self.target,
             "class": self.cls,
             "params": self.params,
+            **({"setup": self.setup} if self.setup else {}),
             "checks": [finite_json(asdict(check)) for check in self.checks],  # NaN figures as text
             "summary": self.summary(),
             "duration_s": self.duration_s,
@@ -131,8 +135,9 @@ class CheckReport:
         lines = [
             f"# Conformance checks: {self.optimizer} ({self.style})",
             "",
-            f"Class `{self.cls}`, framework {self.framework}, params `{self.params}`: {counts} "
-            f"in {self.duration_s:.1f} s.",
+            f"Class `{self.cls}`, framework {self.framework}, params `{self.params}`"
+            + (f", setup `{self.setup}`" if self.setup else "")
+            + f": {counts} in {self.duration_s:.1f} s.",
             "",
             "| check | status | figure | detail |",
             "| --- | --- | --- | --- |",

@@ -134,7 +134,7 @@ def _kept_elsewhere(configs: Sequence[Mapping[str, Any]], expected: Mapping[str,
     for name, value in expected.items():
         absent = [config for config in configs if name not in config]
         if absent:
-            notes.append(f"{name!r} kept outside the groups")
+            notes.append(f"{name!r} not in {'any' if len(absent) == len(configs) else 'every'} group")
             continue
         stored = next((config[name] for config in configs if not same_value(config[name], value)), None)
         if stored is not None:

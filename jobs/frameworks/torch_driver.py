@@ -45,7 +45,6 @@ from jobs.frameworks.base import (
 from jobs.spec import JobSpec
 from jobs.workloads import Workload
 from optimizers.loop_needs import PLAIN, LoopNeeds
-from optimizers.param_groups import assign_groups
 from optimizers.registry import Base, Entry
 from optimizers.schedules import build_schedule
 
@@ -632,7 +631,8 @@ class TorchSession(TrainingSession):
     def __init__(self, spec: JobSpec, entry: Entry, workload: Workload, base: Base | None = None) -> None:
         self.spec = spec
         self.entry = entry
-        self.needs = entry.needs
+        # A wrapper's loop serves its base's needs too (Lookahead over AdaHessian: create_graph).
+        self.needs = entry.needs.with_base(base.entry.needs if base is not None else None)
         self.base = base
         self.workload = workload
         self.torch_device = resolve_device(spec.device)
@@ -671,12 +671,7 @@ class TorchSession(TrainingSession):
         if not rules:
             return model.parameters()
         holder = self.base.entry if self.base is not None else self.entry
-        named = dict(model.named_parameters())
-        groups = assign_groups(
-            [(rule, holder.kwargs(params, partial=True)) for rule, params in rules],
-            [(name, tuple(tensor.shape)) for name, tensor in named.items()],
-        )
-        return [{"params": [named[name] for name in group.names], **group.params} for group in groups]
+        return holder.param_groups(rules, model.named_parameters())
 
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.batches(step)
@@ -724,11 +719,11 @@ class TorchSession(TrainingSession):
         # Schedule-free optimizers step from other weights than they evaluate; both calls
         # do nothing when already in that mode, so each step and evaluation just asks for its own.
         if self.needs.train_eval:
-            objects.optimizer.train()  # type: ignore[attr-defined]
+            mode_switch(objects.optimizer).train()
 
     def _eval_mode(self, objects: TrainObjects) -> None:
         if self.needs.train_eval:
-            objects.optimizer.eval()  # type: ignore[attr-defined]
+            mode_switch(objects.optimizer).eval()
 
     def _sync_clock(self) -> float:
         if self.torch_device.type == "cuda":
@@ -800,6 +795,20 @@ class TorchSession(TrainingSession):
             }
             for group in objects.optimizer.param_groups
         ]
+
+
+def mode_switch(optimizer: Any) -> Any:
+    """What `train()` / `eval()` go to: the optimizer, or the base a wrapper without them holds
+    (Lookahead over a schedule-free optimizer); ValueError when neither has both."""
+    for candidate in (optimizer, *vars(optimizer).values()):
+        if not isinstance(candidate, torch.optim.Optimizer):
+            continue
+        if callable(getattr(candidate, "train", None)) and callable(getattr(candidate, "eval", None)):
+            return candidate
+    raise ValueError(
+        f"optimizer {type(optimizer).__name__} needs train_eval, but neither it nor an optimizer it wraps "
+        "defines train() and eval(); state needs.train_eval false if it has no such modes"
+    )
 
 
 # What LambdaLR writes into each param group: the loop logs the rate as `train/lr`.

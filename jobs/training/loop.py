@@ -27,7 +27,7 @@ from jobs.result import CheckpointRecord, OptimizerState, TrainOutcome
 from jobs.spec import JobSpec
 from jobs.tracking import Tracker
 from jobs.workloads import get_workload
-from optimizers.loop_needs import unserved
+from optimizers.loop_needs import LoopNeeds, base_unserved, loop_problem
 from optimizers.registry import Base, Registry
 
 
@@ -58,15 +58,20 @@ class TrainingJob:
         self.reporter = reporter
         self.driver = driver_for(style_of(spec))
         entry = registry.get(spec.optimizer.name, self.driver.style).with_needs(spec.optimizer.needs or {})
-        refused = unserved(entry.name, entry.needs, spec.framework)
-        if refused:
-            raise ValueError(refused)
         chosen_base = spec.optimizer.base
-        base = (
-            Base(registry.get(chosen_base.name, self.driver.style), chosen_base.params)
-            if chosen_base
-            else None
+        base = None
+        if chosen_base is not None and base_unserved(spec.framework) is None:
+            base_entry = registry.get(chosen_base.name, self.driver.style).with_needs(chosen_base.needs or {})
+            base = Base(base_entry, chosen_base.params)
+        # As the API decided at submission, before any data is loaded: the spec may predate a catalogue.
+        problem = loop_problem(
+            entry.name,
+            entry.needs,
+            (chosen_base.name, base.entry.needs if base else LoopNeeds()) if chosen_base else None,
+            spec.framework,
         )
+        if problem:
+            raise ValueError(f"optimizer.{problem[0]}: {problem[1]}")
         self.workload = get_workload(spec.workload.name)
         self.session: TrainingSession = self.driver.session(spec, entry, self.workload, workdir, base)
         self.checkpoint_dir = workdir / "checkpoints"

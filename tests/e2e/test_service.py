@@ -42,7 +42,7 @@ class ExplodingOptimizer(torch.optim.Optimizer):
 # pytorch-optimizer's classes reach the catalogue as a plugin file's thin subclasses: the registry
 # takes only the classes a plugin defines, never the ones it imports.
 PYTORCH_OPTIMIZER_PLUGIN = """
-from pytorch_optimizer import SAM, AdaHessian, Lookahead, Prodigy, ScheduleFreeAdamW
+from pytorch_optimizer import SAM, AdaHessian, Lookahead, Muon, Prodigy, ScheduleFreeAdamW
 
 
 class Sam(SAM):
@@ -63,6 +63,10 @@ class LookaheadPlugin(Lookahead):
 
 class ProdigyPlugin(Prodigy):
     optlab_name = "prodigy"
+
+
+class MuonPlugin(Muon):
+    optlab_name = "muon"
 """
 
 
@@ -368,26 +372,40 @@ NEEDS_JOBS: dict[str, tuple[dict[str, Any], int]] = {
         60,
     ),
     "lr_free": ({"name": "prodigy", "params": {}}, 100),
+    # Muon for the matrices, AdamW for the biases: every group carries the use_muon key it requires.
+    "group_keys": (
+        {
+            "name": "muon",
+            "params": {"lr": 0.02, "adamw_lr": 0.003},
+            "param_groups": [
+                {"match": {"ndim": ">=2"}, "params": {"use_muon": True}},
+                {"match": "rest", "params": {"use_muon": False}},
+            ],
+        },
+        100,
+    ),
 }
 
 
 def test_pytorch_optimizers_with_loop_needs_train_to_090_through_the_api(
     service: Supervisor, api: httpx.Client
 ) -> None:
-    """SAM over SGD, AdaHessian, ScheduleFreeAdamW, Lookahead over AdamW and Prodigy from a plugin file:
-    submitted together, each reaches 0.9 validation accuracy with every checkpoint verified, and
-    Prodigy's adapted step size `d` is a curve in MLflow."""
+    """SAM over SGD, AdaHessian, ScheduleFreeAdamW, Lookahead over AdamW, Prodigy and a Muon + AdamW
+    hybrid (use_muon groups from a recipe) from a plugin file: submitted together, each reaches 0.9
+    validation accuracy with every checkpoint verified, and Prodigy's adapted step size `d` is a
+    curve in MLflow."""
     from mlflow import MlflowClient
 
     implementations = {
         name: api.get(f"/optimizers/{name}").json()["implementations"][0]
-        for name in ("sam", "ada_hessian", "schedule_free_adam_w", "lookahead")
+        for name in ("sam", "ada_hessian", "schedule_free_adam_w", "lookahead", "muon")
     }
     assert (
         implementations["sam"]["needs"]["closure"] and implementations["ada_hessian"]["needs"]["create_graph"]
     )
     assert implementations["schedule_free_adam_w"]["needs"]["train_eval"]
     assert implementations["lookahead"]["needs"]["base_optimizer"] == "optimizer"
+    assert "use_muon" in implementations["muon"]["group_keys"]  # read from the plugin's base class
 
     submitted = {}
     for need, (optimizer, steps) in NEEDS_JOBS.items():

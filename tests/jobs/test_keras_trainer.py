@@ -151,3 +151,29 @@ def test_a_format_that_drops_all_optimizer_state_is_a_warning_not_a_failure(tmp_
     result = job.run()
     assert result.checkpoints_verified == 1
     assert any("iterations 0, not 10" in warning for warning in result.warnings), result.warnings
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "says"),
+    [
+        ({"base": {"name": "sgd", "params": {}}}, r"^optimizer\.base: tensorflow jobs build no wrapper"),
+        ({"needs": {"closure": True}}, r"^optimizer\.name: optimizer 'adam' needs closure"),
+    ],
+    ids=["a base", "a closure"],
+)
+def test_a_job_keras_cannot_serve_is_refused_when_it_starts(
+    tmp_path: Path, optimizer: dict[str, Any], says: str
+) -> None:
+    """What the API refuses at submission, the job refuses too (a spec stored before a catalogue
+    changed), by field, before it loads any data."""
+    spec = tf_spec("adam", "keras", {})
+    spec = spec.model_copy(update={"optimizer": spec.optimizer.model_copy(update=optimizer)})
+    spec = JobSpec.model_validate(spec.model_dump())
+    with pytest.raises(ValueError, match=says):
+        TrainingJob(
+            spec,
+            registry=load_registry(plugin_dirs=[], styles=("keras",)),
+            workdir=tmp_path,
+            tracker=NullTracker(),
+            reporter=Reporter(tmp_path),
+        )

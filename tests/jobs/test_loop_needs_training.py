@@ -159,3 +159,60 @@ def test_sam_takes_the_base_class_and_its_params(real_registry: Registry) -> Non
     )
     assert isinstance(sam.base_optimizer, sgd.cls)
     assert sam.param_groups[0]["lr"] == 0.3 and sam.param_groups[0]["rho"] == 0.1
+
+
+# -- a wrapper's loop serves its base's needs too ------------------------------------------------------
+
+LOOKAHEAD_ADA_HESSIAN = {"name": "lookahead", "params": {"k": 5}, "base": ADA_HESSIAN}
+LOOKAHEAD_SCHEDULE_FREE = {"name": "lookahead", "params": {"k": 5}, "base": SCHEDULE_FREE}
+
+
+def test_lookahead_over_ada_hessian_gets_create_graph_from_its_base(
+    make_job: MakeJob, real_registry: Registry
+) -> None:
+    assert not real_registry.get("lookahead").needs.create_graph  # the wrapper alone needs none
+    spec = digits_spec(optimizer=LOOKAHEAD_ADA_HESSIAN, steps=20, checkpoint_every=10, eval_every=20)
+    job = make_job(spec, with_registry=real_registry)
+    assert job.session.needs.create_graph and job.session.needs.base_optimizer == "optimizer"
+    # Without the graph AdaHessian's Hessian-vector product raises on the first step.
+    result = job.run()
+    assert result.checkpoints_verified == len(result.checkpoints) == 2
+    assert result.final["val_loss"] < 2.0  # moved off the untrained loss (about 2.3)
+
+
+def test_a_schedule_free_base_is_switched_through_a_wrapper_without_modes(
+    make_job: MakeJob, real_registry: Registry
+) -> None:
+    job = make_job(digits_spec(optimizer=LOOKAHEAD_SCHEDULE_FREE, steps=3), with_registry=real_registry)
+    session = job.session
+    assert session.needs.train_eval
+    objects = session.build()
+    base = objects.optimizer.optimizer  # the ScheduleFreeAdamW that Lookahead wraps
+    session.train_step(objects, session.batch(0), 0)
+    assert base.param_groups[0]["train_mode"]
+    session.evaluate(objects)
+    assert not base.param_groups[0]["train_mode"]
+
+
+def test_a_stated_need_of_the_base_counts_too(make_job: MakeJob, real_registry: Registry) -> None:
+    base = {"name": "sgd", "params": {"lr": 0.1}, "needs": {"closure": True}}
+    job = make_job(
+        digits_spec(optimizer={"name": "lookahead", "params": {"k": 5}, "base": base}, steps=3),
+        with_registry=real_registry,
+    )
+    assert job.session.needs.closure and job.run().steps_completed == 3  # Lookahead hands it on
+
+
+def test_the_job_refuses_a_wrapper_without_its_base_before_loading_anything(
+    make_job: MakeJob, real_registry: Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import jobs.training.loop
+
+    def no_workload(name: str) -> Any:
+        raise AssertionError("the workload was loaded before the spec was refused")
+
+    monkeypatch.setattr(jobs.training.loop, "get_workload", no_workload)
+    with pytest.raises(ValueError, match=r"^optimizer\.base: optimizer 'lookahead' wraps a base optimizer"):
+        make_job(
+            digits_spec(optimizer={"name": "lookahead", "params": {"k": 5}}), with_registry=real_registry
+        )

@@ -77,8 +77,11 @@ def test_a_recipe_that_matches_nothing_fails_the_job_by_name(make_job: MakeJob) 
 
 @pytest.fixture(scope="module")
 def catalogue(catalogue_data: dict[str, Any]) -> Catalogue:
+    from pytorch_optimizer import Muon
+
     registry = load_registry(plugin_dirs=[], styles=["torch"])
     registry.add(entry_for_class(NeedsBeta, source="test"))
+    registry.add(entry_for_class(Muon, source="test"))
     return Catalogue.model_validate(
         {**catalogue_data, "optimizers": [entry.describe() for entry in registry.entries.values()]}
     )
@@ -141,6 +144,99 @@ def test_tensorflow_jobs_take_no_param_groups(catalogue_data: dict[str, Any]) ->
     choice = JobSpec.model_validate({**_job(), "framework": "tensorflow", "optimizer": ADAMW}).optimizer
     errors = optimizer_errors(choice, "tensorflow", Catalogue.model_validate(catalogue_data))
     assert [e.loc for e in errors] == [["body", "optimizer", "param_groups"]]
+
+
+# -- "rest", and group keys an optimizer reads without cataloguing them (the Muon family) ----------
+
+# pytorch-optimizer's Muon steps each group by its `use_muon` flag (Newton-Schulz orthogonalised
+# momentum for matrices, AdamW for the rest) and refuses a group without one; `use_muon` and the
+# AdamW groups' `betas`/`eps` are group keys, not constructor arguments.
+MUON = {
+    "name": "muon",
+    "params": {"lr": 0.02, "adamw_lr": 0.003},
+    "param_groups": [
+        {"match": {"ndim": ">=2"}, "params": {"use_muon": True}},
+        {"match": "rest", "params": {"use_muon": False, "betas": [0.9, 0.99]}},
+    ],
+}
+
+
+def test_rest_takes_every_parameter_left_and_must_come_last() -> None:
+    spec = JobSpec.model_validate({**_job(), "optimizer": MUON})
+    groups = assign_groups(spec.optimizer.group_rules(), DIGITS_MLP)
+    assert [group.names for group in groups] == [
+        ["hidden_1.weight", "hidden_2.weight", "logits.weight"],
+        ["hidden_1.bias", "hidden_2.bias", "logits.bias"],
+    ]
+    reversed_groups = {**MUON, "param_groups": MUON["param_groups"][::-1]}
+    with pytest.raises(ValueError, match=r'param_groups\[0\]: "rest" takes every parameter left'):
+        JobSpec.model_validate({**_job(), "optimizer": reversed_groups})
+
+
+def test_a_group_key_the_class_reads_passes_as_given_and_a_typo_gets_a_named_422(
+    catalogue: Catalogue,
+) -> None:
+    choice = JobSpec.model_validate({**_job(), "optimizer": MUON}).optimizer
+    assert optimizer_errors(choice, "torch", catalogue) == []
+    cases: list[tuple[Any, str]] = [
+        ({"use_muonn": True}, "its source reads no group key 'use_muonn'"),
+        ({"use_muon": ["yes"]}, "it must be true/false, a number, a string or a list of numbers"),
+        ({"use_muon": None}, "received null"),
+        ({"params": 1}, "which its match chooses"),
+    ]
+    for params, says in cases:
+        groups = [
+            {"match": {"ndim": ">=2"}, "params": {"use_muon": True}},
+            {"match": "rest", "params": params},
+        ]
+        bad = JobSpec.model_validate({**_job(), "optimizer": {**MUON, "param_groups": groups}}).optimizer
+        errors = optimizer_errors(bad, "torch", catalogue)
+        assert [e.loc for e in errors] == [
+            ["body", "optimizer", "param_groups", 1, "params", next(iter(params))]
+        ]
+        assert says in errors[0].msg, errors[0].msg
+
+
+def test_the_muon_hybrid_job_has_use_muon_groups_trains_to_090_and_verifies_its_checkpoints(
+    make_job: MakeJob,
+) -> None:
+    from pytorch_optimizer import Muon
+
+    registry = load_registry(plugin_dirs=[], styles=["torch"])
+    registry.add(entry_for_class(Muon, source="test"))
+    job = make_job(
+        digits_spec(optimizer=MUON, steps=100, checkpoint_every=25, eval_every=100), with_registry=registry
+    )
+    groups = job.session.build().optimizer.param_groups
+    assert [(g["use_muon"], [tuple(p.shape) for p in g["params"]]) for g in groups] == [
+        (True, [(64, 64), (64, 64), (10, 64)]),
+        (False, [(64,), (64,), (10,)]),
+    ]
+    assert groups[1]["betas"] == (0.9, 0.99) and groups[1]["lr"] == 0.003  # the list as a pair
+    result = job.run()
+    assert result.checkpoints_verified == len(result.checkpoints) == 4
+    assert result.final["val_accuracy"] >= 0.9
+
+
+def test_the_job_refuses_a_group_key_the_class_never_reads(make_job: MakeJob) -> None:
+    typo = {**ADAMW, "param_groups": [{"match": {"ndim": "<2"}, "params": {"weight_decy": 0.0}}]}
+    with pytest.raises(ValueError, match=r"param_groups\[0\]: .*reads no group key 'weight_decy'"):
+        make_job(digits_spec(optimizer=typo, steps=2)).run()
+
+
+def test_the_keys_a_class_reads_come_from_its_source_and_its_declaration() -> None:
+    from pytorch_optimizer import Muon
+
+    from optimizers.param_groups import read_group_keys
+
+    keys = read_group_keys(Muon)
+    assert keys is not None and {"use_muon", "betas", "eps", "ns_steps"} <= keys
+    assert "params" not in keys and not any(key.startswith("_") for key in keys)
+
+    class Declares(torch.optim.SGD):
+        optlab_group_keys = ("read_by_name",)
+
+    assert "read_by_name" in (read_group_keys(Declares) or ())
 
 
 # -- required hyperparameters ---------------------------------------------------------------------

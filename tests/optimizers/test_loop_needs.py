@@ -87,3 +87,32 @@ def test_a_wrong_declaration_is_refused_by_name() -> None:
 def test_the_catalogue_publishes_the_needs() -> None:
     described = load_registry(plugin_dirs=[], styles=("torch",)).get("sgd", "torch").describe()
     assert described["needs"] == LoopNeeds().to_json()
+
+
+def test_a_wrappers_needs_are_its_own_and_its_bases() -> None:
+    from optimizers.loop_needs import PLAIN
+
+    lookahead = LoopNeeds(base_optimizer="optimizer")
+    ada_hessian, schedule_free = LoopNeeds(create_graph=True), LoopNeeds(train_eval=True)
+    assert lookahead.with_base(ada_hessian) == LoopNeeds(create_graph=True, base_optimizer="optimizer")
+    assert lookahead.with_base(schedule_free).train_eval
+    sam = LoopNeeds(closure=True, base_optimizer="base_optimizer")
+    assert sam.with_base(ada_hessian) == LoopNeeds(
+        closure=True, create_graph=True, base_optimizer="base_optimizer"
+    )
+    assert sam.with_base(None) is sam and PLAIN.with_base(PLAIN) == PLAIN
+
+
+def test_one_rule_says_which_field_a_job_cannot_serve() -> None:
+    from optimizers.loop_needs import loop_problem
+
+    lookahead = LoopNeeds(base_optimizer="optimizer")
+    assert (
+        loop_problem("lookahead", lookahead, ("ada_hessian", LoopNeeds(create_graph=True)), "torch") is None
+    )
+    field, why = loop_problem("adam", LoopNeeds(), ("sgd", LoopNeeds()), "tensorflow") or ("", "")
+    assert field == "base" and "tensorflow jobs build no wrapper" in why
+    field, why = loop_problem("lookahead", lookahead, None, "tensorflow") or ("", "")
+    assert field == "name" and "needs base_optimizer" in why
+    field, why = loop_problem("lookahead", lookahead, None, "torch") or ("", "")
+    assert field == "base" and "name it in optimizer.base" in why

@@ -51,6 +51,22 @@ def test_the_checker_runs_in_the_job_environment_and_its_exit_status_passes_thro
     ]  # fmt: skip
 
 
+RECIPE = (
+    '[{"match": {"ndim": ">=2"}, "params": {"use_muon": true}}, '
+    '{"match": "rest", "params": {"use_muon": false}}]'
+)
+
+
+def test_stated_needs_a_recipe_and_a_base_pass_through_as_given(
+    fake_job_python: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FAKE_EXIT_STATUS", "0")
+    setup = ["--needs", '{"closure": true}', "--param-groups", RECIPE, "--base", '{"name": "adamw"}']
+    assert cli.main(["check", "lookahead", *setup]) == 0
+    forwarded = fake_job_python.read_text().splitlines()
+    assert forwarded == ["-m", "jobs.checks", "lookahead", "--params", "{}", *setup]
+
+
 def optlab_check(*args: str) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "service.cli", "check", *args]
     environment = {**os.environ, "COLUMNS": "160"}
@@ -99,6 +115,48 @@ def test_the_remote_body_mirrors_the_local_arguments() -> None:
         remote_check.check_body(remote_args("my_opt.py:Sophia"))
     with pytest.raises(ValueError, match="JSON object"):
         remote_check.check_body(remote_args("lion", "--params", "[1]"))
+
+
+def test_the_remote_body_carries_needs_a_recipe_and_a_base_where_a_check_spec_has_them() -> None:
+    args = remote_args(
+        "lookahead", "--needs", '{"closure": true}', "--param-groups", RECIPE, "--base", '{"name": "adamw"}'
+    )
+    assert remote_check.check_body(args)["optimizer"] == {
+        "name": "lookahead",
+        "params": {},
+        "needs": {"closure": True},
+        "param_groups": [
+            {"match": {"ndim": ">=2"}, "params": {"use_muon": True}},
+            {"match": "rest", "params": {"use_muon": False}},
+        ],
+        "base": {"name": "adamw", "params": {}},
+    }
+    with pytest.raises(ValueError, match="--needs: unknown need 'closur'; known: closure, create_graph"):
+        remote_check.check_body(remote_args("lion", "--needs", '{"closur": true}'))
+
+
+def test_a_check_spec_with_a_recipe_is_run_with_it(client: TestClient) -> None:
+    """The POST /checks body `--remote` sends is validated by the API (a group key adamw never reads is a
+    422) and stored; the check job hands the checks the same setup as `python -m jobs.checks` gets."""
+    from jobs.check_job import setup_of
+    from jobs.spec import CheckSpec
+
+    recipe = '[{"match": {"ndim": "<2"}, "params": {"weight_decay": 0.0}}]'
+    body = remote_check.check_body(
+        remote_args("adamw", "--param-groups", recipe, "--needs", '{"closure": true}')
+    )
+    queued = client.post("/checks", json=body)
+    assert queued.status_code == 201, queued.text
+    setup = setup_of(CheckSpec.model_validate(queued.json()["spec"]))
+    assert list(setup.param_groups) == [{"match": {"ndim": "<2"}, "params": {"weight_decay": 0.0}}]
+    assert setup.needs == {"closure": True} and setup.base is None
+    wrapper = {"name": "lookahead", "params": {"k": 5}, "base": {"name": "adamw", "params": {"lr": 0.01}}}
+    assert setup_of(CheckSpec.model_validate({"optimizer": wrapper})).base == wrapper["base"]
+    typo = remote_check.check_body(
+        remote_args("adamw", "--param-groups", '[{"match": "rest", "params": {"nope": 1}}]')
+    )
+    refused = client.post("/checks", json=typo)
+    assert refused.status_code == 422 and "reads no group key 'nope'" in refused.text
 
 
 @pytest.fixture

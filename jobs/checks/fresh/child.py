@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jobs.checks.context import CheckContext, one_line
+from jobs.checks.context import CheckContext, LoopSetup, one_line
 from jobs.checks.fresh.plan import FreshRuns, runs_for
 from jobs.checks.target import resolve_target
 
@@ -59,7 +59,10 @@ def _run(request: Mapping[str, Any], runs: FreshRuns) -> None:
         runs.prepare_run(request)
         target = resolve_target(request["target"], style=request["style"])
         context = CheckContext(
-            target=target, params=dict(request["params"]), workdir=Path(request["workdir"])
+            target=target,
+            params=dict(request["params"]),
+            workdir=Path(request["workdir"]),
+            setup=LoopSetup.from_json(request.get("setup")),
         )
         role = {"resume": runs.resume, "distributed": runs.distributed}[request["role"]]
         role(request, context)

@@ -157,6 +157,7 @@ def run_fresh(
             "target": ctx.target.text,
             "style": ctx.target.style,
             "params": ctx.params,
+            "setup": ctx.setup.to_json(),
             "workdir": str(ctx.workdir),
             # As the checking process has it now (a test may have set OPTLAB_PLUGIN_DIRS since).
             "environment": child_environment(legacy_keras=child.legacy_keras),

@@ -1,0 +1,130 @@
+"""What the checks are told beyond hyperparameters, as a job spec states it (`LoopSetup`; `--needs`,
+`--param-groups`, `--base`): stated needs step the class as the job would, a wrapper is built
+around its base and stepped with the base's needs too, and bad options are usage errors naming the
+option and what is allowed."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from jobs.checks.__main__ import main
+from jobs.checks.context import CheckContext, LoopSetup
+from jobs.checks.runner import run_checks
+from jobs.checks.target import UsageError
+from tests.checks.tables import target_of
+
+pytest.importorskip("pytorch_optimizer")
+
+PO = "pytorch_optimizer.optimizer"
+LOOKAHEAD = f"{PO}.lookahead:Lookahead"
+ADA_HESSIAN = {"name": f"{PO}.adahessian:AdaHessian", "params": {"lr": 0.1}}
+# What a wrapper's checks mean to serve: building it around the base and stepping it as the loop does.
+STEPPED = ["construct", "dense_step", "descends", "none_grads", "state_roundtrip", "resume_exact"]
+
+UNDETECTED_CLOSURE = '''
+import torch
+
+
+class NeedsAClosure(torch.optim.Optimizer):
+    """Calls the closure it is given; its signature says it is optional, so detection cannot tell."""
+
+    def __init__(self, params, lr=0.1):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        with torch.enable_grad():
+            loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-group["lr"])
+        return loss
+'''
+
+
+def test_lookahead_over_ada_hessian_is_checked_with_the_graph_its_base_needs(tmp_path: Path) -> None:
+    setup = LoopSetup(base=ADA_HESSIAN)
+    context = CheckContext(target=target_of(LOOKAHEAD), params={"k": 5}, workdir=tmp_path, setup=setup)
+    assert not context.target.entry.needs.create_graph and context.needs.create_graph
+    assert context.lr == 0.1  # the base's: Lookahead has no rate of its own
+    report = run_checks(target_of(LOOKAHEAD), {"k": 5}, only=STEPPED, setup=setup, workdir=tmp_path)
+    assert {r.id: r.status for r in report.checks} == dict.fromkeys(STEPPED, "pass"), report.checks
+    assert report.to_json()["setup"] == {"base": ADA_HESSIAN}
+
+
+def test_without_the_bases_graph_the_step_fails(tmp_path: Path) -> None:
+    """The evidence for the merge: the base's need stated away, AdaHessian's Hessian-vector product
+    has no graph to differentiate."""
+    setup = LoopSetup(base={**ADA_HESSIAN, "needs": {"create_graph": False}})
+    report = run_checks(target_of(LOOKAHEAD), {"k": 5}, only=["dense_step"], setup=setup, workdir=tmp_path)
+    assert report.checks[0].status == "fail" and "grad" in report.checks[0].detail
+
+
+def test_a_stated_closure_is_served(tmp_path: Path) -> None:
+    path = tmp_path / "needs_a_closure.py"
+    path.write_text(textwrap.dedent(UNDETECTED_CLOSURE))
+    target = target_of(f"{path}:NeedsAClosure")
+    assert not target.entry.needs.closure
+    only = ["dense_step", "descends"]
+    plain = run_checks(target, {}, only=only, workdir=tmp_path)
+    assert [r.status for r in plain.checks] == ["fail", "fail"]  # step() without the closure it calls
+    stated = run_checks(target, {}, only=only, setup=LoopSetup(needs={"closure": True}), workdir=tmp_path)
+    assert [r.status for r in stated.checks] == ["pass", "pass"], stated.checks
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--needs", '{"closur": true}'], "--needs: unknown need 'closur'; known: closure, create_graph, "),
+        (["--needs", '{"closure": "yes"}'], "--needs: need 'closure' must be bool; received 'yes'"),
+        (["--needs", "[]"], "--needs must be a JSON object such as '{\"closure\": true}'"),
+        (["--param-groups", '[{"match": {"ndim": "two"}}]'], "--param-groups[0].match.ndim: ndim must be"),
+        (["--param-groups", '{"match": "rest"}'], "--param-groups must be a JSON list"),
+        (
+            ["--base", '{"name": "adamw", "style": "torch"}'],
+            "--base takes name, params and needs; received 'style'",
+        ),
+        (["--base", '{"name": "nope"}'], "no optimizer named 'nope'"),
+        (
+            ["--base", '{"name": "adamw", "params": {"lr": -1}}'],
+            "--base: optimizer 'adamw' (torch): lr must be a number > 0; received -1",
+        ),
+    ],
+    ids=[
+        "unknown need",
+        "mistyped need",
+        "not an object",
+        "bad ndim",
+        "not a list",
+        "base key",
+        "base",
+        "base lr",
+    ],
+)
+def test_a_bad_option_is_a_usage_error_naming_it(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Class references: a name found in no style would re-run the checker for legacy tf.keras.
+    target = LOOKAHEAD if "--base" in argv else "torch.optim:SGD"
+    assert main([target, "--only", "construct", *argv]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_a_recipe_for_a_keras_optimizer_is_refused(tmp_path: Path) -> None:
+    recipe = LoopSetup(param_groups=[{"match": "rest", "params": {}}])
+    with pytest.raises(UsageError, match="--param-groups: param groups are served for torch optimizers"):
+        run_checks(target_of("keras.optimizers:SGD"), {}, only=["construct"], setup=recipe, workdir=tmp_path)
+
+
+def test_the_setup_survives_its_json_form() -> None:
+    setup = LoopSetup(
+        needs={"closure": True},
+        param_groups=[{"match": "rest", "params": {"use_muon": False}}],
+        base=ADA_HESSIAN,
+    )
+    assert LoopSetup.from_json(setup.to_json()) == setup
+    assert LoopSetup.from_json(None) == LoopSetup()
