@@ -67,7 +67,8 @@ SETUP_OPTIONS: tuple[tuple[str, str, str], ...] = (
         "--base",
         "base",
         "torch wrappers: the optimizer they wrap, as a job spec's optimizer.base, e.g. "
-        '\'{"name": "adamw", "params": {"lr": 0.001}}\' (a registered name or module:Class)',
+        '\'{"name": "adamw", "params": {"lr": 0.001}}\' (a registered name; a class of your own '
+        "registers from a file in OPTLAB_PLUGIN_DIRS)",
     ),
 )
 

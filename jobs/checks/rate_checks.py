@@ -398,11 +398,15 @@ def _rows_changed(before: np.ndarray, after: np.ndarray, *, exclude: list[int]) 
 
 def _sparse_refusal(ctx: CheckContext, error: Exception) -> Outcome:
     """A deliberate `raise` that mentions sparse gradients, in the class's own code (or the
-    framework's optimizers'), is a clear refusal; anything else is an error from deep inside an op."""
+    framework's optimizers', or the base optimizer's a wrapper wraps), is a clear refusal; anything
+    else is an error from deep inside an op."""
     driver = ctx.driver
     frames = traceback.extract_tb(error.__traceback__)
     deepest = frames[-1] if frames else None
-    own = deepest is not None and deepest.filename in driver.refusal_files(ctx.target.cls)
+    files = driver.refusal_files(ctx.target.cls)
+    if ctx.base is not None:
+        files |= driver.refusal_files(ctx.base.entry.cls)
+    own = deepest is not None and deepest.filename in files
     statement = (deepest.line or "").lstrip() if deepest is not None else ""
     message = str(error).lower()
     about_sparse = "sparse" in message or "indexedslices" in message

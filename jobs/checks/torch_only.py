@@ -122,6 +122,9 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
     code generation, which costs tens of seconds on a small CPU) and compare with eager."""
     import torch._dynamo
 
+    if draws_randomly(ctx):
+        # A compiled graph draws its random numbers its own way (and dynamo may break on them).
+        return skipped(inconclusive_random("comparing compiled steps with eager ones"))
     batch = _batch()
     eager_model = _tiny_model()
     compiled_model = _twin(eager_model)
