@@ -7,7 +7,8 @@ and runs every check in-process with default hyperparameters (`run_checks(target
 Classes run one after another in a worker process; a class that takes longer than
 `--timeout` seconds is recorded as timed out, the worker is killed (its whole process
 group) and a new one carries on with the next class. Writes the raw results as JSON and
-prints figures. Asserts nothing: these are the "before" figures of the false-alarm work.
+prints figures. Asserts nothing: tests/checks/test_pytorch_optimizer_catalogue.py holds the
+verdicts; this prints the figures (before and after in pytorch_optimizer_survey.md).
 
 Needs pytorch-optimizer==4.1.0, which the `test` extra installs (`make test` does).
 Run: `.venv/bin/python benchmarks/pytorch_optimizer_survey.py [--only Adan,Lion]
