@@ -240,8 +240,14 @@ def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
     error in the first step (a crash inside torch, an IndexError) is a fault a user's model meets."""
     source = ctx.target.source_file()
     frames = traceback.extract_tb(error.__traceback__)
-    raised_by_the_class = bool(frames) and frames[-1].filename == source
-    if raised_by_the_class and isinstance(error, ValueError | TypeError | NotImplementedError):
+    deepest = frames[-1] if frames else None
+    # A `raise` statement of the class's own: a TypeError from calling a missing closure is no refusal.
+    refused = (
+        deepest is not None
+        and deepest.filename == source
+        and (deepest.line or "").lstrip().startswith("raise")
+    )
+    if refused and isinstance(error, ValueError | TypeError | NotImplementedError):
         return skipped(
             f"inconclusive: the class refuses the checks' variables (a {shape_text(SHAPES[0])} matrix and "
             f"two vectors) with a clear error ({ctx.describe_error(error)}), so optlab's problems cannot "

@@ -151,20 +151,22 @@ class CheckContext:
 
     @property
     def has_lr(self) -> bool:
-        """Whether the class takes a learning rate at all (A2Grad and AliG compute their step)."""
-        return "lr" in self.target.entry.params
+        """Whether the class takes a learning rate at all (A2Grad and AliG compute their step); a
+        wrapper without one of its own takes its base's."""
+        base = self.base
+        return "lr" in self.target.entry.params or (base is not None and "lr" in base.entry.params)
 
     @property
     def lr(self) -> float:
         """The learning rate the optimizer is built with (the user's, else the class default; a
         wrapper without one of its own: its base's)."""
         declared = self.target.entry.params.get("lr")
-        given = self.params.get("lr", None if declared is None else declared.default)
-        return 1e-3 if given is None else float(given)  # None: the class derives its rate (SaRA)
         base = self.base
         if declared is None and base is not None and "lr" in base.entry.params:
-            return float(base.hyperparams.get("lr", base.entry.params["lr"].default))
-        return float(self.params.get("lr", declared.default if declared is not None else 1e-3))
+            given = base.hyperparams.get("lr", base.entry.params["lr"].default)
+        else:
+            given = self.params.get("lr", None if declared is None else declared.default)
+        return 1e-3 if given is None else float(given)  # None: the class derives its rate (SaRA)
 
     def mark_unbuildable(self) -> None:
         """`construct` could not build the optimizer at all: the other checks cannot run.
