@@ -504,7 +504,7 @@ def catalogue_errors(spec: JobSpec, catalogue: Catalogue, *, max_steps: int) -> 
     else:
         schedule_errors = _param_errors("schedule", spec.schedule, schedule["params"])
         if not schedule_errors:
-            schedule_errors = _schedule_build_errors(spec)
+            schedule_errors = _schedule_build_errors(spec) or _rateless_errors(spec, catalogue)
         errors += schedule_errors
 
     workload = catalogue.workload(spec.workload.name)
@@ -531,6 +531,24 @@ def catalogue_errors(spec: JobSpec, catalogue: Catalogue, *, max_steps: int) -> 
                 )
             )
     return errors
+
+
+def _rateless_errors(spec: JobSpec, catalogue: Catalogue) -> list[SpecError]:
+    """A schedule scales the learning rate: a class that takes none (AliG and A2Grad compute their
+    step) trains with the constant schedule only. A wrapper's rate is its base's."""
+    holder = spec.optimizer.base or spec.optimizer
+    declared = catalogue.optimizer(holder.name, spec.framework, holder.style)
+    if spec.schedule.name == "constant" or declared is None:
+        return []  # an unknown optimizer is reported at its own field
+    if any(param["name"] == "lr" for param in declared["params"]):
+        return []
+    return [
+        SpecError(
+            loc=["body", "schedule", "name"],
+            msg=f"optimizer {holder.name!r} takes no learning rate (it computes its own step), so schedule "
+            f"{spec.schedule.name!r} has nothing to scale; use the constant schedule",
+        )
+    ]
 
 
 def check_errors(spec: CheckSpec, catalogue: Catalogue) -> list[SpecError]:

@@ -123,7 +123,7 @@ class StepRecord:
 
     loss: float
     grad_norm: float
-    lr: float
+    lr: float | None  # None: the class takes no learning rate (AliG)
     optimizer_ms: float
 
 

@@ -55,7 +55,15 @@ __all__ = ["CheckpointMismatch", "TorchDriver", "TrainObjects", "first_differenc
 class TrainObjects:
     model: nn.Module
     optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
+    # None for a class that takes no learning rate (AliG, A2Grad compute their step): nothing to scale.
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None
+
+    def parts(self) -> dict[str, Any]:
+        """What a checkpoint holds of these, by name."""
+        named: dict[str, Any] = {"model": self.model, "optimizer": self.optimizer}
+        if self.scheduler is not None:
+            named["scheduler"] = self.scheduler
+        return named
 
 
 def rng_state() -> dict[str, Any]:
@@ -75,9 +83,7 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
 def save_checkpoint(path: Path, objects: TrainObjects, *, step: int, spec_json: str) -> None:
     """Write atomically, so a crash mid-save never leaves a torn checkpoint behind."""
     payload = {
-        "model": objects.model.state_dict(),
-        "optimizer": objects.optimizer.state_dict(),
-        "scheduler": objects.scheduler.state_dict(),
+        **{name: part.state_dict() for name, part in objects.parts().items()},
         "rng": rng_state(),
         "step": step,
         # Batches are a pure function of (seed, step), so the step is the data position.
@@ -96,9 +102,8 @@ def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
 
 def restore(checkpoint: Mapping[str, Any], fresh: TrainObjects) -> TrainObjects:
     """Load a checkpoint into freshly built objects (optimizer before scheduler)."""
-    fresh.model.load_state_dict(checkpoint["model"])
-    fresh.optimizer.load_state_dict(checkpoint["optimizer"])
-    fresh.scheduler.load_state_dict(checkpoint["scheduler"])
+    for name, part in fresh.parts().items():  # in order: the optimizer before the scheduler
+        part.load_state_dict(checkpoint[name])
     set_rng_state(checkpoint["rng"])
     return fresh
 
@@ -143,10 +148,8 @@ def verify_roundtrip(
     `reloaded`), so no object has to be copied: copying would go through
     `Optimizer.__getstate__` and drop exactly the attributes the probe is meant to see.
     """
-    for name in ("model", "optimizer", "scheduler"):
-        found = first_difference(
-            getattr(original, name).state_dict(), getattr(reloaded, name).state_dict(), name
-        )
+    for name, part in original.parts().items():
+        found = first_difference(part.state_dict(), reloaded.parts()[name].state_dict(), name)
         if found:
             raise CheckpointMismatch(f"checkpoint round-trip lost state: {found}")
     rng = rng_state()
@@ -659,6 +662,8 @@ class TorchSession(TrainingSession):
         schedule = build_schedule(
             self.spec.schedule.name, self.spec.schedule.params, total_steps=self.spec.steps
         )
+        if not all("lr" in group for group in optimizer.param_groups):
+            return TrainObjects(model, optimizer, None)  # no rate to scale: the API allows `constant` only
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=schedule)
         return TrainObjects(model, optimizer, scheduler)
 
@@ -677,7 +682,8 @@ class TorchSession(TrainingSession):
         return self.batches(step)
 
     def train_step(self, objects: TrainObjects, batch: Any, step: int) -> StepRecord:
-        lr = float(objects.optimizer.param_groups[0]["lr"])
+        rate = objects.optimizer.param_groups[0].get("lr")
+        lr = None if rate is None else float(rate)
         self._train_mode(objects)
         # The step's loss is the first forward's, at the weights the step starts from; SAM wants
         # these first gradients before step(closure), as its docstring shows.
@@ -686,7 +692,8 @@ class TorchSession(TrainingSession):
         optimizer_started = self._sync_clock()
         self._optimizer_step(objects, batch)  # with a closure, its forward/backward is the optimizer's cost
         optimizer_ms = (self._sync_clock() - optimizer_started) * 1000
-        objects.scheduler.step()
+        if objects.scheduler is not None:
+            objects.scheduler.step()
         return StepRecord(loss=float(loss.item()), grad_norm=grad_norm, lr=lr, optimizer_ms=optimizer_ms)
 
     def _forward_backward(

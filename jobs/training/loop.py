@@ -138,9 +138,10 @@ class TrainingJob:
             raise Diverged(step, "train/loss", record.loss)
         timings.step_ms.append(step_ms)
         timings.optimizer_ms.append(record.optimizer_ms)
+        rate = [] if record.lr is None else [("train/lr", record.lr)]
         for key, value in (
             ("train/loss", record.loss),
-            ("train/lr", record.lr),
+            *rate,
             ("train/grad_norm", record.grad_norm),
             ("perf/step_time_ms", step_ms),
             ("perf/optimizer_step_ms", record.optimizer_ms),

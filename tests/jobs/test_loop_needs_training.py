@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from pytorch_optimizer import SAM, AdaHessian, Lookahead, ScheduleFreeAdamW
+from pytorch_optimizer import SAM, AdaHessian, AliG, Lookahead, ScheduleFreeAdamW
 
 from optimizers.registry import Base, Registry, entry_for_class, load_registry
 
@@ -32,7 +32,7 @@ LOOKAHEAD_ADAMW = {"name": "lookahead", "params": {"k": 5}, "base": {"name": "ad
 @pytest.fixture(scope="module")
 def real_registry() -> Registry:
     registry = load_registry(plugin_dirs=[])
-    for cls in (SAM, AdaHessian, ScheduleFreeAdamW, Lookahead, ClosureUnderNoGrad):
+    for cls in (SAM, AdaHessian, ScheduleFreeAdamW, Lookahead, ClosureUnderNoGrad, AliG):
         registry.add(entry_for_class(cls, source="test"))
     return registry
 
@@ -216,3 +216,25 @@ def test_the_job_refuses_a_wrapper_without_its_base_before_loading_anything(
         make_job(
             digits_spec(optimizer={"name": "lookahead", "params": {"k": 5}}), with_registry=real_registry
         )
+
+
+def test_a_class_without_a_learning_rate_trains_verifies_and_resumes(
+    make_job: MakeJob, real_registry: Registry
+) -> None:
+    """AliG computes its step from the closure's loss and has no `lr`: no scheduler is built (there
+    is no rate to scale), `train/lr` is not logged, and checkpoints and resume hold."""
+    spec = digits_spec(
+        optimizer={"name": "ali_g", "params": {"momentum": 0.9}},
+        schedule={"name": "constant"},
+        steps=30,
+        checkpoint_every=10,
+        eval_every=10,
+    )
+    straight_job = make_job(spec, with_registry=real_registry)
+    straight = straight_job.run()
+    assert straight_job.session.needs.closure
+    assert straight.checkpoints_verified == len(straight.checkpoints) == 3
+    first_leg = make_job(spec, with_registry=real_registry)
+    first_leg.run(stop_after=20)
+    resumed = make_job(spec, with_registry=real_registry).run(resume_from=first_leg.last_checkpoint)
+    assert resumed.params_sha256 == straight.params_sha256

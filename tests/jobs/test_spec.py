@@ -450,3 +450,19 @@ def test_a_tensorflow_job_that_needs_a_closure_or_create_graph_is_refused(
     errors = catalogue_errors(spec, wrapper_catalogue, max_steps=MAX_STEPS)
     assert [error.loc for error in errors] == [["body", "optimizer", "name"]]
     assert "which tensorflow training steps cannot provide; run it in a torch job" in errors[0].msg
+
+
+def test_a_class_without_a_learning_rate_takes_the_constant_schedule_only(
+    catalogue_data: dict[str, Any],
+) -> None:
+    data = copy.deepcopy(catalogue_data)
+    template = next(o for o in data["optimizers"] if o["name"] == "ema_momentum" and o["style"] == "torch")
+    rateless = [p for p in template["params"] if p["name"] != "lr"]
+    data["optimizers"].append({**template, "name": "rateless", "params": rateless})
+    catalogue = Catalogue.model_validate(data)
+    scheduled = example(optimizer={"name": "rateless", "params": {}}, schedule={"name": "cosine"})
+    (error,) = catalogue_errors(JobSpec.model_validate(scheduled), catalogue, max_steps=MAX_STEPS)
+    assert error.loc == ["body", "schedule", "name"]
+    assert "'rateless' takes no learning rate" in error.msg and "constant" in error.msg
+    constant = {**scheduled, "schedule": {"name": "constant"}}
+    assert catalogue_errors(JobSpec.model_validate(constant), catalogue, max_steps=MAX_STEPS) == []
