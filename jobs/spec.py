@@ -540,6 +540,8 @@ def _rateless_errors(spec: JobSpec, catalogue: Catalogue) -> list[SpecError]:
     declared = catalogue.optimizer(holder.name, spec.framework, holder.style)
     if spec.schedule.name == "constant" or declared is None:
         return []  # an unknown optimizer is reported at its own field
+    if declared.get("needs", {}).get("base_optimizer"):
+        return []  # a wrapper's rate is its base's: a missing or a wrapper base is reported at optimizer.base
     if any(param["name"] == "lr" for param in declared["params"]):
         return []
     return [
