@@ -6,17 +6,18 @@ import json
 import logging
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from sqlalchemy import text
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from jobs.spec import CheckSpec, JobSpec
 from service import store
+from service.auth import authorize
 from service.db import make_engine, migrate, session_factory
 from service.deps import SessionDep
+from service.guards import BodyGuard, BrowserWriteGuard, TrustedHosts
 from service.routes import catalogue, checks, jobs
 from service.schemas import Health
 from service.settings import Settings
@@ -36,12 +37,16 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     )
     app.state.settings = settings
     app.state.sessions = session_factory(engine)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    # Outermost last: the Host header first, then forged browser writes, then the body itself.
+    app.add_middleware(BodyGuard, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BrowserWriteGuard)
+    app.add_middleware(TrustedHosts, trusted=settings.trusted_host_names)
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected_error)
-    app.include_router(jobs.router)
-    app.include_router(checks.router)
-    app.include_router(catalogue.router)
+    # Every router needs a token (when tokens are configured); only /healthz, below, does not.
+    for router in (jobs.router, checks.router, catalogue.router):
+        app.include_router(router, dependencies=[Depends(authorize)])
+    log_access_mode(settings)
 
     @app.get("/healthz", response_model=Health, tags=["health"])
     def healthz(session: SessionDep) -> Health:
@@ -57,64 +62,17 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     return app
 
 
-class BodySizeLimit:
-    """Refuse bodies over `max_bytes` with 413 before anything parses them (chunked ones too)."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send, int(declared))
-            return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.max_bytes:
-                await self._refuse(send, size)
-                return
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    async def _refuse(self, send: Send, size: int) -> None:
-        body = json.dumps(
-            {
-                "detail": f"request body is {size} bytes or more; at most {self.max_bytes} bytes "
-                "are accepted (OPTLAB_MAX_BODY_BYTES)"
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
+def log_access_mode(settings: Settings) -> None:
+    """Say plainly at start-up who can use this API (names and scopes, never a token)."""
+    if not settings.tokens:
+        log.warning(
+            "access control is OFF: OPTLAB_API_TOKENS is not set, so anyone who can reach this API "
+            "can submit, cancel and read every job; it must listen on localhost only"
         )
-        await send({"type": "http.response.body", "body": body})
+        return
+    names = ", ".join(f"{t.name} ({'submit' if t.can_write else 'read-only'})" for t in settings.tokens)
+    log.info("access control is on: bearer tokens required (%s)", names)
+    log.info("trusted hosts: %s", ", ".join(settings.trusted_host_names))
 
 
 def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -39,6 +39,7 @@ class JobRead(BaseModel):
     result: dict[str, Any] | None
     error: dict[str, Any] | None  # a jobs.result.ErrorRecord
     cancel_requested: bool
+    submitted_by: str | None = Field(description="the name of the API token that submitted it")
 
     @classmethod
     def from_row(cls, job: Job) -> JobRead:
@@ -62,6 +63,7 @@ class JobRead(BaseModel):
             result=JobResult.model_validate(job.result).to_json() if job.result else None,
             error=ErrorRecord.model_validate(job.error).to_json() if job.error else None,
             cancel_requested=job.cancel_requested,
+            submitted_by=job.submitted_by,
         )
 
 

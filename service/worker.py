@@ -169,6 +169,7 @@ class Worker:
             "--tracking-uri", self.settings.mlflow_tracking_uri,
             "--job-id", str(job.id),
             "--attempt", str(job.attempt),
+            *(["--submitted-by", job.submitted_by] if job.submitted_by else []),
         ]  # fmt: skip
         with open(workdir / LOG_FILE, "ab") as log_file:
             process: subprocess.Popen[bytes] = start_in_own_group(

@@ -9,7 +9,9 @@ from fastapi import APIRouter, HTTPException, Path, Query
 from jobs.result import JobStatus
 from jobs.spec import JobSpec, catalogue_errors, with_resolved_style
 from service import store
+from service.auth import CallerDep, submitter
 from service.deps import CatalogueDep, SessionDep, SettingsDep
+from service.quotas import enforce_queue_limits
 from service.schemas import JobKind, JobRead, JobsPage
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -19,12 +21,15 @@ JobId = Annotated[int, Path(ge=1, le=2**31 - 1, description="the job's id")]
 
 
 @router.post("", status_code=201, response_model=JobRead)
-def submit_job(spec: JobSpec, session: SessionDep, settings: SettingsDep, catalogue: CatalogueDep) -> JobRead:
+def submit_job(
+    spec: JobSpec, session: SessionDep, settings: SettingsDep, catalogue: CatalogueDep, caller: CallerDep
+) -> JobRead:
     errors = catalogue_errors(spec, catalogue, max_steps=settings.max_steps)
     if errors:
         raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
+    enforce_queue_limits(session=session, settings=settings, submitted_by=submitter(caller))
     spec = with_resolved_style(spec, catalogue)
-    return JobRead.from_row(store.create_job(session=session, spec=spec))
+    return JobRead.from_row(store.create_job(session=session, spec=spec, submitted_by=submitter(caller)))
 
 
 @router.get("", response_model=JobsPage)

@@ -199,7 +199,7 @@ def test_cancelling_a_running_job_stops_its_process(service: Supervisor, api: ht
         api, job_id, lambda job: job["status"] == "running" and job["progress"]["step"] > 0, timeout_s=120
     )
     asked = time.monotonic()
-    assert api.post(f"/jobs/{job_id}/cancel").status_code == 200
+    assert api.post(f"/jobs/{job_id}/cancel", json={}).status_code == 200  # JSON: no forgeable writes
     job = wait_for(api, job_id, lambda job: job["status"] == "cancelled", timeout_s=20)
     assert time.monotonic() - asked < 15
     assert job["finished_at"] is not None

@@ -157,7 +157,7 @@ def test_bodies_over_64_kib_are_refused_before_parsing(client: TestClient) -> No
 
 def test_list_filters_by_status_and_paginates(client: TestClient) -> None:
     ids = [client.post("/jobs", json=GOOD).json()["id"] for _ in range(5)]
-    client.post(f"/jobs/{ids[0]}/cancel")
+    client.post(f"/jobs/{ids[0]}/cancel", json={})
     page = client.get("/jobs", params={"limit": 2, "offset": 1}).json()
     assert page["total"] == 5 and page["limit"] == 2 and page["offset"] == 1
     assert [job["id"] for job in page["items"]] == [ids[3], ids[2]]  # newest first
@@ -169,11 +169,11 @@ def test_list_filters_by_status_and_paginates(client: TestClient) -> None:
 
 def test_cancel(client: TestClient) -> None:
     job = client.post("/jobs", json=GOOD).json()
-    cancelled = client.post(f"/jobs/{job['id']}/cancel")
+    cancelled = client.post(f"/jobs/{job['id']}/cancel", json={})
     assert cancelled.status_code == 200
     assert cancelled.json()["status"] == "cancelled"
-    assert client.post(f"/jobs/{job['id']}/cancel").status_code == 200  # idempotent
-    assert client.post("/jobs/999/cancel").status_code == 404
+    assert client.post(f"/jobs/{job['id']}/cancel", json={}).status_code == 200  # idempotent
+    assert client.post("/jobs/999/cancel", json={}).status_code == 404
     missing = client.get("/jobs/999")
     assert missing.status_code == 404 and "999" in missing.json()["detail"]
     assert client.get("/jobs/not-a-number").status_code == 422
@@ -237,7 +237,7 @@ print(loaded)
     ],
 )
 def test_out_of_range_ids_and_pages_are_422_not_500(client: TestClient, method: str, url: str) -> None:
-    response = client.request(method, url)
+    response = client.request(method, url, headers={"content-type": "application/json"})
     assert response.status_code == 422, response.text
     assert "received" in response.json()["detail"][0]["msg"]
 
