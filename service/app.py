@@ -87,7 +87,7 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
         if kind == "json_invalid":
             loc = ["body"]
             message = f"the body is not valid JSON ({ctx.get('error', 'decode error')})"
-        elif kind == "finite_number":
+        elif kind in ("finite_number", "number_too_large"):
             loc.append(ctx["key"])
             message = f"{field}.{error['msg']}"
         elif kind == "extra_forbidden":

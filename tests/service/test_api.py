@@ -95,6 +95,17 @@ BAD_SPECS = [
     ({"optimizer__lr": 0.1}, ["unknown field 'optimizer.lr'", "params"], "lr"),
     ({"optimizer": DELETE}, ["optimizer", "Field required"], "optimizer"),
     ({"experiment": ""}, ["experiment"], "experiment"),
+    # The holes a fuzzer found: cadences beyond the job, absurd magnitudes, names that spoof or escape.
+    ({"checkpoint_every": 10**30}, ["checkpoint_every", "less than or equal"], "checkpoint_every"),
+    ({"eval_every": 2**64}, ["eval_every"], "eval_every"),
+    ({"checkpoint_every": 301}, ["checkpoint_every must be at most steps (300)", "301"], "checkpoint_every"),
+    ({"eval_every": 1000}, ["eval_every must be at most steps (300)"], "eval_every"),
+    ({"optimizer__params": {"lr": 1e308}}, ["lr must be a number of magnitude at most 1e9"], "lr"),
+    ({"optimizer__params": {"lr": 10**30}}, ["magnitude at most 1e9"], "lr"),
+    ({"experiment": "demo\u202egnp.exe"}, ["experiment", "may contain only letters"], "experiment"),
+    ({"experiment": "demo\x7f"}, ["may contain only"], "experiment"),
+    ({"experiment": "../../etc"}, ["may contain only"], "experiment"),
+    ({"experiment": "a/b"}, ["may contain only"], "experiment"),
 ]
 
 
@@ -138,6 +149,28 @@ def test_malformed_bodies_get_422_never_500(client: TestClient, body: bytes) -> 
     assert response.status_code == 422, response.text
     assert response.json()["detail"]
     assert client.get("/jobs").json()["total"] == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b'{"experiment": "caf\xe9"}', "not valid UTF-8 (byte 0xe9 at offset 19)"),
+        (b"[" * 100 + b"]" * 100, "deeper than 32 levels"),
+        (b'{"a": ' * 5000 + b"1" + b"}" * 5000, "deeper than 32 levels"),
+    ],
+)
+def test_undecodable_and_too_deep_bodies_get_a_clear_422(
+    client: TestClient, body: bytes, expected: str
+) -> None:
+    response = client.post("/jobs", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert expected in response.json()["detail"][0]["msg"]
+    assert response.json()["detail"][0]["loc"] == ["body"]
+
+
+def test_a_default_cadence_longer_than_a_short_job_means_at_its_end(client: TestClient) -> None:
+    short = with_changes(steps=20, checkpoint_every=DELETE, eval_every=DELETE)
+    assert client.post("/jobs", json=short).status_code == 201
 
 
 def test_bodies_over_64_kib_are_refused_before_parsing(client: TestClient) -> None:
