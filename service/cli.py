@@ -29,11 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = settings_from(args)
     except ValidationError as exc:
-        for error in exc.errors():
-            print(
-                f"optlab: invalid setting OPTLAB_{str(error['loc'][0]).upper()}: {error['msg']}",
-                file=sys.stderr,
-            )
+        for error in exc.errors():  # the message only: the input may be a secret
+            where = f"OPTLAB_{str(error['loc'][0]).upper()}" if error["loc"] else "settings"
+            print(f"optlab: invalid {where}: {error['msg']}", file=sys.stderr)
         return 2
     handler = {
         "serve": cmd_serve,
@@ -165,6 +163,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from service.secrets import redact_url
     from service.supervisor import StartupError, Supervisor
 
     supervisor = Supervisor(settings)
@@ -178,7 +177,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         return 1
     print(
         f"\noptlab is up\n  API       {supervisor.api_url}\n  API docs  {supervisor.api_url}/docs\n"
-        f"  MLflow UI {supervisor.mlflow_url}\n  data      {supervisor.data_dir}\nCtrl-C stops everything.",
+        f"  MLflow UI {redact_url(supervisor.mlflow_url)}\n  data      {supervisor.data_dir}\n"
+        "Ctrl-C stops everything.",
         flush=True,
     )
     try:

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from jobs.result import ErrorRecord, JobResult, JobStatus, MlflowInfo
 from service.models import Job
+from service.secrets import redact_url
 from service.store import as_utc
 
 __all__ = ["CheckSummary", "Health", "JobKind", "JobRead", "JobStatus", "JobsPage", "Progress"]
@@ -59,12 +60,32 @@ class JobRead(BaseModel):
             ),
             latest_loss=job.latest_loss,
             spec=job.spec,
-            mlflow=MlflowInfo.model_validate(job.mlflow) if job.mlflow else None,
-            result=JobResult.model_validate(job.result).to_json() if job.result else None,
+            mlflow=_shown_mlflow(job.mlflow),
+            result=_shown_result(job.result),
             error=ErrorRecord.model_validate(job.error).to_json() if job.error else None,
             cancel_requested=job.cancel_requested,
             submitted_by=job.submitted_by,
         )
+
+
+def _shown_mlflow(stored: dict[str, Any] | None) -> MlflowInfo | None:
+    """The job's MLflow run as shown: no credential in a URL, even one stored by an older worker."""
+    if not stored:
+        return None
+    info = MlflowInfo.model_validate(stored)
+    return info.model_copy(
+        update={"tracking_uri": redact_url(info.tracking_uri), "run_url": redact_url(info.run_url)}
+    )
+
+
+def _shown_result(stored: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not stored:
+        return None
+    shown = JobResult.model_validate(stored).to_json()
+    if shown.get("mlflow"):
+        mlflow = _shown_mlflow(shown["mlflow"])
+        shown["mlflow"] = mlflow.model_dump(mode="json") if mlflow else None
+    return shown
 
 
 class CheckSummary(BaseModel):

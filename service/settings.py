@@ -11,6 +11,8 @@ from pathlib import Path
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.secrets import redact_url
+
 TOKEN_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 MIN_TOKEN_CHARS = 16
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
@@ -60,7 +62,8 @@ def parse_tokens(lines: list[str], source: str) -> list[ApiToken]:
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="OPTLAB_", extra="ignore")
+    # hide_input_in_errors: a refused setting may be a token or a URL with a password in it.
+    model_config = SettingsConfigDict(env_prefix="OPTLAB_", extra="ignore", hide_input_in_errors=True)
 
     data_dir: Path = Field(default=Path(".optlab"), description="job folders, SQLite files, artifacts")
     database_url: str = Field(default="", description="SQLAlchemy URL; default SQLite in data_dir")
@@ -119,7 +122,9 @@ class Settings(BaseSettings):
     def _http_only(cls, value: str) -> str:
         # Workers reach MLflow over HTTP only, never through its database.
         if not value.startswith(("http://", "https://")):
-            raise ValueError(f"must be an http(s):// URL of a tracking server; received {value!r}")
+            raise ValueError(
+                f"must be an http(s):// URL of a tracking server; received {redact_url(value)!r}"
+            )
         return value.rstrip("/")
 
     @cached_property
