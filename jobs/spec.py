@@ -13,7 +13,15 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from jobs.checks.report import CHECK_IDS
@@ -326,7 +334,8 @@ class CheckSpec(BaseModel):
     kind: Literal["check"] = "check"
     framework: Literal["torch", "tensorflow"] = "torch"
     optimizer: OptimizerChoice
-    checks: list[str] | None = Field(
+    # The schema lists the ids; the validator below says which one is unknown and what is known.
+    checks: list[Annotated[str, WithJsonSchema({"type": "string", "enum": list(CHECK_IDS)})]] | None = Field(
         default=None,
         min_length=1,
         max_length=len(CHECK_IDS),

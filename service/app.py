@@ -7,10 +7,14 @@ import logging
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from sqlalchemy import text
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+from starlette.routing import compile_path
 
 from jobs.spec import CheckSpec, JobSpec
 from service import store
@@ -18,6 +22,7 @@ from service.auth import authorize
 from service.db import make_engine, migrate, session_factory
 from service.deps import SessionDep
 from service.guards import BodyGuard, BrowserWriteGuard, TrustedHosts
+from service.openapi import install as install_openapi
 from service.routes import catalogue, checks, jobs
 from service.schemas import Health
 from service.settings import Settings
@@ -39,14 +44,16 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     app.state.sessions = session_factory(engine)
     # Outermost last: the Host header first, then forged browser writes, then the body itself.
     app.add_middleware(BodyGuard, max_bytes=settings.max_body_bytes)
-    app.add_middleware(BrowserWriteGuard)
+    app.add_middleware(BrowserWriteGuard, enabled=not settings.tokens)
     app.add_middleware(TrustedHosts, trusted=settings.trusted_host_names)
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     # Every router needs a token (when tokens are configured); only /healthz, below, does not.
     for router in (jobs.router, checks.router, catalogue.router):
         app.include_router(router, dependencies=[Depends(authorize)])
     log_access_mode(settings)
+    install_openapi(app)
 
     @app.get("/healthz", response_model=Health, tags=["health"])
     def healthz(session: SessionDep) -> Health:
@@ -97,6 +104,27 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
             message += f"; received {_short(error['input'])}"
         detail.append({"loc": loc, "msg": message, "type": kind})
     return JSONResponse(status_code=422, content={"detail": detail})
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """FastAPI's own answer, but a 405's Allow header lists the methods of every route on the path
+    (Starlette names only the first route that matched it: `OPTIONS /jobs` said POST, not GET)."""
+    if exc.status_code == 405:
+        allowed = allowed_methods(request.app, request.url.path)
+        exc = StarletteHTTPException(
+            405,
+            detail=f"{request.method} is not allowed here; allowed: {', '.join(allowed)}",
+            headers={"Allow": ", ".join(allowed)},
+        )
+    return await http_exception_handler(request, exc)
+
+
+def allowed_methods(app: FastAPI, path: str) -> list[str]:
+    methods: set[str] = set()
+    for template, item in app.openapi()["paths"].items():
+        if compile_path(template)[0].match(path):
+            methods.update(method.upper() for method in item)
+    return sorted(methods)
 
 
 def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:

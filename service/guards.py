@@ -87,14 +87,16 @@ class BrowserWriteGuard:
 
     A cross-site HTML form can POST (cancel takes no body, so no CORS preflight stops it), but it
     can send neither an Authorization header nor `application/json`: requiring one of them makes
-    forged writes impossible even on an open, localhost-only API.
+    forged writes impossible even on an open, localhost-only API. With tokens configured every
+    write needs the header anyway, and a request without it gets the 401 that says so.
     """
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, enabled: bool = True) -> None:
         self.app = app
+        self.enabled = enabled
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] in READ_METHODS:
+        if not self.enabled or scope["type"] != "http" or scope["method"] in READ_METHODS:
             await self.app(scope, receive, send)
             return
         content_type = _header(scope, b"content-type")

@@ -136,3 +136,63 @@ class Health(BaseModel):
     database: Literal["ok"]
     catalogue_published_at: datetime | None
     optimizers: int
+
+
+class ProblemItem(BaseModel):
+    """One problem in a request, located like FastAPI's validation errors (`["body", "steps"]`)."""
+
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class Problem(BaseModel):
+    """Every refusal: `detail` says what was wrong and what is allowed."""
+
+    detail: str
+
+
+class InvalidRequest(BaseModel):
+    """422: each problem in the request, each naming its field, what is allowed and what came."""
+
+    detail: list[ProblemItem]
+
+
+# Why each status is answered; routes declare the ones they can return (service.routes.responses).
+STATUS_REASONS: dict[int, tuple[type[BaseModel], str]] = {
+    400: (Problem, "the Host header is not one of OPTLAB_TRUSTED_HOSTS"),
+    401: (Problem, "no bearer token, or one this API does not know (header WWW-Authenticate)"),
+    403: (Problem, "the token is read-only (NAME:TOKEN:read) and this request changes something"),
+    404: (Problem, "no such job or optimizer"),
+    409: (Problem, "the job already ended otherwise"),
+    413: (Problem, "the body is over OPTLAB_MAX_BODY_BYTES"),
+    415: (Problem, "a write without a token and without `Content-Type: application/json` (open API)"),
+    422: (InvalidRequest, "invalid input: the body, a path or query parameter"),
+    429: (
+        Problem,
+        "the queue is full (OPTLAB_MAX_QUEUED or OPTLAB_MAX_QUEUED_PER_TOKEN); header Retry-After",
+    ),
+    503: (Problem, "no worker has published the optimizer catalogue yet"),
+}
+
+
+def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these statuses, each with its body schema (and headers it sets)."""
+    declared: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        model, reason = STATUS_REASONS[status]
+        declared[status] = {"model": model, "description": reason}
+        if status == 429:
+            declared[status]["headers"] = {
+                "Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}
+            }
+        if status == 401:
+            declared[status]["headers"] = {
+                "WWW-Authenticate": {"description": "the Bearer challenge", "schema": {"type": "string"}}
+            }
+    return declared
+
+
+# Every authenticated route: a foreign Host, a missing token, a body too large, bad parameters.
+COMMON = (400, 401, 413, 422)
+WRITES = (*COMMON, 403, 415)

@@ -8,12 +8,12 @@ from fastapi import APIRouter, HTTPException
 
 from service import store
 from service.deps import CatalogueDep, SessionDep
-from service.schemas import CheckSummary
+from service.schemas import COMMON, CheckSummary, responses
 
 router = APIRouter(tags=["catalogue"])
 
 
-@router.get("/optimizers")
+@router.get("/optimizers", responses=responses(*COMMON, 503))
 def list_optimizers(
     catalogue: CatalogueDep, framework: Literal["torch", "tensorflow"] | None = None
 ) -> dict[str, Any]:
@@ -22,7 +22,7 @@ def list_optimizers(
     return {"items": items, "errors": catalogue.errors}
 
 
-@router.get("/optimizers/{name}")
+@router.get("/optimizers/{name}", responses=responses(*COMMON, 404, 503))
 def get_optimizer(name: str, catalogue: CatalogueDep, session: SessionDep) -> dict[str, Any]:
     """One optimizer name and its implementations in each style it exists in, each with the
     summary of its latest finished conformance check (`latest_check`, null when never checked)."""
@@ -36,11 +36,11 @@ def get_optimizer(name: str, catalogue: CatalogueDep, session: SessionDep) -> di
     return {"name": name, "implementations": items}
 
 
-@router.get("/schedules")
+@router.get("/schedules", responses=responses(*COMMON, 503))
 def list_schedules(catalogue: CatalogueDep) -> dict[str, Any]:
     return {"items": catalogue.schedules}
 
 
-@router.get("/workloads")
+@router.get("/workloads", responses=responses(*COMMON, 503))
 def list_workloads(catalogue: CatalogueDep) -> dict[str, Any]:
     return {"items": catalogue.workloads}

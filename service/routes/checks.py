@@ -13,12 +13,12 @@ from service import store
 from service.auth import CallerDep, submitter
 from service.deps import CatalogueDep, SessionDep, SettingsDep
 from service.quotas import enforce_queue_limits
-from service.schemas import JobRead
+from service.schemas import WRITES, JobRead, responses
 
 router = APIRouter(prefix="/checks", tags=["checks"])
 
 
-@router.post("", status_code=201, response_model=JobRead)
+@router.post("", status_code=201, response_model=JobRead, responses=responses(*WRITES, 429, 503))
 def submit_check(
     spec: CheckSpec, session: SessionDep, settings: SettingsDep, catalogue: CatalogueDep, caller: CallerDep
 ) -> JobRead:

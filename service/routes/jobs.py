@@ -12,7 +12,7 @@ from service import store
 from service.auth import CallerDep, submitter
 from service.deps import CatalogueDep, SessionDep, SettingsDep
 from service.quotas import enforce_queue_limits
-from service.schemas import JobKind, JobRead, JobsPage
+from service.schemas import COMMON, WRITES, JobKind, JobRead, JobsPage, responses
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -20,7 +20,7 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 JobId = Annotated[int, Path(ge=1, le=2**31 - 1, description="the job's id")]
 
 
-@router.post("", status_code=201, response_model=JobRead)
+@router.post("", status_code=201, response_model=JobRead, responses=responses(*WRITES, 429, 503))
 def submit_job(
     spec: JobSpec, session: SessionDep, settings: SettingsDep, catalogue: CatalogueDep, caller: CallerDep
 ) -> JobRead:
@@ -32,7 +32,7 @@ def submit_job(
     return JobRead.from_row(store.create_job(session=session, spec=spec, submitted_by=submitter(caller)))
 
 
-@router.get("", response_model=JobsPage)
+@router.get("", response_model=JobsPage, responses=responses(*COMMON))
 def list_jobs(
     session: SessionDep,
     status: JobStatus | None = None,
@@ -44,7 +44,7 @@ def list_jobs(
     return JobsPage(items=[JobRead.from_row(j) for j in jobs], total=total, limit=limit, offset=offset)
 
 
-@router.get("/{job_id}", response_model=JobRead)
+@router.get("/{job_id}", response_model=JobRead, responses=responses(*COMMON, 404))
 def get_job(job_id: JobId, session: SessionDep) -> JobRead:
     job = store.get_job(session=session, job_id=job_id)
     if job is None:
@@ -52,7 +52,7 @@ def get_job(job_id: JobId, session: SessionDep) -> JobRead:
     return JobRead.from_row(job)
 
 
-@router.post("/{job_id}/cancel", response_model=JobRead)
+@router.post("/{job_id}/cancel", response_model=JobRead, responses=responses(*WRITES, 404, 409))
 def cancel_job(job_id: JobId, session: SessionDep) -> JobRead:
     job = store.request_cancel(session=session, job_id=job_id)
     if job is None:

@@ -209,6 +209,43 @@ def test_a_cross_site_form_cannot_cancel_a_job(tmp_path: Path, catalogue_data: d
         assert client.post(f"/jobs/{job['id']}/cancel", json={}).status_code == 200
 
 
+def test_with_tokens_a_forged_write_is_simply_unauthorized(locked: TestClient) -> None:
+    _seed_job(locked)
+    forged = locked.post("/jobs/1/cancel", content=b"x=1", headers={"content-type": "text/plain"})
+    assert forged.status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"), [("OPTIONS", "/jobs", "GET, POST"), ("DELETE", "/jobs/1", "GET")]
+)
+def test_a_method_not_allowed_lists_every_method_of_the_path(
+    locked: TestClient, method: str, path: str, allowed: str
+) -> None:
+    response = locked.request(method, path, headers={"Authorization": f"Bearer {WRITER}"})
+    assert response.status_code == 405 and response.headers["allow"] == allowed
+    assert allowed in response.json()["detail"]
+
+
+def test_the_openapi_names_what_the_catalogue_holds_and_every_status(locked: TestClient) -> None:
+    document = locked.get("/openapi.json").json()
+    schemas = document["components"]["schemas"]
+    assert "ema_momentum" in schemas["OptimizerChoice"]["properties"]["name"]["enum"]
+    assert schemas["WorkloadChoice"]["properties"]["name"]["enum"] == [
+        "digits_cnn",
+        "digits_mlp",
+        "embedding_mf",
+    ]
+    assert "cosine" in schemas["ScheduleChoice"]["properties"]["name"]["enum"]
+    assert schemas["JobSpec"]["properties"]["experiment"]["pattern"].startswith("^[A-Za-z0-9]")
+    assert schemas["JobSpec"]["properties"]["steps"]["maximum"] == 2**31 - 1
+    submit = document["paths"]["/jobs"]["post"]["responses"]
+    assert set(submit) == {"201", "400", "401", "403", "413", "415", "422", "429", "503"}
+    assert "Retry-After" in submit["429"]["headers"]
+    cancel = document["paths"]["/jobs/{job_id}/cancel"]["post"]["responses"]
+    assert {"404", "409"} <= set(cancel)
+    assert document["paths"]["/jobs"]["post"]["security"] == [{"HTTPBearer": []}]
+
+
 def test_queue_quotas_answer_429_with_retry_after(tmp_path: Path, catalogue_data: dict[str, Any]) -> None:
     settings = locked_settings(tmp_path, max_queued=3, max_queued_per_token=2)
     for client in _client(settings, catalogue_data):
