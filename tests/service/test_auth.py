@@ -262,3 +262,70 @@ def test_queue_quotas_answer_429_with_retry_after(tmp_path: Path, catalogue_data
         assert client.post("/jobs", json=GOOD).status_code == 201
         full = client.post("/jobs", json=GOOD)
         assert full.status_code == 429 and "OPTLAB_MAX_QUEUED" in full.json()["detail"]
+
+
+@pytest.fixture
+def served(tmp_path: Path, catalogue_data: dict[str, Any]) -> Iterator[str]:
+    """The locked API on a real uvicorn server in a thread, for the CLI's own HTTP client."""
+    import threading
+
+    import uvicorn
+
+    from tests.conftest import free_port
+
+    settings = locked_settings(tmp_path).model_copy(update={"trusted_hosts": "127.0.0.1"})
+    engine = make_engine(settings.resolved_database_url)
+    migrate(engine)
+    with session_factory(engine)() as session:
+        store.publish_catalogue(session=session, worker_id="test-worker", catalogue=catalogue_data)
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="error")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        thread.join(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_the_cli_sends_optlab_token(
+    served: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from service import cli
+    from service.client import ApiClient
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(GOOD))
+    monkeypatch.delenv("OPTLAB_TOKEN", raising=False)
+    assert cli.main(["submit", str(spec), "--api", served]) == 2
+    assert "needs a token" in capsys.readouterr().err
+    monkeypatch.setenv("OPTLAB_TOKEN", READER)
+    assert cli.main(["submit", str(spec), "--api", served]) == 2
+    assert "read-only" in capsys.readouterr().err
+    assert cli.main(["check", "lion", "--remote", served, "--only", "construct"]) == 2  # check --remote
+    assert "read-only" in capsys.readouterr().err
+    monkeypatch.setenv("OPTLAB_TOKEN", WRITER)
+    assert cli.main(["submit", str(spec), "--api", served]) == 0
+    assert "job 1 queued" in capsys.readouterr().out
+    client = ApiClient(served)
+    try:
+        assert client.job(1)["submitted_by"] == "alice"
+        assert client.cancel(1)["status"] == "cancelled"
+    finally:
+        client.close()
+
+
+def test_an_open_api_refuses_to_listen_beyond_localhost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from service import cli
+
+    monkeypatch.delenv("OPTLAB_API_TOKENS", raising=False)
+    monkeypatch.setenv("OPTLAB_DATA_DIR", str(tmp_path))
+    assert cli.main(["api", "--host", "0.0.0.0"]) == 2
+    assert "without access control" in capsys.readouterr().err
