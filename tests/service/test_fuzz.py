@@ -26,7 +26,8 @@ SEED = 20261201
 
 @pytest.mark.timeout(240)
 def test_the_fuzzer_finds_nothing(tmp_path: Path, catalogue_data: dict[str, Any]) -> None:
-    engine = make_engine(f"sqlite:///{tmp_path / 'optlab.db'}")
+    database = f"sqlite:///{tmp_path / 'optlab.db'}"
+    engine = make_engine(database)
     migrate(engine)
     with session_factory(engine)() as session:
         store.publish_catalogue(session=session, worker_id="fuzz", catalogue=catalogue_data)
@@ -35,6 +36,9 @@ def test_the_fuzzer_finds_nothing(tmp_path: Path, catalogue_data: dict[str, Any]
     env = {
         **os.environ,
         "OPTLAB_DATA_DIR": str(tmp_path),
+        "OPTLAB_DATABASE_URL": database,
+        "OPTLAB_TRUSTED_HOSTS": "127.0.0.1",
+        "OPTLAB_API_HOST": "127.0.0.1",
         "OPTLAB_API_PORT": str(port),
         "OPTLAB_API_TOKENS": f"fuzz:{TOKEN},peek:{TOKEN[::-1]}:read",
         # Small enough that the run reaches the per-token cap and sees its 429s.
