@@ -138,6 +138,26 @@ class Health(BaseModel):
     optimizers: int
 
 
+class OptimizerList(BaseModel):
+    """`GET /optimizers`: every implementation (one per name and style), and plugin load errors."""
+
+    items: list[dict[str, Any]] = Field(description="name, style, framework, params with ranges, ...")
+    errors: list[dict[str, str]] = Field(description="plugin files that failed to load: source, error")
+
+
+class OptimizerDetail(BaseModel):
+    """`GET /optimizers/{name}`: its implementations, each with `latest_check` (null: never checked)."""
+
+    name: str
+    implementations: list[dict[str, Any]]
+
+
+class CatalogueItems(BaseModel):
+    """`GET /schedules`, `GET /workloads`: the items with their parameters."""
+
+    items: list[dict[str, Any]]
+
+
 class ProblemItem(BaseModel):
     """One problem in a request, located like FastAPI's validation errors (`["body", "steps"]`)."""
 
