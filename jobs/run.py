@@ -60,6 +60,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--job-id", default="", help="the service's job id, recorded as a tag")
     parser.add_argument("--attempt", type=int, default=1)
+    parser.add_argument("--submitted-by", default="", help="the API token name that submitted it, a tag")
     parser.add_argument("--resume", type=Path, help="continue from this checkpoint file")
     parser.add_argument("--stop-after", type=int, help="stop (with a checkpoint) after this many steps")
     args = parser.parse_args(argv)
@@ -92,6 +93,8 @@ def run_tags(spec: AnySpec, args: argparse.Namespace) -> dict[str, str]:
         "style": spec.optimizer.style or spec.framework,
         "attempt": str(args.attempt),
     }
+    if args.submitted_by:
+        tags["submitted_by"] = args.submitted_by
     if isinstance(spec, CheckSpec):
         return {**tags, "kind": "check"}
     return {**tags, "workload": spec.workload.name}

@@ -9,10 +9,19 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    WithJsonSchema,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from jobs.checks.report import CHECK_IDS
@@ -26,7 +35,35 @@ Name = Annotated[str, Field(min_length=1, max_length=100, pattern=NAME_PATTERN)]
 JsonScalar = bool | int | float | str | None
 
 
+# Hyperparameters beyond this magnitude are typos or probes (lr=1e308), never a setting.
+MAX_PARAM_MAGNITUDE = 1e9
+# Experiment (and study) names reach MLflow's UI, log lines and folder names: letters, digits and a
+# few separators, so no control or bidirectional characters (U+202E) and no path separators.
+SAFE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 _.,:=+@()-]*$"
+SAFE_NAME_ALLOWED = "letters A-Z a-z, digits, spaces and _ . , : = + @ ( ) -, starting with a letter or digit"
+
+
+def _safe_name(value: str) -> str:
+    if not re.fullmatch(SAFE_NAME_PATTERN, value):
+        raise PydanticCustomError("safe_name", "may contain only {allowed}", {"allowed": SAFE_NAME_ALLOWED})
+    return value
+
+
+SafeName = Annotated[
+    str,
+    Field(min_length=1, max_length=200, json_schema_extra={"pattern": SAFE_NAME_PATTERN}),
+    AfterValidator(_safe_name),
+]
+
+
 def _finite(value: Any, where: str) -> None:
+    if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+        if abs(value) > MAX_PARAM_MAGNITUDE:
+            raise PydanticCustomError(
+                "number_too_large",
+                "{key} must be a number of magnitude at most 1e9; received {received}",
+                {"key": where, "received": f"{value:g}"},
+            )
     if isinstance(value, float) and not math.isfinite(value):
         # A custom error type carries the key, so the API can point at params.<key>.
         raise PydanticCustomError(
@@ -243,12 +280,16 @@ class JobSpec(BaseModel):
     workload: Component
     optimizer: OptimizerChoice
     schedule: Component = Field(default_factory=lambda: Component(name="constant"))
-    steps: int = Field(gt=0, description="optimizer updates to run")
+    steps: int = Field(gt=0, le=2**31 - 1, description="optimizer updates to run (OPTLAB_MAX_STEPS caps it)")
     batch_size: int = Field(default=64, gt=0, le=65536)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
-    checkpoint_every: int = Field(default=100, gt=0, description="steps between verified checkpoints")
-    eval_every: int = Field(default=100, gt=0, description="steps between validation passes")
-    experiment: str = Field(default="default", min_length=1, max_length=200, pattern=r"^[^\x00-\x1f]+$")
+    checkpoint_every: int = Field(
+        default=100, gt=0, le=2**31 - 1, description="steps between verified checkpoints; at most `steps`"
+    )
+    eval_every: int = Field(
+        default=100, gt=0, le=2**31 - 1, description="steps between validation passes; at most `steps`"
+    )
+    experiment: SafeName = Field(default="default", description=f"MLflow experiment: {SAFE_NAME_ALLOWED}")
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:[0-9]{1,2})?)$")
     jit_compile: bool = Field(default=False, description="tensorflow jobs: compile the step with XLA")
 
@@ -293,14 +334,15 @@ class CheckSpec(BaseModel):
     kind: Literal["check"] = "check"
     framework: Literal["torch", "tensorflow"] = "torch"
     optimizer: OptimizerChoice
-    checks: list[str] | None = Field(
+    # The schema lists the ids; the validator below says which one is unknown and what is known.
+    checks: list[Annotated[str, WithJsonSchema({"type": "string", "enum": list(CHECK_IDS)})]] | None = Field(
         default=None,
         min_length=1,
         max_length=len(CHECK_IDS),
         description=f"check ids to run (default all): {', '.join(CHECK_IDS)}",
     )
-    experiment: str = Field(
-        default="optimizer-checks", min_length=1, max_length=200, pattern=r"^[^\x00-\x1f]+$"
+    experiment: SafeName = Field(
+        default="optimizer-checks", description=f"MLflow experiment: {SAFE_NAME_ALLOWED}"
     )
 
     @field_validator("checks")
@@ -493,6 +535,16 @@ def catalogue_errors(spec: JobSpec, catalogue: Catalogue, *, max_steps: int) -> 
         errors.append(
             SpecError(loc=["body", "steps"], msg=f"steps must be at most {max_steps}; received {spec.steps}")
         )
+    # Defaults (100) larger than a short job mean "at its end"; a value given must fit the job.
+    for cadence in ("checkpoint_every", "eval_every"):
+        value = getattr(spec, cadence)
+        if cadence in spec.model_fields_set and value > spec.steps:
+            errors.append(
+                SpecError(
+                    loc=["body", cadence],
+                    msg=f"{cadence} must be at most steps ({spec.steps}); received {value}",
+                )
+            )
 
     errors += optimizer_errors(spec.optimizer, spec.framework, catalogue)
 

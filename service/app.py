@@ -6,17 +6,23 @@ import json
 import logging
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from sqlalchemy import text
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+from starlette.routing import compile_path
 
 from jobs.spec import CheckSpec, JobSpec
 from service import store
+from service.auth import authorize
 from service.db import make_engine, migrate, session_factory
 from service.deps import SessionDep
+from service.guards import BodyGuard, BrowserWriteGuard, TrustedHosts
+from service.openapi import install as install_openapi
 from service.routes import catalogue, checks, jobs
 from service.schemas import Health
 from service.settings import Settings
@@ -36,12 +42,18 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     )
     app.state.settings = settings
     app.state.sessions = session_factory(engine)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    # Outermost last: the Host header first, then forged browser writes, then the body itself.
+    app.add_middleware(BodyGuard, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BrowserWriteGuard, enabled=not settings.tokens)
+    app.add_middleware(TrustedHosts, trusted=settings.trusted_host_names)
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected_error)
-    app.include_router(jobs.router)
-    app.include_router(checks.router)
-    app.include_router(catalogue.router)
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
+    # Every router needs a token (when tokens are configured); only /healthz, below, does not.
+    for router in (jobs.router, checks.router, catalogue.router):
+        app.include_router(router, dependencies=[Depends(authorize)])
+    log_access_mode(settings)
+    install_openapi(app)
 
     @app.get("/healthz", response_model=Health, tags=["health"])
     def healthz(session: SessionDep) -> Health:
@@ -57,64 +69,17 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     return app
 
 
-class BodySizeLimit:
-    """Refuse bodies over `max_bytes` with 413 before anything parses them (chunked ones too)."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            await self._refuse(send, int(declared))
-            return
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.max_bytes:
-                await self._refuse(send, size)
-                return
-            if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
-
-    async def _refuse(self, send: Send, size: int) -> None:
-        body = json.dumps(
-            {
-                "detail": f"request body is {size} bytes or more; at most {self.max_bytes} bytes "
-                "are accepted (OPTLAB_MAX_BODY_BYTES)"
-            }
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
+def log_access_mode(settings: Settings) -> None:
+    """Say plainly at start-up who can use this API (names and scopes, never a token)."""
+    if not settings.tokens:
+        log.warning(
+            "access control is OFF: OPTLAB_API_TOKENS is not set, so anyone who can reach this API "
+            "can submit, cancel and read every job; it must listen on localhost only"
         )
-        await send({"type": "http.response.body", "body": body})
+        return
+    names = ", ".join(f"{t.name} ({'submit' if t.can_write else 'read-only'})" for t in settings.tokens)
+    log.info("access control is on: bearer tokens required (%s)", names)
+    log.info("trusted hosts: %s", ", ".join(settings.trusted_host_names))
 
 
 def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -129,7 +94,7 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
         if kind == "json_invalid":
             loc = ["body"]
             message = f"the body is not valid JSON ({ctx.get('error', 'decode error')})"
-        elif kind == "finite_number":
+        elif kind in ("finite_number", "number_too_large"):
             loc.append(ctx["key"])
             message = f"{field}.{error['msg']}"
         elif kind == "extra_forbidden":
@@ -139,6 +104,27 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
             message += f"; received {_short(error['input'])}"
         detail.append({"loc": loc, "msg": message, "type": kind})
     return JSONResponse(status_code=422, content={"detail": detail})
+
+
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+    """FastAPI's own answer, but a 405's Allow header lists the methods of every route on the path
+    (Starlette names only the first route that matched it: `OPTIONS /jobs` said POST, not GET)."""
+    if exc.status_code == 405:
+        allowed = allowed_methods(request.app, request.url.path)
+        exc = StarletteHTTPException(
+            405,
+            detail=f"{request.method} is not allowed here; allowed: {', '.join(allowed)}",
+            headers={"Allow": ", ".join(allowed)},
+        )
+    return await http_exception_handler(request, exc)
+
+
+def allowed_methods(app: FastAPI, path: str) -> list[str]:
+    methods: set[str] = set()
+    for template, item in app.openapi()["paths"].items():
+        if compile_path(template)[0].match(path):
+            methods.update(method.upper() for method in item)
+    return sorted(methods)
 
 
 def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:

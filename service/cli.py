@@ -29,11 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = settings_from(args)
     except ValidationError as exc:
-        for error in exc.errors():
-            print(
-                f"optlab: invalid setting OPTLAB_{str(error['loc'][0]).upper()}: {error['msg']}",
-                file=sys.stderr,
-            )
+        for error in exc.errors():  # the message only: the input may be a secret
+            where = f"OPTLAB_{str(error['loc'][0]).upper()}" if error["loc"] else "settings"
+            print(f"optlab: invalid {where}: {error['msg']}", file=sys.stderr)
         return 2
     handler = {
         "serve": cmd_serve,
@@ -165,6 +163,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
+    from service.secrets import redact_url
     from service.supervisor import StartupError, Supervisor
 
     supervisor = Supervisor(settings)
@@ -178,7 +177,8 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
         return 1
     print(
         f"\noptlab is up\n  API       {supervisor.api_url}\n  API docs  {supervisor.api_url}/docs\n"
-        f"  MLflow UI {supervisor.mlflow_url}\n  data      {supervisor.data_dir}\nCtrl-C stops everything.",
+        f"  MLflow UI {redact_url(supervisor.mlflow_url)}\n  data      {supervisor.data_dir}\n"
+        "Ctrl-C stops everything.",
         flush=True,
     )
     try:
@@ -199,7 +199,16 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
     import uvicorn
 
     from service.app import create_app
+    from service.settings import LOOPBACK_HOSTS
 
+    if not settings.tokens and settings.api_host not in LOOPBACK_HOSTS:
+        print(
+            f"optlab api: refusing to listen on {settings.api_host} without access control: anyone "
+            "who reaches it could submit, cancel and read every job. Set OPTLAB_API_TOKENS (or "
+            "OPTLAB_API_TOKENS_FILE), or listen on 127.0.0.1",
+            file=sys.stderr,
+        )
+        return 2
     uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port, log_level="info")
     return 0
 
@@ -225,7 +234,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
-    from service.client import ApiClient, ApiError, error_of, status_of
+    from service.client import USAGE_ERRORS, ApiClient, ApiError, error_of, status_of
     from service.progress import follow_jobs
 
     try:
@@ -243,7 +252,7 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
         final = follow_jobs(client, {job["id"]: optimizer_label(job["spec"]["optimizer"])})[job["id"]]
     except ApiError as exc:
         print(f"optlab submit: {exc}", file=sys.stderr)
-        return 2 if exc.status_code in (400, 404, 413, 422) else 1
+        return 2 if exc.status_code in USAGE_ERRORS else 1
     finally:
         client.close()
     status, error = status_of(final), error_of(final)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,10 +42,17 @@ def format_detail(status_code: int, detail: Any) -> str:
     return f"HTTP {status_code}: {detail}"
 
 
+# Statuses that mean the request itself was wrong (the CLI exits 2 for them, 1 for the rest).
+USAGE_ERRORS = (400, 401, 403, 404, 413, 415, 422)
+
+
 class ApiClient:
-    def __init__(self, base_url: str, timeout_s: float = 30.0) -> None:
+    def __init__(self, base_url: str, timeout_s: float = 30.0, token: str | None = None) -> None:
+        """`token` defaults to $OPTLAB_TOKEN; it goes in the Authorization header, nowhere else."""
         self.base_url = base_url.rstrip("/")
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+        token = token if token is not None else os.environ.get("OPTLAB_TOKEN", "")
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
 
     def close(self) -> None:
         self._http.close()
@@ -60,7 +68,8 @@ class ApiClient:
         return self._call("GET", f"/jobs/{job_id}")
 
     def cancel(self, job_id: int) -> dict[str, Any]:
-        return self._call("POST", f"/jobs/{job_id}/cancel")
+        # No body, but a JSON content type: the API refuses writes a web page could forge.
+        return self._call("POST", f"/jobs/{job_id}/cancel", headers={"content-type": "application/json"})
 
     def wait(
         self,

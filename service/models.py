@@ -56,6 +56,8 @@ class Job(Base):
     worker_id: Mapped[str | None] = mapped_column(String(200))
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     workdir: Mapped[str | None] = mapped_column(String(1000))
+    # The name (never the secret) of the API token that submitted it; None on an open API.
+    submitted_by: Mapped[str | None] = mapped_column(String(64), index=True)
 
 
 class CatalogueSnapshot(Base):

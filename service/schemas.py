@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 
 from jobs.result import ErrorRecord, JobResult, JobStatus, MlflowInfo
 from service.models import Job
+from service.secrets import redact_url
 from service.store import as_utc
 
 __all__ = ["CheckSummary", "Health", "JobKind", "JobRead", "JobStatus", "JobsPage", "Progress"]
@@ -39,6 +40,7 @@ class JobRead(BaseModel):
     result: dict[str, Any] | None
     error: dict[str, Any] | None  # a jobs.result.ErrorRecord
     cancel_requested: bool
+    submitted_by: str | None = Field(description="the name of the API token that submitted it")
 
     @classmethod
     def from_row(cls, job: Job) -> JobRead:
@@ -58,11 +60,32 @@ class JobRead(BaseModel):
             ),
             latest_loss=job.latest_loss,
             spec=job.spec,
-            mlflow=MlflowInfo.model_validate(job.mlflow) if job.mlflow else None,
-            result=JobResult.model_validate(job.result).to_json() if job.result else None,
+            mlflow=_shown_mlflow(job.mlflow),
+            result=_shown_result(job.result),
             error=ErrorRecord.model_validate(job.error).to_json() if job.error else None,
             cancel_requested=job.cancel_requested,
+            submitted_by=job.submitted_by,
         )
+
+
+def _shown_mlflow(stored: dict[str, Any] | None) -> MlflowInfo | None:
+    """The job's MLflow run as shown: no credential in a URL, even one stored by an older worker."""
+    if not stored:
+        return None
+    info = MlflowInfo.model_validate(stored)
+    return info.model_copy(
+        update={"tracking_uri": redact_url(info.tracking_uri), "run_url": redact_url(info.run_url)}
+    )
+
+
+def _shown_result(stored: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not stored:
+        return None
+    shown = JobResult.model_validate(stored).to_json()
+    if shown.get("mlflow"):
+        mlflow = _shown_mlflow(shown["mlflow"])
+        shown["mlflow"] = mlflow.model_dump(mode="json") if mlflow else None
+    return shown
 
 
 class CheckSummary(BaseModel):
@@ -113,3 +136,83 @@ class Health(BaseModel):
     database: Literal["ok"]
     catalogue_published_at: datetime | None
     optimizers: int
+
+
+class OptimizerList(BaseModel):
+    """`GET /optimizers`: every implementation (one per name and style), and plugin load errors."""
+
+    items: list[dict[str, Any]] = Field(description="name, style, framework, params with ranges, ...")
+    errors: list[dict[str, str]] = Field(description="plugin files that failed to load: source, error")
+
+
+class OptimizerDetail(BaseModel):
+    """`GET /optimizers/{name}`: its implementations, each with `latest_check` (null: never checked)."""
+
+    name: str
+    implementations: list[dict[str, Any]]
+
+
+class CatalogueItems(BaseModel):
+    """`GET /schedules`, `GET /workloads`: the items with their parameters."""
+
+    items: list[dict[str, Any]]
+
+
+class ProblemItem(BaseModel):
+    """One problem in a request, located like FastAPI's validation errors (`["body", "steps"]`)."""
+
+    loc: list[str | int]
+    msg: str
+    type: str
+
+
+class Problem(BaseModel):
+    """Every refusal: `detail` says what was wrong and what is allowed."""
+
+    detail: str
+
+
+class InvalidRequest(BaseModel):
+    """422: each problem in the request, each naming its field, what is allowed and what came."""
+
+    detail: list[ProblemItem]
+
+
+# Why each status is answered; routes declare the ones they can return (service.routes.responses).
+STATUS_REASONS: dict[int, tuple[type[BaseModel], str]] = {
+    400: (Problem, "the Host header is not one of OPTLAB_TRUSTED_HOSTS"),
+    401: (Problem, "no bearer token, or one this API does not know (header WWW-Authenticate)"),
+    403: (Problem, "the token is read-only (NAME:TOKEN:read) and this request changes something"),
+    404: (Problem, "no such job or optimizer"),
+    409: (Problem, "the job already ended otherwise"),
+    413: (Problem, "the body is over OPTLAB_MAX_BODY_BYTES"),
+    415: (Problem, "a write without a token and without `Content-Type: application/json` (open API)"),
+    422: (InvalidRequest, "invalid input: the body, a path or query parameter"),
+    429: (
+        Problem,
+        "the queue is full (OPTLAB_MAX_QUEUED or OPTLAB_MAX_QUEUED_PER_TOKEN); header Retry-After",
+    ),
+    503: (Problem, "no worker has published the optimizer catalogue yet"),
+}
+
+
+def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI `responses` for these statuses, each with its body schema (and headers it sets)."""
+    declared: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        model, reason = STATUS_REASONS[status]
+        declared[status] = {"model": model, "description": reason}
+        if status == 429:
+            declared[status]["headers"] = {
+                "Retry-After": {"description": "seconds to wait", "schema": {"type": "integer"}}
+            }
+        if status == 401:
+            declared[status]["headers"] = {
+                "WWW-Authenticate": {"description": "the Bearer challenge", "schema": {"type": "string"}}
+            }
+    return declared
+
+
+# Every authenticated route: a foreign Host, a missing token, a body too large, bad parameters.
+COMMON = (400, 401, 413, 422)
+WRITES = (*COMMON, 403, 415)

@@ -2,16 +2,68 @@
 
 from __future__ import annotations
 
+import re
 import sys
+from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from pydantic import Field, field_validator
+from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from service.secrets import redact_url
+
+TOKEN_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+MIN_TOKEN_CHARS = 16
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+@dataclass(frozen=True)
+class ApiToken:
+    """One configured API token. `secret` is never logged, shown or put in an error message."""
+
+    name: str
+    secret: str = ""
+    can_write: bool = True
+
+    def __repr__(self) -> str:  # a stray log of the object must not print the secret
+        return f"ApiToken(name={self.name!r}, can_write={self.can_write})"
+
+
+def parse_tokens(lines: list[str], source: str) -> list[ApiToken]:
+    """`NAME:TOKEN` (submit and cancel) or `NAME:TOKEN:read` entries; ValueError names the entry
+    by its position and name, never by its secret."""
+    tokens: list[ApiToken] = []
+    for number, entry in enumerate((line.strip() for line in lines), start=1):
+        if not entry or entry.startswith("#"):
+            continue
+        name, _, rest = entry.partition(":")
+        secret, _, scope = rest.partition(":")
+        where = f"{source} entry {number}"
+        if not TOKEN_NAME_PATTERN.match(name):
+            raise ValueError(
+                f"{where}: the name must be 1-64 of A-Z a-z 0-9 _ . - before the first ':' "
+                "(entries are NAME:TOKEN or NAME:TOKEN:read)"
+            )
+        if scope not in ("", "read") or ":" in scope:
+            raise ValueError(f"{where} ({name!r}): the scope after the token may only be 'read'")
+        if len(secret) < MIN_TOKEN_CHARS or any(c.isspace() or ord(c) < 32 for c in secret):
+            raise ValueError(
+                f"{where} ({name!r}): the token must be at least {MIN_TOKEN_CHARS} characters, "
+                "no spaces or control characters (make one: "
+                "`python -c 'import secrets; print(secrets.token_urlsafe())'`)"
+            )
+        if any(t.name == name for t in tokens):
+            raise ValueError(f"{where}: the name {name!r} is given twice")
+        if any(t.secret == secret for t in tokens):
+            raise ValueError(f"{where} ({name!r}): the same token is given to another name")
+        tokens.append(ApiToken(name=name, secret=secret, can_write=scope != "read"))
+    return tokens
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="OPTLAB_", extra="ignore")
+    # hide_input_in_errors: a refused setting may be a token or a URL with a password in it.
+    model_config = SettingsConfigDict(env_prefix="OPTLAB_", extra="ignore", hide_input_in_errors=True)
 
     data_dir: Path = Field(default=Path(".optlab"), description="job folders, SQLite files, artifacts")
     database_url: str = Field(default="", description="SQLAlchemy URL; default SQLite in data_dir")
@@ -29,13 +81,50 @@ class Settings(BaseSettings):
     plugin_poll_s: float = Field(
         default=2.0, gt=0, le=3600, description="how often a worker looks for changed plugin files"
     )
+    # Access control (see README "Access control"); the secrets stay out of repr and messages.
+    api_tokens: str = Field(default="", repr=False, description="comma-separated NAME:TOKEN[:read]")
+    api_tokens_file: Path | None = Field(default=None, description="the same entries, one per line")
+    trusted_hosts: str = Field(
+        default=",".join(LOOPBACK_HOSTS), description="comma-separated Host names the API answers; * any"
+    )
+    max_queued: int = Field(default=1000, ge=1, description="queued jobs in total")
+    max_queued_per_token: int = Field(default=100, ge=1, description="queued jobs per token name")
+    _tokens: list[ApiToken] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="after")
+    def _read_tokens(self) -> Settings:
+        tokens = parse_tokens(self.api_tokens.split(","), "OPTLAB_API_TOKENS")
+        if self.api_tokens_file is not None:
+            try:
+                lines = self.api_tokens_file.read_text().splitlines()
+            except OSError as exc:
+                raise ValueError(
+                    f"OPTLAB_API_TOKENS_FILE: cannot read {self.api_tokens_file}: {exc.strerror}"
+                ) from None
+            tokens += parse_tokens(lines, f"OPTLAB_API_TOKENS_FILE {self.api_tokens_file}")
+        names = [t.name for t in tokens]
+        if len(set(names)) < len(names) or len({t.secret for t in tokens}) < len(tokens):
+            raise ValueError("OPTLAB_API_TOKENS and OPTLAB_API_TOKENS_FILE give one name or token twice")
+        self._tokens = tokens
+        return self
+
+    @property
+    def tokens(self) -> list[ApiToken]:
+        """Configured tokens; empty: the API is open (and must listen on localhost only)."""
+        return self._tokens
+
+    @property
+    def trusted_host_names(self) -> list[str]:
+        return [h.strip().lower() for h in self.trusted_hosts.split(",") if h.strip()]
 
     @field_validator("mlflow_tracking_uri")
     @classmethod
     def _http_only(cls, value: str) -> str:
         # Workers reach MLflow over HTTP only, never through its database.
         if not value.startswith(("http://", "https://")):
-            raise ValueError(f"must be an http(s):// URL of a tracking server; received {value!r}")
+            raise ValueError(
+                f"must be an http(s):// URL of a tracking server; received {redact_url(value)!r}"
+            )
         return value.rstrip("/")
 
     @cached_property

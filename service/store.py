@@ -26,9 +26,10 @@ def as_utc(moment: datetime | None) -> datetime | None:
     return moment.replace(tzinfo=UTC)
 
 
-def create_job(*, session: Session, spec: AnySpec) -> Job:
+def create_job(*, session: Session, spec: AnySpec, submitted_by: str | None = None) -> Job:
     """Queue a training job, or a check job (its progress counts checks instead of steps)."""
     job = Job(
+        submitted_by=submitted_by,
         status=JobStatus.QUEUED,
         kind="check" if isinstance(spec, CheckSpec) else "train",
         spec=spec.model_dump(mode="json"),
@@ -40,6 +41,14 @@ def create_job(*, session: Session, spec: AnySpec) -> Job:
     session.add(job)
     session.commit()
     return job
+
+
+def count_queued(*, session: Session, submitted_by: str | None = None) -> int:
+    """Queued jobs in total, or those one token name submitted."""
+    query = select(func.count()).select_from(Job).where(Job.status == JobStatus.QUEUED)
+    if submitted_by is not None:
+        query = query.where(Job.submitted_by == submitted_by)
+    return int(session.scalar(query) or 0)
 
 
 def get_job(*, session: Session, job_id: int) -> Job | None:

@@ -38,6 +38,7 @@ from jobs.result import (
 from service import store
 from service.models import Job
 from service.plugins import PluginWatcher, fingerprint, plugin_dirs_from_environment
+from service.secrets import job_environment
 from service.settings import Settings
 
 log = logging.getLogger("optlab.worker")
@@ -57,6 +58,7 @@ def produce_catalogue(settings: Settings) -> dict[str, Any]:
     try:
         completed = subprocess.run(
             [settings.job_python, "-m", "jobs.catalogue"],
+            env=job_environment(os.environ, "")[0],  # plugin code runs there: no secrets for it either
             capture_output=True,
             text=True,
             timeout=settings.catalogue_timeout_s,
@@ -163,12 +165,14 @@ class Worker:
         workdir.mkdir(parents=True, exist_ok=True)
         spec_path = workdir / "spec.json"
         spec_path.write_text(json.dumps(job.spec, indent=2))
+        env, tracking_uri = job_environment(os.environ, self.settings.mlflow_tracking_uri)
         command = [
             self.settings.job_python, "-m", "jobs.run", str(spec_path),
             "--workdir", str(workdir),
-            "--tracking-uri", self.settings.mlflow_tracking_uri,
+            "--tracking-uri", tracking_uri,
             "--job-id", str(job.id),
             "--attempt", str(job.attempt),
+            *(["--submitted-by", job.submitted_by] if job.submitted_by else []),
         ]  # fmt: skip
         with open(workdir / LOG_FILE, "ab") as log_file:
             process: subprocess.Popen[bytes] = start_in_own_group(
@@ -177,7 +181,7 @@ class Worker:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env=env,
             )
         try:
             stop_reason = self._watch(job.id, process, workdir)

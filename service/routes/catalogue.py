@@ -2,28 +2,28 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from fastapi import APIRouter, HTTPException
 
 from service import store
 from service.deps import CatalogueDep, SessionDep
-from service.schemas import CheckSummary
+from service.schemas import COMMON, CatalogueItems, CheckSummary, OptimizerDetail, OptimizerList, responses
 
 router = APIRouter(tags=["catalogue"])
 
 
-@router.get("/optimizers")
+@router.get("/optimizers", responses=responses(*COMMON, 503))
 def list_optimizers(
     catalogue: CatalogueDep, framework: Literal["torch", "tensorflow"] | None = None
-) -> dict[str, Any]:
+) -> OptimizerList:
     """Every implementation (one per name and style), with hyperparameters and their ranges."""
     items = [o for o in catalogue.optimizers if framework is None or o["framework"] == framework]
-    return {"items": items, "errors": catalogue.errors}
+    return OptimizerList(items=items, errors=catalogue.errors)
 
 
-@router.get("/optimizers/{name}")
-def get_optimizer(name: str, catalogue: CatalogueDep, session: SessionDep) -> dict[str, Any]:
+@router.get("/optimizers/{name}", responses=responses(*COMMON, 404, 503))
+def get_optimizer(name: str, catalogue: CatalogueDep, session: SessionDep) -> OptimizerDetail:
     """One optimizer name and its implementations in each style it exists in, each with the
     summary of its latest finished conformance check (`latest_check`, null when never checked)."""
     implementations = [o for o in catalogue.optimizers if o["name"] == name]
@@ -33,14 +33,14 @@ def get_optimizer(name: str, catalogue: CatalogueDep, session: SessionDep) -> di
     latest = store.latest_checks(session=session, name=name, styles=[o["style"] for o in implementations])
     summaries = {style: job and CheckSummary.from_row(job).to_json() for style, job in latest.items()}
     items = [{**o, "latest_check": summaries[o["style"]]} for o in implementations]
-    return {"name": name, "implementations": items}
+    return OptimizerDetail(name=name, implementations=items)
 
 
-@router.get("/schedules")
-def list_schedules(catalogue: CatalogueDep) -> dict[str, Any]:
-    return {"items": catalogue.schedules}
+@router.get("/schedules", responses=responses(*COMMON, 503))
+def list_schedules(catalogue: CatalogueDep) -> CatalogueItems:
+    return CatalogueItems(items=catalogue.schedules)
 
 
-@router.get("/workloads")
-def list_workloads(catalogue: CatalogueDep) -> dict[str, Any]:
-    return {"items": catalogue.workloads}
+@router.get("/workloads", responses=responses(*COMMON, 503))
+def list_workloads(catalogue: CatalogueDep) -> CatalogueItems:
+    return CatalogueItems(items=catalogue.workloads)

@@ -10,16 +10,21 @@ from fastapi import APIRouter, HTTPException
 
 from jobs.spec import CheckSpec, check_errors, with_resolved_style
 from service import store
-from service.deps import CatalogueDep, SessionDep
-from service.schemas import JobRead
+from service.auth import CallerDep, submitter
+from service.deps import CatalogueDep, SessionDep, SettingsDep
+from service.quotas import enforce_queue_limits
+from service.schemas import WRITES, JobRead, responses
 
 router = APIRouter(prefix="/checks", tags=["checks"])
 
 
-@router.post("", status_code=201, response_model=JobRead)
-def submit_check(spec: CheckSpec, session: SessionDep, catalogue: CatalogueDep) -> JobRead:
+@router.post("", status_code=201, response_model=JobRead, responses=responses(*WRITES, 429, 503))
+def submit_check(
+    spec: CheckSpec, session: SessionDep, settings: SettingsDep, catalogue: CatalogueDep, caller: CallerDep
+) -> JobRead:
     errors = check_errors(spec, catalogue)
     if errors:
         raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
+    enforce_queue_limits(session=session, settings=settings, submitted_by=submitter(caller))
     spec = with_resolved_style(spec, catalogue)
-    return JobRead.from_row(store.create_job(session=session, spec=spec))
+    return JobRead.from_row(store.create_job(session=session, spec=spec, submitted_by=submitter(caller)))

@@ -9,8 +9,10 @@ from fastapi import APIRouter, HTTPException, Path, Query
 from jobs.result import JobStatus
 from jobs.spec import JobSpec, catalogue_errors, with_resolved_style
 from service import store
+from service.auth import CallerDep, submitter
 from service.deps import CatalogueDep, SessionDep, SettingsDep
-from service.schemas import JobKind, JobRead, JobsPage
+from service.quotas import enforce_queue_limits
+from service.schemas import COMMON, WRITES, JobKind, JobRead, JobsPage, responses
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -18,16 +20,19 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 JobId = Annotated[int, Path(ge=1, le=2**31 - 1, description="the job's id")]
 
 
-@router.post("", status_code=201, response_model=JobRead)
-def submit_job(spec: JobSpec, session: SessionDep, settings: SettingsDep, catalogue: CatalogueDep) -> JobRead:
+@router.post("", status_code=201, response_model=JobRead, responses=responses(*WRITES, 429, 503))
+def submit_job(
+    spec: JobSpec, session: SessionDep, settings: SettingsDep, catalogue: CatalogueDep, caller: CallerDep
+) -> JobRead:
     errors = catalogue_errors(spec, catalogue, max_steps=settings.max_steps)
     if errors:
         raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
+    enforce_queue_limits(session=session, settings=settings, submitted_by=submitter(caller))
     spec = with_resolved_style(spec, catalogue)
-    return JobRead.from_row(store.create_job(session=session, spec=spec))
+    return JobRead.from_row(store.create_job(session=session, spec=spec, submitted_by=submitter(caller)))
 
 
-@router.get("", response_model=JobsPage)
+@router.get("", response_model=JobsPage, responses=responses(*COMMON))
 def list_jobs(
     session: SessionDep,
     status: JobStatus | None = None,
@@ -39,7 +44,7 @@ def list_jobs(
     return JobsPage(items=[JobRead.from_row(j) for j in jobs], total=total, limit=limit, offset=offset)
 
 
-@router.get("/{job_id}", response_model=JobRead)
+@router.get("/{job_id}", response_model=JobRead, responses=responses(*COMMON, 404))
 def get_job(job_id: JobId, session: SessionDep) -> JobRead:
     job = store.get_job(session=session, job_id=job_id)
     if job is None:
@@ -47,7 +52,7 @@ def get_job(job_id: JobId, session: SessionDep) -> JobRead:
     return JobRead.from_row(job)
 
 
-@router.post("/{job_id}/cancel", response_model=JobRead)
+@router.post("/{job_id}/cancel", response_model=JobRead, responses=responses(*WRITES, 404, 409))
 def cancel_job(job_id: JobId, session: SessionDep) -> JobRead:
     job = store.request_cancel(session=session, job_id=job_id)
     if job is None:

@@ -181,7 +181,9 @@ def test_a_failing_optimizer_fails_its_job_and_the_worker_carries_on(api: httpx.
     assert "boom: this optimizer always fails" in failed["error"]["message"]
     assert "exploding.py" in failed["error"]["traceback"]
 
-    following = submit_and_wait(api, spec("adam", {"lr": 0.003}, steps=30, checkpoint_every=30))
+    following = submit_and_wait(
+        api, spec("adam", {"lr": 0.003}, steps=30, checkpoint_every=30, eval_every=30)
+    )
     assert following["status"] == "succeeded", following["error"]
 
 
@@ -199,7 +201,7 @@ def test_cancelling_a_running_job_stops_its_process(service: Supervisor, api: ht
         api, job_id, lambda job: job["status"] == "running" and job["progress"]["step"] > 0, timeout_s=120
     )
     asked = time.monotonic()
-    assert api.post(f"/jobs/{job_id}/cancel").status_code == 200
+    assert api.post(f"/jobs/{job_id}/cancel", json={}).status_code == 200  # JSON: no forgeable writes
     job = wait_for(api, job_id, lambda job: job["status"] == "cancelled", timeout_s=20)
     assert time.monotonic() - asked < 15
     assert job["finished_at"] is not None
@@ -287,7 +289,7 @@ def test_tensorflow_jobs_in_both_styles_match_torch_on_digits(service: Superviso
 
 
 def test_legacy_optimizer_requested_explicitly(api: httpx.Client) -> None:
-    body = spec("adam", {"lr": 0.003}, framework="tensorflow", steps=30, checkpoint_every=30)
+    body = spec("adam", {"lr": 0.003}, framework="tensorflow", steps=30, checkpoint_every=30, eval_every=30)
     body["optimizer"]["style"] = "tf_legacy"
     job = submit_and_wait(api, body)
     assert job["status"] == "succeeded", job["error"]

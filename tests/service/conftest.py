@@ -16,7 +16,8 @@ from service.settings import Settings
 
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    return Settings(data_dir=tmp_path, max_steps=10_000)
+    # TestClient sends `Host: testserver`; the default trusted hosts are the localhost names.
+    return Settings(data_dir=tmp_path, max_steps=10_000, trusted_hosts="localhost,testserver")
 
 
 @pytest.fixture

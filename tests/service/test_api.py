@@ -95,6 +95,17 @@ BAD_SPECS = [
     ({"optimizer__lr": 0.1}, ["unknown field 'optimizer.lr'", "params"], "lr"),
     ({"optimizer": DELETE}, ["optimizer", "Field required"], "optimizer"),
     ({"experiment": ""}, ["experiment"], "experiment"),
+    # The holes a fuzzer found: cadences beyond the job, absurd magnitudes, names that spoof or escape.
+    ({"checkpoint_every": 10**30}, ["checkpoint_every", "less than or equal"], "checkpoint_every"),
+    ({"eval_every": 2**64}, ["eval_every"], "eval_every"),
+    ({"checkpoint_every": 301}, ["checkpoint_every must be at most steps (300)", "301"], "checkpoint_every"),
+    ({"eval_every": 1000}, ["eval_every must be at most steps (300)"], "eval_every"),
+    ({"optimizer__params": {"lr": 1e308}}, ["lr must be a number of magnitude at most 1e9"], "lr"),
+    ({"optimizer__params": {"lr": 10**30}}, ["magnitude at most 1e9"], "lr"),
+    ({"experiment": "demo\u202egnp.exe"}, ["experiment", "may contain only letters"], "experiment"),
+    ({"experiment": "demo\x7f"}, ["may contain only"], "experiment"),
+    ({"experiment": "../../etc"}, ["may contain only"], "experiment"),
+    ({"experiment": "a/b"}, ["may contain only"], "experiment"),
 ]
 
 
@@ -140,6 +151,28 @@ def test_malformed_bodies_get_422_never_500(client: TestClient, body: bytes) -> 
     assert client.get("/jobs").json()["total"] == 0
 
 
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        (b'{"experiment": "caf\xe9"}', "not valid UTF-8 (byte 0xe9 at offset 19)"),
+        (b"[" * 100 + b"]" * 100, "deeper than 32 levels"),
+        (b'{"a": ' * 5000 + b"1" + b"}" * 5000, "deeper than 32 levels"),
+    ],
+)
+def test_undecodable_and_too_deep_bodies_get_a_clear_422(
+    client: TestClient, body: bytes, expected: str
+) -> None:
+    response = client.post("/jobs", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert expected in response.json()["detail"][0]["msg"]
+    assert response.json()["detail"][0]["loc"] == ["body"]
+
+
+def test_a_default_cadence_longer_than_a_short_job_means_at_its_end(client: TestClient) -> None:
+    short = with_changes(steps=20, checkpoint_every=DELETE, eval_every=DELETE)
+    assert client.post("/jobs", json=short).status_code == 201
+
+
 def test_bodies_over_64_kib_are_refused_before_parsing(client: TestClient) -> None:
     big = with_changes(experiment="x" * 70_000)
     response = client.post("/jobs", json=big)
@@ -157,7 +190,7 @@ def test_bodies_over_64_kib_are_refused_before_parsing(client: TestClient) -> No
 
 def test_list_filters_by_status_and_paginates(client: TestClient) -> None:
     ids = [client.post("/jobs", json=GOOD).json()["id"] for _ in range(5)]
-    client.post(f"/jobs/{ids[0]}/cancel")
+    client.post(f"/jobs/{ids[0]}/cancel", json={})
     page = client.get("/jobs", params={"limit": 2, "offset": 1}).json()
     assert page["total"] == 5 and page["limit"] == 2 and page["offset"] == 1
     assert [job["id"] for job in page["items"]] == [ids[3], ids[2]]  # newest first
@@ -169,11 +202,11 @@ def test_list_filters_by_status_and_paginates(client: TestClient) -> None:
 
 def test_cancel(client: TestClient) -> None:
     job = client.post("/jobs", json=GOOD).json()
-    cancelled = client.post(f"/jobs/{job['id']}/cancel")
+    cancelled = client.post(f"/jobs/{job['id']}/cancel", json={})
     assert cancelled.status_code == 200
     assert cancelled.json()["status"] == "cancelled"
-    assert client.post(f"/jobs/{job['id']}/cancel").status_code == 200  # idempotent
-    assert client.post("/jobs/999/cancel").status_code == 404
+    assert client.post(f"/jobs/{job['id']}/cancel", json={}).status_code == 200  # idempotent
+    assert client.post("/jobs/999/cancel", json={}).status_code == 404
     missing = client.get("/jobs/999")
     assert missing.status_code == 404 and "999" in missing.json()["detail"]
     assert client.get("/jobs/not-a-number").status_code == 422
@@ -237,7 +270,7 @@ print(loaded)
     ],
 )
 def test_out_of_range_ids_and_pages_are_422_not_500(client: TestClient, method: str, url: str) -> None:
-    response = client.request(method, url)
+    response = client.request(method, url, headers={"content-type": "application/json"})
     assert response.status_code == 422, response.text
     assert "received" in response.json()["detail"][0]["msg"]
 

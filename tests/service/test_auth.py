@@ -1,0 +1,331 @@
+"""Access control: tokens on every route (table-driven over the app's routes), read-only tokens,
+trusted hosts, writes a web page could forge, queue quotas, and tokens never shown."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from pydantic import ValidationError
+from sqlalchemy.orm import Session, sessionmaker
+
+from service import store
+from service.app import create_app
+from service.auth import match_token
+from service.db import make_engine, migrate, session_factory
+from service.settings import ApiToken, Settings
+from tests.service.test_api import GOOD
+
+WRITER = "writer-token-0123456789abcdef"
+READER = "reader-token-0123456789abcdef"
+WRONG = "wrong-token-0123456789abcdefgh"
+# The only routes anyone may call without a token (probes, and the API's own documentation).
+OPEN_PATHS = {"/healthz"}
+# A body that a route accepts, by path; a route not named here gets {} (its good-token answer may be
+# 422 then, but never 401 or 403).
+BODIES: dict[str, Any] = {
+    "/jobs": GOOD,
+    "/checks": {"optimizer": {"name": "lion", "params": {"lr": 0.001}}},
+}
+PATH_VALUES = {"job_id": "1", "name": "ema_momentum"}
+
+
+def locked_settings(tmp_path: Path, **overrides: Any) -> Settings:
+    return Settings(
+        data_dir=tmp_path,
+        api_tokens=f"alice:{WRITER},bob:{READER}:read",
+        trusted_hosts="localhost,testserver",
+        **overrides,
+    )
+
+
+@pytest.fixture
+def locked(tmp_path: Path, catalogue_data: dict[str, Any]) -> Iterator[TestClient]:
+    """An API with a submit token (alice) and a read-only one (bob), and one queued job."""
+    yield from _client(locked_settings(tmp_path), catalogue_data)
+
+
+def _client(settings: Settings, catalogue_data: dict[str, Any]) -> Iterator[TestClient]:
+    engine = make_engine(settings.resolved_database_url)
+    migrate(engine)
+    sessions: sessionmaker[Session] = session_factory(engine)
+    with sessions() as session:
+        store.publish_catalogue(session=session, worker_id="test-worker", catalogue=catalogue_data)
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        yield client
+
+
+def _operations() -> list[tuple[str, str]]:
+    """Every (method, path) the app serves, from its OpenAPI (FastAPI builds it from the routes,
+    included routers too), so a route added later is in this table without anyone adding it."""
+    settings = Settings(database_url="sqlite:///:memory:", api_tokens=f"a:{WRITER}")
+    paths = create_app(settings, run_migrations=False).openapi()["paths"]
+    operations = [
+        (method.upper(), path) for path, item in paths.items() if path not in OPEN_PATHS for method in item
+    ]
+    assert len(operations) >= 8, operations  # the table really is the app's routes
+    return operations
+
+
+OPERATIONS = _operations()
+
+
+def _call(client: TestClient, method: str, path: str, token: str | None) -> Any:
+    url = path.format(**PATH_VALUES)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if method == "GET":
+        return client.get(url, headers=headers)
+    return client.request(method, url, json=BODIES.get(path, {}), headers=headers)
+
+
+def _seed_job(client: TestClient) -> None:
+    response = client.post("/jobs", json=GOOD, headers={"Authorization": f"Bearer {WRITER}"})
+    assert response.status_code == 201, response.text
+
+
+@pytest.mark.parametrize(("method", "path"), OPERATIONS, ids=[f"{m} {p}" for m, p in OPERATIONS])
+def test_every_route_needs_a_valid_token(locked: TestClient, method: str, path: str) -> None:
+    _seed_job(locked)
+    for token, error in ((None, None), (WRONG, "invalid_token"), ("Basic " + WRITER, None)):
+        if token and token.startswith("Basic"):
+            response = locked.request(
+                method,
+                path.format(**PATH_VALUES),
+                json=BODIES.get(path, {}),
+                headers={"Authorization": token},
+            )
+        else:
+            response = _call(locked, method, path, token)
+        assert response.status_code == 401, (token, response.text)
+        challenge = response.headers["www-authenticate"]
+        assert challenge.startswith("Bearer") and (error is None or error in challenge)
+        assert WRITER not in response.text and WRONG not in response.text
+    read = _call(locked, method, path, READER)
+    if method == "GET":
+        assert read.status_code in (200, 404), read.text
+    else:
+        assert read.status_code == 403 and "'bob' is read-only" in read.json()["detail"], read.text
+    good = _call(locked, method, path, WRITER)
+    assert good.status_code not in (401, 403), good.text
+    assert good.status_code < 300 or path not in BODIES, good.text
+
+
+def test_healthz_needs_no_token(locked: TestClient) -> None:
+    assert locked.get("/healthz").status_code == 200
+
+
+def test_jobs_record_who_submitted_them(locked: TestClient) -> None:
+    job = locked.post("/jobs", json=GOOD, headers={"Authorization": f"Bearer {WRITER}"}).json()
+    assert job["submitted_by"] == "alice"
+    check = locked.post("/checks", json=BODIES["/checks"], headers={"Authorization": f"Bearer {WRITER}"})
+    assert check.json()["submitted_by"] == "alice"
+    seen = locked.get(f"/jobs/{job['id']}", headers={"Authorization": f"Bearer {READER}"}).json()
+    assert seen["submitted_by"] == "alice"
+
+
+def test_an_open_api_says_so_and_records_no_submitter(
+    tmp_path: Path, catalogue_data: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="optlab.api")
+    settings = Settings(data_dir=tmp_path, trusted_hosts="testserver")
+    for client in _client(settings, catalogue_data):
+        job = client.post("/jobs", json=GOOD)
+        assert job.status_code == 201 and job.json()["submitted_by"] is None
+    assert "access control is OFF" in caplog.text
+
+
+def test_the_start_up_log_names_tokens_never_their_secrets(
+    tmp_path: Path, catalogue_data: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    for client in _client(locked_settings(tmp_path), catalogue_data):
+        client.get("/jobs", headers={"Authorization": f"Bearer {WRONG}"})
+    assert "alice (submit)" in caplog.text and "bob (read-only)" in caplog.text
+    assert WRITER not in caplog.text and READER not in caplog.text and WRONG not in caplog.text
+    settings = locked_settings(tmp_path)
+    assert WRITER not in repr(settings) and WRITER not in repr(settings.tokens)
+
+
+def test_tokens_from_a_file(tmp_path: Path) -> None:
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"# one per line\ncarol:{WRITER}\n\ndave:{READER}:read\n")
+    settings = Settings(data_dir=tmp_path, api_tokens_file=tokens)
+    assert [(t.name, t.can_write) for t in settings.tokens] == [("carol", True), ("dave", False)]
+
+
+@pytest.mark.parametrize(
+    ("entries", "message"),
+    [
+        ("alice:short", "at least 16 characters"),
+        (f":{WRITER}", "the name must be"),
+        (f"alice:{WRITER}:admin", "may only be 'read'"),
+        (f"alice:{WRITER},alice:{READER}", "given twice"),
+        (f"alice:{WRITER},bob:{WRITER}", "another name"),
+    ],
+)
+def test_bad_token_settings_fail_fast_without_showing_the_secret(entries: str, message: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        Settings(api_tokens=entries)
+    errors = " ".join(error["msg"] for error in caught.value.errors())
+    assert message in errors
+    assert WRITER not in errors and READER not in errors
+
+
+def test_token_comparison_checks_every_token() -> None:
+    tokens = [ApiToken("a", WRITER), ApiToken("b", READER, can_write=False)]
+    assert match_token(tokens, READER) == tokens[1]
+    assert match_token(tokens, WRITER[:-1]) is None and match_token(tokens, "") is None
+
+
+def test_foreign_host_headers_are_refused(locked: TestClient) -> None:
+    auth = {"Authorization": f"Bearer {WRITER}"}
+    refused = locked.get("/jobs", headers={**auth, "Host": "attacker.example:8000"})
+    assert refused.status_code == 400
+    detail = refused.json()["detail"]
+    assert "attacker.example" in detail and "OPTLAB_TRUSTED_HOSTS" in detail
+    assert locked.get("/jobs", headers={**auth, "Host": "localhost:8000"}).status_code == 200
+    assert locked.get("/healthz", headers={"Host": "10.1.2.3:8000"}).status_code == 200  # probes
+
+
+def test_the_default_trusted_hosts_are_the_localhost_names(tmp_path: Path) -> None:
+    assert Settings(data_dir=tmp_path).trusted_host_names == ["localhost", "127.0.0.1", "::1"]
+
+
+def test_a_cross_site_form_cannot_cancel_a_job(tmp_path: Path, catalogue_data: dict[str, Any]) -> None:
+    for client in _client(Settings(data_dir=tmp_path, trusted_hosts="testserver"), catalogue_data):
+        job = client.post("/jobs", json=GOOD).json()
+        for content_type in ("application/x-www-form-urlencoded", "text/plain", "multipart/form-data"):
+            forged = client.post(
+                f"/jobs/{job['id']}/cancel", content=b"", headers={"content-type": content_type}
+            )
+            assert forged.status_code == 415, forged.text
+            assert "application/json" in forged.json()["detail"]
+        assert client.post(f"/jobs/{job['id']}/cancel").status_code == 415  # no content type at all
+        assert client.get(f"/jobs/{job['id']}").json()["status"] == "queued"
+        assert client.post(f"/jobs/{job['id']}/cancel", json={}).status_code == 200
+
+
+def test_with_tokens_a_forged_write_is_simply_unauthorized(locked: TestClient) -> None:
+    _seed_job(locked)
+    forged = locked.post("/jobs/1/cancel", content=b"x=1", headers={"content-type": "text/plain"})
+    assert forged.status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "allowed"), [("OPTIONS", "/jobs", "GET, POST"), ("DELETE", "/jobs/1", "GET")]
+)
+def test_a_method_not_allowed_lists_every_method_of_the_path(
+    locked: TestClient, method: str, path: str, allowed: str
+) -> None:
+    response = locked.request(method, path, headers={"Authorization": f"Bearer {WRITER}"})
+    assert response.status_code == 405 and response.headers["allow"] == allowed
+    assert allowed in response.json()["detail"]
+
+
+def test_the_openapi_names_what_the_catalogue_holds_and_every_status(locked: TestClient) -> None:
+    document = locked.get("/openapi.json").json()
+    schemas = document["components"]["schemas"]
+    assert "ema_momentum" in schemas["OptimizerChoice"]["properties"]["name"]["enum"]
+    assert schemas["WorkloadChoice"]["properties"]["name"]["enum"] == [
+        "digits_cnn",
+        "digits_mlp",
+        "embedding_mf",
+    ]
+    assert "cosine" in schemas["ScheduleChoice"]["properties"]["name"]["enum"]
+    assert schemas["JobSpec"]["properties"]["experiment"]["pattern"].startswith("^[A-Za-z0-9]")
+    assert schemas["JobSpec"]["properties"]["steps"]["maximum"] == 2**31 - 1
+    submit = document["paths"]["/jobs"]["post"]["responses"]
+    assert set(submit) == {"201", "400", "401", "403", "413", "415", "422", "429", "503"}
+    assert "Retry-After" in submit["429"]["headers"]
+    cancel = document["paths"]["/jobs/{job_id}/cancel"]["post"]["responses"]
+    assert {"404", "409"} <= set(cancel)
+    assert document["paths"]["/jobs"]["post"]["security"] == [{"HTTPBearer": []}]
+
+
+def test_queue_quotas_answer_429_with_retry_after(tmp_path: Path, catalogue_data: dict[str, Any]) -> None:
+    settings = locked_settings(tmp_path, max_queued=3, max_queued_per_token=2)
+    for client in _client(settings, catalogue_data):
+        auth = {"Authorization": f"Bearer {WRITER}"}
+        assert [client.post("/jobs", json=GOOD, headers=auth).status_code for _ in range(2)] == [201, 201]
+        refused = client.post("/checks", json=BODIES["/checks"], headers=auth)
+        assert refused.status_code == 429 and refused.headers["retry-after"] == "30"
+        assert "'alice' has 2 jobs queued" in refused.json()["detail"]
+        assert client.get("/jobs", headers=auth).json()["total"] == 2  # nothing half-stored
+        client.post("/jobs/1/cancel", json={}, headers=auth)  # a cancelled job no longer counts
+        assert client.post("/jobs", json=GOOD, headers=auth).status_code == 201
+    with_settings = Settings(data_dir=tmp_path / "open", trusted_hosts="testserver", max_queued=1)
+    for client in _client(with_settings, catalogue_data):
+        assert client.post("/jobs", json=GOOD).status_code == 201
+        full = client.post("/jobs", json=GOOD)
+        assert full.status_code == 429 and "OPTLAB_MAX_QUEUED" in full.json()["detail"]
+
+
+@pytest.fixture
+def served(tmp_path: Path, catalogue_data: dict[str, Any]) -> Iterator[str]:
+    """The locked API on a real uvicorn server in a thread, for the CLI's own HTTP client."""
+    import threading
+
+    import uvicorn
+
+    from tests.conftest import free_port
+
+    settings = locked_settings(tmp_path).model_copy(update={"trusted_hosts": "127.0.0.1"})
+    engine = make_engine(settings.resolved_database_url)
+    migrate(engine)
+    with session_factory(engine)() as session:
+        store.publish_catalogue(session=session, worker_id="test-worker", catalogue=catalogue_data)
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="error")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        thread.join(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_the_cli_sends_optlab_token(
+    served: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from service import cli
+    from service.client import ApiClient
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(GOOD))
+    monkeypatch.delenv("OPTLAB_TOKEN", raising=False)
+    assert cli.main(["submit", str(spec), "--api", served]) == 2
+    assert "needs a token" in capsys.readouterr().err
+    monkeypatch.setenv("OPTLAB_TOKEN", READER)
+    assert cli.main(["submit", str(spec), "--api", served]) == 2
+    assert "read-only" in capsys.readouterr().err
+    assert cli.main(["check", "lion", "--remote", served, "--only", "construct"]) == 2  # check --remote
+    assert "read-only" in capsys.readouterr().err
+    monkeypatch.setenv("OPTLAB_TOKEN", WRITER)
+    assert cli.main(["submit", str(spec), "--api", served]) == 0
+    assert "job 1 queued" in capsys.readouterr().out
+    client = ApiClient(served)
+    try:
+        assert client.job(1)["submitted_by"] == "alice"
+        assert client.cancel(1)["status"] == "cancelled"
+    finally:
+        client.close()
+
+
+def test_an_open_api_refuses_to_listen_beyond_localhost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from service import cli
+
+    monkeypatch.delenv("OPTLAB_API_TOKENS", raising=False)
+    monkeypatch.setenv("OPTLAB_DATA_DIR", str(tmp_path))
+    assert cli.main(["api", "--host", "0.0.0.0"]) == 2
+    assert "without access control" in capsys.readouterr().err
