@@ -385,13 +385,7 @@ def parse_params(text: str) -> dict[str, Any]:
     Here rather than in jobs.checks so `optlab check` parses it the same way locally and with
     `--remote`, where the service may import only jobs.spec and jobs.result.
     """
-    try:
-        params = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"--params must be a JSON object such as '{{\"lr\": 0.01}}'; {exc}") from None
-    if not isinstance(params, dict):
-        raise ValueError(f"--params must be a JSON object such as '{{\"lr\": 0.01}}'; received {text}")
-    return params
+    return _json_object(text, "--params", '{"lr": 0.01}')
 
 
 def parse_needs(text: str, *, option: str = "--needs") -> dict[str, Any]:
@@ -406,12 +400,7 @@ def parse_param_groups(text: str, *, option: str = "--param-groups") -> list[dic
     """`--param-groups` JSON: a recipe in the form of a job spec's `optimizer.param_groups`, checked
     by the same rules; ValueError says where and what is allowed."""
     example = '[{"match": {"ndim": ">=2"}, "params": {"use_muon": true}}, {"match": "rest", "params": {...}}]'
-    try:
-        groups = json.loads(text)
-    except ValueError as exc:
-        raise ValueError(f"{option} must be a JSON list such as '{example}'; {exc}") from None
-    if not isinstance(groups, list):
-        raise ValueError(f"{option} must be a JSON list such as '{example}'; received {text}")
+    groups = _json_option(text, option, example, list)
     try:
         choice = OptimizerChoice.model_validate({"name": "recipe", "param_groups": groups})
     except ValidationError as exc:
@@ -434,12 +423,19 @@ def parse_base(text: str, *, option: str = "--base") -> dict[str, Any]:
 
 
 def _json_object(text: str, option: str, example: str) -> dict[str, Any]:
+    value: dict[str, Any] = _json_option(text, option, example, dict)
+    return value
+
+
+def _json_option(text: str, option: str, example: str, kind: type[dict[str, Any]] | type[list[Any]]) -> Any:
+    """A command-line option's JSON, of `kind`; ValueError names the option and shows an example."""
+    what = "a JSON object" if kind is dict else "a JSON list"
     try:
         value = json.loads(text)
     except ValueError as exc:
-        raise ValueError(f"{option} must be a JSON object such as '{example}'; {exc}") from None
-    if not isinstance(value, dict):
-        raise ValueError(f"{option} must be a JSON object such as '{example}'; received {text}")
+        raise ValueError(f"{option} must be {what} such as '{example}'; {exc}") from None
+    if not isinstance(value, kind):
+        raise ValueError(f"{option} must be {what} such as '{example}'; received {text}")
     return value
 
 

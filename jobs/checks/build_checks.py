@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import math
 import re
-import traceback
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,6 +26,7 @@ from jobs.checks.tools import (
     max_diff,
     method_location,
     native,
+    raised_in,
     shape_text,
     still_steps,
     updates_nothing,
@@ -109,9 +109,9 @@ def _refuses_its_own_values(ctx: CheckContext, error: Exception) -> bool:
     its __init__ breaks): a fault. An error raised elsewhere (torch refusing group dicts it
     expected), an AttributeError on the argument (a model was expected) or an ImportError (a
     package is missing) says what it needs instead."""
-    frames = traceback.extract_tb(error.__traceback__)
-    raised_by_the_class = bool(frames) and frames[-1].filename == ctx.target.source_file()
-    return raised_by_the_class and not isinstance(error, AttributeError | ImportError)
+    return raised_in(error, {ctx.target.source_file()}) and not isinstance(
+        error, AttributeError | ImportError
+    )
 
 
 def _native_kwargs(ctx: CheckContext, params: Mapping[str, Any]) -> dict[str, Any]:
@@ -238,15 +238,7 @@ def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
     """A refusal the class raises itself with a clear error (`ValueError: only supports 2D
     parameters`) is a limit of what it takes, so the checks' variables cannot judge it; any other
     error in the first step (a crash inside torch, an IndexError) is a fault a user's model meets."""
-    source = ctx.target.source_file()
-    frames = traceback.extract_tb(error.__traceback__)
-    deepest = frames[-1] if frames else None
-    # A `raise` statement of the class's own: a TypeError from calling a missing closure is no refusal.
-    refused = (
-        deepest is not None
-        and deepest.filename == source
-        and (deepest.line or "").lstrip().startswith("raise")
-    )
+    refused = raised_in(error, {ctx.target.source_file()}, by_raise=True)
     if refused and isinstance(error, ValueError | TypeError | NotImplementedError):
         return skipped(
             f"inconclusive: the class refuses the checks' variables (a {shape_text(SHAPES[0])} matrix and "

@@ -188,14 +188,18 @@ class CheckContext:
     def step_raises(self) -> bool:
         return bool(self.notes.get("step_raises"))
 
+    def user_frame(self, error: BaseException) -> traceback.FrameSummary | None:
+        """The deepest frame of `error` inside the user's file, if any."""
+        source = self.target.source_file()
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == source]
+        return frames[-1] if source is not None and frames else None
+
     def where(self, error: BaseException | None = None) -> str:
         """`file.py:line` in the user's class: the deepest frame of `error` inside its file, else
         the class statement."""
-        source = self.target.source_file()
-        if error is not None and source is not None:
-            frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == source]
-            if frames:
-                return f"{frames[-1].filename}:{frames[-1].lineno}"
+        frame = None if error is None else self.user_frame(error)
+        if frame is not None:
+            return f"{frame.filename}:{frame.lineno}"
         return self.target.class_location()
 
     def describe_error(self, error: BaseException) -> str:

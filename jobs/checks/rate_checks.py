@@ -5,7 +5,6 @@ the drivers.
 from __future__ import annotations
 
 import functools
-import traceback
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -23,6 +22,7 @@ from jobs.checks.tools import (
     isolated,
     max_diff,
     method_location,
+    raising_frame,
     same_draws,
     still_steps,
     updates_nothing,
@@ -80,6 +80,15 @@ def check_schedule(ctx: CheckContext) -> Outcome:
         decay_note += f" (after {warmup} warm-up step(s) at the base rate that only built state)"
     shown = [round(r, 8) for r in rates]
     fix = driver.advice.read_lr_each_step
+
+    def not_followed(why: str, figure: float | None) -> Outcome:
+        return failed(
+            f"{driver.schedule_name} of rates {shown} was not followed: {why}{decay_note}",
+            where=method_location(ctx),
+            figure=figure,
+            fix=fix,
+        )
+
     moved = [max(float(np.max(np.abs(d))) for d in update) > 0 for update in scheduled]
     # A rate read once (at construction, or on the first step) and kept: the schedule never reaches
     # the update, which then equals the same optimizer's at that constant rate.
@@ -116,12 +125,7 @@ def check_schedule(ctx: CheckContext) -> Outcome:
         if not _close(a, b)
     ]
     if differing:
-        return failed(
-            f"{driver.schedule_name} of rates {shown} was not followed: {differing[0]}{decay_note}",
-            where=method_location(ctx),
-            figure=worst,
-            fix=fix,
-        )
+        return not_followed(differing[0], worst)
     still_moving = [
         step
         for step, (move, expected) in enumerate(zip(moved, on_time, strict=True))
@@ -133,11 +137,7 @@ def check_schedule(ctx: CheckContext) -> Outcome:
         # step's rate must change what follows.
         ignored = _ignored_rates(ctx, grads, rates, overrides, warmup)
         if ignored:
-            return failed(
-                f"{driver.schedule_name} of rates {shown} was not followed: {ignored[0]}{decay_note}",
-                where=method_location(ctx),
-                fix=fix,
-            )
+            return not_followed(ignored[0], None)
         return passed(
             f"{driver.schedule_name} reached every step: zero-rate step(s) {still_moving} still moved, "
             "which the optimizer's own momentum or averaging of earlier rates explains, and changing any one "
@@ -150,12 +150,7 @@ def check_schedule(ctx: CheckContext) -> Outcome:
         if expected and not move
     ]
     if still_at_rate:
-        return failed(
-            f"{driver.schedule_name} of rates {shown} was not followed: {still_at_rate[0]}{decay_note}",
-            where=method_location(ctx),
-            figure=worst,
-            fix=fix,
-        )
+        return not_followed(still_at_rate[0], worst)
     zero_note = (
         "zero-rate steps left the variables alone"
         if zero_rate_ok
@@ -401,8 +396,7 @@ def _sparse_refusal(ctx: CheckContext, error: Exception) -> Outcome:
     framework's optimizers', or the base optimizer's a wrapper wraps), is a clear refusal; anything
     else is an error from deep inside an op."""
     driver = ctx.driver
-    frames = traceback.extract_tb(error.__traceback__)
-    deepest = frames[-1] if frames else None
+    deepest = raising_frame(error)
     files = driver.refusal_files(ctx.target.cls)
     if ctx.base is not None:
         files |= driver.refusal_files(ctx.base.entry.cls)

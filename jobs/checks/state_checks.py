@@ -88,8 +88,9 @@ def _config_problem(ctx: CheckContext, *, schedule: bool) -> tuple[Outcome | Non
     learning_rate = driver.learning_rate_schedule(ctx.lr * 0.5) if schedule else None
     with_what = f" (built with {driver.schedule_name})" if schedule else ""
     optimizer, variables = fresh(ctx, learning_rate=learning_rate, **halved)
+    from_constructor = driver.capabilities.rebuilt_from_constructor
     # As constructed: a class may adapt its groups' values in training by design (an adaptive lr).
-    as_built = driver.config(optimizer)
+    elsewhere = _kept_elsewhere(driver.config(optimizer), expected) if from_constructor else []
     driver.step(
         optimizer, variables, arrays(SHAPES, seed=30), ctx.needs
     )  # legacy: hyperparameters now variables
@@ -97,8 +98,6 @@ def _config_problem(ctx: CheckContext, *, schedule: bool) -> tuple[Outcome | Non
         expected.pop(lr_arg, None)  # serialized as the schedule, compared with the round trip below
     fix = driver.advice.keep_hyperparameters
     where = method_location(ctx, "__init__")
-    from_constructor = driver.capabilities.rebuilt_from_constructor
-    elsewhere = _kept_elsewhere(as_built, expected) if from_constructor else []
     try:
         built = driver.config(optimizer)
         problems = (

@@ -15,7 +15,7 @@ import math
 import random
 import re
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -154,15 +154,29 @@ def method_location(ctx: CheckContext, method: str | None = None) -> str:
 def user_line(ctx: CheckContext, error: BaseException) -> str:
     """`file:line` in the user's file: from the traceback, else from a message that quotes the
     user's code (`File "x.py", line 12`: autograph, dynamo), else the class statement."""
+    if ctx.user_frame(error) is not None:
+        return ctx.where(error)
     source = ctx.target.source_file()
     if source is not None:
-        frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == source]
-        if frames:
-            return f"{source}:{frames[-1].lineno}"
         quoted = re.findall(rf'File "{re.escape(source)}", line (\d+)', str(error))
         if quoted:
             return f"{source}:{quoted[-1]}"
     return ctx.target.class_location()
+
+
+def raising_frame(error: BaseException) -> traceback.FrameSummary | None:
+    """The frame `error` was raised in: the deepest of its traceback."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return frames[-1] if frames else None
+
+
+def raised_in(error: BaseException, files: Collection[str | None], *, by_raise: bool = False) -> bool:
+    """Whether `error` was raised in one of `files`; with `by_raise`, by a `raise` statement there
+    (a deliberate refusal, not a crash such as calling a closure that is None)."""
+    frame = raising_frame(error)
+    if frame is None or frame.filename not in files:
+        return False
+    return not by_raise or (frame.line or "").lstrip().startswith("raise")
 
 
 def native(ctx: CheckContext, name: str) -> str:

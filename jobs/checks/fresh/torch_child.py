@@ -124,14 +124,11 @@ def _loss_and_averaged_grads(
         rows = slice(rank * share, (rank + 1) * share)
         losses.append(_loss_and_grads(model, optimizer, x[rows], y[rows], create_graph))
         shares.append([None if p.grad is None else p.grad.detach().clone() for p in model.parameters()])
-    for index, param in enumerate(model.parameters()):
-        parts = [grads[index] for grads in shares]
-        present = [part for part in parts if part is not None]
-        if len(present) == len(parts):
-            total = present[0] / REPLICAS
-            for part in present[1:]:
-                total = total + part / REPLICAS
-            param.grad = total
+    for param, *parts in zip(model.parameters(), *shares, strict=True):
+        if all(part is not None for part in parts):  # as in every replica: the same model and loss
+            param.grad = functools.reduce(
+                lambda total, part: total + part / REPLICAS, parts[1:], parts[0] / REPLICAS
+            )
     return torch.stack(losses).mean()
 
 
