@@ -25,6 +25,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from jobs.checks.report import CHECK_IDS
+from optimizers.hyperparams import MAX_LIST_LENGTH as MAX_LIST_LENGTH  # re-exported for the OpenAPI
 from optimizers.hyperparams import Param
 from optimizers.loop_needs import LoopNeeds, loop_problem
 from optimizers.param_groups import GroupRule, extra_key_problem, parse_ndim

@@ -39,6 +39,10 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         title="optlab",
         summary="Train, checkpoint-verify and compare custom optimizers.",
         version="0.1.0",
+        # Served by service.openapi: the document behind a token, the docs page with the token.
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.sessions = session_factory(engine)
@@ -49,7 +53,8 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
-    # Every router needs a token (when tokens are configured); only /healthz, below, does not.
+    # Every router needs a token (when tokens are configured); only /healthz, below, and the docs
+    # page (a static page that asks for the token) do not.
     for router in (jobs.router, checks.router, catalogue.router):
         app.include_router(router, dependencies=[Depends(authorize)])
     log_access_mode(settings)

@@ -226,8 +226,18 @@ def test_a_method_not_allowed_lists_every_method_of_the_path(
     assert allowed in response.json()["detail"]
 
 
+def test_the_openapi_document_needs_a_token_and_the_docs_page_sends_it(locked: TestClient) -> None:
+    refused = locked.get("/openapi.json")
+    assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Bearer")
+    assert locked.get("/openapi.json", headers={"Authorization": f"Bearer {READER}"}).status_code == 200
+    page = locked.get("/docs")  # a page a browser opens: it asks for the token and sends it itself
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "const needsToken = true;" in page.text and '"Authorization"' in page.text
+    assert locked.get("/redoc").status_code == 404  # a second docs page could not send the token
+
+
 def test_the_openapi_names_what_the_catalogue_holds_and_every_status(locked: TestClient) -> None:
-    document = locked.get("/openapi.json").json()
+    document = locked.get("/openapi.json", headers={"Authorization": f"Bearer {READER}"}).json()
     schemas = document["components"]["schemas"]
     assert "ema_momentum" in schemas["OptimizerChoice"]["properties"]["name"]["enum"]
     assert schemas["WorkloadChoice"]["properties"]["name"]["enum"] == [

@@ -103,7 +103,7 @@ def test_a_planted_secret_is_nowhere_a_job_or_a_user_can_read_it(
         for path in ("/jobs/1", "/jobs", "/healthz", "/optimizers/adam"):
             answers.append(client.get(path, headers=auth).text)
         answers.append(client.get("/jobs/1", headers={"Authorization": "Bearer wrong-but-long-enough"}).text)
-        answers.append(client.get("/openapi.json").text)
+        answers.append(client.get("/openapi.json", headers=auth).text)
     engine.dispose()
 
     job = json.loads(answers[1])
