@@ -50,7 +50,8 @@ EOF
     echo "# edit by hand. Used by the Makefile and the Dockerfile: pip install -c constraints.txt ..."
     echo "# torch has no local label on purpose: ==2.13.0 matches the CPU and the CUDA build alike."
     cat "$work/base.txt"
-    echo "# Installed only in the image (torch's CUDA build, tensorflow[and-cuda]):"
+    echo "# Not in the freeze: the image's CUDA packages (torch's CUDA build, tensorflow[and-cuda]) and the"
+    echo "# build tools pip freeze leaves out:"
     LC_ALL=C sort -f "$work/gpu.txt"
 } >"$output"
 echo "lock: wrote $output ($(grep -c '==' "$output") packages)" >&2

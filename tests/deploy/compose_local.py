@@ -121,7 +121,7 @@ class LocalMapping:
         return EXECUTABLES.get(head, [head]) + [self.value(part, service) for part in rest]
 
     def environment(self, environment: dict[str, Any], service: str) -> dict[str, str]:
-        return {name: self.value(str(value), service) for name, value in (environment or {}).items()}
+        return {name: self.value(str(value), service) for name, value in environment.items()}
 
 
 @dataclass
@@ -172,7 +172,8 @@ class LocalStack:
             return Started(name, None, log)
         # What a container's process would have of its own: a PATH and a home, no OPTLAB_* of ours.
         base = {key: os.environ[key] for key in ("PATH", "HOME", "LANG") if key in os.environ}
-        env = {**base, "PYTHONPATH": str(ROOT), **self.mapping.environment(service.get("environment"), name)}
+        own = self.mapping.environment(service.get("environment") or {}, name)
+        env = {**base, "PYTHONPATH": str(ROOT), **own}
         with open(log, "wb") as out:
             process = start_in_own_group(
                 self.mapping.command(service["command"], name),
