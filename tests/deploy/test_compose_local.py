@@ -62,6 +62,7 @@ def test_services_start_in_dependency_order_and_pass_their_healthchecks(stack: L
     assert stack.order.index("db") < stack.order.index("mlflow") < stack.order.index("api")
     assert stack.order.index("mlflow") < stack.order.index("worker")
     assert all(started.healthy_after_s is not None for started in stack.started.values())
+    print({name: started.healthy_after_s for name, started in stack.started.items()})  # seconds, with -s
     ready = httpx.get(f"{stack.api_url}/readyz", timeout=10)  # no token: a probe
     assert ready.status_code == 200 and ready.json()["missing"] == [], ready.text
     # Without the token the API refuses, as it must when it listens beyond localhost.

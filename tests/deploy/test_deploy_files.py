@@ -93,6 +93,7 @@ SERVICE_RULES = [
     ("mlflow", "artifacts volume", lambda s: any(v.startswith("mlartifacts:") for v in _mounts(s))),
     ("mlflow", "healthcheck on /health", lambda s: "/health'" in _healthcheck(s)),
     ("mlflow", "published for the UI", lambda s: _published(s) == [5000]),
+    ("mlflow", "answers `mlflow:5000`", lambda s: "mlflow:*" in _env(s, "MLFLOW_SERVER_ALLOWED_HOSTS")),
     ("api", "waits for db, mlflow", lambda s: _conditions(s) == {"db": HEALTHY, "mlflow": HEALTHY}),
     ("api", "readiness healthcheck", lambda s: "/readyz" in _healthcheck(s)),
     ("api", "published", lambda s: _published(s) == [8000]),
