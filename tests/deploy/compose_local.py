@@ -39,6 +39,7 @@ EXECUTABLES = {
     "mlflow": [sys.executable, "-m", "mlflow"],
     "python": [sys.executable],
 }
+ADMIN = make_url(POSTGRES_ADMIN_URL).set(port=make_url(POSTGRES_ADMIN_URL).port or 5432)
 POSTGRES_URL = re.compile(r"postgresql\+psycopg://[^@/]*@db:5432/(\w+)")
 
 
@@ -96,9 +97,8 @@ class LocalMapping:
 
     def value(self, value: str, service: str) -> str:
         def local_database(match: re.Match[str]) -> str:
-            admin = make_url(POSTGRES_ADMIN_URL)
             return (
-                f"postgresql+psycopg://{admin.username}@{admin.host}:{admin.port}/{self.databases[match[1]]}"
+                f"postgresql+psycopg://{ADMIN.username}@{ADMIN.host}:{ADMIN.port}/{self.databases[match[1]]}"
             )
 
         value = POSTGRES_URL.sub(local_database, value)
@@ -209,7 +209,7 @@ class LocalStack:
             command = ["sh", "-c", self.mapping.value(command[0], name)]
         else:
             command = self.mapping.command(command, name)
-        env = {**os.environ, "PGHOST": "127.0.0.1"}  # `db` is this machine's PostgreSQL
+        env = {**os.environ, "PGHOST": str(ADMIN.host), "PGPORT": str(ADMIN.port)}  # `db`: this machine's
         try:
             return subprocess.run(command, env=env, capture_output=True, timeout=10).returncode == 0
         except subprocess.TimeoutExpired:
