@@ -23,7 +23,7 @@ from service.db import make_engine, migrate, session_factory
 from service.deps import SessionDep
 from service.guards import BodyGuard, BrowserWriteGuard, TrustedHosts
 from service.openapi import install as install_openapi
-from service.routes import catalogue, checks, jobs
+from service.routes import catalogue, checks, jobs, readiness
 from service.schemas import Health
 from service.settings import Settings
 
@@ -53,10 +53,11 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
-    # Every router needs a token (when tokens are configured); only /healthz, below, and the docs
-    # page (a static page that asks for the token) do not.
+    # Every router needs a token (when tokens are configured); only the probes (/healthz, below,
+    # and /readyz) and the docs page (a static page that asks for the token) do not.
     for router in (jobs.router, checks.router, catalogue.router):
         app.include_router(router, dependencies=[Depends(authorize)])
+    app.include_router(readiness.router)
     log_access_mode(settings)
     install_openapi(app)
 

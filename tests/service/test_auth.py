@@ -24,7 +24,7 @@ WRITER = "writer-token-0123456789abcdef"
 READER = "reader-token-0123456789abcdef"
 WRONG = "wrong-token-0123456789abcdefgh"
 # The only routes anyone may call without a token (probes, and the API's own documentation).
-OPEN_PATHS = {"/healthz"}
+OPEN_PATHS = {"/healthz", "/readyz"}
 # A body that a route accepts, by path; a route not named here gets {} (its good-token answer may be
 # 422 then, but never 401 or 403).
 BODIES: dict[str, Any] = {
