@@ -11,9 +11,11 @@ from jobs.workloads.base import Dataset, Task, Workload
 from jobs.workloads.digits_cnn import DigitsCnn
 from jobs.workloads.digits_mlp import DigitsMlp
 from jobs.workloads.embedding_mf import EmbeddingMf
+from jobs.workloads.quadratic import Quadratic, Rosenbrock
 
 WORKLOADS: dict[str, Workload] = {
-    workload.name: workload for workload in (DigitsMlp(), DigitsCnn(), EmbeddingMf())
+    workload.name: workload
+    for workload in (DigitsMlp(), DigitsCnn(), EmbeddingMf(), Quadratic(), Rosenbrock())
 }
 
 
