@@ -27,7 +27,9 @@ def data_roots_from_environment(environ: Mapping[str, str] | None = None) -> lis
     return parse_data_roots((os.environ if environ is None else environ).get(DATA_ROOTS_VARIABLE, ""))
 
 
-def resolve_data_path(value: str, roots: Sequence[Path], *, field: str, suffixes: tuple[str, ...]) -> Path:
+def resolve_data_path(
+    value: str, roots: Sequence[Path], *, field: str, suffixes: tuple[str, ...] = ()
+) -> Path:
     """The existing file `value` names, resolved, if it lies under one of `roots`.
 
     A relative `value` is taken relative to each root in turn. Raises ValueError naming
@@ -39,7 +41,7 @@ def resolve_data_path(value: str, roots: Sequence[Path], *, field: str, suffixes
             f"{DATA_ROOTS_VARIABLE} lists the folders allowed; received {value!r}"
         )
     listed = os.pathsep.join(str(root) for root in roots)
-    if not value.endswith(suffixes):
+    if suffixes and not value.endswith(suffixes):
         raise ValueError(f"{field} must name a {' or '.join(suffixes)} file; received {value!r}")
     candidates = [Path(value)] if Path(value).is_absolute() else [root / value for root in roots]
     inside = []

@@ -44,7 +44,7 @@ class Param:
         if self.type == "bool":
             return "true or false"
         if self.type == "path":
-            return f"a file path (at most {MAX_PATH_LENGTH} characters) under a data root, or \"\" for none"
+            return f'a file path (at most {MAX_PATH_LENGTH} characters) under a data root, or "" for none'
         kind = {
             "float": "a number",
             "number": "a number",

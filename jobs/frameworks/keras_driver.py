@@ -504,7 +504,7 @@ class KerasSession(TrainingSession):
         self.entry = entry
         self.workload = workload
         self.dataset = workload.load_data(spec.workload.params)
-        self.regression = workload.task == "regression"
+        self.regression = workload.task_of(self.dataset) == "regression"
         self.device = self._choose_device(spec.device)
         self.lr_multiplier = build_schedule(spec.schedule.name, spec.schedule.params, total_steps=spec.steps)
         self.base_lr = float(spec.optimizer.params.get("lr", entry.params["lr"].default))

@@ -641,7 +641,7 @@ class TorchSession(TrainingSession):
         self.torch_device = resolve_device(spec.device)
         self.device = str(self.torch_device)
         self.dataset = workload.load_data(spec.workload.params)
-        self.regression = workload.task == "regression"
+        self.regression = workload.task_of(self.dataset) == "regression"
         self.loss_fn: nn.Module = nn.MSELoss() if self.regression else nn.CrossEntropyLoss()
         # Sparse embedding gradients only for optimizers that declare they take them.
         self.sparse = entry.supports_sparse

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
 from jobs.errors import Diverged
 from jobs.frameworks import driver_for, style_of
 from jobs.frameworks.base import Evaluation, TrainingSession, remove_checkpoint

@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 # classification: logits against int64 labels (any leading shape: a language model's (N, T, V)
 # logits against (N, T) next characters); regression: MSE; objective: the model's output IS the
 # loss (a test function of the parameters: `quadratic`, `rosenbrock`), the data only sets the rows.
-Task = Literal["classification", "regression", "objective"]
+# from_data: `task_of(dataset)` decides (a user's file: integer labels classify, floats regress).
+Task = Literal["classification", "regression", "objective", "from_data"]
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,10 @@ class Workload(ABC):
 
     def check_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         return check_all(params, self.params, owner=f"workload {self.name!r}")
+
+    def task_of(self, dataset: Dataset) -> Task:
+        """The task of this dataset: the workload's own, unless it is `from_data`."""
+        return self.task
 
     def validation_metrics(self, params: Mapping[str, Any], evaluation: Evaluation) -> dict[str, float]:
         """What the loop logs beside `val/loss`, named `val_<metric>` (logged as `val/<metric>`)."""

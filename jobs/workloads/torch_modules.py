@@ -70,6 +70,8 @@ class SurfacePoint(nn.Module):
         # Not in the state dict: a constant of the workload's definition, rebuilt from its params.
         self.register_buffer("hessian", hessian, persistent=False)
 
+    hessian: torch.Tensor | None
+
     def value(self) -> torch.Tensor:
         w = self.point
         if self.hessian is None:
