@@ -12,6 +12,7 @@ defined in `jobs.workloads.surfaces`.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from functools import cache
 from typing import Any, ClassVar
@@ -66,10 +67,11 @@ class _TestFunction(Workload):
         from jobs.workloads.torch_modules import SurfacePoint
 
         start, hessian, _ = self.function(self.check_params(params))
-        return SurfacePoint(
+        point = SurfacePoint(
             torch.tensor(start, dtype=torch.float32),
             None if hessian is None else torch.tensor(hessian, dtype=torch.float32),
         )
+        return torch.nn.Sequential(OrderedDict(point=point))  # named as the Keras layer
 
     def keras_model(self, params: Mapping[str, Any], dataset: Dataset, *, keras_module: Any) -> Any:
         from jobs.workloads.keras_layers import layers_for
