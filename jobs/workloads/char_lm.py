@@ -163,7 +163,7 @@ class CharLm(Workload):
             1_000_000,
             low=10_000,
             high=200_000_000,
-            help="training characters at most (the stdlib holds about 30 million)",
+            help="training characters at most (the stdlib corpus holds about 8 million)",
         ),
         "text_file": Param(
             "text_file", "path", "", help='a UTF-8 text file under a data root; "" for the stdlib corpus'
