@@ -570,7 +570,10 @@ def catalogue_errors(
         )
     else:
         workload_errors = _param_errors("workload", spec.workload, workload["params"])
-        errors += workload_errors or _data_path_errors(spec.workload, workload["params"], data_roots)
+        errors += workload_errors or [
+            *_multiple_errors(spec.workload, workload),
+            *_data_path_errors(spec.workload, workload["params"], data_roots),
+        ]
         if spec.framework not in workload["frameworks"]:
             errors.append(
                 SpecError(
@@ -586,6 +589,24 @@ def catalogue_errors(
                     loc=["body", "batch_size"],
                     msg=f"batch_size must be at most the training set size {workload['train_size']} "
                     f"of {spec.workload.name!r}; received {spec.batch_size}",
+                )
+            )
+    return errors
+
+
+def _multiple_errors(component: Component, workload: Mapping[str, Any]) -> list[SpecError]:
+    """A workload's `multiple_of` rules between params (char_lm: width a multiple of heads)."""
+    defaults = {p["name"]: p["default"] for p in workload["params"]}
+    values = {**defaults, **component.params}
+    errors = []
+    for rule in workload.get("multiple_of", []):
+        value, by = values.get(rule["param"]), values.get(rule["of"])
+        if isinstance(value, int) and isinstance(by, int) and (by == 0 or value % by):
+            errors.append(
+                SpecError(
+                    loc=["body", "workload", "params", rule["param"]],
+                    msg=f"workload.params.{rule['param']} must be a multiple of {rule['of']} ({by}); "
+                    f"received {value}",
                 )
             )
     return errors

@@ -83,6 +83,9 @@ class Workload(ABC):
     default_target: ClassVar[Target]
     # Whether the data depends on no file a spec names, so the catalogue can state its size.
     fixed_data: ClassVar[bool] = True
+    # (param, divisor param): the first must be a multiple of the second (char_lm's width of heads);
+    # published in the catalogue so the API refuses a bad pair at submission.
+    multiple_of: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     @abstractmethod
     def load_data(self, params: Mapping[str, Any] | None = None) -> Dataset:
@@ -105,7 +108,12 @@ class Workload(ABC):
         """
 
     def check_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        return check_all(params, self.params, owner=f"workload {self.name!r}")
+        checked = check_all(params, self.params, owner=f"workload {self.name!r}")
+        for param, divisor in self.multiple_of:
+            problem = multiple_problem(param, checked[param], divisor, checked[divisor])
+            if problem:
+                raise ValueError(problem)
+        return checked
 
     def task_of(self, dataset: Dataset) -> Task:
         """The task of this dataset: the workload's own, unless it is `from_data`."""
@@ -139,4 +147,12 @@ class Workload(ABC):
             # At the default params; None where it depends on a file the spec names (checked by the job).
             "train_size": self.load_data().train_size if self.fixed_data else None,
             "default_target": asdict(self.default_target),
+            "multiple_of": [{"param": param, "of": divisor} for param, divisor in self.multiple_of],
         }
+
+
+def multiple_problem(param: str, value: int, divisor: str, by: int) -> str | None:
+    """The message when `value` (of `param`) is not a multiple of `by` (of `divisor`); None when it is."""
+    if by and value % by == 0:
+        return None
+    return f"workload.params.{param} must be a multiple of {divisor} ({by}); received {value}"

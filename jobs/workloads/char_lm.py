@@ -152,6 +152,7 @@ class CharLm(Workload):
     frameworks: ClassVar[tuple[str, ...]] = ("torch", "tensorflow")
     # adamw at lr=3e-3 (cosine, 50 warm-up steps, batch 32) reaches val/loss 2.22 in the default 600 steps.
     default_target: ClassVar[Target] = Target("val/loss", "min", 2.3)
+    multiple_of: ClassVar[tuple[tuple[str, str], ...]] = (("width", "heads"),)
     params: ClassVar[dict[str, Param]] = {
         "layers": Param("layers", "int", 2, low=1, high=48, help="transformer blocks"),
         "width": Param("width", "int", 64, low=8, high=4096, help="model width; a multiple of heads"),
@@ -169,15 +170,6 @@ class CharLm(Workload):
             "text_file", "path", "", help='a UTF-8 text file under a data root; "" for the stdlib corpus'
         ),
     }
-
-    def check_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        checked = super().check_params(params)
-        if checked["width"] % checked["heads"]:
-            raise ValueError(
-                f"workload.params.width must be a multiple of heads ({checked['heads']}); "
-                f"received {checked['width']}"
-            )
-        return checked
 
     def load_data(self, params: Mapping[str, Any] | None = None) -> Dataset:
         checked = self.check_params(params or {})

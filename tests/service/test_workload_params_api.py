@@ -61,6 +61,11 @@ REFUSED = [
         "layers",
         "layers must be an integer in [1, 48]; received 0",
     ),
+    (
+        {"name": "char_lm", "params": {"width": 30}},
+        "width",
+        "width must be a multiple of heads (4); received 30",
+    ),
     ({"name": "char_lm", "params": {"depth": 2}}, "depth", "has no parameter 'depth'; accepted: layers"),
     (
         {"name": "quadratic", "params": {"condition": 0.5}},
