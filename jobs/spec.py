@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -25,6 +26,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from jobs.checks.report import CHECK_IDS
+from jobs.data_roots import resolve_data_path
 from optimizers.hyperparams import MAX_LIST_LENGTH as MAX_LIST_LENGTH  # re-exported for the OpenAPI
 from optimizers.hyperparams import Param
 from optimizers.loop_needs import LoopNeeds, loop_problem
@@ -525,8 +527,14 @@ class Catalogue(BaseModel):
         return next((w for w in self.workloads if w["name"] == name), None)
 
 
-def catalogue_errors(spec: JobSpec, catalogue: Catalogue, *, max_steps: int) -> list[SpecError]:
-    """Everything in `spec` that the catalogue or the service's limits reject."""
+def catalogue_errors(
+    spec: JobSpec, catalogue: Catalogue, *, max_steps: int, data_roots: Sequence[Path] = ()
+) -> list[SpecError]:
+    """Everything in `spec` that the catalogue or the service's limits reject.
+
+    `data_roots`: where a workload's data file (a `path` param) may lie (OPTLAB_DATA_ROOTS);
+    none configured refuses every data file.
+    """
     errors: list[SpecError] = []
     if spec.steps > max_steps:
         errors.append(
@@ -562,7 +570,11 @@ def catalogue_errors(spec: JobSpec, catalogue: Catalogue, *, max_steps: int) -> 
             _unknown("workload", spec.workload.name, ", ".join(w["name"] for w in catalogue.workloads))
         )
     else:
-        errors += _param_errors("workload", spec.workload, workload["params"])
+        workload_errors = _param_errors("workload", spec.workload, workload["params"])
+        errors += workload_errors or [
+            *_multiple_errors(spec.workload, workload),
+            *_data_path_errors(spec.workload, workload["params"], data_roots),
+        ]
         if spec.framework not in workload["frameworks"]:
             errors.append(
                 SpecError(
@@ -571,7 +583,8 @@ def catalogue_errors(spec: JobSpec, catalogue: Catalogue, *, max_steps: int) -> 
                     f"received framework {spec.framework!r}",
                 )
             )
-        if spec.batch_size > workload["train_size"]:
+        # None: the size depends on the file the spec names (the job checks it).
+        if workload.get("train_size") is not None and spec.batch_size > workload["train_size"]:
             errors.append(
                 SpecError(
                     loc=["body", "batch_size"],
@@ -579,6 +592,41 @@ def catalogue_errors(spec: JobSpec, catalogue: Catalogue, *, max_steps: int) -> 
                     f"of {spec.workload.name!r}; received {spec.batch_size}",
                 )
             )
+    return errors
+
+
+def _multiple_errors(component: Component, workload: Mapping[str, Any]) -> list[SpecError]:
+    """A workload's `multiple_of` rules between params (char_lm: width a multiple of heads)."""
+    defaults = {p["name"]: p["default"] for p in workload["params"]}
+    values = {**defaults, **component.params}
+    errors = []
+    for rule in workload.get("multiple_of", []):
+        value, by = values.get(rule["param"]), values.get(rule["of"])
+        if isinstance(value, int) and isinstance(by, int) and (by == 0 or value % by):
+            errors.append(
+                SpecError(
+                    loc=["body", "workload", "params", rule["param"]],
+                    msg=f"workload.params.{rule['param']} must be a multiple of {rule['of']} ({by}); "
+                    f"received {value}",
+                )
+            )
+    return errors
+
+
+def _data_path_errors(
+    component: Component, declared_json: list[Mapping[str, Any]], data_roots: Sequence[Path]
+) -> list[SpecError]:
+    """Each data file a workload's `path` params name must be a file under the data roots
+    (symlinks and '..' resolved), as far as this process can see them."""
+    errors = []
+    for param in declared_json:
+        value = component.params.get(param["name"])
+        if param["type"] != "path" or not isinstance(value, str) or not value:
+            continue
+        try:
+            resolve_data_path(value, data_roots, field=f"workload.params.{param['name']}")
+        except ValueError as exc:
+            errors.append(SpecError(loc=["body", "workload", "params", param["name"]], msg=str(exc)))
     return errors
 
 

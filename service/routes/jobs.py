@@ -24,7 +24,9 @@ JobId = Annotated[int, Path(ge=1, le=2**31 - 1, description="the job's id")]
 def submit_job(
     spec: JobSpec, session: SessionDep, settings: SettingsDep, catalogue: CatalogueDep, caller: CallerDep
 ) -> JobRead:
-    errors = catalogue_errors(spec, catalogue, max_steps=settings.max_steps)
+    errors = catalogue_errors(
+        spec, catalogue, max_steps=settings.max_steps, data_roots=settings.data_root_paths
+    )
     if errors:
         raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
     spec = with_resolved_style(spec, catalogue)

@@ -241,9 +241,13 @@ def test_the_openapi_names_what_the_catalogue_holds_and_every_status(locked: Tes
     schemas = document["components"]["schemas"]
     assert "ema_momentum" in schemas["OptimizerChoice"]["properties"]["name"]["enum"]
     assert schemas["WorkloadChoice"]["properties"]["name"]["enum"] == [
+        "char_lm",
         "digits_cnn",
         "digits_mlp",
         "embedding_mf",
+        "npz",
+        "quadratic",
+        "rosenbrock",
     ]
     assert "cosine" in schemas["ScheduleChoice"]["properties"]["name"]["enum"]
     assert schemas["JobSpec"]["properties"]["experiment"]["pattern"].startswith("^[A-Za-z0-9]")

@@ -154,13 +154,20 @@ def test_urls_are_shown_without_credentials(url: str, shown: str) -> None:
 def test_credentials_leave_the_uri_for_mlflows_variables() -> None:
     assert split_credentials("https://me:p%40ss@h:5000/m") == ("https://h:5000/m", "me", "p@ss")
     env, uri = job_environment(
-        {"PATH": "/bin", "OPTLAB_PLUGIN_DIRS": "/p", "OPTLAB_DATABASE_URL": "x", "OPTLAB_API_TOKENS": "y"},
+        {
+            "PATH": "/bin",
+            "OPTLAB_PLUGIN_DIRS": "/p",
+            "OPTLAB_DATA_ROOTS": "/d",
+            "OPTLAB_DATABASE_URL": "x",
+            "OPTLAB_API_TOKENS": "y",
+        },
         "https://me:secret@h/",
     )
     assert uri == "https://h/"
     assert env == {
         "PATH": "/bin",
         "OPTLAB_PLUGIN_DIRS": "/p",
+        "OPTLAB_DATA_ROOTS": "/d",  # where workloads may read data files
         "MLFLOW_TRACKING_USERNAME": "me",
         "MLFLOW_TRACKING_PASSWORD": "secret",
         "PYTHONUNBUFFERED": "1",
