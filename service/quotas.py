@@ -12,21 +12,26 @@ from service.settings import Settings
 RETRY_AFTER_S = 30
 
 
-def enforce_queue_limits(*, session: Session, settings: Settings, submitted_by: str | None) -> None:
-    """429 with Retry-After when the queue, or this token's share of it, is full.
+def enforce_queue_limits(
+    *, session: Session, settings: Settings, submitted_by: str | None, adding: int = 1
+) -> None:
+    """429 with Retry-After when the queue, or this token's share of it, cannot take `adding` more
+    jobs (a study's are counted together: all of them or none).
 
     Counted before the insert, so two submissions racing at the limit may both pass: the cap is
     a guard against floods, not an exact count.
     """
     queued = store.count_queued(session=session)
-    if queued >= settings.max_queued:
-        raise _full(f"{queued} jobs are queued, the most this service holds (OPTLAB_MAX_QUEUED)")
+    adds = "" if adding == 1 else f"; this request adds {adding}"
+    if queued + adding > settings.max_queued:
+        raise _full(f"{queued} jobs are queued{adds}, the most this service holds is {settings.max_queued} (OPTLAB_MAX_QUEUED)")
     if submitted_by is None:
         return
     own = store.count_queued(session=session, submitted_by=submitted_by)
-    if own >= settings.max_queued_per_token:
+    if own + adding > settings.max_queued_per_token:
         raise _full(
-            f"token {submitted_by!r} has {own} jobs queued, the most one token may "
+            f"token {submitted_by!r} has {own} jobs queued{adds}, the most one token may have is "
+            f"{settings.max_queued_per_token} "
             "(OPTLAB_MAX_QUEUED_PER_TOKEN); wait for some to start, or cancel some"
         )
 

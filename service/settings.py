@@ -89,6 +89,7 @@ class Settings(BaseSettings):
     )
     max_queued: int = Field(default=1000, ge=1, description="queued jobs in total")
     max_queued_per_token: int = Field(default=100, ge=1, description="queued jobs per token name")
+    max_study_jobs: int = Field(default=200, ge=1, description="jobs one study may expand to")
     _tokens: list[ApiToken] = PrivateAttr(default_factory=list)
 
     @model_validator(mode="after")
