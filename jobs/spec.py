@@ -820,13 +820,13 @@ def _grid_axes(params: dict[str, Any]) -> dict[str, Any]:
         if isinstance(value, list):
             if not value:
                 raise PydanticCustomError(
-                    "empty_grid", "{key}: a grid (a list) needs at least one value", {"key": key}
+                    "empty_grid", "{key} is a grid (a list): it needs at least one value", {"key": key}
                 )
             seen = [json.dumps(item) for item in value]
             if len(set(seen)) < len(seen):
                 raise PydanticCustomError(
                     "repeated_grid_value",
-                    "{key}: the grid repeats a value; received {received}",
+                    "{key} is a grid (a list) that repeats a value; received {received}",
                     {"key": key, "received": json.dumps(value)},
                 )
     return params
@@ -1056,6 +1056,6 @@ def _study_loc(loc: list[str | int], spec: StudySpec, index: int, member: StudyM
         return loc
     located: list[str | int] = ["body", "optimizers", index, *loc[2:]]
     if loc[2:3] == ["params"] and len(loc) == 4 and loc[3] in member.grid:
-        axis = spec.optimizers[index].params[str(loc[3])]
+        axis = spec.optimizers[index].axes()[str(loc[3])]
         located.append(axis.index(member.grid[str(loc[3])]))
     return located

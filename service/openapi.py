@@ -86,9 +86,11 @@ def with_catalogue(static: dict[str, Any], catalogue: Catalogue) -> dict[str, An
         schemas[component] = copy.deepcopy(schemas["Component"])
         schemas[component]["title"] = component
         _name_enum(schemas[component], names)
-        prop = schemas["JobSpec"]["properties"][field]
-        prop.pop("$ref", None)
-        prop["allOf"] = [{"$ref": f"#/components/schemas/{component}"}]
+        for body in ("JobSpec", "StudySpec"):
+            prop = schemas[body]["properties"][field]
+            prop.pop("$ref", None)
+            prop["allOf"] = [{"$ref": f"#/components/schemas/{component}"}]
+    _name_enum(schemas["StudyOptimizer"], catalogue.optimizer_names())
     for parameter in document["paths"]["/optimizers/{name}"]["get"]["parameters"]:
         if parameter["name"] == "name":
             parameter["schema"] = {"type": "string", "enum": catalogue.optimizer_names()}

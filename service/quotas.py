@@ -24,7 +24,10 @@ def enforce_queue_limits(
     queued = store.count_queued(session=session)
     adds = "" if adding == 1 else f"; this request adds {adding}"
     if queued + adding > settings.max_queued:
-        raise _full(f"{queued} jobs are queued{adds}, the most this service holds is {settings.max_queued} (OPTLAB_MAX_QUEUED)")
+        raise _full(
+            f"{queued} jobs are queued{adds}, the most this service holds is {settings.max_queued} "
+            "(OPTLAB_MAX_QUEUED)"
+        )
     if submitted_by is None:
         return
     own = store.count_queued(session=session, submitted_by=submitted_by)

@@ -65,7 +65,7 @@ def member_of(study: Study, job_id: int) -> StudyMember | None:
 
 
 def cancel_study(*, session: Session, study_id: int) -> Study | None:
-    """Queued jobs are cancelled at once, running ones are flagged for their workers (as POST /jobs/{id}/cancel)."""
+    """Queued jobs are cancelled at once, running ones flagged for their workers (as a job's cancel)."""
     study = session.get(Study, study_id)
     if study is None:
         return None
