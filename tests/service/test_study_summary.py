@@ -63,13 +63,20 @@ def make_run(
     )
 
 
-def study(finals: dict[tuple[str, float], Sequence[float]], metric: str = "val__loss") -> list[StudyRun]:
+def study(finals: dict[tuple[str, float], Sequence[float]], metric: str = "val/loss") -> list[StudyRun]:
     """One succeeded run per seed with the given final values (after a worse first point)."""
-    runs = []
+    runs: list[StudyRun] = []
     for (opt, lr), values in finals.items():
         for seed, final in enumerate(values):
             runs.append(
-                make_run(len(runs) + 1, opt, seed, grid={"lr": lr}, **{metric: points([final + 1.0, final])})
+                StudyRun(
+                    job_id=len(runs) + 1,
+                    optimizer=opt,
+                    grid={"lr": lr},
+                    seed=seed,
+                    status="succeeded",
+                    history={metric: points([final + 1.0, final])},
+                )
             )
     return runs
 
@@ -179,7 +186,7 @@ FINALS: dict[tuple[str, float], Sequence[float]] = {
 def test_best_grid_point_and_ranking_follow_the_selection_mode(
     mode: str, best: dict[str, str], order: list[str]
 ) -> None:
-    runs = study(FINALS, metric="val__score")
+    runs = study(FINALS, metric="val/score")
     summary = summary_of(runs, selection_metric="val/score", selection_mode=mode)
     for opt, label in best.items():
         point = summary.best_grid_point(opt)
