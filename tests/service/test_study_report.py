@@ -21,7 +21,7 @@ from PIL import Image
 from service.studies.report import Report, Surface, render_report
 from service.studies.summary import MetricPoint, StudyRun, StudySummary, TargetRule, summarize
 
-HOSTILE = "<script>alert(1)</script>"
+HOSTILE = "<script>alert(1)</script> $\\frac{$"  # html, and mathtext for matplotlib
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ROSENBROCK = Surface(
     f=lambda x, y: (1 - x) ** 2 + 100 * (y - x**2) ** 2,

@@ -197,6 +197,11 @@ def test_best_grid_point_and_ranking_follow_the_selection_mode(
     assert top.selection is not None and top.selection.n == 3
     expected = {("min", "lion"): 0.4, ("max", "adamw"): 0.8}[(mode, top.optimizer)]
     assert top.selection.mean == pytest.approx(expected)
+    # the selection metric's best value follows the selection mode too (each run: final + 1, then final)
+    point = summary.best_grid_point(top.optimizer)
+    assert point is not None and (metric := point.metric("val/score")) is not None
+    assert metric.direction == mode
+    assert metric.best.mean == pytest.approx(expected if mode == "min" else expected + 1.0)
 
 
 def test_grid_points_are_ordered_numerically_whatever_the_run_order() -> None:
@@ -422,6 +427,22 @@ def test_flat_metrics_are_finite_with_mlflow_safe_keys() -> None:
     hostile_keys = [k for k in flat if k.endswith("/val/loss_final_mean") and "adamw" not in k]
     assert hostile_keys and flat[hostile_keys[0]] == pytest.approx(0.5)
     assert any(k.endswith("vs_adamw/p_value") for k in flat)
+
+
+def test_grid_values_of_every_type_round_trip_through_json() -> None:
+    grid: dict[str, GridValue] = {"lr": 1e-3, "batch": 64, "nesterov": True, "variant": "b"}
+    runs = [make_run(1, "sgd", 0, grid=grid, val__loss=points([0.5]))]
+    summary = summary_of(runs)
+    again = StudySummary.model_validate_json(summary.model_dump_json())
+    assert again == summary
+    point = again.grid_points[0]
+    assert point.grid == grid and [type(point.grid[k]) for k in grid] == [float, int, bool, str]
+    assert point.label == "batch=64 lr=0.001 nesterov=True variant=b"
+
+
+def test_long_names_keep_mlflow_keys_short() -> None:
+    runs = study({("x" * 400, 1e-3): [0.5]})
+    assert max(len(key) for key in summary_of(runs).flat_metrics()) <= 250
 
 
 def test_the_same_input_gives_the_same_summary() -> None:
