@@ -26,11 +26,10 @@ import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
-from scipy import stats as scipy_stats  # type: ignore[import-untyped]
 
 Mode = Literal["min", "max"]
 GridValue = float | int | str | bool
@@ -363,9 +362,17 @@ def describe(stat_values: Iterable[float]) -> Stat:
     )
 
 
+def scipy_stats() -> Any:
+    """scipy.stats, imported on first use: it costs over a second, and the API and the CLI import
+    this module at start-up while only a summary needs it."""
+    from scipy import stats  # type: ignore[import-untyped]
+
+    return stats
+
+
 def t_quantile(dof: int) -> float:
     """The two-sided 95% Student's t quantile (4.303 for 2 degrees of freedom)."""
-    return float(scipy_stats.t.ppf(0.5 + CONFIDENCE / 2, dof))
+    return float(scipy_stats().t.ppf(0.5 + CONFIDENCE / 2, dof))
 
 
 def finite(value: float | None) -> float | None:
@@ -627,7 +634,7 @@ def paired(
     scale = max((abs(x) for x in [*mine, *base]), default=1.0) or 1.0
     spread = n >= 2 and d.std is not None and d.std > 1e-12 * scale
     if spread:
-        p_value = finite(float(scipy_stats.ttest_rel(mine, base).pvalue))
+        p_value = finite(float(scipy_stats().ttest_rel(mine, base).pvalue))
     where = f"in {metric} ({'lower' if mode == 'min' else 'higher'} is better)"
     if n == 0:
         sentence = f"No seed on which both {optimizer} and {baseline} succeeded: nothing to compare."

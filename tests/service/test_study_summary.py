@@ -11,6 +11,8 @@ import json
 import math
 import posixpath
 import re
+import subprocess
+import sys
 from collections.abc import Sequence
 
 import pytest
@@ -28,6 +30,7 @@ from service.studies.summary import (
     direction_of,
     summarize,
 )
+from tests.conftest import ROOT
 
 T_2 = 4.302652729749462  # two-sided 95% Student's t quantile, 2 degrees of freedom (textbook 4.303)
 
@@ -449,3 +452,17 @@ def test_the_same_input_gives_the_same_summary() -> None:
     runs = study(FINALS)
     first, second = summary_of(runs, baseline="adamw"), summary_of(runs, baseline="adamw")
     assert first.model_dump_json() == second.model_dump_json()
+
+
+def test_the_studies_modules_load_no_framework_no_pyplot_and_no_scipy_at_import() -> None:
+    # a fresh interpreter: the service never imports torch or TensorFlow, the report never
+    # touches pyplot's global state, and scipy (over a second) loads only when a summary is made
+    unwanted = ("torch", "tensorflow", "keras", "matplotlib.pyplot", "scipy")
+    code = (
+        "import sys, service.studies.summary, service.studies.report; "
+        f"print(sorted(m for m in {unwanted!r} if m in sys.modules))"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert completed.stdout.strip() == "[]", completed.stdout + completed.stderr
