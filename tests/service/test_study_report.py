@@ -161,24 +161,23 @@ def test_a_javascript_address_is_not_a_link() -> None:
 
 
 @pytest.mark.parametrize(
-    ("surface", "traj"),
-    [(ROSENBROCK, False), (None, True)],
-    ids=["surface-without-traj", "traj-without-surface"],
+    ("surface", "traj", "target"),
+    [(ROSENBROCK, False, TARGET), (None, True, None)],
+    ids=["surface-without-traj", "traj-without-surface-or-target"],
 )
-def test_no_trajectories_without_both_a_surface_and_traj_data(surface: Surface | None, traj: bool) -> None:
+def test_no_trajectories_without_both_a_surface_and_traj_data(
+    surface: Surface | None, traj: bool, target: TargetRule | None
+) -> None:
     # (with both, the `full` report draws them: the first test)
     runs = [r for r in make_runs(traj=traj) if r.seed == 0]
-    report = render_report(summary_for(runs), runs, title="t", surface=surface)
+    report = render_report(summary_for(runs, target=target), runs, title="t", surface=surface)
     assert "trajectories.png" not in report.images
-    assert {"curves.png", "sensitivity.png", "time_to_target.png"} <= set(report.images)
+    assert {"curves.png", "sensitivity.png"} <= set(report.images)
     if surface is not None:
         assert "no succeeded job at a best grid point logged traj/x and traj/y" in report.html
-
-
-def test_no_target_no_time_to_target_plot() -> None:
-    runs = [r for r in make_runs(traj=False) if r.seed == 0]
-    report = render_report(summary_for(runs, target=None), runs, title="t")
-    assert "time_to_target.png" not in report.images and "<h2>Time to target</h2>" not in report.html
+    # no time-to-target plot nor table without a target
+    assert ("time_to_target.png" in report.images) is (target is not None)
+    assert ("<h2>Time to target</h2>" in report.html) is (target is not None)
 
 
 def test_the_same_input_gives_the_same_report(full: Full) -> None:
