@@ -387,12 +387,13 @@ def grid_label(grid: dict[str, GridValue]) -> str:
 
 
 def format_value(value: GridValue) -> str:
-    """Short, exact enough for a label: 0.0003, 3e-5, 64, True."""
+    """The shortest text that reads back as the same value (so labels never merge two grid
+    points): 0.0003, 3e-5, 64, True."""
     if isinstance(value, float):
-        text = f"{value:.4g}"
+        text = repr(value).removesuffix(".0")  # 1.0 -> 1: equal to the int 1 anyway
         if "e" in text:
             mantissa, exponent = text.split("e")
-            text = f"{mantissa}e{int(exponent)}"
+            text = f"{mantissa.removesuffix('.0')}e{int(exponent)}"
         return text
     return str(value)
 

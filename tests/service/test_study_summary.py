@@ -28,6 +28,7 @@ from service.studies.summary import (
     TargetRule,
     describe,
     direction_of,
+    grid_label,
     summarize,
 )
 from tests.conftest import ROOT
@@ -441,6 +442,23 @@ def test_grid_values_of_every_type_round_trip_through_json() -> None:
     point = again.grid_points[0]
     assert point.grid == grid and [type(point.grid[k]) for k in grid] == [float, int, bool, str]
     assert point.label == "batch=64 lr=0.001 nesterov=True variant=b"
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (3e-4, "0.0003"),
+        (3e-5, "3e-5"),
+        (1.0, "1"),
+        (1e20, "1e20"),
+        (0.00030000000000000003, "0.00030000000000000003"),
+        (64, "64"),
+        (True, "True"),
+        ("b", "b"),
+    ],
+)
+def test_grid_labels_are_short_and_exact(value: GridValue, text: str) -> None:
+    assert grid_label({"lr": value}) == f"lr={text}"
 
 
 def test_long_names_keep_mlflow_keys_short() -> None:
