@@ -21,6 +21,9 @@ from PIL import Image
 from service.studies.report import Report, Surface, render_report
 from service.studies.summary import MetricPoint, StudyRun, StudySummary, TargetRule, summarize
 
+# one worker renders the shared `full` report once (make test runs with --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("study_report")
+
 HOSTILE = "<script>alert(1)</script> $\\frac{$"  # html, and mathtext for matplotlib
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ROSENBROCK = Surface(
