@@ -322,7 +322,14 @@ def time_to_target_plot(summary: StudySummary) -> Plot | None:
                 text = f"{ttt.reached}/{len(ttt.seeds)} reached"
             axes.annotate(text, (x, top * 1.02), ha="center", va="bottom", fontsize=8, annotation_clip=False)
         axes.set_ylim(0, top * 1.25)
-        axes.set_xticks(range(len(names)), [plain(n) for n in names])
+        # long or many names would overlap side by side
+        tilted = len(names) > 4 or any(len(n) > 12 for n in names)
+        axes.set_xticks(
+            range(len(names)),
+            [plain(n) for n in names],
+            rotation=20 if tilted else 0,
+            ha="right" if tilted else "center",
+        )
         axes.set_ylabel(label)
         axes.grid(True, axis="y", alpha=0.3)
     target = summary.target
