@@ -11,7 +11,8 @@ Rules that decide the figures (kept here, in one place):
   listed in `problems` (failed, diverged, cancelled) or counted as unfinished (queued,
   running). Each figure carries the number of seeds it stands on.
 - A metric's final value is its last logged point (by step); its best value is the minimum
-  or maximum over its finite points, by the direction in `METRIC_DIRECTIONS`.
+  or maximum over its finite points, by the selection mode for the selection metric and
+  by `METRIC_DIRECTIONS` (default: lower is better) for every other metric.
 - Time to target looks at every job's logged points, whatever its status (a job that met
   the target and diverged later did meet it; its status is shown next to it).
 - JSON holds no NaN or infinity: an undefined figure is None (and the models refuse
@@ -25,11 +26,10 @@ import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
-from scipy import stats as scipy_stats  # type: ignore[import-untyped]
 
 Mode = Literal["min", "max"]
 GridValue = float | int | str | bool
@@ -90,7 +90,7 @@ class TargetRule:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class Stat(_Model):
@@ -290,7 +290,8 @@ class StudySummary(_Model):
             put(f"{base}/p_value", c.p_value)
             put(f"{base}/n", c.n)
         for point in self.grid_points:
-            base = f"summary/{names[point.optimizer]}/grid/{mlflow_key(point.label)}"
+            label = mlflow_key(point.label.replace("/", "_")[:MAX_SEGMENT])
+            base = f"summary/{names[point.optimizer]}/grid/{label}"
             for m in point.metrics:
                 put(f"{base}/{mlflow_key(m.metric)}_final_mean", m.final.mean)
                 put(f"{base}/{mlflow_key(m.metric)}_final_n", m.final.n)
@@ -315,7 +316,9 @@ def summarize(
     )
     optimizers = list(dict.fromkeys(run.optimizer for run in runs))
     points = [
-        summarize_grid_point(group, target=target, selection_metric=selection_metric)
+        summarize_grid_point(
+            group, target=target, selection_metric=selection_metric, selection_mode=selection_mode
+        )
         for group in group_by_grid_point(runs, optimizers)
     ]
     ranking = rank(points, runs, optimizers, selection_metric, selection_mode)
@@ -359,9 +362,17 @@ def describe(stat_values: Iterable[float]) -> Stat:
     )
 
 
+def scipy_stats() -> Any:
+    """scipy.stats, imported on first use: it costs over a second, and the API and the CLI import
+    this module at start-up while only a summary needs it."""
+    from scipy import stats  # type: ignore[import-untyped]
+
+    return stats
+
+
 def t_quantile(dof: int) -> float:
     """The two-sided 95% Student's t quantile (4.303 for 2 degrees of freedom)."""
-    return float(scipy_stats.t.ppf(0.5 + CONFIDENCE / 2, dof))
+    return float(scipy_stats().t.ppf(0.5 + CONFIDENCE / 2, dof))
 
 
 def finite(value: float | None) -> float | None:
@@ -376,12 +387,13 @@ def grid_label(grid: dict[str, GridValue]) -> str:
 
 
 def format_value(value: GridValue) -> str:
-    """Short, exact enough for a label: 0.0003, 3e-5, 64, True."""
+    """The shortest text that reads back as the same value (so labels never merge two grid
+    points): 0.0003, 3e-5, 64, True."""
     if isinstance(value, float):
-        text = f"{value:.4g}"
+        text = repr(value).removesuffix(".0")  # 1.0 -> 1: equal to the int 1 anyway
         if "e" in text:
             mantissa, exponent = text.split("e")
-            text = f"{mantissa}e{int(exponent)}"
+            text = f"{mantissa.removesuffix('.0')}e{int(exponent)}"
         return text
     return str(value)
 
@@ -440,14 +452,15 @@ def best_value(points: Sequence[MetricPoint], mode: Mode) -> float | None:
 
 
 def summarize_grid_point(
-    runs: list[StudyRun], *, target: TargetRule | None, selection_metric: str
+    runs: list[StudyRun], *, target: TargetRule | None, selection_metric: str, selection_mode: Mode
 ) -> GridPointSummary:
     succeeded = [run for run in runs if run.status == "succeeded"]
     names = {key for run in succeeded for key in run.history if key.startswith("val/")}
     names.add(selection_metric)
     metrics = []
     for name in sorted(names):
-        mode = direction_of(name)
+        # the study says which way its selection metric improves; the table decides the rest
+        mode = selection_mode if name == selection_metric else direction_of(name)
         histories = [run.history.get(name, []) for run in succeeded]
         finals = [v for v in (final_value(h) for h in histories) if v is not None]
         bests = [v for v in (best_value(h, mode) for h in histories) if v is not None]
@@ -622,7 +635,7 @@ def paired(
     scale = max((abs(x) for x in [*mine, *base]), default=1.0) or 1.0
     spread = n >= 2 and d.std is not None and d.std > 1e-12 * scale
     if spread:
-        p_value = finite(float(scipy_stats.ttest_rel(mine, base).pvalue))
+        p_value = finite(float(scipy_stats().ttest_rel(mine, base).pvalue))
     where = f"in {metric} ({'lower' if mode == 'min' else 'higher'} is better)"
     if n == 0:
         sentence = f"No seed on which both {optimizer} and {baseline} succeeded: nothing to compare."
@@ -755,6 +768,7 @@ def notes_on(
     return notes
 
 
+MAX_SEGMENT = 60
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-. ]")
 
 
@@ -765,11 +779,12 @@ def mlflow_key(text: str) -> str:
 
 
 def mlflow_segments(names: Sequence[str]) -> dict[str, str]:
-    """One key segment per name (its `/` replaced too); a clash after cleaning gets a `-2`, `-3` suffix."""
+    """One key segment per name (its `/` replaced too, at most 60 characters, MLflow keys end at 250);
+    a clash after cleaning gets a `-2`, `-3` suffix."""
     out: dict[str, str] = {}
     taken: set[str] = set()
     for name in names:
-        segment = mlflow_key(name.replace("/", "_"))
+        segment = mlflow_key(name.replace("/", "_")[:MAX_SEGMENT])
         unique, i = segment, 2
         while unique in taken:
             unique, i = f"{segment}-{i}", i + 1

@@ -11,6 +11,8 @@ import json
 import math
 import posixpath
 import re
+import subprocess
+import sys
 from collections.abc import Sequence
 
 import pytest
@@ -26,8 +28,10 @@ from service.studies.summary import (
     TargetRule,
     describe,
     direction_of,
+    grid_label,
     summarize,
 )
+from tests.conftest import ROOT
 
 T_2 = 4.302652729749462  # two-sided 95% Student's t quantile, 2 degrees of freedom (textbook 4.303)
 
@@ -197,6 +201,11 @@ def test_best_grid_point_and_ranking_follow_the_selection_mode(
     assert top.selection is not None and top.selection.n == 3
     expected = {("min", "lion"): 0.4, ("max", "adamw"): 0.8}[(mode, top.optimizer)]
     assert top.selection.mean == pytest.approx(expected)
+    # the selection metric's best value follows the selection mode too (each run: final + 1, then final)
+    point = summary.best_grid_point(top.optimizer)
+    assert point is not None and (metric := point.metric("val/score")) is not None
+    assert metric.direction == mode
+    assert metric.best.mean == pytest.approx(expected if mode == "min" else expected + 1.0)
 
 
 def test_grid_points_are_ordered_numerically_whatever_the_run_order() -> None:
@@ -424,7 +433,54 @@ def test_flat_metrics_are_finite_with_mlflow_safe_keys() -> None:
     assert any(k.endswith("vs_adamw/p_value") for k in flat)
 
 
+def test_grid_values_of_every_type_round_trip_through_json() -> None:
+    grid: dict[str, GridValue] = {"lr": 1e-3, "batch": 64, "nesterov": True, "variant": "b"}
+    runs = [make_run(1, "sgd", 0, grid=grid, val__loss=points([0.5]))]
+    summary = summary_of(runs)
+    again = StudySummary.model_validate_json(summary.model_dump_json())
+    assert again == summary
+    point = again.grid_points[0]
+    assert point.grid == grid and [type(point.grid[k]) for k in grid] == [float, int, bool, str]
+    assert point.label == "batch=64 lr=0.001 nesterov=True variant=b"
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (3e-4, "0.0003"),
+        (3e-5, "3e-5"),
+        (1.0, "1"),
+        (1e20, "1e20"),
+        (0.00030000000000000003, "0.00030000000000000003"),
+        (64, "64"),
+        (True, "True"),
+        ("b", "b"),
+    ],
+)
+def test_grid_labels_are_short_and_exact(value: GridValue, text: str) -> None:
+    assert grid_label({"lr": value}) == f"lr={text}"
+
+
+def test_long_names_keep_mlflow_keys_short() -> None:
+    runs = study({("x" * 400, 1e-3): [0.5]})
+    assert max(len(key) for key in summary_of(runs).flat_metrics()) <= 250
+
+
 def test_the_same_input_gives_the_same_summary() -> None:
     runs = study(FINALS)
     first, second = summary_of(runs, baseline="adamw"), summary_of(runs, baseline="adamw")
     assert first.model_dump_json() == second.model_dump_json()
+
+
+def test_the_studies_modules_load_no_framework_no_pyplot_and_no_scipy_at_import() -> None:
+    # a fresh interpreter: the service never imports torch or TensorFlow, the report never
+    # touches pyplot's global state, and scipy (over a second) loads only when a summary is made
+    unwanted = ("torch", "tensorflow", "keras", "matplotlib.pyplot", "scipy")
+    code = (
+        "import sys, service.studies.summary, service.studies.report; "
+        f"print(sorted(m for m in {unwanted!r} if m in sys.modules))"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert completed.stdout.strip() == "[]", completed.stdout + completed.stderr
