@@ -1042,7 +1042,8 @@ def study_errors(
         jobs.append((member, job))
         for error in catalogue_errors(job, catalogue, max_steps=max_steps):
             located = error.model_copy(update={"loc": _study_loc(error.loc, spec, index, member)})
-            if located not in errors:
+            # Said once: a grid's other points repeat a problem that is not about their value.
+            if not any(e.msg == located.msg and e.loc[:-1] == located.loc[:-1] for e in errors):
                 errors.append(located)
     return errors, jobs
 

@@ -297,17 +297,20 @@ def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
         return 2 if exc.status_code in USAGE_ERRORS else 1
     finally:
         client.close()
+    import shutil
+
     from rich.console import Console
 
-    console = Console()
+    # Wide enough for the ranking's columns whole, also when the output is not a terminal.
+    console = Console(width=max(shutil.get_terminal_size().columns, 120))
     if study.get("summary"):
         summary = StudySummary.model_validate(study["summary"])
         console.print(ranking_table(summary))
         for line in [*comparison_lines(summary), *summary.notes]:
             console.print(line)
-    console.print(f"report: {url}{study['report_url']}")
+    print(f"report: {url}{study['report_url']}")  # plain print: an address is never wrapped
     if study.get("mlflow"):
-        console.print(f"MLflow: {study['mlflow']['url']}")
+        print(f"MLflow: {study['mlflow']['url']}")
     counts = study["progress"]["counts"]
     return 0 if counts["succeeded"] == study["progress"]["jobs"] else 1
 

@@ -8,10 +8,12 @@ One service for the module (its tests share it and run in order on one worker).
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import math
 import re
 import statistics
+import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -26,7 +28,8 @@ from service.supervisor import Supervisor
 from tests.conftest import free_port
 from tests.e2e.test_service import EXPLODING_PLUGIN
 
-pytestmark = pytest.mark.xdist_group("e2e_studies")
+# Generous: the study's jobs are real processes, slow on a loaded 2-core machine.
+pytestmark = [pytest.mark.xdist_group("e2e_studies"), pytest.mark.timeout(600)]
 
 TARGET = {"metric": "val/accuracy", "mode": "max", "value": 0.5}
 STUDY: dict[str, Any] = {
@@ -61,6 +64,9 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Supervisor]:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("OPTLAB_PLUGIN_DIRS", str(plugins))
         with Supervisor(settings) as supervisor:
+            # A second worker: the study's jobs run two at a time, and two workers race to create
+            # its parent run (find-or-create, recorded once).
+            supervisor._spawn("worker-2", [sys.executable, "-m", "service.cli", "worker"], supervisor._env())
             yield supervisor
 
 
@@ -84,14 +90,40 @@ def wait_until_done(api: httpx.Client, study_id: int, timeout_s: float = 400) ->
         if study["status"] == "done":
             return study
         time.sleep(0.5)
-    raise AssertionError(f"study {study_id} not done after {timeout_s}s: {study}")
+    raise AssertionError(f"study {study_id} not done after {timeout_s}s: {study['summary_error']} {study}")
 
 
 @pytest.fixture(scope="module")
-def study(api: httpx.Client) -> dict[str, Any]:
-    response = api.post("/studies", json=STUDY)
-    assert response.status_code == 201, response.text
-    return wait_until_done(api, response.json()["id"])
+def cli_output(service: Supervisor, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """`optlab study STUDY.yaml --wait`: submits, follows the study to its end, prints the ranking."""
+    import yaml  # type: ignore[import-untyped]
+
+    from service import cli
+
+    path = tmp_path_factory.mktemp("study") / "study.yaml"
+    path.write_text(yaml.safe_dump(STUDY))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = cli.main(["study", str(path), "--wait", "--api", service.api_url])
+    assert code == 0, printed.getvalue()[-3000:]
+    return printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def study(api: httpx.Client, cli_output: str) -> dict[str, Any]:
+    found = re.search(r"^study (\d+) running: 8 jobs", cli_output, re.MULTILINE)
+    assert found, cli_output[-3000:]
+    return wait_until_done(api, int(found.group(1)))
+
+
+def test_the_cli_follows_the_study_and_prints_the_ranking(
+    cli_output: str, study: dict[str, Any], service: Supervisor
+) -> None:
+    assert "ranking on val/accuracy" in cli_output
+    for row in StudySummary.model_validate(study["summary"]).ranking:
+        assert re.search(rf"^\W*{row.rank}\W+{row.optimizer}\W", cli_output, re.MULTILINE), cli_output[-3000:]
+    assert f"report: {service.api_url}{study['report_url']}\n" in cli_output
+    assert f"MLflow: {study['mlflow']['url']}\n" in cli_output
 
 
 def children_of(mlflow: Any, study: dict[str, Any]) -> list[Any]:
@@ -154,7 +186,7 @@ def test_mlflow_holds_a_parent_run_and_nested_children_tagged_for_the_ui(
     names = sorted(run.info.run_name for run in children)
     assert names == sorted(
         f"{name} lr={lr} seed={seed}"
-        for name, lrs in (("adam", ("3e-3", "0.03")), ("sgd_momentum", ("0.05", "0.2")))
+        for name, lrs in (("adam", ("0.003", "0.03")), ("sgd_momentum", ("0.05", "0.2")))
         for lr in lrs
         for seed in (0, 1)
     )
