@@ -179,3 +179,14 @@ def test_the_openapi_declares_the_study_routes(client: TestClient) -> None:
     schemas = document["components"]["schemas"]
     assert "lion" in schemas["StudyOptimizer"]["properties"]["name"]["enum"]
     assert "study" in {p["name"] for p in paths["/jobs"]["get"]["parameters"]}
+
+
+def test_the_example_study_is_accepted(client: TestClient) -> None:
+    import yaml  # type: ignore[import-untyped]
+
+    from tests.conftest import ROOT
+
+    example = yaml.safe_load((ROOT / "examples" / "studies" / "lion-vs-adamw.yaml").read_text())
+    response = client.post("/studies", json=example)
+    assert response.status_code == 201, response.text
+    assert response.json()["progress"]["jobs"] == 12
