@@ -28,6 +28,18 @@ HTML_BODY: dict[int | str, dict[str, Any]] = {
 }
 
 
+def json_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """`responses(...)` for a route whose own body is not JSON: its errors still are (FastAPI would
+    otherwise declare them in the route's media type)."""
+    declared = responses(*statuses)
+    for answer in declared.values():
+        model = answer.pop("model")
+        answer["content"] = {
+            "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
+        }
+    return declared
+
+
 @router.post("", status_code=201, response_model=StudyRead, responses=responses(*WRITES, 429, 503))
 def submit_study(
     spec: StudySpec, session: SessionDep, settings: SettingsDep, catalogue: CatalogueDep, caller: CallerDep
@@ -72,7 +84,7 @@ def cancel_study(study_id: StudyId, session: SessionDep, settings: SettingsDep) 
 @router.get(
     "/{study_id}/report",
     response_class=HTMLResponse,
-    responses={**HTML_BODY, **responses(*COMMON, 404, 409)},
+    responses={**HTML_BODY, **json_errors(*COMMON, 404, 409)},
 )
 def study_report(study_id: StudyId, session: SessionDep) -> HTMLResponse:
     study = _found(session, study_id)
