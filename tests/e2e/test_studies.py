@@ -181,6 +181,12 @@ def test_mlflow_holds_a_parent_run_and_nested_children_tagged_for_the_ui(
     )
     parent = mlflow.get_run(link["parent_run_id"])
     assert parent.info.status == "FINISHED" and parent.info.run_name == f"study {STUDY['name']}"
+    # Two workers started its jobs: one parent run all the same (a run that lost the race is deleted).
+    parents = mlflow.search_runs(
+        [experiment.experiment_id],
+        filter_string=f"tags.study_id = '{study['id']}' AND tags.study_role = 'parent'",
+    )
+    assert [run.info.run_id for run in parents] == [parent.info.run_id]
     children = children_of(mlflow, study)
     assert len(children) == 8
     names = sorted(run.info.run_name for run in children)
