@@ -16,14 +16,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import compile_path
 
-from jobs.spec import CheckSpec, JobSpec
+from jobs.spec import CheckSpec, JobSpec, StudySpec
 from service import store
 from service.auth import authorize
 from service.db import make_engine, migrate, session_factory
 from service.deps import SessionDep
 from service.guards import BodyGuard, BrowserWriteGuard, TrustedHosts
 from service.openapi import install as install_openapi
-from service.routes import catalogue, checks, jobs, readiness
+from service.routes import catalogue, checks, jobs, readiness, studies
 from service.schemas import Health
 from service.settings import Settings
 
@@ -55,7 +55,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     # Every router needs a token (when tokens are configured); only the probes (/healthz, below,
     # and /readyz) and the docs page (a static page that asks for the token) do not.
-    for router in (jobs.router, checks.router, catalogue.router):
+    for router in (jobs.router, checks.router, studies.router, catalogue.router):
         app.include_router(router, dependencies=[Depends(authorize)])
     app.include_router(readiness.router)
     log_access_mode(settings)
@@ -100,7 +100,7 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
         if kind == "json_invalid":
             loc = ["body"]
             message = f"the body is not valid JSON ({ctx.get('error', 'decode error')})"
-        elif kind in ("finite_number", "number_too_large"):
+        elif kind in ("finite_number", "number_too_large", "empty_grid", "repeated_grid_value"):
             loc.append(ctx["key"])
             message = f"{field}.{error['msg']}"
         elif kind == "extra_forbidden":
@@ -139,7 +139,7 @@ def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 # The body model of each route that takes one, to say which fields an unknown one could have been.
-BODY_MODELS: dict[str, type[BaseModel]] = {"/jobs": JobSpec, "/checks": CheckSpec}
+BODY_MODELS: dict[str, type[BaseModel]] = {"/jobs": JobSpec, "/checks": CheckSpec, "/studies": StudySpec}
 
 
 def _allowed_fields(model: type[BaseModel], parent: list[Any]) -> list[str]:

@@ -136,9 +136,11 @@ def with_catalogue(static: dict[str, Any], catalogue: Catalogue) -> dict[str, An
         schemas[component]["title"] = component
         _name_enum(schemas[component], [item["name"] for item in items])
         schemas[component]["anyOf"] = _params_by_name(items)
-        prop = schemas["JobSpec"]["properties"][field]
-        prop.pop("$ref", None)
-        prop["allOf"] = [{"$ref": f"#/components/schemas/{component}"}]
+        for body in ("JobSpec", "StudySpec"):
+            prop = schemas[body]["properties"][field]
+            prop.pop("$ref", None)
+            prop["allOf"] = [{"$ref": f"#/components/schemas/{component}"}]
+    _name_enum(schemas["StudyOptimizer"], catalogue.optimizer_names())
     for parameter in document["paths"]["/optimizers/{name}"]["get"]["parameters"]:
         if parameter["name"] == "name":
             parameter["schema"] = {"type": "string", "enum": catalogue.optimizer_names()}

@@ -32,19 +32,20 @@ def queue_room(
 
 def _refuse_when_full(*, session: Session, settings: Settings, submitted_by: str | None, jobs: int) -> None:
     queued = store.count_queued(session=session)
+    adds = "" if jobs == 1 else f"; this request adds {jobs}"
     if queued + jobs > settings.max_queued:
         raise _full(
-            f"{queued} jobs are queued and this asks for {jobs} more; the service holds at most "
-            f"{settings.max_queued} (OPTLAB_MAX_QUEUED)"
+            f"{queued} jobs are queued{adds}, the most this service holds is {settings.max_queued} "
+            "(OPTLAB_MAX_QUEUED)"
         )
     if submitted_by is None:
         return
     own = store.count_queued(session=session, submitted_by=submitted_by)
     if own + jobs > settings.max_queued_per_token:
         raise _full(
-            f"token {submitted_by!r} has {own} jobs queued and this asks for {jobs} more; one token may "
-            f"have at most {settings.max_queued_per_token} (OPTLAB_MAX_QUEUED_PER_TOKEN); wait for some "
-            "to start, or cancel some"
+            f"token {submitted_by!r} has {own} jobs queued{adds}, the most one token may have is "
+            f"{settings.max_queued_per_token} "
+            "(OPTLAB_MAX_QUEUED_PER_TOKEN); wait for some to start, or cancel some"
         )
 
 

@@ -95,6 +95,7 @@ class Settings(BaseSettings):
         description="folders workloads may read data files from (npz, char_lm's text_file), separated "
         "by ':' like PATH; passed on to job processes",
     )
+    max_study_jobs: int = Field(default=200, ge=1, description="jobs one study may expand to")
     _tokens: list[ApiToken] = PrivateAttr(default_factory=list)
 
     @model_validator(mode="after")

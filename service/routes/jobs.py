@@ -40,10 +40,13 @@ def list_jobs(
     session: SessionDep,
     status: JobStatus | None = None,
     kind: JobKind | None = None,
+    study: Annotated[int | None, Query(ge=1, le=2**31 - 1, description="only this study's jobs")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
 ) -> JobsPage:
-    jobs, total = store.list_jobs(session=session, status=status, kind=kind, limit=limit, offset=offset)
+    jobs, total = store.list_jobs(
+        session=session, status=status, kind=kind, study_id=study, limit=limit, offset=offset
+    )
     return JobsPage(items=[JobRead.from_row(j) for j in jobs], total=total, limit=limit, offset=offset)
 
 

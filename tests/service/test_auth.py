@@ -30,8 +30,14 @@ OPEN_PATHS = {"/healthz", "/readyz"}
 BODIES: dict[str, Any] = {
     "/jobs": GOOD,
     "/checks": {"optimizer": {"name": "lion", "params": {"lr": 0.001}}},
+    "/studies": {
+        "name": "auth",
+        "workload": {"name": "digits_mlp"},
+        "optimizers": [{"name": "sgd", "params": {"lr": [0.1]}}],
+        "steps": 10,
+    },
 }
-PATH_VALUES = {"job_id": "1", "name": "ema_momentum"}
+PATH_VALUES = {"job_id": "1", "name": "ema_momentum", "study_id": "1"}
 
 
 def locked_settings(tmp_path: Path, **overrides: Any) -> Settings:

@@ -24,6 +24,7 @@ ALLOWED_FROM_SERVICE = {
     "jobs.checks.report",
     "jobs.data_roots",  # where workloads may read data files: the API checks specs against it
     "jobs.workloads.surfaces",  # the 2-D test functions a study report draws trajectories over
+    "jobs.tracking",  # MLflow only: the worker finds experiments and creates a study's parent run
 }
 # What the modules the service may import are allowed to import in turn.
 LIGHT = {
@@ -31,6 +32,7 @@ LIGHT = {
     "jobs.processes": set(),
     "jobs.data_roots": set(),
     "jobs.workloads.surfaces": {"numpy"},
+    "jobs.tracking": {"mlflow"},
 }
 
 
