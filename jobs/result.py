@@ -130,6 +130,8 @@ class Progress(Record):
     val_rmse: float | None = None
     mlflow: MlflowInfo | None = None
     check: str | None = None  # a check job: the id of the check that just finished
+    # The job's last VERIFIED checkpoint: what a new attempt resumes from (`--resume PATH`).
+    checkpoint: CheckpointRecord | None = None
 
     def merged(self, **fields: Any) -> Progress:
         """This progress with `fields` replaced, validated again (a misnamed field is an error)."""

@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--attempt", type=int, default=1)
     parser.add_argument("--submitted-by", default="", help="the API token name that submitted it, a tag")
     parser.add_argument("--resume", type=Path, help="continue from this checkpoint file")
+    parser.add_argument(
+        "--resume-run-id", help="log into this existing MLflow run (a resumed attempt) instead of a new one"
+    )
     parser.add_argument("--stop-after", type=int, help="stop (with a checkpoint) after this many steps")
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
@@ -158,6 +161,7 @@ def run_job(args: argparse.Namespace) -> JobResult:
                 run_name=spec.run_name(),
                 params=spec.flat_params(),
                 tags=run_tags(spec, args),
+                resume_run_id=args.resume_run_id,
             )
             mlflow = MlflowInfo.model_validate(mlflow_run.info.to_json())
             result = result.with_fields(mlflow=mlflow)

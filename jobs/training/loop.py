@@ -175,7 +175,9 @@ class TrainingJob:
             self.verified.append(CheckpointRecord(step=step, ok=False, path=str(path)))
             raise
         self.tracker.metric("checkpoint/roundtrip_ok", 1.0, step)
-        self.verified.append(CheckpointRecord(step=step, ok=True, path=str(checkpointed.path)))
+        record = CheckpointRecord(step=step, ok=True, path=str(checkpointed.path))
+        self.verified.append(record)
+        self.reporter.progress(checkpoint=record, force=True)  # what another attempt resumes from
         for warning in checkpointed.warnings:
             if warning not in self.warnings:
                 self.warnings.append(warning)
