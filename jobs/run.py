@@ -32,6 +32,7 @@ from jobs.result import (
     JobStatus,
     MlflowInfo,
     Outcome,
+    ResumeRecord,
     TrainOutcome,
 )
 from jobs.spec import AnySpec, CheckSpec, JobSpec, parse_spec
@@ -61,7 +62,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--job-id", default="", help="the service's job id, recorded as a tag")
     parser.add_argument("--attempt", type=int, default=1)
     parser.add_argument("--submitted-by", default="", help="the API token name that submitted it, a tag")
-    parser.add_argument("--resume", type=Path, help="continue from this checkpoint file")
+    parser.add_argument(
+        "--resume",
+        help="continue from this checkpoint: a path or an MLflow URI (runs:/<run_id>/checkpoints/...)",
+    )
     parser.add_argument(
         "--resume-run-id", help="log into this existing MLflow run (a resumed attempt) instead of a new one"
     )
@@ -103,7 +107,9 @@ def run_tags(spec: AnySpec, args: argparse.Namespace) -> dict[str, str]:
     return {**tags, "workload": spec.workload.name}
 
 
-def make_job(spec: AnySpec, *, workdir: Path, tracker: Any, reporter: Reporter) -> Job:
+def make_job(
+    spec: AnySpec, *, workdir: Path, tracker: Any, reporter: Reporter, checkpoints: Any = None
+) -> Job:
     """The trainer for the spec's framework, or the check job; imports only what that needs."""
     if isinstance(spec, CheckSpec):
         from jobs.check_job import CheckJob
@@ -114,7 +120,51 @@ def make_job(spec: AnySpec, *, workdir: Path, tracker: Any, reporter: Reporter) 
     from optimizers.registry import load_registry
 
     registry = load_registry(styles=(style_of(spec),))
-    return TrainingJob(spec, registry=registry, workdir=workdir, tracker=tracker, reporter=reporter)
+    return TrainingJob(
+        spec, registry=registry, workdir=workdir, tracker=tracker, reporter=reporter, checkpoints=checkpoints
+    )
+
+
+def start_job(
+    spec: AnySpec, args: argparse.Namespace, *, workdir: Path, mlflow_run: Any, reporter: Reporter
+) -> tuple[Job, Any]:
+    """The job with its tracker and checkpoint store; for a resumed attempt (`--resume-run-id`) also
+    the tracker that skips the points the run holds (jobs.resume.ResumedTracker), else None."""
+    from jobs.resume import ResumedTracker, checkpoint_store, logged_points
+    from jobs.tracking import NullTracker
+
+    tracker: Any = mlflow_run or NullTracker()
+    resumed = None
+    if args.resume_run_id:
+        if mlflow_run is None:
+            raise ValueError(
+                "--resume-run-id needs a tracking server (--tracking-uri or $MLFLOW_TRACKING_URI)"
+            )
+        resumed = tracker = ResumedTracker(
+            mlflow_run, logged_points(mlflow_run.client, mlflow_run.info.run_id)
+        )
+    name = args.job_id or (mlflow_run.info.run_id if mlflow_run is not None else workdir.name)
+    store = checkpoint_store(mlflow_run, job=name, attempt=args.attempt)
+    job = make_job(spec, workdir=workdir, tracker=tracker, reporter=reporter, checkpoints=store)
+    return job, resumed
+
+
+def resume_source(args: argparse.Namespace, workdir: Path) -> Path | None:
+    """`--resume REF` as a local checkpoint (downloaded when REF is an MLflow URI)."""
+    if not args.resume:
+        return None
+    from jobs.resume import fetch_checkpoint
+
+    return fetch_checkpoint(args.resume, into=workdir / "resumed-from", tracking_uri=args.tracking_uri)
+
+
+def record_resume(resumed: Any, outcome: Outcome, mlflow_run: Any) -> ResumeRecord:
+    """What the resumed attempt found in the run, in the result and as `resume/...` metrics."""
+    from_step = getattr(outcome, "resumed_from_step", None) or 0
+    record: ResumeRecord = resumed.record(from_step)
+    for key in ("points_compared", "points_differing", "max_abs_difference"):
+        mlflow_run.metric(f"resume/{key}", getattr(record, key), from_step)
+    return record
 
 
 def outcome_kind(spec: AnySpec) -> type[Outcome]:
@@ -166,11 +216,12 @@ def run_job(args: argparse.Namespace) -> JobResult:
             mlflow = MlflowInfo.model_validate(mlflow_run.info.to_json())
             result = result.with_fields(mlflow=mlflow)
             reporter.progress(mlflow=mlflow, force=True)
-        from jobs.tracking import NullTracker
-
-        job = make_job(spec, workdir=workdir, tracker=mlflow_run or NullTracker(), reporter=reporter)
-        outcome = job.run(resume_from=args.resume, stop_after=args.stop_after)
+        job, resumed = start_job(spec, args, workdir=workdir, mlflow_run=mlflow_run, reporter=reporter)
+        resume_from = resume_source(args, workdir)
+        outcome = job.run(resume_from=resume_from, stop_after=args.stop_after)
         result = result.with_outcome(outcome, kind=outcome_kind(spec))
+        if resumed is not None:
+            result = result.with_fields(resume=record_resume(resumed, outcome, mlflow_run))
         status = JobStatus.SUCCEEDED
     except Cancelled as exc:
         status, result = JobStatus.CANCELLED, result.with_fields(error=error_record(exc))
@@ -202,7 +253,8 @@ def finish_mlflow_run(mlflow_run: Any, result: JobResult, job: Job | None, spec:
     mlflow_status = MLFLOW_STATUS.get(result.status, "FAILED")
     try:
         try:
-            if job is not None and job.last_checkpoint is not None:
+            store = getattr(job, "store", None)
+            if job is not None and job.last_checkpoint is not None and not getattr(store, "in_run", False):
                 mlflow_run.log_artifact(job.last_checkpoint, "checkpoints")
             for path in getattr(job, "artifacts", []):  # a check job's report.json and report.md
                 mlflow_run.log_artifact(path)

@@ -181,7 +181,7 @@ class MlflowRun:
 
         self._client = MlflowClient(tracking_uri=tracking_uri)
         if resume_run_id:  # a resumed attempt: the job's run, back to RUNNING, its params kept
-            run = self._client.get_run(resume_run_id)
+            run = self._existing_run(resume_run_id)
             self.info = RunInfo(tracking_uri, run.info.experiment_id, resume_run_id)
             self._client.update_run(resume_run_id, status="RUNNING")
             for key, value in tags.items():
@@ -197,6 +197,18 @@ class MlflowRun:
             self._client.set_terminated(self.info.run_id, status="FAILED")  # never left RUNNING
             raise
         self.metrics = BatchedMetricLogger(self._send_metrics)
+
+    @property
+    def client(self) -> Any:
+        return self._client
+
+    def _existing_run(self, run_id: str) -> Any:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self._client.get_run(run_id)
+        except MlflowException as exc:
+            raise ValueError(f"--resume-run-id {run_id}: no such MLflow run ({exc.message})") from None
 
     def metric(self, key: str, value: float, step: int) -> None:
         self.metrics.metric(key, value, step)
