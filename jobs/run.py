@@ -149,6 +149,17 @@ def start_job(
     return job, resumed
 
 
+def start_ranks_if_ddp(
+    spec: AnySpec, args: argparse.Namespace, workdir: Path, resume_from: Path | None
+) -> Any:
+    """A DDP job's top process is rank 0: it starts the other ranks (jobs.distributed)."""
+    from jobs.distributed import current_rank, is_ddp, start_ranks
+
+    if not is_ddp(spec) or current_rank() is not None or not isinstance(spec, JobSpec) or spec.devices < 2:
+        return None
+    return start_ranks(spec, args.argv, workdir, resume_from)
+
+
 def resume_source(args: argparse.Namespace, workdir: Path) -> Path | None:
     """`--resume REF` as a local checkpoint (downloaded when REF is an MLflow URI)."""
     if not args.resume:
@@ -197,6 +208,7 @@ def run_job(args: argparse.Namespace) -> JobResult:
     mlflow_run: Any = None
     job: Job | None = None
     spec: AnySpec | None = None
+    ranks: Any = None
     try:
         spec = load_spec(args.spec)
         reporter.progress(step=0, total=spec.total_steps, force=True)
@@ -216,8 +228,9 @@ def run_job(args: argparse.Namespace) -> JobResult:
             mlflow = MlflowInfo.model_validate(mlflow_run.info.to_json())
             result = result.with_fields(mlflow=mlflow)
             reporter.progress(mlflow=mlflow, force=True)
-        job, resumed = start_job(spec, args, workdir=workdir, mlflow_run=mlflow_run, reporter=reporter)
         resume_from = resume_source(args, workdir)
+        ranks = start_ranks_if_ddp(spec, args, workdir, resume_from)
+        job, resumed = start_job(spec, args, workdir=workdir, mlflow_run=mlflow_run, reporter=reporter)
         outcome = job.run(resume_from=resume_from, stop_after=args.stop_after)
         result = result.with_outcome(outcome, kind=outcome_kind(spec))
         if resumed is not None:
@@ -229,6 +242,13 @@ def run_job(args: argparse.Namespace) -> JobResult:
         if isinstance(exc, Diverged):
             status, result = JobStatus.DIVERGED, result.with_fields(diverged_at_step=exc.step)
         result = result.with_fields(error=error_record(exc))
+    if ranks is not None:  # DDP: the job succeeded only if every rank did
+        problem = ranks.finish(stop=status is not JobStatus.SUCCEEDED)
+        if problem and status is JobStatus.SUCCEEDED:
+            status, result = (
+                JobStatus.FAILED,
+                result.with_fields(error=ErrorRecord(type="RankFailed", message=problem)),
+            )
     if isinstance(spec, JobSpec) and job is not None and status is not JobStatus.SUCCEEDED:
         result = result.with_fields(**checkpoints_so_far(job))
     result = result.with_fields(status=status, duration_s=round(time.time() - started, 3))
