@@ -736,10 +736,10 @@ class KerasSession(TrainingSession):
         )
         status.assert_consumed()
         step = int(state["step"])
-        if iterations(fresh.optimizer.iterations) != step:
+        restored = iterations(fresh.optimizer.iterations)
+        if restored != step:
             raise ValueError(
-                f"checkpoint {path}: the optimizer restored {iterations(fresh.optimizer.iterations)} iterations, "
-                f"not the checkpoint's step {step}"
+                f"checkpoint {path}: the optimizer restored {restored} iterations, not its step {step}"
             )
         return fresh, step
 
