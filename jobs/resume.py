@@ -60,17 +60,26 @@ class WorkdirCheckpoints:
         return str(path)
 
 
+def delivered(run: Any) -> None:
+    """Every point logged so far is in the run before a checkpoint is published: an attempt resuming
+    from it then finds each step up to the checkpoint logged, and none lost between the two."""
+    if run is not None:
+        run.metrics.flush()
+
+
 class SharedFolderCheckpoints:
     """Written straight into the shared folder every worker mounts: the path is the reference."""
 
     in_run = False
 
-    def __init__(self, root: Path, job: str, attempt: int) -> None:
+    def __init__(self, root: Path, job: str, attempt: int, run: Any = None) -> None:
         # Each attempt a folder of its own: the loop keeps only its latest checkpoint, and must never
         # delete the one another attempt may still be resuming from.
         self.folder: Path | None = root / job / f"attempt-{attempt}"
+        self.run = run
 
     def publish(self, path: Path) -> str:
+        delivered(self.run)
         return str(path)
 
 
@@ -84,6 +93,7 @@ class MlflowCheckpoints:
         self.run = run  # jobs.tracking.MlflowRun
 
     def publish(self, path: Path) -> str:
+        delivered(self.run)
         self.run.log_artifact(path, RUN_ARTIFACTS)
         return f"runs:/{self.run.info.run_id}/{RUN_ARTIFACTS}/{path.name}"
 
@@ -94,7 +104,7 @@ def checkpoint_store(
     """The shared folder when `OPTLAB_CHECKPOINT_DIR` is set, else the run's artifacts, else the workdir."""
     root = (os.environ if environ is None else environ).get(CHECKPOINT_DIR_ENV)
     if root:
-        return SharedFolderCheckpoints(Path(root), job, attempt)
+        return SharedFolderCheckpoints(Path(root), job, attempt, mlflow_run)
     if mlflow_run is not None:
         return MlflowCheckpoints(mlflow_run)
     return WorkdirCheckpoints()
