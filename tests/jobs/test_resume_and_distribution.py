@@ -151,7 +151,7 @@ def tracking_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         assert time.monotonic() < deadline, "the MLflow server did not start"
         time.sleep(0.3)
     yield uri
-    os.killpg(server.pid, signal.SIGTERM)
+    os.killpg(server.pid, signal.SIGKILL)  # a throwaway server: nothing to shut down cleanly
     server.wait(30)
 
 
@@ -178,13 +178,13 @@ def jobs(
     experiment = client.create_experiment("resume-missing")
     empty_run = client.create_run(experiment).info.run_id
     started: dict[str, Job] = {}
-    for style in STYLES:
-        started[f"straight-{style}"] = runner.start(f"straight-{style}", spec_for(style), tracked=False)
-    # torch's first attempt is killed (below); the Keras ones stop after 17 steps and are resumed from
-    # their step-10 checkpoint in the run, so 7 steps are recomputed and compared.
-    started["first-torch"] = runner.start("first-torch", spec_for("torch"), "--job-id", "7")
+    # The Keras styles' straight runs are tracked: their resumed attempts start from the step-10
+    # checkpoint in the run, recompute every later step and must log none of them again. torch's
+    # first attempt is killed mid-run instead (below), so its resumed attempt logs the rest.
+    started["straight-torch"] = runner.start("straight-torch", spec_for("torch"), tracked=False)
     for style in STYLES[1:]:
-        started[f"first-{style}"] = runner.start(f"first-{style}", spec_for(style), "--stop-after", "17")
+        started[f"straight-{style}"] = runner.start(f"straight-{style}", spec_for(style))
+    started["first-torch"] = runner.start("first-torch", spec_for("torch"), "--job-id", "7")
     for name, style, strategy in (("ddp", "torch", "ddp"), ("mirrored", "keras", "mirrored")):
         distribution = {"strategy": strategy, "devices": 2}
         started[name] = runner.start(name, spec_for(style, distribution=distribution, experiment=name))
@@ -195,7 +195,7 @@ def jobs(
     try:
         started["resumed-torch"] = resume_after_kill(runner, started["first-torch"])
         for style in STYLES[1:]:
-            first = started[f"first-{style}"].result()
+            first = started[f"straight-{style}"].result()
             assert first["status"] == "succeeded", first.get("error")
             started[f"resumed-{style}"] = runner.start(
                 f"resumed-{style}",
@@ -242,7 +242,8 @@ def test_a_resumed_job_ends_bitwise_like_a_straight_run_in_the_same_mlflow_run(
     straight, resumed = jobs[f"straight-{style}"].result(), jobs[f"resumed-{style}"].result()
     assert straight["status"] == "succeeded", straight.get("error")
     assert resumed["status"] == "succeeded", resumed.get("error")
-    first_run = json.loads((jobs[f"first-{style}"].workdir / "progress.json").read_text())["mlflow"]["run_id"]
+    first = jobs["first-torch" if style == "torch" else f"straight-{style}"]
+    first_run = json.loads((first.workdir / "progress.json").read_text())["mlflow"]["run_id"]
     assert resumed["mlflow"]["run_id"] == first_run
     assert resumed["params_sha256"] == straight["params_sha256"]
     assert resumed["final"] == straight["final"]
@@ -264,8 +265,8 @@ def test_a_resumed_job_ends_bitwise_like_a_straight_run_in_the_same_mlflow_run(
     record = resumed["resume"]
     assert record["from_step"] == resumed["resumed_from_step"]
     assert record["points_differing"] == 0 and record["max_abs_difference"] == 0.0  # CPU: bitwise
-    if style != "torch":  # 7 recomputed steps x (loss, lr, grad norm); torch's overlap depends on the kill
-        assert record["points_compared"] == 21 and record["last_logged_step"] == 16
+    if style != "torch":  # steps 10..39 recomputed: at least loss, lr and grad norm of each compared
+        assert record["points_compared"] >= 3 * (STEPS - 10) and record["last_logged_step"] == STEPS - 1
     assert client.get_run(first_run).data.metrics["resume/points_differing"] == 0
 
 
