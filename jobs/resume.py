@@ -10,7 +10,7 @@ Where checkpoints live (`checkpoint_store`):
   the run it belongs to. The cost is one upload per checkpoint (small for these workloads) and
   every verified checkpoint kept in the run.
 - **`OPTLAB_CHECKPOINT_DIR`** (a folder every worker mounts at the same path): checkpoints are
-  written there directly, under `<job>/attempt-<n>/`, only the latest kept, nothing uploaded.
+  written there directly, under `<job>/attempt-<n>/`, the latest two kept, nothing uploaded.
   Cheaper for large models, but it needs a shared filesystem, which a plain docker-compose of GPU
   hosts does not have: an option, not the default.
 - Neither (no tracking server, no folder): the job's own workdir, reachable on this host only.
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from jobs.frameworks.base import remove_checkpoint
 from jobs.result import ResumeRecord
 from jobs.tracking import Tracker
 
@@ -49,6 +50,9 @@ class CheckpointStore(Protocol):
 
     def publish(self, path: Path) -> str: ...
 
+    def retire(self, path: Path) -> None:
+        """`path` was superseded by a newer verified checkpoint."""
+
 
 class WorkdirCheckpoints:
     """No tracking server and no shared folder: the path itself, on this host only."""
@@ -58,6 +62,9 @@ class WorkdirCheckpoints:
 
     def publish(self, path: Path) -> str:
         return str(path)
+
+    def retire(self, path: Path) -> None:
+        remove_checkpoint(path)  # only the latest verified one is kept
 
 
 def delivered(run: Any) -> None:
@@ -77,10 +84,18 @@ class SharedFolderCheckpoints:
         # delete the one another attempt may still be resuming from.
         self.folder: Path | None = root / job / f"attempt-{attempt}"
         self.run = run
+        self.previous: Path | None = None
 
     def publish(self, path: Path) -> str:
         delivered(self.run)
         return str(path)
+
+    def retire(self, path: Path) -> None:
+        # The one before the latest stays: the worker may not have read the latest's report yet when
+        # this process dies, and must find the one it knows.
+        if self.previous is not None:
+            remove_checkpoint(self.previous)
+        self.previous = path
 
 
 class MlflowCheckpoints:
@@ -96,6 +111,9 @@ class MlflowCheckpoints:
         delivered(self.run)
         self.run.log_artifact(path, RUN_ARTIFACTS)
         return f"runs:/{self.run.info.run_id}/{RUN_ARTIFACTS}/{path.name}"
+
+    def retire(self, path: Path) -> None:
+        remove_checkpoint(path)  # the local copy; every verified one stays in the run
 
 
 def checkpoint_store(

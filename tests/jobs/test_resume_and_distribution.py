@@ -103,7 +103,14 @@ class Runner:
         }
         self.env.update({"OMP_NUM_THREADS": "1", "OPTLAB_PLUGIN_DIRS": str(plugins), "PYTHONPATH": str(ROOT)})
 
-    def start(self, name: str, spec: dict[str, Any], *args: str, tracked: bool = True) -> Job:
+    def start(
+        self,
+        name: str,
+        spec: dict[str, Any],
+        *args: str,
+        tracked: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> Job:
         spec_path = self.root / f"{name}.json"
         spec_path.write_text(json.dumps(spec))
         workdir, log = self.root / name, self.root / f"{name}.log"
@@ -184,7 +191,10 @@ def jobs(
     started["straight-torch"] = runner.start("straight-torch", spec_for("torch"), tracked=False)
     for style in STYLES[1:]:
         started[f"straight-{style}"] = runner.start(f"straight-{style}", spec_for(style))
-    started["first-torch"] = runner.start("first-torch", spec_for("torch"), "--job-id", "7")
+    # torch checkpoints go to a shared folder (the option), the Keras ones to the run (the default).
+    started["first-torch"] = runner.start(
+        "first-torch", spec_for("torch"), "--job-id", "7", env=shared_folder(root)
+    )
     for name, style, strategy in (("ddp", "torch", "ddp"), ("mirrored", "keras", "mirrored")):
         distribution = {"strategy": strategy, "devices": 2}
         started[name] = runner.start(name, spec_for(style, distribution=distribution, experiment=name))
@@ -213,7 +223,7 @@ def jobs(
 
 def resume_after_kill(runner: Runner, first: Job) -> Job:
     """`kill -9` the first attempt once it reported a verified checkpoint and trained past it, then
-    resume from that checkpoint (a `runs:/` reference, as another worker would) in the same run."""
+    resume from that checkpoint (in the shared folder, as another worker would) in the same run."""
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while True:
         progress = first.progress()
@@ -225,14 +235,19 @@ def resume_after_kill(runner: Runner, first: Job) -> Job:
         time.sleep(0.02)
     first.process.send_signal(signal.SIGKILL)
     first.process.wait()
-    assert checkpoint["ok"] and checkpoint["path"].startswith("runs:/")
+    folder = Path(shared_folder(runner.root)["OPTLAB_CHECKPOINT_DIR"]) / "7" / "attempt-1"
+    assert checkpoint["ok"] and Path(checkpoint["path"]).parent == folder
     (first.workdir / "killed-at.json").write_text(json.dumps(progress))
     return runner.start(
         "resumed-torch",
         spec_for("torch"),
         "--resume", checkpoint["path"], "--resume-run-id", progress["mlflow"]["run_id"],
-        "--job-id", "7", "--attempt", "2",
+        "--job-id", "7", "--attempt", "2", env=shared_folder(runner.root),
     )  # fmt: skip
+
+
+def shared_folder(root: Path) -> dict[str, str]:
+    return {"OPTLAB_CHECKPOINT_DIR": str(root / "shared-checkpoints")}
 
 
 @pytest.mark.parametrize("style", STYLES)
@@ -267,6 +282,7 @@ def test_a_resumed_job_ends_bitwise_like_a_straight_run_in_the_same_mlflow_run(
     assert record["points_differing"] == 0 and record["max_abs_difference"] == 0.0  # CPU: bitwise
     if style != "torch":  # steps 10..39 recomputed: at least loss, lr and grad norm of each compared
         assert record["points_compared"] >= 3 * (STEPS - 10) and record["last_logged_step"] == STEPS - 1
+        assert resumed["checkpoints"][-1]["path"] == f"runs:/{first_run}/checkpoints/step-{STEPS:08d}"
     assert client.get_run(first_run).data.metrics["resume/points_differing"] == 0
 
 

@@ -96,3 +96,17 @@ def test_the_shared_folder_wins_then_the_run_then_the_workdir(tmp_path: Path) ->
 def test_a_missing_local_checkpoint_is_named(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"checkpoint .*step-9\.pt does not exist"):
         fetch_checkpoint(str(tmp_path / "step-9.pt"), into=tmp_path / "x", tracking_uri=None)
+
+
+def test_the_shared_folder_keeps_the_checkpoint_before_the_latest(tmp_path: Path) -> None:
+    """The worker may die knowing only the previous report: that checkpoint must still be there."""
+    store = SharedFolderCheckpoints(tmp_path, "7", 1)
+    assert store.folder is not None
+    store.folder.mkdir(parents=True)
+    paths = [store.folder / f"step-{step}.pt" for step in (10, 20, 30)]
+    for previous, path in zip([None, *paths], paths, strict=False):
+        path.write_bytes(b"x")
+        store.publish(path)
+        if previous is not None:
+            store.retire(previous)
+    assert sorted(p.name for p in store.folder.iterdir()) == ["step-20.pt", "step-30.pt"]
