@@ -127,7 +127,7 @@ class Runner:
         ]
         with open(log, "wb") as output:
             process = subprocess.Popen(
-                command, cwd=ROOT, env=self.env, stdout=output, stderr=subprocess.STDOUT
+                command, cwd=ROOT, env={**self.env, **(env or {})}, stdout=output, stderr=subprocess.STDOUT
             )
         return Job(workdir, log, process)
 
