@@ -4,13 +4,22 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo serve test lint typecheck unit clean
+.PHONY: demo serve test lint typecheck unit clean lock system-packages
 
-$(STAMP): pyproject.toml
+# Installs the versions in constraints.txt (the lock), as the Dockerfile does.
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[test]'
 	touch $(STAMP)
+
+# Rewrite the lock from a fresh venv (after changing dependencies in pyproject.toml); commit it.
+lock:
+	PYTHON=$(PYTHON) scripts/lock.sh constraints.txt
+
+# What the tests need from the system (docker-compose, chromium): installed where we may, else named.
+system-packages:
+	scripts/system-packages.sh
 
 demo: $(STAMP)
 	$(BIN)/optlab demo
@@ -27,7 +36,7 @@ typecheck: $(STAMP)
 
 # Tests spread over the cores (at most 4 workers: each loads torch and TensorFlow); tests that
 # share one running service are kept on one worker (xdist_group).
-test: $(STAMP) lint typecheck
+test: $(STAMP) system-packages lint typecheck
 	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadgroup
 
 clean:

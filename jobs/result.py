@@ -141,6 +141,7 @@ class Progress(Record):
     val_loss: float | None = None
     val_accuracy: float | None = None
     val_rmse: float | None = None
+    val_bits_per_char: float | None = None  # char_lm
     mlflow: MlflowInfo | None = None
     check: str | None = None  # a check job: the id of the check that just finished
     # The job's last VERIFIED checkpoint: what a new attempt resumes from (`--resume PATH`).

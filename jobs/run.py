@@ -62,6 +62,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--job-id", default="", help="the service's job id, recorded as a tag")
     parser.add_argument("--attempt", type=int, default=1)
     parser.add_argument("--submitted-by", default="", help="the API token name that submitted it, a tag")
+    parser.add_argument("--run-name", help="the MLflow run's name (default from the spec); a study's job")
+    parser.add_argument("--parent-run-id", help="nest the MLflow run under this one (a study's parent run)")
+    parser.add_argument(
+        "--tag", action="append", default=[], metavar="KEY=VALUE", help="an extra MLflow tag (repeatable)"
+    )
     parser.add_argument(
         "--resume",
         help="continue from this checkpoint: a path or an MLflow URI (runs:/<run_id>/checkpoints/...)",
@@ -102,6 +107,11 @@ def run_tags(spec: AnySpec, args: argparse.Namespace) -> dict[str, str]:
     }
     if args.submitted_by:
         tags["submitted_by"] = args.submitted_by
+    for item in args.tag:  # a study's: study, optimizer (its label), each grid hyperparameter, seed
+        key, _, value = item.partition("=")
+        tags[key] = value
+    if args.parent_run_id:
+        tags["mlflow.parentRunId"] = args.parent_run_id
     if isinstance(spec, CheckSpec):
         return {**tags, "kind": "check"}
     return {**tags, "workload": spec.workload.name}
@@ -220,7 +230,7 @@ def run_job(args: argparse.Namespace) -> JobResult:
             mlflow_run = MlflowRun(
                 args.tracking_uri,
                 experiment=spec.experiment,
-                run_name=spec.run_name(),
+                run_name=args.run_name or spec.run_name(),
                 params=spec.flat_params(),
                 tags=run_tags(spec, args),
                 resume_run_id=args.resume_run_id,

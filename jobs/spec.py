@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -26,6 +27,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from jobs.checks.report import CHECK_IDS
+from jobs.data_roots import resolve_data_path
+from optimizers.hyperparams import MAX_LIST_LENGTH as MAX_LIST_LENGTH  # re-exported for the OpenAPI
 from optimizers.hyperparams import Param
 from optimizers.loop_needs import LoopNeeds, loop_problem
 from optimizers.param_groups import GroupRule, extra_key_problem, parse_ndim
@@ -576,8 +579,14 @@ class Catalogue(BaseModel):
         return next((w for w in self.workloads if w["name"] == name), None)
 
 
-def catalogue_errors(spec: JobSpec, catalogue: Catalogue, *, max_steps: int) -> list[SpecError]:
-    """Everything in `spec` that the catalogue or the service's limits reject."""
+def catalogue_errors(
+    spec: JobSpec, catalogue: Catalogue, *, max_steps: int, data_roots: Sequence[Path] = ()
+) -> list[SpecError]:
+    """Everything in `spec` that the catalogue or the service's limits reject.
+
+    `data_roots`: where a workload's data file (a `path` param) may lie (OPTLAB_DATA_ROOTS);
+    none configured refuses every data file.
+    """
     errors: list[SpecError] = []
     if spec.steps > max_steps:
         errors.append(
@@ -613,7 +622,11 @@ def catalogue_errors(spec: JobSpec, catalogue: Catalogue, *, max_steps: int) -> 
             _unknown("workload", spec.workload.name, ", ".join(w["name"] for w in catalogue.workloads))
         )
     else:
-        errors += _param_errors("workload", spec.workload, workload["params"])
+        workload_errors = _param_errors("workload", spec.workload, workload["params"])
+        errors += workload_errors or [
+            *_multiple_errors(spec.workload, workload),
+            *_data_path_errors(spec.workload, workload["params"], data_roots),
+        ]
         if spec.framework not in workload["frameworks"]:
             errors.append(
                 SpecError(
@@ -622,7 +635,8 @@ def catalogue_errors(spec: JobSpec, catalogue: Catalogue, *, max_steps: int) -> 
                     f"received framework {spec.framework!r}",
                 )
             )
-        if spec.batch_size > workload["train_size"]:
+        # None: the size depends on the file the spec names (the job checks it).
+        if workload.get("train_size") is not None and spec.batch_size > workload["train_size"]:
             errors.append(
                 SpecError(
                     loc=["body", "batch_size"],
@@ -630,6 +644,41 @@ def catalogue_errors(spec: JobSpec, catalogue: Catalogue, *, max_steps: int) -> 
                     f"of {spec.workload.name!r}; received {spec.batch_size}",
                 )
             )
+    return errors
+
+
+def _multiple_errors(component: Component, workload: Mapping[str, Any]) -> list[SpecError]:
+    """A workload's `multiple_of` rules between params (char_lm: width a multiple of heads)."""
+    defaults = {p["name"]: p["default"] for p in workload["params"]}
+    values = {**defaults, **component.params}
+    errors = []
+    for rule in workload.get("multiple_of", []):
+        value, by = values.get(rule["param"]), values.get(rule["of"])
+        if isinstance(value, int) and isinstance(by, int) and (by == 0 or value % by):
+            errors.append(
+                SpecError(
+                    loc=["body", "workload", "params", rule["param"]],
+                    msg=f"workload.params.{rule['param']} must be a multiple of {rule['of']} ({by}); "
+                    f"received {value}",
+                )
+            )
+    return errors
+
+
+def _data_path_errors(
+    component: Component, declared_json: list[Mapping[str, Any]], data_roots: Sequence[Path]
+) -> list[SpecError]:
+    """Each data file a workload's `path` params name must be a file under the data roots
+    (symlinks and '..' resolved), as far as this process can see them."""
+    errors = []
+    for param in declared_json:
+        value = component.params.get(param["name"])
+        if param["type"] != "path" or not isinstance(value, str) or not value:
+            continue
+        try:
+            resolve_data_path(value, data_roots, field=f"workload.params.{param['name']}")
+        except ValueError as exc:
+            errors.append(SpecError(loc=["body", "workload", "params", param["name"]], msg=str(exc)))
     return errors
 
 
@@ -859,3 +908,256 @@ def _param_errors(
         except ValueError as exc:
             errors.append(SpecError(loc=loc, msg=str(exc)))
     return errors
+
+
+# --- Studies (issue 11): optimizers x grid points x seeds, each an ordinary JobSpec ---
+
+GridItem = JsonScalar | list[JsonScalar]
+
+
+def _grid_axes(params: dict[str, Any]) -> dict[str, Any]:
+    for key, value in params.items():
+        _finite(value, key)
+        if isinstance(value, list):
+            if not value:
+                raise PydanticCustomError(
+                    "empty_grid", "{key} is a grid (a list): it needs at least one value", {"key": key}
+                )
+            seen = [json.dumps(item) for item in value]
+            if len(set(seen)) < len(seen):
+                raise PydanticCustomError(
+                    "repeated_grid_value",
+                    "{key} is a grid (a list) that repeats a value; received {received}",
+                    {"key": key, "received": json.dumps(value)},
+                )
+    return params
+
+
+# A list is a grid axis; a list-valued hyperparameter (betas) is fixed as a grid of one: [[0.9, 0.999]].
+GridParams = Annotated[
+    dict[Annotated[str, Field(max_length=100)], GridItem | list[GridItem]],
+    Field(max_length=64),
+    AfterValidator(_grid_axes),
+]
+
+
+class StudyOptimizer(BaseModel):
+    """One optimizer of a study: fixed hyperparameters, and a list (a grid axis) for any of them."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: Name
+    label: Name | None = Field(
+        default=None, description="how the study names it (runs, tags, ranking); default: its name"
+    )
+    style: Literal["keras", "tf_legacy"] | None = None
+    params: GridParams = Field(
+        default_factory=dict,
+        description="a list is a grid axis (the grid is the product of the lists); "
+        "a list-valued hyperparameter is given as a grid of one: [[0.9, 0.999]]",
+    )
+
+    @property
+    def key(self) -> str:
+        return self.label or self.name
+
+    def axes(self) -> dict[str, list[Any]]:
+        return {key: value for key, value in self.params.items() if isinstance(value, list)}
+
+    def point_count(self) -> int:
+        return math.prod(len(values) for values in self.axes().values())
+
+    def points(self) -> list[dict[str, Any]]:
+        """Every grid point: the grid hyperparameters' values, in the order the params give them."""
+        import itertools
+
+        axes = self.axes()
+        return [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
+
+
+class StudyTarget(BaseModel):
+    """Reached when `metric` is <= `value` (mode min) or >= `value` (mode max)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    metric: str = Field(pattern=r"^[A-Za-z0-9_]+(/[A-Za-z0-9_.-]+)*$", max_length=100, examples=["val/loss"])
+    mode: Literal["min", "max"]
+    value: float = Field(ge=-MAX_PARAM_MAGNITUDE, le=MAX_PARAM_MAGNITUDE, allow_inf_nan=False)
+
+
+class StudyMember(BaseModel):
+    """One job of a study: which optimizer entry, grid point and seed it is."""
+
+    optimizer: str
+    grid: dict[str, Any]
+    seed: int
+
+    def run_name(self) -> str:
+        """`lion lr=3e-4 seed=1`: how the child run reads in the MLflow UI."""
+        return " ".join(
+            [self.optimizer, *(f"{k}={grid_text(v)}" for k, v in self.grid.items()), f"seed={self.seed}"]
+        )
+
+
+def grid_text(value: Any) -> str:
+    """A grid value as a run name or MLflow tag shows it: 0.0003 -> 3e-4."""
+    if isinstance(value, float):
+        return short_number(value)
+    return json.dumps(value, separators=(",", ":")) if isinstance(value, list) else str(value)
+
+
+class StudySpec(BaseModel):
+    """A study: every optimizer at every point of its grid, once per seed, as ordinary jobs."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "name": "lion-vs-adamw",
+                    "framework": "torch",
+                    "workload": {"name": "digits_mlp"},
+                    "optimizers": [
+                        {"name": "lion", "params": {"lr": [0.0001, 0.0003]}},
+                        {"name": "adamw", "params": {"lr": [0.001, 0.003]}},
+                    ],
+                    "schedule": {"name": "cosine", "params": {"warmup_steps": 20}},
+                    "seeds": [0, 1, 2],
+                    "steps": 300,
+                    "eval_every": 50,
+                    "target": {"metric": "val/accuracy", "mode": "max", "value": 0.95},
+                    "baseline": "adamw",
+                }
+            ]
+        },
+    )
+
+    name: SafeName = Field(description=f"the study's name: {SAFE_NAME_ALLOWED}")
+    framework: Literal["torch", "tensorflow"] = "torch"
+    workload: Component
+    optimizers: list[StudyOptimizer] = Field(min_length=1, max_length=32)
+    schedule: Component = Field(default_factory=lambda: Component(name="constant"))
+    seeds: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] = Field(default=[0], min_length=1, max_length=100)
+    steps: int = Field(gt=0, le=2**31 - 1)
+    batch_size: int = Field(default=64, gt=0, le=65536)
+    checkpoint_every: int = Field(default=100, gt=0, le=2**31 - 1)
+    eval_every: int = Field(default=100, gt=0, le=2**31 - 1)
+    target: StudyTarget | None = Field(default=None, description="default: the workload's default target")
+    baseline: Name | None = Field(
+        default=None, description="an optimizer's label (or name) to compare against"
+    )
+    experiment: SafeName | None = Field(default=None, description="MLflow experiment; default: the name")
+    device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:[0-9]{1,2})?)$")
+
+    @field_validator("seeds")
+    @classmethod
+    def _distinct_seeds(cls, seeds: list[int]) -> list[int]:
+        if len(set(seeds)) < len(seeds):
+            raise PydanticCustomError(
+                "repeated_seed", "seeds must differ; received {seeds}", {"seeds": seeds}
+            )
+        return seeds
+
+    @property
+    def experiment_name(self) -> str:
+        return self.experiment or self.name
+
+    def job_count(self) -> int:
+        return sum(optimizer.point_count() for optimizer in self.optimizers) * len(self.seeds)
+
+    def members(self) -> list[tuple[int, StudyMember]]:
+        """(optimizer index, member) for every job, optimizer by optimizer, grid point, then seed."""
+        return [
+            (index, StudyMember(optimizer=optimizer.key, grid=point, seed=seed))
+            for index, optimizer in enumerate(self.optimizers)
+            for point in optimizer.points()
+            for seed in self.seeds
+        ]
+
+    def job_spec(self, index: int, member: StudyMember) -> JobSpec:
+        """The member's job, as POST /jobs would take it (cadences only where the study sets them)."""
+        optimizer = self.optimizers[index]
+        data: dict[str, Any] = {
+            "framework": self.framework,
+            "workload": self.workload.model_dump(),
+            "optimizer": {
+                "name": optimizer.name,
+                "style": optimizer.style,
+                "params": {**optimizer.params, **member.grid},
+            },
+            "schedule": self.schedule.model_dump(),
+            "steps": self.steps,
+            "batch_size": self.batch_size,
+            "seed": member.seed,
+            "experiment": self.experiment_name,
+            "device": self.device,
+        }
+        data.update({cadence: getattr(self, cadence) for cadence in self.model_fields_set & CADENCES})
+        return JobSpec.model_validate(data)
+
+
+CADENCES = {"checkpoint_every", "eval_every"}
+
+
+def study_errors(
+    spec: StudySpec, catalogue: Catalogue, *, max_steps: int, max_jobs: int, data_roots: Sequence[Path] = ()
+) -> tuple[list[SpecError], list[tuple[StudyMember, JobSpec]]]:
+    """What the catalogue or the limits reject in a study, each job judged as POST /jobs judges it
+    (located at the study's field: `optimizers.1.params.lr.2`); else its jobs."""
+    count = spec.job_count()
+    if count > max_jobs:
+        sizes = " + ".join(f"{o.key} {o.point_count()}" for o in spec.optimizers)
+        return [
+            SpecError(
+                loc=["body", "optimizers"],
+                msg=f"the study expands to {count} jobs (grid points: {sizes}; x {len(spec.seeds)} seeds); "
+                f"at most {max_jobs} (OPTLAB_MAX_STUDY_JOBS)",
+            )
+        ], []
+    errors: list[SpecError] = []
+    keys = [optimizer.key for optimizer in spec.optimizers]
+    for index, key in enumerate(keys):
+        if key in keys[:index]:
+            errors.append(
+                SpecError(
+                    loc=["body", "optimizers", index, "label"],
+                    msg=f"two optimizers are called {key!r}: give each a distinct label",
+                )
+            )
+    if spec.baseline is not None and spec.baseline not in keys:
+        errors.append(
+            SpecError(
+                loc=["body", "baseline"],
+                msg=f"baseline must be one of the study's optimizers ({', '.join(keys)}); "
+                f"received {spec.baseline!r}",
+            )
+        )
+    jobs: list[tuple[StudyMember, JobSpec]] = []
+    for index, member in spec.members():
+        try:
+            job = spec.job_spec(index, member)
+        except ValidationError as exc:  # the study's own fields hold JobSpec's rules: a defect if reached
+            errors += [SpecError(loc=["body", "optimizers", index], msg=_first_error(exc).lstrip("."))]
+            continue
+        jobs.append((member, job))
+        for error in catalogue_errors(job, catalogue, max_steps=max_steps, data_roots=data_roots):
+            located = error.model_copy(update={"loc": _study_loc(error.loc, spec, index, member)})
+            # Said once: a grid's other points repeat a problem that is not about their value.
+            if not any(e.msg == located.msg and e.loc[:-1] == located.loc[:-1] for e in errors):
+                errors.append(located)
+    return errors, jobs
+
+
+def _study_loc(loc: list[str | int], spec: StudySpec, index: int, member: StudyMember) -> list[str | int]:
+    """Where a job's problem is in the study: optimizer.* -> optimizers.<i>.*, a grid value by its
+    index in the list, seed -> seeds.<j>."""
+    if loc[1:2] == ["seed"]:
+        return ["body", "seeds", spec.seeds.index(member.seed)]
+    if loc[1:2] != ["optimizer"]:
+        return loc
+    located: list[str | int] = ["body", "optimizers", index, *loc[2:]]
+    if loc[2:3] == ["params"] and len(loc) == 4 and loc[3] in member.grid:
+        axis = spec.optimizers[index].axes()[str(loc[3])]
+        located.append(axis.index(member.grid[str(loc[3])]))
+    return located

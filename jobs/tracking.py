@@ -153,7 +153,8 @@ class RunInfo:
 
     @property
     def run_url(self) -> str:
-        return f"{self.tracking_uri.rstrip('/')}/#/experiments/{self.experiment_id}/runs/{self.run_id}"
+        """The run's metric charts in the MLflow UI."""
+        return run_chart_url(self.tracking_uri, self.experiment_id, self.run_id)
 
     def to_json(self) -> dict[str, str]:
         return {
@@ -162,6 +163,41 @@ class RunInfo:
             "run_id": self.run_id,
             "run_url": self.run_url,
         }
+
+
+# MLflow 3's UI opens an experiment on its GenAI overview unless it is marked as model training.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+
+
+def experiment_id_for(client: Any, name: str) -> str:
+    """The id of experiment `name` (an `MlflowClient`), created or restored as needed and marked
+    as a model-training experiment."""
+    from mlflow.exceptions import MlflowException
+
+    for _ in range(3):
+        experiment = client.get_experiment_by_name(name)
+        if experiment is not None:
+            if experiment.lifecycle_stage == "deleted":
+                client.restore_experiment(experiment.experiment_id)
+            if experiment.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+                client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+            return str(experiment.experiment_id)
+        try:
+            return str(client.create_experiment(name, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}))
+        except MlflowException:
+            continue  # another job created it between our two calls
+    raise RuntimeError(f"could not create or find MLflow experiment {name!r}")
+
+
+def experiment_chart_url(tracking_uri: str, experiment_id: str) -> str:
+    """The experiment's runs as charts (MLflow 3's runs tab, chart mode)."""
+    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs?compareRunsMode=CHART"
+
+
+def run_chart_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
+    """One run's metric charts (its `model-metrics` tab)."""
+    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}/model-metrics"
 
 
 class MlflowRun:
@@ -238,19 +274,7 @@ class MlflowRun:
         self._client.set_terminated(self.info.run_id, status=status)
 
     def _experiment_id(self, name: str) -> str:
-        from mlflow.exceptions import MlflowException
-
-        for _ in range(3):
-            experiment = self._client.get_experiment_by_name(name)
-            if experiment is not None:
-                if experiment.lifecycle_stage == "deleted":
-                    self._client.restore_experiment(experiment.experiment_id)
-                return str(experiment.experiment_id)
-            try:
-                return str(self._client.create_experiment(name))
-            except MlflowException:
-                continue  # another job created it between our two calls
-        raise RuntimeError(f"could not create or find MLflow experiment {name!r}")
+        return experiment_id_for(self._client, name)
 
     def _log_params(self, params: Mapping[str, str]) -> None:
         from mlflow.entities import Param

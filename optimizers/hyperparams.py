@@ -13,8 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-ParamType = Literal["float", "int", "number", "bool", "float_pair", "int_list", "float_list"]
+ParamType = Literal["float", "int", "number", "bool", "float_pair", "int_list", "float_list", "path"]
 MAX_LIST_LENGTH = 64
+# A `path` param (a workload's data file) is a string; where it may point is the data roots' rule
+# (jobs/data_roots.py), checked where the roots are known.
+MAX_PATH_LENGTH = 1000
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,8 @@ class Param:
         """Human description of the allowed values, e.g. `a number in [0, 1)`."""
         if self.type == "bool":
             return "true or false"
+        if self.type == "path":
+            return f'a file path (at most {MAX_PATH_LENGTH} characters) under a data root, or "" for none'
         kind = {
             "float": "a number",
             "number": "a number",
@@ -123,6 +128,10 @@ class Param:
             if not isinstance(value, bool):
                 raise wrong
             return [value]
+        if self.type == "path":
+            if not isinstance(value, str) or len(value) > MAX_PATH_LENGTH or "\x00" in value:
+                raise wrong
+            return [value]
         if self.type == "float_pair":
             if not isinstance(value, list | tuple) or len(value) != 2:
                 raise wrong
@@ -157,6 +166,8 @@ class Param:
         return number
 
     def _in_range(self, number: float) -> bool:
+        if self.type == "path":
+            return True
         if self.low is not None:
             if number < self.low or (number == self.low and not self.low_inclusive):
                 return False

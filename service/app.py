@@ -16,14 +16,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.routing import compile_path
 
-from jobs.spec import CheckSpec, JobSpec
+from jobs.spec import CheckSpec, JobSpec, StudySpec
 from service import store
 from service.auth import authorize
 from service.db import make_engine, migrate, session_factory
 from service.deps import SessionDep
 from service.guards import BodyGuard, BrowserWriteGuard, TrustedHosts
 from service.openapi import install as install_openapi
-from service.routes import catalogue, checks, jobs
+from service.routes import catalogue, checks, jobs, readiness, studies
 from service.schemas import Health
 from service.settings import Settings
 
@@ -39,6 +39,10 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         title="optlab",
         summary="Train, checkpoint-verify and compare custom optimizers.",
         version="0.1.0",
+        # Served by service.openapi: the document behind a token, the docs page with the token.
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.sessions = session_factory(engine)
@@ -49,9 +53,11 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
-    # Every router needs a token (when tokens are configured); only /healthz, below, does not.
-    for router in (jobs.router, checks.router, catalogue.router):
+    # Every router needs a token (when tokens are configured); only the probes (/healthz, below,
+    # and /readyz) and the docs page (a static page that asks for the token) do not.
+    for router in (jobs.router, checks.router, studies.router, catalogue.router):
         app.include_router(router, dependencies=[Depends(authorize)])
+    app.include_router(readiness.router)
     log_access_mode(settings)
     install_openapi(app)
 
@@ -94,7 +100,7 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
         if kind == "json_invalid":
             loc = ["body"]
             message = f"the body is not valid JSON ({ctx.get('error', 'decode error')})"
-        elif kind in ("finite_number", "number_too_large"):
+        elif kind in ("finite_number", "number_too_large", "empty_grid", "repeated_grid_value"):
             loc.append(ctx["key"])
             message = f"{field}.{error['msg']}"
         elif kind == "extra_forbidden":
@@ -133,7 +139,7 @@ def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 # The body model of each route that takes one, to say which fields an unknown one could have been.
-BODY_MODELS: dict[str, type[BaseModel]] = {"/jobs": JobSpec, "/checks": CheckSpec}
+BODY_MODELS: dict[str, type[BaseModel]] = {"/jobs": JobSpec, "/checks": CheckSpec, "/studies": StudySpec}
 
 
 def _allowed_fields(model: type[BaseModel], parent: list[Any]) -> list[str]:

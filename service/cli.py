@@ -1,4 +1,4 @@
-"""`optlab` command line: serve | api | worker | submit | check | demo."""
+"""`optlab` command line: serve | api | worker | submit | check | study | demo."""
 
 from __future__ import annotations
 
@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         "worker": cmd_worker,
         "submit": cmd_submit,
         "check": cmd_check,
+        "study": cmd_study,
         "demo": cmd_demo,
     }
     try:
@@ -74,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--wait", action="store_true", help="show progress until the job ends")
     submit.add_argument("--api", help="API URL (default $OPTLAB_API_URL or http://127.0.0.1:8000)")
     add_check_parser(commands)
+    study = commands.add_parser("study", help="submit a study (optimizers x grid x seeds) over HTTP")
+    study.add_argument("spec", type=Path, help="study spec, JSON or YAML (.yaml, .yml)")
+    study.add_argument("--wait", action="store_true", help="show progress, then the ranking and the report")
+    study.add_argument("--api", help="API URL (default $OPTLAB_API_URL or http://127.0.0.1:8000)")
     return parser
 
 
@@ -262,6 +267,52 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
     if final.get("mlflow"):
         print(f"  MLflow run: {final['mlflow']['run_url']}")
     return 0 if status is JobStatus.SUCCEEDED else 1
+
+
+def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
+    import yaml  # type: ignore[import-untyped]  # PyYAML comes with mlflow
+
+    from service.client import USAGE_ERRORS, ApiClient, ApiError
+    from service.studies.follow import comparison_lines, follow_study, ranking_table
+    from service.studies.summary import StudySummary
+
+    try:
+        text = args.spec.read_text()
+        spec = yaml.safe_load(text) if args.spec.suffix in (".yaml", ".yml") else json.loads(text)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        print(f"optlab study: cannot read {args.spec}: {exc}", file=sys.stderr)
+        return 2
+    url = args.api or os.environ.get("OPTLAB_API_URL") or f"http://{settings.api_host}:{settings.api_port}"
+    client = ApiClient(url)
+    try:
+        study = client.submit_study(spec)
+        print(
+            f"study {study['id']} {study['status']}: {len(study['jobs'])} jobs, {url}/studies/{study['id']}"
+        )
+        if not args.wait:
+            return 0
+        study = follow_study(client, study["id"])
+    except ApiError as exc:
+        print(f"optlab study: {exc}", file=sys.stderr)
+        return 2 if exc.status_code in USAGE_ERRORS else 1
+    finally:
+        client.close()
+    import shutil
+
+    from rich.console import Console
+
+    # Wide enough for the ranking's columns whole, also when the output is not a terminal.
+    console = Console(width=max(shutil.get_terminal_size().columns, 120))
+    if study.get("summary"):
+        summary = StudySummary.model_validate(study["summary"])
+        console.print(ranking_table(summary))
+        for line in [*comparison_lines(summary), *summary.notes]:
+            console.print(line)
+    print(f"report: {url}{study['report_url']}")  # plain print: an address is never wrapped
+    if study.get("mlflow"):
+        print(f"MLflow: {study['mlflow']['url']}")
+    counts = study["progress"]["counts"]
+    return 0 if counts["succeeded"] == study["progress"]["jobs"] else 1
 
 
 def cmd_check(args: argparse.Namespace, settings: Settings) -> int:

@@ -64,6 +64,12 @@ class ApiClient:
         """Queue the conformance checks (POST /checks); the returned job is followed like any other."""
         return self._call("POST", "/checks", json=body)
 
+    def submit_study(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/studies", json=spec)
+
+    def study(self, study_id: int) -> dict[str, Any]:
+        return self._call("GET", f"/studies/{study_id}")
+
     def job(self, job_id: int) -> dict[str, Any]:
         return self._call("GET", f"/jobs/{job_id}")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import fcntl
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,6 +16,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 MIGRATION_LOCK_KEY = 0x6F70746C6162  # "optlab": any constant all optlab processes share
+SUBMISSION_LOCK_KEY = MIGRATION_LOCK_KEY + 1
+# Threads of one API process; the file lock below serves other processes on the same SQLite file.
+_SQLITE_SUBMISSIONS = threading.Lock()
 
 
 def make_engine(url: str) -> Engine:
@@ -47,7 +51,7 @@ def migrate(engine: Engine) -> None:
     """
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
-    with _one_migration_at_a_time(engine), engine.begin() as connection:
+    with _sqlite_file_lock(engine, "migrate"), engine.begin() as connection:
         if engine.dialect.name == "postgresql":
             # Held until this transaction ends; every migrating process takes the same key.
             connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
@@ -56,13 +60,34 @@ def migrate(engine: Engine) -> None:
 
 
 @contextmanager
-def _one_migration_at_a_time(engine: Engine) -> Iterator[None]:
-    """A file lock beside a SQLite database (PostgreSQL uses an advisory lock instead)."""
+def submission_lock(session: Session) -> Iterator[None]:
+    """One submission at a time counts the queue and inserts, so a quota holds exactly.
+
+    The caller counts, inserts and commits inside. PostgreSQL: an advisory lock held by the
+    session's transaction (every API process takes the same key), released by the commit, or by
+    the rollback here when the caller refuses. SQLite: a thread lock and a file lock.
+    """
+    bind = session.get_bind()
+    try:
+        if bind.dialect.name == "postgresql":
+            session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": SUBMISSION_LOCK_KEY})
+            yield
+        else:
+            with _SQLITE_SUBMISSIONS, _sqlite_file_lock(bind, "submit"):
+                yield
+    except BaseException:
+        session.rollback()
+        raise
+
+
+@contextmanager
+def _sqlite_file_lock(engine: Any, purpose: str) -> Iterator[None]:
+    """A file lock beside a SQLite database file (PostgreSQL uses advisory locks instead)."""
     database = engine.url.database
     if engine.dialect.name != "sqlite" or not database or database == ":memory:":
         yield
         return
-    with open(f"{database}.migrate.lock", "a") as lock:
+    with open(f"{database}.{purpose}.lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from jobs.result import JobStatus
 from jobs.spec import optimizer_label
+from jobs.tracking import experiment_chart_url
 from service.client import ApiClient, ApiError, result_of, status_of
 from service.progress import follow_jobs
 from service.settings import Settings
@@ -48,7 +49,7 @@ def run_demo(settings: Settings, specs_dir: Path) -> int:
             console.print(comparison_table(list(final.values())))
             experiment_ids = {job["mlflow"]["experiment_id"] for job in final.values() if job.get("mlflow")}
             for experiment_id in sorted(experiment_ids):
-                url = f"{supervisor.mlflow_url}/#/experiments/{experiment_id}"
+                url = experiment_chart_url(supervisor.mlflow_url, experiment_id)
                 console.print(f"Compare the runs in the MLflow UI: {url}")
             console.print(
                 "Stopping everything now; `make serve` keeps the service and the MLflow UI running."

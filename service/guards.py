@@ -17,7 +17,7 @@ from service.auth import READ_METHODS
 # match > ndim); Python's JSON parser would otherwise recurse until it raises RecursionError.
 MAX_JSON_DEPTH = 32
 # Paths an orchestrator's probe calls by IP (Kubernetes sends the pod's address as Host).
-PROBE_PATHS = frozenset({"/healthz"})
+PROBE_PATHS = frozenset({"/healthz", "/readyz"})
 
 
 async def refuse(send: Send, status: int, detail: Any, headers: dict[str, str] | None = None) -> None:

@@ -5,7 +5,18 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Dialect, Float, Integer, String, TypeDecorator
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    DateTime,
+    Dialect,
+    Float,
+    ForeignKey,
+    Integer,
+    String,
+    Text,
+    TypeDecorator,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from jobs.result import JobStatus
@@ -58,6 +69,8 @@ class Job(Base):
     workdir: Mapped[str | None] = mapped_column(String(1000))
     # The name (never the secret) of the API token that submitted it; None on an open API.
     submitted_by: Mapped[str | None] = mapped_column(String(64), index=True)
+    # The study it belongs to (POST /studies); None for a job submitted on its own.
+    study_id: Mapped[int | None] = mapped_column(Integer, ForeignKey("studies.id"), index=True)
 
 
 class CatalogueSnapshot(Base):
@@ -68,3 +81,30 @@ class CatalogueSnapshot(Base):
     worker_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     data: Mapped[dict[str, Any]] = mapped_column(JSON)
     published_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class Study(Base):
+    """A study (optimizers x grid points x seeds); its jobs are rows of `jobs` with its `study_id`.
+
+    The worker creates its MLflow parent run before its first job and, once every job has ended,
+    computes the summary once: `finalizing_until` is that claim's lease, `finalized_at` its end.
+    """
+
+    __tablename__ = "studies"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200))
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # Per job: {"job_id", "optimizer" (the entry's label), "grid" (its grid values), "seed"}.
+    members: Mapped[list[dict[str, Any]]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    submitted_by: Mapped[str | None] = mapped_column(String(64), index=True)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The MLflow experiment and parent run, set once by the worker that starts its first job.
+    experiment_id: Mapped[str | None] = mapped_column(String(64))
+    parent_run_id: Mapped[str | None] = mapped_column(String(64))
+    finalizing_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finalized_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), index=True)
+    finalize_error: Mapped[str | None] = mapped_column(Text)
+    summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    report_html: Mapped[str | None] = mapped_column(Text)

@@ -3,21 +3,29 @@
 The catalogue is published by workers at run time (plugins come and go), so the document is the
 static one FastAPI builds from the routes, with the catalogue's names put in as enums each time it
 is served: a client (or a fuzzer) that keeps to the schema no longer meets "unknown optimizer".
+Each name also brings its parameters: their names, types and allowed ranges (`anyOf`, one branch
+per name), so the schema refuses what the server refuses. What JSON Schema cannot say stays a 422
+at the field: rules between fields (a cadence at most `steps`, `batch_size` at most the workload's
+training set, the optimizer's implementation for the job's framework when the frameworks' parameter
+names differ, a schedule that cannot be built over `steps`).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import logging
 from collections.abc import Callable
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
 from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse
 from sqlalchemy.exc import SQLAlchemyError
 
-from jobs.spec import MAX_PARAM_MAGNITUDE, Catalogue
+from jobs.spec import MAX_LIST_LENGTH, MAX_PARAM_MAGNITUDE, Catalogue
 from service import store
+from service.auth import authorize
 
 log = logging.getLogger("optlab.api")
 
@@ -41,6 +49,46 @@ def install(app: FastAPI) -> None:
         return with_catalogue(static, found[0]) if found else static
 
     app.openapi = openapi  # type: ignore[method-assign]
+
+    # The document names every registered optimizer: it needs a token like the catalogue does.
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(authorize)])
+    def openapi_document() -> dict[str, Any]:
+        return app.openapi()
+
+    @app.get("/docs", include_in_schema=False, response_class=HTMLResponse)
+    def docs() -> HTMLResponse:
+        return HTMLResponse(docs_page(needs_token=bool(app.state.settings.tokens)))
+
+
+SWAGGER_UI = "https://cdn.jsdelivr.net/npm/swagger-ui-dist@5"
+
+
+def docs_page(*, needs_token: bool) -> str:
+    """Swagger UI that sends the user's token with every request, the document's fetch included
+    (a browser cannot add a bearer header to a page it opens). The page holds no data itself; the
+    token stays in this tab's sessionStorage."""
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>optlab API</title>
+<link rel="stylesheet" href="{SWAGGER_UI}/swagger-ui.css"></head>
+<body><div id="swagger-ui"></div>
+<script src="{SWAGGER_UI}/swagger-ui-bundle.js"></script>
+<script>
+const needsToken = {json.dumps(needs_token)};
+let token = sessionStorage.getItem("optlab-token");
+if (needsToken && !token) {{
+  token = window.prompt("This API needs a token (one of OPTLAB_API_TOKENS). Paste yours:");
+  if (token) sessionStorage.setItem("optlab-token", token);
+}}
+SwaggerUIBundle({{
+  url: "/openapi.json",
+  dom_id: "#swagger-ui",
+  requestInterceptor: (request) => {{
+    if (token) request.headers["Authorization"] = "Bearer " + token;
+    return request;
+  }},
+}});
+</script></body></html>
+"""
 
 
 def bound_hyperparameters(document: dict[str, Any]) -> None:
@@ -79,16 +127,20 @@ def with_catalogue(static: dict[str, Any], catalogue: Catalogue) -> dict[str, An
     document = copy.deepcopy(static)
     schemas = document["components"]["schemas"]
     _name_enum(schemas["OptimizerChoice"], catalogue.optimizer_names())
-    for field, component, names in (
-        ("workload", "WorkloadChoice", [w["name"] for w in catalogue.workloads]),
-        ("schedule", "ScheduleChoice", [s["name"] for s in catalogue.schedules]),
+    schemas["OptimizerChoice"]["anyOf"] = _params_by_name(catalogue.optimizers)
+    for field, component, items in (
+        ("workload", "WorkloadChoice", catalogue.workloads),
+        ("schedule", "ScheduleChoice", catalogue.schedules),
     ):
         schemas[component] = copy.deepcopy(schemas["Component"])
         schemas[component]["title"] = component
-        _name_enum(schemas[component], names)
-        prop = schemas["JobSpec"]["properties"][field]
-        prop.pop("$ref", None)
-        prop["allOf"] = [{"$ref": f"#/components/schemas/{component}"}]
+        _name_enum(schemas[component], [item["name"] for item in items])
+        schemas[component]["anyOf"] = _params_by_name(items)
+        for body in ("JobSpec", "StudySpec"):
+            prop = schemas[body]["properties"][field]
+            prop.pop("$ref", None)
+            prop["allOf"] = [{"$ref": f"#/components/schemas/{component}"}]
+    _name_enum(schemas["StudyOptimizer"], catalogue.optimizer_names())
     for parameter in document["paths"]["/optimizers/{name}"]["get"]["parameters"]:
         if parameter["name"] == "name":
             parameter["schema"] = {"type": "string", "enum": catalogue.optimizer_names()}
@@ -100,3 +152,66 @@ def _name_enum(schema: dict[str, Any], names: list[str]) -> None:
     for key in ("pattern", "minLength", "maxLength"):
         name.pop(key, None)
     name["enum"] = sorted(names)
+
+
+def _params_by_name(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One `anyOf` branch per catalogue name: its parameters' names, types and ranges, nothing else.
+
+    A name with several implementations (torch, Keras, legacy tf.keras) accepts what any of them
+    declares; which one applies depends on the job's framework, a rule between fields.
+    """
+    declared: dict[str, list[list[dict[str, Any]]]] = {}
+    for item in items:
+        declared.setdefault(item["name"], []).append(item["params"])
+    return [
+        {"properties": {"name": {"const": name}, "params": _params_schema(implementations)}}
+        for name, implementations in sorted(declared.items())
+    ]
+
+
+def _params_schema(implementations: list[list[dict[str, Any]]]) -> dict[str, Any]:
+    values: dict[str, list[dict[str, Any]]] = {}
+    for params in implementations:
+        for param in params:
+            value = _value_schema(param)
+            if value not in values.setdefault(param["name"], []):
+                values[param["name"]].append(value)
+    required = [
+        name
+        for name in values
+        if all(any(p["name"] == name and p["required"] for p in params) for params in implementations)
+    ]
+    schema: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            name: alike[0] if len(alike) == 1 else {"anyOf": alike} for name, alike in values.items()
+        },
+        "additionalProperties": False,
+    }
+    if required:
+        schema["required"] = required
+    return schema
+
+
+def _value_schema(param: dict[str, Any]) -> dict[str, Any]:
+    """JSON Schema for one declared parameter (optimizers.hyperparams.Param, as published)."""
+    kind = param["type"]
+    if kind == "bool":
+        return {"type": "boolean"}
+    if kind == "path":  # a file under OPTLAB_DATA_ROOTS: only the server can tell which are
+        return {"type": "string", "maxLength": 1000, "pattern": "^[^\\u0000]*$"}
+    number: dict[str, Any] = {"type": "integer" if kind in ("int", "int_list") else "number"}
+    low, high = param.get("low"), param.get("high")
+    if low is None or low < -MAX_PARAM_MAGNITUDE:
+        number["minimum"] = -MAX_PARAM_MAGNITUDE
+    else:
+        number["minimum" if param.get("low_inclusive", True) else "exclusiveMinimum"] = low
+    if high is None or high > MAX_PARAM_MAGNITUDE:
+        number["maximum"] = MAX_PARAM_MAGNITUDE
+    else:
+        number["maximum" if param.get("high_inclusive", True) else "exclusiveMaximum"] = high
+    if kind == "float_pair":
+        return {"type": "array", "items": number, "minItems": 2, "maxItems": 2}
+    if kind in ("int_list", "float_list"):
+        return {"type": "array", "items": number, "maxItems": MAX_LIST_LENGTH}
+    return number

@@ -41,6 +41,7 @@ class JobRead(BaseModel):
     error: dict[str, Any] | None  # a jobs.result.ErrorRecord
     cancel_requested: bool
     submitted_by: str | None = Field(description="the name of the API token that submitted it")
+    study_id: int | None = Field(default=None, description="the study it belongs to (POST /studies)")
 
     @classmethod
     def from_row(cls, job: Job) -> JobRead:
@@ -65,6 +66,7 @@ class JobRead(BaseModel):
             error=ErrorRecord.model_validate(job.error).to_json() if job.error else None,
             cancel_requested=job.cancel_requested,
             submitted_by=job.submitted_by,
+            study_id=job.study_id,
         )
 
 
@@ -183,8 +185,8 @@ STATUS_REASONS: dict[int, tuple[type[BaseModel], str]] = {
     400: (Problem, "the Host header is not one of OPTLAB_TRUSTED_HOSTS"),
     401: (Problem, "no bearer token, or one this API does not know (header WWW-Authenticate)"),
     403: (Problem, "the token is read-only (NAME:TOKEN:read) and this request changes something"),
-    404: (Problem, "no such job or optimizer"),
-    409: (Problem, "the job already ended otherwise"),
+    404: (Problem, "no such job, study or optimizer"),
+    409: (Problem, "the job already ended otherwise, or the study has not ended yet / has ended"),
     413: (Problem, "the body is over OPTLAB_MAX_BODY_BYTES"),
     415: (Problem, "a write without a token and without `Content-Type: application/json` (open API)"),
     422: (InvalidRequest, "invalid input: the body, a path or query parameter"),

@@ -11,6 +11,7 @@ from pathlib import Path
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from jobs.data_roots import parse_data_roots
 from service.secrets import redact_url
 
 TOKEN_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
@@ -89,6 +90,12 @@ class Settings(BaseSettings):
     )
     max_queued: int = Field(default=1000, ge=1, description="queued jobs in total")
     max_queued_per_token: int = Field(default=100, ge=1, description="queued jobs per token name")
+    data_roots: str = Field(
+        default="",
+        description="folders workloads may read data files from (npz, char_lm's text_file), separated "
+        "by ':' like PATH; passed on to job processes",
+    )
+    max_study_jobs: int = Field(default=200, ge=1, description="jobs one study may expand to")
     _tokens: list[ApiToken] = PrivateAttr(default_factory=list)
 
     @model_validator(mode="after")
@@ -112,6 +119,10 @@ class Settings(BaseSettings):
     def tokens(self) -> list[ApiToken]:
         """Configured tokens; empty: the API is open (and must listen on localhost only)."""
         return self._tokens
+
+    @property
+    def data_root_paths(self) -> list[Path]:
+        return parse_data_roots(self.data_roots)
 
     @property
     def trusted_host_names(self) -> list[str]:

@@ -28,7 +28,15 @@ def as_utc(moment: datetime | None) -> datetime | None:
 
 def create_job(*, session: Session, spec: AnySpec, submitted_by: str | None = None) -> Job:
     """Queue a training job, or a check job (its progress counts checks instead of steps)."""
-    job = Job(
+    job = job_row(spec=spec, submitted_by=submitted_by)
+    session.add(job)
+    session.commit()
+    return job
+
+
+def job_row(*, spec: AnySpec, submitted_by: str | None, study_id: int | None = None) -> Job:
+    """A queued job, not yet added to a session (a study adds all of its jobs in one transaction)."""
+    return Job(
         submitted_by=submitted_by,
         status=JobStatus.QUEUED,
         kind="check" if isinstance(spec, CheckSpec) else "train",
@@ -37,10 +45,8 @@ def create_job(*, session: Session, spec: AnySpec, submitted_by: str | None = No
         step=0,
         attempt=0,
         cancel_requested=False,
+        study_id=study_id,
     )
-    session.add(job)
-    session.commit()
-    return job
 
 
 def count_queued(*, session: Session, submitted_by: str | None = None) -> int:
@@ -56,7 +62,13 @@ def get_job(*, session: Session, job_id: int) -> Job | None:
 
 
 def list_jobs(
-    *, session: Session, status: JobStatus | None, limit: int, offset: int, kind: str | None = None
+    *,
+    session: Session,
+    status: JobStatus | None,
+    limit: int,
+    offset: int,
+    kind: str | None = None,
+    study_id: int | None = None,
 ) -> tuple[list[Job], int]:
     query = select(Job)
     count = select(func.count()).select_from(Job)
@@ -66,6 +78,9 @@ def list_jobs(
     if kind is not None:
         query = query.where(Job.kind == kind)
         count = count.where(Job.kind == kind)
+    if study_id is not None:
+        query = query.where(Job.study_id == study_id)
+        count = count.where(Job.study_id == study_id)
     jobs = session.scalars(query.order_by(Job.id.desc()).limit(limit).offset(offset)).all()
     return list(jobs), int(session.scalar(count) or 0)
 

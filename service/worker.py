@@ -40,6 +40,8 @@ from service.models import Job
 from service.plugins import PluginWatcher, fingerprint, plugin_dirs_from_environment
 from service.secrets import job_environment
 from service.settings import Settings
+from service.studies.finalize import finalize_next_study
+from service.studies.runs import child_arguments
 
 log = logging.getLogger("optlab.worker")
 
@@ -110,6 +112,8 @@ class Worker:
         refresher.start()
         while not self.stopping.is_set():
             try:
+                # A study whose jobs have all ended gets its summary before the next job starts.
+                finalize_next_study(sessions=self.sessions, tracking_uri=self.settings.mlflow_tracking_uri)
                 busy = self.run_next()
             except Exception:  # a database hiccup must not end the worker: log, wait, retry
                 log.exception("worker %s: error while claiming or running a job", self.worker_id)
@@ -173,6 +177,7 @@ class Worker:
             "--job-id", str(job.id),
             "--attempt", str(job.attempt),
             *(["--submitted-by", job.submitted_by] if job.submitted_by else []),
+            *child_arguments(sessions=self.sessions, tracking_uri=self.settings.mlflow_tracking_uri, job=job),
         ]  # fmt: skip
         with open(workdir / LOG_FILE, "ab") as log_file:
             process: subprocess.Popen[bytes] = start_in_own_group(

@@ -199,6 +199,11 @@ class TrainingSession(ABC):
         """Style-specific facts for the result (e.g. where optimizer variables sit)."""
         return {}
 
+    def parameter_values(self, objects: Any) -> list[np.ndarray]:
+        """The model's trainable parameters as numpy arrays, in model order (for a workload's
+        `step_metrics`, e.g. a 2-D trajectory)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot read the model's parameters")
+
     @abstractmethod
     def state_bytes(self, objects: Any) -> tuple[int, int]:
         """Bytes held by the optimizer's state, and by the model's trainable parameters: what an

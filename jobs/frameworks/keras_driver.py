@@ -510,8 +510,8 @@ class KerasSession(TrainingSession):
         self.spec = spec
         self.entry = entry
         self.workload = workload
-        self.dataset = workload.load_data()
-        self.regression = workload.task == "regression"
+        self.dataset = workload.load_data(spec.workload.params)
+        self.regression = workload.task_of(self.dataset) == "regression"
         self.device = self._choose_device(spec.device)
         self.strategy = self._mirrored(spec)  # before anything starts TensorFlow's runtime
         self.lr_multiplier = build_schedule(spec.schedule.name, spec.schedule.params, total_steps=spec.steps)
@@ -608,6 +608,8 @@ class KerasSession(TrainingSession):
 
     def _loss(self, output: Any, y: Any) -> Any:
         tf = self.tf
+        if self.workload.task == "objective":
+            return tf.reduce_mean(output)  # a test function of the parameters: the output is the loss
         if self.regression:
             return tf.reduce_mean(tf.square(tf.reshape(output, [-1]) - y))
         return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=output))
@@ -684,6 +686,9 @@ class KerasSession(TrainingSession):
 
     def params_sha256(self, objects: KerasObjects) -> str:
         return weights_sha256(objects.model)
+
+    def parameter_values(self, objects: KerasObjects) -> list[np.ndarray]:
+        return [np.asarray(v.numpy()) for v in objects.model.trainable_variables]
 
     def details(self, objects: KerasObjects) -> dict[str, Any]:
         return {"style": self.entry.style, "variable_placement": self._placement(objects)}

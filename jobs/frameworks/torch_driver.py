@@ -694,8 +694,8 @@ class TorchSession(TrainingSession):
         if self.rank is not None:
             join_ranks(self.rank, self.torch_device)
             self.device += f" (ddp rank {self.rank.rank} of {self.rank.world})"
-        self.dataset = workload.load_data()
-        self.regression = workload.task == "regression"
+        self.dataset = workload.load_data(spec.workload.params)
+        self.regression = workload.task_of(self.dataset) == "regression"
         self.loss_fn: nn.Module = nn.MSELoss() if self.regression else nn.CrossEntropyLoss()
         # Sparse embedding gradients only for optimizers that declare they take them.
         self.sparse = entry.supports_sparse
@@ -806,8 +806,12 @@ class TorchSession(TrainingSession):
         return time.perf_counter()
 
     def _loss(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        if self.workload.task == "objective":
+            return output.mean()  # a test function of the parameters: the output is the loss
         if self.regression:
             output = output.reshape(-1)
+        else:  # (N, C) logits as they are; a language model's (N, T, C) against (N, T) as N*T rows
+            output, y = output.flatten(0, -2), y.flatten()
         loss: torch.Tensor = self.loss_fn(output, y)
         return loss
 
@@ -853,6 +857,9 @@ class TorchSession(TrainingSession):
 
     def params_sha256(self, objects: TrainObjects) -> str:
         return params_sha256(objects.model)
+
+    def parameter_values(self, objects: TrainObjects) -> list[np.ndarray]:
+        return [p.detach().cpu().numpy() for p in objects.model.parameters()]
 
     def state_bytes(self, objects: TrainObjects) -> tuple[int, int]:
         state = sum(tensor_bytes(tensor) for _, tensor in state_tensors(objects.optimizer))

@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from jobs.errors import Diverged
 from jobs.frameworks import driver_for, style_of
 from jobs.frameworks.base import Evaluation, TrainingSession
@@ -113,6 +111,8 @@ class TrainingJob:
                     step=done, total=spec.steps, loss=train_loss, force=done == end, **evaluation
                 )
             train_seconds = time.monotonic() - started
+            if end > start:
+                self._log_step_metrics(objects, end)  # where the last step arrived
             details = session.details(objects)
         step_seconds = sum(timings.step_ms) / 1000
         return TrainOutcome(
@@ -133,6 +133,7 @@ class TrainingJob:
         )
 
     def _train_step(self, objects: Any, step: int, timings: Timings) -> float:
+        self._log_step_metrics(objects, step)
         batch = self.session.batch(step)
         started = time.perf_counter()
         record = self.session.train_step(objects, batch, step)
@@ -164,10 +165,16 @@ class TrainingJob:
         return metrics
 
     def _task_metric(self, evaluation: Evaluation) -> dict[str, float]:
-        if self.workload.task == "regression":
-            return {"val_rmse": math.sqrt(evaluation.loss)}
-        accuracy = float(np.mean(np.argmax(evaluation.outputs, axis=1) == evaluation.labels))
-        return {"val_accuracy": accuracy}
+        return self.workload.validation_metrics(self.spec.workload.params, evaluation)
+
+    def _log_step_metrics(self, objects: Any, step: int) -> None:
+        """The workload's per-step metrics of the parameters a step starts from (logged at `step`, as
+        train/loss is), e.g. a 2-D trajectory's `traj/x`, `traj/y`; the last position after the loop."""
+        if not self.workload.traces_parameters(self.spec.workload.params):
+            return
+        values = self.session.parameter_values(objects)
+        for key, value in self.workload.step_metrics(self.spec.workload.params, values).items():
+            self.tracker.metric(key, value, step)
 
     def _checkpoint(self, objects: Any, step: int) -> Any:
         try:

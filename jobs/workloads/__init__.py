@@ -7,13 +7,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from jobs.workloads.base import Dataset, Task, Workload
+from jobs.workloads.base import Dataset, Target, Task, Workload
+from jobs.workloads.char_lm import CharLm
 from jobs.workloads.digits_cnn import DigitsCnn
 from jobs.workloads.digits_mlp import DigitsMlp
 from jobs.workloads.embedding_mf import EmbeddingMf
+from jobs.workloads.npz import Npz
+from jobs.workloads.quadratic import Quadratic, Rosenbrock
 
 WORKLOADS: dict[str, Workload] = {
-    workload.name: workload for workload in (DigitsMlp(), DigitsCnn(), EmbeddingMf())
+    workload.name: workload
+    for workload in (DigitsMlp(), DigitsCnn(), EmbeddingMf(), Quadratic(), Rosenbrock(), CharLm(), Npz())
 }
 
 
@@ -27,4 +31,4 @@ def describe_workloads() -> list[dict[str, Any]]:
     return [workload.describe() for workload in WORKLOADS.values()]
 
 
-__all__ = ["WORKLOADS", "Dataset", "Task", "Workload", "describe_workloads", "get_workload"]
+__all__ = ["WORKLOADS", "Dataset", "Target", "Task", "Workload", "describe_workloads", "get_workload"]

@@ -7,16 +7,33 @@ tf.keras: initial losses then start on the same scale and curves are comparable.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 
 from optimizers.hyperparams import Param, check_all
 
-Task = Literal["classification", "regression"]
+if TYPE_CHECKING:
+    from jobs.frameworks.base import Evaluation
+
+# classification: logits against int64 labels (any leading shape: a language model's (N, T, V)
+# logits against (N, T) next characters); regression: MSE; objective: the model's output IS the
+# loss (a test function of the parameters: `quadratic`, `rosenbrock`), the data only sets the rows.
+# from_data: `task_of(dataset)` decides (a user's file: integer labels classify, floats regress).
+Task = Literal["classification", "regression", "objective", "from_data"]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A workload's documented default target: a study without its own uses it for time-to-target."""
+
+    metric: str
+    mode: Literal["min", "max"]
+    value: float
 
 
 @dataclass(frozen=True)
@@ -63,9 +80,17 @@ class Workload(ABC):
     task: ClassVar[Task]
     frameworks: ClassVar[tuple[str, ...]]
     params: ClassVar[dict[str, Param]]
+    default_target: ClassVar[Target]
+    # Whether the data depends on no file a spec names, so the catalogue can state its size.
+    fixed_data: ClassVar[bool] = True
+    # (param, divisor param): the first must be a multiple of the second (char_lm's width of heads);
+    # published in the catalogue so the API refuses a bad pair at submission.
+    multiple_of: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     @abstractmethod
-    def load_data(self) -> Dataset: ...
+    def load_data(self, params: Mapping[str, Any] | None = None) -> Dataset:
+        """The split for these workload params (None: the defaults); workloads whose data does not
+        depend on their params ignore them."""
 
     @abstractmethod
     def torch_model(self, params: Mapping[str, Any], dataset: Dataset, *, sparse: bool = False) -> Any:
@@ -83,7 +108,34 @@ class Workload(ABC):
         """
 
     def check_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        return check_all(params, self.params, owner=f"workload {self.name!r}")
+        checked = check_all(params, self.params, owner=f"workload {self.name!r}")
+        for param, divisor in self.multiple_of:
+            problem = multiple_problem(param, checked[param], divisor, checked[divisor])
+            if problem:
+                raise ValueError(problem)
+        return checked
+
+    def task_of(self, dataset: Dataset) -> Task:
+        """The task of this dataset: the workload's own, unless it is `from_data`."""
+        return self.task
+
+    def validation_metrics(self, params: Mapping[str, Any], evaluation: Evaluation) -> dict[str, float]:
+        """What the loop logs beside `val/loss`, named `val_<metric>` (logged as `val/<metric>`)."""
+        if self.task == "regression":
+            return {"val_rmse": math.sqrt(evaluation.loss)}
+        if self.task == "objective":
+            return {}
+        accuracy = float(np.mean(np.argmax(evaluation.outputs, axis=-1) == evaluation.labels))
+        return {"val_accuracy": accuracy}
+
+    def traces_parameters(self, params: Mapping[str, Any]) -> bool:
+        """Whether `step_metrics` wants the parameters at every step (reading them costs a device sync)."""
+        return False
+
+    def step_metrics(self, params: Mapping[str, Any], values: Sequence[np.ndarray]) -> dict[str, float]:
+        """Metrics of the model's parameters (`values`, in model order) logged at every step, e.g. a
+        2-D test function's `traj/x`, `traj/y`; called only when `traces_parameters(params)`."""
+        return {}
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -92,5 +144,15 @@ class Workload(ABC):
             "task": self.task,
             "frameworks": list(self.frameworks),
             "params": [param.to_json() for param in self.params.values()],
-            "train_size": self.load_data().train_size,
+            # At the default params; None where it depends on a file the spec names (checked by the job).
+            "train_size": self.load_data().train_size if self.fixed_data else None,
+            "default_target": asdict(self.default_target),
+            "multiple_of": [{"param": param, "of": divisor} for param, divisor in self.multiple_of],
         }
+
+
+def multiple_problem(param: str, value: int, divisor: str, by: int) -> str | None:
+    """The message when `value` (of `param`) is not a multiple of `by` (of `divisor`); None when it is."""
+    if by and value % by == 0:
+        return None
+    return f"workload.params.{param} must be a multiple of {divisor} ({by}); received {value}"

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from functools import cache
 from typing import Any, ClassVar
 
-from jobs.workloads.base import Dataset, Task, Workload
+from jobs.workloads.base import Dataset, Target, Task, Workload
 from jobs.workloads.digits_mlp import load_digits_split
 from optimizers.hyperparams import Param
 
@@ -46,11 +46,12 @@ class DigitsCnn(Workload):
     )
     task: ClassVar[Task] = "classification"
     frameworks: ClassVar[tuple[str, ...]] = ("torch", "tensorflow")
+    default_target: ClassVar[Target] = Target("val/accuracy", "max", 0.95)
     params: ClassVar[dict[str, Param]] = {
         "filters": Param("filters", "int", 16, low=1, high=256, help="channels of both convolutions"),
     }
 
-    def load_data(self) -> Dataset:
+    def load_data(self, params: Mapping[str, Any] | None = None) -> Dataset:
         return load_digit_images_split()
 
     def torch_model(self, params: Mapping[str, Any], dataset: Dataset, *, sparse: bool = False) -> Any:

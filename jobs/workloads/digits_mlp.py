@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from jobs.workloads.base import Dataset, Task, Workload
+from jobs.workloads.base import Dataset, Target, Task, Workload
 from optimizers.hyperparams import Param
 
 # The split is part of the workload's definition, not of a job: every job, seed and
@@ -46,11 +46,12 @@ class DigitsMlp(Workload):
     summary: ClassVar[str] = "8x8 digits (1437 train / 360 val), MLP 64-h-h-10 with ReLU"
     task: ClassVar[Task] = "classification"
     frameworks: ClassVar[tuple[str, ...]] = ("torch", "tensorflow")
+    default_target: ClassVar[Target] = Target("val/accuracy", "max", 0.95)
     params: ClassVar[dict[str, Param]] = {
         "hidden": Param("hidden", "int", 64, low=1, high=4096, help="width of both hidden layers"),
     }
 
-    def load_data(self) -> Dataset:
+    def load_data(self, params: Mapping[str, Any] | None = None) -> Dataset:
         return load_digits_split()
 
     def torch_model(self, params: Mapping[str, Any], dataset: Dataset, *, sparse: bool = False) -> Any:

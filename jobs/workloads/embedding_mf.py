@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from jobs.workloads.base import Dataset, Task, Workload
+from jobs.workloads.base import Dataset, Target, Task, Workload
 from optimizers.hyperparams import Param
 
 GENERATOR_SEED = 20240301
@@ -81,11 +81,12 @@ class EmbeddingMf(Workload):
     )
     task: ClassVar[Task] = "regression"
     frameworks: ClassVar[tuple[str, ...]] = ("torch", "tensorflow")
+    default_target: ClassVar[Target] = Target("val/loss", "min", 0.1)
     params: ClassVar[dict[str, Param]] = {
         "dim": Param("dim", "int", 16, low=1, high=256, help="embedding width of users and items"),
     }
 
-    def load_data(self) -> Dataset:
+    def load_data(self, params: Mapping[str, Any] | None = None) -> Dataset:
         return generate_ratings().dataset
 
     def torch_model(self, params: Mapping[str, Any], dataset: Dataset, *, sparse: bool = False) -> Any:

@@ -12,7 +12,7 @@ from jobs.spec import CheckSpec, check_errors, with_resolved_style
 from service import store
 from service.auth import CallerDep, submitter
 from service.deps import CatalogueDep, SessionDep, SettingsDep
-from service.quotas import enforce_queue_limits
+from service.quotas import queue_room
 from service.schemas import WRITES, JobRead, responses
 
 router = APIRouter(prefix="/checks", tags=["checks"])
@@ -25,6 +25,7 @@ def submit_check(
     errors = check_errors(spec, catalogue)
     if errors:
         raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
-    enforce_queue_limits(session=session, settings=settings, submitted_by=submitter(caller))
     spec = with_resolved_style(spec, catalogue)
-    return JobRead.from_row(store.create_job(session=session, spec=spec, submitted_by=submitter(caller)))
+    with queue_room(session=session, settings=settings, submitted_by=submitter(caller)):
+        job = store.create_job(session=session, spec=spec, submitted_by=submitter(caller))
+    return JobRead.from_row(job)

@@ -11,7 +11,7 @@ from jobs.spec import JobSpec, catalogue_errors, with_resolved_style
 from service import store
 from service.auth import CallerDep, submitter
 from service.deps import CatalogueDep, SessionDep, SettingsDep
-from service.quotas import enforce_queue_limits
+from service.quotas import queue_room
 from service.schemas import COMMON, WRITES, JobKind, JobRead, JobsPage, responses
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -24,12 +24,15 @@ JobId = Annotated[int, Path(ge=1, le=2**31 - 1, description="the job's id")]
 def submit_job(
     spec: JobSpec, session: SessionDep, settings: SettingsDep, catalogue: CatalogueDep, caller: CallerDep
 ) -> JobRead:
-    errors = catalogue_errors(spec, catalogue, max_steps=settings.max_steps)
+    errors = catalogue_errors(
+        spec, catalogue, max_steps=settings.max_steps, data_roots=settings.data_root_paths
+    )
     if errors:
         raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
-    enforce_queue_limits(session=session, settings=settings, submitted_by=submitter(caller))
     spec = with_resolved_style(spec, catalogue)
-    return JobRead.from_row(store.create_job(session=session, spec=spec, submitted_by=submitter(caller)))
+    with queue_room(session=session, settings=settings, submitted_by=submitter(caller)):
+        job = store.create_job(session=session, spec=spec, submitted_by=submitter(caller))
+    return JobRead.from_row(job)
 
 
 @router.get("", response_model=JobsPage, responses=responses(*COMMON))
@@ -37,10 +40,13 @@ def list_jobs(
     session: SessionDep,
     status: JobStatus | None = None,
     kind: JobKind | None = None,
+    study: Annotated[int | None, Query(ge=1, le=2**31 - 1, description="only this study's jobs")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
 ) -> JobsPage:
-    jobs, total = store.list_jobs(session=session, status=status, kind=kind, limit=limit, offset=offset)
+    jobs, total = store.list_jobs(
+        session=session, status=status, kind=kind, study_id=study, limit=limit, offset=offset
+    )
     return JobsPage(items=[JobRead.from_row(j) for j in jobs], total=total, limit=limit, offset=offset)
 
 

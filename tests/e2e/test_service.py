@@ -147,7 +147,8 @@ def test_a_job_trains_verifies_checkpoints_and_lands_in_mlflow(
     assert job["progress"] == {"step": 120, "total": 120, "fraction": 1.0}
     link = job["mlflow"]
     assert (
-        link["run_url"] == f"{service.mlflow_url}/#/experiments/{link['experiment_id']}/runs/{link['run_id']}"
+        link["run_url"]
+        == f"{service.mlflow_url}/#/experiments/{link['experiment_id']}/runs/{link['run_id']}/model-metrics"
     )
 
     client = MlflowClient(service.mlflow_url)

@@ -144,7 +144,7 @@ def test_the_caller_never_waits_for_the_network() -> None:
 @pytest.mark.parametrize("uri", ["http://127.0.0.1:5000", "http://127.0.0.1:5000/"])
 def test_run_url_points_at_the_run_in_the_ui(uri: str) -> None:
     info = RunInfo(uri, "3", "abc123")
-    assert info.run_url == "http://127.0.0.1:5000/#/experiments/3/runs/abc123"
+    assert info.run_url == "http://127.0.0.1:5000/#/experiments/3/runs/abc123/model-metrics"
     assert info.to_json() == {
         "tracking_uri": uri,
         "experiment_id": "3",
@@ -170,10 +170,17 @@ class FakeMlflowClient:
     def get_experiment_by_name(self, name: str) -> SimpleNamespace | None:
         return self.experiments.get(name)
 
-    def create_experiment(self, name: str) -> str:
+    def create_experiment(self, name: str, tags: dict[str, str] | None = None) -> str:
         experiment_id = str(len(self.experiments) + 1)
-        self.experiments[name] = SimpleNamespace(experiment_id=experiment_id, lifecycle_stage="active")
+        self.experiments[name] = SimpleNamespace(
+            experiment_id=experiment_id, lifecycle_stage="active", tags=dict(tags or {})
+        )
         return experiment_id
+
+    def set_experiment_tag(self, experiment_id: str, key: str, value: str) -> None:
+        for experiment in self.experiments.values():
+            if experiment.experiment_id == experiment_id:
+                experiment.tags[key] = value
 
     def create_run(self, experiment_id: str, *, run_name: str, tags: dict[str, str]) -> SimpleNamespace:
         self.runs.append({"experiment_id": experiment_id, "run_name": run_name, "tags": tags})
@@ -216,7 +223,8 @@ def start_run(experiment: str = "demo", params: int = 3) -> MlflowRun:
 
 def test_a_run_records_params_metrics_and_its_end(client: FakeMlflowClient) -> None:
     run = start_run(params=2 * MAX_PARAMS_PER_BATCH + 1)
-    assert run.info.run_url == "http://mlflow.test:5000/#/experiments/1/runs/run-1"
+    assert run.info.run_url == "http://mlflow.test:5000/#/experiments/1/runs/run-1/model-metrics"
+    assert client.experiments["demo"].tags == {"mlflow.experimentKind": "custom_model_development"}
     assert client.runs == [
         {"experiment_id": "1", "run_name": "adam lr=0.001 digits_mlp seed=0", "tags": {"job_id": "7"}}
     ]
@@ -229,7 +237,10 @@ def test_a_run_records_params_metrics_and_its_end(client: FakeMlflowClient) -> N
 
 
 def test_runs_share_an_existing_experiment(client: FakeMlflowClient) -> None:
+    client.experiments["demo"] = SimpleNamespace(experiment_id="1", lifecycle_stage="active", tags={})
     first, second = start_run(), start_run()
+    # An experiment made before the tag existed is marked as model training too.
+    assert client.experiments["demo"].tags == {"mlflow.experimentKind": "custom_model_development"}
     assert first.info.experiment_id == second.info.experiment_id == "1"
     for run in (first, second):
         run.end("FINISHED")

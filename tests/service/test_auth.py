@@ -24,14 +24,20 @@ WRITER = "writer-token-0123456789abcdef"
 READER = "reader-token-0123456789abcdef"
 WRONG = "wrong-token-0123456789abcdefgh"
 # The only routes anyone may call without a token (probes, and the API's own documentation).
-OPEN_PATHS = {"/healthz"}
+OPEN_PATHS = {"/healthz", "/readyz"}
 # A body that a route accepts, by path; a route not named here gets {} (its good-token answer may be
 # 422 then, but never 401 or 403).
 BODIES: dict[str, Any] = {
     "/jobs": GOOD,
     "/checks": {"optimizer": {"name": "lion", "params": {"lr": 0.001}}},
+    "/studies": {
+        "name": "auth",
+        "workload": {"name": "digits_mlp"},
+        "optimizers": [{"name": "sgd", "params": {"lr": [0.1]}}],
+        "steps": 10,
+    },
 }
-PATH_VALUES = {"job_id": "1", "name": "ema_momentum"}
+PATH_VALUES = {"job_id": "1", "name": "ema_momentum", "study_id": "1"}
 
 
 def locked_settings(tmp_path: Path, **overrides: Any) -> Settings:
@@ -226,14 +232,28 @@ def test_a_method_not_allowed_lists_every_method_of_the_path(
     assert allowed in response.json()["detail"]
 
 
+def test_the_openapi_document_needs_a_token_and_the_docs_page_sends_it(locked: TestClient) -> None:
+    refused = locked.get("/openapi.json")
+    assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Bearer")
+    assert locked.get("/openapi.json", headers={"Authorization": f"Bearer {READER}"}).status_code == 200
+    page = locked.get("/docs")  # a page a browser opens: it asks for the token and sends it itself
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "const needsToken = true;" in page.text and '"Authorization"' in page.text
+    assert locked.get("/redoc").status_code == 404  # a second docs page could not send the token
+
+
 def test_the_openapi_names_what_the_catalogue_holds_and_every_status(locked: TestClient) -> None:
-    document = locked.get("/openapi.json").json()
+    document = locked.get("/openapi.json", headers={"Authorization": f"Bearer {READER}"}).json()
     schemas = document["components"]["schemas"]
     assert "ema_momentum" in schemas["OptimizerChoice"]["properties"]["name"]["enum"]
     assert schemas["WorkloadChoice"]["properties"]["name"]["enum"] == [
+        "char_lm",
         "digits_cnn",
         "digits_mlp",
         "embedding_mf",
+        "npz",
+        "quadratic",
+        "rosenbrock",
     ]
     assert "cosine" in schemas["ScheduleChoice"]["properties"]["name"]["enum"]
     assert schemas["JobSpec"]["properties"]["experiment"]["pattern"].startswith("^[A-Za-z0-9]")

@@ -17,9 +17,23 @@ import pytest
 
 from tests.conftest import ROOT
 
-ALLOWED_FROM_SERVICE = {"jobs.spec", "jobs.result", "jobs.processes", "jobs.checks.report"}
+ALLOWED_FROM_SERVICE = {
+    "jobs.spec",
+    "jobs.result",
+    "jobs.processes",
+    "jobs.checks.report",
+    "jobs.data_roots",  # where workloads may read data files: the API checks specs against it
+    "jobs.workloads.surfaces",  # the 2-D test functions a study report draws trajectories over
+    "jobs.tracking",  # MLflow only: the worker finds experiments and creates a study's parent run
+}
 # What the modules the service may import are allowed to import in turn.
-LIGHT = {"jobs.result": {"pydantic"}, "jobs.processes": set()}
+LIGHT = {
+    "jobs.result": {"pydantic"},
+    "jobs.processes": set(),
+    "jobs.data_roots": set(),
+    "jobs.workloads.surfaces": {"numpy"},
+    "jobs.tracking": {"mlflow"},
+}
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:

@@ -103,7 +103,7 @@ def test_a_planted_secret_is_nowhere_a_job_or_a_user_can_read_it(
         for path in ("/jobs/1", "/jobs", "/healthz", "/optimizers/adam"):
             answers.append(client.get(path, headers=auth).text)
         answers.append(client.get("/jobs/1", headers={"Authorization": "Bearer wrong-but-long-enough"}).text)
-        answers.append(client.get("/openapi.json").text)
+        answers.append(client.get("/openapi.json", headers=auth).text)
     engine.dispose()
 
     job = json.loads(answers[1])
@@ -154,13 +154,20 @@ def test_urls_are_shown_without_credentials(url: str, shown: str) -> None:
 def test_credentials_leave_the_uri_for_mlflows_variables() -> None:
     assert split_credentials("https://me:p%40ss@h:5000/m") == ("https://h:5000/m", "me", "p@ss")
     env, uri = job_environment(
-        {"PATH": "/bin", "OPTLAB_PLUGIN_DIRS": "/p", "OPTLAB_DATABASE_URL": "x", "OPTLAB_API_TOKENS": "y"},
+        {
+            "PATH": "/bin",
+            "OPTLAB_PLUGIN_DIRS": "/p",
+            "OPTLAB_DATA_ROOTS": "/d",
+            "OPTLAB_DATABASE_URL": "x",
+            "OPTLAB_API_TOKENS": "y",
+        },
         "https://me:secret@h/",
     )
     assert uri == "https://h/"
     assert env == {
         "PATH": "/bin",
         "OPTLAB_PLUGIN_DIRS": "/p",
+        "OPTLAB_DATA_ROOTS": "/d",  # where workloads may read data files
         "MLFLOW_TRACKING_USERNAME": "me",
         "MLFLOW_TRACKING_PASSWORD": "secret",
         "PYTHONUNBUFFERED": "1",

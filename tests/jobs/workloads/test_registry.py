@@ -14,19 +14,25 @@ from tests.conftest import ROOT
 HEAVY = ("torch", "tensorflow", "keras", "tf_keras", "sklearn")
 
 
-def test_importing_workloads_loads_no_framework() -> None:
-    code = f"import sys, jobs.workloads\nprint(','.join(m for m in {HEAVY!r} if m in sys.modules))"
+@pytest.mark.parametrize("module", ["jobs.workloads", "jobs.workloads.surfaces"])
+def test_importing_workloads_loads_no_framework(module: str) -> None:
+    """Nor does the surfaces module the study report (the service) imports."""
+    code = f"import sys, {module}\nprint(','.join(m for m in {HEAVY!r} if m in sys.modules))"
     completed = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert completed.stdout.strip() == ""
 
 
-def test_registry_holds_the_three_workloads_with_their_tasks() -> None:
+def test_registry_holds_the_workloads_with_their_tasks() -> None:
     assert {name: workload.task for name, workload in WORKLOADS.items()} == {
         "digits_mlp": "classification",
         "digits_cnn": "classification",
         "embedding_mf": "regression",
+        "quadratic": "objective",
+        "rosenbrock": "objective",
+        "char_lm": "classification",
+        "npz": "from_data",
     }
     assert all(WORKLOADS[name].name == name for name in WORKLOADS)
 
@@ -53,6 +59,9 @@ def test_unknown_workload_names_the_known_ones() -> None:
         ("digits_cnn", {"filters": 257}, "filters must be an integer in \\[1, 256\\]; received 257"),
         ("embedding_mf", {"dim": 0}, "dim must be an integer in \\[1, 256\\]; received 0"),
         ("embedding_mf", {"width": 3}, "width"),
+        ("char_lm", {"width": 30, "heads": 4}, "width must be a multiple of heads \\(4\\); received 30"),
+        ("quadratic", {"dim": 4097}, "dim must be an integer in \\[1, 4096\\]; received 4097"),
+        ("npz", {}, "requires hyperparameter 'path'"),
     ],
 )
 def test_params_are_checked(name: str, params: dict[str, int], message: str) -> None:

@@ -1,0 +1,209 @@
+"""The GPU smoke test (run by scripts/gpu_smoke.sh; see there). Standard library and torch at the
+top; what else a part needs is checked before that part, which is skipped, saying why, without it."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+PLUGIN = ROOT / "examples" / "plugins" / "sign_momentum.py"
+TARGET = f"{PLUGIN}:SignMomentum"
+CHECKS = "construct,dense_step,state_roundtrip,resume_exact,device_placement"
+
+
+def say(section: str, message: str) -> None:
+    print(f"[{section}] {message}", flush=True)
+
+
+def missing(*modules: str) -> list[str]:
+    return [name for name in modules if importlib.util.find_spec(name) is None]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--allow-cpu", action="store_true", help="without a GPU, run every part on the CPU")
+    parser.add_argument("--steps", type=int, default=300, help="training steps of each job")
+    parser.add_argument("--checks", default=CHECKS, help=f"the check ids to run (default {CHECKS})")
+    args = parser.parse_args()
+    if missing("torch"):
+        say("setup", "FAIL torch is not installed: nothing to smoke-test")
+        return 1
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    say("setup", f"python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+    for index in range(count):
+        say("setup", f"GPU {index}: {torch.cuda.get_device_name(index)}")
+    if count == 0 and not args.allow_cpu:
+        say("setup", "FAIL no CUDA device visible (--allow-cpu runs the same parts on the CPU)")
+        return 1
+    if count == 0:
+        say("setup", "no CUDA device: running every part on the CPU, as --allow-cpu asks")
+    tensorflow = "not installed (the TensorFlow parts of optlab are not smoke-tested here)"
+    say(
+        "setup", f"tensorflow: {tensorflow if missing('tensorflow') else 'installed, not used by this smoke'}"
+    )
+    failures = state_devices(torch, "cuda" if count else "cpu")
+    failures += train_on_every_device(count, args.steps)
+    failures += check_on_device(args.checks)
+    say("summary", "OK" if failures == 0 else f"FAIL {failures} part(s) failed")
+    return 0 if failures == 0 else 1
+
+
+def load_plugin_class() -> Any:
+    spec = importlib.util.spec_from_file_location("sign_momentum_smoke", PLUGIN)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.SignMomentum
+
+
+def state_devices(torch: Any, device: str) -> int:
+    """Each optimizer state tensor's device after steps on `device`, and after a checkpoint saved
+    to the host and loaded back with `map_location` onto the device, into a fresh optimizer."""
+    cls = load_plugin_class()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2)).to(device)
+    optimizer = cls(model.parameters(), lr=1e-3)
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(torch.randn(4, 8, device=device)).square().mean().backward()
+        optimizer.step()
+    buffer = io.BytesIO()
+    torch.save(optimizer.state_dict(), buffer)  # the tensors as they are, on the device
+    buffer.seek(0)
+    on_host = torch.load(buffer, map_location="cpu", weights_only=True)
+    buffer = io.BytesIO()
+    torch.save(on_host, buffer)
+    buffer.seek(0)
+    fresh = cls(model.parameters(), lr=1e-3)
+    fresh.load_state_dict(torch.load(buffer, map_location=device, weights_only=True))
+    wrong = 0
+    names = {id(p): name for name, p in model.named_parameters()}
+    for label, opt in (("after 2 steps", optimizer), ("after a reload via the host", fresh)):
+        for param, state in opt.state.items():
+            for key, value in state.items():
+                if torch.is_tensor(value):
+                    same = value.device == param.device
+                    wrong += not same
+                    say(
+                        "state",
+                        f"{label}: {names[id(param)]}.{key} on {value.device} "
+                        f"(its parameter on {param.device}){'' if same else '  <- MISPLACED'}",
+                    )
+    if wrong:
+        say("state", f"FAIL {wrong} state tensor(s) not on their parameter's device")
+    return 1 if wrong else 0
+
+
+def job_spec(steps: int, workload: str, device: str) -> dict[str, Any]:
+    return {
+        "framework": "torch",
+        "workload": {"name": workload},
+        "optimizer": {"name": "sign_momentum", "params": {"lr": 0.001}},
+        "steps": steps,
+        "batch_size": 64,
+        "checkpoint_every": max(1, steps // 2),
+        "eval_every": max(1, steps // 2),
+        "experiment": "gpu-smoke",
+        "device": device,
+    }
+
+
+def train_on_every_device(count: int, steps: int) -> int:
+    """One job per GPU at once, each seeing only its own (CUDA_VISIBLE_DEVICES), as the worker's
+    slots start them: the custom optimizer from the plugin folder, checkpoints verified."""
+    if lacking := missing("pydantic", "numpy"):
+        say("train", f"SKIP the job process needs {', '.join(lacking)} (not installed)")
+        return 0
+    workload = "digits_mlp" if not missing("sklearn") else "embedding_mf"
+    if workload != "digits_mlp":
+        say("train", "scikit-learn is not installed: training embedding_mf (generated data), not digits_mlp")
+    work = Path(tempfile.mkdtemp(prefix="optlab-gpu-smoke-"))
+    jobs = []
+    for slot in range(max(count, 1)):
+        folder = work / f"slot{slot}"
+        folder.mkdir()
+        spec = folder / "spec.json"
+        spec.write_text(json.dumps(job_spec(steps, workload, "cuda" if count else "cpu")))
+        env = {**os.environ, "PYTHONPATH": str(ROOT), "OPTLAB_PLUGIN_DIRS": str(PLUGIN.parent)}
+        if count:
+            env["CUDA_VISIBLE_DEVICES"] = str(slot)
+        log = open(folder / "job.log", "wb")  # closed when the job ends
+        command = [sys.executable, "-m", "jobs.run", str(spec), "--workdir", str(folder / "work")]
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+        jobs.append((slot, folder, log, process))
+    began = time.monotonic()
+    failures = 0
+    for slot, folder, log, process in jobs:
+        process.wait()
+        log.close()
+        failures += report_job(slot if count else None, folder, process.returncode)
+    say("train", f"{len(jobs)} job(s) at once in {time.monotonic() - began:.1f} s")
+    return failures
+
+
+def report_job(gpu: int | None, folder: Path, returncode: int) -> int:
+    where = f"GPU {gpu}" if gpu is not None else "CPU"
+    result_path = folder / "work" / "result.json"
+    if not result_path.exists():
+        tail = (folder / "job.log").read_text(errors="replace")[-1500:]
+        say("train", f"FAIL job on {where} exited {returncode} without a result:\n{tail}")
+        return 1
+    result = json.loads(result_path.read_text())
+    if result["status"] != "succeeded":
+        say("train", f"FAIL job on {where}: {result['status']}: {result.get('error')}")
+        return 1
+    step_ms, optimizer_ms = result["step_time_ms_median"], result["optimizer_step_ms_median"]
+    share = optimizer_ms / step_ms if step_ms else float("nan")
+    say(
+        "train",
+        f"job on {where}: succeeded on {result['device']}, {result['samples_per_sec']:.0f} samples/s, "
+        f"optimizer step {optimizer_ms:.3f} ms of {step_ms:.3f} ms per step ({share:.0%}), "
+        f"{result['checkpoints_verified']} checkpoint round trips verified",
+    )
+    return 0
+
+
+def check_on_device(checks: str) -> int:
+    """`optlab check` on the plugin's class: device_placement runs where a GPU is (state on its
+    variable's device, also after a `map_location='cpu'` restore), a skip saying so elsewhere."""
+    if lacking := missing("pydantic", "numpy"):
+        say("check", f"SKIP the checks need {', '.join(lacking)} (not installed)")
+        return 0
+    # `optlab check` runs `python -m jobs.checks` with these arguments; without the service's
+    # packages (pydantic-settings, ...) the smoke calls that directly.
+    service = not missing("pydantic_settings", "httpx")
+    cli = ["-m", "service.cli", "check"] if service else ["-m", "jobs.checks"]
+    report_path = Path(tempfile.mkdtemp(prefix="optlab-gpu-check-")) / "report.json"
+    command = [sys.executable, *cli, TARGET, "--params", '{"lr": 0.001}', "--only", checks]
+    how = "" if service else " (as python -m jobs.checks)"
+    say("check", f"optlab check {TARGET} --only {checks}{how}")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    completed = subprocess.run(
+        [*command, "--json", str(report_path)], env=env, capture_output=True, text=True
+    )
+    if not report_path.exists():
+        say("check", f"FAIL exited {completed.returncode} without a report:\n{completed.stderr[-1500:]}")
+        return 1
+    report = json.loads(report_path.read_text())
+    for check in report["checks"]:
+        say("check", f"{check['id']}: {check['status']}: {check['detail'][:160]}")
+    failed = [c["id"] for c in report["checks"] if c["status"] == "fail"]
+    if failed:
+        say("check", f"FAIL {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

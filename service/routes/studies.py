@@ -1,0 +1,113 @@
+"""Study routes: thin; expansion and validation are `jobs.spec`, storage is `service.studies.store`."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi.responses import HTMLResponse
+from sqlalchemy.orm import Session
+
+from jobs.spec import StudySpec, study_errors
+from service.auth import CallerDep, submitter
+from service.deps import CatalogueDep, SessionDep, SettingsDep
+from service.models import Study
+from service.quotas import queue_room
+from service.schemas import COMMON, WRITES, responses
+from service.studies import store as study_store
+from service.studies.schemas import StudiesPage, StudyRead
+
+router = APIRouter(prefix="/studies", tags=["studies"])
+
+StudyId = Annotated[int, Path(ge=1, le=2**31 - 1, description="the study's id")]
+HTML_BODY: dict[int | str, dict[str, Any]] = {
+    200: {
+        "content": {"text/html": {"schema": {"type": "string"}}},
+        "description": "the report, images inline",
+    }
+}
+
+
+def json_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """`responses(...)` for a route whose own body is not JSON: its errors still are (FastAPI would
+    otherwise declare them in the route's media type)."""
+    declared = responses(*statuses)
+    for answer in declared.values():
+        model = answer.pop("model")
+        answer["content"] = {
+            "application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}
+        }
+    return declared
+
+
+@router.post("", status_code=201, response_model=StudyRead, responses=responses(*WRITES, 429, 503))
+def submit_study(
+    spec: StudySpec, session: SessionDep, settings: SettingsDep, catalogue: CatalogueDep, caller: CallerDep
+) -> StudyRead:
+    errors, jobs = study_errors(
+        spec,
+        catalogue,
+        max_steps=settings.max_steps,
+        max_jobs=settings.max_study_jobs,
+        data_roots=settings.data_root_paths,
+    )
+    if errors:
+        raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
+    with queue_room(session=session, settings=settings, submitted_by=submitter(caller), jobs=len(jobs)):
+        study = study_store.create_study(
+            session=session, spec=spec, jobs=jobs, submitted_by=submitter(caller)
+        )
+    return _read(session, study, settings.mlflow_tracking_uri)
+
+
+@router.get("", response_model=StudiesPage, responses=responses(*COMMON))
+def list_studies(
+    session: SessionDep,
+    settings: SettingsDep,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
+) -> StudiesPage:
+    studies, total = study_store.list_studies(session=session, limit=limit, offset=offset)
+    items = [_read(session, study, settings.mlflow_tracking_uri) for study in studies]
+    return StudiesPage(items=items, total=total, limit=limit, offset=offset)
+
+
+@router.get("/{study_id}", response_model=StudyRead, responses=responses(*COMMON, 404))
+def get_study(study_id: StudyId, session: SessionDep, settings: SettingsDep) -> StudyRead:
+    return _read(session, _found(session, study_id), settings.mlflow_tracking_uri)
+
+
+@router.post("/{study_id}/cancel", response_model=StudyRead, responses=responses(*WRITES, 404, 409))
+def cancel_study(study_id: StudyId, session: SessionDep, settings: SettingsDep) -> StudyRead:
+    study = _found(session, study_id)
+    if study.finalized_at is not None:
+        raise HTTPException(status_code=409, detail=f"study {study_id} has already ended")
+    cancelled = study_store.cancel_study(session=session, study_id=study_id)
+    assert cancelled is not None
+    return _read(session, cancelled, settings.mlflow_tracking_uri)
+
+
+@router.get(
+    "/{study_id}/report",
+    response_class=HTMLResponse,
+    responses={**HTML_BODY, **json_errors(*COMMON, 404, 409)},
+)
+def study_report(study_id: StudyId, session: SessionDep) -> HTMLResponse:
+    study = _found(session, study_id)
+    if study.report_html is None:
+        raise HTTPException(
+            status_code=409, detail=f"study {study_id} has no report yet: it is made once every job has ended"
+        )
+    return HTMLResponse(study.report_html)
+
+
+def _found(session: Session, study_id: int) -> Study:
+    study = study_store.get_study(session=session, study_id=study_id)
+    if study is None:
+        raise HTTPException(status_code=404, detail=f"no study with id {study_id}")
+    return study
+
+
+def _read(session: Session, study: Study, tracking_uri: str) -> StudyRead:
+    jobs = study_store.study_jobs(session=session, study_id=study.id)
+    return StudyRead.from_row(study, jobs, tracking_uri=tracking_uri)

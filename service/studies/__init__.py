@@ -1,0 +1,1 @@
+"""Studies: statistics over a study's jobs (`summary`) and its PNG/HTML report (`report`)."""

@@ -1,0 +1,66 @@
+"""A study's jobs read back as `StudyRun`s: who they are from the store, what they logged from MLflow."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from service.models import Job, Study
+from service.studies.summary import MetricPoint, StudyRun
+
+# Metric histories are fetched one (run, key) at a time: a few at once, not a few hundred in a row.
+FETCH_THREADS = 8
+
+
+def collect_runs(client: Any, study: Study, jobs: list[Job]) -> list[StudyRun]:
+    """One `StudyRun` per member of the study, in member order; a job that never reached MLflow
+    (cancelled while queued, failed at start) has an empty history but is still there."""
+    by_id = {job.id: job for job in jobs}
+    run_ids = [_run_id(by_id.get(member["job_id"])) for member in study.members]
+    with ThreadPoolExecutor(FETCH_THREADS) as pool:
+        histories = list(pool.map(lambda run_id: history_of(client, run_id), run_ids))
+    runs = []
+    for member, run_id, history in zip(study.members, run_ids, histories, strict=True):
+        job = by_id.get(member["job_id"])
+        runs.append(
+            StudyRun(
+                job_id=member["job_id"],
+                optimizer=member["optimizer"],
+                grid=member["grid"],
+                seed=member["seed"],
+                status=str(job.status) if job is not None else "cancelled",
+                history=history,
+                run_id=run_id,
+                error=_error_of(job),
+            )
+        )
+    return runs
+
+
+def history_of(client: Any, run_id: str | None) -> dict[str, list[MetricPoint]]:
+    """Every metric of the run, each point with its seconds since the run started."""
+    if run_id is None:
+        return {}
+    run = client.get_run(run_id)
+    start_ms = run.info.start_time
+    history: dict[str, list[MetricPoint]] = {}
+    for key in sorted(run.data.metrics):
+        points = client.get_metric_history(run_id, key)
+        history[key] = sorted(
+            (
+                MetricPoint(step=p.step, seconds=(p.timestamp - start_ms) / 1000, value=p.value)
+                for p in points
+            ),
+            key=lambda point: (point.step, point.seconds),
+        )
+    return history
+
+
+def _run_id(job: Job | None) -> str | None:
+    return (job.mlflow or {}).get("run_id") if job is not None else None
+
+
+def _error_of(job: Job | None) -> str | None:
+    if job is None or not job.error:
+        return None
+    return f"{job.error.get('type', 'Error')}: {job.error.get('message', '')}"

@@ -1,0 +1,135 @@
+"""A study's end, done once: summary, report, both logged to the parent run, which then ends.
+
+The worker does it, in its polling loop, for any study whose jobs have all ended (so also one
+cancelled while every job was still queued, which no job's end would announce). A study is claimed
+for a lease with a conditional update, so two workers never finalize it at once; `finalized_at`
+records that it is done, so it is never done twice. A finalizer that dies mid-way leaves its claim to
+expire and the next worker does it all again: every step is idempotent (metrics logged at one fixed
+timestamp, artifacts overwritten, the run ended again).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from jobs.spec import Catalogue, StudySpec
+from jobs.tracking import experiment_chart_url
+from jobs.workloads.surfaces import surface_for
+from service import store
+from service.models import Study
+from service.studies import store as study_store
+from service.studies.collect import collect_runs
+from service.studies.report import Report, Surface, render_report
+from service.studies.runs import ensure_parent_run, mlflow_client, shown_tracking_uri
+from service.studies.summary import StudySummary, TargetRule, summarize
+
+log = logging.getLogger("optlab.worker")
+
+FINALIZE_LEASE_S = 600.0
+RETRY_AFTER_ERROR_S = 30.0
+# Without a target, the best grid point is the one with the lowest final validation loss.
+DEFAULT_SELECTION: tuple[str, Literal["min", "max"]] = ("val/loss", "min")
+
+
+def finalize_next_study(*, sessions: Any, tracking_uri: str) -> bool:
+    """Finalize one ended study, if there is one; False when there was none."""
+    with sessions() as session:
+        study = study_store.claim_study_to_finalize(session=session, lease_s=FINALIZE_LEASE_S)
+        catalogue = store.latest_catalogue(session=session)
+    if study is None:
+        return False
+    try:
+        summary, report = finalize(
+            sessions=sessions,
+            tracking_uri=tracking_uri,
+            study=study,
+            catalogue=catalogue[0] if catalogue else None,
+        )
+    except Exception as exc:  # MLflow unreachable, say: shown on the study and tried again
+        log.exception("study %s: could not compute its summary", study.id)
+        with sessions() as session:
+            study_store.record_finalize_error(
+                session=session,
+                study_id=study.id,
+                error=f"{type(exc).__name__}: {exc}",
+                retry_s=RETRY_AFTER_ERROR_S,
+            )
+        return True
+    with sessions() as session:
+        study_store.record_summary(
+            session=session,
+            study_id=study.id,
+            summary=summary.model_dump(mode="json"),
+            report_html=report.html,
+        )
+    log.info("study %s: summary recorded", study.id)
+    return True
+
+
+def target_of(spec: StudySpec, catalogue: Catalogue | None) -> TargetRule | None:
+    """The study's target, else its workload's default target (from the catalogue), else none."""
+    if spec.target is not None:
+        return TargetRule(metric=spec.target.metric, mode=spec.target.mode, value=spec.target.value)
+    workload = catalogue.workload(spec.workload.name) if catalogue is not None else None
+    default = (workload or {}).get("default_target")
+    if not default:
+        return None
+    return TargetRule(metric=str(default["metric"]), mode=default["mode"], value=float(default["value"]))
+
+
+def finalize(
+    *, sessions: Any, tracking_uri: str, study: Study, catalogue: Catalogue | None
+) -> tuple[StudySummary, Report]:
+    spec = StudySpec.model_validate(study.spec)
+    client = mlflow_client(tracking_uri)
+    with sessions() as session:
+        jobs = study_store.study_jobs(session=session, study_id=study.id)
+    runs = collect_runs(client, study, jobs)
+    target = target_of(spec, catalogue)
+    metric, mode = (target.metric, target.mode) if target is not None else DEFAULT_SELECTION
+    summary = summarize(
+        runs, target=target, baseline=spec.baseline, selection_metric=metric, selection_mode=mode
+    )
+    # A study cancelled before any job started has no parent run yet: its summary needs one.
+    parent = ensure_parent_run(sessions=sessions, tracking_uri=tracking_uri, study=study)
+    with sessions() as session:
+        recorded = study_store.get_study(session=session, study_id=study.id)
+    assert recorded is not None and recorded.experiment_id is not None
+    url = experiment_chart_url(shown_tracking_uri(tracking_uri), recorded.experiment_id)
+    report = render_report(
+        summary, runs, title=f"Study {study.name}", surface=surface_of(spec), mlflow_url=url
+    )
+    log_to_parent(client, parent, study, summary, report)
+    return summary, report
+
+
+def log_to_parent(client: Any, run_id: str, study: Study, summary: StudySummary, report: Report) -> None:
+    from mlflow.entities import Metric
+
+    # One fixed timestamp: a finalization done again logs the very same points.
+    timestamp = int(study.created_at.timestamp() * 1000)
+    metrics = [Metric(key, value, timestamp, 0) for key, value in sorted(summary.flat_metrics().items())]
+    for start in range(0, len(metrics), 1000):
+        client.log_batch(run_id, metrics=metrics[start : start + 1000])
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / "summary.json").write_text(json.dumps(summary.model_dump(mode="json"), indent=2))
+        (folder / "report.html").write_text(report.html)
+        images = folder / "images"
+        images.mkdir()
+        for name, data in report.images.items():
+            (images / Path(name).name).write_bytes(data)
+        client.log_artifacts(run_id, str(folder))
+    client.set_terminated(run_id, status="KILLED" if study.cancel_requested else "FINISHED")
+
+
+def surface_of(spec: StudySpec) -> Surface | None:
+    """The 2-D test function a workload (rosenbrock, a 2-D quadratic) draws trajectories over."""
+    found = surface_for(spec.workload.name, spec.workload.params)
+    if found is None:
+        return None
+    return Surface(f=found.f, xlim=found.xlim, ylim=found.ylim, minimum=found.minimum)

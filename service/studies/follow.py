@@ -1,0 +1,104 @@
+"""`optlab study --wait`: a progress bar per optimizer and one overall, then the ranking table."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from service.client import ApiClient
+from service.studies.summary import Stat, StudySummary
+
+
+def follow_study(
+    client: ApiClient, study_id: int, console: Console | None = None, poll_s: float = 0.5
+) -> dict[str, Any]:
+    """Poll the study until it is done (its summary recorded), showing steps done per optimizer."""
+    progress = Progress(
+        TextColumn("{task.description:<24}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[counts]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    tasks: dict[str, Any] = {}
+    with progress:
+        while True:
+            study = client.study(study_id)
+            rows = [
+                ("all", study["progress"]),
+                *((o["optimizer"], o) for o in study["progress"]["optimizers"]),
+            ]
+            for name, row in rows:
+                if name not in tasks:
+                    tasks[name] = progress.add_task(name, total=row["steps_total"], counts="")
+                progress.update(
+                    tasks[name],
+                    completed=row["steps_done"],
+                    total=row["steps_total"],
+                    counts=_counts(row["counts"]),
+                )
+            if study["status"] == "done":
+                return study
+            time.sleep(poll_s)
+
+
+def _counts(counts: dict[str, int]) -> str:
+    return " ".join(f"{status} {n}" for status, n in counts.items() if n)
+
+
+def ranking_table(summary: StudySummary) -> Table:
+    """Each optimizer at its best grid point, ranked on the selection metric."""
+    table = Table(title=f"ranking on {summary.selection_metric} ({summary.selection_mode}, final value)")
+    for column in (
+        "rank",
+        "optimizer",
+        "best grid point",
+        "mean",
+        "95% CI",
+        "seeds",
+        "target reached",
+        "jobs",
+    ):
+        table.add_column(column, justify="left" if column in ("optimizer", "best grid point") else "right")
+    for row in summary.ranking:
+        jobs = row.jobs
+        problems = ", ".join(
+            f"{n} {k}"
+            for k, n in (("failed", jobs.failed), ("diverged", jobs.diverged), ("cancelled", jobs.cancelled))
+            if n
+        )
+        table.add_row(
+            str(row.rank) if row.rank is not None else "-",
+            row.optimizer,
+            row.label or "-",
+            _number(row.selection.mean if row.selection else None),
+            _interval(row.selection),
+            str(row.selection.n if row.selection else 0),
+            "-" if row.target_reached is None else str(row.target_reached),
+            f"{jobs.succeeded}/{jobs.total} ok" + (f" ({problems})" if problems else ""),
+        )
+    return table
+
+
+def comparison_lines(summary: StudySummary) -> list[str]:
+    return [
+        f"{c.optimizer} vs {c.baseline} on {c.metric} over {c.n} seeds: difference "
+        f"{_number(c.mean_difference)} [{_number(c.ci_low)}, {_number(c.ci_high)}], "
+        f"p={_number(c.p_value)}: {c.conclusion}"
+        for c in summary.comparisons
+    ]
+
+
+def _interval(stat: Stat | None) -> str:
+    if stat is None or stat.ci_low is None or stat.ci_high is None:
+        return "-"
+    return f"[{_number(stat.ci_low)}, {_number(stat.ci_high)}]"
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4g}"

@@ -1,0 +1,684 @@
+"""A study's report: PNG plots and one self-contained HTML page (pure: no store, no MLflow).
+
+The plots are `matplotlib.figure.Figure` objects drawn on their own Agg canvas, never
+pyplot: pyplot's global state (current figure, backend) belongs to whoever else runs in the
+process. PNGs are saved without the software tag, so the same input gives the same bytes.
+The HTML holds every image inline as a base64 data URI (a browser shows it as is, offline)
+and escapes every string that came from a user (optimizer names, grid values, errors, the
+title, the MLflow address).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from service.studies.summary import (
+    GridPointSummary,
+    GridValue,
+    JobCounts,
+    MetricPoint,
+    Stat,
+    StudyRun,
+    StudySummary,
+    grid_label,
+)
+
+# One colour per optimizer, the same in every plot (matplotlib's tab10, written out so no
+# global style or rcParams change can recolour the report).
+COLOURS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
+DPI = 100
+NONE = "\N{EN DASH}"  # an undefined figure in a table
+LOG_SPAN = 10.0  # a numeric axis whose positive values span more than this factor is drawn log
+
+
+@dataclass(frozen=True)
+class Surface:
+    """A 2-D test function to draw trajectories over."""
+
+    f: Callable[[np.ndarray, np.ndarray], np.ndarray]  # vectorized f(X, Y)
+    xlim: tuple[float, float]
+    ylim: tuple[float, float]
+    minimum: tuple[float, float] | None = None
+
+
+@dataclass(frozen=True)
+class Report:
+    html: str  # self-contained: every image inline as data:image/png;base64
+    images: dict[str, bytes]  # file name -> PNG bytes (also logged as parent-run artifacts)
+
+
+@dataclass(frozen=True)
+class Plot:
+    name: str  # file name, e.g. "curves.png"
+    caption: str
+    png: bytes
+
+
+def render_report(
+    summary: StudySummary,
+    runs: Sequence[StudyRun],
+    *,
+    title: str,
+    surface: Surface | None = None,
+    mlflow_url: str | None = None,
+) -> Report:
+    """The study's plots as PNGs and the HTML page that shows them with the summary's tables."""
+    plots = [
+        plot
+        for plot in (
+            curves_plot(summary, runs),
+            sensitivity_plot(summary),
+            time_to_target_plot(summary),
+            trajectories_plot(summary, runs, surface) if surface is not None else None,
+        )
+        if plot is not None
+    ]
+    page = html_page(summary, plots, title=title, mlflow_url=mlflow_url, surface_given=surface is not None)
+    return Report(html=page, images={plot.name: plot.png for plot in plots})
+
+
+# ---------------------------------------------------------------------------------------
+# plots
+
+
+def new_figure(width: float, height: float) -> Figure:
+    figure = Figure(figsize=(width, height), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def png_bytes(figure: Figure) -> bytes:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=DPI, metadata={"Software": None})
+    return buffer.getvalue()
+
+
+def plain(text: str) -> str:
+    """`text` shown literally by matplotlib: `$` starts mathtext, a leading `_` hides a legend entry."""
+    text = text.replace("$", r"\$")
+    return " " + text if text.startswith("_") else text
+
+
+def colour(summary: StudySummary, optimizer: str) -> str:
+    return COLOURS[summary.optimizers.index(optimizer) % len(COLOURS)]
+
+
+def best_runs(summary: StudySummary, runs: Sequence[StudyRun], optimizer: str) -> list[StudyRun]:
+    """The succeeded runs of `optimizer` at its best grid point, by seed."""
+    point = summary.best_grid_point(optimizer)
+    if point is None:
+        return []
+    return sorted(
+        (
+            r
+            for r in runs
+            if r.optimizer == optimizer and r.status == "succeeded" and grid_label(r.grid) == point.label
+        ),
+        key=lambda r: (r.seed, r.job_id),
+    )
+
+
+def finite_points(points: Sequence[MetricPoint]) -> dict[int, float]:
+    return {p.step: float(p.value) for p in points if math.isfinite(p.value)}
+
+
+def seed_band(histories: list[dict[int, float]]) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Per step logged by any seed: the mean, lowest and highest value over the seeds that logged it."""
+    steps = sorted({step for h in histories for step in h})
+    mean, low, high = [], [], []
+    for step in steps:
+        values = [h[step] for h in histories if step in h]
+        mean.append(sum(values) / len(values))
+        low.append(min(values))
+        high.append(max(values))
+    return steps, mean, low, high
+
+
+def spans_decades(values: Sequence[float]) -> bool:
+    return bool(values) and min(values) > 0 and max(values) / min(values) > LOG_SPAN
+
+
+def curves_plot(summary: StudySummary, runs: Sequence[StudyRun]) -> Plot | None:
+    """train/loss and the selection metric per optimizer at its best grid point; band = seed min..max."""
+    metrics = list(dict.fromkeys(["train/loss", summary.selection_metric]))
+    figure = new_figure(6.0 * len(metrics), 4.2)
+    drawn = False
+    for i, metric in enumerate(metrics):
+        axes = figure.add_subplot(1, len(metrics), i + 1)
+        values: list[float] = []
+        for opt in summary.optimizers:
+            chosen = best_runs(summary, runs, opt)
+            histories = [h for h in (finite_points(r.history.get(metric, [])) for r in chosen) if h]
+            if not histories:
+                continue
+            steps, mean, low, high = seed_band(histories)
+            point = summary.best_grid_point(opt)
+            assert point is not None
+            label = f"{opt} {point.label} ({len(histories)} seed{'s' if len(histories) != 1 else ''})"
+            axes.plot(steps, mean, color=colour(summary, opt), label=plain(label), linewidth=1.6)
+            if len(histories) > 1:
+                axes.fill_between(steps, low, high, color=colour(summary, opt), alpha=0.2, linewidth=0)
+            values += low + high
+            drawn = True
+        if spans_decades(values):
+            axes.set_yscale("log")
+        axes.set_xlabel("step")
+        axes.set_ylabel(plain(metric))
+        axes.set_title(plain(f"{metric}: mean over seeds, band = min..max"), fontsize=10)
+        axes.grid(True, alpha=0.3)
+        if axes.get_legend_handles_labels()[0]:
+            axes.legend(fontsize=8)
+    if not drawn:
+        return None
+    return Plot(
+        "curves.png",
+        "Curves per optimizer at its best grid point: the line is the mean over its succeeded seeds, "
+        "the band their lowest and highest value.",
+        png_bytes(figure),
+    )
+
+
+def x_key(summary: StudySummary) -> str | None:
+    """The grid hyperparameter on the sensitivity plot's x axis: `lr` if there, else the most varied."""
+    keys = sorted({key for p in summary.grid_points for key in p.grid})
+    if not keys:
+        return None
+    if "lr" in keys:
+        return "lr"
+    return max(keys, key=lambda k: len({str(p.grid.get(k)) for p in summary.grid_points}))
+
+
+def is_number(value: GridValue | None) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def half_width(stat: Stat) -> float:
+    if stat.mean is None or stat.ci_high is None:
+        return 0.0
+    return stat.ci_high - stat.mean
+
+
+def sensitivity_plot(summary: StudySummary) -> Plot | None:
+    """Final selection metric (mean, 95% CI) versus the grid hyperparameter, one line per optimizer."""
+    key = x_key(summary)
+    if key is None:
+        return None
+    metric = summary.selection_metric
+    xs_all = [p.grid[key] for p in summary.grid_points if key in p.grid]
+    numeric = all(is_number(x) for x in xs_all)
+    categories = sorted({str(x) for x in xs_all})
+    figure = new_figure(7.0, 4.5)
+    axes = figure.add_subplot(1, 1, 1)
+    drawn = False
+    for opt in summary.optimizers:
+        points = [p for p in summary.grid_points if p.optimizer == opt and key in p.grid]
+        # Other grid hyperparameters than `key` make separate lines, each named by their values.
+        lines: dict[str, list[GridPointSummary]] = {}
+        for p in points:
+            rest = {k: v for k, v in p.grid.items() if k != key}
+            lines.setdefault(grid_label(rest) if rest else "", []).append(p)
+        best = summary.best_grid_point(opt)
+        for rest_label, line in lines.items():
+            xs, ys, errs = [], [], []
+            for p in line:
+                metric_stats = p.metric(metric)
+                if metric_stats is None or metric_stats.final.mean is None:
+                    continue
+                x = p.grid[key]
+                xs.append(float(x) if numeric else float(categories.index(str(x))))
+                ys.append(metric_stats.final.mean)
+                errs.append(half_width(metric_stats.final))
+            if not xs:
+                continue
+            order = sorted(range(len(xs)), key=lambda i: xs[i])
+            xs, ys, errs = [xs[i] for i in order], [ys[i] for i in order], [errs[i] for i in order]
+            name = f"{opt} ({rest_label})" if rest_label else opt
+            axes.errorbar(
+                xs, ys, yerr=errs, color=colour(summary, opt), marker="o", capsize=4, label=plain(name)
+            )
+            drawn = True
+        if best is not None and key in best.grid and (m := best.metric(metric)) and m.final.mean is not None:
+            bx = best.grid[key]
+            x = float(bx) if numeric else float(categories.index(str(bx)))
+            axes.plot([x], [m.final.mean], marker="*", markersize=16, color=colour(summary, opt), zorder=5)
+    if not drawn:
+        return None
+    if numeric and spans_decades([float(x) for x in xs_all]):
+        axes.set_xscale("log")
+    if not numeric:
+        axes.set_xticks(range(len(categories)), [plain(c) for c in categories])
+    axes.set_xlabel(plain(key))
+    axes.set_ylabel(plain(f"final {metric}"))
+    axes.set_title(plain(f"Sensitivity: final {metric} vs {key} (mean, 95% CI; star = best)"), fontsize=10)
+    axes.grid(True, alpha=0.3)
+    axes.legend(fontsize=8)
+    return Plot(
+        "sensitivity.png",
+        f"Final {metric} versus {key} per optimizer: mean over succeeded seeds with its 95% confidence "
+        "interval (none with one seed); the star marks the grid point chosen as best.",
+        png_bytes(figure),
+    )
+
+
+def time_to_target_plot(summary: StudySummary) -> Plot | None:
+    """Bars of mean steps and seconds to target at each optimizer's best grid point; dots are seeds."""
+    if summary.target is None or all(summary.best_grid_point(opt) is None for opt in summary.optimizers):
+        return None
+    figure = new_figure(11.0, 4.2)
+    names = summary.optimizers
+    for i, (unit, label) in enumerate((("steps", "steps to target"), ("seconds", "seconds to target"))):
+        axes = figure.add_subplot(1, 2, i + 1)
+        tops: list[float] = []
+        for x, opt in enumerate(names):
+            point = summary.best_grid_point(opt)
+            ttt = None if point is None else point.time_to_target
+            if ttt is None:
+                continue
+            measured = [s.step if unit == "steps" else s.seconds for s in ttt.seeds if s.reached]
+            values = [float(v) for v in measured if v is not None]
+            stat = ttt.steps if unit == "steps" else ttt.seconds
+            if stat.mean is not None:
+                axes.bar(
+                    [x],
+                    [stat.mean],
+                    yerr=[half_width(stat)],
+                    color=colour(summary, opt),
+                    alpha=0.8,
+                    capsize=4,
+                )
+                axes.plot([x] * len(values), values, "o", color="black", markersize=4, zorder=5)
+                tops.append(max([stat.mean + half_width(stat), *values]))
+        top = max(tops, default=1.0) or 1.0
+        for x, opt in enumerate(names):
+            point = summary.best_grid_point(opt)
+            ttt = None if point is None else point.time_to_target
+            if ttt is None:
+                text = "no result"
+            elif ttt.reached == 0:
+                text = f"not reached\n(0/{len(ttt.seeds)})"
+                axes.bar([x], [top * 0.05], color="none", edgecolor="#999999", hatch="//")
+            else:
+                text = f"{ttt.reached}/{len(ttt.seeds)} reached"
+            axes.annotate(text, (x, top * 1.02), ha="center", va="bottom", fontsize=8, annotation_clip=False)
+        axes.set_ylim(0, top * 1.25)
+        # long or many names would overlap side by side
+        tilted = len(names) > 4 or any(len(n) > 12 for n in names)
+        axes.set_xticks(
+            range(len(names)),
+            [plain(n) for n in names],
+            rotation=20 if tilted else 0,
+            ha="right" if tilted else "center",
+        )
+        axes.set_ylabel(label)
+        axes.grid(True, axis="y", alpha=0.3)
+    target = summary.target
+    figure.suptitle(
+        plain(f"Time to target {target.metric} {'<=' if target.mode == 'min' else '>='} {target.value:g}"),
+        fontsize=11,
+    )
+    return Plot(
+        "time_to_target.png",
+        "Time to target at each optimizer's best grid point: bar = mean over the seeds that reached it "
+        "(95% CI), dots = single seeds; how many seeds reached it is written above each bar.",
+        png_bytes(figure),
+    )
+
+
+def contour_levels(z: np.ndarray) -> np.ndarray:
+    """Log-spaced levels for a non-negative surface with a wide range (Rosenbrock), linear otherwise."""
+    finite_z = z[np.isfinite(z)]
+    low, high = float(finite_z.min()), float(finite_z.max())
+    if low >= 0 and high > 0 and high / max(low, high * 1e-6) > 100:
+        return np.logspace(math.log10(max(low, high * 1e-6)), math.log10(high), 20)
+    return np.linspace(low, high, 20)
+
+
+def trajectories_plot(summary: StudySummary, runs: Sequence[StudyRun], surface: Surface) -> Plot | None:
+    """Each optimizer's path (traj/x, traj/y) at its best grid point over the surface's contours."""
+    paths: list[tuple[str, int, list[float], list[float]]] = []
+    for opt in summary.optimizers:
+        for run in best_runs(summary, runs, opt):
+            by_step_x = finite_points(run.history.get("traj/x", []))
+            by_step_y = finite_points(run.history.get("traj/y", []))
+            steps = sorted(by_step_x.keys() & by_step_y.keys())
+            if steps:
+                paths.append((opt, run.seed, [by_step_x[s] for s in steps], [by_step_y[s] for s in steps]))
+    if not paths:
+        return None
+    figure = new_figure(7.0, 6.0)
+    axes: Axes = figure.add_subplot(1, 1, 1)
+    gx = np.linspace(surface.xlim[0], surface.xlim[1], 200)
+    gy = np.linspace(surface.ylim[0], surface.ylim[1], 200)
+    grid_x, grid_y = np.meshgrid(gx, gy)
+    z = np.asarray(surface.f(grid_x, grid_y), dtype=float)
+    axes.contour(grid_x, grid_y, z, levels=contour_levels(z), cmap="viridis", linewidths=0.7, alpha=0.7)
+    labelled: set[str] = set()
+    for opt, _seed, xs, ys in paths:
+        label = None if opt in labelled else plain(opt)
+        labelled.add(opt)
+        axes.plot(xs, ys, color=colour(summary, opt), linewidth=1.2, marker=".", markersize=3, label=label)
+        axes.plot([xs[0]], [ys[0]], marker="o", color=colour(summary, opt), markersize=6)
+    if surface.minimum is not None:
+        axes.plot(
+            [surface.minimum[0]],
+            [surface.minimum[1]],
+            marker="*",
+            color="black",
+            markersize=14,
+            linestyle="none",
+            label="minimum",
+        )
+    axes.set_xlim(*surface.xlim)
+    axes.set_ylim(*surface.ylim)
+    axes.set_xlabel("x")
+    axes.set_ylabel("y")
+    axes.set_title("Trajectories at each optimizer's best grid point (circle = start)", fontsize=10)
+    axes.legend(fontsize=8)
+    return Plot(
+        "trajectories.png",
+        "Each optimizer's path over the function's contours, one line per succeeded seed at its best "
+        "grid point (circle: start; star: the minimum).",
+        png_bytes(figure),
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# HTML
+
+STYLE = """
+body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1100px;
+       padding: 0 1em; color: #222; line-height: 1.45; }
+h1 { font-size: 1.6em; margin-bottom: 0.2em; } h2 { font-size: 1.2em; margin-top: 1.8em;
+     border-bottom: 1px solid #ddd; padding-bottom: 0.2em; }
+table { border-collapse: collapse; margin: 0.6em 0; font-size: 0.92em; }
+th, td { border: 1px solid #ccc; padding: 0.3em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+.meta { color: #555; } .bad { color: #a40000; } .none { color: #777; font-style: italic; }
+figure { margin: 1.2em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
+figcaption { color: #555; font-size: 0.9em; } pre { white-space: pre-wrap; margin: 0; font-size: 0.9em; }
+"""
+
+
+def esc(value: object) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def num(value: float | int | None, digits: int = 4) -> str:
+    if value is None:
+        return NONE
+    if isinstance(value, int):
+        return str(value)
+    return f"{value:.{digits}g}"
+
+
+def stat_text(stat: Stat | None) -> str:
+    """`0.92 ± 0.025 (n=3)`: the mean and the 95% CI half width, or only the mean with one seed."""
+    if stat is None or stat.mean is None:
+        return NONE
+    if stat.ci_high is None:
+        return f"{num(stat.mean)} (n={stat.n})"
+    return f"{num(stat.mean)} ± {num(stat.ci_high - stat.mean, 2)} (n={stat.n})"
+
+
+def counts_text(c: JobCounts) -> str:
+    parts = [f"{c.succeeded}/{c.total} succeeded"]
+    for name in ("failed", "diverged", "cancelled", "unfinished"):
+        if getattr(c, name):
+            parts.append(f"{getattr(c, name)} {name}")
+    return ", ".join(parts)
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequence[int] = ()) -> str:
+    """An HTML table; cells arrive escaped already."""
+    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
+    body = "".join(
+        "<tr>"
+        + "".join(f'<td class="num">{c}</td>' if i in numeric else f"<td>{c}</td>" for i, c in enumerate(row))
+        + "</tr>"
+        for row in rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def safe_link(url: str) -> str:
+    """A link for http(s) addresses only (no `javascript:`); anything else is shown as text."""
+    if url.lower().startswith(("http://", "https://")):
+        return f'<a href="{esc(url)}">Open the study in MLflow</a> <span class="meta">({esc(url)})</span>'
+    return f"MLflow: {esc(url)}"
+
+
+def header_html(summary: StudySummary, title: str, mlflow_url: str | None) -> str:
+    target = summary.target
+    lines = [
+        f"{summary.counts.total} jobs: {esc(counts_text(summary.counts))}.",
+        f"Best grid point chosen on the mean final {esc(summary.selection_metric)} "
+        f"({'lower' if summary.selection_mode == 'min' else 'higher'} is better).",
+        "Target: none."
+        if target is None
+        else f"Target: {esc(target.metric)} {'&lt;=' if target.mode == 'min' else '&gt;='} "
+        f"{esc(num(target.value))}.",
+        "Baseline: none." if summary.baseline is None else f"Baseline: {esc(summary.baseline)}.",
+    ]
+    if mlflow_url:
+        lines.append(safe_link(mlflow_url))
+    items = "".join(f"<li>{line}</li>" for line in lines)
+    return f'<h1>{esc(title)}</h1><ul class="meta">{items}</ul>'
+
+
+def ranking_html(summary: StudySummary) -> str:
+    rows = []
+    for r in summary.ranking:
+        reached = NONE
+        point = summary.best_grid_point(r.optimizer)
+        if point is not None and point.time_to_target is not None:
+            reached = f"{point.time_to_target.reached}/{len(point.time_to_target.seeds)}"
+        rows.append(
+            [
+                esc(r.rank if r.rank is not None else "not ranked"),
+                esc(r.optimizer),
+                esc(r.label or "no result"),
+                esc(stat_text(r.selection)),
+                esc(reached),
+                esc(counts_text(r.at_best)) if r.at_best else f'<span class="none">{NONE}</span>',
+                esc(counts_text(r.jobs)),
+            ]
+        )
+    return "<h2>Ranking</h2>" + table(
+        [
+            "rank",
+            "optimizer",
+            "best grid point",
+            f"final {summary.selection_metric} (mean ± 95% CI)",
+            "target reached",
+            "jobs at best point",
+            "all its jobs",
+        ],
+        rows,
+        numeric=(0,),
+    )
+
+
+def comparisons_html(summary: StudySummary) -> str:
+    if summary.baseline is None:
+        return '<h2>Paired comparisons</h2><p class="none">No baseline given.</p>'
+    if not summary.comparisons:
+        return (
+            f"<h2>Paired comparisons against {esc(summary.baseline)}</h2>"
+            '<p class="none">Nothing to compare (see the notes).</p>'
+        )
+    rows = [
+        [
+            esc(f"{c.optimizer} \N{MINUS SIGN} {c.baseline}"),
+            esc(c.n),
+            esc(num(c.mean_difference)),
+            esc(NONE if c.ci_low is None else f"{num(c.ci_low)} to {num(c.ci_high)}"),
+            esc(num(c.p_value, 3)),
+            esc(c.conclusion),
+        ]
+        for c in summary.comparisons
+    ]
+    return (
+        f"<h2>Paired comparisons against {esc(summary.baseline)}</h2>"
+        f'<p class="meta">Final {esc(summary.selection_metric)} at each optimizer\'s best grid point, '
+        "per seed both succeeded on; paired t-test.</p>"
+        + table(["difference", "seeds", "mean", "95% CI", "p-value", "conclusion"], rows, numeric=(1, 2, 4))
+    )
+
+
+def time_to_target_html(summary: StudySummary) -> str:
+    if summary.target is None:
+        return ""
+    rows = []
+    for opt in summary.optimizers:
+        point = summary.best_grid_point(opt)
+        if point is None or point.time_to_target is None:
+            rows.append([esc(opt), NONE, NONE, NONE, NONE, '<span class="none">no result</span>'])
+            continue
+        ttt = point.time_to_target
+        per_seed = "; ".join(
+            f"seed {s.seed}: step {s.step} ({num(s.seconds, 3)} s)"
+            if s.reached
+            else f"seed {s.seed}: not reached ({s.status})"
+            for s in ttt.seeds
+        )
+        rows.append(
+            [
+                esc(f"{opt} {point.label}"),
+                esc(f"{ttt.reached}/{len(ttt.seeds)}"),
+                esc(ttt.not_reached),
+                esc(stat_text(ttt.steps)),
+                esc(stat_text(ttt.seconds)),
+                esc(per_seed),
+            ]
+        )
+    return "<h2>Time to target</h2>" + table(
+        ["optimizer at best point", "reached", "not reached", "steps", "seconds", "per seed"],
+        rows,
+        numeric=(1, 2),
+    )
+
+
+def time_split_html(summary: StudySummary) -> str:
+    rows = [
+        [
+            esc(s.optimizer),
+            esc(s.jobs),
+            esc(num(s.forward_backward_ms)),
+            esc(num(s.optimizer_step_ms)),
+            esc(NONE if s.state_bytes is None else f"{s.state_bytes:,.0f}"),
+        ]
+        for s in summary.time_split
+    ]
+    return "<h2>Time split</h2>" + table(
+        ["optimizer", "jobs", "forward+backward ms (median)", "optimizer step ms (median)", "state bytes"],
+        rows,
+        numeric=(1, 2, 3, 4),
+    )
+
+
+def grid_points_html(summary: StudySummary) -> str:
+    metrics = sorted({m.metric for p in summary.grid_points for m in p.metrics})
+    rows = []
+    for p in summary.grid_points:
+        best = summary.best_grid_point(p.optimizer)
+        mark = " ★" if best is not None and best.label == p.label else ""
+        cells = [esc(p.optimizer), esc(p.label) + mark, esc(counts_text(p.counts))]
+        for name in metrics:
+            m = p.metric(name)
+            cells.append(
+                NONE
+                if m is None
+                else f'{esc(stat_text(m.final))}<br><span class="meta">best {esc(stat_text(m.best))}</span>'
+            )
+        rows.append(cells)
+    headers = ["optimizer", "grid point", "jobs", *[f"{m} final (best)" for m in metrics]]
+    return (
+        '<h2>Every grid point</h2><p class="meta">Mean ± 95% CI half width over the succeeded seeds '
+        "(n = how many); ★ = the best grid point.</p>" + table(headers, rows)
+    )
+
+
+def problems_html(summary: StudySummary) -> str:
+    if not summary.problems:
+        return '<h2>Failed, diverged and cancelled jobs</h2><p class="none">None.</p>'
+    rows = [
+        [
+            esc(p.job_id),
+            esc(p.optimizer),
+            esc(p.label),
+            esc(p.seed),
+            f'<span class="bad">{esc(p.status)}</span>',
+            f"<pre>{esc(p.error or '')}</pre>",
+        ]
+        for p in summary.problems
+    ]
+    return (
+        f"<h2>Failed, diverged and cancelled jobs ({len(summary.problems)})</h2>"
+        '<p class="meta">Counted above, left out of the statistics (which stand on succeeded seeds).</p>'
+        + table(["job", "optimizer", "grid point", "seed", "status", "error"], rows, numeric=(0, 3))
+    )
+
+
+def notes_html(summary: StudySummary, surface_given: bool, plots: Sequence[Plot]) -> str:
+    notes = list(summary.notes)
+    if surface_given and not any(p.name == "trajectories.png" for p in plots):
+        notes.append(
+            "A surface was given but no succeeded job at a best grid point logged traj/x and traj/y."
+        )
+    if not notes:
+        return ""
+    return "<h2>Notes</h2><ul>" + "".join(f"<li>{esc(n)}</li>" for n in notes) + "</ul>"
+
+
+def plots_html(plots: Sequence[Plot]) -> str:
+    if not plots:
+        return '<h2>Plots</h2><p class="none">No metric was logged to plot.</p>'
+    figures = "".join(
+        f'<figure><img src="data:image/png;base64,{base64.b64encode(p.png).decode("ascii")}" '
+        f'alt="{esc(p.name)}"><figcaption>{esc(p.caption)}</figcaption></figure>'
+        for p in plots
+    )
+    return "<h2>Plots</h2>" + figures
+
+
+def html_page(
+    summary: StudySummary, plots: Sequence[Plot], *, title: str, mlflow_url: str | None, surface_given: bool
+) -> str:
+    body = "".join(
+        [
+            header_html(summary, title, mlflow_url),
+            ranking_html(summary),
+            comparisons_html(summary),
+            time_to_target_html(summary),
+            plots_html(plots),
+            grid_points_html(summary),
+            time_split_html(summary),
+            problems_html(summary),
+            notes_html(summary, surface_given, plots),
+        ]
+    )
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{esc(title)}</title><style>{STYLE}</style></head><body>{body}</body></html>\n"
+    )

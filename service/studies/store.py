@@ -1,0 +1,137 @@
+"""The study store: a study row and its jobs, written together; the worker's claims on a study."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import func, or_, select, update
+from sqlalchemy.orm import Session
+
+from jobs.result import JobStatus
+from jobs.spec import JobSpec, StudyMember, StudySpec
+from service import store
+from service.models import Job, Study, utcnow
+
+ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
+
+
+def create_study(
+    *, session: Session, spec: StudySpec, jobs: list[tuple[StudyMember, JobSpec]], submitted_by: str | None
+) -> Study:
+    """The study and every one of its jobs in one transaction: all of them or, on any error, none."""
+    try:
+        study = Study(
+            name=spec.name,
+            spec=spec.model_dump(mode="json"),
+            members=[],
+            submitted_by=submitted_by,
+            cancel_requested=False,
+        )
+        session.add(study)
+        session.flush()
+        rows = [store.job_row(spec=job, submitted_by=submitted_by, study_id=study.id) for _, job in jobs]
+        session.add_all(rows)
+        session.flush()
+        study.members = [
+            {"job_id": row.id, **member.model_dump(mode="json")}
+            for row, (member, _) in zip(rows, jobs, strict=True)
+        ]
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    return study
+
+
+def get_study(*, session: Session, study_id: int) -> Study | None:
+    return session.get(Study, study_id, populate_existing=True)
+
+
+def list_studies(*, session: Session, limit: int, offset: int) -> tuple[list[Study], int]:
+    studies = session.scalars(select(Study).order_by(Study.id.desc()).limit(limit).offset(offset)).all()
+    return list(studies), int(session.scalar(select(func.count()).select_from(Study)) or 0)
+
+
+def study_jobs(*, session: Session, study_id: int) -> list[Job]:
+    return list(session.scalars(select(Job).where(Job.study_id == study_id).order_by(Job.id)).all())
+
+
+def member_of(study: Study, job_id: int) -> StudyMember | None:
+    for member in study.members:
+        if member["job_id"] == job_id:
+            return StudyMember.model_validate({k: v for k, v in member.items() if k != "job_id"})
+    return None
+
+
+def cancel_study(*, session: Session, study_id: int) -> Study | None:
+    """Queued jobs are cancelled at once, running ones flagged for their workers (as a job's cancel)."""
+    study = session.get(Study, study_id)
+    if study is None:
+        return None
+    study.cancel_requested = True
+    session.commit()
+    for job in study_jobs(session=session, study_id=study_id):
+        if job.status in ACTIVE:
+            store.request_cancel(session=session, job_id=job.id)
+    return get_study(session=session, study_id=study_id)
+
+
+def set_parent_run(*, session: Session, study_id: int, experiment_id: str, run_id: str) -> str | None:
+    """Record the parent run unless another worker already did; return the one recorded."""
+    session.execute(
+        update(Study)
+        .where(Study.id == study_id, Study.parent_run_id.is_(None))
+        .values(experiment_id=experiment_id, parent_run_id=run_id)
+    )
+    session.commit()
+    study = get_study(session=session, study_id=study_id)
+    return None if study is None else study.parent_run_id
+
+
+def claim_study_to_finalize(*, session: Session, lease_s: float) -> Study | None:
+    """An ended study (no job queued or running) not yet summarized, claimed for `lease_s`: one
+    finalizer at a time; a finalizer that died leaves the claim to expire and the next one redoes it."""
+    now = utcnow()
+    unfinished = select(Job.id).where(Job.study_id == Study.id, Job.status.in_(ACTIVE)).exists()
+    free = or_(Study.finalizing_until.is_(None), Study.finalizing_until < now)
+    candidate = session.scalars(
+        select(Study.id).where(Study.finalized_at.is_(None), free, ~unfinished).order_by(Study.id).limit(1)
+    ).first()
+    if candidate is None:
+        session.rollback()
+        return None
+    claimed = session.execute(
+        update(Study)
+        .where(Study.id == candidate, Study.finalized_at.is_(None), free)
+        .values(finalizing_until=now + timedelta(seconds=lease_s))
+    )
+    session.commit()
+    if int(getattr(claimed, "rowcount", 0) or 0) != 1:
+        return None
+    return get_study(session=session, study_id=candidate)
+
+
+def record_summary(*, session: Session, study_id: int, summary: dict[str, Any], report_html: str) -> None:
+    session.execute(
+        update(Study)
+        .where(Study.id == study_id)
+        .values(
+            summary=summary,
+            report_html=report_html,
+            finalized_at=utcnow(),
+            finalizing_until=None,
+            finalize_error=None,
+        )
+    )
+    session.commit()
+
+
+def record_finalize_error(*, session: Session, study_id: int, error: str, retry_s: float) -> None:
+    """The summary could not be made (MLflow unreachable, say): shown, and tried again after `retry_s`."""
+    session.execute(
+        update(Study)
+        .where(Study.id == study_id)
+        .values(finalize_error=error[-4000:], finalizing_until=utcnow() + timedelta(seconds=retry_s))
+    )
+    session.commit()

@@ -1,0 +1,227 @@
+"""The study report (service/studies/report.py): PNGs that decode, one self-contained HTML page.
+
+The page is also rendered by a real headless browser (Debian's `chromium`); `make test`
+installs it when missing, and the test fails, never skips, without it.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import shutil
+import subprocess
+from html import escape as html_escape
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from service.studies.report import Report, Surface, render_report
+from service.studies.summary import MetricPoint, StudyRun, StudySummary, TargetRule, summarize
+
+# one worker renders the shared `full` report once (make test runs with --dist loadgroup)
+pytestmark = pytest.mark.xdist_group("study_report")
+
+HOSTILE = "<script>alert(1)</script> $\\frac{$"  # html, and mathtext for matplotlib
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+ROSENBROCK = Surface(
+    f=lambda x, y: (1 - x) ** 2 + 100 * (y - x**2) ** 2,
+    xlim=(-2.0, 2.0),
+    ylim=(-1.0, 3.0),
+    minimum=(1.0, 1.0),
+)
+
+
+def history(opt: str, lr: float, seed: int, *, traj: bool) -> dict[str, list[MetricPoint]]:
+    """Decaying losses (faster for higher lr, a little seed noise), timings, and a path towards (1, 1)."""
+    rate = 0.2 + 30 * lr + 0.05 * len(opt) % 0.3
+    steps = [50 * (i + 1) for i in range(8)]
+    noise = [0.03 * math.sin(seed * 1.7 + len(opt) * 0.9 + i) for i in range(len(steps))]
+    loss = [2.5 * math.exp(-rate * i) + 0.5 + noise[i] for i in range(len(steps))]
+    out = {
+        "train/loss": [MetricPoint(s, s * 0.1, v + 0.1) for s, v in zip(steps, loss, strict=True)],
+        "val/loss": [MetricPoint(s, s * 0.1, v) for s, v in zip(steps, loss, strict=True)],
+        "perf/step_time_ms": [MetricPoint(s, s * 0.1, 12.0) for s in steps],
+        "perf/optimizer_step_ms": [MetricPoint(s, s * 0.1, 2.0) for s in steps],
+    }
+    if traj:
+        out["traj/x"] = [
+            MetricPoint(s, 0.0, -1.5 + 2.5 * (1 - math.exp(-rate * i))) for i, s in enumerate(steps)
+        ]
+        out["traj/y"] = [MetricPoint(s, 0.0, 2.0 - (1 - math.exp(-rate * i))) for i, s in enumerate(steps)]
+    return out
+
+
+def make_runs(*, traj: bool) -> list[StudyRun]:
+    runs: list[StudyRun] = []
+    for opt, lrs in (("lion", [1e-4, 3e-3]), ("adamw", [1e-3, 1e-2]), (HOSTILE, [1e-2])):
+        for lr in lrs:
+            for seed in (0, 1, 2):
+                runs.append(
+                    StudyRun(
+                        len(runs) + 1, opt, {"lr": lr}, seed, "succeeded", history(opt, lr, seed, traj=traj)
+                    )
+                )
+    runs.append(
+        StudyRun(len(runs) + 1, "adamw", {"lr": 1e-2}, 3, "diverged", {}, error="loss nan <b>at</b> 50")
+    )
+    runs.append(
+        StudyRun(len(runs) + 1, "lion", {"lr": 1e-4}, 3, "failed", {}, error="ValueError: boom & bust")
+    )
+    return runs
+
+
+TARGET = TargetRule("val/loss", "min", 0.9)
+
+
+def summary_for(runs: list[StudyRun], *, target: TargetRule | None = TARGET) -> StudySummary:
+    return summarize(runs, target=target, baseline="adamw", selection_metric="val/loss", selection_mode="min")
+
+
+Full = tuple[Report, list[StudyRun], StudySummary]  # the `full` fixture: report, runs, summary
+TITLE = f"lion vs adamw {HOSTILE}"
+MLFLOW_URL = "http://127.0.0.1:5000/#/experiments/3/runs?compareRunsMode=CHART&a=<b>"
+
+
+@pytest.fixture(scope="module")
+def full() -> Full:
+    """The report with every plot: a target and a surface, runs logged with traj/x and traj/y."""
+    runs = make_runs(traj=True)
+    summary = summary_for(runs)
+    report = render_report(summary, runs, title=TITLE, surface=ROSENBROCK, mlflow_url=MLFLOW_URL)
+    return report, runs, summary
+
+
+def decode(png: bytes) -> Image.Image:
+    assert png.startswith(PNG_SIGNATURE)
+    image = Image.open(io.BytesIO(png))
+    image.load()
+    return image
+
+
+def colours(image: Image.Image) -> int:
+    """How many distinct RGB colours the image has (packed into one integer each: a fast 1-D unique)."""
+    rgb = np.asarray(image.convert("RGB")).astype(np.uint32)
+    return len(np.unique((rgb[..., 0] << 16) | (rgb[..., 1] << 8) | rgb[..., 2]))
+
+
+def not_one_colour(image: Image.Image) -> bool:
+    return colours(image) > 50
+
+
+def test_every_plot_is_a_png_that_decodes_and_shows_something(
+    full: Full,
+) -> None:
+    report = full[0]
+    assert set(report.images) == {"curves.png", "sensitivity.png", "time_to_target.png", "trajectories.png"}
+    for name, png in report.images.items():
+        image = decode(png)
+        assert image.width >= 400 and image.height >= 300, name
+        assert not_one_colour(image), name
+
+
+def test_the_html_holds_every_image_inline(full: Full) -> None:
+    report = full[0]
+    for name, png in report.images.items():
+        assert f'src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}"' in report.html, name
+    assert report.html.count("<img ") == len(report.images)
+    # nothing else to fetch: no external script, style sheet or image
+    assert 'src="http' not in report.html and "<link" not in report.html
+
+
+def test_user_strings_are_escaped(full: Full) -> None:
+    html = full[0].html
+    assert "<script" not in html.lower()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "loss nan &lt;b&gt;at&lt;/b&gt; 50" in html and "boom &amp; bust" in html
+    assert 'href="http://127.0.0.1:5000/#/experiments/3/runs?compareRunsMode=CHART&amp;a=&lt;b&gt;"' in html
+
+
+def test_the_html_shows_the_tables(full: Full) -> None:
+    report, _, summary = full
+    html = report.html
+    for heading in (
+        "Ranking",
+        "Paired comparisons against adamw",
+        "Time to target",
+        "Every grid point",
+        "Time split",
+        "Failed, diverged and cancelled jobs (2)",
+    ):
+        assert f"<h2>{heading}</h2>" in html, heading
+    assert summary.comparisons
+    for c in summary.comparisons:
+        assert html_escape(c.conclusion) in html
+    assert '<span class="bad">diverged</span>' in html and '<span class="bad">failed</span>' in html
+
+
+def test_a_javascript_address_is_not_a_link() -> None:
+    report = render_report(summary_for([]), [], title="t", mlflow_url="javascript:alert(1)")
+    assert report.images == {} and "No metric was logged to plot" in report.html
+    assert 'href="javascript' not in report.html and "javascript:alert(1)" in report.html
+
+
+@pytest.mark.parametrize(
+    ("surface", "traj", "target"),
+    [(ROSENBROCK, False, TARGET), (None, True, None)],
+    ids=["surface-without-traj", "traj-without-surface-or-target"],
+)
+def test_no_trajectories_without_both_a_surface_and_traj_data(
+    surface: Surface | None, traj: bool, target: TargetRule | None
+) -> None:
+    # (with both, the `full` report draws them: the first test)
+    runs = [r for r in make_runs(traj=traj) if r.seed == 0]
+    report = render_report(summary_for(runs, target=target), runs, title="t", surface=surface)
+    assert "trajectories.png" not in report.images
+    assert {"curves.png", "sensitivity.png"} <= set(report.images)
+    if surface is not None:
+        assert "no succeeded job at a best grid point logged traj/x and traj/y" in report.html
+    # no time-to-target plot nor table without a target
+    assert ("time_to_target.png" in report.images) is (target is not None)
+    assert ("<h2>Time to target</h2>" in report.html) is (target is not None)
+
+
+def test_the_same_input_gives_the_same_report(full: Full) -> None:
+    report, runs, summary = full
+    again = render_report(summary, runs, title=TITLE, surface=ROSENBROCK, mlflow_url=MLFLOW_URL)
+    assert again.html == report.html and again.images == report.images
+
+
+def test_a_headless_browser_shows_the_report(full: Full, tmp_path: Path) -> None:
+    chromium = shutil.which("chromium")
+    assert chromium, (
+        "Debian's `chromium` is not installed, so the report cannot be shown in a browser: "
+        "install it with `apt-get install -y --no-install-recommends chromium` (make test does)"
+    )
+    page = tmp_path / "report.html"
+    page.write_text(full[0].html, encoding="utf-8")
+    shot = tmp_path / "shot.png"
+    completed = subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",  # tests run as root in CI
+            "--disable-gpu",
+            "--hide-scrollbars",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={shot}",
+            "--window-size=1200,3000",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shot.exists(), (
+        f"chromium wrote no screenshot (rc {completed.returncode}): {completed.stderr[-2000:]}"
+    )
+    image = decode(shot.read_bytes())
+    assert image.size == (1200, 3000)
+    pixels = np.asarray(image.convert("RGB"))
+    assert not_one_colour(image)
+    # the plots appear: many pixels in the optimizers' colours (not a blank page of text only)
+    blue = np.all(np.abs(pixels.astype(int) - [31, 119, 180]) < 40, axis=-1).sum()
+    orange = np.all(np.abs(pixels.astype(int) - [255, 127, 14]) < 40, axis=-1).sum()
+    assert blue > 2000 and orange > 2000, (blue, orange)

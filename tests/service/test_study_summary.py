@@ -1,0 +1,486 @@
+"""The study statistics (service/studies/summary.py) against hand-computed figures.
+
+Small fixed numbers: three seeds whose mean and sample std are known by heart, the 95%
+interval from the textbook t quantile (4.303 for two degrees of freedom) and from scipy
+called here independently, paired t-tests checked against scipy.stats.ttest_rel.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import posixpath
+import re
+import subprocess
+import sys
+from collections.abc import Sequence
+
+import pytest
+from pydantic import ValidationError
+from scipy import stats  # type: ignore[import-untyped]
+
+from service.studies.summary import (
+    GridValue,
+    MetricPoint,
+    Stat,
+    StudyRun,
+    StudySummary,
+    TargetRule,
+    describe,
+    direction_of,
+    grid_label,
+    summarize,
+)
+from tests.conftest import ROOT
+
+T_2 = 4.302652729749462  # two-sided 95% Student's t quantile, 2 degrees of freedom (textbook 4.303)
+
+
+def points(values: Sequence[float], *, every: int = 10, seconds_per_step: float = 0.5) -> list[MetricPoint]:
+    """Points at steps every, 2*every, ...; seconds grow linearly with the step."""
+    return [
+        MetricPoint(step=every * (i + 1), seconds=every * (i + 1) * seconds_per_step, value=v)
+        for i, v in enumerate(values)
+    ]
+
+
+def make_run(
+    job_id: int,
+    optimizer: str,
+    seed: int,
+    *,
+    grid: dict[str, GridValue] | None = None,
+    status: str = "succeeded",
+    error: str | None = None,
+    **history: list[MetricPoint],
+) -> StudyRun:
+    """A run; history keys use `__` for `/` (val__loss -> val/loss)."""
+    return StudyRun(
+        job_id=job_id,
+        optimizer=optimizer,
+        grid={"lr": 1e-3} if grid is None else grid,
+        seed=seed,
+        status=status,
+        history={key.replace("__", "/"): value for key, value in history.items()},
+        run_id=f"run{job_id}",
+        error=error,
+    )
+
+
+def study(finals: dict[tuple[str, float], Sequence[float]], metric: str = "val/loss") -> list[StudyRun]:
+    """One succeeded run per seed with the given final values (after a worse first point)."""
+    runs: list[StudyRun] = []
+    for (opt, lr), values in finals.items():
+        for seed, final in enumerate(values):
+            runs.append(
+                StudyRun(
+                    job_id=len(runs) + 1,
+                    optimizer=opt,
+                    grid={"lr": lr},
+                    seed=seed,
+                    status="succeeded",
+                    history={metric: points([final + 1.0, final])},
+                )
+            )
+    return runs
+
+
+def summary_of(runs: list[StudyRun], **kwargs: object) -> StudySummary:
+    options: dict[str, object] = {
+        "target": None,
+        "baseline": None,
+        "selection_metric": "val/loss",
+        "selection_mode": "min",
+    }
+    options.update(kwargs)
+    return summarize(runs, **options)  # type: ignore[arg-type]
+
+
+# --- statistics -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "n", "mean", "std", "half"),
+    [
+        ([], 0, None, None, None),
+        ([5.0], 1, 5.0, None, None),
+        ([1.0, 2.0, 3.0], 3, 2.0, 1.0, T_2 / math.sqrt(3)),
+        ([0.5, 0.6, 0.7], 3, 0.6, 0.1, T_2 * 0.1 / math.sqrt(3)),
+        ([2.0, 4.0], 2, 3.0, math.sqrt(2.0), 12.706204736174698 * math.sqrt(2.0) / math.sqrt(2)),
+        ([1.0, float("nan"), 3.0, float("inf")], 2, 2.0, math.sqrt(2.0), 12.706204736174698),
+    ],
+)
+def test_describe_matches_hand_computed_mean_std_and_t_interval(
+    values: list[float], n: int, mean: float | None, std: float | None, half: float | None
+) -> None:
+    stat = describe(values)
+    assert stat.n == n
+    assert stat.mean == pytest.approx(mean)
+    assert stat.std == pytest.approx(std)
+    if half is None:
+        assert stat.ci_low is None and stat.ci_high is None
+    else:
+        assert stat.ci_low == pytest.approx(mean - half)  # type: ignore[operator]
+        assert stat.ci_high == pytest.approx(mean + half)  # type: ignore[operator]
+
+
+def test_the_interval_uses_students_t_from_scipy_and_the_textbook_value() -> None:
+    stat = describe([1.0, 2.0, 3.0])
+    assert stat.ci_high is not None and stat.mean is not None
+    assert (stat.ci_high - stat.mean) * math.sqrt(3) == pytest.approx(stats.t.ppf(0.975, 2))
+    assert (stat.ci_high - stat.mean) * math.sqrt(3) == pytest.approx(4.303, abs=5e-4)
+
+
+@pytest.mark.parametrize(
+    ("metric", "direction"),
+    [
+        ("val/loss", "min"),
+        ("train/loss", "min"),
+        ("val/rmse", "min"),
+        ("val/bits_per_char", "min"),
+        ("val/accuracy", "max"),
+        ("val/something_new", "min"),  # the documented default
+    ],
+)
+def test_metric_directions_come_from_the_table(metric: str, direction: str) -> None:
+    assert direction_of(metric) == direction
+
+
+def test_final_is_the_last_point_and_best_the_minimum_over_seeds() -> None:
+    runs = [
+        make_run(1, "sgd", 0, val__loss=points([1.0, 0.4, 0.5])),  # best 0.4, final 0.5
+        make_run(2, "sgd", 1, val__loss=points([1.0, 0.6, 0.6])),
+        # logged out of order: the last point is the one with the highest step
+        make_run(3, "sgd", 2, val__loss=[MetricPoint(30, 3.0, 0.7), MetricPoint(10, 1.0, 0.2)]),
+    ]
+    metric = summary_of(runs).grid_points[0].metric("val/loss")
+    assert metric is not None and metric.direction == "min"
+    assert metric.final.mean == pytest.approx(0.6) and metric.final.std == pytest.approx(0.1)
+    assert metric.final.n == 3
+    assert metric.best.mean == pytest.approx((0.4 + 0.6 + 0.2) / 3)
+
+
+def test_accuracy_best_is_the_maximum() -> None:
+    runs = [make_run(1, "sgd", 0, val__accuracy=points([0.5, 0.9, 0.8]))]
+    metric = (
+        summary_of(runs, selection_metric="val/accuracy", selection_mode="max")
+        .grid_points[0]
+        .metric("val/accuracy")
+    )
+    assert metric is not None and metric.final.mean == 0.8 and metric.best.mean == 0.9
+
+
+# --- best grid point and ranking --------------------------------------------------------
+
+FINALS: dict[tuple[str, float], Sequence[float]] = {
+    ("lion", 1e-4): [0.50, 0.60, 0.70],  # mean 0.6
+    ("lion", 3e-4): [0.30, 0.40, 0.50],  # mean 0.4
+    ("adamw", 1e-3): [0.45, 0.45, 0.48],  # mean 0.46
+    ("adamw", 3e-3): [0.90, 0.80, 0.70],  # mean 0.8
+}
+
+
+@pytest.mark.parametrize(
+    ("mode", "best", "order"),
+    [
+        ("min", {"lion": "lr=0.0003", "adamw": "lr=0.001"}, ["lion", "adamw"]),
+        ("max", {"lion": "lr=0.0001", "adamw": "lr=0.003"}, ["adamw", "lion"]),
+    ],
+)
+def test_best_grid_point_and_ranking_follow_the_selection_mode(
+    mode: str, best: dict[str, str], order: list[str]
+) -> None:
+    runs = study(FINALS, metric="val/score")
+    summary = summary_of(runs, selection_metric="val/score", selection_mode=mode)
+    for opt, label in best.items():
+        point = summary.best_grid_point(opt)
+        assert point is not None and point.label == label
+    assert [row.optimizer for row in summary.ranking] == order
+    assert [row.rank for row in summary.ranking] == [1, 2]
+    top = summary.ranking[0]
+    assert top.selection is not None and top.selection.n == 3
+    expected = {("min", "lion"): 0.4, ("max", "adamw"): 0.8}[(mode, top.optimizer)]
+    assert top.selection.mean == pytest.approx(expected)
+    # the selection metric's best value follows the selection mode too (each run: final + 1, then final)
+    point = summary.best_grid_point(top.optimizer)
+    assert point is not None and (metric := point.metric("val/score")) is not None
+    assert metric.direction == mode
+    assert metric.best.mean == pytest.approx(expected if mode == "min" else expected + 1.0)
+
+
+def test_grid_points_are_ordered_numerically_whatever_the_run_order() -> None:
+    runs = study({("sgd", 0.1): [1.0], ("sgd", 0.01): [2.0], ("sgd", 1.0): [3.0]})
+    forwards = summary_of(runs)
+    backwards = summary_of(list(reversed(runs)))
+    assert [p.label for p in forwards.grid_points] == ["lr=0.01", "lr=0.1", "lr=1"]
+    assert forwards.model_dump_json() == backwards.model_dump_json()
+
+
+# --- time to target ---------------------------------------------------------------------
+
+
+def test_time_to_target_per_seed_reached_and_not_reached() -> None:
+    runs = [
+        make_run(1, "sgd", 0, val__loss=points([0.9, 0.7, 0.4, 0.3], seconds_per_step=0.5)),  # step 30, 15 s
+        make_run(2, "sgd", 1, val__loss=points([0.9, 0.5, 0.6], seconds_per_step=0.2)),  # step 20 (== target)
+        make_run(3, "sgd", 2, val__loss=points([0.9, 0.8, 0.7])),  # not reached
+        make_run(4, "sgd", 3, status="diverged", error="nan", val__loss=points([0.45, float("nan")])),
+        make_run(5, "sgd", 4, status="running", val__loss=points([0.9])),
+    ]
+    summary = summary_of(runs, target=TargetRule(metric="val/loss", mode="min", value=0.5))
+    ttt = summary.grid_points[0].time_to_target
+    assert ttt is not None
+    by_seed = {s.seed: s for s in ttt.seeds}
+    assert (by_seed[0].reached, by_seed[0].step, by_seed[0].seconds) == (True, 30, 15.0)
+    assert (by_seed[1].reached, by_seed[1].step, by_seed[1].seconds) == (True, 20, 4.0)
+    assert (by_seed[2].reached, by_seed[2].step, by_seed[2].seconds) == (False, None, None)
+    # a job that met the target before diverging did meet it; its status says what followed
+    assert (by_seed[3].reached, by_seed[3].step, by_seed[3].status) == (True, 10, "diverged")
+    assert (ttt.reached, ttt.not_reached, ttt.pending) == (3, 1, 1)
+    assert ttt.steps.n == 3 and ttt.steps.mean == pytest.approx(20.0)
+    assert ttt.seconds.mean == pytest.approx((15.0 + 4.0 + 5.0) / 3)
+    assert summary.ranking[0].target_reached == 3
+
+
+def test_time_to_target_in_max_mode() -> None:
+    runs = [make_run(1, "sgd", 0, val__accuracy=points([0.5, 0.94, 0.95, 0.9]))]
+    summary = summary_of(
+        runs,
+        target=TargetRule(metric="val/accuracy", mode="max", value=0.95),
+        selection_metric="val/accuracy",
+        selection_mode="max",
+    )
+    ttt = summary.grid_points[0].time_to_target
+    assert ttt is not None and ttt.seeds[0].step == 30 and ttt.reached == 1
+
+
+def test_no_target_no_time_to_target() -> None:
+    assert summary_of(study({("sgd", 0.1): [1.0]})).grid_points[0].time_to_target is None
+
+
+# --- paired comparison ------------------------------------------------------------------
+
+
+def paired_study(mine: Sequence[float], base: Sequence[float]) -> StudySummary:
+    runs = study({("lion", 1e-4): mine, ("adamw", 1e-3): base})
+    return summary_of(runs, baseline="adamw")
+
+
+def test_paired_comparison_with_three_seeds_matches_scipy() -> None:
+    mine, base = [0.40, 0.52, 0.47], [0.50, 0.55, 0.60]
+    (c,) = paired_study(mine, base).comparisons
+    diffs = [a - b for a, b in zip(mine, base, strict=True)]
+    mean = sum(diffs) / 3
+    std = math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2)
+    assert (c.optimizer, c.baseline, c.n, c.seeds) == ("lion", "adamw", 3, [0, 1, 2])
+    assert c.mean_difference == pytest.approx(mean)
+    assert c.ci_low == pytest.approx(mean - T_2 * std / math.sqrt(3))
+    assert c.ci_high == pytest.approx(mean + T_2 * std / math.sqrt(3))
+    assert c.p_value == pytest.approx(stats.ttest_rel(mine, base).pvalue)
+    assert "too few" not in c.conclusion and f"p = {c.p_value:.3g}" in c.conclusion
+
+
+def test_a_clear_difference_is_called_better() -> None:
+    (c,) = paired_study([0.10, 0.11, 0.12, 0.10], [0.50, 0.52, 0.51, 0.50]).comparisons
+    assert c.p_value is not None and c.p_value < 0.05
+    assert c.conclusion.startswith("lion is better than adamw")
+
+
+def test_two_seeds_are_too_few_to_conclude() -> None:
+    (c,) = paired_study([0.4, 0.5], [0.5, 0.7]).comparisons
+    assert c.n == 2
+    assert "too few seeds to conclude" in c.conclusion
+
+
+def test_identical_runs_give_no_nan_and_say_the_p_value_is_undefined() -> None:
+    summary = paired_study([0.4, 0.5, 0.6], [0.4, 0.5, 0.6])
+    (c,) = summary.comparisons
+    assert c.mean_difference == 0.0 and c.p_value is None
+    assert "identical" in c.conclusion and "undefined" in c.conclusion
+    text = summary.model_dump_json()
+    assert "NaN" not in text and "Infinity" not in text
+
+
+def test_a_constant_offset_has_no_spread_and_no_p_value() -> None:
+    (c,) = paired_study([0.5, 0.75, 1.0], [0.25, 0.5, 0.75]).comparisons
+    assert c.mean_difference == pytest.approx(0.25) and c.p_value is None
+    assert "undefined" in c.conclusion
+
+
+def test_comparisons_use_only_the_seeds_both_succeeded_on() -> None:
+    runs = study({("lion", 1e-4): [0.4, 0.5, 0.45], ("adamw", 1e-3): [0.5, 0.6, 0.55]})
+    runs[1] = make_run(runs[1].job_id, "lion", 1, grid={"lr": 1e-4}, status="failed", error="boom")
+    (c,) = summary_of(runs, baseline="adamw").comparisons
+    assert c.seeds == [0, 2] and c.n == 2 and "too few seeds" in c.conclusion
+
+
+def test_no_baseline_no_comparisons_and_an_unknown_baseline_is_noted() -> None:
+    runs = study({("lion", 1e-4): [0.4], ("adamw", 1e-3): [0.5]})
+    assert summary_of(runs).comparisons == []
+    summary = summary_of(runs, baseline="sgd")
+    assert summary.comparisons == [] and any("baseline sgd" in note for note in summary.notes)
+
+
+# --- failed, diverged, cancelled --------------------------------------------------------
+
+
+def test_failed_diverged_and_cancelled_jobs_are_counted_and_listed() -> None:
+    runs = [
+        make_run(1, "lion", 0, val__loss=points([1.0, 0.5])),
+        make_run(2, "lion", 1, val__loss=points([1.0, 0.7])),
+        make_run(3, "lion", 2, status="diverged", error="loss nan at step 20", val__loss=points([9.0])),
+        make_run(4, "lion", 3, status="failed", error="Traceback: boom"),
+        make_run(5, "lion", 4, status="cancelled"),
+        make_run(6, "lion", 5, status="queued"),
+        make_run(7, "adamw", 0, status="failed", error="bad lr"),
+    ]
+    summary = summary_of(runs)
+    point = summary.grid_points[0]
+    c = point.counts
+    assert (c.total, c.succeeded, c.failed, c.diverged, c.cancelled, c.unfinished) == (6, 2, 1, 1, 1, 1)
+    # statistics stand on the two succeeded seeds only, and say so
+    metric = point.metric("val/loss")
+    assert metric is not None and metric.final.n == 2 and metric.final.mean == pytest.approx(0.6)
+    assert point.seeds == [0, 1]
+    assert [(p.job_id, p.status, p.error) for p in summary.problems] == [
+        (3, "diverged", "loss nan at step 20"),
+        (4, "failed", "Traceback: boom"),
+        (5, "cancelled", None),
+        (7, "failed", "bad lr"),
+    ]
+    lion, adamw = summary.ranking
+    assert (lion.rank, lion.jobs.failed, lion.jobs.diverged) == (1, 1, 1)
+    assert (adamw.optimizer, adamw.rank, adamw.label, adamw.jobs.failed) == ("adamw", None, None, 1)
+    assert any("adamw" in n and "no succeeded seed" in n for n in summary.notes)
+    assert summary.counts.total == 7 and summary.counts.failed == 2
+
+
+# --- time split -------------------------------------------------------------------------
+
+
+def test_time_split_medians_over_succeeded_jobs() -> None:
+    runs = [
+        make_run(
+            1,
+            "lion",
+            0,
+            perf__step_time_ms=points([5.0, 6.0, 9.0]),
+            perf__optimizer_step_ms=points([1.0, 2.0, 3.0]),  # forward+backward: 4, 4, 6
+            optim__state_bytes=points([0.0, 400.0]),
+        ),
+        make_run(
+            2,
+            "lion",
+            1,
+            perf__step_time_ms=points([7.0]),
+            perf__optimizer_step_ms=points([2.0]),  # forward+backward: 5
+            optim__state_bytes=points([600.0]),
+        ),
+        make_run(3, "lion", 2, status="failed", perf__step_time_ms=points([1000.0])),
+    ]
+    (split,) = summary_of(runs).time_split
+    assert split.jobs == 2
+    assert split.forward_backward_ms == pytest.approx(4.5)  # median of 4, 4, 5, 6
+    assert split.optimizer_step_ms == pytest.approx(2.0)  # median of 1, 2, 2, 3
+    assert split.state_bytes == pytest.approx(500.0)  # median of the last values 400, 600
+
+
+# --- JSON and MLflow --------------------------------------------------------------------
+
+
+def reject_constant(name: str) -> None:
+    raise AssertionError(f"JSON holds {name}")
+
+
+def test_summary_json_has_no_nan_or_infinity_and_round_trips() -> None:
+    runs = [
+        make_run(1, "lion", 0, val__loss=points([float("inf"), 0.5])),
+        make_run(2, "lion", 1, val__loss=points([1.0, float("nan")])),  # no finite final
+        make_run(3, "lion", 2, status="diverged", val__loss=points([float("nan")])),
+        make_run(4, "adamw", 0, val__loss=points([0.6]), perf__step_time_ms=points([float("inf")])),
+    ]
+    summary = summary_of(runs, baseline="adamw", target=TargetRule("val/loss", "min", 0.55))
+    text = summary.model_dump_json()
+    json.loads(text, parse_constant=reject_constant)
+    assert StudySummary.model_validate_json(text) == summary
+    metric = summary.grid_points[0].metric("val/loss")
+    assert metric is not None and metric.final.n == 1 and metric.best.n == 2
+    assert any("logged no finite val/loss" in note for note in summary.notes)
+
+
+def test_the_models_refuse_non_finite_figures() -> None:
+    with pytest.raises(ValidationError):
+        Stat(n=1, mean=float("nan"), std=None, ci_low=None, ci_high=None)
+
+
+MLFLOW_SAFE = re.compile(r"^[A-Za-z0-9_\-./ ]+$")
+
+
+def test_flat_metrics_are_finite_with_mlflow_safe_keys() -> None:
+    hostile = '<script>alert("x")</script>/../..'
+    runs = study({(hostile, 1e-4): [0.4, 0.5, 0.6], ("adamw", 1e-3): [0.5, 0.5, 0.7]})
+    flat = summary_of(runs, baseline="adamw", target=TargetRule("val/loss", "min", 0.55)).flat_metrics()
+    for key, value in flat.items():
+        assert MLFLOW_SAFE.match(key), key
+        assert posixpath.normpath(key) == key and not key.startswith("/"), key
+        assert math.isfinite(value), key
+    assert flat["summary/adamw/val/loss_final_mean"] == pytest.approx(0.5 + 0.2 / 3)
+    assert flat["summary/adamw/rank"] == 2.0
+    assert flat["summary/adamw/grid/lr_0.001/val/loss_final_n"] == 3.0
+    assert flat["summary/study/jobs_total"] == 6.0
+    hostile_keys = [k for k in flat if k.endswith("/val/loss_final_mean") and "adamw" not in k]
+    assert hostile_keys and flat[hostile_keys[0]] == pytest.approx(0.5)
+    assert any(k.endswith("vs_adamw/p_value") for k in flat)
+
+
+def test_grid_values_of_every_type_round_trip_through_json() -> None:
+    grid: dict[str, GridValue] = {"lr": 1e-3, "batch": 64, "nesterov": True, "variant": "b"}
+    runs = [make_run(1, "sgd", 0, grid=grid, val__loss=points([0.5]))]
+    summary = summary_of(runs)
+    again = StudySummary.model_validate_json(summary.model_dump_json())
+    assert again == summary
+    point = again.grid_points[0]
+    assert point.grid == grid and [type(point.grid[k]) for k in grid] == [float, int, bool, str]
+    assert point.label == "batch=64 lr=0.001 nesterov=True variant=b"
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        (3e-4, "0.0003"),
+        (3e-5, "3e-5"),
+        (1.0, "1"),
+        (1e20, "1e20"),
+        (0.00030000000000000003, "0.00030000000000000003"),
+        (64, "64"),
+        (True, "True"),
+        ("b", "b"),
+    ],
+)
+def test_grid_labels_are_short_and_exact(value: GridValue, text: str) -> None:
+    assert grid_label({"lr": value}) == f"lr={text}"
+
+
+def test_long_names_keep_mlflow_keys_short() -> None:
+    runs = study({("x" * 400, 1e-3): [0.5]})
+    assert max(len(key) for key in summary_of(runs).flat_metrics()) <= 250
+
+
+def test_the_same_input_gives_the_same_summary() -> None:
+    runs = study(FINALS)
+    first, second = summary_of(runs, baseline="adamw"), summary_of(runs, baseline="adamw")
+    assert first.model_dump_json() == second.model_dump_json()
+
+
+def test_the_studies_modules_load_no_framework_no_pyplot_and_no_scipy_at_import() -> None:
+    # a fresh interpreter: the service never imports torch or TensorFlow, the report never
+    # touches pyplot's global state, and scipy (over a second) loads only when a summary is made
+    unwanted = ("torch", "tensorflow", "keras", "matplotlib.pyplot", "scipy")
+    code = (
+        "import sys, service.studies.summary, service.studies.report; "
+        f"print(sorted(m for m in {unwanted!r} if m in sys.modules))"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert completed.stdout.strip() == "[]", completed.stdout + completed.stderr
