@@ -15,8 +15,9 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 REDACTED = "***"
 # Query parameters that carry a credential in the URLs people paste (tokens, keys, signatures).
 SECRET_QUERY = re.compile(r"token|key|secret|password|passwd|pwd|auth|sig|credential", re.IGNORECASE)
-# What a job process needs from optlab's own settings: where plugins are, where data files may be.
-JOB_OPTLAB_VARIABLES = frozenset({"OPTLAB_PLUGIN_DIRS", "OPTLAB_DATA_ROOTS"})
+# What a job process needs from optlab's own settings: where plugins are, where data files may be,
+# the shared checkpoint folder (jobs/resume.py).
+JOB_OPTLAB_VARIABLES = frozenset({"OPTLAB_PLUGIN_DIRS", "OPTLAB_DATA_ROOTS", "OPTLAB_CHECKPOINT_DIR"})
 # Credentials of other tools a worker may hold that a job never needs.
 OTHER_SECRETS = frozenset({"PGPASSWORD", "PGPASSFILE", "DATABASE_URL", "MLFLOW_TRACKING_URI"})
 
