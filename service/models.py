@@ -58,6 +58,10 @@ class Job(Base):
     workdir: Mapped[str | None] = mapped_column(String(1000))
     # The name (never the secret) of the API token that submitted it; None on an open API.
     submitted_by: Mapped[str | None] = mapped_column(String(64), index=True)
+    # The last verified checkpoint progress reported (a reference any worker can load): a new
+    # attempt resumes from it, in the MLflow run `mlflow.run_id` names.
+    checkpoint_step: Mapped[int | None] = mapped_column(Integer)
+    checkpoint_ref: Mapped[str | None] = mapped_column(String(2000))
 
 
 class CatalogueSnapshot(Base):
@@ -68,3 +72,19 @@ class CatalogueSnapshot(Base):
     worker_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     data: Mapped[dict[str, Any]] = mapped_column(JSON)
     published_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
+class WorkerRow(Base):
+    """A worker and what it can run; it claims only jobs that fit, and the API refuses devices
+    no live worker offers. Live: seen within one lease."""
+
+    __tablename__ = "workers"
+
+    worker_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    frameworks: Mapped[list[str]] = mapped_column(JSON)  # those its catalogue has optimizers for
+    devices: Mapped[list[str]] = mapped_column(JSON)  # kinds: ["cpu"] or ["cpu", "cuda"]
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    slots: Mapped[int] = mapped_column(Integer, default=1)
+    catalogue_sha256: Mapped[str] = mapped_column(String(64))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)

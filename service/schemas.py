@@ -41,6 +41,9 @@ class JobRead(BaseModel):
     error: dict[str, Any] | None  # a jobs.result.ErrorRecord
     cancel_requested: bool
     submitted_by: str | None = Field(description="the name of the API token that submitted it")
+    waiting_reason: str | None = Field(
+        default=None, description="GET /jobs/{id} of a queued job no live worker can run: why it waits"
+    )
 
     @classmethod
     def from_row(cls, job: Job) -> JobRead:

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Query
 
 from jobs.result import JobStatus
-from jobs.spec import JobSpec, catalogue_errors, with_resolved_style
+from jobs.spec import JobSpec, SpecError, catalogue_errors, timeout_errors, with_resolved_style
 from service import store
 from service.auth import CallerDep, submitter
 from service.deps import CatalogueDep, SessionDep, SettingsDep
@@ -25,11 +25,27 @@ def submit_job(
     spec: JobSpec, session: SessionDep, settings: SettingsDep, catalogue: CatalogueDep, caller: CallerDep
 ) -> JobRead:
     errors = catalogue_errors(spec, catalogue, max_steps=settings.max_steps)
+    errors += timeout_errors(spec, max_job_seconds=settings.max_job_seconds)
+    errors += device_errors(spec, session=session, settings=settings)
     if errors:
         raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
     enforce_queue_limits(session=session, settings=settings, submitted_by=submitter(caller))
     spec = with_resolved_style(spec, catalogue)
     return JobRead.from_row(store.create_job(session=session, spec=spec, submitted_by=submitter(caller)))
+
+
+def device_errors(spec: JobSpec, *, session: SessionDep, settings: SettingsDep) -> list[SpecError]:
+    """A device no live worker offers is refused (unless OPTLAB_QUEUE_FOR_ABSENT_DEVICES); with no
+    live worker at all (a fresh start) the job is accepted and waits (`waiting_reason`)."""
+    kind = "cuda" if spec.device.startswith("cuda") else "cpu"
+    offered = store.offered_devices(session=session, within_s=settings.lease_s)
+    if kind == "cpu" or offered is None or kind in offered or settings.queue_for_absent_devices:
+        return []
+    message = (
+        f"no live worker offers device {spec.device!r}; live workers offer: {', '.join(sorted(offered))} "
+        "(OPTLAB_QUEUE_FOR_ABSENT_DEVICES=true queues such jobs for workers yet to come)"
+    )
+    return [SpecError(loc=["body", "device"], msg=message)]
 
 
 @router.get("", response_model=JobsPage, responses=responses(*COMMON))
@@ -45,11 +61,12 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobRead, responses=responses(*COMMON, 404))
-def get_job(job_id: JobId, session: SessionDep) -> JobRead:
+def get_job(job_id: JobId, session: SessionDep, settings: SettingsDep) -> JobRead:
     job = store.get_job(session=session, job_id=job_id)
     if job is None:
         raise HTTPException(status_code=404, detail=f"no job with id {job_id}")
-    return JobRead.from_row(job)
+    reason = store.waiting_reason(session=session, job=job, within_s=settings.lease_s)
+    return JobRead.from_row(job).model_copy(update={"waiting_reason": reason})
 
 
 @router.post("/{job_id}/cancel", response_model=JobRead, responses=responses(*WRITES, 404, 409))

@@ -125,7 +125,13 @@ def finish_next(sessions: sessionmaker[Session], status: JobStatus, result: dict
         run = {"job_id": str(job.id), "attempt": job.attempt, "workdir": "/tmp/w", "status": status}
         typed = None if result is None else JobResult.model_validate({**run, **result})
         store.finish_job(
-            session=session, job_id=job.id, worker_id="w", status=status, result=typed, error=None
+            session=session,
+            job_id=job.id,
+            worker_id="w",
+            attempt=job.attempt,
+            status=status,
+            result=typed,
+            error=None,
         )
 
 
