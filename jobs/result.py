@@ -102,6 +102,19 @@ class CheckpointRecord(Record):
     path: str
 
 
+class ResumeRecord(Record):
+    """A resumed attempt (`--resume-run-id`): the points it found in the run, and how its recomputed
+    points compare with them. Timings (`perf/...`) are skipped but not compared. Any difference is
+    the job's nondeterminism: zero on CPU, where a resume is bitwise exact."""
+
+    from_step: int  # the checkpoint's step (0: no checkpoint, trained again from the start)
+    last_logged_step: int  # the last `train/loss` step the run held
+    points_skipped: int  # recomputed points at or below their key's last logged step: not logged again
+    points_compared: int
+    points_differing: int
+    max_abs_difference: float
+
+
 class MlflowInfo(Record):
     """Where a job's MLflow run lives (jobs.tracking's run info; the API's `mlflow`)."""
 
@@ -130,6 +143,8 @@ class Progress(Record):
     val_rmse: float | None = None
     mlflow: MlflowInfo | None = None
     check: str | None = None  # a check job: the id of the check that just finished
+    # The job's last VERIFIED checkpoint: what a new attempt resumes from (`--resume PATH`).
+    checkpoint: CheckpointRecord | None = None
 
     def merged(self, **fields: Any) -> Progress:
         """This progress with `fields` replaced, validated again (a misnamed field is an error)."""
@@ -151,7 +166,7 @@ class TrainOutcome(Record):
     """What a trainer's `run()` returns: the training part of a job's result."""
 
     steps_completed: int
-    resumed_from_step: int | None = None  # torch only: the step a resumed job started from
+    resumed_from_step: int | None = None  # the step a resumed job started from
     final: dict[str, float]  # train_loss and the last evaluation (val_loss, val_accuracy | val_rmse)
     params_sha256: str
     samples_per_sec: float | None
@@ -194,6 +209,7 @@ class JobResult(Record):
     mlflow: MlflowInfo | None = None
     error: ErrorRecord | None = None
     diverged_at_step: int | None = None
+    resume: ResumeRecord | None = None  # a resumed attempt in the job's existing MLflow run
     # TrainOutcome's fields
     steps_completed: int | None = None
     resumed_from_step: int | None = None

@@ -32,6 +32,7 @@ from jobs.result import (
     JobStatus,
     MlflowInfo,
     Outcome,
+    ResumeRecord,
     TrainOutcome,
 )
 from jobs.spec import AnySpec, CheckSpec, JobSpec, parse_spec
@@ -61,7 +62,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--job-id", default="", help="the service's job id, recorded as a tag")
     parser.add_argument("--attempt", type=int, default=1)
     parser.add_argument("--submitted-by", default="", help="the API token name that submitted it, a tag")
-    parser.add_argument("--resume", type=Path, help="continue from this checkpoint file")
+    parser.add_argument(
+        "--resume",
+        help="continue from this checkpoint: a path or an MLflow URI (runs:/<run_id>/checkpoints/...)",
+    )
+    parser.add_argument(
+        "--resume-run-id", help="log into this existing MLflow run (a resumed attempt) instead of a new one"
+    )
     parser.add_argument("--stop-after", type=int, help="stop (with a checkpoint) after this many steps")
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
@@ -100,7 +107,9 @@ def run_tags(spec: AnySpec, args: argparse.Namespace) -> dict[str, str]:
     return {**tags, "workload": spec.workload.name}
 
 
-def make_job(spec: AnySpec, *, workdir: Path, tracker: Any, reporter: Reporter) -> Job:
+def make_job(
+    spec: AnySpec, *, workdir: Path, tracker: Any, reporter: Reporter, checkpoints: Any = None
+) -> Job:
     """The trainer for the spec's framework, or the check job; imports only what that needs."""
     if isinstance(spec, CheckSpec):
         from jobs.check_job import CheckJob
@@ -111,7 +120,62 @@ def make_job(spec: AnySpec, *, workdir: Path, tracker: Any, reporter: Reporter) 
     from optimizers.registry import load_registry
 
     registry = load_registry(styles=(style_of(spec),))
-    return TrainingJob(spec, registry=registry, workdir=workdir, tracker=tracker, reporter=reporter)
+    return TrainingJob(
+        spec, registry=registry, workdir=workdir, tracker=tracker, reporter=reporter, checkpoints=checkpoints
+    )
+
+
+def start_job(
+    spec: AnySpec, args: argparse.Namespace, *, workdir: Path, mlflow_run: Any, reporter: Reporter
+) -> tuple[Job, Any]:
+    """The job with its tracker and checkpoint store; for a resumed attempt (`--resume-run-id`) also
+    the tracker that skips the points the run holds (jobs.resume.ResumedTracker), else None."""
+    from jobs.resume import ResumedTracker, checkpoint_store, logged_points
+    from jobs.tracking import NullTracker
+
+    tracker: Any = mlflow_run or NullTracker()
+    resumed = None
+    if args.resume_run_id:
+        if mlflow_run is None:
+            raise ValueError(
+                "--resume-run-id needs a tracking server (--tracking-uri or $MLFLOW_TRACKING_URI)"
+            )
+        resumed = tracker = ResumedTracker(
+            mlflow_run, logged_points(mlflow_run.client, mlflow_run.info.run_id)
+        )
+    name = args.job_id or (mlflow_run.info.run_id if mlflow_run is not None else workdir.name)
+    store = checkpoint_store(mlflow_run, job=name, attempt=args.attempt)
+    job = make_job(spec, workdir=workdir, tracker=tracker, reporter=reporter, checkpoints=store)
+    return job, resumed
+
+
+def start_ranks_if_ddp(
+    spec: AnySpec, args: argparse.Namespace, workdir: Path, resume_from: Path | None
+) -> Any:
+    """A DDP job's top process is rank 0: it starts the other ranks (jobs.distributed)."""
+    from jobs.distributed import current_rank, is_ddp, start_ranks
+
+    if not is_ddp(spec) or current_rank() is not None or not isinstance(spec, JobSpec) or spec.devices < 2:
+        return None
+    return start_ranks(spec, args.argv, workdir, resume_from)
+
+
+def resume_source(args: argparse.Namespace, workdir: Path) -> Path | None:
+    """`--resume REF` as a local checkpoint (downloaded when REF is an MLflow URI)."""
+    if not args.resume:
+        return None
+    from jobs.resume import fetch_checkpoint
+
+    return fetch_checkpoint(args.resume, into=workdir / "resumed-from", tracking_uri=args.tracking_uri)
+
+
+def record_resume(resumed: Any, outcome: Outcome, mlflow_run: Any) -> ResumeRecord:
+    """What the resumed attempt found in the run, in the result and as `resume/...` metrics."""
+    from_step = getattr(outcome, "resumed_from_step", None) or 0
+    record: ResumeRecord = resumed.record(from_step)
+    for key in ("points_compared", "points_differing", "max_abs_difference"):
+        mlflow_run.metric(f"resume/{key}", getattr(record, key), from_step)
+    return record
 
 
 def outcome_kind(spec: AnySpec) -> type[Outcome]:
@@ -144,6 +208,7 @@ def run_job(args: argparse.Namespace) -> JobResult:
     mlflow_run: Any = None
     job: Job | None = None
     spec: AnySpec | None = None
+    ranks: Any = None
     try:
         spec = load_spec(args.spec)
         reporter.progress(step=0, total=spec.total_steps, force=True)
@@ -158,15 +223,18 @@ def run_job(args: argparse.Namespace) -> JobResult:
                 run_name=spec.run_name(),
                 params=spec.flat_params(),
                 tags=run_tags(spec, args),
+                resume_run_id=args.resume_run_id,
             )
             mlflow = MlflowInfo.model_validate(mlflow_run.info.to_json())
             result = result.with_fields(mlflow=mlflow)
             reporter.progress(mlflow=mlflow, force=True)
-        from jobs.tracking import NullTracker
-
-        job = make_job(spec, workdir=workdir, tracker=mlflow_run or NullTracker(), reporter=reporter)
-        outcome = job.run(resume_from=args.resume, stop_after=args.stop_after)
+        resume_from = resume_source(args, workdir)
+        ranks = start_ranks_if_ddp(spec, args, workdir, resume_from)
+        job, resumed = start_job(spec, args, workdir=workdir, mlflow_run=mlflow_run, reporter=reporter)
+        outcome = job.run(resume_from=resume_from, stop_after=args.stop_after)
         result = result.with_outcome(outcome, kind=outcome_kind(spec))
+        if resumed is not None:
+            result = result.with_fields(resume=record_resume(resumed, outcome, mlflow_run))
         status = JobStatus.SUCCEEDED
     except Cancelled as exc:
         status, result = JobStatus.CANCELLED, result.with_fields(error=error_record(exc))
@@ -174,6 +242,13 @@ def run_job(args: argparse.Namespace) -> JobResult:
         if isinstance(exc, Diverged):
             status, result = JobStatus.DIVERGED, result.with_fields(diverged_at_step=exc.step)
         result = result.with_fields(error=error_record(exc))
+    if ranks is not None:  # DDP: the job succeeded only if every rank did
+        problem = ranks.finish(stop=status is not JobStatus.SUCCEEDED)
+        if problem and status is JobStatus.SUCCEEDED:
+            status, result = (
+                JobStatus.FAILED,
+                result.with_fields(error=ErrorRecord(type="RankFailed", message=problem)),
+            )
     if isinstance(spec, JobSpec) and job is not None and status is not JobStatus.SUCCEEDED:
         result = result.with_fields(**checkpoints_so_far(job))
     result = result.with_fields(status=status, duration_s=round(time.time() - started, 3))
@@ -198,7 +273,8 @@ def finish_mlflow_run(mlflow_run: Any, result: JobResult, job: Job | None, spec:
     mlflow_status = MLFLOW_STATUS.get(result.status, "FAILED")
     try:
         try:
-            if job is not None and job.last_checkpoint is not None:
+            store = getattr(job, "store", None)
+            if job is not None and job.last_checkpoint is not None and not getattr(store, "in_run", False):
                 mlflow_run.log_artifact(job.last_checkpoint, "checkpoints")
             for path in getattr(job, "artifacts", []):  # a check job's report.json and report.md
                 mlflow_run.log_artifact(path)

@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     WithJsonSchema,
     field_validator,
 )
@@ -258,6 +259,22 @@ TIMEOUT_FIELD = Field(
 )
 
 
+# Which framework runs each data-parallel strategy.
+STRATEGY_FRAMEWORK = {"ddp": "torch", "mirrored": "tensorflow"}
+MAX_DEVICES = 8
+
+
+class Distribution(BaseModel):
+    """One job trained data-parallel on `devices` devices: torch DDP (one process per device: gloo on
+    CPU, NCCL on GPUs) or Keras's `tf.distribute.MirroredStrategy` (logical CPUs, or GPUs). Each
+    device takes an equal share of `batch_size`; the job occupies `devices` worker slots."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    strategy: Literal["ddp", "mirrored"]
+    devices: int = Field(ge=1, le=MAX_DEVICES)
+
+
 class JobSpec(BaseModel):
     """What to train, with what, for how long. The learning rate is `optimizer.params.lr`."""
 
@@ -299,6 +316,37 @@ class JobSpec(BaseModel):
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:[0-9]{1,2})?)$")
     jit_compile: bool = Field(default=False, description="tensorflow jobs: compile the step with XLA")
     timeout_s: float | None = TIMEOUT_FIELD
+    distribution: Distribution | None = Field(
+        default=None, description="data-parallel training: ddp (torch) or mirrored (tensorflow) over devices"
+    )
+
+    @field_validator("distribution")
+    @classmethod
+    def _strategy_fits(cls, distribution: Distribution | None, info: ValidationInfo) -> Distribution | None:
+        if distribution is None:
+            return None
+        framework, batch_size = info.data.get("framework"), info.data.get("batch_size")
+        wanted = STRATEGY_FRAMEWORK[distribution.strategy]
+        if framework is not None and framework != wanted:
+            raise PydanticCustomError(
+                "strategy_framework",
+                "strategy '{strategy}' trains {wanted} jobs only (ddp: torch, mirrored: tensorflow); "
+                "received framework '{framework}'",
+                {"strategy": distribution.strategy, "wanted": wanted, "framework": framework},
+            )
+        if isinstance(batch_size, int) and batch_size % distribution.devices:
+            raise PydanticCustomError(
+                "devices_batch",
+                "devices must divide batch_size (each device an equal share); received devices "
+                "{devices} for batch_size {batch_size}",
+                {"devices": distribution.devices, "batch_size": batch_size},
+            )
+        return distribution
+
+    @property
+    def devices(self) -> int:
+        """How many devices (and worker slots) the job takes."""
+        return self.distribution.devices if self.distribution is not None else 1
 
     @property
     def total_steps(self) -> int:
@@ -317,7 +365,11 @@ class JobSpec(BaseModel):
 
     def flat_params(self) -> dict[str, str]:
         """The spec as MLflow params: `optimizer.name`, `optimizer.lr`, `schedule.name`, ..."""
-        return _flatten(self.model_dump(mode="json"))
+        flat = _flatten(self.model_dump(mode="json", exclude={"distribution"}))
+        if self.distribution is not None:
+            flat["distribution.strategy"] = self.distribution.strategy
+            flat["distribution.devices"] = str(self.distribution.devices)
+        return flat
 
 
 class CheckSpec(BaseModel):

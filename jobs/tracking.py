@@ -175,19 +175,40 @@ class MlflowRun:
         run_name: str,
         params: Mapping[str, str],
         tags: Mapping[str, str],
+        resume_run_id: str | None = None,
     ) -> None:
         from mlflow import MlflowClient
 
         self._client = MlflowClient(tracking_uri=tracking_uri)
-        experiment_id = self._experiment_id(experiment)
-        run = self._client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
-        self.info = RunInfo(tracking_uri, experiment_id, run.info.run_id)
+        if resume_run_id:  # a resumed attempt: the job's run, back to RUNNING, its params kept
+            run = self._existing_run(resume_run_id)
+            self.info = RunInfo(tracking_uri, run.info.experiment_id, resume_run_id)
+            self._client.update_run(resume_run_id, status="RUNNING")
+            for key, value in tags.items():
+                self._client.set_tag(resume_run_id, key, value)
+            params = {k: v for k, v in params.items() if k not in run.data.params}
+        else:
+            experiment_id = self._experiment_id(experiment)
+            run = self._client.create_run(experiment_id, run_name=run_name, tags=dict(tags))
+            self.info = RunInfo(tracking_uri, experiment_id, run.info.run_id)
         try:
             self._log_params(params)
         except BaseException:
             self._client.set_terminated(self.info.run_id, status="FAILED")  # never left RUNNING
             raise
         self.metrics = BatchedMetricLogger(self._send_metrics)
+
+    @property
+    def client(self) -> Any:
+        return self._client
+
+    def _existing_run(self, run_id: str) -> Any:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self._client.get_run(run_id)
+        except MlflowException as exc:
+            raise ValueError(f"--resume-run-id {run_id}: no such MLflow run ({exc.message})") from None
 
     def metric(self, key: str, value: float, step: int) -> None:
         self.metrics.metric(key, value, step)

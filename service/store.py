@@ -248,7 +248,7 @@ def record_progress(
             values["latest_loss"] = progress.loss
         if progress.mlflow is not None:
             values["mlflow"] = progress.mlflow.to_json()
-        checkpoint = getattr(progress, "checkpoint", None)  # jobs.result.Progress.checkpoint (resume)
+        checkpoint = progress.checkpoint  # the last verified one: a new attempt resumes from it
         if checkpoint is not None and checkpoint.ok:
             values["checkpoint_step"], values["checkpoint_ref"] = checkpoint.step, checkpoint.path
     if workdir is not None:

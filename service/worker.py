@@ -314,7 +314,7 @@ class Supervision:
         changed = progress is not None and progress != self.written
         urgent = progress is not None and (
             (progress.mlflow and (self.written is None or progress.mlflow != self.written.mlflow))
-            or getattr(progress, "checkpoint", None) != getattr(self.written, "checkpoint", None)
+            or progress.checkpoint != (self.written.checkpoint if self.written else None)
         )
         renewal_due = now - self.renewed_at >= self.settings.heartbeat_s
         if not (renewal_due or urgent or (changed and now - self.written_at >= PROGRESS_WRITE_S)):

@@ -57,6 +57,9 @@ from optimizers.loop_needs import PLAIN, LoopNeeds
 from optimizers.registry import Base, Entry
 from optimizers.schedules import build_schedule
 
+# In a Keras checkpoint folder: the step, data position and spec a resumed job reads.
+RESUME_STATE = "resume.json"
+
 
 class GraphModeError(RuntimeError):
     """The optimizer's update works eagerly but not inside tf.function."""
@@ -75,7 +78,9 @@ class KerasDriver(Driver):
 
     style: ClassVar[str] = "keras"
     framework: ClassVar[str] = "tensorflow"
-    capabilities: ClassVar[Capabilities] = Capabilities(whole_model_save=True, schedule_objects=True)
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        whole_model_save=True, schedule_objects=True, resume=True
+    )
     model_suffix: ClassVar[str] = ".keras"
     # The whole-model formats `save_load_model` proves, and what registers a class by name.
     whole_model_formats: ClassVar[tuple[str, ...]] = (".keras",)
@@ -642,7 +647,33 @@ class KerasSession(TrainingSession):
         path.mkdir(exist_ok=True)
         warnings = self._whole_model_roundtrip(objects, path / f"model{self.driver.model_suffix}")
         reloaded = self._checkpoint_of_record(objects, path / "ckpt")
+        # Written last, so a folder without it is a checkpoint that never finished. Batches are a
+        # pure function of (seed, step) and the schedule reads `iterations`: the step is the position.
+        state = {"step": step, "data_position": step, "spec": self.spec.model_dump_json()}
+        (path / RESUME_STATE).write_text(json.dumps(state))
         return Checkpointed(reloaded, path, warnings)
+
+    def resume(self, path: Path) -> tuple[KerasObjects, int]:
+        """Fresh objects with the tf.train.Checkpoint of record read into them, and its step."""
+        if not (path / RESUME_STATE).is_file():
+            raise ValueError(
+                f"checkpoint {path} has no {RESUME_STATE}: not a finished checkpoint of a Keras job"
+            )
+        state = json.loads((path / RESUME_STATE).read_text())
+        if JobSpec.model_validate_json(state["spec"]) != self.spec:
+            raise ValueError(f"checkpoint {path} was written by a different job spec; refusing to resume")
+        fresh = self.build()
+        status = self.tf.train.Checkpoint(model=fresh.model, optimizer=fresh.optimizer).read(
+            str(path / "ckpt")
+        )
+        status.assert_consumed()
+        step = int(state["step"])
+        if int(fresh.optimizer.iterations) != step:
+            raise ValueError(
+                f"checkpoint {path}: the optimizer restored {int(fresh.optimizer.iterations)} iterations, "
+                f"not the checkpoint's step {step}"
+            )
+        return fresh, step
 
     def _whole_model_roundtrip(self, objects: KerasObjects, path: Path) -> list[str]:
         objects.model.save(path)

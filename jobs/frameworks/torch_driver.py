@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -27,6 +28,7 @@ import torch
 from torch import nn
 
 from jobs.batches import BatchOrder
+from jobs.distributed import Rank, current_rank
 from jobs.frameworks.base import (
     Advice,
     Capabilities,
@@ -57,6 +59,13 @@ class TrainObjects:
     optimizer: torch.optim.Optimizer
     # None for a class that takes no learning rate (AliG, A2Grad compute their step): nothing to scale.
     scheduler: torch.optim.lr_scheduler.LRScheduler | None
+    # A DDP job: the model wrapped in DistributedDataParallel, what forward passes go through (the
+    # checkpoint holds the plain model, so its keys are those of a one-device job).
+    replicated: nn.Module | None = None
+
+    @property
+    def forward(self) -> nn.Module:
+        return self.replicated if self.replicated is not None else self.model
 
     def parts(self) -> dict[str, Any]:
         """What a checkpoint holds of these, by name."""
@@ -202,6 +211,7 @@ def _both_nan(a: Any, b: Any) -> bool:
 
 
 CHECK_SEED = 0
+DDP_TIMEOUT_S = 120  # a rank waiting this long for the others in a collective fails the job
 
 
 class TorchDriver(Driver):
@@ -617,15 +627,54 @@ def params_sha256(model: nn.Module) -> str:
 
 
 class Batches:
-    """Batch `step` as tensors on the training device (rows chosen by `BatchOrder`)."""
+    """Batch `step` as tensors on the training device (rows chosen by `BatchOrder`); a DDP rank takes
+    its equal share of them (`share` = (rank, ranks))."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, *, batch_size: int, seed: int) -> None:
+    def __init__(
+        self, x: torch.Tensor, y: torch.Tensor, *, batch_size: int, seed: int, share: tuple[int, int] = (0, 1)
+    ) -> None:
         self.x, self.y = x, y
         self.order = BatchOrder(len(x), batch_size=batch_size, seed=seed)
+        rank, ranks = share
+        size = batch_size // ranks
+        self.rows = slice(rank * size, (rank + 1) * size)
 
     def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = torch.from_numpy(self.order.rows(step)).to(self.x.device)
+        rows = torch.from_numpy(self.order.rows(step)[self.rows]).to(self.x.device)
         return self.x[rows], self.y[rows]
+
+
+def join_ranks(rank: Rank, device: torch.device) -> None:
+    """Join the job's DDP process group: gloo on CPU, NCCL on GPUs; ranks meet through a file store."""
+    import torch.distributed as dist
+
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend,
+        init_method=f"file://{rank.store}",
+        rank=rank.rank,
+        world_size=rank.world,
+        timeout=timedelta(seconds=DDP_TIMEOUT_S),
+    )
+
+
+def rank_device(requested: str, rank: Rank | None) -> torch.device:
+    """The device of this process: a DDP rank takes the GPU `rank` places after the requested one."""
+    device = resolve_device(requested)
+    if rank is None or device.type != "cuda":
+        return device
+    return resolve_device(f"cuda:{(device.index or 0) + rank.rank}")
+
+
+def mean_over_ranks(value: torch.Tensor) -> torch.Tensor:
+    """The mean of `value` over the DDP ranks (each holds its share's mean: this is the batch's)."""
+    import torch.distributed as dist
+
+    total = value.detach().clone()
+    dist.all_reduce(total)
+    return total / dist.get_world_size()
 
 
 class TorchSession(TrainingSession):
@@ -638,8 +687,13 @@ class TorchSession(TrainingSession):
         self.needs = entry.needs.with_base(base.entry.needs if base is not None else None)
         self.base = base
         self.workload = workload
-        self.torch_device = resolve_device(spec.device)
+        # A DDP job's rank (set by jobs.distributed for every rank, rank 0 included), else None.
+        self.rank = current_rank() if spec.distribution is not None else None
+        self.torch_device = rank_device(spec.device, self.rank)
         self.device = str(self.torch_device)
+        if self.rank is not None:
+            join_ranks(self.rank, self.torch_device)
+            self.device += f" (ddp rank {self.rank.rank} of {self.rank.world})"
         self.dataset = workload.load_data()
         self.regression = workload.task == "regression"
         self.loss_fn: nn.Module = nn.MSELoss() if self.regression else nn.CrossEntropyLoss()
@@ -648,7 +702,8 @@ class TorchSession(TrainingSession):
         make_deterministic(spec.seed)
         x_train, y_train = self._tensors(self.dataset.x_train, self.dataset.y_train)
         self.x_val, self.y_val = self._tensors(self.dataset.x_val, self.dataset.y_val)
-        self.batches = Batches(x_train, y_train, batch_size=spec.batch_size, seed=spec.seed)
+        share = (self.rank.rank, self.rank.world) if self.rank is not None else (0, 1)
+        self.batches = Batches(x_train, y_train, batch_size=spec.batch_size, seed=spec.seed, share=share)
 
     def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.from_numpy(x).to(self.torch_device), torch.from_numpy(y).to(self.torch_device)
@@ -662,10 +717,21 @@ class TorchSession(TrainingSession):
         schedule = build_schedule(
             self.spec.schedule.name, self.spec.schedule.params, total_steps=self.spec.steps
         )
+        replicated = self._replicated(model)
         if not all("lr" in group for group in optimizer.param_groups):
-            return TrainObjects(model, optimizer, None)  # no rate to scale: the API allows `constant` only
+            # No rate to scale: the API allows `constant` only.
+            return TrainObjects(model, optimizer, None, replicated)
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=schedule)
-        return TrainObjects(model, optimizer, scheduler)
+        return TrainObjects(model, optimizer, scheduler, replicated)
+
+    def _replicated(self, model: nn.Module) -> nn.Module | None:
+        """DDP's wrapper (it averages gradients over the ranks in backward), or None on one device."""
+        if self.rank is None:
+            return None
+        from torch.nn.parallel import DistributedDataParallel
+
+        device_ids = [self.torch_device.index] if self.torch_device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=device_ids)
 
     def _model_params(self, model: nn.Module) -> Any:
         """The model's parameters, or the param groups the spec's recipe makes of them.
@@ -694,6 +760,8 @@ class TorchSession(TrainingSession):
         optimizer_ms = (self._sync_clock() - optimizer_started) * 1000
         if objects.scheduler is not None:
             objects.scheduler.step()
+        if self.rank is not None:
+            loss = mean_over_ranks(loss)  # the whole batch's loss, as one device reports it
         return StepRecord(loss=float(loss.item()), grad_norm=grad_norm, lr=lr, optimizer_ms=optimizer_ms)
 
     def _forward_backward(
@@ -701,7 +769,7 @@ class TorchSession(TrainingSession):
     ) -> torch.Tensor:
         x, y = batch
         objects.optimizer.zero_grad(set_to_none=True)
-        loss = self._loss(objects.model(x), y)
+        loss = self._loss(objects.forward(x), y)
         # Hessian-vector products (AdaHessian, Sophia-H) differentiate the gradients again.
         loss.backward(create_graph=self.needs.create_graph)
         return loss

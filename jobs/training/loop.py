@@ -24,6 +24,7 @@ from jobs.frameworks import driver_for, style_of
 from jobs.frameworks.base import Evaluation, TrainingSession, remove_checkpoint
 from jobs.report import Reporter
 from jobs.result import CheckpointRecord, OptimizerState, TrainOutcome
+from jobs.resume import CheckpointStore, WorkdirCheckpoints
 from jobs.spec import JobSpec
 from jobs.tracking import Tracker
 from jobs.workloads import get_workload
@@ -51,6 +52,7 @@ class TrainingJob:
         workdir: Path,
         tracker: Tracker,
         reporter: Reporter,
+        checkpoints: CheckpointStore | None = None,
     ) -> None:
         self.spec = spec
         self.workdir = workdir
@@ -74,7 +76,8 @@ class TrainingJob:
             raise ValueError(f"optimizer.{problem[0]}: {problem[1]}")
         self.workload = get_workload(spec.workload.name)
         self.session: TrainingSession = self.driver.session(spec, entry, self.workload, workdir, base)
-        self.checkpoint_dir = workdir / "checkpoints"
+        self.store = checkpoints or WorkdirCheckpoints()  # where other attempts find them (jobs.resume)
+        self.checkpoint_dir = self.store.folder or workdir / "checkpoints"
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.warnings: list[str] = []
         self.verified: list[CheckpointRecord] = []
@@ -175,7 +178,9 @@ class TrainingJob:
             self.verified.append(CheckpointRecord(step=step, ok=False, path=str(path)))
             raise
         self.tracker.metric("checkpoint/roundtrip_ok", 1.0, step)
-        self.verified.append(CheckpointRecord(step=step, ok=True, path=str(checkpointed.path)))
+        record = CheckpointRecord(step=step, ok=True, path=self.store.publish(checkpointed.path))
+        self.verified.append(record)
+        self.reporter.progress(checkpoint=record, force=True)  # what another attempt resumes from
         for warning in checkpointed.warnings:
             if warning not in self.warnings:
                 self.warnings.append(warning)

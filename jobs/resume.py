@@ -1,0 +1,177 @@
+"""A job resumed by another attempt, maybe on another worker: where its checkpoints live, and
+the points its MLflow run already holds.
+
+Where checkpoints live (`checkpoint_store`):
+
+- **Default: the MLflow artifact store.** Each verified checkpoint is uploaded to the job's run
+  (`checkpoints/step-...`) and reported as `runs:/<run_id>/checkpoints/step-...`. Every worker
+  already reaches the tracking server over HTTP (and through it, with `--serve-artifacts`, the
+  artifacts), so a job resumes on any host with no further setup; the checkpoint also stays with
+  the run it belongs to. The cost is one upload per checkpoint (small for these workloads) and
+  every verified checkpoint kept in the run.
+- **`OPTLAB_CHECKPOINT_DIR`** (a folder every worker mounts at the same path): checkpoints are
+  written there directly, under `<job>/attempt-<n>/`, only the latest kept, nothing uploaded.
+  Cheaper for large models, but it needs a shared filesystem, which a plain docker-compose of GPU
+  hosts does not have: an option, not the default.
+- Neither (no tracking server, no folder): the job's own workdir, reachable on this host only.
+
+De-duplicated points (`ResumedTracker`): the resumed attempt recomputes the steps between its
+checkpoint and the last point the run holds. It reads the run's points per key first, skips
+every point at or below the last logged step of its key, and compares the recomputed values with
+the logged ones (timings excepted): the differences are the job's nondeterminism, a
+`ResumeRecord` in the result (bitwise zero on CPU).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from jobs.result import ResumeRecord
+from jobs.tracking import Tracker
+
+CHECKPOINT_DIR_ENV = "OPTLAB_CHECKPOINT_DIR"
+RUN_ARTIFACTS = "checkpoints"  # where a run's checkpoints lie among its artifacts
+# Keys whose values are measurements of time, not results: never compared.
+UNCOMPARED_PREFIXES = ("perf/",)
+
+
+class CheckpointStore(Protocol):
+    """Where a job writes checkpoints, and the reference another worker resumes one from."""
+
+    # The folder checkpoints are written to; None: the job's workdir.
+    folder: Path | None
+    # Whether every checkpoint already lies in the MLflow run (no final upload needed).
+    in_run: bool
+
+    def publish(self, path: Path) -> str: ...
+
+
+class WorkdirCheckpoints:
+    """No tracking server and no shared folder: the path itself, on this host only."""
+
+    folder: Path | None = None
+    in_run = False
+
+    def publish(self, path: Path) -> str:
+        return str(path)
+
+
+class SharedFolderCheckpoints:
+    """Written straight into the shared folder every worker mounts: the path is the reference."""
+
+    in_run = False
+
+    def __init__(self, root: Path, job: str, attempt: int) -> None:
+        # Each attempt a folder of its own: the loop keeps only its latest checkpoint, and must never
+        # delete the one another attempt may still be resuming from.
+        self.folder: Path | None = root / job / f"attempt-{attempt}"
+
+    def publish(self, path: Path) -> str:
+        return str(path)
+
+
+class MlflowCheckpoints:
+    """Uploaded to the job's MLflow run: `runs:/<run_id>/checkpoints/<name>`."""
+
+    folder: Path | None = None
+    in_run = True
+
+    def __init__(self, run: Any) -> None:
+        self.run = run  # jobs.tracking.MlflowRun
+
+    def publish(self, path: Path) -> str:
+        self.run.log_artifact(path, RUN_ARTIFACTS)
+        return f"runs:/{self.run.info.run_id}/{RUN_ARTIFACTS}/{path.name}"
+
+
+def checkpoint_store(
+    mlflow_run: Any, *, job: str, attempt: int, environ: dict[str, str] | None = None
+) -> CheckpointStore:
+    """The shared folder when `OPTLAB_CHECKPOINT_DIR` is set, else the run's artifacts, else the workdir."""
+    root = (os.environ if environ is None else environ).get(CHECKPOINT_DIR_ENV)
+    if root:
+        return SharedFolderCheckpoints(Path(root), job, attempt)
+    if mlflow_run is not None:
+        return MlflowCheckpoints(mlflow_run)
+    return WorkdirCheckpoints()
+
+
+def fetch_checkpoint(reference: str, *, into: Path, tracking_uri: str | None) -> Path:
+    """The checkpoint `reference` names as a local path: downloaded when it is an MLflow URI.
+
+    FileNotFoundError, naming the reference, when there is nothing there: a resume must fail
+    clearly, never quietly train from step 0 in a run that already holds points.
+    """
+    if "://" not in reference and ":/" not in reference:
+        path = Path(reference)
+        if not path.exists():
+            raise FileNotFoundError(
+                f"--resume: checkpoint {reference} does not exist (is the folder shared?)"
+            )
+        return path
+    import mlflow.artifacts
+
+    if into.exists():
+        shutil.rmtree(into)
+    into.mkdir(parents=True)
+    try:
+        local = mlflow.artifacts.download_artifacts(
+            artifact_uri=reference, dst_path=str(into), tracking_uri=tracking_uri
+        )
+    except Exception as exc:  # MLflow raises its own types for a missing run or artifact
+        raise FileNotFoundError(f"--resume: checkpoint {reference} could not be downloaded: {exc}") from None
+    path = Path(local)
+    if not path.exists() or (path.is_dir() and not any(path.iterdir())):
+        raise FileNotFoundError(f"--resume: checkpoint {reference} is not in the run's artifacts")
+    return path
+
+
+def logged_points(client: Any, run_id: str) -> dict[str, dict[int, float]]:
+    """Every point the run holds, by key then step (one history query per key the run has)."""
+    keys = client.get_run(run_id).data.metrics
+    return {key: {m.step: m.value for m in client.get_metric_history(run_id, key)} for key in keys}
+
+
+@dataclass
+class ResumedTracker:
+    """Forwards to `inner` only points past the last step its key holds; compares the others."""
+
+    inner: Tracker
+    logged: dict[str, dict[int, float]]
+    last: dict[str, int] = field(init=False)
+    skipped: int = 0
+    compared: int = 0
+    differing: int = 0
+    max_abs_difference: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.last = {key: max(steps) for key, steps in self.logged.items() if steps}
+
+    def metric(self, key: str, value: float, step: int) -> None:
+        if step > self.last.get(key, -1):
+            self.inner.metric(key, value, step)
+            return
+        self.skipped += 1
+        logged = self.logged[key].get(step)
+        if logged is None or key.startswith(UNCOMPARED_PREFIXES):
+            return
+        self.compared += 1
+        value = float(value)
+        if value == logged or (value != value and logged != logged):  # NaN == NaN here
+            return
+        self.differing += 1
+        self.max_abs_difference = max(self.max_abs_difference, abs(value - logged))
+
+    def record(self, from_step: int) -> ResumeRecord:
+        return ResumeRecord(
+            from_step=from_step,
+            last_logged_step=self.last.get("train/loss", 0),
+            points_skipped=self.skipped,
+            points_compared=self.compared,
+            points_differing=self.differing,
+            max_abs_difference=self.max_abs_difference,
+        )
