@@ -15,7 +15,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 REDACTED = "***"
 # Query parameters that carry a credential in the URLs people paste (tokens, keys, signatures).
 SECRET_QUERY = re.compile(r"token|key|secret|password|passwd|pwd|auth|sig|credential", re.IGNORECASE)
-# What a job process needs from optlab's own settings: only where plugins are.
+# What a job process needs from optlab's own settings: where plugins and shared checkpoints are.
 JOB_OPTLAB_VARIABLES = frozenset({"OPTLAB_PLUGIN_DIRS", "OPTLAB_CHECKPOINT_DIR"})
 # Credentials of other tools a worker may hold that a job never needs.
 OTHER_SECRETS = frozenset({"PGPASSWORD", "PGPASSFILE", "DATABASE_URL", "MLFLOW_TRACKING_URI"})

@@ -316,7 +316,8 @@ class Supervision:
             (progress.mlflow and (self.written is None or progress.mlflow != self.written.mlflow))
             or progress.checkpoint != (self.written.checkpoint if self.written else None)
         )
-        renewal_due = now - self.renewed_at >= self.settings.heartbeat_s
+        # The first write (at once: the job's workdir for GET /jobs), then one per heartbeat.
+        renewal_due = now - self.renewed_at >= self.settings.heartbeat_s or self.written_at == 0
         if not (renewal_due or urgent or (changed and now - self.written_at >= PROGRESS_WRITE_S)):
             return self._store(
                 lambda s: store.lease_of(
