@@ -171,15 +171,21 @@ class Worker:
         log.info("worker %s polling for jobs with %d slot(s)", self.worker_id, len(self.slots))
         refresher = threading.Thread(target=self.refresh_catalogue_forever, name="plugin-watch", daemon=True)
         refresher.start()
+        unreachable = False
         while not self.stopping.is_set():
             try:
                 self._stay_registered()
                 started = self.start_next()
-            except Exception:  # a database hiccup must not end the worker: log, wait, retry
+                unreachable = False
+            except STORE_ERRORS as exc:  # an outage: running jobs are supervised on; claim later
+                if not unreachable:
+                    log.warning("worker %s: the job store is unreachable (%s); retrying", self.worker_id, exc)
+                unreachable, started = True, False
+            except Exception:  # anything else must not end the worker either: log, wait, retry
                 log.exception("worker %s: error while claiming a job", self.worker_id)
                 started = False
             if not started:
-                self.stopping.wait(self.settings.poll_interval_s)
+                self.stopping.wait(MAX_STORE_BACKOFF_S if unreachable else self.settings.poll_interval_s)
         for thread in self.threads:  # each hands its job back (or records how it ended)
             thread.join()
 
@@ -450,12 +456,14 @@ class Supervision:
                 stdin=subprocess.DEVNULL,
                 env=env,
             )
+        reaper = start_reaper(process.pid, self.settings.cancel_grace_s)
         try:
             stop = self._watch(process)
         finally:  # e.g. a progress.json that does not match jobs.result.Progress: loud, and no orphan
             if process.poll() is None:
                 signal_group(process, signal.SIGCONT)
                 terminate_group(process, 0 if self.paused else self.settings.cancel_grace_s)
+            terminate_group(reaper, 0)
         return self._conclude(process, stop)
 
     def _watch(self, process: subprocess.Popen[bytes]) -> Stop | None:
@@ -576,6 +584,27 @@ class Supervision:
                 log.info("job %s: MLflow run %s ended %s by the worker", self.job.id, run_id, status)
         except Exception:  # MLflow down: the job's outcome is still recorded
             log.exception("job %s: could not end MLflow run %s as %s", self.job.id, run_id, status)
+
+
+# Outlives a worker killed with -9 by the grace: the job got SIGTERM then (die_with_parent), and
+# flushes its points and ends its run; one that ignores SIGTERM is SIGKILLed here after the grace,
+# well within the lease, so it cannot train on beside the attempt that takes the job over.
+REAPER = """
+trap 'sleep "$2"; kill -KILL -"$1" 2>/dev/null; kill $! 2>/dev/null; exit 0' TERM
+while :; do sleep 3600 & wait $!; done
+"""
+
+
+def start_reaper(job_group: int, grace_s: float) -> subprocess.Popen[bytes]:
+    """A tiny process that SIGKILLs the job's group `grace_s` after this worker dies (SIGTERM on
+    the worker's death, like the job); stopped with the job when the worker lives on."""
+    return start_in_own_group(
+        ["/bin/sh", "-c", REAPER, "optlab-reaper", str(job_group), f"{grace_s:g}"],
+        die_with_parent=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 def read_outcome(

@@ -175,3 +175,17 @@ def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, every_
             return value
         time.sleep(every_s)
     raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def group_alive(group: int) -> bool:
+    """Whether any live (not zombie) process is in process group `group`."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[2] == str(group) and fields[0] != "Z":
+            return True
+    return False

@@ -33,6 +33,7 @@ from service.settings import Settings
 from service.worker import Worker
 from tests.conftest import ROOT
 from tests.service.durable_helpers import (
+    group_alive,
     job_process_pid,
     mlflow_server,
     postgres_database,
@@ -42,9 +43,6 @@ from tests.service.durable_helpers import (
     wait_until,
     write_plugin,
 )
-
-# Real processes, timing-bound: one xdist worker runs them all, while the rest of the suite runs on.
-pytestmark = pytest.mark.xdist_group("durable_worker")
 
 
 @pytest.fixture(scope="module")
@@ -245,7 +243,7 @@ def test_a_worker_killed_with_sigkill_is_taken_over_and_the_job_resumes_in_its_r
     tmp_path: Path, mlflow_url: str, plugins: Path
 ) -> None:
     experiment = f"takeover-{tmp_path.name}"
-    spec = slow_spec(experiment, steps=120)
+    spec = slow_spec(experiment, steps=60)
     reference = tmp_path / "reference"
     reference.mkdir()
     (reference / "spec.json").write_text(json.dumps({**spec, "experiment": f"{experiment}-reference"}))
@@ -341,3 +339,37 @@ def test_three_workers_with_two_slots_run_sixty_jobs_each_exactly_once(tmp_path:
     folders = [str((tmp_path / "data" / "jobs" / str(j) / "attempt-1").resolve()) for j in jobs]
     assert sorted(ran) == sorted(folders)  # each job's process ran exactly once
     assert len({r.worker_id for r in rows}) == 3  # all three took part
+
+
+def test_a_job_that_ignores_sigterm_does_not_outlive_its_killed_worker(tmp_path: Path) -> None:
+    program = tmp_path / "stubborn-python"
+    program.write_text(
+        '#!/bin/sh\ntrap "" TERM\necho $$ > "%s"\nwhile :; do sleep 0.2; done\n' % (tmp_path / "pid")
+    )
+    program.chmod(program.stat().st_mode | stat.S_IEXEC)
+    env = {
+        "OPTLAB_DATA_DIR": str(tmp_path),
+        "OPTLAB_JOB_PYTHON": str(program),
+        "OPTLAB_POLL_INTERVAL_S": "0.1",
+        "OPTLAB_CANCEL_GRACE_S": "2",
+    }
+    engine = make_engine(f"sqlite:///{tmp_path / 'optlab.db'}")
+    migrate(engine)
+    submit(
+        session_factory(engine),
+        {"workload": {"name": "digits_mlp"}, "optimizer": {"name": "sgd"}, "steps": 1},
+    )
+    worker = start_worker("doomed", 1, env, tmp_path / "worker.log")
+    try:
+        job_group = int(
+            wait_until(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text(), 60, "the job")
+        )
+        worker.kill()
+        killed_at = time.monotonic()
+        wait_until(lambda: not group_alive(job_group), 30, "the job's process group to end")
+        # SIGTERM (ignored) on the worker's death, SIGKILL after the grace: gone well within a lease.
+        assert time.monotonic() - killed_at < 10
+    finally:
+        worker.kill()
+        worker.wait()
+        engine.dispose()
