@@ -325,7 +325,7 @@ def requeue_job(*, session: Session, job_id: int, worker_id: str, attempt: int, 
     """
     fenced = _fenced(job_id, worker_id, attempt)
     released = {"worker_id": None, "lease_expires_at": None}
-    cancelled = session.execute(
+    handed_back = session.execute(
         update(Job)
         .where(fenced & Job.cancel_requested.is_(True))
         .values(
@@ -335,15 +335,14 @@ def requeue_job(*, session: Session, job_id: int, worker_id: str, attempt: int, 
             **released,
         )
     )
-    requeued = None
-    if _rowcount(cancelled) == 0:
-        requeued = session.execute(
+    if _rowcount(handed_back) == 0:  # not cancelled: back to the queue
+        handed_back = session.execute(
             update(Job)
             .where(fenced)
             .values(status=JobStatus.QUEUED, error=_error("Interrupted", reason), **released)
         )
     session.commit()
-    return _rowcount(cancelled) + (_rowcount(requeued) if requeued is not None else 0) == 1
+    return _rowcount(handed_back) == 1
 
 
 def publish_catalogue(*, session: Session, worker_id: str, catalogue: dict[str, Any]) -> None:

@@ -214,8 +214,9 @@ class Worker:
                 log.exception("worker %s: could not publish the catalogue again", self.worker_id)
                 self.stopping.wait(REPUBLISH_RETRY_S)
 
-    def claim(self) -> tuple[Job, list[Slot]] | None:
-        """Claim the oldest job that fits the free slots, and take the slots it needs."""
+    def claim(self) -> tuple[Job, list[Slot], float] | None:
+        """Claim the oldest job that fits the free slots, and take the slots it needs; also when
+        the claim was sent (its lease runs from then: see Supervision._keep_lease_safe)."""
         with self.lock:
             self.threads = [t for t in self.threads if t.is_alive()]
             free = [self.slots[i] for i in sorted(self.free)]
@@ -226,6 +227,7 @@ class Worker:
                 free_slots=len(free),
                 free_gpu_slots=sum(1 for slot in free if slot.gpu is not None),
             )
+            sent = time.monotonic()
             with self.sessions() as session:
                 job = store.claim_next(
                     session=session, worker_id=self.worker_id, lease_s=self.settings.lease_s, fits=fits
@@ -237,7 +239,7 @@ class Worker:
             order = sorted(free, key=lambda slot: (slot.gpu is None) == needs.gpu)
             taken = order[: needs.slots]
             self.free -= {slot.index for slot in taken}
-            return job, taken
+            return job, taken, sent
 
     def start_next(self) -> bool:
         """Claim a job and supervise it in a thread of its own; False when none was claimed."""
@@ -258,9 +260,9 @@ class Worker:
         self._run_claimed(*claimed)
         return True
 
-    def _run_claimed(self, job: Job, slots: list[Slot]) -> None:
+    def _run_claimed(self, job: Job, slots: list[Slot], claimed_at: float) -> None:
         log.info("job %s: attempt %s started on slot(s) %s", job.id, job.attempt, [s.index for s in slots])
-        supervision = Supervision(self, job, slots)
+        supervision = Supervision(self, job, slots, claimed_at)
         try:
             outcome = supervision.run()
         except Exception as exc:
@@ -278,11 +280,11 @@ class Worker:
 class Supervision:
     """One job process from start to recorded outcome, through store outages and limits."""
 
-    def __init__(self, worker: Worker, job: Job, slots: list[Slot]) -> None:
+    def __init__(self, worker: Worker, job: Job, slots: list[Slot], claimed_at: float) -> None:
         self.worker, self.job, self.slots = worker, job, slots
         self.settings = worker.settings
         self.workdir = (self.settings.jobs_dir / str(job.id) / f"attempt-{job.attempt}").resolve()
-        self.renewed_at = time.monotonic()  # when the last successful lease renewal was sent
+        self.renewed_at = claimed_at  # when the last successful lease renewal (or the claim) was sent
         self.written: Progress | None = None  # the progress the store has
         self.written_at = 0.0
         self.store_retry_at = 0.0
