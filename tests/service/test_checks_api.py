@@ -36,6 +36,7 @@ def test_a_check_is_queued_as_a_job_of_kind_check(client: TestClient) -> None:
         },
         "checks": ["dense_step", "construct"],
         "experiment": "optimizer-checks",
+        "timeout_s": None,
     }
     assert job["progress"] == {"step": 0, "total": 2, "fraction": 0.0}
     assert client.get(f"/jobs/{job['id']}").json()["kind"] == "check"
