@@ -9,7 +9,7 @@
 - `mirrored` (Keras): one process, `tf.distribute.MirroredStrategy` over N devices (logical CPUs
   here): nothing to launch; the Keras driver builds under the strategy.
 
-Standard library only: the ranks' torch work lives in the torch driver.
+No framework imported here: the ranks' torch work lives in the torch driver.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 
 from jobs.processes import die_with_parent
 from jobs.result import JobStatus, read_result
+from jobs.resume import CHECKPOINT_DIR_ENV
 from jobs.spec import AnySpec, JobSpec
 
 # How a rank learns its place: set by the rank-0 job process for its children (and itself).
@@ -90,7 +91,8 @@ def start_ranks(spec: JobSpec, argv: list[str], workdir: Path, resume_from: Path
         rank_dir = workdir / f"rank-{rank}"
         rank_dir.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "jobs.run", *rank_argv(argv, rank_dir, resume_from)]
-        env = {**os.environ, RANK_ENV: str(rank), "MLFLOW_TRACKING_URI": ""}
+        # No tracking and no shared checkpoint folder: rank 0 alone logs and publishes checkpoints.
+        env = {**os.environ, RANK_ENV: str(rank), "MLFLOW_TRACKING_URI": "", CHECKPOINT_DIR_ENV: ""}
         with open(rank_dir / "log.txt", "wb") as log:
             process = subprocess.Popen(
                 command, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent

@@ -10,7 +10,7 @@ Where checkpoints live (`checkpoint_store`):
   the run it belongs to. The cost is one upload per checkpoint (small for these workloads) and
   every verified checkpoint kept in the run.
 - **`OPTLAB_CHECKPOINT_DIR`** (a folder every worker mounts at the same path): checkpoints are
-  written there directly, under `<job>/attempt-<n>/`, only the latest kept, nothing uploaded.
+  written there directly, under `<job>/attempt-<n>/`, the latest two kept, nothing uploaded.
   Cheaper for large models, but it needs a shared filesystem, which a plain docker-compose of GPU
   hosts does not have: an option, not the default.
 - Neither (no tracking server, no folder): the job's own workdir, reachable on this host only.
@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from jobs.frameworks.base import remove_checkpoint
 from jobs.result import ResumeRecord
 from jobs.tracking import Tracker
 
@@ -49,6 +50,9 @@ class CheckpointStore(Protocol):
 
     def publish(self, path: Path) -> str: ...
 
+    def retire(self, path: Path) -> None:
+        """`path` was superseded by a newer verified checkpoint."""
+
 
 class WorkdirCheckpoints:
     """No tracking server and no shared folder: the path itself, on this host only."""
@@ -59,19 +63,39 @@ class WorkdirCheckpoints:
     def publish(self, path: Path) -> str:
         return str(path)
 
+    def retire(self, path: Path) -> None:
+        remove_checkpoint(path)  # only the latest verified one is kept
+
+
+def delivered(run: Any) -> None:
+    """Every point logged so far is in the run before a checkpoint is published: an attempt resuming
+    from it then finds each step up to the checkpoint logged, and none lost between the two."""
+    if run is not None:
+        run.metrics.flush()
+
 
 class SharedFolderCheckpoints:
     """Written straight into the shared folder every worker mounts: the path is the reference."""
 
     in_run = False
 
-    def __init__(self, root: Path, job: str, attempt: int) -> None:
+    def __init__(self, root: Path, job: str, attempt: int, run: Any = None) -> None:
         # Each attempt a folder of its own: the loop keeps only its latest checkpoint, and must never
         # delete the one another attempt may still be resuming from.
         self.folder: Path | None = root / job / f"attempt-{attempt}"
+        self.run = run
+        self.previous: Path | None = None
 
     def publish(self, path: Path) -> str:
+        delivered(self.run)
         return str(path)
+
+    def retire(self, path: Path) -> None:
+        # The one before the latest stays: the worker may not have read the latest's report yet when
+        # this process dies, and must find the one it knows.
+        if self.previous is not None:
+            remove_checkpoint(self.previous)
+        self.previous = path
 
 
 class MlflowCheckpoints:
@@ -84,8 +108,12 @@ class MlflowCheckpoints:
         self.run = run  # jobs.tracking.MlflowRun
 
     def publish(self, path: Path) -> str:
+        delivered(self.run)
         self.run.log_artifact(path, RUN_ARTIFACTS)
         return f"runs:/{self.run.info.run_id}/{RUN_ARTIFACTS}/{path.name}"
+
+    def retire(self, path: Path) -> None:
+        remove_checkpoint(path)  # the local copy; every verified one stays in the run
 
 
 def checkpoint_store(
@@ -94,7 +122,7 @@ def checkpoint_store(
     """The shared folder when `OPTLAB_CHECKPOINT_DIR` is set, else the run's artifacts, else the workdir."""
     root = (os.environ if environ is None else environ).get(CHECKPOINT_DIR_ENV)
     if root:
-        return SharedFolderCheckpoints(Path(root), job, attempt)
+        return SharedFolderCheckpoints(Path(root), job, attempt, mlflow_run)
     if mlflow_run is not None:
         return MlflowCheckpoints(mlflow_run)
     return WorkdirCheckpoints()

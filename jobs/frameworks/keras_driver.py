@@ -71,6 +71,8 @@ class KerasObjects:
     optimizer: Any
     gradients: Callable[..., Any]
     apply: _Compiled
+    # Under a MirroredStrategy: one compiled step over the replicas (loss, gradient norm), else None.
+    replicated_step: Callable[..., Any] | None = None
 
 
 class KerasDriver(Driver):
@@ -497,7 +499,7 @@ class LegacyKerasDriver(KerasDriver):
     def reloads_no_state(self, saved: Any, reloaded: Any) -> bool:
         """A whole-model format that gave the optimizer back without any state (legacy optimizers
         from .keras or SavedModel, built-ins too): the format's loss, not the optimizer's."""
-        return int(reloaded.iterations) == 0 < int(saved.iterations)
+        return iterations(reloaded.iterations) == 0 < iterations(saved.iterations)
 
 
 class KerasSession(TrainingSession):
@@ -511,6 +513,7 @@ class KerasSession(TrainingSession):
         self.dataset = workload.load_data()
         self.regression = workload.task == "regression"
         self.device = self._choose_device(spec.device)
+        self.strategy = self._mirrored(spec)  # before anything starts TensorFlow's runtime
         self.lr_multiplier = build_schedule(spec.schedule.name, spec.schedule.params, total_steps=spec.steps)
         self.base_lr = float(spec.optimizer.params.get("lr", entry.params["lr"].default))
         self.km.utils.set_random_seed(spec.seed)
@@ -519,9 +522,34 @@ class KerasSession(TrainingSession):
         with tf.device(self.device):
             self.x_train, self.y_train = tf.constant(self.dataset.x_train), tf.constant(self.dataset.y_train)
             self.x_val, self.y_val = tf.constant(self.dataset.x_val), tf.constant(self.dataset.y_val)
+        if self.strategy is not None:  # the data on the first device, the result naming them all
+            self.device = f"{','.join(self.replica_devices)} (mirrored)"
 
     def scope(self) -> AbstractContextManager[Any]:
+        if self.strategy is not None:
+            return self.strategy.scope()  # everything built in it is mirrored
         return self.tf.device(self.device)
+
+    def _mirrored(self, spec: JobSpec) -> Any:
+        """A MirroredStrategy over the job's devices (GPUs, else that many logical CPUs), or None."""
+        distribution = spec.distribution
+        if distribution is None or distribution.strategy != "mirrored":
+            return None
+        tf, count = self.tf, distribution.devices
+        if self.device.startswith("/GPU"):
+            first = int(self.device.rpartition(":")[2])
+            gpus = len(tf.config.list_physical_devices("GPU"))
+            if first + count > gpus:
+                raise ValueError(
+                    f"distribution.devices: {count} GPUs from {self.device} requested; {gpus} here"
+                )
+            devices = [f"/GPU:{first + i}" for i in range(count)]
+        else:
+            cpu = tf.config.list_physical_devices("CPU")[0]
+            tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
+            devices = [f"/CPU:{i}" for i in range(count)]
+        self.replica_devices = devices
+        return tf.distribute.MirroredStrategy(devices)
 
     # -- objects ---------------------------------------------------------------------------------------
 
@@ -534,7 +562,8 @@ class KerasSession(TrainingSession):
         optimizer = self.entry.create(self.spec.optimizer.params, learning_rate=schedule)
         self.driver.create_state(optimizer, model.trainable_variables)
         model.compile(optimizer=optimizer)  # so a whole-model save carries the optimizer
-        return KerasObjects(model, optimizer, *self._step_functions(model, optimizer))
+        replicated = self._replicated_step(model, optimizer) if self.strategy is not None else None
+        return KerasObjects(model, optimizer, *self._step_functions(model, optimizer), replicated)
 
     def _step_functions(self, model: Any, optimizer: Any) -> tuple[Callable[..., Any], _Compiled]:
         tf = self.tf
@@ -554,6 +583,29 @@ class KerasSession(TrainingSession):
         jit = self.spec.jit_compile
         return tf.function(gradients, jit_compile=jit), _Compiled(apply, tf.function(apply, jit_compile=jit))
 
+    def _replicated_step(self, model: Any, optimizer: Any) -> Callable[..., Any]:
+        """One step on every replica, compiled: each takes its share of the batch, the optimizer sums
+        the replicas' gradients (so each loss is its share's mean over the replica count: the sum
+        is the batch's mean), and the norm is that of the summed gradient, as one device sees it."""
+        tf, strategy, driver = self.tf, self.strategy, self.driver
+        variables = model.trainable_variables
+        replicas = strategy.num_replicas_in_sync
+
+        def replica_step(x: Any, y: Any) -> tuple[Any, Any]:
+            with tf.GradientTape() as tape:
+                loss = self._loss(model(x, training=True), y) / replicas
+            grads = tape.gradient(loss, variables)
+            summed = tf.distribute.get_replica_context().all_reduce("sum", grads)
+            driver.apply(optimizer, grads, variables)
+            return loss, tf.linalg.global_norm(summed)
+
+        def step(xs: Any, ys: Any) -> tuple[Any, Any]:
+            losses, norms = strategy.run(replica_step, args=(xs, ys))
+            norm = strategy.experimental_local_results(norms)[0]
+            return strategy.reduce("sum", losses, axis=None), norm
+
+        return tf.function(step, jit_compile=self.spec.jit_compile)
+
     def _loss(self, output: Any, y: Any) -> Any:
         tf = self.tf
         if self.regression:
@@ -564,10 +616,26 @@ class KerasSession(TrainingSession):
 
     def batch(self, step: int) -> tuple[Any, Any]:
         rows = self.tf.constant(self.order.rows(step))
-        return self.tf.gather(self.x_train, rows), self.tf.gather(self.y_train, rows)
+        x, y = self.tf.gather(self.x_train, rows), self.tf.gather(self.y_train, rows)
+        if self.strategy is None:
+            return x, y
+        share = self.spec.batch_size // self.strategy.num_replicas_in_sync
+
+        def part(data: Any) -> Any:
+            return self.strategy.experimental_distribute_values_from_function(
+                lambda context: data[context.replica_id_in_sync_group * share :][:share]
+            )
+
+        return part(x), part(y)
 
     def train_step(self, objects: KerasObjects, batch: Any, step: int) -> StepRecord:
         lr = self.base_lr * self.lr_multiplier(step)
+        if objects.replicated_step is not None:
+            # One compiled step over the replicas: the optimizer's time is the whole step's.
+            started = time.perf_counter()
+            loss, grad_norm = objects.replicated_step(*batch)
+            optimizer_ms = (time.perf_counter() - started) * 1000
+            return StepRecord(loss=float(loss), grad_norm=float(grad_norm), lr=lr, optimizer_ms=optimizer_ms)
         loss, grads, grad_norm = objects.gradients(*batch)
         optimizer_started = time.perf_counter()
         self._apply(objects, grads, first=step == 0)
@@ -668,10 +736,10 @@ class KerasSession(TrainingSession):
         )
         status.assert_consumed()
         step = int(state["step"])
-        if int(fresh.optimizer.iterations) != step:
+        restored = iterations(fresh.optimizer.iterations)
+        if restored != step:
             raise ValueError(
-                f"checkpoint {path}: the optimizer restored {int(fresh.optimizer.iterations)} iterations, "
-                f"not the checkpoint's step {step}"
+                f"checkpoint {path}: the optimizer restored {restored} iterations, not its step {step}"
             )
         return fresh, step
 
@@ -690,7 +758,7 @@ class KerasSession(TrainingSession):
             # The tf.train.Checkpoint round-trip stays the one of record: warn, do not fail.
             return [
                 f"{path.name}: the whole-model format reloaded the optimizer without its state "
-                f"(iterations 0, not {int(objects.optimizer.iterations)}); resume from the "
+                f"(iterations 0, not {iterations(objects.optimizer.iterations)}); resume from the "
                 "tf.train.Checkpoint instead"
             ]
         compare_optimizers(objects.optimizer, optimizer, path.name)
@@ -873,7 +941,13 @@ def tracked_outside(tf: Any, optimizer: Any, trained: Sequence[Any]) -> list[Any
 def backing(variable: Any) -> Any:
     """The tf.Variable behind a Keras 3 variable (itself for a tf.Variable)."""
     value = getattr(variable, "_value", None)
-    return value if value is not None and hasattr(value, "handle") else variable
+    # On the class: a mirrored variable's `handle` raises outside a replica context.
+    return value if value is not None and hasattr(type(value), "handle") else variable
+
+
+def iterations(counter: Any) -> int:
+    """An optimizer's step counter as an int (a mirrored legacy one takes no int())."""
+    return int(np.asarray(counter.numpy() if hasattr(counter, "numpy") else counter))
 
 
 def optimizer_variables_of(optimizer: Any) -> list[Any]:

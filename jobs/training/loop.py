@@ -21,7 +21,7 @@ import numpy as np
 
 from jobs.errors import Diverged
 from jobs.frameworks import driver_for, style_of
-from jobs.frameworks.base import Evaluation, TrainingSession, remove_checkpoint
+from jobs.frameworks.base import Evaluation, TrainingSession
 from jobs.report import Reporter
 from jobs.result import CheckpointRecord, OptimizerState, TrainOutcome
 from jobs.resume import CheckpointStore, WorkdirCheckpoints
@@ -185,7 +185,7 @@ class TrainingJob:
             if warning not in self.warnings:
                 self.warnings.append(warning)
         if self.last_checkpoint is not None and self.last_checkpoint != checkpointed.path:
-            remove_checkpoint(self.last_checkpoint)  # keep only the latest verified one
+            self.store.retire(self.last_checkpoint)  # superseded (jobs.resume: what is kept where)
         self.last_checkpoint = checkpointed.path
         return checkpointed.objects
 

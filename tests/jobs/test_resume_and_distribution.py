@@ -1,0 +1,365 @@
+"""Jobs that survive and jobs on several devices, as `python -m jobs.run` runs them against a real
+MLflow server: exact resume in the same run for every style, no point logged twice, the
+nondeterminism record, a missing checkpoint failing clearly, DDP and MirroredStrategy on CPU.
+
+Every process pays seconds of imports, so they all start together in one module fixture (the
+resumed attempts as soon as their first attempt ended) and each test waits only for its own.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT, free_port
+
+pytestmark = pytest.mark.xdist_group("resume_and_distribution")
+
+JOB_TIMEOUT_S = 300  # a safety net on a loaded machine
+STEPS = 40
+# DDP ranks and MirroredStrategy replicas each take half the batch: the gradient the optimizer sees
+# is the mean of two half-batch means instead of one full-batch mean, equal in exact arithmetic but
+# summed in another order in float32 (differences ~1e-7 relative per step). Over 40 Adam steps on
+# this small MLP that stays well below 1e-4 in every parameter and in the losses; a real fault (a
+# rank on other data, gradients summed instead of averaged) moves them by 1e-2 and more.
+ONE_DEVICE_TOLERANCE = 1e-4
+
+# SGD with momentum that takes its time, so a job can be killed mid-run with `kill -9`.
+SLOW_PLUGIN = """
+import time
+
+import torch
+
+
+class SlowMomentum(torch.optim.SGD):
+    def __init__(self, params, lr: float = 0.05, momentum: float = 0.9):
+        super().__init__(params, lr=lr, momentum=momentum)
+
+    def step(self, closure=None):
+        time.sleep(0.06)
+        return super().step(closure)
+"""
+
+
+def spec_for(style: str, **overrides: Any) -> dict[str, Any]:
+    optimizer: dict[str, Any] = {"name": "adam", "params": {"lr": 0.003}}
+    if style == "torch":
+        optimizer = {"name": "slow_momentum", "params": {"lr": 0.05}}
+    else:
+        optimizer["style"] = style
+    return {
+        "framework": "torch" if style == "torch" else "tensorflow",
+        "workload": {"name": "digits_mlp"},
+        "optimizer": optimizer,
+        "schedule": {"name": "cosine", "params": {"warmup_steps": 5}},
+        "steps": STEPS,
+        "batch_size": 32,
+        "checkpoint_every": 10,
+        "eval_every": 10,
+        "device": "cpu",
+        "experiment": f"resume-{style}",
+        **overrides,
+    }
+
+
+@dataclass
+class Job:
+    workdir: Path
+    log: Path
+    process: subprocess.Popen[bytes]
+
+    def result(self) -> dict[str, Any]:
+        self.process.wait(JOB_TIMEOUT_S)
+        try:
+            return dict(json.loads((self.workdir / "result.json").read_text()))
+        except OSError:
+            raise AssertionError(f"no result.json; see {self.log}:\n{self.log.read_text()[-3000:]}") from None
+
+    def progress(self) -> dict[str, Any]:
+        try:
+            return dict(json.loads((self.workdir / "progress.json").read_text()))
+        except (OSError, ValueError):
+            return {}
+
+
+class Runner:
+    def __init__(self, root: Path, tracking_uri: str, plugins: Path) -> None:
+        self.root, self.tracking_uri = root, tracking_uri
+        self.env = {
+            k: v for k, v in os.environ.items() if k not in {"MLFLOW_TRACKING_URI", "OPTLAB_CHECKPOINT_DIR"}
+        }
+        self.env.update({"OMP_NUM_THREADS": "1", "OPTLAB_PLUGIN_DIRS": str(plugins), "PYTHONPATH": str(ROOT)})
+
+    def start(
+        self,
+        name: str,
+        spec: dict[str, Any],
+        *args: str,
+        tracked: bool = True,
+        env: dict[str, str] | None = None,
+    ) -> Job:
+        spec_path = self.root / f"{name}.json"
+        spec_path.write_text(json.dumps(spec))
+        workdir, log = self.root / name, self.root / f"{name}.log"
+        tracking = ["--tracking-uri", self.tracking_uri] if tracked else []
+        command = [
+            sys.executable,
+            "-m",
+            "jobs.run",
+            str(spec_path),
+            "--workdir",
+            str(workdir),
+            *tracking,
+            *args,
+        ]
+        with open(log, "wb") as output:
+            process = subprocess.Popen(
+                command, cwd=ROOT, env=self.env, stdout=output, stderr=subprocess.STDOUT
+            )
+        return Job(workdir, log, process)
+
+
+@pytest.fixture(scope="module")
+def tracking_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real MLflow server (SQLite, artifacts served by the server, as `optlab serve` runs it)."""
+    import httpx
+
+    data = tmp_path_factory.mktemp("mlflow")
+    port = free_port()
+    command = [
+        sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{data / 'mlflow.db'}",
+        "--artifacts-destination", str(data / "artifacts"), "--serve-artifacts",
+        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+    ]  # fmt: skip
+    with open(data / "mlflow.log", "wb") as log:
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while True:
+        assert server.poll() is None, (data / "mlflow.log").read_text()[-2000:]
+        try:
+            if httpx.get(f"{uri}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline, "the MLflow server did not start"
+        time.sleep(0.3)
+    yield uri
+    os.killpg(server.pid, signal.SIGKILL)  # a throwaway server: nothing to shut down cleanly
+    server.wait(30)
+
+
+@pytest.fixture(scope="module")
+def client(tracking_uri: str) -> Any:
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=tracking_uri)
+
+
+STYLES = ("torch", "keras", "tf_legacy")
+
+
+@pytest.fixture(scope="module")
+def jobs(
+    tmp_path_factory: pytest.TempPathFactory, tracking_uri: str, client: Any
+) -> Iterator[dict[str, Job]]:
+    root = tmp_path_factory.mktemp("resume")
+    plugins = root / "plugins"
+    plugins.mkdir()
+    (plugins / "slow_momentum.py").write_text(SLOW_PLUGIN)
+    runner = Runner(root, tracking_uri, plugins)
+    # A run with no checkpoint in its artifacts, for the missing reference.
+    experiment = client.create_experiment("resume-missing")
+    empty_run = client.create_run(experiment).info.run_id
+    started: dict[str, Job] = {}
+    # The Keras styles' straight runs are tracked: their resumed attempts start from the step-10
+    # checkpoint in the run, recompute every later step and must log none of them again. torch's
+    # first attempt is killed mid-run instead (below), so its resumed attempt logs the rest.
+    started["straight-torch"] = runner.start("straight-torch", spec_for("torch"), tracked=False)
+    for style in STYLES[1:]:
+        started[f"straight-{style}"] = runner.start(f"straight-{style}", spec_for(style))
+    # torch checkpoints go to a shared folder (the option), the Keras ones to the run (the default).
+    started["first-torch"] = runner.start(
+        "first-torch", spec_for("torch"), "--job-id", "7", env=shared_folder(root)
+    )
+    for name, style, strategy in (("ddp", "torch", "ddp"), ("mirrored", "keras", "mirrored")):
+        distribution = {"strategy": strategy, "devices": 2}
+        started[name] = runner.start(name, spec_for(style, distribution=distribution, experiment=name))
+    missing = f"runs:/{empty_run}/checkpoints/step-00000010.pt"
+    started["missing"] = runner.start(
+        "missing", spec_for("torch"), "--resume", missing, "--resume-run-id", empty_run, "--attempt", "2"
+    )
+    try:
+        started["resumed-torch"] = resume_after_kill(runner, started["first-torch"])
+        for style in STYLES[1:]:
+            first = started[f"straight-{style}"].result()
+            assert first["status"] == "succeeded", first.get("error")
+            started[f"resumed-{style}"] = runner.start(
+                f"resumed-{style}",
+                spec_for(style),
+                "--resume", first["checkpoints"][0]["path"], "--resume-run-id", first["mlflow"]["run_id"],
+                "--attempt", "2",
+            )  # fmt: skip
+        yield started
+    finally:
+        for job in started.values():
+            if job.process.poll() is None:
+                job.process.kill()
+                job.process.wait()
+
+
+def resume_after_kill(runner: Runner, first: Job) -> Job:
+    """`kill -9` the first attempt once it reported a verified checkpoint and trained past it, then
+    resume from that checkpoint (in the shared folder, as another worker would) in the same run."""
+    deadline = time.monotonic() + JOB_TIMEOUT_S
+    while True:
+        progress = first.progress()
+        checkpoint = progress.get("checkpoint")
+        if checkpoint and progress["step"] > checkpoint["step"] and progress.get("mlflow"):
+            break
+        assert first.process.poll() is None, f"the first attempt ended before it was killed; see {first.log}"
+        assert time.monotonic() < deadline, "no checkpoint reported in time"
+        time.sleep(0.02)
+    first.process.send_signal(signal.SIGKILL)
+    first.process.wait()
+    folder = Path(shared_folder(runner.root)["OPTLAB_CHECKPOINT_DIR"]) / "7" / "attempt-1"
+    assert checkpoint["ok"] and Path(checkpoint["path"]).parent == folder
+    (first.workdir / "killed-at.json").write_text(json.dumps(progress))
+    return runner.start(
+        "resumed-torch",
+        spec_for("torch"),
+        "--resume", checkpoint["path"], "--resume-run-id", progress["mlflow"]["run_id"],
+        "--job-id", "7", "--attempt", "2", env=shared_folder(runner.root),
+    )  # fmt: skip
+
+
+def shared_folder(root: Path) -> dict[str, str]:
+    return {"OPTLAB_CHECKPOINT_DIR": str(root / "shared-checkpoints")}
+
+
+@pytest.mark.parametrize("style", STYLES)
+def test_a_resumed_job_ends_bitwise_like_a_straight_run_in_the_same_mlflow_run(
+    style: str, jobs: dict[str, Job], client: Any
+) -> None:
+    straight, resumed = jobs[f"straight-{style}"].result(), jobs[f"resumed-{style}"].result()
+    assert straight["status"] == "succeeded", straight.get("error")
+    assert resumed["status"] == "succeeded", resumed.get("error")
+    first = jobs["first-torch" if style == "torch" else f"straight-{style}"]
+    first_run = json.loads((first.workdir / "progress.json").read_text())["mlflow"]["run_id"]
+    assert resumed["mlflow"]["run_id"] == first_run
+    assert resumed["params_sha256"] == straight["params_sha256"]
+    assert resumed["final"] == straight["final"]
+    if style == "torch":
+        killed = json.loads((jobs["first-torch"].workdir / "killed-at.json").read_text())
+        assert resumed["resumed_from_step"] == killed["checkpoint"]["step"]
+    else:
+        assert resumed["resumed_from_step"] == 10
+
+    run = client.get_run(first_run)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["attempt"] == "2" and run.data.tags["framework"] == straight_framework(style)
+    assert run.data.params["steps"] == str(STEPS)
+    assert len(client.search_runs([run.info.experiment_id])) == 1  # no second run for the job
+    for key in ("train/loss", "train/lr", "perf/step_time_ms"):
+        steps = sorted(m.step for m in client.get_metric_history(first_run, key))
+        assert steps == list(range(STEPS)), f"{key}: every step exactly once"
+
+    record = resumed["resume"]
+    assert record["from_step"] == resumed["resumed_from_step"]
+    assert record["points_differing"] == 0 and record["max_abs_difference"] == 0.0  # CPU: bitwise
+    if style != "torch":  # steps 10..39 recomputed: at least loss, lr and grad norm of each compared
+        assert record["points_compared"] >= 3 * (STEPS - 10) and record["last_logged_step"] == STEPS - 1
+        assert resumed["checkpoints"][-1]["path"] == f"runs:/{first_run}/checkpoints/step-{STEPS:08d}"
+    assert client.get_run(first_run).data.metrics["resume/points_differing"] == 0
+
+
+def straight_framework(style: str) -> str:
+    return "torch" if style == "torch" else "tensorflow"
+
+
+def test_a_resume_whose_checkpoint_is_missing_fails_clearly(jobs: dict[str, Job], client: Any) -> None:
+    result = jobs["missing"].result()
+    assert result["status"] == "failed"
+    assert result["error"]["type"] == "FileNotFoundError"
+    assert "--resume: checkpoint runs:/" in result["error"]["message"]
+    assert "step-00000010.pt" in result["error"]["message"]
+    assert client.get_run(result["mlflow"]["run_id"]).info.status == "FAILED"
+
+
+def test_a_ddp_job_matches_one_device_with_its_checkpoints_verified_on_every_rank(
+    jobs: dict[str, Job], client: Any
+) -> None:
+    import torch
+
+    ddp, single = jobs["ddp"].result(), jobs["straight-torch"].result()
+    assert ddp["status"] == "succeeded", ddp.get("error")
+    assert ddp["device"] == "cpu (ddp rank 0 of 2)"
+    assert [c["step"] for c in ddp["checkpoints"]] == [10, 20, 30, 40] and ddp["checkpoints_verified"] == 4
+    rank_1 = json.loads((jobs["ddp"].workdir / "rank-1" / "result.json").read_text())
+    assert rank_1["status"] == "succeeded" and rank_1["checkpoints_verified"] == 4
+    assert rank_1["params_sha256"] == ddp["params_sha256"]  # the replicas hold bitwise the same weights
+
+    def weights(workdir: Path) -> dict[str, np.ndarray]:
+        saved = torch.load(workdir / "checkpoints" / f"step-{STEPS:08d}.pt", weights_only=True)
+        return {name: tensor.numpy() for name, tensor in saved["model"].items()}
+
+    assert_close(weights(jobs["ddp"].workdir), weights(jobs["straight-torch"].workdir), ddp, single)
+    assert_one_run(client, ddp)
+
+
+def test_a_mirrored_job_matches_one_device_with_its_checkpoints_verified(
+    jobs: dict[str, Job], client: Any
+) -> None:
+    mirrored, single = jobs["mirrored"].result(), jobs["straight-keras"].result()
+    assert mirrored["status"] == "succeeded", mirrored.get("error")
+    assert mirrored["device"] == "/CPU:0,/CPU:1 (mirrored)"
+    assert mirrored["checkpoints_verified"] == 4
+
+    def weights(workdir: Path) -> dict[str, np.ndarray]:
+        import h5py
+
+        archive = zipfile.ZipFile(workdir / "checkpoints" / f"step-{STEPS:08d}" / "model.keras")
+        found: dict[str, np.ndarray] = {}
+        with h5py.File(io.BytesIO(archive.read("model.weights.h5"))) as weights_file:
+            weights_file["layers"].visititems(
+                lambda name, item: found.update({name: np.array(item)}) if hasattr(item, "shape") else None
+            )
+        return found
+
+    assert_close(weights(jobs["mirrored"].workdir), weights(jobs["straight-keras"].workdir), mirrored, single)
+    assert_one_run(client, mirrored)
+
+
+def assert_close(
+    replicated: dict[str, np.ndarray],
+    single: dict[str, np.ndarray],
+    result: dict[str, Any],
+    one: dict[str, Any],
+) -> None:
+    assert replicated.keys() == single.keys() and replicated
+    apart = max(float(np.max(np.abs(replicated[k] - single[k]))) for k in single)
+    print(f"max abs parameter difference to one device: {apart:.3g}")
+    assert apart <= ONE_DEVICE_TOLERANCE
+    for key in ("train_loss", "val_loss"):
+        assert abs(result["final"][key] - one["final"][key]) <= ONE_DEVICE_TOLERANCE * abs(one["final"][key])
+
+
+def assert_one_run(client: Any, result: dict[str, Any]) -> None:
+    run_id = result["mlflow"]["run_id"]
+    assert client.get_run(run_id).info.status == "FINISHED"
+    steps = sorted(m.step for m in client.get_metric_history(run_id, "train/loss"))
+    assert steps == list(range(STEPS))
+    assert client.get_run(run_id).data.params["distribution.devices"] == "2"

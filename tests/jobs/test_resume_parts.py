@@ -1,0 +1,112 @@
+"""The resume's small parts without processes: which points a resumed attempt skips and compares,
+what the other DDP ranks are started with, where checkpoints go."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from jobs.distributed import rank_argv
+from jobs.resume import (
+    MlflowCheckpoints,
+    ResumedTracker,
+    SharedFolderCheckpoints,
+    WorkdirCheckpoints,
+    checkpoint_store,
+    fetch_checkpoint,
+)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.points: list[tuple[str, float, int]] = []
+
+    def metric(self, key: str, value: float, step: int) -> None:
+        self.points.append((key, value, step))
+
+
+def test_points_at_or_below_the_last_logged_step_are_compared_not_logged_again() -> None:
+    logged = {
+        "train/loss": {5: 1.0, 6: 0.9, 7: math.nan},
+        "perf/step_time_ms": {6: 3.0, 7: 3.1},
+        "val/loss": {5: 2.0},
+    }
+    inner = Recorder()
+    tracker = ResumedTracker(inner, logged)
+    for key, value, step in [
+        ("train/loss", 0.9, 6),  # the same value: compared, equal
+        ("train/loss", math.nan, 7),  # NaN again: equal
+        ("train/loss", 0.8, 8),  # past the last logged step: logged
+        ("perf/step_time_ms", 9.0, 7),  # a timing: skipped, never compared
+        ("val/loss", 2.5, 5),  # differs by 0.5
+        ("val/loss", 2.4, 10),
+        ("train/lr", 0.1, 6),  # a key the run never had: logged
+    ]:
+        tracker.metric(key, value, step)
+    assert inner.points == [("train/loss", 0.8, 8), ("val/loss", 2.4, 10), ("train/lr", 0.1, 6)]
+    record = tracker.record(from_step=5)
+    assert (record.points_skipped, record.points_compared, record.points_differing) == (4, 3, 1)
+    assert record.max_abs_difference == 0.5
+    assert record.last_logged_step == 7
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (
+            [
+                "spec.json",
+                "--workdir",
+                "w",
+                "--tracking-uri",
+                "http://x",
+                "--resume-run-id",
+                "r",
+                "--attempt",
+                "2",
+            ],
+            ["spec.json", "--attempt", "2", "--workdir", "w/rank-1", "--resume", "local.pt"],
+        ),
+        (
+            ["spec.json", "--resume=runs:/r/x", "--stop-after", "5"],
+            ["spec.json", "--stop-after", "5", "--workdir", "w/rank-1", "--resume", "local.pt"],
+        ),
+    ],
+)
+def test_the_other_ranks_get_the_fetched_checkpoint_and_no_tracking(
+    argv: list[str], expected: list[str]
+) -> None:
+    assert rank_argv(argv, Path("w/rank-1"), Path("local.pt")) == expected
+
+
+class FakeRun:
+    class info:
+        run_id = "abc"
+
+
+def test_the_shared_folder_wins_then_the_run_then_the_workdir(tmp_path: Path) -> None:
+    shared = checkpoint_store(FakeRun(), job="7", attempt=2, environ={"OPTLAB_CHECKPOINT_DIR": str(tmp_path)})
+    assert isinstance(shared, SharedFolderCheckpoints) and shared.folder == tmp_path / "7" / "attempt-2"
+    assert isinstance(checkpoint_store(FakeRun(), job="7", attempt=2, environ={}), MlflowCheckpoints)
+    assert isinstance(checkpoint_store(None, job="7", attempt=2, environ={}), WorkdirCheckpoints)
+
+
+def test_a_missing_local_checkpoint_is_named(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"checkpoint .*step-9\.pt does not exist"):
+        fetch_checkpoint(str(tmp_path / "step-9.pt"), into=tmp_path / "x", tracking_uri=None)
+
+
+def test_the_shared_folder_keeps_the_checkpoint_before_the_latest(tmp_path: Path) -> None:
+    """The worker may die knowing only the previous report: that checkpoint must still be there."""
+    store = SharedFolderCheckpoints(tmp_path, "7", 1)
+    assert store.folder is not None
+    store.folder.mkdir(parents=True)
+    paths = [store.folder / f"step-{step}.pt" for step in (10, 20, 30)]
+    for previous, path in zip([None, *paths], paths, strict=False):
+        path.write_bytes(b"x")
+        store.publish(path)
+        if previous is not None:
+            store.retire(previous)
+    assert sorted(p.name for p in store.folder.iterdir()) == ["step-20.pt", "step-30.pt"]
