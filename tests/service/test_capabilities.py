@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.result import CheckpointRecord, JobResult, JobStatus, Progress
@@ -36,11 +36,9 @@ def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sessio
     url = request.getfixturevalue("postgres_url") if request.param == "postgresql" else ""
     engine = make_engine(url or f"sqlite:///{tmp_path / 'optlab.db'}")
     migrate(engine)
-    sessions = session_factory(engine)
-    with sessions() as session:  # the PostgreSQL database is the session's: start empty
-        session.query(store.Job).delete()
-        session.commit()
-    yield sessions
+    yield session_factory(engine)
+    with engine.begin() as connection:  # the PostgreSQL database is shared by the session: leave it empty
+        connection.execute(text("DELETE FROM jobs"))
     engine.dispose()
 
 
