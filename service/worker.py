@@ -458,6 +458,8 @@ class Supervision:
                 stdin=subprocess.DEVNULL,
                 env=env,
             )
+        # Just after the job: a worker killed in between leaves the job only its SIGTERM, which a
+        # real job gets before it could have loaded a plugin that ignores it.
         reaper = start_reaper(process.pid, self.settings.cancel_grace_s)
         try:
             stop = self._watch(process)

@@ -364,6 +364,9 @@ def test_a_job_that_ignores_sigterm_does_not_outlive_its_killed_worker(tmp_path:
         job_group = int(
             wait_until(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text(), 60, "the job")
         )
+        # The reaper starts just after the job (a real job gets its SIGTERM before it could load a
+        # plugin that ignores it, were the worker killed in between; this stand-in ignores it at once).
+        wait_until(lambda: reaper_of(job_group), 30, "the job's reaper")
         worker.kill()
         killed_at = time.monotonic()
         wait_until(lambda: not group_alive(job_group), 30, "the job's process group to end")
@@ -373,3 +376,14 @@ def test_a_job_that_ignores_sigterm_does_not_outlive_its_killed_worker(tmp_path:
         worker.kill()
         worker.wait()
         engine.dispose()
+
+
+def reaper_of(job_group: int) -> bool:
+    needle = f"optlab-reaper\0{job_group}\0".encode()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and needle in (entry / "cmdline").read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
