@@ -256,6 +256,12 @@ def style_choice(framework: str) -> bool:
     return len(STYLES_OF_FRAMEWORK[framework]) > 1
 
 
+# A wall-clock limit the worker enforces (the job ends `failed`); OPTLAB_MAX_JOB_SECONDS caps it.
+TIMEOUT_FIELD = Field(
+    default=None, gt=0, le=2**31 - 1, description="wall-clock limit, seconds (OPTLAB_MAX_JOB_SECONDS caps it)"
+)
+
+
 # Which framework runs each data-parallel strategy.
 STRATEGY_FRAMEWORK = {"ddp": "torch", "mirrored": "tensorflow"}
 MAX_DEVICES = 8
@@ -312,6 +318,7 @@ class JobSpec(BaseModel):
     experiment: SafeName = Field(default="default", description=f"MLflow experiment: {SAFE_NAME_ALLOWED}")
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:[0-9]{1,2})?)$")
     jit_compile: bool = Field(default=False, description="tensorflow jobs: compile the step with XLA")
+    timeout_s: float | None = TIMEOUT_FIELD
     distribution: Distribution | None = Field(
         default=None, description="data-parallel training: ddp (torch) or mirrored (tensorflow) over devices"
     )
@@ -399,6 +406,7 @@ class CheckSpec(BaseModel):
     experiment: SafeName = Field(
         default="optimizer-checks", description=f"MLflow experiment: {SAFE_NAME_ALLOWED}"
     )
+    timeout_s: float | None = TIMEOUT_FIELD
 
     @field_validator("checks")
     @classmethod
@@ -698,6 +706,19 @@ def _rateless_errors(spec: JobSpec, catalogue: Catalogue) -> list[SpecError]:
             loc=["body", "schedule", "name"],
             msg=f"optimizer {holder.name!r} takes no learning rate (it computes its own step), so schedule "
             f"{spec.schedule.name!r} has nothing to scale; use the constant schedule",
+        )
+    ]
+
+
+def timeout_errors(spec: AnySpec, *, max_job_seconds: float) -> list[SpecError]:
+    """A `timeout_s` over the server's cap is refused, naming the cap."""
+    if spec.timeout_s is None or spec.timeout_s <= max_job_seconds:
+        return []
+    return [
+        SpecError(
+            loc=["body", "timeout_s"],
+            msg=f"timeout_s must be at most {max_job_seconds:g} (OPTLAB_MAX_JOB_SECONDS); "
+            f"received {spec.timeout_s:g}",
         )
     ]
 

@@ -1,4 +1,4 @@
-"""`optlab` command line: serve | api | worker | submit | check | study | demo."""
+"""`optlab` command line: serve | api | worker | db upgrade | submit | check | study | demo."""
 
 from __future__ import annotations
 
@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         "check": cmd_check,
         "study": cmd_study,
         "demo": cmd_demo,
+        "db": cmd_db,
     }
     try:
         return handler[args.command](args, settings)
@@ -68,7 +69,14 @@ def build_parser() -> argparse.ArgumentParser:
     api = commands.add_parser("api", help="run the HTTP API only")
     api.add_argument("--host")
     api.add_argument("--port", type=int)
-    commands.add_parser("worker", help="run one worker only")
+    worker = commands.add_parser("worker", help="run one worker only (it runs up to --slots jobs at once)")
+    worker.add_argument(
+        "--slots",
+        type=positive_int,
+        help="jobs at once (default: one per visible GPU: CUDA_VISIBLE_DEVICES or nvidia-smi -L; else 1)",
+    )
+    db = commands.add_parser("db", help="the job store: `optlab db upgrade` applies the migrations")
+    db.add_argument("action", choices=("upgrade",), help="upgrade: bring the schema to the latest revision")
 
     submit = commands.add_parser("submit", help="submit a job spec over HTTP")
     submit.add_argument("spec", type=Path, help="job spec JSON file")
@@ -80,6 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
     study.add_argument("--wait", action="store_true", help="show progress, then the ranking and the report")
     study.add_argument("--api", help="API URL (default $OPTLAB_API_URL or http://127.0.0.1:8000)")
     return parser
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1; received {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1; received {value}")
+    return value
 
 
 CHECK_HELP = """\
@@ -224,7 +242,7 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
     engine = make_engine(settings.resolved_database_url)
     migrate(engine)
-    worker = Worker(settings, session_factory(engine))
+    worker = Worker(settings, session_factory(engine), slots=args.slots)
     install_stop_handlers(worker.stopping.set)
     try:
         worker.publish_catalogue()
@@ -235,6 +253,23 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
         print(f"optlab worker: could not publish the optimizer catalogue: {exc}", file=sys.stderr)
         return 1
     worker.run_forever()
+    return 0
+
+
+def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
+    """Migrations on demand (the API and workers still apply them when they start)."""
+    from service.db import make_engine, migrate
+    from service.secrets import redact_url
+
+    engine = make_engine(settings.resolved_database_url)
+    try:
+        migrate(engine)
+    except Exception as exc:  # unreachable database, no permission: one line, no traceback
+        print(f"optlab db upgrade: {redact_url(settings.resolved_database_url)}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        engine.dispose()
+    print(f"optlab db upgrade: {redact_url(settings.resolved_database_url)} is at the latest revision")
     return 0
 
 

@@ -28,7 +28,10 @@ def make_engine(url: str) -> Engine:
         engine = create_engine(url, connect_args={"timeout": 30})
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
-    return create_engine(url, pool_pre_ping=True)
+    # A store that stops answering must fail a call within seconds, not hang the worker's
+    # supervision loop (it keeps supervising its job through an outage): libpq timeouts.
+    timeouts = {"connect_timeout": 5, "tcp_user_timeout": 5000, "keepalives_idle": 5}
+    return create_engine(url, pool_pre_ping=True, connect_args=timeouts if url.startswith("postgres") else {})
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:

@@ -71,6 +71,10 @@ class Job(Base):
     submitted_by: Mapped[str | None] = mapped_column(String(64), index=True)
     # The study it belongs to (POST /studies); None for a job submitted on its own.
     study_id: Mapped[int | None] = mapped_column(Integer, ForeignKey("studies.id"), index=True)
+    # The last verified checkpoint progress reported (a reference any worker can load): a new
+    # attempt resumes from it, in the MLflow run `mlflow.run_id` names.
+    checkpoint_step: Mapped[int | None] = mapped_column(Integer)
+    checkpoint_ref: Mapped[str | None] = mapped_column(String(2000))
 
 
 class CatalogueSnapshot(Base):
@@ -108,3 +112,19 @@ class Study(Base):
     finalize_error: Mapped[str | None] = mapped_column(Text)
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     report_html: Mapped[str | None] = mapped_column(Text)
+
+
+class WorkerRow(Base):
+    """A worker and what it can run; it claims only jobs that fit, and the API refuses devices
+    no live worker offers. Live: seen within one lease."""
+
+    __tablename__ = "workers"
+
+    worker_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    frameworks: Mapped[list[str]] = mapped_column(JSON)  # those its catalogue has optimizers for
+    devices: Mapped[list[str]] = mapped_column(JSON)  # kinds: ["cpu"] or ["cpu", "cuda"]
+    gpus: Mapped[int] = mapped_column(Integer, default=0)
+    slots: Mapped[int] = mapped_column(Integer, default=1)
+    catalogue_sha256: Mapped[str] = mapped_column(String(64))
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)

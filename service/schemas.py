@@ -42,6 +42,9 @@ class JobRead(BaseModel):
     cancel_requested: bool
     submitted_by: str | None = Field(description="the name of the API token that submitted it")
     study_id: int | None = Field(default=None, description="the study it belongs to (POST /studies)")
+    waiting_reason: str | None = Field(
+        default=None, description="GET /jobs/{id} of a queued job no live worker can run: why it waits"
+    )
 
     @classmethod
     def from_row(cls, job: Job) -> JobRead:

@@ -96,7 +96,27 @@ class Settings(BaseSettings):
         "by ':' like PATH; passed on to job processes",
     )
     max_study_jobs: int = Field(default=200, ge=1, description="jobs one study may expand to")
+    # Durable jobs (README "Workers"): lease, heartbeat and limits; the API reads them too.
+    lease_s: float = Field(
+        default=15.0, gt=0, le=3600, description="a dead worker's job is taken over after this"
+    )
+    heartbeat_s: float = Field(default=5.0, gt=0, description="lease renewal cadence; under lease_s / 2")
+    max_job_seconds: float = Field(default=86400.0, gt=0, description="cap on (and default of) timeout_s")
+    job_memory_mb: int | None = Field(default=None, gt=0, description="RSS limit per job (all its processes)")
+    queue_for_absent_devices: bool = Field(
+        default=False, description="accept jobs for devices no live worker offers (they wait for one)"
+    )
     _tokens: list[ApiToken] = PrivateAttr(default_factory=list)
+
+    @model_validator(mode="after")
+    def _heartbeat_within_lease(self) -> Settings:
+        # Two renewals fit in one lease, so one lost write never costs the lease.
+        if self.heartbeat_s >= self.lease_s / 2:
+            raise ValueError(
+                f"OPTLAB_HEARTBEAT_S must be under OPTLAB_LEASE_S / 2 ({self.lease_s / 2:g}); "
+                f"received {self.heartbeat_s:g}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _read_tokens(self) -> Settings:

@@ -2,13 +2,18 @@
 
 Works on SQLite and PostgreSQL alike. Claiming uses `FOR UPDATE SKIP LOCKED` where the
 database has it, and a conditional UPDATE everywhere, so two workers never run one job.
+A job's attempt number fences every worker write: progress, heartbeat, outcome and requeue
+are conditional UPDATEs on (id, attempt, worker); one that matches no row means the lease is
+gone (another attempt exists), and the worker stops its job process.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import func, or_, select, update
@@ -16,7 +21,25 @@ from sqlalchemy.orm import Session
 
 from jobs.result import TERMINAL_STATUSES, ErrorRecord, JobResult, JobStatus, Progress
 from jobs.spec import AnySpec, Catalogue, CheckSpec, default_style, framework_of_style
-from service.models import CatalogueSnapshot, Job, utcnow
+from service.capabilities import needs_of
+from service.models import CatalogueSnapshot, Job, WorkerRow, utcnow
+
+
+class Lease(StrEnum):
+    """What a fenced write (or read) learnt about the worker's hold on a job."""
+
+    HELD = "held"
+    CANCEL = "cancel"  # held, and cancellation was requested
+    LOST = "lost"  # another attempt exists, or the job ended: stop the job process at once
+
+
+@dataclass(frozen=True)
+class ClaimFilter:
+    """What a worker can take now: its frameworks and its free slots (GPU slots among them)."""
+
+    frameworks: tuple[str, ...]
+    free_slots: int
+    free_gpu_slots: int
 
 
 def as_utc(moment: datetime | None) -> datetime | None:
@@ -139,7 +162,21 @@ def request_cancel(*, session: Session, job_id: int) -> Job | None:
     return session.get(Job, job_id, populate_existing=True)
 
 
-def claim_next(*, session: Session, worker_id: str, lease_s: float) -> Job | None:
+def _fits(fits: ClaimFilter) -> Any:
+    """SQL for "this worker can run it now", over the stored spec JSON (absent keys: defaults)."""
+    framework = func.coalesce(Job.spec[("framework",)].as_string(), "torch")
+    device = func.coalesce(Job.spec[("device",)].as_string(), "cpu")
+    slots = func.coalesce(Job.spec[("distribution", "devices")].as_integer(), 1)
+    return (
+        framework.in_(fits.frameworks)
+        & (slots <= fits.free_slots)
+        & (~device.like("cuda%") | (slots <= fits.free_gpu_slots))
+    )
+
+
+def claim_next(
+    *, session: Session, worker_id: str, lease_s: float, fits: ClaimFilter | None = None
+) -> Job | None:
     """Take the oldest claimable job for `worker_id`, or None when there is none.
 
     Claimable: queued, or running under a lease that expired (its worker died without
@@ -150,6 +187,7 @@ def claim_next(*, session: Session, worker_id: str, lease_s: float) -> Job | Non
     expired = (Job.status == JobStatus.RUNNING) & (Job.lease_expires_at < now)
     session.execute(
         update(Job)
+        .execution_options(synchronize_session=False)  # SQLite's naive datetimes: no in-Python evaluation
         .where(expired, Job.cancel_requested.is_(True))
         .values(
             status=JobStatus.CANCELLED,
@@ -160,10 +198,11 @@ def claim_next(*, session: Session, worker_id: str, lease_s: float) -> Job | Non
     )
     session.commit()
     claimable = (Job.status == JobStatus.QUEUED) | expired
+    runnable = claimable if fits is None else claimable & _fits(fits)
     for _ in range(5):
         candidate = session.execute(
             select(Job.id, Job.status, Job.worker_id)
-            .where(claimable)
+            .where(runnable)
             .order_by(Job.id)
             .limit(1)
             .with_for_update(skip_locked=True)
@@ -182,13 +221,28 @@ def claim_next(*, session: Session, worker_id: str, lease_s: float) -> Job | Non
         }
         if previous_status == JobStatus.RUNNING:
             values["error"] = _error(
-                "LeaseExpired", f"worker {previous_worker} stopped answering; the job was started again"
+                "LeaseExpired",
+                f"worker {previous_worker} stopped answering; another attempt took the job over",
             )
-        claimed = session.execute(update(Job).where(Job.id == job_id, claimable).values(**values))
+        claimed = session.execute(
+            update(Job)
+            .execution_options(synchronize_session=False)
+            .where(Job.id == job_id, claimable)
+            .values(**values)
+        )
         session.commit()
         if _rowcount(claimed) == 1:
             return session.get(Job, job_id, populate_existing=True)
     return None
+
+
+def _fenced(job_id: int, worker_id: str, attempt: int) -> Any:
+    return (
+        (Job.id == job_id)
+        & (Job.attempt == attempt)
+        & (Job.worker_id == worker_id)
+        & (Job.status == JobStatus.RUNNING)
+    )
 
 
 def record_progress(
@@ -196,27 +250,43 @@ def record_progress(
     session: Session,
     job_id: int,
     worker_id: str,
+    attempt: int,
     progress: Progress | None,
     workdir: str | None,
     lease_s: float,
-) -> bool:
-    """Store progress (None: nothing new) and extend the lease; return whether the worker must
-    stop the job (cancellation requested, or the job is no longer this worker's)."""
-    job = session.get(Job, job_id, populate_existing=True)
-    if job is None or job.status is not JobStatus.RUNNING or job.worker_id != worker_id:
-        session.rollback()
-        return True
+) -> Lease:
+    """Store progress (None: nothing new) and renew the lease, fenced by `attempt`."""
+    values: dict[str, Any] = {"lease_expires_at": utcnow() + timedelta(seconds=lease_s)}
     if progress is not None:
-        job.step = progress.step
+        values["step"] = progress.step
         if _finite(progress.loss):
-            job.latest_loss = progress.loss
+            values["latest_loss"] = progress.loss
         if progress.mlflow is not None:
-            job.mlflow = progress.mlflow.to_json()
+            values["mlflow"] = progress.mlflow.to_json()
+        checkpoint = progress.checkpoint  # the last verified one: a new attempt resumes from it
+        if checkpoint is not None and checkpoint.ok:
+            values["checkpoint_step"], values["checkpoint_ref"] = checkpoint.step, checkpoint.path
     if workdir is not None:
-        job.workdir = workdir
-    job.lease_expires_at = utcnow() + timedelta(seconds=lease_s)
+        values["workdir"] = workdir
+    updated = session.execute(
+        update(Job)
+        .where(_fenced(job_id, worker_id, attempt))
+        .values(**values)
+        .returning(Job.cancel_requested)
+    ).first()
     session.commit()
-    return job.cancel_requested
+    if updated is None:
+        return Lease.LOST
+    return Lease.CANCEL if updated[0] else Lease.HELD
+
+
+def lease_of(*, session: Session, job_id: int, worker_id: str, attempt: int) -> Lease:
+    """The worker's hold on the job, read only (between heartbeats: no write)."""
+    row = session.execute(select(Job.cancel_requested).where(_fenced(job_id, worker_id, attempt))).first()
+    session.rollback()
+    if row is None:
+        return Lease.LOST
+    return Lease.CANCEL if row[0] else Lease.HELD
 
 
 def finish_job(
@@ -224,30 +294,32 @@ def finish_job(
     session: Session,
     job_id: int,
     worker_id: str,
+    attempt: int,
     status: JobStatus,
     result: JobResult | None,
     error: ErrorRecord | None,
 ) -> bool:
-    """Record the outcome, if the job is still running under `worker_id`; return whether it was."""
+    """Record the outcome if `attempt` of the job still runs under `worker_id`; return whether it did."""
     if status not in TERMINAL_STATUSES:
         allowed = ", ".join(sorted(TERMINAL_STATUSES))
         raise ValueError(f"finish_job needs a terminal status ({allowed}); received {status!r}")
-    job = session.get(Job, job_id, populate_existing=True)
-    if job is None or job.status is not JobStatus.RUNNING or job.worker_id != worker_id:
-        session.rollback()
-        return False
-    job.status = status
-    job.result = None if result is None else result.to_json()
-    job.error = None if error is None else error.to_json()
-    job.finished_at = utcnow()
-    job.lease_expires_at = None
+    values: dict[str, Any] = {
+        "status": status,
+        "result": None if result is None else result.to_json(),
+        "error": None if error is None else error.to_json(),
+        "finished_at": utcnow(),
+        "lease_expires_at": None,
+    }
     if result is not None:
-        job.step = result.steps_completed or job.step
-        job.mlflow = result.mlflow.to_json() if result.mlflow else job.mlflow
+        if result.steps_completed:
+            values["step"] = result.steps_completed
+        if result.mlflow:
+            values["mlflow"] = result.mlflow.to_json()
         if _finite(result.final_train_loss):
-            job.latest_loss = result.final_train_loss
+            values["latest_loss"] = result.final_train_loss
+    finished = session.execute(update(Job).where(_fenced(job_id, worker_id, attempt)).values(**values))
     session.commit()
-    return True
+    return _rowcount(finished) == 1
 
 
 def _finite(value: float | None) -> bool:
@@ -260,25 +332,32 @@ def _error(type_: str, message: str) -> dict[str, Any]:
     return ErrorRecord(type=type_, message=message).to_json()
 
 
-def requeue_job(*, session: Session, job_id: int, worker_id: str, reason: str) -> None:
-    """Hand a running job back to the queue (its worker is stopping); the next claim retries it.
+def requeue_job(*, session: Session, job_id: int, worker_id: str, attempt: int, reason: str) -> bool:
+    """Hand a running job back to the queue (its worker is stopping); the next claim resumes it.
 
-    A job whose cancellation was requested is cancelled instead.
+    A job whose cancellation was requested is cancelled instead. Fenced: False when `attempt`
+    was no longer this worker's.
     """
-    job = session.get(Job, job_id, populate_existing=True)
-    if job is None or job.status is not JobStatus.RUNNING or job.worker_id != worker_id:
-        session.rollback()
-        return
-    if job.cancel_requested:
-        job.status = JobStatus.CANCELLED
-        job.finished_at = utcnow()
-        job.error = _error("Cancelled", "cancelled while its worker was stopping")
-    else:
-        job.status = JobStatus.QUEUED
-        job.error = _error("Interrupted", reason)
-    job.worker_id = None
-    job.lease_expires_at = None
+    fenced = _fenced(job_id, worker_id, attempt)
+    released = {"worker_id": None, "lease_expires_at": None}
+    handed_back = session.execute(
+        update(Job)
+        .where(fenced & Job.cancel_requested.is_(True))
+        .values(
+            status=JobStatus.CANCELLED,
+            finished_at=utcnow(),
+            error=_error("Cancelled", "cancelled while its worker was stopping"),
+            **released,
+        )
+    )
+    if _rowcount(handed_back) == 0:  # not cancelled: back to the queue
+        handed_back = session.execute(
+            update(Job)
+            .where(fenced)
+            .values(status=JobStatus.QUEUED, error=_error("Interrupted", reason), **released)
+        )
     session.commit()
+    return _rowcount(handed_back) == 1
 
 
 def publish_catalogue(*, session: Session, worker_id: str, catalogue: dict[str, Any]) -> None:
@@ -305,3 +384,66 @@ def latest_catalogue(*, session: Session) -> tuple[Catalogue, datetime] | None:
 
 def _rowcount(result: Any) -> int:
     return int(getattr(result, "rowcount", 0) or 0)
+
+
+def register_worker(
+    *,
+    session: Session,
+    worker_id: str,
+    frameworks: list[str],
+    devices: list[str],
+    gpus: int,
+    slots: int,
+    catalogue_sha256: str,
+) -> None:
+    """Advertise (or update) what a worker can run; `touch_worker` keeps it live."""
+    now = utcnow()
+    row = session.get(WorkerRow, worker_id)
+    if row is None:
+        row = WorkerRow(worker_id=worker_id, started_at=now)
+        session.add(row)
+    row.frameworks, row.devices, row.gpus, row.slots = frameworks, devices, gpus, slots
+    row.catalogue_sha256, row.last_seen = catalogue_sha256, now
+    session.commit()
+
+
+def touch_worker(*, session: Session, worker_id: str) -> None:
+    session.execute(update(WorkerRow).where(WorkerRow.worker_id == worker_id).values(last_seen=utcnow()))
+    session.commit()
+
+
+def live_workers(*, session: Session, within_s: float) -> list[WorkerRow]:
+    """Workers seen within `within_s` seconds (a lease: a dead one is gone from here as fast as its jobs)."""
+    since = utcnow() - timedelta(seconds=within_s)
+    return list(session.scalars(select(WorkerRow).where(WorkerRow.last_seen >= since)).all())
+
+
+def waiting_reason(*, session: Session, job: Job, within_s: float) -> str | None:
+    """Why a queued job is not running, when no live worker can run it; None: it waits its turn."""
+    if job.status is not JobStatus.QUEUED:
+        return None
+    workers = live_workers(session=session, within_s=within_s)
+    if not workers:
+        return "waiting for a worker: none is running (none was seen in the last lease)"
+    needs = needs_of(job.spec)
+    able = [w for w in workers if needs.framework in w.frameworks]
+    if not able:
+        offered = sorted({f for w in workers for f in w.frameworks})
+        return f"no live worker runs {needs.framework} jobs (live workers run: {', '.join(offered)})"
+    if needs.gpu:
+        able = [w for w in able if w.gpus > 0]
+        if not able:
+            return f"needs a GPU (device {job.spec.get('device')!r}); no live worker has one"
+    largest = max(w.gpus if needs.gpu else w.slots for w in able)
+    if needs.slots > largest:
+        return (
+            f"needs {needs.slots} {'GPU ' if needs.gpu else ''}slots (distribution.devices); "
+            f"the largest live worker has {largest}"
+        )
+    return None
+
+
+def offered_devices(*, session: Session, within_s: float) -> set[str] | None:
+    """Device kinds live workers offer ("cpu", "cuda"); None when no worker is live (yet)."""
+    workers = live_workers(session=session, within_s=within_s)
+    return {d for w in workers for d in w.devices} if workers else None

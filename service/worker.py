@@ -3,7 +3,13 @@
 A job runs as `python -m jobs.run` in its own process group, so a crash, leak or hang
 in user code never takes the worker down, and cancellation ends the whole group.
 The worker relays progress from the job's `progress.json` to the store and reads
-`result.json` when the process exits.
+`result.json` when the process exits. It runs up to `slots` jobs at once (one GPU each on a
+GPU host), each supervised by a thread of its own.
+
+Durability (issue 12): every store write is fenced by the job's attempt (service.store); a
+store outage does not stop supervision (progress and the result are kept and written when the
+store answers again); limits (time, memory) end a job `failed`; an MLflow run the job process
+could not end (killed, died) is ended by the worker.
 """
 
 from __future__ import annotations
@@ -18,35 +24,51 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.processes import start_in_own_group, terminate_group
+from jobs.processes import signal_group, start_in_own_group, terminate_group
 from jobs.result import (
     LOG_FILE,
     RESULT_FILE,
     ErrorRecord,
     JobResult,
     JobStatus,
+    MlflowInfo,
     Progress,
     read_progress,
     read_result,
 )
 from service import store
+from service.capabilities import catalogue_frameworks, catalogue_sha256, needs_of, visible_gpus
 from service.models import Job
 from service.plugins import PluginWatcher, fingerprint, plugin_dirs_from_environment
-from service.secrets import job_environment
+from service.secrets import job_environment, split_credentials
 from service.settings import Settings
+from service.store import ClaimFilter, Lease
 from service.studies.finalize import finalize_next_study
 from service.studies.runs import child_arguments
 
 log = logging.getLogger("optlab.worker")
 
 LOG_TAIL_CHARS = 4000
-LEASE_S = 60.0
+ALL_FRAMEWORKS = ("torch", "tensorflow")  # before the catalogue is known: claim any
+# Progress (a new step or loss) is written at most this often; a new MLflow run or checkpoint at
+# once; with nothing new only the lease renewal every heartbeat_s (was: a row every 0.5 s per job).
+PROGRESS_WRITE_S = 2.0
+# The job is paused this long before its lease could expire (see Supervision._keep_lease_safe).
+PAUSE_MARGIN_S = 2.0
+# Store outage: retry after 0.5 s, doubling up to this.
+MAX_STORE_BACKOFF_S = 5.0
+# A result kept through an outage is retried this long after the worker was asked to stop.
+RESULT_RETRY_WHEN_STOPPING_S = 30.0
+STORE_ERRORS = (OperationalError, DBAPIError)
 # After a failed re-publish of the catalogue (the job environment broke), wait this long.
 REPUBLISH_RETRY_S = 30.0
 
@@ -85,41 +107,99 @@ def produce_catalogue(settings: Settings) -> dict[str, Any]:
     return data
 
 
+class Stop(StrEnum):
+    """Why the worker stopped a job process (none: it ended by itself)."""
+
+    CANCELLED = "cancelled"
+    WORKER_STOPPING = "worker stopping"
+    LEASE_LOST = "lease lost"
+    TIME_LIMIT = "time limit"
+    MEMORY_LIMIT = "memory limit"
+
+
+@dataclass(frozen=True)
+class Slot:
+    index: int
+    gpu: str | None  # the GPU id this slot hands its job (CUDA_VISIBLE_DEVICES), None: CPU only
+
+
 class Worker:
     def __init__(
-        self, settings: Settings, sessions: sessionmaker[Session], *, worker_id: str | None = None
+        self,
+        settings: Settings,
+        sessions: sessionmaker[Session],
+        *,
+        worker_id: str | None = None,
+        slots: int | None = None,
+        gpus: list[str] | None = None,
     ) -> None:
         self.settings = settings
         self.sessions = sessions
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.stopping = threading.Event()
         self.plugins = PluginWatcher(plugin_dirs_from_environment())
+        self.gpus = visible_gpus() if gpus is None else gpus
+        count = slots or max(1, len(self.gpus))
+        self.slots = [Slot(i, self.gpus[i] if i < len(self.gpus) else None) for i in range(count)]
+        self.free = set(range(count))
+        self.lock = threading.Lock()
+        self.threads: list[threading.Thread] = []
+        self.frameworks: tuple[str, ...] = ALL_FRAMEWORKS
+        self.seen_at = 0.0
 
     def publish_catalogue(self) -> dict[str, Any]:
         # Taken before producing: a file changed meanwhile is published again on the next poll.
         plugin_files = fingerprint(self.plugins.folders)
         catalogue = produce_catalogue(self.settings)
+        self.frameworks = tuple(catalogue_frameworks(catalogue))
         with self.sessions() as session:
             store.publish_catalogue(session=session, worker_id=self.worker_id, catalogue=catalogue)
+            store.register_worker(
+                session=session,
+                worker_id=self.worker_id,
+                frameworks=list(self.frameworks),
+                devices=["cpu", "cuda"] if self.gpus else ["cpu"],
+                gpus=sum(1 for slot in self.slots if slot.gpu is not None),
+                slots=len(self.slots),
+                catalogue_sha256=catalogue_sha256(catalogue),
+            )
+        self.seen_at = time.monotonic()
         self.plugins.published = plugin_files
         for failure in catalogue.get("errors", []):
             log.warning("optimizer plugin failed to load: %s: %s", failure["source"], failure["error"])
         return catalogue
 
     def run_forever(self) -> None:
-        log.info("worker %s polling for jobs", self.worker_id)
+        log.info("worker %s polling for jobs with %d slot(s)", self.worker_id, len(self.slots))
         refresher = threading.Thread(target=self.refresh_catalogue_forever, name="plugin-watch", daemon=True)
         refresher.start()
+        unreachable = False
         while not self.stopping.is_set():
             try:
+                self._stay_registered()
                 # A study whose jobs have all ended gets its summary before the next job starts.
                 finalize_next_study(sessions=self.sessions, tracking_uri=self.settings.mlflow_tracking_uri)
-                busy = self.run_next()
-            except Exception:  # a database hiccup must not end the worker: log, wait, retry
-                log.exception("worker %s: error while claiming or running a job", self.worker_id)
-                busy = False
-            if not busy:
-                self.stopping.wait(self.settings.poll_interval_s)
+                started = self.start_next()
+                unreachable = False
+            except STORE_ERRORS as exc:  # an outage: running jobs are supervised on; claim later
+                if not unreachable:
+                    log.warning("worker %s: the job store is unreachable (%s); retrying", self.worker_id, exc)
+                unreachable, started = True, False
+            except Exception:  # anything else must not end the worker either: log, wait, retry
+                log.exception("worker %s: error while claiming a job", self.worker_id)
+                started = False
+            if not started:
+                self.stopping.wait(MAX_STORE_BACKOFF_S if unreachable else self.settings.poll_interval_s)
+        for thread in self.threads:  # each hands its job back (or records how it ended)
+            thread.join()
+
+    def _stay_registered(self) -> None:
+        """Live workers are the ones seen within a lease: say so every heartbeat."""
+        if time.monotonic() - self.seen_at < self.settings.heartbeat_s:
+            return
+        with self.sessions() as session:
+            store.touch_worker(session=session, worker_id=self.worker_id)
+        self.seen_at = time.monotonic()
 
     def refresh_catalogue_forever(self) -> None:
         """Publish the catalogue again whenever plugin files change, while jobs keep running.
@@ -138,157 +218,444 @@ class Worker:
                 log.exception("worker %s: could not publish the catalogue again", self.worker_id)
                 self.stopping.wait(REPUBLISH_RETRY_S)
 
-    def run_next(self) -> bool:
-        """Claim and run one job; False when there was none to claim."""
-        with self.sessions() as session:
-            job = store.claim_next(session=session, worker_id=self.worker_id, lease_s=LEASE_S)
-        if job is None:
-            return False
-        log.info("job %s: attempt %s started", job.id, job.attempt)
-        try:
-            outcome = self._run_job(job)
-        except Exception as exc:
-            # Spawning or watching failed (disk full, database gone...): never leave it running.
-            log.exception("job %s: the worker failed to run it", job.id)
+    def claim(self) -> tuple[Job, list[Slot], float] | None:
+        """Claim the oldest job that fits the free slots, and take the slots it needs; also when
+        the claim was sent (its lease runs from then: see Supervision._keep_lease_safe)."""
+        with self.lock:
+            self.threads = [t for t in self.threads if t.is_alive()]
+            free = [self.slots[i] for i in sorted(self.free)]
+            if not free:
+                return None
+            fits = ClaimFilter(
+                frameworks=self.frameworks,
+                free_slots=len(free),
+                free_gpu_slots=sum(1 for slot in free if slot.gpu is not None),
+            )
+            sent = time.monotonic()
             with self.sessions() as session:
-                store.finish_job(
-                    session=session,
-                    job_id=job.id,
-                    worker_id=self.worker_id,
-                    status=JobStatus.FAILED,
-                    result=None,
-                    error=ErrorRecord(type="WorkerError", message=f"{type(exc).__name__}: {exc}"),
+                job = store.claim_next(
+                    session=session, worker_id=self.worker_id, lease_s=self.settings.lease_s, fits=fits
                 )
-            outcome = JobStatus.FAILED
-        log.info("job %s: %s", job.id, outcome)
+            if job is None:
+                return None
+            needs = needs_of(job.spec)
+            # A GPU job takes GPU slots; others take CPU-only slots first.
+            order = sorted(free, key=lambda slot: (slot.gpu is None) == needs.gpu)
+            taken = order[: needs.slots]
+            self.free -= {slot.index for slot in taken}
+            return job, taken, sent
+
+    def start_next(self) -> bool:
+        """Claim a job and supervise it in a thread of its own; False when none was claimed."""
+        claimed = self.claim()
+        if claimed is None:
+            return False
+        thread = threading.Thread(target=self._run_claimed, args=claimed, name=f"job-{claimed[0].id}")
+        with self.lock:
+            self.threads.append(thread)
+        thread.start()
         return True
 
-    def _run_job(self, job: Job) -> str:
-        """Run the job's process to its end; whatever goes wrong here, the process does not outlive it."""
-        workdir = (self.settings.jobs_dir / str(job.id) / f"attempt-{job.attempt}").resolve()
-        workdir.mkdir(parents=True, exist_ok=True)
-        spec_path = workdir / "spec.json"
-        spec_path.write_text(json.dumps(job.spec, indent=2))
-        env, tracking_uri = job_environment(os.environ, self.settings.mlflow_tracking_uri)
+    def run_next(self) -> bool:
+        """Claim and run one job in this thread; False when there was none to claim."""
+        claimed = self.claim()
+        if claimed is None:
+            return False
+        self._run_claimed(*claimed)
+        return True
+
+    def _run_claimed(self, job: Job, slots: list[Slot], claimed_at: float) -> None:
+        log.info("job %s: attempt %s started on slot(s) %s", job.id, job.attempt, [s.index for s in slots])
+        supervision = Supervision(self, job, slots, claimed_at)
+        try:
+            outcome = supervision.run()
+        except Exception as exc:
+            # Spawning or watching failed (disk full, a malformed progress.json...): never leave it running.
+            log.exception("job %s: the worker failed to run it", job.id)
+            error = ErrorRecord(type="WorkerError", message=f"{type(exc).__name__}: {exc}")
+            supervision.record(JobStatus.FAILED, None, error)
+            outcome = JobStatus.FAILED
+        finally:
+            with self.lock:
+                self.free |= {slot.index for slot in slots}
+        log.info("job %s: %s", job.id, outcome)
+
+
+class Supervision:
+    """One job process from start to recorded outcome, through store outages and limits."""
+
+    def __init__(self, worker: Worker, job: Job, slots: list[Slot], claimed_at: float) -> None:
+        self.worker, self.job, self.slots = worker, job, slots
+        self.settings = worker.settings
+        self.workdir = (self.settings.jobs_dir / str(job.id) / f"attempt-{job.attempt}").resolve()
+        self.renewed_at = claimed_at  # when the last successful lease renewal (or the claim) was sent
+        self.written: Progress | None = None  # the progress the store has
+        self.written_at = 0.0
+        self.store_retry_at = 0.0
+        self.store_backoff_s = 0.0
+        self.paused = False
+        self.last_progress: Progress | None = None
+        self.rss_mb = 0.0
+        timeout = job.spec.get("timeout_s")
+        limit = self.settings.max_job_seconds
+        self.time_limit_s = min(float(timeout), limit) if isinstance(timeout, int | float) else limit
+
+    # -- the store, through outages -------------------------------------------------------------
+
+    def _store(self, call: Callable[[Session], Any]) -> Any:
+        """`call(session)`, or None while the store is unreachable (retried with backoff)."""
+        if time.monotonic() < self.store_retry_at:
+            return None
+        try:
+            with self.worker.sessions() as session:
+                answer = call(session)
+        except STORE_ERRORS as exc:
+            if self.store_backoff_s == 0:
+                log.warning("job %s: the job store is unreachable (%s); supervising on", self.job.id, exc)
+            self.store_backoff_s = min(max(0.5, 2 * self.store_backoff_s), MAX_STORE_BACKOFF_S)
+            self.store_retry_at = time.monotonic() + self.store_backoff_s
+            return None
+        if self.store_backoff_s:
+            log.info("job %s: the job store answers again", self.job.id)
+        self.store_backoff_s = 0.0
+        return answer
+
+    def _heartbeat(self, progress: Progress | None) -> Lease | None:
+        """Write progress and renew the lease when needed, else only read the lease (no write)."""
+        now = time.monotonic()
+        changed = progress is not None and progress != self.written
+        urgent = progress is not None and (
+            (progress.mlflow and (self.written is None or progress.mlflow != self.written.mlflow))
+            or progress.checkpoint != (self.written.checkpoint if self.written else None)
+        )
+        # The first write (at once: the job's workdir for GET /jobs), then one per heartbeat.
+        renewal_due = now - self.renewed_at >= self.settings.heartbeat_s or self.written_at == 0
+        if not (renewal_due or urgent or (changed and now - self.written_at >= PROGRESS_WRITE_S)):
+            return self._store(
+                lambda s: store.lease_of(
+                    session=s, job_id=self.job.id, worker_id=self.worker.worker_id, attempt=self.job.attempt
+                )
+            )
+        sent = time.monotonic()
+        lease: Lease | None = self._store(
+            lambda s: store.record_progress(
+                session=s,
+                job_id=self.job.id,
+                worker_id=self.worker.worker_id,
+                attempt=self.job.attempt,
+                progress=progress if changed else None,
+                workdir=str(self.workdir),
+                lease_s=self.settings.lease_s,
+            )
+        )
+        if lease is not None and lease is not Lease.LOST:
+            self.renewed_at, self.written_at = sent, sent
+            self.written = progress if changed else self.written
+        return lease
+
+    def _keep_lease_safe(self, process: subprocess.Popen[bytes]) -> None:
+        """Never two live attempts: pause the job before its lease could expire unrenewed.
+
+        The timing argument: a renewal sent at monotonic time t sets the lease to expire at
+        (the store write's wall clock, no earlier than t) + lease_s; another worker claims the
+        job only once its wall clock passes that expiry. So at t + lease_s - PAUSE_MARGIN_S,
+        still unrenewed, this worker SIGSTOPs the job's process group (immediate; no handler
+        runs): the job is frozen before anyone may take over, given clocks (NTP) within the
+        margin. When the store answers again the fenced write decides: still ours -> SIGCONT
+        and go on (a store-wide outage ends with the job finished once, in one MLflow run);
+        another attempt exists -> SIGKILL the frozen group and discard whatever it did.
+        Freezing rather than killing keeps the work done and the process, which an outage of
+        the whole store (no one can take over) would otherwise cost.
+        """
+        overdue = time.monotonic() - self.renewed_at > self.settings.lease_s - PAUSE_MARGIN_S
+        if overdue and not self.paused:
+            signal_group(process, signal.SIGSTOP)
+            self.paused = True
+            log.warning(
+                "job %s: lease not renewed for %.0f s (store unreachable); job paused until the store "
+                "says whether it is still ours",
+                self.job.id,
+                time.monotonic() - self.renewed_at,
+            )
+
+    def _resume_paused(self, process: subprocess.Popen[bytes]) -> None:
+        if self.paused:
+            signal_group(process, signal.SIGCONT)
+            self.paused = False
+            log.info("job %s: lease renewed; job resumed", self.job.id)
+
+    def record(self, status: JobStatus, result: JobResult | None, error: ErrorRecord | None) -> bool:
+        """The outcome, written once the store answers (kept through an outage); False when the
+        lease was lost meanwhile (the outcome is then discarded, with a log note)."""
+        give_up_at: float | None = None
+        while True:
+            recorded = self._store(
+                lambda s: store.finish_job(
+                    session=s,
+                    job_id=self.job.id,
+                    worker_id=self.worker.worker_id,
+                    attempt=self.job.attempt,
+                    status=status,
+                    result=result,
+                    error=error,
+                )
+            )
+            if recorded is not None:
+                break
+            if self.worker.stopping.is_set():
+                give_up_at = give_up_at or time.monotonic() + RESULT_RETRY_WHEN_STOPPING_S
+                if time.monotonic() > give_up_at:
+                    log.error(
+                        "job %s: the store stayed unreachable; its %s outcome is lost", self.job.id, status
+                    )
+                    return False
+            time.sleep(
+                min(self.settings.poll_interval_s, max(0.0, self.store_retry_at - time.monotonic())) + 0.05
+            )
+        if not recorded:
+            log.warning(
+                "job %s: attempt %s is no longer this worker's (lease lost: another attempt took over); "
+                "its %s outcome was discarded",
+                self.job.id,
+                self.job.attempt,
+                status,
+            )
+        return bool(recorded)
+
+    # -- the job process ------------------------------------------------------------------------
+
+    def command(self, spec_path: Path, tracking_uri: str) -> list[str]:
+        job = self.job
+        study = child_arguments(
+            sessions=self.worker.sessions, tracking_uri=self.settings.mlflow_tracking_uri, job=job
+        )
         command = [
             self.settings.job_python, "-m", "jobs.run", str(spec_path),
-            "--workdir", str(workdir),
+            "--workdir", str(self.workdir),
             "--tracking-uri", tracking_uri,
             "--job-id", str(job.id),
             "--attempt", str(job.attempt),
             *(["--submitted-by", job.submitted_by] if job.submitted_by else []),
-            *child_arguments(sessions=self.sessions, tracking_uri=self.settings.mlflow_tracking_uri, job=job),
+            *study,  # a study's job: its run's name, tags and parent run
         ]  # fmt: skip
-        with open(workdir / LOG_FILE, "ab") as log_file:
+        run_id = (job.mlflow or {}).get("run_id")
+        if job.attempt > 1 and job.kind == "train" and job.checkpoint_ref and run_id:
+            # DURABLE_INTERFACE.md: resume from the last verified checkpoint, in the same MLflow run.
+            command += ["--resume", job.checkpoint_ref, "--resume-run-id", str(run_id)]
+        return command
+
+    def environment(self) -> tuple[dict[str, str], str]:
+        env, tracking_uri = job_environment(os.environ, self.settings.mlflow_tracking_uri)
+        gpus = [slot.gpu for slot in self.slots if slot.gpu is not None]
+        if gpus or self.worker.gpus:  # a CPU slot on a GPU host sees no GPU
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        return env, tracking_uri
+
+    def run(self) -> str:
+        """Run the job's process to its recorded end; whatever goes wrong, it does not outlive this."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        spec_path = self.workdir / "spec.json"
+        spec_path.write_text(json.dumps(self.job.spec, indent=2))
+        env, tracking_uri = self.environment()
+        with open(self.workdir / LOG_FILE, "ab") as log_file:
             process: subprocess.Popen[bytes] = start_in_own_group(
-                command,
+                self.command(spec_path, tracking_uri),
                 die_with_parent=True,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=env,
             )
+        # Just after the job: a worker killed in between leaves the job only its SIGTERM, which a
+        # real job gets before it could have loaded a plugin that ignores it.
+        reaper = start_reaper(process.pid, self.settings.cancel_grace_s)
         try:
-            stop_reason = self._watch(job.id, process, workdir)
+            stop = self._watch(process)
         finally:  # e.g. a progress.json that does not match jobs.result.Progress: loud, and no orphan
             if process.poll() is None:
-                terminate_group(process, self.settings.cancel_grace_s)
-        return self._conclude(job.id, process, workdir, stop_reason)
+                signal_group(process, signal.SIGCONT)
+                terminate_group(process, 0 if self.paused else self.settings.cancel_grace_s)
+            terminate_group(reaper, 0)
+        return self._conclude(process, stop)
 
-    def _watch(self, job_id: int, process: subprocess.Popen[bytes], workdir: Path) -> str | None:
+    def _watch(self, process: subprocess.Popen[bytes]) -> Stop | None:
         """Relay progress until the process exits; return why we stopped it, if we did."""
-        last_progress: Progress | None = None
+        started = time.monotonic()
         while process.poll() is None:
-            progress = read_progress(workdir)
-            changed = progress is not None and progress != last_progress
-            last_progress = progress or last_progress
-            with self.sessions() as session:
-                cancel = store.record_progress(
-                    session=session,
-                    job_id=job_id,
-                    worker_id=self.worker_id,
-                    progress=progress if changed else None,
-                    workdir=str(workdir),
-                    lease_s=LEASE_S,
-                )
-            if cancel:
-                terminate_group(process, self.settings.cancel_grace_s)
-                return "cancelled"
-            if self.stopping.is_set():
-                terminate_group(process, self.settings.cancel_grace_s)
-                return "worker stopping"
+            progress = read_progress(self.workdir)
+            self.last_progress = progress or self.last_progress
+            lease = self._heartbeat(self.last_progress)
+            if lease is Lease.LOST:
+                terminate_group(process, 0)  # at once: the job is another attempt's now
+                return Stop.LEASE_LOST
+            if lease is not None:
+                self._resume_paused(process)
+            else:
+                self._keep_lease_safe(process)
+            if self.paused:  # until the store decides, nothing else may run it or end it gracefully
+                if self.worker.stopping.is_set():
+                    terminate_group(process, 0)
+                    return Stop.WORKER_STOPPING
+                time.sleep(self.settings.poll_interval_s)
+                continue
+            stop = self._stop_reason(lease, started, process)
+            if stop is not None:
+                # Memory: at once (waiting could exhaust the host); otherwise the job's grace.
+                terminate_group(process, 0 if stop is Stop.MEMORY_LIMIT else self.settings.cancel_grace_s)
+                return stop
             time.sleep(self.settings.poll_interval_s)
         return None
 
-    def _conclude(
-        self, job_id: int, process: subprocess.Popen[bytes], workdir: Path, stop_reason: str | None
-    ) -> str:
-        result, error = self._read_result(process, workdir)
-        with self.sessions() as session:
-            if stop_reason == "worker stopping" and (result is None or result.status is JobStatus.CANCELLED):
-                store.requeue_job(
-                    session=session,
-                    job_id=job_id,
-                    worker_id=self.worker_id,
-                    reason="its worker stopped while it ran; it will run again from the start",
-                )
-                return "requeued"
-            if stop_reason == "cancelled":
-                status: JobStatus
-                if result and result.status not in (JobStatus.CANCELLED, JobStatus.FAILED):
-                    status, error = result.status, result.error  # it ended first
-                else:
-                    status = JobStatus.CANCELLED
-                    cancelled = ErrorRecord(type="Cancelled", message="cancelled while running")
-                    error = (result.error if result else None) or cancelled
-                self._finish(session, job_id, status, result, error)
-                return status
-            if result is None:
-                self._finish(session, job_id, JobStatus.FAILED, None, error)
-                return JobStatus.FAILED
-            self._finish(session, job_id, result.status, result, result.error)
-            return result.status
+    def _stop_reason(
+        self, lease: Lease | None, started: float, process: subprocess.Popen[bytes]
+    ) -> Stop | None:
+        if lease is Lease.CANCEL:
+            return Stop.CANCELLED
+        if self.worker.stopping.is_set():
+            return Stop.WORKER_STOPPING
+        if time.monotonic() - started > self.time_limit_s:
+            return Stop.TIME_LIMIT
+        limit_mb = self.settings.job_memory_mb
+        if limit_mb is not None:
+            self.rss_mb = group_rss_mb(process.pid)
+            if self.rss_mb > limit_mb:
+                return Stop.MEMORY_LIMIT
+        return None
 
-    def _read_result(
-        self, process: subprocess.Popen[bytes], workdir: Path
-    ) -> tuple[JobResult | None, ErrorRecord | None]:
-        """The job's result, or None and why there is none (it died first, or wrote a malformed one)."""
-        try:
-            result = read_result(workdir)
-        except ValidationError as exc:
-            message = (
-                f"the job process wrote a {RESULT_FILE} that does not match jobs.result.JobResult: {exc}"
-            )
-            return None, ErrorRecord(
-                type="InvalidResult", message=message, traceback=_tail(workdir / LOG_FILE)
-            )
-        if result is not None:
-            return result, None
-        message = f"the job process ended with {_describe_exit(process.returncode)} before writing a result"
-        return None, ErrorRecord(type="JobProcessDied", message=message, traceback=_tail(workdir / LOG_FILE))
-
-    def _finish(
-        self,
-        session: Session,
-        job_id: int,
-        status: JobStatus,
-        result: JobResult | None,
-        error: ErrorRecord | None,
-    ) -> None:
-        recorded = store.finish_job(
-            session=session,
-            job_id=job_id,
-            worker_id=self.worker_id,
-            status=status,
-            result=result,
-            error=error,
-        )
-        if not recorded:
+    def _conclude(self, process: subprocess.Popen[bytes], stop: Stop | None) -> str:
+        result, error = read_outcome(process, self.workdir)
+        if stop is Stop.LEASE_LOST:
             log.warning(
-                "job %s: no longer this worker's (lease lost); its %s outcome was not recorded",
-                job_id,
-                status,
+                "job %s: attempt %s lost its lease (another attempt holds the job); its process was "
+                "killed and its result discarded",
+                self.job.id,
+                self.job.attempt,
             )
+            return "lease lost"  # the MLflow run is the new attempt's now: leave it alone
+        if stop is Stop.WORKER_STOPPING and (result is None or result.status is JobStatus.CANCELLED):
+            how = "from its last verified checkpoint" if self.job.checkpoint_ref else "from the start"
+            requeued = self._store(
+                lambda s: store.requeue_job(
+                    session=s,
+                    job_id=self.job.id,
+                    worker_id=self.worker.worker_id,
+                    attempt=self.job.attempt,
+                    reason=f"its worker stopped while it ran; it will run again {how}",
+                )
+            )
+            return "requeued" if requeued else "left to its lease (not requeued)"
+        status: JobStatus
+        if stop in (Stop.TIME_LIMIT, Stop.MEMORY_LIMIT):
+            status, error = JobStatus.FAILED, self._limit_error(stop)
+            self._end_mlflow_run("FAILED", force=True)
+        elif stop is Stop.CANCELLED:
+            if result and result.status not in (JobStatus.CANCELLED, JobStatus.FAILED):
+                status, error = result.status, result.error  # it ended first
+            else:
+                status = JobStatus.CANCELLED
+                cancelled = ErrorRecord(type="Cancelled", message="cancelled while running")
+                error = (result.error if result else None) or cancelled
+                self._end_mlflow_run("KILLED", force=False)  # SIGKILLed after the grace: still RUNNING
+        elif result is None:
+            status = JobStatus.FAILED
+            self._end_mlflow_run("FAILED", force=False)  # died (kill -9, OOM) before ending its run
+        else:
+            status, error = result.status, result.error
+        self.record(status, result, error)
+        return status
+
+    def _limit_error(self, stop: Stop) -> ErrorRecord:
+        if stop is Stop.TIME_LIMIT:
+            message = (
+                f"the job ran over its time limit of {self.time_limit_s:g} s (spec timeout_s, at most "
+                f"OPTLAB_MAX_JOB_SECONDS {self.settings.max_job_seconds:g}); its processes were stopped"
+            )
+            return ErrorRecord(
+                type="TimeLimitExceeded", message=message, traceback=_tail(self.workdir / LOG_FILE)
+            )
+        message = (
+            f"the job's processes used {self.rss_mb:.0f} MiB of memory, over the limit of "
+            f"{self.settings.job_memory_mb} MiB (OPTLAB_JOB_MEMORY_MB); they were killed"
+        )
+        return ErrorRecord(
+            type="MemoryLimitExceeded", message=message, traceback=_tail(self.workdir / LOG_FILE)
+        )
+
+    def _end_mlflow_run(self, status: str, *, force: bool) -> None:
+        """End the job's MLflow run as `status` if the job process could not (`force`: even if it did)."""
+        info = (self.last_progress.mlflow if self.last_progress else None) or self.job.mlflow
+        run_id = info.run_id if isinstance(info, MlflowInfo) else (info or {}).get("run_id")
+        if not run_id:
+            return
+        try:
+            from mlflow.tracking import MlflowClient  # the client only: no framework comes with it
+
+            client = MlflowClient(tracking_uri=split_credentials(self.settings.mlflow_tracking_uri)[0])
+            if force or client.get_run(run_id).info.status == "RUNNING":
+                client.set_terminated(run_id, status)
+                log.info("job %s: MLflow run %s ended %s by the worker", self.job.id, run_id, status)
+        except Exception:  # MLflow down: the job's outcome is still recorded
+            log.exception("job %s: could not end MLflow run %s as %s", self.job.id, run_id, status)
+
+
+# Outlives a worker killed with -9 by the grace: the job got SIGTERM then (die_with_parent), and
+# flushes its points and ends its run; one that ignores SIGTERM is SIGKILLed here after the grace,
+# well within the lease, so it cannot train on beside the attempt that takes the job over.
+REAPER = """
+trap 'sleep "$2"; kill -KILL -"$1" 2>/dev/null; kill $! 2>/dev/null; exit 0' TERM
+while :; do sleep 3600 & wait $!; done
+"""
+
+
+def start_reaper(job_group: int, grace_s: float) -> subprocess.Popen[bytes]:
+    """A tiny process that SIGKILLs the job's group `grace_s` after this worker dies (SIGTERM on
+    the worker's death, like the job); stopped with the job when the worker lives on."""
+    return start_in_own_group(
+        ["/bin/sh", "-c", REAPER, "optlab-reaper", str(job_group), f"{grace_s:g}"],
+        die_with_parent=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def read_outcome(
+    process: subprocess.Popen[bytes], workdir: Path
+) -> tuple[JobResult | None, ErrorRecord | None]:
+    """The job's result, or None and why there is none (it died first, or wrote a malformed one)."""
+    try:
+        result = read_result(workdir)
+    except ValidationError as exc:
+        message = f"the job process wrote a {RESULT_FILE} that does not match jobs.result.JobResult: {exc}"
+        return None, ErrorRecord(type="InvalidResult", message=message, traceback=_tail(workdir / LOG_FILE))
+    if result is not None:
+        return result, None
+    message = f"the job process ended with {_describe_exit(process.returncode)} before writing a result"
+    return None, ErrorRecord(type="JobProcessDied", message=message, traceback=_tail(workdir / LOG_FILE))
+
+
+def group_rss_mb(session_id: int) -> float:
+    """Resident memory of every process in the job's session (the job, its data loaders, DDP ranks).
+
+    Why not RLIMIT_AS: CUDA and TensorFlow reserve virtual address ranges far beyond the memory
+    they use (CUDA's unified addressing maps tens of GiB at init), so an address-space limit set
+    to a memory figure kills GPU jobs at start; and it is per process, not per job. Resident
+    memory read from /proc each poll is what the host actually gives; the cost is that a job
+    can overshoot by what it allocates within one poll interval.
+    """
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[3]) == session_id:  # field 6, session id (start_in_own_group made one)
+            total += int(fields[21]) * page  # field 24, resident pages
+    return total / 2**20
 
 
 def _describe_exit(code: int | None) -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException
 
-from jobs.spec import CheckSpec, check_errors, with_resolved_style
+from jobs.spec import CheckSpec, check_errors, timeout_errors, with_resolved_style
 from service import store
 from service.auth import CallerDep, submitter
 from service.deps import CatalogueDep, SessionDep, SettingsDep
@@ -22,7 +22,7 @@ router = APIRouter(prefix="/checks", tags=["checks"])
 def submit_check(
     spec: CheckSpec, session: SessionDep, settings: SettingsDep, catalogue: CatalogueDep, caller: CallerDep
 ) -> JobRead:
-    errors = check_errors(spec, catalogue)
+    errors = check_errors(spec, catalogue) + timeout_errors(spec, max_job_seconds=settings.max_job_seconds)
     if errors:
         raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
     spec = with_resolved_style(spec, catalogue)

@@ -7,8 +7,9 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Query
 
 from jobs.result import JobStatus
-from jobs.spec import JobSpec, catalogue_errors, with_resolved_style
+from jobs.spec import JobSpec, catalogue_errors, timeout_errors, with_resolved_style
 from service import store
+from service.admission import device_errors
 from service.auth import CallerDep, submitter
 from service.deps import CatalogueDep, SessionDep, SettingsDep
 from service.quotas import queue_room
@@ -27,6 +28,8 @@ def submit_job(
     errors = catalogue_errors(
         spec, catalogue, max_steps=settings.max_steps, data_roots=settings.data_root_paths
     )
+    errors += timeout_errors(spec, max_job_seconds=settings.max_job_seconds)
+    errors += device_errors(spec.device, session=session, settings=settings)
     if errors:
         raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
     spec = with_resolved_style(spec, catalogue)
@@ -51,11 +54,12 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobRead, responses=responses(*COMMON, 404))
-def get_job(job_id: JobId, session: SessionDep) -> JobRead:
+def get_job(job_id: JobId, session: SessionDep, settings: SettingsDep) -> JobRead:
     job = store.get_job(session=session, job_id=job_id)
     if job is None:
         raise HTTPException(status_code=404, detail=f"no job with id {job_id}")
-    return JobRead.from_row(job)
+    reason = store.waiting_reason(session=session, job=job, within_s=settings.lease_s)
+    return JobRead.from_row(job).model_copy(update={"waiting_reason": reason})
 
 
 @router.post("/{job_id}/cancel", response_model=JobRead, responses=responses(*WRITES, 404, 409))

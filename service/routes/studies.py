@@ -9,6 +9,7 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
 from jobs.spec import StudySpec, study_errors
+from service.admission import device_errors
 from service.auth import CallerDep, submitter
 from service.deps import CatalogueDep, SessionDep, SettingsDep
 from service.models import Study
@@ -51,6 +52,7 @@ def submit_study(
         max_jobs=settings.max_study_jobs,
         data_roots=settings.data_root_paths,
     )
+    errors += device_errors(spec.device, session=session, settings=settings)
     if errors:
         raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
     with queue_room(session=session, settings=settings, submitted_by=submitter(caller), jobs=len(jobs)):

@@ -167,8 +167,11 @@ def test_a_job_trains_verifies_checkpoints_and_lands_in_mlflow(
 
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"spec.json", "result.json", "checkpoints"} <= artifacts
+    # Every verified checkpoint is published to the run (any worker may resume from it).
     assert [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")] == [
-        "checkpoints/step-00000120.pt"
+        "checkpoints/step-00000050.pt",
+        "checkpoints/step-00000100.pt",
+        "checkpoints/step-00000120.pt",
     ]
     downloaded = Path(client.download_artifacts(run.info.run_id, "result.json"))
     assert json.loads(downloaded.read_text())["params_sha256"] == result["params_sha256"]
@@ -286,7 +289,7 @@ def test_tensorflow_jobs_in_both_styles_match_torch_on_digits(service: Superviso
         assert set(run.data.metrics) == keys, style
         assert run.data.tags["style"] == style
         artifacts = [a.path for a in client.list_artifacts(run.info.run_id, "checkpoints")]
-        assert artifacts == ["checkpoints/step-00000120"], artifacts
+        assert artifacts == [f"checkpoints/step-{step:08d}" for step in (50, 100, 120)], artifacts
 
 
 def test_legacy_optimizer_requested_explicitly(api: httpx.Client) -> None:

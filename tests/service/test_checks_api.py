@@ -36,6 +36,7 @@ def test_a_check_is_queued_as_a_job_of_kind_check(client: TestClient) -> None:
         },
         "checks": ["dense_step", "construct"],
         "experiment": "optimizer-checks",
+        "timeout_s": None,
     }
     assert job["progress"] == {"step": 0, "total": 2, "fraction": 0.0}
     assert client.get(f"/jobs/{job['id']}").json()["kind"] == "check"
@@ -125,7 +126,13 @@ def finish_next(sessions: sessionmaker[Session], status: JobStatus, result: dict
         run = {"job_id": str(job.id), "attempt": job.attempt, "workdir": "/tmp/w", "status": status}
         typed = None if result is None else JobResult.model_validate({**run, **result})
         store.finish_job(
-            session=session, job_id=job.id, worker_id="w", status=status, result=typed, error=None
+            session=session,
+            job_id=job.id,
+            worker_id="w",
+            attempt=job.attempt,
+            status=status,
+            result=typed,
+            error=None,
         )
 
 

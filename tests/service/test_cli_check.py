@@ -209,6 +209,7 @@ def test_a_remote_check_shows_the_report_and_fails_when_a_check_does(
                 session=session,
                 job_id=job_id,
                 worker_id="w",
+                attempt=1,
                 status=JobStatus.SUCCEEDED,
                 result=result,
                 error=None,

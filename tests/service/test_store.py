@@ -126,12 +126,13 @@ def test_progress_finish_and_requeue(sessions: sessionmaker[Session]) -> None:
             session=session,
             job_id=job_id,
             worker_id="w",
+            attempt=1,
             progress=Progress(step=4, total=10, loss=0.5, mlflow=MlflowInfo.model_validate(mlflow)),
             workdir="/tmp/w",
             lease_s=30,
         )
-        assert cancel is False
-        store.requeue_job(session=session, job_id=job_id, worker_id="w", reason="worker stopped")
+        assert cancel is store.Lease.HELD
+        store.requeue_job(session=session, job_id=job_id, worker_id="w", attempt=1, reason="worker stopped")
     with sessions() as session:
         job = store.get_job(session=session, job_id=job_id)
         assert job is not None and job.status == "queued" and job.step == 4 and job.mlflow == mlflow
@@ -146,14 +147,21 @@ def test_progress_finish_and_requeue(sessions: sessionmaker[Session]) -> None:
             final={"train_loss": 0.25},
         )
         finish = {"session": session, "job_id": job_id, "result": result, "error": None}
-        assert not store.finish_job(worker_id="w", status=JobStatus.FAILED, **finish)  # no longer w's job
-        assert store.finish_job(worker_id="w2", status=JobStatus.SUCCEEDED, **finish)
+        assert not store.finish_job(worker_id="w", attempt=2, status=JobStatus.FAILED, **finish)  # not w's
+        assert not store.finish_job(worker_id="w2", attempt=1, status=JobStatus.FAILED, **finish)  # fenced
+        assert store.finish_job(worker_id="w2", attempt=2, status=JobStatus.SUCCEEDED, **finish)
     with sessions() as session:
         job = store.get_job(session=session, job_id=job_id)
         assert job is not None and job.status == "succeeded" and job.step == 10 and job.latest_loss == 0.25
         with pytest.raises(ValueError, match="terminal status"):
             store.finish_job(
-                session=session, job_id=job_id, worker_id="w2", status="running", result=None, error=None
+                session=session,
+                job_id=job_id,
+                worker_id="w2",
+                attempt=2,
+                status="running",
+                result=None,
+                error=None,
             )
 
 
@@ -187,10 +195,11 @@ def test_a_job_whose_worker_stopped_answering_is_claimed_again(sessions: session
         cancelled = store.get_job(session=session, job_id=doomed)
         assert cancelled is not None and cancelled.status == "cancelled"
         # The dead worker, should it wake up, can no longer touch the job.
+        late = Progress(step=1, total=10)
         assert store.record_progress(
-            session=session, job_id=stranded, worker_id="dead", progress=Progress(step=1, total=10),
+            session=session, job_id=stranded, worker_id="dead", attempt=1, progress=late,
             workdir=None, lease_s=30,
-        )  # fmt: skip
+        ) is store.Lease.LOST  # fmt: skip
         assert store.claim_next(session=session, worker_id="alive", lease_s=30) is None
 
 
@@ -199,7 +208,7 @@ def test_a_cancel_requested_before_a_worker_stops_is_not_undone(sessions: sessio
         job_id = store.create_job(session=session, spec=SPEC).id
         store.claim_next(session=session, worker_id="w", lease_s=30)
         store.request_cancel(session=session, job_id=job_id)
-        store.requeue_job(session=session, job_id=job_id, worker_id="w", reason="worker stopped")
+        store.requeue_job(session=session, job_id=job_id, worker_id="w", attempt=1, reason="worker stopped")
         job = store.get_job(session=session, job_id=job_id)
         assert job is not None and job.status == "cancelled"
         assert store.claim_next(session=session, worker_id="w", lease_s=30) is None
@@ -220,7 +229,15 @@ def finish_next(
         checks_failed=len(failed),
         steps_completed=1,
     )
-    store.finish_job(session=session, job_id=job.id, worker_id="w", status=status, result=result, error=None)
+    store.finish_job(
+        session=session,
+        job_id=job.id,
+        worker_id="w",
+        attempt=job.attempt,
+        status=status,
+        result=result,
+        error=None,
+    )
     return job.id
 
 

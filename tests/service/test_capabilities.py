@@ -1,0 +1,181 @@
+"""Fencing by attempt, claims by capability, waiting reasons, device refusals, slots, settings."""
+
+from __future__ import annotations
+
+import stat
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import inspect, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from jobs.result import CheckpointRecord, JobResult, JobStatus, Progress
+from jobs.spec import JobSpec
+from service import store
+from service.app import create_app
+from service.db import make_engine, migrate, session_factory
+from service.settings import Settings
+from service.store import ClaimFilter, Lease
+from service.worker import Worker
+from tests.conftest import ROOT
+
+BODY: dict[str, Any] = {"workload": {"name": "digits_mlp"}, "optimizer": {"name": "sgd"}, "steps": 10}
+
+
+def spec(**fields: Any) -> JobSpec:
+    return JobSpec.model_validate({**BODY, **fields})
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sessionmaker[Session]]:
+    url = request.getfixturevalue("postgres_url") if request.param == "postgresql" else ""
+    engine = make_engine(url or f"sqlite:///{tmp_path / 'optlab.db'}")
+    migrate(engine)
+    yield session_factory(engine)
+    with engine.begin() as connection:  # the PostgreSQL database is shared by the session: leave it empty
+        connection.execute(text("DELETE FROM jobs"))
+    engine.dispose()
+
+
+def test_every_write_of_a_superseded_attempt_is_refused(any_store: sessionmaker[Session]) -> None:
+    with any_store() as session:
+        job_id = store.create_job(session=session, spec=spec()).id
+        store.claim_next(session=session, worker_id="w", lease_s=30)
+        # Attempt 1's worker went quiet; the job went back to the queue and attempt 2 took it.
+        assert store.requeue_job(session=session, job_id=job_id, worker_id="w", attempt=1, reason="test")
+        again = store.claim_next(session=session, worker_id="w", lease_s=30)
+        assert again is not None and again.attempt == 2
+        stale: dict[str, Any] = {"session": session, "job_id": job_id, "worker_id": "w", "attempt": 1}
+        late = Progress(step=9, total=10, checkpoint=CheckpointRecord(step=9, ok=True, path="/x"))
+        assert store.record_progress(**stale, progress=late, workdir=None, lease_s=30) is Lease.LOST
+        assert store.lease_of(**stale) is Lease.LOST
+        result = JobResult(job_id=str(job_id), attempt=1, workdir="/w", status=JobStatus.SUCCEEDED)
+        assert not store.finish_job(**stale, status=JobStatus.SUCCEEDED, result=result, error=None)
+        assert not store.requeue_job(**stale, reason="late")
+        current = {**stale, "attempt": 2}
+        now = Progress(step=4, total=10, checkpoint=CheckpointRecord(step=4, ok=True, path="runs:/r/ck"))
+        assert store.record_progress(**current, progress=now, workdir=None, lease_s=30) is Lease.HELD
+        store.request_cancel(session=session, job_id=job_id)
+        assert store.lease_of(**current) is Lease.CANCEL
+    job = store.get_job(session=any_store(), job_id=job_id)
+    assert job is not None and job.status is JobStatus.RUNNING and job.attempt == 2
+    assert (job.step, job.checkpoint_step, job.checkpoint_ref) == (4, 4, "runs:/r/ck")
+
+
+def test_a_worker_claims_only_the_jobs_it_can_run(any_store: sessionmaker[Session]) -> None:
+    with any_store() as session:
+        gpu = store.create_job(session=session, spec=spec(device="cuda")).id
+        tensorflow = store.create_job(session=session, spec=spec(framework="tensorflow")).id
+        two = store.create_job(session=session, spec=spec(distribution={"strategy": "ddp", "devices": 2})).id
+        plain = store.create_job(session=session, spec=spec(device="cpu")).id
+        cpu_worker = ClaimFilter(frameworks=("torch",), free_slots=1, free_gpu_slots=0)
+        claimed = store.claim_next(session=session, worker_id="cpu", lease_s=30, fits=cpu_worker)
+        assert claimed is not None and claimed.id == plain
+        assert store.claim_next(session=session, worker_id="cpu", lease_s=30, fits=cpu_worker) is None
+        wide = ClaimFilter(frameworks=("torch",), free_slots=2, free_gpu_slots=0)
+        claimed = store.claim_next(session=session, worker_id="cpu2", lease_s=30, fits=wide)
+        assert claimed is not None and claimed.id == two
+        gpu_worker = ClaimFilter(frameworks=("torch", "tensorflow"), free_slots=1, free_gpu_slots=1)
+        claimed = store.claim_next(session=session, worker_id="gpu", lease_s=30, fits=gpu_worker)
+        assert claimed is not None and claimed.id == gpu
+        claimed = store.claim_next(session=session, worker_id="gpu", lease_s=30, fits=gpu_worker)
+        assert claimed is not None and claimed.id == tensorflow
+
+
+def register(sessions: sessionmaker[Session], worker_id: str, **fields: Any) -> None:
+    values: dict[str, Any] = {"frameworks": ["torch"], "devices": ["cpu"], "gpus": 0, "slots": 1}
+    with sessions() as session:
+        store.register_worker(
+            session=session, worker_id=worker_id, catalogue_sha256="0" * 64, **{**values, **fields}
+        )
+
+
+def test_devices_no_live_worker_offers_are_refused_and_waiting_jobs_say_why(
+    client: TestClient, settings: Settings, sessions: sessionmaker[Session], catalogue_data: dict[str, Any]
+) -> None:
+    # A fresh start: no worker yet; the job is accepted and says it waits for one.
+    first = client.post("/jobs", json={**BODY, "device": "cuda"})
+    assert first.status_code == 201, first.text
+    assert "none is running" in client.get(f"/jobs/{first.json()['id']}").json()["waiting_reason"]
+    register(sessions, "cpu-only", slots=2)
+    refused = client.post("/jobs", json={**BODY, "device": "cuda:1"})
+    assert refused.status_code == 422
+    [problem] = refused.json()["detail"]
+    assert problem["loc"] == ["body", "device"] and "live workers offer: cpu" in problem["msg"]
+    assert "needs a GPU" in client.get(f"/jobs/{first.json()['id']}").json()["waiting_reason"]
+    two = client.post(
+        "/jobs", json={**BODY, "batch_size": 64, "distribution": {"strategy": "ddp", "devices": 4}}
+    )
+    assert "needs 4 slots" in client.get(f"/jobs/{two.json()['id']}").json()["waiting_reason"]
+    cpu = client.post("/jobs", json={**BODY, "device": "cpu"}).json()
+    assert client.get(f"/jobs/{cpu['id']}").json()["waiting_reason"] is None  # it only waits its turn
+    over = client.post("/jobs", json={**BODY, "timeout_s": 10**6})
+    assert over.status_code == 422 and "at most 86400 (OPTLAB_MAX_JOB_SECONDS)" in over.text
+    lenient = settings.model_copy(update={"queue_for_absent_devices": True})
+    with TestClient(create_app(lenient)) as other:
+        assert other.post("/jobs", json={**BODY, "device": "cuda"}).status_code == 201
+
+
+WRITES_ITS_GPUS = """#!/bin/sh
+while [ $# -gt 0 ] && [ "$1" != "--workdir" ]; do shift; done; W="$2"
+echo "${CUDA_VISIBLE_DEVICES-unset}" > "$W/gpus"
+echo '{"job_id": "1", "attempt": 1, "workdir": "/w", "status": "succeeded"}' > "$W/result.json"
+"""
+
+
+def test_slots_hand_each_job_its_own_gpus(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    program = tmp_path / "fake-python"
+    program.write_text(WRITES_ITS_GPUS)
+    program.chmod(program.stat().st_mode | stat.S_IEXEC)
+    with sessions() as session:
+        jobs = [
+            store.create_job(session=session, spec=spec(device="cuda")).id,
+            store.create_job(session=session, spec=spec(device="cuda")).id,
+            store.create_job(session=session, spec=spec(distribution={"strategy": "ddp", "devices": 2})).id,
+        ]
+    fast = settings.model_copy(update={"job_python": str(program), "poll_interval_s": 0.05})
+    worker = Worker(fast, sessions, worker_id="gpu-host", gpus=["3", "5"])
+    assert len(worker.slots) == 2  # one per GPU by default
+    first, second = worker.claim(), worker.claim()  # both slots taken: nothing more fits
+    assert first is not None and second is not None and worker.claim() is None
+    assert [s.gpu for s in first[1] + second[1]] == ["3", "5"]
+    for claimed in (first, second):
+        worker._run_claimed(*claimed)
+    assert worker.run_next() is True  # the two-device job, once both slots are free
+    seen = [(fast.jobs_dir / str(j) / "attempt-1" / "gpus").read_text().strip() for j in jobs]
+    assert seen == ["3", "5", "3,5"]
+
+
+def test_optlab_db_upgrade_and_the_worker_options(tmp_path: Path) -> None:
+    def optlab(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        environment = {
+            "PATH": "/usr/bin:/bin",
+            "PYTHONPATH": str(ROOT),
+            "OPTLAB_DATA_DIR": str(tmp_path),
+            **env,
+        }
+        return subprocess.run(
+            [sys.executable, "-m", "service.cli", *args],
+            cwd=ROOT,
+            env=environment,
+            capture_output=True,
+            text=True,
+        )
+
+    upgraded = optlab("db", "upgrade")
+    assert upgraded.returncode == 0 and "latest revision" in upgraded.stdout
+    engine = make_engine(f"sqlite:///{tmp_path / 'optlab.db'}")
+    assert {"jobs", "workers"} <= set(inspect(engine).get_table_names())
+    engine.dispose()
+    refused = optlab("worker", "--slots", "0")
+    assert refused.returncode == 2 and "--slots: must be at least 1; received 0" in refused.stderr
+    misconfigured = optlab("worker", OPTLAB_LEASE_S="15", OPTLAB_HEARTBEAT_S="8")
+    assert misconfigured.returncode == 2
+    assert "OPTLAB_HEARTBEAT_S must be under OPTLAB_LEASE_S / 2 (7.5); received 8" in misconfigured.stderr

@@ -1,0 +1,389 @@
+"""Jobs that survive (issue 12), on real processes: a real MLflow server, real PostgreSQL, real job
+processes (`python -m jobs.run` with a slow plugin optimizer), worker processes killed with -9.
+
+Stand-in job programs (shell scripts, as in test_worker.py) only where the job's own behaviour is
+not the point: the limits and the 60-job run, whose subject is the worker and the store.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from mlflow.tracking import MlflowClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from jobs.result import JobStatus
+from jobs.spec import JobSpec
+from service import store
+from service.db import make_engine, migrate, session_factory
+from service.models import Job
+from service.settings import Settings
+from service.worker import Worker
+from tests.conftest import ROOT
+from tests.service.durable_helpers import (
+    group_alive,
+    job_process_pid,
+    mlflow_server,
+    postgres_database,
+    set_connections,
+    slow_spec,
+    start_worker,
+    wait_until,
+    write_plugin,
+)
+
+
+@pytest.fixture(scope="module")
+def mlflow_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def plugins(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_plugin(tmp_path_factory.mktemp("plugins"))
+
+
+def submit(sessions: sessionmaker[Session], spec: dict[str, Any]) -> int:
+    with sessions() as session:
+        return store.create_job(session=session, spec=JobSpec.model_validate(spec)).id
+
+
+def row(sessions: sessionmaker[Session], job_id: int) -> Job:
+    with sessions() as session:
+        job = store.get_job(session=session, job_id=job_id)
+        assert job is not None
+        return job
+
+
+def ended(sessions: sessionmaker[Session], job_id: int) -> Job | None:
+    job = row(sessions, job_id)
+    return job if job.status.terminal else None
+
+
+def runs_of(mlflow_url: str, experiment: str) -> list[Any]:
+    client = MlflowClient(tracking_uri=mlflow_url)
+    found = client.get_experiment_by_name(experiment)
+    return [] if found is None else client.search_runs([found.experiment_id], max_results=100)
+
+
+def in_process_worker(settings: Settings, sessions: sessionmaker[Session], **kwargs: Any) -> Worker:
+    worker = Worker(settings, sessions, worker_id=kwargs.pop("worker_id", "in-process"), **kwargs)
+    worker.frameworks = ("torch",)
+    return worker
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[[Worker], None]]:
+    """Runs a worker (`run_forever` in a thread); stopped and joined after the test."""
+    workers: list[Worker] = []
+    threads: list[threading.Thread] = []
+
+    def start(worker: Worker) -> None:
+        thread = threading.Thread(target=worker.run_forever, daemon=True)
+        thread.start()
+        workers.append(worker)
+        threads.append(thread)
+
+    yield start
+    for worker in workers:
+        worker.stopping.set()
+    for thread in threads:
+        thread.join(timeout=60)
+
+
+def test_a_killed_job_process_ends_its_run_failed_and_a_stubborn_cancelled_one_killed(
+    tmp_path: Path,
+    mlflow_url: str,
+    plugins: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    serve: Callable[[Worker], None],
+) -> None:
+    monkeypatch.setenv("OPTLAB_PLUGIN_DIRS", str(plugins))
+    settings = Settings(
+        data_dir=tmp_path, mlflow_tracking_uri=mlflow_url, poll_interval_s=0.2, cancel_grace_s=2.0
+    )
+    engine = make_engine(settings.resolved_database_url)
+    migrate(engine)
+    sessions = session_factory(engine)
+    experiment = f"final-states-{tmp_path.name}"
+    killed = submit(sessions, slow_spec(experiment, steps=5000))
+    stubborn = submit(sessions, slow_spec(experiment, steps=5000, params={"ignore_sigterm": True}))
+    serve(in_process_worker(settings, sessions, slots=2))
+    workdirs = {
+        job_id: settings.jobs_dir.resolve() / str(job_id) / "attempt-1" for job_id in (killed, stubborn)
+    }
+    for job_id in workdirs:  # both training, each in its MLflow run
+        wait_until(
+            lambda j=job_id: (row(sessions, j).step or 0) > 0 and row(sessions, j).mlflow, 120, "training"
+        )
+
+    pid = job_process_pid(workdirs[killed])
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    with sessions() as session:
+        store.request_cancel(session=session, job_id=stubborn)
+
+    died = wait_until(lambda: ended(sessions, killed), 60, "the killed job to end")
+    assert died.status is JobStatus.FAILED and died.error is not None
+    assert died.error["type"] == "JobProcessDied" and "SIGKILL" in died.error["message"]
+    cancelled = wait_until(lambda: ended(sessions, stubborn), 60, "the cancelled job to end")
+    assert cancelled.status is JobStatus.CANCELLED
+    client = MlflowClient(tracking_uri=mlflow_url)
+    assert died.mlflow is not None and cancelled.mlflow is not None
+    assert client.get_run(died.mlflow["run_id"]).info.status == "FAILED"
+    assert client.get_run(cancelled.mlflow["run_id"]).info.status == "KILLED"
+    # It was stubborn: the worker's SIGKILL after the grace, not the job, ended it.
+    assert not (workdirs[stubborn] / "result.json").exists()
+
+
+STAND_IN = """#!/bin/sh
+SPEC="$3"
+while [ $# -gt 0 ] && [ "$1" != "--workdir" ]; do shift; done; W="$2"
+echo "$W" >> "{executions}"
+case "$(cat "$SPEC")" in
+  *'"experiment": "sleeps"'*) exec sleep 300;;
+  *'"experiment": "allocates"'*) exec {python} -c "x = b'x' * (400 * 2**20); import time; time.sleep(300)";;
+esac
+sleep {seconds}
+echo '{{"step": 1, "total": 1}}' > "$W/progress.json"
+R='{{"job_id": "1", "attempt": 1, "workdir": "/w",'
+echo "$R"' "status": "succeeded", "steps_completed": 1}}' > "$W/result.json"
+"""
+
+
+def stand_in(folder: Path, seconds: float = 0.0) -> tuple[str, Path]:
+    executions = folder / "executions.txt"
+    path = folder / "stand-in-python"
+    path.write_text(STAND_IN.format(executions=executions, python=sys.executable, seconds=seconds))
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return str(path), executions
+
+
+def test_time_and_memory_limits_fail_the_job_with_the_limit_and_the_worker_serves_the_next(
+    tmp_path: Path,
+) -> None:
+    job_python, _ = stand_in(tmp_path)
+    settings = Settings(
+        data_dir=tmp_path, job_python=job_python, poll_interval_s=0.1, cancel_grace_s=1.0, job_memory_mb=200
+    )
+    engine = make_engine(settings.resolved_database_url)
+    migrate(engine)
+    sessions = session_factory(engine)
+    base = {"workload": {"name": "digits_mlp"}, "optimizer": {"name": "sgd"}, "steps": 10}
+    sleeps = submit(sessions, {**base, "experiment": "sleeps", "timeout_s": 1.5})
+    allocates = submit(sessions, {**base, "experiment": "allocates"})
+    fine = submit(sessions, base)
+    worker = in_process_worker(settings, sessions)
+    started = time.monotonic()
+    for _ in range(3):
+        assert worker.run_next()
+    assert time.monotonic() - started < 60  # neither the sleeper nor the allocator ran on
+    slow = row(sessions, sleeps)
+    assert slow.status is JobStatus.FAILED and slow.error is not None
+    assert slow.error["type"] == "TimeLimitExceeded" and "time limit of 1.5 s" in slow.error["message"]
+    big = row(sessions, allocates)
+    assert big.status is JobStatus.FAILED and big.error is not None
+    assert big.error["type"] == "MemoryLimitExceeded" and "limit of 200 MiB" in big.error["message"]
+    assert row(sessions, fine).status is JobStatus.SUCCEEDED
+
+
+def test_a_store_outage_mid_job_ends_with_the_job_run_once_its_result_recorded(
+    tmp_path: Path,
+    mlflow_url: str,
+    plugins: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    serve: Callable[[Worker], None],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setenv("OPTLAB_PLUGIN_DIRS", str(plugins))
+    caplog.set_level(logging.INFO, logger="optlab.worker")
+    with postgres_database() as (url, name):
+        # The default lease and heartbeat (15 s, 5 s): the job is paused before its lease could
+        # run out, and goes on when the store is back and says it is still this attempt's.
+        settings = Settings(
+            data_dir=tmp_path, database_url=url, mlflow_tracking_uri=mlflow_url, poll_interval_s=0.2
+        )
+        engine = make_engine(url)
+        migrate(engine)
+        sessions = session_factory(engine)
+        experiment = f"outage-{tmp_path.name}"
+        # 16 s of steps: it is still training when the worker pauses it (8-13 s into the outage).
+        steps = {"steps": 160, "checkpoint_every": 80, "eval_every": 80}
+        job_id = submit(sessions, slow_spec(experiment, **steps, params={"delay_s": 0.1}))
+        serve(in_process_worker(settings, sessions))
+        wait_until(lambda: row(sessions, job_id).step > 0, 120, "the job to train")
+        set_connections(name, allowed=False)
+        time.sleep(15)
+        set_connections(name, allowed=True)
+        job = wait_until(lambda: ended(sessions, job_id), 120, "the job to end")
+        engine.dispose()
+    assert job.status is JobStatus.SUCCEEDED and job.attempt == 1
+    assert job.result is not None and job.result["steps_completed"] == 160
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("store is unreachable" in m for m in messages)
+    assert any("job paused" in m for m in messages) and any("job resumed" in m for m in messages)
+    runs = runs_of(mlflow_url, experiment)
+    assert [r.info.status for r in runs] == ["FINISHED"]
+
+
+def test_a_worker_killed_with_sigkill_is_taken_over_and_the_job_resumes_in_its_run(
+    tmp_path: Path, mlflow_url: str, plugins: Path
+) -> None:
+    experiment = f"takeover-{tmp_path.name}"
+    spec = slow_spec(experiment, steps=60)
+    reference = tmp_path / "reference"
+    reference.mkdir()
+    (reference / "spec.json").write_text(json.dumps({**spec, "experiment": f"{experiment}-reference"}))
+    env = {"OPTLAB_PLUGIN_DIRS": str(plugins), "PYTHONPATH": str(ROOT)}
+    # The uninterrupted run, meanwhile, for the comparison.
+    uninterrupted = subprocess.Popen(
+        [sys.executable, "-m", "jobs.run", str(reference / "spec.json"), "--workdir", str(reference),
+         "--tracking-uri", mlflow_url],
+        env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    workers: dict[str, subprocess.Popen[bytes]] = {}
+    with postgres_database() as (url, _):
+        engine = make_engine(url)
+        migrate(engine)
+        sessions = session_factory(engine)
+        job_id = submit(sessions, spec)
+        worker_env = {
+            **env,
+            "OPTLAB_DATABASE_URL": url,
+            "OPTLAB_DATA_DIR": str(tmp_path / "data"),
+            "OPTLAB_MLFLOW_TRACKING_URI": mlflow_url,
+            "OPTLAB_POLL_INTERVAL_S": "0.2",
+        }
+        try:
+            for name in ("first", "second"):
+                workers[name] = start_worker(name, 1, worker_env, tmp_path / f"{name}.log")
+            wait_until(
+                lambda: (row(sessions, job_id).checkpoint_step or 0) >= 20, 180, "a verified checkpoint"
+            )
+            holder = row(sessions, job_id).worker_id
+            assert holder in workers
+            os.kill(workers[holder].pid, signal.SIGKILL)
+            killed_at = time.monotonic()
+            taken = wait_until(
+                lambda: (
+                    (job := row(sessions, job_id)).attempt == 2 and job.status is JobStatus.RUNNING and job
+                ),
+                60,
+                "another worker to take the job over",
+                every_s=0.05,
+            )
+            takeover_s = time.monotonic() - killed_at
+            print(f"takeover after kill -9 of the worker: {takeover_s:.1f} s")
+            assert taken.worker_id != holder
+            assert takeover_s < 20
+            job = wait_until(lambda: ended(sessions, job_id), 180, "the resumed job to end")
+        finally:
+            for process in workers.values():
+                process.kill()
+                process.wait()
+            engine.dispose()
+    assert uninterrupted.wait(timeout=180) == 0
+    assert job.status is JobStatus.SUCCEEDED, job.error
+    expected = json.loads((reference / "result.json").read_text())
+    assert job.result is not None and job.result["params_sha256"] == expected["params_sha256"]
+    runs = runs_of(mlflow_url, experiment)
+    assert len(runs) == 1 and job.mlflow is not None and runs[0].info.run_id == job.mlflow["run_id"]
+    client = MlflowClient(tracking_uri=mlflow_url)
+    steps = [m.step for m in client.get_metric_history(runs[0].info.run_id, "train/loss")]
+    reference_steps = [m.step for m in client.get_metric_history(expected["mlflow"]["run_id"], "train/loss")]
+    assert sorted(steps) == sorted(set(steps)) == sorted(reference_steps)  # every step exactly once
+
+
+def test_three_workers_with_two_slots_run_sixty_jobs_each_exactly_once(tmp_path: Path) -> None:
+    job_python, executions = stand_in(tmp_path, seconds=0.1)
+    with postgres_database() as (url, _):
+        engine = make_engine(url)
+        migrate(engine)
+        sessions = session_factory(engine)
+        base = {"workload": {"name": "digits_mlp"}, "optimizer": {"name": "sgd"}, "steps": 1}
+        jobs = [submit(sessions, {**base, "seed": seed}) for seed in range(60)]
+        env = {
+            "OPTLAB_DATABASE_URL": url,
+            "OPTLAB_DATA_DIR": str(tmp_path / "data"),
+            "OPTLAB_JOB_PYTHON": job_python,
+            "OPTLAB_POLL_INTERVAL_S": "0.1",
+        }
+        workers = [start_worker(f"w{i}", 2, env, tmp_path / f"w{i}.log") for i in range(3)]
+        started = time.monotonic()
+        try:
+            wait_until(lambda: all(ended(sessions, j) for j in jobs), 120, "60 jobs to end", every_s=0.5)
+            print(f"60 stand-in jobs, 3 workers x 2 slots: {time.monotonic() - started:.1f} s")
+            rows = [row(sessions, j) for j in jobs]
+        finally:
+            for process in workers:
+                process.send_signal(signal.SIGTERM)
+            for process in workers:
+                process.wait(timeout=60)
+            engine.dispose()
+    assert [r.status for r in rows] == [JobStatus.SUCCEEDED] * 60
+    assert [r.attempt for r in rows] == [1] * 60
+    ran = executions.read_text().split()
+    folders = [str((tmp_path / "data" / "jobs" / str(j) / "attempt-1").resolve()) for j in jobs]
+    assert sorted(ran) == sorted(folders)  # each job's process ran exactly once
+    assert len({r.worker_id for r in rows}) == 3  # all three took part
+
+
+def test_a_job_that_ignores_sigterm_does_not_outlive_its_killed_worker(tmp_path: Path) -> None:
+    program = tmp_path / "stubborn-python"
+    program.write_text(
+        '#!/bin/sh\ntrap "" TERM\necho $$ > "%s"\nwhile :; do sleep 0.2; done\n' % (tmp_path / "pid")
+    )
+    program.chmod(program.stat().st_mode | stat.S_IEXEC)
+    env = {
+        "OPTLAB_DATA_DIR": str(tmp_path),
+        "OPTLAB_JOB_PYTHON": str(program),
+        "OPTLAB_POLL_INTERVAL_S": "0.1",
+        "OPTLAB_CANCEL_GRACE_S": "2",
+    }
+    engine = make_engine(f"sqlite:///{tmp_path / 'optlab.db'}")
+    migrate(engine)
+    submit(
+        session_factory(engine),
+        {"workload": {"name": "digits_mlp"}, "optimizer": {"name": "sgd"}, "steps": 1},
+    )
+    worker = start_worker("doomed", 1, env, tmp_path / "worker.log")
+    try:
+        job_group = int(
+            wait_until(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text(), 60, "the job")
+        )
+        # The reaper starts just after the job (a real job gets its SIGTERM before it could load a
+        # plugin that ignores it, were the worker killed in between; this stand-in ignores it at once).
+        wait_until(lambda: reaper_of(job_group), 30, "the job's reaper")
+        worker.kill()
+        killed_at = time.monotonic()
+        wait_until(lambda: not group_alive(job_group), 30, "the job's process group to end")
+        # SIGTERM (ignored) on the worker's death, SIGKILL after the grace: gone well within a lease.
+        assert time.monotonic() - killed_at < 10
+    finally:
+        worker.kill()
+        worker.wait()
+        engine.dispose()
+
+
+def reaper_of(job_group: int) -> bool:
+    needle = f"optlab-reaper\0{job_group}\0".encode()
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and needle in (entry / "cmdline").read_bytes():
+                return True
+        except OSError:
+            continue
+    return False
