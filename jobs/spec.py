@@ -258,7 +258,10 @@ def style_choice(framework: str) -> bool:
 
 # A wall-clock limit the worker enforces (the job ends `failed`); OPTLAB_MAX_JOB_SECONDS caps it.
 TIMEOUT_FIELD = Field(
-    default=None, gt=0, le=2**31 - 1, description="wall-clock limit, seconds (OPTLAB_MAX_JOB_SECONDS caps it)"
+    default=None,
+    ge=1,
+    le=2**31 - 1,
+    description="wall-clock limit, seconds, at least 1 (OPTLAB_MAX_JOB_SECONDS caps it)",
 )
 
 
@@ -681,6 +684,15 @@ def _data_path_errors(
     errors = []
     for param in declared_json:
         value = component.params.get(param["name"])
+        if param["type"] == "path" and param.get("required") and value == "":
+            errors.append(
+                SpecError(
+                    loc=["body", "workload", "params", param["name"]],
+                    msg=f"workload {component.name!r} needs a data file: {param['name']} must name a file "
+                    "under a data root (OPTLAB_DATA_ROOTS); received ''",
+                )
+            )
+            continue
         if param["type"] != "path" or not isinstance(value, str) or not value:
             continue
         try:

@@ -199,7 +199,8 @@ def _value_schema(param: dict[str, Any]) -> dict[str, Any]:
     if kind == "bool":
         return {"type": "boolean"}
     if kind == "path":  # a file under OPTLAB_DATA_ROOTS: only the server can tell which are
-        return {"type": "string", "maxLength": 1000, "pattern": "^[^\\u0000]*$"}
+        text = {"type": "string", "maxLength": 1000, "pattern": "^[^\\u0000]*$"}
+        return {**text, "minLength": 1} if param.get("required") else text  # "" is "none"
     number: dict[str, Any] = {"type": "integer" if kind in ("int", "int_list") else "number"}
     low, high = param.get("low"), param.get("high")
     if low is None or low < -MAX_PARAM_MAGNITUDE:

@@ -46,9 +46,6 @@ TRUE_FAULTS: dict[str, frozenset[str]] = {
     "ScalableShampoo": frozenset({"state_roundtrip", "resume_exact"}),
     "SCION": frozenset({"state_roundtrip", "resume_exact"}),
     "SCIONLight": frozenset({"state_roundtrip", "resume_exact"}),
-    # On a 1-D parameter (a bias) the preconditioner turns non-finite by step 9 on a
-    # well-conditioned quadratic with the defaults; the next matrix root raises in linalg.svd.
-    "Shampoo": frozenset({"descends"}),
     # The step size uses the closure's loss, which under DDP is each rank's own half-batch loss (DDP
     # averages gradients, not losses): the replicas take different steps and drift apart.
     "AliG": frozenset({"distributed"}),
@@ -59,6 +56,15 @@ TRUE_FAULTS: dict[str, frozenset[str]] = {
     # gradient became None (frozen after a step) still moves: reproduced outside the checker with
     # two parameters, the second left out of the loss after one step, moved by 1.6e-5.
     "LBFGS": frozenset({"none_grads"}),
+}
+# Faults that show on some CPUs and not on others: the same float32 steps, rounded along another
+# vector path (the BLAS kernel the CPU's instruction set selects), either blow up or do not. Such a
+# check may fail or pass; no other check may fail.
+FRAGILE_FAULTS: dict[str, frozenset[str]] = {
+    # On a 1-D parameter (a bias) the preconditioner's matrix root is taken of a nearly singular
+    # matrix: on one CI machine it turned non-finite by step 9 (the next linalg.svd raised), on
+    # another the loss fell to 0.997 of its start in 20 steps.
+    "Shampoo": frozenset({"descends"}),
 }
 
 # Classes that cannot be built from their defaults alone: what the report must say instead.
@@ -97,7 +103,7 @@ CATALOGUE = _catalogue()
 
 def test_the_table_names_only_classes_of_the_catalogue() -> None:
     names = {name for name, _ in CATALOGUE}
-    assert set(TRUE_FAULTS) | set(NEEDS_INPUT) | set(REQUIRED) <= names
+    assert set(TRUE_FAULTS) | set(FRAGILE_FAULTS) | set(NEEDS_INPUT) | set(REQUIRED) <= names
 
 
 @pytest.mark.parametrize(("name", "text"), CATALOGUE, ids=[name for name, _ in CATALOGUE])
@@ -113,4 +119,5 @@ def test_no_false_alarm(name: str, text: str, tmp_path: Path) -> None:
         assert construct.status == "skip" and NEEDS_INPUT[name] in construct.detail, construct
         assert all(r.status == "skip" for r in report.checks), failed
         return
-    assert set(failed) == TRUE_FAULTS.get(name, frozenset()), failed
+    always, maybe = TRUE_FAULTS.get(name, frozenset()), FRAGILE_FAULTS.get(name, frozenset())
+    assert always <= set(failed) <= always | maybe, failed

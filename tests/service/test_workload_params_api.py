@@ -56,6 +56,7 @@ REFUSED = [
         "text_file",
         "must lie under a data root",
     ),
+    ({"name": "npz", "params": {"path": ""}}, "path", "workload 'npz' needs a data file"),
     (
         {"name": "char_lm", "params": {"layers": 0}},
         "layers",
