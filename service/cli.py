@@ -198,6 +198,9 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     except StartupError as exc:
         print(f"optlab serve: {exc}", file=sys.stderr)
         return 1
+    # From here Ctrl-C only asks to stop: a KeyboardInterrupt raised between the banner and the
+    # loop (a signal sent as soon as the banner is read) would skip the orderly stop below.
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     print(
         f"\noptlab is up\n  API       {supervisor.api_url}\n  API docs  {supervisor.api_url}/docs\n"
         f"  MLflow UI {redact_url(supervisor.mlflow_url)}\n  data      {supervisor.data_dir}\n"
@@ -207,8 +210,6 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     try:
         while not stop.wait(1.0):
             supervisor.check_children()
-    except KeyboardInterrupt:
-        pass
     except StartupError as exc:
         print(f"optlab serve: {exc}", file=sys.stderr)
         supervisor.stop()
