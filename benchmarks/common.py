@@ -68,6 +68,18 @@ def wait_http(url: str, *, timeout_s: float = 120.0, process: subprocess.Popen[A
     raise RuntimeError(f"{url} did not answer within {timeout_s:.0f} s")
 
 
+def stop_group(process: subprocess.Popen[Any], grace_s: float = 10.0) -> None:
+    """SIGTERM the process's group (a server and its workers), SIGKILL what is left after `grace_s`."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, 15)
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, 9)
+        process.wait()
+
+
 @contextlib.contextmanager
 def mlflow_server(workers: int = 1) -> Iterator[str]:
     """A local MLflow tracking server on SQLite in a temporary folder; yields its URL."""
@@ -87,9 +99,7 @@ def mlflow_server(workers: int = 1) -> Iterator[str]:
             wait_http(f"http://127.0.0.1:{port}/health", process=server)
             yield f"http://127.0.0.1:{port}"
         finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(server.pid, 15)
-            server.wait(timeout=30)
+            stop_group(server)
 
 
 @contextlib.contextmanager
