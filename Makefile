@@ -35,7 +35,9 @@ test: $(STAMP) lint typecheck
 # Needs PostgreSQL on 127.0.0.1:5432 (api, queue). About 12 minutes on the 2-core dev machine.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/optimizer_step.py
+	$(BIN)/python benchmarks/optimizer_step_keras.py
 	$(BIN)/python benchmarks/tracking_overhead.py
+	$(BIN)/python benchmarks/tracking_overhead_keras.py
 	$(BIN)/python benchmarks/step_profile.py
 	$(BIN)/python benchmarks/api.py
 	$(BIN)/python benchmarks/queue_claims.py
