@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import statistics
 import subprocess
@@ -25,6 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))  # `jobs`, `service`, `optimizers`, when run as a script
 PYTHON = sys.executable
+# A benchmark that is stopped still stops the servers it started and drops its database.
+signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 POSTGRES_ADMIN_URL = os.environ.get(
     "OPTLAB_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
 )
