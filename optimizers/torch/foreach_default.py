@@ -1,9 +1,9 @@
 """Which kernel a built-in torch optimizer takes when its `foreach` is None: measured, not guessed.
 
 `benchmarks/optimizer_step.py` (CPU, one thread; figures in benchmarks/README.md): over 115
-tensors of 4.6k elements on average the multi-tensor (`torch._foreach_*`) kernels took 0.70-0.80
+tensors of 4.6k elements on average the multi-tensor (`torch._foreach_*`) kernels took 0.71-0.74
 of the per-tensor loop's time, since each op is dispatched once per list instead of once per
-tensor; over 115 tensors of 73k elements on average they took 1.02-1.28 of it, since the loop
+tensor; over 115 tensors of 73k elements on average they took 1.02-1.22 of it, since the loop
 keeps each tensor in cache through all of its ops while a list op streams every tensor through
 memory once per op. On CUDA the multi-tensor kernels launch one kernel for many tensors and
 always win (torch makes the same choice).
