@@ -32,7 +32,7 @@ test: $(STAMP) lint typecheck
 
 # Figures, not tests (never part of `make test`): each benchmark prints its figures and one
 # `BENCH <name> key=value ...` line per case; benchmarks/README.md has the latest, with commands.
-# Needs PostgreSQL on 127.0.0.1:5432 (api, queue). About 12 minutes on the 2-core dev machine.
+# Needs PostgreSQL on 127.0.0.1:5432 (api, queue). About 15 minutes on the 2-core dev machine.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/optimizer_step.py
 	$(BIN)/python benchmarks/optimizer_step_keras.py

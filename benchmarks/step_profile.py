@@ -15,7 +15,7 @@ steps per second, interleaved rounds, median:
   parameter byte, on this workload;
 - a cProfile of `TrainingJob.run` without a tracker: the top functions by own time.
 
-Run: `python benchmarks/step_profile.py [--workload digits_mlp] [--steps 2000] [--rounds 3]`.
+Run: `python benchmarks/step_profile.py [--workload digits_mlp] [--steps 1000] [--rounds 5]`.
 Asserts nothing; one `BENCH step_profile` line.
 """
 
@@ -129,9 +129,9 @@ def main() -> None:
     parser.add_argument("--workload", default="digits_mlp")
     parser.add_argument("--optimizer", default="ema_momentum")
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, help="torch intra-op threads (default torch's)")
     args = parser.parse_args()
     thread_environment(args.threads)

@@ -21,7 +21,7 @@ per round, each round starting at the next case), in steps per second, median ov
 
 Ratios are over `bare`. Targets (issue 15): digits_mlp `ratio_off` >= 0.85 with every point
 delivered; a larger workload >= 0.97 (`ratio_off`) and >= 0.93 (`ratio_on`).
-Run: `python benchmarks/tracking_overhead.py [--workload digits_mlp,digits_cnn] [--steps 3000]
+Run: `python benchmarks/tracking_overhead.py [--workload digits_mlp,digits_cnn] [--steps 2000]
 [--rounds 3] [--optimizer ema_momentum]`. Asserts nothing; one `BENCH tracking_overhead` line per
 workload.
 """
@@ -247,7 +247,7 @@ def main() -> None:
     parser.add_argument("--workload", default="digits_mlp,digits_cnn", help="comma-separated workload names")
     parser.add_argument("--optimizer", default="ema_momentum")
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--steps", type=int, default=3000)
+    parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--sync-steps", type=int, default=20, help="steps of the synchronous MLflow peer")
     parser.add_argument(
         "--async-steps",

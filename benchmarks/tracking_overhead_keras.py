@@ -13,7 +13,7 @@ Same workload, optimizer and schedule, interleaved rounds, steps per second, med
   the checkpoint round trip at the end only / every 100 steps; rate = steps / train_seconds.
 
 Ratios: jobs over `bare fused`, autolog over bare `fit`. Run: `python benchmarks/tracking_overhead_keras.py
-[--workload digits_mlp] [--steps 2000] [--rounds 3]`. Asserts nothing.
+[--workload digits_mlp] [--steps 1000] [--rounds 3]`. Asserts nothing.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ def main() -> None:
     parser.add_argument("--workload", default="digits_mlp")
     parser.add_argument("--optimizer", default="ema_momentum")
     parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
