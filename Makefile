@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo serve test lint typecheck unit clean lock system-packages
+.PHONY: demo serve test lint typecheck unit clean lock system-packages bench
 
 # Installs the versions in constraints.txt (the lock), as the Dockerfile does.
 $(STAMP): pyproject.toml constraints.txt
@@ -38,6 +38,20 @@ typecheck: $(STAMP)
 # share one running service are kept on one worker (xdist_group).
 test: $(STAMP) system-packages lint typecheck
 	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadgroup
+
+# Figures, not tests (never part of `make test`): each benchmark prints its figures and one
+# `BENCH <name> key=value ...` line per case; benchmarks/README.md has the latest, with commands.
+# Needs PostgreSQL on 127.0.0.1:5432 (api, queue). About 15 minutes on the 2-core dev machine.
+bench: $(STAMP)
+	$(BIN)/python benchmarks/optimizer_step.py
+	$(BIN)/python benchmarks/optimizer_step_keras.py
+	$(BIN)/python benchmarks/tracking_overhead.py
+	$(BIN)/python benchmarks/tracking_overhead_keras.py
+	$(BIN)/python benchmarks/step_profile.py
+	$(BIN)/python benchmarks/api.py
+	$(BIN)/python benchmarks/queue_claims.py
+	$(BIN)/python benchmarks/startup.py
+	$(BIN)/python benchmarks/check_cost.py
 
 clean:
 	rm -rf $(VENV) .optlab .pytest_cache .mypy_cache .ruff_cache

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from optimizers.hyperparams import Param, check_hyperparameters, non_negative, positive, unit_interval
+from optimizers.torch.foreach_default import default_foreach
 from optimizers.torch.sparse_rows import coalesced_rows, touched_rows
 
 
@@ -111,12 +112,13 @@ def adamw_ref(
     weight_decay: float,
     foreach: bool | None,
 ) -> None:
-    """Functional form; `steps` holds each parameter's update count t (already incremented)."""
+    """Functional form; `steps` holds each parameter's update count t (already incremented);
+    `foreach=None` picks the kernel measured faster (`default_foreach`)."""
     if not params:
         return
     hyper = {"lr": lr, "beta_1": beta_1, "beta_2": beta_2, "epsilon": epsilon, "weight_decay": weight_decay}
     if foreach is None:
-        foreach = all(p.is_cuda for p in params)
+        foreach = default_foreach(params)
     if foreach and not any(g.is_sparse for g in grads):
         _multi_tensor_adamw_ref(params, grads, firsts, seconds, steps, **hyper)
         return
@@ -145,7 +147,7 @@ def _single_tensor_adamw_ref(
     for param, grad, first, second, step in zip(params, grads, firsts, seconds, steps, strict=True):
         if weight_decay != 0:
             param.mul_(1 - lr * weight_decay)
-        first.mul_(beta_1).add_(grad, alpha=1 - beta_1)
+        first.lerp_(grad, 1 - beta_1)  # as torch.optim.AdamW: one pass
         second.mul_(beta_2).addcmul_(grad, grad, value=1 - beta_2)
         root_correction = math.sqrt(1 - beta_2**step)
         denominator = second.sqrt().div_(root_correction).add_(epsilon)
@@ -167,8 +169,7 @@ def _multi_tensor_adamw_ref(
 ) -> None:
     if weight_decay != 0:
         torch._foreach_mul_(params, 1 - lr * weight_decay)
-    torch._foreach_mul_(firsts, beta_1)
-    torch._foreach_add_(firsts, grads, alpha=1 - beta_1)
+    torch._foreach_lerp_(firsts, grads, 1 - beta_1)
     torch._foreach_mul_(seconds, beta_2)
     torch._foreach_addcmul_(seconds, grads, grads, value=1 - beta_2)
     denominators = torch._foreach_sqrt(seconds)

@@ -24,6 +24,7 @@ from optimizers.hyperparams import (
     positive,
     unit_interval,
 )
+from optimizers.torch.foreach_default import default_foreach
 from optimizers.torch.sparse_rows import coalesced_rows, touched_rows
 
 
@@ -90,14 +91,14 @@ def ema_momentum(
     weight_decay: float,
     foreach: bool | None,
 ) -> None:
-    """Functional form; `foreach=None` picks the multi-tensor kernel when all tensors are on CUDA.
+    """Functional form; `foreach=None` picks the kernel measured faster (`default_foreach`).
 
     Sparse gradients always take the per-tensor kernel, applied to the touched rows only.
     """
     if not params:
         return
     if foreach is None:
-        foreach = all(p.is_cuda for p in params)
+        foreach = default_foreach(params)
     if foreach and not any(g.is_sparse for g in grads):
         _multi_tensor_ema_momentum(params, grads, momenta, lr=lr, beta=beta, weight_decay=weight_decay)
         return
@@ -123,7 +124,7 @@ def _single_tensor_ema_momentum(
     for param, grad, momentum in zip(params, grads, momenta, strict=True):
         if weight_decay != 0:
             param.mul_(1 - lr * weight_decay)
-        momentum.mul_(beta).add_(grad, alpha=1 - beta)
+        momentum.lerp_(grad, 1 - beta)  # beta * m + (1 - beta) * g in one pass
         param.add_(momentum, alpha=-lr)
 
 
@@ -138,6 +139,5 @@ def _multi_tensor_ema_momentum(
 ) -> None:
     if weight_decay != 0:
         torch._foreach_mul_(params, 1 - lr * weight_decay)
-    torch._foreach_mul_(momenta, beta)
-    torch._foreach_add_(momenta, grads, alpha=1 - beta)
+    torch._foreach_lerp_(momenta, grads, 1 - beta)
     torch._foreach_add_(params, momenta, alpha=-lr)

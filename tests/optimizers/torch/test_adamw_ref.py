@@ -130,17 +130,22 @@ def test_matches_torch_adamw_after_50_steps(foreach: bool, hyper: dict[str, floa
         assert optimizer.state[mine]["step"] == int(reference.state[other]["step"]) == 50
 
 
-@pytest.mark.parametrize(("foreach", "kernel"), [(True, "multi"), (False, "single"), (None, "single")])
+# None on CPU: the multi-tensor kernel for small tensors, the per-tensor one for large ones
+# (optimizers.torch.foreach_default, measured in benchmarks/optimizer_step.py).
+@pytest.mark.parametrize(
+    ("foreach", "size", "kernel"),
+    [(True, 1, "multi"), (False, 1, "single"), (None, 1, "multi"), (None, 40_000, "single")],
+)
 def test_foreach_flag_picks_the_kernel(
-    foreach: bool | None, kernel: str, monkeypatch: pytest.MonkeyPatch
+    foreach: bool | None, size: int, kernel: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     called: list[str] = []
     monkeypatch.setattr(module, "_multi_tensor_adamw_ref", lambda *a, **k: called.append("multi"))
     monkeypatch.setattr(module, "_single_tensor_adamw_ref", lambda *a, **k: called.append("single"))
-    param = _param([1.0])
+    param = _param([1.0] * size)
     param.grad = torch.ones_like(param)
     AdamWRef([param], foreach=foreach).step()
-    assert called == [kernel]  # None on CPU tensors: the per-tensor kernel
+    assert called == [kernel]
 
 
 def test_defaults_are_torch_adamws() -> None:

@@ -95,17 +95,22 @@ def test_foreach_and_single_tensor_kernels_agree_bitwise() -> None:
         assert torch.equal(single, multi)
 
 
-@pytest.mark.parametrize(("foreach", "kernel"), [(True, "multi"), (False, "single"), (None, "single")])
+# None on CPU: the multi-tensor kernel for small tensors, the per-tensor one for large ones
+# (optimizers.torch.foreach_default, measured in benchmarks/optimizer_step.py).
+@pytest.mark.parametrize(
+    ("foreach", "size", "kernel"),
+    [(True, 1, "multi"), (False, 1, "single"), (None, 1, "multi"), (None, 40_000, "single")],
+)
 def test_foreach_flag_picks_the_kernel(
-    foreach: bool | None, kernel: str, monkeypatch: pytest.MonkeyPatch
+    foreach: bool | None, size: int, kernel: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     called: list[str] = []
     monkeypatch.setattr(module, "_multi_tensor_ema_momentum", lambda *a, **k: called.append("multi"))
     monkeypatch.setattr(module, "_single_tensor_ema_momentum", lambda *a, **k: called.append("single"))
-    param = _param([1.0])
+    param = _param([1.0] * size)
     param.grad = torch.ones_like(param)
     EmaMomentum([param], foreach=foreach).step()
-    assert called == [kernel]  # None on CPU tensors: the per-tensor kernel
+    assert called == [kernel]
 
 
 def test_params_without_grad_are_skipped_and_get_no_state() -> None:

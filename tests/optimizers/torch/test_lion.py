@@ -97,17 +97,22 @@ def test_sparse_duplicate_rows_are_summed_before_the_sign() -> None:
     torch.testing.assert_close(momentum, _tensor([[0.0], [0.01 * -0.2], [0.0]]), **EXACT)
 
 
-@pytest.mark.parametrize(("foreach", "kernel"), [(True, "multi"), (False, "single"), (None, "single")])
+# None on CPU: the multi-tensor kernel for small tensors, the per-tensor one for large ones
+# (optimizers.torch.foreach_default, measured in benchmarks/optimizer_step.py).
+@pytest.mark.parametrize(
+    ("foreach", "size", "kernel"),
+    [(True, 1, "multi"), (False, 1, "single"), (None, 1, "multi"), (None, 40_000, "single")],
+)
 def test_foreach_flag_picks_the_kernel(
-    foreach: bool | None, kernel: str, monkeypatch: pytest.MonkeyPatch
+    foreach: bool | None, size: int, kernel: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     called: list[str] = []
     monkeypatch.setattr(module, "_multi_tensor_lion", lambda *a, **k: called.append("multi"))
     monkeypatch.setattr(module, "_single_tensor_lion", lambda *a, **k: called.append("single"))
-    param = _param([1.0])
+    param = _param([1.0] * size)
     param.grad = torch.ones_like(param)
     Lion([param], foreach=foreach).step()
-    assert called == [kernel]  # None on CPU tensors: the per-tensor kernel
+    assert called == [kernel]
 
 
 def test_defaults_are_the_papers() -> None:

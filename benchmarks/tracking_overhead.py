@@ -1,0 +1,273 @@
+"""Benchmark: what the service's tracking costs a torch training loop, next to what people use today.
+
+On one workload, one optimizer and one schedule, interleaved round after round (every case once
+per round, each round starting at the next case), in steps per second, median over rounds:
+
+- `bare`: the job's own model, optimizer, scheduler and batches (built as a job builds them),
+  stepped in a plain loop that reads nothing back;
+- `bare+item`: the same, reading `loss.item()` and the gradient norm's `.item()` every step
+  (what logging anything per step costs before any tracker runs);
+- peers, in the bare loop with six scalars per step as the job logs them: MLflow's
+  `MlflowClient.log_metric` synchronous (over `--sync-steps` steps only: each call is an HTTP
+  round trip) and `synchronous=False` (over `--async-steps`: the rate in the loop; the wait for
+  delivery afterwards, which takes far longer, is printed),
+  TensorBoard's `SummaryWriter.add_scalar` when `torch.utils.tensorboard` imports here;
+- `job null`: `python -m jobs.run SPEC` without a tracking server (the loop's own bookkeeping);
+- `job off`: the same with every metric to a real MLflow server, the checkpoint round trip at
+  the end only; `job on`: the checkpoint round trip every 100 steps (the default cadence).
+  A job's rate is `steps / train_seconds` from its result.json (the loop, evaluation at the
+  end and checkpoints, not the process start); every `train/loss` point is read back from
+  MLflow (`points_ok`).
+
+Ratios are over `bare`. Targets (issue 15): digits_mlp `ratio_off` >= 0.85 with every point
+delivered; a larger workload >= 0.97 (`ratio_off`) and >= 0.93 (`ratio_on`).
+Run: `python benchmarks/tracking_overhead.py [--workload digits_mlp,digits_cnn] [--steps 2000]
+[--rounds 3] [--optimizer ema_momentum]`. Asserts nothing; one `BENCH tracking_overhead` line per
+workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from common import bench_line, interleaved, machine_line, median, mlflow_server, run_job, thread_environment
+
+METRICS_PER_STEP = 6  # train/loss, train/lr, train/grad_norm, perf/step_time_ms, perf/optimizer_step_ms, ...
+
+
+def job_spec(args: argparse.Namespace, workload: str, *, checkpoint_every: int) -> dict[str, Any]:
+    return {
+        "framework": "torch",
+        "workload": {"name": workload},
+        "optimizer": {"name": args.optimizer, "params": {"lr": args.lr}},
+        "schedule": {"name": "cosine", "params": {"warmup_steps": 20}},
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "seed": 0,
+        "checkpoint_every": checkpoint_every,
+        "eval_every": args.steps,
+        "experiment": "bench-tracking",
+        "device": "cpu",
+    }
+
+
+class BareLoop:
+    """The job's objects, built the way `jobs.training.loop.TrainingJob` builds them, in a plain loop."""
+
+    def __init__(self, spec: dict[str, Any], folder: Path) -> None:
+        from jobs.report import Reporter
+        from jobs.spec import JobSpec
+        from jobs.tracking import NullTracker
+        from jobs.training.loop import TrainingJob
+        from optimizers.registry import load_registry
+
+        job = TrainingJob(
+            JobSpec.model_validate(spec),
+            registry=load_registry(styles=("torch",)),
+            workdir=folder,
+            tracker=NullTracker(),
+            reporter=Reporter(folder),
+        )
+        self.session: Any = job.session
+        self.steps = int(spec["steps"])
+
+    def run(self, on_step: Callable[[int, Any, Any], None] | None = None, steps: int | None = None) -> float:
+        """Steps per second over `steps` (default: the spec's); `on_step(step, loss, model)` after each."""
+        objects = self.session.build()
+        model, optimizer, scheduler = objects.model, objects.optimizer, objects.scheduler
+        loss_fn, regression = self.session.loss_fn, self.session.regression
+        count = steps or self.steps
+        started = time.perf_counter()
+        for step in range(count):
+            x, y = self.session.batch(step)
+            optimizer.zero_grad(set_to_none=True)
+            output = model(x)
+            loss = loss_fn(output.reshape(-1) if regression else output, y)
+            loss.backward()
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            if on_step is not None:
+                on_step(step, loss, model)
+        return count / (time.perf_counter() - started)
+
+
+def grad_norm(model: Any) -> Any:
+    import torch
+
+    return torch.stack([p.grad.norm() for p in model.parameters() if p.grad is not None]).norm()
+
+
+def six_scalars(step: int, loss: Any, model: Any) -> list[tuple[str, float]]:
+    value = float(loss.item())
+    norm = float(grad_norm(model).item())
+    return [
+        ("train/loss", value),
+        ("train/lr", 0.05),
+        ("train/grad_norm", norm),
+        ("perf/step_time_ms", 1.0),
+        ("perf/optimizer_step_ms", 0.1),
+        ("perf/samples_per_sec", 6400.0),
+    ]
+
+
+def reads_items(step: int, loss: Any, model: Any) -> None:
+    loss.item()
+    grad_norm(model).item()
+
+
+def mlflow_peer(uri: str, *, synchronous: bool, waits: list[float]) -> Callable[[int, Any, Any], None]:
+    """A `log_metric` per scalar per step into a fresh run, as a hand-written loop does."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri)
+    experiment = client.get_experiment_by_name("bench-peers")
+    experiment_id = experiment.experiment_id if experiment else client.create_experiment("bench-peers")
+    run_id = client.create_run(experiment_id).info.run_id
+    pending: list[Any] = []
+
+    def on_step(step: int, loss: Any, model: Any) -> None:
+        for key, value in six_scalars(step, loss, model):
+            operation = client.log_metric(run_id, key, value, step=step, synchronous=synchronous)
+            if operation is not None:
+                pending.append(operation)
+
+    def wait() -> None:
+        started = time.perf_counter()
+        for operation in pending:
+            operation.wait()
+        waits.append(time.perf_counter() - started)
+
+    on_step.wait = wait  # type: ignore[attr-defined]
+    return on_step
+
+
+def tensorboard_peer(folder: Path) -> Callable[[int, Any, Any], None] | None:
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError as exc:
+        print(f"TensorBoard peer skipped: torch.utils.tensorboard does not import here ({exc})")
+        return None
+    writer = SummaryWriter(str(folder / "tensorboard"))
+
+    def on_step(step: int, loss: Any, model: Any) -> None:
+        for key, value in six_scalars(step, loss, model):
+            writer.add_scalar(key, value, step)
+
+    return on_step
+
+
+def points_delivered(uri: str, result: dict[str, Any], steps: int) -> bool:
+    from mlflow import MlflowClient
+
+    history = MlflowClient(uri).get_metric_history(result["mlflow"]["run_id"], "train/loss")
+    return len({point.step for point in history}) == steps
+
+
+def bench_workload(args: argparse.Namespace, workload: str, uri: str, folder: Path) -> None:
+    off_spec = job_spec(args, workload, checkpoint_every=args.steps)
+    on_spec = job_spec(args, workload, checkpoint_every=100)
+    bare = BareLoop(off_spec, folder / f"bare-{workload}")
+    delivered: list[bool] = []
+    async_waits: list[float] = []
+    counter = iter(range(1_000_000))
+
+    def job(spec: dict[str, Any], tracking: str | None) -> Callable[[], float]:
+        def run() -> float:
+            result = run_job(
+                spec, tracking_uri=tracking, folder=folder, name=f"{workload}-{next(counter)}", env=args.env
+            )
+            if tracking:
+                delivered.append(points_delivered(uri, result, args.steps))
+            return float(args.steps / result["train_seconds"])
+
+        return run
+
+    def sync_peer() -> float:
+        return bare.run(mlflow_peer(uri, synchronous=True, waits=[]), steps=args.sync_steps)
+
+    def async_peer() -> float:
+        on_step = mlflow_peer(uri, synchronous=False, waits=async_waits)
+        rate = bare.run(on_step, steps=args.async_steps)
+        on_step.wait()  # type: ignore[attr-defined]
+        return rate
+
+    cases: dict[str, Callable[[], float]] = {
+        "bare": bare.run,
+        "bare+item": lambda: bare.run(reads_items),
+        "mlflow sync": sync_peer,
+        "mlflow async": async_peer,
+    }
+    board = tensorboard_peer(folder)
+    if board is not None:
+        cases["tensorboard"] = lambda: bare.run(board)
+    cases.update(
+        {"job null": job(off_spec, None), "job off": job(off_spec, uri), "job on": job(on_spec, uri)}
+    )
+    rates = interleaved(cases, args.rounds)
+    base = median(rates["bare"])
+    print(
+        f"\n{workload}, {args.optimizer}, {args.steps} steps, batch {args.batch_size}: "
+        f"steps/s, median of {args.rounds}"
+    )
+    for label, values in rates.items():
+        shown = ", ".join(f"{v:.0f}" for v in values)
+        print(
+            f"  {label:<14} {median(values):8.0f} steps/s  {median(values) / base:5.3f} of bare   ({shown})"
+        )
+    if async_waits:
+        print(
+            f"  mlflow async: waiting for delivery after the loop took {median(async_waits):.1f} s (median)"
+        )
+    print(f"  every train/loss point in MLflow: {sum(delivered)} of {len(delivered)} tracked jobs")
+    bench_line(
+        "tracking_overhead",
+        workload=workload,
+        ratio_off=median(rates["job off"]) / base,
+        ratio_on=median(rates["job on"]) / base,
+        points_ok=int(bool(delivered) and all(delivered)),
+        ratio_null=median(rates["job null"]) / base,
+        ratio_item=median(rates["bare+item"]) / base,
+        ratio_mlflow_sync=median(rates["mlflow sync"]) / base,
+        ratio_mlflow_async=median(rates["mlflow async"]) / base,
+        ratio_tensorboard=(median(rates["tensorboard"]) / base) if "tensorboard" in rates else "n/a",
+        bare_steps_per_s=base,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--workload", default="digits_mlp,digits_cnn", help="comma-separated workload names")
+    parser.add_argument("--optimizer", default="ema_momentum")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--sync-steps", type=int, default=20, help="steps of the synchronous MLflow peer")
+    parser.add_argument(
+        "--async-steps",
+        type=int,
+        default=300,
+        help="steps of the asynchronous MLflow peer (its delivery is slow)",
+    )
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--threads", type=int, help="torch intra-op threads here and in the jobs (default torch's)"
+    )
+    args = parser.parse_args()
+    args.env = thread_environment(args.threads)
+    print(machine_line(), f"threads {args.threads or 'default'}")
+    with tempfile.TemporaryDirectory(prefix="bench-tracking-") as tmp, mlflow_server() as uri:
+        for workload in args.workload.split(","):
+            bench_workload(args, workload, uri, Path(tmp))
+    print(machine_line())
+
+
+if __name__ == "__main__":
+    main()
