@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import random
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -76,7 +77,25 @@ class TrainObjects:
 
 
 def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    """Every random stream a step may draw from: torch's (and CUDA's), numpy's global one and Python's
+    `random` (Kron and PSGD draw from numpy's in their steps, PCGrad shuffles with `random`). Plain
+    tensors, ints and floats, so a `weights_only` load reads them."""
+    _, keys, position, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    version, python_state, gauss_next = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "keys": torch.from_numpy(np.asarray(keys).astype(np.int64)),
+            "position": int(position),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached_gaussian),
+        },
+        "python": {
+            "version": version,
+            "state": torch.tensor(python_state, dtype=torch.int64),
+            "gauss": gauss_next,
+        },
+    }
     # Only when this job already uses CUDA: asking earlier would create a context on every GPU.
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -85,6 +104,15 @@ def rng_state() -> dict[str, Any]:
 
 def set_rng_state(state: Mapping[str, Any]) -> None:
     torch.set_rng_state(state["torch"].cpu())
+    if "numpy" in state:  # checkpoints written before it was saved hold torch's stream only
+        saved = state["numpy"]
+        keys = saved["keys"].cpu().numpy().astype(np.uint32)
+        np.random.set_state(
+            ("MT19937", keys, saved["position"], saved["has_gauss"], saved["cached_gaussian"])
+        )
+    if "python" in state:
+        saved = state["python"]
+        random.setstate((saved["version"], tuple(int(x) for x in saved["state"].tolist()), saved["gauss"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
@@ -614,6 +642,8 @@ def make_deterministic(seed: int) -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.benchmark = False
     torch.manual_seed(seed)
+    np.random.seed(seed)  # a step may draw from these too (rng_state saves them)
+    random.seed(seed)
 
 
 def params_sha256(model: nn.Module) -> str:

@@ -26,6 +26,9 @@ from tests.checks.tables import target_of
         # Legacy Nadam refuses schedules outright, with a clear message.
         ("tf_keras.optimizers.legacy:Nadam", "schedule", "warn", "refuses a LearningRateSchedule"),
         ("tf_keras.optimizers.legacy:Nadam", "config_roundtrip", "pass", "which the class refuses"),
+        # Draws from numpy's and Python's global streams in every step (Kron, PSGD, PCGrad do):
+        # a resume restores those streams too, so straight and resumed runs are bitwise equal.
+        ("tests.checks.global_random_draws:GlobalRandomSGD", "resume_exact", "pass", ""),
     ],
 )
 def test_unusual_semantics_are_judged_fairly(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import random
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -134,6 +135,8 @@ def _loss_and_averaged_grads(
 
 def build(ctx: CheckContext, overrides: Mapping[str, Any]) -> tuple[nn.Module, Any]:
     torch.manual_seed(SEED)
+    np.random.seed(SEED)  # a step may draw from numpy's or Python's global stream (Kron, PCGrad)
+    random.seed(SEED)
     model = tiny_model()
     return model, ctx.build(model.parameters(), **overrides)
 
