@@ -129,7 +129,4 @@ def log_to_parent(client: Any, run_id: str, study: Study, summary: StudySummary,
 
 def surface_of(spec: StudySpec) -> Surface | None:
     """The 2-D test function a workload (rosenbrock, a 2-D quadratic) draws trajectories over."""
-    found = surface_for(spec.workload.name, spec.workload.params)
-    if found is None:
-        return None
-    return Surface(f=found.f, xlim=found.xlim, ylim=found.ylim, minimum=found.minimum)
+    return surface_for(spec.workload.name, spec.workload.params)

@@ -14,7 +14,7 @@ import base64
 import html
 import io
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +22,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from jobs.workloads.surfaces import SurfaceSpec
 from service.studies.summary import (
     GridPointSummary,
     GridValue,
@@ -52,14 +53,8 @@ NONE = "\N{EN DASH}"  # an undefined figure in a table
 LOG_SPAN = 10.0  # a numeric axis whose positive values span more than this factor is drawn log
 
 
-@dataclass(frozen=True)
-class Surface:
-    """A 2-D test function to draw trajectories over."""
-
-    f: Callable[[np.ndarray, np.ndarray], np.ndarray]  # vectorized f(X, Y)
-    xlim: tuple[float, float]
-    ylim: tuple[float, float]
-    minimum: tuple[float, float] | None = None
+# The 2-D test function a report draws trajectories over: the workloads' own record.
+Surface = SurfaceSpec
 
 
 @dataclass(frozen=True)
