@@ -39,7 +39,9 @@ def finalize_next_study(*, sessions: Any, tracking_uri: str) -> bool:
     """Finalize one ended study, if there is one; False when there was none."""
     with sessions() as session:
         study = study_store.claim_study_to_finalize(session=session, lease_s=FINALIZE_LEASE_S)
-        catalogue = store.latest_catalogue(session=session)
+        # Read only for a claimed study: this runs on every poll of every worker, and the catalogue
+        # is the store's largest row.
+        catalogue = store.latest_catalogue(session=session) if study is not None else None
     if study is None:
         return False
     try:
