@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from jobs.frameworks.base import remove_checkpoint
 from jobs.result import ResumeRecord
-from jobs.tracking import Tracker
+from jobs.tracking import Point, Tracker
 
 CHECKPOINT_DIR_ENV = "OPTLAB_CHECKPOINT_DIR"
 RUN_ARTIFACTS = "checkpoints"  # where a run's checkpoints lie among its artifacts
@@ -71,7 +72,7 @@ def delivered(run: Any) -> None:
     """Every point logged so far is in the run before a checkpoint is published: an attempt resuming
     from it then finds each step up to the checkpoint logged, and none lost between the two."""
     if run is not None:
-        run.metrics.flush()
+        run.delivery.flush()
 
 
 class SharedFolderCheckpoints:
@@ -193,6 +194,10 @@ class ResumedTracker:
             return
         self.differing += 1
         self.max_abs_difference = max(self.max_abs_difference, abs(value - logged))
+
+    def metrics(self, points: Sequence[Point]) -> None:
+        for point in points:
+            self.metric(point.key, point.value, point.step)
 
     def record(self, from_step: int) -> ResumeRecord:
         return ResumeRecord(

@@ -13,10 +13,10 @@ import json
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 MAX_METRICS_PER_BATCH = 1000
 MAX_PARAMS_PER_BATCH = 100
@@ -26,8 +26,10 @@ class MetricDeliveryError(RuntimeError):
     """Metrics could not be delivered to the tracking server after retries."""
 
 
-@dataclass(frozen=True)
-class Point:
+class Point(NamedTuple):
+    """One metric point; a tuple, because a job makes several per step and the loop hands them
+    over in bulk."""
+
     key: str
     value: float
     step: int
@@ -36,6 +38,10 @@ class Point:
 
 class Tracker(Protocol):
     def metric(self, key: str, value: float, step: int) -> None: ...
+
+    def metrics(self, points: Sequence[Point]) -> None:
+        """Many points at once, each with its own timestamp (the loop's flush)."""
+        ...
 
 
 class BatchedMetricLogger:
@@ -73,6 +79,14 @@ class BatchedMetricLogger:
             if self._closing:
                 raise RuntimeError("metric logged after close()")
             self._pending.append(point)
+            if len(self._pending) >= self._max_batch:
+                self._cond.notify_all()
+
+    def metrics(self, points: Sequence[Point]) -> None:
+        with self._cond:
+            if self._closing:
+                raise RuntimeError("metrics logged after close()")
+            self._pending.extend(points)
             if len(self._pending) >= self._max_batch:
                 self._cond.notify_all()
 
@@ -232,7 +246,7 @@ class MlflowRun:
         except BaseException:
             self._client.set_terminated(self.info.run_id, status="FAILED")  # never left RUNNING
             raise
-        self.metrics = BatchedMetricLogger(self._send_metrics)
+        self.delivery = BatchedMetricLogger(self._send_metrics)
 
     @property
     def client(self) -> Any:
@@ -247,7 +261,10 @@ class MlflowRun:
             raise ValueError(f"--resume-run-id {run_id}: no such MLflow run ({exc.message})") from None
 
     def metric(self, key: str, value: float, step: int) -> None:
-        self.metrics.metric(key, value, step)
+        self.delivery.metric(key, value, step)
+
+    def metrics(self, points: Sequence[Point]) -> None:
+        self.delivery.metrics(points)
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
         """A file, or a folder (a checkpoint made of several files) under its own name."""
@@ -266,7 +283,7 @@ class MlflowRun:
     def end(self, status: str) -> None:
         """Flush metrics, then mark the run FINISHED, FAILED or KILLED."""
         try:
-            self.metrics.close()
+            self.delivery.close()
         except BaseException:
             # The run lost points: MLflow must not call it FINISHED.
             self._client.set_terminated(self.info.run_id, status="FAILED")
@@ -294,4 +311,7 @@ class NullTracker:
     """Used when no tracking server is configured: metrics are dropped."""
 
     def metric(self, key: str, value: float, step: int) -> None:
+        return None
+
+    def metrics(self, points: Sequence[Point]) -> None:
         return None

@@ -119,12 +119,19 @@ class Advice:
 
 @dataclass(frozen=True)
 class StepRecord:
-    """What one training step measured, already read back to the host."""
+    """What one training step measured, *not* read back to the host yet.
 
-    loss: float
-    grad_norm: float
+    `loss`, `grad_norm` and `optimizer_ms` may be device scalars (a 0-d tensor, a timing read
+    from device events: anything `float()` accepts): reading one every step would make the host
+    wait for the device every step. The loop keeps them and converts many at once through
+    `TrainingSession.to_floats` at its flush cadence (and before every evaluation, checkpoint
+    and the end), which is also where it finds the first non-finite loss.
+    """
+
+    loss: Any
+    grad_norm: Any
     lr: float | None  # None: the class takes no learning rate (AliG)
-    optimizer_ms: float
+    optimizer_ms: Any
 
 
 @dataclass(frozen=True)
@@ -169,6 +176,11 @@ class TrainingSession(ABC):
     @abstractmethod
     def train_step(self, objects: Any, batch: Any, step: int) -> StepRecord:
         """Forward, backward and one optimizer update; the loss is read back to the host."""
+
+    def to_floats(self, values: Sequence[Any]) -> list[float]:
+        """Host floats of many step values (StepRecord fields) at once; a driver overrides this to
+        read its device scalars in one transfer (one synchronisation) instead of one per value."""
+        return [float(value) for value in values]
 
     @abstractmethod
     def evaluate(self, objects: Any) -> Evaluation:

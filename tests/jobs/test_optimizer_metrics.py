@@ -3,7 +3,7 @@ by the one training loop for every style."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ import pytest
 from jobs.report import Reporter
 from jobs.result import TrainOutcome
 from jobs.spec import JobSpec
+from jobs.tracking import Point
 from jobs.training.loop import TrainingJob
 from optimizers.registry import Registry, entry_for_class, load_registry
 
@@ -27,6 +28,10 @@ class RecordingTracker:
 
     def metric(self, key: str, value: float, step: int) -> None:
         self.points.append((key, float(value), step))
+
+    def metrics(self, points: Sequence[Point]) -> None:
+        for point in points:
+            self.metric(point.key, point.value, point.step)
 
     def series(self, key: str) -> list[tuple[int, float]]:
         return [(step, value) for name, value, step in self.points if name == key]

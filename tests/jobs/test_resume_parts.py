@@ -4,6 +4,7 @@ what the other DDP ranks are started with, where checkpoints go."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from jobs.resume import (
     checkpoint_store,
     fetch_checkpoint,
 )
+from jobs.tracking import Point
 
 
 class Recorder:
@@ -25,6 +27,10 @@ class Recorder:
 
     def metric(self, key: str, value: float, step: int) -> None:
         self.points.append((key, value, step))
+
+    def metrics(self, points: Sequence[Point]) -> None:
+        for point in points:
+            self.metric(point.key, point.value, point.step)
 
 
 def test_points_at_or_below_the_last_logged_step_are_compared_not_logged_again() -> None:
