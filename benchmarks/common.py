@@ -17,7 +17,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,8 @@ if str(ROOT) not in sys.path:
 PYTHON = sys.executable
 # A benchmark that is stopped still stops the servers it started and drops its database.
 signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-POSTGRES_ADMIN_URL = os.environ.get(
-    "OPTLAB_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
+
+from tests.postgres import throwaway_database  # noqa: E402  (after the path is set)
 
 
 def machine_line() -> str:
@@ -108,18 +106,8 @@ def mlflow_server(workers: int = 1) -> Iterator[str]:
 @contextlib.contextmanager
 def postgres_database() -> Iterator[str]:
     """A throwaway PostgreSQL database (dropped afterwards); yields its SQLAlchemy URL."""
-    from sqlalchemy import create_engine, text
-
-    name = f"optlab_bench_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with throwaway_database("optlab_bench") as url:
+        yield url
 
 
 def run_job(

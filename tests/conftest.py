@@ -3,21 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.postgres import throwaway_database
+
 ROOT = Path(__file__).resolve().parents[1]
-POSTGRES_ADMIN_URL = os.environ.get(
-    "OPTLAB_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
-)
 
 
 @pytest.fixture(scope="session")
@@ -33,18 +30,8 @@ def catalogue_data() -> dict[str, Any]:
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A fresh, throwaway PostgreSQL database for this test session."""
-    from sqlalchemy import create_engine, text
-
-    name = f"optlab_test_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with throwaway_database() as url:
+        yield url
 
 
 def free_port() -> int:

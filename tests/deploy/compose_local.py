@@ -26,7 +26,8 @@ import yaml
 from sqlalchemy import create_engine, make_url, text
 
 from jobs.processes import start_in_own_group, terminate_group
-from tests.conftest import POSTGRES_ADMIN_URL, ROOT, free_port
+from tests.conftest import ROOT, free_port
+from tests.postgres import POSTGRES_ADMIN_URL
 
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 DB_INIT = ROOT / "deploy" / "db-init"

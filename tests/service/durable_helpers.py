@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +16,8 @@ import httpx
 from sqlalchemy import create_engine, text
 
 from jobs.processes import start_in_own_group, terminate_group
-from tests.conftest import POSTGRES_ADMIN_URL, ROOT, free_port
+from tests.conftest import ROOT, free_port
+from tests.postgres import POSTGRES_ADMIN_URL, throwaway_database
 
 # A plugin optimizer for real jobs that take their time: plain SGD (deterministic on CPU, so an
 # interrupted and resumed job can be compared with an uninterrupted one) that sleeps in each step,
@@ -118,17 +118,8 @@ def _answers(url: str) -> bool:
 @contextmanager
 def postgres_database(prefix: str = "optlab_durable") -> Iterator[tuple[str, str]]:
     """A throwaway database: (its SQLAlchemy URL, its name)."""
-    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}", name
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with throwaway_database(prefix) as url:
+        yield url, url.rsplit("/", 1)[1]
 
 
 def set_connections(name: str, *, allowed: bool) -> None:

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import uuid
 from pathlib import Path
 
-import pytest
 from sqlalchemy import create_engine, text
 
-from tests.conftest import POSTGRES_ADMIN_URL, ROOT
+from tests.conftest import ROOT
+from tests.postgres import throwaway_database
 
 PROCESSES = 6  # enough to lose the race reliably without the lock (measured: 2 runs in 3)
 MIGRATE = "import sys; from service.db import make_engine, migrate; migrate(make_engine(sys.argv[1]))"
@@ -52,16 +51,5 @@ def test_concurrent_migrations_of_a_fresh_sqlite_database(tmp_path: Path) -> Non
 
 
 def test_concurrent_migrations_of_a_fresh_postgresql_database() -> None:
-    name = f"optlab_migrate_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as connection:
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:  # pragma: no cover - reported, not hidden
-        pytest.fail(f"PostgreSQL at {POSTGRES_ADMIN_URL} is needed for this test: {exc}")
-    try:
-        migrate_at_once(POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}")
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with throwaway_database("optlab_migrate") as url:
+        migrate_at_once(url)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,7 +16,8 @@ from service import store
 from service.app import create_app
 from service.db import make_engine, migrate, session_factory
 from service.settings import Settings
-from tests.conftest import POSTGRES_ADMIN_URL, free_port
+from tests.conftest import free_port
+from tests.postgres import throwaway_database
 from tests.service.test_api import GOOD
 
 MAX_QUEUED = 4
@@ -46,16 +46,8 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'race.db'}"
         return
-    name = f"optlab_race_{uuid.uuid4().hex[:10]}"
-    admin = make_engine(POSTGRES_ADMIN_URL).execution_options(isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.exec_driver_sql(f'CREATE DATABASE "{name}"')
-    try:
-        yield POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}"
-    finally:
-        with admin.connect() as connection:
-            connection.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.dispose()
+    with throwaway_database("optlab_race") as url:
+        yield url
 
 
 @pytest.fixture

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, text
 
 from service import store
 from service.app import create_app
@@ -21,7 +19,7 @@ from service.db import make_engine, migrate, session_factory
 from service.secrets import job_environment, redact_url, split_credentials
 from service.settings import Settings
 from service.worker import Worker, produce_catalogue
-from tests.conftest import POSTGRES_ADMIN_URL
+from tests.postgres import throwaway_database
 from tests.service.test_api import GOOD
 from tests.service.test_worker import stand_in
 
@@ -51,17 +49,8 @@ echo '{{"job_id": "1", "attempt": 1, "workdir": "'$W'", "status": "succeeded", '
 @pytest.fixture
 def database_with_password() -> Iterator[str]:
     """A throwaway PostgreSQL database reached with a password in its URL (trust auth ignores it)."""
-    name = f"optlab_secrets_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    base = POSTGRES_ADMIN_URL.rsplit("/", 1)[0].replace("postgres@", f"postgres:{DB_SECRET}@")
-    try:
-        yield f"{base}/{name}"
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with throwaway_database("optlab_secrets") as url:
+        yield url.replace("postgres@", f"postgres:{DB_SECRET}@", 1)
 
 
 def test_a_planted_secret_is_nowhere_a_job_or_a_user_can_read_it(

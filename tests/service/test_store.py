@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -12,7 +11,7 @@ from typing import Any
 import pytest
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, inspect, text, update
+from sqlalchemy import Engine, inspect, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.result import JobResult, JobStatus, MlflowInfo, Progress
@@ -20,7 +19,7 @@ from jobs.spec import CheckSpec, JobSpec
 from service import store
 from service.db import MIGRATIONS, make_engine, migrate, session_factory
 from service.models import Job, utcnow
-from tests.conftest import POSTGRES_ADMIN_URL
+from tests.postgres import throwaway_database
 
 SPEC = JobSpec.model_validate(
     {"workload": {"name": "digits_mlp"}, "optimizer": {"name": "adam", "params": {"lr": 0.001}}, "steps": 10}
@@ -290,18 +289,12 @@ def empty_engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Eng
         yield engine
         engine.dispose()
         return
-    name = f"optlab_migrate_{uuid.uuid4().hex[:10]}"
-    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    engine = make_engine(POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{name}")
-    try:
-        yield engine
-    finally:
-        engine.dispose()
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with throwaway_database("optlab_migrate") as url:
+        engine = make_engine(url)
+        try:
+            yield engine
+        finally:
+            engine.dispose()
 
 
 def test_jobs_from_before_kinds_become_training_jobs(empty_engine: Engine) -> None:
