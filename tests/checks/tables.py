@@ -1,6 +1,6 @@
 """The targets the checker is held to: every optimizer that must pass, every broken one that must not.
 
-Shared by the table tests and `benchmarks/check_duration.py`.
+Shared by the table tests.
 """
 
 from __future__ import annotations
