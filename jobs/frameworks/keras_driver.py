@@ -859,7 +859,7 @@ class KerasSession(TrainingSession):
 
     def _checkpoint_of_record(self, objects: KerasObjects, prefix: Path) -> KerasObjects:
         written = self._saver(objects).write(str(prefix))
-        target = self._as_if_fresh()
+        target = self._as_if_fresh(objects)
         status = self._saver(target).read(written)
         try:
             status.assert_consumed()
@@ -875,9 +875,10 @@ class KerasSession(TrainingSession):
         compare_optimizers(objects.optimizer, target.optimizer, "tf.train.Checkpoint")
         return target
 
-    def _as_if_fresh(self) -> KerasObjects:
+    def _as_if_fresh(self, saved: KerasObjects) -> KerasObjects:
         """Objects to restore into, holding what freshly built ones hold: the first time a fresh
-        build (its values kept), then the spare with every variable reset to those values.
+        build (its values kept), then the spare with every variable reset to those values (never
+        the saved objects themselves: comparing them with themselves would prove nothing).
 
         A reset spare is a fresh build in all that the comparison reads (every model and
         optimizer variable), its compiled step already traced; its variable structure is a fresh
@@ -885,7 +886,7 @@ class KerasSession(TrainingSession):
         checkpoint's fresh target would have failed on one made there.
         """
         spare, self.spare = self.spare, None
-        if spare is not None and self.as_built is not None:
+        if spare is not None and spare is not saved and self.as_built is not None:
             variables = every_variable(spare)
             if len(variables) == len(self.as_built):
                 for variable, value in zip(variables, self.as_built, strict=True):
