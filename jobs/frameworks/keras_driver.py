@@ -2,15 +2,20 @@
 
 One TensorFlow driver with a subclass per style for the few things the two Keras APIs do
 differently (module, state creation, applying gradients, schedule class, whole-model
-format). The training step is compiled with `tf.function` (optionally XLA). Every
-checkpoint proves the optimizer survives a save the Keras way:
+format). The training step is one `tf.function` (optionally XLA): the gradients, their
+global norm and the update in one graph, the loss and the norm left as tensors for the loop
+to read in bulk. Checkpoints prove the optimizer survives a save the Keras way:
 
 1. the whole model saved (`.keras`; legacy: h5) and loaded WITHOUT custom objects must
-   bring back the same optimizer class, config, iterations and variables;
-2. `tf.train.Checkpoint(model, optimizer)` written and read into freshly built objects
-   (optimizer variables created first, so nothing is restored lazily out of sight)
-   must compare equal: this is the round-trip of record, and training continues from
-   those fresh objects.
+   bring back the same optimizer class, config, iterations and variables (at a process's
+   first checkpoint and at the job's last: `KerasSession._whole_model_due` says why that is
+   enough);
+2. at every checkpoint, `tf.train.Checkpoint(model, optimizer)` written and read into
+   objects as a fresh build holds them (optimizer variables created first, so nothing is
+   restored lazily out of sight) must compare equal: this is the round-trip of record, and
+   training continues from those objects. The first time they are freshly built; after
+   that the objects training left at the previous checkpoint are reset to a fresh build's
+   values and reused, so the job builds, and traces its step, twice in all.
 """
 
 from __future__ import annotations
@@ -69,10 +74,18 @@ class GraphModeError(RuntimeError):
 class KerasObjects:
     model: Any
     optimizer: Any
+    # The training step, compiled as one graph: gradients, their global norm and the update;
+    # returns the loss and the norm as tensors (read back in bulk through `to_floats`).
+    step: Callable[..., Any]
+    # The same work as two pieces, traced only when used: the gradients (loss, gradients, norm)
+    # compiled alone, and the update eagerly and compiled; they explain a failing first step.
     gradients: Callable[..., Any]
     apply: _Compiled
     # Under a MirroredStrategy: one compiled step over the replicas (loss, gradient norm), else None.
     replicated_step: Callable[..., Any] | None = None
+    # This model's and optimizer's tf.train.Checkpoint, made at its first write or read and kept
+    # (a new one walks the object graph again: twice the cost of a write).
+    saver: Any = None
 
 
 class KerasDriver(Driver):
@@ -522,6 +535,11 @@ class KerasSession(TrainingSession):
         with tf.device(self.device):
             self.x_train, self.y_train = tf.constant(self.dataset.x_train), tf.constant(self.dataset.y_train)
             self.x_val, self.y_val = tf.constant(self.dataset.x_val), tf.constant(self.dataset.y_val)
+        # The objects training left at the last checkpoint: the next one's target, reset first to
+        # the values a fresh build holds (`as_built`), so building (and tracing) happens once a job.
+        self.spare: KerasObjects | None = None
+        self.as_built: list[np.ndarray] | None = None
+        self.whole_model_proven = False
         if self.strategy is not None:  # the data on the first device, the result naming them all
             self.device = f"{','.join(self.replica_devices)} (mirrored)"
 
@@ -565,7 +583,10 @@ class KerasSession(TrainingSession):
         replicated = self._replicated_step(model, optimizer) if self.strategy is not None else None
         return KerasObjects(model, optimizer, *self._step_functions(model, optimizer), replicated)
 
-    def _step_functions(self, model: Any, optimizer: Any) -> tuple[Callable[..., Any], _Compiled]:
+    def _step_functions(
+        self, model: Any, optimizer: Any
+    ) -> tuple[Callable[..., Any], Callable[..., Any], _Compiled]:
+        """The fused training step, and its two halves (tf.function traces each only when called)."""
         tf = self.tf
         variables = model.trainable_variables
         loss_of = self._loss
@@ -580,8 +601,18 @@ class KerasSession(TrainingSession):
         def apply(grads: Any) -> None:
             driver.apply(optimizer, grads, variables)
 
+        def step(x: Any, y: Any) -> tuple[Any, Any]:
+            # One graph, so the gradients never cross back through Python to reach the update.
+            loss, grads, norm = gradients(x, y)
+            apply(grads)
+            return loss, norm
+
         jit = self.spec.jit_compile
-        return tf.function(gradients, jit_compile=jit), _Compiled(apply, tf.function(apply, jit_compile=jit))
+        return (
+            tf.function(step, jit_compile=jit),
+            tf.function(gradients, jit_compile=jit),
+            _Compiled(apply, tf.function(apply, jit_compile=jit)),
+        )
 
     def _replicated_step(self, model: Any, optimizer: Any) -> Callable[..., Any]:
         """One step on every replica, compiled: each takes its share of the batch, the optimizer sums
@@ -631,32 +662,47 @@ class KerasSession(TrainingSession):
         return part(x), part(y)
 
     def train_step(self, objects: KerasObjects, batch: Any, step: int) -> StepRecord:
+        """One compiled step; the loss and the gradient norm stay tensors (see `to_floats`).
+
+        The gradients and the update are one graph, so the update's own time cannot be told
+        apart: `optimizer_ms` is the whole compiled step's (as under a MirroredStrategy).
+        """
         lr = self.base_lr * self.lr_multiplier(step)
-        if objects.replicated_step is not None:
-            # One compiled step over the replicas: the optimizer's time is the whole step's.
-            started = time.perf_counter()
-            loss, grad_norm = objects.replicated_step(*batch)
-            optimizer_ms = (time.perf_counter() - started) * 1000
-            return StepRecord(loss=float(loss), grad_norm=float(grad_norm), lr=lr, optimizer_ms=optimizer_ms)
-        loss, grads, grad_norm = objects.gradients(*batch)
-        optimizer_started = time.perf_counter()
-        self._apply(objects, grads, first=step == 0)
-        optimizer_ms = (time.perf_counter() - optimizer_started) * 1000
-        return StepRecord(loss=float(loss), grad_norm=float(grad_norm), lr=lr, optimizer_ms=optimizer_ms)
-
-    def _apply(self, objects: KerasObjects, grads: Any, *, first: bool) -> None:
+        compiled = objects.step if objects.replicated_step is None else objects.replicated_step
+        started = time.perf_counter()
         try:
-            objects.apply.compiled(grads)
+            loss, grad_norm = compiled(*batch)
         except Exception as graph_error:
-            if first:  # the first update is where a graph-only fault shows: explain it
-                self._explain_graph_failure(graph_error, grads)
+            if step == 0 and objects.replicated_step is None:
+                self._explain_graph_failure(graph_error, batch)  # where a graph-only fault shows
             raise
+        optimizer_ms = (time.perf_counter() - started) * 1000
+        return StepRecord(loss=loss, grad_norm=grad_norm, lr=lr, optimizer_ms=optimizer_ms)
 
-    def _explain_graph_failure(self, graph_error: Exception, grads: Any) -> None:
+    def to_floats(self, values: Sequence[Any]) -> list[float]:
+        """Every tensor among `values` read in one transfer per dtype (one stack, one `.numpy()`),
+        the rest (host floats) by `float()`."""
+        tf = self.tf
+        floats = [math.nan] * len(values)
+        by_dtype: dict[Any, list[int]] = {}
+        for index, value in enumerate(values):
+            if tf.is_tensor(value):
+                by_dtype.setdefault(value.dtype, []).append(index)
+            else:
+                floats[index] = float(value)
+        for indices in by_dtype.values():
+            read = tf.stack([values[index] for index in indices]).numpy()
+            for index, value in zip(indices, read.tolist(), strict=True):
+                floats[index] = float(value)
+        return floats
+
+    def _explain_graph_failure(self, graph_error: Exception, batch: Any) -> None:
         """Retry the first update eagerly on fresh objects: if that works, the optimizer is
-        not graph-compatible, and the error says so and where; else the original error stands."""
+        not graph-compatible, and the error says so and where; else the original error stands
+        (also when the gradients alone fail compiled: then it is not the update's fault)."""
         fresh = self.build()
         try:
+            _, grads, _ = fresh.gradients(*batch)
             fresh.apply.eager(grads)
         except Exception:
             return
@@ -716,10 +762,16 @@ class KerasSession(TrainingSession):
         return folder / f"step-{step:08d}"
 
     def checkpoint(self, objects: KerasObjects, step: int, folder: Path) -> Checkpointed:
+        """The tf.train.Checkpoint of record, verified into the spare objects; the whole model too
+        at this process's first checkpoint and at the job's last (see `_whole_model_due`)."""
         path = self.checkpoint_path(folder, step)
         path.mkdir(exist_ok=True)
-        warnings = self._whole_model_roundtrip(objects, path / f"model{self.driver.model_suffix}")
+        warnings: list[str] = []
+        if self._whole_model_due(step):
+            warnings = self._whole_model_roundtrip(objects, path / f"model{self.driver.model_suffix}")
+            self.whole_model_proven = True
         reloaded = self._checkpoint_of_record(objects, path / "ckpt")
+        self.spare = objects  # verified: the next checkpoint's target
         # Written last, so a folder without it is a checkpoint that never finished. Batches are a
         # pure function of (seed, step) and the schedule reads `iterations`: the step is the position.
         state = {"step": step, "data_position": step, "spec": self.spec.model_dump_json()}
@@ -736,10 +788,7 @@ class KerasSession(TrainingSession):
         if JobSpec.model_validate_json(state["spec"]) != self.spec:
             raise ValueError(f"checkpoint {path} was written by a different job spec; refusing to resume")
         fresh = self.build()
-        status = self.tf.train.Checkpoint(model=fresh.model, optimizer=fresh.optimizer).read(
-            str(path / "ckpt")
-        )
-        status.assert_consumed()
+        self._saver(fresh).read(str(path / "ckpt")).assert_consumed()
         step = int(state["step"])
         restored = iterations(fresh.optimizer.iterations)
         if restored != step:
@@ -747,6 +796,21 @@ class KerasSession(TrainingSession):
                 f"checkpoint {path}: the optimizer restored {restored} iterations, not its step {step}"
             )
         return fresh, step
+
+    def _whole_model_due(self, step: int) -> bool:
+        """Whether this checkpoint saves and reloads the whole model (`.keras`; legacy: h5).
+
+        Once a process, at its first checkpoint, and at the job's last, not at every one: what the
+        round trip proves is fixed once the first step has run. The class is registered by name
+        or not; get_config() returns the constructor's arguments (the config is also compared
+        with the restored twin's at every checkpoint of record); the format saves every
+        optimizer variable and loads each back by position, whatever its value, and their number
+        cannot change after the compiled step's first trace (tf.function creates variables only
+        then). What a later round trip could add: a variable the format loses that still holds
+        its freshly built value at the first checkpoint; the last one sees it once it has moved.
+        The last checkpoint is also the model a user takes away, proven as it is.
+        """
+        return not self.whole_model_proven or step >= self.spec.steps
 
     def _whole_model_roundtrip(self, objects: KerasObjects, path: Path) -> list[str]:
         objects.model.save(path)
@@ -794,10 +858,9 @@ class KerasSession(TrainingSession):
                 )
 
     def _checkpoint_of_record(self, objects: KerasObjects, prefix: Path) -> KerasObjects:
-        tf = self.tf
-        written = tf.train.Checkpoint(model=objects.model, optimizer=objects.optimizer).write(str(prefix))
-        fresh = self.build()
-        status = tf.train.Checkpoint(model=fresh.model, optimizer=fresh.optimizer).read(written)
+        written = self._saver(objects).write(str(prefix))
+        target = self._as_if_fresh(objects)
+        status = self._saver(target).read(written)
         try:
             status.assert_consumed()
         except AssertionError as exc:
@@ -805,12 +868,38 @@ class KerasSession(TrainingSession):
                 f"tf.train.Checkpoint: some saved values found no variable in freshly built objects: {exc}"
             ) from None
         for index, (saved, loaded) in enumerate(
-            zip(objects.model.get_weights(), fresh.model.get_weights(), strict=True)
+            zip(objects.model.get_weights(), target.model.get_weights(), strict=True)
         ):
             if not np.array_equal(saved, loaded):
                 raise CheckpointMismatch(f"tf.train.Checkpoint: model weight {index} differs after restore")
-        compare_optimizers(objects.optimizer, fresh.optimizer, "tf.train.Checkpoint")
+        compare_optimizers(objects.optimizer, target.optimizer, "tf.train.Checkpoint")
+        return target
+
+    def _as_if_fresh(self, saved: KerasObjects) -> KerasObjects:
+        """Objects to restore into, holding what freshly built ones hold: the first time a fresh
+        build (its values kept), then the spare with every variable reset to those values (never
+        the saved objects themselves: comparing them with themselves would prove nothing).
+
+        A reset spare is a fresh build in all that the comparison reads (every model and
+        optimizer variable), its compiled step already traced; its variable structure is a fresh
+        build's too, since tf.function creates variables only at the first trace and the first
+        checkpoint's fresh target would have failed on one made there.
+        """
+        spare, self.spare = self.spare, None
+        if spare is not None and spare is not saved and self.as_built is not None:
+            variables = every_variable(spare)
+            if len(variables) == len(self.as_built):
+                for variable, value in zip(variables, self.as_built, strict=True):
+                    variable.assign(value)
+                return spare
+        fresh = self.build()
+        self.as_built = [np.array(v.numpy()) for v in every_variable(fresh)]
         return fresh
+
+    def _saver(self, objects: KerasObjects) -> Any:
+        if objects.saver is None:
+            objects.saver = self.tf.train.Checkpoint(model=objects.model, optimizer=objects.optimizer)
+        return objects.saver
 
     def _placement(self, objects: KerasObjects) -> dict[str, Any]:
         """Where optimizer state lives against its model variables (a GPU performance cliff)."""
@@ -953,6 +1042,11 @@ def backing(variable: Any) -> Any:
 def iterations(counter: Any) -> int:
     """An optimizer's step counter as an int (a mirrored legacy one takes no int())."""
     return int(np.asarray(counter.numpy() if hasattr(counter, "numpy") else counter))
+
+
+def every_variable(objects: KerasObjects) -> list[Any]:
+    """The model's variables (weights, and Keras 3's seed states) and the optimizer's, in order."""
+    return [*objects.model.variables, *optimizer_variables_of(objects.optimizer)]
 
 
 def optimizer_variables_of(optimizer: Any) -> list[Any]:

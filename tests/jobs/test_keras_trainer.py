@@ -8,11 +8,12 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from jobs.errors import Diverged
 from jobs.frameworks.base import CheckpointMismatch
-from jobs.frameworks.keras_driver import GraphModeError
+from jobs.frameworks.keras_driver import GraphModeError, KerasSession
 from jobs.report import Reporter
 from jobs.result import TrainOutcome
 from jobs.spec import JobSpec
@@ -37,13 +38,78 @@ def tf_spec(optimizer: str, style: str, params: dict[str, Any], **overrides: Any
     return JobSpec.model_validate(body)
 
 
-def run(spec: JobSpec, tmp_path: Path, plugin_dirs: list[str] | None = None) -> TrainOutcome:
+def job_of(spec: JobSpec, tmp_path: Path, plugin_dirs: list[str] | None = None) -> TrainingJob:
     assert spec.optimizer.style is not None
     registry = load_registry(plugin_dirs=plugin_dirs or [], styles=(spec.optimizer.style,))
-    job = TrainingJob(
+    return TrainingJob(
         spec, registry=registry, workdir=tmp_path, tracker=NullTracker(), reporter=Reporter(tmp_path)
     )
-    return job.run()
+
+
+def run(spec: JobSpec, tmp_path: Path, plugin_dirs: list[str] | None = None) -> TrainOutcome:
+    return job_of(spec, tmp_path, plugin_dirs).run()
+
+
+def session_of(job: TrainingJob) -> KerasSession:
+    assert isinstance(job.session, KerasSession)
+    return job.session
+
+
+@pytest.mark.parametrize(("style", "jit_compile"), [("keras", False), ("tf_legacy", False), ("keras", True)])
+def test_the_one_compiled_step_trains_bitwise_as_the_two_graphs_did(
+    style: str, jit_compile: bool, tmp_path: Path
+) -> None:
+    """The fused step (gradients, norm and update in one graph) against the job's two graphs
+    before it (gradients, then the update), from the same weights: same weights, losses, norms."""
+    session = session_of(job_of(tf_spec("adamw_ref", style, {"lr": 0.01}, jit_compile=jit_compile), tmp_path))
+    with session.scope():
+        fused, halves = session.build(), session.build()
+        halves.model.set_weights(fused.model.get_weights())
+        records, losses, norms = [], [], []
+        for step in range(6):
+            records.append(session.train_step(fused, session.batch(step), step))
+            loss, grads, norm = halves.gradients(*session.batch(step))
+            halves.apply.compiled(grads)
+            losses.append(float(loss))
+            norms.append(float(norm))
+        assert session.to_floats([r.loss for r in records]) == losses
+        assert session.to_floats([r.grad_norm for r in records]) == norms
+        for after_fused, after_halves in zip(
+            fused.model.get_weights(), halves.model.get_weights(), strict=True
+        ):
+            assert np.array_equal(after_fused, after_halves)
+
+
+def test_step_values_stay_tensors_and_are_read_in_one_transfer(tmp_path: Path) -> None:
+    session = session_of(job_of(tf_spec("ema_momentum", "keras", {"lr": 0.5}), tmp_path))
+    tf = session.tf
+    with session.scope():
+        objects = session.build()
+        records = [session.train_step(objects, session.batch(step), step) for step in range(50)]
+    assert all(tf.is_tensor(r.loss) and tf.is_tensor(r.grad_norm) for r in records)
+    values = [v for r in records for v in (r.loss, r.grad_norm, r.lr, r.optimizer_ms)]
+
+    class CountingStacks:
+        """TensorFlow, counting the stacks `to_floats` makes (one per transfer to the host)."""
+
+        def __init__(self) -> None:
+            self.stacks = 0
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(tf, name)
+
+        def stack(self, tensors: list[Any]) -> Any:
+            self.stacks += 1
+            return tf.stack(tensors)
+
+    counting = CountingStacks()
+    session.tf = counting
+    try:
+        floats = session.to_floats(values)
+    finally:
+        session.tf = tf
+    assert counting.stacks == 1  # 100 float32 tensors, one read
+    assert floats == [float(v) for v in values]  # in order; host floats passed through
 
 
 @pytest.mark.parametrize("style", ["keras", "tf_legacy"])
@@ -122,13 +188,50 @@ def plugin(tmp_path: Path, name: str, source: str) -> list[str]:
     return [str(folder)]
 
 
-def test_a_graph_incompatible_update_says_so_and_where(tmp_path: Path) -> None:
-    dirs = plugin(tmp_path, "eager_only", EAGER_ONLY)
+EAGER_ONLY_LEGACY = """
+import tensorflow as tf
+import tf_keras
+
+
+class EagerOnlyLegacy(tf_keras.optimizers.legacy.Optimizer):
+    '''The same Python `if` on a tensor, in a legacy tf.keras update.'''
+
+    def __init__(self, learning_rate=0.01, name="EagerOnlyLegacy", **kwargs):
+        super().__init__(name, **kwargs)
+        self._set_hyper("learning_rate", learning_rate)
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        if tf.reduce_sum(grad) > 0:
+            return var.assign_sub(self._decayed_lr(var.dtype) * grad)
+        return var.assign_sub(0.5 * self._decayed_lr(var.dtype) * grad)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(learning_rate=self._serialize_hyperparameter("learning_rate"))
+        return config
+"""
+
+
+@pytest.mark.parametrize(
+    ("style", "name", "source", "line"),
+    [
+        ("keras", "eager_only", EAGER_ONLY, "if tf.reduce_sum(gradient) > 0:"),
+        ("tf_legacy", "eager_only_legacy", EAGER_ONLY_LEGACY, "if tf.reduce_sum(grad) > 0:"),
+    ],
+    ids=["keras", "tf_legacy"],
+)
+def test_a_graph_incompatible_update_says_so_and_where(
+    style: str, name: str, source: str, line: str, tmp_path: Path
+) -> None:
+    """The first compiled step fails and an eager retry of the update on fresh objects works: the
+    error says the update is not graph-compatible, naming the user's file and line."""
+    dirs = plugin(tmp_path, name, source)
     with pytest.raises(GraphModeError) as failed:
-        run(tf_spec("eager_only", "keras", {"lr": 0.01}), tmp_path, dirs)
+        run(tf_spec(name, style, {"lr": 0.01}), tmp_path, dirs)
     message = str(failed.value)
     assert "works eagerly but not inside tf.function" in message
-    assert "eager_only.py" in message
+    assert f"{name}.py" in message
+    assert line in message
 
 
 def test_a_hyperparameter_missing_from_get_config_fails_the_round_trip(tmp_path: Path) -> None:
@@ -137,6 +240,116 @@ def test_a_hyperparameter_missing_from_get_config_fails_the_round_trip(tmp_path:
         run(tf_spec("forgetful", "keras", {"lr": 0.01, "decay": 0.25}), tmp_path, dirs)
     assert "get_config" in str(failed.value)
     sys.modules.pop("tests_forgetful", None)
+
+
+LATE_LOST = """
+import keras
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class LateLost(keras.optimizers.Optimizer):
+    '''SGD plus a `late` state variable that starts moving at step 20, which its whole-model
+    reload (load_own_variables) forgets.'''
+
+    def __init__(self, learning_rate=0.01, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+
+    def build(self, variables):
+        super().build(variables)
+        self.late = self.add_variable(shape=(), initializer="zeros", name="late")
+
+    def update_step(self, gradient, variable, learning_rate):
+        self.assign_add(self.late, keras.ops.cast(self.iterations >= 20, "float32"))
+        self.assign_sub(variable, learning_rate * gradient)
+
+    def load_own_variables(self, store):
+        for index, variable in enumerate(self.variables):
+            if variable is not self.late:
+                variable.assign(store[str(index)])
+"""
+
+
+def test_state_the_whole_model_format_loses_is_caught_by_the_last_checkpoint(tmp_path: Path) -> None:
+    """The whole-model round trip runs at the first checkpoint and the last: a variable it loses
+    that still holds its freshly built value at the first (0 until step 20) fails the last one
+    (before phase 2: the one at step 30, the first to see it move)."""
+    dirs = plugin(tmp_path, "late_lost", LATE_LOST)
+    job = job_of(tf_spec("late_lost", "keras", {"lr": 0.01}), tmp_path, dirs)
+    with pytest.raises(CheckpointMismatch, match=r"model\.keras: optimizer variable .*late.* differs"):
+        job.run()
+    assert [(c.step, c.ok) for c in job.verified] == [(15, True), (30, True), (40, False)]
+    sys.modules.pop("tests_late_lost", None)
+
+
+UNTRACKED = """
+import types
+
+import keras
+import tensorflow as tf
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class Untracked(keras.optimizers.Optimizer):
+    '''SGD scaled by a `scale` variable listed among its variables but kept where
+    tf.train.Checkpoint does not look (a plain namespace); `drift` moves it each step.'''
+
+    def __init__(self, learning_rate=0.01, drift=0.0, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+        self.drift = drift
+
+    def build(self, variables):
+        super().build(variables)
+        self.hidden = types.SimpleNamespace(scale=tf.Variable(1.0, name="scale"))
+
+    @property
+    def variables(self):
+        return [*super().variables, self.hidden.scale]
+
+    def update_step(self, gradient, variable, learning_rate):
+        self.hidden.scale.assign_add(self.drift)
+        self.assign_sub(variable, learning_rate * self.hidden.scale * gradient)
+
+    def get_config(self):
+        return {**super().get_config(), "drift": self.drift}
+"""
+
+
+def test_state_the_checkpoint_of_record_does_not_restore_fails_the_first_checkpoint(tmp_path: Path) -> None:
+    dirs = plugin(tmp_path, "untracked", UNTRACKED)
+    job = job_of(tf_spec("untracked", "keras", {"lr": 0.01, "drift": 0.01}), tmp_path, dirs)
+    with pytest.raises(
+        CheckpointMismatch, match=r"tf\.train\.Checkpoint: optimizer variable .*scale.* differs"
+    ):
+        job.run()
+    assert [(c.step, c.ok) for c in job.verified] == [(15, False)]
+
+
+def test_the_reused_target_holds_fresh_values_so_an_unrestored_variable_still_shows(tmp_path: Path) -> None:
+    """From the second checkpoint on, the target is the objects training left at the previous one,
+    reset to what a fresh build holds: a variable the restore does not write shows as it would in
+    fresh objects, even where the spare's stale copy equals the saved value."""
+    dirs = plugin(tmp_path, "untracked", UNTRACKED)
+    session = session_of(job_of(tf_spec("untracked", "keras", {"lr": 0.01}), tmp_path, dirs))
+    folder = tmp_path / "checkpoints"
+
+    def train(objects: Any, steps: range) -> None:
+        for step in steps:
+            session.train_step(objects, session.batch(step), step)
+
+    with session.scope():
+        first = session.build()
+        train(first, range(3))
+        second = session.checkpoint(first, 3, folder).objects  # freshly built; scale 1.0 == 1.0
+        assert second is not first
+        train(second, range(3, 6))
+        third = session.checkpoint(second, 6, folder).objects
+        assert third is first  # reused, not rebuilt
+        train(third, range(6, 9))
+        for objects in (second, third):  # the live scale and the spare's stale one agree
+            objects.optimizer.hidden.scale.assign(7.0)
+        with pytest.raises(CheckpointMismatch, match="scale"):
+            session.checkpoint(third, 9, folder)  # a fresh build's scale is 1.0
+    sys.modules.pop("tests_untracked", None)
 
 
 def test_a_format_that_drops_all_optimizer_state_is_a_warning_not_a_failure(tmp_path: Path) -> None:
