@@ -126,12 +126,13 @@ def adamw_ref(
 ) -> None:
     """Functional form; `steps` holds each parameter's update count t (already incremented);
     `foreach=None` picks the kernel measured faster (`default_foreach`); `fused` takes torch's
-    fused kernel for dense gradients (a step with a sparse one takes the per-tensor kernel)."""
+    fused kernel for dense gradients (a step with a sparse one takes the per-tensor kernel), but
+    not under torch.compile, which cannot trace it and fuses the multi-tensor kernel's ops itself."""
     if not params:
         return
     hyper = {"lr": lr, "beta_1": beta_1, "beta_2": beta_2, "epsilon": epsilon, "weight_decay": weight_decay}
     dense = not any(g.is_sparse for g in grads)
-    if fused and dense:
+    if fused and dense and not torch.compiler.is_compiling():
         for group in by_device_and_dtype(params, grads, firsts, seconds, steps):
             _fused_adamw_ref(*group, **hyper)
         return

@@ -111,14 +111,15 @@ def ema_momentum(
     """Functional form; `foreach=None` picks the kernel measured faster (`default_foreach`).
 
     Sparse gradients always take the per-tensor kernel, applied to the touched rows only. With
-    `fused`, dense gradients take torch's fused SGD kernel, except at beta = 0: that kernel keeps
-    no buffer at momentum 0, and the state must still hold m = g, so the others serve it.
+    `fused`, dense gradients take torch's fused SGD kernel, except at beta = 0 (that kernel keeps
+    no buffer at momentum 0, and the state must still hold m = g) and under torch.compile (which
+    cannot trace it, and fuses the multi-tensor kernel's ops itself): there the others serve.
     """
     if not params:
         return
     hyper = {"lr": lr, "beta": beta, "weight_decay": weight_decay}
     dense = not any(g.is_sparse for g in grads)
-    if fused and dense and beta != 0:
+    if fused and dense and beta != 0 and not torch.compiler.is_compiling():
         for group in by_device_and_dtype(params, grads, momenta):
             _fused_ema_momentum(*group, **hyper)
         return

@@ -227,3 +227,22 @@ def test_fused_is_catalogued_for_the_optimizers_with_a_fused_kernel_only() -> No
     # Lion has no fused kernel in torch: a job asking for one is told so, by name.
     with pytest.raises(ValueError, match="optimizer 'lion' \\(torch\\) has no hyperparameter 'fused'"):
         REGISTRY.get("lion", "torch").kwargs({"lr": 1e-4, "fused": True})
+
+
+@pytest.mark.parametrize(
+    ("module", "kernels", "cls"),
+    [
+        (ema_module, EMA_KERNELS, EmaMomentum),
+        (adamw_module, {"_fused_adamw_ref": "fused", "_multi_tensor_adamw_ref": "multi"}, AdamWRef),
+    ],
+)
+def test_under_torch_compile_fused_takes_the_multi_tensor_kernel(
+    module: Any, kernels: dict[str, str], cls: type[torch.optim.Optimizer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dynamo cannot trace torch's fused kernels (no fake kernel on CPU), and inductor fuses the
+    multi-tensor ops itself: `torch.compile(optimizer.step)` works with fused=True (graph_mode)."""
+    param = torch.nn.Parameter(torch.ones(3))
+    param.grad = torch.ones(3)
+    optimizer = cls([param], fused=True)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert _kernels_called(module, kernels, monkeypatch, optimizer) == ["multi"]
