@@ -133,8 +133,9 @@ def adamw_ref(
     hyper = {"lr": lr, "beta_1": beta_1, "beta_2": beta_2, "epsilon": epsilon, "weight_decay": weight_decay}
     dense = not any(g.is_sparse for g in grads)
     if fused and dense and not torch.compiler.is_compiling():
-        for group in by_device_and_dtype(params, grads, firsts, seconds, steps):
-            _fused_adamw_ref(*group, **hyper)
+        for some in by_device_and_dtype(params, grads, firsts, seconds, steps):
+            some_params, some_grads, some_firsts, some_seconds, some_steps = some
+            _fused_adamw_ref(some_params, some_grads, some_firsts, some_seconds, some_steps, **hyper)
         return
     if foreach is None:
         foreach = default_foreach(params)

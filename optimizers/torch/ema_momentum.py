@@ -120,8 +120,8 @@ def ema_momentum(
     hyper = {"lr": lr, "beta": beta, "weight_decay": weight_decay}
     dense = not any(g.is_sparse for g in grads)
     if fused and dense and beta != 0 and not torch.compiler.is_compiling():
-        for group in by_device_and_dtype(params, grads, momenta):
-            _fused_ema_momentum(*group, **hyper)
+        for some_params, some_grads, some_momenta in by_device_and_dtype(params, grads, momenta):
+            _fused_ema_momentum(some_params, some_grads, some_momenta, **hyper)
         return
     if foreach is None:
         foreach = default_foreach(params)

@@ -246,3 +246,31 @@ def test_under_torch_compile_fused_takes_the_multi_tensor_kernel(
     optimizer = cls([param], fused=True)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     assert _kernels_called(module, kernels, monkeypatch, optimizer) == ["multi"]
+
+
+@pytest.mark.parametrize("name", FUSED_NAMES)
+def test_a_group_of_mixed_dtypes_is_fused_per_dtype(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One fused call takes one device and dtype (a GPU requires it): a group mixing float32 and
+    float64 parameters takes one call each, and equals the reference as a single dtype does."""
+
+    def run(fused: bool) -> list[torch.Tensor]:
+        generator = torch.Generator().manual_seed(3)
+        params = [
+            torch.nn.Parameter(torch.randn(5, generator=generator, dtype=dtype))
+            for dtype in (torch.float32, torch.float64, torch.float32)
+        ]
+        optimizer = REGISTRY.get(name, "torch").cls(params, **HYPER[name], fused=fused)
+        for _ in range(5):
+            for param in params:
+                param.grad = torch.randn(5, generator=generator, dtype=param.dtype)
+            optimizer.step()
+        return [param.detach() for param in params]
+
+    _assert_within_ulps(run(fused=True), run(fused=False))
+    calls: list[list[torch.dtype]] = []
+    fused_op = torch._fused_sgd_ if name == "ema_momentum" else torch._fused_adamw_
+    monkeypatch.setattr(
+        torch, fused_op.__name__, lambda params, *a, **k: calls.append([p.dtype for p in params])
+    )
+    run(fused=True)
+    assert calls[:2] == [[torch.float32, torch.float32], [torch.float64]]
