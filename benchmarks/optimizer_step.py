@@ -18,13 +18,15 @@ has one (ema_momentum, adamw_ref: torch's fused SGD / AdamW kernels); each built
 time at its default over the best time of its built-in (target: at most 1.2), `fused_ratio` the
 same for its `fused=True`.
 
-`--compile` adds `torch.compile(optimizer.step)` of each custom optimizer (inductor, its default
-kernel): the first call's compile time (`compile_s`), a recompile when the learning rate changes
-as a schedule changes it (`recompile_s`: the rate is a Python float in the param group, so Dynamo
-guards on it), and the steps a compile takes to pay for itself (`break_even_steps`). Off by
-default: on a 2-core CPU each compile takes a minute.
+`--compile kernel` adds each custom optimizer with its functional multi-tensor kernel compiled by
+`torch.compile` (inductor), `--compile step` with its whole `step()` compiled: the first call's
+compile time (`compile_s`), the step after the learning rate changes as a schedule changes it
+(`recompile_s`, and `recompile2_s` for a second change: the rate is a Python float, which Dynamo
+guards on), and the steps a compile takes to pay for itself at one rate (`break_even_steps`).
+Off by default: on a 2-core CPU each compile takes a minute or more.
 
-Run: `python benchmarks/optimizer_step.py [--steps 20] [--rounds 9] [--shapes model|small] [--compile]`.
+Run: `python benchmarks/optimizer_step.py [--steps 20] [--rounds 9] [--shapes model|small]
+[--compile kernel|step]`.
 Asserts nothing. Prints one `BENCH optimizer_step ...` line per custom optimizer.
 """
 
@@ -37,6 +39,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Protocol
 
 import torch
@@ -44,6 +47,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_line
 
+from optimizers.torch import adamw_ref as adamw_ref_module
+from optimizers.torch import ema_momentum as ema_momentum_module
+from optimizers.torch import lion as lion_module
 from optimizers.torch.adamw_ref import AdamWRef
 from optimizers.torch.ema_momentum import EmaMomentum
 from optimizers.torch.lion import Lion
@@ -122,15 +128,41 @@ class Stepper(Protocol):
 Factory = Callable[[list[torch.Tensor]], Stepper]
 
 
+# Each custom optimizer's functional multi-tensor kernel, for `--compile kernel`.
+KERNELS: dict[str, tuple[ModuleType, str]] = {
+    "ema_momentum": (ema_momentum_module, "_multi_tensor_ema_momentum"),
+    "adamw_ref": (adamw_ref_module, "_multi_tensor_adamw_ref"),
+    "lion": (lion_module, "_multi_tensor_lion"),
+}
+
+
 class CompiledStep:
-    """`torch.compile(optimizer.step)`: what compiling a custom optimizer's step would give a job."""
+    """A custom optimizer with `torch.compile`: of its whole `step` (`kernel` None), or of its
+    functional multi-tensor kernel, swapped in for the duration of each step."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, kernel: tuple[ModuleType, str] | None) -> None:
         self.optimizer = optimizer
-        self.step = torch.compile(optimizer.step)
+        self.kernel = kernel
+        if kernel is None:
+            self.compiled = torch.compile(optimizer.step)
+        else:
+            module, name = kernel
+            self.compiled = torch.compile(getattr(module, name))
+
+    def step(self) -> None:
+        if self.kernel is None:
+            self.compiled()
+            return
+        module, name = self.kernel
+        eager = getattr(module, name)
+        setattr(module, name, self.compiled)
+        try:
+            self.optimizer.step()
+        finally:
+            setattr(module, name, eager)
 
 
-def variants(compile_steps: bool = False) -> dict[str, dict[str, Factory]]:
+def variants(compile_what: str | None = None) -> dict[str, dict[str, Factory]]:
     """Per custom optimizer: its variants (`custom ...`, `naive`) and its built-ins (`builtin ...`)."""
 
     def sgd(**kw: object) -> Factory:
@@ -193,14 +225,17 @@ def variants(compile_steps: bool = False) -> dict[str, dict[str, Factory]]:
         )
     except ImportError:
         print("pytorch_optimizer is not installed: lion is compared with SGD momentum only")
-    if compile_steps:
+    if compile_what == "step":
         for factories in table.values():
-            factories["custom compiled"] = _compiled(factories["custom default"])
+            factories["custom compiled"] = _compiled(factories["custom default"], None)
+    elif compile_what == "kernel":
+        for name, factories in table.items():
+            factories["custom compiled"] = _compiled(factories["custom foreach=True"], KERNELS[name])
     return table
 
 
-def _compiled(factory: Factory) -> Factory:
-    return lambda params: CompiledStep(factory(params))  # type: ignore[arg-type]
+def _compiled(factory: Factory, kernel: tuple[ModuleType, str] | None) -> Factory:
+    return lambda params: CompiledStep(factory(params), kernel)  # type: ignore[arg-type]
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
@@ -233,7 +268,8 @@ def measure(
         optimizers[label].step()  # state built (and a compiled step compiled) outside the timing
         if isinstance(optimizers[label], CompiledStep):
             compiling["compile_s"] = time.perf_counter() - started
-            compiling["recompile_s"] = _recompile_seconds(optimizers[label])
+            compiling["recompile_s"] = _recompile_seconds(optimizers[label], 1.01)
+            compiling["recompile2_s"] = _recompile_seconds(optimizers[label], 1.02)
     times: dict[str, list[float]] = {label: [] for label in factories}
     labels = list(factories)
     for index in range(rounds):
@@ -243,15 +279,15 @@ def measure(
     return {label: statistics.median(values) for label, values in times.items()}, compiling
 
 
-def _recompile_seconds(compiled: CompiledStep) -> float:
+def _recompile_seconds(compiled: CompiledStep, factor: float) -> float:
     """One step after the learning rate changed, as a schedule changes it every step (wall s)."""
     for group in compiled.optimizer.param_groups:
-        group["lr"] *= 1.01
+        group["lr"] *= factor
     started = time.perf_counter()
     compiled.step()
     seconds = time.perf_counter() - started
     for group in compiled.optimizer.param_groups:
-        group["lr"] /= 1.01
+        group["lr"] /= factor
     return seconds
 
 
@@ -272,7 +308,10 @@ def main() -> None:
     )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument(
-        "--compile", action="store_true", help="also torch.compile(optimizer.step) (a minute a compile here)"
+        "--compile",
+        choices=("kernel", "step"),
+        help="also torch.compile each custom optimizer's multi-tensor kernel, or its whole step() "
+        "(a minute or more a compile here)",
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -318,8 +357,9 @@ def main() -> None:
             extra += " " + " ".join(f"{key}={value:.1f}" for key, value in compiling.items())
             extra += f" break_even_steps={break_even:.0f}"
             print(
-                f"  compiled step: compile {compiling['compile_s']:.1f} s, a new lr recompiles in "
-                f"{compiling['recompile_s']:.1f} s; pays for itself after {break_even:.0f} steps at one lr"
+                f"  compiled {args.compile}: compile {compiling['compile_s']:.1f} s, a new lr recompiles in "
+                f"{compiling['recompile_s']:.1f} s, another in {compiling['recompile2_s']:.1f} s; pays "
+                f"for itself after {break_even:.0f} steps at one lr"
             )
         text = " ".join(f"{key}_ms={value:.3f}" for key, value in fields.items())
         ratio = medians["custom default"] / builtin[best_label]
