@@ -11,12 +11,22 @@ the median over rounds, in ms per step. Compared, per custom optimizer:
 - `lion` vs `pytorch_optimizer.Lion` where installed (the same math) and SGD momentum
   (one state tensor per parameter, the cheapest built-in of comparable state);
 
-each custom one with `foreach` False, True and its default (None), each built-in with
+each custom one with `foreach` False, True and its default (None), and `fused=True` where it
+has one (ema_momentum, adamw_ref: torch's fused SGD / AdamW kernels); each built-in with
 `foreach` False, True and `fused=True`; plus a naive per-parameter loop of the same math
 (out-of-place arithmetic, as a first attempt is written). `ratio` is the custom optimizer's
-time at its default over the best time of its built-in (target: at most 1.2).
+time at its default over the best time of its built-in (target: at most 1.2), `fused_ratio` the
+same for its `fused=True`.
 
-Run: `python benchmarks/optimizer_step.py [--steps 20] [--rounds 9] [--shapes model|small]`.
+`--compile kernel` adds each custom optimizer with its functional multi-tensor kernel compiled by
+`torch.compile` (inductor), `--compile step` with its whole `step()` compiled: the first call's
+compile time (`compile_s`), the step after the learning rate changes as a schedule changes it
+(`recompile_s`, and `recompile2_s` for a second change: the rate is a Python float, which Dynamo
+guards on), and the steps a compile takes to pay for itself at one rate (`break_even_steps`).
+Off by default: on a 2-core CPU each compile takes a minute or more.
+
+Run: `python benchmarks/optimizer_step.py [--steps 20] [--rounds 9] [--shapes model|small]
+[--compile kernel|step]`.
 Asserts nothing. Prints one `BENCH optimizer_step ...` line per custom optimizer.
 """
 
@@ -29,17 +39,23 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+from typing import Any, Protocol
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import machine_line
 
+from optimizers.torch import adamw_ref as adamw_ref_module
+from optimizers.torch import ema_momentum as ema_momentum_module
+from optimizers.torch import lion as lion_module
 from optimizers.torch.adamw_ref import AdamWRef
 from optimizers.torch.ema_momentum import EmaMomentum
 from optimizers.torch.lion import Lion
 
 LR, BETA, WEIGHT_DECAY = 1e-3, 0.9, 1e-2
+NO_DECAY = "weight_decay=0"  # a pair of variants compared with each other only
 
 
 def model_shapes(name: str) -> list[tuple[int, ...]]:
@@ -105,10 +121,48 @@ class NaiveLion(torch.optim.Optimizer):
             state["m"] = 0.99 * m + 0.01 * p.grad
 
 
-Factory = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
+class Stepper(Protocol):
+    def step(self) -> Any: ...
 
 
-def variants() -> dict[str, dict[str, Factory]]:
+Factory = Callable[[list[torch.Tensor]], Stepper]
+
+
+# Each custom optimizer's functional multi-tensor kernel, for `--compile kernel`.
+KERNELS: dict[str, tuple[ModuleType, str]] = {
+    "ema_momentum": (ema_momentum_module, "_multi_tensor_ema_momentum"),
+    "adamw_ref": (adamw_ref_module, "_multi_tensor_adamw_ref"),
+    "lion": (lion_module, "_multi_tensor_lion"),
+}
+
+
+class CompiledStep:
+    """A custom optimizer with `torch.compile`: of its whole `step` (`kernel` None), or of its
+    functional multi-tensor kernel, swapped in for the duration of each step."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, kernel: tuple[ModuleType, str] | None) -> None:
+        self.optimizer = optimizer
+        self.kernel = kernel
+        if kernel is None:
+            self.compiled = torch.compile(optimizer.step)
+        else:
+            module, name = kernel
+            self.compiled = torch.compile(getattr(module, name))
+
+    def step(self) -> None:
+        if self.kernel is None:
+            self.compiled()
+            return
+        module, name = self.kernel
+        eager = getattr(module, name)
+        setattr(module, name, self.compiled)
+        try:
+            self.optimizer.step()
+        finally:
+            setattr(module, name, eager)
+
+
+def variants(compile_what: str | None = None) -> dict[str, dict[str, Factory]]:
     """Per custom optimizer: its variants (`custom ...`, `naive`) and its built-ins (`builtin ...`)."""
 
     def sgd(**kw: object) -> Factory:
@@ -133,13 +187,23 @@ def variants() -> dict[str, dict[str, Factory]]:
                 p, lr=LR, beta=BETA, weight_decay=WEIGHT_DECAY, foreach=True
             ),
             "custom default": lambda p: EmaMomentum(p, lr=LR, beta=BETA, weight_decay=WEIGHT_DECAY),
+            "custom fused=True": lambda p: EmaMomentum(
+                p, lr=LR, beta=BETA, weight_decay=WEIGHT_DECAY, fused=True
+            ),
             "naive": NaiveEma,
             **builtins_sgd,
+            # ema_momentum's default: no decay. Then it is SGD's math exactly (decoupled decay is
+            # one more pass over the parameters, which SGD's coupled decay does not need).
+            f"custom fused=True {NO_DECAY}": lambda p: EmaMomentum(p, lr=LR, beta=BETA, fused=True),
+            f"builtin SGD fused {NO_DECAY}": lambda p: torch.optim.SGD(
+                p, lr=LR, momentum=BETA, dampening=BETA, fused=True
+            ),
         },
         "adamw_ref": {
             "custom foreach=False": lambda p: AdamWRef(p, lr=LR, weight_decay=WEIGHT_DECAY, foreach=False),
             "custom foreach=True": lambda p: AdamWRef(p, lr=LR, weight_decay=WEIGHT_DECAY, foreach=True),
             "custom default": lambda p: AdamWRef(p, lr=LR, weight_decay=WEIGHT_DECAY),
+            "custom fused=True": lambda p: AdamWRef(p, lr=LR, weight_decay=WEIGHT_DECAY, fused=True),
             "naive": NaiveAdamW,
             "builtin AdamW foreach=False": adamw(foreach=False),
             "builtin AdamW foreach=True": adamw(foreach=True),
@@ -161,13 +225,23 @@ def variants() -> dict[str, dict[str, Factory]]:
         )
     except ImportError:
         print("pytorch_optimizer is not installed: lion is compared with SGD momentum only")
+    if compile_what == "step":
+        for factories in table.values():
+            factories["custom compiled"] = _compiled(factories["custom default"], None)
+    elif compile_what == "kernel":
+        for name, factories in table.items():
+            factories["custom compiled"] = _compiled(factories["custom foreach=True"], KERNELS[name])
     return table
+
+
+def _compiled(factory: Factory, kernel: tuple[ModuleType, str] | None) -> Factory:
+    return lambda params: CompiledStep(factory(params), kernel)  # type: ignore[arg-type]
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
 
 
-def time_steps(optimizer: torch.optim.Optimizer, steps: int, clock: Callable[[], float]) -> float:
+def time_steps(optimizer: Stepper, steps: int, clock: Callable[[], float]) -> float:
     started = clock()
     for _ in range(steps):
         optimizer.step()
@@ -180,22 +254,41 @@ def measure(
     steps: int,
     rounds: int,
     clock: Callable[[], float],
-) -> dict[str, float]:
+) -> tuple[dict[str, float], dict[str, float]]:
+    """Median ms per step of each variant, and the compiled ones' compile and recompile seconds."""
     generator = torch.Generator().manual_seed(0)
     optimizers = {}
+    compiling: dict[str, float] = {}
     for label, factory in factories.items():
         params = [torch.nn.Parameter(torch.randn(shape, generator=generator) * 0.02) for shape in shapes]
         for param in params:
             param.grad = torch.randn(param.shape, generator=generator)
         optimizers[label] = factory(params)
-        optimizers[label].step()  # state built outside the timing
+        started = time.perf_counter()
+        optimizers[label].step()  # state built (and a compiled step compiled) outside the timing
+        if isinstance(optimizers[label], CompiledStep):
+            compiling["compile_s"] = time.perf_counter() - started
+            compiling["recompile_s"] = _recompile_seconds(optimizers[label], 1.01)
+            compiling["recompile2_s"] = _recompile_seconds(optimizers[label], 1.02)
     times: dict[str, list[float]] = {label: [] for label in factories}
     labels = list(factories)
     for index in range(rounds):
         shift = index % len(labels)
         for label in labels[shift:] + labels[:shift]:  # each round starts with another variant
             times[label].append(time_steps(optimizers[label], steps, clock))
-    return {label: statistics.median(values) for label, values in times.items()}
+    return {label: statistics.median(values) for label, values in times.items()}, compiling
+
+
+def _recompile_seconds(compiled: CompiledStep, factor: float) -> float:
+    """One step after the learning rate changed, as a schedule changes it every step (wall s)."""
+    for group in compiled.optimizer.param_groups:
+        group["lr"] *= factor
+    started = time.perf_counter()
+    compiled.step()
+    seconds = time.perf_counter() - started
+    for group in compiled.optimizer.param_groups:
+        group["lr"] /= factor
+    return seconds
 
 
 def main() -> None:
@@ -214,6 +307,12 @@ def main() -> None:
         "it is all the work); wall: elapsed time",
     )
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument(
+        "--compile",
+        choices=("kernel", "step"),
+        help="also torch.compile each custom optimizer's multi-tensor kernel, or its whole step() "
+        "(a minute or more a compile here)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     shapes = model_shapes(args.shapes)
@@ -223,11 +322,15 @@ def main() -> None:
         f"{numel / 1e6:.2f}M parameters (float32), clock {args.clock}; {machine_line()}"
     )
     chosen = args.only.split(",") if args.only else None
-    for name, factories in variants().items():
+    for name, factories in variants(args.compile).items():
         if chosen and name not in chosen:
             continue
-        medians = measure(shapes, factories, args.steps, args.rounds, CLOCKS[args.clock])
-        builtin = {label: ms for label, ms in medians.items() if label.startswith("builtin")}
+        medians, compiling = measure(shapes, factories, args.steps, args.rounds, CLOCKS[args.clock])
+        builtin = {
+            label: ms
+            for label, ms in medians.items()
+            if label.startswith("builtin") and NO_DECAY not in label
+        }
         best_label = min(builtin, key=builtin.__getitem__)
         print(f"\n{name}: ms per step (median of {args.rounds} interleaved rounds of {args.steps} steps)")
         for label, ms in medians.items():
@@ -239,12 +342,31 @@ def main() -> None:
             "naive": medians["naive"],
             "best_builtin": builtin[best_label],
         }
+        extra = ""
+        if "custom fused=True" in medians:
+            fields["fused"] = medians["custom fused=True"]
+            extra += f" fused_ratio={medians['custom fused=True'] / builtin[best_label]:.2f}"
+        if f"custom fused=True {NO_DECAY}" in medians:
+            no_decay = medians[f"custom fused=True {NO_DECAY}"] / medians[f"builtin SGD fused {NO_DECAY}"]
+            fields["fused_no_decay"] = medians[f"custom fused=True {NO_DECAY}"]
+            extra += f" fused_no_decay_ratio={no_decay:.2f}"
+        if "custom compiled" in medians:
+            fields["compiled"] = medians["custom compiled"]
+            saved_ms = medians["custom default"] - medians["custom compiled"]
+            break_even = compiling["compile_s"] * 1000 / saved_ms if saved_ms > 0 else math.inf
+            extra += " " + " ".join(f"{key}={value:.1f}" for key, value in compiling.items())
+            extra += f" break_even_steps={break_even:.0f}"
+            print(
+                f"  compiled {args.compile}: compile {compiling['compile_s']:.1f} s, a new lr recompiles in "
+                f"{compiling['recompile_s']:.1f} s, another in {compiling['recompile2_s']:.1f} s; pays "
+                f"for itself after {break_even:.0f} steps at one lr"
+            )
         text = " ".join(f"{key}_ms={value:.3f}" for key, value in fields.items())
         ratio = medians["custom default"] / builtin[best_label]
         best_name = best_label.removeprefix("builtin ").replace(" ", "_")
         print(
             f"BENCH optimizer_step optimizer={name} shapes={args.shapes} clock={args.clock} {text} "
-            f"best={best_name} ratio={ratio:.2f}",
+            f"best={best_name} ratio={ratio:.2f}{extra}",
             flush=True,
         )
 

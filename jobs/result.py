@@ -181,6 +181,10 @@ class TrainOutcome(Record):
     style: Literal["keras", "tf_legacy"] | None = None  # Keras only
     variable_placement: VariablePlacement | None = None  # Keras only
     optimizer_state: OptimizerState | None = None  # None when the job took no step
+    # A torch job with `compile`: wall seconds torch.compile took in this attempt, and how many
+    # compiles that was (the first step's forward and backward: 1 or 2; more: Dynamo recompiled).
+    compile_seconds: float | None = None
+    compiles: int | None = None
 
 
 class CheckOutcome(Record):
@@ -227,6 +231,8 @@ class JobResult(Record):
     style: Literal["keras", "tf_legacy"] | None = None
     variable_placement: VariablePlacement | None = None
     optimizer_state: OptimizerState | None = None
+    compile_seconds: float | None = None
+    compiles: int | None = None
     # CheckOutcome's fields
     report: dict[str, Any] | None = None
     checks_failed: int | None = None

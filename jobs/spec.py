@@ -321,10 +321,28 @@ class JobSpec(BaseModel):
     experiment: SafeName = Field(default="default", description=f"MLflow experiment: {SAFE_NAME_ALLOWED}")
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:[0-9]{1,2})?)$")
     jit_compile: bool = Field(default=False, description="tensorflow jobs: compile the step with XLA")
+    compile: bool = Field(
+        default=False,
+        description="torch jobs: torch.compile the model (forward and backward); the result's "
+        "compile_seconds says what compiling cost",
+    )
     timeout_s: float | None = TIMEOUT_FIELD
     distribution: Distribution | None = Field(
         default=None, description="data-parallel training: ddp (torch) or mirrored (tensorflow) over devices"
     )
+
+    @field_validator("compile")
+    @classmethod
+    def _compile_is_torchs(cls, wanted: bool, info: ValidationInfo) -> bool:
+        framework = info.data.get("framework")
+        if wanted and framework is not None and framework != "torch":
+            raise PydanticCustomError(
+                "compile_framework",
+                "compile (torch.compile) is for torch jobs; a {framework} job compiles its step "
+                "with jit_compile (XLA)",
+                {"framework": framework},
+            )
+        return wanted
 
     @field_validator("distribution")
     @classmethod

@@ -49,7 +49,8 @@ BUILTIN_MODULES: dict[str, tuple[str, ...]] = {
 }
 
 # Constructor arguments that are implementation switches or framework plumbing, not
-# hyperparameters a job should tune.
+# hyperparameters a job should tune; unless the class declares one in `optlab_hyperparameters`
+# (the built-ins' `fused`): then it offers the switch to jobs, validated like the rest.
 _NOT_HYPERPARAMETERS = {
     "params", "foreach", "fused", "capturable", "differentiable", "maximize",  # torch
     "name", "clipnorm", "clipvalue", "global_clipnorm", "use_ema", "ema_momentum",  # keras
@@ -328,7 +329,8 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
     params: dict[str, Param] = {}
     lr_arg = "lr" if style == "torch" else "learning_rate"
     for arg in inspect.signature(cls).parameters.values():  # the constructor's, without self
-        if arg.name in _NOT_HYPERPARAMETERS or arg.kind in (arg.VAR_POSITIONAL, arg.VAR_KEYWORD):
+        undeclared_switch = arg.name in _NOT_HYPERPARAMETERS and arg.name not in declared
+        if undeclared_switch or arg.kind in (arg.VAR_POSITIONAL, arg.VAR_KEYWORD):
             continue
         if only is not None and arg.name not in only:
             continue

@@ -45,6 +45,7 @@ from jobs.frameworks.base import (
     WarningSink,
     python_warnings_to,
 )
+from jobs.frameworks.torch_compile import compile_clock, compiled
 from jobs.spec import JobSpec
 from jobs.workloads import Workload
 from optimizers.loop_needs import PLAIN, LoopNeeds
@@ -60,8 +61,9 @@ class TrainObjects:
     optimizer: torch.optim.Optimizer
     # None for a class that takes no learning rate (AliG, A2Grad compute their step): nothing to scale.
     scheduler: torch.optim.lr_scheduler.LRScheduler | None
-    # A DDP job: the model wrapped in DistributedDataParallel, what forward passes go through (the
-    # checkpoint holds the plain model, so its keys are those of a one-device job).
+    # What forward passes go through when not the model itself: a DDP job's DistributedDataParallel
+    # wrapper, a `compile` job's compiled module (the checkpoint holds the plain model, so its keys
+    # are those of a one-device, uncompiled job).
     replicated: nn.Module | None = None
 
     @property
@@ -734,6 +736,7 @@ class TorchSession(TrainingSession):
         self.x_val, self.y_val = self._tensors(self.dataset.x_val, self.dataset.y_val)
         share = (self.rank.rank, self.rank.world) if self.rank is not None else (0, 1)
         self.batches = Batches(x_train, y_train, batch_size=spec.batch_size, seed=spec.seed, share=share)
+        self.compile_mark = compile_clock().mark() if spec.compile else None
 
     def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.from_numpy(x).to(self.torch_device), torch.from_numpy(y).to(self.torch_device)
@@ -748,6 +751,8 @@ class TorchSession(TrainingSession):
             self.spec.schedule.name, self.spec.schedule.params, total_steps=self.spec.steps
         )
         replicated = self._replicated(model)
+        if self.spec.compile:
+            replicated = compiled(replicated or model)
         if not all("lr" in group for group in optimizer.param_groups):
             # No rate to scale: the API allows `constant` only.
             return TrainObjects(model, optimizer, None, replicated)
@@ -887,6 +892,9 @@ class TorchSession(TrainingSession):
 
     def params_sha256(self, objects: TrainObjects) -> str:
         return params_sha256(objects.model)
+
+    def details(self, objects: TrainObjects) -> dict[str, Any]:
+        return {} if self.compile_mark is None else compile_clock().since(self.compile_mark)
 
     def parameter_values(self, objects: TrainObjects) -> list[np.ndarray]:
         return [p.detach().cpu().numpy() for p in objects.model.parameters()]

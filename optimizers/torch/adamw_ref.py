@@ -9,6 +9,12 @@ written in torch.optim.AdamW's convention (epsilon added after the bias-correcte
 
 It must match `torch.optim.AdamW` and `keras.optimizers.AdamW` to 1e-6 after 50 steps.
 Sparse gradients update only the touched rows (LazyAdam semantics).
+
+`fused=True` (opt-in) runs torch's fused AdamW kernel, `torch._fused_adamw_`: this math exactly,
+in one pass per tensor. It gives bitwise what `torch.optim.AdamW(fused=True)` gives, and differs
+from the reference kernels (which are bitwise torch's for-loop and foreach AdamW) by what
+torch's fused AdamW differs from its unfused one: rounding, within about one float32 ulp of the
+values' scale (tests/optimizers/torch/test_fused_kernels.py).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from torch import Tensor
 
 from optimizers.hyperparams import Param, check_hyperparameters, non_negative, positive, unit_interval
 from optimizers.torch.foreach_default import default_foreach
+from optimizers.torch.fused import FUSED, by_device_and_dtype, check_fused
 from optimizers.torch.sparse_rows import coalesced_rows, touched_rows
 
 
@@ -37,6 +44,7 @@ class AdamWRef(torch.optim.Optimizer):
         "beta_2": unit_interval("beta_2", "decay of the second moment"),
         "epsilon": positive("epsilon", "added to the bias-corrected root"),
         "weight_decay": non_negative("weight_decay", "decoupled, scaled by lr"),
+        "fused": FUSED,
     }
 
     def __init__(
@@ -49,6 +57,7 @@ class AdamWRef(torch.optim.Optimizer):
         weight_decay: float = 1e-2,
         *,
         foreach: bool | None = None,
+        fused: bool = False,
     ) -> None:
         hyper = {
             "lr": lr,
@@ -57,8 +66,9 @@ class AdamWRef(torch.optim.Optimizer):
             "epsilon": epsilon,
             "weight_decay": weight_decay,
         }
-        check_hyperparameters(self.optlab_hyperparameters, **hyper)
-        super().__init__(params, {**hyper, "foreach": foreach})
+        check_hyperparameters(self.optlab_hyperparameters, **hyper, fused=fused)
+        super().__init__(params, {**hyper, "foreach": foreach, "fused": fused})
+        check_fused(self.param_groups, "adamw_ref")
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -94,6 +104,7 @@ class AdamWRef(torch.optim.Optimizer):
                 epsilon=group["epsilon"],
                 weight_decay=group["weight_decay"],
                 foreach=group["foreach"],
+                fused=group["fused"],
             )
         return loss
 
@@ -111,15 +122,24 @@ def adamw_ref(
     epsilon: float,
     weight_decay: float,
     foreach: bool | None,
+    fused: bool = False,
 ) -> None:
     """Functional form; `steps` holds each parameter's update count t (already incremented);
-    `foreach=None` picks the kernel measured faster (`default_foreach`)."""
+    `foreach=None` picks the kernel measured faster (`default_foreach`); `fused` takes torch's
+    fused kernel for dense gradients (a step with a sparse one takes the per-tensor kernel), but
+    not under torch.compile, which cannot trace it and fuses the multi-tensor kernel's ops itself."""
     if not params:
         return
     hyper = {"lr": lr, "beta_1": beta_1, "beta_2": beta_2, "epsilon": epsilon, "weight_decay": weight_decay}
+    dense = not any(g.is_sparse for g in grads)
+    if fused and dense and not torch.compiler.is_compiling():
+        for some in by_device_and_dtype(params, grads, firsts, seconds, steps):
+            some_params, some_grads, some_firsts, some_seconds, some_steps = some
+            _fused_adamw_ref(some_params, some_grads, some_firsts, some_seconds, some_steps, **hyper)
+        return
     if foreach is None:
         foreach = default_foreach(params)
-    if foreach and not any(g.is_sparse for g in grads):
+    if foreach and dense:
         _multi_tensor_adamw_ref(params, grads, firsts, seconds, steps, **hyper)
         return
     for param, grad, first, second, step in zip(params, grads, firsts, seconds, steps, strict=True):
@@ -176,3 +196,37 @@ def _multi_tensor_adamw_ref(
     torch._foreach_div_(denominators, [math.sqrt(1 - beta_2**step) for step in steps])
     torch._foreach_add_(denominators, epsilon)
     torch._foreach_addcdiv_(params, firsts, denominators, [-lr / (1 - beta_1**step) for step in steps])
+
+
+def _fused_adamw_ref(
+    params: list[Tensor],
+    grads: list[Tensor],
+    firsts: list[Tensor],
+    seconds: list[Tensor],
+    steps: list[int],
+    *,
+    lr: float,
+    beta_1: float,
+    beta_2: float,
+    epsilon: float,
+    weight_decay: float,
+) -> None:
+    # The kernel reads each t from a 0-d float32 tensor on the parameters' device (as torch's
+    # fused AdamW keeps it); the state keeps an int, so one tensor per distinct count, made here.
+    device = params[0].device
+    counts = {step: torch.full((), float(step), dtype=torch.float32, device=device) for step in set(steps)}
+    torch._fused_adamw_(
+        params,
+        grads,
+        firsts,
+        seconds,
+        [],  # no max_exp_avg_sqs: not AMSGrad
+        [counts[step] for step in steps],
+        lr=lr,
+        beta1=beta_1,
+        beta2=beta_2,
+        weight_decay=weight_decay,
+        eps=epsilon,
+        amsgrad=False,
+        maximize=False,
+    )

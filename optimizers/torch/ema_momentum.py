@@ -7,6 +7,15 @@ Weight decay is decoupled as in AdamW (Loshchilov & Hutter, https://arxiv.org/ab
 Structured like `torch/optim/sgd.py`: the class gathers parameters and state, a
 functional `ema_momentum()` dispatches to a per-tensor or a multi-tensor kernel.
 Sparse gradients (`nn.Embedding(sparse=True)`) update only the rows they touch.
+
+`fused=True` (opt-in) runs torch's fused SGD kernel, `torch._fused_sgd_`, whose momentum is
+EMA momentum exactly when dampening = momentum = beta and the buffer starts at zero
+(`buf <- beta * buf + (1 - beta) * g`, never SGD's first-step `buf <- g`); the decoupled weight
+decay, which SGD's kernel does not have (its decay is added to the gradient), is one
+`_foreach_mul_` before it, as the reference decays p before the update. Same math, not the same
+bits: the reference computes the average as `lerp` (`m + (1 - beta) * (g - m)`), the kernel as
+`beta * m + (1 - beta) * g`, and each rounds its own way (within a few float32 ulps of the
+values' scale after many steps; tests/optimizers/torch/test_fused_kernels.py).
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from optimizers.hyperparams import (
     unit_interval,
 )
 from optimizers.torch.foreach_default import default_foreach
+from optimizers.torch.fused import FUSED, by_device_and_dtype, check_fused
 from optimizers.torch.sparse_rows import coalesced_rows, touched_rows
 
 
@@ -37,6 +47,7 @@ class EmaMomentum(torch.optim.Optimizer):
         "lr": positive("lr", "step size"),
         "beta": unit_interval("beta", "decay of the gradient average"),
         "weight_decay": non_negative("weight_decay", "decoupled, scaled by lr"),
+        "fused": FUSED,
     }
 
     def __init__(
@@ -47,10 +58,14 @@ class EmaMomentum(torch.optim.Optimizer):
         weight_decay: float = 0.0,
         *,
         foreach: bool | None = None,
+        fused: bool = False,
     ) -> None:
-        check_hyperparameters(self.optlab_hyperparameters, lr=lr, beta=beta, weight_decay=weight_decay)
-        defaults = {"lr": lr, "beta": beta, "weight_decay": weight_decay, "foreach": foreach}
+        check_hyperparameters(
+            self.optlab_hyperparameters, lr=lr, beta=beta, weight_decay=weight_decay, fused=fused
+        )
+        defaults = {"lr": lr, "beta": beta, "weight_decay": weight_decay, "foreach": foreach, "fused": fused}
         super().__init__(params, defaults)
+        check_fused(self.param_groups, "ema_momentum")
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -77,6 +92,7 @@ class EmaMomentum(torch.optim.Optimizer):
                 beta=group["beta"],
                 weight_decay=group["weight_decay"],
                 foreach=group["foreach"],
+                fused=group["fused"],
             )
         return loss
 
@@ -90,19 +106,28 @@ def ema_momentum(
     beta: float,
     weight_decay: float,
     foreach: bool | None,
+    fused: bool = False,
 ) -> None:
     """Functional form; `foreach=None` picks the kernel measured faster (`default_foreach`).
 
-    Sparse gradients always take the per-tensor kernel, applied to the touched rows only.
+    Sparse gradients always take the per-tensor kernel, applied to the touched rows only. With
+    `fused`, dense gradients take torch's fused SGD kernel, except at beta = 0 (that kernel keeps
+    no buffer at momentum 0, and the state must still hold m = g) and under torch.compile (which
+    cannot trace it, and fuses the multi-tensor kernel's ops itself): there the others serve.
     """
     if not params:
         return
+    hyper = {"lr": lr, "beta": beta, "weight_decay": weight_decay}
+    dense = not any(g.is_sparse for g in grads)
+    if fused and dense and beta != 0 and not torch.compiler.is_compiling():
+        for some_params, some_grads, some_momenta in by_device_and_dtype(params, grads, momenta):
+            _fused_ema_momentum(some_params, some_grads, some_momenta, **hyper)
+        return
     if foreach is None:
         foreach = default_foreach(params)
-    if foreach and not any(g.is_sparse for g in grads):
-        _multi_tensor_ema_momentum(params, grads, momenta, lr=lr, beta=beta, weight_decay=weight_decay)
+    if foreach and dense:
+        _multi_tensor_ema_momentum(params, grads, momenta, **hyper)
         return
-    hyper = {"lr": lr, "beta": beta, "weight_decay": weight_decay}
     for param, grad, momentum in zip(params, grads, momenta, strict=True):
         if grad.is_sparse:
             rows, values = coalesced_rows(grad)
@@ -141,3 +166,28 @@ def _multi_tensor_ema_momentum(
         torch._foreach_mul_(params, 1 - lr * weight_decay)
     torch._foreach_lerp_(momenta, grads, 1 - beta)
     torch._foreach_add_(params, momenta, alpha=-lr)
+
+
+def _fused_ema_momentum(
+    params: list[Tensor],
+    grads: list[Tensor],
+    momenta: list[Tensor],
+    *,
+    lr: float,
+    beta: float,
+    weight_decay: float,
+) -> None:
+    if weight_decay != 0:
+        torch._foreach_mul_(params, 1 - lr * weight_decay)
+    torch._fused_sgd_(
+        params,
+        grads,
+        momenta,
+        weight_decay=0.0,
+        momentum=beta,
+        lr=lr,
+        dampening=beta,  # (1 - dampening) * g: the EMA's weight of the new gradient
+        nesterov=False,
+        maximize=False,
+        is_first_step=False,  # the buffer starts at zero, as m does; never SGD's `buf <- g`
+    )

@@ -43,7 +43,7 @@ def problem(sparse: bool) -> tuple[list[np.ndarray], list[list[Any]]]:
     return initial, steps
 
 
-def run_torch(name: str, sparse: bool) -> list[np.ndarray]:
+def run_torch(name: str, sparse: bool, **switches: Any) -> list[np.ndarray]:
     import torch
 
     initial, steps = problem(sparse)
@@ -51,7 +51,7 @@ def run_torch(name: str, sparse: bool) -> list[np.ndarray]:
     optimizer = (
         load_registry(plugin_dirs=[], styles=("torch",))
         .get(name, "torch")
-        .create(HYPER[name], model_params=params)
+        .create({**HYPER[name], **switches}, model_params=params)
     )
     for grads in steps:
         for param, grad in zip(params, grads, strict=True):
@@ -113,3 +113,11 @@ def test_torch_keras_and_legacy_agree(name: str, sparse: bool) -> None:
             np.testing.assert_allclose(
                 got, expected, rtol=0, atol=1e-5, err_msg=f"{name} {style} variable {index}"
             )
+
+
+@pytest.mark.parametrize("name", ["adamw_ref", "ema_momentum"])
+def test_torchs_fused_kernel_agrees_with_keras(name: str) -> None:
+    """torch's `fused=True` (its fused SGD / AdamW kernel) computes what Keras computes too."""
+    fused = run_torch(name, sparse=False, fused=True)
+    for index, (expected, got) in enumerate(zip(run_keras(name, sparse=False), fused, strict=True)):
+        np.testing.assert_allclose(got, expected, rtol=0, atol=1e-5, err_msg=f"{name} fused variable {index}")

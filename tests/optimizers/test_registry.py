@@ -133,9 +133,17 @@ def test_builtin_tunables_follow_optlab_tunable() -> None:
     registry = _torch_registry()
     assert list(registry.get("sgd").params) == ["lr", "momentum", "dampening", "weight_decay", "nesterov"]
     assert list(registry.get("adam").params) == ["lr", "betas", "eps", "weight_decay", "amsgrad"]
-    assert list(registry.get("ema_momentum").params) == ["lr", "beta", "weight_decay"]
+    # `fused` is an implementation switch, catalogued because these two declare it (registry.py).
+    assert list(registry.get("ema_momentum").params) == ["lr", "beta", "weight_decay", "fused"]
     assert list(registry.get("lion").params) == ["lr", "beta_1", "beta_2", "weight_decay"]
-    assert list(registry.get("adamw_ref").params) == ["lr", "beta_1", "beta_2", "epsilon", "weight_decay"]
+    assert list(registry.get("adamw_ref").params) == [
+        "lr",
+        "beta_1",
+        "beta_2",
+        "epsilon",
+        "weight_decay",
+        "fused",
+    ]
     # torch writes `momentum=0`; a declared float keeps a float default.
     assert registry.get("sgd").params["momentum"].default == 0.0
     assert type(registry.get("sgd").params["momentum"].default) is float

@@ -74,12 +74,17 @@ GOLDEN: dict[float, list[list[float]]] = {
 }
 
 
-@pytest.mark.parametrize("foreach", [False, True])
+# The three kernels: per-tensor, multi-tensor, torch's fused one (opt-in).
+KERNELS = [{"foreach": False}, {"foreach": True}, {"fused": True}]
+KERNEL_IDS = ["per-tensor", "multi-tensor", "fused"]
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=KERNEL_IDS)
 @pytest.mark.parametrize("weight_decay", sorted(GOLDEN))
-def test_golden_values_for_five_steps(foreach: bool, weight_decay: float) -> None:
+def test_golden_values_for_five_steps(kernel: dict[str, bool], weight_decay: float) -> None:
     param = _param([1.0, -2.0, 0.25, 3.0])
     optimizer = AdamWRef(
-        [param], lr=0.1, beta_1=0.9, beta_2=0.999, epsilon=1e-8, weight_decay=weight_decay, foreach=foreach
+        [param], lr=0.1, beta_1=0.9, beta_2=0.999, epsilon=1e-8, weight_decay=weight_decay, **kernel
     )
     for expected in GOLDEN[weight_decay]:
         optimizer.zero_grad()
@@ -91,7 +96,7 @@ def test_golden_values_for_five_steps(foreach: bool, weight_decay: float) -> Non
 SHAPES = [(3,), (4, 5), (2, 3, 2), ()]
 
 
-@pytest.mark.parametrize("foreach", [False, True])
+@pytest.mark.parametrize("kernel", KERNELS, ids=KERNEL_IDS)
 @pytest.mark.parametrize(
     "hyper",
     [
@@ -101,19 +106,20 @@ SHAPES = [(3,), (4, 5), (2, 3, 2), ()]
     ],
     ids=["defaults", "strong-decay", "no-momentum"],
 )
-def test_matches_torch_adamw_after_50_steps(foreach: bool, hyper: dict[str, float]) -> None:
+def test_matches_torch_adamw_after_50_steps(kernel: dict[str, bool], hyper: dict[str, float]) -> None:
+    """Each kernel against torch's of the same kind (for-loop, foreach, fused)."""
     generator = torch.Generator().manual_seed(0)
     start = [torch.randn(shape, generator=generator) for shape in SHAPES]
     ours = [torch.nn.Parameter(tensor.clone()) for tensor in start]
     theirs = [torch.nn.Parameter(tensor.clone()) for tensor in start]
-    optimizer = AdamWRef(ours, foreach=foreach, **hyper)
+    optimizer = AdamWRef(ours, **kernel, **hyper)
     reference = torch.optim.AdamW(
         theirs,
         lr=hyper["lr"],
         betas=(hyper["beta_1"], hyper["beta_2"]),
         eps=hyper["epsilon"],
         weight_decay=hyper["weight_decay"],
-        foreach=foreach,
+        **kernel,
     )
     for _ in range(50):
         for mine, other in zip(ours, theirs, strict=True):
@@ -157,6 +163,7 @@ def test_defaults_are_torch_adamws() -> None:
         "epsilon": 1e-8,
         "weight_decay": 1e-2,
         "foreach": None,
+        "fused": False,
     }
 
 

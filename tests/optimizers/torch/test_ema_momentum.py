@@ -56,13 +56,18 @@ def _golden(
     return history
 
 
-@pytest.mark.parametrize("foreach", [False, True])
+# The three kernels: per-tensor, multi-tensor, torch's fused one (opt-in).
+KERNELS = [{"foreach": False}, {"foreach": True}, {"fused": True}]
+KERNEL_IDS = ["per-tensor", "multi-tensor", "fused"]
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=KERNEL_IDS)
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
-def test_golden_values_for_five_steps(foreach: bool, weight_decay: float) -> None:
+def test_golden_values_for_five_steps(kernel: dict[str, bool], weight_decay: float) -> None:
     start = [1.0, -2.0, 0.5, 3.0]
     hyper: dict[str, Any] = {"lr": 0.3, "beta": 0.8, "weight_decay": weight_decay}
     param = _param(start)
-    optimizer = EmaMomentum([param], foreach=foreach, **hyper)
+    optimizer = EmaMomentum([param], **kernel, **hyper)
     for expected in _golden(start, steps=5, **hyper):
         optimizer.zero_grad()
         loss = (param**2).sum() / 2
@@ -150,7 +155,13 @@ def test_constructor_rejects_out_of_range_naming_the_argument(kwargs: dict[str, 
 
 def test_constructor_accepts_the_edges() -> None:
     optimizer = EmaMomentum([_param([1.0])], lr=1e-12, beta=0.0, weight_decay=0.0)
-    assert optimizer.defaults == {"lr": 1e-12, "beta": 0.0, "weight_decay": 0.0, "foreach": None}
+    assert optimizer.defaults == {
+        "lr": 1e-12,
+        "beta": 0.0,
+        "weight_decay": 0.0,
+        "foreach": None,
+        "fused": False,
+    }
 
 
 def test_step_with_closure_returns_its_loss() -> None:
@@ -171,12 +182,12 @@ def test_step_with_closure_returns_its_loss() -> None:
     assert not torch.equal(param.detach(), torch.tensor([1.0, -1.0], dtype=DOUBLE))
 
 
-@pytest.mark.parametrize("foreach", [False, True])
-def test_step_emits_no_warnings(foreach: bool) -> None:
+@pytest.mark.parametrize("kernel", KERNELS, ids=KERNEL_IDS)
+def test_step_emits_no_warnings(kernel: dict[str, bool]) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model = torch.nn.Linear(3, 2)
-        optimizer = EmaMomentum(model.parameters(), lr=0.1, weight_decay=0.01, foreach=foreach)
+        optimizer = EmaMomentum(model.parameters(), lr=0.1, weight_decay=0.01, **kernel)
         for _ in range(2):
             optimizer.zero_grad()
             model(torch.ones(4, 3)).pow(2).mean().backward()

@@ -1,0 +1,68 @@
+"""What the opt-in `fused=True` of the built-in torch optimizers shares (ema_momentum, adamw_ref).
+
+Those two have torch's own fused kernels for their math (`torch._fused_sgd_`,
+`torch._fused_adamw_`: the whole update in one pass per tensor, in C++ on a CPU, one launch for
+many tensors on a GPU), where `torch._foreach_*` lists take one pass through memory per op.
+The math is the same; the rounding is torch's (each optimizer's docstring says how close).
+Lion has no such kernel, so it has no `fused` flag.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from optimizers.hyperparams import Param
+
+FUSED = Param(
+    "fused",
+    "bool",
+    None,
+    help="one pass per tensor through torch's fused kernel (dense gradients; same math, torch's rounding)",
+)
+
+
+def fused_devices() -> list[str]:
+    """Device types with fused optimizer kernels, as torch.optim's own `fused=True` checks them."""
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    return _get_fused_kernels_supported_devices()
+
+
+def check_fused(groups: Iterable[Mapping[str, object]], optimizer: str) -> None:
+    """ValueError naming what `fused=True` cannot take: `foreach=True` beside it, a parameter that
+    is not floating point or lies on a device without fused kernels."""
+    devices = fused_devices()
+    for group in groups:
+        if not group["fused"]:
+            continue
+        if group["foreach"]:
+            raise ValueError(
+                f"{optimizer}: fused=True and foreach=True cannot be set together "
+                "(the fused kernel replaces the multi-tensor one); set one of them"
+            )
+        params: Iterable[Tensor] = group["params"]  # type: ignore[assignment]
+        for param in params:
+            if not torch.is_floating_point(param):
+                raise ValueError(
+                    f"{optimizer}: fused=True takes floating-point parameters; received {param.dtype}"
+                )
+            if param.device.type not in devices:
+                raise ValueError(
+                    f"{optimizer}: fused=True needs parameters on a device with fused kernels "
+                    f"({', '.join(devices)}); received one on {param.device}"
+                )
+
+
+def by_device_and_dtype(*lists: list[Any]) -> list[tuple[list[Any], ...]]:
+    """Parallel lists (tensors, step counts) split by the device and dtype of the first one's
+    tensors: one fused call takes tensors of one device and dtype (on a GPU; a CPU takes any mix)."""
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for index, tensor in enumerate(lists[0]):
+        groups.setdefault((tensor.device, tensor.dtype), []).append(index)
+    if len(groups) == 1:
+        return [lists]
+    return [tuple([items[i] for i in indices] for items in lists) for indices in groups.values()]
