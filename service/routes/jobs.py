@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, HTTPException, Path, Query, Request
 
 from jobs.result import JobStatus
 from jobs.spec import JobSpec, catalogue_errors, timeout_errors, with_resolved_style
 from service import store
 from service.admission import device_errors
 from service.auth import CallerDep, submitter
-from service.deps import CatalogueDep, SessionDep, SettingsDep
-from service.quotas import queue_room
+from service.deps import SessionDep, SettingsDep, published_catalogue
+from service.quotas import SubmissionQueue
 from service.schemas import COMMON, WRITES, JobKind, JobRead, JobsPage, responses
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -22,19 +22,20 @@ JobId = Annotated[int, Path(ge=1, le=2**31 - 1, description="the job's id")]
 
 
 @router.post("", status_code=201, response_model=JobRead, responses=responses(*WRITES, 429, 503))
-def submit_job(
-    spec: JobSpec, session: SessionDep, settings: SettingsDep, catalogue: CatalogueDep, caller: CallerDep
-) -> JobRead:
-    errors = catalogue_errors(
-        spec, catalogue, max_steps=settings.max_steps, data_roots=settings.data_root_paths
-    )
-    errors += timeout_errors(spec, max_job_seconds=settings.max_job_seconds)
-    errors += device_errors(spec.device, session=session, settings=settings)
+def submit_job(spec: JobSpec, request: Request, settings: SettingsDep, caller: CallerDep) -> JobRead:
+    # One pass through the thread pool, its session closed before the submission waits for its
+    # batch: a connection is only ever held by a thread that is running (see service.db).
+    with request.app.state.sessions() as session:
+        catalogue = published_catalogue(request, session)
+        errors = catalogue_errors(
+            spec, catalogue, max_steps=settings.max_steps, data_roots=settings.data_root_paths
+        )
+        errors += timeout_errors(spec, max_job_seconds=settings.max_job_seconds)
+        errors += device_errors(spec.device, session=session, settings=settings)
     if errors:
         raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
-    spec = with_resolved_style(spec, catalogue)
-    with queue_room(session=session, settings=settings, submitted_by=submitter(caller)):
-        job = store.create_job(session=session, spec=spec, submitted_by=submitter(caller))
+    submissions: SubmissionQueue = request.app.state.submissions
+    job = submissions.submit(with_resolved_style(spec, catalogue), submitted_by=submitter(caller))
     return JobRead.from_row(job)
 
 
