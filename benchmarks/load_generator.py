@@ -12,8 +12,9 @@ library, no JSON.
 - flat out: each connection sends its next request as soon as the last one answered.
 
 Prints one JSON object: the latencies (s), the status counts (0: no answer within the timeout, or
-the connection failed), the elapsed time and this process's own CPU time, so the caller can say
-what the generator itself cost.
+the connection failed), the ids 201 answers named (`"id": N` found in the body, nothing parsed),
+the elapsed time and this process's own CPU time, so the caller can say what the generator itself
+cost.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class Connection:
 
     def __init__(self, host: str, port: int, request: bytes, timeout_s: float) -> None:
         self.host, self.port, self.request, self.timeout_s = host, port, request, timeout_s
+        self.created: list[int] = []
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
@@ -45,7 +47,8 @@ class Connection:
         self.reader = self.writer = None
 
     async def exchange(self) -> int:
-        """The answer's status code; 0 when none came within the timeout or the connection broke."""
+        """The answer's status code; 0 when none came within the timeout or the connection broke.
+        A 201's `"id"` is kept in `created` (the caller checks the store has every one)."""
         try:
             async with asyncio.timeout(self.timeout_s):  # no extra task per request, as wait_for makes
                 return await self._exchange()
@@ -67,8 +70,10 @@ class Connection:
                 length = int(line[15:])
             elif line.startswith(b"connection:") and b"close" in line:
                 keep_alive = False
-        if length:
-            await self.reader.readexactly(length)
+        body = await self.reader.readexactly(length) if length else b""
+        if status == 201:
+            start = body.find(b'"id":') + 5
+            self.created.append(int(body[start : body.index(b",", start)]))
         if not keep_alive:
             self.close()
         return status
@@ -149,6 +154,7 @@ async def generate(args: argparse.Namespace) -> dict[str, object]:
         "statuses": dict(statuses),
         "elapsed": elapsed,
         "cpu_s": cpu,
+        "created": sorted(i for connection in connections for i in connection.created),
     }
 
 

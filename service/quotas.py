@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -37,7 +37,8 @@ def queue_room(
     A submission of several jobs (a study) is refused whole or stored whole.
     """
     with submission_lock(session):
-        refusal = QueueRoom.count(session=session, settings=settings).refusal(submitted_by, jobs)
+        room = QueueRoom.count(session=session, settings=settings, names=[submitted_by])
+        refusal = room.refusal(submitted_by, jobs)
         if refusal is not None:
             raise refusal
         yield
@@ -48,24 +49,29 @@ class QueueRoom:
     """The queue as counted under the submission lock, kept up to date as jobs are added to it."""
 
     settings: Settings
-    by_submitter: Counter[str | None]
+    queued: int
+    by_submitter: Counter[str]
 
     @classmethod
-    def count(cls, *, session: Session, settings: Settings) -> QueueRoom:
-        return cls(settings, Counter(store.queued_by_submitter(session=session)))
+    def count(cls, *, session: Session, settings: Settings, names: Iterable[str | None]) -> QueueRoom:
+        """The queue now, in total and for these token names (None: an open API's submitter)."""
+        named = [name for name in names if name is not None]
+        own = store.count_queued_of(session=session, names=named) if named else {}
+        return cls(settings, store.count_queued(session=session), Counter(own))
 
     def refusal(self, submitted_by: str | None, jobs: int = 1) -> HTTPException | None:
         """The 429 for adding `jobs` more by `submitted_by`, or None when they fit."""
         settings = self.settings
-        queued = sum(self.by_submitter.values())
         adds = "" if jobs == 1 else f"; this request adds {jobs}"
-        if queued + jobs > settings.max_queued:
+        if self.queued + jobs > settings.max_queued:
             return _full(
-                f"{queued} jobs are queued{adds}, the most this service holds is {settings.max_queued} "
-                "(OPTLAB_MAX_QUEUED)"
+                f"{self.queued} jobs are queued{adds}, the most this service holds is "
+                f"{settings.max_queued} (OPTLAB_MAX_QUEUED)"
             )
+        if submitted_by is None:
+            return None
         own = self.by_submitter[submitted_by]
-        if submitted_by is not None and own + jobs > settings.max_queued_per_token:
+        if own + jobs > settings.max_queued_per_token:
             return _full(
                 f"token {submitted_by!r} has {own} jobs queued{adds}, the most one token may have is "
                 f"{settings.max_queued_per_token} "
@@ -74,7 +80,9 @@ class QueueRoom:
         return None
 
     def add(self, submitted_by: str | None, jobs: int = 1) -> None:
-        self.by_submitter[submitted_by] += jobs
+        self.queued += jobs
+        if submitted_by is not None:
+            self.by_submitter[submitted_by] += jobs
 
 
 def _full(message: str) -> HTTPException:
@@ -130,7 +138,8 @@ class SubmissionQueue:
     def _store(self, batch: list[_Submission]) -> None:
         try:
             with self.sessions() as session, submission_lock(session):
-                room = QueueRoom.count(session=session, settings=self.settings)
+                names = [submission.submitted_by for submission in batch]
+                room = QueueRoom.count(session=session, settings=self.settings, names=names)
                 for submission in batch:
                     submission.error = room.refusal(submission.submitted_by)
                     if submission.error is None:

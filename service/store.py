@@ -80,15 +80,14 @@ def count_queued(*, session: Session, submitted_by: str | None = None) -> int:
     return int(session.scalar(query) or 0)
 
 
-def queued_by_submitter(*, session: Session) -> dict[str | None, int]:
-    """Queued jobs per token name (None: submitted on an open API), in one query: their sum is
-    the total `count_queued` gives."""
+def count_queued_of(*, session: Session, names: Iterable[str]) -> dict[str, int]:
+    """Queued jobs of each of these token names, in one query (a name with none is absent)."""
     query = (
         select(Job.submitted_by, func.count())
-        .where(Job.status == JobStatus.QUEUED)
+        .where(Job.status == JobStatus.QUEUED, Job.submitted_by.in_(sorted(set(names))))
         .group_by(Job.submitted_by)
     )
-    return {name: int(count) for name, count in session.execute(query).all()}
+    return {str(name): int(count) for name, count in session.execute(query).all()}
 
 
 def get_job(*, session: Session, job_id: int) -> Job | None:
@@ -402,15 +401,18 @@ class CatalogueCache:
     moment ago is seen at once, as before. Shared by the API's threads; `Catalogue` is read-only.
     """
 
+    # Built once: a statement is immutable, and building it costs more than running it.
+    NEWEST = (
+        select(CatalogueSnapshot.worker_id, CatalogueSnapshot.published_at)
+        .order_by(CatalogueSnapshot.published_at.desc())
+        .limit(1)
+    )
+
     def __init__(self) -> None:
         self._latest: tuple[tuple[str, datetime], Catalogue] | None = None
 
     def latest(self, *, session: Session) -> tuple[Catalogue, datetime] | None:
-        newest = session.execute(
-            select(CatalogueSnapshot.worker_id, CatalogueSnapshot.published_at)
-            .order_by(CatalogueSnapshot.published_at.desc())
-            .limit(1)
-        ).first()
+        newest = session.execute(self.NEWEST).first()
         if newest is None:
             return None
         version = (newest.worker_id, newest.published_at)
