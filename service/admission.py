@@ -12,9 +12,11 @@ from service.settings import Settings
 def device_errors(device: str, *, session: Session, settings: Settings) -> list[SpecError]:
     """A device no live worker offers is refused (unless OPTLAB_QUEUE_FOR_ABSENT_DEVICES); with no
     live worker at all (a fresh start) the job is accepted and waits (`waiting_reason`)."""
-    kind = "cuda" if device.startswith("cuda") else "cpu"
+    if not device.startswith("cuda") or settings.queue_for_absent_devices:
+        return []  # every worker runs CPU jobs: no need to ask the store who is live
+    kind = "cuda"
     offered = store.offered_devices(session=session, within_s=settings.lease_s)
-    if kind == "cpu" or offered is None or kind in offered or settings.queue_for_absent_devices:
+    if offered is None or kind in offered:
         return []
     message = (
         f"no live worker offers device {device!r}; live workers offer: {', '.join(sorted(offered))} "

@@ -11,6 +11,7 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from sqlalchemy import exc as sql_errors
 from sqlalchemy import text
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
@@ -19,15 +20,20 @@ from starlette.routing import compile_path
 from jobs.spec import CheckSpec, JobSpec, StudySpec
 from service import store
 from service.auth import authorize
-from service.db import make_engine, migrate, session_factory
+from service.db import REQUESTS_AT_ONCE, make_engine, migrate, session_factory
 from service.deps import SessionDep
-from service.guards import BodyGuard, BrowserWriteGuard, TrustedHosts
+from service.guards import BodyGuard, BrowserWriteGuard, InFlightLimit, TrustedHosts
 from service.openapi import install as install_openapi
+from service.quotas import SubmissionQueue
 from service.routes import catalogue, checks, jobs, readiness, studies
 from service.schemas import Health
 from service.settings import Settings
 
 log = logging.getLogger("optlab.api")
+# How long a request may wait for one of the REQUESTS_AT_ONCE places before it gets 503.
+WAIT_FOR_A_PLACE_S = 5.0
+# What a client is told to wait when the store was too busy to answer (503).
+STORE_BUSY_RETRY_S = 1
 
 
 def create_app(settings: Settings | None = None, *, run_migrations: bool = True) -> FastAPI:
@@ -46,12 +52,18 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     )
     app.state.settings = settings
     app.state.sessions = session_factory(engine)
-    # Outermost last: the Host header first, then forged browser writes, then the body itself.
+    app.state.catalogues = store.CatalogueCache()
+    app.state.submissions = SubmissionQueue(app.state.sessions, settings)
+    # Outermost last: the Host header first, then forged browser writes, then the body itself,
+    # then a place among the requests in progress.
+    app.add_middleware(InFlightLimit, limit=REQUESTS_AT_ONCE, wait_s=WAIT_FOR_A_PLACE_S)
     app.add_middleware(BodyGuard, max_bytes=settings.max_body_bytes)
     app.add_middleware(BrowserWriteGuard, enabled=not settings.tokens)
     app.add_middleware(TrustedHosts, trusted=settings.trusted_host_names)
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected_error)
+    app.add_exception_handler(sql_errors.OperationalError, _store_error)
+    app.add_exception_handler(sql_errors.TimeoutError, _store_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     # Every router needs a token (when tokens are configured); only the probes (/healthz, below,
     # and /readyz) and the docs page (a static page that asks for the token) do not.
@@ -64,7 +76,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     @app.get("/healthz", response_model=Health, tags=["health"])
     def healthz(session: SessionDep) -> Health:
         session.execute(text("SELECT 1"))
-        found = store.latest_catalogue(session=session)
+        found = app.state.catalogues.latest(session=session)
         return Health(
             status="ok",
             database="ok",
@@ -131,6 +143,27 @@ def allowed_methods(app: FastAPI, path: str) -> list[str]:
         if compile_path(template)[0].match(path):
             methods.update(method.upper() for method in item)
     return sorted(methods)
+
+
+def _store_error(request: Request, exc: Exception) -> JSONResponse:
+    """The store too busy to answer in time (SQLite's lock past its busy timeout, no free pool
+    connection) is 503 with Retry-After: the client did nothing wrong and may simply retry. Any
+    other database error is the unexpected 500 it was."""
+    if not _store_busy(exc):
+        return _unexpected_error(request, exc)
+    log.warning("503 on %s %s: the job store is busy: %s", request.method, request.url.path, exc)
+    return JSONResponse(
+        status_code=503,
+        content={"detail": f"the job store is busy; retry in {STORE_BUSY_RETRY_S} s"},
+        headers={"Retry-After": str(STORE_BUSY_RETRY_S)},
+    )
+
+
+def _store_busy(exc: Exception) -> bool:
+    if isinstance(exc, sql_errors.TimeoutError):
+        return True
+    message = str(getattr(exc, "orig", exc)).lower()
+    return "database is locked" in message or "database table is locked" in message
 
 
 def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:

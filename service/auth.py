@@ -45,7 +45,7 @@ def _unauthorized(message: str, error: str | None = None) -> HTTPException:
     return HTTPException(status_code=401, detail=message, headers={"WWW-Authenticate": challenge})
 
 
-def authorize(
+async def authorize(  # async: no I/O here, so no hop through the thread pool
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]
 ) -> ApiToken | None:
     """The caller's token (None when the API is open); 401 without a valid one, 403 when a

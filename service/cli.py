@@ -69,6 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     api = commands.add_parser("api", help="run the HTTP API only")
     api.add_argument("--host")
     api.add_argument("--port", type=int)
+    api.add_argument(
+        "--workers",
+        type=positive_int,
+        default=1,
+        help="API processes sharing the port (default 1; one per core uses them all: the queue "
+        "quotas hold across processes)",
+    )
     worker = commands.add_parser("worker", help="run one worker only (it runs up to --slots jobs at once)")
     worker.add_argument(
         "--slots",
@@ -233,7 +240,19 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
         return 2
-    uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port, log_level="info")
+    if args.workers == 1:
+        uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port, log_level="info")
+        return 0
+    # Each worker process builds its own app from the same environment (only host and port come
+    # from the command line, and uvicorn applies those).
+    uvicorn.run(
+        "service.app:create_app",
+        factory=True,
+        workers=args.workers,
+        host=settings.api_host,
+        port=settings.api_port,
+        log_level="info",
+    )
     return 0
 
 

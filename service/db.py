@@ -19,23 +19,39 @@ MIGRATION_LOCK_KEY = 0x6F70746C6162  # "optlab": any constant all optlab process
 SUBMISSION_LOCK_KEY = MIGRATION_LOCK_KEY + 1
 # Threads of one API process; the file lock below serves other processes on the same SQLite file.
 _SQLITE_SUBMISSIONS = threading.Lock()
+# Connections in one process's pool. The API lets at most REQUESTS_AT_ONCE requests in at a time
+# (service.guards.InFlightLimit), each with one session, so none waits for a connection while the
+# threads that hold them wait for something it holds (the probes and the OpenAPI document, which
+# bypass the limit or open a second session, use the overflow). With SQLAlchemy's default 5 + 10
+# and FastAPI's 40 threads, 200 requests in flight deadlocked until the pool's 30 s timeout: 500s.
+REQUESTS_AT_ONCE = 10
+POOL = {"pool_size": REQUESTS_AT_ONCE, "max_overflow": 4}
 
 
 def make_engine(url: str) -> Engine:
     if url.startswith("sqlite"):
         if url.startswith("sqlite:///") and not url.startswith("sqlite:///:memory:"):
             Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": 30})
+        engine = create_engine(url, connect_args={"timeout": 30}, **_pool_of(url))
         event.listen(engine, "connect", _sqlite_pragmas)
         return engine
     # A store that stops answering must fail a call within seconds, not hang the worker's
     # supervision loop (it keeps supervising its job through an outage): libpq timeouts.
     timeouts = {"connect_timeout": 5, "tcp_user_timeout": 5000, "keepalives_idle": 5}
-    return create_engine(url, pool_pre_ping=True, connect_args=timeouts if url.startswith("postgres") else {})
+    return create_engine(
+        url, pool_pre_ping=True, connect_args=timeouts if url.startswith("postgres") else {}, **POOL
+    )
+
+
+def _pool_of(url: str) -> dict[str, int]:
+    # An in-memory SQLite database gets SQLAlchemy's single-connection pool, which takes no sizes.
+    return {} if ":memory:" in url or url in ("sqlite://", "sqlite:///") else POOL
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     # WAL lets the API read while the worker writes; busy_timeout waits out short locks.
+    # synchronous stays FULL (the default): a 201 means the job survives a power cut. Its fsync per
+    # commit is paid once per batch of submissions (service.quotas.SubmissionQueue), not per job.
     cursor = dbapi_connection.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
     cursor.execute("PRAGMA busy_timeout=30000")

@@ -13,7 +13,8 @@ from service import store
 from service.settings import Settings
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
+    # async: FastAPI runs a plain `def` dependency in the thread pool, one hop per dependency.
     settings: Settings = request.app.state.settings
     return settings
 
@@ -27,8 +28,14 @@ SettingsDep = Annotated[Settings, Depends(get_settings)]
 SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def get_catalogue(session: SessionDep) -> Catalogue:
-    found = store.latest_catalogue(session=session)
+def get_catalogue(request: Request, session: SessionDep) -> Catalogue:
+    return published_catalogue(request, session)
+
+
+def published_catalogue(request: Request, session: Session) -> Catalogue:
+    """The latest catalogue (from the app's cache), or 503 while no worker has published one."""
+    catalogues: store.CatalogueCache = request.app.state.catalogues
+    found = catalogues.latest(session=session)
     if found is None:
         raise HTTPException(
             status_code=503,

@@ -6,6 +6,7 @@ refusal is JSON in the API's error shape, saying what was wrong and what is allo
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -112,6 +113,46 @@ class BrowserWriteGuard:
         await self.app(scope, receive, send)
 
 
+class InFlightLimit:
+    """At most `limit` requests inside the application at once; the rest wait here, in the event
+    loop, holding nothing, and one that cannot start within `wait_s` gets 503 with Retry-After.
+
+    Each request inside holds at most one database connection, and the pool has `limit` of them
+    (service.db), so a request never waits for a connection that only a waiting request could
+    release. Past its capacity the API answers late or says so (503), never with an error. The
+    probes pass freely: they must answer while the API is busy (the pool has room for them).
+    """
+
+    RETRY_AFTER_S = 1
+
+    def __init__(self, app: ASGIApp, limit: int, wait_s: float) -> None:
+        self.app = app
+        self.limit = limit
+        self.wait_s = wait_s
+        self.slots = asyncio.Semaphore(limit)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in PROBE_PATHS:
+            await self.app(scope, receive, send)
+            return
+        try:
+            async with asyncio.timeout(self.wait_s):
+                await self.slots.acquire()
+        except TimeoutError:
+            await refuse(
+                send,
+                503,
+                f"the API is at capacity: {self.limit} requests were in progress for the {self.wait_s:g} s "
+                f"this one waited; retry in {self.RETRY_AFTER_S} s",
+                {"Retry-After": str(self.RETRY_AFTER_S)},
+            )
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.slots.release()
+
+
 class BodyGuard:
     """Bodies over `max_bytes` get 413 before anything parses them (chunked ones too); a JSON body
     that is not UTF-8 or nests deeper than MAX_JSON_DEPTH gets a 422 naming that."""
@@ -176,6 +217,8 @@ def json_body_problem(body: bytes) -> str | None:
             f"the body is not valid UTF-8 (byte 0x{body[exc.start]:02x} at offset {exc.start}); "
             "JSON bodies must be UTF-8"
         )
+    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
+        return None  # cannot nest deeper than it has brackets: no need to walk it character by character
     depth = deepest = 0
     in_string = escaped = False
     for char in text:

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, HTTPException, Path, Query, Request
+from starlette.concurrency import run_in_threadpool
 
 from jobs.result import JobStatus
 from jobs.spec import JobSpec, catalogue_errors, timeout_errors, with_resolved_style
 from service import store
 from service.admission import device_errors
 from service.auth import CallerDep, submitter
-from service.deps import CatalogueDep, SessionDep, SettingsDep
-from service.quotas import queue_room
+from service.deps import SessionDep, SettingsDep, published_catalogue
+from service.quotas import SubmissionQueue
 from service.schemas import COMMON, WRITES, JobKind, JobRead, JobsPage, responses
+from service.settings import ApiToken, Settings
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -22,19 +24,26 @@ JobId = Annotated[int, Path(ge=1, le=2**31 - 1, description="the job's id")]
 
 
 @router.post("", status_code=201, response_model=JobRead, responses=responses(*WRITES, 429, 503))
-def submit_job(
-    spec: JobSpec, session: SessionDep, settings: SettingsDep, catalogue: CatalogueDep, caller: CallerDep
-) -> JobRead:
-    errors = catalogue_errors(
-        spec, catalogue, max_steps=settings.max_steps, data_roots=settings.data_root_paths
-    )
-    errors += timeout_errors(spec, max_job_seconds=settings.max_job_seconds)
-    errors += device_errors(spec.device, session=session, settings=settings)
+async def submit_job(spec: JobSpec, request: Request, settings: SettingsDep, caller: CallerDep) -> JobRead:
+    # async, with the blocking part in one explicit pass through the thread pool: FastAPI runs a
+    # plain `def` route there and then a second time to validate what it returned.
+    return await run_in_threadpool(_submit_job, spec, request, settings, caller)
+
+
+def _submit_job(spec: JobSpec, request: Request, settings: Settings, caller: ApiToken | None) -> JobRead:
+    # The read session is closed before the submission waits for its batch: a connection is only
+    # ever held by a thread that is running (see service.db).
+    with request.app.state.sessions() as session:
+        catalogue = published_catalogue(request, session)
+        errors = catalogue_errors(
+            spec, catalogue, max_steps=settings.max_steps, data_roots=settings.data_root_paths
+        )
+        errors += timeout_errors(spec, max_job_seconds=settings.max_job_seconds)
+        errors += device_errors(spec.device, session=session, settings=settings)
     if errors:
         raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
-    spec = with_resolved_style(spec, catalogue)
-    with queue_room(session=session, settings=settings, submitted_by=submitter(caller)):
-        job = store.create_job(session=session, spec=spec, submitted_by=submitter(caller))
+    submissions: SubmissionQueue = request.app.state.submissions
+    job = submissions.submit(with_resolved_style(spec, catalogue), submitted_by=submitter(caller))
     return JobRead.from_row(job)
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -11,10 +13,12 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
+from sqlalchemy import select
 
 from service import store
 from service.app import create_app
 from service.db import make_engine, migrate, session_factory
+from service.models import Job
 from service.settings import Settings
 from tests.conftest import free_port
 from tests.postgres import throwaway_database
@@ -86,3 +90,64 @@ def test_racing_submissions_never_exceed_the_queue_cap(two_apis: tuple[str, str,
     with session_factory(engine)() as session:
         assert store.count_queued(session=session) == MAX_QUEUED
     engine.dispose()
+
+
+# More requests in flight than the API's thread pool (40) and connection pool together: with
+# SQLAlchemy's default pool these deadlocked until its 30 s timeout and answered 500.
+CROWD = 120
+
+
+def test_a_crowd_on_a_contended_sqlite_store_gets_no_500_and_every_201_is_stored(
+    tmp_path: Path, catalogue_data: dict[str, Any]
+) -> None:
+    url = f"sqlite:///{tmp_path / 'crowd.db'}"
+    engine = make_engine(url)
+    migrate(engine)
+    with session_factory(engine)() as session:
+        store.publish_catalogue(session=session, worker_id="test-worker", catalogue=catalogue_data)
+    settings = Settings(data_dir=tmp_path, database_url=url, trusted_hosts="127.0.0.1")
+    done = threading.Event()
+    holder = threading.Thread(target=_hold_the_write_lock, args=(tmp_path / "crowd.db", done), daemon=True)
+    server = _serve(settings)
+    base = next(server)
+    barrier = threading.Barrier(CROWD)
+    # One client for all threads (each of its own builds an SSL context: seconds in all).
+    client = httpx.Client(base_url=base, timeout=120, limits=httpx.Limits(max_connections=CROWD))
+
+    def submit(_: int) -> httpx.Response:
+        barrier.wait()
+        return client.post("/jobs", json=GOOD)
+
+    holder.start()
+    try:
+        with ThreadPoolExecutor(CROWD) as pool:
+            answers = list(pool.map(submit, range(CROWD)))
+    finally:
+        client.close()
+        done.set()
+        holder.join()
+        next(server, None)
+
+    codes = sorted(answer.status_code for answer in answers)
+    # Past its capacity the API may say so (503 with Retry-After); never an error.
+    assert set(codes) <= {201, 503}, [(a.status_code, a.text[:200]) for a in answers if a.status_code != 201]
+    assert all(a.headers.get("retry-after") for a in answers if a.status_code == 503)
+    accepted = {answer.json()["id"] for answer in answers if answer.status_code == 201}
+    assert accepted
+    with session_factory(engine)() as session:
+        stored = set(session.scalars(select(Job.id)).all())
+    engine.dispose()
+    assert stored == accepted  # every 201 in the store, and nothing a 503 refused
+
+
+def _hold_the_write_lock(database: Path, done: threading.Event) -> None:
+    """Another writer on the file (as a worker's heartbeats are), holding its write lock in turns."""
+    connection = sqlite3.connect(database, timeout=30, isolation_level=None)
+    connection.execute("CREATE TABLE IF NOT EXISTS contention (at REAL)")
+    while not done.is_set():
+        connection.execute("BEGIN IMMEDIATE")
+        connection.execute("INSERT INTO contention VALUES (julianday('now'))")
+        time.sleep(0.02)
+        connection.execute("COMMIT")
+        time.sleep(0.02)
+    connection.close()
