@@ -331,6 +331,20 @@ class JobSpec(BaseModel):
         default=None, description="data-parallel training: ddp (torch) or mirrored (tensorflow) over devices"
     )
 
+    @field_validator("jit_compile")
+    @classmethod
+    def _jit_compile_is_tensorflows(cls, wanted: bool, info: ValidationInfo) -> bool:
+        # Silently ignored, it would let a user believe their torch job ran under XLA.
+        framework = info.data.get("framework")
+        if wanted and framework is not None and framework != "tensorflow":
+            raise PydanticCustomError(
+                "jit_compile_framework",
+                "jit_compile (XLA) is for tensorflow jobs; a {framework} job compiles its model "
+                "with compile (torch.compile)",
+                {"framework": framework},
+            )
+        return wanted
+
     @field_validator("compile")
     @classmethod
     def _compile_is_torchs(cls, wanted: bool, info: ValidationInfo) -> bool:
