@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jobs.workloads import WORKLOADS
+from jobs.workloads import WORKLOADS, digits_mlp
 from jobs.workloads.digits_cnn import load_digit_images_split
-from jobs.workloads import digits_mlp
 from jobs.workloads.digits_mlp import load_digits_arrays, load_digits_split
 from jobs.workloads.embedding_mf import N_ITEMS, N_USERS, generate_ratings
 
