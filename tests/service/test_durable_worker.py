@@ -320,6 +320,7 @@ def test_three_workers_with_two_slots_run_sixty_jobs_each_exactly_once(tmp_path:
             "OPTLAB_DATA_DIR": str(tmp_path / "data"),
             "OPTLAB_JOB_PYTHON": job_python,
             "OPTLAB_POLL_INTERVAL_S": "0.1",
+            "OPTLAB_WARM_POOL": "false",  # a shell stand-in cannot wait warm for a job
         }
         workers = [start_worker(f"w{i}", 2, env, tmp_path / f"w{i}.log") for i in range(3)]
         started = time.monotonic()
@@ -352,6 +353,7 @@ def test_a_job_that_ignores_sigterm_does_not_outlive_its_killed_worker(tmp_path:
         "OPTLAB_JOB_PYTHON": str(program),
         "OPTLAB_POLL_INTERVAL_S": "0.1",
         "OPTLAB_CANCEL_GRACE_S": "2",
+        "OPTLAB_WARM_POOL": "false",  # a shell stand-in cannot wait warm: see the warm twin below
     }
     engine = make_engine(f"sqlite:///{tmp_path / 'optlab.db'}")
     migrate(engine)
