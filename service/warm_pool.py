@@ -64,8 +64,9 @@ class WarmPool:
         """Start a warm process for each of `slots` that has none (only from the claim loop's thread),
         of the style its last job had, `first_style` before its first.
 
-        Busy slots too: the process replacing the one a running job took is then ready for the
-        slot's next job, the usual case when jobs queue up.
+        Busy slots too, once their job has taken its first step (the worker says which): the
+        process replacing the one the running job took is then ready for the slot's next job, the
+        usual case when jobs queue up, without slowing that job's start on a host with few cores.
         """
         for slot in slots:
             with self.lock:

@@ -146,6 +146,9 @@ class Worker:
         count = slots or max(1, len(self.gpus))
         self.slots = [Slot(i, self.gpus[i] if i < len(self.gpus) else None) for i in range(count)]
         self.free = set(range(count))
+        # Busy slots whose job has taken its first step: their next warm process may start now (it
+        # would slow the job's own start-up on a host with few cores).
+        self.past_first_step: set[int] = set()
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
         self.frameworks: tuple[str, ...] = ALL_FRAMEWORKS
@@ -189,8 +192,10 @@ class Worker:
         if self.pool is None:
             return
         first = "torch" if "torch" in self.frameworks else default_style(self.frameworks[0])
+        with self.lock:
+            ready = sorted(self.free | self.past_first_step)
         self.pool.fill(
-            [slot.index for slot in self.slots],
+            ready,
             lambda index: self.job_environment([self.slots[index]])[0],
             first_style=first,
         )
@@ -278,6 +283,7 @@ class Worker:
             order = sorted(free, key=lambda slot: (slot.gpu is None) == needs.gpu)
             taken = order[: needs.slots]
             self.free -= {slot.index for slot in taken}
+            self.past_first_step -= {slot.index for slot in taken}
             return job, taken, sent
 
     def start_next(self) -> bool:
@@ -540,6 +546,9 @@ class Supervision:
         while process.poll() is None:
             progress = read_progress(self.workdir)
             self.last_progress = progress or self.last_progress
+            if progress is not None and progress.step >= 1:
+                with self.worker.lock:
+                    self.worker.past_first_step |= {slot.index for slot in self.slots}
             lease = self._heartbeat(self.last_progress)
             if lease is Lease.LOST:
                 terminate_group(process, 0)  # at once: the job is another attempt's now
