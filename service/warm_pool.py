@@ -70,6 +70,9 @@ class WarmPool:
         """
         for slot in slots:
             with self.lock:
+                # One that died idle (killed, out of memory) stays until the slot's next job finds
+                # it dead and starts cold: a process that cannot start is retried once a job, not
+                # once a poll.
                 if self.closed or slot in self.idle:
                     continue
                 style = self.next_style.get(slot, first_style)

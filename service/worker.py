@@ -155,6 +155,7 @@ class Worker:
         self.seen_at = 0.0
         self.job_threads = settings.job_threads or default_job_threads(count)
         self.pool = WarmPool(settings.job_python) if settings.warm_pool else None
+        self.pool_failing = False  # the last fill failed (logged once, not on every poll)
 
     def publish_catalogue(self) -> dict[str, Any]:
         # Taken before producing: a file changed meanwhile is published again on the next poll.
@@ -194,11 +195,18 @@ class Worker:
         first = "torch" if "torch" in self.frameworks else default_style(self.frameworks[0])
         with self.lock:
             ready = sorted(self.free | self.past_first_step)
-        self.pool.fill(
-            ready,
-            lambda index: self.job_environment([self.slots[index]])[0],
-            first_style=first,
-        )
+        try:
+            self.pool.fill(
+                ready, lambda index: self.job_environment([self.slots[index]])[0], first_style=first
+            )
+        except Exception:  # no warm process (fork failed, say): jobs start cold, claims go on
+            if not self.pool_failing:
+                log.exception(
+                    "worker %s: could not start a warm job process; jobs start cold", self.worker_id
+                )
+            self.pool_failing = True
+        else:
+            self.pool_failing = False
 
     def run_forever(self) -> None:
         log.info(
