@@ -6,6 +6,7 @@ equals a cold one; limits, the reaper and dying with the worker hold for warm pr
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import subprocess
@@ -107,3 +108,20 @@ def test_jobs_share_the_cores_at_least_one_thread_each() -> None:
     assert set(thread_environment(2)) >= {"OMP_NUM_THREADS", "TF_NUM_INTRAOP_THREADS"}
     with pytest.raises(ValueError, match="at least 1 thread"):
         thread_environment(0)
+
+
+@pytest.mark.parametrize(("style", "other"), [("torch", "tensorflow"), ("keras", "torch")])
+def test_a_warm_process_imports_its_own_framework_only(style: str, other: str) -> None:
+    """As a cold job does (tests/jobs/test_framework_isolation.py): a Keras job never loads torch."""
+    probe = f"import json, sys, jobs.warm; jobs.warm.warm_up({style!r}); print(json.dumps(list(sys.modules)))"
+    completed = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    loaded = set(json.loads(completed.stdout.strip().splitlines()[-1]))
+    own = {"torch": "torch", "keras": "tensorflow"}[style]
+    assert own in loaded and "jobs.frameworks" in loaded and other not in loaded
