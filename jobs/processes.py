@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 # imported, and for the whole process: a legacy job or check runs in a process of its own.
 LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
 PR_SET_PDEATHSIG = 1
-# The styles whose process needs LEGACY_KERAS_ENV (jobs.frameworks.LEGACY_KERAS_STYLES says the same).
+# The style whose process needs LEGACY_KERAS_ENV (as jobs.frameworks.LEGACY_KERAS_STYLES says).
 LEGACY_KERAS_STYLE = "tf_legacy"
 
 # A job's CPU threads, read by each library when it starts its thread pools: OpenMP (torch's

@@ -339,7 +339,6 @@ class Supervision:
         self.workdir = (self.settings.jobs_dir / str(job.id) / f"attempt-{job.attempt}").resolve()
         self.claimed_at = claimed_at  # the time limit counts from here (a warm process began earlier)
         self.renewed_at = claimed_at  # when the last successful lease renewal (or the claim) was sent
-        self.warm = False  # whether a warm process runs the job
         self.written: Progress | None = None  # the progress the store has
         self.written_at = 0.0
         self.store_retry_at = 0.0
@@ -532,7 +531,6 @@ class Supervision:
         process = pool.take(self.slots[0].index, style_of_stored_spec(self.job.spec), env)
         if process is None or not hand_over(process, arguments, self.workdir / LOG_FILE):
             return None
-        self.warm = True
         log.info("job %s: runs in a warm process (pid %s)", self.job.id, process.pid)
         return process
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.processes import WarmOrder, thread_environment, threads_of
+from jobs.processes import WarmOrder, style_environment, thread_environment, threads_of
 from service.warm_pool import WarmPool, style_of_stored_spec
 from service.worker import default_job_threads
 from tests.conftest import ROOT
@@ -97,7 +97,11 @@ def test_a_warm_order_round_trips_and_a_bad_one_names_what_is_expected() -> None
     ],
 )
 def test_the_style_a_slot_keeps_warm_comes_from_the_stored_spec(spec: dict[str, object], style: str) -> None:
+    from jobs.frameworks import LEGACY_KERAS_STYLES
+
     assert style_of_stored_spec(spec) == style
+    legacy = style_environment({}, style).get("TF_USE_LEGACY_KERAS") == "1"
+    assert legacy == (style in LEGACY_KERAS_STYLES)
 
 
 def test_jobs_share_the_cores_at_least_one_thread_each() -> None:
