@@ -9,7 +9,7 @@ checkpoint at the end), the job's `samples_per_sec` from its result:
 - `pair, N threads`: two such jobs started together (two slots on this host), their mean rate.
 
 Cases alternate round by round; the machine's load is printed with the figures.
-Run: `python benchmarks/job_threads.py [--steps 1500] [--rounds 2] [--workload digits_mlp]`.
+Run: `python benchmarks/job_threads.py [--steps 300] [--rounds 2] [--workload digits_mlp]`.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workload", default="digits_mlp")
     args = parser.parse_args()
