@@ -1,5 +1,6 @@
 """Process plumbing, written once: child processes in their own group, ending a group,
-dying with the parent, and the legacy-Keras re-exec.
+dying with the parent, the legacy-Keras re-exec, a job's thread count, and the order a warm
+(pre-started) job process receives.
 
 Standard library only, so the service may use it too (the worker and the supervisor start
 and stop process groups exactly as the check children do): `tests/service/test_imports.py`
@@ -9,17 +10,33 @@ allows `jobs.processes` in service/ for that reason, and checks it stays stdlib-
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, NoReturn
 
 # Legacy tf.keras (`tf_keras`) replaces `tf.keras` only when this is "1" before TensorFlow is
 # imported, and for the whole process: a legacy job or check runs in a process of its own.
 LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
 PR_SET_PDEATHSIG = 1
+# The style whose process needs LEGACY_KERAS_ENV (as jobs.frameworks.LEGACY_KERAS_STYLES says).
+LEGACY_KERAS_STYLE = "tf_legacy"
+
+# A job's CPU threads, read by each library when it starts its thread pools: OpenMP (torch's
+# intra-op pool, and torch reads it at import), MKL and OpenBLAS (numpy), TensorFlow's intra- and
+# inter-op pools (read when its runtime starts). Through the environment, so the job's helpers
+# (check children, DDP ranks) get the same, and a warm process has it before importing anything.
+THREAD_VARIABLES = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "TF_NUM_INTRAOP_THREADS",
+    "TF_NUM_INTEROP_THREADS",
+)
 
 
 def in_legacy_keras_process() -> bool:
@@ -34,6 +51,44 @@ def legacy_keras_environment(env: Mapping[str, str], *, legacy: bool = True) -> 
     else:
         changed.pop(LEGACY_KERAS_ENV, None)
     return changed
+
+
+def style_environment(env: Mapping[str, str], style: str) -> dict[str, str]:
+    """The environment a process running a job of `style` has once it trains: with the legacy-Keras
+    switch for `tf_legacy` (jobs.run re-executes itself with it; a warm process starts with it)."""
+    return legacy_keras_environment(env) if style == LEGACY_KERAS_STYLE else dict(env)
+
+
+def thread_environment(threads: int) -> dict[str, str]:
+    """The variables that give a job `threads` CPU threads in every library it may use."""
+    if threads < 1:
+        raise ValueError(f"a job needs at least 1 thread; received {threads}")
+    return dict.fromkeys(THREAD_VARIABLES, str(threads))
+
+
+def threads_of(env: Mapping[str, str]) -> int | None:
+    """The thread count the worker gave this job (thread_environment), None when it gave none."""
+    value = env.get(THREAD_VARIABLES[0], "")
+    return int(value) if value.isdigit() and int(value) >= 1 else None
+
+
+@dataclass(frozen=True)
+class WarmOrder:
+    """What a warm job process (`python -m jobs.warm`) reads from its stdin, one JSON line: the
+    arguments of `python -m jobs.run` and the log file its output goes to (as a cold job's does)."""
+
+    argv: list[str]
+    log: str
+
+    def to_line(self) -> bytes:
+        return json.dumps({"argv": self.argv, "log": self.log}).encode() + b"\n"
+
+    @classmethod
+    def from_line(cls, line: bytes) -> WarmOrder:
+        data = json.loads(line)
+        if not (isinstance(data.get("argv"), list) and isinstance(data.get("log"), str)):
+            raise ValueError(f"a warm order is {{'argv': [...], 'log': '...'}}; received {line[:200]!r}")
+        return cls(argv=[str(arg) for arg in data["argv"]], log=data["log"])
 
 
 def reexec_with_legacy_keras(module: str, argv: Sequence[str]) -> NoReturn:

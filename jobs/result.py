@@ -215,6 +215,7 @@ class JobResult(Record):
     error: ErrorRecord | None = None
     diverged_at_step: int | None = None
     resume: ResumeRecord | None = None  # a resumed attempt in the job's existing MLflow run
+    threads: int | None = None  # CPU threads the worker gave the job (OPTLAB_JOB_THREADS)
     # TrainOutcome's fields
     steps_completed: int | None = None
     resumed_from_step: int | None = None

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from jobs.errors import Cancelled, Diverged
-from jobs.processes import in_legacy_keras_process, reexec_with_legacy_keras
+from jobs.processes import in_legacy_keras_process, reexec_with_legacy_keras, threads_of
 from jobs.report import Reporter
 from jobs.result import (
     CheckOutcome,
@@ -107,6 +107,9 @@ def run_tags(spec: AnySpec, args: argparse.Namespace) -> dict[str, str]:
     }
     if args.submitted_by:
         tags["submitted_by"] = args.submitted_by
+    threads = threads_of(os.environ)
+    if threads is not None:  # the worker's OPTLAB_JOB_THREADS: why a run is slower or faster
+        tags["threads"] = str(threads)
     for item in args.tag:  # a study's: study, optimizer (its label), each grid hyperparameter, seed
         key, _, value = item.partition("=")
         tags[key] = value
@@ -214,6 +217,9 @@ def run_job(args: argparse.Namespace) -> JobResult:
     result = JobResult(
         job_id=args.job_id, attempt=args.attempt, workdir=str(workdir), status=JobStatus.FAILED
     )
+    threads = threads_of(os.environ)
+    if threads is not None:
+        result = result.with_fields(threads=threads)
     status = JobStatus.FAILED
     mlflow_run: Any = None
     job: Job | None = None

@@ -103,6 +103,12 @@ class Settings(BaseSettings):
     heartbeat_s: float = Field(default=5.0, gt=0, description="lease renewal cadence; under lease_s / 2")
     max_job_seconds: float = Field(default=86400.0, gt=0, description="cap on (and default of) timeout_s")
     job_memory_mb: int | None = Field(default=None, gt=0, description="RSS limit per job (all its processes)")
+    job_threads: int | None = Field(
+        default=None, gt=0, description="CPU threads per job; default: the worker's cores // its slots"
+    )
+    warm_pool: bool = Field(
+        default=True, description="pre-start one job process per slot with its framework imported"
+    )
     queue_for_absent_devices: bool = Field(
         default=False, description="accept jobs for devices no live worker offers (they wait for one)"
     )

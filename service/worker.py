@@ -1,7 +1,9 @@
 """The worker daemon: publish the catalogue, then claim jobs and run each in a fresh process.
 
 A job runs as `python -m jobs.run` in its own process group, so a crash, leak or hang
-in user code never takes the worker down, and cancellation ends the whole group.
+in user code never takes the worker down, and cancellation ends the whole group. With the warm
+pool (OPTLAB_WARM_POOL, service/warm_pool.py) that process was started before the claim, its
+framework already imported, and runs the job the same way; everything below holds for it too.
 The worker relays progress from the job's `progress.json` to the store and reads
 `result.json` when the process exits. It runs up to `slots` jobs at once (one GPU each on a
 GPU host), each supervised by a thread of its own.
@@ -33,7 +35,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.processes import signal_group, start_in_own_group, terminate_group
+from jobs.processes import signal_group, start_in_own_group, terminate_group, thread_environment
 from jobs.result import (
     LOG_FILE,
     RESULT_FILE,
@@ -45,6 +47,7 @@ from jobs.result import (
     read_progress,
     read_result,
 )
+from jobs.spec import default_style
 from service import store
 from service.capabilities import catalogue_frameworks, catalogue_sha256, needs_of, visible_gpus
 from service.models import Job
@@ -54,6 +57,7 @@ from service.settings import Settings
 from service.store import ClaimFilter, Lease
 from service.studies.finalize import finalize_next_study
 from service.studies.runs import child_arguments
+from service.warm_pool import WarmPool, hand_over, style_of_stored_spec
 
 log = logging.getLogger("optlab.worker")
 
@@ -142,10 +146,16 @@ class Worker:
         count = slots or max(1, len(self.gpus))
         self.slots = [Slot(i, self.gpus[i] if i < len(self.gpus) else None) for i in range(count)]
         self.free = set(range(count))
+        # Busy slots whose job has taken its first step: their next warm process may start now (it
+        # would slow the job's own start-up on a host with few cores).
+        self.past_first_step: set[int] = set()
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
         self.frameworks: tuple[str, ...] = ALL_FRAMEWORKS
         self.seen_at = 0.0
+        self.job_threads = settings.job_threads or default_job_threads(count)
+        self.pool = WarmPool(settings.job_python) if settings.warm_pool else None
+        self.pool_failing = False  # the last fill failed (logged once, not on every poll)
 
     def publish_catalogue(self) -> dict[str, Any]:
         # Taken before producing: a file changed meanwhile is published again on the next poll.
@@ -169,8 +179,43 @@ class Worker:
             log.warning("optimizer plugin failed to load: %s: %s", failure["source"], failure["error"])
         return catalogue
 
+    def job_environment(self, slots: list[Slot]) -> tuple[dict[str, str], str]:
+        """The environment of a job on `slots` (before its style's own switch) and its tracking URI."""
+        env, tracking_uri = job_environment(os.environ, self.settings.mlflow_tracking_uri)
+        env.update(thread_environment(self.job_threads))
+        gpus = [slot.gpu for slot in slots if slot.gpu is not None]
+        if gpus or self.gpus:  # a CPU slot on a GPU host sees no GPU
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+        return env, tracking_uri
+
+    def fill_pool(self) -> None:
+        """A warm process for every slot that has none; torch first where the worker runs torch."""
+        if self.pool is None:
+            return
+        first = "torch" if "torch" in self.frameworks else default_style(self.frameworks[0])
+        with self.lock:
+            ready = sorted(self.free | self.past_first_step)
+        try:
+            self.pool.fill(
+                ready, lambda index: self.job_environment([self.slots[index]])[0], first_style=first
+            )
+        except Exception:  # no warm process (fork failed, say): jobs start cold, claims go on
+            if not self.pool_failing:
+                log.exception(
+                    "worker %s: could not start a warm job process; jobs start cold", self.worker_id
+                )
+            self.pool_failing = True
+        else:
+            self.pool_failing = False
+
     def run_forever(self) -> None:
-        log.info("worker %s polling for jobs with %d slot(s)", self.worker_id, len(self.slots))
+        log.info(
+            "worker %s polling for jobs with %d slot(s), %d CPU thread(s) per job, warm pool %s",
+            self.worker_id,
+            len(self.slots),
+            self.job_threads,
+            "on" if self.pool else "off",
+        )
         refresher = threading.Thread(target=self.refresh_catalogue_forever, name="plugin-watch", daemon=True)
         refresher.start()
         unreachable = False
@@ -179,6 +224,7 @@ class Worker:
                 self._stay_registered()
                 # A study whose jobs have all ended gets its summary before the next job starts.
                 finalize_next_study(sessions=self.sessions, tracking_uri=self.settings.mlflow_tracking_uri)
+                self.fill_pool()  # here only: this thread outlives the processes it starts
                 started = self.start_next()
                 unreachable = False
             except STORE_ERRORS as exc:  # an outage: running jobs are supervised on; claim later
@@ -190,6 +236,8 @@ class Worker:
                 started = False
             if not started:
                 self.stopping.wait(MAX_STORE_BACKOFF_S if unreachable else self.settings.poll_interval_s)
+        if self.pool is not None:
+            self.pool.close()
         for thread in self.threads:  # each hands its job back (or records how it ended)
             thread.join()
 
@@ -243,6 +291,7 @@ class Worker:
             order = sorted(free, key=lambda slot: (slot.gpu is None) == needs.gpu)
             taken = order[: needs.slots]
             self.free -= {slot.index for slot in taken}
+            self.past_first_step -= {slot.index for slot in taken}
             return job, taken, sent
 
     def start_next(self) -> bool:
@@ -288,6 +337,7 @@ class Supervision:
         self.worker, self.job, self.slots = worker, job, slots
         self.settings = worker.settings
         self.workdir = (self.settings.jobs_dir / str(job.id) / f"attempt-{job.attempt}").resolve()
+        self.claimed_at = claimed_at  # the time limit counts from here (a warm process began earlier)
         self.renewed_at = claimed_at  # when the last successful lease renewal (or the claim) was sent
         self.written: Progress | None = None  # the progress the store has
         self.written_at = 0.0
@@ -425,12 +475,17 @@ class Supervision:
     # -- the job process ------------------------------------------------------------------------
 
     def command(self, spec_path: Path, tracking_uri: str) -> list[str]:
+        """`python -m jobs.run` and its arguments."""
+        return [self.settings.job_python, "-m", "jobs.run", *self.arguments(spec_path, tracking_uri)]
+
+    def arguments(self, spec_path: Path, tracking_uri: str) -> list[str]:
+        """The arguments of `python -m jobs.run` for this job."""
         job = self.job
         study = child_arguments(
             sessions=self.worker.sessions, tracking_uri=self.settings.mlflow_tracking_uri, job=job
         )
         command = [
-            self.settings.job_python, "-m", "jobs.run", str(spec_path),
+            str(spec_path),
             "--workdir", str(self.workdir),
             "--tracking-uri", tracking_uri,
             "--job-id", str(job.id),
@@ -445,11 +500,7 @@ class Supervision:
         return command
 
     def environment(self) -> tuple[dict[str, str], str]:
-        env, tracking_uri = job_environment(os.environ, self.settings.mlflow_tracking_uri)
-        gpus = [slot.gpu for slot in self.slots if slot.gpu is not None]
-        if gpus or self.worker.gpus:  # a CPU slot on a GPU host sees no GPU
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-        return env, tracking_uri
+        return self.worker.job_environment(self.slots)
 
     def run(self) -> str:
         """Run the job's process to its recorded end; whatever goes wrong, it does not outlive this."""
@@ -457,15 +508,8 @@ class Supervision:
         spec_path = self.workdir / "spec.json"
         spec_path.write_text(json.dumps(self.job.spec, indent=2))
         env, tracking_uri = self.environment()
-        with open(self.workdir / LOG_FILE, "ab") as log_file:
-            process: subprocess.Popen[bytes] = start_in_own_group(
-                self.command(spec_path, tracking_uri),
-                die_with_parent=True,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-            )
+        arguments = self.arguments(spec_path, tracking_uri)
+        process = self._start_warm(arguments, env) or self._start_cold(arguments, env)
         # Just after the job: a worker killed in between leaves the job only its SIGTERM, which a
         # real job gets before it could have loaded a plugin that ignores it.
         reaper = start_reaper(process.pid, self.settings.cancel_grace_s)
@@ -478,12 +522,39 @@ class Supervision:
             terminate_group(reaper, 0)
         return self._conclude(process, stop)
 
+    def _start_warm(self, arguments: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
+        """The slot's warm process, handed this job; None when there is none fit for it (a job on
+        several slots always starts cold: its CUDA_VISIBLE_DEVICES is no single slot's)."""
+        pool = self.worker.pool
+        if pool is None or len(self.slots) != 1:
+            return None
+        process = pool.take(self.slots[0].index, style_of_stored_spec(self.job.spec), env)
+        if process is None or not hand_over(process, arguments, self.workdir / LOG_FILE):
+            return None
+        log.info("job %s: runs in a warm process (pid %s)", self.job.id, process.pid)
+        return process
+
+    def _start_cold(self, arguments: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        with open(self.workdir / LOG_FILE, "ab") as log_file:
+            process: subprocess.Popen[bytes] = start_in_own_group(
+                [self.settings.job_python, "-m", "jobs.run", *arguments],
+                die_with_parent=True,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+            )
+        return process
+
     def _watch(self, process: subprocess.Popen[bytes]) -> Stop | None:
         """Relay progress until the process exits; return why we stopped it, if we did."""
-        started = time.monotonic()
+        started = self.claimed_at  # the time limit counts from the claim, for a warm process too
         while process.poll() is None:
             progress = read_progress(self.workdir)
             self.last_progress = progress or self.last_progress
+            if progress is not None and progress.step >= 1:
+                with self.worker.lock:
+                    self.worker.past_first_step |= {slot.index for slot in self.slots}
             lease = self._heartbeat(self.last_progress)
             if lease is Lease.LOST:
                 terminate_group(process, 0)  # at once: the job is another attempt's now
@@ -605,6 +676,16 @@ REAPER = """
 trap 'sleep "$2"; kill -KILL -"$1" 2>/dev/null; kill $! 2>/dev/null; exit 0' TERM
 while :; do sleep 3600 & wait $!; done
 """
+
+
+def default_job_threads(slots: int) -> int:
+    """The cores this worker may use, shared by its slots: at least one thread per job.
+
+    Torch's default (a thread per core in every job) makes jobs that share the cores fight over
+    them: benchmarks/README.md, tracking_overhead, measured a loop ~8x slower when another
+    process held one of two cores.
+    """
+    return max(1, len(os.sched_getaffinity(0)) // slots)
 
 
 def start_reaper(job_group: int, grace_s: float) -> subprocess.Popen[bytes]:

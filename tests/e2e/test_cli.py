@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import ROOT, free_port
 
@@ -28,6 +29,41 @@ def processes_mentioning(marker: str) -> list[int]:
         if marker.encode() in blob:
             found.append(int(entry.name))
     return found
+
+
+def cmdline(pid: int) -> bytes:
+    """The command line of a live process; empty once it is gone (or a zombie)."""
+    try:
+        if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+            return b""
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process below `root` (children, their children, ...), found through /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit():
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(parent, []).append(int(entry.name))
+        except OSError:
+            continue
+    found, stack = [], [root]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def wait_for(condition: Any, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return value
 
 
 def wait_gone(marker: str, timeout_s: float = 30) -> list[int]:
@@ -54,10 +90,14 @@ def test_serve_comes_up_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
     banner = "".join(output)
     assert f"http://127.0.0.1:{api_port}/docs" in banner and "MLflow UI" in banner, banner
     assert len(processes_mentioning(str(data))) >= 3  # MLflow, API, worker (and their children)
+    # The worker's warm job process names neither the data dir nor a job: found as a descendant.
+    warm = wait_for(lambda: [p for p in descendants(serve.pid) if b"jobs.warm" in cmdline(p)], 120)
+    assert warm, "the worker started no warm job process"
 
     serve.send_signal(signal.SIGINT)
     assert serve.wait(timeout=90) == 0
     assert wait_gone(str(data)) == [], "processes outlived `optlab serve`"
+    assert wait_for(lambda: not any(cmdline(p) for p in warm), 30), "a warm job process outlived it"
 
 
 def test_serve_refuses_a_port_in_use(tmp_path: Path) -> None:

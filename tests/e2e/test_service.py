@@ -211,6 +211,21 @@ def test_cancelling_a_running_job_stops_its_process(service: Supervisor, api: ht
     assert job["finished_at"] is not None
     leftover = subprocess.run(["pgrep", "-f", f"--job-id {job_id} "], capture_output=True, text=True)
     assert leftover.stdout.strip() == "", "the job process outlived its cancellation"
+    # A warm process's command line does not name its job: what writes to the job's log does.
+    log = service.data_dir / "jobs" / str(job_id) / "attempt-1" / "log.txt"
+    assert log.exists() and writing_to(log) == [], "the job process outlived its cancellation"
+
+
+def writing_to(path: Path) -> list[int]:
+    """Live processes whose stdout is `path`: a job's process (cold or warm) and what it started."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and os.readlink(entry / "fd" / "1") == str(path):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def test_optlab_submit_wait_shows_the_outcome(service: Supervisor, tmp_path: Path) -> None:

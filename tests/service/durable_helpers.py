@@ -146,16 +146,38 @@ def start_worker(worker_id: str, slots: int, env: dict[str, str], log: Path) -> 
 
 
 def job_process_pid(workdir: Path) -> int | None:
-    """The pid of the `python -m jobs.run` running in `workdir`, found in /proc."""
-    needle = f"--workdir\0{workdir}\0".encode()
+    """The pid of the job process running in `workdir`, found in /proc: the session leader whose
+    output goes to the job's log (a cold `python -m jobs.run`, or a warm process that took the job:
+    its command line does not name the job)."""
+    log = str(workdir / "log.txt")
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if needle in (entry / "cmdline").read_bytes():
+                leader = (entry / "stat").read_text().rsplit(")", 1)[1].split()[3] == entry.name
+                if leader and os.readlink(entry / "fd" / "1") == log:
                     return int(entry.name)
             except OSError:
                 continue
     return None
+
+
+def warm_processes(parent: int) -> list[int]:
+    """The pids of the idle or busy warm job processes (`python -m jobs.warm`) `parent` started."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if (
+                int(fields[1]) == parent
+                and fields[0] != "Z"
+                and b"jobs.warm" in (entry / "cmdline").read_bytes()
+            ):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
 
 
 def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, every_s: float = 0.1) -> Any:

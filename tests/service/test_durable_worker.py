@@ -24,6 +24,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 from sqlalchemy.orm import Session, sessionmaker
 
+from jobs.processes import thread_environment
 from jobs.result import JobStatus
 from jobs.spec import JobSpec
 from service import store
@@ -41,6 +42,7 @@ from tests.service.durable_helpers import (
     slow_spec,
     start_worker,
     wait_until,
+    warm_processes,
     write_plugin,
 )
 
@@ -320,6 +322,7 @@ def test_three_workers_with_two_slots_run_sixty_jobs_each_exactly_once(tmp_path:
             "OPTLAB_DATA_DIR": str(tmp_path / "data"),
             "OPTLAB_JOB_PYTHON": job_python,
             "OPTLAB_POLL_INTERVAL_S": "0.1",
+            "OPTLAB_WARM_POOL": "false",  # a shell stand-in cannot wait warm for a job
         }
         workers = [start_worker(f"w{i}", 2, env, tmp_path / f"w{i}.log") for i in range(3)]
         started = time.monotonic()
@@ -352,6 +355,7 @@ def test_a_job_that_ignores_sigterm_does_not_outlive_its_killed_worker(tmp_path:
         "OPTLAB_JOB_PYTHON": str(program),
         "OPTLAB_POLL_INTERVAL_S": "0.1",
         "OPTLAB_CANCEL_GRACE_S": "2",
+        "OPTLAB_WARM_POOL": "false",  # a shell stand-in cannot wait warm: see the warm twin below
     }
     engine = make_engine(f"sqlite:///{tmp_path / 'optlab.db'}")
     migrate(engine)
@@ -387,3 +391,144 @@ def reaper_of(job_group: int) -> bool:
         except OSError:
             continue
     return False
+
+
+# -- the warm pool: real jobs in pre-started processes --------------------------------------------
+
+
+def wait_for_warm_process(parent: int) -> int:
+    found = wait_until(lambda: warm_processes(parent), 60, "a warm process")
+    return int(found[0])
+
+
+def test_a_warm_job_runs_as_a_cold_one_and_gets_the_worker_s_thread_count(
+    tmp_path: Path,
+    mlflow_url: str,
+    plugins: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    serve: Callable[[Worker], None],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The same spec in a worker's warm process and through `python -m jobs.run`: the same result,
+    files and MLflow run; the worker's thread count in the result and the run. Then a warm job's
+    time limit counts from its claim, not from when its process started."""
+    monkeypatch.setenv("OPTLAB_PLUGIN_DIRS", str(plugins))
+    caplog.set_level(logging.INFO, logger="optlab.worker")
+    experiment = f"warm-{tmp_path.name}"
+    spec = slow_spec(experiment, steps=40, checkpoint_every=20, eval_every=20, params={"delay_s": 0.0})
+    reference = tmp_path / "cold"
+    reference.mkdir()
+    (reference / "spec.json").write_text(json.dumps({**spec, "experiment": f"{experiment}-cold"}))
+    with open(reference / "log.txt", "wb") as log:  # as the worker writes a job's log
+        cold = subprocess.run(
+            [sys.executable, "-m", "jobs.run", str(reference / "spec.json"), "--workdir", str(reference),
+             "--tracking-uri", mlflow_url],
+            # The worker's thread count: on CPU it decides how a matmul is split, so the last bits too.
+            env={**os.environ, **thread_environment(1), "PYTHONPATH": str(ROOT)},
+            stdout=log, stderr=subprocess.STDOUT, check=False,
+        )  # fmt: skip
+    assert cold.returncode == 0, (reference / "log.txt").read_text()[-2000:]
+    settings = Settings(
+        data_dir=tmp_path / "data", mlflow_tracking_uri=mlflow_url, poll_interval_s=0.2, job_threads=1
+    )
+    engine = make_engine(settings.resolved_database_url)
+    migrate(engine)
+    sessions = session_factory(engine)
+    serve(in_process_worker(settings, sessions))
+    first = wait_for_warm_process(os.getpid())
+    job_id = submit(sessions, spec)
+    job = wait_until(lambda: ended(sessions, job_id), 120, "the warm job to end")
+    assert any(
+        f"job {job_id}: runs in a warm process (pid {first})" in r.getMessage() for r in caplog.records
+    )
+
+    expected = json.loads((reference / "result.json").read_text())
+    assert job.status is JobStatus.SUCCEEDED and job.result is not None, job.error
+    same = ("status", "steps_completed", "params_sha256", "final", "checkpoints_verified", "device")
+    assert {k: job.result[k] for k in same} == {k: expected[k] for k in same}
+    assert job.result["threads"] == expected["threads"] == 1
+    workdir = settings.jobs_dir.resolve() / str(job_id) / "attempt-1"
+    assert sorted(p.name for p in workdir.iterdir()) == sorted(p.name for p in reference.iterdir())
+    client = MlflowClient(tracking_uri=mlflow_url)
+    warm_run, cold_run = (client.get_run(r["mlflow"]["run_id"]) for r in (job.result, expected))
+    assert warm_run.info.status == cold_run.info.status == "FINISHED"
+    assert warm_run.data.metrics.keys() == cold_run.data.metrics.keys()
+    assert warm_run.data.tags["threads"] == cold_run.data.tags["threads"] == "1"
+    assert (workdir / "log.txt").stat().st_size > 0  # its output went to the job's log
+
+    # The next job's process was started while this one ran, long before its claim: a time limit
+    # counted from the process's start would stop it before its first step.
+    replacement = wait_for_warm_process(os.getpid())
+    time.sleep(6)
+    limited = submit(sessions, slow_spec(experiment, steps=5000, timeout_s=5))
+    job = wait_until(lambda: ended(sessions, limited), 60, "the time-limited job to end")
+    assert any(f"runs in a warm process (pid {replacement})" in r.getMessage() for r in caplog.records)
+    assert job.status is JobStatus.FAILED and job.error is not None
+    assert job.error["type"] == "TimeLimitExceeded" and "time limit of 5 s" in job.error["message"]
+    progress = json.loads((settings.jobs_dir / str(limited) / "attempt-1" / "progress.json").read_text())
+    assert progress["step"] > 0  # it trained: its 5 s began at the claim
+    engine.dispose()
+
+
+def test_a_warm_job_over_the_memory_limit_is_killed(
+    tmp_path: Path, mlflow_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The limit counts the job's session: the warm process and whatever it starts."""
+    caplog.set_level(logging.INFO, logger="optlab.worker")
+    settings = Settings(
+        data_dir=tmp_path, mlflow_tracking_uri=mlflow_url, poll_interval_s=0.1, job_memory_mb=100
+    )
+    engine = make_engine(settings.resolved_database_url)
+    migrate(engine)
+    sessions = session_factory(engine)
+    job_id = submit(sessions, {"workload": {"name": "digits_mlp"}, "optimizer": {"name": "sgd"}, "steps": 10})
+    worker = in_process_worker(settings, sessions)
+    worker.fill_pool()
+    assert worker.pool is not None
+    try:
+        wait_for_warm_process(os.getpid())
+        assert worker.run_next()
+    finally:
+        worker.pool.close()
+    assert any(f"job {job_id}: runs in a warm process" in r.getMessage() for r in caplog.records)
+    job = row(sessions, job_id)
+    assert job.status is JobStatus.FAILED and job.error is not None
+    assert job.error["type"] == "MemoryLimitExceeded" and "limit of 100 MiB" in job.error["message"]
+    assert warm_processes(os.getpid()) == []
+    engine.dispose()
+
+
+def test_a_warm_job_that_ignores_sigterm_and_an_idle_warm_process_die_with_their_killed_worker(
+    tmp_path: Path, mlflow_url: str, plugins: Path
+) -> None:
+    env = {
+        "OPTLAB_DATA_DIR": str(tmp_path),
+        "OPTLAB_MLFLOW_TRACKING_URI": mlflow_url,
+        "OPTLAB_PLUGIN_DIRS": str(plugins),
+        "OPTLAB_POLL_INTERVAL_S": "0.1",
+        "OPTLAB_CANCEL_GRACE_S": "2",
+    }
+    engine = make_engine(f"sqlite:///{tmp_path / 'optlab.db'}")
+    migrate(engine)
+    sessions = session_factory(engine)
+    worker = start_worker("doomed", 1, env, tmp_path / "worker.log")
+    try:
+        wait_for_warm_process(worker.pid)
+        job_id = submit(
+            sessions, slow_spec(f"doomed-{tmp_path.name}", steps=5000, params={"ignore_sigterm": True})
+        )
+        # Training: the plugin that ignores SIGTERM is loaded; the reaper watches the job's session.
+        wait_until(lambda: row(sessions, job_id).step > 0, 120, "the job to train")
+        job_group = job_process_pid(tmp_path / "jobs" / str(job_id) / "attempt-1")
+        assert job_group is not None
+        wait_until(lambda: reaper_of(job_group), 30, "the job's reaper")
+        idle = wait_until(lambda: [p for p in warm_processes(worker.pid) if p != job_group], 60, "a new one")
+        worker.kill()
+        killed_at = time.monotonic()
+        wait_until(lambda: not group_alive(job_group), 30, "the job's process group to end")
+        wait_until(lambda: not group_alive(idle[0]), 30, "the idle warm process to end")
+        assert time.monotonic() - killed_at < 10
+    finally:
+        worker.kill()
+        worker.wait()
+        engine.dispose()

@@ -38,7 +38,8 @@ def stand_in(tmp_path: Path, body: str) -> str:
 
 def make_worker(settings: Settings, sessions: sessionmaker[Session], job_python: str) -> Worker:
     fast = settings.model_copy(
-        update={"job_python": job_python, "poll_interval_s": 0.1, "cancel_grace_s": 2.0}
+        # A shell stand-in cannot wait warm for a job (jobs.warm): no warm pool.
+        update={"job_python": job_python, "poll_interval_s": 0.1, "cancel_grace_s": 2.0, "warm_pool": False}
     )
     return Worker(fast, sessions, worker_id="test-worker")
 

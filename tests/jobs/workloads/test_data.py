@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jobs.workloads import WORKLOADS
+from jobs.workloads import WORKLOADS, digits_mlp
 from jobs.workloads.digits_cnn import load_digit_images_split
-from jobs.workloads.digits_mlp import load_digits_split
+from jobs.workloads.digits_mlp import load_digits_arrays, load_digits_split
 from jobs.workloads.embedding_mf import N_ITEMS, N_USERS, generate_ratings
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -62,6 +62,18 @@ def test_digits_pixels_and_labels(name: str) -> None:
     dataset = WORKLOADS[name].load_data()
     assert 0.0 <= dataset.x_train.min() and dataset.x_train.max() <= 1.0
     assert set(np.unique(dataset.y_train)) == set(range(10)) == set(np.unique(dataset.y_val))
+
+
+@pytest.mark.parametrize("bundled_file", [True, False], ids=["read directly", "fallback"])
+def test_digits_are_load_digits_bit_for_bit(bundled_file: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from sklearn.datasets import load_digits
+
+    if not bundled_file:  # a scikit-learn that moved its data file: load_digits itself
+        monkeypatch.setattr(digits_mlp, "DIGITS_FILE", digits_mlp.DIGITS_FILE.with_name("moved.csv.gz"))
+    expected = load_digits(return_X_y=True)
+    for ours, theirs in zip(load_digits_arrays(), expected, strict=True):
+        assert ours.dtype == theirs.dtype and ours.shape == theirs.shape
+        assert ours.tobytes() == theirs.tobytes()
 
 
 def test_ratings_cover_every_user_and_item_once_per_cell() -> None:
