@@ -393,8 +393,9 @@ class DeliveryProcess:
     def _read_acknowledgements(self, timeout_s: float | None = 0.0) -> bool:
         """Take in what the process acknowledged; True if anything came (False: `timeout_s` passed).
         Raises _DeliveryProcessGone at the pipe's end (the process exited or was killed)."""
-        readable, _, _ = select.select([self._ack_fd], [], [], timeout_s)
-        if not readable:
+        poller = select.poll()  # not select(): a job with many files open may hold fds past 1024
+        poller.register(self._ack_fd, select.POLLIN)
+        if not poller.poll(None if timeout_s is None else timeout_s * 1000):
             return False
         try:
             data = os.read(self._ack_fd, 1 << 16)

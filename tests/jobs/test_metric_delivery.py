@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from mlflow.entities import Metric
 
 from jobs import metric_delivery, tracking
 from jobs.metric_delivery import DeliveryProcess, DeliveryTarget, PermanentDeliveryError, RetryingSender
@@ -165,6 +166,10 @@ def points(steps: range, key: str = "train/loss") -> list[Point]:
     return [Point(key, 1.0 / (step + 1), step, stamp) for step in steps]
 
 
+def no_fallback() -> Any:
+    raise AssertionError("the delivery process was expected to stay up")
+
+
 def gone(pid: int) -> bool:
     """The process has exited (a zombie waiting for a parent that never reaps counts as exited)."""
     try:
@@ -204,6 +209,8 @@ def test_every_point_arrives_exactly_once_through_the_process(client: Any, serve
     (nan,) = client.get_metric_history(run.info.run_id, "train/grad_norm")
     assert nan.value != nan.value
     assert client.get_run(run.info.run_id).info.status == "FINISHED"
+    with pytest.raises(RuntimeError, match="after close"):
+        run.metric("train/loss", 0.0, 2500)
 
 
 def test_flush_returns_only_once_the_server_holds_every_point(client: Any, gate: Gate) -> None:
@@ -248,6 +255,45 @@ def test_points_the_server_keeps_refusing_are_counted_and_close_raises(
         run.end("FINISHED")
     assert steps_of(client, run.info.run_id, "train/loss") == list(range(100))
     assert client.get_run(run.info.run_id).info.status == "FAILED"
+
+
+def test_an_unreachable_server_counts_every_point_lost_and_close_raises() -> None:
+    target = DeliveryTarget(
+        url=f"http://127.0.0.1:{free_port()}{LOG_BATCH_ENDPOINT}", run_id="r1", retry_for_s=0.3
+    )
+    delivery = DeliveryProcess(target, fallback=no_fallback)
+    delivery.metrics(points(range(1500)))
+    with pytest.raises(MetricDeliveryError, match=r"^1500 metric points .*[Cc]onnection refused"):
+        delivery.close()
+
+
+def test_a_stuck_delivery_process_is_given_up_on_and_nothing_is_lost(
+    client: Any, server_uri: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """No acknowledgement for longer than a retry period and two request timeouts (plus a margin):
+    the process is stuck (here: stopped), killed, and the job process delivers instead."""
+    run_id = client.create_run(client.create_experiment("stuck")).info.run_id
+    target = DeliveryTarget(
+        url=server_uri + LOG_BATCH_ENDPOINT, run_id=run_id, retry_for_s=0.2, timeout_s=0.2
+    )
+    sent: list[list[Any]] = []
+
+    def fallback() -> tracking.BatchedMetricLogger:
+        def send(rows: list[Any]) -> None:
+            client.log_batch(run_id, metrics=[Metric(k, v, t, s) for k, v, s, t in rows])
+            sent.append(rows)
+
+        return tracking.BatchedMetricLogger(send)
+
+    delivery = DeliveryProcess(target, fallback=fallback)
+    assert delivery.pid is not None
+    os.kill(delivery.pid, signal.SIGSTOP)
+    delivery.metrics(points(range(700)))
+    delivery.close()
+    assert "no acknowledgement for" in (delivery.fallback_reason or "")
+    assert "delivering metrics from the job process instead" in capfd.readouterr().err
+    assert sum(len(rows) for rows in sent) == 700
+    assert steps_of(client, run_id, "train/loss") == list(range(700))
 
 
 def test_a_killed_delivery_process_is_detected_and_nothing_is_lost(
