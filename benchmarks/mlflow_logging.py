@@ -1,9 +1,10 @@
 """Benchmark: what metric delivery costs a training loop: no tracker vs the in-process delivery thread
 vs the delivery process (jobs.metric_delivery), and one synchronous `log_metric` per point.
 
-A real MLflow server (SQLite) in a temporary folder; a synthetic training loop whose step is a
-pure-Python spin of `--step-us` microseconds (it holds the interpreter all the time, as the Python
-side of a small model's step mostly does) and hands over six points a step with `metrics()`.
+A real MLflow server (SQLite) in a temporary folder; a synthetic training loop whose step is a fixed
+amount of pure-Python work, `--step-us` microseconds of CPU (it holds the interpreter all the time,
+as the Python side of a small model's step mostly does), and hands over six points a step with
+`metrics()`.
 Interleaved rounds (A B C, B C A, ...), median. For each way of delivering:
 
 - the loop's rate, and its ratio to the loop without a tracker;
@@ -26,6 +27,7 @@ mlflow_logging_job` line per way of delivering under the job.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import tempfile
 import time
@@ -56,10 +58,25 @@ class Figures:
     delivered: bool
 
 
-def spin(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
+def spin(iterations: int) -> None:
+    """A fixed amount of pure-Python work (not a wall-clock wait: time the process loses to others,
+    or to its delivery, must show in the loop's rate as it does in a real one)."""
+    total = 0
+    for index in range(iterations):
+        total += index
+
+
+def iterations_for(seconds: float) -> int:
+    """How many `spin` iterations take `seconds` on this machine now (best of five tries)."""
+    trial = 100_000
+    best = min(_timed_spin(trial) for _ in range(5))
+    return max(1, round(trial * seconds / best))
+
+
+def _timed_spin(iterations: int) -> float:
+    started = time.thread_time()
+    spin(iterations)
+    return time.thread_time() - started
 
 
 def process_cpu_s(pid: int) -> float:
@@ -68,7 +85,7 @@ def process_cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
-def run_loop(uri: str, mode: str | None, steps: int, step_s: float) -> Figures:
+def run_loop(uri: str, mode: Any, steps: int, step_iterations: int) -> Figures:
     from mlflow import MlflowClient
 
     from jobs.tracking import MlflowRun, NullTracker, Point
@@ -91,7 +108,7 @@ def run_loop(uri: str, mode: str | None, steps: int, step_s: float) -> Figures:
     caller_s = 0.0
     started = time.perf_counter()
     for step in range(steps):
-        spin(step_s)
+        spin(step_iterations)
         stamp = int(time.time() * 1000)
         points = [Point(key, 1.0 / (step + 1), step, stamp) for key in KEYS]
         called = time.perf_counter()
@@ -113,7 +130,7 @@ def run_loop(uri: str, mode: str | None, steps: int, step_s: float) -> Figures:
     return Figures(rate, caller_s, delivery_cpu_s, create_s, first_flush_s, end_s, delivered)
 
 
-def job_rate(args: argparse.Namespace, uri: str, mode: str | None, folder: Path) -> float:
+def job_rate(args: argparse.Namespace, uri: str, mode: Any, folder: Path) -> float:
     """steps/s of a real TrainingJob (the loop's own metric calls) with the given delivery."""
     from step_profile import training_job
     from tracking_overhead import job_spec
@@ -133,7 +150,7 @@ def job_rate(args: argparse.Namespace, uri: str, mode: str | None, folder: Path)
     return float(args.job_steps / outcome.train_seconds)
 
 
-def caller_cpu_per_point(uri: str, mode: str, points: int = 60_000) -> float:
+def caller_cpu_per_point(uri: str, mode: Any, points: int = 60_000) -> float:
     """The training thread's own CPU per point handing over `points` in a tight loop (six a call):
     CPU time, which the machine's load does not inflate the way it inflates wall time."""
     from jobs.tracking import MlflowRun, Point
@@ -162,50 +179,12 @@ def synchronous_ms(uri: str, points: int) -> float:
     return (time.perf_counter() - started) * 1000 / points
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--steps", type=int, default=3000)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--step-us", type=float, default=300.0, help="the synthetic step's length")
-    parser.add_argument("--sync-points", type=int, default=30)
-    parser.add_argument("--workload", default="digits_mlp")
-    parser.add_argument("--optimizer", default="ema_momentum")
-    parser.add_argument("--lr", type=float, default=0.05)
-    parser.add_argument("--batch-size", type=int, default=64)
-    parser.add_argument("--job-steps", type=int, default=1000, help="steps of the job case (0: skip it)")
-    parser.add_argument("--threads", type=int, help="torch intra-op threads (default torch's)")
-    args = parser.parse_args()
-    thread_environment(args.threads)
-    print(machine_line(), f"threads {args.threads or 'default'}")
-    figures: dict[str, list[Figures]] = {"no tracker": [], "thread": [], "process": []}
-    modes = {"no tracker": None, "thread": "thread", "process": "process"}
-    with mlflow_server() as uri:
-
-        def case(label: str) -> Any:
-            def run() -> float:
-                result = run_loop(uri, modes[label], args.steps, args.step_us / 1e6)
-                figures[label].append(result)
-                return result.rate
-
-            return run
-
-        rates = interleaved({label: case(label) for label in figures}, args.rounds)
-        sync_ms = synchronous_ms(uri, args.sync_points)
-        tight = interleaved(
-            {mode: lambda mode=mode: caller_cpu_per_point(uri, mode) for mode in ("thread", "process")},
-            args.rounds,
-        )
-        job_rates: dict[str, list[float]] = {}
-        if args.job_steps:
-            with tempfile.TemporaryDirectory(prefix="bench-logging-") as tmp:
-                counter = iter(range(1_000_000))
-
-                def job_case(mode: str | None) -> Any:
-                    return lambda: job_rate(args, uri, mode, Path(tmp) / f"job-{next(counter)}")
-
-                job_rates = interleaved({label: job_case(modes[label]) for label in figures}, args.rounds)
+def print_synthetic(
+    args: argparse.Namespace,
+    rates: dict[str, list[float]],
+    figures: dict[str, list[Figures]],
+    tight: dict[str, list[float]],
+) -> None:
     points = args.steps * len(KEYS)
     base = median(rates["no tracker"])
     print(
@@ -241,6 +220,55 @@ def main() -> None:
                 end_wait_ms=end_ms,
                 points_ok=int(delivered),
             )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=3000, help="steps of the synthetic loop (0: skip it)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--step-us", type=float, default=300.0, help="the synthetic step's CPU time")
+    parser.add_argument("--sync-points", type=int, default=30)
+    parser.add_argument("--workload", default="digits_mlp")
+    parser.add_argument("--optimizer", default="ema_momentum")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--job-steps", type=int, default=1000, help="steps of the job case (0: skip it)")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads (default torch's)")
+    args = parser.parse_args()
+    thread_environment(args.threads)
+    print(machine_line(), f"threads {args.threads or 'default'}")
+    figures: dict[str, list[Figures]] = {"no tracker": [], "thread": [], "process": []}
+    modes: dict[str, Any] = {"no tracker": None, "thread": "thread", "process": "process"}
+    with mlflow_server() as uri:
+        step_iterations = iterations_for(args.step_us / 1e6)
+
+        def case(label: str) -> Any:
+            def run() -> float:
+                result = run_loop(uri, modes[label], args.steps, step_iterations)
+                figures[label].append(result)
+                return result.rate
+
+            return run
+
+        rates = interleaved({label: case(label) for label in figures}, args.rounds if args.steps else 0)
+        sync_ms = synchronous_ms(uri, args.sync_points)
+        tight = interleaved(
+            {mode: functools.partial(caller_cpu_per_point, uri, mode) for mode in ("thread", "process")},
+            args.rounds,
+        )
+        job_rates: dict[str, list[float]] = {}
+        if args.job_steps:
+            with tempfile.TemporaryDirectory(prefix="bench-logging-") as tmp:
+                counter = iter(range(1_000_000))
+
+                def job_case(mode: str | None) -> Any:
+                    return lambda: job_rate(args, uri, mode, Path(tmp) / f"job-{next(counter)}")
+
+                job_rates = interleaved({label: job_case(modes[label]) for label in figures}, args.rounds)
+    if args.steps:
+        print_synthetic(args, rates, figures, tight)
     print(
         "  the training thread's CPU per point in a tight loop of metrics() calls (60,000 points): "
         + ", ".join(f"{mode} {median(values) * 1e6:.2f} us" for mode, values in tight.items())

@@ -307,7 +307,7 @@ class MlflowRun:
         for start in range(0, len(items), MAX_PARAMS_PER_BATCH):
             self._client.log_batch(self.info.run_id, params=items[start : start + MAX_PARAMS_PER_BATCH])
 
-    def _send_metrics(self, points: list[Row]) -> None:
+    def _send_metrics(self, points: Sequence[Row]) -> None:
         from mlflow.entities import Metric
 
         # Unpacked, not by name: the delivery process hands its rows over as plain tuples.
