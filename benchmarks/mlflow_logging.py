@@ -17,7 +17,9 @@ Interleaved rounds (A B C, B C A, ...), median. For each way of delivering:
 
 Then the same three ways under a real job: `TrainingJob.run` of `--workload` (digits_mlp with
 ema_momentum by default, as in step_profile.py) in this process, interleaved, steps/s and the ratio
-to the job without a tracker (`--job-steps 0` skips it).
+to the job without a tracker (`--job-steps 0` skips it); once against the MLflow server, once
+against one that discards the metrics (the client's cost alone: the local server's own CPU per
+point competes with the job on a small machine).
 
 Run: `python benchmarks/mlflow_logging.py [--steps 3000] [--rounds 3] [--step-us 300] [--threads 1]`.
 Asserts nothing; one `BENCH mlflow_logging` line per way of delivering, one `BENCH
@@ -28,8 +30,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import http.client
+import http.server
 import os
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,6 +133,46 @@ def run_loop(uri: str, mode: Any, steps: int, step_iterations: int) -> Figures:
     history = MlflowClient(uri).get_metric_history(tracker.info.run_id, "train/loss")
     delivered = sorted(point.step for point in history) == list(range(steps))
     return Figures(rate, caller_s, delivery_cpu_s, create_s, first_flush_s, end_s, delivered)
+
+
+class DiscardingServer:
+    """In front of the MLflow server: answers `log-batch` with metrics at once without storing them
+    (everything else is forwarded), so a job against it shows the client side's cost alone. The
+    local SQLite server spends ~110 us of CPU a point here, more than a digits_mlp step's share
+    of a 2-core machine at six points a step."""
+
+    def __init__(self, upstream: str) -> None:
+        host, port = upstream.removeprefix("http://").split(":")
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                return None
+
+            def do_GET(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path.endswith("/runs/log-batch") and b'"metrics"' in body:
+                    data, status = b"{}", 200
+                else:
+                    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+                    headers = {
+                        k: v for k, v in self.headers.items() if k.lower() not in ("host", "connection")
+                    }
+                    connection.request(self.command, self.path, body=body, headers=headers)
+                    answer = connection.getresponse()
+                    data, status = answer.read(), answer.status
+                    connection.close()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_POST = do_GET
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.uri = f"http://127.0.0.1:{self.server.server_address[1]}"
 
 
 def job_rate(args: argparse.Namespace, uri: str, mode: Any, folder: Path) -> float:
@@ -259,14 +304,19 @@ def main() -> None:
             args.rounds,
         )
         job_rates: dict[str, list[float]] = {}
+        discarded: dict[str, list[float]] = {}
         if args.job_steps:
             with tempfile.TemporaryDirectory(prefix="bench-logging-") as tmp:
                 counter = iter(range(1_000_000))
 
-                def job_case(mode: str | None) -> Any:
-                    return lambda: job_rate(args, uri, mode, Path(tmp) / f"job-{next(counter)}")
+                def job_cases(server: str) -> dict[str, Any]:
+                    def case(mode: Any) -> Any:
+                        return lambda: job_rate(args, server, mode, Path(tmp) / f"job-{next(counter)}")
 
-                job_rates = interleaved({label: job_case(modes[label]) for label in figures}, args.rounds)
+                    return {label: case(modes[label]) for label in figures}
+
+                job_rates = interleaved(job_cases(uri), args.rounds)
+                discarded = interleaved(job_cases(DiscardingServer(uri).uri), args.rounds)
     if args.steps:
         print_synthetic(args, rates, figures, tight)
     print(
@@ -274,13 +324,16 @@ def main() -> None:
         + ", ".join(f"{mode} {median(values) * 1e6:.2f} us" for mode, values in tight.items())
     )
     print(f"  synchronous log_metric: {sync_ms:.1f} ms a point ({sync_ms * len(KEYS):.0f} ms a step)")
-    if job_rates:
-        job_base = median(job_rates["no tracker"])
+    for server, rates_of in (("MLflow", job_rates), ("discarding", discarded)):
+        if not rates_of:
+            continue
+        job_base = median(rates_of["no tracker"])
         print(
-            f"\nTrainingJob.run, {args.workload}, {args.optimizer}, {args.job_steps} steps: steps/s, "
-            f"median of {args.rounds} interleaved rounds"
+            f"\nTrainingJob.run, {args.workload}, {args.optimizer}, {args.job_steps} steps, "
+            f"{'the MLflow server' if server == 'MLflow' else 'a server that discards the metrics'}: "
+            f"steps/s, median of {args.rounds} interleaved rounds"
         )
-        for label, values in job_rates.items():
+        for label, values in rates_of.items():
             shown = ", ".join(f"{v:.0f}" for v in values)
             rate = median(values)
             print(f"  {label:<11} {rate:8.0f} steps/s  {rate / job_base:5.3f} of no tracker   ({shown})")
@@ -288,6 +341,7 @@ def main() -> None:
                 bench_line(
                     "mlflow_logging_job",
                     workload=args.workload,
+                    server=server,
                     mode=label,
                     ratio=rate / job_base,
                     steps_per_s=rate,
