@@ -1,29 +1,51 @@
 """MLflow delivery for one job: a run, its params and tags, batched metrics, artifacts.
 
 Workers talk to the tracking server over HTTP only. One synchronous `log_metric`
-against a local server costs ~56 ms here, so metrics are queued and sent by a
-background thread with `log_batch` (at most 1000 per call); `close()` flushes and
-raises if any point could not be delivered, so nothing is lost silently.
+against a local server costs ~56 ms here, so metrics are batched and sent with `log_batch` (at
+most 1000 per call) by a delivery process of the run's own (jobs.metric_delivery: the training
+interpreter only appends tuples and writes them to a pipe in bulk), or, where that process cannot
+reach the server the way MLflow's client would, by a background thread of the job process
+(`BatchedMetricLogger`, also the fallback if the process dies). `close()` flushes and raises if
+any point could not be delivered, so nothing is lost silently.
 Library code uses `MlflowClient` with an explicit run id, never the fluent API.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
+from urllib.parse import unquote, urlsplit, urlunsplit
 
-MAX_METRICS_PER_BATCH = 1000
+from jobs.metric_delivery import (
+    MAX_METRICS_PER_BATCH,
+    RETRY_FOR_S,
+    DeliveryProcess,
+    DeliveryTarget,
+    MetricDeliveryError,
+    MetricSink,
+    RetryingSender,
+    Row,
+)
+
+__all__ = ["MAX_METRICS_PER_BATCH", "MetricDeliveryError"]
+
 MAX_PARAMS_PER_BATCH = 100
-
-
-class MetricDeliveryError(RuntimeError):
-    """Metrics could not be delivered to the tracking server after retries."""
+LOG_BATCH_ENDPOINT = "/api/2.0/mlflow/runs/log-batch"
+# A 1000-point log-batch takes ~50 ms on a local server: a request still unanswered after this is
+# retried rather than waited for as long as MLflow's default (MLFLOW_HTTP_REQUEST_TIMEOUT, 120 s).
+REQUEST_TIMEOUT_S = 30.0
+# "process": the delivery process (the default); "thread": in the job process, as before.
+DeliveryMode = Literal["process", "thread"]
+DEFAULT_DELIVERY: DeliveryMode = "process"
+# How long a batch is retried before its points are counted as lost (both ways of delivering).
+METRIC_RETRY_FOR_S = RETRY_FOR_S
 
 
 class Point(NamedTuple):
@@ -45,28 +67,26 @@ class Tracker(Protocol):
 
 
 class BatchedMetricLogger:
-    """Queues metric points; a daemon thread sends them in batches through `send`.
+    """Queues metric points; a daemon thread of this process sends them in batches through `send`.
 
     `send` receives up to `max_batch` points and raises on failure; a failed batch is
     retried with backoff for up to `retry_for_s` seconds before it is counted as lost.
+    The delivery process's fallback, and the delivery where that process cannot be used.
     """
 
     def __init__(
         self,
-        send: Callable[[list[Point]], None],
+        send: Callable[[list[Row]], None],
         *,
         max_batch: int = MAX_METRICS_PER_BATCH,
         interval_s: float = 1.0,
-        retry_for_s: float = 60.0,
+        retry_for_s: float = RETRY_FOR_S,
     ) -> None:
-        self._send = send
+        self._sender = RetryingSender(send, retry_for_s)
         self._max_batch = max_batch
         self._interval_s = interval_s
-        self._retry_for_s = retry_for_s
-        self._pending: list[Point] = []
+        self._pending: list[Row] = []  # Points, or the delivery process's plain tuples
         self._in_flight = 0
-        self._lost = 0
-        self._last_error: BaseException | None = None
         self._flush_requested = False
         self._closing = False
         self._cond = threading.Condition()
@@ -82,7 +102,7 @@ class BatchedMetricLogger:
             if len(self._pending) >= self._max_batch:
                 self._cond.notify_all()
 
-    def metrics(self, points: Sequence[Point]) -> None:
+    def metrics(self, points: Sequence[Row]) -> None:
         with self._cond:
             if self._closing:
                 raise RuntimeError("metrics logged after close()")
@@ -105,10 +125,8 @@ class BatchedMetricLogger:
             self._closing = True
             self._cond.notify_all()
         self._thread.join()
-        if self._lost:
-            raise MetricDeliveryError(
-                f"{self._lost} metric points could not be delivered to MLflow: {self._last_error}"
-            )
+        if self._sender.lost:
+            raise MetricDeliveryError(self._sender.lost, self._sender.last_error)
 
     def _run(self) -> None:
         while True:
@@ -127,36 +145,10 @@ class BatchedMetricLogger:
                 del self._pending[: self._max_batch]
                 self._in_flight = len(batch)
             if batch:
-                self._deliver(batch)
+                self._sender.deliver(batch)
             with self._cond:
                 self._in_flight = 0
                 self._cond.notify_all()
-
-    def _deliver(self, batch: list[Point]) -> None:
-        if self._lost:
-            # The server has already failed for a whole retry period: don't wait that long
-            # again for every remaining batch. They are counted and close() reports them.
-            try:
-                self._send(batch)
-            except Exception as exc:
-                self._last_error = exc
-                with self._cond:
-                    self._lost += len(batch)
-            return
-        deadline = time.monotonic() + self._retry_for_s
-        delay = 0.25
-        while True:
-            try:
-                self._send(batch)
-                return
-            except Exception as exc:
-                self._last_error = exc
-                if time.monotonic() + delay > deadline:
-                    with self._cond:
-                        self._lost += len(batch)
-                    return
-                time.sleep(delay)
-                delay = min(delay * 2, 8.0)
 
 
 @dataclass(frozen=True)
@@ -226,6 +218,7 @@ class MlflowRun:
         params: Mapping[str, str],
         tags: Mapping[str, str],
         resume_run_id: str | None = None,
+        delivery: DeliveryMode | None = None,
     ) -> None:
         from mlflow import MlflowClient
 
@@ -246,7 +239,21 @@ class MlflowRun:
         except BaseException:
             self._client.set_terminated(self.info.run_id, status="FAILED")  # never left RUNNING
             raise
-        self.delivery = BatchedMetricLogger(self._send_metrics)
+        self.delivery = self._start_delivery(delivery or DEFAULT_DELIVERY)
+
+    def _start_delivery(self, mode: DeliveryMode) -> MetricSink:
+        """The delivery process (started now: it gets ready while the job builds its model), or the
+        in-process thread where the process could not reach the server as MLflow's client would."""
+        if mode == "thread":
+            return self._in_process_delivery()
+        target = delivery_target(self.info.tracking_uri, self.info.run_id)
+        if isinstance(target, str):
+            _warn(f"metrics are delivered from the job process (slower): {target}")
+            return self._in_process_delivery()
+        return DeliveryProcess(target, fallback=self._in_process_delivery)
+
+    def _in_process_delivery(self) -> BatchedMetricLogger:
+        return BatchedMetricLogger(self._send_metrics, retry_for_s=METRIC_RETRY_FOR_S)
 
     @property
     def client(self) -> Any:
@@ -300,11 +307,58 @@ class MlflowRun:
         for start in range(0, len(items), MAX_PARAMS_PER_BATCH):
             self._client.log_batch(self.info.run_id, params=items[start : start + MAX_PARAMS_PER_BATCH])
 
-    def _send_metrics(self, points: list[Point]) -> None:
+    def _send_metrics(self, points: Sequence[Row]) -> None:
         from mlflow.entities import Metric
 
-        metrics = [Metric(p.key, p.value, p.timestamp_ms, p.step) for p in points]
+        # Unpacked, not by name: the delivery process hands its rows over as plain tuples.
+        metrics = [Metric(key, value, stamp, step) for key, value, step, stamp in points]
         self._client.log_batch(self.info.run_id, metrics=metrics, synchronous=True)
+
+
+def delivery_target(tracking_uri: str, run_id: str) -> DeliveryTarget | str:
+    """How MLflow's own client would send `log-batch` to `tracking_uri` (its credentials, TLS settings
+    and headers, from MLflow's environment variables and credentials file), for the delivery
+    process; or why that process cannot do it (then the job process delivers, as before)."""
+    parts = urlsplit(tracking_uri)
+    if parts.scheme not in ("http", "https"):
+        return f"the tracking URI is not http(s) ({parts.scheme or 'a path'})"
+    try:  # MLflow's own resolution; modules that a later MLflow may move
+        from mlflow.environment_variables import MLFLOW_HTTP_REQUEST_TIMEOUT
+        from mlflow.tracking.request_header.registry import resolve_request_headers
+        from mlflow.utils.credentials import get_default_host_creds
+        from mlflow.utils.workspace_context import get_request_workspace
+        from mlflow.utils.workspace_utils import WORKSPACE_HEADER_NAME
+    except ImportError as exc:
+        return f"this MLflow does not say how it authenticates ({exc})"
+    host = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+    creds = get_default_host_creds(host)
+    if creds.aws_sigv4 or creds.auth or getattr(creds, "use_databricks_sdk", False) or creds.client_secret:
+        return "MLflow signs this server's requests itself (MLFLOW_TRACKING_AUTH, SigV4 or Databricks)"
+    headers = {str(k): str(v) for k, v in resolve_request_headers().items()}
+    if workspace := get_request_workspace():
+        headers[WORKSPACE_HEADER_NAME] = workspace
+    username = creds.username or (unquote(parts.username) if parts.username else None)
+    password = creds.password or (unquote(parts.password) if parts.password else None)
+    if username and password:
+        import base64
+
+        basic = base64.standard_b64encode(f"{username}:{password}".encode()).decode()
+        headers["Authorization"] = f"Basic {basic}"
+    elif creds.token:
+        headers["Authorization"] = f"Bearer {creds.token}"
+    return DeliveryTarget(
+        url=host.rstrip("/") + LOG_BATCH_ENDPOINT,
+        run_id=run_id,
+        headers=headers,
+        verify=creds.verify,
+        client_cert=creds.client_cert_path,
+        timeout_s=min(float(MLFLOW_HTTP_REQUEST_TIMEOUT.get()), REQUEST_TIMEOUT_S),
+        retry_for_s=METRIC_RETRY_FOR_S,
+    )
+
+
+def _warn(message: str) -> None:
+    print(f"optlab: warning: {message}", file=sys.stderr, flush=True)
 
 
 class NullTracker:

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from jobs import run
+from jobs import run, tracking
 from jobs.checks import runner
 from jobs.checks.context import CheckContext
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
@@ -123,6 +123,7 @@ def mlflow_client(monkeypatch: pytest.MonkeyPatch) -> Iterator[RecordingMlflowCl
 
     fake = RecordingMlflowClient()
     monkeypatch.setattr(mlflow, "MlflowClient", lambda tracking_uri: fake)
+    monkeypatch.setattr(tracking, "DEFAULT_DELIVERY", "thread")  # the stand-in answers in this process
     handler = signal.getsignal(signal.SIGTERM)
     yield fake
     signal.signal(signal.SIGTERM, handler)  # run_job ignores SIGTERM while it finishes the run

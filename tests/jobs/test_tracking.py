@@ -1,8 +1,8 @@
-"""BatchedMetricLogger delivery semantics, with a fake `send` in place of MLflow's log_batch."""
+"""BatchedMetricLogger delivery semantics (the in-process delivery and the delivery process's fallback),
+with a fake `send` in place of MLflow's log_batch; MlflowRun against a stand-in for MlflowClient."""
 
 from __future__ import annotations
 
-import functools
 import threading
 import time
 from types import SimpleNamespace
@@ -204,10 +204,10 @@ def client(monkeypatch: pytest.MonkeyPatch) -> FakeMlflowClient:
 
     fake = FakeMlflowClient()
     monkeypatch.setattr(mlflow, "MlflowClient", lambda tracking_uri: fake)
-    # Give up on an unreachable server after a moment, not a minute.
-    monkeypatch.setattr(
-        tracking, "BatchedMetricLogger", functools.partial(BatchedMetricLogger, retry_for_s=0.1)
-    )
+    # The stand-in answers in this process: no delivery process (tests/jobs/test_metric_delivery.py
+    # covers it against a real server). Give up on an unreachable server after a moment, not a minute.
+    monkeypatch.setattr(tracking, "DEFAULT_DELIVERY", "thread")
+    monkeypatch.setattr(tracking, "METRIC_RETRY_FOR_S", 0.1)
     return fake
 
 
