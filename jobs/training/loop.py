@@ -76,6 +76,20 @@ class Window:
         return taken
 
 
+@dataclass(frozen=True)
+class Cadence:
+    """When the loop flushes between its boundaries: after `steps` steps, or `seconds` (None: never
+    by the clock) since the last flush."""
+
+    steps: int
+    seconds: float | None
+
+    def due(self, window: Window) -> bool:
+        if len(window.steps) >= self.steps:
+            return True
+        return self.seconds is not None and time.monotonic() - window.opened >= self.seconds
+
+
 class TrainingJob:
     """One training job: the spec's optimizer on the spec's workload, in the spec's style."""
 
@@ -110,6 +124,8 @@ class TrainingJob:
         if problem:
             raise ValueError(f"optimizer.{problem[0]}: {problem[1]}")
         self.workload = get_workload(spec.workload.name)
+        # A 2-D trajectory's `traj/x`, `traj/y`: the parameters read to the host at every step.
+        self.traces = self.workload.traces_parameters(spec.workload.params)
         self.session: TrainingSession = self.driver.session(spec, entry, self.workload, workdir, base)
         self.store = checkpoints or WorkdirCheckpoints()  # where other attempts find them (jobs.resume)
         self.checkpoint_dir = self.store.folder or workdir / "checkpoints"
@@ -126,11 +142,7 @@ class TrainingJob:
         watch = OptimizerWatch(session, self.tracker)
         train_loss = math.nan
         evaluation: dict[str, float] = {}
-        # A workload that traces the parameters reads them to the host every step anyway: it flushes
-        # every step, so its trace and its losses stop at the same step as before.
-        every = 1 if self.workload.traces_parameters(spec.workload.params) else FLUSH_EVERY_STEPS
-        # DDP ranks must flush (and so raise Diverged) at the same step: by count only, never by clock.
-        seconds = None if spec.distribution is not None else FLUSH_EVERY_S
+        cadence = self._cadence()
         with session.scope():
             if resume_from is not None:
                 if not self.driver.capabilities.resume:
@@ -146,13 +158,8 @@ class TrainingJob:
                     done = step + 1
                     evaluates = done % spec.eval_every == 0 or done == end
                     checkpoints = done % spec.checkpoint_every == 0 or done == end
-                    if (
-                        step == start  # a first step that diverges is named at once
-                        or evaluates
-                        or checkpoints
-                        or len(window.steps) >= every
-                        or (seconds is not None and time.monotonic() - window.opened >= seconds)
-                    ):
+                    # A first step that diverges is named at once; nothing is evaluated or saved unread.
+                    if step == start or evaluates or checkpoints or cadence.due(window):
                         train_loss = self._flush(window, timings, force=done == end)
                     if step == start:
                         watch.first_step(objects, done)
@@ -186,6 +193,13 @@ class TrainingJob:
             optimizer_state=watch.outcome(),
             **details,
         )
+
+    def _cadence(self) -> Cadence:
+        # A workload that traces the parameters reads them to the host every step anyway: it flushes
+        # every step, so its trace and its losses stop at the same step as before.
+        steps = 1 if self.traces else FLUSH_EVERY_STEPS
+        # DDP ranks must flush (and so raise Diverged) at the same step: by count only, never by clock.
+        return Cadence(steps, None if self.spec.distribution is not None else FLUSH_EVERY_S)
 
     def _train_step(self, objects: Any, step: int, window: Window) -> None:
         self._log_step_metrics(objects, step)
@@ -264,7 +278,7 @@ class TrainingJob:
     def _log_step_metrics(self, objects: Any, step: int) -> None:
         """The workload's per-step metrics of the parameters a step starts from (logged at `step`, as
         train/loss is), e.g. a 2-D trajectory's `traj/x`, `traj/y`; the last position after the loop."""
-        if not self.workload.traces_parameters(self.spec.workload.params):
+        if not self.traces:
             return
         values = self.session.parameter_values(objects)
         for key, value in self.workload.step_metrics(self.spec.workload.params, values).items():

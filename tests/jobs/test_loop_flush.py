@@ -134,7 +134,7 @@ def test_evaluations_and_checkpoints_see_every_step_before_them(run_job: Callabl
     last_loss = [p.value for p in recorder.points if p.key == "train/loss"][-1]
     progress = job.reporter._progress
     assert progress is not None and (progress.step, progress.loss) == (90, last_loss)
-    assert progress.val_loss == [p.value for p in recorder.points if p.key == "val/loss" and p.step == 90][0]
+    assert progress.val_loss == next(p.value for p in recorder.points if p.key == "val/loss" and p.step == 90)
 
 
 # -- divergence inside a window ----------------------------------------------------------------------
