@@ -998,7 +998,8 @@ def gradient_norm(parameters: Sequence[torch.Tensor]) -> torch.Tensor | float:
         norms = [_norm(grad) for grad in grads]
     else:
         norms = list(torch._foreach_norm(grads))
-    return torch.stack(norms).norm()
+    # What Tensor.norm() computes here, without its Python wrapper (tens of microseconds a step).
+    return torch.linalg.vector_norm(torch.stack(norms))
 
 
 def _norm(grad: torch.Tensor) -> torch.Tensor:
