@@ -4,15 +4,17 @@ In one process, on one workload (default digits_mlp with ema_momentum, the harsh
 steps per second, interleaved rounds, median:
 
 - a ladder from the bare loop to the whole job loop: `bare`; `+ loss.item()`; `+ grad norm`
-  (the driver's per-parameter norms, stacked, `.item()`); the same norm by `torch._foreach_norm`;
-  the driver's `train_step` (all of the above plus its timers); `TrainingJob.run` with no tracker
-  (the loop's bookkeeping: six `metric()` calls, progress file, timings); `TrainingJob.run` with a
-  real MLflow run (the delivery thread competing for the interpreter); `TrainingJob.run` with the
+  (per-parameter norms over a `model.parameters()` walk, stacked, `.item()`: the driver before
+  phase 2); the same norm by `torch._foreach_norm`; the driver's `train_step` (loss and
+  `_foreach_norm` gradient norm left on the device, no read; its timers); `TrainingJob.run` with
+  no tracker (the loop's bookkeeping: the step's values kept and read back every 100 steps or 1 s
+  by `to_floats`, one `metrics()` call and one progress update per flush); `TrainingJob.run` with
+  a real MLflow run (the delivery competing for the interpreter); `TrainingJob.run` with the
   checkpoint round trip every 100 steps;
 - the delivery thread's own cost: CPU seconds per point to build MLflow entities and send them
   (`MlflowRun._send_metrics` on 1000-point batches);
-- the checkpoint round trip (save, two reloads into fresh objects, compare, probe step) per
-  parameter byte, on this workload;
+- the checkpoint round trip (save, one read of the file and a deep copy for the twin, two builds,
+  compare, two probe steps) per parameter byte, on this workload;
 - a cProfile of `TrainingJob.run` without a tracker: the top functions by own time.
 
 Run: `python benchmarks/step_profile.py [--workload digits_mlp] [--steps 1000] [--rounds 5]`.

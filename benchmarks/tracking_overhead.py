@@ -12,7 +12,9 @@ per round, each round starting at the next case), in steps per second, median ov
   round trip) and `synchronous=False` (over `--async-steps`: the rate in the loop; the wait for
   delivery afterwards, which takes far longer, is printed),
   TensorBoard's `SummaryWriter.add_scalar` when `torch.utils.tensorboard` imports here;
-- `job null`: `python -m jobs.run SPEC` without a tracking server (the loop's own bookkeeping);
+- `job null`: `python -m jobs.run SPEC` without a tracking server (the loop's own bookkeeping:
+  the step's device values kept and read back in bulk every 100 steps or 1 s, and before each
+  evaluation and checkpoint, the points handed over in one call, progress at that cadence);
 - `job off`: the same with every metric to a real MLflow server, the checkpoint round trip at
   the end only; `job on`: the checkpoint round trip every 100 steps (the default cadence).
   A job's rate is `steps / train_seconds` from its result.json (the loop, evaluation at the
@@ -22,8 +24,9 @@ per round, each round starting at the next case), in steps per second, median ov
 Ratios are over `bare`. Targets (issue 15): digits_mlp `ratio_off` >= 0.85 with every point
 delivered; a larger workload >= 0.97 (`ratio_off`) and >= 0.93 (`ratio_on`).
 Run: `python benchmarks/tracking_overhead.py [--workload digits_mlp,digits_cnn] [--steps 2000]
-[--rounds 3] [--optimizer ema_momentum]`. Asserts nothing; one `BENCH tracking_overhead` line per
-workload.
+[--rounds 3] [--optimizer ema_momentum]`; the larger workload: `--workload char_lm --steps 300
+--batch-size 16` (a step takes about 100 ms on one CPU thread). Asserts nothing; one
+`BENCH tracking_overhead` line per workload.
 """
 
 from __future__ import annotations
@@ -80,14 +83,13 @@ class BareLoop:
         """Steps per second over `steps` (default: the spec's); `on_step(step, loss, model)` after each."""
         objects = self.session.build()
         model, optimizer, scheduler = objects.model, objects.optimizer, objects.scheduler
-        loss_fn, regression = self.session.loss_fn, self.session.regression
+        loss_of = self.session._loss  # the job's loss (a language model's (N, T, C) flattened as it does)
         count = steps or self.steps
         started = time.perf_counter()
         for step in range(count):
             x, y = self.session.batch(step)
             optimizer.zero_grad(set_to_none=True)
-            output = model(x)
-            loss = loss_fn(output.reshape(-1) if regression else output, y)
+            loss = loss_of(model(x), y)
             loss.backward()
             optimizer.step()
             if scheduler is not None:

@@ -23,6 +23,10 @@ class BatchOrder:
     def rows(self, step: int) -> np.ndarray:
         epoch, index = divmod(step, self.per_epoch)
         if epoch != self._epoch:
-            self._order = np.random.default_rng([self.seed, epoch]).permutation(self.n_rows)
+            self._order = self.permutation(epoch)
             self._epoch = epoch
         return self._order[index * self.batch_size : (index + 1) * self.batch_size]
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """Every row in epoch `epoch`'s order: its batches are consecutive slices of it."""
+        return np.random.default_rng([self.seed, epoch]).permutation(self.n_rows)

@@ -184,6 +184,18 @@ class ResumedTracker:
         if step > self.last.get(key, -1):
             self.inner.metric(key, value, step)
             return
+        self._compare(key, value, step)
+
+    def metrics(self, points: Sequence[Point]) -> None:
+        # The new points go on in one call, each with its own timestamp (the loop's flush).
+        new = [point for point in points if point.step > self.last.get(point.key, -1)]
+        for point in points:
+            if point.step <= self.last.get(point.key, -1):
+                self._compare(point.key, point.value, point.step)
+        if new:
+            self.inner.metrics(new)
+
+    def _compare(self, key: str, value: float, step: int) -> None:
         self.skipped += 1
         logged = self.logged[key].get(step)
         if logged is None or key.startswith(UNCOMPARED_PREFIXES):
@@ -194,10 +206,6 @@ class ResumedTracker:
             return
         self.differing += 1
         self.max_abs_difference = max(self.max_abs_difference, abs(value - logged))
-
-    def metrics(self, points: Sequence[Point]) -> None:
-        for point in points:
-            self.metric(point.key, point.value, point.step)
 
     def record(self, from_step: int) -> ResumeRecord:
         return ResumeRecord(

@@ -132,6 +132,10 @@ class StepRecord:
     grad_norm: Any
     lr: float | None  # None: the class takes no learning rate (AliG)
     optimizer_ms: Any
+    # The whole step's time where the host's clock around `train_step` is not it (a CUDA step
+    # returns before the device has run it): a deferred device timing like `optimizer_ms`.
+    # None: the loop's host clock is the step's time (the CPU, and a driver that waits itself).
+    step_ms: Any = None
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ objects and requires bitwise-equal results.
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import os
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -69,6 +71,12 @@ class TrainObjects:
     @property
     def forward(self) -> nn.Module:
         return self.replicated if self.replicated is not None else self.model
+
+    @cached_property
+    def parameters(self) -> list[nn.Parameter]:
+        """The model's parameters, listed once per built objects: every step reads their gradients
+        (the norm) without walking the modules again."""
+        return list(self.model.parameters())
 
     def parts(self) -> dict[str, Any]:
         """What a checkpoint holds of these, by name."""
@@ -219,6 +227,10 @@ def _tensor_difference(saved: Any, loaded: Any, where: str) -> str | None:
         )
     if saved.is_sparse or loaded.is_sparse:
         saved, loaded = saved.to_dense(), loaded.to_dense()
+    # Equal tensors, the common case, in one call that copies nothing; only a mismatch (or NaN,
+    # which torch.equal never calls equal) pays for the NaN-aware comparison below.
+    if saved.device == loaded.device and torch.equal(saved, loaded):
+        return None
     a, b = saved.detach().cpu(), loaded.detach().cpu()
     inexact = a.is_floating_point() or a.is_complex()
     same = (a == b) | (torch.isnan(a) & torch.isnan(b)) if inexact else a == b
@@ -659,8 +671,12 @@ def params_sha256(model: nn.Module) -> str:
 
 
 class Batches:
-    """Batch `step` as tensors on the training device (rows chosen by `BatchOrder`); a DDP rank takes
-    its equal share of them (`share` = (rank, ranks))."""
+    """Batch `step` as tensors on the training device (rows chosen by `BatchOrder`, so every framework
+    trains on the same rows); a DDP rank takes its equal share of them (`share` = (rank, ranks)).
+
+    The epoch's permutation goes to the device once, as a (batches, rows) table of this rank's rows;
+    a batch is then one row of it and two `index_select`s: no numpy, no host-to-device copy per step.
+    """
 
     def __init__(
         self, x: torch.Tensor, y: torch.Tensor, *, batch_size: int, seed: int, share: tuple[int, int] = (0, 1)
@@ -670,10 +686,22 @@ class Batches:
         rank, ranks = share
         size = batch_size // ranks
         self.rows = slice(rank * size, (rank + 1) * size)
+        self._epoch = -1
+        self._table = torch.empty((0, size), dtype=torch.int64, device=x.device)
 
     def __call__(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = torch.from_numpy(self.order.rows(step)[self.rows]).to(self.x.device)
-        return self.x[rows], self.y[rows]
+        epoch, index = divmod(step, self.order.per_epoch)
+        if epoch != self._epoch:
+            self._table = self._epoch_table(epoch)
+            self._epoch = epoch
+        rows = self._table[index]
+        return self.x.index_select(0, rows), self.y.index_select(0, rows)
+
+    def _epoch_table(self, epoch: int) -> torch.Tensor:
+        """Row `i` holds this rank's rows of the epoch's batch `i`, as `BatchOrder.rows` gives them."""
+        order = self.order
+        used = torch.from_numpy(order.permutation(epoch)[: order.per_epoch * order.batch_size])
+        return used.view(order.per_epoch, order.batch_size)[:, self.rows].contiguous().to(self.x.device)
 
 
 def join_ranks(rank: Rank, device: torch.device) -> None:
@@ -737,6 +765,7 @@ class TorchSession(TrainingSession):
         share = (self.rank.rank, self.rank.world) if self.rank is not None else (0, 1)
         self.batches = Batches(x_train, y_train, batch_size=spec.batch_size, seed=spec.seed, share=share)
         self.compile_mark = compile_clock().mark() if spec.compile else None
+        self._clock = DeviceClock(self.torch_device)
 
     def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.from_numpy(x).to(self.torch_device), torch.from_numpy(y).to(self.torch_device)
@@ -783,21 +812,44 @@ class TorchSession(TrainingSession):
         return self.batches(step)
 
     def train_step(self, objects: TrainObjects, batch: Any, step: int) -> StepRecord:
+        """One step that never waits for the device: loss and gradient norm stay 0-d device tensors,
+        the timings CUDA events (on the CPU the host clock), all read later by `to_floats`."""
         rate = objects.optimizer.param_groups[0].get("lr")
         lr = None if rate is None else float(rate)
         self._train_mode(objects)
+        step_started = self._clock.start()
         # The step's loss is the first forward's, at the weights the step starts from; SAM wants
         # these first gradients before step(closure), as its docstring shows.
-        loss = self._forward_backward(objects, batch)
-        grad_norm = _grad_norm(objects.model)
-        optimizer_started = self._sync_clock()
+        loss = self._forward_backward(objects, batch).detach()  # no graph kept alive past the step
+        grad_norm = gradient_norm(objects.parameters)
+        optimizer_started = self._clock.start()
         self._optimizer_step(objects, batch)  # with a closure, its forward/backward is the optimizer's cost
-        optimizer_ms = (self._sync_clock() - optimizer_started) * 1000
+        optimizer_ms = self._clock.elapsed_ms(optimizer_started)
         if objects.scheduler is not None:
             objects.scheduler.step()
         if self.rank is not None:
             loss = mean_over_ranks(loss)  # the whole batch's loss, as one device reports it
-        return StepRecord(loss=float(loss.item()), grad_norm=grad_norm, lr=lr, optimizer_ms=optimizer_ms)
+        step_ms = self._clock.elapsed_ms(step_started) if self._clock.deferred else None
+        return StepRecord(loss=loss, grad_norm=grad_norm, lr=lr, optimizer_ms=optimizer_ms, step_ms=step_ms)
+
+    def to_floats(self, values: Sequence[Any]) -> list[float]:
+        """Every tensor among `values` read in one `torch.stack(...).tolist()` per device (one
+        transfer, one wait for the device), then the rest (CUDA event timings, floats) by `float()`:
+        their events are done by then."""
+        floats = [0.0] * len(values)
+        by_device: dict[torch.device, list[int]] = {}
+        for index, value in enumerate(values):
+            if isinstance(value, torch.Tensor):
+                by_device.setdefault(value.device, []).append(index)
+        with torch.no_grad():
+            for indices in by_device.values():
+                read = torch.stack([values[index] for index in indices]).tolist()
+                for index, number in zip(indices, read, strict=True):
+                    floats[index] = float(number)
+        for index, value in enumerate(values):
+            if not isinstance(value, torch.Tensor):
+                floats[index] = float(value)
+        return floats
 
     def _forward_backward(
         self, objects: TrainObjects, batch: tuple[torch.Tensor, torch.Tensor]
@@ -835,11 +887,6 @@ class TorchSession(TrainingSession):
         if self.needs.train_eval:
             mode_switch(objects.optimizer).eval()
 
-    def _sync_clock(self) -> float:
-        if self.torch_device.type == "cuda":
-            torch.cuda.synchronize(self.torch_device)
-        return time.perf_counter()
-
     def _loss(self, output: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         if self.workload.task == "objective":
             return output.mean()  # a test function of the parameters: the output is the loss
@@ -865,8 +912,13 @@ class TorchSession(TrainingSession):
         path = self.checkpoint_path(folder, step)
         self._eval_mode(objects)  # what is saved are the weights the user evaluates
         save_checkpoint(path, objects, step=step, spec_json=self.spec.model_dump_json())
-        reloaded = restore(load_checkpoint(path, self.torch_device), self.build())
-        twin = restore(load_checkpoint(path, self.torch_device), self.build())  # used up by the probe
+        checkpoint = load_checkpoint(path, self.torch_device)  # the file, read back once as a user reads it
+        # The twin needs tensors of its own (a restored optimizer keeps the loaded tensors themselves,
+        # and the probe steps it in place). A deep copy is a second load without the file and the
+        # weights-only unpickler (4-9x cheaper here); it keeps which saved tensors share storage.
+        twin_checkpoint = copy.deepcopy(checkpoint)
+        reloaded = restore(checkpoint, self.build())
+        twin = restore(twin_checkpoint, self.build())  # used up by the probe
         probe_batch = self.batch(min(step, self.spec.steps - 1))
 
         def probe(candidate: TrainObjects) -> None:
@@ -942,13 +994,58 @@ def tensor_bytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def _grad_norm(model: nn.Module) -> float:
-    norms = [_norm(p.grad.detach()) for p in model.parameters() if p.grad is not None]
-    if not norms:
+@torch.no_grad()  # create_graph gradients carry a graph: the norm must not extend it
+def gradient_norm(parameters: Sequence[torch.Tensor]) -> torch.Tensor | float:
+    """The 2-norm of all the gradients together, as a 0-d tensor on their device (not read back);
+    0.0 when no parameter has one. Dense gradients in one `torch._foreach_norm`; where any is sparse,
+    one norm per gradient in model order, a sparse one's repeated rows summed first (coalesce)."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    if not grads:
         return 0.0
-    return float(torch.stack(norms).norm().item())
+    if any(grad.is_sparse for grad in grads):
+        norms = [_norm(grad) for grad in grads]
+    else:
+        norms = list(torch._foreach_norm(grads))
+    # What Tensor.norm() computes here, without its Python wrapper (tens of microseconds a step).
+    return torch.linalg.vector_norm(torch.stack(norms))
 
 
 def _norm(grad: torch.Tensor) -> torch.Tensor:
     # A sparse gradient's repeated rows must be summed before taking the norm.
     return grad.coalesce().values().norm() if grad.is_sparse else grad.norm()
+
+
+@dataclass(frozen=True)
+class EventTiming:
+    """Milliseconds between two CUDA events, read only when `float()` asks (at the loop's flush,
+    after `to_floats` has waited for the device, so the events are done)."""
+
+    start: Any  # torch.cuda.Event
+    end: Any
+
+    def __float__(self) -> float:
+        self.end.synchronize()
+        return float(self.start.elapsed_time(self.end))
+
+
+class DeviceClock:
+    """Times work on the training device without waiting for it: CUDA events on the device's current
+    stream (read later, `EventTiming`); on the CPU, where work is done when the call returns, the
+    host clock."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.deferred = device.type == "cuda"
+
+    def start(self) -> Any:
+        if not self.deferred:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record(torch.cuda.current_stream(self.device))
+        return event
+
+    def elapsed_ms(self, started: Any) -> Any:
+        """Milliseconds since `started` (a float now, or an `EventTiming` to read later)."""
+        if not self.deferred:
+            return (time.perf_counter() - started) * 1000
+        return EventTiming(started, self.start())

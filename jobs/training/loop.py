@@ -6,6 +6,14 @@ divergence, checkpoint bookkeeping and the result. The framework's session (from
 driver, `jobs.frameworks`) does the rest. Every checkpoint is saved, reloaded into
 fresh objects and verified, and training *continues from the reloaded objects*, so a
 serialization bug shows in the result instead of hiding until someone resumes.
+
+A step's values (loss, gradient norm, timings) may stay on the device: reading them every step
+would make the host wait for the device every step. The loop keeps them in a `Window` and reads
+them all at once at a flush: every `FLUSH_EVERY_STEPS` steps or `FLUSH_EVERY_S` seconds, after
+the first step, and always before an evaluation, a checkpoint and at the end. There it finds the
+first non-finite loss exactly (`Diverged` names that step; no point from it on is logged, and no
+checkpoint is taken of a diverged state), hands the points to the tracker in one call, and
+writes progress.
 """
 
 from __future__ import annotations
@@ -19,15 +27,20 @@ from typing import Any
 
 from jobs.errors import Diverged
 from jobs.frameworks import driver_for, style_of
-from jobs.frameworks.base import Evaluation, TrainingSession
+from jobs.frameworks.base import Evaluation, StepRecord, TrainingSession
 from jobs.report import Reporter
 from jobs.result import CheckpointRecord, OptimizerState, TrainOutcome
 from jobs.resume import CheckpointStore, WorkdirCheckpoints
 from jobs.spec import JobSpec
-from jobs.tracking import Tracker
+from jobs.tracking import Point, Tracker
 from jobs.workloads import get_workload
 from optimizers.loop_needs import LoopNeeds, base_unserved, loop_problem
 from optimizers.registry import Base, Registry
+
+# A flush reads every value kept since the last one in one transfer (one wait for the device):
+# often enough that progress and MLflow stay live, rarely enough that the wait costs nothing.
+FLUSH_EVERY_STEPS = 100
+FLUSH_EVERY_S = 1.0
 
 
 @dataclass
@@ -37,6 +50,44 @@ class Timings:
 
     def median(self, values: list[float]) -> float | None:
         return statistics.median(values) if values else None
+
+
+@dataclass
+class Window:
+    """The steps taken since the last flush, their values not read back yet."""
+
+    opened: float  # time.monotonic() of the last flush
+    steps: list[int] = field(default_factory=list)
+    records: list[StepRecord] = field(default_factory=list)
+    host_ms: list[float] = field(default_factory=list)  # each step's host time around train_step
+    timestamps_ms: list[int] = field(default_factory=list)  # when each step ended, for its points
+
+    def add(self, step: int, record: StepRecord, host_ms: float, timestamp_ms: int) -> None:
+        self.steps.append(step)
+        self.records.append(record)
+        self.host_ms.append(host_ms)
+        self.timestamps_ms.append(timestamp_ms)
+
+    def take(self) -> Window:
+        """Its contents, leaving it empty (so a failure while they are handled cannot flush them twice)."""
+        taken = Window(self.opened, self.steps, self.records, self.host_ms, self.timestamps_ms)
+        self.steps, self.records, self.host_ms, self.timestamps_ms = [], [], [], []
+        self.opened = time.monotonic()
+        return taken
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """When the loop flushes between its boundaries: after `steps` steps, or `seconds` (None: never
+    by the clock) since the last flush."""
+
+    steps: int
+    seconds: float | None
+
+    def due(self, window: Window) -> bool:
+        if len(window.steps) >= self.steps:
+            return True
+        return self.seconds is not None and time.monotonic() - window.opened >= self.seconds
 
 
 class TrainingJob:
@@ -73,6 +124,8 @@ class TrainingJob:
         if problem:
             raise ValueError(f"optimizer.{problem[0]}: {problem[1]}")
         self.workload = get_workload(spec.workload.name)
+        # A 2-D trajectory's `traj/x`, `traj/y`: the parameters read to the host at every step.
+        self.traces = self.workload.traces_parameters(spec.workload.params)
         self.session: TrainingSession = self.driver.session(spec, entry, self.workload, workdir, base)
         self.store = checkpoints or WorkdirCheckpoints()  # where other attempts find them (jobs.resume)
         self.checkpoint_dir = self.store.folder or workdir / "checkpoints"
@@ -89,6 +142,7 @@ class TrainingJob:
         watch = OptimizerWatch(session, self.tracker)
         train_loss = math.nan
         evaluation: dict[str, float] = {}
+        cadence = self._cadence()
         with session.scope():
             if resume_from is not None:
                 if not self.driver.capabilities.resume:
@@ -97,19 +151,27 @@ class TrainingJob:
             else:
                 objects, start = session.build(), 0
             started = time.monotonic()
-            for step in range(start, end):
-                train_loss = self._train_step(objects, step, timings)
-                done = step + 1
-                if step == start:
-                    watch.first_step(objects, done)
-                if done % spec.eval_every == 0 or done == end:
-                    evaluation = self._evaluate(objects, done)
-                    watch.evaluate(objects, done, end=done == end)
-                if done % spec.checkpoint_every == 0 or done == end:
-                    objects = self._checkpoint(objects, done)
-                self.reporter.progress(
-                    step=done, total=spec.steps, loss=train_loss, force=done == end, **evaluation
-                )
+            window = Window(opened=started)
+            try:
+                for step in range(start, end):
+                    self._train_step(objects, step, window)
+                    done = step + 1
+                    evaluates = done % spec.eval_every == 0 or done == end
+                    checkpoints = done % spec.checkpoint_every == 0 or done == end
+                    # A first step that diverges is named at once; nothing is evaluated or saved unread.
+                    if step == start or evaluates or checkpoints or cadence.due(window):
+                        train_loss = self._flush(window, timings, force=done == end)
+                    if step == start:
+                        watch.first_step(objects, done)
+                    if evaluates:
+                        evaluation = self._evaluate(objects, done)
+                        watch.evaluate(objects, done, end=done == end)
+                        self.reporter.progress(force=done == end, **evaluation)
+                    if checkpoints:
+                        objects = self._checkpoint(objects, done)
+            except BaseException as failure:
+                self._flush_after(failure, window, timings)
+                raise
             train_seconds = time.monotonic() - started
             if end > start:
                 self._log_step_metrics(objects, end)  # where the last step arrived
@@ -132,27 +194,73 @@ class TrainingJob:
             **details,
         )
 
-    def _train_step(self, objects: Any, step: int, timings: Timings) -> float:
+    def _cadence(self) -> Cadence:
+        # A workload that traces the parameters reads them to the host every step anyway: it flushes
+        # every step, so its trace and its losses stop at the same step as before.
+        steps = 1 if self.traces else FLUSH_EVERY_STEPS
+        # DDP ranks must flush (and so raise Diverged) at the same step: by count only, never by clock.
+        return Cadence(steps, None if self.spec.distribution is not None else FLUSH_EVERY_S)
+
+    def _train_step(self, objects: Any, step: int, window: Window) -> None:
         self._log_step_metrics(objects, step)
         batch = self.session.batch(step)
         started = time.perf_counter()
         record = self.session.train_step(objects, batch, step)
-        step_ms = (time.perf_counter() - started) * 1000
-        if not math.isfinite(record.loss):
-            raise Diverged(step, "train/loss", record.loss)
-        timings.step_ms.append(step_ms)
-        timings.optimizer_ms.append(record.optimizer_ms)
-        rate = [] if record.lr is None else [("train/lr", record.lr)]
-        for key, value in (
-            ("train/loss", record.loss),
-            *rate,
-            ("train/grad_norm", record.grad_norm),
-            ("perf/step_time_ms", step_ms),
-            ("perf/optimizer_step_ms", record.optimizer_ms),
-            ("perf/samples_per_sec", self.spec.batch_size / (step_ms / 1000)),
-        ):
-            self.tracker.metric(key, value, step)
-        return record.loss
+        host_ms = (time.perf_counter() - started) * 1000
+        window.add(step, record, host_ms, int(time.time() * 1000))
+
+    def _flush(self, window: Window, timings: Timings, *, force: bool = False) -> float:
+        """Read the window's values at once, log its points in one call, write progress; the last
+        step's train loss. Diverged at the first non-finite loss, after logging only the steps before
+        it."""
+        taken = window.take()
+        values = self.session.to_floats(
+            [
+                value
+                for record, host_ms in zip(taken.records, taken.host_ms, strict=True)
+                for value in (
+                    record.loss,
+                    record.grad_norm,
+                    record.optimizer_ms,
+                    host_ms if record.step_ms is None else record.step_ms,
+                )
+            ]
+        )
+        losses, norms, optimizer_ms, step_ms = values[0::4], values[1::4], values[2::4], values[3::4]
+        good = next((i for i, loss in enumerate(losses) if not math.isfinite(loss)), len(losses))
+        batch_size = self.spec.batch_size
+        points: list[Point] = []
+        for i in range(good):
+            step, at, lr = taken.steps[i], taken.timestamps_ms[i], taken.records[i].lr
+            points.append(Point("train/loss", losses[i], step, at))
+            if lr is not None:
+                points.append(Point("train/lr", lr, step, at))
+            points += [
+                Point("train/grad_norm", norms[i], step, at),
+                Point("perf/step_time_ms", step_ms[i], step, at),
+                Point("perf/optimizer_step_ms", optimizer_ms[i], step, at),
+                Point("perf/samples_per_sec", batch_size / (step_ms[i] / 1000), step, at),
+            ]
+        if points:
+            self.tracker.metrics(points)
+        timings.step_ms += step_ms[:good]
+        timings.optimizer_ms += optimizer_ms[:good]
+        if good < len(losses):
+            raise Diverged(taken.steps[good], "train/loss", losses[good])
+        self.reporter.progress(step=taken.steps[-1] + 1, total=self.spec.steps, loss=losses[-1], force=force)
+        return losses[-1]
+
+    def _flush_after(self, failure: BaseException, window: Window, timings: Timings) -> None:
+        """A step, evaluation or checkpoint failed: the steps before it still count. Their points are
+        logged; a loss among them that was already non-finite is what went wrong first."""
+        if not window.steps:
+            return
+        try:
+            self._flush(window, timings)
+        except Diverged as diverged:
+            raise diverged from failure
+        except Exception:
+            pass  # the values cannot be read (the device failed, say): `failure` tells why, not this
 
     def _evaluate(self, objects: Any, step: int) -> dict[str, float]:
         """Validation metrics, logged at `step` (the updates the parameters have seen)."""
@@ -170,7 +278,7 @@ class TrainingJob:
     def _log_step_metrics(self, objects: Any, step: int) -> None:
         """The workload's per-step metrics of the parameters a step starts from (logged at `step`, as
         train/loss is), e.g. a 2-D trajectory's `traj/x`, `traj/y`; the last position after the loop."""
-        if not self.workload.traces_parameters(self.spec.workload.params):
+        if not self.traces:
             return
         values = self.session.parameter_values(objects)
         for key, value in self.workload.step_metrics(self.spec.workload.params, values).items():

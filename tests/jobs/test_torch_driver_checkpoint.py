@@ -274,3 +274,31 @@ class LockedCounter(StateMomentum):
 def test_state_in_an_uncopyable_optimizer_is_still_caught(tmp_path: Path) -> None:
     with pytest.raises(CheckpointMismatch, match="next step differs"):
         roundtrip(tmp_path, LockedCounter)
+
+
+class CorruptingMomentum(StateMomentum):
+    """BROKEN on purpose: state_dict() hands out momentum off by one, same keys, shapes and dtypes."""
+
+    def state_dict(self) -> dict[str, Any]:
+        saved = super().state_dict()
+        state = {k: {**s, "momentum": s["momentum"] + 1} for k, s in saved["state"].items()}
+        return {**saved, "state": state}
+
+
+def test_a_state_dict_with_wrong_values_is_caught(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointMismatch, match=r"\['momentum'\]: max abs difference 1"):
+        roundtrip(tmp_path, CorruptingMomentum)
+
+
+def test_training_continues_from_objects_the_probe_did_not_touch(make_job: Callable[..., Any]) -> None:
+    # The twin that takes the probe step must own its tensors: a restored optimizer keeps the loaded
+    # ones, so a twin sharing them would step the objects training continues from.
+    job = make_job(digits_spec(optimizer={"name": "adam", "params": {"lr": 0.01}}))
+    session = job.session
+    objects = session.build()
+    for step in range(3):
+        session.train_step(objects, session.batch(step), step)
+    checkpointed = session.checkpoint(objects, 3, job.checkpoint_dir)
+    saved = torch.load(checkpointed.path, weights_only=True)
+    for name, part in checkpointed.objects.parts().items():
+        assert first_difference(saved[name], part.state_dict(), name) is None
