@@ -36,8 +36,12 @@ typecheck: $(STAMP)
 
 # Tests spread over the cores (at most 4 workers: each loads torch and TensorFlow); tests that
 # share one running service are kept on one worker (xdist_group).
+# One CPU thread per training process, in the test processes and in the jobs their workers start
+# (OPTLAB_JOB_THREADS): the suite already runs two test processes on two cores, and a second
+# thread each only waits for a core (benchmarks/job_threads.py). Both, so that a job run in a test
+# and the same job run by a worker round alike and compare bitwise.
 test: $(STAMP) system-packages lint typecheck
-	$(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadgroup
+	OMP_NUM_THREADS=1 OPTLAB_JOB_THREADS=1 $(BIN)/python -m pytest -n auto --maxprocesses 4 --dist loadgroup
 
 # Figures, not tests (never part of `make test`): each benchmark prints its figures and one
 # `BENCH <name> key=value ...` line per case; benchmarks/README.md has the latest, with commands.
