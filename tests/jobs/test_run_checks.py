@@ -147,6 +147,9 @@ def test_a_check_job_becomes_an_mlflow_run_with_one_metric_per_check(
         none_grads=skipped("not applicable"),
     )
     monkeypatch.setattr(runner, "checks_for_style", lambda style: table)
+    # The thread count a worker gives its jobs (OMP_NUM_THREADS among them) is tagged; set here so
+    # the tags do not depend on how the suite itself was started.
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
     result = run_in_process(tmp_path, {**LION, "checks": list(table)})
 
     assert result["status"] == "succeeded", result.get("error")  # the checks ran; one found a fault
@@ -162,6 +165,7 @@ def test_a_check_job_becomes_an_mlflow_run_with_one_metric_per_check(
         "style": "torch",
         "attempt": "1",
         "kind": "check",
+        "threads": "3",
     }
     params = {p.key: p.value for batch in mlflow_client.param_batches for p in batch}
     assert params["optimizer.lr"] == "0.001" and params["optimizer.name"] == "lion"
