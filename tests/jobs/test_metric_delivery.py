@@ -30,6 +30,7 @@ from jobs import metric_delivery, tracking
 from jobs.metric_delivery import DeliveryProcess, DeliveryTarget, PermanentDeliveryError, RetryingSender
 from jobs.tracking import LOG_BATCH_ENDPOINT, MetricDeliveryError, MlflowRun, Point, delivery_target
 from tests.conftest import ROOT, free_port
+from tests.service.durable_helpers import mlflow_server
 
 pytestmark = pytest.mark.xdist_group("metric-delivery")
 
@@ -41,34 +42,8 @@ WAIT_S = 60  # a safety net against hangs; never reached when the code is right
 
 @pytest.fixture(scope="module")
 def server_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    import httpx
-
-    data = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
-    command = [
-        sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{data / 'mlflow.db'}",
-        "--artifacts-destination", str(data / "artifacts"), "--host", "127.0.0.1", "--port", str(port),
-        "--workers", "1",
-    ]  # fmt: skip
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    with open(data / "mlflow.log", "wb") as log:
-        server = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert server.poll() is None, (data / "mlflow.log").read_text()[-2000:]
-        try:
-            if httpx.get(f"{uri}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "the MLflow server did not start"
-        time.sleep(0.3)
-    yield uri
-    os.killpg(server.pid, signal.SIGKILL)  # a throwaway server: nothing to shut down cleanly
-    server.wait(30)
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
+        yield uri
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.conftest import ROOT, free_port
+from tests.conftest import ROOT
+from tests.service.durable_helpers import mlflow_server
 
 pytestmark = pytest.mark.xdist_group("resume_and_distribution")
 
@@ -135,31 +136,8 @@ class Runner:
 @pytest.fixture(scope="module")
 def tracking_uri(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A real MLflow server (SQLite, artifacts served by the server, as `optlab serve` runs it)."""
-    import httpx
-
-    data = tmp_path_factory.mktemp("mlflow")
-    port = free_port()
-    command = [
-        sys.executable, "-m", "mlflow", "server", "--backend-store-uri", f"sqlite:///{data / 'mlflow.db'}",
-        "--artifacts-destination", str(data / "artifacts"), "--serve-artifacts",
-        "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
-    ]  # fmt: skip
-    with open(data / "mlflow.log", "wb") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while True:
-        assert server.poll() is None, (data / "mlflow.log").read_text()[-2000:]
-        try:
-            if httpx.get(f"{uri}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert time.monotonic() < deadline, "the MLflow server did not start"
-        time.sleep(0.3)
-    yield uri
-    os.killpg(server.pid, signal.SIGKILL)  # a throwaway server: nothing to shut down cleanly
-    server.wait(30)
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as uri:
+        yield uri
 
 
 @pytest.fixture(scope="module")
