@@ -173,6 +173,7 @@ class TimeSplit(_Model):
 
     optimizer: str
     jobs: int  # the jobs these figures stand on
+    # medians of the jobs' flush-window means (perf/* are logged once a flush):
     forward_backward_ms: float | None  # median of perf/step_time_ms - perf/optimizer_step_ms
     optimizer_step_ms: float | None  # median of perf/optimizer_step_ms
     state_bytes: float | None  # median over jobs of the last optim/state_bytes

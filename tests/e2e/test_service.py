@@ -157,8 +157,15 @@ def test_a_job_trains_verifies_checkpoints_and_lands_in_mlflow(
     assert run.info.run_name == "ema_momentum lr=0.5 digits_mlp seed=1"
     assert run.data.tags["job_id"] == str(job["id"]) and run.data.tags["optimizer"] == "ema_momentum"
     assert run.data.params["optimizer.lr"] == "0.5" and run.data.params["schedule.name"] == "cosine"
-    for key in ("train/loss", "train/lr", "train/grad_norm", "perf/step_time_ms", "perf/samples_per_sec"):
+    for key in ("train/loss", "train/lr", "train/grad_norm"):
         assert len(client.get_metric_history(run.info.run_id, key)) == 120, key
+    # The timings once a flush: after the first step, before each evaluation and checkpoint, at
+    # the end (and every second between them, by the clock): never twice at a step.
+    for key in ("perf/step_time_ms", "perf/optimizer_step_ms", "perf/samples_per_sec"):
+        steps = [m.step for m in client.get_metric_history(run.info.run_id, key)]
+        assert len(steps) == len(set(steps)) and {0, 39, 49, 79, 99, 119} <= set(steps) <= set(range(120)), (
+            key
+        )
     assert [m.step for m in client.get_metric_history(run.info.run_id, "val/accuracy")] == [40, 80, 120]
     roundtrips = client.get_metric_history(run.info.run_id, "checkpoint/roundtrip_ok")
     assert sorted((m.step, m.value) for m in roundtrips) == [(50, 1.0), (100, 1.0), (120, 1.0)]

@@ -27,14 +27,8 @@ from .helpers import digits_spec
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-STEP_KEYS = (
-    "train/loss",
-    "train/lr",
-    "train/grad_norm",
-    "perf/step_time_ms",
-    "perf/optimizer_step_ms",
-    "perf/samples_per_sec",
-)
+STEP_KEYS = ("train/loss", "train/lr", "train/grad_norm")  # every step
+TIMING_KEYS = ("perf/step_time_ms", "perf/optimizer_step_ms", "perf/samples_per_sec")  # every flush
 
 
 class Recorder:
@@ -54,12 +48,20 @@ class Recorder:
     def steps(self, key: str) -> list[int]:
         return [p.step for p in self.points if p.key == key]
 
+    def window_ends(self) -> list[int]:
+        """The last step of each flush (each call that brought train/loss points)."""
+        return [max(p.step for p in call if p.key == "train/loss") for call in self.calls if has_loss(call)]
+
     def steps_before(self, key: str, step: int) -> list[int]:
         """The steps of `key` delivered before the first point of any key at `step` with another prefix."""
         position = next(
             i for i, p in enumerate(self.points) if p.step == step and not p.key.startswith("train/")
         )
         return [p.step for p in self.points[:position] if p.key == key]
+
+
+def has_loss(call: list[Point]) -> bool:
+    return any(p.key == "train/loss" for p in call)
 
 
 @pytest.fixture
@@ -100,11 +102,23 @@ def test_every_step_logs_each_key_exactly_once_with_its_own_step(run_job: Callab
     assert outcome.final["train_loss"] == losses[-1]
     # Each step's points carry that step's own time, and time only moves forward.
     stamps = {p.step: p.timestamp_ms for p in recorder.points if p.key == "train/loss"}
-    assert all(p.timestamp_ms == stamps[p.step] for p in recorder.points if p.key in STEP_KEYS)
+    assert all(p.timestamp_ms == stamps[p.step] for p in recorder.points if p.key in STEP_KEYS + TIMING_KEYS)
     assert list(stamps.values()) == sorted(stamps.values())
-    step_ms = [p.value for p in recorder.points if p.key == "perf/step_time_ms"]
-    assert outcome.step_time_ms_median == pytest.approx(float(np.median(step_ms)))
-    assert outcome.samples_per_sec == pytest.approx(130 * 32 / (sum(step_ms) / 1000))
+    # The timings once a flush, at its last step: after the first step, before each evaluation
+    # (40, 80, 120) and checkpoint (50, 100), at the end.
+    ends = recorder.window_ends()
+    assert ends == [0, 39, 49, 79, 99, 119, 129]
+    for key in TIMING_KEYS:
+        assert recorder.steps(key) == ends, key
+    # Window means: weighted by their windows' lengths they add up to the run's step time.
+    mean_ms = [p.value for p in recorder.points if p.key == "perf/step_time_ms"]
+    lengths = np.diff([-1, *ends])
+    total_ms = float(np.dot(mean_ms, lengths))
+    assert outcome.samples_per_sec == pytest.approx(130 * 32 / (total_ms / 1000))
+    rates = [p.value for p in recorder.points if p.key == "perf/samples_per_sec"]
+    assert rates == pytest.approx([32 / (ms / 1000) for ms in mean_ms])
+    assert min(mean_ms) <= sum(mean_ms) / len(mean_ms) <= max(mean_ms)
+    assert outcome.step_time_ms_median is not None and outcome.step_time_ms_median > 0
 
 
 @pytest.mark.usefixtures("no_clock_flush")
@@ -194,6 +208,8 @@ def test_a_nan_mid_window_is_named_at_its_step_and_nothing_after_it_is_logged(
     assert "train/loss became nan at step 37" in str(raised.value)
     for key in STEP_KEYS:
         assert recorder.steps(key) == list(range(POISONED_UPDATE)), key
+    for key in TIMING_KEYS:  # the diverging window's good steps still get their timings
+        assert recorder.steps(key) == [0, 29, POISONED_UPDATE - 1], key
     assert all(math.isfinite(p.value) for p in recorder.points if p.key == "train/loss")
     # The checkpoint at 30 was verified; none was taken of the diverged weights (60 is never reached).
     assert [(c.step, c.ok) for c in job.verified] == [(30, True)]
@@ -210,6 +226,8 @@ def test_a_step_that_raises_still_delivers_the_steps_before_it(run_job: Callable
         job.run()
     for key in STEP_KEYS:
         assert recorder.steps(key) == list(range(45)), key
+    for key in TIMING_KEYS:
+        assert recorder.steps(key)[-1] == 44 and recorder.steps(key) == recorder.window_ends(), key
 
 
 # -- the torch session's side ------------------------------------------------------------------------
