@@ -9,13 +9,14 @@ allows `jobs.processes` in service/ for that reason, and checks it stays stdlib-
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -101,6 +102,35 @@ def reexec_with_legacy_keras(module: str, argv: Sequence[str]) -> NoReturn:
         [sys.executable, "-m", module, *argv],
         legacy_keras_environment(os.environ),
     )
+
+
+_ON_EXIT: list[Callable[[], None]] = []
+
+
+def on_exit(callback: Callable[[], None]) -> None:
+    """Run `callback` when the process ends, however it ends normally: at the interpreter's exit
+    (atexit) and in `exit_without_teardown`, which skips atexit."""
+    atexit.register(callback)
+    _ON_EXIT.append(callback)
+
+
+def exit_without_teardown(status: int) -> NoReturn:
+    """End a job's process once everything it writes is written: the `on_exit` callbacks run and
+    its output flushed, then `os._exit`, as multiprocessing ends its children. The interpreter's
+    teardown would take seconds once torch (its operator libraries' finalizers) or TensorFlow is
+    loaded: CPU that every job would spend after its result, and time a cancelled job would keep
+    its slot."""
+    import logging
+
+    for callback in reversed(_ON_EXIT):
+        callback()
+    logging.shutdown()  # flushes every handler (a job's or a user's log file)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass  # closed or gone: nothing more can reach it
+    os._exit(status)
 
 
 def die_with_parent() -> None:

@@ -22,7 +22,12 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from jobs.errors import Cancelled, Diverged
-from jobs.processes import in_legacy_keras_process, reexec_with_legacy_keras, threads_of
+from jobs.processes import (
+    exit_without_teardown,
+    in_legacy_keras_process,
+    reexec_with_legacy_keras,
+    threads_of,
+)
 from jobs.report import Reporter
 from jobs.result import (
     CheckOutcome,
@@ -314,4 +319,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_without_teardown(main())

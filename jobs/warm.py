@@ -20,7 +20,7 @@ import os
 import stat
 import sys
 
-from jobs.processes import WarmOrder
+from jobs.processes import WarmOrder, exit_without_teardown
 
 # Imported by every job (jobs.run's heavy imports happen only once a spec is read).
 COMMON_IMPORTS = (
@@ -93,4 +93,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    exit_without_teardown(main())

@@ -28,6 +28,7 @@ from typing import Any
 from jobs.checks.context import CheckContext, LoopSetup, one_line
 from jobs.checks.fresh.plan import FreshRuns, runs_for
 from jobs.checks.target import resolve_target
+from jobs.processes import exit_without_teardown
 
 
 class AlreadyReported(Exception):
@@ -177,8 +178,4 @@ def _deepest_frame(exc: BaseException) -> str:
 
 
 if __name__ == "__main__":
-    status = main(sys.argv[1:])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Everything is written: skip the interpreter's teardown, which takes TensorFlow seconds.
-    os._exit(status)
+    exit_without_teardown(main(sys.argv[1:]))

@@ -14,7 +14,6 @@ the user's file:line.
 
 from __future__ import annotations
 
-import atexit
 import json
 import os
 import shutil
@@ -30,7 +29,7 @@ from typing import Any
 from jobs.checks.context import CheckContext
 from jobs.checks.report import Outcome, failed
 from jobs.frameworks import needs_legacy_keras_process
-from jobs.processes import legacy_keras_environment, start_in_own_group, terminate_group
+from jobs.processes import legacy_keras_environment, on_exit, start_in_own_group, terminate_group
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 CHILD_TIMEOUT_S = 120.0
@@ -108,7 +107,7 @@ def stop_all() -> None:
         _stop(style)
 
 
-atexit.register(stop_all)  # a child left behind would also end by itself, at the end of its stdin
+on_exit(stop_all)  # a child left behind would also end by itself, at the end of its stdin
 
 
 def fresh_child(style: str, *, legacy_keras: bool) -> Child:
