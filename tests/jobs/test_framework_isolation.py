@@ -26,13 +26,11 @@ FRAMEWORKS = ("torch", "tensorflow", "keras", "tf_keras")
 OWN = {"torch": {"torch"}, "keras": {"tensorflow", "keras"}, "tf_legacy": {"tensorflow", "tf_keras"}}
 FORBIDDEN = {"torch": {"tensorflow", "keras", "tf_keras"}, "keras": {"torch"}, "tf_legacy": {"torch"}}
 
+# What `python -m jobs.run` runs (its `__main__` then ends the process at once: exit_without_teardown).
 WRAPPER = f"""
-import runpy, sys
-sys.argv = ["jobs.run", *sys.argv[1:]]
-try:
-    runpy.run_module("jobs.run", run_name="__main__")
-except SystemExit as exit:
-    code = exit.code
+import sys
+from jobs import run
+code = run.main(sys.argv[1:])
 print("LOADED", sorted(m for m in sys.modules if m.split(".")[0] in {FRAMEWORKS!r}))
 sys.exit(code)
 """
