@@ -72,6 +72,8 @@ FRAME_HEADER = struct.Struct("<I")
 ERROR_CHARS = 500
 # After close(), the delivery process has flushed everything: it only has to exit.
 EXIT_WAIT_S = 10.0
+# flush() waits for acknowledgements this long at a time without the lock.
+ACK_POLL_S = 0.05
 
 Row = tuple[str, float, int, int]  # (key, value, step, timestamp_ms): jobs.tracking.Point's fields
 
@@ -330,16 +332,48 @@ class DeliveryProcess:
         return time.monotonic() - self._last_write >= self._interval_s
 
     def flush(self) -> None:
-        """Return once every point logged so far is in the tracking server (or counted as lost)."""
+        """Return once every point logged before this call is in the tracking server (or counted as
+        lost). The lock is held only to send the buffer and between waits, never through them: the
+        training thread keeps logging while a checkpoint's publication waits here on a thread of its
+        own (jobs.training.publication)."""
         with self._lock:
-            self._flush()
+            if self._fallback is None:
+                self._send_buffer()
+            mark = self._written
+            seen = self._processed
+        # The process makes progress at least once per batch within a retry period and a request
+        # timeout; longer than that without a word, it is stuck: fall back rather than wait forever.
+        stalled_after = self._target.retry_for_s + 2 * self._target.timeout_s + 5.0
+        last_progress = time.monotonic()
+        while True:
+            with self._lock:
+                fallback, ack_fd = self._fallback, self._ack_fd
+                if fallback is None:
+                    try:
+                        self._read_acknowledgements()  # the training thread may have read them too
+                    except _DeliveryProcessGone as exc:
+                        self._fall_back(f"died ({exc})")
+                        fallback = self._fallback
+                if fallback is None:
+                    if self._processed >= mark:
+                        return
+                    if self._processed > seen:
+                        seen, last_progress = self._processed, time.monotonic()
+                    elif time.monotonic() - last_progress > stalled_after:
+                        self._fall_back(f"died (no acknowledgement for {stalled_after:.0f} s)")
+                        fallback = self._fallback
+            if fallback is not None:  # it was handed every point not acknowledged, in order
+                fallback.flush()
+                return
+            _wait_readable(ack_fd, ACK_POLL_S)
 
     def close(self) -> None:
         with self._lock:
             if self._closed:
                 return
-            self._flush()
-            self._closed = True
+            self._closed = True  # nothing is logged from here on
+        self.flush()
+        with self._lock:
             lost, reason = self._lost, self._last_error
             if self._fallback is None:
                 self._stop_process()
@@ -413,27 +447,6 @@ class DeliveryProcess:
             self._unacknowledged.popleft()
         return True
 
-    def _flush(self) -> None:
-        if self._fallback is None:
-            self._send_buffer()
-        if self._fallback is not None:  # before, or just now in _send_buffer
-            self._fallback.flush()
-            return
-        # The process makes progress at least once per batch within a retry period and a request
-        # timeout; longer than that without a word, it is stuck: fall back rather than wait forever.
-        stalled_after = self._target.retry_for_s + 2 * self._target.timeout_s + 5.0
-        last_progress = time.monotonic()
-        try:
-            while self._processed < self._written:
-                if self._read_acknowledgements(timeout_s=1.0):
-                    last_progress = time.monotonic()
-                elif time.monotonic() - last_progress > stalled_after:
-                    raise _DeliveryProcessGone(f"no acknowledgement for {stalled_after:.0f} s")
-        except _DeliveryProcessGone as exc:
-            self._fall_back(f"died ({exc})")
-            assert self._fallback is not None
-            self._fallback.flush()
-
     # -- when the process is gone -------------------------------------------------------------------
 
     def _fall_back(self, problem: str) -> None:
@@ -500,6 +513,18 @@ class DeliveryProcess:
         if code < 0:
             return f"killed by {signal.Signals(-code).name}"
         return f"exit code {code}"
+
+
+def _wait_readable(fd: int, timeout_s: float) -> None:
+    """Until `fd` has something to read, or `timeout_s`. The fd may be closed meanwhile by the
+    thread that holds the lock (a fall-back): then only the timeout is waited."""
+    if fd < 0:
+        time.sleep(timeout_s)
+        return
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    if any(events & select.POLLNVAL for _, events in poller.poll(timeout_s * 1000)):
+        time.sleep(timeout_s)
 
 
 class _DeliveryProcessGone(Exception):

@@ -86,7 +86,8 @@ class BatchedMetricLogger:
         self._max_batch = max_batch
         self._interval_s = interval_s
         self._pending: list[Row] = []  # Points, or the delivery process's plain tuples
-        self._in_flight = 0
+        self._queued = 0  # points ever queued
+        self._sent = 0  # of those, the first `_sent` are delivered (or counted lost): FIFO
         self._flush_requested = False
         self._closing = False
         self._cond = threading.Condition()
@@ -99,6 +100,7 @@ class BatchedMetricLogger:
             if self._closing:
                 raise RuntimeError("metric logged after close()")
             self._pending.append(point)
+            self._queued += 1
             if len(self._pending) >= self._max_batch:
                 self._cond.notify_all()
 
@@ -107,15 +109,19 @@ class BatchedMetricLogger:
             if self._closing:
                 raise RuntimeError("metrics logged after close()")
             self._pending.extend(points)
+            self._queued += len(points)
             if len(self._pending) >= self._max_batch:
                 self._cond.notify_all()
 
     def flush(self) -> None:
-        """Block until every point logged so far has been sent (or counted as lost)."""
+        """Block until every point logged before this call has been sent (or counted as lost); points
+        another thread logs meanwhile are not waited for (a checkpoint's publication flushes while
+        the training thread logs on)."""
         with self._cond:
-            self._flush_requested = True
-            self._cond.notify_all()
-            while self._pending or self._in_flight:
+            mark = self._queued
+            while self._sent < mark:
+                self._flush_requested = True
+                self._cond.notify_all()
                 self._cond.wait()
             self._flush_requested = False
 
@@ -143,11 +149,10 @@ class BatchedMetricLogger:
                     return
                 batch = self._pending[: self._max_batch]
                 del self._pending[: self._max_batch]
-                self._in_flight = len(batch)
             if batch:
                 self._sender.deliver(batch)
             with self._cond:
-                self._in_flight = 0
+                self._sent += len(batch)
                 self._cond.notify_all()
 
 

@@ -33,6 +33,7 @@ from jobs.result import CheckpointRecord, OptimizerState, TrainOutcome
 from jobs.resume import CheckpointStore, WorkdirCheckpoints
 from jobs.spec import JobSpec
 from jobs.tracking import Point, Tracker
+from jobs.training.publication import Publication
 from jobs.workloads import get_workload
 from optimizers.loop_needs import LoopNeeds, base_unserved, loop_problem
 from optimizers.registry import Base, Registry
@@ -133,6 +134,7 @@ class TrainingJob:
         self.warnings: list[str] = []
         self.verified: list[CheckpointRecord] = []
         self.last_checkpoint: Path | None = None
+        self.publication: Publication | None = None  # the latest verified checkpoint, being published
 
     def run(self, *, resume_from: Path | None = None, stop_after: int | None = None) -> TrainOutcome:
         """Train to `spec.steps` (or `stop_after`), optionally continuing from a checkpoint file."""
@@ -161,6 +163,7 @@ class TrainingJob:
                     # A first step that diverges is named at once; nothing is evaluated or saved unread.
                     if step == start or evaluates or checkpoints or cadence.due(window):
                         train_loss = self._flush(window, timings, force=done == end)
+                        self._settle_publication(wait=False)
                     if step == start:
                         watch.first_step(objects, done)
                     if evaluates:
@@ -169,8 +172,10 @@ class TrainingJob:
                         self.reporter.progress(force=done == end, **evaluation)
                     if checkpoints:
                         objects = self._checkpoint(objects, done)
+                self._settle_publication(wait=True)  # the last checkpoint is published in the time
             except BaseException as failure:
                 self._flush_after(failure, window, timings)
+                self._publish_after(failure)
                 raise
             train_seconds = time.monotonic() - started
             if end > start:
@@ -301,6 +306,8 @@ class TrainingJob:
             self.tracker.metric(key, value, step)
 
     def _checkpoint(self, objects: Any, step: int) -> Any:
+        """Save, reload and verify; its publication then runs while training goes on."""
+        self._settle_publication(wait=True)  # the one before, so that records stay in order
         try:
             checkpointed = self.session.checkpoint(objects, step, self.checkpoint_dir)
         except Exception:  # a mismatch, or a reload that fails outright (weights_only refusing state)
@@ -309,16 +316,33 @@ class TrainingJob:
             self.verified.append(CheckpointRecord(step=step, ok=False, path=str(path)))
             raise
         self.tracker.metric("checkpoint/roundtrip_ok", 1.0, step)
-        record = CheckpointRecord(step=step, ok=True, path=self.store.publish(checkpointed.path))
-        self.verified.append(record)
-        self.reporter.progress(checkpoint=record, force=True)  # what another attempt resumes from
         for warning in checkpointed.warnings:
             if warning not in self.warnings:
                 self.warnings.append(warning)
-        if self.last_checkpoint is not None and self.last_checkpoint != checkpointed.path:
-            self.store.retire(self.last_checkpoint)  # superseded (jobs.resume: what is kept where)
-        self.last_checkpoint = checkpointed.path
+        self.publication = Publication(self.store, checkpointed.path, step)
         return checkpointed.objects
+
+    def _settle_publication(self, *, wait: bool) -> None:
+        """Once the checkpoint in flight is published (waiting for it if `wait`): record it, report
+        it (what another attempt resumes from), retire the one it supersedes."""
+        publication = self.publication
+        if publication is None or not (wait or publication.done()):
+            return
+        self.publication = None  # settled once, even if its publication failed
+        record = CheckpointRecord(step=publication.step, ok=True, path=publication.reference())
+        self.verified.append(record)
+        self.reporter.progress(checkpoint=record, force=True)
+        if self.last_checkpoint is not None and self.last_checkpoint != publication.path:
+            self.store.retire(self.last_checkpoint)  # superseded (jobs.resume: what is kept where)
+        self.last_checkpoint = publication.path
+
+    def _publish_after(self, failure: BaseException) -> None:
+        """The job failed or was stopped after a checkpoint was verified: it is still published and
+        reported, for another attempt to resume from. Its own failure would only hide `failure`."""
+        try:
+            self._settle_publication(wait=True)
+        except Exception:
+            pass
 
 
 class OptimizerWatch:

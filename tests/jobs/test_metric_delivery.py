@@ -204,6 +204,32 @@ def test_flush_returns_only_once_the_server_holds_every_point(client: Any, gate:
     run.end("FINISHED")
 
 
+def log_on(run: MlflowRun) -> None:
+    for start in range(300, 3300, 100):
+        run.metrics(points(range(start, start + 100)))
+
+
+def test_a_flush_waiting_for_the_server_does_not_hold_up_logging(client: Any, gate: Gate) -> None:
+    """A checkpoint's publication flushes on a thread of its own while the training thread logs on."""
+    run = start_run(gate.uri, "flush-beside-logging")
+    run.metrics(points(range(300)))
+    gate.hold()
+    flusher = threading.Thread(target=run.delivery.flush)
+    flusher.start()
+    assert gate.held.wait(WAIT_S)
+    logger = threading.Thread(target=log_on, args=(run,))
+    logger.start()
+    logger.join(WAIT_S / 2)
+    assert not logger.is_alive(), "logging waited for the flush"
+    assert flusher.is_alive(), "flush() returned while its points were still held"
+    gate.release()
+    flusher.join(WAIT_S)
+    assert not flusher.is_alive()
+    assert steps_of(client, run.info.run_id, "train/loss")[:300] == list(range(300))
+    run.end("FINISHED")
+    assert steps_of(client, run.info.run_id, "train/loss") == list(range(3300))
+
+
 def test_sigterm_to_the_group_leaves_delivery_to_the_job(client: Any, server_uri: str) -> None:
     """The worker's SIGTERM asks the job to stop; the job then flushes through the process."""
     run = start_run(server_uri, "sigterm")

@@ -102,6 +102,26 @@ def test_flush_blocks_until_delivered() -> None:
     logger.close()
 
 
+def test_flush_waits_only_for_points_logged_before_it() -> None:
+    """Another thread logging on (the training, while a checkpoint is published) does not keep it
+    waiting: it returns once its own points are sent, with later ones still on their way."""
+    send = FakeSend(delay_s=0.2)
+    send.released.clear()
+    logger = BatchedMetricLogger(send)
+    log(logger, range(5))
+    flusher = threading.Thread(target=logger.flush)
+    flusher.start()
+    assert send.entered.wait(WAIT_S)
+    log(logger, range(5, 5005))  # five more full batches, 0.2 s each
+    send.released.set()
+    flusher.join(WAIT_S)
+    assert not flusher.is_alive()
+    assert send.steps[:5] == list(range(5))
+    assert len(send.steps) < 5005, "flush() waited for points logged after it was called"
+    logger.close()
+    assert send.steps == list(range(5005))
+
+
 def test_a_send_that_fails_twice_then_succeeds_loses_nothing() -> None:
     send = FakeSend(failures=2)
     logger = BatchedMetricLogger(send)
