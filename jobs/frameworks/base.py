@@ -149,11 +149,16 @@ class Evaluation:
 
 @dataclass
 class Checkpointed:
-    """A verified checkpoint: where it lies, the objects training continues from, what to know."""
+    """A verified checkpoint: where it lies, the objects training continues from, what to know.
+
+    `confirm`, when set, is the last part of the verification, left for after the next step: it
+    takes the objects once training has taken that step from them, and raises CheckpointMismatch
+    if the step differs from the one the uninterrupted objects took (see the torch driver)."""
 
     objects: Any
     path: Path
     warnings: list[str] = field(default_factory=list)
+    confirm: Callable[[Any], None] | None = None
 
 
 class TrainingSession(ABC):
@@ -195,11 +200,15 @@ class TrainingSession(ABC):
         """Where the checkpoint of `step` lies under `folder` (a file or a folder, by style)."""
 
     @abstractmethod
-    def checkpoint(self, objects: Any, step: int, folder: Path) -> Checkpointed:
+    def checkpoint(
+        self, objects: Any, step: int, folder: Path, *, next_step_follows: bool = False
+    ) -> Checkpointed:
         """Save under `folder`, reload into fresh objects, prove nothing was lost.
 
         Raises CheckpointMismatch naming what differs; training continues from the
-        returned objects, so a serialization bug shows in the result.
+        returned objects, so a serialization bug shows in the result. `next_step_follows`: the
+        loop trains step `step` from the returned objects next, so the driver may leave a part
+        of the proof to that step (`Checkpointed.confirm`) instead of taking one of its own.
         """
 
     def resume(self, path: Path) -> tuple[Any, int]:

@@ -761,9 +761,12 @@ class KerasSession(TrainingSession):
     def checkpoint_path(self, folder: Path, step: int) -> Path:
         return folder / f"step-{step:08d}"
 
-    def checkpoint(self, objects: KerasObjects, step: int, folder: Path) -> Checkpointed:
+    def checkpoint(
+        self, objects: KerasObjects, step: int, folder: Path, *, next_step_follows: bool = False
+    ) -> Checkpointed:
         """The tf.train.Checkpoint of record, verified into the spare objects; the whole model too
-        at this process's first checkpoint and at the job's last (see `_whole_model_due`)."""
+        at this process's first checkpoint and at the job's last (see `_whole_model_due`). Proven
+        whole here, next step or not."""
         path = self.checkpoint_path(folder, step)
         path.mkdir(exist_ok=True)
         warnings: list[str] = []

@@ -195,18 +195,35 @@ def verify_roundtrip(
     `reloaded`), so no object has to be copied: copying would go through
     `Optimizer.__getstate__` and drop exactly the attributes the probe is meant to see.
     """
+    verify_state(original, reloaded)
+    for objects in (original, twin):
+        take_probe_step(objects, probe)
+    verify_next_step(original, twin)
+
+
+def verify_state(original: TrainObjects, reloaded: TrainObjects) -> None:
+    """Every part's state_dict() reloads bitwise."""
     for name, part in original.parts().items():
         found = first_difference(part.state_dict(), reloaded.parts()[name].state_dict(), name)
         if found:
             raise CheckpointMismatch(f"checkpoint round-trip lost state: {found}")
+
+
+def take_probe_step(objects: TrainObjects, probe: Callable[[TrainObjects], None]) -> None:
+    """One `probe` step from the random state as it is, which is then put back: the step training
+    takes next draws the same numbers."""
     rng = rng_state()
-    for objects in (original, twin):
-        set_rng_state(rng)
-        probe(objects)
     set_rng_state(rng)
+    probe(objects)
+    set_rng_state(rng)
+
+
+def verify_next_step(uninterrupted: TrainObjects, reloaded: TrainObjects) -> None:
+    """After the same step from the saved state and from the reloaded one, the two agree: what
+    state_dict() does not hold (an attribute the step reads) shows here."""
     for name, saved, loaded in (
-        ("model", original.model.state_dict(), twin.model.state_dict()),
-        ("optimizer", original.optimizer.state_dict(), twin.optimizer.state_dict()),
+        ("model", uninterrupted.model.state_dict(), reloaded.model.state_dict()),
+        ("optimizer", uninterrupted.optimizer.state_dict(), reloaded.optimizer.state_dict()),
     ):
         found = first_difference(saved, loaded, name)
         if found:
@@ -908,17 +925,20 @@ class TorchSession(TrainingSession):
         loss = float(self._loss(output, self.y_val).item())
         return Evaluation(loss=loss, outputs=output.detach().cpu().numpy(), labels=self.dataset.y_val)
 
-    def checkpoint(self, objects: TrainObjects, step: int, folder: Path) -> Checkpointed:
+    def checkpoint(
+        self, objects: TrainObjects, step: int, folder: Path, *, next_step_follows: bool = False
+    ) -> Checkpointed:
+        """Saved, read back once as a user reads it, restored into fresh objects and compared; then
+        the probe: the same step from the saved objects and from reloaded ones must agree.
+
+        With `next_step_follows`, the reloaded objects that training continues from take that step
+        themselves, as the loop's next step (`Checkpointed.confirm` compares them afterwards): one
+        step, build and copy fewer than a twin of their own, which is how the probe runs otherwise
+        (at the end, where the reloaded objects must stay as they were saved)."""
         path = self.checkpoint_path(folder, step)
         self._eval_mode(objects)  # what is saved are the weights the user evaluates
         save_checkpoint(path, objects, step=step, spec_json=self.spec.model_dump_json())
         checkpoint = load_checkpoint(path, self.torch_device)  # the file, read back once as a user reads it
-        # The twin needs tensors of its own (a restored optimizer keeps the loaded tensors themselves,
-        # and the probe steps it in place). A deep copy is a second load without the file and the
-        # weights-only unpickler (4-9x cheaper here); it keeps which saved tensors share storage.
-        twin_checkpoint = copy.deepcopy(checkpoint)
-        reloaded = restore(checkpoint, self.build())
-        twin = restore(twin_checkpoint, self.build())  # used up by the probe
         probe_batch = self.batch(min(step, self.spec.steps - 1))
 
         def probe(candidate: TrainObjects) -> None:
@@ -927,6 +947,23 @@ class TorchSession(TrainingSession):
             self._forward_backward(candidate, probe_batch)
             self._optimizer_step(candidate, probe_batch)
 
+        if next_step_follows:
+            reloaded = restore(checkpoint, self.build())
+            verify_state(objects, reloaded)
+
+            def as_the_loop_steps(candidate: TrainObjects) -> None:
+                probe(candidate)
+                if candidate.scheduler is not None:  # train_step's schedule step, as the loop's step
+                    candidate.scheduler.step()
+
+            take_probe_step(objects, as_the_loop_steps)  # `objects` is used up by it
+            return Checkpointed(reloaded, path, confirm=lambda stepped: verify_next_step(objects, stepped))
+        # The twin needs tensors of its own (a restored optimizer keeps the loaded tensors themselves,
+        # and the probe steps it in place). A deep copy is a second load without the file and the
+        # weights-only unpickler (4-9x cheaper here); it keeps which saved tensors share storage.
+        twin_checkpoint = copy.deepcopy(checkpoint)
+        reloaded = restore(checkpoint, self.build())
+        twin = restore(twin_checkpoint, self.build())  # used up by the probe
         verify_roundtrip(objects, reloaded, twin, probe)
         return Checkpointed(reloaded, path)
 

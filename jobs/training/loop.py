@@ -27,7 +27,7 @@ from typing import Any
 
 from jobs.errors import Diverged
 from jobs.frameworks import driver_for, style_of
-from jobs.frameworks.base import Evaluation, StepRecord, TrainingSession
+from jobs.frameworks.base import Checkpointed, Evaluation, StepRecord, TrainingSession
 from jobs.report import Reporter
 from jobs.result import CheckpointRecord, OptimizerState, TrainOutcome
 from jobs.resume import CheckpointStore, WorkdirCheckpoints
@@ -135,6 +135,8 @@ class TrainingJob:
         self.verified: list[CheckpointRecord] = []
         self.last_checkpoint: Path | None = None
         self.publication: Publication | None = None  # the latest verified checkpoint, being published
+        # A checkpoint whose proof ends with the next step (Checkpointed.confirm), and its step.
+        self.unconfirmed: tuple[Checkpointed, int] | None = None
 
     def run(self, *, resume_from: Path | None = None, stop_after: int | None = None) -> TrainOutcome:
         """Train to `spec.steps` (or `stop_after`), optionally continuing from a checkpoint file."""
@@ -157,6 +159,7 @@ class TrainingJob:
             try:
                 for step in range(start, end):
                     self._train_step(objects, step, window)
+                    self._confirm_checkpoint(objects)
                     done = step + 1
                     evaluates = done % spec.eval_every == 0 or done == end
                     checkpoints = done % spec.checkpoint_every == 0 or done == end
@@ -171,7 +174,7 @@ class TrainingJob:
                         watch.evaluate(objects, done, end=done == end)
                         self.reporter.progress(force=done == end, **evaluation)
                     if checkpoints:
-                        objects = self._checkpoint(objects, done)
+                        objects = self._checkpoint(objects, done, next_step_follows=done < end)
                 self._settle_publication(wait=True)  # the last checkpoint is published in the time
             except BaseException as failure:
                 self._flush_after(failure, window, timings)
@@ -305,22 +308,47 @@ class TrainingJob:
         for key, value in self.workload.step_metrics(self.spec.workload.params, values).items():
             self.tracker.metric(key, value, step)
 
-    def _checkpoint(self, objects: Any, step: int) -> Any:
-        """Save, reload and verify; its publication then runs while training goes on."""
+    def _checkpoint(self, objects: Any, step: int, *, next_step_follows: bool) -> Any:
+        """Save, reload and verify (the last part with the next step, where the driver leaves it
+        there); its publication then runs while training goes on."""
         self._settle_publication(wait=True)  # the one before, so that records stay in order
         try:
-            checkpointed = self.session.checkpoint(objects, step, self.checkpoint_dir)
+            checkpointed = self.session.checkpoint(
+                objects, step, self.checkpoint_dir, next_step_follows=next_step_follows
+            )
         except Exception:  # a mismatch, or a reload that fails outright (weights_only refusing state)
-            self.tracker.metric("checkpoint/roundtrip_ok", 0.0, step)
-            path = self.session.checkpoint_path(self.checkpoint_dir, step)
-            self.verified.append(CheckpointRecord(step=step, ok=False, path=str(path)))
+            self._failed_checkpoint(step)
             raise
+        if checkpointed.confirm is not None:
+            self.unconfirmed = (checkpointed, step)
+        else:
+            self._verified_checkpoint(checkpointed, step)
+        return checkpointed.objects
+
+    def _confirm_checkpoint(self, stepped: Any) -> None:
+        """The step after a checkpoint was taken from its reloaded objects: the rest of its proof."""
+        if self.unconfirmed is None:
+            return
+        (checkpointed, step), self.unconfirmed = self.unconfirmed, None
+        assert checkpointed.confirm is not None
+        try:
+            checkpointed.confirm(stepped)
+        except Exception:
+            self._failed_checkpoint(step)
+            raise
+        self._verified_checkpoint(checkpointed, step)
+
+    def _failed_checkpoint(self, step: int) -> None:
+        self.tracker.metric("checkpoint/roundtrip_ok", 0.0, step)
+        path = self.session.checkpoint_path(self.checkpoint_dir, step)
+        self.verified.append(CheckpointRecord(step=step, ok=False, path=str(path)))
+
+    def _verified_checkpoint(self, checkpointed: Checkpointed, step: int) -> None:
         self.tracker.metric("checkpoint/roundtrip_ok", 1.0, step)
         for warning in checkpointed.warnings:
             if warning not in self.warnings:
                 self.warnings.append(warning)
         self.publication = Publication(self.store, checkpointed.path, step)
-        return checkpointed.objects
 
     def _settle_publication(self, *, wait: bool) -> None:
         """Once the checkpoint in flight is published (waiting for it if `wait`): record it, report

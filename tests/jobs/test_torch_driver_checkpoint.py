@@ -232,24 +232,66 @@ def registry_with(optimizer_cls: type) -> Registry:
     return registry
 
 
-def broken_spec(name: str) -> JobSpec:
-    return digits_spec(optimizer={"name": name, "params": {"lr": 0.05}}, steps=12, checkpoint_every=5)
+def broken_spec(name: str, checkpoint_every: int) -> JobSpec:
+    return digits_spec(
+        optimizer={"name": name, "params": {"lr": 0.05}}, steps=12, checkpoint_every=checkpoint_every
+    )
 
 
-def test_a_job_fails_its_first_checkpoint_when_state_is_dropped(make_job: Callable[..., Any]) -> None:
-    job = make_job(broken_spec("forgetful_momentum"), with_registry=registry_with(ForgetfulMomentum))
+# A checkpoint with steps after it is proven by the loop's next step (Checkpointed.confirm); the
+# last one, by a twin of its own.
+FIRST_CHECKPOINT = pytest.mark.parametrize("first", [5, 12], ids=["mid-run", "at the end only"])
+
+
+@FIRST_CHECKPOINT
+def test_a_job_fails_its_first_checkpoint_when_state_is_dropped(
+    make_job: Callable[..., Any], first: int
+) -> None:
+    job = make_job(broken_spec("forgetful_momentum", first), with_registry=registry_with(ForgetfulMomentum))
     with pytest.raises(CheckpointMismatch, match=r"\['updates'\]"):
         job.run()
-    assert [(c.step, c.ok) for c in job.verified] == [(5, False)]
+    assert [(c.step, c.ok) for c in job.verified] == [(first, False)]
 
 
+@FIRST_CHECKPOINT
 def test_a_job_fails_its_first_checkpoint_when_state_is_outside_state_dict(
-    make_job: Callable[..., Any],
+    make_job: Callable[..., Any], first: int
 ) -> None:
-    job = make_job(broken_spec("attribute_momentum"), with_registry=registry_with(AttributeMomentum))
+    job = make_job(broken_spec("attribute_momentum", first), with_registry=registry_with(AttributeMomentum))
     with pytest.raises(CheckpointMismatch, match="the next step differs"):
         job.run()
-    assert [(c.step, c.ok) for c in job.verified] == [(5, False)]
+    assert [(c.step, c.ok) for c in job.verified] == [(first, False)]
+
+
+@pytest.mark.parametrize(
+    "optimizer",
+    [
+        pytest.param({"name": "adam", "params": {"lr": 0.01}}, id="adam"),
+        pytest.param({"name": "ema_momentum", "params": {"lr": 0.05}}, id="ema_momentum"),
+    ],
+)
+def test_a_checkpoint_left_to_the_next_step_is_proven_by_that_step_and_no_other(
+    make_job: Callable[..., Any], optimizer: dict[str, Any]
+) -> None:
+    spec = digits_spec(optimizer=optimizer, schedule={"name": "cosine", "params": {"warmup_steps": 2}})
+    job = make_job(spec)
+    session = job.session
+    objects = session.build()
+    for step in range(3):
+        session.train_step(objects, session.batch(step), step)
+    checkpointed = session.checkpoint(objects, 3, job.checkpoint_dir, next_step_follows=True)
+    assert checkpointed.confirm is not None
+    # Nothing of the proof touched the objects training continues from: they are what was saved.
+    saved = torch.load(checkpointed.path, weights_only=True)
+    for name, part in checkpointed.objects.parts().items():
+        assert first_difference(saved[name], part.state_dict(), name) is None
+    # The loop's step 3 from them (its schedule step included) is the uninterrupted one...
+    session.train_step(checkpointed.objects, session.batch(3), 3)
+    checkpointed.confirm(checkpointed.objects)
+    # ...and any other step is not: the comparison can fail.
+    session.train_step(checkpointed.objects, session.batch(4), 4)
+    with pytest.raises(CheckpointMismatch, match="the next step differs"):
+        checkpointed.confirm(checkpointed.objects)
 
 
 class LockedCounter(StateMomentum):
