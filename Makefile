@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/tracking_overhead.py
 	$(BIN)/python benchmarks/tracking_overhead_keras.py
 	$(BIN)/python benchmarks/step_profile.py
+	$(BIN)/python benchmarks/checkpoint_parts.py
 	$(BIN)/python benchmarks/api.py
 	$(BIN)/python benchmarks/queue_claims.py
 	$(BIN)/python benchmarks/startup.py

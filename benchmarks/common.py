@@ -162,3 +162,10 @@ def interleaved(cases: dict[str, Callable[[], float]], rounds: int) -> dict[str,
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def paired_ratio(values: list[float], base: list[float]) -> float:
+    """The median over rounds of each round's value over the same round's base: a machine whose
+    speed drifts between rounds (this one's spread by 10-30%) moves both alike, so the ratio is
+    steadier than the ratio of the two medians."""
+    return median([value / reference for value, reference in zip(values, base, strict=True)])

@@ -179,7 +179,8 @@ def main() -> None:
         rate = median(values)
         print(f"  {label:<32} {rate:8.0f} steps/s  {rate / base:5.3f} of bare  {1e6 / rate:8.0f} us/step")
     print(
-        f"\ndelivery thread: {per_point * 1e6:.1f} us of CPU per point (entities + HTTP), 6 points per step"
+        f"\ndelivery thread: {per_point * 1e6:.1f} us of CPU per point (entities + HTTP); "
+        "a job logs 3 points a step and 3 a flush"
     )
     print(
         f"checkpoint round trip: {checkpoint_s * 1000:.1f} ms for {param_bytes / 1e6:.2f} MB of parameters "

@@ -22,8 +22,12 @@ per round, each round starting at the next case), in steps per second, median ov
   end and checkpoints, not the process start); every `train/loss` point is read back from
   MLflow (`points_ok`).
 
-Ratios are over `bare`. Targets (issue 15): digits_mlp `ratio_off` >= 0.85 with every point
-delivered; a larger workload >= 0.97 (`ratio_off`) and >= 0.93 (`ratio_on`).
+The tracking server's own intake is measured too (`server_capacity`: points a second through the
+job's delivery with nothing training beside it): a third of it bounds any job that delivers every
+point (`server_bound`, over `bare`). Ratios are over `bare`: of the medians, and `paired` (the
+median of each round's ratio to that round's `bare`, steadier where the machine's speed drifts).
+Targets (issue 15): digits_mlp `ratio_off` >= 0.85 with every point delivered; a larger workload
+>= 0.97 (`ratio_off`) and >= 0.93 (`ratio_on`).
 Run: `python benchmarks/tracking_overhead.py [--workload digits_mlp,digits_cnn] [--steps 2000]
 [--rounds 3] [--optimizer ema_momentum]`; the larger workload: `--workload char_lm --steps 300
 --batch-size 16` (a step takes about 100 ms on one CPU thread). Asserts nothing; one
@@ -39,10 +43,22 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from common import bench_line, interleaved, machine_line, median, mlflow_server, run_job, thread_environment
+from common import (
+    bench_line,
+    interleaved,
+    machine_line,
+    median,
+    mlflow_server,
+    paired_ratio,
+    run_job,
+    thread_environment,
+)
 
-# What a job logs, and so what the peers log too: three values every step, its timings once a window.
-TIMINGS_EVERY = 100  # the loop's flush window (jobs.training.loop.FLUSH_EVERY_STEPS)
+from jobs.training.loop import FLUSH_EVERY_STEPS
+
+# What a job logs, and so what the peers log too: three values every step, its timings once a
+# window (the loop's flush window by step count).
+TIMINGS_EVERY = FLUSH_EVERY_STEPS
 
 
 def job_spec(args: argparse.Namespace, workload: str, *, checkpoint_every: int) -> dict[str, Any]:
@@ -167,6 +183,35 @@ def tensorboard_peer(folder: Path) -> Callable[[int, Any, Any], None] | None:
     return on_step
 
 
+def server_capacity(uri: str, steps: int = 4000) -> float:
+    """Points per second the tracking server takes in through the job's own delivery (the delivery
+    process, full batches), with nothing training beside it: the most any job can log. A job logs
+    three points a step (and three a window), so no job can run faster than a third of this with
+    every point delivered, however little it costs itself."""
+    from jobs.tracking import MlflowRun, Point
+
+    run = MlflowRun(uri, experiment="bench-capacity", run_name="capacity", params={}, tags={})
+    time.sleep(1.0)  # the delivery process has started and is ready
+    stamp = int(time.time() * 1000)
+    started = time.perf_counter()
+    for start in range(0, steps, TIMINGS_EVERY):
+        run.metrics(
+            [
+                Point(key, value, step, stamp)
+                for step in range(start, start + TIMINGS_EVERY)
+                for key, value in (
+                    ("train/loss", 1.0 / (step + 1)),
+                    ("train/lr", 0.05),
+                    ("train/grad_norm", 1.0),
+                )
+            ]
+        )
+    run.delivery.flush()
+    seconds = time.perf_counter() - started
+    run.end("FINISHED")
+    return 3 * steps / seconds
+
+
 def points_delivered(uri: str, result: dict[str, Any], steps: int) -> bool:
     from mlflow import MlflowClient
 
@@ -214,22 +259,33 @@ def bench_workload(args: argparse.Namespace, workload: str, uri: str, folder: Pa
     cases.update(
         {"job null": job(off_spec, None), "job off": job(off_spec, uri), "job on": job(on_spec, uri)}
     )
+    # Before the rounds, on the emptiest database (SQLite's intake slows as it fills): the most any
+    # job of the rounds could have had; and after them, for comparison.
+    capacity = median([server_capacity(uri) for _ in range(3)])
     rates = interleaved(cases, args.rounds)
+    capacity_after = median([server_capacity(uri) for _ in range(3)])
     base = median(rates["bare"])
+    points_per_step = 3 + 3 / TIMINGS_EVERY
     print(
         f"\n{workload}, {args.optimizer}, {args.steps} steps, batch {args.batch_size}: "
         f"steps/s, median of {args.rounds}"
     )
+    print(f"  {'':<14} {'':>8}          {'of bare':>13}  {'paired':>6}")
     for label, values in rates.items():
         shown = ", ".join(f"{v:.0f}" for v in values)
-        print(
-            f"  {label:<14} {median(values):8.0f} steps/s  {median(values) / base:5.3f} of bare   ({shown})"
-        )
+        ratio, paired = median(values) / base, paired_ratio(values, rates["bare"])
+        print(f"  {label:<14} {median(values):8.0f} steps/s  {ratio:13.3f}  {paired:6.3f}   ({shown})")
     if async_waits:
         print(
             f"  mlflow async: waiting for delivery after the loop took {median(async_waits):.1f} s (median)"
         )
     print(f"  every train/loss point in MLflow: {sum(delivered)} of {len(delivered)} tracked jobs")
+    print(
+        f"  the tracking server takes in {capacity:.0f} points/s before the rounds ({capacity_after:.0f} "
+        f"after them; median of 3, nothing else running): {points_per_step:.2f} points a step bound "
+        f"any job with every point delivered to {capacity / points_per_step:.0f} steps/s, "
+        f"{capacity / points_per_step / base:.3f} of bare"
+    )
     bench_line(
         "tracking_overhead",
         workload=workload,
@@ -242,6 +298,11 @@ def bench_workload(args: argparse.Namespace, workload: str, uri: str, folder: Pa
         ratio_mlflow_async=median(rates["mlflow async"]) / base,
         ratio_tensorboard=(median(rates["tensorboard"]) / base) if "tensorboard" in rates else "n/a",
         bare_steps_per_s=base,
+        paired_off=paired_ratio(rates["job off"], rates["bare"]),
+        paired_on=paired_ratio(rates["job on"], rates["bare"]),
+        server_points_per_s=capacity,
+        server_points_per_s_after=capacity_after,
+        server_bound=capacity / points_per_step / base,
     )
 
 
