@@ -188,13 +188,19 @@ def test_every_point_arrives_exactly_once_through_the_process(client: Any, serve
         run.metric("train/loss", 0.0, 2500)
 
 
-def test_flush_returns_only_once_the_server_holds_every_point(client: Any, gate: Gate) -> None:
-    run = start_run(gate.uri, "flush")
+def held_flush(run: MlflowRun, gate: Gate) -> threading.Thread:
+    """300 points logged, then a flush on a thread of its own, its batch held at the gate."""
     run.metrics(points(range(300)))
     gate.hold()
     flusher = threading.Thread(target=run.delivery.flush)
     flusher.start()
     assert gate.held.wait(WAIT_S)
+    return flusher
+
+
+def test_flush_returns_only_once_the_server_holds_every_point(client: Any, gate: Gate) -> None:
+    run = start_run(gate.uri, "flush")
+    flusher = held_flush(run, gate)
     flusher.join(timeout=0.2)
     assert flusher.is_alive(), "flush() returned while the batch was still held on its way"
     gate.release()
@@ -212,11 +218,7 @@ def log_on(run: MlflowRun) -> None:
 def test_a_flush_waiting_for_the_server_does_not_hold_up_logging(client: Any, gate: Gate) -> None:
     """A checkpoint's publication flushes on a thread of its own while the training thread logs on."""
     run = start_run(gate.uri, "flush-beside-logging")
-    run.metrics(points(range(300)))
-    gate.hold()
-    flusher = threading.Thread(target=run.delivery.flush)
-    flusher.start()
-    assert gate.held.wait(WAIT_S)
+    flusher = held_flush(run, gate)
     logger = threading.Thread(target=log_on, args=(run,))
     logger.start()
     logger.join(WAIT_S / 2)

@@ -85,14 +85,20 @@ def test_points_go_out_after_the_interval_without_a_flush() -> None:
     assert send.steps == [0, 1, 2]
 
 
-def test_flush_blocks_until_delivered() -> None:
-    send = FakeSend()
+def held_flush(send: FakeSend) -> tuple[BatchedMetricLogger, threading.Thread]:
+    """A logger with 5 points, flushing on a thread of its own while `send` holds their batch."""
     send.released.clear()
     logger = BatchedMetricLogger(send)
     log(logger, range(5))
     flusher = threading.Thread(target=logger.flush)
     flusher.start()
     assert send.entered.wait(WAIT_S)
+    return logger, flusher
+
+
+def test_flush_blocks_until_delivered() -> None:
+    send = FakeSend()
+    logger, flusher = held_flush(send)
     flusher.join(timeout=0.2)
     assert flusher.is_alive(), "flush() returned while the batch was still being sent"
     send.released.set()
@@ -106,12 +112,7 @@ def test_flush_waits_only_for_points_logged_before_it() -> None:
     """Another thread logging on (the training, while a checkpoint is published) does not keep it
     waiting: it returns once its own points are sent, with later ones still on their way."""
     send = FakeSend(delay_s=0.2)
-    send.released.clear()
-    logger = BatchedMetricLogger(send)
-    log(logger, range(5))
-    flusher = threading.Thread(target=logger.flush)
-    flusher.start()
-    assert send.entered.wait(WAIT_S)
+    logger, flusher = held_flush(send)
     log(logger, range(5, 5005))  # five more full batches, 0.2 s each
     send.released.set()
     flusher.join(WAIT_S)
