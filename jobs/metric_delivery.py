@@ -347,21 +347,18 @@ class DeliveryProcess:
         last_progress = time.monotonic()
         while True:
             with self._lock:
-                fallback, ack_fd = self._fallback, self._ack_fd
-                if fallback is None:
-                    try:
+                try:
+                    if self._fallback is None:
                         self._read_acknowledgements()  # the training thread may have read them too
-                    except _DeliveryProcessGone as exc:
-                        self._fall_back(f"died ({exc})")
-                        fallback = self._fallback
-                if fallback is None:
-                    if self._processed >= mark:
-                        return
-                    if self._processed > seen:
-                        seen, last_progress = self._processed, time.monotonic()
-                    elif time.monotonic() - last_progress > stalled_after:
-                        self._fall_back(f"died (no acknowledgement for {stalled_after:.0f} s)")
-                        fallback = self._fallback
+                        if self._processed >= mark:
+                            return
+                        if self._processed > seen:
+                            seen, last_progress = self._processed, time.monotonic()
+                        elif time.monotonic() - last_progress > stalled_after:
+                            raise _DeliveryProcessGone(f"no acknowledgement for {stalled_after:.0f} s")
+                except _DeliveryProcessGone as exc:
+                    self._fall_back(f"died ({exc})")
+                fallback, ack_fd = self._fallback, self._ack_fd
             if fallback is not None:  # it was handed every point not acknowledged, in order
                 fallback.flush()
                 return

@@ -213,7 +213,6 @@ def take_probe_step(objects: TrainObjects, probe: Callable[[TrainObjects], None]
     """One `probe` step from the random state as it is, which is then put back: the step training
     takes next draws the same numbers."""
     rng = rng_state()
-    set_rng_state(rng)
     probe(objects)
     set_rng_state(rng)
 

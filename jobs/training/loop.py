@@ -178,7 +178,7 @@ class TrainingJob:
                 self._settle_publication(wait=True)  # the last checkpoint is published in the time
             except BaseException as failure:
                 self._flush_after(failure, window, timings)
-                self._publish_after(failure)
+                self._publish_after_failure()
                 raise
             train_seconds = time.monotonic() - started
             if end > start:
@@ -364,9 +364,9 @@ class TrainingJob:
             self.store.retire(self.last_checkpoint)  # superseded (jobs.resume: what is kept where)
         self.last_checkpoint = publication.path
 
-    def _publish_after(self, failure: BaseException) -> None:
+    def _publish_after_failure(self) -> None:
         """The job failed or was stopped after a checkpoint was verified: it is still published and
-        reported, for another attempt to resume from. Its own failure would only hide `failure`."""
+        reported, for another attempt to resume from. Its own failure would only hide the job's."""
         try:
             self._settle_publication(wait=True)
         except Exception:
