@@ -80,8 +80,8 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         return Health(
             status="ok",
             database="ok",
-            catalogue_published_at=found[1] if found else None,
-            optimizers=len(found[0].optimizers) if found else 0,
+            catalogue_published_at=found.published_at if found else None,
+            optimizers=len(found.catalogue.optimizers) if found else 0,
         )
 
     return app

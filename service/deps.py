@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request
 from sqlalchemy.orm import Session
 
-from jobs.spec import Catalogue
+from jobs.spec import Catalogue, SpecError, SpecT, with_resolved_style
 from service import store
+from service.models import Job
+from service.quotas import CatalogueChanged, SubmissionQueue
 from service.settings import Settings
 
 
@@ -29,20 +31,73 @@ SessionDep = Annotated[Session, Depends(get_session)]
 
 
 def get_catalogue(request: Request, session: SessionDep) -> Catalogue:
-    return published_catalogue(request, session)
+    return _found(request.app.state.catalogues.latest(session=session)).catalogue
 
 
-def published_catalogue(request: Request, session: Session) -> Catalogue:
-    """The latest catalogue (from the app's cache), or 503 while no worker has published one."""
+def published_catalogue(request: Request, *, cached: bool = False) -> store.PublishedCatalogue:
+    """The latest catalogue, or 503 while no worker has published one; `cached`: the one the app
+    loaded last, if any, without asking the store (see `submit_validated` for when that is safe)."""
     catalogues: store.CatalogueCache = request.app.state.catalogues
-    found = catalogues.latest(session=session)
+    found = catalogues.cached() if cached else None
     if found is None:
+        with request.app.state.sessions() as session:
+            found = catalogues.latest(session=session)
+    return _found(found)
+
+
+def _found(published: store.PublishedCatalogue | None) -> store.PublishedCatalogue:
+    if published is None:
         raise HTTPException(
             status_code=503,
             detail="the optimizer catalogue has not been published yet: "
             "start a worker (`optlab worker`, or `optlab serve`) and retry in a few seconds",
         )
-    return found[0]
+    return published
+
+
+# How often a submission is validated again because a new catalogue was published meanwhile
+# before it gives up with a 503: catalogues are published when a worker starts or its plugins
+# change, so one retry is the rare case and three in a row a storm.
+CATALOGUE_RETRIES = 3
+CATALOGUE_RETRY_AFTER_S = 5
+
+
+Refusals = Callable[[Catalogue], list[SpecError]]  # what a catalogue refuses in a spec
+
+
+def submit_validated(request: Request, spec: SpecT, errors_in: Refusals, *, submitted_by: str | None) -> Job:
+    """`spec` validated against the latest catalogue (`errors_in` lists what it refuses: a 422)
+    and stored as a queued job through the app's `SubmissionQueue`.
+
+    Submitting is the API's hot path, so the catalogue is the app's cached one, without asking
+    the store first (on PostgreSQL that question cost a connection check-out and four round trips
+    a request: benchmarks/README, phase 5). A stale cache still gives the answer a fresh one would:
+    a spec it refuses is checked again against the store's latest before the 422, and one it
+    accepts is stored only if that catalogue is still the latest when its batch commits, else
+    validated again against the new one.
+    """
+    submissions: SubmissionQueue = request.app.state.submissions
+    published = published_catalogue(request, cached=True)
+    for _ in range(CATALOGUE_RETRIES):
+        errors = errors_in(published.catalogue)
+        if errors:
+            latest = published_catalogue(request)
+            if latest is not published:
+                published = latest
+                errors = errors_in(published.catalogue)
+        if errors:
+            raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
+        resolved = with_resolved_style(spec, published.catalogue)
+        try:
+            return submissions.submit(resolved, submitted_by=submitted_by, catalogue=published.version)
+        except CatalogueChanged:
+            published = published_catalogue(request)
+    raise HTTPException(
+        status_code=503,
+        detail=f"the optimizer catalogue changed {CATALOGUE_RETRIES} times while this submission was "
+        f"being stored (workers starting or reloading plugins); retry in {CATALOGUE_RETRY_AFTER_S} s",
+        headers={"Retry-After": str(CATALOGUE_RETRY_AFTER_S)},
+    )
 
 
 CatalogueDep = Annotated[Catalogue, Depends(get_catalogue)]

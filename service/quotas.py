@@ -4,7 +4,8 @@ The count and the insert happen under one lock (`service.db.submission_lock`), s
 racing at the limit cannot both pass. Single jobs (`POST /jobs`, `POST /checks`) go through a
 `SubmissionQueue`, which stores the submissions that arrive together in one transaction: one
 lock, one count and one commit (one fsync) for all of them, each accepted or refused exactly as
-it would have been alone, in the order they came.
+it would have been alone, in the order they came. That transaction also checks that each was
+validated against the catalogue still the latest (`CatalogueChanged` otherwise).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from service import store
 from service.db import submission_lock
 from service.models import Job
 from service.settings import Settings
+from service.store import CatalogueVersion
 
 # What a refused client is told to wait: a job of the demo's size takes about this long here.
 RETRY_AFTER_S = 30
@@ -93,10 +95,16 @@ def _full(message: str) -> HTTPException:
     )
 
 
+class CatalogueChanged(Exception):
+    """A submission was validated against a catalogue that is no longer the latest: nothing was
+    stored for it; validate it again against the latest."""
+
+
 @dataclass(eq=False)
 class _Submission:
     spec: AnySpec
     submitted_by: str | None
+    catalogue: CatalogueVersion
     handled: bool = False
     job: Job | None = None
     error: BaseException | None = None
@@ -120,9 +128,12 @@ class SubmissionQueue:
     _waiting_lock: threading.Lock = field(default_factory=threading.Lock)
     _storing: threading.Lock = field(default_factory=threading.Lock)
 
-    def submit(self, spec: AnySpec, *, submitted_by: str | None) -> Job:
-        """The stored job, or the 429 (or the store's error) raised."""
-        mine = _Submission(spec, submitted_by)
+    def submit(self, spec: AnySpec, *, submitted_by: str | None, catalogue: CatalogueVersion) -> Job:
+        """The stored job, or the 429, `CatalogueChanged` (or the store's error) raised.
+
+        `catalogue`: the version of the catalogue `spec` was validated against.
+        """
+        mine = _Submission(spec, submitted_by, catalogue)
         with self._waiting_lock:
             self._waiting.append(mine)
         with self._storing:
@@ -140,8 +151,10 @@ class SubmissionQueue:
             with self.sessions() as session, submission_lock(session):
                 names = [submission.submitted_by for submission in batch]
                 room = QueueRoom.count(session=session, settings=self.settings, names=names)
+                newest = store.newest_catalogue_version(session=session)
                 for submission in batch:
-                    submission.error = room.refusal(submission.submitted_by)
+                    stale = submission.catalogue != newest
+                    submission.error = CatalogueChanged() if stale else room.refusal(submission.submitted_by)
                     if submission.error is None:
                         room.add(submission.submitted_by)
                         submission.job = store.job_row(

@@ -392,40 +392,69 @@ def latest_catalogue(*, session: Session) -> tuple[Catalogue, datetime] | None:
     return Catalogue.model_validate(snapshot.data), published
 
 
+# Which snapshot is the latest: the worker that published it, and when.
+CatalogueVersion = tuple[str, datetime]
+
+# Built once: a statement is immutable, and building it costs more than running it.
+_NEWEST_CATALOGUE = (
+    select(CatalogueSnapshot.worker_id, CatalogueSnapshot.published_at)
+    .order_by(CatalogueSnapshot.published_at.desc())
+    .limit(1)
+)
+
+
+def newest_catalogue_version(*, session: Session) -> CatalogueVersion | None:
+    """The latest snapshot's version (a few bytes, not its 40 KB of JSON); None before any."""
+    newest = session.execute(_NEWEST_CATALOGUE).first()
+    return None if newest is None else (newest.worker_id, newest.published_at)
+
+
+@dataclass(frozen=True)
+class PublishedCatalogue:
+    """A catalogue snapshot, validated, with its version."""
+
+    catalogue: Catalogue
+    version: CatalogueVersion
+
+    @property
+    def published_at(self) -> datetime:
+        published = as_utc(self.version[1])
+        assert published is not None
+        return published
+
+
 class CatalogueCache:
     """The latest published catalogue, read and validated once per publication.
 
     A snapshot is about 40 KB of JSON: decoding and validating it took over a millisecond, on
-    every submission. Here each call asks only which snapshot is the latest (its worker and
-    publication time, a few bytes) and reloads it when that changed, so a catalogue published a
-    moment ago is seen at once, as before. Shared by the API's threads; `Catalogue` is read-only.
+    every submission. `latest` asks only which snapshot is the latest and reloads it when that
+    changed, so a catalogue published a moment ago is seen at once. `cached` asks nothing: its
+    callers check the version where it matters (see `service.deps.submit_validated`). Shared by
+    the API's threads; `Catalogue` is read-only.
     """
 
-    # Built once: a statement is immutable, and building it costs more than running it.
-    NEWEST = (
-        select(CatalogueSnapshot.worker_id, CatalogueSnapshot.published_at)
-        .order_by(CatalogueSnapshot.published_at.desc())
-        .limit(1)
-    )
-
     def __init__(self) -> None:
-        self._latest: tuple[tuple[str, datetime], Catalogue] | None = None
+        self._latest: PublishedCatalogue | None = None
 
-    def latest(self, *, session: Session) -> tuple[Catalogue, datetime] | None:
-        newest = session.execute(self.NEWEST).first()
-        if newest is None:
+    def cached(self) -> PublishedCatalogue | None:
+        """The catalogue last loaded, without asking the store (None before the first load)."""
+        return self._latest
+
+    def latest(self, *, session: Session) -> PublishedCatalogue | None:
+        version = newest_catalogue_version(session=session)
+        if version is None:
             return None
-        version = (newest.worker_id, newest.published_at)
         cached = self._latest  # one read: another thread may replace it meanwhile
-        if cached is None or cached[0] != version:
-            snapshot = session.get(CatalogueSnapshot, newest.worker_id, populate_existing=True)
-            if snapshot is None:  # its worker's row went in between: the one now latest
-                return self.latest(session=session)
-            version = (snapshot.worker_id, snapshot.published_at)
-            cached = self._latest = (version, Catalogue.model_validate(snapshot.data))
-        published = as_utc(cached[0][1])
-        assert published is not None
-        return cached[1], published
+        if cached is not None and cached.version == version:
+            return cached
+        snapshot = session.get(CatalogueSnapshot, version[0], populate_existing=True)
+        if snapshot is None:  # its worker's row went in between: the one now latest
+            return self.latest(session=session)
+        loaded = PublishedCatalogue(
+            Catalogue.model_validate(snapshot.data), (snapshot.worker_id, snapshot.published_at)
+        )
+        self._latest = loaded
+        return loaded
 
 
 def _rowcount(result: Any) -> int:

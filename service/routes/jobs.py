@@ -8,12 +8,11 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from jobs.result import JobStatus
-from jobs.spec import JobSpec, catalogue_errors, timeout_errors, with_resolved_style
+from jobs.spec import Catalogue, JobSpec, SpecError, catalogue_errors, timeout_errors
 from service import store
-from service.admission import device_errors
+from service.admission import device_errors_asking
 from service.auth import CallerDep, submitter
-from service.deps import SessionDep, SettingsDep, published_catalogue
-from service.quotas import SubmissionQueue
+from service.deps import SessionDep, SettingsDep, submit_validated
 from service.schemas import COMMON, WRITES, JobKind, JobRead, JobsPage, responses
 from service.settings import ApiToken, Settings
 
@@ -31,20 +30,15 @@ async def submit_job(spec: JobSpec, request: Request, settings: SettingsDep, cal
 
 
 def _submit_job(spec: JobSpec, request: Request, settings: Settings, caller: ApiToken | None) -> JobRead:
-    # The read session is closed before the submission waits for its batch: a connection is only
-    # ever held by a thread that is running (see service.db).
-    with request.app.state.sessions() as session:
-        catalogue = published_catalogue(request, session)
+    refused_device = device_errors_asking(request.app.state.sessions, spec.device, settings=settings)
+
+    def errors_in(catalogue: Catalogue) -> list[SpecError]:
         errors = catalogue_errors(
             spec, catalogue, max_steps=settings.max_steps, data_roots=settings.data_root_paths
         )
-        errors += timeout_errors(spec, max_job_seconds=settings.max_job_seconds)
-        errors += device_errors(spec.device, session=session, settings=settings)
-    if errors:
-        raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
-    submissions: SubmissionQueue = request.app.state.submissions
-    job = submissions.submit(with_resolved_style(spec, catalogue), submitted_by=submitter(caller))
-    return JobRead.from_row(job)
+        return errors + timeout_errors(spec, max_job_seconds=settings.max_job_seconds) + refused_device
+
+    return JobRead.from_row(submit_validated(request, spec, errors_in, submitted_by=submitter(caller)))
 
 
 @router.get("", response_model=JobsPage, responses=responses(*COMMON))
