@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import statistics
@@ -169,3 +170,18 @@ def paired_ratio(values: list[float], base: list[float]) -> float:
     speed drifts between rounds (this one's spread by 10-30%) moves both alike, so the ratio is
     steadier than the ratio of the two medians."""
     return median([value / reference for value, reference in zip(values, base, strict=True)])
+
+
+def paired_interval(
+    values: list[float], base: list[float], confidence: float = 0.9, resamples: int = 4000
+) -> tuple[float, float]:
+    """A bootstrap interval for `paired_ratio`: the rounds resampled with replacement (seeded, so
+    a rerun on the same figures prints the same interval). A target is judged met only when the
+    interval lies above it, missed only when it lies below."""
+    ratios = [value / reference for value, reference in zip(values, base, strict=True)]
+    if len(ratios) < 2:
+        return float("nan"), float("nan")
+    chooser = random.Random(0)
+    medians = sorted(statistics.median(chooser.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    return medians[int(tail * resamples)], medians[min(resamples - 1, int((1 - tail) * resamples))]
