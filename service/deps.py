@@ -77,8 +77,9 @@ def submit_validated(request: Request, spec: SpecT, errors_in: Refusals, *, subm
     validated again against the new one.
     """
     submissions: SubmissionQueue = request.app.state.submissions
-    published = published_catalogue(request, cached=True)
-    for _ in range(CATALOGUE_RETRIES):
+    for attempt in range(CATALOGUE_RETRIES):
+        # The cached catalogue first; after a `CatalogueChanged`, the latest.
+        published = published_catalogue(request, cached=attempt == 0)
         errors = errors_in(published.catalogue)
         if errors:
             latest = published_catalogue(request)
@@ -91,7 +92,7 @@ def submit_validated(request: Request, spec: SpecT, errors_in: Refusals, *, subm
         try:
             return submissions.submit(resolved, submitted_by=submitted_by, catalogue=published.version)
         except CatalogueChanged:
-            published = published_catalogue(request)
+            continue
     raise HTTPException(
         status_code=503,
         detail=f"the optimizer catalogue changed {CATALOGUE_RETRIES} times while this submission was "

@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session
 from jobs.result import TERMINAL_STATUSES, ErrorRecord, JobResult, JobStatus, Progress
 from jobs.spec import AnySpec, Catalogue, CheckSpec, default_style, framework_of_style
 from service.capabilities import needs_of
+from service.db import submission_lock
 from service.models import CatalogueSnapshot, Job, WorkerRow, utcnow
 
 
@@ -372,19 +373,20 @@ def requeue_job(*, session: Session, job_id: int, worker_id: str, attempt: int, 
 
 def publish_catalogue(*, session: Session, worker_id: str, catalogue: dict[str, Any]) -> None:
     Catalogue.model_validate(catalogue)  # refuse to publish something the API cannot read
-    snapshot = session.get(CatalogueSnapshot, worker_id)
-    if snapshot is None:
-        session.add(CatalogueSnapshot(worker_id=worker_id, data=catalogue, published_at=utcnow()))
-    else:
-        snapshot.data = catalogue
-        snapshot.published_at = utcnow()
-    session.commit()
+    # Under the submission lock: a batch of submissions checks that its catalogue is the latest
+    # and commits under it too (service.quotas), so no publication lands in between.
+    with submission_lock(session):
+        snapshot = session.get(CatalogueSnapshot, worker_id)
+        if snapshot is None:
+            session.add(CatalogueSnapshot(worker_id=worker_id, data=catalogue, published_at=utcnow()))
+        else:
+            snapshot.data = catalogue
+            snapshot.published_at = utcnow()
+        session.commit()
 
 
 def latest_catalogue(*, session: Session) -> tuple[Catalogue, datetime] | None:
-    snapshot = session.scalars(
-        select(CatalogueSnapshot).order_by(CatalogueSnapshot.published_at.desc()).limit(1)
-    ).first()
+    snapshot = session.scalars(select(CatalogueSnapshot).order_by(*_NEWEST_FIRST).limit(1)).first()
     if snapshot is None:
         return None
     published = as_utc(snapshot.published_at)
@@ -395,11 +397,11 @@ def latest_catalogue(*, session: Session) -> tuple[Catalogue, datetime] | None:
 # Which snapshot is the latest: the worker that published it, and when.
 CatalogueVersion = tuple[str, datetime]
 
+# Which snapshot is the latest, ties (one microsecond, two workers) broken the same way everywhere.
+_NEWEST_FIRST = (CatalogueSnapshot.published_at.desc(), CatalogueSnapshot.worker_id.desc())
 # Built once: a statement is immutable, and building it costs more than running it.
 _NEWEST_CATALOGUE = (
-    select(CatalogueSnapshot.worker_id, CatalogueSnapshot.published_at)
-    .order_by(CatalogueSnapshot.published_at.desc())
-    .limit(1)
+    select(CatalogueSnapshot.worker_id, CatalogueSnapshot.published_at).order_by(*_NEWEST_FIRST).limit(1)
 )
 
 

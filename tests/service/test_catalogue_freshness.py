@@ -3,7 +3,10 @@ still answer as the latest published catalogue would (service.deps.submit_valida
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,8 +15,11 @@ from sqlalchemy import event, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from service import store
+from service.db import make_engine, migrate, session_factory, submission_lock
 from service.deps import CATALOGUE_RETRIES
 from service.models import Job
+from service.quotas import SubmissionQueue
+from tests.postgres import throwaway_database
 
 LION: dict[str, Any] = {
     "workload": {"name": "digits_mlp"},
@@ -83,24 +89,30 @@ def test_a_catalogue_that_changes_at_every_commit_gives_a_503_and_stores_nothing
 ) -> None:
     assert client.post("/jobs", json=ADAM).status_code == 201
     stored = jobs_stored(sessions)
-    asked = 0
-    real = store.newest_catalogue_version
+    asked, batches = 0, 0
+    real_version, real_store = store.newest_catalogue_version, SubmissionQueue._store
 
     def always_newer(*, session: Session) -> tuple[str, datetime] | None:
         nonlocal asked
         asked += 1
-        version = real(session=session)
+        version = real_version(session=session)
         assert version is not None
         return version[0], version[1] + timedelta(microseconds=asked)
 
+    def counted(queue: SubmissionQueue, batch: Any) -> None:
+        nonlocal batches
+        batches += 1
+        real_store(queue, batch)
+
     monkeypatch.setattr(store, "newest_catalogue_version", always_newer)
+    monkeypatch.setattr(SubmissionQueue, "_store", counted)
 
     response = client.post("/jobs", json=ADAM)
 
     assert response.status_code == 503, response.text
     assert "catalogue changed" in response.json()["detail"]
     assert int(response.headers["Retry-After"]) > 0
-    assert asked >= CATALOGUE_RETRIES  # each try reached its batch's check
+    assert batches == CATALOGUE_RETRIES  # validated again each time, then given up
     assert jobs_stored(sessions) == stored
 
 
@@ -122,3 +134,31 @@ def test_a_submission_with_a_warm_cache_checks_out_one_connection(client: TestCl
     finally:
         event.remove(engine, "checkout", count)
     assert checkouts == 5
+
+
+@pytest.mark.parametrize("kind", ["sqlite", "postgresql"])
+def test_a_catalogue_is_published_only_outside_a_batch_of_submissions(
+    kind: str, tmp_path: Path, catalogue_data: dict[str, Any]
+) -> None:
+    """A batch checks its catalogue is the latest and commits under the submission lock: a
+    publication waits for it, so none lands between the check and the commit."""
+    with contextlib.ExitStack() as stack:
+        url = f"sqlite:///{tmp_path / 'lock.db'}"
+        if kind == "postgresql":
+            url = stack.enter_context(throwaway_database("optlab_publish"))
+        engine = make_engine(url)
+        stack.callback(engine.dispose)
+        migrate(engine)
+        sessions = session_factory(engine)
+        publishing = threading.Thread(target=publish, args=(sessions, "w", catalogue_data))
+        with sessions() as batch, submission_lock(batch):
+            publishing.start()
+            publishing.join(0.5)
+            assert publishing.is_alive(), "published while a batch held the submission lock"
+            with sessions() as session:
+                assert store.newest_catalogue_version(session=session) is None
+            batch.commit()
+        publishing.join(10)
+        assert not publishing.is_alive()
+        with sessions() as session:
+            assert store.newest_catalogue_version(session=session) is not None
