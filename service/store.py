@@ -394,10 +394,10 @@ def latest_catalogue(*, session: Session) -> tuple[Catalogue, datetime] | None:
     return Catalogue.model_validate(snapshot.data), published
 
 
-# Which snapshot is the latest: the worker that published it, and when.
+# A snapshot's version: the worker that published it, and when.
 CatalogueVersion = tuple[str, datetime]
 
-# Which snapshot is the latest, ties (one microsecond, two workers) broken the same way everywhere.
+# Newest first, ties (two workers in one microsecond) broken the same way by every query.
 _NEWEST_FIRST = (CatalogueSnapshot.published_at.desc(), CatalogueSnapshot.worker_id.desc())
 # Built once: a statement is immutable, and building it costs more than running it.
 _NEWEST_CATALOGUE = (
