@@ -71,10 +71,10 @@ def submit_validated(request: Request, spec: SpecT, errors_in: Refusals, *, subm
 
     Submitting is the API's hot path, so the catalogue is the app's cached one, without asking
     the store first (on PostgreSQL that question cost a check-out with its ping, BEGIN, the version
-    query and ROLLBACK a request: benchmarks/README, phase 5). A stale cache still gives the answer a fresh one would:
-    a spec it refuses is checked again against the store's latest before the 422, and one it
-    accepts is stored only if that catalogue is still the latest when its batch commits, else
-    validated again against the new one.
+    query and ROLLBACK a request: benchmarks/README, phase 5). A stale cache still gives the
+    answer a fresh one would: a spec it refuses is checked again against the store's latest
+    before the 422, and one it accepts is stored only if that catalogue is still the latest when
+    its batch commits, else validated again against the new one.
     """
     submissions: SubmissionQueue = request.app.state.submissions
     for attempt in range(CATALOGUE_RETRIES):
