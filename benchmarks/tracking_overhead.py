@@ -43,6 +43,7 @@ import argparse
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,20 @@ from jobs.training.loop import FLUSH_EVERY_STEPS
 # What a job logs, and so what the peers log too: three values every step, its timings once a
 # window (the loop's flush window by step count).
 TIMINGS_EVERY = FLUSH_EVERY_STEPS
+
+
+@dataclass(frozen=True)
+class Ratios:
+    """A case's rates over `bare`'s: of the medians, paired, and the paired ratio's 90% interval."""
+
+    of_bare: float
+    paired: float
+    low: float
+    high: float
+
+    @classmethod
+    def of(cls, values: list[float], bare: list[float]) -> Ratios:
+        return cls(median(values) / median(bare), paired_ratio(values, bare), *paired_interval(values, bare))
 
 
 def job_spec(args: argparse.Namespace, workload: str, *, checkpoint_every: int) -> dict[str, Any]:
@@ -273,14 +288,14 @@ def bench_workload(args: argparse.Namespace, workload: str, uri: str, folder: Pa
         f"\n{workload}, {args.optimizer}, {args.steps} steps, batch {args.batch_size}: "
         f"steps/s, median of {args.rounds}"
     )
+    ratios = {label: Ratios.of(values, rates["bare"]) for label, values in rates.items()}
     print(f"  {'':<14} {'':>8}          {'of bare':>13}  {'paired, 90% interval':>21}")
     for label, values in rates.items():
         shown = ", ".join(f"{v:.0f}" for v in values)
-        ratio, paired = median(values) / base, paired_ratio(values, rates["bare"])
-        low, high = paired_interval(values, rates["bare"])
+        r = ratios[label]
         print(
-            f"  {label:<14} {median(values):8.0f} steps/s  {ratio:13.3f}  {paired:6.3f} "
-            f"[{low:.3f}, {high:.3f}]   ({shown})"
+            f"  {label:<14} {median(values):8.0f} steps/s  {r.of_bare:13.3f}  {r.paired:6.3f} "
+            f"[{r.low:.3f}, {r.high:.3f}]   ({shown})"
         )
     if async_waits:
         print(
@@ -295,15 +310,14 @@ def bench_workload(args: argparse.Namespace, workload: str, uri: str, folder: Pa
     )
 
     def of_bare(label: str) -> float | str:
-        return median(rates[label]) / base if label in rates else "n/a"
+        return ratios[label].of_bare if label in ratios else "n/a"
 
-    off_low, off_high = paired_interval(rates["job off"], rates["bare"])
-    on_low, on_high = paired_interval(rates["job on"], rates["bare"])
+    off, on = ratios["job off"], ratios["job on"]
     bench_line(
         "tracking_overhead",
         workload=workload,
-        ratio_off=of_bare("job off"),
-        ratio_on=of_bare("job on"),
+        ratio_off=off.of_bare,
+        ratio_on=on.of_bare,
         points_ok=int(bool(delivered) and all(delivered)),
         ratio_null=of_bare("job null"),
         ratio_item=of_bare("bare+item"),
@@ -312,12 +326,12 @@ def bench_workload(args: argparse.Namespace, workload: str, uri: str, folder: Pa
         ratio_tensorboard=of_bare("tensorboard"),
         bare_steps_per_s=base,
         rounds=args.rounds,
-        paired_off=paired_ratio(rates["job off"], rates["bare"]),
-        paired_off_low=off_low,
-        paired_off_high=off_high,
-        paired_on=paired_ratio(rates["job on"], rates["bare"]),
-        paired_on_low=on_low,
-        paired_on_high=on_high,
+        paired_off=off.paired,
+        paired_off_low=off.low,
+        paired_off_high=off.high,
+        paired_on=on.paired,
+        paired_on_low=on.low,
+        paired_on_high=on.high,
         server_points_per_s=capacity,
         server_points_per_s_after=capacity_after,
         server_bound=capacity / points_per_step / base,
