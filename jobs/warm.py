@@ -19,6 +19,8 @@ import importlib
 import os
 import stat
 import sys
+from collections.abc import Iterable
+from contextlib import nullcontext
 
 from jobs.processes import WarmOrder, exit_without_teardown
 
@@ -49,9 +51,17 @@ def warm_up(style: str) -> None:
     Best effort: a module that fails here is imported again by the job, which then fails exactly
     as a cold job would, with its error in result.json and its log.
     """
+    from optimizers.keras_imports import optional_keras_imports_hidden
     from optimizers.registry import BUILTIN_MODULES
 
-    for name in (*STYLE_IMPORTS.get(style, ()), *COMMON_IMPORTS, *BUILTIN_MODULES.get(style, ())):
+    # The framework first, as a job process imports it: Keras's without its optional imports.
+    with nullcontext() if style == "torch" else optional_keras_imports_hidden():
+        _import_each(STYLE_IMPORTS.get(style, ()))
+    _import_each((*COMMON_IMPORTS, *BUILTIN_MODULES.get(style, ())))
+
+
+def _import_each(names: Iterable[str]) -> None:
+    for name in names:
         try:
             importlib.import_module(name)
         except Exception:

@@ -16,6 +16,7 @@ import re
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -23,6 +24,7 @@ from types import ModuleType
 from typing import Any
 
 from optimizers.hyperparams import Param, ParamType, check_all
+from optimizers.keras_imports import optional_keras_imports_hidden
 from optimizers.loop_needs import LoopNeeds, base_problem, detect_loop_needs
 from optimizers.param_groups import (
     GroupRule,
@@ -371,11 +373,14 @@ def load_registry(plugin_dirs: Iterable[str] | None = None, styles: Iterable[str
         raise ValueError(f"unknown style {unknown[0]!r}; known: {', '.join(STYLES)}")
     registry = Registry()
     for style in styles:
-        for module_name in BUILTIN_MODULES[style]:
-            # Guarded too: a host without TensorFlow still serves its torch optimizers.
-            _guarded(
-                registry, f"builtin:{module_name}", partial(_load_builtin, registry, module_name, styles)
-            )
+        # A style's built-ins import its framework first in a process: Keras's without the optional
+        # libraries it imports just in case (optimizers/keras_imports.py).
+        with nullcontext() if style == "torch" else optional_keras_imports_hidden():
+            for module_name in BUILTIN_MODULES[style]:
+                # Guarded too: a host without TensorFlow still serves its torch optimizers.
+                _guarded(
+                    registry, f"builtin:{module_name}", partial(_load_builtin, registry, module_name, styles)
+                )
     for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         load = partial(_load_entry_point, registry, entry_point, styles)
         _guarded(registry, f"entry point {entry_point.name}", load)

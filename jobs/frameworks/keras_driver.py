@@ -58,6 +58,7 @@ from jobs.frameworks.base import (
 from jobs.spec import JobSpec
 from jobs.workloads import Workload
 from optimizers.hyperparams import check_all
+from optimizers.keras_imports import import_tensorflow
 from optimizers.loop_needs import PLAIN, LoopNeeds
 from optimizers.registry import Base, Entry
 from optimizers.schedules import build_schedule
@@ -102,7 +103,10 @@ class KerasDriver(Driver):
     serializable_decorator: ClassVar[str] = "keras.saving.register_keras_serializable"
     loss_scale_name: ClassVar[str] = "keras.mixed_precision.LossScaleOptimizer"
 
+    keras_module_name: ClassVar[str] = "keras"
+
     def __init__(self) -> None:
+        import_tensorflow(self.keras_module_name)  # once, without Keras's optional imports
         import tensorflow as tf
 
         self.tf = tf
@@ -449,6 +453,8 @@ class LegacyKerasDriver(KerasDriver):
     whole_model_formats: ClassVar[tuple[str, ...]] = (".h5", ".keras")
     serializable_decorator: ClassVar[str] = "tf_keras.utils.register_keras_serializable"
     loss_scale_name: ClassVar[str] = "tf_keras.mixed_precision.LossScaleOptimizer"
+
+    keras_module_name: ClassVar[str] = "tf_keras"
 
     def _keras_module(self) -> Any:
         import tf_keras

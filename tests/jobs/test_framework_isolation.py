@@ -21,17 +21,23 @@ from jobs.processes import legacy_keras_environment
 from tests.conftest import ROOT
 
 FRAMEWORKS = ("torch", "tensorflow", "keras", "tf_keras")
-# Which top-level modules a job of each style must never load.
-# And what each must load: its own framework.
+# What Keras imports just in case when installed, and no job uses (optimizers/keras_imports.py).
+KERAS_OPTIONAL = ("sklearn", "pandas", "matplotlib")
+# Which top-level modules a job of each style must never load (an untracked job: no MLflow,
+# which would bring pandas). And what each must load: its own framework.
 OWN = {"torch": {"torch"}, "keras": {"tensorflow", "keras"}, "tf_legacy": {"tensorflow", "tf_keras"}}
-FORBIDDEN = {"torch": {"tensorflow", "keras", "tf_keras"}, "keras": {"torch"}, "tf_legacy": {"torch"}}
+FORBIDDEN = {
+    "torch": {"tensorflow", "keras", "tf_keras"},
+    "keras": {"torch", *KERAS_OPTIONAL},
+    "tf_legacy": {"torch", *KERAS_OPTIONAL},
+}
 
 # What `python -m jobs.run` runs (its `__main__` then ends the process at once: exit_without_teardown).
 WRAPPER = f"""
 import sys
 from jobs import run
 code = run.main(sys.argv[1:])
-print("LOADED", sorted(m for m in sys.modules if m.split(".")[0] in {FRAMEWORKS!r}))
+print("LOADED", sorted(m for m in sys.modules if m.split(".")[0] in {(*FRAMEWORKS, *KERAS_OPTIONAL)!r}))
 sys.exit(code)
 """
 

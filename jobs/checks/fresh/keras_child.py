@@ -10,9 +10,7 @@ runtime starts there. Steps run eagerly on purpose: whether the update also work
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -153,24 +151,9 @@ def run_and_save(ctx: CheckContext, overrides: Mapping[str, Any], checkpoint: Pa
 
 
 def import_framework(style: str) -> None:
-    """TensorFlow and the style's Keras, through its driver; importing creates no runtime yet."""
-    with _without_sklearn():
-        driver_for(style)
-
-
-@contextmanager
-def _without_sklearn() -> Iterator[None]:
-    """Importing TensorFlow and Keras spends over a second importing scikit-learn for Keras's
-    SKLearn wrappers, which no check uses: hide it during these imports only (Keras then
-    leaves the wrappers out), so a user's module can still import it afterwards."""
-    hidden = "sklearn" not in sys.modules
-    if hidden:
-        sys.modules["sklearn"] = None  # type: ignore[assignment]  # makes `import sklearn` fail
-    try:
-        yield
-    finally:
-        if hidden:
-            del sys.modules["sklearn"]
+    """TensorFlow and the style's Keras, through its driver (without Keras's optional imports:
+    optimizers/keras_imports.py); importing creates no runtime yet."""
+    driver_for(style)
 
 
 def prepare_run(request: Mapping[str, Any]) -> None:
