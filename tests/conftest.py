@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import socket
 import subprocess
@@ -18,12 +19,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="session")
-def catalogue_data() -> dict[str, Any]:
-    """The catalogue exactly as a worker publishes it: from `python -m jobs.catalogue`."""
-    completed = subprocess.run(
-        [sys.executable, "-m", "jobs.catalogue"], cwd=ROOT, capture_output=True, text=True, check=True
-    )
-    data: dict[str, Any] = json.loads(completed.stdout)
+def catalogue_data(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> dict[str, Any]:
+    """The catalogue exactly as a worker publishes it: from `python -m jobs.catalogue`.
+
+    Produced once per test run (seconds of CPU: it imports torch and TensorFlow twice) and shared
+    by the xdist workers through a file in the run's temporary folder, under a lock."""
+    run_folder = tmp_path_factory.getbasetemp()
+    if worker_id != "master":  # each xdist worker has a folder of its own in the run's
+        run_folder = run_folder.parent
+    path = run_folder / "catalogue.json"
+    with open(run_folder / "catalogue.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not path.exists():
+            completed = subprocess.run(
+                [sys.executable, "-m", "jobs.catalogue"], cwd=ROOT, capture_output=True, text=True, check=True
+            )
+            path.write_text(completed.stdout)
+    data: dict[str, Any] = json.loads(path.read_text())
     return data
 
 
