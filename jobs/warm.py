@@ -15,21 +15,19 @@ of an order means the worker is gone or no longer needs it: it exits at once, ha
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import stat
 import sys
 from collections.abc import Iterable
-from contextlib import nullcontext
 
 from jobs.processes import WarmOrder, exit_without_teardown
+from jobs.tracking import import_mlflow
 
 # Imported by every job (jobs.run's heavy imports happen only once a spec is read).
 COMMON_IMPORTS = (
     "numpy",
-    "mlflow",
-    "mlflow.entities",
-    "mlflow.tracking",
     "jobs.run",
     "jobs.tracking",
     "jobs.resume",
@@ -51,11 +49,14 @@ def warm_up(style: str) -> None:
     Best effort: a module that fails here is imported again by the job, which then fails exactly
     as a cold job would, with its error in result.json and its log.
     """
-    from optimizers.keras_imports import optional_keras_imports_hidden
+    from optimizers.optional_imports import KERAS_OPTIONAL_IMPORTS, hidden_while_importing
     from optimizers.registry import BUILTIN_MODULES
 
-    # The framework first, as a job process imports it: Keras's without its optional imports.
-    with nullcontext() if style == "torch" else optional_keras_imports_hidden():
+    # MLflow and the framework as a job process imports them: without the libraries they import
+    # just in case (optimizers/optional_imports.py).
+    with contextlib.suppress(Exception):
+        import_mlflow()
+    with hidden_while_importing(() if style == "torch" else KERAS_OPTIONAL_IMPORTS):
         _import_each(STYLE_IMPORTS.get(style, ()))
     _import_each((*COMMON_IMPORTS, *BUILTIN_MODULES.get(style, ())))
 

@@ -16,7 +16,6 @@ import re
 import sys
 import traceback
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -24,8 +23,8 @@ from types import ModuleType
 from typing import Any
 
 from optimizers.hyperparams import Param, ParamType, check_all
-from optimizers.keras_imports import optional_keras_imports_hidden
 from optimizers.loop_needs import LoopNeeds, base_problem, detect_loop_needs
+from optimizers.optional_imports import KERAS_OPTIONAL_IMPORTS, hidden_while_importing
 from optimizers.param_groups import (
     GroupRule,
     assign_groups,
@@ -374,8 +373,8 @@ def load_registry(plugin_dirs: Iterable[str] | None = None, styles: Iterable[str
     registry = Registry()
     for style in styles:
         # A style's built-ins import its framework first in a process: Keras's without the optional
-        # libraries it imports just in case (optimizers/keras_imports.py).
-        with nullcontext() if style == "torch" else optional_keras_imports_hidden():
+        # libraries it imports just in case (optimizers/optional_imports.py).
+        with hidden_while_importing(() if style == "torch" else KERAS_OPTIONAL_IMPORTS):
             for module_name in BUILTIN_MODULES[style]:
                 # Guarded too: a host without TensorFlow still serves its torch optimizers.
                 _guarded(

@@ -58,8 +58,8 @@ from jobs.frameworks.base import (
 from jobs.spec import JobSpec
 from jobs.workloads import Workload
 from optimizers.hyperparams import check_all
-from optimizers.keras_imports import import_tensorflow
 from optimizers.loop_needs import PLAIN, LoopNeeds
+from optimizers.optional_imports import import_tensorflow
 from optimizers.registry import Base, Entry
 from optimizers.schedules import build_schedule
 

@@ -21,10 +21,10 @@ from jobs.processes import legacy_keras_environment
 from tests.conftest import ROOT
 
 FRAMEWORKS = ("torch", "tensorflow", "keras", "tf_keras")
-# What Keras imports just in case when installed, and no job uses (optimizers/keras_imports.py).
+# What Keras imports just in case when installed, and no job uses (optimizers/optional_imports.py).
 KERAS_OPTIONAL = ("sklearn", "pandas", "matplotlib")
-# Which top-level modules a job of each style must never load (an untracked job: no MLflow,
-# which would bring pandas). And what each must load: its own framework.
+# Which top-level modules a job of each style must never load, and what each must load: its own
+# framework.
 OWN = {"torch": {"torch"}, "keras": {"tensorflow", "keras"}, "tf_legacy": {"tensorflow", "tf_keras"}}
 FORBIDDEN = {
     "torch": {"tensorflow", "keras", "tf_keras"},

@@ -152,7 +152,7 @@ def run_and_save(ctx: CheckContext, overrides: Mapping[str, Any], checkpoint: Pa
 
 def import_framework(style: str) -> None:
     """TensorFlow and the style's Keras, through its driver (without Keras's optional imports:
-    optimizers/keras_imports.py); importing creates no runtime yet."""
+    optimizers/optional_imports.py); importing creates no runtime yet."""
     driver_for(style)
 
 

@@ -1,0 +1,45 @@
+"""Frameworks imported without the optional libraries they load just in case.
+
+When they are installed, importing Keras 3 (and TensorFlow, which imports it) also imports
+scikit-learn (for the `keras.wrappers` SKLearn estimators), pandas (so that `fit` accepts
+DataFrames) and matplotlib.pyplot (for its plotting utilities); tf_keras imports pandas; MLflow's
+client imports pandas for its pandas datasets. Here that is 1.7 of the 4.6 s of CPU and 150 of the
+700 MiB that a Keras job, check or catalogue process spends importing TensorFlow and Keras, and
+0.5 of the 1.4 s that a tracked job spends importing MLflow. No optimizer, workload, check or
+tracked job of ours uses those features, and scikit-learn is installed only for its bundled
+datasets, which `jobs/workloads/digits_mlp.py` reads without importing it.
+
+So while such a framework is first imported, those libraries look absent (the framework then
+leaves those features out, as it does where they are not installed), and afterwards they import
+as usual: a user's module that imports pandas gets it. A library already imported is left as it is.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+KERAS_OPTIONAL_IMPORTS = ("sklearn", "pandas", "matplotlib")
+
+
+@contextmanager
+def hidden_while_importing(names: Iterable[str]) -> Iterator[None]:
+    """Within: `import name` raises ImportError for each of `names` not imported already."""
+    hidden = [name for name in names if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # type: ignore[assignment]  # makes `import name` fail
+    try:
+        yield
+    finally:
+        for name in hidden:
+            if name in sys.modules and sys.modules[name] is None:
+                del sys.modules[name]
+
+
+def import_tensorflow(keras_module: str) -> None:
+    """TensorFlow and `keras_module` ("keras" or "tf_keras"), without Keras's optional imports."""
+    with hidden_while_importing(KERAS_OPTIONAL_IMPORTS):
+        importlib.import_module("tensorflow")
+        importlib.import_module(keras_module)
