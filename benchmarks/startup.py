@@ -69,8 +69,9 @@ if mode == "warm":
     warm_up({"torch": "torch", "tensorflow": "keras"}[framework])
 elif framework == "torch":
     import torch  # noqa: F401
-else:
-    import tensorflow, keras  # noqa: F401
+else:  # as a job's registry imports them (optimizers/optional_imports.py)
+    from optimizers.optional_imports import import_tensorflow
+    import_tensorflow("keras")
 stamps["imports"] = time.time()
 from pathlib import Path
 from jobs.report import Reporter
