@@ -218,10 +218,11 @@ MLFLOW_OPTIONAL_IMPORTS = ("pandas",)
 
 
 def import_mlflow() -> None:
-    """MLflow's client, once, without the libraries it imports just in case."""
+    """MLflow's client without the libraries it imports just in case (hidden only while MLflow is
+    first imported in this process)."""
     from optimizers.optional_imports import hidden_while_importing  # the API imports this module
 
-    with hidden_while_importing(MLFLOW_OPTIONAL_IMPORTS):
+    with hidden_while_importing(MLFLOW_OPTIONAL_IMPORTS if "mlflow" not in sys.modules else ()):
         importlib.import_module("mlflow")
         importlib.import_module("mlflow.tracking")
         importlib.import_module("mlflow.entities")

@@ -49,14 +49,14 @@ def warm_up(style: str) -> None:
     Best effort: a module that fails here is imported again by the job, which then fails exactly
     as a cold job would, with its error in result.json and its log.
     """
-    from optimizers.optional_imports import KERAS_OPTIONAL_IMPORTS, hidden_while_importing
+    from optimizers.optional_imports import KERAS_MODULE_OF_STYLE, keras_imports_hidden
     from optimizers.registry import BUILTIN_MODULES
 
     # MLflow and the framework as a job process imports them: without the libraries they import
     # just in case (optimizers/optional_imports.py).
     with contextlib.suppress(Exception):
         import_mlflow()
-    with hidden_while_importing(() if style == "torch" else KERAS_OPTIONAL_IMPORTS):
+    with keras_imports_hidden(KERAS_MODULE_OF_STYLE.get(style)):
         _import_each(STYLE_IMPORTS.get(style, ()))
     _import_each((*COMMON_IMPORTS, *BUILTIN_MODULES.get(style, ())))
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 
 KERAS_OPTIONAL_IMPORTS = ("sklearn", "pandas", "matplotlib")
+KERAS_MODULE_OF_STYLE = {"keras": "keras", "tf_legacy": "tf_keras"}
 
 
 @contextmanager
@@ -38,8 +39,16 @@ def hidden_while_importing(names: Iterable[str]) -> Iterator[None]:
                 del sys.modules[name]
 
 
+def keras_imports_hidden(keras_module: str | None) -> AbstractContextManager[None]:
+    """Keras's optional imports hidden while `keras_module` ("keras" or "tf_keras") is imported
+    for the first time in this process; nothing hidden once it is (no window in which a user's
+    thread could find pandas missing), nor for None (a torch style)."""
+    first_time = keras_module is not None and keras_module not in sys.modules
+    return hidden_while_importing(KERAS_OPTIONAL_IMPORTS if first_time else ())
+
+
 def import_tensorflow(keras_module: str) -> None:
     """TensorFlow and `keras_module` ("keras" or "tf_keras"), without Keras's optional imports."""
-    with hidden_while_importing(KERAS_OPTIONAL_IMPORTS):
+    with keras_imports_hidden(keras_module):
         importlib.import_module("tensorflow")
         importlib.import_module(keras_module)

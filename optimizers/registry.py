@@ -24,7 +24,7 @@ from typing import Any
 
 from optimizers.hyperparams import Param, ParamType, check_all
 from optimizers.loop_needs import LoopNeeds, base_problem, detect_loop_needs
-from optimizers.optional_imports import KERAS_OPTIONAL_IMPORTS, hidden_while_importing
+from optimizers.optional_imports import KERAS_MODULE_OF_STYLE, keras_imports_hidden
 from optimizers.param_groups import (
     GroupRule,
     assign_groups,
@@ -374,7 +374,7 @@ def load_registry(plugin_dirs: Iterable[str] | None = None, styles: Iterable[str
     for style in styles:
         # A style's built-ins import its framework first in a process: Keras's without the optional
         # libraries it imports just in case (optimizers/optional_imports.py).
-        with hidden_while_importing(() if style == "torch" else KERAS_OPTIONAL_IMPORTS):
+        with keras_imports_hidden(KERAS_MODULE_OF_STYLE.get(style)):
             for module_name in BUILTIN_MODULES[style]:
                 # Guarded too: a host without TensorFlow still serves its torch optimizers.
                 _guarded(

@@ -3,11 +3,16 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
+from pathlib import Path
+
+import pytest
 
 from jobs.processes import legacy_keras_environment
+from optimizers import optional_imports
 from tests.conftest import ROOT
 
 # argv: what to import ("keras", "tf_keras" or "mlflow"), then modules imported before it.
@@ -62,3 +67,20 @@ def test_mlflow_s_client_imports_none_of_them() -> None:
     printed = run("mlflow")
     assert "AFTER_IMPORT []" in printed
     assert "USER_GOT (1, 1) (1797, 64)" in printed
+
+
+def test_a_name_is_hidden_only_within_and_only_when_not_imported_yet(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "optlab_probe.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(optional_imports, "KERAS_OPTIONAL_IMPORTS", ("optlab_probe",))
+    with optional_imports.keras_imports_hidden("optlab_first_import"):
+        with pytest.raises(ImportError):
+            importlib.import_module("optlab_probe")
+    assert importlib.import_module("optlab_probe").VALUE == 1  # afterwards, as usual
+    with optional_imports.hidden_while_importing(["optlab_probe"]):  # imported: left as it is
+        assert importlib.import_module("optlab_probe").VALUE == 1
+    monkeypatch.delitem(sys.modules, "optlab_probe")
+    with optional_imports.keras_imports_hidden("json"):  # that Keras is imported already: no window
+        assert importlib.import_module("optlab_probe").VALUE == 1
