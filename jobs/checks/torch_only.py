@@ -169,7 +169,8 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
             f"3 compiled steps differ from 3 eager steps by {difference:.3g}",
             where=method_location(ctx),
             figure=difference,
-            fix="avoid state changes dynamo cannot see (Python attributes updated in step, random numbers)",
+            fix="avoid state changes dynamo cannot see (Python attributes updated in step, random numbers) "
+            "and math that branches on torch.compiler.is_compiling()",
         )
     breaks_note = f", {breaks} graph break(s)" if breaks else ", no graph breaks"
     return passed(
