@@ -12,7 +12,6 @@ Library code uses `MlflowClient` with an explicit run id, never the fluent API.
 
 from __future__ import annotations
 
-import importlib
 import json
 import sys
 import tempfile
@@ -212,22 +211,6 @@ def run_chart_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
     return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}/model-metrics"
 
 
-# MLflow's client imports pandas for its pandas datasets, which no job logs: 0.5 of the 1.4 s of CPU
-# that importing it costs a tracked job (optimizers/optional_imports.py).
-MLFLOW_OPTIONAL_IMPORTS = ("pandas",)
-
-
-def import_mlflow() -> None:
-    """MLflow's client without the libraries it imports just in case (hidden only while MLflow is
-    first imported in this process)."""
-    from optimizers.optional_imports import hidden_while_importing  # the API imports this module
-
-    with hidden_while_importing(MLFLOW_OPTIONAL_IMPORTS if "mlflow" not in sys.modules else ()):
-        importlib.import_module("mlflow")
-        importlib.import_module("mlflow.tracking")
-        importlib.import_module("mlflow.entities")
-
-
 class MlflowRun:
     """One MLflow run per job, on a tracking server reached over HTTP."""
 
@@ -242,7 +225,6 @@ class MlflowRun:
         resume_run_id: str | None = None,
         delivery: DeliveryMode | None = None,
     ) -> None:
-        import_mlflow()
         from mlflow import MlflowClient
 
         self._client = MlflowClient(tracking_uri=tracking_uri)

@@ -15,7 +15,6 @@ of an order means the worker is gone or no longer needs it: it exits at once, ha
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
 import stat
@@ -23,11 +22,13 @@ import sys
 from collections.abc import Iterable
 
 from jobs.processes import WarmOrder, exit_without_teardown
-from jobs.tracking import import_mlflow
 
 # Imported by every job (jobs.run's heavy imports happen only once a spec is read).
 COMMON_IMPORTS = (
     "numpy",
+    "mlflow",
+    "mlflow.entities",
+    "mlflow.tracking",
     "jobs.run",
     "jobs.tracking",
     "jobs.resume",
@@ -52,10 +53,8 @@ def warm_up(style: str) -> None:
     from optimizers.optional_imports import KERAS_MODULE_OF_STYLE, keras_imports_hidden
     from optimizers.registry import BUILTIN_MODULES
 
-    # MLflow and the framework as a job process imports them: without the libraries they import
-    # just in case (optimizers/optional_imports.py).
-    with contextlib.suppress(Exception):
-        import_mlflow()
+    # The framework as a job process imports it: Keras without the libraries it imports just in
+    # case (optimizers/optional_imports.py).
     with keras_imports_hidden(KERAS_MODULE_OF_STYLE.get(style)):
         _import_each(STYLE_IMPORTS.get(style, ()))
     _import_each((*COMMON_IMPORTS, *BUILTIN_MODULES.get(style, ())))

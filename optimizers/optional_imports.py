@@ -1,17 +1,21 @@
-"""Frameworks imported without the optional libraries they load just in case.
+"""TensorFlow and Keras imported without the optional libraries Keras loads just in case.
 
 When they are installed, importing Keras 3 (and TensorFlow, which imports it) also imports
 scikit-learn (for the `keras.wrappers` SKLearn estimators), pandas (so that `fit` accepts
-DataFrames) and matplotlib.pyplot (for its plotting utilities); tf_keras imports pandas; MLflow's
-client imports pandas for its pandas datasets. Here that is 1.7 of the 4.6 s of CPU and 150 of the
-700 MiB that a Keras job, check or catalogue process spends importing TensorFlow and Keras, and
-0.5 of the 1.4 s that a tracked job spends importing MLflow. No optimizer, workload, check or
-tracked job of ours uses those features, and scikit-learn is installed only for its bundled
-datasets, which `jobs/workloads/digits_mlp.py` reads without importing it.
+DataFrames) and matplotlib.pyplot (for its plotting utilities); tf_keras imports pandas. Here
+that is 1.7 of the 4.6 s of CPU and 150 of the 700 MiB that a Keras job, check or catalogue
+process spends importing TensorFlow and Keras. No optimizer, workload or check of ours uses those
+features, and scikit-learn is installed only for its bundled datasets, which
+`jobs/workloads/digits_mlp.py` reads without importing it.
 
-So while such a framework is first imported, those libraries look absent (the framework then
-leaves those features out, as it does where they are not installed), and afterwards they import
-as usual: a user's module that imports pandas gets it. A library already imported is left as it is.
+So while TensorFlow and Keras are first imported, those libraries look absent (Keras then leaves
+those features out, as it does where they are not installed, and guards every such import), and
+afterwards they import as usual: a user's module that imports pandas gets it. A library already
+imported (a tracked job's MLflow client brings pandas) is left as it is.
+
+Not done for MLflow's client, which imports pandas too: parts of MLflow record a failed pandas
+import for good (`mlflow.models` loses its signatures, and `mlflow.pyfunc`, `mlflow.keras` no
+longer import), and a plugin may use them.
 """
 
 from __future__ import annotations

@@ -23,8 +23,8 @@ from tests.conftest import ROOT
 FRAMEWORKS = ("torch", "tensorflow", "keras", "tf_keras")
 # What Keras imports just in case when installed, and no job uses (optimizers/optional_imports.py).
 KERAS_OPTIONAL = ("sklearn", "pandas", "matplotlib")
-# Which top-level modules a job of each style must never load, and what each must load: its own
-# framework.
+# Which top-level modules a job of each style must never load (these jobs are untracked: a tracked
+# job's MLflow client brings pandas), and what each must load: its own framework.
 OWN = {"torch": {"torch"}, "keras": {"tensorflow", "keras"}, "tf_legacy": {"tensorflow", "tf_keras"}}
 FORBIDDEN = {
     "torch": {"tensorflow", "keras", "tf_keras"},

@@ -1,4 +1,4 @@
-"""TensorFlow, Keras and MLflow imported without the optional libraries they load just in case
+"""TensorFlow and Keras imported without the optional libraries Keras loads just in case
 (optimizers/optional_imports.py), in fresh processes: a test process has long imported them."""
 
 from __future__ import annotations
@@ -15,21 +15,16 @@ from jobs.processes import legacy_keras_environment
 from optimizers import optional_imports
 from tests.conftest import ROOT
 
-# argv: what to import ("keras", "tf_keras" or "mlflow"), then modules imported before it.
+# argv: the Keras to import ("keras" or "tf_keras"), then modules imported before it.
 PROGRAM = """
 import sys
 from optimizers.optional_imports import KERAS_OPTIONAL_IMPORTS, import_tensorflow
-from jobs.tracking import import_mlflow
 already = [__import__(name) for name in sys.argv[2:]]
-import_mlflow() if sys.argv[1] == "mlflow" else import_tensorflow(sys.argv[1])
+import_tensorflow(sys.argv[1])
 print("AFTER_IMPORT", sorted(m for m in KERAS_OPTIONAL_IMPORTS if m in sys.modules))
 assert all(sys.modules[module.__name__] is module for module in already)
 if sys.argv[1] == "keras":
     sys.modules["keras"].Variable(1.0)
-if sys.argv[1] == "mlflow":
-    from mlflow import MlflowClient
-    from mlflow.entities import Metric
-    MlflowClient(tracking_uri="http://127.0.0.1:9"), Metric("train/loss", 1.0, 0, 0)
 # A user's module imports them as usual afterwards.
 import pandas, sklearn.datasets, matplotlib.pyplot
 print("USER_GOT", pandas.DataFrame({"a": [1]}).shape, sklearn.datasets.load_digits().data.shape)
@@ -60,12 +55,6 @@ def test_legacy_keras_imports_none_of_them_and_a_user_gets_each_afterwards() -> 
 def test_keras_leaves_a_library_imported_before_as_it_is() -> None:
     printed = run("keras", "pandas")
     assert "AFTER_IMPORT ['pandas']" in printed
-    assert "USER_GOT (1, 1) (1797, 64)" in printed
-
-
-def test_mlflow_s_client_imports_none_of_them() -> None:
-    printed = run("mlflow")
-    assert "AFTER_IMPORT []" in printed
     assert "USER_GOT (1, 1) (1797, 64)" in printed
 
 

@@ -34,7 +34,6 @@ LIGHT = {
     "jobs.workloads.surfaces": {"numpy"},
     "jobs.tracking": {"mlflow"},
     "jobs.metric_delivery": set(),  # jobs.tracking's delivery process
-    "optimizers.optional_imports": set(),  # how jobs.tracking imports MLflow in a job
 }
 
 
