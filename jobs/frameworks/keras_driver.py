@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import re
+import sys
 import time
 import traceback
 import warnings
@@ -59,7 +60,7 @@ from jobs.spec import JobSpec
 from jobs.workloads import Workload
 from optimizers.hyperparams import check_all
 from optimizers.loop_needs import PLAIN, LoopNeeds
-from optimizers.optional_imports import import_tensorflow
+from optimizers.optional_imports import KERAS_MODULE_OF_STYLE, import_tensorflow
 from optimizers.registry import Base, Entry
 from optimizers.schedules import build_schedule
 
@@ -103,19 +104,11 @@ class KerasDriver(Driver):
     serializable_decorator: ClassVar[str] = "keras.saving.register_keras_serializable"
     loss_scale_name: ClassVar[str] = "keras.mixed_precision.LossScaleOptimizer"
 
-    keras_module_name: ClassVar[str] = "keras"
-
     def __init__(self) -> None:
-        import_tensorflow(self.keras_module_name)  # once, without Keras's optional imports
-        import tensorflow as tf
-
-        self.tf = tf
-        self.km = self._keras_module()
-
-    def _keras_module(self) -> Any:
-        import keras
-
-        return keras
+        keras_module = KERAS_MODULE_OF_STYLE[self.style]  # keras, or tf_keras for the legacy style
+        import_tensorflow(keras_module)  # once, without Keras's optional imports
+        self.tf = sys.modules["tensorflow"]
+        self.km = sys.modules[keras_module]
 
     def schedule_class(self) -> Any:
         from optimizers.keras.schedules import OptlabSchedule
@@ -453,13 +446,6 @@ class LegacyKerasDriver(KerasDriver):
     whole_model_formats: ClassVar[tuple[str, ...]] = (".h5", ".keras")
     serializable_decorator: ClassVar[str] = "tf_keras.utils.register_keras_serializable"
     loss_scale_name: ClassVar[str] = "tf_keras.mixed_precision.LossScaleOptimizer"
-
-    keras_module_name: ClassVar[str] = "tf_keras"
-
-    def _keras_module(self) -> Any:
-        import tf_keras
-
-        return tf_keras
 
     def schedule_class(self) -> Any:
         from optimizers.tf_legacy.schedules import OptlabLegacySchedule
