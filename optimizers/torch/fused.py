@@ -1,10 +1,11 @@
-"""What the opt-in `fused=True` of the built-in torch optimizers shares (ema_momentum, adamw_ref).
+"""What the opt-in `fused=True` of the built-in torch optimizers shares (ema_momentum, adamw_ref, lion).
 
-Those two have torch's own fused kernels for their math (`torch._fused_sgd_`,
-`torch._fused_adamw_`: the whole update in one pass per tensor, in C++ on a CPU, one launch for
-many tensors on a GPU), where `torch._foreach_*` lists take one pass through memory per op.
-The math is the same; the rounding is torch's (each optimizer's docstring says how close).
-Lion has no such kernel, so it has no `fused` flag.
+torch's own fused kernels (`torch._fused_sgd_`, `torch._fused_adamw_`) do a whole update in one
+pass per tensor: in C++ on a CPU, one launch for many tensors on a GPU. `torch._foreach_*` lists
+take one pass through memory per op, and on a CPU one dispatch per tensor and op. adamw_ref's math
+is fused AdamW's; ema_momentum and lion end with `fused_decay_and_step`, the decay and the update in
+one pass of fused SGD. The math is the same; the rounding is torch's (each optimizer's docstring
+says how close).
 """
 
 from __future__ import annotations
@@ -66,3 +67,25 @@ def by_device_and_dtype(*lists: list[Any]) -> list[tuple[list[Any], ...]]:
     if len(groups) == 1:
         return [lists]
     return [tuple([items[i] for i in indices] for items in lists) for indices in groups.values()]
+
+
+def fused_decay_and_step(
+    params: list[Tensor], steps: list[Tensor] | tuple[Tensor, ...], *, lr: float, weight_decay: float
+) -> None:
+    """`p <- p * (1 - lr * weight_decay) - lr * s` for each parameter p and its step s, in one pass:
+    torch's fused SGD at momentum 0, s as its gradient. Its weight decay is added to the gradient
+    (`p - lr * (s + weight_decay * p)`), which without momentum is the decoupled decay exactly, up
+    to rounding. `steps` are read, never written (the kernel writes a gradient back only to unscale
+    it by a `grad_scale`, which is not passed)."""
+    torch._fused_sgd_(
+        params,
+        steps,
+        [],  # no momentum buffers: momentum 0
+        weight_decay=weight_decay,
+        momentum=0.0,
+        lr=lr,
+        dampening=0.0,
+        nesterov=False,
+        maximize=False,
+        is_first_step=False,
+    )

@@ -6,6 +6,11 @@
 
 The update has the same magnitude for every coordinate, so Lion wants a learning
 rate 3-10x smaller than AdamW's. Sparse gradients update only the touched rows.
+
+`fused=True` (opt-in) takes the decay and the update in one pass of torch's fused SGD kernel
+(`optimizers.torch.fused.fused_decay_and_step`) instead of two `_foreach_*` passes; the direction
+and the momentum are the multi-tensor kernel's, bitwise. Same math, not the same bits: the
+parameters round their own way (tests/optimizers/torch/test_fused_kernels.py).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from torch import Tensor
 
 from optimizers.hyperparams import Param, check_hyperparameters, non_negative, positive, unit_interval
 from optimizers.torch.foreach_default import default_foreach
+from optimizers.torch.fused import FUSED, by_device_and_dtype, check_fused, fused_decay_and_step
 from optimizers.torch.sparse_rows import coalesced_rows, touched_rows
 
 
@@ -32,6 +38,7 @@ class Lion(torch.optim.Optimizer):
         "beta_1": unit_interval("beta_1", "interpolation between momentum and gradient for the sign"),
         "beta_2": unit_interval("beta_2", "decay of the momentum"),
         "weight_decay": non_negative("weight_decay", "decoupled, scaled by lr"),
+        "fused": FUSED,
     }
 
     def __init__(
@@ -43,12 +50,19 @@ class Lion(torch.optim.Optimizer):
         weight_decay: float = 0.0,
         *,
         foreach: bool | None = None,
+        fused: bool = False,
     ) -> None:
         check_hyperparameters(
-            self.optlab_hyperparameters, lr=lr, beta_1=beta_1, beta_2=beta_2, weight_decay=weight_decay
+            self.optlab_hyperparameters,
+            lr=lr,
+            beta_1=beta_1,
+            beta_2=beta_2,
+            weight_decay=weight_decay,
+            fused=fused,
         )
         defaults = {"lr": lr, "beta_1": beta_1, "beta_2": beta_2, "weight_decay": weight_decay}
-        super().__init__(params, {**defaults, "foreach": foreach})
+        super().__init__(params, {**defaults, "foreach": foreach, "fused": fused})
+        check_fused(self.param_groups, "lion")
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -76,6 +90,7 @@ class Lion(torch.optim.Optimizer):
                 beta_2=group["beta_2"],
                 weight_decay=group["weight_decay"],
                 foreach=group["foreach"],
+                fused=group.get("fused", False),
             )
         return loss
 
@@ -90,14 +105,25 @@ def lion(
     beta_2: float,
     weight_decay: float,
     foreach: bool | None,
+    fused: bool = False,
 ) -> None:
-    """Functional form; `foreach=None` picks the kernel measured faster (`default_foreach`)."""
+    """Functional form; `foreach=None` picks the kernel measured faster (`default_foreach`).
+
+    Sparse gradients always take the per-tensor kernel, applied to the touched rows only. With
+    `fused`, dense gradients take the fused kernel, except under torch.compile (which cannot trace
+    torch's fused SGD, and fuses the multi-tensor kernel's ops itself).
+    """
     if not params:
         return
     hyper = {"lr": lr, "beta_1": beta_1, "beta_2": beta_2, "weight_decay": weight_decay}
+    dense = not any(g.is_sparse for g in grads)
+    if fused and dense and not torch.compiler.is_compiling():
+        for some_params, some_grads, some_momenta in by_device_and_dtype(params, grads, momenta):
+            _fused_lion(some_params, some_grads, some_momenta, **hyper)
+        return
     if foreach is None:
         foreach = default_foreach(params)
-    if foreach and not any(g.is_sparse for g in grads):
+    if foreach and dense:
         _multi_tensor_lion(params, grads, momenta, **hyper)
         return
     for param, grad, momentum in zip(params, grads, momenta, strict=True):
@@ -142,4 +168,20 @@ def _multi_tensor_lion(
     if weight_decay != 0:
         torch._foreach_mul_(params, 1 - lr * weight_decay)
     torch._foreach_add_(params, directions, alpha=-lr)
+    torch._foreach_lerp_(momenta, grads, 1 - beta_2)
+
+
+def _fused_lion(
+    params: list[Tensor],
+    grads: list[Tensor],
+    momenta: list[Tensor],
+    *,
+    lr: float,
+    beta_1: float,
+    beta_2: float,
+    weight_decay: float,
+) -> None:
+    directions = torch._foreach_lerp(momenta, grads, 1 - beta_1)
+    torch._foreach_sign_(directions)
+    fused_decay_and_step(params, directions, lr=lr, weight_decay=weight_decay)
     torch._foreach_lerp_(momenta, grads, 1 - beta_2)

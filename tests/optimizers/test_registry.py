@@ -133,9 +133,9 @@ def test_builtin_tunables_follow_optlab_tunable() -> None:
     registry = _torch_registry()
     assert list(registry.get("sgd").params) == ["lr", "momentum", "dampening", "weight_decay", "nesterov"]
     assert list(registry.get("adam").params) == ["lr", "betas", "eps", "weight_decay", "amsgrad"]
-    # `fused` is an implementation switch, catalogued because these two declare it (registry.py).
+    # `fused` is an implementation switch, catalogued because these three declare it (registry.py).
     assert list(registry.get("ema_momentum").params) == ["lr", "beta", "weight_decay", "fused"]
-    assert list(registry.get("lion").params) == ["lr", "beta_1", "beta_2", "weight_decay"]
+    assert list(registry.get("lion").params) == ["lr", "beta_1", "beta_2", "weight_decay", "fused"]
     assert list(registry.get("adamw_ref").params) == [
         "lr",
         "beta_1",
@@ -149,7 +149,7 @@ def test_builtin_tunables_follow_optlab_tunable() -> None:
     assert type(registry.get("sgd").params["momentum"].default) is float
     assert registry.get("adamw").params["weight_decay"].default == 0.01
     lion = registry.get("lion").params
-    assert [lion[name].default for name in lion] == [1e-4, 0.9, 0.99, 0.0]
+    assert [lion[name].default for name in lion] == [1e-4, 0.9, 0.99, 0.0, False]
 
 
 def test_builtin_sparse_support_is_declared() -> None:

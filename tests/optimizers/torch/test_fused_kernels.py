@@ -1,9 +1,12 @@
-"""`fused=True` of ema_momentum and adamw_ref: torch's fused kernels, the same math as the reference
-kernels, refused where they cannot serve, offered to jobs through the catalogue.
+"""`fused=True` of ema_momentum, adamw_ref and lion: torch's fused kernels, the same math as the
+reference kernels, refused where they cannot serve, offered to jobs through the catalogue.
 
-Not bitwise the reference: ema_momentum's reference averages with `lerp`, torch's SGD kernel as
-`beta * m + (1 - beta) * g`; adamw_ref's reference is bitwise torch's unfused AdamW, and torch's
-fused AdamW rounds differently from that. So the fused kernels are held to the reference within
+Not bitwise the reference: ema_momentum and lion decay and step in one pass of torch's SGD kernel
+(`p - lr * (s + wd * p)` where the reference takes `p * (1 - lr * wd) - lr * s`), their averages
+being the multi-tensor kernel's, bitwise; ema_momentum without decay is one pass of that kernel
+with momentum, which averages as `beta * m + (1 - beta) * g` where the reference lerps; adamw_ref's
+reference is bitwise torch's unfused AdamW, and torch's fused AdamW rounds differently from that.
+So the fused kernels are held to the reference within
 16 ulps of each tensor's scale after 20 steps (measured: 2-4 ulps, at most 1e-6 in float32 for
 values of order 1) -- a wrong formula is off by orders of magnitude more -- and adamw_ref's fused
 kernel to torch's own `AdamW(fused=True)` bitwise.
@@ -19,8 +22,10 @@ import torch
 from optimizers.registry import load_registry
 from optimizers.torch import adamw_ref as adamw_module
 from optimizers.torch import ema_momentum as ema_module
+from optimizers.torch import lion as lion_module
 from optimizers.torch.adamw_ref import AdamWRef
 from optimizers.torch.ema_momentum import EmaMomentum
+from optimizers.torch.lion import Lion
 
 REGISTRY = load_registry(plugin_dirs=[], styles=("torch",))
 # Model-like tensors: matrices, biases, a 0-d scalar, one over the CPU foreach threshold's mean.
@@ -28,6 +33,7 @@ SHAPES = [(16, 8), (16,), (8,), (), (300, 40)]
 HYPER: dict[str, dict[str, Any]] = {
     "ema_momentum": {"lr": 0.05, "beta": 0.9, "weight_decay": 0.1},
     "adamw_ref": {"lr": 0.01, "beta_1": 0.9, "beta_2": 0.99, "weight_decay": 0.1},
+    "lion": {"lr": 0.01, "beta_1": 0.9, "beta_2": 0.99, "weight_decay": 0.1},
 }
 FUSED_NAMES = sorted(HYPER)
 
@@ -59,6 +65,30 @@ def test_the_fused_kernel_equals_the_reference_within_rounding(name: str, dtype:
     reference = _train(name, dtype, foreach=False)
     assert all(torch.equal(a, b) for a, b in zip(_train(name, dtype, foreach=True), reference, strict=True))
     _assert_within_ulps(_train(name, dtype, fused=True), reference)
+
+
+def test_ema_momentum_without_decay_is_one_pass_equal_to_the_reference_within_rounding(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    hyper = {**HYPER["ema_momentum"], "weight_decay": 0.0}
+    generator = torch.Generator().manual_seed(4)
+    start = [torch.randn(shape, generator=generator) for shape in SHAPES]
+    grads = [[torch.randn(shape, generator=generator) for shape in SHAPES] for _ in range(20)]
+
+    def run(**switches: Any) -> list[torch.Tensor]:
+        params = [torch.nn.Parameter(t.clone()) for t in start]
+        optimizer = EmaMomentum(params, **hyper, **switches)
+        for step_grads in grads:
+            for param, grad in zip(params, step_grads, strict=True):
+                param.grad = grad
+            optimizer.step()
+        return [p.detach() for p in params] + [optimizer.state[p]["momentum"] for p in params]
+
+    _assert_within_ulps(run(fused=True), run(foreach=False))
+    lerps: list[int] = []
+    monkeypatch.setattr(torch, "_foreach_lerp_", lambda *a, **k: lerps.append(1))
+    run(fused=True)
+    assert lerps == []  # the average is the kernel's own: one pass
 
 
 def test_adamw_refs_fused_kernel_is_bitwise_torchs_fused_adamw() -> None:
@@ -110,7 +140,7 @@ EMA_KERNELS = {
     [
         ({"fused": True}, "fused"),
         ({"fused": True, "foreach": False}, "fused"),
-        ({"fused": True, "beta": 0.0}, "multi"),  # torch's kernel keeps no buffer at momentum 0
+        ({"fused": True, "beta": 0.0}, "fused"),  # m = g, as the reference keeps it
         ({"fused": False}, "multi"),
     ],
 )
@@ -123,11 +153,36 @@ def test_ema_momentum_fused_flag_picks_the_kernel(
     assert _kernels_called(ema_module, EMA_KERNELS, monkeypatch, optimizer) == [kernel]
 
 
-def test_adamw_ref_fused_flag_picks_the_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+ADAMW_KERNELS = {"_fused_adamw_ref": "fused", "_multi_tensor_adamw_ref": "multi"}
+LION_KERNELS = {"_fused_lion": "fused", "_multi_tensor_lion": "multi", "_single_tensor_lion": "single"}
+
+
+@pytest.mark.parametrize(
+    ("module", "kernels", "cls"),
+    [(adamw_module, ADAMW_KERNELS, AdamWRef), (lion_module, LION_KERNELS, Lion)],
+)
+@pytest.mark.parametrize(("fused", "kernel"), [(True, "fused"), (False, "multi")])
+def test_the_fused_flag_picks_the_kernel(
+    module: Any,
+    kernels: dict[str, str],
+    cls: type[torch.optim.Optimizer],
+    fused: bool,
+    kernel: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     param = torch.nn.Parameter(torch.ones(3))
     param.grad = torch.ones(3)
-    kernels = {"_fused_adamw_ref": "fused", "_multi_tensor_adamw_ref": "multi"}
-    assert _kernels_called(adamw_module, kernels, monkeypatch, AdamWRef([param], fused=True)) == ["fused"]
+    assert _kernels_called(module, kernels, monkeypatch, cls([param], fused=fused)) == [kernel]
+
+
+@pytest.mark.parametrize("name", ["ema_momentum", "lion"])
+def test_the_averages_under_fused_are_the_multi_tensor_kernels_bitwise(name: str) -> None:
+    """Only the parameters' last pass is torch's kernel (the gradients here do not depend on the
+    parameters, so the averages of both runs see the same gradients)."""
+    reference, fused = _train(name, torch.float32, foreach=True), _train(name, torch.float32, fused=True)
+    assert len(reference) == len(fused) == 2 * len(SHAPES)
+    for a, b in zip(reference[len(SHAPES) :], fused[len(SHAPES) :], strict=True):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("name", FUSED_NAMES)
@@ -224,16 +279,17 @@ def test_fused_is_catalogued_for_the_optimizers_with_a_fused_kernel_only() -> No
     for name in FUSED_NAMES:
         param = REGISTRY.get(name, "torch").params["fused"]
         assert (param.type, param.default, param.required) == ("bool", False, False)
-    # Lion has no fused kernel in torch: a job asking for one is told so, by name.
-    with pytest.raises(ValueError, match="optimizer 'lion' \\(torch\\) has no hyperparameter 'fused'"):
-        REGISTRY.get("lion", "torch").kwargs({"lr": 1e-4, "fused": True})
+    # torch's own SGD is offered without it: a job asking for one is told so, by name.
+    with pytest.raises(ValueError, match="optimizer 'sgd' \\(torch\\) has no hyperparameter 'fused'"):
+        REGISTRY.get("sgd", "torch").kwargs({"lr": 0.1, "fused": True})
 
 
 @pytest.mark.parametrize(
     ("module", "kernels", "cls"),
     [
         (ema_module, EMA_KERNELS, EmaMomentum),
-        (adamw_module, {"_fused_adamw_ref": "fused", "_multi_tensor_adamw_ref": "multi"}, AdamWRef),
+        (adamw_module, ADAMW_KERNELS, AdamWRef),
+        (lion_module, LION_KERNELS, Lion),
     ],
 )
 def test_under_torch_compile_fused_takes_the_multi_tensor_kernel(
@@ -268,7 +324,7 @@ def test_a_group_of_mixed_dtypes_is_fused_per_dtype(name: str, monkeypatch: pyte
 
     _assert_within_ulps(run(fused=True), run(fused=False))
     calls: list[list[torch.dtype]] = []
-    fused_op = torch._fused_sgd_ if name == "ema_momentum" else torch._fused_adamw_
+    fused_op = torch._fused_adamw_ if name == "adamw_ref" else torch._fused_sgd_
     monkeypatch.setattr(
         torch, fused_op.__name__, lambda params, *a, **k: calls.append([p.dtype for p in params])
     )

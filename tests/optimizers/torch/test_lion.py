@@ -123,6 +123,7 @@ def test_defaults_are_the_papers() -> None:
         "beta_2": 0.99,
         "weight_decay": 0.0,
         "foreach": None,
+        "fused": False,
     }
 
 
