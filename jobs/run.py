@@ -137,7 +137,9 @@ def make_job(
     from jobs.training.loop import TrainingJob
     from optimizers.registry import load_registry
 
-    registry = load_registry(styles=(style_of(spec),))
+    base = spec.optimizer.base
+    wanted = [spec.optimizer.name] + ([base.name] if base is not None else [])
+    registry = load_registry(styles=(style_of(spec),), wanted=wanted)
     return TrainingJob(
         spec, registry=registry, workdir=workdir, tracker=tracker, reporter=reporter, checkpoints=checkpoints
     )

@@ -360,11 +360,23 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
     return params, lr_arg
 
 
-def load_registry(plugin_dirs: Iterable[str] | None = None, styles: Iterable[str] = STYLES) -> Registry:
+def load_registry(
+    plugin_dirs: Iterable[str] | None = None,
+    styles: Iterable[str] = STYLES,
+    *,
+    wanted: Iterable[str] | None = None,
+) -> Registry:
     """Built-ins, then entry points, then plugin folders; failures are kept, not raised.
 
     Only entries of `styles` are registered: a job process loads just its own
     framework, and the two Keras styles are never loaded into one process.
+
+    `wanted`: the names the caller will look up (a job's optimizer and its base). The plugin
+    folders are read only if one of them is not among the built-ins and entry points. A plugin
+    cannot take a name those hold (a second registration is refused), so reading them could not
+    change what the caller finds; skipping them keeps a job of a built-in optimizer from importing
+    every plugin file and the frameworks they import (a Keras plugin would bring TensorFlow into a
+    torch job, a torch one torch into a TensorFlow job).
     """
     styles = (styles,) if isinstance(styles, str) else tuple(styles)
     unknown = sorted(set(styles) - set(STYLES))
@@ -383,6 +395,8 @@ def load_registry(plugin_dirs: Iterable[str] | None = None, styles: Iterable[str
     for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         load = partial(_load_entry_point, registry, entry_point, styles)
         _guarded(registry, f"entry point {entry_point.name}", load)
+    if wanted is not None and set(wanted) <= {name for name, _ in registry.entries}:
+        return registry
     if plugin_dirs is None:
         plugin_dirs = [str(d) for d in plugin_dirs_from_environment()]
     for directory in plugin_dirs:

@@ -138,7 +138,7 @@ def _registered_entry(name: str, *, framework: str | None, style: str | None) ->
     for candidate in candidates:
         if needs_legacy_keras_process(candidate) != legacy_process:
             continue
-        registry = load_registry(styles=(candidate,))
+        registry = load_registry(styles=(candidate,), wanted=[name])
         if any(n == name for n, _ in registry.entries):
             return registry.get(name, candidate)
     raise UsageError(

@@ -404,6 +404,33 @@ def test_same_name_in_two_plugin_files_keeps_the_first(tmp_path: Path) -> None:
     assert "optimizer name 'sign_momentum' (torch style) is registered twice" in error.error
 
 
+def test_plugins_are_read_only_when_a_wanted_name_is_not_built_in(tmp_path: Path) -> None:
+    """A job names what it will look up: its built-in optimizer is found without importing a plugin
+    file (a plugin cannot take a built-in's name anyway), a plugin's only by reading them."""
+    marker = tmp_path / "imported"
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    _write(
+        plugins,
+        "a_sign.py",
+        textwrap.dedent(SIGN_MOMENTUM) + f"\n__import__('pathlib').Path({str(marker)!r}).touch()\n",
+    )
+    duplicate = _write(plugins, "b_duplicate.py", DUPLICATE_OF_BUILTIN)
+
+    builtin = load_registry([str(plugins)], TORCH_ONLY, wanted=["sgd", "adam"])
+    assert not marker.exists() and builtin.errors == []
+    everything = load_registry([str(plugins)], TORCH_ONLY)
+    assert builtin.get("sgd").source == everything.get("sgd").source == "builtin:optimizers.torch.sgd"
+    assert [error.source for error in everything.errors] == [str(duplicate)]  # refused: sgd is taken
+
+    marker.unlink()
+    plugin = load_registry([str(plugins)], TORCH_ONLY, wanted=["sgd", "sign_momentum"])
+    assert marker.exists() and plugin.get("sign_momentum").source == f"plugin {plugins / 'a_sign.py'}"
+    # A name nobody registers: every plugin read, and the error lists what exists.
+    with pytest.raises(ValueError, match=r"unknown optimizer 'nowhere'; known: .*sign_momentum"):
+        load_registry([str(plugins)], TORCH_ONLY, wanted=["nowhere"]).get("nowhere")
+
+
 def test_plugin_dirs_come_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
