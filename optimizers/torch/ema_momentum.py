@@ -37,7 +37,13 @@ from optimizers.hyperparams import (
     unit_interval,
 )
 from optimizers.torch.foreach_default import default_foreach
-from optimizers.torch.fused import FUSED, by_device_and_dtype, check_fused, fused_decay_and_step
+from optimizers.torch.fused import (
+    FUSED,
+    by_device_and_dtype,
+    check_fused,
+    fused_decay_and_step,
+    fused_sgd_serves,
+)
 from optimizers.torch.sparse_rows import coalesced_rows, touched_rows
 
 
@@ -115,7 +121,8 @@ def ema_momentum(
 
     Sparse gradients always take the per-tensor kernel, applied to the touched rows only. With
     `fused`, dense gradients take the fused kernel, except under torch.compile (which cannot trace
-    torch's fused SGD, and fuses the multi-tensor kernel's ops itself): there the others serve.
+    torch's fused SGD, and fuses the multi-tensor kernel's ops itself) and where torch's kernel
+    fails its dtype (`fused_sgd_serves`): there the others serve.
     """
     if not params:
         return
@@ -123,7 +130,8 @@ def ema_momentum(
     dense = not any(g.is_sparse for g in grads)
     if fused and dense and not torch.compiler.is_compiling():
         for some_params, some_grads, some_momenta in by_device_and_dtype(params, grads, momenta):
-            _fused_ema_momentum(some_params, some_grads, some_momenta, **hyper)
+            kernel = _fused_ema_momentum if fused_sgd_serves(some_params[0]) else _multi_tensor_ema_momentum
+            kernel(some_params, some_grads, some_momenta, **hyper)
         return
     if foreach is None:
         foreach = default_foreach(params)

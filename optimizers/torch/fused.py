@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.torch_version import TorchVersion
 
 from optimizers.hyperparams import Param
 
@@ -67,6 +68,18 @@ def by_device_and_dtype(*lists: list[Any]) -> list[tuple[list[Any], ...]]:
     if len(groups) == 1:
         return [lists]
     return [tuple([items[i] for i in indices] for items in lists) for indices in groups.values()]
+
+
+# torch 2.13's fused SGD kernel on a CPU updates only the last few elements of a float16 or bfloat16
+# tensor (its vector loop never stores them: pytorch/pytorch#191763, fixed in torch 2.14).
+_HALF_SGD_BROKEN_ON_CPU = TorchVersion(torch.__version__) < "2.14"
+
+
+def fused_sgd_serves(tensor: Tensor) -> bool:
+    """Whether torch's fused SGD kernel updates tensors of this one's device and dtype whole; where
+    not (half precision on a CPU, torch < 2.14), `fused=True` takes the multi-tensor kernel."""
+    half = tensor.dtype in (torch.float16, torch.bfloat16)
+    return not (_HALF_SGD_BROKEN_ON_CPU and half and tensor.device.type == "cpu")
 
 
 def fused_decay_and_step(

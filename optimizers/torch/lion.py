@@ -23,7 +23,13 @@ from torch import Tensor
 
 from optimizers.hyperparams import Param, check_hyperparameters, non_negative, positive, unit_interval
 from optimizers.torch.foreach_default import default_foreach
-from optimizers.torch.fused import FUSED, by_device_and_dtype, check_fused, fused_decay_and_step
+from optimizers.torch.fused import (
+    FUSED,
+    by_device_and_dtype,
+    check_fused,
+    fused_decay_and_step,
+    fused_sgd_serves,
+)
 from optimizers.torch.sparse_rows import coalesced_rows, touched_rows
 
 
@@ -111,7 +117,8 @@ def lion(
 
     Sparse gradients always take the per-tensor kernel, applied to the touched rows only. With
     `fused`, dense gradients take the fused kernel, except under torch.compile (which cannot trace
-    torch's fused SGD, and fuses the multi-tensor kernel's ops itself).
+    torch's fused SGD, and fuses the multi-tensor kernel's ops itself) and where torch's kernel
+    fails its dtype (`fused_sgd_serves`).
     """
     if not params:
         return
@@ -119,7 +126,8 @@ def lion(
     dense = not any(g.is_sparse for g in grads)
     if fused and dense and not torch.compiler.is_compiling():
         for some_params, some_grads, some_momenta in by_device_and_dtype(params, grads, momenta):
-            _fused_lion(some_params, some_grads, some_momenta, **hyper)
+            kernel = _fused_lion if fused_sgd_serves(some_params[0]) else _multi_tensor_lion
+            kernel(some_params, some_grads, some_momenta, **hyper)
         return
     if foreach is None:
         foreach = default_foreach(params)

@@ -42,7 +42,7 @@ def _train(name: str, dtype: torch.dtype, steps: int = 20, **switches: Any) -> l
     """Parameters then state tensors after `steps` steps on the same random gradients."""
     generator = torch.Generator().manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(shape, generator=generator, dtype=dtype)) for shape in SHAPES]
-    optimizer = REGISTRY.get(name, "torch").cls(params, **HYPER[name], **switches)
+    optimizer = REGISTRY.get(name, "torch").cls(params, **{**HYPER[name], **switches})
     for _ in range(steps):
         for param in params:
             param.grad = torch.randn(param.shape, generator=generator, dtype=dtype)
@@ -65,6 +65,32 @@ def test_the_fused_kernel_equals_the_reference_within_rounding(name: str, dtype:
     reference = _train(name, dtype, foreach=False)
     assert all(torch.equal(a, b) for a, b in zip(_train(name, dtype, foreach=True), reference, strict=True))
     _assert_within_ulps(_train(name, dtype, fused=True), reference)
+
+
+def test_ema_momentum_at_beta_zero_under_fused_equals_the_reference_within_rounding() -> None:
+    """Dense gradients at beta = 0 take the two passes: m = g, as the reference keeps it."""
+    reference = _train("ema_momentum", torch.float32, foreach=False, beta=0.0)
+    _assert_within_ulps(_train("ema_momentum", torch.float32, fused=True, beta=0.0), reference)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    ("name", "switches"),
+    [("ema_momentum", {}), ("ema_momentum", {"weight_decay": 0.0}), ("lion", {})],
+    ids=["ema_momentum", "ema_momentum-no-decay", "lion"],
+)
+def test_half_precision_on_a_cpu_under_fused_is_updated_whole(
+    name: str, switches: dict[str, Any], dtype: torch.dtype
+) -> None:
+    """torch 2.13's fused SGD kernel leaves all but the last few elements of a half-precision CPU
+    tensor as they were (pytorch/pytorch#191763): such tensors take the multi-tensor kernel."""
+    fused = _train(name, dtype, fused=True, **switches)
+    assert all(
+        torch.equal(a, b) for a, b in zip(fused, _train(name, dtype, foreach=True, **switches), strict=True)
+    )
+    big = SHAPES.index((300, 40))
+    start = _train(name, dtype, steps=0, **switches)
+    assert (fused[big] != start[big]).float().mean() > 0.9  # that parameter moved nearly everywhere
 
 
 def test_ema_momentum_without_decay_is_one_pass_equal_to_the_reference_within_rounding(
@@ -186,8 +212,9 @@ def test_the_averages_under_fused_are_the_multi_tensor_kernels_bitwise(name: str
 
 
 @pytest.mark.parametrize("name", FUSED_NAMES)
-def test_beta_zero_and_sparse_steps_under_fused_match_the_reference_bitwise(name: str) -> None:
-    """What fused=True hands to the other kernels is computed by them exactly as without it."""
+def test_sparse_steps_under_fused_match_the_reference_bitwise(name: str) -> None:
+    """Sparse gradients (here with ema_momentum's beta = 0 too) take the per-tensor kernel under
+    fused=True, computed exactly as without it."""
     hyper = {**HYPER[name], **({"beta": 0.0} if name == "ema_momentum" else {})}
     results = []
     for fused in (False, True):
