@@ -15,7 +15,6 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.torch_version import TorchVersion
 
 from optimizers.hyperparams import Param
 
@@ -70,16 +69,15 @@ def by_device_and_dtype(*lists: list[Any]) -> list[tuple[list[Any], ...]]:
     return [tuple([items[i] for i in indices] for items in lists) for indices in groups.values()]
 
 
-# torch 2.13's fused SGD kernel on a CPU updates only the last few elements of a float16 or bfloat16
-# tensor (its vector loop never stores them: pytorch/pytorch#191763, fixed in torch 2.14).
-_HALF_SGD_BROKEN_ON_CPU = TorchVersion(torch.__version__) < "2.14"
-
-
 def fused_sgd_serves(tensor: Tensor) -> bool:
-    """Whether torch's fused SGD kernel updates tensors of this one's device and dtype whole; where
-    not (half precision on a CPU, torch < 2.14), `fused=True` takes the multi-tensor kernel."""
-    half = tensor.dtype in (torch.float16, torch.bfloat16)
-    return not (_HALF_SGD_BROKEN_ON_CPU and half and tensor.device.type == "cpu")
+    """Whether torch's fused SGD kernel updates tensors of this one's device and dtype whole.
+
+    Not half precision on a CPU: there torch 2.13's kernel updates only the last few elements of a
+    tensor (its vector loop never stores the rest: pytorch/pytorch#191763, fixed after 2.13), so
+    `fused=True` takes the multi-tensor kernel for them, whatever the torch version (the pin is 2.13,
+    and a later one is trusted only once measured).
+    """
+    return not (tensor.dtype in (torch.float16, torch.bfloat16) and tensor.device.type == "cpu")
 
 
 def fused_decay_and_step(
