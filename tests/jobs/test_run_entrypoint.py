@@ -140,7 +140,8 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Job]]:
         "slow_import": start_job(
             root,
             "slow_import",
-            {**ADAM_40, "steps": 3},
+            # The plugin's own optimizer: a job of a built-in one reads no plugin file.
+            {**ADAM_40, "steps": 3, "optimizer": {"name": "slow_to_import", "params": {"lr": 0.1}}},
             env={"OPTLAB_PLUGIN_DIRS": str(slow), "OPTLAB_TEST_MARKER": str(root / "importing")},
         ),
     }
