@@ -96,7 +96,7 @@ class Lion(torch.optim.Optimizer):
                 beta_2=group["beta_2"],
                 weight_decay=group["weight_decay"],
                 foreach=group["foreach"],
-                fused=group.get("fused", False),
+                fused=group.get("fused", False),  # a checkpoint from before lion took `fused` has none
             )
         return loss
 
