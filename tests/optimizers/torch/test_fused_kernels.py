@@ -96,24 +96,11 @@ def test_half_precision_on_a_cpu_under_fused_is_updated_whole(
 def test_ema_momentum_without_decay_is_one_pass_equal_to_the_reference_within_rounding(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    hyper = {**HYPER["ema_momentum"], "weight_decay": 0.0}
-    generator = torch.Generator().manual_seed(4)
-    start = [torch.randn(shape, generator=generator) for shape in SHAPES]
-    grads = [[torch.randn(shape, generator=generator) for shape in SHAPES] for _ in range(20)]
-
-    def run(**switches: Any) -> list[torch.Tensor]:
-        params = [torch.nn.Parameter(t.clone()) for t in start]
-        optimizer = EmaMomentum(params, **hyper, **switches)
-        for step_grads in grads:
-            for param, grad in zip(params, step_grads, strict=True):
-                param.grad = grad
-            optimizer.step()
-        return [p.detach() for p in params] + [optimizer.state[p]["momentum"] for p in params]
-
-    _assert_within_ulps(run(fused=True), run(foreach=False))
+    reference = _train("ema_momentum", torch.float32, foreach=False, weight_decay=0.0)
+    _assert_within_ulps(_train("ema_momentum", torch.float32, fused=True, weight_decay=0.0), reference)
     lerps: list[int] = []
     monkeypatch.setattr(torch, "_foreach_lerp_", lambda *a, **k: lerps.append(1))
-    run(fused=True)
+    _train("ema_momentum", torch.float32, fused=True, weight_decay=0.0)
     assert lerps == []  # the average is the kernel's own: one pass
 
 
