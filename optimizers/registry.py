@@ -340,7 +340,7 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
         kind = _infer_type(arg.annotation) if required else _infer_type(arg.annotation, default)
         if kind is None and arg.name in _LR_ARGS and default is None:
             kind = "float"  # `lr=None`: the class derives its rate (SaRA); one given is still a rate
-        if kind is None:
+        if kind is None or not _plain_default_of(kind, default):
             continue
         name = "lr" if arg.name in _LR_ARGS else arg.name
         if arg.name in _LR_ARGS:
@@ -484,6 +484,24 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
         return value.item()  # a 0-d tensor default, as torch allows for lr
     return value
+
+
+def _plain_default_of(kind: ParamType, default: Any) -> bool:
+    """Whether `default` is a value of `kind` (or None, "off"), as a job could send it. A sentinel
+    (heavyball's `palm: bool = use_default`, an `object()` that means "decide later") is not: such an
+    argument is left to the class, as untunable ones are, or the catalogue could not be written as
+    JSON and every job would pass the sentinel on as if the user had chosen it."""
+    if default is None:
+        return True
+    if kind == "bool":
+        return isinstance(default, bool)
+    if kind == "float_pair":
+        return isinstance(default, tuple) and len(default) == 2 and all(_is_number(x) for x in default)
+    return _is_number(default)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def _infer_type(annotation: Any, default: Any = inspect.Parameter.empty) -> ParamType | None:

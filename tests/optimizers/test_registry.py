@@ -583,6 +583,29 @@ def test_derive_params_respects_optlab_tunable() -> None:
     assert list(params) == ["lr", "steps"]
 
 
+_USE_DEFAULT = object()
+
+
+def test_derive_params_leaves_an_argument_whose_default_is_a_sentinel_to_the_class() -> None:
+    # heavyball's `palm: bool = use_default`: no value a job could send, and none the catalogue
+    # could write as JSON.
+    class Sentinels(torch.optim.Optimizer):
+        def __init__(
+            self,
+            params: Any,
+            lr: float = 0.1,
+            palm: bool = _USE_DEFAULT,  # type: ignore[assignment]
+            clip: float = _USE_DEFAULT,  # type: ignore[assignment]
+            betas: tuple[float, float] = ("a", "b"),  # type: ignore[assignment]
+            momentum: float = 0.9,
+        ) -> None:
+            super().__init__(params, {"lr": lr})
+
+    params, _ = derive_params(Sentinels)
+    assert list(params) == ["lr", "momentum"]
+    json.dumps([param.to_json() for param in params.values()])
+
+
 def test_derive_params_reads_a_tensor_lr_default() -> None:
     class TensorLr(torch.optim.Optimizer):
         def __init__(self, params: Any, lr: float | torch.Tensor = torch.tensor(0.25)) -> None:  # noqa: B008
