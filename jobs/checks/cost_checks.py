@@ -41,6 +41,7 @@ def check_step_cost(ctx: CheckContext) -> Outcome:
     with driver.timing():
         try:
             optimizer, variables = fresh(ctx, shapes, seed=101)
+            driver.to_training(optimizer, ctx.needs)  # timed as a job steps it
             candidate = driver.timed_update(optimizer, variables, grads)
         except Exception as exc:
             return skipped(f"not measurable: {driver.timed_update_name} raised {ctx.describe_error(exc)}")

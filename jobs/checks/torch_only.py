@@ -28,6 +28,7 @@ from jobs.checks.tools import (
     isolated,
     method_location,
     native,
+    raised_in,
     same_draws,
     updates_nothing,
     user_line,
@@ -45,6 +46,15 @@ def _tiny_model() -> nn.Sequential:
 def _batch() -> tuple[Tensor, Tensor]:
     generator = torch.Generator().manual_seed(SEED + 1)
     return torch.randn(16, 6, generator=generator), torch.randn(16, 3, generator=generator)
+
+
+def _build(ctx: CheckContext, model_params: Iterable[Any], **overrides: Any) -> Any:
+    """A new optimizer as a job steps it: in training mode where the class has modes (a job calls
+    `optimizer.train()` before every step, and these checks never evaluate in between; the classes of
+    facebookresearch/schedulefree start in eval mode and refuse to step before it)."""
+    optimizer = ctx.build(model_params, **overrides)
+    ctx.driver.to_training(optimizer, ctx.needs)
+    return optimizer
 
 
 def _backward(
@@ -128,8 +138,8 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
     batch = _batch()
     eager_model = _tiny_model()
     compiled_model = _twin(eager_model)
-    eager = ctx.build(eager_model.parameters())
-    compiled = ctx.build(compiled_model.parameters())
+    eager = _build(ctx, eager_model.parameters())
+    compiled = _build(ctx, compiled_model.parameters())
     torch._dynamo.reset()
     breaks_before = _graph_breaks()
     quiet = logging.getLogger("torch._dynamo"), logging.getLogger("torch._logging")
@@ -199,19 +209,27 @@ def check_param_groups(ctx: CheckContext) -> Outcome:
         return skipped(inconclusive_random("comparing two groups with separately built optimizers"))
     probe = ctx.build(_tiny_model().parameters())
     halved = _halved_settings(ctx, set(probe.defaults))
-    settings = ", ".join(f"{native(ctx, k)}={v}" for k, v in halved.items()) or "the optimizer's own values"
     fix = (
         "read every hyperparameter from the group being updated (group['beta']), not from "
         "self.defaults or attributes"
     )
+    lr_refused = ""
     try:
         two_groups, alone = _two_groups(ctx, halved)
-    except ValueError as exc:
-        if "group" not in str(exc).lower():
-            raise
-        return skipped(
-            f"not applicable: the class refuses param groups with a clear error ({ctx.describe_error(exc)})"
-        )
+    except Exception as exc:
+        refusal = _group_refusal(ctx, exc)
+        if "lr" not in halved or len(halved) == 1:
+            return skipped(refusal)
+        # D-Adaptation and Prodigy refuse a group lr other than the first group's (or 0) by design,
+        # and take every other value from each group: those are still compared, the lr left alike.
+        lr_refused = f" (lr left alike: the class refuses a group lr of its own: {ctx.describe_error(exc)})"
+        halved = {k: v for k, v in halved.items() if k != "lr"}
+        try:
+            two_groups, alone = _two_groups(ctx, halved)
+        except Exception as again:
+            return skipped(_group_refusal(ctx, again))
+    settings = ", ".join(f"{native(ctx, k)}={v}" for k, v in halved.items()) or "the optimizer's own values"
+    settings += lr_refused
     # The first group keeps the optimizer's own values: if even it differs (at all) from a single-group
     # optimizer over it, the class couples its groups by design (a global step size or statistics
     # over all parameters: D-Adaptation's `d`, Adai's mean second moment, AliG's global step), so
@@ -236,7 +254,7 @@ def check_param_groups(ctx: CheckContext) -> Outcome:
                 figure=difference,
                 fix=fix,
             )
-    added = _added_group_problem(ctx, halved, coupled=coupled)
+    added = _added_group_problem(ctx, halved, coupled=coupled, own_lr=not lr_refused)
     if added is not None:
         return failed(added, where=method_location(ctx), fix=_ADDED_GROUP_FIX)
     judged = (
@@ -251,6 +269,20 @@ def check_param_groups(ctx: CheckContext) -> Outcome:
     )
 
 
+def _group_refusal(ctx: CheckContext, error: Exception) -> str:
+    """Why the check does not apply, where `error` is a clear refusal of param groups: a ValueError
+    about groups (torch's own, of a group it cannot take), or any error about groups the class's code
+    raises with a `raise` statement (D-Adaptation's RuntimeError for a group lr of its own).
+    Anything else is raised again: the check reports it."""
+    files = ctx.driver.refusal_files(ctx.target.cls)
+    if ctx.base is not None:
+        files |= ctx.driver.refusal_files(ctx.base.entry.cls)
+    about_groups = "group" in str(error).lower()
+    if not (about_groups and (isinstance(error, ValueError) or raised_in(error, files, by_raise=True))):
+        raise error
+    return f"not applicable: the class refuses param groups with a clear error ({ctx.describe_error(error)})"
+
+
 _ADDED_GROUP_FIX = "keep no per-group bookkeeping outside param_groups (e.g. lists built in __init__)"
 SECOND = 1  # the index of the second group's parameters in `_two_groups`' results
 
@@ -260,16 +292,16 @@ def _two_groups(ctx: CheckContext, halved: dict[str, Any]) -> tuple[list[list[Te
     optimizer per group: each group's parameters afterwards, from both."""
     model, batch = _tiny_model(), _batch()
     first, second = list(model[0].parameters()), list(model[2].parameters())
-    optimizer = ctx.build(
-        [{"params": first}, {"params": second, **{native(ctx, k): v for k, v in halved.items()}}]
+    optimizer = _build(
+        ctx, [{"params": first}, {"params": second, **{native(ctx, k): v for k, v in halved.items()}}]
     )
     # One model per reference optimizer, given the two-group model's parameters of the other group
     # before every step: each then sees the gradients the two-group model sees for its group, from a
     # graph of its own (a Hessian-vector product frees the graph it uses).
     first_model, second_model = _twin(model), _twin(model)
     references = [
-        (first_model, ctx.build(first_model[0].parameters())),
-        (second_model, ctx.build(second_model[2].parameters(), **halved)),
+        (first_model, _build(ctx, first_model[0].parameters())),
+        (second_model, _build(ctx, second_model[2].parameters(), **halved)),
     ]
     for _ in range(2):
         with torch.no_grad():
@@ -290,12 +322,15 @@ def _max_difference(a: Sequence[Sequence[Tensor]], b: Sequence[Sequence[Tensor]]
     return max(_max_abs(x, y) for x, y in pairs)
 
 
-def _added_group_problem(ctx: CheckContext, halved: dict[str, Any], *, coupled: bool) -> str | None:
+def _added_group_problem(
+    ctx: CheckContext, halved: dict[str, Any], *, coupled: bool, own_lr: bool = True
+) -> str | None:
     """What is wrong with a group added after two steps, or None. It may start afresh (its own step
     count) or as if it had been there, idle, all along (a global step count): either is the class's
     own semantics. Anything else is bookkeeping outside param_groups. Where the groups are coupled
-    neither is a reference: the step must then run and stay finite."""
-    lr = {native(ctx, "lr"): ctx.lr * 0.25} if ctx.has_lr else {}
+    neither is a reference: the step must then run and stay finite. The added group has an lr of its
+    own unless the class refuses one (`own_lr`)."""
+    lr = {native(ctx, "lr"): ctx.lr * 0.25} if ctx.has_lr and own_lr else {}
     given = ", ".join(f"{k}={v:g}" for k, v in lr.items())
     with same_draws(ctx, seed=3):
         try:
@@ -339,7 +374,7 @@ def _added_group_run(
         {"params": list(model[0].parameters())},
         {"params": list(model[2].parameters()), **{native(ctx, k): v for k, v in halved.items()}},
     ]
-    optimizer = ctx.build([*groups, {"params": [extra], **lr}] if from_start else groups)
+    optimizer = _build(ctx, [*groups, {"params": [extra], **lr}] if from_start else groups)
     for _ in range(2):
         closure = _closure(ctx, model, batch)
         closure()
@@ -355,7 +390,7 @@ def _added_group_run(
 def _fresh_group_step(ctx: CheckContext, lr: dict[str, float]) -> Tensor:
     """The extra parameter after one step of a fresh optimizer over it alone."""
     alone = nn.Parameter(_EXTRA_START.clone())
-    reference = ctx.build([{"params": [alone], **lr}])
+    reference = _build(ctx, [{"params": [alone], **lr}])
 
     def alone_closure() -> Tensor:
         alone.grad = None
@@ -382,6 +417,12 @@ def _halved_settings(ctx: CheckContext, group_keys: set[str]) -> dict[str, Any]:
             candidate = tuple(v * 0.5 for v in value)
         elif isinstance(value, bool) or not isinstance(value, int | float) or value == 0:
             continue
+        elif isinstance(value, int):
+            # An int default may be a count or a stride (Prodigy's slice_p slices a tensor with it):
+            # halved as an int, and left out where that would reach 0.
+            if value < 2:
+                continue
+            candidate = value // 2
         else:
             candidate = value * 0.5
         try:
@@ -401,7 +442,7 @@ def check_closure(ctx: CheckContext) -> Outcome:
     with gradients enabled even when step() runs it under no_grad, as AliG does); step() must call it
     and return its loss."""
     model, batch = _tiny_model(), _batch()
-    optimizer = ctx.build(model.parameters())
+    optimizer = _build(ctx, model.parameters())
     recompute = _closure(ctx, model, batch)
     calls: list[Tensor] = []
 
@@ -443,7 +484,7 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
     # bf16 autocast: the forward runs in bf16, parameters and gradients stay float32.
     model = _tiny_model()
     before = _snapshot(model.parameters())
-    optimizer = ctx.build(model.parameters())
+    optimizer = _build(ctx, model.parameters())
     closure = _precision_closure(ctx, model, batch, autocast=True)
     for _ in range(WARMUP_STEPS):
         closure()
@@ -461,7 +502,7 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
     # bfloat16 parameters: gradients and (for torch's own optimizers) state in bf16 too.
     model = _tiny_model().to(torch.bfloat16)
     before = _snapshot(model.parameters())
-    optimizer = ctx.build(model.parameters())
+    optimizer = _build(ctx, model.parameters())
     closure = _precision_closure(ctx, model, batch, autocast=False)
     closure()
     _step(ctx, optimizer.step, closure)
@@ -531,7 +572,7 @@ def _precision_problem(
 def _grad_scaler_step(ctx: CheckContext) -> str:
     model = _tiny_model().cuda()
     inputs, targets = (t.cuda() for t in _batch())
-    optimizer = ctx.build(model.parameters())
+    optimizer = _build(ctx, model.parameters())
     scaler = torch.amp.GradScaler("cuda")
     with torch.autocast("cuda", dtype=torch.float16):
         loss = nn.functional.mse_loss(model(inputs).float(), targets)

@@ -299,6 +299,13 @@ class Driver(ABC):
         switches the optimizer to training first (back from `to_evaluation`).
         """
 
+    def to_training(self, optimizer: Any, needs: LoopNeeds = PLAIN) -> None:
+        """Switch to the variables training steps from, as the style's loop does before every step
+        (a schedule-free class's `optimizer.train()`; some start in eval mode and refuse to step
+        before it). A no-op where nothing is switched (the default: a loop that serves no
+        `train_eval`)."""
+        return None
+
     def to_evaluation(self, optimizer: Any, needs: LoopNeeds = PLAIN) -> str | None:
         """Switch to the variables the user evaluates, as the style's loop does before evaluating and
         saving (a schedule-free class's `optimizer.eval()`); `step` switches back to training. What

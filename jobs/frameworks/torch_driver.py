@@ -347,8 +347,7 @@ class TorchDriver(Driver):
     def step(
         self, optimizer: Any, variables: Sequence[Any], grads: Sequence[Gradient], needs: LoopNeeds = PLAIN
     ) -> None:
-        if needs.train_eval:
-            optimizer.train()  # as a job's training step: a no-op when already training
+        self.to_training(optimizer, needs)
         tensors = [
             None if g is None else _torch_gradient(g).to(p.device)
             for p, g in zip(variables, grads, strict=True)
@@ -367,10 +366,14 @@ class TorchDriver(Driver):
         else:
             optimizer.step()
 
+    def to_training(self, optimizer: Any, needs: LoopNeeds = PLAIN) -> None:
+        if needs.train_eval:
+            mode_switch(optimizer).train()  # as a job's training step: a no-op when already training
+
     def to_evaluation(self, optimizer: Any, needs: LoopNeeds = PLAIN) -> str | None:
         if not needs.train_eval:
             return None
-        optimizer.eval()  # as a job's evaluation and checkpoint (TorchSession._eval_mode)
+        mode_switch(optimizer).eval()  # as a job's evaluation and checkpoint (TorchSession._eval_mode)
         return "optimizer.eval()"
 
     def values(self, variables: Sequence[Any]) -> list[np.ndarray]:
