@@ -620,7 +620,9 @@ def _quadratic_closure(
     def closure() -> torch.Tensor:
         for param in variables:
             param.grad = None  # as zero_grad(set_to_none=True) before a backward: no stale gradient
-        sparse_loss = sum((_sparse_quadratic(p, g, p0) for p, g, p0 in sparse), torch.zeros(()))
+        sparse_loss = sum(
+            (_sparse_quadratic(p, g, p0, create_graph=create_graph) for p, g, p0 in sparse), torch.zeros(())
+        )
         with torch.enable_grad():  # step(closure) may run it under torch.no_grad()
             terms = [0.5 * ((p - p0 + g.to(p.dtype)) ** 2).sum() for p, g, p0 in dense]
             loss = torch.stack(terms).sum() if terms else torch.zeros(())
@@ -631,14 +633,25 @@ def _quadratic_closure(
     return closure
 
 
-def _sparse_quadratic(param: torch.Tensor, grad: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+def _sparse_quadratic(
+    param: torch.Tensor, grad: torch.Tensor, start: torch.Tensor, *, create_graph: bool = False
+) -> torch.Tensor:
     """Sets `param.grad` to the sparse gradient of 0.5 * ||v - v0 + g||^2 over g's rows, each
-    repeat carrying its share of the drift, and returns that loss term."""
+    repeat carrying its share of the drift, and returns that loss term. With `create_graph` the
+    gradient has a graph, as `nn.Embedding(sparse=True)` gives under `backward(create_graph=True)`,
+    so a Hessian-vector product can go through it."""
     indices, values = grad._indices(), grad._values()
     rows = indices[0]
     repeats = torch.bincount(rows, minlength=param.shape[0])[rows].unsqueeze(1).to(values.dtype)
-    drift = param.detach()[rows] - start[rows]
-    param.grad = torch.sparse_coo_tensor(indices, values + drift / repeats, grad.shape)
+    if create_graph:
+        with torch.enable_grad():
+            looked = nn.functional.embedding(rows, param, sparse=True)
+            # Its gradient in each looked-up row: values + (v - v0) / repeats, as below.
+            term = (values * looked).sum() + ((looked - start[rows]) ** 2 / (2 * repeats)).sum()
+            term.backward(create_graph=True)
+    else:
+        drift = param.detach()[rows] - start[rows]
+        param.grad = torch.sparse_coo_tensor(indices, values + drift / repeats, grad.shape)
     touched = torch.unique(rows)
     summed = grad.coalesce().to_dense()[touched]
     return 0.5 * ((param.detach()[touched] - start[touched] + summed) ** 2).sum()

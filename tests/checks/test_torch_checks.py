@@ -134,6 +134,45 @@ class DecayEveryRow(torch.optim.Optimizer):
                     p.add_(p.grad, alpha=-group["lr"])
 
 
+class NewtonRows(torch.optim.Optimizer):
+    """A Hessian-vector product through each gradient, as AdaHessian's: for rows with a gradient,
+    p -= lr * g / (H v) with v all ones; untouched rows stay. Call loss.backward(create_graph=True)
+    before step() (what the entry reads as needing a graph)."""
+
+    def __init__(self, params: object, lr: float = 0.5) -> None:
+        super().__init__(params, {"lr": lr})
+
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                (curvature,) = torch.autograd.grad(p.grad, p, grad_outputs=torch.ones_like(p))
+                with torch.no_grad():
+                    p.sub_(group["lr"] * p.grad.to_dense() / curvature.to_dense().clamp_min(1.0))
+
+
+def test_a_class_that_needs_a_graph_gets_a_sparse_gradient_with_one(tmp_path: Path) -> None:
+    # The row-sparse gradient a job's nn.Embedding(sparse=True) gives under backward(create_graph=True)
+    # has a graph; the check's must too, or a Hessian-vector product fails on the check's gradient
+    # ("does not have grad_fn") where a job would not.
+    from jobs.checks.tools import arrays
+    from jobs.frameworks.base import SparseRows
+    from jobs.frameworks.torch_driver import TorchDriver
+    from optimizers.loop_needs import LoopNeeds
+
+    driver, rows = TorchDriver(), [1, 3, 3]
+    (table,) = driver.variables(arrays([(5, 2)], seed=0))
+    before = table.detach().clone()
+    values = arrays([(3, 2)], seed=1)[0]
+    gradient = SparseRows(rows, values, (5, 2))
+    driver.step(NewtonRows([table]), [table], [gradient], LoopNeeds(create_graph=True))
+    expected = before.clone()
+    expected[1] -= 0.5 * torch.from_numpy(values[0])
+    expected[3] -= 0.5 * torch.from_numpy(values[1] + values[2])  # a repeated row's gradients add up
+    assert torch.allclose(table.detach(), expected), (table, expected)
+    outcome = rate_checks.check_sparse(context(f"{__name__}:NewtonRows", tmp_path))
+    assert "grad_fn" not in outcome.detail, outcome.detail
+
+
 def test_construct_accepts_torch_wording_for_the_argument() -> None:
     assert build_checks.names_argument("Invalid learning rate: -0.001", "lr")
     assert build_checks.names_argument("Invalid beta parameter at index 0: -0.001", "betas")
