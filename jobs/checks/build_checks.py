@@ -121,11 +121,15 @@ def _native_kwargs(ctx: CheckContext, params: Mapping[str, Any]) -> dict[str, An
 def _invalid_values(ctx: CheckContext, param: Param) -> list[Any]:
     """Values just outside `param`'s range: the ranges the class declares (the exclusive bound
     itself too), and the learning rate's `> 0` only where the framework's own optimizers refuse
-    a negative rate (torch; Keras accepts one by design)."""
+    a negative rate (torch; Keras accepts one by design) and the class has a rate by default."""
     if param.type not in ("float", "number", "int", "float_pair"):
         return []
     declared = native(ctx, param.name) in (getattr(ctx.target.cls, "optlab_hyperparameters", {}) or {})
     if not declared and not (param.name == "lr" and ctx.driver.capabilities.refuses_negative_lr):
+        return []
+    if not declared and param.default is None:
+        # `lr=None`: a class that computes its own step may take an lr only to fit the common
+        # signature and never read it (torch_optimizer's A2Grad says so): accepting any is no fault.
         return []
     numbers: list[float] = []
     for bound, inclusive, direction in (

@@ -182,6 +182,30 @@ def test_construct_accepts_torch_wording_for_the_argument() -> None:
     assert not build_checks.names_argument("already failed", "lr")
 
 
+class ComputedStep(torch.optim.Optimizer):
+    """Computes its own step size; `lr` only fits the common signature and is never read."""
+
+    def __init__(self, params: object, lr: float | None = None, scale: float = 0.1) -> None:
+        if not scale > 0:
+            raise ValueError(f"scale must be a number > 0; received {scale}")
+        super().__init__(params, {"lr": lr, "scale": scale})
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.sub_(group["scale"] * p.grad / (1 + p.grad.norm()))
+
+
+def test_an_lr_without_a_default_is_not_probed_with_a_negative_rate(tmp_path: Path) -> None:
+    outcome = build_checks.check_construct(context(f"{__name__}:ComputedStep", tmp_path))
+    assert outcome.status == "pass", outcome.detail
+    # A class with a rate by default is still held to refusing a negative one.
+    refused = build_checks.check_construct(broken("torch_construct", tmp_path))
+    assert refused.status == "fail" and "lr=-0.001" in refused.detail, refused.detail
+
+
 def test_checks_leave_rng_and_warn_always_as_found(tmp_path: Path) -> None:
     ctx = context("lion", tmp_path)
     torch.manual_seed(123)
