@@ -6,6 +6,7 @@ framework's API comes from the driver's `advice`.
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from collections.abc import Mapping
@@ -109,9 +110,25 @@ def _refuses_its_own_values(ctx: CheckContext, error: Exception) -> bool:
     its __init__ breaks): a fault. An error raised elsewhere (torch refusing group dicts it
     expected), an AttributeError on the argument (a model was expected) or an ImportError (a
     package is missing) says what it needs instead."""
-    return raised_in(error, {ctx.target.source_file()}) and not isinstance(
-        error, AttributeError | ImportError
+    return (
+        raised_in(error, {ctx.target.source_file()})
+        and not isinstance(error, AttributeError | ImportError)
+        and not _takes_a_model(ctx.target.cls)
     )
+
+
+# What a constructor's first argument is called when it wants the model, not its parameters.
+_MODEL_ARGUMENTS = frozenset({"model", "module", "named_parameters", "named_params"})
+
+
+def _takes_a_model(cls: type) -> bool:
+    """The constructor's first argument asks for a model or its named parameters (adam-mini's
+    `named_parameters`, LOMO's `model`): built over a plain list, it fails for want of what it asked."""
+    try:
+        first = next(iter(inspect.signature(cls).parameters), "")
+    except (TypeError, ValueError):
+        return False
+    return first in _MODEL_ARGUMENTS
 
 
 def _native_kwargs(ctx: CheckContext, params: Mapping[str, Any]) -> dict[str, Any]:

@@ -206,6 +206,28 @@ def test_an_lr_without_a_default_is_not_probed_with_a_negative_rate(tmp_path: Pa
     assert refused.status == "fail" and "lr=-0.001" in refused.detail, refused.detail
 
 
+class NamedSGD(torch.optim.Optimizer):
+    """Takes `model.named_parameters()`, as adam-mini does (it splits them by name)."""
+
+    def __init__(self, named_parameters: object, lr: float = 0.1) -> None:
+        named = list(named_parameters)  # type: ignore[call-overload]
+        params = [param for _, param in named]  # ValueError over a plain list of tensors
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.sub_(group["lr"] * p.grad)
+
+
+def test_a_class_that_takes_named_parameters_says_what_it_needs(tmp_path: Path) -> None:
+    outcome = build_checks.check_construct(context(f"{__name__}:NamedSGD", tmp_path))
+    assert outcome.status == "skip", outcome.detail
+    assert "a model instead of parameters" in outcome.detail
+
+
 def test_checks_leave_rng_and_warn_always_as_found(tmp_path: Path) -> None:
     ctx = context("lion", tmp_path)
     torch.manual_seed(123)
