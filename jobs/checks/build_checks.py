@@ -55,6 +55,12 @@ _ARGUMENT_WORDS: dict[str, tuple[str, ...]] = {
 @isolated
 def check_construct(ctx: CheckContext) -> Outcome:
     entry, driver = ctx.target.entry, ctx.driver
+    # Arguments the signature defaults to None and the user gave: a class may refuse its own None
+    # (CAME: `lr=None`, then `assert lr > 0.`), which makes them required in effect.
+    supplied = sorted(
+        n for n, p in entry.params.items() if p.default is None and ctx.params.get(n) is not None
+    )
+    defaults_refused = ""
     for label, params in (
         ("the default hyperparameters", {}),
         (f"the given hyperparameters {ctx.params}", ctx.params),
@@ -62,6 +68,12 @@ def check_construct(ctx: CheckContext) -> Outcome:
         try:
             ctx.create(params, model_params=driver.variables(arrays(SHAPES, seed=0)))
         except Exception as exc:
+            if not params and supplied:
+                defaults_refused = (
+                    f" (its defaults alone raise {ctx.describe_error(exc)}: {', '.join(supplied)} "
+                    "must be given)"
+                )
+                continue  # judged with the values given for them
             ctx.mark_unbuildable()
             if not _refuses_its_own_values(ctx, exc):
                 return skipped(
@@ -89,16 +101,21 @@ def check_construct(ctx: CheckContext) -> Outcome:
                 where = where or at
     if problems:
         return failed(
-            "; ".join(problems),
+            "; ".join(problems) + defaults_refused,
             where=where,
             figure=float(len(problems)),
             fix="validate each argument in __init__ and raise ValueError naming it, the value and what is "
             "allowed (e.g. 'lr must be a number > 0; received -1')",
         )
+    builds = (
+        "builds with the given params" + defaults_refused
+        if defaults_refused
+        else "builds with the defaults and the given params"
+    )
     if not probed:
-        return passed("builds with the defaults and the given params; it declares no ranges to probe", 0.0)
+        return passed(f"{builds}; it declares no ranges to probe", 0.0)
     return passed(
-        f"builds with the defaults and the given params; values just outside the ranges of {len(probed)} "
+        f"{builds}; values just outside the ranges of {len(probed)} "
         f"arguments ({', '.join(probed)}) were rejected with errors naming the argument "
         "(figure: arguments probed)",
         float(len(probed)),

@@ -228,6 +228,35 @@ def test_a_class_that_takes_named_parameters_says_what_it_needs(tmp_path: Path) 
     assert "a model instead of parameters" in outcome.detail
 
 
+class NoneRate(torch.optim.Optimizer):
+    """`lr=None` in the signature, refused by the class itself (as CAME's `assert lr > 0.`)."""
+
+    def __init__(self, params: object, lr: float | None = None) -> None:
+        if lr is None or not lr > 0:
+            raise ValueError(f"lr must be a number > 0; received {lr}")
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.sub_(group["lr"] * p.grad)
+
+
+def test_a_none_default_the_class_refuses_is_judged_with_the_value_given(tmp_path: Path) -> None:
+    alone = context(f"{__name__}:NoneRate", tmp_path)
+    outcome = build_checks.check_construct(alone)
+    assert outcome.status == "fail" and "default hyperparameters raised" in outcome.detail, outcome.detail
+    assert alone.unbuildable
+    given = context(f"{__name__}:NoneRate", tmp_path, lr=0.1)
+    outcome = build_checks.check_construct(given)
+    assert outcome.status == "pass", outcome.detail
+    assert "builds with the given params (its defaults alone raise ValueError" in outcome.detail
+    assert "lr must be given" in outcome.detail
+    assert not given.unbuildable  # the other checks run with lr=0.1
+
+
 def test_checks_leave_rng_and_warn_always_as_found(tmp_path: Path) -> None:
     ctx = context("lion", tmp_path)
     torch.manual_seed(123)
