@@ -320,8 +320,9 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
 
     Types and defaults come from the signature (written once, in `__init__`); ranges
     from `optlab_hyperparameters`, the same declarations the constructor validates with.
-    Arguments of no tunable type (None, strings, callables) are left out; one with no default
-    but a tunable annotation (`beta: float`) is catalogued as required.
+    Arguments of no tunable type (None, strings, callables) are left out, and so are ones whose
+    default is a sentinel rather than a value (`palm: bool = use_default`); one with no default
+    (or torch's `required`) but a tunable annotation (`beta: float`) is catalogued as required.
     The learning rate is catalogued as `lr` whatever the class calls it; the second
     value returned is the class's own name for it.
     """
@@ -335,7 +336,10 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
             continue
         if only is not None and arg.name not in only:
             continue
-        required = arg.default is inspect.Parameter.empty
+        # torch's old `lr=required` (torch.optim.optimizer.required) marks a required argument too.
+        required = (
+            arg.default is inspect.Parameter.empty or type(arg.default).__name__ == "_RequiredParameter"
+        )
         default = None if required else _plain(arg.default)
         kind = _infer_type(arg.annotation) if required else _infer_type(arg.annotation, default)
         if kind is None and arg.name in _LR_ARGS and default is None:
@@ -491,12 +495,10 @@ def _plain_default_of(kind: ParamType, default: Any) -> bool:
     (heavyball's `palm: bool = use_default`, an `object()` that means "decide later") is not: such an
     argument is left to the class, as untunable ones are, or the catalogue could not be written as
     JSON and every job would pass the sentinel on as if the user had chosen it."""
-    if default is None:
+    if default is None or kind == "float_pair":  # a pair is inferred from a pair of numbers only
         return True
     if kind == "bool":
         return isinstance(default, bool)
-    if kind == "float_pair":
-        return isinstance(default, tuple) and len(default) == 2 and all(_is_number(x) for x in default)
     return _is_number(default)
 
 

@@ -55,11 +55,13 @@ _ARGUMENT_WORDS: dict[str, tuple[str, ...]] = {
 @isolated
 def check_construct(ctx: CheckContext) -> Outcome:
     entry, driver = ctx.target.entry, ctx.driver
-    # Arguments the signature defaults to None and the user gave: a class may refuse its own None
-    # (CAME: `lr=None`, then `assert lr > 0.`), which makes them required in effect.
-    supplied = sorted(
-        n for n, p in entry.params.items() if p.default is None and ctx.params.get(n) is not None
-    )
+    # Arguments the signature defaults to None (or requires) and the user gave: a class may refuse
+    # its own None (CAME: `lr=None`, then `assert lr > 0.`), which makes them required in effect.
+    supplied = {
+        n: ctx.params[n]
+        for n, p in entry.params.items()
+        if p.default is None and ctx.params.get(n) is not None
+    }
     defaults_refused = ""
     for label, params in (
         ("the default hyperparameters", {}),
@@ -68,13 +70,20 @@ def check_construct(ctx: CheckContext) -> Outcome:
         try:
             ctx.create(params, model_params=driver.variables(arrays(SHAPES, seed=0)))
         except Exception as exc:
-            if not params and supplied:
+            if not params and supplied and _builds(ctx, supplied):
+                # The defaults fail only for want of the values given for those arguments.
                 defaults_refused = (
                     f" (its defaults alone raise {ctx.describe_error(exc)}: {', '.join(supplied)} "
                     "must be given)"
                 )
-                continue  # judged with the values given for them
+                continue
             ctx.mark_unbuildable()
+            if _takes_a_model(ctx.target.cls):
+                return skipped(
+                    f"inconclusive: the constructor's first argument asks for a model or its named "
+                    f"parameters, and over a list of parameters it raised {ctx.describe_error(exc)}; "
+                    "the checks build optimizers over plain parameters, so it was not checked"
+                )
             if not _refuses_its_own_values(ctx, exc):
                 return skipped(
                     f"inconclusive: building over a list of parameters with {label} raised "
@@ -91,7 +100,7 @@ def check_construct(ctx: CheckContext) -> Outcome:
     problems: list[str] = []
     where = ""
     for param in entry.params.values():
-        values = _invalid_values(ctx, param)
+        values = _invalid_values(ctx, param, none_refused=bool(defaults_refused) and param.name in supplied)
         if values:
             probed.append(param.name)
         for value in values:
@@ -127,11 +136,17 @@ def _refuses_its_own_values(ctx: CheckContext, error: Exception) -> bool:
     its __init__ breaks): a fault. An error raised elsewhere (torch refusing group dicts it
     expected), an AttributeError on the argument (a model was expected) or an ImportError (a
     package is missing) says what it needs instead."""
-    return (
-        raised_in(error, {ctx.target.source_file()})
-        and not isinstance(error, AttributeError | ImportError)
-        and not _takes_a_model(ctx.target.cls)
+    return raised_in(error, {ctx.target.source_file()}) and not isinstance(
+        error, AttributeError | ImportError
     )
+
+
+def _builds(ctx: CheckContext, params: Mapping[str, Any]) -> bool:
+    try:
+        ctx.create(params, model_params=ctx.driver.variables(arrays(SHAPES, seed=0)))
+    except Exception:
+        return False
+    return True
 
 
 # What a constructor's first argument is called when it wants the model, not its parameters.
@@ -152,18 +167,19 @@ def _native_kwargs(ctx: CheckContext, params: Mapping[str, Any]) -> dict[str, An
     return {native(ctx, k): v for k, v in params.items()}
 
 
-def _invalid_values(ctx: CheckContext, param: Param) -> list[Any]:
+def _invalid_values(ctx: CheckContext, param: Param, *, none_refused: bool = False) -> list[Any]:
     """Values just outside `param`'s range: the ranges the class declares (the exclusive bound
     itself too), and the learning rate's `> 0` only where the framework's own optimizers refuse
-    a negative rate (torch; Keras accepts one by design) and the class has a rate by default."""
+    a negative rate (torch; Keras accepts one by design), unless the class builds with `lr=None`
+    (`none_refused`: it does not)."""
     if param.type not in ("float", "number", "int", "float_pair"):
         return []
     declared = native(ctx, param.name) in (getattr(ctx.target.cls, "optlab_hyperparameters", {}) or {})
     if not declared and not (param.name == "lr" and ctx.driver.capabilities.refuses_negative_lr):
         return []
-    if not declared and param.default is None:
-        # `lr=None`: a class that computes its own step may take an lr only to fit the common
-        # signature and never read it (torch_optimizer's A2Grad says so): accepting any is no fault.
+    if not declared and param.default is None and not param.required and not none_refused:
+        # `lr=None` that the class accepts: one that computes its own step may take an lr only to fit
+        # the common signature and never read it (torch_optimizer's A2Grad says so): no fault.
         return []
     numbers: list[float] = []
     for bound, inclusive, direction in (

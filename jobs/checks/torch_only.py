@@ -381,6 +381,7 @@ def _added_group_run(
         _step(ctx, optimizer.step, closure)
     if not from_start:
         optimizer.add_param_group({"params": [extra], **lr})
+        ctx.driver.to_training(optimizer, ctx.needs)  # as a job before every step: the new group too
     closure = _closure(ctx, model, batch, extra=extra)
     closure()
     _step(ctx, optimizer.step, closure)
@@ -417,9 +418,9 @@ def _halved_settings(ctx: CheckContext, group_keys: set[str]) -> dict[str, Any]:
             candidate = tuple(v * 0.5 for v in value)
         elif isinstance(value, bool) or not isinstance(value, int | float) or value == 0:
             continue
-        elif isinstance(value, int):
-            # An int default may be a count or a stride (Prodigy's slice_p slices a tensor with it):
-            # halved as an int, and left out where that would reach 0.
+        elif isinstance(value, int) and param.type == "number":
+            # An unannotated int default may be a count or a stride (Prodigy's slice_p slices a
+            # tensor with it): halved as an int, and left out where that would reach 0.
             if value < 2:
                 continue
             candidate = value // 2

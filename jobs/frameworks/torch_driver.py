@@ -609,9 +609,9 @@ def _quadratic_closure(
 
     Its gradient at v0 is exactly g, its Hessian the identity (so Hessian-vector products are
     well defined), and it is never negative with minimum 0 (AliG divides by the loss). A sparse
-    gradient cannot come out of a dense graph: it is built by hand, with the same rows (repeats
-    kept) and values that follow the variable as the dense one does, so a class that evaluates
-    the closure several times per step (LBFGS) meets the same problem either way.
+    gradient cannot come out of the dense terms: `_sparse_quadratic` makes it, with the same rows
+    (repeats kept) and values that follow the variable as the dense one does, so a class that
+    evaluates the closure several times per step (LBFGS) meets the same problem either way.
     """
     given = [(p, g) for p, g in zip(variables, grads, strict=True) if g is not None]
     dense = [(p, g, p.detach().clone()) for p, g in given if not g.is_sparse]

@@ -596,7 +596,6 @@ def test_derive_params_leaves_an_argument_whose_default_is_a_sentinel_to_the_cla
             lr: float = 0.1,
             palm: bool = _USE_DEFAULT,  # type: ignore[assignment]
             clip: float = _USE_DEFAULT,  # type: ignore[assignment]
-            betas: tuple[float, float] = ("a", "b"),  # type: ignore[assignment]
             momentum: float = 0.9,
         ) -> None:
             super().__init__(params, {"lr": lr})
@@ -604,6 +603,18 @@ def test_derive_params_leaves_an_argument_whose_default_is_a_sentinel_to_the_cla
     params, _ = derive_params(Sentinels)
     assert list(params) == ["lr", "momentum"]
     json.dumps([param.to_json() for param in params.values()])
+
+
+def test_derive_params_takes_torchs_required_marker_for_a_required_argument() -> None:
+    from torch.optim.optimizer import required
+
+    class OldStyle(torch.optim.Optimizer):  # torch's SGD before 2.0: `lr=required`
+        def __init__(self, params: Any, lr: float = required, momentum: float = 0.0) -> None:  # type: ignore[assignment]
+            super().__init__(params, {"lr": lr})
+
+    params, _ = derive_params(OldStyle)
+    assert params["lr"] == Param("lr", "float", None, low=0.0, low_inclusive=False, required=True)
+    assert list(params) == ["lr", "momentum"]
 
 
 def test_derive_params_reads_a_tensor_lr_default() -> None:
