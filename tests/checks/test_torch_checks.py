@@ -214,20 +214,29 @@ def test_an_lr_without_a_default_is_not_probed_with_a_negative_rate(tmp_path: Pa
     assert refused.status == "fail" and "lr=-0.001" in refused.detail, refused.detail
 
 
-class NamedSGD(torch.optim.Optimizer):
+class PlainSGD(torch.optim.Optimizer):
+    """Plain SGD steps (the closure called, its loss returned) for the constructors below."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.sub_(group["lr"] * p.grad)
+        return loss
+
+
+class NamedSGD(PlainSGD):
     """Takes `model.named_parameters()`, as adam-mini does (it splits them by name)."""
 
     def __init__(self, named_parameters: object, lr: float = 0.1) -> None:
         named = list(named_parameters)  # type: ignore[call-overload]
         params = [param for _, param in named]  # ValueError over a plain list of tensors
         super().__init__(params, {"lr": lr})
-
-    @torch.no_grad()
-    def step(self, closure: object = None) -> None:  # type: ignore[override]
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    p.sub_(group["lr"] * p.grad)
 
 
 def test_a_class_that_takes_named_parameters_says_what_it_needs(tmp_path: Path) -> None:
@@ -236,20 +245,13 @@ def test_a_class_that_takes_named_parameters_says_what_it_needs(tmp_path: Path) 
     assert "first argument asks for a model or its named parameters" in outcome.detail
 
 
-class NoneRate(torch.optim.Optimizer):
+class NoneRate(PlainSGD):
     """`lr=None` in the signature, refused by the class itself (as CAME's `assert lr > 0.`)."""
 
     def __init__(self, params: object, lr: float | None = None) -> None:
         if lr is None or not lr > 0:
             raise ValueError(f"lr must be a number > 0; received {lr}")
         super().__init__(params, {"lr": lr})
-
-    @torch.no_grad()
-    def step(self, closure: object = None) -> None:  # type: ignore[override]
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    p.sub_(group["lr"] * p.grad)
 
 
 def test_a_none_default_the_class_refuses_is_judged_with_the_value_given(tmp_path: Path) -> None:
@@ -274,13 +276,13 @@ class NoneRateStrictEps(NoneRate):
         super().__init__(params, lr)
 
 
-class RequiredRate(NoneRate):
+class RequiredRate(PlainSGD):
     """A required lr: still held to refusing a negative one."""
 
     def __init__(self, params: object, lr: float) -> None:
         if not lr > 0:
             raise ValueError(f"lr must be a number > 0; received {lr}")
-        torch.optim.Optimizer.__init__(self, params, {"lr": lr})
+        super().__init__(params, {"lr": lr})
 
 
 def test_only_the_missing_values_are_excused_and_a_refused_none_is_still_probed(tmp_path: Path) -> None:
@@ -293,7 +295,7 @@ def test_only_the_missing_values_are_excused_and_a_refused_none_is_still_probed(
         assert outcome.status == "pass" and "(lr)" in outcome.detail, (name, outcome.detail)
 
 
-class ModesPerGroup(torch.optim.Optimizer):
+class ModesPerGroup(PlainSGD):
     """Keeps its mode in every group and starts in eval mode, as schedule-free classes do; refuses to
     step while any group is not training (a group added later starts in eval mode too)."""
 
@@ -308,19 +310,10 @@ class ModesPerGroup(torch.optim.Optimizer):
         for group in self.param_groups:
             group["train_mode"] = False
 
-    @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         if not all(group["train_mode"] for group in self.param_groups):
             raise RuntimeError("not in train mode: call optimizer.train() before step()")
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    p.sub_(group["lr"] * p.grad)
-        return loss
+        return super().step(closure)
 
 
 def test_a_class_with_modes_is_stepped_in_training_mode_by_every_torch_check(tmp_path: Path) -> None:
