@@ -429,7 +429,16 @@ class TorchDriver(Driver):
         return "param_groups"
 
     def config(self, optimizer: Any) -> list[dict[str, Any]]:
-        return [{k: v for k, v in group.items() if k != "params"} for group in optimizer.param_groups]
+        # A dunder key is Python's, not a hyperparameter: heavyball builds its defaults from locals(),
+        # so its groups hold `__class__`, which its own state_dict() writes as None.
+        return [
+            {
+                k: v
+                for k, v in group.items()
+                if k != "params" and not (k.startswith("__") and k.endswith("__"))
+            }
+            for group in optimizer.param_groups
+        ]
 
     @property
     def config_roundtrip_name(self) -> str:

@@ -349,6 +349,29 @@ def test_a_float_with_an_int_default_is_halved_as_a_float(tmp_path: Path) -> Non
     assert outcome.status == "fail" and "power=0.5" in outcome.detail, outcome.detail
 
 
+class LocalsDefaults(PlainSGD):
+    """Builds its defaults from locals(), as heavyball does: with super() in the body, its groups hold
+    `__class__`, which its state_dict() writes as None (heavyball keeps the dict serializable)."""
+
+    def __init__(self, params: object, lr: float = 0.1, momentum: float = 0.0) -> None:
+        defaults = {k: v for k, v in locals().items() if k not in ("self", "params")}
+        super().__init__(params, defaults)
+
+    def state_dict(self) -> dict[str, Any]:
+        saved = super().state_dict()
+        for group in saved["param_groups"]:
+            group["__class__"] = None
+        return saved
+
+
+def test_a_dunder_key_in_the_groups_is_not_a_hyperparameter(tmp_path: Path) -> None:
+    ctx = context(f"{__name__}:LocalsDefaults", tmp_path)
+    assert "__class__" in ctx.build([torch.nn.Parameter(torch.zeros(2))]).param_groups[0]
+    outcome = state_checks.check_config_roundtrip(ctx)
+    assert outcome.status == "pass", outcome.detail
+    assert "all 2 hyperparameters" in outcome.detail, outcome.detail
+
+
 def test_checks_leave_rng_and_warn_always_as_found(tmp_path: Path) -> None:
     ctx = context("lion", tmp_path)
     torch.manual_seed(123)
