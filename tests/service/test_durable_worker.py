@@ -383,13 +383,24 @@ def test_a_job_that_ignores_sigterm_does_not_outlive_its_killed_worker(tmp_path:
 
 
 def reaper_of(job_group: int) -> bool:
+    """Whether the job's reaper is ready: started, and its shell has installed the SIGTERM trap (until
+    then a SIGTERM ends it as any other process; a real job gets its own SIGTERM in that window and
+    ends too, but this stand-in ignores it from its first line)."""
     needle = f"optlab-reaper\0{job_group}\0".encode()
     for entry in Path("/proc").iterdir():
         try:
             if entry.name.isdigit() and needle in (entry / "cmdline").read_bytes():
-                return True
+                return _catches(entry, signal.SIGTERM)
         except OSError:
             continue
+    return False
+
+
+def _catches(process: Path, signum: int) -> bool:
+    """Whether the process has a handler for `signum` (its SigCgt mask in /proc/PID/status)."""
+    for line in (process / "status").read_text().splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) & (1 << (signum - 1)))
     return False
 
 
