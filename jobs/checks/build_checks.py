@@ -54,7 +54,7 @@ _ARGUMENT_WORDS: dict[str, tuple[str, ...]] = {
 
 @isolated
 def check_construct(ctx: CheckContext) -> Outcome:
-    entry, driver = ctx.target.entry, ctx.driver
+    entry = ctx.target.entry
     # Arguments the signature defaults to None (or requires) and the user gave: a class may refuse
     # its own None (CAME: `lr=None`, then `assert lr > 0.`), which makes them required in effect.
     supplied = {
@@ -67,10 +67,9 @@ def check_construct(ctx: CheckContext) -> Outcome:
         ("the default hyperparameters", {}),
         (f"the given hyperparameters {ctx.params}", ctx.params),
     ):
-        try:
-            ctx.create(params, model_params=driver.variables(arrays(SHAPES, seed=0)))
-        except Exception as exc:
-            if not params and supplied and _builds(ctx, supplied):
+        exc = _build_error(ctx, params)
+        if exc is not None:
+            if not params and supplied and _build_error(ctx, supplied) is None:
                 # The defaults fail only for want of the values given for those arguments.
                 defaults_refused = (
                     f" (its defaults alone raise {ctx.describe_error(exc)}: {', '.join(supplied)} "
@@ -141,12 +140,13 @@ def _refuses_its_own_values(ctx: CheckContext, error: Exception) -> bool:
     )
 
 
-def _builds(ctx: CheckContext, params: Mapping[str, Any]) -> bool:
+def _build_error(ctx: CheckContext, params: Mapping[str, Any]) -> Exception | None:
+    """What building with exactly `params` over plain parameters raised, or None when it built."""
     try:
         ctx.create(params, model_params=ctx.driver.variables(arrays(SHAPES, seed=0)))
-    except Exception:
-        return False
-    return True
+    except Exception as exc:
+        return exc
+    return None
 
 
 # What a constructor's first argument is called when it wants the model, not its parameters.

@@ -23,6 +23,7 @@ from jobs.checks.tools import (
     max_diff,
     method_location,
     raising_frame,
+    refusal_files,
     same_draws,
     still_steps,
     updates_nothing,
@@ -397,10 +398,7 @@ def _sparse_refusal(ctx: CheckContext, error: Exception) -> Outcome:
     else is an error from deep inside an op."""
     driver = ctx.driver
     deepest = raising_frame(error)
-    files = driver.refusal_files(ctx.target.cls)
-    if ctx.base is not None:
-        files |= driver.refusal_files(ctx.base.entry.cls)
-    own = deepest is not None and deepest.filename in files
+    own = deepest is not None and deepest.filename in refusal_files(ctx)
     statement = (deepest.line or "").lstrip() if deepest is not None else ""
     message = str(error).lower()
     about_sparse = "sparse" in message or "indexedslices" in message

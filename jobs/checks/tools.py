@@ -179,6 +179,15 @@ def raised_in(error: BaseException, files: Collection[str | None], *, by_raise: 
     return not by_raise or (frame.line or "").lstrip().startswith("raise")
 
 
+def refusal_files(ctx: CheckContext) -> set[str]:
+    """Files whose `raise` is a deliberate refusal: the class's own, the framework's optimizers', and
+    those of the base optimizer a wrapper wraps."""
+    files = ctx.driver.refusal_files(ctx.target.cls)
+    if ctx.base is not None:
+        files |= ctx.driver.refusal_files(ctx.base.entry.cls)
+    return files
+
+
 def native(ctx: CheckContext, name: str) -> str:
     """The class's own argument name for catalogue name `name` (`lr` may be `learning_rate`)."""
     return ctx.target.entry.lr_arg if name == "lr" else name

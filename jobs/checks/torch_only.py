@@ -29,6 +29,7 @@ from jobs.checks.tools import (
     method_location,
     native,
     raised_in,
+    refusal_files,
     same_draws,
     updates_nothing,
     user_line,
@@ -274,11 +275,9 @@ def _group_refusal(ctx: CheckContext, error: Exception) -> str:
     about groups (torch's own, of a group it cannot take), or any error about groups the class's code
     raises with a `raise` statement (D-Adaptation's RuntimeError for a group lr of its own).
     Anything else is raised again: the check reports it."""
-    files = ctx.driver.refusal_files(ctx.target.cls)
-    if ctx.base is not None:
-        files |= ctx.driver.refusal_files(ctx.base.entry.cls)
     about_groups = "group" in str(error).lower()
-    if not (about_groups and (isinstance(error, ValueError) or raised_in(error, files, by_raise=True))):
+    clear = isinstance(error, ValueError) or raised_in(error, refusal_files(ctx), by_raise=True)
+    if not (about_groups and clear):
         raise error
     return f"not applicable: the class refuses param groups with a clear error ({ctx.describe_error(error)})"
 
