@@ -28,6 +28,7 @@ from jobs.checks.tools import (
     method_location,
     native,
     raised_in,
+    refuses_dense,
     shape_text,
     still_steps,
     updates_nothing,
@@ -292,6 +293,13 @@ def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
     """A refusal the class raises itself with a clear error (`ValueError: only supports 2D
     parameters`) is a limit of what it takes, so the checks' variables cannot judge it; any other
     error in the first step (a crash inside torch, an IndexError) is a fault a user's model meets."""
+    if refuses_dense(ctx, error):
+        ctx.mark_takes_only_sparse()
+        return skipped(
+            "inconclusive: the class takes only sparse gradients: it refuses a dense one with a clear error "
+            f"({ctx.describe_error(error)}), so the checks that step with dense gradients are not run and "
+            "`sparse` judges it"
+        )
     refused = raised_in(error, {ctx.target.source_file()}, by_raise=True)
     if refused and isinstance(error, ValueError | TypeError | NotImplementedError):
         return skipped(

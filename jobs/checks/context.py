@@ -188,6 +188,15 @@ class CheckContext:
     def step_raises(self) -> bool:
         return bool(self.notes.get("step_raises"))
 
+    def mark_takes_only_sparse(self) -> None:
+        """`dense_step`'s first step was refused because the gradient is dense (torch's SparseAdam):
+        the checks that step with dense gradients are not run; `sparse` still is."""
+        self.notes["takes_only_sparse"] = True
+
+    @property
+    def takes_only_sparse(self) -> bool:
+        return bool(self.notes.get("takes_only_sparse"))
+
     def user_frame(self, error: BaseException) -> traceback.FrameSummary | None:
         """The deepest frame of `error` inside the user's file, if any."""
         source = self.target.source_file()

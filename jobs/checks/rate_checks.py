@@ -24,6 +24,7 @@ from jobs.checks.tools import (
     method_location,
     raising_frame,
     refusal_files,
+    refuses_dense,
     same_draws,
     still_steps,
     updates_nothing,
@@ -296,6 +297,11 @@ def check_sparse(ctx: CheckContext) -> Outcome:
     gradient did not touch move, then a repeated id (as an Embedding batch has)."""
     driver = ctx.driver
     first_rows, second_rows, repeated_rows = [1, 3], [6, 8], [2, 5, 5]
+    dense_refusal = _dense_refusal(ctx)
+    # A class that takes only sparse gradients has no dense step to compare with: its touched rows
+    # are compared with the same gradient's repeated rows summed first, which is what a dense one holds.
+    takes_dense = dense_refusal is None
+    reference = "the equivalent dense gradient" if takes_dense else "the same gradient with repeats summed"
     optimizer, table = fresh(ctx, (TABLE_SHAPE,))
     start = driver.values(table)[0]
     try:
@@ -303,13 +309,20 @@ def check_sparse(ctx: CheckContext) -> Outcome:
     except Exception as exc:
         return _sparse_refusal(ctx, exc)
     after_first = driver.values(table)[0]
-    diff = _sparse_vs_dense(ctx, _rows(first_rows, seed=20), after_first)
+    diff = _sparse_vs_reference(ctx, _rows(first_rows, seed=20), after_first, takes_dense)
     if not np.all(np.isfinite(after_first)) or diff > 0:
         return failed(
             f"the rows a row-sparse gradient ({driver.sparse_gradient_name}) touches differ by up to "
-            f"{diff:.3g} from the same optimizer on the equivalent dense gradient",
+            f"{diff:.3g} from the same optimizer on {reference}",
             where=method_location(ctx),
             figure=diff,
+            fix=driver.advice.sparse_update,
+        )
+    if not takes_dense and not _rows_changed(start, after_first, exclude=[]):
+        return failed(
+            f"a row-sparse gradient ({driver.sparse_gradient_name}) on rows {first_rows} moved none of them, "
+            f"and the class refuses dense gradients ({dense_refusal}): it never updates anything",
+            where=method_location(ctx),
             fix=driver.advice.sparse_update,
         )
     _sparse_step(ctx, optimizer, table, _rows(second_rows, seed=21))
@@ -318,10 +331,12 @@ def check_sparse(ctx: CheckContext) -> Outcome:
     )
     repeated_optimizer, repeated_table = fresh(ctx, (TABLE_SHAPE,))
     _sparse_step(ctx, repeated_optimizer, repeated_table, _rows(repeated_rows, seed=22))
-    repeated_diff = _sparse_vs_dense(ctx, _rows(repeated_rows, seed=22), driver.values(repeated_table)[0])
+    repeated_diff = _sparse_vs_reference(
+        ctx, _rows(repeated_rows, seed=22), driver.values(repeated_table)[0], takes_dense
+    )
     repeats = (
         f"with a repeated index (ids {repeated_rows}) the touched rows differ by up to {repeated_diff:.3g} "
-        "from the dense gradient, which sums the repeats"
+        + ("from the dense gradient, which sums the repeats" if takes_dense else f"from {reference}")
     )
     if repeated_diff > 0 and driver.capabilities.sums_repeated_rows:
         return failed(
@@ -352,6 +367,13 @@ def check_sparse(ctx: CheckContext) -> Outcome:
             + "for large embeddings update only the touched rows (gather, compute, scatter: LazyAdam-style), "
             "weight decay included",
         )
+    if dense_refusal is not None:
+        return passed(
+            f"the class takes only sparse gradients (it refuses a dense one: {dense_refusal}); row-sparse "
+            f"gradients ({driver.sparse_gradient_name}) move the rows they touch and only those, and a "
+            "repeated id acts as the summed gradient of its rows (figure: rows changed outside the gradient)",
+            0.0,
+        )
     return passed(
         f"row-sparse gradients ({driver.sparse_gradient_name}), repeated ids too, update only the rows they "
         "touch, and those match the dense computation (figure: rows changed outside the gradient)",
@@ -375,11 +397,38 @@ def _sparse_step(ctx: CheckContext, optimizer: Any, table: list[Any], grad: Spar
         ctx.driver.step(optimizer, table, [grad], ctx.needs)
 
 
-def _sparse_vs_dense(ctx: CheckContext, grad: SparseRows, sparse_result: np.ndarray) -> float:
-    """How far the touched rows after one sparse step are from the same optimizer's dense step
+def _summed(grad: SparseRows) -> SparseRows:
+    """The same gradient with each repeated row's values summed into one row."""
+    rows = sorted(set(grad.rows))
+    values = np.zeros((len(rows), grad.shape[1]), np.float32)
+    np.add.at(values, [rows.index(row) for row in grad.rows], grad.values)
+    return SparseRows(rows=rows, values=values, shape=grad.shape)
+
+
+def _dense_refusal(ctx: CheckContext) -> str | None:
+    """The clear error of a class that takes only sparse gradients (torch's SparseAdam) when given a
+    dense one, or None for a class that takes dense gradients (or fails on them for another reason,
+    which `_sparse_vs_reference` then reports)."""
+    optimizer, table = fresh(ctx, (TABLE_SHAPE,))
+    try:
+        ctx.driver.step(optimizer, table, [_dense(_rows([0], seed=23))], ctx.needs)
+    except Exception as exc:
+        if refuses_dense(ctx, exc):
+            return ctx.describe_error(exc)
+    return None
+
+
+def _sparse_vs_reference(
+    ctx: CheckContext, grad: SparseRows, sparse_result: np.ndarray, takes_dense: bool
+) -> float:
+    """How far the touched rows after one sparse step are from the same optimizer's dense step, or,
+    for a class that takes only sparse gradients, its step on the gradient with repeats summed
     (0 when within float32 rounding)."""
     optimizer, table = fresh(ctx, (TABLE_SHAPE,))
-    ctx.driver.step(optimizer, table, [_dense(grad)], ctx.needs)
+    if takes_dense:
+        ctx.driver.step(optimizer, table, [_dense(grad)], ctx.needs)
+    else:
+        _sparse_step(ctx, optimizer, table, _summed(grad))
     touched = sorted(set(grad.rows))
     dense = ctx.driver.values(table)[0][touched]
     if np.allclose(sparse_result[touched], dense, rtol=1e-5, atol=1e-6):

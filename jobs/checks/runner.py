@@ -32,6 +32,9 @@ FRAMEWORK_CHECKS: dict[str, str] = {
 # The skip of every check after a construct that could not build the optimizer at all.
 UNBUILDABLE = "not run: the optimizer cannot be constructed"
 STEP_RAISES = "not run: a step on the checks' variables raises"
+ONLY_SPARSE = "not run: the class takes only sparse gradients, and this check steps with dense ones"
+# The checks that step with sparse gradients only: what can judge a class that refuses dense ones.
+SPARSE_CHECKS = frozenset({"sparse"})
 
 
 def checks_for_style(style: str) -> Mapping[str, CheckFunction]:
@@ -132,7 +135,9 @@ def _outcome(check_id: str, table: Mapping[str, CheckFunction], context: CheckCo
         return skipped(f"not available for {style} optimizers")
     if context.unbuildable:
         return skipped(f"{UNBUILDABLE} (see construct)")
-    if context.step_raises:
+    if context.takes_only_sparse and check_id not in SPARSE_CHECKS:
+        return skipped(f"{ONLY_SPARSE} (see dense_step)")
+    if context.step_raises and not context.takes_only_sparse:
         return skipped(f"{STEP_RAISES} (see dense_step)")
     try:
         return table[check_id](context)

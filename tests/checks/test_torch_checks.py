@@ -372,6 +372,86 @@ def test_a_dunder_key_in_the_groups_is_not_a_hyperparameter(tmp_path: Path) -> N
     assert "all 2 hyperparameters" in outcome.detail, outcome.detail
 
 
+class Anneal:
+    """A plain object as a group value, as Kron's ProbScheduler: no __eq__ of its own."""
+
+    def __init__(self, start: float) -> None:
+        self.start = start
+
+    def __call__(self, step: int) -> float:
+        return self.start / (1 + step)
+
+
+class AnnealedSGD(PlainSGD):
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        super().__init__(params, {"lr": lr, "anneal": Anneal(0.5)})
+
+
+def test_a_plain_object_in_the_groups_survives_as_an_equal_copy(tmp_path: Path) -> None:
+    # load_state_dict() deep-copies the saved groups: the object comes back equal, not the same one.
+    outcome = state_checks.check_config_roundtrip(context(f"{__name__}:AnnealedSGD", tmp_path))
+    assert outcome.status == "pass", outcome.detail
+    from jobs.checks.tools import same_value
+
+    assert same_value(Anneal(0.5), Anneal(0.5))
+    assert not same_value(Anneal(0.5), Anneal(1.0))
+
+
+class SparseOnlySGD(torch.optim.Optimizer):
+    """Takes only sparse gradients, as torch's SparseAdam; sums a repeated row's gradients."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if not p.grad.is_sparse:
+                    raise RuntimeError("SparseOnlySGD does not support dense gradients")
+                self.update(p, p.grad, group["lr"])
+
+    def update(self, p: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
+        grad = grad.coalesce()
+        p.index_add_(0, grad.indices()[0], grad.values(), alpha=-lr)
+
+
+class SparseOnlyLastRepeatWins(SparseOnlySGD):
+    """Assigns each row's update by index: of a repeated row's gradients, only the last one counts."""
+
+    def update(self, p: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
+        rows = grad._indices()[0]
+        p[rows] = p[rows] - lr * grad._values()
+
+
+class SparseOnlyStill(SparseOnlySGD):
+    """Refuses dense gradients and then never moves anything."""
+
+    def update(self, p: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
+        return None
+
+
+def test_a_class_that_takes_only_sparse_gradients_is_judged_by_sparse_alone(tmp_path: Path) -> None:
+    from jobs.checks.runner import ONLY_SPARSE, run_checks
+
+    for text in ("torch.optim:SparseAdam", f"{__name__}:SparseOnlySGD"):
+        report = run_checks(resolve_target(text, framework="torch"), {}, workdir=tmp_path)
+        status = {r.id: r.status for r in report.checks}
+        detail = {r.id: r.detail for r in report.checks}
+        assert status["dense_step"] == "skip" and "takes only sparse gradients" in detail["dense_step"]
+        assert status["sparse"] == "pass" and "takes only sparse gradients" in detail["sparse"], detail
+        dense_checks = set(status) - {"construct", "dense_step", "sparse"}
+        assert all(status[c] == "skip" for c in dense_checks), detail
+        torch_checks = {c for c in dense_checks if "optimizers only" not in detail[c]}  # not Keras's own
+        assert all(ONLY_SPARSE in detail[c] for c in torch_checks) and len(torch_checks) > 10, detail
+    repeats = rate_checks.check_sparse(context(f"{__name__}:SparseOnlyLastRepeatWins", tmp_path))
+    assert repeats.status == "fail" and "repeated index" in repeats.detail, repeats.detail
+    still = rate_checks.check_sparse(context(f"{__name__}:SparseOnlyStill", tmp_path))
+    assert still.status == "fail" and "moved none of them" in still.detail, still.detail
+
+
 def test_checks_leave_rng_and_warn_always_as_found(tmp_path: Path) -> None:
     ctx = context("lion", tmp_path)
     torch.manual_seed(123)
