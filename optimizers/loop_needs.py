@@ -105,12 +105,28 @@ def _closure_required(cls: type) -> bool:
 
 
 def _asks_for_create_graph(cls: type) -> bool:
-    """The class's docstring, or a base class's, tells its users to call backward(create_graph=True).
+    """The class's docstring, or a base class's, tells its users to call backward(create_graph=True),
+    or the class raises timm's `is_second_order` flag, from which timm's training loop does so.
 
     Bases too: a plugin's thin subclass (`class AdaHessian(pytorch_optimizer.AdaHessian)`) has no
     docstring of its own, and Python does not inherit `__doc__`.
     """
-    return any("create_graph=True" in (klass.__doc__ or "") for klass in cls.__mro__)
+    return _second_order_flag(cls) or any(
+        "create_graph=True" in (klass.__doc__ or "") for klass in cls.__mro__
+    )
+
+
+def _second_order_flag(cls: type) -> bool:
+    """`is_second_order` is True on the class: an attribute, or a property that returns True without
+    reading the instance (timm's Adahessian). A property that reads the instance (timm's Lookahead
+    asks its base) is left to the base's own needs."""
+    flag = inspect.getattr_static(cls, "is_second_order", False)
+    if isinstance(flag, property):
+        try:
+            flag = flag.fget(None) if flag.fget is not None else False
+        except Exception:
+            return False
+    return flag is True
 
 
 def _has_train_eval(cls: type) -> bool:

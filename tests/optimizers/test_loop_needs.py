@@ -56,11 +56,34 @@ class Declared(ClosureInSignature):
     optlab_needs = {"create_graph": True, "closure": False}
 
 
+class SecondOrderProperty(ClosureRefused):
+    """timm's flag for backward(create_graph=True), as its Adahessian raises it."""
+
+    @property
+    def is_second_order(self) -> bool:
+        return True
+
+
+class SecondOrderAttribute(ClosureRefused):
+    is_second_order = True
+
+
+class SecondOrderOfItsBase(ClosureRefused):
+    """As timm's Lookahead: the flag reads the instance (its base), so the class alone does not say."""
+
+    @property
+    def is_second_order(self) -> bool:
+        return bool(getattr(getattr(self, "base", None), "is_second_order", False))
+
+
 def test_signals_in_the_class() -> None:
     assert detect_loop_needs(ClosureInSignature).closure
     assert detect_loop_needs(ClosureRefused).closure
     assert detect_loop_needs(Declared) == LoopNeeds(create_graph=True)
     assert not detect_loop_needs(torch.optim.SGD).closure  # closure=None and never refused
+    assert detect_loop_needs(SecondOrderProperty).create_graph
+    assert detect_loop_needs(SecondOrderAttribute).create_graph
+    assert not detect_loop_needs(SecondOrderOfItsBase).create_graph
 
 
 @pytest.mark.parametrize(("name", "needs"), PUBLISHED, ids=[name for name, _ in PUBLISHED])
