@@ -59,10 +59,24 @@ _NOT_HYPERPARAMETERS = {
     "mesh", "is_legacy_optimizer",
 }  # fmt: skip
 _LR_ARGS = ("lr", "learning_rate")
-# A wrapper's argument that takes the base optimizer's class (SAM); any other takes a built one.
+# A wrapper's argument that takes the base optimizer's class (SAM) when it follows the parameters;
+# any other, and one that comes first (timm's Lookahead), takes a built one.
 _BASE_CLASS_ARGUMENTS = ("base_optimizer",)
 # Keras optimizers take the learning rate through **kwargs when a subclass does not restate it.
 _KERAS_DEFAULT_LR = 1e-3
+
+
+def _takes_the_base_class(cls: type, argument: str) -> bool:
+    """SAM's `(params, base_optimizer, ...)` builds its base from the class over the parameters it
+    takes first; a constructor whose first argument is the base itself (timm's Lookahead:
+    `(base_optimizer, alpha, k)`) takes no parameters, so its base comes built."""
+    if argument not in _BASE_CLASS_ARGUMENTS:
+        return False
+    try:
+        first = next(iter(inspect.signature(cls).parameters), None)
+    except (TypeError, ValueError):
+        return True
+    return first != argument
 
 
 @dataclass(frozen=True)
@@ -158,11 +172,11 @@ class Entry:
         return [{"params": [by_name[name] for name in group.names], **group.params} for group in groups]
 
     def _wrap(self, base: Base, argument: str, kwargs: dict[str, Any], model_params: Any) -> Any:
-        """The two conventions wrappers follow, told apart by the argument's name."""
+        """The two conventions wrappers follow, told apart by the argument's name and place."""
         if self.style != "torch":
             raise ValueError(f"optimizer {self.name!r} ({self.style}): wrappers run in torch jobs only")
         base_kwargs = base.entry.kwargs(base.hyperparams)
-        if argument in _BASE_CLASS_ARGUMENTS:
+        if _takes_the_base_class(self.cls, argument):
             # SAM: builds the base itself from the class, forwarding the keyword arguments it does
             # not take (the base's lr and the rest) and sharing the base's param groups.
             shared = sorted(set(base_kwargs) & set(kwargs))

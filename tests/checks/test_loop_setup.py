@@ -45,6 +45,55 @@ class NeedsAClosure(torch.optim.Optimizer):
         return loss
 '''
 
+# timm's Lookahead convention: no parameters argument; the first, `base_optimizer`, is the built base,
+# whose param groups and state it shares (SAM's `base_optimizer` follows the parameters: a class).
+BASE_FIRST_LOOKAHEAD = """
+import torch
+
+
+class BaseFirstLookahead(torch.optim.Optimizer):
+    def __init__(self, base_optimizer, alpha=0.5, k=2):
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1]; received {alpha}")
+        self.base, self.alpha, self.k = base_optimizer, alpha, k
+        self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}  # no super().__init__()
+        self.defaults = base_optimizer.defaults
+        self.param_groups = base_optimizer.param_groups
+        self.state = base_optimizer.state
+
+    def state_dict(self):
+        return self.base.state_dict()
+
+    def load_state_dict(self, state_dict):
+        self.base.load_state_dict(state_dict)
+        self.param_groups, self.state = self.base.param_groups, self.base.state
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = self.base.step(closure)
+        for group in self.param_groups:
+            group["lookahead_step"] = group.get("lookahead_step", 0) + 1
+            for p in group["params"]:
+                slow = self.state[p].setdefault("slow", p.detach().clone())
+                if group["lookahead_step"] % self.k == 0:
+                    slow.add_(p - slow, alpha=self.alpha)
+                    p.copy_(slow)
+        return loss
+"""
+
+
+def test_a_wrapper_whose_first_argument_is_the_base_gets_it_built(tmp_path: Path) -> None:
+    path = tmp_path / "base_first_lookahead.py"
+    path.write_text(textwrap.dedent(BASE_FIRST_LOOKAHEAD))
+    target = target_of(f"{path}:BaseFirstLookahead")
+    assert target.entry.needs.base_optimizer == "base_optimizer"
+    setup = LoopSetup(base={"name": "adamw", "params": {"lr": 0.01}})
+    only = [*STEPPED, "step_cost"]
+    report = run_checks(target, {}, only=only, setup=setup, workdir=tmp_path)
+    assert {r.id: r.status for r in report.checks} == dict.fromkeys(only, "pass"), report.checks
+    # A wrapper is timed against its base alone: what it adds is its cost.
+    assert "its base adamw alone" in report.checks[-1].detail, report.checks[-1].detail
+
 
 def test_lookahead_over_ada_hessian_is_checked_with_the_graph_its_base_needs(tmp_path: Path) -> None:
     setup = LoopSetup(base=ADA_HESSIAN)
