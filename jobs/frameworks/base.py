@@ -90,6 +90,16 @@ class SparseRows:
     shape: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class TimeSpent:
+    """Where a slow update's time goes: a phrase for the detail, and whether most of it is matrix
+    math (products, decompositions, solves), which a preconditioned method (Shampoo, Muon, Kron)
+    pays by design, unlike host syncs or per-element loops."""
+
+    phrase: str
+    in_matrix_math: bool = False
+
+
 # What the checks feed a step: dense, row-sparse, or None for a frozen variable.
 Gradient: TypeAlias = "np.ndarray | SparseRows | None"
 # Called by a driver for every warning (or logged deprecation) it captures: message,
@@ -441,8 +451,8 @@ class Driver(ABC):
         return nullcontext()
 
     @abstractmethod
-    def where_time_goes(self, slow: Callable[[], Any], reference: Callable[[], Any]) -> str:
-        """What makes `slow` slower than `reference`, in a phrase (profiler ops, host syncs)."""
+    def where_time_goes(self, slow: Callable[[], Any], reference: Callable[[], Any]) -> TimeSpent:
+        """What makes `slow` slower than `reference` (profiler ops, host syncs)."""
 
     @property
     @abstractmethod

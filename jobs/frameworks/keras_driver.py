@@ -52,6 +52,7 @@ from jobs.frameworks.base import (
     SparseRows,
     StateNotRestored,
     StepRecord,
+    TimeSpent,
     TrainingSession,
     WarningSink,
     python_warnings_to,
@@ -391,9 +392,9 @@ class KerasDriver(Driver):
             update(tensors)
         return _TimedUpdate(lambda: update(tensors), graph)
 
-    def where_time_goes(self, slow: Callable[[], Any], reference: Callable[[], Any]) -> str:
+    def where_time_goes(self, slow: Callable[[], Any], reference: Callable[[], Any]) -> TimeSpent:
         assert isinstance(slow, _TimedUpdate) and isinstance(reference, _TimedUpdate)
-        return _graph_difference(slow.graph, reference.graph)
+        return TimeSpent(_graph_difference(slow.graph, reference.graph))
 
     @property
     def timed_update_name(self) -> str:

@@ -43,6 +43,7 @@ from jobs.frameworks.base import (
     SparseRows,
     StateNotRestored,
     StepRecord,
+    TimeSpent,
     TrainingSession,
     WarningSink,
     python_warnings_to,
@@ -542,20 +543,25 @@ class TorchDriver(Driver):
         finally:
             torch.set_num_threads(threads)
 
-    def where_time_goes(self, slow: Callable[[], Any], reference: Callable[[], Any]) -> str:
+    def where_time_goes(self, slow: Callable[[], Any], reference: Callable[[], Any]) -> TimeSpent:
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU]) as profiler:
             slow()
         events = [e for e in profiler.key_averages() if e.key.startswith("aten::")]
+        if not events:
+            return TimeSpent("no aten ops recorded")
         events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
         top = ", ".join(f"{e.key} x{e.count}" for e in events[:4])
         # aten::item calls aten::_local_scalar_dense: count each host sync once.
         syncs = max(
             (e.count for e in events if e.key in ("aten::item", "aten::_local_scalar_dense")), default=0
         )
-        sync_note = f"{syncs} host syncs (aten::item / _local_scalar_dense) per step; " if syncs > 8 else ""
-        return f"{sync_note}most time in {top}" if top else "no aten ops recorded"
+        many_syncs = syncs > 8
+        sync_note = f"{syncs} host syncs (aten::item / _local_scalar_dense) per step; " if many_syncs else ""
+        matrix_time = sum(e.self_cpu_time_total for e in events if _is_matrix_math(e.key))
+        in_matrix_math = not many_syncs and matrix_time > 0.5 * sum(e.self_cpu_time_total for e in events)
+        return TimeSpent(f"{sync_note}most time in {top}", in_matrix_math=in_matrix_math)
 
     @property
     def timed_update_name(self) -> str:
@@ -564,6 +570,21 @@ class TorchDriver(Driver):
     @property
     def reference_sgd_name(self) -> str:
         return "torch.optim.SGD(momentum=0.9)"
+
+
+# Matrix products, decompositions and solves: what a preconditioner (Shampoo, Muon's Newton-Schulz
+# iteration, Kron's triangular solves) spends its time on by design. Norms are not among them.
+_MATRIX_PRODUCTS = frozenset({"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul", "mv", "addmv"})
+_DECOMPOSITIONS = frozenset(
+    {"svd", "qr", "cholesky", "cholesky_solve", "cholesky_inverse", "triangular_solve"}
+)
+
+
+def _is_matrix_math(op: str) -> bool:
+    name = op.removeprefix("aten::")
+    if name.startswith(("linalg_", "_linalg_")):
+        return "norm" not in name
+    return name in _MATRIX_PRODUCTS or name in _DECOMPOSITIONS
 
 
 def state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[str, torch.Tensor]]:

@@ -106,7 +106,7 @@ def test_deprecated_overload_is_a_warning_with_the_users_line(tmp_path: Path) ->
 def test_row_loop_with_host_syncs_is_a_slow_step(tmp_path: Path) -> None:
     outcome = cost_checks.check_step_cost(broken("torch_step_cost", tmp_path))
     assert outcome.status == "warn", outcome.detail
-    assert "host syncs" in outcome.detail
+    assert "host syncs" in outcome.detail and "matrix math" not in outcome.detail
     assert outcome.figure is not None and outcome.figure > cost_checks.STEP_COST_LIMIT
 
 
@@ -243,6 +243,33 @@ def test_a_class_that_takes_named_parameters_says_what_it_needs(tmp_path: Path) 
     outcome = build_checks.check_construct(context(f"{__name__}:NamedSGD", tmp_path))
     assert outcome.status == "skip", outcome.detail
     assert "first argument asks for a model or its named parameters" in outcome.detail
+
+
+class Orthogonalized(PlainSGD):
+    """Muon-like: each matrix's gradient orthogonalized by a few Newton-Schulz iterations (matrix
+    products, no host syncs), vectors stepped plainly."""
+
+    def __init__(self, params: object, lr: float = 0.02) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                update = p.grad / (p.grad.norm() + 1e-7)
+                for _ in range(3) if p.ndim == 2 else ():
+                    update = 1.5 * update - 0.5 * update @ update.T @ update
+                p.sub_(group["lr"] * update)
+        return None
+
+
+def test_a_step_slow_by_its_matrix_math_is_not_blamed_on_its_code(tmp_path: Path) -> None:
+    outcome = cost_checks.check_step_cost(context(f"{__name__}:Orthogonalized", tmp_path))
+    assert outcome.status == "warn" and "matrix math" in outcome.detail, outcome.detail
+    fix = outcome.detail.split("Fix:")[1]
+    assert cost_checks.MATRIX_MATH_FIX in fix and "host syncs" not in fix
 
 
 class NoneRate(PlainSGD):
