@@ -531,14 +531,10 @@ def _infer_type(annotation: Any, default: Any = inspect.Parameter.empty) -> Para
         return None
     if isinstance(default, bool):
         return "bool"
-    if isinstance(default, int | float):
+    if _is_number(default):
         # Unannotated `weight_decay=0` is a float in practice: accept any number as given.
         return "number"
-    if (
-        isinstance(default, tuple)
-        and len(default) == 2
-        and all(isinstance(x, int | float) and not isinstance(x, bool) for x in default)
-    ):
+    if isinstance(default, tuple) and len(default) == 2 and all(_is_number(x) for x in default):
         return "float_pair"
     return None
 
