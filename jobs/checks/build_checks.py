@@ -61,16 +61,18 @@ def check_construct(ctx: CheckContext) -> Outcome:
     supplied = {
         n: ctx.params[n]
         for n, p in entry.params.items()
-        if p.default is None and ctx.params.get(n) is not None
+        if p.default is None and not p.required and ctx.params.get(n) is not None
     }
+    # A required argument has no default to build with: the user's value stands in for one.
+    required = {n: ctx.params[n] for n, p in entry.params.items() if p.required and n in ctx.params}
     defaults_refused = ""
-    for label, params in (
-        ("the default hyperparameters", {}),
-        (f"the given hyperparameters {ctx.params}", ctx.params),
+    for label, params, defaults in (
+        ("the default hyperparameters", required, True),
+        (f"the given hyperparameters {ctx.params}", ctx.params, False),
     ):
         exc = _build_error(ctx, params)
         if exc is not None:
-            if not params and supplied and _build_error(ctx, supplied) is None:
+            if defaults and supplied and _build_error(ctx, {**required, **supplied}) is None:
                 # The defaults fail only for want of the values given for those arguments.
                 defaults_refused = (
                     f" (its defaults alone raise {ctx.describe_error(exc)}: {', '.join(supplied)} "

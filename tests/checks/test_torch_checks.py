@@ -320,6 +320,18 @@ def test_only_the_missing_values_are_excused_and_a_refused_none_is_still_probed(
     for name in ("NoneRate", "RequiredRate"):
         outcome = build_checks.check_construct(context(f"{__name__}:{name}", tmp_path, lr=0.1))
         assert outcome.status == "pass" and "(lr)" in outcome.detail, (name, outcome.detail)
+    # A required lr has no default to refuse: the class builds with the given one and nothing more
+    # is said of its defaults (a required lr is not one the class refuses).
+    required = build_checks.check_construct(context(f"{__name__}:RequiredUncheckedRate", tmp_path, lr=0.1))
+    assert required.status == "fail" and "lr=-0.001 was accepted" in required.detail, required.detail
+    assert "defaults alone" not in required.detail, required.detail
+
+
+class RequiredUncheckedRate(PlainSGD):
+    """A required lr, never validated (torch's old `lr=required` classes, e.g. SGDP)."""
+
+    def __init__(self, params: object, lr: float) -> None:
+        super().__init__(params, {"lr": lr})
 
 
 class ModesPerGroup(PlainSGD):
