@@ -434,6 +434,12 @@ def test_a_plain_object_in_the_groups_survives_as_an_equal_copy(tmp_path: Path) 
 
     assert same_value(Anneal(0.5), Anneal(0.5))
     assert not same_value(Anneal(0.5), Anneal(1.0))
+    # Values == cannot compare (a tensor of many elements), or that hold each other: only identity says.
+    held, other = Anneal(0.5), Anneal(0.5)
+    held.start, other.start = torch.ones(3), torch.ones(3)  # type: ignore[assignment]
+    assert same_value(held, held) and not same_value(held, other)
+    held.start, other.start = held, other  # type: ignore[assignment]
+    assert not same_value(held, other)
 
 
 class SparseOnlySGD(torch.optim.Optimizer):
