@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from jobs.checks.context import CheckContext, overrides_note
+from jobs.checks.rate_checks import dense_refusal
 from jobs.checks.report import Outcome, failed, passed, skipped
 from jobs.checks.tools import (
     MOVES_NOTHING,
@@ -56,7 +57,7 @@ _ARGUMENT_WORDS: dict[str, tuple[str, ...]] = {
 @isolated
 def check_construct(ctx: CheckContext) -> Outcome:
     entry = ctx.target.entry
-    # Arguments the signature defaults to None (or requires) and the user gave: a class may refuse
+    # Arguments the signature defaults to None and the user gave: a class may refuse
     # its own None (CAME: `lr=None`, then `assert lr > 0.`), which makes them required in effect.
     supplied = {
         n: ctx.params[n]
@@ -67,7 +68,11 @@ def check_construct(ctx: CheckContext) -> Outcome:
     required = {n: ctx.params[n] for n, p in entry.params.items() if p.required and n in ctx.params}
     defaults_refused = ""
     for label, params, defaults in (
-        ("the default hyperparameters", required, True),
+        (
+            "the default hyperparameters" + (f" and the given {', '.join(required)}" if required else ""),
+            required,
+            True,
+        ),
         (f"the given hyperparameters {ctx.params}", ctx.params, False),
     ):
         exc = _build_error(ctx, params)
@@ -295,7 +300,7 @@ def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
     """A refusal the class raises itself with a clear error (`ValueError: only supports 2D
     parameters`) is a limit of what it takes, so the checks' variables cannot judge it; any other
     error in the first step (a crash inside torch, an IndexError) is a fault a user's model meets."""
-    if refuses_dense(ctx, error):
+    if refuses_dense(ctx, error) and dense_refusal(ctx) is not None:
         ctx.mark_takes_only_sparse()
         return skipped(
             "inconclusive: the class takes only sparse gradients: it refuses a dense one with a clear error "

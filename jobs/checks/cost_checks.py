@@ -8,6 +8,7 @@ import math
 import time
 import traceback
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from jobs.checks.context import CheckContext
@@ -20,13 +21,14 @@ from jobs.checks.tools import (
     isolated,
     method_location,
 )
+from optimizers.loop_needs import PLAIN, LoopNeeds
 
 # Over this ratio to the framework's built-in of comparable state is a warn.
 STEP_COST_LIMIT = 3.0
 # What to do about a step whose time is in its preconditioner's matrix math.
 MATRIX_MATH_FIX = (
-    "nothing is wrong with the code; to pay less, refresh the preconditioner every few steps or only for "
-    "large matrices, and compare the cost per step with the steps it saves"
+    "if the method needs this math, the code is not at fault: to pay less, refresh the preconditioner every "
+    "few steps or only for large matrices, and weigh its cost per step against the steps it saves"
 )
 # State tensors per variable from which the yardstick is AdamW (two moments), not SGD(momentum).
 ADAPTIVE_SLOTS = 2
@@ -50,9 +52,16 @@ def check_step_cost(ctx: CheckContext) -> Outcome:
             candidate = driver.timed_update(optimizer, variables, grads)
         except Exception as exc:
             return skipped(f"not measurable: {driver.timed_update_name} raised {ctx.describe_error(exc)}")
-        reference_variables = driver.variables(arrays(shapes, seed=101, mean=1.0))
-        build, reference_name = _yardstick(ctx, optimizer, variables)
-        reference = driver.timed_update(build(reference_variables), reference_variables, grads)
+        yardstick = _yardstick(ctx, optimizer, variables)
+        reference_name = yardstick.name
+        try:
+            reference_variables = driver.variables(arrays(shapes, seed=101, mean=1.0))
+            reference_optimizer = yardstick.build(reference_variables)
+            driver.to_training(reference_optimizer, yardstick.needs)  # a schedule-free base too
+            reference = driver.timed_update(reference_optimizer, reference_variables, grads)
+        except Exception as exc:
+            raised = ctx.describe_error(exc)
+            return skipped(f"not measurable: {reference_name}'s {driver.timed_update_name} raised {raised}")
         ours, theirs = interleaved_best(candidate, reference)
         if ours / theirs > STEP_COST_LIMIT:  # a busy machine can fake one slow round: measure once more
             ours, theirs = min(
@@ -83,20 +92,29 @@ def check_step_cost(ctx: CheckContext) -> Outcome:
     )
 
 
-def _yardstick(ctx: CheckContext, optimizer: Any, variables: list[Any]) -> tuple[Callable[[Any], Any], str]:
-    """What the update is timed against, and its name: a wrapper's base alone (what the wrapper adds
-    is its cost; timm's Lookahead even keeps the base's state out of its own `state`), else the
-    framework's built-in of comparable state."""
+@dataclass(frozen=True)
+class Yardstick:
+    """What an update is timed against: how to build it over variables, its name, how it is stepped."""
+
+    build: Callable[[Any], Any]
+    name: str
+    needs: LoopNeeds = PLAIN
+
+
+def _yardstick(ctx: CheckContext, optimizer: Any, variables: list[Any]) -> Yardstick:
+    """A wrapper's base alone (what the wrapper adds is its cost; timm's Lookahead even keeps the
+    base's state out of its own `state`), else the framework's built-in of comparable state."""
     base = ctx.base
     if base is not None:
-        return (
+        return Yardstick(
             lambda params: base.entry.create(base.hyperparams, model_params=params),
             f"its base {base.entry.name} alone",
+            base.entry.needs,
         )
     driver = ctx.driver
     if slots_per_variable(ctx, optimizer, variables) >= ADAPTIVE_SLOTS:
-        return driver.reference_adamw, driver.reference_adamw_name
-    return driver.reference_sgd, driver.reference_sgd_name
+        return Yardstick(driver.reference_adamw, driver.reference_adamw_name)
+    return Yardstick(driver.reference_sgd, driver.reference_sgd_name)
 
 
 def slots_per_variable(ctx: CheckContext, optimizer: Any, variables: list[Any]) -> float:

@@ -32,7 +32,7 @@ FRAMEWORK_CHECKS: dict[str, str] = {
 # The skip of every check after a construct that could not build the optimizer at all.
 UNBUILDABLE = "not run: the optimizer cannot be constructed"
 STEP_RAISES = "not run: a step on the checks' variables raises"
-ONLY_SPARSE = "not run: the class takes only sparse gradients, and this check steps with dense ones"
+ONLY_SPARSE = "not run: the class takes only sparse gradients, which only `sparse` gives it"
 # The checks that step with sparse gradients only: what can judge a class that refuses dense ones.
 SPARSE_CHECKS = frozenset({"sparse"})
 

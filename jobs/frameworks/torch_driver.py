@@ -547,7 +547,9 @@ class TorchDriver(Driver):
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU]) as profiler:
+            started = time.perf_counter()
             slow()
+            wall_us = (time.perf_counter() - started) * 1e6
         events = [e for e in profiler.key_averages() if e.key.startswith("aten::")]
         if not events:
             return TimeSpent("no aten ops recorded")
@@ -559,8 +561,11 @@ class TorchDriver(Driver):
         )
         many_syncs = syncs > 8
         sync_note = f"{syncs} host syncs (aten::item / _local_scalar_dense) per step; " if many_syncs else ""
+        # Most of the step inside ops (not Python around them: a loop of small products per row is
+        # slow code), and most of the ops' time in matrix math.
+        op_time = sum(e.self_cpu_time_total for e in events)
         matrix_time = sum(e.self_cpu_time_total for e in events if _is_matrix_math(e.key))
-        in_matrix_math = not many_syncs and matrix_time > 0.5 * sum(e.self_cpu_time_total for e in events)
+        in_matrix_math = not many_syncs and op_time > 0.5 * wall_us and matrix_time > 0.5 * op_time
         return TimeSpent(f"{sync_note}most time in {top}", in_matrix_math=in_matrix_math)
 
     @property
@@ -588,15 +593,33 @@ def _is_matrix_math(op: str) -> bool:
 
 
 def state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[str, torch.Tensor]]:
-    """(`state[param i][key]`, tensor) for every tensor the optimizer keeps in `self.state`."""
+    """(`state[param i][key]`, tensor) for every tensor the optimizer keeps in `self.state`, or, where
+    that holds none, in what its state_dict() saves: a wrapper may keep its base's state out of its own
+    (timm's Lookahead: `self.state` stays empty, state_dict() is the base's)."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     index = {id(p): i for i, p in enumerate(params)}
-    for param, state in optimizer.state.items():
-        if not isinstance(state, Mapping):
-            continue
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor):
-                yield f"state[param {index.get(id(param), '?')}][{key!r}]", value
+    own = [
+        (f"state[param {index.get(id(param), '?')}][{key!r}]", value)
+        for param, state in optimizer.state.items()
+        if isinstance(state, Mapping)
+        for key, value in state.items()
+        if isinstance(value, torch.Tensor)
+    ]
+    yield from own or _saved_state_tensors(optimizer)
+
+
+def _saved_state_tensors(optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.Tensor]]:
+    try:
+        saved = optimizer.state_dict().get("state", {})
+    except Exception:  # a state_dict() that cannot run here is the round-trip checks' to report
+        return []
+    return [
+        (f"state[param {number}][{key!r}]", value)
+        for number, state in saved.items()
+        if isinstance(state, Mapping)
+        for key, value in state.items()
+        if isinstance(value, torch.Tensor)
+    ]
 
 
 def source_files(cls: type) -> set[str]:

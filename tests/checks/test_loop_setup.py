@@ -46,7 +46,8 @@ class NeedsAClosure(torch.optim.Optimizer):
 '''
 
 # timm's Lookahead convention: no parameters argument; the first, `base_optimizer`, is the built base,
-# whose param groups and state it shares (SAM's `base_optimizer` follows the parameters: a class).
+# whose param groups it shares and in whose state it keeps its own, leaving `self.state` empty (SAM's
+# `base_optimizer` follows the parameters: a class).
 BASE_FIRST_LOOKAHEAD = """
 import torch
 
@@ -59,14 +60,14 @@ class BaseFirstLookahead(torch.optim.Optimizer):
         self._optimizer_step_pre_hooks, self._optimizer_step_post_hooks = {}, {}  # no super().__init__()
         self.defaults = base_optimizer.defaults
         self.param_groups = base_optimizer.param_groups
-        self.state = base_optimizer.state
+        self.state = {}
 
     def state_dict(self):
         return self.base.state_dict()
 
     def load_state_dict(self, state_dict):
         self.base.load_state_dict(state_dict)
-        self.param_groups, self.state = self.base.param_groups, self.base.state
+        self.param_groups = self.base.param_groups
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -74,7 +75,7 @@ class BaseFirstLookahead(torch.optim.Optimizer):
         for group in self.param_groups:
             group["lookahead_step"] = group.get("lookahead_step", 0) + 1
             for p in group["params"]:
-                slow = self.state[p].setdefault("slow", p.detach().clone())
+                slow = self.base.state[p].setdefault("slow", p.detach().clone())
                 if group["lookahead_step"] % self.k == 0:
                     slow.add_(p - slow, alpha=self.alpha)
                     p.copy_(slow)
@@ -88,11 +89,23 @@ def test_a_wrapper_whose_first_argument_is_the_base_gets_it_built(tmp_path: Path
     target = target_of(f"{path}:BaseFirstLookahead")
     assert target.entry.needs.base_optimizer == "base_optimizer"
     setup = LoopSetup(base={"name": "adamw", "params": {"lr": 0.01}})
-    only = [*STEPPED, "step_cost"]
+    only = [*STEPPED, "state_untrainable", "step_cost"]
     report = run_checks(target, {}, only=only, setup=setup, workdir=tmp_path)
     assert {r.id: r.status for r in report.checks} == dict.fromkeys(only, "pass"), report.checks
+    # Its state is what its state_dict() saves (the base's): for each of the 3 variables AdamW's step
+    # and two moments, and its own slow copy.
+    assert "none of 12 optimizer state tensors" in report.checks[-2].detail, report.checks[-2].detail
     # A wrapper is timed against its base alone: what it adds is its cost.
     assert "its base adamw alone" in report.checks[-1].detail, report.checks[-1].detail
+
+
+def test_a_wrapper_over_a_base_with_modes_is_timed_against_the_base_in_training_mode(tmp_path: Path) -> None:
+    # facebookresearch's schedule-free AdamW refuses to step until optimizer.train(): the base alone,
+    # timed as the yardstick, is switched to training as the wrapper's base is.
+    pytest.importorskip("schedulefree")
+    setup = LoopSetup(base={"name": "schedulefree:AdamWScheduleFree", "params": {"lr": 0.01}})
+    (result,) = run_checks(target_of(LOOKAHEAD), {}, only=["step_cost"], setup=setup, workdir=tmp_path).checks
+    assert result.status in ("pass", "warn") and "its base" in result.detail, result.detail
 
 
 def test_lookahead_over_ada_hessian_is_checked_with_the_graph_its_base_needs(tmp_path: Path) -> None:

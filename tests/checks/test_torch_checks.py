@@ -478,6 +478,27 @@ class SparseOnlyStill(SparseOnlySGD):
         return None
 
 
+class SparseOnlyWarmUp(SparseOnlySGD):
+    """Its first step on a row only records the gradient (a warm-up, as dense_step allows)."""
+
+    def update(self, p: torch.Tensor, grad: torch.Tensor, lr: float) -> None:
+        state = self.state[p]
+        if "seen" not in state:
+            state["seen"] = torch.zeros(())
+            return
+        super().update(p, grad, lr)
+
+
+class RefusesEveryGradient(PlainSGD):
+    """Raises about sparse gradients whatever the gradient is (an inverted `is_sparse` test)."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        super().__init__(params, {"lr": lr})
+
+    def step(self, closure: Any = None) -> Any:
+        raise RuntimeError("RefusesEveryGradient does not support sparse gradients")
+
+
 def test_a_class_that_takes_only_sparse_gradients_is_judged_by_sparse_alone(tmp_path: Path) -> None:
     from jobs.checks.runner import ONLY_SPARSE, run_checks
 
@@ -495,6 +516,14 @@ def test_a_class_that_takes_only_sparse_gradients_is_judged_by_sparse_alone(tmp_
     assert repeats.status == "fail" and "repeated index" in repeats.detail, repeats.detail
     still = rate_checks.check_sparse(context(f"{__name__}:SparseOnlyStill", tmp_path))
     assert still.status == "fail" and "moved none of them" in still.detail, still.detail
+    warm = rate_checks.check_sparse(context(f"{__name__}:SparseOnlyWarmUp", tmp_path))
+    assert warm.status == "pass" and "takes only sparse gradients" in warm.detail, warm.detail
+    # A class that refuses sparse gradients too takes no gradient at all: dense_step fails it.
+    report = run_checks(
+        resolve_target(f"{__name__}:RefusesEveryGradient", framework="torch"), {}, workdir=tmp_path
+    )
+    status = {r.id: r.status for r in report.checks}
+    assert status["dense_step"] == "fail" and status["sparse"] == "skip", report.checks
 
 
 def test_checks_leave_rng_and_warn_always_as_found(tmp_path: Path) -> None:
