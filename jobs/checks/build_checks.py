@@ -307,6 +307,12 @@ def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
             f"({ctx.describe_error(error)}), so the checks that step with dense gradients are not run and "
             "`sparse` judges it"
         )
+    if ctx.driver.wants_a_process_group(error):
+        return skipped(
+            "inconclusive: the class steps only under a distributed process group "
+            f"({ctx.describe_error(error)}): it is written for data-parallel training, and the checks step "
+            "it in one process"
+        )
     refused = raised_in(error, {ctx.target.source_file()}, by_raise=True)
     if refused and isinstance(error, ValueError | TypeError | NotImplementedError):
         return skipped(

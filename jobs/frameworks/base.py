@@ -390,6 +390,11 @@ class Driver(ABC):
     def refusal_files(self, cls: type) -> set[str]:
         """Files whose `raise` is a deliberate refusal: the class's own and the framework's optimizers'."""
 
+    def wants_a_process_group(self, error: BaseException) -> bool:
+        """Whether `error` says the step needs the framework's distributed runtime set up (a class
+        written for data-parallel training only, as Keller Jordan's Muon); none by default."""
+        return False
+
     @abstractmethod
     def accelerator(self) -> AbstractContextManager[Any] | None:
         """A scope that puts new variables (and the optimizer) on an accelerator, or None without one."""

@@ -18,6 +18,7 @@ import os
 import random
 import re
 import time
+import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -457,6 +458,11 @@ class TorchDriver(Driver):
     def refusal_files(self, cls: type) -> set[str]:
         return source_files(cls) | set(_files_under(Path(torch.optim.__file__).parent))
 
+    def wants_a_process_group(self, error: BaseException) -> bool:
+        frames = traceback.extract_tb(error.__traceback__)
+        in_distributed = bool(frames) and _DISTRIBUTED_FILES in Path(frames[-1].filename).parents
+        return in_distributed and "process group" in str(error).lower()
+
     def accelerator(self) -> AbstractContextManager[Any] | None:
         return torch.device("cuda") if torch.cuda.is_available() else None
 
@@ -590,6 +596,10 @@ def _is_matrix_math(op: str) -> bool:
     if name.startswith(("linalg_", "_linalg_")):
         return "norm" not in name
     return name in _MATRIX_PRODUCTS or name in _DECOMPOSITIONS
+
+
+# Where torch.distributed raises "Default process group has not been initialized".
+_DISTRIBUTED_FILES = Path(torch.__file__).parent / "distributed"
 
 
 def state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[str, torch.Tensor]]:

@@ -272,6 +272,24 @@ def test_a_step_slow_by_its_matrix_math_is_not_blamed_on_its_code(tmp_path: Path
     assert cost_checks.MATRIX_MATH_FIX in fix and "host syncs" not in fix
 
 
+class DataParallelOnly(PlainSGD):
+    """Shares its update across ranks (as Keller Jordan's Muon): needs a process group to step."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        super().__init__(params, {"lr": lr})
+
+    def step(self, closure: Any = None) -> Any:
+        torch.distributed.get_world_size()  # raises without init_process_group
+        return super().step(closure)
+
+
+def test_a_class_written_for_data_parallel_training_only_is_inconclusive_alone(tmp_path: Path) -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        pytest.skip("a process group is set up in this process")
+    outcome = build_checks.check_dense_step(context(f"{__name__}:DataParallelOnly", tmp_path))
+    assert outcome.status == "skip" and "distributed process group" in outcome.detail, outcome.detail
+
+
 class NoneRate(PlainSGD):
     """`lr=None` in the signature, refused by the class itself (as CAME's `assert lr > 0.`)."""
 
