@@ -66,17 +66,21 @@ _BASE_CLASS_ARGUMENTS = ("base_optimizer",)
 _KERAS_DEFAULT_LR = 1e-3
 
 
+def first_argument(cls: type) -> str | None:
+    """The name of the constructor's first argument; None where it takes none or its signature
+    cannot be read. What it names says what the class is built over: parameters, a built base
+    optimizer, a model."""
+    try:
+        return next(iter(inspect.signature(cls).parameters), None)
+    except (TypeError, ValueError):
+        return None
+
+
 def _takes_the_base_class(cls: type, argument: str) -> bool:
     """SAM's `(params, base_optimizer, ...)` builds its base from the class over the parameters it
     takes first; a constructor whose first argument is the base itself (timm's Lookahead:
     `(base_optimizer, alpha, k)`) takes no parameters, so its base comes built."""
-    if argument not in _BASE_CLASS_ARGUMENTS:
-        return False
-    try:
-        first = next(iter(inspect.signature(cls).parameters), None)
-    except (TypeError, ValueError):
-        return True
-    return first != argument
+    return argument in _BASE_CLASS_ARGUMENTS and first_argument(cls) != argument
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,6 @@ framework's API comes from the driver's `advice`.
 
 from __future__ import annotations
 
-import inspect
 import math
 import re
 from collections.abc import Mapping
@@ -37,6 +36,7 @@ from jobs.checks.tools import (
 )
 from jobs.frameworks.base import Gradient
 from optimizers.hyperparams import Param
+from optimizers.registry import first_argument
 
 FROZEN_SHAPE = (7, 2)
 LATER_FROZEN_SHAPE = (2, 6)
@@ -164,11 +164,7 @@ _MODEL_ARGUMENTS = frozenset({"model", "module", "named_parameters", "named_para
 def _takes_a_model(cls: type) -> bool:
     """The constructor's first argument asks for a model or its named parameters (adam-mini's
     `named_parameters`, LOMO's `model`): built over a plain list, it fails for want of what it asked."""
-    try:
-        first = next(iter(inspect.signature(cls).parameters), "")
-    except (TypeError, ValueError):
-        return False
-    return first in _MODEL_ARGUMENTS
+    return first_argument(cls) in _MODEL_ARGUMENTS
 
 
 def _native_kwargs(ctx: CheckContext, params: Mapping[str, Any]) -> dict[str, Any]:

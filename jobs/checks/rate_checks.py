@@ -23,7 +23,6 @@ from jobs.checks.tools import (
     isolated,
     max_diff,
     method_location,
-    raising_frame,
     refusal_files,
     refuses_dense,
     same_draws,
@@ -31,7 +30,7 @@ from jobs.checks.tools import (
     updates_nothing,
     user_line,
 )
-from jobs.frameworks.base import Driver, SparseRows
+from jobs.frameworks.base import Driver, SparseRows, raising_frame
 
 # -- schedule ----------------------------------------------------------------------------------------
 
@@ -407,9 +406,7 @@ def _sparse_step(ctx: CheckContext, optimizer: Any, table: list[Any], grad: Spar
 def _summed(grad: SparseRows) -> SparseRows:
     """The same gradient with each repeated row's values summed into one row."""
     rows = sorted(set(grad.rows))
-    values = np.zeros((len(rows), grad.shape[1]), np.float32)
-    np.add.at(values, [rows.index(row) for row in grad.rows], grad.values)
-    return SparseRows(rows=rows, values=values, shape=grad.shape)
+    return SparseRows(rows=rows, values=_dense(grad)[rows], shape=grad.shape)
 
 
 def dense_refusal(ctx: CheckContext) -> str | None:

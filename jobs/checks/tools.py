@@ -14,7 +14,6 @@ import inspect
 import math
 import random
 import re
-import traceback
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +21,7 @@ import numpy as np
 
 from jobs.checks.context import CheckContext
 from jobs.checks.report import Outcome
+from jobs.frameworks.base import raising_frame
 
 CheckFunction = Callable[[CheckContext], Outcome]
 
@@ -162,12 +162,6 @@ def user_line(ctx: CheckContext, error: BaseException) -> str:
         if quoted:
             return f"{source}:{quoted[-1]}"
     return ctx.target.class_location()
-
-
-def raising_frame(error: BaseException) -> traceback.FrameSummary | None:
-    """The frame `error` was raised in: the deepest of its traceback."""
-    frames = traceback.extract_tb(error.__traceback__)
-    return frames[-1] if frames else None
 
 
 def raised_in(error: BaseException, files: Collection[str | None], *, by_raise: bool = False) -> bool:

@@ -10,6 +10,7 @@ user gets the same verdict in every framework.
 
 from __future__ import annotations
 
+import traceback
 import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -26,6 +27,12 @@ if TYPE_CHECKING:
     from jobs.spec import JobSpec
     from jobs.workloads import Workload
     from optimizers.registry import Base, Entry
+
+
+def raising_frame(error: BaseException) -> traceback.FrameSummary | None:
+    """The frame `error` was raised in: the deepest of its traceback."""
+    frames = traceback.extract_tb(error.__traceback__)
+    return frames[-1] if frames else None
 
 
 class CheckpointMismatch(Exception):

@@ -18,7 +18,6 @@ import os
 import random
 import re
 import time
-import traceback
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from jobs.frameworks.base import (
     TrainingSession,
     WarningSink,
     python_warnings_to,
+    raising_frame,
 )
 from jobs.frameworks.torch_compile import compile_clock, compiled
 from jobs.spec import JobSpec
@@ -459,8 +459,8 @@ class TorchDriver(Driver):
         return source_files(cls) | set(_files_under(Path(torch.optim.__file__).parent))
 
     def wants_a_process_group(self, error: BaseException) -> bool:
-        frames = traceback.extract_tb(error.__traceback__)
-        in_distributed = bool(frames) and _DISTRIBUTED_FILES in Path(frames[-1].filename).parents
+        frame = raising_frame(error)
+        in_distributed = frame is not None and _DISTRIBUTED_FILES in Path(frame.filename).parents
         return in_distributed and "process group" in str(error).lower()
 
     def accelerator(self) -> AbstractContextManager[Any] | None:
