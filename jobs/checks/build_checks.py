@@ -6,8 +6,10 @@ framework's API comes from the driver's `advice`.
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
+import traceback
 from collections.abc import Mapping
 from typing import Any
 
@@ -85,11 +87,19 @@ def check_construct(ctx: CheckContext) -> Outcome:
                 )
                 continue
             ctx.mark_unbuildable()
+            need = ctx.driver.unmet_need(exc)
+            if need is not None:
+                return skipped(f"inconclusive: the class builds only with {need}: {ctx.describe_error(exc)}")
             if _takes_a_model(ctx.target.cls):
                 return skipped(
                     f"inconclusive: the constructor's first argument asks for a model or its named "
                     f"parameters, and over a list of parameters it raised {ctx.describe_error(exc)}; "
                     "the checks build optimizers over plain parameters, so it was not checked"
+                )
+            base_call = _base_call_refused(ctx, exc) if defaults else None
+            if base_call is not None:
+                return _base_call_failure(
+                    f"building with {label} raised {ctx.describe_error(exc)}", base_call
                 )
             if not _refuses_its_own_values(ctx, exc):
                 return skipped(
@@ -146,6 +156,55 @@ def _refuses_its_own_values(ctx: CheckContext, error: Exception) -> bool:
     return raised_in(error, {ctx.target.source_file()}) and not isinstance(
         error, AttributeError | ImportError
     )
+
+
+# A call that does not fit the signature it calls: `f() missing 1 required positional argument`.
+_SIGNATURE_MISMATCH = re.compile(
+    r"\(\) (missing \d+ required|got an unexpected keyword argument|takes \d+ positional|got multiple values)"
+)
+
+
+def _base_call_refused(ctx: CheckContext, error: Exception) -> str | None:
+    """`file:line` of the class's own call to a base class's constructor, where building with the
+    class's defaults failed in that call: a call that does not fit the constructor's signature, or,
+    where the base constructor gets only what the class passes it (Keras), any ValueError or
+    TypeError the bases' constructors raise. lion-tf (the tf.keras 2.11 optimizer) and adabelief-tf
+    (OptimizerV2) under Keras 3 are such classes. Else None: an error in the class's own lines, or
+    one about what the checks passed (torch's base takes the checks' parameters), is judged as before."""
+    if not isinstance(error, TypeError | ValueError):
+        return None
+    source = ctx.target.source_file()
+    frames = traceback.extract_tb(error.__traceback__)
+    own = [index for index, frame in enumerate(frames) if frame.filename == source]
+    if not own or "__init__(" not in (frames[own[-1]].line or ""):
+        return None
+    call, below = frames[own[-1]], frames[own[-1] + 1 :]
+    bases = {_source_file(klass) for klass in ctx.target.cls.__mro__[1:]} - {None, source}
+    if not all(frame.filename in bases and frame.name == "__init__" for frame in below):
+        return None
+    fits = _SIGNATURE_MISMATCH.search(str(error)) is None
+    if fits and not (below and ctx.driver.capabilities.built_apart_from_variables):
+        return None
+    return f"{call.filename}:{call.lineno}"
+
+
+def _base_call_failure(what: str, where: str) -> Outcome:
+    return failed(
+        f"{what} in the constructor of a base class, called by the class's own __init__: the installed "
+        "framework's optimizer does not take what the class passes it (written for another version of its "
+        "optimizer API?)",
+        where=where,
+        fix="call the base class's constructor with the arguments the installed framework's optimizer takes "
+        "(the error names the one it refuses); a class written for an older API (tf.keras's OptimizerV2, "
+        "the tf.keras 2.11 optimizer) must be ported to it",
+    )
+
+
+def _source_file(cls: type) -> str | None:
+    try:
+        return inspect.getsourcefile(cls)
+    except TypeError:  # a built-in class (object)
+        return None
 
 
 def _build_error(ctx: CheckContext, params: Mapping[str, Any]) -> Exception | None:
@@ -303,12 +362,9 @@ def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
             f"({ctx.describe_error(error)}), so the checks that step with dense gradients are not run and "
             "`sparse` judges it"
         )
-    if ctx.driver.wants_a_process_group(error):
-        return skipped(
-            "inconclusive: the class steps only under a distributed process group "
-            f"({ctx.describe_error(error)}): it is written for data-parallel training, and the checks step "
-            "it in one process"
-        )
+    need = ctx.driver.unmet_need(error)
+    if need is not None:
+        return skipped(f"inconclusive: the class steps only with {need}: {ctx.describe_error(error)}")
     refused = raised_in(error, {ctx.target.source_file()}, by_raise=True)
     if refused and isinstance(error, ValueError | TypeError | NotImplementedError):
         return skipped(

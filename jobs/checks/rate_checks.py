@@ -24,6 +24,7 @@ from jobs.checks.tools import (
     max_diff,
     method_location,
     refusal_files,
+    refused_rate,
     refuses_dense,
     same_draws,
     still_steps,
@@ -52,6 +53,12 @@ def check_schedule(ctx: CheckContext) -> Outcome:
         return skipped(MOVES_NOTHING)
     if not ctx.has_lr:
         return skipped("not meaningful: the class takes no learning rate, so there is no rate to schedule")
+    refused = refused_rate(ctx)
+    if refused is not None:
+        return skipped(
+            "not meaningful: with these hyperparameters the class refuses a learning rate "
+            f"({ctx.describe_error(refused)}): it sets its own step size, so there is no rate to schedule"
+        )
     driver = ctx.driver
     overrides = _without_weight_decay(ctx)
     zero_rate_ok = _takes_a_zero_rate(ctx, overrides)

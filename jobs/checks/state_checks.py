@@ -21,6 +21,7 @@ from jobs.checks.tools import (
     native,
     same_draws,
     same_value,
+    takes_a_rate,
 )
 from jobs.frameworks.base import ConfigNotSerialized, Driver, StateNotRestored
 
@@ -82,8 +83,9 @@ def _config_problem(ctx: CheckContext, *, schedule: bool) -> tuple[Outcome | Non
     driver = ctx.driver
     lr_arg = ctx.target.entry.lr_arg
     expected = {native(ctx, k): v for k, v in with_defaults(ctx.target, ctx.params).items()}
-    halved: dict[str, Any] = {"lr": ctx.lr * 0.5} if ctx.has_lr else {}  # a stored default cannot pass
-    if ctx.has_lr:
+    # The rate halved, so a stored default cannot pass (unless the class refuses one: Adafactor).
+    halved: dict[str, Any] = {"lr": ctx.lr * 0.5} if takes_a_rate(ctx) else {}
+    if halved:
         expected[lr_arg] = ctx.lr * 0.5
     learning_rate = driver.learning_rate_schedule(ctx.lr * 0.5) if schedule else None
     with_what = f" (built with {driver.schedule_name})" if schedule else ""

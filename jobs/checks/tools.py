@@ -190,6 +190,35 @@ def refuses_dense(ctx: CheckContext, error: BaseException) -> bool:
     return raised_in(error, refusal_files(ctx), by_raise=True) and ("dense" in message or "sparse" in message)
 
 
+def refused_rate(ctx: CheckContext) -> Exception | None:
+    """The error with which the class, given these hyperparameters, refuses any learning rate, or None.
+
+    Its lr defaults to None, none was given, and building with one raised a ValueError or TypeError
+    from a `raise` in its own code: in this configuration it sets its own step size (transformers'
+    Adafactor with relative_step=True: "Cannot combine manual `lr` and `relative_step=True`
+    options"). Checks that build with a rate of their own leave it out then. Cached."""
+    if "refused_rate" not in ctx.notes:
+        ctx.notes["refused_rate"] = _refused_rate(ctx)
+    refused: Exception | None = ctx.notes["refused_rate"]
+    return refused
+
+
+def _refused_rate(ctx: CheckContext) -> Exception | None:
+    declared = ctx.target.entry.params.get("lr")
+    if declared is None or declared.default is not None or ctx.params.get("lr") is not None:
+        return None
+    try:
+        fresh(ctx, lr=ctx.lr)
+    except (ValueError, TypeError) as exc:
+        return exc if raised_in(exc, refusal_files(ctx), by_raise=True) else None
+    return None
+
+
+def takes_a_rate(ctx: CheckContext) -> bool:
+    """Whether a check may build the optimizer with a learning rate of its own choosing."""
+    return ctx.has_lr and refused_rate(ctx) is None
+
+
 def native(ctx: CheckContext, name: str) -> str:
     """The class's own argument name for catalogue name `name` (`lr` may be `learning_rate`)."""
     return ctx.target.entry.lr_arg if name == "lr" else name

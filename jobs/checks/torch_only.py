@@ -31,6 +31,8 @@ from jobs.checks.tools import (
     raised_in,
     refusal_files,
     same_draws,
+    same_value,
+    takes_a_rate,
     updates_nothing,
     user_line,
 )
@@ -248,12 +250,13 @@ def check_param_groups(ctx: CheckContext) -> Outcome:
     else:
         difference = _max_difference(two_groups, alone)
         if difference > 1e-6:
+            transformed = _stored_transformed(ctx, halved)
             return failed(
                 f"a second param group with {settings} does not step like a single-group optimizer built "
-                f"with those values (max abs difference {difference:.3g} after 2 steps)",
-                where=method_location(ctx),
+                f"with those values (max abs difference {difference:.3g} after 2 steps){transformed}",
+                where=method_location(ctx, "__init__" if transformed else None),
                 figure=difference,
-                fix=fix,
+                fix=_TRANSFORMED_FIX if transformed else fix,
             )
     added = _added_group_problem(ctx, halved, coupled=coupled, own_lr=not lr_refused)
     if added is not None:
@@ -280,6 +283,30 @@ def _group_refusal(ctx: CheckContext, error: Exception) -> str:
     if not (about_groups and clear):
         raise error
     return f"not applicable: the class refuses param groups with a clear error ({ctx.describe_error(error)})"
+
+
+_TRANSFORMED_FIX = (
+    "store each hyperparameter in the param groups as given and apply any transformation in step(), so a "
+    "value means the same in a group of its own as in the constructor"
+)
+
+
+def _stored_transformed(ctx: CheckContext, settings: Mapping[str, Any]) -> str:
+    """Where the constructor stores some of `settings` in its group as other values (GrokFastAdamW
+    divides lr by 1 + grokfast_lamb): the same value given in a group dict is used as given, so a
+    group's value and the constructor's mean different things. A sentence to add, or ''."""
+    group = _build(ctx, _tiny_model().parameters(), **settings).param_groups[0]
+    changed = [
+        f"{native(ctx, k)}={v!r} as {group[native(ctx, k)]!r}"
+        for k, v in settings.items()
+        if native(ctx, k) in group and not same_value(group[native(ctx, k)], v)
+    ]
+    if not changed:
+        return ""
+    return (
+        f": the constructor stores {', '.join(changed)} in its group, while a group given its own values "
+        "keeps them as given, so the same value means a different setting there"
+    )
 
 
 _ADDED_GROUP_FIX = "keep no per-group bookkeeping outside param_groups (e.g. lists built in __init__)"
@@ -329,7 +356,7 @@ def _added_group_problem(
     own semantics. Anything else is bookkeeping outside param_groups. Where the groups are coupled
     neither is a reference: the step must then run and stay finite. The added group has an lr of its
     own unless the class refuses one (`own_lr`)."""
-    lr = {native(ctx, "lr"): ctx.lr * 0.25} if ctx.has_lr and own_lr else {}
+    lr = {native(ctx, "lr"): ctx.lr * 0.25} if takes_a_rate(ctx) and own_lr else {}
     given = ", ".join(f"{k}={v:g}" for k, v in lr.items())
     with same_draws(ctx, seed=3):
         try:
@@ -427,12 +454,29 @@ def _halved_settings(ctx: CheckContext, group_keys: set[str]) -> dict[str, Any]:
             candidate = value * 0.5
         try:
             candidate = param.check(candidate)
-            # Undeclared constraints too (torch's Rprop wants etas (<1, >1)): ask the constructor.
-            ctx.build(_tiny_model().parameters(), **{name: candidate})
         except (ValueError, TypeError):
             continue
-        halved[name] = candidate
+        if _steps_alone(ctx, {name: candidate}):
+            halved[name] = candidate
     return halved
+
+
+def _steps_alone(ctx: CheckContext, settings: dict[str, Any]) -> bool:
+    """Whether a single-group optimizer with `settings` builds and takes two steps. Undeclared
+    constraints are the class's to state: torch's Rprop wants etas (<1, >1) in its constructor,
+    adam-atan2's AdamAtan2ClipGrok asserts max_norm > 1 in its step. A value even one group alone
+    cannot take is not one to compare groups with."""
+    model, batch = _tiny_model(), _batch()
+    try:
+        optimizer = _build(ctx, model.parameters(), **settings)
+        with same_draws(ctx, seed=3):
+            for _ in range(2):
+                closure = _closure(ctx, model, batch)
+                closure()
+                _step(ctx, optimizer.step, closure)
+    except Exception:  # whatever the class raises for it: the value is not one it takes
+        return False
+    return True
 
 
 @isolated

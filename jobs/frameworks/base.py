@@ -86,6 +86,9 @@ class Capabilities:
     # transformed, is not lost, so only what the round trip itself changes is a fault. Keras
     # rebuilds from get_config() alone, so there every argument must be in it, as given.
     rebuilt_from_constructor: bool = False
+    # The optimizer is built apart from its variables (Keras: `build(variables)` comes later), so
+    # its base class's constructor gets only what the class itself passes it.
+    built_apart_from_variables: bool = False
 
 
 @dataclass(frozen=True)
@@ -397,10 +400,12 @@ class Driver(ABC):
     def refusal_files(self, cls: type) -> set[str]:
         """Files whose `raise` is a deliberate refusal: the class's own and the framework's optimizers'."""
 
-    def wants_a_process_group(self, error: BaseException) -> bool:
-        """Whether `error` says the step needs the framework's distributed runtime set up (a class
-        written for data-parallel training only, as Keller Jordan's Muon); none by default."""
-        return False
+    def unmet_need(self, error: BaseException) -> str | None:
+        """What `error` says the class needs that this process lacks, or None: the framework's
+        distributed runtime set up (a class written for data-parallel training only, as Keller
+        Jordan's Muon), an accelerator this machine does not have (a step that calls the CUDA
+        runtime). A noun phrase: "the class steps only with {need}". None by default."""
+        return None
 
     @abstractmethod
     def accelerator(self) -> AbstractContextManager[Any] | None:

@@ -97,7 +97,7 @@ class KerasDriver(Driver):
     style: ClassVar[str] = "keras"
     framework: ClassVar[str] = "tensorflow"
     capabilities: ClassVar[Capabilities] = Capabilities(
-        whole_model_save=True, schedule_objects=True, resume=True
+        whole_model_save=True, schedule_objects=True, resume=True, built_apart_from_variables=True
     )
     model_suffix: ClassVar[str] = ".keras"
     # The whole-model formats `save_load_model` proves, and what registers a class by name.

@@ -458,10 +458,19 @@ class TorchDriver(Driver):
     def refusal_files(self, cls: type) -> set[str]:
         return source_files(cls) | set(_files_under(Path(torch.optim.__file__).parent))
 
-    def wants_a_process_group(self, error: BaseException) -> bool:
+    def unmet_need(self, error: BaseException) -> str | None:
         frame = raising_frame(error)
-        in_distributed = frame is not None and _DISTRIBUTED_FILES in Path(frame.filename).parents
-        return in_distributed and "process group" in str(error).lower()
+        raised_under = Path(frame.filename).parents if frame is not None else ()
+        if _DISTRIBUTED_FILES in raised_under and "process group" in str(error).lower():
+            return (
+                "a distributed process group (it is written for data-parallel training, and the checks run "
+                "it in one process)"
+            )
+        if _CUDA_FILES in raised_under and not torch.cuda.is_available():
+            # torch.cuda's own refusal ("Torch not compiled with CUDA enabled", "Found no NVIDIA
+            # driver"): a step that synchronises with the GPU or puts state there (GaLore's AdamW8bit).
+            return "a CUDA device (torch.cuda.is_available() is False here)"
+        return None
 
     def accelerator(self) -> AbstractContextManager[Any] | None:
         return torch.device("cuda") if torch.cuda.is_available() else None
@@ -600,6 +609,8 @@ def _is_matrix_math(op: str) -> bool:
 
 # Where torch.distributed raises "Default process group has not been initialized".
 _DISTRIBUTED_FILES = Path(torch.__file__).parent / "distributed"
+# Where torch.cuda refuses a call on a machine without CUDA ("Torch not compiled with CUDA enabled").
+_CUDA_FILES = Path(torch.__file__).parent / "cuda"
 
 
 def state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[str, torch.Tensor]]:

@@ -168,3 +168,36 @@ def test_deprecated_call_warns_at_the_users_line(workdir: Path) -> None:
     assert outcome.status == "warn" and "to_float" in outcome.detail, outcome
     source = (BROKEN_DIR / "legacy_deprecations.py").read_text().splitlines()
     assert "to_float" in source[int(outcome.where.rsplit(":", 1)[1]) - 1]
+
+
+class OldApiLion(keras.optimizers.Optimizer):
+    """Written for the tf.keras 2.11 optimizer, as lion-tf is: Keras 3's base requires learning_rate."""
+
+    def __init__(self, learning_rate: float = 1e-4, name: str = "OldApiLion", **kwargs: object) -> None:
+        super().__init__(name=name, **kwargs)  # type: ignore[call-arg, arg-type]
+        self._learning_rate = learning_rate
+
+
+class PositionalNameOptimizer(keras.optimizers.Optimizer):
+    """Written for OptimizerV2's `__init__(name, **kwargs)`, as adabelief-tf is: Keras 3 takes the name
+    for the learning rate and refuses it."""
+
+    def __init__(self, learning_rate: float = 1e-3, name: str = "PositionalName", **kwargs: object) -> None:
+        super().__init__(name, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("class_name", "error"),
+    [
+        ("OldApiLion", "missing 1 required positional argument: 'learning_rate'"),
+        ("PositionalNameOptimizer", "Received instead: learning_rate=PositionalName"),
+    ],
+)
+def test_a_class_written_for_an_older_optimizer_api_fails_construct(
+    class_name: str, error: str, workdir: Path
+) -> None:
+    outcome = _run("construct", _context(f"{__name__}:{class_name}", workdir))
+    assert outcome.status == "fail", outcome.detail
+    assert error in outcome.detail and "in the constructor of a base class" in outcome.detail
+    source = Path(__file__).read_text().splitlines()
+    assert "super().__init__(" in source[int(outcome.where.rsplit(":", 1)[1]) - 1]

@@ -562,3 +562,148 @@ def test_device_placement_skips_without_cuda(tmp_path: Path) -> None:
         pytest.skip("a CUDA device is present")
     outcome = state_checks.check_device_placement(context("lion", tmp_path))
     assert outcome.status == "skip" and "CUDA" in outcome.detail
+
+
+# --- published shapes the phase-10 survey met (benchmarks/README.md § Phase 10) ----------------------
+
+
+class CudaSynchronisingSGD(PlainSGD):
+    """Synchronises with the GPU in every step, as GaLore's AdamW8bit does: CUDA only."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        super().__init__(params, {"lr": lr})
+
+    def step(self, closure: Any = None) -> Any:
+        loss = super().step(closure)
+        torch.cuda.synchronize()
+        return loss
+
+
+class CudaStateSGD(PlainSGD):
+    """Asks the CUDA runtime for its device in the constructor: it cannot be built without one."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        self.device_index = torch.cuda.current_device()
+        super().__init__(params, {"lr": lr})
+
+
+def test_a_class_that_needs_cuda_is_inconclusive_without_it(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: these classes are judged like any other")
+    stepping = build_checks.check_dense_step(context(f"{__name__}:CudaSynchronisingSGD", tmp_path))
+    assert stepping.status == "skip", stepping.detail
+    assert "steps only with a CUDA device (torch.cuda.is_available() is False here)" in stepping.detail
+    building = build_checks.check_construct(context(f"{__name__}:CudaStateSGD", tmp_path))
+    assert building.status == "skip" and "builds only with a CUDA device" in building.detail, building.detail
+
+
+class OwnRateSGD(PlainSGD):
+    """Sets its own step size unless told otherwise, as transformers' Adafactor does with
+    relative_step=True, and then refuses a manual lr in the constructor."""
+
+    def __init__(self, params: object, lr: float | None = None, relative_step: bool = True) -> None:
+        if lr is not None and relative_step:
+            raise ValueError("Cannot combine a manual lr and relative_step=True")
+        super().__init__(params, {"lr": lr, "relative_step": relative_step})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            rate = 0.01 if group["relative_step"] else group["lr"]
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.sub_(rate * p.grad)
+        return None
+
+
+def test_a_class_that_refuses_a_rate_in_its_configuration_is_not_given_one(tmp_path: Path) -> None:
+    from jobs.checks import torch_only
+
+    own_rate = context(f"{__name__}:OwnRateSGD", tmp_path)
+    schedule = rate_checks.check_schedule(own_rate)
+    assert schedule.status == "skip" and "refuses a learning rate" in schedule.detail, schedule.detail
+    assert "Cannot combine a manual lr" in schedule.detail
+    assert state_checks.check_config_roundtrip(own_rate).status == "pass"
+    assert torch_only.check_param_groups(own_rate).status == "pass"
+    # Told to take a rate, it is held to it like any other class.
+    given = context(f"{__name__}:OwnRateSGD", tmp_path, lr=0.05, relative_step=False)
+    outcome = rate_checks.check_schedule(given)
+    assert outcome.status == "pass", outcome.detail
+
+
+class SelfDeprecatingSGD(PlainSGD):
+    """Announces its own deprecation, as GaLore's copy of transformers' AdamW does."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        import warnings
+
+        # stacklevel=2 points the warning at the caller (optlab): the class's own frame still tells.
+        notice = "SelfDeprecatingSGD is deprecated; use torch.optim.SGD instead"
+        warnings.warn(notice, FutureWarning, stacklevel=2)
+        super().__init__(params, {"lr": lr})
+
+
+def test_a_deprecation_notice_the_class_issues_itself_is_not_a_deprecated_call(tmp_path: Path) -> None:
+    outcome = cost_checks.check_deprecations(context(f"{__name__}:SelfDeprecatingSGD", tmp_path))
+    assert outcome.status == "pass", outcome.detail
+    assert "1 that the class issues itself were not counted" in outcome.detail
+    assert "use torch.optim.SGD instead" in outcome.detail
+
+
+class SoftClippedSGD(PlainSGD):
+    """Requires max_norm > 1 only when it steps (adam-atan2's AdamAtan2ClipGrok asserts it)."""
+
+    def __init__(self, params: object, lr: float = 0.1, max_norm: float = 2.0) -> None:
+        super().__init__(params, {"lr": lr, "max_norm": max_norm})
+
+    def step(self, closure: Any = None) -> Any:
+        assert all(group["max_norm"] > 1.0 for group in self.param_groups)
+        return super().step(closure)
+
+
+def test_param_groups_leaves_alike_a_value_one_group_alone_cannot_take(tmp_path: Path) -> None:
+    from jobs.checks import torch_only
+
+    outcome = torch_only.check_param_groups(context(f"{__name__}:SoftClippedSGD", tmp_path))
+    assert outcome.status == "pass", outcome.detail
+    assert "lr=0.05" in outcome.detail and "max_norm" not in outcome.detail
+
+
+class DividedRateSGD(PlainSGD):
+    """Stores lr / (1 + lamb) in its groups, as GrokFastAdamW does: a group's own lr is used as given."""
+
+    def __init__(self, params: object, lr: float = 0.1, lamb: float = 2.0) -> None:
+        super().__init__(params, {"lr": lr / (1.0 + lamb), "lamb": lamb})
+
+
+def test_param_groups_names_a_value_the_constructor_stores_transformed(tmp_path: Path) -> None:
+    from jobs.checks import torch_only
+
+    outcome = torch_only.check_param_groups(context(f"{__name__}:DividedRateSGD", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert "the constructor stores lr=0.05 as 0.025" in outcome.detail, outcome.detail
+    assert "store each hyperparameter in the param groups as given" in outcome.detail
+
+
+class OldBaseCallSGD(PlainSGD):
+    """Calls its base's constructor with a keyword torch's Optimizer never took."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        super().__init__(params, defaults={"lr": lr}, lr=lr)  # type: ignore[call-arg]
+
+
+class TwoListsSGD(PlainSGD):
+    """Takes two lists of parameters (as adam-atan2's MuonAdamAtan2): the checks cannot guess them."""
+
+    def __init__(self, matrices: object, params: object, lr: float = 0.1) -> None:
+        super().__init__([*matrices, *params], {"lr": lr})  # type: ignore[misc]
+
+
+def test_a_base_constructor_the_class_calls_wrongly_is_a_construct_fail(tmp_path: Path) -> None:
+    outcome = build_checks.check_construct(context(f"{__name__}:OldBaseCallSGD", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert "in the constructor of a base class, called by the class's own __init__" in outcome.detail
+    assert "unexpected keyword argument 'lr'" in outcome.detail
+    # A call of the class itself that the checks' arguments do not fit stays inconclusive.
+    outcome = build_checks.check_construct(context(f"{__name__}:TwoListsSGD", tmp_path))
+    assert outcome.status == "skip" and "cannot guess" in outcome.detail, outcome.detail
