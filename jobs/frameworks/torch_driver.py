@@ -419,8 +419,11 @@ class TorchDriver(Driver):
         return optimizer, before_step
 
     def set_learning_rate(self, optimizer: Any, rate: float, lr_arg: str) -> None:
-        for group in optimizer.param_groups:  # what an LRScheduler does
-            group[lr_arg] = rate
+        for group in optimizer.param_groups:  # what an LRScheduler does: a tensor rate (torchao's) in place
+            if isinstance(group[lr_arg], torch.Tensor):
+                group[lr_arg].fill_(rate)
+            else:
+                group[lr_arg] = rate
 
     @property
     def schedule_name(self) -> str:
@@ -669,6 +672,10 @@ def _unpickling_reason(error: Exception) -> str:
 
 def _numpy(tensor: torch.Tensor) -> np.ndarray:
     value = tensor.detach().cpu()
+    if type(value) not in (torch.Tensor, nn.Parameter) and callable(getattr(value, "dequantize", None)):
+        # A quantized state tensor subclass (torchao's 8-bit, 4-bit and FP8 optimizers keep their
+        # moments so for tensors of 4,096 elements or more), which refuses .numpy(): its values.
+        value = value.dequantize()
     if value.is_sparse:
         value = value.to_dense()
     if value.dtype == torch.bfloat16:

@@ -707,3 +707,55 @@ def test_a_base_constructor_the_class_calls_wrongly_is_a_construct_fail(tmp_path
     # A call of the class itself that the checks' arguments do not fit stays inconclusive.
     outcome = build_checks.check_construct(context(f"{__name__}:TwoListsSGD", tmp_path))
     assert outcome.status == "skip" and "cannot guess" in outcome.detail, outcome.detail
+
+
+class TensorRateSGD(PlainSGD):
+    """Keeps lr as a tensor in its groups, as torchao's optimizers do (to compile their step once), and
+    refuses a float put in its place: a schedule must fill_ it, as torch's LRScheduler does."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        super().__init__(params, {"lr": torch.tensor(lr)})
+
+    def step(self, closure: Any = None) -> Any:
+        if not all(isinstance(group["lr"], torch.Tensor) for group in self.param_groups):
+            raise RuntimeError("lr was changed to a non-Tensor object; use group['lr'].fill_(new_lr)")
+        return super().step(closure)
+
+
+def test_a_tensor_rate_is_scheduled_in_place_as_an_lr_scheduler_does(tmp_path: Path) -> None:
+    outcome = rate_checks.check_schedule(context(f"{__name__}:TensorRateSGD", tmp_path))
+    assert outcome.status == "pass", outcome.detail
+
+
+class PackedState(torch.Tensor):
+    """A state tensor kept packed, as torchao's 8-bit, 4-bit and FP8 optimizers keep their moments:
+    it refuses .numpy() and gives its values through dequantize()."""
+
+    def numpy(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(".numpy() is not supported for tensor subclasses.")
+
+    def dequantize(self) -> torch.Tensor:  # type: ignore[override]
+        return self.as_subclass(torch.Tensor)
+
+
+class PackedMomentumSGD(PlainSGD):
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum" not in state:
+                    state["momentum"] = torch.zeros_like(p).as_subclass(PackedState)
+                state["momentum"].mul_(0.9).add_(p.grad)
+                p.sub_(group["lr"] * state["momentum"].dequantize())
+        return None
+
+
+def test_packed_state_tensors_are_read_through_their_values(tmp_path: Path) -> None:
+    outcome = build_checks.check_dense_step(context(f"{__name__}:PackedMomentumSGD", tmp_path))
+    assert outcome.status == "pass", outcome.detail
