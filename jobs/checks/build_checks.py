@@ -59,12 +59,13 @@ _ARGUMENT_WORDS: dict[str, tuple[str, ...]] = {
 @isolated
 def check_construct(ctx: CheckContext) -> Outcome:
     entry = ctx.target.entry
-    # Arguments the signature defaults to None and the user gave: a class may refuse
-    # its own None (CAME: `lr=None`, then `assert lr > 0.`), which makes them required in effect.
+    # Arguments the user gave other values than their defaults: a class may refuse its own default
+    # (CAME: `lr=None`, then `assert lr > 0.`; bitsandbytes' SGD8bit: `momentum=0`, then "SGD without
+    # momentum is not supported!"), which makes them required in effect.
     supplied = {
         n: ctx.params[n]
         for n, p in entry.params.items()
-        if p.default is None and not p.required and ctx.params.get(n) is not None
+        if not p.required and ctx.params.get(n) is not None and not p.is_default(ctx.params[n])
     }
     # A required argument has no default to build with: the user's value stands in for one.
     required = {n: ctx.params[n] for n, p in entry.params.items() if p.required and n in ctx.params}

@@ -759,3 +759,24 @@ class PackedMomentumSGD(PlainSGD):
 def test_packed_state_tensors_are_read_through_their_values(tmp_path: Path) -> None:
     outcome = build_checks.check_dense_step(context(f"{__name__}:PackedMomentumSGD", tmp_path))
     assert outcome.status == "pass", outcome.detail
+
+
+class MomentumRequiredSGD(PlainSGD):
+    """Defaults momentum to 0 and refuses it, as bitsandbytes' SGD8bit ("SGD without momentum is not
+    supported!"): momentum is required in effect."""
+
+    def __init__(self, params: object, lr: float = 0.1, momentum: float = 0.0) -> None:
+        if not lr > 0:
+            raise ValueError(f"lr must be a number > 0; received {lr}")
+        if momentum == 0:
+            raise NotImplementedError("SGD without momentum is not supported!")
+        super().__init__(params, {"lr": lr, "momentum": momentum})
+
+
+def test_a_default_the_class_refuses_is_judged_with_the_value_given(tmp_path: Path) -> None:
+    alone = build_checks.check_construct(context(f"{__name__}:MomentumRequiredSGD", tmp_path))
+    assert alone.status == "fail" and "without momentum is not supported" in alone.detail, alone.detail
+    given = build_checks.check_construct(context(f"{__name__}:MomentumRequiredSGD", tmp_path, momentum=0.9))
+    assert given.status == "pass", given.detail
+    assert "(its defaults alone raise NotImplementedError" in given.detail
+    assert "momentum must be given" in given.detail
