@@ -420,8 +420,9 @@ class TorchDriver(Driver):
 
     def set_learning_rate(self, optimizer: Any, rate: float, lr_arg: str) -> None:
         for group in optimizer.param_groups:  # what an LRScheduler does: a tensor rate (torchao's) in place
-            if isinstance(group[lr_arg], torch.Tensor):
-                group[lr_arg].fill_(rate)
+            current = group.get(lr_arg)  # none at all in a class that never reads it (A2Grad)
+            if isinstance(current, torch.Tensor):
+                current.fill_(rate)
             else:
                 group[lr_arg] = rate
 
