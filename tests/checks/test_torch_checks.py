@@ -739,20 +739,18 @@ class PackedState(torch.Tensor):
 
 
 class PackedMomentumSGD(PlainSGD):
+    """SGD with momentum kept in a PackedState."""
+
     def __init__(self, params: object, lr: float = 0.1) -> None:
         super().__init__(params, {"lr": lr})
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                state = self.state[p]
-                if "momentum" not in state:
-                    state["momentum"] = torch.zeros_like(p).as_subclass(PackedState)
-                state["momentum"].mul_(0.9).add_(p.grad)
-                p.sub_(group["lr"] * state["momentum"].dequantize())
+        lr = self.param_groups[0]["lr"]
+        for p in (p for group in self.param_groups for p in group["params"] if p.grad is not None):
+            momentum = self.state[p].setdefault("momentum", torch.zeros_like(p).as_subclass(PackedState))
+            momentum.mul_(0.9).add_(p.grad)
+            p.sub_(lr * momentum.dequantize())
         return None
 
 
