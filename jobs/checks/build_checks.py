@@ -6,7 +6,6 @@ framework's API comes from the driver's `advice`.
 
 from __future__ import annotations
 
-import inspect
 import math
 import re
 import traceback
@@ -36,7 +35,7 @@ from jobs.checks.tools import (
     updates_nothing,
     user_line,
 )
-from jobs.frameworks.base import Gradient
+from jobs.frameworks.base import Gradient, source_files
 from optimizers.hyperparams import Param
 from optimizers.registry import first_argument
 
@@ -180,7 +179,7 @@ def _base_call_refused(ctx: CheckContext, error: Exception) -> str | None:
     if not own or "__init__(" not in (frames[own[-1]].line or ""):
         return None
     call, below = frames[own[-1]], frames[own[-1] + 1 :]
-    bases = {_source_file(klass) for klass in ctx.target.cls.__mro__[1:]} - {None, source}
+    bases = source_files(ctx.target.cls) - {source}
     if not all(frame.filename in bases and frame.name == "__init__" for frame in below):
         return None
     fits = _SIGNATURE_MISMATCH.search(str(error)) is None
@@ -199,13 +198,6 @@ def _base_call_failure(what: str, where: str) -> Outcome:
         "(the error names the one it refuses); a class written for an older API (tf.keras's OptimizerV2, "
         "the tf.keras 2.11 optimizer) must be ported to it",
     )
-
-
-def _source_file(cls: type) -> str | None:
-    try:
-        return inspect.getsourcefile(cls)
-    except TypeError:  # a built-in class (object)
-        return None
 
 
 def _build_error(ctx: CheckContext, params: Mapping[str, Any]) -> Exception | None:

@@ -10,6 +10,7 @@ user gets the same verdict in every framework.
 
 from __future__ import annotations
 
+import inspect
 import traceback
 import warnings
 from abc import ABC, abstractmethod
@@ -27,6 +28,17 @@ if TYPE_CHECKING:
     from jobs.spec import JobSpec
     from jobs.workloads import Workload
     from optimizers.registry import Base, Entry
+
+
+def source_files(cls: type) -> set[str]:
+    """The files that define `cls` and its bases."""
+    found = set()
+    for klass in cls.__mro__:
+        try:
+            found.add(inspect.getsourcefile(klass) or "")
+        except TypeError:  # a built-in class (object)
+            continue
+    return found - {""}
 
 
 def raising_frame(error: BaseException) -> traceback.FrameSummary | None:

@@ -48,6 +48,7 @@ from jobs.frameworks.base import (
     WarningSink,
     python_warnings_to,
     raising_frame,
+    source_files,
 )
 from jobs.frameworks.torch_compile import compile_clock, compiled
 from jobs.spec import JobSpec
@@ -645,19 +646,6 @@ def _saved_state_tensors(optimizer: torch.optim.Optimizer) -> list[tuple[str, to
         for key, value in state.items()
         if isinstance(value, torch.Tensor)
     ]
-
-
-def source_files(cls: type) -> set[str]:
-    """The files that define `cls` and its bases."""
-    import inspect
-
-    found = set()
-    for klass in cls.__mro__:
-        try:
-            found.add(inspect.getsourcefile(klass) or "")
-        except TypeError:
-            continue
-    return found - {""}
 
 
 def _files_under(folder: Path) -> list[str]:
