@@ -968,6 +968,8 @@ def _param_errors(
                 )
             )
             continue
+        if declared[key].is_default(value):
+            continue  # valid by definition, as where the job builds it (check_all): `null` for None
         try:
             declared[key].check(value)
         except ValueError as exc:

@@ -15,6 +15,8 @@ import os
 import re
 import sys
 import traceback
+import types
+import typing
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -341,8 +343,9 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
     Arguments of no tunable type (None, strings, callables) are left out, and so are ones whose
     default is a sentinel rather than a value (`palm: bool = use_default`); one with no default
     (or torch's `required`) but a tunable annotation (`beta: float`) is catalogued as required.
-    The learning rate is catalogued as `lr` whatever the class calls it; the second
-    value returned is the class's own name for it.
+    An optional number (`beta3: float | None = None`) is catalogued as that number with the default
+    None: a job may give a value or leave the choice to the class. The learning rate is catalogued
+    as `lr` whatever the class calls it; the second value returned is the class's own name for it.
     """
     declared: Mapping[str, Param] = getattr(cls, "optlab_hyperparameters", {})
     only: Iterable[str] | None = getattr(cls, "optlab_tunable", None)
@@ -525,8 +528,10 @@ def _is_number(value: Any) -> bool:
 
 
 def _infer_type(annotation: Any, default: Any = inspect.Parameter.empty) -> ParamType | None:
-    """The type from the annotation, else from the default; None for an argument that is not tunable."""
+    """The type from the annotation (an optional number's: `float | None` is a float), else from
+    the default; None for an argument that is not tunable."""
     named: dict[str, ParamType] = {"float": "float", "int": "int", "bool": "bool"}
+    annotation = _without_none(annotation)
     if isinstance(annotation, str) and annotation in named:  # postponed annotations
         return named[annotation]
     if annotation in (float, int, bool):
@@ -541,6 +546,36 @@ def _infer_type(annotation: Any, default: Any = inspect.Parameter.empty) -> Para
     if isinstance(default, tuple) and len(default) == 2 and all(_is_number(x) for x in default):
         return "float_pair"
     return None
+
+
+# The spellings of "X or None" a postponed annotation (a string) has, X a plain name.
+_OPTIONAL_SPELLINGS = tuple(
+    re.compile(pattern)
+    for pattern in (
+        r"(?:typing\.)?Optional\[(\w+)\]",
+        r"(?:typing\.)?Union\[(\w+),None\]",
+        r"(?:typing\.)?Union\[None,(\w+)\]",
+        r"(\w+)\|None",
+        r"None\|(\w+)",
+    )
+)
+
+
+def _without_none(annotation: Any) -> Any:
+    """`X | None`, `Optional[X]` or `Union[X, None]`, as an object or a string: X; else as given."""
+    if isinstance(annotation, str):
+        spelled = annotation.replace(" ", "").strip("\"'")  # quoted again where postponed
+        for pattern in _OPTIONAL_SPELLINGS:
+            match = pattern.fullmatch(spelled)
+            if match:
+                return match.group(1)
+        return annotation
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        members = typing.get_args(annotation)
+        others = [member for member in members if member is not type(None)]
+        if len(others) == 1 and len(members) == 2:
+            return others[0]
+    return annotation
 
 
 def _first_url(text: str) -> str:

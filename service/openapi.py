@@ -173,7 +173,7 @@ def _params_schema(implementations: list[list[dict[str, Any]]]) -> dict[str, Any
     values: dict[str, list[dict[str, Any]]] = {}
     for params in implementations:
         for param in params:
-            value = _value_schema(param)
+            value = _nullable(param, _value_schema(param))
             if value not in values.setdefault(param["name"], []):
                 values[param["name"]].append(value)
     required = [
@@ -190,6 +190,14 @@ def _params_schema(implementations: list[list[dict[str, Any]]]) -> dict[str, Any
     }
     if required:
         schema["required"] = required
+    return schema
+
+
+def _nullable(param: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
+    """A parameter whose default is null (`beta3: float | None = None`: the class decides) takes null
+    too, as the server does: the default itself is always valid."""
+    if param["default"] is None and not param.get("required"):
+        return {"anyOf": [schema, {"type": "null"}]}
     return schema
 
 

@@ -201,3 +201,35 @@ def test_a_class_written_for_an_older_optimizer_api_fails_construct(
     assert error in outcome.detail and "in the constructor of a base class" in outcome.detail
     source = Path(__file__).read_text().splitlines()
     assert "super().__init__(" in source[int(outcome.where.rsplit(":", 1)[1]) - 1]
+
+
+class DerivedBeta(keras.optimizers.Optimizer):
+    """SGD with momentum whose `beta: float | None = None` means "derive it": the config stores the
+    derived value, and a reload that passes it on builds the same optimizer."""
+
+    def __init__(self, learning_rate: float = 0.01, beta: float | None = None, **kwargs: object) -> None:
+        super().__init__(learning_rate=learning_rate, **kwargs)  # type: ignore[arg-type]
+        self.beta = 0.9 if beta is None else beta
+
+    def build(self, variables: list[keras.Variable]) -> None:
+        super().build(variables)
+        self.velocities = [self.add_variable_from_reference(v, "velocity") for v in variables]
+
+    def update_step(self, gradient: object, variable: keras.Variable, learning_rate: object) -> None:
+        velocity = self.velocities[self._get_variable_index(variable)]
+        self.assign(velocity, keras.ops.add(keras.ops.multiply(velocity, self.beta), gradient))
+        self.assign_sub(variable, keras.ops.multiply(velocity, keras.ops.cast(learning_rate, variable.dtype)))
+
+    def get_config(self) -> dict[str, object]:
+        return {**super().get_config(), "beta": self.beta}
+
+
+@pytest.mark.parametrize("params", [{}, {"beta": 0.5}], ids=["derived", "given"])
+def test_an_optional_number_left_to_the_class_passes_config_roundtrip(
+    params: dict[str, float], workdir: Path
+) -> None:
+    target = target_of(f"{__name__}:DerivedBeta")
+    assert target.entry.params["beta"].type == "float" and target.entry.params["beta"].default is None
+    ctx = CheckContext(target=target, params=params, workdir=workdir)
+    outcome = _run("config_roundtrip", ctx)
+    assert outcome.status == "pass", outcome.detail

@@ -77,11 +77,12 @@ def test_a_recipe_that_matches_nothing_fails_the_job_by_name(make_job: MakeJob) 
 
 @pytest.fixture(scope="module")
 def catalogue(catalogue_data: dict[str, Any]) -> Catalogue:
-    from pytorch_optimizer import Muon
+    from pytorch_optimizer import Muon, Prodigy
 
     registry = load_registry(plugin_dirs=[], styles=["torch"])
     registry.add(entry_for_class(NeedsBeta, source="test"))
     registry.add(entry_for_class(Muon, source="test"))
+    registry.add(entry_for_class(Prodigy, source="test"))
     return Catalogue.model_validate(
         {**catalogue_data, "optimizers": [entry.describe() for entry in registry.entries.values()]}
     )
@@ -280,3 +281,27 @@ def test_the_registry_refuses_to_build_without_it_and_passes_it_on() -> None:
 
 def _job() -> dict[str, Any]:
     return {"workload": {"name": "digits_mlp"}, "optimizer": ADAMW, "steps": 10}
+
+
+# -- optional numbers -----------------------------------------------------------------------------
+
+
+def test_an_optional_number_is_given_or_left_to_the_class_through_the_api(catalogue: Catalogue) -> None:
+    """Prodigy's `beta3: float | None = None` (None: the class takes sqrt(beta2)): left out or null,
+    the class decides; a number reaches the class; anything else is a 422 at the argument."""
+    from pytorch_optimizer import Prodigy
+
+    entry = entry_for_class(Prodigy, source="test")
+    (published,) = [p for p in entry.describe()["params"] if p["name"] == "beta3"]
+    assert (published["type"], published["default"], published["required"]) == ("float", None, False)
+
+    def errors(params: dict[str, Any]) -> list[Any]:
+        job = JobSpec.model_validate({**_job(), "optimizer": {"name": "prodigy", "params": params}})
+        return optimizer_errors(job.optimizer, "torch", catalogue)
+
+    assert errors({}) == errors({"beta3": None}) == errors({"beta3": 0.5}) == []
+    (wrong,) = errors({"beta3": "sqrt"})
+    assert wrong.loc == ["body", "optimizer", "params", "beta3"] and "beta3 must be a number" in wrong.msg
+    params = [torch.zeros(2, requires_grad=True)]
+    assert entry.create({"beta3": 0.5}, model_params=params).param_groups[0]["beta3"] == 0.5
+    assert entry.create({}, model_params=params).param_groups[0]["beta3"] is None  # the class's own

@@ -627,6 +627,58 @@ def test_derive_params_reads_a_tensor_lr_default() -> None:
     assert lr_arg == "lr"
 
 
+# pytorch-optimizer's AdEMAMix (`t_alpha_beta3: float | None = None`) and Ranger21
+# (`num_warm_up_iterations: int | None = None`) spell optional numbers so; a file without
+# `from __future__ import annotations` gives the annotations as objects, one with it as strings.
+OPTIONAL_NUMBERS = """
+from typing import Optional, Union
+
+import torch
+
+
+class OptionalNumbers(torch.optim.Optimizer):
+    def __init__(
+        self,
+        params,
+        lr: float = 0.1,
+        beta3: float | None = None,
+        warm_up: Optional[int] = None,
+        decoupled: Union[bool, None] = None,
+        floor: "None | float" = None,
+        clip: Optional[float] = 1.0,
+        scale: float | torch.Tensor | None = None,
+        name: Optional[str] = None,
+    ):
+        super().__init__(params, {"lr": lr})
+"""
+
+
+@pytest.mark.parametrize("postponed", [False, True], ids=["objects", "strings"])
+def test_derive_params_catalogues_an_optional_number_as_that_number(postponed: bool) -> None:
+    source = ("from __future__ import annotations\n" if postponed else "") + OPTIONAL_NUMBERS
+    namespace: dict[str, Any] = {}
+    exec(compile(source, "optional_numbers.py", "exec", dont_inherit=True), namespace)
+    params, _ = derive_params(namespace["OptionalNumbers"])
+    assert params == {
+        "lr": Param("lr", "float", 0.1, low=0.0, low_inclusive=False),
+        "beta3": Param("beta3", "float", None),
+        "warm_up": Param("warm_up", "int", None),
+        "decoupled": Param("decoupled", "bool", None),
+        "floor": Param("floor", "float", None),
+        "clip": Param("clip", "float", 1.0),
+    }  # a union of two types besides None, and a string, stay out
+    entry = entry_for_class(namespace["OptionalNumbers"], source="test")
+    # Left out, the class's own None; given, a number of the type; anything else refused by name.
+    assert entry.kwargs({})["beta3"] is None and entry.kwargs({"beta3": None})["beta3"] is None
+    assert entry.kwargs({"beta3": 0.5, "warm_up": 3, "decoupled": True}) == {
+        "lr": 0.1, "beta3": 0.5, "warm_up": 3, "decoupled": True, "floor": None, "clip": 1.0
+    }  # fmt: skip
+    with pytest.raises(ValueError, match=r"warm_up must be an integer; received 2.5"):
+        entry.kwargs({"warm_up": 2.5})
+    with pytest.raises(ValueError, match=r'beta3 must be a number; received "high"'):
+        entry.kwargs({"beta3": "high"})
+
+
 # derive_params reads signatures only: plain classes stand in for Keras ones without importing Keras.
 class _KerasLike:
     def __init__(

@@ -5,6 +5,7 @@ inclusive bound is valid in the schema and accepted, one just outside is invalid
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -124,3 +125,29 @@ def test_the_schema_refuses_a_name_s_unknown_parameter(
     body["workload"]["params"] = {"hidden": 3}
     assert not list(job_schema.iter_errors(body))
     assert api.post("/jobs", json=body).status_code == 201
+
+
+def test_an_optional_number_is_a_number_or_null_in_the_schema_and_the_server(
+    tmp_path: Path, catalogue_data: dict[str, Any]
+) -> None:
+    """Prodigy's `beta3: float | None = None`, from a plugin's catalogue: null (the class decides) and
+    a number are valid in the schema and accepted, anything else is neither."""
+    from pytorch_optimizer import Prodigy
+
+    from optimizers.registry import entry_for_class
+
+    prodigy = entry_for_class(Prodigy, source="test").describe()
+    catalogue = {**catalogue_data, "optimizers": [*catalogue_data["optimizers"], prodigy]}
+    for client in _client(Settings(data_dir=tmp_path, trusted_hosts="testserver"), catalogue):
+        document = client.get("/openapi.json").json()
+        schema = Draft202012Validator(
+            {"$ref": "#/components/schemas/JobSpec", "components": document["components"]}
+        )
+        for value, allowed in ((None, True), (0.5, True), ("sqrt", False), (True, False)):
+            body = {
+                "workload": {"name": "digits_mlp"},
+                "optimizer": {"name": "prodigy", "params": {"beta3": value}},
+                "steps": 5,
+            }
+            assert (not list(schema.iter_errors(body))) is allowed, value
+            assert (client.post("/jobs", json=body).status_code == 201) is allowed, value
