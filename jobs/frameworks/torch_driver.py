@@ -606,7 +606,7 @@ _DECOMPOSITIONS = frozenset(
 
 
 def _is_matrix_math(op: str) -> bool:
-    name = op.removeprefix("aten::")
+    name = op.removeprefix("aten::").removesuffix("_")  # in place too: addmm_, baddbmm_
     if name.startswith(("linalg_", "_linalg_")):
         return "norm" not in name
     return name in _MATRIX_PRODUCTS or name in _DECOMPOSITIONS
