@@ -101,6 +101,13 @@ def check_construct(ctx: CheckContext) -> Outcome:
                 return _base_call_failure(
                     f"building with {label} raised {ctx.describe_error(exc)}", base_call
                 )
+            refused = None if defaults else _given_value_refused(ctx, exc, supplied)
+            if refused is not None:
+                return skipped(
+                    f"inconclusive: the class builds with its defaults and refuses the given {refused} "
+                    f"by name: {ctx.describe_error(exc)}; these values do not fit it (they are not a fault "
+                    "of the class): check it with values it takes"
+                )
             if not _refuses_its_own_values(ctx, exc):
                 return skipped(
                     f"inconclusive: building over a list of parameters with {label} raised "
@@ -146,6 +153,21 @@ def check_construct(ctx: CheckContext) -> Outcome:
         "(figure: arguments probed)",
         float(len(probed)),
     )
+
+
+def _given_value_refused(ctx: CheckContext, error: Exception, supplied: dict[str, Any]) -> str | None:
+    """`name=value` of a given argument that the class's validation refused by name, where the class
+    declares no range for it (pytorch-optimizer's FlashAdamW: `master_weight_bits` "has no effect
+    when all parameters are fp32"): the values asked for, not the class, are wrong. A value inside
+    a range the class declares (`optlab_hyperparameters`), refused all the same, stays a fault."""
+    if not isinstance(error, ValueError | TypeError | AssertionError):
+        return None
+    declared = getattr(ctx.target.cls, "optlab_hyperparameters", {}) or {}
+    for name, value in supplied.items():
+        argument = native(ctx, name)
+        if argument not in declared and names_argument(str(error), argument):
+            return f"{argument}={value!r}"
+    return None
 
 
 def _refuses_its_own_values(ctx: CheckContext, error: Exception) -> bool:

@@ -4,7 +4,7 @@ one is caught by its own check."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 
@@ -15,6 +15,7 @@ from jobs.checks.context import CheckContext  # noqa: E402
 from jobs.checks.report import CHECK_IDS  # noqa: E402
 from jobs.checks.runner import checks_for_style, validated_params  # noqa: E402
 from jobs.checks.target import resolve_target  # noqa: E402
+from optimizers.hyperparams import Param, unit_interval  # noqa: E402
 
 BROKEN = Path(__file__).parent / "broken"
 CHECKS = checks_for_style("torch")
@@ -265,8 +266,30 @@ class Orthogonalized(PlainSGD):
         return None
 
 
-def test_a_step_slow_by_its_matrix_math_is_not_blamed_on_its_code(tmp_path: Path) -> None:
-    outcome = cost_checks.check_step_cost(context(f"{__name__}:Orthogonalized", tmp_path))
+class InPlaceOrthogonalized(PlainSGD):
+    """The same iterations written with in-place products (`addmm_`, as DASH's `baddbmm_`), which the
+    profiler names with a trailing underscore."""
+
+    def __init__(self, params: object, lr: float = 0.02) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                update = p.grad / (p.grad.norm() + 1e-7)
+                for _ in range(3) if p.ndim == 2 else ():
+                    gram = update.new_zeros(update.shape[0], update.shape[0]).addmm_(update, update.T)
+                    update = update.mul(1.5).addmm_(gram, update, alpha=-0.5)
+                p.sub_(group["lr"] * update)
+        return None
+
+
+@pytest.mark.parametrize("name", ["Orthogonalized", "InPlaceOrthogonalized"])
+def test_a_step_slow_by_its_matrix_math_is_not_blamed_on_its_code(name: str, tmp_path: Path) -> None:
+    outcome = cost_checks.check_step_cost(context(f"{__name__}:{name}", tmp_path))
     assert outcome.status == "warn" and "matrix math" in outcome.detail, outcome.detail
     fix = outcome.detail.split("Fix:")[1]
     assert cost_checks.MATRIX_MATH_FIX in fix and "host syncs" not in fix
@@ -778,3 +801,35 @@ def test_a_default_the_class_refuses_is_judged_with_the_value_given(tmp_path: Pa
     assert given.status == "pass", given.detail
     assert "(its defaults alone raise NotImplementedError" in given.detail
     assert "momentum must be given" in given.detail
+
+
+class FullPrecisionSGD(PlainSGD):
+    """Refuses a given value that does not fit the parameters, naming it, as pytorch-optimizer's
+    FlashAdamW does ("master_weight_bits has no effect when all parameters are fp32"); its `beta`
+    has a declared range, which the class must honour."""
+
+    optlab_hyperparameters: ClassVar[dict[str, Param]] = {"beta": unit_interval("beta")}
+
+    def __init__(
+        self, params: object, lr: float = 0.1, master_bits: int | None = None, beta: float = 0.0
+    ) -> None:
+        params = list(params)  # type: ignore[call-overload]
+        if not lr > 0:
+            raise ValueError(f"lr must be a number > 0; received {lr}")
+        if master_bits is not None and all(p.dtype == torch.float32 for p in params):
+            raise ValueError("master_bits has no effect when all parameters are fp32")
+        if not 0 <= beta < 1:
+            raise ValueError(f"beta must be in [0, 1); received {beta}")
+        if beta == 0.5:
+            raise ValueError("beta must not be 0.5")  # inside the range it declares: a fault
+        super().__init__(params, {"lr": lr})
+
+
+def test_a_given_value_the_class_refuses_by_name_is_not_its_fault(tmp_path: Path) -> None:
+    target = f"{__name__}:FullPrecisionSGD"
+    assert build_checks.check_construct(context(target, tmp_path)).status == "pass"
+    refused = build_checks.check_construct(context(target, tmp_path, master_bits=24))
+    assert refused.status == "skip", refused.detail
+    assert "refuses the given master_bits=24" in refused.detail and "no effect when all" in refused.detail
+    declared = build_checks.check_construct(context(target, tmp_path, beta=0.5))
+    assert declared.status == "fail" and "beta must not be 0.5" in declared.detail, declared.detail
