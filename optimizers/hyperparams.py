@@ -80,9 +80,10 @@ class Param:
         """Whether `value` is the declared default itself (as `derive_params` read it from the signature).
 
         Same type too: `True == 1` in Python, and `true` given for an integer whose default
-        is 1 must still be refused.
+        is 1 must still be refused. A required argument has no default: the None published for it
+        is not a value a job may send.
         """
-        if type(value) is not type(self.default):
+        if self.required or type(value) is not type(self.default):
             return False
         if isinstance(value, float) and math.isnan(value):
             return math.isnan(self.default)

@@ -268,6 +268,10 @@ def test_a_job_or_check_that_omits_it_is_refused_by_name(catalogue: Catalogue) -
     assert [e.loc for e in check_errors(check, catalogue)] == [["body", "optimizer", "params", "beta"]]
     given = JobSpec.model_validate({**_job(), "optimizer": {"name": "needs_beta", "params": {"beta": 0.5}}})
     assert optimizer_errors(given.optimizer, "torch", catalogue) == []
+    # null is no value: the default null a required argument is published with is not one to send.
+    null = JobSpec.model_validate({**_job(), "optimizer": {"name": "needs_beta", "params": {"beta": None}}})
+    (error,) = optimizer_errors(null.optimizer, "torch", catalogue)
+    assert error.loc[-1] == "beta" and "beta must be a number; received null" in error.msg
 
 
 def test_the_registry_refuses_to_build_without_it_and_passes_it_on() -> None:

@@ -274,3 +274,14 @@ def test_a_value_other_than_the_default_is_still_validated() -> None:
     # `True == 1` in Python: the default 1 does not make `true` a valid integer.
     with pytest.raises(ValueError, match="received true"):
         check_all({"steps": True}, {"steps": Param("steps", "int", 1)}, owner="x")
+
+
+def test_a_required_argument_has_no_default_that_null_could_stand_for() -> None:
+    # npz's required `path` is published with the default null; null given for it is no path at all.
+    path = Param("path", "path", None, required=True)
+    assert not path.is_default(None)
+    with pytest.raises(ValueError, match="path must be a file path"):
+        check_all({"path": None}, {"path": path}, owner="x")
+    beta = Param("beta", "float", None, required=True)
+    with pytest.raises(ValueError, match="beta must be a number; received null"):
+        check_all({"beta": None}, {"beta": beta}, owner="x")
