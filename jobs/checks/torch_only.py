@@ -503,14 +503,21 @@ def check_closure(ctx: CheckContext) -> Outcome:
     )
     if not calls:
         return failed("step(closure) never called the closure", where=method_location(ctx), fix=fix)
-    if returned is None or not (isinstance(returned, Tensor | float) and float(returned) == float(calls[0])):
+    # The loss of any of its calls: SAM returns the first (at the weights given), BSAM the one at
+    # the point it perturbed to; either is the closure's loss.
+    losses = [float(loss) for loss in calls]
+    if returned is None or not (isinstance(returned, Tensor | float) and float(returned) in losses):
+        given = ", ".join(f"{loss:.4g}" for loss in losses)
         return failed(
-            f"step(closure) returned {returned!r} instead of the closure's loss {float(calls[0]):.4g}",
+            f"step(closure) returned {returned!r} instead of the closure's loss ({given} from its "
+            f"{len(calls)} call(s))",
             where=method_location(ctx),
             fix=fix,
         )
+    which = losses.index(float(returned)) + 1
     return passed(
-        f"step(closure) called the closure {len(calls)} time(s) and returned its loss", float(returned)
+        f"step(closure) called the closure {len(calls)} time(s) and returned its loss (of call {which})",
+        float(returned),
     )
 
 

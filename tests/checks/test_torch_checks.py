@@ -833,3 +833,30 @@ def test_a_given_value_the_class_refuses_by_name_is_not_its_fault(tmp_path: Path
     assert "refuses the given master_bits=24" in refused.detail and "no effect when all" in refused.detail
     declared = build_checks.check_construct(context(target, tmp_path, beta=0.5))
     assert declared.status == "fail" and "beta must not be 0.5" in declared.detail, declared.detail
+
+
+class PerturbedLossSGD(PlainSGD):
+    """Calls the closure at the weights given and again at a perturbed point, as pytorch-optimizer's
+    BSAM does, and returns the second loss (`scaled`: twice it, a loss no call gave)."""
+
+    def __init__(self, params: object, lr: float = 0.1, scaled: bool = False) -> None:
+        super().__init__(params, {"lr": lr})
+        self.scaled = scaled
+
+    def step(self, closure: Any = None) -> Any:
+        with torch.enable_grad():
+            closure()
+        with torch.no_grad():
+            for p in self.param_groups[0]["params"]:
+                p.add_(0.01 * p.grad.sign())
+        with torch.enable_grad():
+            loss = closure()
+        super().step()
+        return loss * 2 if self.scaled else loss
+
+
+def test_step_closure_may_return_the_loss_of_any_of_its_closure_calls(tmp_path: Path) -> None:
+    outcome = CHECKS["closure"](context(f"{__name__}:PerturbedLossSGD", tmp_path))
+    assert outcome.status == "pass" and "(of call 2)" in outcome.detail, outcome.detail
+    scaled = CHECKS["closure"](context(f"{__name__}:PerturbedLossSGD", tmp_path, scaled=True))
+    assert scaled.status == "fail" and "from its 2 call(s)" in scaled.detail, scaled.detail
