@@ -261,30 +261,23 @@ class Orthogonalized(PlainSGD):
                     continue
                 update = p.grad / (p.grad.norm() + 1e-7)
                 for _ in range(3) if p.ndim == 2 else ():
-                    update = 1.5 * update - 0.5 * update @ update.T @ update
+                    update = self.iteration(update)
                 p.sub_(group["lr"] * update)
         return None
 
+    @staticmethod
+    def iteration(update: Any) -> Any:
+        return 1.5 * update - 0.5 * update @ update.T @ update
 
-class InPlaceOrthogonalized(PlainSGD):
+
+class InPlaceOrthogonalized(Orthogonalized):
     """The same iterations written with in-place products (`addmm_`, as DASH's `baddbmm_`), which the
     profiler names with a trailing underscore."""
 
-    def __init__(self, params: object, lr: float = 0.02) -> None:
-        super().__init__(params, {"lr": lr})
-
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                update = p.grad / (p.grad.norm() + 1e-7)
-                for _ in range(3) if p.ndim == 2 else ():
-                    gram = update.new_zeros(update.shape[0], update.shape[0]).addmm_(update, update.T)
-                    update = update.mul(1.5).addmm_(gram, update, alpha=-0.5)
-                p.sub_(group["lr"] * update)
-        return None
+    @staticmethod
+    def iteration(update: Any) -> Any:
+        gram = update.new_zeros(update.shape[0], update.shape[0]).addmm_(update, update.T)
+        return update.mul(1.5).addmm_(gram, update, alpha=-0.5)
 
 
 @pytest.mark.parametrize("name", ["Orthogonalized", "InPlaceOrthogonalized"])
