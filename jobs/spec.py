@@ -968,10 +968,8 @@ def _param_errors(
                 )
             )
             continue
-        if declared[key].is_default(value):
-            continue  # valid by definition, as where the job builds it (check_all): `null` for None
         try:
-            declared[key].check(value)
+            declared[key].accept(value)  # as the job builds it (check_all): `null` for a None default
         except ValueError as exc:
             errors.append(SpecError(loc=loc, msg=str(exc)))
     return errors

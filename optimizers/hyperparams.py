@@ -89,6 +89,12 @@ class Param:
             return math.isnan(self.default)
         return bool(value == self.default)
 
+    def accept(self, value: Any) -> Any:
+        """`value` checked (`check`), except the declared default, valid by definition (Prodigy's
+        `growth_rate=inf`, a `None` meaning "off"): the filled-in defaults come back when the
+        optimizer is built, and refusing them would make the class unbuildable."""
+        return value if self.is_default(value) else self.check(value)
+
     def to_json(self) -> dict[str, Any]:
         default = list(self.default) if isinstance(self.default, tuple | list) else self.default
         if isinstance(default, float) and not math.isfinite(default):
@@ -199,11 +205,7 @@ def check_all(
         )
     checked = {} if partial else {name: p.default for name, p in declared.items() if not p.required}
     for name, value in params.items():
-        param = declared[name]
-        # The default the class declares is valid by definition, whatever it is (Prodigy's
-        # `growth_rate=inf`, a `None` meaning "off"): the filled-in defaults come back here
-        # when the optimizer is built, and refusing them would make the class unbuildable.
-        checked[name] = value if param.is_default(value) else param.check(value)
+        checked[name] = declared[name].accept(value)
     return checked
 
 
