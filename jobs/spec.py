@@ -29,6 +29,8 @@ from pydantic_core import PydanticCustomError
 from jobs.checks.report import CHECK_IDS
 from jobs.data_roots import resolve_data_path
 from optimizers.hyperparams import MAX_LIST_LENGTH as MAX_LIST_LENGTH  # re-exported for the OpenAPI
+from optimizers.hyperparams import MAX_STRING_LENGTH as MAX_STRING_LENGTH
+from optimizers.hyperparams import OPTION_TEXT_PATTERN as OPTION_TEXT_PATTERN
 from optimizers.hyperparams import Param
 from optimizers.loop_needs import LoopNeeds, loop_problem
 from optimizers.param_groups import GroupRule, extra_key_problem, parse_ndim

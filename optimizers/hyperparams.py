@@ -9,15 +9,27 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-ParamType = Literal["float", "int", "number", "bool", "float_pair", "int_list", "float_list", "path"]
+ParamType = Literal[
+    "float", "int", "number", "bool", "float_pair", "float_tuple", "int_list", "float_list", "path", "str",
+    "choice", "any",
+]  # fmt: skip
 MAX_LIST_LENGTH = 64
 # A `path` param (a workload's data file) is a string; where it may point is the data roots' rule
 # (jobs/data_roots.py), checked where the roots are known.
 MAX_PATH_LENGTH = 1000
+# A `str` param (an option a class takes by name: LBFGS's `line_search_fn="strong_wolfe"`) whose
+# values the signature does not list; a `choice` is one whose annotation does (`Literal["a", "b"]`).
+# Printable ASCII: option names, never text for a log line, run name or page to be wary of. An
+# `any` param is an unannotated `x=None` (Keras's `weight_decay=None`): nothing says what it takes, so
+# it takes any of those scalars, and the class's own code judges the value when it is built.
+MAX_STRING_LENGTH = 200
+OPTION_TEXT_PATTERN = "^[ -~]*$"
+TEXT_ALLOWED = f"a string of at most {MAX_STRING_LENGTH} printable ASCII characters"
 
 
 @dataclass(frozen=True)
@@ -25,7 +37,8 @@ class Param:
     """One tunable argument: its type, default and allowed interval.
 
     `low`/`high` bound every number in the value (both numbers of a `float_pair`);
-    `None` means unbounded on that side.
+    `None` means unbounded on that side. `nullable`: null is a value too (`clip: float | None = 1.0`,
+    where None turns clipping off), besides the default.
     """
 
     name: str
@@ -38,9 +51,22 @@ class Param:
     help: str = ""
     # No default in the signature: a job must give it (the default is then None).
     required: bool = False
+    nullable: bool = False
+    choices: tuple[str, ...] = ()  # a `choice`'s values
 
     def allowed(self) -> str:
-        """Human description of the allowed values, e.g. `a number in [0, 1)`."""
+        """Human description of the allowed values, e.g. `a number in [0, 1)`, `"a" or "b", or null`."""
+        kind = self._allowed_values()
+        return f"{kind}, or null" if self.nullable else kind
+
+    def _allowed_values(self) -> str:
+        if self.type == "choice":
+            quoted = [json.dumps(choice) for choice in self.choices]
+            return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]
+        if self.type == "str":
+            return TEXT_ALLOWED
+        if self.type == "any":
+            return f"true or false, a number or {TEXT_ALLOWED}"
         if self.type == "bool":
             return "true or false"
         if self.type == "path":
@@ -50,6 +76,7 @@ class Param:
             "number": "a number",
             "int": "an integer",
             "float_pair": "two numbers",
+            "float_tuple": f"a list of 1 to {MAX_LIST_LENGTH} numbers",
             "int_list": f"a list of at most {MAX_LIST_LENGTH} integers",
             "float_list": f"a list of at most {MAX_LIST_LENGTH} numbers",
         }[self.type]
@@ -66,12 +93,16 @@ class Param:
 
     def check(self, value: Any) -> Any:
         """Return `value` normalised to this type, or raise ValueError saying what is allowed."""
+        if value is None and self.nullable:
+            return None
         numbers = self._coerce(value)
         for number in numbers:
             if not self._in_range(number):
                 raise ValueError(f"{self.name} must be {self.allowed()}; received {_show(value)}")
         if self.type == "float_pair":
             return (numbers[0], numbers[1])
+        if self.type == "float_tuple":  # as the class's default is (Adan's three `betas`)
+            return tuple(numbers)
         if self.type in ("int_list", "float_list"):
             return numbers
         return numbers[0]
@@ -110,12 +141,14 @@ class Param:
             "allowed": self.allowed(),
             "help": self.help,
             "required": self.required,
+            "nullable": self.nullable,
+            "choices": list(self.choices),
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Param:
         default = data["default"]
-        if data["type"] == "float_pair" and isinstance(default, list):
+        if data["type"] in ("float_pair", "float_tuple") and isinstance(default, list):
             default = tuple(default)
         return cls(
             name=data["name"],
@@ -127,6 +160,8 @@ class Param:
             high_inclusive=data.get("high_inclusive", True),
             help=data.get("help", ""),
             required=data.get("required", False),
+            nullable=data.get("nullable", False),
+            choices=tuple(data.get("choices", ())),
         )
 
     def _coerce(self, value: Any) -> list[Any]:
@@ -139,8 +174,24 @@ class Param:
             if not isinstance(value, str) or len(value) > MAX_PATH_LENGTH or "\x00" in value:
                 raise wrong
             return [value]
+        if self.type == "str":
+            if not is_option_text(value):
+                raise wrong
+            return [value]
+        if self.type == "choice":
+            if not isinstance(value, str) or value not in self.choices:
+                raise wrong
+            return [value]
+        if self.type == "any":  # kept as given: the class's own code judges it
+            if isinstance(value, bool | int) or is_option_text(value):
+                return [value]
+            return [self._number(value, wrong, integer=False)]
         if self.type == "float_pair":
             if not isinstance(value, list | tuple) or len(value) != 2:
+                raise wrong
+            return [self._number(item, wrong, integer=False) for item in value]
+        if self.type == "float_tuple":
+            if not isinstance(value, list | tuple) or not 1 <= len(value) <= MAX_LIST_LENGTH:
                 raise wrong
             return [self._number(item, wrong, integer=False) for item in value]
         if self.type in ("int_list", "float_list"):
@@ -173,7 +224,7 @@ class Param:
         return number
 
     def _in_range(self, number: float) -> bool:
-        if self.type == "path":
+        if self.type in ("path", "str", "choice", "any"):
             return True
         if self.low is not None:
             if number < self.low or (number == self.low and not self.low_inclusive):
@@ -182,6 +233,13 @@ class Param:
             if number > self.high or (number == self.high and not self.high_inclusive):
                 return False
         return True
+
+
+def is_option_text(value: Any) -> bool:
+    """Whether `value` is a string a `str` param takes (`OPTION_TEXT_PATTERN`, `MAX_STRING_LENGTH`)."""
+    if not isinstance(value, str) or len(value) > MAX_STRING_LENGTH:
+        return False
+    return re.fullmatch(OPTION_TEXT_PATTERN, value) is not None
 
 
 def check_all(

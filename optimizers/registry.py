@@ -7,6 +7,7 @@ registered under its `optlab_name` attribute, else its class name in snake_case.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib
 import importlib.metadata
@@ -24,7 +25,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from optimizers.hyperparams import Param, ParamType, check_all
+from optimizers.hyperparams import MAX_LIST_LENGTH, Param, ParamType, check_all, is_option_text
 from optimizers.loop_needs import LoopNeeds, base_problem, detect_loop_needs
 from optimizers.optional_imports import KERAS_MODULE_OF_STYLE, keras_imports_hidden
 from optimizers.param_groups import (
@@ -340,12 +341,18 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
 
     Types and defaults come from the signature (written once, in `__init__`); ranges
     from `optlab_hyperparameters`, the same declarations the constructor validates with.
-    Arguments of no tunable type (None, strings, callables) are left out, and so are ones whose
-    default is a sentinel rather than a value (`palm: bool = use_default`); one with no default
-    (or torch's `required`) but a tunable annotation (`beta: float`) is catalogued as required.
-    An optional number (`beta3: float | None = None`) is catalogued as that number with the default
-    None: a job may give a value or leave the choice to the class. The learning rate is catalogued
-    as `lr` whatever the class calls it; the second value returned is the class's own name for it.
+    Numbers, booleans, tuples of numbers (a pair, `float_pair`; three or more, `float_tuple`) and
+    strings are tunable: a string whose annotation lists its values (`Literal["uni", "exp"]`) is a
+    `choice` of them, any other (`line_search_fn: str | None`, or a string default) a `str`. An
+    unannotated `x=None` (Keras's `weight_decay`, Ranger21's `num_epochs`) says nothing of what it
+    takes: it is `any` scalar, which the class judges when it is built. Arguments of no tunable type
+    (callables, dtypes, modules) are left out, and so are ones whose default is a sentinel rather
+    than a value (`palm: bool = use_default`); one with no default (or torch's `required`) but a
+    tunable annotation (`beta: float`) is catalogued as required. An optional one (`beta3: float |
+    None = None`, `clip: float | None = 1.0`) is catalogued as that type and `nullable`: a job may
+    send null, as the class allows (a None default leaves the choice to the class). The learning rate is
+    catalogued as `lr` whatever the class calls it; the second value returned is the class's own
+    name for it.
     """
     declared: Mapping[str, Param] = getattr(cls, "optlab_hyperparameters", {})
     only: Iterable[str] | None = getattr(cls, "optlab_tunable", None)
@@ -362,11 +369,14 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
             arg.default is inspect.Parameter.empty or type(arg.default).__name__ == "_RequiredParameter"
         )
         default = None if required else _plain(arg.default)
-        kind = _infer_type(arg.annotation) if required else _infer_type(arg.annotation, default)
-        if kind is None and arg.name in _LR_ARGS and default is None:
+        annotation = _resolved(arg.annotation, cls)
+        kind = _infer_type(annotation) if required else _infer_type(annotation, default)
+        if arg.name in _LR_ARGS and default is None and kind in (None, "any"):
             kind = "float"  # `lr=None`: the class derives its rate (SaRA); one given is still a rate
-        if kind is None or not _plain_default_of(kind, default):
+        choices = _literal_strings(_without_none(annotation))
+        if kind is None or not _plain_default_of(kind, default, choices):
             continue
+        nullable = _allows_none(annotation) or (default is None and not required)
         name = "lr" if arg.name in _LR_ARGS else arg.name
         if arg.name in _LR_ARGS:
             lr_arg = arg.name
@@ -374,12 +384,16 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
             param = declared[arg.name]
             if param.type == "float" and isinstance(default, int):
                 default = float(default)  # torch writes `momentum=0`
-            params[name] = dataclasses.replace(param, name=name, default=default, required=required)
+            params[name] = dataclasses.replace(
+                param, name=name, default=default, required=required, nullable=nullable
+            )
         elif name == "lr":
             lr_default = None if default is None else float(default)
-            params[name] = Param("lr", "float", lr_default, low=0.0, low_inclusive=False, required=required)
+            params[name] = Param(
+                "lr", "float", lr_default, low=0.0, low_inclusive=False, required=required, nullable=nullable
+            )
         else:
-            params[name] = Param(name, kind, default, required=required)
+            params[name] = Param(name, kind, default, required=required, nullable=nullable, choices=choices)
     if "lr" not in params and style != "torch":
         params = {"lr": Param("lr", "float", _KERAS_DEFAULT_LR, low=0.0, low_inclusive=False), **params}
     return params, lr_arg
@@ -511,15 +525,19 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _plain_default_of(kind: ParamType, default: Any) -> bool:
+def _plain_default_of(kind: ParamType, default: Any, choices: tuple[str, ...] = ()) -> bool:
     """Whether `default` is a value of `kind` (or None, "off"), as a job could send it. A sentinel
     (heavyball's `palm: bool = use_default`, an `object()` that means "decide later") is not: such an
     argument is left to the class, as untunable ones are, or the catalogue could not be written as
     JSON and every job would pass the sentinel on as if the user had chosen it."""
-    if default is None or kind == "float_pair":  # a pair is inferred from a pair of numbers only
+    if default is None or kind in ("float_pair", "float_tuple"):  # inferred from numbers only
         return True
     if kind == "bool":
         return isinstance(default, bool)
+    if kind == "str":
+        return is_option_text(default)
+    if kind == "choice":
+        return default in choices
     return _is_number(default)
 
 
@@ -530,21 +548,30 @@ def _is_number(value: Any) -> bool:
 def _infer_type(annotation: Any, default: Any = inspect.Parameter.empty) -> ParamType | None:
     """The type from the annotation (an optional number's: `float | None` is a float), else from
     the default; None for an argument that is not tunable."""
-    named: dict[str, ParamType] = {"float": "float", "int": "int", "bool": "bool"}
+    named: dict[str, ParamType] = {"float": "float", "int": "int", "bool": "bool", "str": "str"}
     annotation = _without_none(annotation)
+    if _literal_strings(annotation):
+        return "choice"
     if isinstance(annotation, str) and annotation in named:  # postponed annotations
         return named[annotation]
-    if annotation in (float, int, bool):
+    if annotation in (float, int, bool, str):
         return named[annotation.__name__]
     if default is inspect.Parameter.empty:
         return None
+    if default is None and annotation is inspect.Parameter.empty:
+        return "any"  # unannotated `beta1=None` (transformers' Adafactor): the class judges what is sent
     if isinstance(default, bool):
         return "bool"
     if _is_number(default):
         # Unannotated `weight_decay=0` is a float in practice: accept any number as given.
         return "number"
-    if isinstance(default, tuple) and len(default) == 2 and all(_is_number(x) for x in default):
-        return "float_pair"
+    if isinstance(default, str):
+        return "str"
+    if isinstance(default, tuple) and all(_is_number(x) for x in default):
+        if len(default) == 2:
+            return "float_pair"
+        if 3 <= len(default) <= MAX_LIST_LENGTH:
+            return "float_tuple"  # Adan's three `betas`, TRAC's six
     return None
 
 
@@ -576,6 +603,51 @@ def _without_none(annotation: Any) -> Any:
         if len(others) == 1 and len(members) == 2:
             return others[0]
     return annotation
+
+
+def _allows_none(annotation: Any) -> bool:
+    """Whether the annotation takes None besides its type (`X | None`, `Optional[X]`)."""
+    if isinstance(annotation, str):
+        return _without_none(annotation) != annotation
+    union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
+    return union and type(None) in typing.get_args(annotation)
+
+
+def _literal_strings(annotation: Any) -> tuple[str, ...]:
+    """The values of `Literal["a", "b"]` (an object or a postponed string), if all are strings."""
+    if isinstance(annotation, str):
+        try:
+            node = ast.parse(annotation.strip(), mode="eval").body
+        except SyntaxError:
+            return ()
+        if not isinstance(node, ast.Subscript) or ast.unparse(node.value) not in _LITERAL_SPELLINGS:
+            return ()
+        elements = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+        values = [element.value for element in elements if isinstance(element, ast.Constant)]
+    elif typing.get_origin(annotation) is typing.Literal:
+        values = list(typing.get_args(annotation))
+    else:
+        return ()
+    strings = tuple(value for value in values if isinstance(value, str))
+    return strings if strings and len(strings) == len(values) else ()
+
+
+_LITERAL_SPELLINGS = ("Literal", "typing.Literal", "typing_extensions.Literal")
+
+
+def _resolved(annotation: Any, cls: type) -> Any:
+    """A postponed annotation (a string) evaluated in the constructor's module, as
+    `typing.get_type_hints` does, one argument at a time: a name imported only for type checkers
+    (`if TYPE_CHECKING: from torch.optim.optimizer import ParamsT`) leaves that one a string."""
+    if not isinstance(annotation, str):
+        return annotation
+    namespace = getattr(getattr(cls, "__init__", None), "__globals__", None)
+    if namespace is None:
+        return annotation
+    try:
+        return eval(annotation, dict(namespace))  # the class's own annotation, as typing evaluates it
+    except Exception:
+        return annotation
 
 
 def _first_url(text: str) -> str:

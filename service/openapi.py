@@ -23,7 +23,7 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import HTMLResponse
 from sqlalchemy.exc import SQLAlchemyError
 
-from jobs.spec import MAX_LIST_LENGTH, MAX_PARAM_MAGNITUDE, Catalogue
+from jobs.spec import MAX_LIST_LENGTH, MAX_PARAM_MAGNITUDE, MAX_STRING_LENGTH, OPTION_TEXT_PATTERN, Catalogue
 from service import store
 from service.auth import authorize
 
@@ -194,9 +194,9 @@ def _params_schema(implementations: list[list[dict[str, Any]]]) -> dict[str, Any
 
 
 def _nullable(param: dict[str, Any], schema: dict[str, Any]) -> dict[str, Any]:
-    """A parameter whose default is null (`beta3: float | None = None`: the class decides) takes null
-    too, as the server does: the default itself is always valid."""
-    if param["default"] is None and not param.get("required"):
+    """A parameter that takes null (`clip: float | None = 1.0`), or whose default is null (`beta3:
+    float | None = None`: the class decides; the default itself is always valid), as the server does."""
+    if param.get("nullable") or (param["default"] is None and not param.get("required")):
         return {"anyOf": [schema, {"type": "null"}]}
     return schema
 
@@ -206,6 +206,11 @@ def _value_schema(param: dict[str, Any]) -> dict[str, Any]:
     kind = param["type"]
     if kind == "bool":
         return {"type": "boolean"}
+    if kind == "choice":
+        return {"type": "string", "enum": list(param["choices"])}
+    text = {"type": "string", "maxLength": MAX_STRING_LENGTH, "pattern": OPTION_TEXT_PATTERN}
+    if kind == "str":
+        return text
     if kind == "path":  # a file under OPTLAB_DATA_ROOTS: only the server can tell which are
         text = {"type": "string", "maxLength": 1000, "pattern": "^[^\\u0000]*$"}
         return {**text, "minLength": 1} if param.get("required") else text  # "" is "none"
@@ -221,6 +226,10 @@ def _value_schema(param: dict[str, Any]) -> dict[str, Any]:
         number["maximum" if param.get("high_inclusive", True) else "exclusiveMaximum"] = high
     if kind == "float_pair":
         return {"type": "array", "items": number, "minItems": 2, "maxItems": 2}
+    if kind == "any":
+        return {"anyOf": [{"type": "boolean"}, number, text]}
+    if kind == "float_tuple":
+        return {"type": "array", "items": number, "minItems": 1, "maxItems": MAX_LIST_LENGTH}
     if kind in ("int_list", "float_list"):
         return {"type": "array", "items": number, "maxItems": MAX_LIST_LENGTH}
     return number

@@ -285,3 +285,31 @@ def test_a_required_argument_has_no_default_that_null_could_stand_for() -> None:
     beta = Param("beta", "float", None, required=True)
     with pytest.raises(ValueError, match="beta must be a number; received null"):
         check_all({"beta": None}, {"beta": beta}, owner="x")
+
+
+@pytest.mark.parametrize(
+    "param",
+    [
+        Param("data_format", "choice", "channels_first", choices=("channels_first", "channels_last")),
+        Param("line_search_fn", "str", None, nullable=True),
+        Param("clip", "float", 1.0, low=0.0, nullable=True),
+        Param("betas", "float_tuple", (0.9, 0.999, 0.9999), low=0.0, high=1.0),
+    ],
+    ids=lambda param: param.type,
+)
+def test_the_published_param_reads_back_the_same(param: Param) -> None:
+    published = json.loads(json.dumps(param.to_json()))
+    assert Param.from_json(published) == param
+
+
+def test_nullable_takes_null_besides_its_type_and_says_so() -> None:
+    """`clip: float | None = 1.0`: null turns it off, which the class allows; a required nullable
+    argument takes null as its given value."""
+    clip = Param("clip", "float", 1.0, low=0.0, nullable=True)
+    assert check_all({"clip": None}, {"clip": clip}, owner="x") == {"clip": None}
+    with pytest.raises(ValueError, match=r"clip must be a number >= 0, or null; received -1"):
+        check_all({"clip": -1}, {"clip": clip}, owner="x")
+    given = Param("mode", "choice", None, required=True, nullable=True, choices=("a",))
+    assert check_all({"mode": None}, {"mode": given}, owner="x") == {"mode": None}
+    with pytest.raises(ValueError, match=r'mode must be "a", or null; received "b"'):
+        check_all({"mode": "b"}, {"mode": given}, owner="x")

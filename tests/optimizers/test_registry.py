@@ -628,18 +628,24 @@ def test_derive_params_reads_a_tensor_lr_default() -> None:
 
 
 # pytorch-optimizer's AdEMAMix (`t_alpha_beta3: float | None = None`) and Ranger21
-# (`num_warm_up_iterations: int | None = None`) spell optional numbers so; a file without
-# `from __future__ import annotations` gives the annotations as objects, one with it as strings.
+# (`num_warm_up_iterations: int | None = None`) spell optional numbers so, torch's LBFGS its
+# `line_search_fn: str | None = None`, pytorch-optimizer's SOAP its `data_format: Literal[...]`, Adan its
+# three `betas`, Ranger21 its unannotated `num_epochs=None`; a file
+# without `from __future__ import annotations` gives the annotations as objects, one with it as
+# strings (evaluated one by one: `ParamsT`, imported for type checkers only, stays a string).
 OPTIONAL_NUMBERS = """
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Literal, Optional, Union
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.optim.optimizer import ParamsT
 
 
 class OptionalNumbers(torch.optim.Optimizer):
     def __init__(
         self,
-        params,
+        params: "ParamsT",
         lr: float = 0.1,
         beta3: float | None = None,
         warm_up: Optional[int] = None,
@@ -648,35 +654,76 @@ class OptionalNumbers(torch.optim.Optimizer):
         clip: Optional[float] = 1.0,
         scale: float | torch.Tensor | None = None,
         name: Optional[str] = None,
+        line_search_fn: str | None = None,
+        data_format: Literal["channels_first", "channels_last"] = "channels_first",
+        memory_save_mode: Optional[Literal["one_diag", "all_diag"]] = None,
+        reduction="mean",
+        dtype: torch.dtype = torch.float32,
+        odd_default: Literal["a", "b"] = "c",
+        betas: tuple[float, float] | tuple[float, float, float] = (0.9, 0.999, 0.9999),
+        num_epochs=None,
     ):
         super().__init__(params, {"lr": lr})
 """
 
 
 @pytest.mark.parametrize("postponed", [False, True], ids=["objects", "strings"])
-def test_derive_params_catalogues_an_optional_number_as_that_number(postponed: bool) -> None:
+def test_derive_params_catalogues_optional_numbers_options_and_tuples(postponed: bool) -> None:
     source = ("from __future__ import annotations\n" if postponed else "") + OPTIONAL_NUMBERS
     namespace: dict[str, Any] = {}
     exec(compile(source, "optional_numbers.py", "exec", dont_inherit=True), namespace)
     params, _ = derive_params(namespace["OptionalNumbers"])
+    layouts = ("channels_first", "channels_last")
     assert params == {
         "lr": Param("lr", "float", 0.1, low=0.0, low_inclusive=False),
-        "beta3": Param("beta3", "float", None),
-        "warm_up": Param("warm_up", "int", None),
-        "decoupled": Param("decoupled", "bool", None),
-        "floor": Param("floor", "float", None),
-        "clip": Param("clip", "float", 1.0),
-    }  # a union of two types besides None, and a string, stay out
+        "beta3": Param("beta3", "float", None, nullable=True),
+        "warm_up": Param("warm_up", "int", None, nullable=True),
+        "decoupled": Param("decoupled", "bool", None, nullable=True),
+        "floor": Param("floor", "float", None, nullable=True),
+        "clip": Param("clip", "float", 1.0, nullable=True),
+        "line_search_fn": Param("line_search_fn", "str", None, nullable=True),
+        "data_format": Param("data_format", "choice", "channels_first", choices=layouts),
+        "memory_save_mode": Param(
+            "memory_save_mode", "choice", None, nullable=True, choices=("one_diag", "all_diag")
+        ),
+        "reduction": Param("reduction", "str", "mean"),
+        "betas": Param("betas", "float_tuple", (0.9, 0.999, 0.9999)),
+        "num_epochs": Param("num_epochs", "any", None, nullable=True),
+    }  # a union of two types besides None, a dtype, and a default its Literal does not list stay out
     entry = entry_for_class(namespace["OptionalNumbers"], source="test")
     # Left out, the class's own None; given, a number of the type; anything else refused by name.
     assert entry.kwargs({})["beta3"] is None and entry.kwargs({"beta3": None})["beta3"] is None
-    assert entry.kwargs({"beta3": 0.5, "warm_up": 3, "decoupled": True}) == {
-        "lr": 0.1, "beta3": 0.5, "warm_up": 3, "decoupled": True, "floor": None, "clip": 1.0
+    assert entry.kwargs({"beta3": 0.5, "warm_up": 3, "decoupled": True, "clip": None}) == {
+        "lr": 0.1, "beta3": 0.5, "warm_up": 3, "decoupled": True, "floor": None, "clip": None,
+        "line_search_fn": None, "data_format": "channels_first", "memory_save_mode": None,
+        "reduction": "mean", "betas": (0.9, 0.999, 0.9999), "num_epochs": None,
     }  # fmt: skip
-    with pytest.raises(ValueError, match=r"warm_up must be an integer; received 2.5"):
+    given = entry.kwargs(
+        {"line_search_fn": "strong_wolfe", "data_format": "channels_last", "betas": [0.8, 0.9, 1]}
+    )
+    assert (given["line_search_fn"], given["data_format"]) == ("strong_wolfe", "channels_last")
+    assert given["betas"] == (0.8, 0.9, 1.0)  # a tuple, as the class's default is
+    with pytest.raises(ValueError, match=r"betas must be a list of 1 to 64 numbers; received \[\]"):
+        entry.kwargs({"betas": []})
+    # An unannotated None (Ranger21's `num_epochs`): any scalar, kept as given, for the class to judge.
+    for value in (3, 0.5, True, "auto", None):
+        assert entry.kwargs({"num_epochs": value})["num_epochs"] == value
+    for refused in ([3], {"n": 3}, float("nan"), "tab\there"):
+        with pytest.raises(ValueError, match=r"num_epochs must be true or false, a number or a string"):
+            entry.kwargs({"num_epochs": refused})
+    with pytest.raises(ValueError, match=r"warm_up must be an integer, or null; received 2.5"):
         entry.kwargs({"warm_up": 2.5})
-    with pytest.raises(ValueError, match=r'beta3 must be a number; received "high"'):
+    with pytest.raises(ValueError, match=r'beta3 must be a number, or null; received "high"'):
         entry.kwargs({"beta3": "high"})
+    with pytest.raises(
+        ValueError, match=r'data_format must be "channels_first" or "channels_last"; received "nchw"'
+    ):
+        entry.kwargs({"data_format": "nchw"})
+    with pytest.raises(ValueError, match=r"data_format must be .*; received null"):
+        entry.kwargs({"data_format": None})
+    for refused in ("x" * 201, "tab\there", "\u202eevil", 3):
+        with pytest.raises(ValueError, match=r"reduction must be a string of at most 200 printable ASCII"):
+            entry.kwargs({"reduction": refused})
 
 
 # derive_params reads signatures only: plain classes stand in for Keras ones without importing Keras.

@@ -127,27 +127,72 @@ def test_the_schema_refuses_a_name_s_unknown_parameter(
     assert api.post("/jobs", json=body).status_code == 201
 
 
-def test_an_optional_number_is_a_number_or_null_in_the_schema_and_the_server(
+# Published signatures: Prodigy's `beta3: float | None = None` (null: the class decides) and `eps:
+# float | None = 1e-8` (null: no epsilon), torch's LBFGS `line_search_fn: str | None = None`, SOAP's
+# `data_format: Literal["channels_first", "channels_last"]`, Adan's three `betas`; Ranger21's
+# unannotated `num_epochs=None`, any scalar.
+OPTIONAL_AND_OPTION_VALUES = [
+    ("prodigy", "beta3", None, True),
+    ("prodigy", "beta3", 0.5, True),
+    ("prodigy", "beta3", "sqrt", False),
+    ("prodigy", "beta3", True, False),
+    ("prodigy", "eps", None, True),
+    ("prodigy", "eps", 1e-6, True),
+    ("lbfgs", "line_search_fn", "strong_wolfe", True),
+    ("lbfgs", "line_search_fn", None, True),
+    ("lbfgs", "line_search_fn", "x" * 201, False),
+    ("lbfgs", "line_search_fn", "new\nline", False),
+    ("lbfgs", "line_search_fn", 1, False),
+    ("soap", "data_format", "channels_last", True),
+    ("soap", "data_format", "nchw", False),
+    ("soap", "data_format", None, False),
+    ("adan", "betas", [0.9, 0.9, 0.99], True),
+    ("adan", "betas", [], False),
+    ("adan", "betas", [0.9, "high", 0.99], False),
+    ("epoch_scheduled", "num_epochs", 3, True),
+    ("epoch_scheduled", "num_epochs", "auto", True),
+    ("epoch_scheduled", "num_epochs", None, True),
+    ("epoch_scheduled", "num_epochs", [3], False),
+    ("epoch_scheduled", "num_epochs", {"epochs": 3}, False),
+    ("epoch_scheduled", "lr", None, True),
+    ("epoch_scheduled", "lr", "auto", False),
+]
+
+
+def test_optional_values_and_options_agree_in_the_schema_and_the_server(
     tmp_path: Path, catalogue_data: dict[str, Any]
 ) -> None:
-    """Prodigy's `beta3: float | None = None`, from a plugin's catalogue: null (the class decides) and
-    a number are valid in the schema and accepted, anything else is neither."""
-    from pytorch_optimizer import Prodigy
+    """Each value is valid in the schema exactly when the server accepts it, for classes of a plugin's
+    catalogue whose signatures take null, a string, one of listed strings or three numbers."""
+    from pytorch_optimizer import SOAP, Adan, Prodigy
+    from torch.optim import LBFGS, SGD
+
+    class EpochScheduled(SGD):
+        """Ranger21's spelling: `num_epochs=None` unannotated, and an `lr=None` the class derives."""
+
+        def __init__(self, params: Any, lr=None, num_epochs=None) -> None:  # type: ignore[no-untyped-def]
+            super().__init__(params, lr=0.1 if lr is None else lr)
 
     from optimizers.registry import entry_for_class
 
-    prodigy = entry_for_class(Prodigy, source="test").describe()
-    catalogue = {**catalogue_data, "optimizers": [*catalogue_data["optimizers"], prodigy]}
+    published = [
+        entry_for_class(cls, source="test").describe() for cls in (Prodigy, LBFGS, SOAP, Adan, EpochScheduled)
+    ]
+    catalogue = {**catalogue_data, "optimizers": [*catalogue_data["optimizers"], *published]}
     for client in _client(Settings(data_dir=tmp_path, trusted_hosts="testserver"), catalogue):
         document = client.get("/openapi.json").json()
         schema = Draft202012Validator(
             {"$ref": "#/components/schemas/JobSpec", "components": document["components"]}
         )
-        for value, allowed in ((None, True), (0.5, True), ("sqrt", False), (True, False)):
+        for optimizer, name, value, allowed in OPTIONAL_AND_OPTION_VALUES:
             body = {
                 "workload": {"name": "digits_mlp"},
-                "optimizer": {"name": "prodigy", "params": {"beta3": value}},
+                "optimizer": {"name": optimizer, "params": {name: value}},
                 "steps": 5,
             }
-            assert (not list(schema.iter_errors(body))) is allowed, value
-            assert (client.post("/jobs", json=body).status_code == 201) is allowed, value
+            case = (optimizer, name, value)
+            assert (not list(schema.iter_errors(body))) is allowed, case
+            answer = client.post("/jobs", json=body)
+            assert (answer.status_code == 201) is allowed, (case, answer.text)
+            if not allowed:
+                assert answer.status_code == 422 and name in answer.text, (case, answer.text)
