@@ -163,7 +163,8 @@ def check_schedule(ctx: CheckContext) -> Outcome:
     zero_note = (
         "zero-rate steps left the variables alone"
         if zero_rate_ok
-        else "rates kept above 0: a step at rate 0 gives non-finite values in this optimizer (e.g. FTRL)"
+        else "rates kept above 0: a step at rate 0 raises or gives non-finite values in this optimizer "
+        "(FTRL divides by the rate)"
     )
     return passed(
         f"{driver.schedule_name} was applied at each of {len(rates)} steps ({zero_note}) and matched the "
@@ -268,13 +269,16 @@ def _close(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> bool:
 
 
 def _takes_a_zero_rate(ctx: CheckContext, overrides: Mapping[str, Any]) -> bool:
-    """Whether a step at learning rate 0 stays finite: FTRL divides by the rate, so the zero-rate
-    steps would compare NaN with NaN for it."""
+    """Whether steps at learning rate 0 run and stay finite, the first step and one after a step at
+    the base rate, as the schedule has them: FTRL divides by the rate, so the zero-rate steps would
+    compare NaN with NaN for it; torch's LBFGS with a strong-Wolfe line search, once it has a
+    curvature history, divides by the zero-length interval it brackets (ZeroDivisionError)."""
     driver = ctx.driver
     try:
         optimizer, variables = fresh(ctx, **overrides)
-        driver.set_learning_rate(optimizer, 0.0, ctx.target.entry.lr_arg)
-        driver.step(optimizer, variables, arrays(SHAPES, seed=10), ctx.needs)
+        for seed, rate in enumerate((0.0, ctx.lr, 0.0), start=10):
+            driver.set_learning_rate(optimizer, rate, ctx.target.entry.lr_arg)
+            driver.step(optimizer, variables, arrays(SHAPES, seed=seed), ctx.needs)
     except Exception:
         return False
     return all(bool(np.all(np.isfinite(value))) for value in driver.values(variables))

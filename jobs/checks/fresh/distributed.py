@@ -49,7 +49,45 @@ def distributed(ctx: CheckContext) -> Outcome:
         return failed_in_child(
             exc, runs.WORDING.setup, where=ctx.where(), fix=runs.WORDING.distributed_child_fix
         )
-    return judge(ctx, runs.WORDING, outs, overrides)
+    outcome = judge(ctx, runs.WORDING, outs, overrides)
+    if outcome.status == "fail" and ctx.needs.closure:
+        return _judged_with_the_loss_over_ranks(ctx, request, outcome) or outcome
+    return outcome
+
+
+def _judged_with_the_loss_over_ranks(
+    ctx: CheckContext, request: Mapping[str, Any], outcome: Outcome
+) -> Outcome | None:
+    """A class stepped with a closure may use the loss it returns (AliG's step size, LBFGS's line
+    search), which in a plain DDP loop is each rank's own share's: DDP averages gradients, not
+    losses. Run again with the closure returning the ranks' mean, as optlab's jobs do: if the ranks
+    then agree with one process, that loss was the cause, which a warn names; else None (the fail
+    stands)."""
+    runs = runs_for(ctx.target.style)
+    outs = {
+        name: Path(path).with_name(f"mean-loss-{Path(path).name}") for name, path in request["outs"].items()
+    }
+    try:
+        run_fresh(
+            ctx,
+            "distributed",
+            {**request, "outs": {k: str(v) for k, v in outs.items()}, "loss_over_ranks": True},
+        )
+    except ChildFailed:
+        return None
+    if judge(ctx, runs.WORDING, outs, request["overrides"]).status != "pass":
+        return None
+    setup = runs.WORDING.setup
+    return warned(
+        f"under {setup}, with each rank's closure returning its own share's loss (as in a plain DDP loop), "
+        "the ranks part from one process fed the averaged gradient; with the closure returning the mean "
+        f"of the ranks' losses (as optlab's jobs do) they agree with it: the class steps by the loss (a "
+        "line search, a loss-scaled step), which DDP does not average",
+        where=ctx.where(),
+        fix="in a DDP loop of your own, have the closure return the loss averaged over the ranks "
+        "(torch.distributed.all_reduce, then divide by the world size), or all-reduce it in step()",
+        figure=outcome.figure,
+    )
 
 
 def judge(

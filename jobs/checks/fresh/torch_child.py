@@ -34,7 +34,7 @@ from jobs.checks.fresh.plan import (
     Wording,
 )
 from jobs.checks.fresh.results import MODEL, OPTIMIZER, Arrays, Run, save_run
-from jobs.frameworks.torch_driver import rng_state, set_rng_state
+from jobs.frameworks.torch_driver import mean_over_ranks, rng_state, set_rng_state
 from optimizers.loop_needs import PLAIN, LoopNeeds
 
 WORDING = Wording(
@@ -78,21 +78,32 @@ def train(
     needs: LoopNeeds = PLAIN,
     *,
     averaged: bool = False,
+    loss_over_ranks: bool = False,
 ) -> None:
     """Steps the way the entry says the class is stepped: a closure, a graph for Hessian products,
     in training mode (schedule-free classes). `averaged`: the gradient is the replicas' average, as
-    DDP hands it over, computed here."""
+    DDP hands it over, computed here. `loss_over_ranks` (a DDP rank): the closure returns the mean of
+    the ranks' losses, as a job's does, instead of the rank's own, as a plain DDP loop's does."""
     for step in steps:
         if needs.train_eval:
             optimizer.train()  # a no-op when already training
         x, y = batch(step)
         gradients = _loss_and_averaged_grads if averaged else _loss_and_grads
         closure = functools.partial(gradients, model, optimizer, x[rows], y[rows], needs.create_graph)
+        if loss_over_ranks:
+            closure = _returning_mean_over_ranks(closure)
         closure()
         if needs.closure:
             optimizer.step(closure)
         else:
             optimizer.step()
+
+
+def _returning_mean_over_ranks(closure: Any) -> Any:
+    def over_ranks() -> torch.Tensor:
+        return mean_over_ranks(closure())
+
+    return over_ranks
 
 
 def to_evaluation(optimizer: Any, needs: LoopNeeds) -> None:
@@ -261,7 +272,9 @@ def _rank(request: Mapping[str, Any], ctx: CheckContext, rank: int, store: Path)
     # Each rank its own random stream from here, as dropout and augmentation need in real training.
     torch.manual_seed(SEED + 1 + rank)
     share = GLOBAL_BATCH // REPLICAS
-    train(wrapped, optimizer, range(DISTRIBUTED_STEPS), slice(rank * share, (rank + 1) * share), ctx.needs)
+    rows = slice(rank * share, (rank + 1) * share)
+    over_ranks = bool(request.get("loss_over_ranks"))
+    train(wrapped, optimizer, range(DISTRIBUTED_STEPS), rows, ctx.needs, loss_over_ranks=over_ranks)
     save_run(request["outs"][REPLICA_RUNS[rank]], snapshot(model, optimizer, tensors_only=True))
 
 
