@@ -212,6 +212,21 @@ def verify_state(original: TrainObjects, reloaded: TrainObjects) -> None:
             raise CheckpointMismatch(f"checkpoint round-trip lost state: {found}")
 
 
+def restore_a_zero_rate(optimizer: Any) -> None:
+    """Each group's initial rate where its schedule has brought the rate to 0 (cosine does, after
+    the last step): a rate no training step takes, which the probe after the last checkpoint would
+    otherwise step at. A zero-rate step proves less, and a line search divides by the zero-length
+    interval it brackets (torch's LBFGS with `line_search_fn="strong_wolfe"`: ZeroDivisionError)."""
+    for group in optimizer.param_groups:
+        rate, initial = group.get("lr"), group.get("initial_lr")  # LambdaLR keeps `initial_lr`
+        if rate is None or initial is None or float(rate) != 0.0:
+            continue
+        if isinstance(rate, torch.Tensor):  # torchao's tensor rate: in place, as an LRScheduler sets it
+            rate.fill_(float(initial))
+        else:
+            group["lr"] = initial
+
+
 def take_probe_step(objects: TrainObjects, probe: Callable[[TrainObjects], None]) -> None:
     """One `probe` step from the random state as it is, which is then put back: the step training
     takes next draws the same numbers."""
@@ -969,7 +984,11 @@ class TorchSession(TrainingSession):
 
             def closure() -> Any:  # the loss tensor, though torch's stubs say float
                 with torch.enable_grad():  # step(closure) may run it under no_grad (AliG does)
-                    return self._forward_backward(objects, batch)
+                    loss = self._forward_backward(objects, batch)
+                # Under DDP every rank's optimizer sees the whole batch's loss, as it sees the averaged
+                # gradient: a class that steps by the loss (LBFGS's line search, AliG's step size)
+                # then takes the same step on every rank instead of drifting apart.
+                return loss if self.rank is None else mean_over_ranks(loss)
 
             objects.optimizer.step(closure)
         else:
@@ -1049,7 +1068,12 @@ class TorchSession(TrainingSession):
         twin_checkpoint = copy.deepcopy(checkpoint)
         reloaded = restore(checkpoint, self.build())
         twin = restore(twin_checkpoint, self.build())  # used up by the probe
-        verify_roundtrip(objects, reloaded, twin, probe)
+
+        def probe_at_a_training_rate(candidate: TrainObjects) -> None:
+            restore_a_zero_rate(candidate.optimizer)
+            probe(candidate)
+
+        verify_roundtrip(objects, reloaded, twin, probe_at_a_training_rate)
         return Checkpointed(reloaded, path)
 
     def checkpoint_path(self, folder: Path, step: int) -> Path:

@@ -55,6 +55,16 @@ class SlowMomentum(torch.optim.SGD):
 """
 
 
+# torch's LBFGS, whose strong-Wolfe line search steps by the loss the closure returns.
+LINE_SEARCH_PLUGIN = """
+import torch
+
+
+class LineSearchLbfgs(torch.optim.LBFGS):
+    pass
+"""
+
+
 def spec_for(style: str, **overrides: Any) -> dict[str, Any]:
     optimizer: dict[str, Any] = {"name": "adam", "params": {"lr": 0.003}}
     if style == "torch":
@@ -158,6 +168,7 @@ def jobs(
     plugins = root / "plugins"
     plugins.mkdir()
     (plugins / "slow_momentum.py").write_text(SLOW_PLUGIN)
+    (plugins / "line_search.py").write_text(LINE_SEARCH_PLUGIN)
     runner = Runner(root, tracking_uri, plugins)
     # A run with no checkpoint in its artifacts, for the missing reference.
     experiment = client.create_experiment("resume-missing")
@@ -176,6 +187,14 @@ def jobs(
     for name, style, strategy in (("ddp", "torch", "ddp"), ("mirrored", "keras", "mirrored")):
         distribution = {"strategy": strategy, "devices": 2}
         started[name] = runner.start(name, spec_for(style, distribution=distribution, experiment=name))
+    line_search = {
+        "name": "line_search_lbfgs",
+        "params": {"lr": 0.5, "max_iter": 4, "line_search_fn": "strong_wolfe"},
+    }
+    ddp = {"strategy": "ddp", "devices": 2}
+    started["ddp-line-search"] = runner.start(
+        "ddp-line-search", spec_for("torch", optimizer=line_search, distribution=ddp, steps=10), tracked=False
+    )
     missing = f"runs:/{empty_run}/checkpoints/step-00000010.pt"
     started["missing"] = runner.start(
         "missing", spec_for("torch"), "--resume", missing, "--resume-run-id", empty_run, "--attempt", "2"
@@ -298,6 +317,17 @@ def test_a_ddp_job_matches_one_device_with_its_checkpoints_verified_on_every_ran
 
     assert_close(weights(jobs["ddp"].workdir), weights(jobs["straight-torch"].workdir), ddp, single)
     assert_one_run(client, ddp)
+
+
+def test_a_ddp_job_whose_optimizer_steps_by_the_loss_keeps_its_ranks_together(jobs: dict[str, Job]) -> None:
+    """LBFGS's line search decides by the loss the closure returns: each rank's closure returns the
+    whole batch's loss (the mean over the ranks), as each gets the averaged gradient, or the ranks'
+    line searches part and so do their weights."""
+    job = jobs["ddp-line-search"]
+    result = job.result()
+    assert result["status"] == "succeeded", result.get("error")
+    rank_1 = json.loads((job.workdir / "rank-1" / "result.json").read_text())
+    assert rank_1["params_sha256"] == result["params_sha256"]
 
 
 def test_a_mirrored_job_matches_one_device_with_its_checkpoints_verified(
