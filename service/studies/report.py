@@ -31,6 +31,7 @@ from service.studies.summary import (
     Stat,
     StudyRun,
     StudySummary,
+    format_value,
     grid_label,
 )
 
@@ -201,7 +202,7 @@ def x_key(summary: StudySummary) -> str | None:
         return None
     if "lr" in keys:
         return "lr"
-    return max(keys, key=lambda k: len({str(p.grid.get(k)) for p in summary.grid_points}))
+    return max(keys, key=lambda k: len({format_value(p.grid.get(k)) for p in summary.grid_points}))
 
 
 def is_number(value: GridValue | None) -> bool:
@@ -222,7 +223,14 @@ def sensitivity_plot(summary: StudySummary) -> Plot | None:
     metric = summary.selection_metric
     xs_all = [p.grid[key] for p in summary.grid_points if key in p.grid]
     numeric = all(is_number(x) for x in xs_all)
-    categories = sorted({str(x) for x in xs_all})
+    categories = sorted({format_value(x) for x in xs_all})
+
+    def position(x: GridValue) -> float:
+        """On the axis: the number itself, else the index of its category."""
+        if numeric and isinstance(x, int | float):
+            return float(x)
+        return float(categories.index(format_value(x)))
+
     figure = new_figure(7.0, 4.5)
     axes = figure.add_subplot(1, 1, 1)
     drawn = False
@@ -240,8 +248,7 @@ def sensitivity_plot(summary: StudySummary) -> Plot | None:
                 metric_stats = p.metric(metric)
                 if metric_stats is None or metric_stats.final.mean is None:
                     continue
-                x = p.grid[key]
-                xs.append(float(x) if numeric else float(categories.index(str(x))))
+                xs.append(position(p.grid[key]))
                 ys.append(metric_stats.final.mean)
                 errs.append(half_width(metric_stats.final))
             if not xs:
@@ -254,12 +261,17 @@ def sensitivity_plot(summary: StudySummary) -> Plot | None:
             )
             drawn = True
         if best is not None and key in best.grid and (m := best.metric(metric)) and m.final.mean is not None:
-            bx = best.grid[key]
-            x = float(bx) if numeric else float(categories.index(str(bx)))
-            axes.plot([x], [m.final.mean], marker="*", markersize=16, color=colour(summary, opt), zorder=5)
+            axes.plot(
+                [position(best.grid[key])],
+                [m.final.mean],
+                marker="*",
+                markersize=16,
+                color=colour(summary, opt),
+                zorder=5,
+            )
     if not drawn:
         return None
-    if numeric and spans_decades([float(x) for x in xs_all]):
+    if numeric and spans_decades([position(x) for x in xs_all]):
         axes.set_xscale("log")
     if not numeric:
         axes.set_xticks(range(len(categories)), [plain(c) for c in categories])

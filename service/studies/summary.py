@@ -21,6 +21,7 @@ Rules that decide the figures (kept here, in one place):
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import statistics
@@ -32,7 +33,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 Mode = Literal["min", "max"]
-GridValue = float | int | str | bool
+GridValue = float | int | str | bool | None  # None: null, for a hyperparameter that takes it
 
 # Which way a metric improves, by the last part of its key ("val/bits_per_char" ->
 # "bits_per_char"). Anything not listed is treated as a loss (lower is better): most
@@ -389,7 +390,12 @@ def grid_label(grid: dict[str, GridValue]) -> str:
 
 def format_value(value: GridValue) -> str:
     """The shortest text that reads back as the same value (so labels never merge two grid
-    points): 0.0003, 3e-5, 64, True."""
+    points): 0.0003, 3e-5, 64, True, null, lion; a string that would read as another value (or as
+    two grid values) in quotes: "True", "0.5", "a b"."""
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return value if _reads_as_itself(value) else json.dumps(value)
     if isinstance(value, float):
         text = repr(value).removesuffix(".0")  # 1.0 -> 1: equal to the int 1 anyway
         if "e" in text:
@@ -399,13 +405,23 @@ def format_value(value: GridValue) -> str:
     return str(value)
 
 
+def _reads_as_itself(text: str) -> bool:
+    if not text or " " in text or "=" in text or text in ("null", "True", "False"):
+        return False
+    try:
+        float(text)
+    except ValueError:
+        return True
+    return False
+
+
 def grid_sort_key(grid: dict[str, GridValue]) -> tuple[tuple[str, int, float, str], ...]:
     """Numbers in numeric order, then text; the same key for the same grid whatever the input order."""
     key = []
     for name in sorted(grid):
         value = grid[name]
         if isinstance(value, bool) or not isinstance(value, int | float):
-            key.append((name, 1, 0.0, str(value)))
+            key.append((name, 1, 0.0, format_value(value)))
         else:
             key.append((name, 0, float(value), ""))
     return tuple(key)

@@ -183,6 +183,24 @@ def test_no_trajectories_without_both_a_surface_and_traj_data(
     assert ("<h2>Time to target</h2>" in report.html) is (target is not None)
 
 
+def test_a_grid_of_null_and_strings_is_plotted_by_category() -> None:
+    """A grid over a hyperparameter that takes null or one of listed strings: a category each."""
+    runs = [
+        StudyRun(
+            index + 1,
+            "prodigy",
+            {"beta3": beta3},
+            seed,
+            "succeeded",
+            history("prodigy", 1e-3, seed, traj=False),
+        )
+        for index, (beta3, seed) in enumerate((b, s) for b in (None, 0.5, "auto") for s in (0, 1))
+    ]
+    report = render_report(summary_for(runs, target=None), runs, title="t")
+    assert not_one_colour(decode(report.images["sensitivity.png"]))
+    assert "beta3=null" in report.html and "beta3=auto" in report.html
+
+
 def test_the_same_input_gives_the_same_report(full: Full) -> None:
     report, runs, summary = full
     again = render_report(summary, runs, title=TITLE, surface=ROSENBROCK, mlflow_url=MLFLOW_URL)

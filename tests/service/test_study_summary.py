@@ -455,10 +455,36 @@ def test_grid_values_of_every_type_round_trip_through_json() -> None:
         (64, "64"),
         (True, "True"),
         ("b", "b"),
+        (None, "null"),  # a hyperparameter that takes null (Prodigy's `beta3`)
+        ("True", '"True"'),  # strings that would read as another value, or as two, are quoted
+        ("0.5", '"0.5"'),
+        ("null", '"null"'),
+        ("a b=1", '"a b=1"'),
     ],
 )
 def test_grid_labels_are_short_and_exact(value: GridValue, text: str) -> None:
     assert grid_label({"lr": value}) == f"lr={text}"
+
+
+def test_a_grid_with_null_and_strings_is_summarized() -> None:
+    """Prodigy's `beta3` over [null, 0.5] and a choice over two strings: every point its own label."""
+    runs = [
+        StudyRun(
+            job_id=index + 1,
+            optimizer="prodigy",
+            grid={"beta3": beta3, "mode": mode},
+            seed=0,
+            status="succeeded",
+            history={"val/loss": points([1.0 + index, 0.5 + index])},
+        )
+        for index, (beta3, mode) in enumerate([(None, "a"), (0.5, "a"), (None, "True"), (0.5, True)])
+    ]
+    summary = summary_of(runs)
+    labels = [point.label for point in summary.grid_points]
+    assert sorted(labels) == sorted(
+        ["beta3=null mode=a", "beta3=0.5 mode=a", 'beta3=null mode="True"', "beta3=0.5 mode=True"]
+    )
+    assert StudySummary.model_validate_json(summary.model_dump_json()) == summary
 
 
 def test_long_names_keep_mlflow_keys_short() -> None:
