@@ -279,9 +279,12 @@ def _takes_a_zero_rate(ctx: CheckContext, overrides: Mapping[str, Any]) -> bool:
         for seed, rate in enumerate((0.0, ctx.lr, 0.0), start=10):
             driver.set_learning_rate(optimizer, rate, ctx.target.entry.lr_arg)
             driver.step(optimizer, variables, arrays(SHAPES, seed=seed), ctx.needs)
+            # After each step: legacy FTRL's closed-form update makes its variables finite again.
+            if not all(bool(np.all(np.isfinite(value))) for value in driver.values(variables)):
+                return False
     except Exception:
         return False
-    return all(bool(np.all(np.isfinite(value))) for value in driver.values(variables))
+    return True
 
 
 def _without_weight_decay(ctx: CheckContext) -> dict[str, Any]:
