@@ -546,8 +546,9 @@ def _is_number(value: Any) -> bool:
 
 
 def _infer_type(annotation: Any, default: Any = inspect.Parameter.empty) -> ParamType | None:
-    """The type from the annotation (an optional number's: `float | None` is a float), else from
-    the default; None for an argument that is not tunable."""
+    """The type from the annotation (an optional one's: `float | None` is a float; `Literal` strings
+    a `choice`), else from the default (an unannotated None: `any`); None for an argument that is not
+    tunable."""
     named: dict[str, ParamType] = {"float": "float", "int": "int", "bool": "bool", "str": "str"}
     annotation = _without_none(annotation)
     if _literal_strings(annotation):

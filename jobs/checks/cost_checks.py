@@ -85,6 +85,15 @@ def check_step_cost(ctx: CheckContext) -> Outcome:
             figure=ratio,
             fix=MATRIX_MATH_FIX,
         )
+    if spent.in_tensor_ops:
+        return warned(
+            f"{timing}: {ratio:.1f}x; {spent.phrase}: passes over whole tensors, not host syncs or "
+            "Python loops; each is a trip through the variables' memory, so more per-element math than "
+            "the yardstick's costs more by design",
+            where=method_location(ctx),
+            figure=ratio,
+            fix=driver.advice.fewer_passes,
+        )
     return warned(
         f"{timing}: {ratio:.1f}x; {spent.phrase}",
         where=method_location(ctx),

@@ -116,10 +116,13 @@ class SparseRows:
 class TimeSpent:
     """Where a slow update's time goes: a phrase for the detail, and whether most of it is matrix
     math (products, decompositions, solves), which a preconditioned method (Shampoo, Muon, Kron)
-    pays by design, unlike host syncs or per-element loops."""
+    pays by design, unlike host syncs or per-element loops; or passes over whole tensors (most of
+    the step inside element-wise ops, few host syncs), which a method with more per-element math
+    than the yardstick pays by design too (factored moments, BCOS's extra powers)."""
 
     phrase: str
     in_matrix_math: bool = False
+    in_tensor_ops: bool = False
 
 
 # What the checks feed a step: dense, row-sparse, or None for a frozen variable.
@@ -139,6 +142,7 @@ class Advice:
     finite_state: str
     untrainable_state: str
     fast_update: str
+    fewer_passes: str  # how to pay less for an update whose time is in passes over whole tensors
     sign_of_update: str
     deprecated_call: str  # an example of replacing a deprecated call
     state_in_checkpoint: str  # where state must live for the style's checkpoint to save it

@@ -153,6 +153,8 @@ class KerasDriver(Driver):
         fast_update="keep host round-trips (tf.print, py_function, .numpy()) out of the update, clip by one "
         "global norm, and move per-step work that does not depend on the variable out of the per-variable "
         "loop",
+        fewer_passes="fuse the update's element-wise math into fewer ops, or compile it with XLA "
+        "(jit_compile=True), and drop passes the method does not need",
         sign_of_update="subtract lr * direction from the variable (self.assign_sub)",
         deprecated_call="tf.cast(x, tf.float32) instead of tf.to_float(x)",
         sparse_update="handle tf.IndexedSlices (gather the touched rows, apply the same math, scatter them "

@@ -313,6 +313,8 @@ class TorchDriver(Driver):
         "(torch.zeros_like(p), p.detach().clone()), never views of p or nn.Parameters",
         fast_update="update whole tensors (or torch._foreach_* lists) with no .item()/.tolist()/"
         "float(tensor) host syncs and no Python loops over rows or elements",
+        fewer_passes="fuse the passes (torch._foreach_* over all parameters at once, or torch.compile of "
+        "the update) and drop those the method does not need",
         sign_of_update="the update must move against the gradient (p.add_(update, alpha=-lr))",
         deprecated_call="p.add_(grad, alpha=-lr) instead of p.add_(-lr, grad)",
         sparse_update="check p.grad.is_sparse in step() and either update only the touched rows "
@@ -579,13 +581,7 @@ class TorchDriver(Driver):
             torch.set_num_threads(threads)
 
     def where_time_goes(self, slow: Callable[[], Any], reference: Callable[[], Any]) -> TimeSpent:
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CPU]) as profiler:
-            started = time.perf_counter()
-            slow()
-            wall_us = (time.perf_counter() - started) * 1e6
-        events = [e for e in profiler.key_averages() if e.key.startswith("aten::")]
+        events, wall_us = _aten_events(slow)
         if not events:
             return TimeSpent("no aten ops recorded")
         events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
@@ -597,11 +593,20 @@ class TorchDriver(Driver):
         many_syncs = syncs > 8
         sync_note = f"{syncs} host syncs (aten::item / _local_scalar_dense) per step; " if many_syncs else ""
         # Most of the step inside ops (not Python around them: a loop of small products per row is
-        # slow code), and most of the ops' time in matrix math.
+        # slow code), and most of the ops' time in matrix math, or else in passes over whole tensors.
         op_time = sum(e.self_cpu_time_total for e in events)
         matrix_time = sum(e.self_cpu_time_total for e in events if _is_matrix_math(e.key))
-        in_matrix_math = not many_syncs and op_time > 0.5 * wall_us and matrix_time > 0.5 * op_time
-        return TimeSpent(f"{sync_note}most time in {top}", in_matrix_math=in_matrix_math)
+        in_ops = not many_syncs and op_time > 0.5 * wall_us
+        if in_ops and matrix_time > 0.5 * op_time:
+            return TimeSpent(f"most time in {top}", in_matrix_math=True)
+        if in_ops:
+            calls = sum(e.count for e in events)
+            reference_calls = sum(e.count for e in _aten_events(reference)[0])
+            return TimeSpent(
+                f"most time in {top}; {calls} op calls a step against the yardstick's {reference_calls}",
+                in_tensor_ops=True,
+            )
+        return TimeSpent(f"{sync_note}most time in {top}")
 
     @property
     def timed_update_name(self) -> str:
@@ -610,6 +615,17 @@ class TorchDriver(Driver):
     @property
     def reference_sgd_name(self) -> str:
         return "torch.optim.SGD(momentum=0.9)"
+
+
+def _aten_events(update: Callable[[], Any]) -> tuple[list[Any], float]:
+    """The aten ops of one profiled call of `update`, and its wall time in microseconds."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        started = time.perf_counter()
+        update()
+        wall_us = (time.perf_counter() - started) * 1e6
+    return [e for e in profiler.key_averages() if e.key.startswith("aten::")], wall_us
 
 
 # Matrix products, decompositions and solves: what a preconditioner (Shampoo, Muon's Newton-Schulz

@@ -288,6 +288,34 @@ def test_a_step_slow_by_its_matrix_math_is_not_blamed_on_its_code(name: str, tmp
     assert cost_checks.MATRIX_MATH_FIX in fix and "host syncs" not in fix
 
 
+class ManyPasses(torch.optim.Optimizer):
+    """SGD through six element-wise passes a parameter (as BCOS's powers, factored moments'
+    reductions): whole tensors, no host syncs, no Python loop over elements."""
+
+    def __init__(self, params: object, lr: float = 0.01) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    update = p.grad
+                    for _ in range(3):
+                        update = torch.tanh(update).mul(1.0001)
+                    p.sub_(group["lr"] * update)
+        return None
+
+
+def test_a_step_slow_by_its_element_wise_passes_is_told_to_fuse_them(tmp_path: Path) -> None:
+    """Not told to drop host syncs and Python loops it does not have (BCOS, DAdaptAdan had been)."""
+    outcome = cost_checks.check_step_cost(context(f"{__name__}:ManyPasses", tmp_path))
+    assert outcome.status == "warn" and "passes over whole tensors" in outcome.detail, outcome.detail
+    assert "op calls a step against the yardstick's" in outcome.detail
+    fix = outcome.detail.split("Fix:")[1]
+    assert "fuse the passes" in fix and "host syncs" not in fix
+
+
 class DataParallelOnly(PlainSGD):
     """Shares its update across ranks (as Keller Jordan's Muon): needs a process group to step."""
 
