@@ -208,9 +208,9 @@ def _value_schema(param: dict[str, Any]) -> dict[str, Any]:
         return {"type": "boolean"}
     if kind == "choice":
         return {"type": "string", "enum": list(param["choices"])}
-    text = {"type": "string", "maxLength": MAX_STRING_LENGTH, "pattern": OPTION_TEXT_PATTERN}
+    option_text = {"type": "string", "maxLength": MAX_STRING_LENGTH, "pattern": OPTION_TEXT_PATTERN}
     if kind == "str":
-        return text
+        return option_text
     if kind == "path":  # a file under OPTLAB_DATA_ROOTS: only the server can tell which are
         text = {"type": "string", "maxLength": 1000, "pattern": "^[^\\u0000]*$"}
         return {**text, "minLength": 1} if param.get("required") else text  # "" is "none"
@@ -227,7 +227,7 @@ def _value_schema(param: dict[str, Any]) -> dict[str, Any]:
     if kind == "float_pair":
         return {"type": "array", "items": number, "minItems": 2, "maxItems": 2}
     if kind == "any":
-        return {"anyOf": [{"type": "boolean"}, number, text]}
+        return {"anyOf": [{"type": "boolean"}, number, option_text]}
     if kind == "float_tuple":
         return {"type": "array", "items": number, "minItems": 1, "maxItems": MAX_LIST_LENGTH}
     if kind in ("int_list", "float_list"):
