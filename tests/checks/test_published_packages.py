@@ -67,6 +67,17 @@ TRUE_FAULTS: dict[str, frozenset[str]] = {
     "lion_pytorch.Lion": frozenset({"construct"}),
 }
 
+# Faults that show on some CPUs and not on others (as pytorch-optimizer's Shampoo in
+# test_pytorch_optimizer_catalogue.py): the same float32 steps, rounded along another vector path,
+# either blow up or do not. Such a check may fail or pass; no other check may fail.
+FRAGILE_FAULTS: dict[str, frozenset[str]] = {
+    # A 1-D parameter's preconditioner is eps * I plus rank-one terms, and its inverse (an SVD,
+    # shampoo.py:11) scales rounding noise by up to 1/eps = 1e4: on an AVX-512 machine an (8,)
+    # parameter's quadratic loss went from 8.38 to 15.3 in 200 steps at lr=0.1 outside the checker
+    # (a (4, 3) one fell), and `descends` failed; on the CI machine of the session before it passed.
+    "torch_optimizer.Shampoo": frozenset({"descends"}),
+}
+
 
 def _classes() -> list[tuple[str, str]]:
     found: dict[str, str] = {}
@@ -83,14 +94,15 @@ CLASSES = _classes()
 
 def test_the_table_names_only_classes_of_the_packages() -> None:
     assert len(CLASSES) >= 45  # 9 schedule-free, 5 D-Adaptation, Prodigy, 27 torch-optimizer, ...
-    assert set(TRUE_FAULTS) <= {key for key, _ in CLASSES}
+    assert set(TRUE_FAULTS) | set(FRAGILE_FAULTS) <= {key for key, _ in CLASSES}
 
 
 @pytest.mark.parametrize(("key", "text"), CLASSES, ids=[key for key, _ in CLASSES])
 def test_no_false_alarm(key: str, text: str, tmp_path: Path) -> None:
     report = run_checks(target_of(text), {}, workdir=tmp_path)
     failed = {r.id: r.detail for r in report.checks if r.status == "fail"}
-    assert set(failed) == TRUE_FAULTS.get(key, frozenset()), failed
+    always, maybe = TRUE_FAULTS.get(key, frozenset()), FRAGILE_FAULTS.get(key, frozenset())
+    assert always <= set(failed) <= always | maybe, failed
     # Every check steps a schedule-free class in training mode, as a job does.
     refused = [(r.id, r.status) for r in report.checks if "not in train mode" in r.detail]
     assert not refused, refused

@@ -289,8 +289,9 @@ def test_a_step_slow_by_its_matrix_math_is_not_blamed_on_its_code(name: str, tmp
 
 
 class ManyPasses(torch.optim.Optimizer):
-    """SGD through six element-wise passes a parameter (as BCOS's powers, factored moments'
-    reductions): whole tensors, no host syncs, no Python loop over elements."""
+    """SGD through twenty element-wise passes a parameter (as BCOS's powers, factored moments'
+    reductions): whole tensors, no host syncs, no Python loop over elements. Twenty, not six: on a
+    CPU with wide vector units six passes came to 2.5x the yardstick, under the warn's 3x."""
 
     def __init__(self, params: object, lr: float = 0.01) -> None:
         super().__init__(params, {"lr": lr})
@@ -301,7 +302,7 @@ class ManyPasses(torch.optim.Optimizer):
             for p in group["params"]:
                 if p.grad is not None:
                     update = p.grad
-                    for _ in range(3):
+                    for _ in range(9):
                         update = torch.tanh(update).mul(1.0001)
                     p.sub_(group["lr"] * update)
         return None
