@@ -291,6 +291,8 @@ class Driver(ABC):
     # The variables `step_cost` times an update on: large enough that the update's own work, not
     # the framework's per-call overhead, is what is measured.
     cost_shapes: ClassVar[tuple[tuple[int, ...], ...]]
+    # How a user sets the rate by hand between steps, for a detail.
+    rate_set_by_hand: ClassVar[str] = "the rate set between steps"
 
     @abstractmethod
     def session(
@@ -373,6 +375,16 @@ class Driver(ABC):
         """`create(model_params, learning_rate)` over `variables` with the rate scheduled as the style
         schedules it (torch: the group's lr set before each step; Keras: a LearningRateSchedule),
         and what to call before step i."""
+
+    def hand_fed_schedule(
+        self, create: Callable[[Any, Any], Any], variables: Sequence[Any], rates: Sequence[float], lr_arg: str
+    ) -> tuple[Any, Callable[[int], None]]:
+        """As `scheduled`, but through a schedule object whose rate is set by hand before each step;
+        only for styles with schedule objects (`capabilities.schedule_objects`: Keras), since in torch
+        a schedule is the rate set by hand. A class may keep rates of its own that `set_learning_rate`
+        does not reach but a schedule does (the Model Garden's SGDTorch builds its bias and other
+        rates from the one given)."""
+        raise NotImplementedError(f"{self.style} has no schedule objects")
 
     @abstractmethod
     def set_learning_rate(self, optimizer: Any, rate: float, lr_arg: str) -> None:

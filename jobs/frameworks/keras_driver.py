@@ -104,6 +104,10 @@ class KerasDriver(Driver):
     whole_model_formats: ClassVar[tuple[str, ...]] = (".keras",)
     serializable_decorator: ClassVar[str] = "keras.saving.register_keras_serializable"
     loss_scale_name: ClassVar[str] = "keras.mixed_precision.LossScaleOptimizer"
+    rate_set_by_hand: ClassVar[str] = (
+        "`optimizer.learning_rate = rate`, as the LearningRateScheduler and ReduceLROnPlateau callbacks "
+        "set it"
+    )
 
     def __init__(self) -> None:
         keras_module = KERAS_MODULE_OF_STYLE[self.style]  # keras, or tf_keras for the legacy style
@@ -240,6 +244,25 @@ class KerasDriver(Driver):
         optimizer = create(None, schedule)
         self.create_state(optimizer, variables)
         return optimizer, lambda step: None  # the optimizer asks its schedule each step
+
+    def hand_fed_schedule(
+        self, create: Callable[[Any, Any], Any], variables: Sequence[Any], rates: Sequence[float], lr_arg: str
+    ) -> tuple[Any, Callable[[int], None]]:
+        """A LearningRateSchedule whose rate is set by hand before each step: the rate of a step as
+        the class reads its schedule, whatever step number it asks the schedule for."""
+        tf = self.tf
+        rate = tf.Variable(float(rates[0]), dtype=tf.float32, trainable=False)
+
+        class HandFed(self.schedules.LearningRateSchedule):  # type: ignore[name-defined]
+            def __call__(self, step: Any) -> Any:
+                return tf.identity(rate)
+
+            def get_config(self) -> dict[str, Any]:
+                return {}
+
+        optimizer = create(None, HandFed())
+        self.create_state(optimizer, variables)
+        return optimizer, lambda step: rate.assign(float(rates[step]))
 
     def set_learning_rate(self, optimizer: Any, rate: float, lr_arg: str) -> None:
         optimizer.learning_rate = rate
