@@ -156,6 +156,13 @@ def unserved(name: str, needs: LoopNeeds, framework: str) -> str | None:
     missing = [need for need in _UNSERVED.get(framework, ()) if getattr(needs, need)]
     if not missing:
         return None
+    if needs.base_optimizer is not None and "base_optimizer" in missing:
+        # Not "name a base" (base_problem's advice): no base makes a wrapper trainable here.
+        return (
+            f"optimizer {name!r} wraps a base optimizer (its {needs.base_optimizer!r} argument), and "
+            f"{framework} jobs and checks build no wrapper around a base optimizer (wrappers run in torch "
+            "jobs)"
+        )
     return (
         f"optimizer {name!r} needs {' and '.join(missing)}, which {framework} training steps cannot "
         "provide; run it in a torch job"

@@ -26,7 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from optimizers.hyperparams import MAX_LIST_LENGTH, Param, ParamType, check_all, is_option_text
-from optimizers.loop_needs import LoopNeeds, base_problem, detect_loop_needs
+from optimizers.loop_needs import LoopNeeds, base_problem, detect_loop_needs, unserved
 from optimizers.optional_imports import KERAS_MODULE_OF_STYLE, keras_imports_hidden
 from optimizers.param_groups import (
     GroupRule,
@@ -119,6 +119,9 @@ class Entry:
         if learning_rate is not None:
             kwargs[self.lr_arg] = learning_rate
         problem = base_problem(self.name, self.needs, (base.entry.name, base.entry.needs) if base else None)
+        if problem and self.needs.base_optimizer is not None:
+            # A wrapper no base can serve (a Keras one) is told so, not to name a base.
+            problem = unserved(self.name, self.needs, self.framework) or problem
         if problem:
             raise ValueError(problem)
         if base is not None and self.needs.base_optimizer is not None:

@@ -279,3 +279,24 @@ def test_a_schedule_followed_where_a_rate_set_by_hand_is_not_is_a_warn(name: str
     assert "matched the same rates set by hand in a schedule object each step" in outcome.detail
     assert "is not the rate the class steps with: after step 0" in outcome.detail
     assert "optimizer.learning_rate = rate" in outcome.detail and "optlab's jobs pass" in outcome.detail
+
+
+class Wrapping(keras.optimizers.Optimizer):
+    """A wrapper in the shape of the Model Garden's ExponentialMovingAverage: the optimizer it wraps is
+    a required argument."""
+
+    def __init__(
+        self, optimizer: keras.optimizers.Optimizer, average_decay: float = 0.99, **kwargs: object
+    ) -> None:
+        super().__init__(learning_rate=0.01, **kwargs)  # type: ignore[arg-type]
+        self.inner, self.average_decay = optimizer, average_decay
+
+
+def test_a_keras_wrapper_is_told_that_no_base_serves_it_not_to_name_one(workdir: Path) -> None:
+    """The construct skip had said to name a base (optimizer.base), and --base then said Keras builds
+    no wrapper: each message sent the user to the other."""
+    outcome = _run("construct", _context(f"{__name__}:Wrapping", workdir))
+    assert outcome.status == "skip", outcome.detail
+    assert "wraps a base optimizer (its 'optimizer' argument)" in outcome.detail, outcome.detail
+    assert "tensorflow jobs and checks build no wrapper" in outcome.detail
+    assert "optimizer.base" not in outcome.detail

@@ -136,6 +136,6 @@ def test_one_rule_says_which_field_a_job_cannot_serve() -> None:
     field, why = loop_problem("adam", LoopNeeds(), ("sgd", LoopNeeds()), "tensorflow") or ("", "")
     assert field == "base" and "tensorflow jobs build no wrapper" in why
     field, why = loop_problem("lookahead", lookahead, None, "tensorflow") or ("", "")
-    assert field == "name" and "needs base_optimizer" in why
+    assert field == "name" and "wraps a base optimizer" in why and "build no wrapper" in why
     field, why = loop_problem("lookahead", lookahead, None, "torch") or ("", "")
     assert field == "base" and "name it in optimizer.base" in why

@@ -55,7 +55,8 @@ REFUSED = [
     (
         {"name": "adam", "params": {}, "needs": {"base_optimizer": "optimizer"}},
         "name",
-        "optimizer 'adam' needs base_optimizer, which tensorflow training steps cannot provide",
+        "optimizer 'adam' wraps a base optimizer (its 'optimizer' argument), and tensorflow jobs and checks "
+        "build no wrapper",
     ),
     ({"name": "keras_sam", "params": {}}, "name", "needs closure, which tensorflow training steps cannot"),
     (
