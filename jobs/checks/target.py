@@ -7,6 +7,7 @@ same `lr` mapping), so a class that passes here behaves the same once registered
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,12 +101,40 @@ def needs_legacy_keras(text: str, *, style: str | None = None) -> bool:
         return False
     reference, _ = text.rsplit(":", 1)
     if reference.endswith(".py"):
-        try:
-            source = Path(reference).read_text(errors="replace")
-        except OSError:
-            return False
-        return any(marker in source for marker in _LEGACY_MARKERS)
-    return "legacy" in reference.split(".") or reference.split(".")[0] == "tf_keras"
+        return _has_legacy_markers(Path(reference))
+    if "legacy" in reference.split(".") or reference.split(".")[0] == "tf_keras":
+        return True
+    # A module of a package written for tf.keras (TensorFlow Recommenders refuses to import under
+    # Keras 3): its source says so as a file's does, read without importing the package.
+    source = _module_file(reference)
+    return source is not None and _has_legacy_markers(source)
+
+
+def _has_legacy_markers(path: Path) -> bool:
+    try:
+        source = path.read_text(errors="replace")
+    except OSError:
+        return False
+    return any(marker in source for marker in _LEGACY_MARKERS)
+
+
+def _module_file(reference: str) -> Path | None:
+    """The source file of module `reference` (`package.sub.module`), found under its top-level
+    package's folders without running any of the package's code; None if not found so."""
+    top, *rest = reference.split(".")
+    try:
+        spec = importlib.util.find_spec(top)  # a top-level name: finds, does not import
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if not rest:
+        return Path(spec.origin) if spec.origin and spec.origin.endswith(".py") else None
+    for folder in spec.submodule_search_locations or ():
+        for candidate in (Path(folder, *rest).with_suffix(".py"), Path(folder, *rest, "__init__.py")):
+            if candidate.is_file():
+                return candidate
+    return None
 
 
 def resolve_target(text: str, *, framework: str | None = None, style: str | None = None) -> Target:

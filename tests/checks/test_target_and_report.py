@@ -71,6 +71,51 @@ def test_legacy_targets_are_recognised_before_any_import(tmp_path: Path) -> None
     assert not needs_legacy_keras(PLUGIN)
 
 
+# A package written for tf.keras, as TensorFlow Recommenders is: it refuses to import under Keras 3.
+KERAS2_PACKAGE = {
+    "__init__.py": (
+        "import os\n"
+        "if os.environ.get('TF_USE_LEGACY_KERAS') != '1':\n"
+        "    raise ImportError('recs requires tf.keras to be Keras 2: set TF_USE_LEGACY_KERAS=1')\n"
+    ),
+    "optimizers/__init__.py": "",
+    "optimizers/plain.py": (
+        "import tensorflow as tf\n\n\n"
+        "class PlainSGD(tf.keras.optimizers.legacy.Optimizer):\n"
+        "    def __init__(self, learning_rate=0.01, name='PlainSGD', **kwargs):\n"
+        "        super().__init__(name, **kwargs)\n"
+        "        self._set_hyper('learning_rate', learning_rate)\n\n"
+        "    def _resource_apply_dense(self, grad, var, apply_state=None):\n"
+        "        return var.assign_sub(self._decayed_lr(var.dtype.base_dtype) * grad)\n\n"
+        "    def get_config(self):\n"
+        "        config = super().get_config()\n"
+        "        config['learning_rate'] = self._serialize_hyperparameter('learning_rate')\n"
+        "        return config\n"
+    ),
+}
+
+
+def test_a_module_of_a_package_written_for_tf_keras_is_checked_in_a_legacy_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its source is read to decide, as a file's is, without running the package's code (which
+    would raise here); the command line then checks it with no --style."""
+    for name, text in KERAS2_PACKAGE.items():
+        (tmp_path / "recs" / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "recs" / name).write_text(text)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert needs_legacy_keras("recs.optimizers.plain:PlainSGD")
+    assert "recs" not in sys.modules
+    assert not needs_legacy_keras("recs.optimizers.missing:PlainSGD")
+
+    env = {**os.environ, "OPTLAB_PLUGIN_DIRS": "", "PYTHONPATH": f"{ROOT}{os.pathsep}{tmp_path}"}
+    env.pop("TF_USE_LEGACY_KERAS", None)
+    command = [sys.executable, "-m", "jobs.checks", "recs.optimizers.plain:PlainSGD", "--only", "construct"]
+    checked = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env, timeout=300)
+    assert checked.returncode == 0, checked.stderr
+    assert "(tf_legacy, recs.optimizers.plain.PlainSGD)" in checked.stderr
+
+
 def test_the_report_reads_as_json_markdown_and_summary() -> None:
     report = CheckReport("lion", "torch", "torch", "lion", "optimizers.torch.lion.Lion", {"lr": 0.001})
     report.checks = [
