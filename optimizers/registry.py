@@ -485,9 +485,27 @@ def _load_plugin_file(registry: Registry, path: Path, styles: tuple[str, ...]) -
     if not optimizer_classes(module):
         raise ValueError(
             f"{path} defines no optimizer class (a subclass of torch.optim.Optimizer, "
-            "keras.optimizers.Optimizer or tf_keras.optimizers.legacy.Optimizer)"
+            f"keras.optimizers.Optimizer or tf_keras.optimizers.legacy.Optimizer){_imported_note(module)}"
         )
     registry.load_module(module, f"plugin {path}", styles)
+
+
+def _imported_note(module: ModuleType) -> str:
+    """What to do when the file only imports optimizer classes (a published package's, say): an
+    import is not registered, since a file may import an optimizer to use, not to offer."""
+    imported = sorted(
+        name
+        for name, value in vars(module).items()
+        if inspect.isclass(value) and value.__module__ != module.__name__ and style_of(value) is not None
+    )
+    if not imported:
+        return ""
+    example = imported[0]
+    return (
+        f"; it imports {', '.join(imported)}, and imported classes are not registered: to register one, "
+        f"define a subclass in the file (`class My{example}({example}): pass`, under a name of its own), "
+        "or publish its package's classes through the entry-point group optlab.optimizers"
+    )
 
 
 def optimizer_classes(module: ModuleType) -> list[tuple[type, str]]:

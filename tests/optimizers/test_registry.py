@@ -385,6 +385,9 @@ def test_bad_plugins_are_recorded_and_the_others_still_load(tmp_path: Path) -> N
     [no_optimizer] = _errors_for(registry, empty)
     assert str(empty) in no_optimizer
     assert "defines no optimizer class" in no_optimizer
+    # What to do instead, where the file imports one (registering a published optimizer, say).
+    assert "it imports SGD, and imported classes are not registered" in no_optimizer
+    assert "define a subclass in the file (`class MySGD(SGD): pass`" in no_optimizer
     [twice] = _errors_for(registry, duplicate)
     assert "optimizer name 'sgd' (torch style) is registered twice" in twice
     assert str(duplicate) in twice
