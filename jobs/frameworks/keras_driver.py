@@ -835,13 +835,26 @@ class KerasSession(TrainingSession):
 
     def _whole_model_roundtrip(self, objects: KerasObjects, path: Path) -> list[str]:
         objects.model.save(path)
-        loaded = self.km.models.load_model(path)  # no custom_objects: registered classes by name
-        optimizer = loaded.optimizer
         expected = type(objects.optimizer)
+        register = (
+            f"register the class with @{self.driver.serializable_decorator}(package=...) so a saved model "
+            "reloads it by name"
+        )
+        try:
+            loaded = self.km.models.load_model(path)  # no custom_objects: registered classes by name
+        except (ValueError, TypeError) as exc:
+            message = " ".join(str(exc).split())
+            if "Could not locate class" not in message and "Unknown optimizer" not in message:
+                raise
+            raise CheckpointMismatch(
+                f"{path.name}: load_model could not find the optimizer class {expected.__name__} by name "
+                f"({message.split('. ')[0][:200]}); {register}"
+            ) from None
+        optimizer = loaded.optimizer
         if type(optimizer) is not expected:
             raise CheckpointMismatch(
                 f"{path.name}: the optimizer came back as {type(optimizer).__name__}, not "
-                f"{expected.__name__}; register the class with register_keras_serializable"
+                f"{expected.__name__}; {register}"
             )
         self._check_config_has_hyperparameters(optimizer, path.name)
         if self.driver.reloads_no_state(objects.optimizer, optimizer):

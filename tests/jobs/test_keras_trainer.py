@@ -242,6 +242,66 @@ def test_a_hyperparameter_missing_from_get_config_fails_the_round_trip(tmp_path:
     sys.modules.pop("tests_forgetful", None)
 
 
+UNREGISTERED = """
+import keras
+
+
+class Unregistered(keras.optimizers.Optimizer):
+    '''Plain SGD, never registered with Keras's serialization (a published class subclassed in a plugin).'''
+
+    def __init__(self, learning_rate=0.01, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+
+    def update_step(self, gradient, variable, learning_rate):
+        self.assign_sub(variable, learning_rate * gradient)
+"""
+
+UNREGISTERED_LEGACY = """
+import tf_keras
+
+
+class UnregisteredLegacy(tf_keras.optimizers.legacy.Optimizer):
+    '''The same in the legacy style (the TF Model Garden's LARS is published so).'''
+
+    def __init__(self, learning_rate=0.01, name="UnregisteredLegacy", **kwargs):
+        super().__init__(name, **kwargs)
+        self._set_hyper("learning_rate", learning_rate)
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        return var.assign_sub(self._decayed_lr(var.dtype) * grad)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(learning_rate=self._serialize_hyperparameter("learning_rate"))
+        return config
+"""
+
+
+@pytest.mark.parametrize(
+    ("style", "name", "source", "decorator"),
+    [
+        ("keras", "unregistered", UNREGISTERED, "@keras.saving.register_keras_serializable"),
+        (
+            "tf_legacy",
+            "unregistered_legacy",
+            UNREGISTERED_LEGACY,
+            "@tf_keras.utils.register_keras_serializable",
+        ),
+    ],
+    ids=["keras", "tf_legacy"],
+)
+def test_a_class_a_saved_model_cannot_reload_by_name_fails_the_round_trip_saying_how_to_register_it(
+    style: str, name: str, source: str, decorator: str, tmp_path: Path
+) -> None:
+    """Not Keras's own "Unknown optimizer" error with a traceback: which class, and the fix."""
+    dirs = plugin(tmp_path, name, source)
+    with pytest.raises(CheckpointMismatch) as failed:
+        run(tf_spec(name, style, {"lr": 0.01}), tmp_path, dirs)
+    message = str(failed.value)
+    assert "load_model could not find the optimizer class Unregistered" in message, message
+    assert f"{decorator}(package=...)" in message
+
+
 LATE_LOST = """
 import keras
 
