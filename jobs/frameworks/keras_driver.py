@@ -296,13 +296,28 @@ class KerasDriver(Driver):
         config = optimizer.get_config()
         cls = type(optimizer)
         try:
-            return [plain_config(cls.from_config(dict(config)))]
+            rebuilt = cls.from_config(dict(config))
         except Exception as exc:
             raise ConfigNotSerialized(
                 f"{cls.__name__}.from_config(get_config()) raised {type(exc).__name__}: "
                 f"{' '.join(str(exc).split())[:300]}",
                 fix="get_config must return exactly the constructor's arguments (plus the base class's)",
             ) from exc
+        try:
+            self.current_rate(rebuilt)
+        except Exception as exc:
+            raise ConfigNotSerialized(
+                f"{cls.__name__}.from_config(get_config()) built an optimizer whose learning rate cannot be "
+                f"read ({type(exc).__name__}: {_head_and_tail(str(exc))}): a load_model of a model compiled "
+                "with it fails the same way",
+                fix="from_config must turn a serialized schedule (a dict in the config) back into one, as "
+                "the base class's from_config does, before calling the constructor",
+            ) from exc
+        return [plain_config(rebuilt)]
+
+    def current_rate(self, optimizer: Any) -> Any:
+        """The rate the optimizer would step with now, read as its update reads it."""
+        return optimizer.learning_rate
 
     def learning_rate_schedule(self, lr: float) -> Any:
         return self.schedules.ExponentialDecay(lr, decay_steps=10, decay_rate=0.5)
@@ -480,6 +495,13 @@ class LegacyKerasDriver(KerasDriver):
 
     def create_state(self, optimizer: Any, variables: Sequence[Any]) -> None:
         optimizer._create_all_weights(list(variables))  # the legacy API's only way to make slots now
+
+    def current_rate(self, optimizer: Any) -> Any:
+        # `learning_rate` hands back whatever is stored, a schedule's config dict too; the update
+        # reads it through `_decayed_lr`, which converts it. A class with no rate has nothing to read.
+        if "learning_rate" not in getattr(optimizer, "_hyper", {}):
+            return None
+        return optimizer._decayed_lr(self.tf.float32)
 
     def apply(self, optimizer: Any, grads: Sequence[Any], variables: Sequence[Any]) -> None:
         optimizer.apply_gradients(list(zip(grads, variables, strict=True)))
@@ -842,14 +864,19 @@ class KerasSession(TrainingSession):
         )
         try:
             loaded = self.km.models.load_model(path)  # no custom_objects: registered classes by name
-        except (ValueError, TypeError) as exc:
+        except Exception as exc:
             message = " ".join(str(exc).split())
-            if "Could not locate class" not in message and "Unknown optimizer" not in message:
-                raise
+            if "Could not locate class" in message or "Unknown optimizer" in message:
+                raise CheckpointMismatch(
+                    f"{path.name}: load_model could not find the optimizer class {expected.__name__} by name "
+                    f"({message.split('. ')[0][:200]}); {register}"
+                ) from None
             raise CheckpointMismatch(
-                f"{path.name}: load_model could not find the optimizer class {expected.__name__} by name "
-                f"({message.split('. ')[0][:200]}); {register}"
-            ) from None
+                f"{path.name}: load_model of the saved model raised {type(exc).__name__}: "
+                f"{_head_and_tail(message)}; "
+                f"{expected.__name__}.from_config(get_config()) must rebuild the optimizer (a schedule comes "
+                "back serialized, as a dict, for from_config to turn into one)"
+            ) from exc
         optimizer = loaded.optimizer
         if type(optimizer) is not expected:
             raise CheckpointMismatch(
@@ -1141,3 +1168,13 @@ def weights_sha256(model: Any) -> str:
         digest.update(f"{index}:{array.dtype}:{list(array.shape)}".encode())
         digest.update(array.tobytes())
     return digest.hexdigest()
+
+
+def _head_and_tail(message: str, limit: int = 240) -> str:
+    """`message` on one line, its middle left out when long: an error that quotes a whole config
+    names what went wrong at its end ("... with an unsupported type (<class 'dict'>) to a Tensor")."""
+    text = " ".join(message.split())
+    if len(text) <= limit:
+        return text
+    half = (limit - 5) // 2
+    return f"{text[:half]} ... {text[-half:]}"

@@ -300,3 +300,33 @@ def test_a_keras_wrapper_is_told_that_no_base_serves_it_not_to_name_one(workdir:
     assert "wraps a base optimizer (its 'optimizer' argument)" in outcome.detail, outcome.detail
     assert "tensorflow jobs and checks build no wrapper" in outcome.detail
     assert "optimizer.base" not in outcome.detail
+
+
+class NaiveFromConfig(tf_keras.optimizers.legacy.Optimizer):
+    """Rebuilds itself with `cls(**config)`, as the Model Garden's LARS does: a schedule in the config
+    stays a dict, which the constructor stores without a word and the first read cannot convert."""
+
+    def __init__(self, learning_rate: object = 0.01, name: str = "NaiveFromConfig", **kwargs: object) -> None:
+        super().__init__(name, **kwargs)
+        self._set_hyper("learning_rate", learning_rate)
+
+    def _resource_apply_dense(self, grad: object, var: object, apply_state: object = None) -> object:
+        return var.assign_sub(self._decayed_lr(var.dtype.base_dtype) * grad)  # type: ignore[attr-defined, operator]
+
+    def get_config(self) -> dict[str, object]:
+        config: dict[str, object] = super().get_config()
+        config["learning_rate"] = self._serialize_hyperparameter("learning_rate")
+        return config
+
+    @classmethod
+    def from_config(cls, config: dict[str, object], custom_objects: object = None) -> NaiveFromConfig:
+        return cls(**config)
+
+
+def test_a_from_config_that_leaves_the_schedule_serialized_fails_config_roundtrip(workdir: Path) -> None:
+    """It had passed: the rebuilt optimizer's config compares equal, dict and all."""
+    outcome = _run("config_roundtrip", _context(f"{__name__}:NaiveFromConfig", workdir))
+    assert outcome.status == "fail", outcome.detail
+    assert "built an optimizer whose learning rate cannot be read" in outcome.detail
+    assert "with an unsupported type (<class 'dict'>)" in outcome.detail
+    assert "from_config must turn a serialized schedule" in outcome.detail

@@ -302,6 +302,43 @@ def test_a_class_a_saved_model_cannot_reload_by_name_fails_the_round_trip_saying
     assert f"{decorator}(package=...)" in message
 
 
+NAIVE_FROM_CONFIG = """
+import tf_keras
+
+
+@tf_keras.utils.register_keras_serializable(package="tests")
+class NaiveFromConfig(tf_keras.optimizers.legacy.Optimizer):
+    '''Rebuilds itself with `cls(**config)`, as the Model Garden's LARS does: a schedule stays a dict.'''
+
+    def __init__(self, learning_rate=0.01, name="NaiveFromConfig", **kwargs):
+        super().__init__(name, **kwargs)
+        self._set_hyper("learning_rate", learning_rate)
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        return var.assign_sub(self._decayed_lr(var.dtype) * grad)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(learning_rate=self._serialize_hyperparameter("learning_rate"))
+        return config
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        return cls(**config)
+"""
+
+
+def test_a_saved_model_that_does_not_load_back_fails_the_round_trip_naming_from_config(
+    tmp_path: Path,
+) -> None:
+    dirs = plugin(tmp_path, "naive_from_config", NAIVE_FROM_CONFIG)
+    with pytest.raises(CheckpointMismatch) as failed:
+        run(tf_spec("naive_from_config", "tf_legacy", {"lr": 0.01}), tmp_path, dirs)
+    message = str(failed.value)
+    assert "load_model of the saved model raised ValueError" in message, message
+    assert "NaiveFromConfig.from_config(get_config()) must rebuild the optimizer" in message
+
+
 LATE_LOST = """
 import keras
 
