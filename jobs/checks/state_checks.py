@@ -195,7 +195,11 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
     fix = driver.advice.state_in_checkpoint
     found = driver.state_difference(optimizer, restored)
     if found:
-        return failed(f"the restored optimizer's state differs: {found}", where=method_location(ctx), fix=fix)
+        return failed(
+            f"the restored optimizer's state differs: {found.detail}",
+            where=method_location(ctx),
+            fix=found.fix or fix,
+        )
     if evaluation is not None:
         driver.to_evaluation(restored, ctx.needs)  # what a user does before evaluating the reloaded model
         diff = max_diff(driver.values(variables), driver.values(restored_variables))

@@ -235,6 +235,9 @@ def same_value(actual: Any, expected: Any) -> bool:
         return len(actual) == len(expected) and all(
             same_value(a, e) for a, e in zip(actual, expected, strict=True)
         )
+    if _is_array(actual) and _is_array(expected):
+        # DoG keeps per-group lists of tensors (its step sizes, distances) in its param groups.
+        return _same_array(actual, expected)
     numbers = (int, float)
     if isinstance(expected, float) and isinstance(actual, numbers) and not isinstance(actual, bool):
         return math.isclose(actual, expected, rel_tol=1e-6) or (math.isnan(actual) and math.isnan(expected))
@@ -246,6 +249,24 @@ def same_value(actual: Any, expected: Any) -> bool:
         except Exception:  # objects that hold each other, or values == cannot compare: only identity says
             return actual is expected
     return bool(actual == expected)
+
+
+def _is_array(value: Any) -> bool:
+    """A tensor or array of any size (`==` on one gives an array, which no `bool` can be taken of)."""
+    return hasattr(value, "shape") and hasattr(value, "dtype") and not isinstance(value, np.generic)
+
+
+def _same_array(actual: Any, expected: Any) -> bool:
+    """Same shape and values (NaN equal to NaN), whatever the framework; bfloat16 compared as float64."""
+    if tuple(actual.shape) != tuple(expected.shape):
+        return False
+    return bool(np.array_equal(_as_numpy(actual), _as_numpy(expected), equal_nan=True))
+
+
+def _as_numpy(value: Any) -> np.ndarray:
+    if hasattr(value, "detach"):  # torch: numpy has no bfloat16, and a tensor may sit on a GPU
+        return np.asarray(value.detach().cpu().double().numpy())
+    return np.asarray(value, dtype=np.float64)
 
 
 def _equal_only_to_itself(value: Any) -> bool:

@@ -104,6 +104,15 @@ class Capabilities:
 
 
 @dataclass(frozen=True)
+class StateDifference:
+    """Where two optimizers' saved state differs, and the fix where the driver's usual advice (keep
+    all state where the save sees it) does not fit the difference."""
+
+    detail: str
+    fix: str | None = None
+
+
+@dataclass(frozen=True)
 class SparseRows:
     """A row-sparse gradient as an Embedding produces it (repeated rows are summed)."""
 
@@ -463,7 +472,7 @@ class Driver(ABC):
         another machine loads it); StateNotRestored when that fails."""
 
     @abstractmethod
-    def state_difference(self, saved: Any, restored: Any) -> str | None:
+    def state_difference(self, saved: Any, restored: Any) -> StateDifference | None:
         """Where two optimizers' saved state differs (config and step count included), or None."""
 
     @abstractmethod

@@ -50,6 +50,7 @@ from jobs.frameworks.base import (
     Evaluation,
     Gradient,
     SparseRows,
+    StateDifference,
     StateNotRestored,
     StepRecord,
     TimeSpent,
@@ -372,15 +373,17 @@ class KerasDriver(Driver):
                 fix=self.advice.state_in_checkpoint + ", so a fresh optimizer has it before restoring",
             ) from None
 
-    def state_difference(self, saved: Any, restored: Any) -> str | None:
+    def state_difference(self, saved: Any, restored: Any) -> StateDifference | None:
         before, after = self.state(saved), self.state(restored)
         if len(before) != len(after):
-            return f"{len(before)} optimizer variables saved, {len(after)} restored"
+            return StateDifference(f"{len(before)} optimizer variables saved, {len(after)} restored")
         for (name, value), (_, back) in zip(before, after, strict=True):
             if value.shape != back.shape or not np.array_equal(value, back, equal_nan=True):
-                return f"optimizer variable {name!r} differs after restoring"
+                return StateDifference(f"optimizer variable {name!r} differs after restoring")
         if int(saved.iterations) != int(restored.iterations):
-            return f"iterations came back as {int(restored.iterations)}, not {int(saved.iterations)}"
+            return StateDifference(
+                f"iterations came back as {int(restored.iterations)}, not {int(saved.iterations)}"
+            )
         return None
 
     @contextmanager

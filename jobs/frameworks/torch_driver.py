@@ -41,6 +41,7 @@ from jobs.frameworks.base import (
     Evaluation,
     Gradient,
     SparseRows,
+    StateDifference,
     StateNotRestored,
     StepRecord,
     TimeSpent,
@@ -158,6 +159,15 @@ def restore(checkpoint: Mapping[str, Any], fresh: TrainObjects) -> TrainObjects:
     return fresh
 
 
+# Why a state tensor kept in a dtype of its own comes back in another (ProdigyPlusScheduleFree keeps
+# its `p0` in bfloat16 beside float32 parameters), and what to do about it.
+LOAD_CASTS_STATE = "torch's load_state_dict casts floating-point state to its parameter's dtype"
+KEEP_STATE_DTYPE_FIX = (
+    "cast such state back to its own dtype after loading (Optimizer.register_load_state_dict_post_hook, "
+    "or load_state_dict overridden), or keep it in its parameter's dtype"
+)
+
+
 def first_difference(saved: Any, loaded: Any, where: str) -> str | None:
     """Describe the first place two state trees differ, or None when bitwise equal."""
     if isinstance(saved, torch.Tensor) or isinstance(loaded, torch.Tensor):
@@ -255,9 +265,16 @@ def _tensor_difference(saved: Any, loaded: Any, where: str) -> str | None:
     if not (isinstance(saved, torch.Tensor) and isinstance(loaded, torch.Tensor)):
         return f"{where}: {type(saved).__name__} saved, {type(loaded).__name__} after reload"
     if saved.shape != loaded.shape or saved.dtype != loaded.dtype:
+        recast = saved.shape == loaded.shape and _same_values(saved, loaded)
         return (
             f"{where}: {saved.dtype}{list(saved.shape)} saved, "
             f"{loaded.dtype}{list(loaded.shape)} after reload"
+            + (
+                f", the same values ({LOAD_CASTS_STATE}: state kept in another dtype comes back in its "
+                "parameter's, and the steps after a resume round otherwise than uninterrupted ones)"
+                if recast
+                else ""
+            )
         )
     if saved.is_sparse or loaded.is_sparse:
         saved, loaded = saved.to_dense(), loaded.to_dense()
@@ -277,6 +294,14 @@ def _tensor_difference(saved: Any, loaded: Any, where: str) -> str | None:
     else:
         diff = (a.long() - b.long()).abs().max().item()
     return f"{where}: max abs difference {diff:.3g}"
+
+
+def _same_values(a: Any, b: Any) -> bool:
+    """Equal as numbers whatever their floating-point dtypes (NaN equal to NaN)."""
+    if not (a.is_floating_point() and b.is_floating_point()):
+        return False
+    x, y = a.detach().cpu().double(), b.detach().cpu().double()
+    return bool(((x == y) | (torch.isnan(x) & torch.isnan(y))).all())
 
 
 def _both_nan(a: Any, b: Any) -> bool:
@@ -531,8 +556,11 @@ class TorchDriver(Driver):
             ) from exc
         optimizer.load_state_dict(loaded)
 
-    def state_difference(self, saved: Any, restored: Any) -> str | None:
-        return first_difference(saved.state_dict(), restored.state_dict(), "state_dict")
+    def state_difference(self, saved: Any, restored: Any) -> StateDifference | None:
+        found = first_difference(saved.state_dict(), restored.state_dict(), "state_dict")
+        if found is None:
+            return None
+        return StateDifference(found, fix=KEEP_STATE_DTYPE_FIX if LOAD_CASTS_STATE in found else None)
 
     @contextmanager
     def recording_warnings(self, sink: WarningSink) -> Iterator[None]:

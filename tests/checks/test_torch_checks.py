@@ -497,12 +497,67 @@ def test_a_plain_object_in_the_groups_survives_as_an_equal_copy(tmp_path: Path) 
 
     assert same_value(Anneal(0.5), Anneal(0.5))
     assert not same_value(Anneal(0.5), Anneal(1.0))
-    # Values == cannot compare (a tensor of many elements), or that hold each other: only identity says.
+    # Tensors of many elements compare by shape and values (DoG keeps lists of them in its groups).
     held, other = Anneal(0.5), Anneal(0.5)
     held.start, other.start = torch.ones(3), torch.ones(3)  # type: ignore[assignment]
-    assert same_value(held, held) and not same_value(held, other)
+    assert same_value(held, held) and same_value(held, other)
+    other.start = torch.tensor([1.0, 1.0, 2.0])  # type: ignore[assignment]
+    assert not same_value(held, other) and not same_value(torch.ones(3), torch.ones(4))
+    # Values that hold each other: only identity says.
     held.start, other.start = held, other  # type: ignore[assignment]
     assert not same_value(held, other)
+
+
+class DistanceSGD(PlainSGD):
+    """Keeps per-group lists of tensors in its param groups, as DoG keeps its initial points and
+    distances: a config that survives the round trip, which `==` on tensors could not say."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            group.setdefault("start", [p.detach().clone() for p in group["params"]])
+            group["distance"] = [
+                torch.linalg.norm(p - s) for p, s in zip(group["params"], group["start"], strict=True)
+            ]
+        return super().step(closure)
+
+
+def test_tensors_in_the_groups_are_compared_by_value(tmp_path: Path) -> None:
+    """config_roundtrip had failed DoG with the checker's own error (`Boolean value of Tensor with
+    more than one value is ambiguous`) pinned on the class."""
+    outcome = state_checks.check_config_roundtrip(context(f"{__name__}:DistanceSGD", tmp_path))
+    assert outcome.status == "pass", outcome.detail
+
+
+class HalfMomentumSGD(PlainSGD):
+    """Momentum kept in bfloat16 beside float32 parameters (ProdigyPlusScheduleFree's `p0` and `s`),
+    which torch's load_state_dict casts to float32."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    state = self.state[p]
+                    buffer = state.setdefault("momentum", torch.zeros_like(p, dtype=torch.bfloat16))
+                    buffer.mul_(0.9).add_(p.grad.to(torch.bfloat16))
+                    p.sub_(group["lr"] * buffer.float())
+        return None
+
+
+def test_state_a_load_casts_to_another_dtype_is_named_with_its_cause(tmp_path: Path) -> None:
+    """Not "keep per-parameter state in self.state[p]", where it is: what torch's load does, and the fix."""
+    outcome = state_checks.check_state_roundtrip(context(f"{__name__}:HalfMomentumSGD", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert "torch.bfloat16[4, 3] saved, torch.float32[4, 3] after reload, the same values" in outcome.detail
+    assert "torch's load_state_dict casts floating-point state to its parameter's dtype" in outcome.detail
+    assert "Fix: cast such state back to its own dtype after loading" in outcome.detail
 
 
 class SparseOnlySGD(torch.optim.Optimizer):
