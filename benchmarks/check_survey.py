@@ -66,16 +66,22 @@ def read(path: Path) -> list[dict[str, Any]]:
 
 def compare(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> None:
     """Each (class, check) whose status changed, or whose fail or warn now says something else."""
-    earlier = {row["target"]: row for row in before}
+    earlier = {_key(row): row for row in before}
     for row in after:
-        old = earlier.get(row["target"], {})
+        old = earlier.get(_key(row), {})
+        given = f" {json.dumps(row['params'])}" if row.get("params") else ""
         for check_id, (status, detail) in row.get("checks", {}).items():
             old_status, old_detail = old.get("checks", {}).get(check_id, ["absent", ""])
             reworded = status in ("fail", "warn") and old_detail[:60] != detail[:60]
             if status != old_status or reworded:
-                print(f"{row['target']} {check_id}: {old_status} -> {status}")
+                print(f"{row['target']}{given} {check_id}: {old_status} -> {status}")
                 print(f"    before: {old_detail[:240]}")
                 print(f"    after:  {detail[:240]}")
+
+
+def _key(row: dict[str, Any]) -> str:
+    """A class with the values it was given: one class may be surveyed with several."""
+    return json.dumps([row["target"], row.get("params") or {}, row.get("base")], sort_keys=True)
 
 
 def main() -> None:
