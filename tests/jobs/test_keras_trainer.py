@@ -256,14 +256,16 @@ class Unregistered(keras.optimizers.Optimizer):
         self.assign_sub(variable, learning_rate * gradient)
 """
 
-UNREGISTERED_LEGACY = """
+
+def legacy_sgd(class_name: str, *, registered: bool, methods: str = "") -> str:
+    """A legacy tf.keras SGD plugin's source, registered with Keras's serialization or not."""
+    register = '@tf_keras.utils.register_keras_serializable(package="tests")\n' if registered else ""
+    return f"""
 import tf_keras
 
 
-class UnregisteredLegacy(tf_keras.optimizers.legacy.Optimizer):
-    '''The same in the legacy style (the TF Model Garden's LARS is published so).'''
-
-    def __init__(self, learning_rate=0.01, name="UnregisteredLegacy", **kwargs):
+{register}class {class_name}(tf_keras.optimizers.legacy.Optimizer):
+    def __init__(self, learning_rate=0.01, name="{class_name}", **kwargs):
         super().__init__(name, **kwargs)
         self._set_hyper("learning_rate", learning_rate)
 
@@ -274,7 +276,11 @@ class UnregisteredLegacy(tf_keras.optimizers.legacy.Optimizer):
         config = super().get_config()
         config.update(learning_rate=self._serialize_hyperparameter("learning_rate"))
         return config
-"""
+{methods}"""
+
+
+# The Model Garden's LARS is published unregistered.
+UNREGISTERED_LEGACY = legacy_sgd("UnregisteredLegacy", registered=False)
 
 
 @pytest.mark.parametrize(
@@ -302,30 +308,16 @@ def test_a_class_a_saved_model_cannot_reload_by_name_fails_the_round_trip_saying
     assert f"{decorator}(package=...)" in message
 
 
-NAIVE_FROM_CONFIG = """
-import tf_keras
-
-
-@tf_keras.utils.register_keras_serializable(package="tests")
-class NaiveFromConfig(tf_keras.optimizers.legacy.Optimizer):
-    '''Rebuilds itself with `cls(**config)`, as the Model Garden's LARS does: a schedule stays a dict.'''
-
-    def __init__(self, learning_rate=0.01, name="NaiveFromConfig", **kwargs):
-        super().__init__(name, **kwargs)
-        self._set_hyper("learning_rate", learning_rate)
-
-    def _resource_apply_dense(self, grad, var, apply_state=None):
-        return var.assign_sub(self._decayed_lr(var.dtype) * grad)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(learning_rate=self._serialize_hyperparameter("learning_rate"))
-        return config
-
+# Rebuilds itself with `cls(**config)`, as the Model Garden's LARS does: a schedule stays a dict.
+NAIVE_FROM_CONFIG = legacy_sgd(
+    "NaiveFromConfig",
+    registered=True,
+    methods="""
     @classmethod
     def from_config(cls, config, custom_objects=None):
         return cls(**config)
-"""
+""",
+)
 
 
 def test_a_saved_model_that_does_not_load_back_fails_the_round_trip_naming_from_config(
