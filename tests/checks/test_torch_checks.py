@@ -288,10 +288,8 @@ def test_a_step_slow_by_its_matrix_math_is_not_blamed_on_its_code(name: str, tmp
     assert cost_checks.MATRIX_MATH_FIX in fix and "host syncs" not in fix
 
 
-class ManyPasses(torch.optim.Optimizer):
-    """SGD through twenty element-wise passes a parameter (as BCOS's powers, factored moments'
-    reductions): whole tensors, no host syncs, no Python loop over elements. Twenty, not six: on a
-    CPU with wide vector units six passes came to 2.5x the yardstick, under the warn's 3x."""
+class PerParameter(torch.optim.Optimizer):
+    """The step loop of the test optimizers below: `update` each parameter that has a gradient."""
 
     def __init__(self, params: object, lr: float = 0.01) -> None:
         super().__init__(params, {"lr": lr})
@@ -301,11 +299,23 @@ class ManyPasses(torch.optim.Optimizer):
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is not None:
-                    update = p.grad
-                    for _ in range(9):
-                        update = torch.tanh(update).mul(1.0001)
-                    p.sub_(group["lr"] * update)
+                    self.update(p, group["lr"])
         return None
+
+    def update(self, p: Any, lr: float) -> None:
+        raise NotImplementedError
+
+
+class ManyPasses(PerParameter):
+    """SGD through twenty element-wise passes a parameter (as BCOS's powers, factored moments'
+    reductions): whole tensors, no host syncs, no Python loop over elements. Twenty, not six: on a
+    CPU with wide vector units six passes came to 2.5x the yardstick, under the warn's 3x."""
+
+    def update(self, p: Any, lr: float) -> None:
+        update = p.grad
+        for _ in range(9):
+            update = torch.tanh(update).mul(1.0001)
+        p.sub_(lr * update)
 
 
 def test_a_step_slow_by_its_element_wise_passes_is_told_to_fuse_them(tmp_path: Path) -> None:
@@ -532,23 +542,14 @@ def test_tensors_in_the_groups_are_compared_by_value(tmp_path: Path) -> None:
     assert outcome.status == "pass", outcome.detail
 
 
-class HalfMomentumSGD(PlainSGD):
+class HalfMomentumSGD(PerParameter):
     """Momentum kept in bfloat16 beside float32 parameters (ProdigyPlusScheduleFree's `p0` and `s`),
     which torch's load_state_dict casts to float32."""
 
-    def __init__(self, params: object, lr: float = 0.1) -> None:
-        super().__init__(params, {"lr": lr})
-
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    state = self.state[p]
-                    buffer = state.setdefault("momentum", torch.zeros_like(p, dtype=torch.bfloat16))
-                    buffer.mul_(0.9).add_(p.grad.to(torch.bfloat16))
-                    p.sub_(group["lr"] * buffer.float())
-        return None
+    def update(self, p: Any, lr: float) -> None:
+        buffer = self.state[p].setdefault("momentum", torch.zeros_like(p, dtype=torch.bfloat16))
+        buffer.mul_(0.9).add_(p.grad.to(torch.bfloat16))
+        p.sub_(lr * buffer.float())
 
 
 def test_state_a_load_casts_to_another_dtype_is_named_with_its_cause(tmp_path: Path) -> None:
