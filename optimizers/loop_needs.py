@@ -24,6 +24,10 @@ from typing import Any
 NEEDS_ATTRIBUTE = "optlab_needs"
 # Constructor arguments that take the optimizer a wrapper wraps.
 _BASE_ARGUMENTS = ("base_optimizer", "optimizer", "base")
+# An annotation naming an optimizer (the class, or an instance of it), whatever the argument's name.
+OPTIMIZER_ANNOTATION = re.compile(r"\bOptimizer\b")
+# The same asking for the class, not a built one: `Type[Optimizer]`, `type[torch.optim.Optimizer]`.
+CLASS_ANNOTATION = re.compile(r"\b[Tt]ype\[[\w.]*\bOptimizer\]")
 # `if closure is None: raise ...` in step(): the closure is optional in the signature only.
 _CLOSURE_REFUSED = re.compile(r"if\s+closure\s+is\s+None\s*:\s*\n\s*raise\b")
 
@@ -135,15 +139,27 @@ def _has_train_eval(cls: type) -> bool:
 
 
 def _base_argument(cls: type) -> str | None:
+    """The required argument that takes the optimizer a wrapper wraps: by its name, else by an
+    annotation naming an optimizer (sam-pytorch's `SAM(params, optim: Optimizer, rho)`)."""
     try:
         parameters = inspect.signature(cls).parameters
     except (TypeError, ValueError):
         return None
+    required = {name: p for name, p in parameters.items() if p.default is inspect.Parameter.empty}
     for name in _BASE_ARGUMENTS:
-        parameter = parameters.get(name)
-        if parameter is not None and parameter.default is inspect.Parameter.empty:
+        if name in required:
             return name
-    return None
+    return next(
+        (name for name, p in required.items() if OPTIMIZER_ANNOTATION.search(annotation_text(p))), None
+    )
+
+
+def annotation_text(parameter: inspect.Parameter) -> str:
+    """A parameter's annotation as written (`Optimizer`, `Type[Optimizer]`), '' where it has none."""
+    annotation = parameter.annotation
+    if annotation is inspect.Parameter.empty:
+        return ""
+    return annotation if isinstance(annotation, str) else inspect.formatannotation(annotation)
 
 
 # What a Keras training step cannot do: `apply_gradients` takes no closure, its GradientTape

@@ -26,7 +26,15 @@ from types import ModuleType
 from typing import Any
 
 from optimizers.hyperparams import MAX_LIST_LENGTH, Param, ParamType, check_all, is_option_text
-from optimizers.loop_needs import LoopNeeds, base_problem, detect_loop_needs, unserved
+from optimizers.loop_needs import (
+    CLASS_ANNOTATION,
+    OPTIMIZER_ANNOTATION,
+    LoopNeeds,
+    annotation_text,
+    base_problem,
+    detect_loop_needs,
+    unserved,
+)
 from optimizers.optional_imports import KERAS_MODULE_OF_STYLE, keras_imports_hidden
 from optimizers.param_groups import (
     GroupRule,
@@ -82,7 +90,16 @@ def first_argument(cls: type) -> str | None:
 def _takes_the_base_class(cls: type, argument: str) -> bool:
     """SAM's `(params, base_optimizer, ...)` builds its base from the class over the parameters it
     takes first; a constructor whose first argument is the base itself (timm's Lookahead:
-    `(base_optimizer, alpha, k)`) takes no parameters, so its base comes built."""
+    `(base_optimizer, alpha, k)`) takes no parameters, so its base comes built. An annotation says
+    it outright: `Type[Optimizer]` a class, `Optimizer` a built one (sam-pytorch's `optim`)."""
+    try:
+        written = annotation_text(inspect.signature(cls).parameters[argument])
+    except (TypeError, ValueError, KeyError):
+        written = ""
+    named = len(OPTIMIZER_ANNOTATION.findall(written))
+    as_class = len(CLASS_ANNOTATION.findall(written))
+    if named and as_class in (0, named):  # one form only (a union of both, as Lookahead's, says nothing)
+        return as_class == named
     return argument in _BASE_CLASS_ARGUMENTS and first_argument(cls) != argument
 
 
@@ -196,8 +213,12 @@ class Entry:
                     "set them in optimizer.params or optimizer.base.params, not both"
                 )
             return self.cls(model_params, **{argument: base.entry.cls}, **base_kwargs, **kwargs)
-        # Lookahead: wraps a built base optimizer, whose param groups it exposes as its own.
-        return self.cls(**{argument: base.entry.cls(model_params, **base_kwargs)}, **kwargs)
+        # Lookahead: wraps a built base optimizer, whose param groups it exposes as its own; one that
+        # takes the parameters too (sam-pytorch's SAM) gets them first, as it asks.
+        if first_argument(self.cls) == argument:
+            return self.cls(**{argument: base.entry.cls(model_params, **base_kwargs)}, **kwargs)
+        params = list(model_params or ())  # once for the base, once for the wrapper
+        return self.cls(params, **{argument: base.entry.cls(params, **base_kwargs)}, **kwargs)
 
     def with_needs(self, overrides: Mapping[str, Any]) -> Entry:
         """This entry with needs a job states (what detection cannot see) merged over the detected ones."""

@@ -139,3 +139,49 @@ def test_one_rule_says_which_field_a_job_cannot_serve() -> None:
     assert field == "name" and "wraps a base optimizer" in why and "build no wrapper" in why
     field, why = loop_problem("lookahead", lookahead, None, "torch") or ("", "")
     assert field == "base" and "name it in optimizer.base" in why
+
+
+class BuiltBaseSAM(torch.optim.Optimizer):
+    """sam-pytorch's signature: the parameters, then a built optimizer under a name of its own,
+    said by its annotation."""
+
+    def __init__(self, params: Any, optim: torch.optim.Optimizer, rho: float = 0.05) -> None:
+        super().__init__(params, {"rho": rho})
+        self.optim = optim
+
+    def step(self, closure: Any) -> Any:
+        loss = closure()
+        self.optim.step()
+        return loss
+
+
+class ClassBaseSAM(BuiltBaseSAM):
+    """The same asking for the class (`type[Optimizer]`), which it builds over the parameters."""
+
+    def __init__(self, params: Any, optimizer_class: type[torch.optim.Optimizer], rho: float = 0.05) -> None:
+        params = list(params)
+        super().__init__(params, optimizer_class(params, lr=0.1), rho)
+
+
+def test_an_argument_annotated_as_an_optimizer_is_the_base_whatever_its_name() -> None:
+    """Detection had looked for three names only: sam-pytorch's `optim` was not a wrapper, so no base
+    could be given and the class could be neither checked nor trained."""
+    from optimizers.registry import Base, _takes_the_base_class, entry_for_class
+
+    assert detect_loop_needs(BuiltBaseSAM) == LoopNeeds(closure=True, base_optimizer="optim")
+    assert detect_loop_needs(ClassBaseSAM).base_optimizer == "optimizer_class"
+    assert not _takes_the_base_class(BuiltBaseSAM, "optim")
+    assert _takes_the_base_class(ClassBaseSAM, "optimizer_class")
+    # An annotation of one form decides; a union of both (pytorch-optimizer's Lookahead) leaves it to
+    # the name and place, as before; GSAM's `base_optimizer: Optimizer` takes a built one.
+    assert not _takes_the_base_class(pytorch_optimizer.Lookahead, "optimizer")
+    assert _takes_the_base_class(pytorch_optimizer.SAM, "base_optimizer")
+    assert not _takes_the_base_class(pytorch_optimizer.GSAM, "base_optimizer")
+
+    sgd = load_registry(plugin_dirs=[], styles=("torch",)).get("sgd")
+    param = torch.zeros(2, requires_grad=True)
+    wrapper = entry_for_class(BuiltBaseSAM, source="test").create(
+        {"rho": 0.1}, model_params=iter([param]), base=Base(sgd, {"lr": 0.3})
+    )
+    assert isinstance(wrapper.optim, sgd.cls) and wrapper.optim.param_groups[0]["lr"] == 0.3
+    assert wrapper.param_groups[0]["params"] == [param] == wrapper.optim.param_groups[0]["params"]
