@@ -559,6 +559,11 @@ def test_state_a_load_casts_to_another_dtype_is_named_with_its_cause(tmp_path: P
     assert "torch.bfloat16[4, 3] saved, torch.float32[4, 3] after reload, the same values" in outcome.detail
     assert "torch's load_state_dict casts floating-point state to its parameter's dtype" in outcome.detail
     assert "Fix: cast such state back to its own dtype after loading" in outcome.detail
+    # resume_exact's difference has the same cause: the load shows it, and the fix is the same one.
+    resumed = CHECKS["resume_exact"](context(f"{__name__}:HalfMomentumSGD", tmp_path))
+    assert resumed.status == "fail", resumed.detail
+    assert "loading the checkpoint changed its state: state_dict['state']" in resumed.detail
+    assert "Fix: cast such state back to its own dtype after loading" in resumed.detail
 
 
 class SparseOnlySGD(torch.optim.Optimizer):

@@ -31,6 +31,7 @@ from jobs.checks.fresh.plan import (
 )
 from jobs.checks.fresh.results import MODEL, OPTIMIZER, Arrays, Run, save_run
 from jobs.frameworks import driver_for
+from jobs.frameworks.base import StateDifference
 from jobs.frameworks.keras_driver import KerasDriver, optimizer_variables_of
 
 WORDING = Wording(
@@ -145,6 +146,13 @@ def run_and_save(ctx: CheckContext, overrides: Mapping[str, Any], checkpoint: Pa
     train(ctx, model, optimizer, range(RESUME_SPLIT))
     driver(ctx).tf.train.Checkpoint(model=model, optimizer=optimizer).write(str(checkpoint))
     return straight
+
+
+def load_difference(
+    ctx: CheckContext, overrides: Mapping[str, Any], checkpoint: Path
+) -> StateDifference | None:
+    """None: a tf.train.Checkpoint restores into variables already built, in their own dtypes."""
+    return None
 
 
 # -- the fresh child and its forks ---------------------------------------------------------------------

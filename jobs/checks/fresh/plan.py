@@ -18,6 +18,7 @@ from jobs.frameworks import driver_class
 if TYPE_CHECKING:
     from jobs.checks.context import CheckContext
     from jobs.checks.fresh.results import Run
+    from jobs.frameworks.base import StateDifference
 
 SEED = 20240607
 RESUME_STEPS = 6  # N steps straight ...
@@ -73,6 +74,13 @@ class FreshRuns(Protocol):
 
     def run_and_save(self, ctx: CheckContext, overrides: Mapping[str, Any], checkpoint: Path) -> Run:
         """RESUME_STEPS steps straight (returned), then RESUME_SPLIT steps saved to `checkpoint`."""
+
+    def load_difference(
+        self, ctx: CheckContext, overrides: Mapping[str, Any], checkpoint: Path
+    ) -> StateDifference | None:
+        """What loading `checkpoint` into freshly built objects changes in its saved state, where
+        that names why a resume differs (torch casts floating-point state to its parameter's
+        dtype); None otherwise. Runs in the checking process, after the resumed run differed."""
 
     def import_framework(self, style: str) -> None:
         """Import what every run needs, creating no framework runtime (it must survive a fork)."""

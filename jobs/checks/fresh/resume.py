@@ -44,10 +44,14 @@ def resume_exact(ctx: CheckContext) -> Outcome:
         return passed(
             f"{steps}: parameters and optimizer state bitwise equal{overrides_note(overrides)}", 0.0
         )
+    # A cause the load itself shows, named with its own fix; else state the save never saw.
+    cause = runs.load_difference(ctx, overrides, checkpoint)
     return failed(
-        f"{steps} differ: {difference}",
+        f"{steps} differ: {difference}"
+        + (f"; loading the checkpoint changed its state: {cause.detail}" if cause else ""),
         where=ctx.where(),
-        fix=f"keep {words.state_home} (never in a class attribute, module global or other Python "
+        fix=(cause.fix if cause and cause.fix else None)
+        or f"keep {words.state_home} (never in a class attribute, module global or other Python "
         f"attribute), so {words.saver} saves it",
         figure=max_abs_difference(straight, resumed),
     )

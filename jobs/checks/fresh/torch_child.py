@@ -34,7 +34,15 @@ from jobs.checks.fresh.plan import (
     Wording,
 )
 from jobs.checks.fresh.results import MODEL, OPTIMIZER, Arrays, Run, save_run
-from jobs.frameworks.torch_driver import mean_over_ranks, rng_state, set_rng_state
+from jobs.frameworks.base import StateDifference
+from jobs.frameworks.torch_driver import (
+    KEEP_STATE_DTYPE_FIX,
+    LOAD_CASTS_STATE,
+    first_difference,
+    mean_over_ranks,
+    rng_state,
+    set_rng_state,
+)
 from optimizers.loop_needs import PLAIN, LoopNeeds
 
 WORDING = Wording(
@@ -219,6 +227,26 @@ def run_and_save(ctx: CheckContext, overrides: Mapping[str, Any], checkpoint: Pa
         payload = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": rng_state()}
         torch.save(payload, checkpoint)
     return straight
+
+
+def load_difference(
+    ctx: CheckContext, overrides: Mapping[str, Any], checkpoint: Path
+) -> StateDifference | None:
+    """A state tensor `load_state_dict` cast to its parameter's dtype (ProdigyPlusScheduleFree's
+    bfloat16 `p0`): the next steps then round otherwise than the uninterrupted ones."""
+    try:
+        with torch.random.fork_rng(devices=[]):
+            model = tiny_model()
+            optimizer = ctx.build(model.parameters(), **overrides)
+            saved = torch.load(checkpoint, weights_only=True)
+            model.load_state_dict(saved["model"])
+            optimizer.load_state_dict(saved["optimizer"])
+    except Exception:  # the resumed run got this far in its process: no cause to add here
+        return None
+    found = first_difference(saved["optimizer"], optimizer.state_dict(), "state_dict")
+    if found is None or LOAD_CASTS_STATE not in found:
+        return None
+    return StateDifference(found, fix=KEEP_STATE_DTYPE_FIX)
 
 
 # -- the fresh child and its forks ---------------------------------------------------------------------
