@@ -30,6 +30,7 @@ from jobs.checks.tools import (
 )
 from jobs.frameworks.keras_driver import (
     KerasDriver,
+    names_an_unknown_class,
     plain_config,
     tracked_outside,
 )
@@ -147,7 +148,7 @@ def _judge_reload(ctx: CheckContext, kit: KerasDriver, suffix: str, user: _Reloa
     cls = ctx.target.cls
     if user.error is not None:
         message = str(user.error)
-        not_found = "Could not locate class" in message or "Unknown optimizer" in message
+        not_found = names_an_unknown_class(message)
         return failed(
             f"load_model of a {suffix} model compiled with it raised {_first_line(user.error, ctx)}",
             where=ctx.target.class_location() if not_found else user_line(ctx, user.error),

@@ -869,7 +869,7 @@ class KerasSession(TrainingSession):
             loaded = self.km.models.load_model(path)  # no custom_objects: registered classes by name
         except Exception as exc:
             message = " ".join(str(exc).split())
-            if "Could not locate class" in message or "Unknown optimizer" in message:
+            if names_an_unknown_class(message):
                 raise CheckpointMismatch(
                     f"{path.name}: load_model could not find the optimizer class {expected.__name__} by name "
                     f"({message.split('. ')[0][:200]}); {register}"
@@ -1171,6 +1171,11 @@ def weights_sha256(model: Any) -> str:
         digest.update(f"{index}:{array.dtype}:{list(array.shape)}".encode())
         digest.update(array.tobytes())
     return digest.hexdigest()
+
+
+def names_an_unknown_class(message: str) -> bool:
+    """A load_model error saying the class is not registered by name (Keras 3's words, then tf_keras's)."""
+    return "Could not locate class" in message or "Unknown optimizer" in message
 
 
 def _head_and_tail(message: str, limit: int = 240) -> str:

@@ -283,9 +283,7 @@ def _tensor_difference(saved: Any, loaded: Any, where: str) -> str | None:
     if saved.device == loaded.device and torch.equal(saved, loaded):
         return None
     a, b = saved.detach().cpu(), loaded.detach().cpu()
-    inexact = a.is_floating_point() or a.is_complex()
-    same = (a == b) | (torch.isnan(a) & torch.isnan(b)) if inexact else a == b
-    if bool(same.all()):
+    if _equal_or_both_nan(a, b):
         return None
     if a.is_complex():
         diff = (a.to(torch.complex128) - b.to(torch.complex128)).abs().nan_to_num(nan=math.inf).max().item()
@@ -300,8 +298,14 @@ def _same_values(a: Any, b: Any) -> bool:
     """Equal as numbers whatever their floating-point dtypes (NaN equal to NaN)."""
     if not (a.is_floating_point() and b.is_floating_point()):
         return False
-    x, y = a.detach().cpu().double(), b.detach().cpu().double()
-    return bool(((x == y) | (torch.isnan(x) & torch.isnan(y))).all())
+    return _equal_or_both_nan(a.detach().cpu().double(), b.detach().cpu().double())
+
+
+def _equal_or_both_nan(a: Any, b: Any) -> bool:
+    """Element-wise equal, NaN counting as equal to NaN (which torch.equal never does)."""
+    inexact = a.is_floating_point() or a.is_complex()
+    same = (a == b) | (torch.isnan(a) & torch.isnan(b)) if inexact else a == b
+    return bool(same.all())
 
 
 def _both_nan(a: Any, b: Any) -> bool:
