@@ -340,6 +340,9 @@ def entry_for_class(cls: type, *, source: str, style: str | None = None) -> Entr
             f"{cls.__module__}.{cls.__qualname__} is not an optimizer: expected a subclass of "
             "torch.optim.Optimizer, keras.optimizers.Optimizer or tf_keras.optimizers.legacy.Optimizer"
         )
+    missing = unfinished(cls, style)
+    if missing is not None:
+        raise TypeError(f"{cls.__qualname__} {missing}")
     params, lr_arg = derive_params(cls, style)
     # The class's own docstring only: an undocumented plugin must not borrow torch's.
     doc = inspect.cleandoc(cls.__doc__) if cls.__doc__ else ""
@@ -506,9 +509,16 @@ def _load_plugin_file(registry: Registry, path: Path, styles: tuple[str, ...]) -
     if not optimizer_classes(module):
         raise ValueError(
             f"{path} defines no optimizer class (a subclass of torch.optim.Optimizer, "
-            f"keras.optimizers.Optimizer or tf_keras.optimizers.legacy.Optimizer){_imported_note(module)}"
+            f"keras.optimizers.Optimizer or tf_keras.optimizers.legacy.Optimizer){_unfinished_note(module)}"
+            f"{_imported_note(module)}"
         )
     registry.load_module(module, f"plugin {path}", styles)
+
+
+def _unfinished_note(module: ModuleType) -> str:
+    """Why the optimizer classes the file does define are not ones: what each leaves undone."""
+    notes = [f"{cls.__name__} {unfinished(cls, style)}" for cls, style in _defined_classes(module)]
+    return "".join(f"; {note}" for note in notes)
 
 
 def _imported_note(module: ModuleType) -> str:
@@ -530,7 +540,12 @@ def _imported_note(module: ModuleType) -> str:
 
 
 def optimizer_classes(module: ModuleType) -> list[tuple[type, str]]:
-    """The optimizer classes `module` defines, each with its style."""
+    """The optimizer classes `module` defines, each with its style; unfinished ones (`unfinished`), like
+    abstract ones, are the bases of the others, not optimizers to offer."""
+    return [(cls, style) for cls, style in _defined_classes(module) if unfinished(cls, style) is None]
+
+
+def _defined_classes(module: ModuleType) -> list[tuple[type, str]]:
     found = []
     for value in vars(module).values():
         if inspect.isclass(value) and value.__module__ == module.__name__ and not inspect.isabstract(value):
@@ -538,6 +553,64 @@ def optimizer_classes(module: ModuleType) -> list[tuple[type, str]]:
             if style is not None:
                 found.append((value, style))
     return found
+
+
+# What each style's base class leaves to its subclasses, and what the missing part is for. A class
+# inheriting the base's own is unfinished: a base class for a file's other optimizers, or a mistake.
+# Any one of a line's methods suffices (Keras's LossScaleOptimizer overrides `apply`, not `update_step`).
+_UPDATE_METHODS: dict[str, tuple[tuple[str, ...], str]] = {
+    "torch": (("step",), "step(self, closure=None), which updates each p in group['params'] from p.grad"),
+    "keras": (
+        # `_resource_apply_dense` too: a class written for tf.keras's API (lion-tf) is finished there,
+        # and building it under Keras 3 tells its user so (see `construct`).
+        (
+            "update_step",
+            "apply",
+            "apply_gradients",
+            "_backend_update_step",
+            "stateless_apply",
+            "_resource_apply_dense",
+        ),
+        "update_step(self, gradient, variable, learning_rate)",
+    ),
+    "tf_legacy": (
+        ("_resource_apply_dense", "apply_gradients", "_distributed_apply"),
+        "_resource_apply_dense(self, grad, var, apply_state=None)",
+    ),
+}
+
+
+def unfinished(cls: type, style: str) -> str | None:
+    """What `cls` leaves to its framework's base class that the base cannot do, as the end of a
+    sentence about it; None for a class that can be built and stepped. torch's Optimizer takes its
+    defaults as a dict no job or check can give, and steps nothing: its `step` raises a bare
+    NotImplementedError, as Keras's `update_step` and tf.keras's `_resource_apply_dense` do."""
+    base = _style_base(style)
+    if style == "torch" and cls.__init__ is base.__init__:  # type: ignore[misc]
+        return (
+            "defines no __init__: torch.optim.Optimizer's own takes (params, defaults), a dict no job can "
+            "give; define __init__(self, params, lr=..., ...) that checks each argument and calls "
+            "super().__init__(params, dict(lr=lr, ...))"
+        )
+    names, wanted = _UPDATE_METHODS[style]
+    # torch wraps `step` in a profiling hook on a class's first instance: compare what is wrapped.
+    if all(_method(cls, n) is _method(base, n) for n in names):
+        return f"defines no {names[0]}(), so it updates nothing; define {wanted}"
+    return None
+
+
+def _method(owner: type, name: str) -> Any:
+    """What `owner.name` runs, under any wrapper; None where it has none."""
+    method = getattr(owner, name, None)
+    return inspect.unwrap(method) if callable(method) else method
+
+
+def _style_base(style: str) -> Any:
+    if style == "torch":
+        return sys.modules["torch"].optim.Optimizer
+    if style == "keras":
+        return sys.modules["keras"].optimizers.Optimizer
+    return importlib.import_module("tf_keras.src.optimizers.legacy.optimizer_v2").OptimizerV2
 
 
 def style_of(cls: type) -> str | None:

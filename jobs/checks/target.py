@@ -180,6 +180,10 @@ def _class_entry(text: str) -> Entry:
     reference, class_name = text.rsplit(":", 1)
     if not class_name.isidentifier():
         raise UsageError(f"{text!r}: {class_name!r} after the colon is not a class name")
+    if not reference.strip():
+        raise UsageError(
+            f"{text!r}: nothing before the colon; give path/to/file.py:ClassName or package.module:ClassName"
+        )
     module = _import_file(Path(reference)) if reference.endswith(".py") else _import_module(reference)
     cls: Any = getattr(module, class_name, None)
     if cls is None:

@@ -50,6 +50,7 @@ def test_a_file_reference_and_a_module_reference_resolve_to_their_classes() -> N
             "is a torch optimizer; it cannot be checked as tensorflow",
         ),
         ("torch.optim:1SGD", {}, "'1SGD' after the colon is not a class name"),
+        (":SGD", {}, "':SGD': nothing before the colon; give path/to/file.py:ClassName or package"),
         ("no_such_optimizer", {"framework": "torch"}, "no optimizer named 'no_such_optimizer' is registered"),
         ("lion", {"framework": "jax"}, "--framework must be torch or tensorflow; received 'jax'"),
     ],
@@ -151,6 +152,13 @@ def test_the_command_line_exits_2_on_usage_errors_and_writes_the_json_report(tmp
     assert bad_params.returncode == 2 and "--params must be a JSON object" in bad_params.stderr
     out_of_range = run("lion", "--framework", "torch", "--params", '{"lr": -1}')
     assert out_of_range.returncode == 2 and "lr must be a number > 0; received -1" in out_of_range.stderr
+    unfinished = tmp_path / "unfinished.py"
+    unfinished.write_text(
+        "import tf_keras\n\n\nclass NoApply(tf_keras.optimizers.legacy.Optimizer):\n    pass\n"
+    )
+    no_apply = run(f"{unfinished}:NoApply", "--style", "tf_legacy")
+    assert no_apply.returncode == 2
+    assert "NoApply defines no _resource_apply_dense(), so it updates nothing" in no_apply.stderr
 
     path = tmp_path / "report.json"
     ok = run("torch.optim:SGD", "--only", "construct,dense_step", "--json", str(path))

@@ -397,6 +397,78 @@ def test_bad_plugins_are_recorded_and_the_others_still_load(tmp_path: Path) -> N
     assert registry.get("sgd").source == "builtin:optimizers.torch.sgd"
 
 
+UNFINISHED_BASE = """
+    import torch
+
+
+    class MomentumBase(torch.optim.Optimizer):  # the file's shared part: no step of its own
+        def __init__(self, params, lr=0.1, beta=0.9):
+            super().__init__(params, dict(lr=lr, beta=beta))
+
+
+    class SignMomentum(MomentumBase):
+        @torch.no_grad()
+        def step(self, closure=None):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is not None:
+                        p.add_(p.grad.sign(), alpha=-group["lr"])
+"""
+ONLY_UNFINISHED = """
+    import torch
+
+
+    class NoStep(torch.optim.Optimizer):
+        def __init__(self, params, lr=0.1):
+            super().__init__(params, dict(lr=lr))
+
+
+    class NoInit(torch.optim.Optimizer):
+        def step(self, closure=None):
+            return None
+"""
+
+
+def test_an_unfinished_class_is_a_base_not_an_optimizer_and_a_file_of_only_such_says_what_each_lacks(
+    tmp_path: Path,
+) -> None:
+    _write(tmp_path, "a_base.py", UNFINISHED_BASE)
+    only = _write(tmp_path, "b_only.py", ONLY_UNFINISHED)
+    registry = _torch_registry([str(tmp_path)])
+    assert "sign_momentum" in registry.names() and "momentum_base" not in registry.names()
+    [error] = _errors_for(registry, only)
+    assert "defines no optimizer class" in error
+    assert "NoStep defines no step(), so it updates nothing; define step(self, closure=None)" in error
+    assert "NoInit defines no __init__: torch.optim.Optimizer's own takes (params, defaults)" in error
+
+
+def test_entry_for_class_names_what_an_unfinished_class_lacks() -> None:
+    class NoStep(torch.optim.Optimizer):
+        def __init__(self, params: Any, lr: float = 0.1) -> None:
+            super().__init__(params, {"lr": lr})
+
+    class NoInit(torch.optim.Optimizer):
+        def step(self, closure: Any = None) -> None:  # type: ignore[override]
+            return None
+
+    NoStep([torch.zeros(1, requires_grad=True)])  # torch wraps `step` on a class's first instance
+    with pytest.raises(TypeError, match=r"NoStep defines no step\(\), so it updates nothing"):
+        entry_for_class(NoStep, source="test")
+    with pytest.raises(TypeError, match=r"NoInit defines no __init__: .* calls super\(\).__init__"):
+        entry_for_class(NoInit, source="test")
+    keras = pytest.importorskip("keras")
+
+    class NoUpdate(keras.optimizers.Optimizer):  # type: ignore[misc]
+        pass
+
+    class ScalesLoss(keras.optimizers.LossScaleOptimizer):  # type: ignore[misc]
+        pass  # `apply` of its own, no `update_step`: a wrapper is finished
+
+    with pytest.raises(TypeError, match=r"NoUpdate defines no update_step\(\), .* learning_rate\)"):
+        entry_for_class(NoUpdate, source="test")
+    assert entry_for_class(ScalesLoss, source="test").style == "keras"
+
+
 def test_same_name_in_two_plugin_files_keeps_the_first(tmp_path: Path) -> None:
     first = _write(tmp_path, "a_first.py", SIGN_MOMENTUM)
     second = _write(tmp_path, "b_second.py", SIGN_MOMENTUM)
@@ -533,7 +605,15 @@ def test_a_keras_plugin_is_skipped_without_error_when_keras_is_not_loaded(keras_
 # --- derive_params --------------------------------------------------------------------------------------
 
 
-class _Probe(torch.optim.Optimizer):
+class _Stepping(torch.optim.Optimizer):
+    """A step for the classes below, which are about their constructors (a class with no step of
+    its own is not an optimizer to register)."""
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        return None
+
+
+class _Probe(_Stepping):
     """A probe optimizer. Paper: https://example.org/probe."""
 
     optlab_hyperparameters: ClassVar[dict[str, Param]] = {
@@ -667,6 +747,9 @@ class OptionalNumbers(torch.optim.Optimizer):
         num_epochs=None,
     ):
         super().__init__(params, {"lr": lr})
+
+    def step(self, closure=None):
+        return None
 """
 
 
@@ -768,7 +851,7 @@ def test_derive_params_gives_a_keras_class_without_lr_keras_default(style: str) 
 
 
 def test_derive_params_keeps_a_torch_class_learning_rate_name() -> None:
-    class Renamed(torch.optim.Optimizer):
+    class Renamed(_Stepping):
         def __init__(self, params: Any, learning_rate: float = 0.1) -> None:
             super().__init__(params, {"lr": learning_rate})
 
