@@ -9,6 +9,7 @@ unless the check is about a device). The fresh-process checks (`resume_exact`,
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -523,6 +524,18 @@ def check_closure(ctx: CheckContext) -> Outcome:
     and return its loss."""
     model, batch = _tiny_model(), _batch()
     optimizer = _build(ctx, model.parameters())
+    fix = (
+        "in step(closure=None): `loss = None; if closure is not None: with torch.enable_grad(): "
+        "loss = closure()` and `return loss`"
+    )
+    if not _takes_an_argument(optimizer.step):
+        return failed(
+            "step() takes no closure: torch.optim.Optimizer declares step(closure=None), and loops that "
+            "re-evaluate the loss (Lightning's, LBFGS-style ones) call step(closure), which raises "
+            "TypeError here",
+            where=method_location(ctx),
+            fix=fix,
+        )
     recompute = _closure(ctx, model, batch)
     calls: list[Tensor] = []
 
@@ -533,10 +546,6 @@ def check_closure(ctx: CheckContext) -> Outcome:
 
     recompute()  # the gradients a loop's backward leaves before step(closure) (SAM needs them)
     returned = optimizer.step(closure)
-    fix = (
-        "in step(closure=None): `loss = None; if closure is not None: with torch.enable_grad(): "
-        "loss = closure()` and `return loss`"
-    )
     if not calls:
         return failed("step(closure) never called the closure", where=method_location(ctx), fix=fix)
     # The loss of any of its calls: SAM returns the first (at the weights given), BSAM the one at
@@ -555,6 +564,17 @@ def check_closure(ctx: CheckContext) -> Outcome:
         f"step(closure) called the closure {len(calls)} time(s) and returned its loss (of call {which})",
         float(returned),
     )
+
+
+def _takes_an_argument(step: Callable[..., Any]) -> bool:
+    """Whether step() can be called with one argument; True where its signature cannot be read."""
+    try:
+        inspect.signature(step).bind(None)
+    except TypeError:
+        return False
+    except ValueError:
+        return True
+    return True
 
 
 # --- mixed_precision ------------------------------------------------------------------------------

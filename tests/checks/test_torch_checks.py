@@ -94,6 +94,30 @@ def test_broken_optimizer_fails_its_check_at_the_users_file(
     assert "Fix:" in outcome.detail
 
 
+class StepWithoutClosure(torch.optim.Optimizer):
+    """`def step(self)`: steps in a plain loop, and raises TypeError in one that passes a closure."""
+
+    def __init__(self, params: Any, lr: float = 0.1) -> None:
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0; received {lr}")
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.sub_(group["lr"] * p.grad)
+
+
+def test_a_step_that_takes_no_closure_fails_the_closure_check_saying_so(tmp_path: Path) -> None:
+    outcome = torch_only.check_closure(context(f"{__name__}:StepWithoutClosure", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert "step() takes no closure: torch.optim.Optimizer declares step(closure=None)" in outcome.detail
+    assert "Fix: in step(closure=None)" in outcome.detail
+    assert outcome.where.startswith(__file__), outcome.where
+
+
 def test_deprecated_overload_is_a_warning_with_the_users_line(tmp_path: Path) -> None:
     outcome = cost_checks.check_deprecations(broken("torch_deprecations", tmp_path))
     assert outcome.status == "warn"
