@@ -62,7 +62,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--tracking-uri",
         default=os.environ.get("MLFLOW_TRACKING_URI"),
-        help="MLflow tracking server (http://...); default $MLFLOW_TRACKING_URI; none: no tracking",
+        help="MLflow tracking server (http://...); default $MLFLOW_TRACKING_URI; `none`, or neither "
+        "given: no tracking",
     )
     parser.add_argument("--job-id", default="", help="the service's job id, recorded as a tag")
     parser.add_argument("--attempt", type=int, default=1)
@@ -81,6 +82,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--stop-after", type=int, help="stop (with a checkpoint) after this many steps")
     args = parser.parse_args(argv)
+    if args.tracking_uri is not None and args.tracking_uri.strip().lower() in ("", "none"):
+        args.tracking_uri = None  # MLflow would take the word for a folder to keep runs in
     args.argv = list(sys.argv[1:] if argv is None else argv)
     return args
 

@@ -218,3 +218,14 @@ def test_an_exception_in_a_plugin_optimizer_is_reported(jobs: dict[str, Job]) ->
     assert result["error"]["message"] == "exploding_momentum: the user's own error message"
     assert "exploding_momentum.py" in result["error"]["traceback"]
     assert "in step" in result["error"]["traceback"]
+
+
+def test_a_tracking_uri_of_none_means_no_tracking(monkeypatch: pytest.MonkeyPatch) -> None:
+    # MLflow would take the word for a folder of runs, and refuse it as a file store.
+    from jobs import run
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "none")
+    assert run.parse_args(["spec.json"]).tracking_uri is None
+    assert run.parse_args(["spec.json", "--tracking-uri", "None"]).tracking_uri is None
+    given = run.parse_args(["spec.json", "--tracking-uri", "http://mlflow:5000"])
+    assert given.tracking_uri == "http://mlflow:5000"
