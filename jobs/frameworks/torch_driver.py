@@ -11,6 +11,7 @@ objects and requires bitwise-equal results.
 
 from __future__ import annotations
 
+import collections
 import copy
 import hashlib
 import math
@@ -436,10 +437,9 @@ class TorchDriver(Driver):
         found = []
         for key in sorted(state, key=str) if isinstance(state, Mapping) else ():
             value = state[key]
-            if isinstance(value, torch.Tensor):
-                found.append(_numpy(value))
-            elif isinstance(value, int | float) and not isinstance(value, bool):
+            if isinstance(value, int | float) and not isinstance(value, bool):
                 found.append(np.array(value))
+            found.extend(_numpy(tensor) for _, tensor in _tensors_in(str(key), value))
         return found
 
     def trainable_state(self, optimizer: Any, variables: Sequence[Any]) -> tuple[int, list[str], list[str]]:
@@ -688,13 +688,26 @@ def state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[str, torch
     params = [p for group in optimizer.param_groups for p in group["params"]]
     index = {id(p): i for i, p in enumerate(params)}
     own = [
-        (f"state[param {index.get(id(param), '?')}][{key!r}]", value)
+        found
         for param, state in optimizer.state.items()
         if isinstance(state, Mapping)
         for key, value in state.items()
-        if isinstance(value, torch.Tensor)
+        for found in _tensors_in(f"state[param {index.get(id(param), '?')}][{key!r}]", value)
     ]
     yield from own or _saved_state_tensors(optimizer)
+
+
+def _tensors_in(name: str, value: Any, depth: int = 3) -> Iterator[tuple[str, torch.Tensor]]:
+    """The tensors of one state value: itself, or those of the lists, tuples and dicts it holds (a
+    history of gradients, SOAP's per-dimension `Q` and `GG`), each named by its place."""
+    if isinstance(value, torch.Tensor):
+        yield name, value
+    elif depth and isinstance(value, Mapping):
+        for key, item in value.items():
+            yield from _tensors_in(f"{name}[{key!r}]", item, depth - 1)
+    elif depth and isinstance(value, list | tuple | collections.deque):
+        for number, item in enumerate(value):
+            yield from _tensors_in(f"{name}[{number}]", item, depth - 1)
 
 
 def _saved_state_tensors(optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.Tensor]]:
@@ -703,11 +716,11 @@ def _saved_state_tensors(optimizer: torch.optim.Optimizer) -> list[tuple[str, to
     except Exception:  # a state_dict() that cannot run here is the round-trip checks' to report
         return []
     return [
-        (f"state[param {number}][{key!r}]", value)
+        found
         for number, state in saved.items()
         if isinstance(state, Mapping)
         for key, value in state.items()
-        if isinstance(value, torch.Tensor)
+        for found in _tensors_in(f"state[param {number}][{key!r}]", value)
     ]
 
 

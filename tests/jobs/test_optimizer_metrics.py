@@ -123,6 +123,44 @@ def test_adamw_state_is_two_copies_of_the_parameters_plus_its_step_counters(tmp_
     assert not tracker.keys("optim/") - {"optim/state_bytes", "optim/state_to_param_ratio"}
 
 
+def gradient_history_class() -> type:
+    import torch
+
+    class GradientHistory(torch.optim.Optimizer):
+        """Steps by the mean of the last `k` gradients, kept as a list of copies in its state (as
+        SOAP keeps its per-dimension `Q` and `GG` in lists)."""
+
+        optlab_name = "gradient_history"
+
+        def __init__(self, params: Any, lr: float = 0.05, k: int = 3):
+            super().__init__(params, {"lr": lr, "k": k})
+
+        @torch.no_grad()
+        def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    history = self.state[p].setdefault("history", [])
+                    history[:] = [*history[-(group["k"] - 1) :], p.grad.clone()]
+                    p.sub_(torch.stack(history).mean(0), alpha=group["lr"])
+
+    return GradientHistory
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_state_tensors_held_in_a_list_are_counted(tmp_path: Path) -> None:
+    registry = load_registry(plugin_dirs=[])
+    registry.add(entry_for_class(gradient_history_class(), source="test"))
+    spec = digits_spec(optimizer={"name": "gradient_history", "params": {"k": 3}}, steps=4, eval_every=4)
+    job, tracker, outcome = train(spec, registry, tmp_path)
+    param_bytes = sum(p.numel() * p.element_size() for p in job.session.build().model.parameters())
+    # One gradient copy after the first step, three (k) from the third on.
+    assert tracker.series("optim/state_bytes") == [(1, param_bytes), (4, 3 * param_bytes)]
+    assert outcome.optimizer_state is not None
+    assert outcome.optimizer_state.state_to_param_ratio == pytest.approx(3.0)
+
+
 # -- Keras 3 and tf.keras ------------------------------------------------------------------------------
 
 
