@@ -4,6 +4,8 @@ keeps and how it survives a save, written once over the drivers.
 
 from __future__ import annotations
 
+import inspect
+import re
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -171,6 +173,41 @@ def _missing(
 # -- state_roundtrip ---------------------------------------------------------------------------------
 
 
+def _unsaved_attributes(stepped: Any, restored: Any) -> list[str]:
+    """The plain numbers the optimizer keeps as attributes of its own that differ between the
+    uninterrupted optimizer and the restored one: state the save never saw (`self.t += 1` in the
+    step), named so the user knows which. Only read once a next step has differed."""
+    theirs = getattr(restored, "__dict__", {})
+    written = _attributes_written_by_the_user(type(stepped))
+    return [
+        f"self.{name} is {value!r} in the uninterrupted optimizer and {theirs.get(name)!r} in the "
+        "restored one"
+        for name, value in getattr(stepped, "__dict__", {}).items()
+        if name in written
+        and isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and value == value  # a NaN differs from itself, and says nothing here
+        and theirs.get(name) != value
+    ]
+
+
+# The frameworks' own classes keep counters of their own (TensorFlow's trackables a `_self_update_uid`).
+_FRAMEWORK_PACKAGES = ("torch", "keras", "tf_keras", "tensorflow", "builtins")
+
+
+def _attributes_written_by_the_user(cls: type) -> set[str]:
+    """The `self.<name>` the classes of `cls`'s MRO outside the frameworks mention in their source."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if klass.__module__.split(".")[0] in _FRAMEWORK_PACKAGES:
+            continue
+        try:
+            names.update(re.findall(r"\bself\.(\w+)", inspect.getsource(klass)))
+        except (OSError, TypeError):  # a class without source here (compiled, or made in a REPL)
+            continue
+    return names
+
+
 @isolated
 def check_state_roundtrip(ctx: CheckContext) -> Outcome:
     """Save after 3 steps, restore into a never-stepped optimizer over equal variables: the state
@@ -223,10 +260,13 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
         driver.values(restored_variables) + [v for _, v in driver.state(restored)],
     )
     if diff > 0:
+        unsaved = _unsaved_attributes(optimizer, restored)
+        named = f"; here {'; '.join(unsaved)}" if unsaved else ""
         return failed(
             f"the restored state matched, but the next step after reloading differs from the uninterrupted "
             f"one by up to {diff:.3g}: with equal saved state, a next step differs only when the optimizer "
-            "keeps state the save does not see (a Python attribute, a dict of tensors it does not track)",
+            "keeps state the save does not see (a Python attribute, a dict of tensors it does not track)"
+            f"{named}",
             where=method_location(ctx),
             figure=diff,
             fix=fix,

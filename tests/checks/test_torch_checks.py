@@ -118,6 +118,30 @@ def test_a_step_that_takes_no_closure_fails_the_closure_check_saying_so(tmp_path
     assert outcome.where.startswith(__file__), outcome.where
 
 
+class CountedSGD(StepWithoutClosure):
+    """Steps of lr / t, with the step count t a Python attribute: no checkpoint saves it."""
+
+    def __init__(self, params: Any, lr: float = 0.1) -> None:
+        super().__init__(params, lr)
+        self.count = 0
+
+    @torch.no_grad()
+    def step(self) -> None:  # type: ignore[override]
+        self.count += 1
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.sub_(group["lr"] / self.count * p.grad)
+
+
+def test_state_roundtrip_names_the_attribute_a_checkpoint_does_not_save(tmp_path: Path) -> None:
+    outcome = state_checks.check_state_roundtrip(context(f"{__name__}:CountedSGD", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert "the next step after reloading differs" in outcome.detail
+    # Three steps, a save, a restore, and a next step on each.
+    assert "here self.count is 4 in the uninterrupted optimizer and 1 in the restored one" in outcome.detail
+
+
 def test_deprecated_overload_is_a_warning_with_the_users_line(tmp_path: Path) -> None:
     outcome = cost_checks.check_deprecations(broken("torch_deprecations", tmp_path))
     assert outcome.status == "warn"
