@@ -606,10 +606,16 @@ def _method(owner: type, name: str) -> Any:
 
 
 def _style_base(style: str) -> Any:
+    """The class every optimizer of `style` subclasses; None where its framework was never imported
+    (a class cannot subclass it then, and looking must not import it)."""
     if style == "torch":
-        return sys.modules["torch"].optim.Optimizer
+        torch = sys.modules.get("torch")
+        return None if torch is None else torch.optim.Optimizer
     if style == "keras":
-        return sys.modules["keras"].optimizers.Optimizer
+        keras = sys.modules.get("keras")
+        return None if keras is None else keras.optimizers.Optimizer
+    if "tf_keras" not in sys.modules:
+        return None
     return importlib.import_module("tf_keras.src.optimizers.legacy.optimizer_v2").OptimizerV2
 
 
@@ -619,16 +625,10 @@ def style_of(cls: type) -> str | None:
     Only frameworks already imported are consulted: a class cannot subclass a framework
     that was never imported, and checking must not import one.
     """
-    torch = sys.modules.get("torch")
-    if torch is not None and issubclass(cls, torch.optim.Optimizer):
-        return "torch"
-    if "tf_keras" in sys.modules:
-        legacy = importlib.import_module("tf_keras.src.optimizers.legacy.optimizer_v2")
-        if issubclass(cls, legacy.OptimizerV2):
-            return "tf_legacy"
-    keras = sys.modules.get("keras")
-    if keras is not None and issubclass(cls, keras.optimizers.Optimizer):
-        return "keras"
+    for style in ("torch", "tf_legacy", "keras"):
+        base = _style_base(style)
+        if base is not None and issubclass(cls, base):
+            return style
     return None
 
 
