@@ -558,6 +558,15 @@ class LegacyKerasDriver(KerasDriver):
         return iterations(reloaded.iterations) == 0 < iterations(saved.iterations)
 
 
+def loss_scale_factor(optimizer: Any) -> float | None:
+    """Keras 3's `loss_scale_factor`, where the optimizer has one: `fit` multiplies the loss by it
+    before taking the gradients (`scale_loss`), and `apply` divides them back, so a loop that skips
+    the first half trains with gradients that many times too small. tf.keras's legacy optimizers
+    have none (their loss scaling is LossScaleOptimizer's, which jobs do not build)."""
+    factor = getattr(optimizer, "loss_scale_factor", None)
+    return float(factor) if isinstance(factor, int | float) and factor else None
+
+
 class KerasSession(TrainingSession):
     def __init__(self, driver: KerasDriver, spec: JobSpec, entry: Entry, workload: Workload) -> None:
         self.driver = driver
@@ -634,12 +643,15 @@ class KerasSession(TrainingSession):
         variables = model.trainable_variables
         loss_of = self._loss
         driver = self.driver
+        scale = loss_scale_factor(optimizer)
 
         def gradients(x: Any, y: Any) -> Any:
             with tf.GradientTape() as tape:
                 loss = loss_of(model(x, training=True), y)
-            grads = tape.gradient(loss, variables)
-            return loss, grads, tf.linalg.global_norm(grads)
+                scaled = loss if scale is None else loss * scale  # on the tape, so it has gradients
+            grads = tape.gradient(scaled, variables)
+            norm = tf.linalg.global_norm(grads)
+            return loss, grads, norm if scale is None else norm / scale
 
         def apply(grads: Any) -> None:
             driver.apply(optimizer, grads, variables)
@@ -664,14 +676,17 @@ class KerasSession(TrainingSession):
         tf, strategy, driver = self.tf, self.strategy, self.driver
         variables = model.trainable_variables
         replicas = strategy.num_replicas_in_sync
+        scale = loss_scale_factor(optimizer)
 
         def replica_step(x: Any, y: Any) -> tuple[Any, Any]:
             with tf.GradientTape() as tape:
                 loss = self._loss(model(x, training=True), y) / replicas
-            grads = tape.gradient(loss, variables)
+                scaled = loss if scale is None else loss * scale
+            grads = tape.gradient(scaled, variables)
             summed = tf.distribute.get_replica_context().all_reduce("sum", grads)
             driver.apply(optimizer, grads, variables)
-            return loss, tf.linalg.global_norm(summed)
+            norm = tf.linalg.global_norm(summed)
+            return loss, norm if scale is None else norm / scale
 
         def step(xs: Any, ys: Any) -> tuple[Any, Any]:
             losses, norms = strategy.run(replica_step, args=(xs, ys))

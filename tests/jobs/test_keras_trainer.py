@@ -136,6 +136,37 @@ def test_the_two_keras_styles_agree_on_a_training_run(tmp_path: Path) -> None:
     assert keras3.final["train_loss"] == pytest.approx(legacy.final["train_loss"], rel=1e-4)
 
 
+SCALED_LOSS_SGD = """
+import keras
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class ScaledLossSgd(keras.optimizers.SGD):
+    '''SGD with Keras's fixed loss scale: fit multiplies the loss by it, apply() divides it back.'''
+
+    def __init__(self, learning_rate=0.01, **kwargs):
+        kwargs.setdefault("loss_scale_factor", 128.0)
+        super().__init__(learning_rate=learning_rate, **kwargs)
+"""
+
+
+def test_a_loss_scale_factor_is_applied_to_the_loss_as_fit_does(tmp_path: Path) -> None:
+    """Keras's apply() divides the gradients by `loss_scale_factor`; a loop that does not multiply
+    the loss first trains with gradients 128 times too small (digits at chance after 150 steps).
+    Scaled by a power of two, the job is bitwise plain SGD's, its loss and gradient norms too."""
+    dirs = plugin(tmp_path, "scaled_loss_sgd", SCALED_LOSS_SGD)
+    first_norms = []
+    for name, plugin_dirs in (("scaled_loss_sgd", dirs), ("sgd", None)):
+        session = session_of(job_of(tf_spec(name, "keras", {"lr": 0.1}), tmp_path / name, plugin_dirs))
+        with session.scope():
+            record = session.train_step(session.build(), session.batch(0), 0)
+        first_norms.append(session.to_floats([record.loss, record.grad_norm]))
+    assert first_norms[0] == first_norms[1]
+    scaled = run(tf_spec("scaled_loss_sgd", "keras", {"lr": 0.1}, steps=12), tmp_path / "scaled", dirs)
+    plain = run(tf_spec("sgd", "keras", {"lr": 0.1}, steps=12), tmp_path / "plain")
+    assert scaled.params_sha256 == plain.params_sha256
+
+
 def test_divergence_names_the_step(tmp_path: Path) -> None:
     with pytest.raises(Diverged) as diverged:
         run(tf_spec("sgd", "keras", {"lr": 1e6}, schedule={"name": "constant"}), tmp_path)
