@@ -521,6 +521,11 @@ class TorchDriver(Driver):
             # torch.cuda's own refusal ("Torch not compiled with CUDA enabled", "Found no NVIDIA
             # driver"): a step that synchronises with the GPU or puts state there (GaLore's AdamW8bit).
             return "a CUDA device (torch.cuda.is_available() is False here)"
+        devices = _devices_torch_requires(error)
+        if devices is not None:
+            # capturable=True: torch's kernels keep the step count on the device for CUDA graphs, and
+            # assert the parameters are on one that supports it, which the CPU is not.
+            return f"tensors on {' or '.join(devices)} (torch's kernels refuse the CPU the checks run on)"
         return None
 
     def accelerator(self) -> AbstractContextManager[Any] | None:
@@ -679,6 +684,20 @@ def _is_matrix_math(op: str) -> bool:
 _DISTRIBUTED_FILES = Path(torch.__file__).parent / "distributed"
 # Where torch.cuda refuses a call on a machine without CUDA ("Torch not compiled with CUDA enabled").
 _CUDA_FILES = Path(torch.__file__).parent / "cuda"
+# Where torch's optimizers assert the devices an option needs ("If capturable=True, params and
+# state_steps must be on supported devices: ['cuda', 'xpu', ...]").
+_OPTIM_FILES = Path(torch.__file__).parent / "optim"
+_SUPPORTED_DEVICES = re.compile(r"must be on supported devices: \[([^\]]*)\]")
+
+
+def _devices_torch_requires(error: BaseException) -> list[str] | None:
+    """The devices a torch optimizer's own assertion requires, where the CPU is not one of them."""
+    frame = raising_frame(error)
+    found = _SUPPORTED_DEVICES.search(str(error))
+    if frame is None or found is None or _OPTIM_FILES not in Path(frame.filename).parents:
+        return None
+    devices = re.findall(r"'([^']+)'", found.group(1))
+    return devices if devices and "cpu" not in devices else None
 
 
 def state_tensors(optimizer: torch.optim.Optimizer) -> Iterator[tuple[str, torch.Tensor]]:

@@ -393,6 +393,22 @@ def test_a_class_written_for_data_parallel_training_only_is_inconclusive_alone(t
     assert outcome.status == "skip" and "distributed process group" in outcome.detail, outcome.detail
 
 
+class CapturableAdamW(torch.optim.AdamW):
+    """AdamW for CUDA graphs: capturable=True keeps the step count on the device, and torch's
+    kernels refuse parameters on the CPU."""
+
+    def __init__(self, params: object, lr: float = 1e-3) -> None:
+        super().__init__(params, lr=lr, capturable=True)  # type: ignore[arg-type]
+
+
+def test_a_class_whose_options_need_an_accelerator_is_inconclusive_on_the_cpu(tmp_path: Path) -> None:
+    """Not a fail: on the GPU it was written for, the same class trains."""
+    outcome = build_checks.check_dense_step(context(f"{__name__}:CapturableAdamW", tmp_path))
+    assert outcome.status == "skip", outcome.detail
+    assert "steps only with tensors on cuda or" in outcome.detail and "refuse the CPU" in outcome.detail
+    assert "capturable=True" in outcome.detail  # torch's own words, in the error quoted
+
+
 class NoneRate(PlainSGD):
     """`lr=None` in the signature, refused by the class itself (as CAME's `assert lr > 0.`)."""
 
