@@ -47,6 +47,16 @@ def raising_frame(error: BaseException) -> traceback.FrameSummary | None:
     return frames[-1] if frames else None
 
 
+@dataclass(frozen=True)
+class PerReplicaOption:
+    """A framework option set on an optimizer that acts on each replica's own gradient under data
+    parallelism (Keras's clipnorm): `effect` says what it does there."""
+
+    name: str
+    value: Any
+    effect: str
+
+
 class CheckpointMismatch(Exception):
     """The reloaded objects differ from the ones that were saved."""
 
@@ -302,6 +312,9 @@ class Driver(ABC):
     cost_shapes: ClassVar[tuple[tuple[int, ...], ...]]
     # How a user sets the rate by hand between steps, for a detail.
     rate_set_by_hand: ClassVar[str] = "the rate set between steps"
+    # The framework's own optimizer options that act on each replica's own gradient before the
+    # replicas' gradients are summed, with what each does there (Keras 3's clipping, accumulation).
+    per_replica_option_effects: ClassVar[Mapping[str, str]] = {}
 
     @abstractmethod
     def session(
@@ -436,6 +449,20 @@ class Driver(ABC):
     @abstractmethod
     def refusal_files(self, cls: type) -> set[str]:
         """Files whose `raise` is a deliberate refusal: the class's own and the framework's optimizers'."""
+
+    def per_replica_options(self, optimizer: Any) -> list[PerReplicaOption]:
+        """The framework's own options set on `optimizer` that act on each replica's own gradient
+        before the replicas' gradients are summed (`per_replica_option_effects`)."""
+        return [
+            PerReplicaOption(name, getattr(optimizer, name), effect)
+            for name, effect in self.per_replica_option_effects.items()
+            if getattr(optimizer, name, None) not in (None, 0)
+        ]
+
+    def drop_options(self, optimizer: Any, names: Sequence[str]) -> None:
+        """Turn off `per_replica_options` on a built optimizer before its state is created."""
+        for name in names:
+            setattr(optimizer, name, None)  # Keras reads them at each apply(), and in build()
 
     def unmet_need(self, error: BaseException) -> str | None:
         """What `error` says the class needs that this process lacks, or None: the framework's

@@ -92,6 +92,19 @@ class KerasObjects:
     saver: Any = None
 
 
+# Keras 3's base-class options that act on each replica's own gradient under a MirroredStrategy:
+# its apply() clips the gradients, or adds them to an accumulator, before `_backend_update_step`
+# sums them over the replicas. What each does there, for the warn that names it.
+_CLIPS_EACH = "Keras's apply() clips each replica's own gradient before the replicas' gradients are summed"
+PER_REPLICA_OPTIONS = {
+    "clipnorm": _CLIPS_EACH,
+    "clipvalue": _CLIPS_EACH,
+    "global_clipnorm": _CLIPS_EACH,
+    "gradient_accumulation_steps": "Keras's apply() adds each replica's own gradient, unsummed, to that "
+    "replica's copy of the accumulators, so the copies part",
+}
+
+
 class KerasDriver(Driver):
     """Keras 3 optimizers (`keras.optimizers.Optimizer`) on the TensorFlow backend."""
 
@@ -105,6 +118,7 @@ class KerasDriver(Driver):
     whole_model_formats: ClassVar[tuple[str, ...]] = (".keras",)
     serializable_decorator: ClassVar[str] = "keras.saving.register_keras_serializable"
     loss_scale_name: ClassVar[str] = "keras.mixed_precision.LossScaleOptimizer"
+    per_replica_option_effects: ClassVar[Mapping[str, str]] = PER_REPLICA_OPTIONS
     rate_set_by_hand: ClassVar[str] = (
         "`optimizer.learning_rate = rate`, as the LearningRateScheduler and ReduceLROnPlateau callbacks "
         "set it"
@@ -490,6 +504,8 @@ class LegacyKerasDriver(KerasDriver):
     whole_model_formats: ClassVar[tuple[str, ...]] = (".h5", ".keras")
     serializable_decorator: ClassVar[str] = "tf_keras.utils.register_keras_serializable"
     loss_scale_name: ClassVar[str] = "tf_keras.mixed_precision.LossScaleOptimizer"
+    # tf.keras's legacy optimizers sum the replicas' gradients before they clip.
+    per_replica_option_effects: ClassVar[Mapping[str, str]] = {}
 
     def schedule_class(self) -> Any:
         from optimizers.tf_legacy.schedules import OptlabLegacySchedule

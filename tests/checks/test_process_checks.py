@@ -162,3 +162,45 @@ def test_a_hung_child_is_stopped_and_reported(
     outcome = distributed(context(f"{misbehaving}:HangsUnderDdp", "torch", tmp_path))
     assert outcome.status == "fail"
     assert "did not finish within 12 s" in outcome.detail
+
+
+KERAS_OPTIONS = """
+import keras
+
+
+class ClipnormSGD(keras.optimizers.SGD):
+    '''SGD with Keras's own per-variable gradient clipping, set by the class.'''
+
+    def __init__(self, learning_rate=0.05, **kwargs):
+        kwargs.setdefault("clipnorm", 0.5)
+        super().__init__(learning_rate=learning_rate, **kwargs)
+
+
+class AccumulatingSGD(keras.optimizers.SGD):
+    '''SGD that accumulates two batches' gradients through Keras's own option.'''
+
+    def __init__(self, learning_rate=0.05, **kwargs):
+        kwargs.setdefault("gradient_accumulation_steps", 2)
+        super().__init__(learning_rate=learning_rate, **kwargs)
+"""
+
+
+@pytest.mark.parametrize(
+    ("class_name", "option", "seen"),
+    [
+        ("ClipnormSGD", "clipnorm=0.5", "beyond rounding"),
+        ("AccumulatingSGD", "gradient_accumulation_steps=2", ""),
+    ],
+)
+def test_keras_options_that_act_per_replica_are_named_as_the_cause_not_the_update(
+    class_name: str, option: str, seen: str, tmp_path: Path
+) -> None:
+    """Keras's apply() clips and accumulates each replica's own gradient before the replicas' are
+    summed: the built-in SGD with these options parts from one device too. With them off, the class
+    agrees, so the check warns naming the option rather than failing the update."""
+    path = tmp_path / "keras_options.py"
+    path.write_text(textwrap.dedent(KERAS_OPTIONS))
+    outcome = distributed(context(f"{path}:{class_name}", "keras", tmp_path))
+    assert outcome.status == "warn", outcome.detail
+    assert f"the class sets {option}" in outcome.detail and seen in outcome.detail
+    assert "with it off, MirroredStrategy with 2 replicas equals one device" in outcome.detail

@@ -52,7 +52,49 @@ def distributed(ctx: CheckContext) -> Outcome:
     outcome = judge(ctx, runs.WORDING, outs, overrides)
     if outcome.status == "fail" and ctx.needs.closure:
         return _judged_with_the_loss_over_ranks(ctx, request, outcome) or outcome
+    if outcome.status == "fail":
+        return _judged_without_per_replica_options(ctx, request, outcome) or outcome
     return outcome
+
+
+def _judged_without_per_replica_options(
+    ctx: CheckContext, request: Mapping[str, Any], outcome: Outcome
+) -> Outcome | None:
+    """Keras 3 clips (`clipnorm`, `global_clipnorm`, `clipvalue`) and accumulates
+    (`gradient_accumulation_steps`) each replica's own gradient in its apply(), before the update
+    sums the replicas' gradients: a class that sets one of its base's options parts from one device
+    by the framework's doing. Run again with those options off on both sides: if the replicas then
+    agree with one device, the class's update is sound and a warn names the option; else None (the
+    fail stands)."""
+    if not ctx.driver.per_replica_option_effects:
+        return None
+    options = ctx.driver.per_replica_options(ctx.build(**request["overrides"]))
+    if not options:
+        return None
+    runs = runs_for(ctx.target.style)
+    outs = {
+        name: Path(path).with_name(f"options-off-{Path(path).name}") for name, path in request["outs"].items()
+    }
+    off = {**request, "outs": {k: str(v) for k, v in outs.items()}, "options_off": [o.name for o in options]}
+    try:
+        run_fresh(ctx, "distributed", off)
+    except ChildFailed:
+        return None
+    if judge(ctx, runs.WORDING, outs, request["overrides"]).status != "pass":
+        return None
+    observed = outcome.detail.split(". Fix: ")[0].removesuffix(f" (at {outcome.where})")
+    named = " and ".join(f"{o.name}={o.value!r}" for o in options)
+    effects = "; ".join(f"with {o.name}, {o.effect}" for o in options)
+    return warned(
+        f"{observed}; the cause is the framework's, not the update's: the class sets {named}, and under "
+        f"{runs.WORDING.setup} {effects}; with {'them' if len(options) > 1 else 'it'} off, "
+        f"{runs.WORDING.setup} equals {runs.WORDING.reference}",
+        where=ctx.where(),
+        fix="to clip or accumulate the summed gradient, do it where the replicas' gradients are summed "
+        "already (in your train step after the all-reduce, or in the class's update step), not through "
+        "the optimizer's option",
+        figure=outcome.figure,
+    )
 
 
 def _judged_with_the_loss_over_ranks(

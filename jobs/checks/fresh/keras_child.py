@@ -88,11 +88,15 @@ def batch(step: int) -> tuple[np.ndarray, np.ndarray]:
     return rng.randn(GLOBAL_BATCH, 6).astype("float32"), rng.randn(GLOBAL_BATCH, 3).astype("float32")
 
 
-def build(ctx: CheckContext, overrides: Mapping[str, Any]) -> tuple[Any, Any]:
-    """Model and optimizer, the optimizer's variables made now so a checkpoint restores into them."""
+def build(
+    ctx: CheckContext, overrides: Mapping[str, Any], options_off: Sequence[str] = ()
+) -> tuple[Any, Any]:
+    """Model and optimizer, the optimizer's variables made now so a checkpoint restores into them;
+    `options_off`: Keras options of the optimizer's to turn off first (`Driver.drop_options`)."""
     style = driver(ctx)
     model = tiny_model(style.km)
     optimizer = ctx.build(**overrides)
+    style.drop_options(optimizer, options_off)
     style.create_state(optimizer, model.trainable_variables)
     return model, optimizer
 
@@ -198,12 +202,13 @@ def resume(request: Mapping[str, Any], ctx: CheckContext) -> None:
 
 def distributed(request: Mapping[str, Any], ctx: CheckContext) -> None:
     outs, overrides = request["outs"], request["overrides"]
+    options_off = request.get("options_off", ())
     # A first step in this process before either run, as every in-process check has: a value
     # an optimizer caches per process (resume_exact's concern) then cannot tell the runs apart.
-    model, optimizer = build(ctx, overrides)
+    model, optimizer = build(ctx, overrides, options_off)
     train(ctx, model, optimizer, range(1))
 
-    model, optimizer = build(ctx, overrides)
+    model, optimizer = build(ctx, overrides, options_off)
     save_run(outs[INITIAL], {f"{MODEL}/{i}": np.array(w) for i, w in enumerate(model.get_weights())})
     train(ctx, model, optimizer, range(DISTRIBUTED_STEPS))
     single, labels = snapshot(model, optimizer)
@@ -211,7 +216,7 @@ def distributed(request: Mapping[str, Any], ctx: CheckContext) -> None:
 
     strategy = driver(ctx).tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
     with strategy.scope():
-        model, optimizer = build(ctx, overrides)
+        model, optimizer = build(ctx, overrides, options_off)
     _train_mirrored(ctx, strategy, model, optimizer)
     variables = optimizer_variables_of(optimizer)
     problem = _unmirrored(variables, sum(key.startswith(f"{OPTIMIZER}/") for key in single))
