@@ -208,12 +208,14 @@ class KerasDriver(Driver):
     def step(
         self, optimizer: Any, variables: Sequence[Any], grads: Sequence[Gradient], needs: LoopNeeds = PLAIN
     ) -> None:
-        # Keras optimizers take no closure and no graph: `needs` changes nothing here.
+        # Keras optimizers take no closure and no graph: `needs` changes nothing here. A check's step
+        # is one update: `applies_per_update` calls with its gradient.
         tensors = [self._gradient(g) for g in grads]
         with warnings.catch_warnings():
             if any(g is None for g in grads):  # "gradients do not exist for variables": expected here
                 warnings.simplefilter("ignore")
-            self.apply(optimizer, tensors, variables)
+            for _ in range(applies_per_update(optimizer)):
+                self.apply(optimizer, tensors, variables)
 
     def _gradient(self, grad: Gradient) -> Any:
         tf = self.tf
@@ -255,10 +257,17 @@ class KerasDriver(Driver):
     def scheduled(
         self, create: Callable[[Any, Any], Any], variables: Sequence[Any], rates: Sequence[float], lr_arg: str
     ) -> tuple[Any, Callable[[int], None]]:
-        schedule = self.schedules.PiecewiseConstantDecay(list(range(len(rates) - 1)), list(rates))
-        optimizer = create(None, schedule)
+        optimizer = create(None, self._piecewise(rates, calls=1))
+        calls = applies_per_update(optimizer)
+        if calls > 1:  # Keras asks the schedule at every apply(): a step's rate is the last call's
+            optimizer = create(None, self._piecewise(rates, calls))
         self.create_state(optimizer, variables)
         return optimizer, lambda step: None  # the optimizer asks its schedule each step
+
+    def _piecewise(self, rates: Sequence[float], calls: int) -> Any:
+        """A schedule of `rates`, one per update of `calls` apply() calls."""
+        boundaries = [calls * (number + 1) - 1 for number in range(len(rates) - 1)]
+        return self.schedules.PiecewiseConstantDecay(boundaries, list(rates))
 
     def hand_fed_schedule(
         self, create: Callable[[Any, Any], Any], variables: Sequence[Any], rates: Sequence[float], lr_arg: str
@@ -572,6 +581,13 @@ class LegacyKerasDriver(KerasDriver):
         """A whole-model format that gave the optimizer back without any state (legacy optimizers
         from .keras or SavedModel, built-ins too): the format's loss, not the optimizer's."""
         return iterations(reloaded.iterations) == 0 < iterations(saved.iterations)
+
+
+def applies_per_update(optimizer: Any) -> int:
+    """How many apply() calls make one update: Keras's `gradient_accumulation_steps`, set by a class,
+    adds the gradients of that many calls and updates with their mean on the last (its schedule,
+    though, is asked at every call, as `fit` makes one call a batch); 1 without it."""
+    return int(getattr(optimizer, "gradient_accumulation_steps", None) or 1)
 
 
 def loss_scale_factor(optimizer: Any) -> float | None:

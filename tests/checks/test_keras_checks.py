@@ -79,6 +79,22 @@ def test_good_optimizers_pass(check_id: str, text: str, style: str | None, workd
     assert outcome.status == "pass", outcome
 
 
+class AccumulatingAdam(keras.optimizers.Adam):
+    """Adam through Keras's own gradient accumulation: one update every two apply() calls."""
+
+    def __init__(self, learning_rate: float = 0.01, **kwargs: object) -> None:
+        kwargs.setdefault("gradient_accumulation_steps", 2)
+        super().__init__(learning_rate=learning_rate, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("check_id", ["dense_step", "descends", "schedule", "state_roundtrip", "graph_mode"])
+def test_keras_gradient_accumulation_set_by_the_class_is_no_false_alarm(check_id: str, workdir: Path) -> None:
+    """A check's step is one update: with the option, that many apply() calls (the schedule check
+    had failed: every other call moves nothing)."""
+    outcome = _run(check_id, _context(f"{__name__}:AccumulatingAdam", workdir))
+    assert outcome.status == "pass", outcome
+
+
 def test_lazy_sparse_update_passes_and_dense_one_is_a_truthful_warn(workdir: Path) -> None:
     assert _run("sparse", _context("lion", workdir, "keras")).status == "pass"
     adam = _run("sparse", _context("keras.optimizers:Adam", workdir))
