@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -527,6 +528,12 @@ def _rows_changed(before: np.ndarray, after: np.ndarray, *, exclude: list[int]) 
     return {int(row) for row in changed} - set(exclude)
 
 
+def _reached_the_class(ctx: CheckContext, error: BaseException) -> bool:
+    """Whether code of the class's file was on the way to `error`: in its traceback, or quoted in its
+    message (a compiled function's error names the user's lines)."""
+    return user_line(ctx, error) != ctx.target.class_location()
+
+
 def _sparse_refusal(ctx: CheckContext, error: Exception) -> Outcome:
     """A deliberate `raise` that mentions sparse gradients, in the class's own code (or the
     framework's optimizers', or the base optimizer's a wrapper wraps), is a clear refusal; anything
@@ -553,6 +560,16 @@ def _sparse_refusal(ctx: CheckContext, error: Exception) -> Outcome:
                 fix="support sparse gradients or drop optlab_supports_sparse",
             )
         return passed(f"refuses sparse gradients with a clear error: {ctx.describe_error(error)}")
+    if deepest is not None and ctx.target.source_file() is not None and not _reached_the_class(ctx, error):
+        return failed(
+            f"a row-sparse gradient ({driver.sparse_gradient_name}) crashed in the framework's code with "
+            f"none of the class's file on the way ({Path(deepest.filename).name}:{deepest.lineno}, "
+            f"`{(deepest.line or '').strip()}`): {ctx.describe_error(error)}",
+            where=ctx.target.class_location(),
+            fix="the framework's base class crashes on a row-sparse gradient as the class configures it (an "
+            "option of the base the class sets, such as Keras's loss_scale_factor, can be why): leave that "
+            "option unset, or refuse sparse gradients with a clear error in the class",
+        )
     return failed(
         f"a row-sparse gradient ({driver.sparse_gradient_name}) crashed inside the update: "
         f"{ctx.describe_error(error)}",

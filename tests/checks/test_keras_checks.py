@@ -95,6 +95,25 @@ def test_keras_gradient_accumulation_set_by_the_class_is_no_false_alarm(check_id
     assert outcome.status == "pass", outcome
 
 
+class ScaledLossAdam(keras.optimizers.Adam):
+    """Adam with Keras's fixed loss scale, whose apply() divides an IndexedSlices by a float."""
+
+    def __init__(self, learning_rate: float = 0.01, **kwargs: object) -> None:
+        kwargs.setdefault("loss_scale_factor", 128.0)
+        super().__init__(learning_rate=learning_rate, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_sparse_crash_in_the_framework_s_own_code_is_not_blamed_on_the_class_s_update(
+    workdir: Path,
+) -> None:
+    """A real crash (a job with an Embedding meets it), but the class's update never ran: the fail
+    names Keras's line and the option, not "handle tf.IndexedSlices" in an update it did not write."""
+    outcome = _run("sparse", _context(f"{__name__}:ScaledLossAdam", workdir))
+    assert outcome.status == "fail", outcome
+    assert "crashed in the framework's code with none of the class's file on the way" in outcome.detail
+    assert "base_optimizer.py:" in outcome.detail and "loss_scale_factor" in outcome.detail
+
+
 def test_lazy_sparse_update_passes_and_dense_one_is_a_truthful_warn(workdir: Path) -> None:
     assert _run("sparse", _context("lion", workdir, "keras")).status == "pass"
     adam = _run("sparse", _context("keras.optimizers:Adam", workdir))
