@@ -583,6 +583,27 @@ class LegacyKerasDriver(KerasDriver):
         return iterations(reloaded.iterations) == 0 < iterations(saved.iterations)
 
 
+@contextmanager
+def moving_average_weights(model: Any, optimizer: Any) -> Iterator[None]:
+    """The model's weights replaced by the moving average a Keras 3 optimizer keeps with `use_ema`,
+    then given back bitwise: the weights such an optimizer is judged by, as Keras's SwapEMAWeights
+    callback evaluates and `fit` leaves the model at its end. Without `use_ema`, nothing changes."""
+    uses_ema = getattr(optimizer, "use_ema", False) is True  # tf.keras's legacy optimizers keep none
+    averages = getattr(optimizer, "_model_variables_moving_average", None) if uses_ema else None
+    if not averages:
+        yield
+        return
+    variables = model.trainable_variables
+    trained = [np.array(v.numpy()) for v in variables]
+    for variable, average in zip(variables, averages, strict=True):
+        variable.assign(average)
+    try:
+        yield
+    finally:
+        for variable, value in zip(variables, trained, strict=True):
+            variable.assign(value)
+
+
 def applies_per_update(optimizer: Any) -> int:
     """How many apply() calls make one update: Keras's `gradient_accumulation_steps`, set by a class,
     adds the gradients of that many calls and updates with their mean on the last (its schedule,
@@ -815,7 +836,8 @@ class KerasSession(TrainingSession):
         return f" at {frames[-1].filename}:{frames[-1].lineno} (`{frames[-1].line}`)"
 
     def evaluate(self, objects: KerasObjects) -> Evaluation:
-        output = objects.model(self.x_val, training=False)
+        with moving_average_weights(objects.model, objects.optimizer):
+            output = objects.model(self.x_val, training=False)
         return Evaluation(
             loss=float(self._loss(output, self.y_val)), outputs=np.asarray(output), labels=self.dataset.y_val
         )

@@ -167,6 +167,40 @@ def test_a_loss_scale_factor_is_applied_to_the_loss_as_fit_does(tmp_path: Path) 
     assert scaled.params_sha256 == plain.params_sha256
 
 
+EMA_ADAM = """
+import keras
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class EmaAdam(keras.optimizers.Adam):
+    '''Adam keeping a moving average of the weights (Keras's use_ema).'''
+
+    def __init__(self, learning_rate=0.01, **kwargs):
+        kwargs.setdefault("use_ema", True)
+        kwargs.setdefault("ema_momentum", 0.5)
+        super().__init__(learning_rate=learning_rate, **kwargs)
+"""
+
+
+def test_a_use_ema_optimizer_is_evaluated_at_its_moving_average_and_trains_on(tmp_path: Path) -> None:
+    """As Keras's SwapEMAWeights callback evaluates (and fit leaves the model): the evaluation is
+    of the average the optimizer keeps, and the trained weights come back bitwise."""
+    dirs = plugin(tmp_path, "ema_adam", EMA_ADAM)
+    session = session_of(job_of(tf_spec("ema_adam", "keras", {"lr": 0.01}), tmp_path / "job", dirs))
+    with session.scope():
+        objects = session.build()
+        for step in range(3):
+            session.train_step(objects, session.batch(step), step)
+        trained = objects.model.get_weights()
+        evaluation = session.evaluate(objects)
+        assert all(np.array_equal(a, b) for a, b in zip(trained, objects.model.get_weights(), strict=True))
+        averages = objects.optimizer._model_variables_moving_average
+        assert not all(np.array_equal(w, a.numpy()) for w, a in zip(trained, averages, strict=True))
+        objects.model.set_weights([a.numpy() for a in averages])
+        output = objects.model(session.x_val, training=False)
+        assert evaluation.loss == float(session._loss(output, session.y_val))
+
+
 def test_divergence_names_the_step(tmp_path: Path) -> None:
     with pytest.raises(Diverged) as diverged:
         run(tf_spec("sgd", "keras", {"lr": 1e6}, schedule={"name": "constant"}), tmp_path)
