@@ -24,6 +24,7 @@ from jobs.checks.tools import (
     isolated,
     max_diff,
     method_location,
+    reached_user_code,
     refusal_files,
     refused_rate,
     refuses_dense,
@@ -528,12 +529,6 @@ def _rows_changed(before: np.ndarray, after: np.ndarray, *, exclude: list[int]) 
     return {int(row) for row in changed} - set(exclude)
 
 
-def _reached_the_class(ctx: CheckContext, error: BaseException) -> bool:
-    """Whether code of the class's file was on the way to `error`: in its traceback, or quoted in its
-    message (a compiled function's error names the user's lines)."""
-    return user_line(ctx, error) != ctx.target.class_location()
-
-
 def _sparse_refusal(ctx: CheckContext, error: Exception) -> Outcome:
     """A deliberate `raise` that mentions sparse gradients, in the class's own code (or the
     framework's optimizers', or the base optimizer's a wrapper wraps), is a clear refusal; anything
@@ -560,10 +555,10 @@ def _sparse_refusal(ctx: CheckContext, error: Exception) -> Outcome:
                 fix="support sparse gradients or drop optlab_supports_sparse",
             )
         return passed(f"refuses sparse gradients with a clear error: {ctx.describe_error(error)}")
-    if deepest is not None and ctx.target.source_file() is not None and not _reached_the_class(ctx, error):
+    if deepest is not None and ctx.target.source_file() is not None and not reached_user_code(ctx, error):
         return failed(
             f"a row-sparse gradient ({driver.sparse_gradient_name}) crashed in the framework's code with "
-            f"none of the class's file on the way ({Path(deepest.filename).name}:{deepest.lineno}, "
+            f"none of the class's on the way ({Path(deepest.filename).name}:{deepest.lineno}, "
             f"`{(deepest.line or '').strip()}`): {ctx.describe_error(error)}",
             where=ctx.target.class_location(),
             fix="the framework's base class crashes on a row-sparse gradient as the class configures it (an "

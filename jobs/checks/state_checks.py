@@ -24,6 +24,7 @@ from jobs.checks.tools import (
     same_draws,
     same_value,
     takes_a_rate,
+    user_classes,
 )
 from jobs.frameworks.base import ConfigNotSerialized, Driver, StateNotRestored
 
@@ -191,16 +192,12 @@ def _unsaved_attributes(stepped: Any, restored: Any) -> list[str]:
     ]
 
 
-# The frameworks' own classes keep counters of their own (TensorFlow's trackables a `_self_update_uid`).
-_FRAMEWORK_PACKAGES = ("torch", "keras", "tf_keras", "tensorflow", "builtins")
-
-
 def _attributes_written_by_the_user(cls: type) -> set[str]:
-    """The `self.<name>` the classes of `cls`'s MRO outside the frameworks mention in their source."""
+    """The `self.<name>` the classes of `cls`'s MRO outside the frameworks mention in their source
+    (the frameworks' own classes keep counters of their own: TensorFlow's trackables a
+    `_self_update_uid`)."""
     names: set[str] = set()
-    for klass in cls.__mro__:
-        if klass.__module__.split(".")[0] in _FRAMEWORK_PACKAGES:
-            continue
+    for klass in user_classes(cls):
         try:
             names.update(re.findall(r"\bself\.(\w+)", inspect.getsource(klass)))
         except (OSError, TypeError):  # a class without source here (compiled, or made in a REPL)

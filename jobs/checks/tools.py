@@ -14,6 +14,7 @@ import inspect
 import math
 import random
 import re
+import traceback
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -149,6 +150,32 @@ def method_location(ctx: CheckContext, method: str | None = None) -> str:
     if source is None or source != ctx.target.source_file():
         return ctx.where()
     return f"{source}:{first}"
+
+
+# The top-level packages whose classes are the frameworks' own, not the user's.
+FRAMEWORK_PACKAGES = ("torch", "keras", "tf_keras", "tensorflow", "builtins")
+
+
+def user_classes(cls: type) -> list[type]:
+    """The classes of `cls`'s MRO outside the frameworks: the user's code, or their package's."""
+    return [klass for klass in cls.__mro__ if klass.__module__.split(".")[0] not in FRAMEWORK_PACKAGES]
+
+
+def reached_user_code(ctx: CheckContext, error: BaseException) -> bool:
+    """Whether code of the class (its file, or that of any of its bases outside the frameworks, the
+    wrapped base's too) was on the way to `error`: in its traceback, or quoted in its message (a
+    compiled function's error names the user's lines). False: the framework's own code crashed
+    with the class configuring it (an option of the framework's base the class sets)."""
+    if user_line(ctx, error) != ctx.target.class_location():
+        return True
+    classes = user_classes(ctx.target.cls) + (user_classes(ctx.base.entry.cls) if ctx.base else [])
+    files = set()
+    for klass in classes:
+        try:
+            files.add(inspect.getsourcefile(klass))
+        except TypeError:  # a class without a source file
+            continue
+    return any(frame.filename in files for frame in traceback.extract_tb(error.__traceback__))
 
 
 def user_line(ctx: CheckContext, error: BaseException) -> str:

@@ -110,7 +110,7 @@ def test_a_sparse_crash_in_the_framework_s_own_code_is_not_blamed_on_the_class_s
     names Keras's line and the option, not "handle tf.IndexedSlices" in an update it did not write."""
     outcome = _run("sparse", _context(f"{__name__}:ScaledLossAdam", workdir))
     assert outcome.status == "fail", outcome
-    assert "crashed in the framework's code with none of the class's file on the way" in outcome.detail
+    assert "crashed in the framework's code with none of the class's on the way" in outcome.detail
     assert "base_optimizer.py:" in outcome.detail and "loss_scale_factor" in outcome.detail
 
 

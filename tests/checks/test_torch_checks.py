@@ -169,6 +169,36 @@ def test_sparse_refusals_and_densifying(tmp_path: Path) -> None:
     assert dense.status == "warn" and "densifies" in dense.detail
 
 
+PACKAGE_BASE = '''
+import torch
+
+
+class RowView(torch.optim.Optimizer):
+    """A package's base class: its step reshapes each gradient, which a sparse one refuses."""
+
+    def __init__(self, params, lr=0.1):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.add_(p.grad.view(-1).view(p.shape), alpha=-group["lr"])
+'''
+
+
+def test_a_sparse_crash_in_a_package_s_base_class_is_the_update_s(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Code of the class's bases outside the framework counts as the class's (bitsandbytes' classes
+    inherit their step): only a crash with none of it on the way is put down to the framework."""
+    (tmp_path / "package_base.py").write_text(PACKAGE_BASE)
+    (tmp_path / "leaf.py").write_text("from package_base import RowView\n\n\nclass Leaf(RowView): ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    outcome = rate_checks.check_sparse(context(f"{tmp_path / 'leaf.py'}:Leaf", tmp_path))
+    assert outcome.status == "fail" and "crashed inside the update" in outcome.detail, outcome.detail
+
+
 class DecayEveryRow(torch.optim.Optimizer):
     """Decoupled weight decay on the whole table, then the sparse gradient's rows."""
 
