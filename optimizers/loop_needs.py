@@ -28,8 +28,18 @@ _BASE_ARGUMENTS = ("base_optimizer", "optimizer", "base")
 OPTIMIZER_ANNOTATION = re.compile(r"\bOptimizer\b")
 # The same asking for the class, not a built one: `Type[Optimizer]`, `type[torch.optim.Optimizer]`.
 CLASS_ANNOTATION = re.compile(r"\b[Tt]ype\[[\w.]*\bOptimizer\]")
-# `if closure is None: raise ...` in step(): the closure is optional in the signature only.
-_CLOSURE_REFUSED = re.compile(r"if\s+closure\s+is\s+None\s*:\s*\n\s*raise\b")
+# A step() that refuses to run without its closure, which is then optional in the signature only:
+# `if closure is None: raise ...` (pytorch-optimizer), `assert closure is not None, ...` (the SAM
+# most copied, davda54's), `if not closure: raise ...`.
+_CLOSURE_REFUSED = re.compile(
+    r"if\s+(?:closure\s+is\s+None|not\s+closure)\s*:\s*\n?\s*raise\b|assert\s+closure\s+is\s+not\s+None\b"
+)
+# A step that differentiates its gradients (a Hessian-vector product: AdaHessian's
+# `torch.autograd.grad(grads, params, grad_outputs=z)`), which needs backward(create_graph=True);
+# `torch.autograd.grad(loss, ...)` of a closure's loss does not.
+_DIFFERENTIATES_GRADIENTS = re.compile(r"autograd\.grad\(\s*\[?\s*[\w.]*grad")
+# The top-level packages of the frameworks' own classes, whose source says nothing of the user's.
+_FRAMEWORK_PACKAGES = ("torch", "keras", "tf_keras", "tensorflow", "builtins")
 
 
 @dataclass(frozen=True)
@@ -115,9 +125,28 @@ def _asks_for_create_graph(cls: type) -> bool:
     Bases too: a plugin's thin subclass (`class AdaHessian(pytorch_optimizer.AdaHessian)`) has no
     docstring of its own, and Python does not inherit `__doc__`.
     """
-    return _second_order_flag(cls) or any(
-        "create_graph=True" in (klass.__doc__ or "") for klass in cls.__mro__
+    return (
+        _second_order_flag(cls)
+        or any("create_graph=True" in (klass.__doc__ or "") for klass in cls.__mro__)
+        or _differentiates_its_gradients(cls)
     )
+
+
+def _differentiates_its_gradients(cls: type) -> bool:
+    """The class's step() takes the gradient of the gradients itself (`_DIFFERENTIATES_GRADIENTS`):
+    published Hessian-based classes whose docstring says nothing of create_graph (torchium's
+    AdaHessian). step() only: a package's base class may carry such a helper for the few of its
+    classes that call it (pytorch-optimizer's Hutchinson estimate), and those say so."""
+    step = getattr(cls, "step", None)
+    if step is None:
+        return False
+    step = inspect.unwrap(step)
+    if getattr(step, "__module__", "").split(".")[0] in _FRAMEWORK_PACKAGES:
+        return False
+    try:
+        return bool(_DIFFERENTIATES_GRADIENTS.search(inspect.getsource(step)))
+    except (OSError, TypeError):  # no source here (compiled, or made in a REPL)
+        return False
 
 
 def _second_order_flag(cls: type) -> bool:

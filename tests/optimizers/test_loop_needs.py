@@ -50,6 +50,31 @@ class ClosureRefused(ClosureInSignature):
         return closure()
 
 
+class ClosureAsserted(ClosureInSignature):
+    """davda54's SAM, the one most copied: `assert closure is not None, ...`."""
+
+    def step(self, closure: Any = None) -> Any:
+        assert closure is not None, "Sharpness Aware Minimization requires closure, but it was not provided"
+        return closure()
+
+
+class HessianOfItsGradients(ClosureInSignature):
+    """Differentiates the gradients in step() (a Hutchinson probe), its docstring silent about it."""
+
+    def step(self, closure: Any = None) -> Any:
+        params = [p for group in self.param_groups for p in group["params"]]
+        grads = [p.grad for p in params]
+        return torch.autograd.grad(grads, params, grad_outputs=[torch.ones_like(p) for p in params])
+
+
+class GradientOfTheClosuresLoss(ClosureInSignature):
+    """Takes the gradient of a loss (its closure's), not of gradients: no graph asked of backward."""
+
+    def step(self, closure: Any = None) -> Any:
+        params = [p for group in self.param_groups for p in group["params"]]
+        return torch.autograd.grad(closure(), params)
+
+
 class Declared(ClosureInSignature):
     """States what detection cannot see; a state that detection would get wrong is corrected."""
 
@@ -79,6 +104,9 @@ class SecondOrderOfItsBase(ClosureRefused):
 def test_signals_in_the_class() -> None:
     assert detect_loop_needs(ClosureInSignature).closure
     assert detect_loop_needs(ClosureRefused).closure
+    assert detect_loop_needs(ClosureAsserted).closure
+    assert detect_loop_needs(HessianOfItsGradients).create_graph
+    assert not detect_loop_needs(GradientOfTheClosuresLoss).create_graph
     assert detect_loop_needs(Declared) == LoopNeeds(create_graph=True)
     assert not detect_loop_needs(torch.optim.SGD).closure  # closure=None and never refused
     assert detect_loop_needs(SecondOrderProperty).create_graph
