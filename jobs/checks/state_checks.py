@@ -349,6 +349,14 @@ def check_state_untrainable(ctx: CheckContext) -> Outcome:
     for seed in (90, 91):
         driver.step(optimizer, variables, arrays(SHAPES, seed), ctx.needs)
     count, offending, as_builtins_do = driver.trainable_state(optimizer, variables)
+    if offending and _aliasing_never_read(ctx, overrides):
+        return passed(
+            f"{'; '.join(offending[:4])}: harmless here, as with each a copy of its own the next step is "
+            "bitwise the same (the state is rewritten before it is read, as SAM's saved weights are after "
+            f"`p.data = old_p`); none of {count} optimizer state tensors is trainable"
+            f"{overrides_note(overrides)}",
+            0.0,
+        )
     if offending:
         return failed(
             f"{len(offending)} of {count} optimizer state tensors are trainable or are the trained "
@@ -374,6 +382,28 @@ def check_state_untrainable(ctx: CheckContext) -> Outcome:
         f"{overrides_note(overrides)}",
         0.0,
     )
+
+
+def _aliasing_never_read(ctx: CheckContext, overrides: Mapping[str, Any]) -> bool:
+    """Whether the only fault is state that shares storage with a parameter, and it changes nothing:
+    two equal optimizers two steps in, one with each such state tensor given a copy of its own, take
+    a bitwise equal next step (the state is rewritten before it is read, as SAM's saved weights are
+    at every first step)."""
+    driver = ctx.driver
+    runs = []
+    for unshare in (False, True):
+        with same_draws(ctx, seed=7):
+            optimizer, variables = fresh(ctx, **overrides)
+            for seed in (90, 91):
+                driver.step(optimizer, variables, arrays(SHAPES, seed), ctx.needs)
+            if unshare and (
+                not driver.unshare_state(optimizer, variables)
+                or driver.trainable_state(optimizer, variables)[1]
+            ):
+                return False  # nothing aliased, or what remains is trainable: the fail stands
+            driver.step(optimizer, variables, arrays(SHAPES, 92), ctx.needs)
+            runs.append(driver.values(variables))
+    return max_diff(runs[0], runs[1]) == 0
 
 
 CHECKS: Mapping[str, CheckFunction] = {

@@ -390,6 +390,11 @@ class Driver(ABC):
         """How many state tensors there are, which are trainable or are (alias) a variable, and
         which are trainable only as the framework's own optimizers keep some (worth a warning)."""
 
+    def unshare_state(self, optimizer: Any, variables: Sequence[Any]) -> int:
+        """Give every state tensor that shares storage with one of `variables` a copy of its own, in
+        place; how many there were. None by default: only torch's state can alias a parameter."""
+        return 0
+
     @abstractmethod
     def scheduled(
         self, create: Callable[[Any, Any], Any], variables: Sequence[Any], rates: Sequence[float], lr_arg: str

@@ -19,7 +19,7 @@ import os
 import random
 import re
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -454,6 +454,22 @@ class TorchDriver(Driver):
             elif tensor.numel() and tensor.untyped_storage().data_ptr() in storages:
                 offending.append(f"{name} shares storage with a model parameter")
         return len(tensors), offending, []
+
+    def unshare_state(self, optimizer: Any, variables: Sequence[Any]) -> int:
+        storages = {p.untyped_storage().data_ptr() for p in variables}
+        copied = 0
+        for state in optimizer.state.values():
+            if not isinstance(state, MutableMapping):
+                continue
+            for key, value in list(state.items()):
+                if (
+                    isinstance(value, torch.Tensor)
+                    and value.numel()
+                    and value.untyped_storage().data_ptr() in storages
+                ):
+                    state[key] = value.detach().clone()
+                    copied += 1
+        return copied
 
     def scheduled(
         self, create: Callable[[Any, Any], Any], variables: Sequence[Any], rates: Sequence[float], lr_arg: str

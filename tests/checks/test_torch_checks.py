@@ -439,6 +439,61 @@ def test_a_class_whose_options_need_an_accelerator_is_inconclusive_on_the_cpu(tm
     assert "capturable=True" in outcome.detail  # torch's own words, in the error quoted
 
 
+class CopiedSam(torch.optim.Optimizer):
+    """SAM as davda54's is copied everywhere: the closure required by an assert, the weights put back
+    with `p.data = old_p` (so the saved copy then is the parameter's storage), and no loss returned."""
+
+    def __init__(self, params: object, lr: float = 0.1, rho: float = 0.05) -> None:
+        super().__init__(params, {"lr": lr, "rho": rho})  # type: ignore[arg-type]
+        self.base_optimizer = torch.optim.SGD(self.param_groups, lr=lr)
+        self.param_groups = self.base_optimizer.param_groups
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        assert closure is not None, "Sharpness Aware Minimization requires closure, but it was not provided"
+        grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+        norm = torch.norm(torch.stack([g.norm() for g in grads]))
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self.state[p]["old_p"] = p.data.clone()
+                    p.add_(p.grad * group["rho"] / (norm + 1e-12))
+        with torch.enable_grad():
+            closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.data = self.state[p]["old_p"]
+        self.base_optimizer.step()
+
+
+class AliasedMomentum(PlainSGD):
+    """A momentum buffer that is the parameter itself (`buf = p.data`): read at every step, so the
+    aliasing changes the update."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        super().__init__(params, {"lr": lr})  # type: ignore[arg-type]
+
+    def step(self, closure: Any = None) -> Any:
+        with torch.no_grad():
+            for group in self.param_groups:
+                for p in group["params"]:
+                    if p.grad is None:
+                        continue
+                    buf = self.state[p].setdefault("buf", p.data)
+                    buf.mul_(0.9).add_(p.grad)
+                    p.add_(buf, alpha=-group["lr"])
+
+
+def test_state_aliasing_a_parameter_fails_only_where_it_is_read(tmp_path: Path) -> None:
+    """SAM's saved weights alias the parameter after `p.data = old_p` but are rewritten before they
+    are read: no false alarm. A momentum buffer that is the parameter changes every update: a fail."""
+    copied = state_checks.check_state_untrainable(context(f"{__name__}:CopiedSam", tmp_path))
+    assert copied.status == "pass" and "harmless here" in copied.detail, copied.detail
+    aliased = state_checks.check_state_untrainable(context(f"{__name__}:AliasedMomentum", tmp_path))
+    assert aliased.status == "fail" and "shares storage with a model parameter" in aliased.detail
+
+
 class NoneRate(PlainSGD):
     """`lr=None` in the signature, refused by the class itself (as CAME's `assert lr > 0.`)."""
 
