@@ -141,7 +141,7 @@ def _differentiates_its_gradients(cls: type) -> bool:
     if step is None:
         return False
     step = inspect.unwrap(step)
-    if getattr(step, "__module__", "").split(".")[0] in _FRAMEWORK_PACKAGES:
+    if (getattr(step, "__module__", None) or "").split(".")[0] in _FRAMEWORK_PACKAGES:
         return False
     try:
         return bool(_DIFFERENTIATES_GRADIENTS.search(inspect.getsource(step)))

@@ -158,7 +158,7 @@ FRAMEWORK_PACKAGES = ("torch", "keras", "tf_keras", "tensorflow", "builtins")
 
 def user_classes(cls: type) -> list[type]:
     """The classes of `cls`'s MRO outside the frameworks: the user's code, or their package's."""
-    return [klass for klass in cls.__mro__ if klass.__module__.split(".")[0] not in FRAMEWORK_PACKAGES]
+    return [k for k in cls.__mro__ if (k.__module__ or "").split(".")[0] not in FRAMEWORK_PACKAGES]
 
 
 def reached_user_code(ctx: CheckContext, error: BaseException) -> bool:
