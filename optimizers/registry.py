@@ -333,13 +333,58 @@ def snake_case(class_name: str) -> str:
     return spaced.lower()
 
 
+NOT_AN_OPTIMIZER = (
+    "expected a subclass of torch.optim.Optimizer, keras.optimizers.Optimizer or "
+    "tf_keras.optimizers.legacy.Optimizer"
+)
+
+
+def not_an_optimizer(cls: Any) -> str:
+    """Why `cls` is none of the three styles, as the end of a sentence after its name: what is
+    expected, and where it subclasses another Keras API's optimizer, which and what to subclass."""
+    foreign = foreign_base(cls) if inspect.isclass(cls) else None
+    return f"{NOT_AN_OPTIMIZER}; {foreign}" if foreign else NOT_AN_OPTIMIZER
+
+
+def foreign_base(cls: type) -> str | None:
+    """The optimizer base of a Keras API optlab does not train with that `cls` subclasses, with what
+    to subclass instead; None for any other class. Read from the class's bases by name, so nothing
+    is imported: TensorFlow's frozen internal Keras 2 (2020-era packages import
+    `tensorflow.python.keras.optimizer_v2`), and tf_keras's own newer optimizer API (what
+    `tf.keras.optimizers.Optimizer` is under TF_USE_LEGACY_KERAS)."""
+    # A class written with the legacy API's methods takes the legacy base as it is.
+    legacy_api = any(
+        name in vars(klass) for klass in cls.__mro__ for name in ("_resource_apply_dense", "_create_slots")
+    )
+    legacy = (
+        "tf_keras.optimizers.legacy.Optimizer (_resource_apply_dense, _create_slots, _set_hyper and "
+        "get_config carry over)"
+    )
+    for base in cls.__mro__[1:]:
+        module = base.__module__ or ""
+        if module.startswith("tensorflow.python.keras") and base.__name__ == "OptimizerV2":
+            return (
+                "it subclasses tensorflow.python.keras's OptimizerV2, TensorFlow's frozen internal copy of "
+                f"Keras 2, which neither Keras 3 nor tf_keras trains with: subclass {legacy}"
+            )
+        if module.startswith("tf_keras.") and ".legacy" not in module and base.__name__ == "Optimizer":
+            keras3 = (
+                "keras.optimizers.Optimizer (Keras 3's: build() and update_step(gradient, variable, "
+                "learning_rate))"
+            )
+            instead = legacy if legacy_api else keras3
+            return (
+                "it subclasses tf_keras.optimizers.Optimizer, tf.keras's optimizer API of Keras 2.11 to 2.15 "
+                "(tf.keras.optimizers.Optimizer under TF_USE_LEGACY_KERAS), which optlab does not run"
+                f"{'; its methods are the older API' if legacy_api else ''}: subclass {instead}"
+            )
+    return None
+
+
 def entry_for_class(cls: type, *, source: str, style: str | None = None) -> Entry:
     style = style or style_of(cls)
     if style is None:
-        raise TypeError(
-            f"{cls.__module__}.{cls.__qualname__} is not an optimizer: expected a subclass of "
-            "torch.optim.Optimizer, keras.optimizers.Optimizer or tf_keras.optimizers.legacy.Optimizer"
-        )
+        raise TypeError(f"{cls.__module__}.{cls.__qualname__} is not an optimizer: {not_an_optimizer(cls)}")
     missing = unfinished(cls, style)
     if missing is not None:
         raise TypeError(f"{cls.__qualname__} {missing}")
@@ -510,7 +555,7 @@ def _load_plugin_file(registry: Registry, path: Path, styles: tuple[str, ...]) -
         raise ValueError(
             f"{path} defines no optimizer class (a subclass of torch.optim.Optimizer, "
             f"keras.optimizers.Optimizer or tf_keras.optimizers.legacy.Optimizer){_unfinished_note(module)}"
-            f"{_imported_note(module)}"
+            f"{_foreign_note(module)}{_imported_note(module)}"
         )
     registry.load_module(module, f"plugin {path}", styles)
 
@@ -518,6 +563,18 @@ def _load_plugin_file(registry: Registry, path: Path, styles: tuple[str, ...]) -
 def _unfinished_note(module: ModuleType) -> str:
     """Why the optimizer classes the file does define are not ones: what each leaves undone."""
     notes = [f"{cls.__name__} {unfinished(cls, style)}" for cls, style in _defined_classes(module)]
+    return "".join(f"; {note}" for note in notes)
+
+
+def _foreign_note(module: ModuleType) -> str:
+    """Why the classes the file defines on another Keras API's optimizer base are not optimizers here."""
+    notes = [
+        f"{value.__name__}: {foreign}"
+        for value in vars(module).values()
+        if inspect.isclass(value)
+        and value.__module__ == module.__name__
+        and (foreign := foreign_base(value)) is not None
+    ]
     return "".join(f"; {note}" for note in notes)
 
 

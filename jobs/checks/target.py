@@ -18,7 +18,7 @@ from jobs.processes import in_legacy_keras_process
 from jobs.spec import STYLES_OF_FRAMEWORK
 from jobs.spec import parse_params as parse_params_json
 from optimizers.plugin_import import NotAModule, import_file
-from optimizers.registry import STYLES, Entry, entry_for_class, load_registry, style_of
+from optimizers.registry import STYLES, Entry, entry_for_class, load_registry, not_an_optimizer, style_of
 
 # Source text that only legacy tf.keras optimizers contain: such a file must be imported
 # with TF_USE_LEGACY_KERAS=1, which has to be set before TensorFlow is imported.
@@ -191,10 +191,7 @@ def _class_entry(text: str) -> Entry:
         listed = ", ".join(defined) or "none"
         raise UsageError(f"{reference} has no class {class_name!r}; it defines: {listed}")
     if not inspect.isclass(cls) or style_of(cls) is None:
-        raise UsageError(
-            f"{text} is not an optimizer class: expected a subclass of torch.optim.Optimizer, "
-            "keras.optimizers.Optimizer or tf_keras.optimizers.legacy.Optimizer"
-        )
+        raise UsageError(f"{text} is not an optimizer class: {not_an_optimizer(cls)}")
     try:
         return entry_for_class(cls, source=text)
     except (TypeError, ValueError) as exc:

@@ -469,6 +469,47 @@ def test_entry_for_class_names_what_an_unfinished_class_lacks() -> None:
     assert entry_for_class(ScalesLoss, source="test").style == "keras"
 
 
+FROZEN_KERAS_COPY = """
+from tensorflow.python.keras.optimizer_v2 import optimizer_v2
+
+
+class Expectigradish(optimizer_v2.OptimizerV2):
+    '''Written in 2020 on TensorFlow's internal Keras, as expectigrad's TensorFlow 2 class is.'''
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        return var.assign_sub(0.1 * grad)
+"""
+
+
+def test_a_class_on_another_keras_apis_optimizer_base_is_told_which_and_what_to_subclass(
+    tmp_path: Path,
+) -> None:
+    """Not only "expected a subclass of ...": which base it has, and the one its methods fit."""
+    tf_keras = pytest.importorskip("tf_keras")
+
+    class OlderApi(tf_keras.optimizers.Optimizer):  # type: ignore[misc]
+        """tf.keras.optimizers.Optimizer under TF_USE_LEGACY_KERAS, with TF 2.10's methods (tf_adan)."""
+
+        def _resource_apply_dense(self, grad: Any, var: Any, apply_state: Any = None) -> Any:
+            return var.assign_sub(0.1 * grad)
+
+    class NewerApi(tf_keras.optimizers.Optimizer):  # type: ignore[misc]
+        def update_step(self, gradient: Any, variable: Any) -> None:
+            variable.assign_sub(0.1 * gradient)
+
+    with pytest.raises(TypeError, match=r"OlderApi is not an optimizer: .*; it subclasses tf_keras"):
+        entry_for_class(OlderApi, source="test")
+    with pytest.raises(TypeError, match=r"older API: subclass tf_keras.optimizers.legacy.Optimizer"):
+        entry_for_class(OlderApi, source="test")
+    with pytest.raises(TypeError, match=r"does not run: subclass keras.optimizers.Optimizer \(Keras 3's"):
+        entry_for_class(NewerApi, source="test")
+    path = _write(tmp_path, "frozen.py", FROZEN_KERAS_COPY)
+    [error] = _errors_for(load_registry(plugin_dirs=[str(tmp_path)], styles=("tf_legacy",)), path)
+    assert "defines no optimizer class" in error
+    assert "Expectigradish: it subclasses tensorflow.python.keras's OptimizerV2" in error
+    assert "subclass tf_keras.optimizers.legacy.Optimizer" in error
+
+
 def test_same_name_in_two_plugin_files_keeps_the_first(tmp_path: Path) -> None:
     first = _write(tmp_path, "a_first.py", SIGN_MOMENTUM)
     second = _write(tmp_path, "b_second.py", SIGN_MOMENTUM)
