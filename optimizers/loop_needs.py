@@ -39,7 +39,7 @@ _CLOSURE_REFUSED = re.compile(
 # `torch.autograd.grad(loss, ...)` of a closure's loss does not.
 _DIFFERENTIATES_GRADIENTS = re.compile(r"autograd\.grad\(\s*\[?\s*[\w.]*grad")
 # The top-level packages of the frameworks' own classes, whose source says nothing of the user's.
-_FRAMEWORK_PACKAGES = ("torch", "keras", "tf_keras", "tensorflow", "builtins")
+FRAMEWORK_PACKAGES = ("torch", "keras", "tf_keras", "tensorflow", "builtins")
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ def _differentiates_its_gradients(cls: type) -> bool:
     if step is None:
         return False
     step = inspect.unwrap(step)
-    if (getattr(step, "__module__", None) or "").split(".")[0] in _FRAMEWORK_PACKAGES:
+    if (getattr(step, "__module__", None) or "").split(".")[0] in FRAMEWORK_PACKAGES:
         return False
     try:
         return bool(_DIFFERENTIATES_GRADIENTS.search(inspect.getsource(step)))

@@ -23,6 +23,7 @@ import numpy as np
 from jobs.checks.context import CheckContext
 from jobs.checks.report import Outcome
 from jobs.frameworks.base import raising_frame
+from optimizers.loop_needs import FRAMEWORK_PACKAGES
 
 CheckFunction = Callable[[CheckContext], Outcome]
 
@@ -150,10 +151,6 @@ def method_location(ctx: CheckContext, method: str | None = None) -> str:
     if source is None or source != ctx.target.source_file():
         return ctx.where()
     return f"{source}:{first}"
-
-
-# The top-level packages whose classes are the frameworks' own, not the user's.
-FRAMEWORK_PACKAGES = ("torch", "keras", "tf_keras", "tensorflow", "builtins")
 
 
 def user_classes(cls: type) -> list[type]:
