@@ -108,6 +108,14 @@ def check_construct(ctx: CheckContext) -> Outcome:
                     f"by name: {ctx.describe_error(exc)}; these values do not fit it (they are not a fault "
                     "of the class): check it with values it takes"
                 )
+            if _builds_over_a_matrix_alone(ctx, params):
+                matrix = shape_text(SHAPES[0])
+                return skipped(
+                    f"inconclusive: building over the checks' variables (a {matrix} matrix and two vectors) "
+                    f"with {label} raised {ctx.describe_error(exc)}, and over the matrix alone it builds: "
+                    "the class refuses parameters of some shapes (as Muon takes only matrices), so optlab's "
+                    "problems cannot judge it"
+                )
             if not _refuses_its_own_values(ctx, exc):
                 return skipped(
                     f"inconclusive: building over a list of parameters with {label} raised "
@@ -220,6 +228,16 @@ def _base_call_failure(what: str, where: str) -> Outcome:
         "(the error names the one it refuses); a class written for an older API (tf.keras's OptimizerV2, "
         "the tf.keras 2.11 optimizer) must be ported to it",
     )
+
+
+def _builds_over_a_matrix_alone(ctx: CheckContext, params: Mapping[str, Any]) -> bool:
+    """Whether the class, which refused the checks' variables, builds over their matrix alone: it
+    refuses parameters by shape (GefenMuon, as torch's Muon: "only supports 2D parameters")."""
+    try:
+        ctx.create(params, model_params=ctx.driver.variables(arrays(SHAPES[:1], seed=0)))
+    except Exception:
+        return False
+    return True
 
 
 def _build_error(ctx: CheckContext, params: Mapping[str, Any]) -> Exception | None:

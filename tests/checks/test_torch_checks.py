@@ -494,6 +494,23 @@ def test_state_aliasing_a_parameter_fails_only_where_it_is_read(tmp_path: Path) 
     assert aliased.status == "fail" and "shares storage with a model parameter" in aliased.detail
 
 
+class MatricesOnly(PlainSGD):
+    """Refuses a vector in its own __init__, as GefenMuon and torch's Muon do."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        super().__init__(params, {"lr": lr})  # type: ignore[arg-type]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.ndim != 2:
+                    raise ValueError(f"MatricesOnly only supports 2D parameters, found {tuple(p.shape)}")
+
+
+def test_a_class_refusing_the_checks_vectors_in_its_constructor_is_inconclusive(tmp_path: Path) -> None:
+    """Not "the constructor must accept every declared hyperparameter": over the matrix alone it builds."""
+    outcome = build_checks.check_construct(context(f"{__name__}:MatricesOnly", tmp_path))
+    assert outcome.status == "skip" and "refuses parameters of some shapes" in outcome.detail, outcome.detail
+
+
 class NoneRate(PlainSGD):
     """`lr=None` in the signature, refused by the class itself (as CAME's `assert lr > 0.`)."""
 
