@@ -35,6 +35,13 @@ def state(weight: list[float], step: Any = 3) -> dict[str, Any]:
     return {"state": {0: {"momentum": torch.tensor(weight), "step": step}}, "param_groups": [{"lr": 0.1}]}
 
 
+def state_with(**keys: Any) -> dict[str, Any]:
+    """`state([1.0])` with more keys in its one parameter's state."""
+    with_keys = state([1.0])
+    with_keys["state"][0].update(keys)
+    return with_keys
+
+
 @pytest.mark.parametrize(
     ("saved", "loaded"),
     [
@@ -43,6 +50,11 @@ def state(weight: list[float], step: Any = 3) -> dict[str, Any]:
         pytest.param(state([1.0], step=math.nan), state([1.0], step=math.nan), id="float NaN equals NaN"),
         pytest.param([1, "a", (2, 3)], [1, "a", (2, 3)], id="nested sequences"),
         pytest.param(torch.tensor([1, 2]), torch.tensor([1, 2]), id="integer tensors"),
+        pytest.param(
+            state([1.0]),
+            state_with(m_quant_type="uf8"),
+            id="bookkeeping the loader fills in (Adafactor8Bit's m_quant_type): no state lost",
+        ),
     ],
 )
 def test_equal_states_have_no_difference(saved: Any, loaded: Any) -> None:
@@ -81,6 +93,12 @@ def test_equal_states_have_no_difference(saved: Any, loaded: Any) -> None:
             {"state": {0: {"momentum": torch.tensor([1.0])}}, "param_groups": [{"lr": 0.1}]},
             "optimizer['state'][0]: keys differ (missing after reload: ['step'], unexpected: [])",
             id="missing key",
+        ),
+        pytest.param(
+            state([1.0]),
+            state_with(extra=[torch.tensor(0.0)]),
+            "optimizer['state'][0]: keys differ (missing after reload: [], unexpected: ['extra'])",
+            id="a tensor only the reload has",
         ),
         pytest.param(
             {"param_groups": [{"lr": 0.1}]},
