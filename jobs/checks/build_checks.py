@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 import traceback
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -233,17 +233,15 @@ def _base_call_failure(what: str, where: str) -> Outcome:
 def _builds_over_a_matrix_alone(ctx: CheckContext, params: Mapping[str, Any]) -> bool:
     """Whether the class, which refused the checks' variables, builds over their matrix alone: it
     refuses parameters by shape (GefenMuon, as torch's Muon: "only supports 2D parameters")."""
-    try:
-        ctx.create(params, model_params=ctx.driver.variables(arrays(SHAPES[:1], seed=0)))
-    except Exception:
-        return False
-    return True
+    return _build_error(ctx, params, shapes=SHAPES[:1]) is None
 
 
-def _build_error(ctx: CheckContext, params: Mapping[str, Any]) -> Exception | None:
+def _build_error(
+    ctx: CheckContext, params: Mapping[str, Any], shapes: Sequence[tuple[int, ...]] = SHAPES
+) -> Exception | None:
     """What building with exactly `params` over plain parameters raised, or None when it built."""
     try:
-        ctx.create(params, model_params=ctx.driver.variables(arrays(SHAPES, seed=0)))
+        ctx.create(params, model_params=ctx.driver.variables(arrays(shapes, seed=0)))
     except Exception as exc:
         return exc
     return None

@@ -200,7 +200,16 @@ def first_difference(saved: Any, loaded: Any, where: str) -> str | None:
 
 
 def _holds_a_tensor(value: Any) -> bool:
-    return bool(list(_tensors_in("", value)))
+    return next(_tensors_in("", value), None) is not None
+
+
+def _storages(variables: Sequence[Any]) -> set[int]:
+    return {p.untyped_storage().data_ptr() for p in variables}
+
+
+def _in_storages(tensor: torch.Tensor, storages: set[int]) -> bool:
+    """Whether a non-empty tensor shares its storage with one of the parameters `storages` names."""
+    return bool(tensor.numel()) and tensor.untyped_storage().data_ptr() in storages
 
 
 def verify_roundtrip(
@@ -450,7 +459,7 @@ class TorchDriver(Driver):
         return found
 
     def trainable_state(self, optimizer: Any, variables: Sequence[Any]) -> tuple[int, list[str], list[str]]:
-        storages = {p.untyped_storage().data_ptr() for p in variables}
+        storages = _storages(variables)
         tensors = list(state_tensors(optimizer))
         offending = []
         for name, tensor in tensors:
@@ -458,22 +467,18 @@ class TorchDriver(Driver):
                 offending.append(f"{name} is an nn.Parameter")
             elif tensor.requires_grad:
                 offending.append(f"{name} requires grad")
-            elif tensor.numel() and tensor.untyped_storage().data_ptr() in storages:
+            elif _in_storages(tensor, storages):
                 offending.append(f"{name} shares storage with a model parameter")
         return len(tensors), offending, []
 
     def unshare_state(self, optimizer: Any, variables: Sequence[Any]) -> int:
-        storages = {p.untyped_storage().data_ptr() for p in variables}
+        storages = _storages(variables)
         copied = 0
         for state in optimizer.state.values():
             if not isinstance(state, MutableMapping):
                 continue
             for key, value in list(state.items()):
-                if (
-                    isinstance(value, torch.Tensor)
-                    and value.numel()
-                    and value.untyped_storage().data_ptr() in storages
-                ):
+                if isinstance(value, torch.Tensor) and _in_storages(value, storages):
                     state[key] = value.detach().clone()
                     copied += 1
         return copied
