@@ -355,6 +355,7 @@ def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
     import shutil
 
     from rich.console import Console
+    from rich.text import Text
 
     # Wide enough for the ranking's columns whole, also when the output is not a terminal.
     console = Console(width=max(shutil.get_terminal_size().columns, 120))
@@ -362,7 +363,7 @@ def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
         summary = StudySummary.model_validate(study["summary"])
         console.print(ranking_table(summary))
         for line in [*comparison_lines(summary), *summary.notes]:
-            console.print(line)
+            console.print(Text(line))  # not markup: a note may quote brackets
     print(f"report: {url}{study['report_url']}")  # plain print: an address is never wrapped
     if study.get("mlflow"):
         print(f"MLflow: {study['mlflow']['url']}")

@@ -9,6 +9,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from jobs.result import JobStatus
 from jobs.spec import optimizer_label
@@ -31,7 +32,7 @@ def run_demo(settings: Settings, specs_dir: Path) -> int:
     try:
         specs = load_specs(specs_dir)
     except (OSError, ValueError) as exc:
-        console.print(f"[red]optlab demo: {exc}")
+        console.print(Text(f"optlab demo: {exc}", style="red"))
         return 2
     console.print("Starting MLflow, the API and a worker (the first start takes a minute)...")
     try:
@@ -40,7 +41,7 @@ def run_demo(settings: Settings, specs_dir: Path) -> int:
             try:
                 jobs = [client.submit(spec) for spec in specs]
             except ApiError as exc:
-                console.print(f"[red]optlab demo: the API refused a demo spec: {exc}")
+                console.print(Text(f"optlab demo: the API refused a demo spec: {exc}", style="red"))
                 return 1
             console.print(f"Submitted {len(jobs)} jobs over HTTP to {supervisor.api_url}")
             final = follow_jobs(
@@ -56,7 +57,7 @@ def run_demo(settings: Settings, specs_dir: Path) -> int:
             )
             ok = all(status_of(job) is JobStatus.SUCCEEDED for job in final.values())
     except StartupError as exc:
-        console.print(f"[red]optlab demo: {exc}")
+        console.print(Text(f"optlab demo: {exc}", style="red"))
         return 1
     return 0 if ok else 1
 

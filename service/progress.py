@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from jobs.result import JobStatus
@@ -24,7 +25,7 @@ def follow_jobs(
         console=console,
     )
     tasks = {
-        job_id: progress.add_task(f"#{job_id} {label}", total=None, status=JobStatus.QUEUED, loss="-")
+        job_id: progress.add_task(escape(f"#{job_id} {label}"), total=None, status=JobStatus.QUEUED, loss="-")
         for job_id, label in labels.items()
     }
 

@@ -155,13 +155,16 @@ def print_report_table(report: dict[str, Any]) -> None:
     """The readable table, from the report's JSON form (local runs and the service's alike)."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
-    table = Table(title=f"{report['optimizer']} ({report['style']}) — {report['class']}")
+    # Text, not markup: an error quoted in a detail may hold brackets ("[/__w/pytorch/...pair.cc:553]"
+    # from gloo) that rich would read as tags, and raise on.
+    table = Table(title=Text(f"{report['optimizer']} ({report['style']}) — {report['class']}"))
     for column in ("check", "status", "figure", "explanation"):
         table.add_column(column, overflow="fold")
     for check in report["checks"]:
-        status = f"[{STATUS_COLOUR[check['status']]}]{check['status']}[/]"
-        table.add_row(check["id"], status, format_figure(check["figure"]), check["detail"])
+        status = Text(check["status"], style=STATUS_COLOUR[check["status"]])
+        table.add_row(Text(check["id"]), status, format_figure(check["figure"]), Text(check["detail"]))
     console = Console(width=max(120, Console().width))
     console.print(table)
     summary = report["summary"]

@@ -6,8 +6,10 @@ import time
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from service.client import ApiClient
 from service.studies.summary import Stat, StudySummary
@@ -35,7 +37,7 @@ def follow_study(
             ]
             for name, row in rows:
                 if name not in tasks:
-                    tasks[name] = progress.add_task(name, total=row["steps_total"], counts="")
+                    tasks[name] = progress.add_task(escape(name), total=row["steps_total"], counts="")
                 progress.update(
                     tasks[name],
                     completed=row["steps_done"],
@@ -74,8 +76,8 @@ def ranking_table(summary: StudySummary) -> Table:
         )
         table.add_row(
             str(row.rank) if row.rank is not None else "-",
-            row.optimizer,
-            row.label or "-",
+            Text(row.optimizer),
+            Text(row.label or "-"),
             _number(row.selection.mean if row.selection else None),
             _interval(row.selection),
             str(row.selection.n if row.selection else 0),

@@ -10,7 +10,15 @@ from pathlib import Path
 
 import pytest
 
-from jobs.checks.report import CHECK_IDS, CheckReport, CheckResult, failed, format_figure, passed
+from jobs.checks.report import (
+    CHECK_IDS,
+    CheckReport,
+    CheckResult,
+    failed,
+    format_figure,
+    passed,
+    print_report_table,
+)
 from jobs.checks.target import UsageError, needs_legacy_keras, resolve_target
 from tests.checks.tables import ROOT
 
@@ -138,6 +146,19 @@ def test_the_report_reads_as_json_markdown_and_summary() -> None:
     assert "| sparse | fail |  | a raw TypeError (at x.py:3). Fix: handle sparse |" in markdown
     assert json.loads(json.dumps(data)) == data
     assert [format_figure(f) for f in (None, 0.0, 2.5, 1e-9)] == ["", "0", "2.5", "1.00e-09"]
+
+
+def test_the_table_prints_a_detail_quoting_brackets_as_it_is(capsys: pytest.CaptureFixture[str]) -> None:
+    # gloo's errors open with their source line in brackets, which rich would read as a closing tag
+    # and raise on (MarkupError): `optlab check` printed a traceback instead of its report.
+    quoted = "RuntimeError: [/__w/pytorch/pytorch/third_party/gloo/tcp/pair.cc:553] closed; lr=[red]"
+    report = CheckReport("wolfe", "torch", "torch", "wolfe", "[/x.py]:Wolfe", {})
+    report.checks = [CheckResult("distributed", **_fields(failed(quoted, fix="see the line")))]
+    print_report_table(report.to_json())
+    # The table folds long text over lines between its borders.
+    printed = "".join(capsys.readouterr().out.replace("│", " ").split())
+    assert "".join(quoted.split()) in printed
+    assert "[/x.py]:Wolfe" in printed
 
 
 def test_the_command_line_exits_2_on_usage_errors_and_writes_the_json_report(tmp_path: Path) -> None:
