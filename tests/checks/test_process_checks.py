@@ -164,6 +164,52 @@ def test_a_hung_child_is_stopped_and_reported(
     assert "did not finish within 12 s" in outcome.detail
 
 
+BACKTRACKING = """
+import torch
+
+
+class BacktrackingSGD(torch.optim.Optimizer):
+    '''Gradient descent with an Armijo backtracking line search on the closure's loss.'''
+
+    def __init__(self, params, lr=5.0, shrink=0.5):
+        super().__init__(params, dict(lr=lr, shrink=shrink))
+
+    @torch.no_grad()
+    def step(self, closure):
+        with torch.enable_grad():
+            loss = float(closure())
+        group = self.param_groups[0]
+        params = [p for p in group["params"] if p.grad is not None]
+        start = [p.clone() for p in params]
+        grads = [p.grad.clone() for p in params]
+        slope = sum(float((g * g).sum()) for g in grads)
+        rate = group["lr"]
+        for _ in range(30):
+            for p, p0, g in zip(params, start, grads):
+                p.copy_(p0 - rate * g)
+            with torch.enable_grad():
+                trial = float(closure())
+            if trial <= loss - 1e-4 * rate * slope:
+                break
+            rate *= group["shrink"]
+        return loss
+"""
+
+
+def test_a_line_search_whose_ranks_fall_out_of_step_is_judged_with_the_loss_over_ranks(
+    tmp_path: Path,
+) -> None:
+    # Each rank backtracks on its own half-batch loss, so the ranks run different numbers of
+    # closures, and so of DDP's all-reduces: the plain DDP run fails (gloo: connection closed by
+    # peer). With the ranks' mean loss, as a job's closure returns, they agree with one process.
+    path = tmp_path / "backtracking.py"
+    path.write_text(BACKTRACKING)
+    (tmp_path / "check").mkdir()
+    outcome = distributed(context(f"{path}:BacktrackingSGD", "torch", tmp_path / "check"))
+    assert outcome.status == "warn", outcome.detail
+    assert "the run failed" in outcome.detail and "the class steps by the loss" in outcome.detail
+
+
 KERAS_OPTIONS = """
 import keras
 

@@ -38,6 +38,17 @@ def distributed(ctx: CheckContext) -> Outcome:
     try:
         run_fresh(ctx, "distributed", request)
     except ChildFailed as exc:
+        if ctx.needs.closure and not exc.timed_out:
+            # A class whose closure count follows the loss (a line search) runs a different number of
+            # backward passes on each rank when their losses differ, and DDP's all-reduce then waits
+            # on a rank that has moved on.
+            observed = (
+                f"the run failed ({exc.observed}): ranks that step by different losses may run different "
+                "numbers of backward passes, whose all-reduces DDP cannot pair"
+            )
+            over_ranks = _judged_with_the_loss_over_ranks(ctx, request, observed)
+            if over_ranks is not None:
+                return over_ranks
         if ctx.needs.create_graph and not exc.timed_out:
             # DDP averages gradients in place, which a gradient carrying a graph (for Hessian-vector
             # products) refuses: a limit of DDP and so of this check, not a fault of the class.
@@ -51,7 +62,8 @@ def distributed(ctx: CheckContext) -> Outcome:
         )
     outcome = judge(ctx, runs.WORDING, outs, overrides)
     if outcome.status == "fail" and ctx.needs.closure:
-        return _judged_with_the_loss_over_ranks(ctx, request, outcome) or outcome
+        observed = "the ranks part from one process fed the averaged gradient"
+        return _judged_with_the_loss_over_ranks(ctx, request, observed, outcome.figure) or outcome
     if outcome.status == "fail":
         return _judged_without_per_replica_options(ctx, request, outcome) or outcome
     return outcome
@@ -98,13 +110,13 @@ def _judged_without_per_replica_options(
 
 
 def _judged_with_the_loss_over_ranks(
-    ctx: CheckContext, request: Mapping[str, Any], outcome: Outcome
+    ctx: CheckContext, request: Mapping[str, Any], observed: str, figure: float | None = None
 ) -> Outcome | None:
     """A class stepped with a closure may use the loss it returns (AliG's step size, LBFGS's line
     search), which in a plain DDP loop is each rank's own share's: DDP averages gradients, not
     losses. Run again with the closure returning the ranks' mean, as optlab's jobs do: if the ranks
-    then agree with one process, that loss was the cause, which a warn names; else None (the fail
-    stands)."""
+    then agree with one process, that loss was the cause, which a warn names after `observed` (what
+    the plain DDP loop did); else None (the fail stands)."""
     runs = runs_for(ctx.target.style)
     outs = {
         name: Path(path).with_name(f"mean-loss-{Path(path).name}") for name, path in request["outs"].items()
@@ -122,13 +134,13 @@ def _judged_with_the_loss_over_ranks(
     setup = runs.WORDING.setup
     return warned(
         f"under {setup}, with each rank's closure returning its own share's loss (as in a plain DDP loop), "
-        "the ranks part from one process fed the averaged gradient; with the closure returning the mean "
+        f"{observed}; with the closure returning the mean "
         f"of the ranks' losses (as optlab's jobs do) they agree with it: the class steps by the loss (a "
         "line search, a loss-scaled step), which DDP does not average",
         where=ctx.where(),
         fix="in a DDP loop of your own, have the closure return the loss averaged over the ranks "
         "(torch.distributed.all_reduce, then divide by the world size), or all-reduce it in step()",
-        figure=outcome.figure,
+        figure=figure,
     )
 
 
