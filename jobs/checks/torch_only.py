@@ -315,7 +315,8 @@ def _group_refusal(ctx: CheckContext, error: Exception) -> str:
     about groups (torch's own, of a group it cannot take), or any error about groups the class's code
     raises with a `raise` statement (D-Adaptation's RuntimeError for a group lr of its own).
     Anything else is raised again: the check reports it."""
-    about_groups = "group" in str(error).lower()
+    # torch's documentation calls param groups "per-parameter options", and so do classes refusing them.
+    about_groups = any(words in str(error).lower() for words in ("group", "per-parameter"))
     clear = isinstance(error, ValueError) or raised_in(error, refusal_files(ctx), by_raise=True)
     if not (about_groups and clear):
         raise error

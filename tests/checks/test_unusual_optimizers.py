@@ -4,8 +4,10 @@ names: the checks that once misjudged them, each run alone (fast)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
+import torch
 
 from jobs.checks.runner import run_checks
 from tests.checks.tables import target_of
@@ -37,3 +39,19 @@ def test_unusual_semantics_are_judged_fairly(
     (result,) = run_checks(target_of(text), {}, only=[check_id], workdir=tmp_path).checks
     assert (result.id, result.status) == (check_id, status), result.detail
     assert says in result.detail
+
+
+class PlainSetSGD(torch.optim.SGD):
+    """Refuses param groups in torch's documentation's words for them, as torchmin's Minimizer does."""
+
+    def __init__(self, params: Any, lr: float = 0.1) -> None:
+        super().__init__(params, lr=lr)
+        if len(self.param_groups) != 1:
+            raise ValueError("PlainSetSGD doesn't support per-parameter options")
+
+
+def test_a_refusal_of_per_parameter_options_is_a_refusal_of_groups(tmp_path: Path) -> None:
+    text = "tests.checks.test_unusual_optimizers:PlainSetSGD"
+    (result,) = run_checks(target_of(text), {}, only=["param_groups"], workdir=tmp_path).checks
+    assert result.status == "skip", result.detail
+    assert "refuses param groups with a clear error" in result.detail
