@@ -197,7 +197,7 @@ class OptimizerChoice(Component):
     needs: dict[Annotated[str, Field(max_length=100)], bool | str | None] | None = Field(
         default=None,
         description="what the loop must do that the catalogue could not detect, merged over its needs: "
-        "closure, create_graph, train_eval (true/false), base_optimizer (an argument name)",
+        "closure, create_graph, train_eval, backward_in_step (true/false), base_optimizer (an argument name)",
     )
 
     @field_validator("needs")

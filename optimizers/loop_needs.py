@@ -4,7 +4,8 @@ Real optimizers break that assumption in a few known ways: sharpness-aware ones 
 re-evaluate the loss through `step(closure)`; Hessian-based ones (AdaHessian, Sophia-H)
 need the backward pass to keep its graph for Hessian-vector products; schedule-free ones
 must be switched with `optimizer.train()` / `optimizer.eval()` around evaluation and
-saving; wrappers (Lookahead, SAM) take a base optimizer. Declared once here, in the
+saving; wrappers (Lookahead, SAM) take a base optimizer; a few (torchmin's Minimizer, BackPACK's
+and Hessian-free ones) run backward themselves on the loss their closure returns. Declared once here, in the
 catalogue entry, and read by both the trainer and the checks, so neither blames the
 optimizer for what the loop assumed.
 
@@ -38,6 +39,11 @@ _CLOSURE_REFUSED = re.compile(
 # `torch.autograd.grad(grads, params, grad_outputs=z)`), which needs backward(create_graph=True);
 # `torch.autograd.grad(loss, ...)` of a closure's loss does not.
 _DIFFERENTIATES_GRADIENTS = re.compile(r"autograd\.grad\(\s*\[?\s*[\w.]*grad")
+# A name bound to what a closure returns (`loss = closure()`, `f = self._closure()`), whose
+# differentiation by the class itself shows in the same function (`_DIFFERENTIATES_CLOSURE_LOSS`).
+_CLOSURE_LOSS = re.compile(r"\b(\w+)\s*=\s*(?:\w+\.)*_?closure_?\(\s*\)")
+_DIFFERENTIATES_CLOSURE_LOSS = r"\b{name}\s*\.\s*backward\(|autograd\.grad\(\s*[\[(]?\s*{name}\b"
+_CLOSURE_CALL_DIFFERENTIATED = re.compile(r"\bclosure_?\(\s*\)\s*\.\s*backward\(")
 # The top-level packages of the frameworks' own classes, whose source says nothing of the user's.
 FRAMEWORK_PACKAGES = ("torch", "keras", "tf_keras", "tensorflow", "builtins")
 
@@ -50,6 +56,9 @@ class LoopNeeds:
     create_graph: bool = False  # backward(create_graph=True), for Hessian-vector products
     train_eval: bool = False  # optimizer.train() before training steps, .eval() before evaluating/saving
     base_optimizer: str | None = None  # the constructor argument that takes the wrapped optimizer
+    # step(closure) runs backward itself on the loss the closure returns (torchmin's Minimizer): the
+    # loop's closure returns the loss with its graph and calls no backward. Implies `closure`.
+    backward_in_step: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -80,6 +89,7 @@ class LoopNeeds:
             closure=self.closure or base.closure,
             create_graph=self.create_graph or base.create_graph,
             train_eval=self.train_eval or base.train_eval,
+            backward_in_step=self.backward_in_step or base.backward_in_step,
         )
 
 
@@ -89,14 +99,17 @@ PLAIN = LoopNeeds()
 
 def detect_loop_needs(cls: type) -> LoopNeeds:
     """What can be read from the class itself, then what it declares in `optlab_needs`."""
+    backward_in_step = _runs_backward_on_the_closure_loss(cls)
     detected = LoopNeeds(
-        closure=_closure_required(cls),
+        closure=backward_in_step or _closure_required(cls),
         create_graph=_asks_for_create_graph(cls),
         train_eval=_has_train_eval(cls),
         base_optimizer=_base_argument(cls),
+        backward_in_step=backward_in_step,
     )
     declared = getattr(cls, NEEDS_ATTRIBUTE, None) or {}
-    return detected.with_overrides(declared, owner=f"{cls.__qualname__}.{NEEDS_ATTRIBUTE}")
+    needs = detected.with_overrides(declared, owner=f"{cls.__qualname__}.{NEEDS_ATTRIBUTE}")
+    return replace(needs, closure=True) if needs.backward_in_step else needs
 
 
 def _closure_required(cls: type) -> bool:
@@ -147,6 +160,32 @@ def _differentiates_its_gradients(cls: type) -> bool:
         return bool(_DIFFERENTIATES_GRADIENTS.search(inspect.getsource(step)))
     except (OSError, TypeError):  # no source here (compiled, or made in a REPL)
         return False
+
+
+def _runs_backward_on_the_closure_loss(cls: type) -> bool:
+    """A function of the class (or of a base outside the frameworks) binds what a closure returns and
+    differentiates it (`f = self._closure(); f.backward()`, torchmin's Minimizer), or calls
+    `closure().backward()`: under torch's convention the closure has run backward already, and its
+    loss has no graph left to differentiate."""
+    for klass in cls.__mro__:
+        if (klass.__module__ or "").split(".")[0] in FRAMEWORK_PACKAGES:
+            continue
+        for member in vars(klass).values():
+            function = inspect.unwrap(
+                member.__func__ if isinstance(member, staticmethod | classmethod) else member
+            )
+            if not inspect.isfunction(function):
+                continue
+            try:
+                source = inspect.getsource(function)
+            except (OSError, TypeError):  # no source here (compiled, or made in a REPL)
+                continue
+            if _CLOSURE_CALL_DIFFERENTIATED.search(source) or any(
+                re.search(_DIFFERENTIATES_CLOSURE_LOSS.format(name=re.escape(name)), source)
+                for name in set(_CLOSURE_LOSS.findall(source))
+            ):
+                return True
+    return False
 
 
 def _second_order_flag(cls: type) -> bool:

@@ -37,7 +37,8 @@ from jobs.checks.tools import (
     updates_nothing,
     user_line,
 )
-from jobs.frameworks.torch_driver import state_tensors
+from jobs.frameworks.torch_driver import closure_result, state_tensors
+from optimizers.loop_needs import PLAIN, LoopNeeds
 
 SEED = 0
 
@@ -66,11 +67,12 @@ def _backward(
     batch: tuple[Tensor, Tensor],
     extra: Tensor | None = None,
     *,
-    create_graph: bool = False,
+    needs: LoopNeeds = PLAIN,
 ) -> Tensor:
     """Fresh gradients (old ones set to None) of the mean squared error on `batch`, plus the squared
     norm of `extra` (a parameter outside the model) when given: its gradient is fresh too, or a
-    closure called again by step() would add to it."""
+    closure called again by step() would add to it. As the loop's closure ends (`closure_result`):
+    a class that runs backward itself gets the loss with its graph instead."""
     params = [*model.parameters(), *([] if extra is None else [extra])]
     for p in params:
         p.grad = None
@@ -78,8 +80,7 @@ def _backward(
     loss = nn.functional.mse_loss(model(inputs), targets)
     if extra is not None:
         loss = loss + (extra**2).sum()
-    loss.backward(create_graph=create_graph)
-    return loss.detach()
+    return closure_result(loss, needs)
 
 
 def _closure(
@@ -92,7 +93,7 @@ def _closure(
 
     def closure() -> Tensor:
         with torch.enable_grad():  # step(closure) may run it under torch.no_grad()
-            return _backward(model, batch, extra, create_graph=ctx.needs.create_graph)
+            return _backward(model, batch, extra, needs=ctx.needs)
 
     return closure
 
@@ -460,9 +461,7 @@ def _fresh_group_step(ctx: CheckContext, lr: dict[str, float]) -> Tensor:
     def alone_closure() -> Tensor:
         alone.grad = None
         with torch.enable_grad():
-            loss = (alone**2).sum()
-            loss.backward(create_graph=ctx.needs.create_graph)
-        return loss.detach()
+            return closure_result((alone**2).sum(), ctx.needs)
 
     with same_draws(ctx, seed=3):
         alone_closure()
@@ -641,9 +640,7 @@ def _precision_closure(
         with torch.enable_grad():  # step(closure) may run it under torch.no_grad()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 output = model(inputs.to(dtype))
-            loss = nn.functional.mse_loss(output.float(), targets)
-            loss.backward(create_graph=ctx.needs.create_graph)
-        return loss.detach()
+            return closure_result(nn.functional.mse_loss(output.float(), targets), ctx.needs)
 
     return closure
 

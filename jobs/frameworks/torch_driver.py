@@ -425,7 +425,7 @@ class TorchDriver(Driver):
             return
         # A closure or Hessian-vector products need a loss, not just gradients: a quadratic whose
         # gradient at the current point is exactly the given one keeps every numeric expectation.
-        closure = _quadratic_closure(variables, tensors, create_graph=needs.create_graph)
+        closure = _quadratic_closure(variables, tensors, needs)
         closure()  # the gradients a training loop's backward() leaves before step()
         if needs.closure:
             optimizer.step(closure)
@@ -796,7 +796,7 @@ def _numpy(tensor: torch.Tensor) -> np.ndarray:
 
 
 def _quadratic_closure(
-    variables: Sequence[Any], grads: Sequence[torch.Tensor | None], *, create_graph: bool
+    variables: Sequence[Any], grads: Sequence[torch.Tensor | None], needs: LoopNeeds
 ) -> Callable[[], torch.Tensor]:
     """A closure over L(v) = 0.5 * sum ||v - v0 + g||^2, v0 the variables now.
 
@@ -813,41 +813,41 @@ def _quadratic_closure(
     def closure() -> torch.Tensor:
         for param in variables:
             param.grad = None  # as zero_grad(set_to_none=True) before a backward: no stale gradient
-        sparse_loss = sum(
-            (_sparse_quadratic(p, g, p0, create_graph=create_graph) for p, g, p0 in sparse), torch.zeros(())
-        )
+        sparse_loss = sum((_sparse_quadratic(p, g, p0, needs) for p, g, p0 in sparse), torch.zeros(()))
         with torch.enable_grad():  # step(closure) may run it under torch.no_grad()
             terms = [0.5 * ((p - p0 + g.to(p.dtype)) ** 2).sum() for p, g, p0 in dense]
-            loss = torch.stack(terms).sum() if terms else torch.zeros(())
-            if terms:
-                loss.backward(create_graph=create_graph)
-        return loss.detach() + sparse_loss
+            loss = closure_result(torch.stack(terms).sum(), needs) if terms else torch.zeros(())
+        return loss + sparse_loss
 
     return closure
 
 
 def _sparse_quadratic(
-    param: torch.Tensor, grad: torch.Tensor, start: torch.Tensor, *, create_graph: bool = False
+    param: torch.Tensor, grad: torch.Tensor, start: torch.Tensor, needs: LoopNeeds = PLAIN
 ) -> torch.Tensor:
     """Sets `param.grad` to the sparse gradient of 0.5 * ||v - v0 + g||^2 over g's rows, each
     repeat carrying its share of the drift, and returns that loss term. With `create_graph` the
     gradient has a graph, as `nn.Embedding(sparse=True)` gives under `backward(create_graph=True)`,
-    so a Hessian-vector product can go through it."""
+    so a Hessian-vector product can go through it; for a class that runs backward itself
+    (`backward_in_step`) the term carries the graph that gives that gradient, and sets nothing."""
     indices, values = grad._indices(), grad._values()
     rows = indices[0]
     repeats = torch.bincount(rows, minlength=param.shape[0])[rows].unsqueeze(1).to(values.dtype)
-    if create_graph:
+    touched = torch.unique(rows)
+    summed = grad.coalesce().to_dense()[touched]
+    value = 0.5 * ((param.detach()[touched] - start[touched] + summed) ** 2).sum()
+    if needs.create_graph or needs.backward_in_step:
         with torch.enable_grad():
             looked = nn.functional.embedding(rows, param, sparse=True)
             # Its gradient in each looked-up row: values + (v - v0) / repeats, as below.
             term = (values * looked).sum() + ((looked - start[rows]) ** 2 / (2 * repeats)).sum()
+            if needs.backward_in_step:
+                return value + (term - term.detach())  # the term's value, the surrogate's gradient
             term.backward(create_graph=True)
     else:
         drift = param.detach()[rows] - start[rows]
         param.grad = torch.sparse_coo_tensor(indices, values + drift / repeats, grad.shape)
-    touched = torch.unique(rows)
-    summed = grad.coalesce().to_dense()[touched]
-    return 0.5 * ((param.detach()[touched] - start[touched] + summed) ** 2).sum()
+    return value
 
 
 def _torch_gradient(grad: np.ndarray | SparseRows) -> torch.Tensor:
@@ -951,6 +951,23 @@ def rank_device(requested: str, rank: Rank | None) -> torch.device:
     if rank is None or device.type != "cuda":
         return device
     return resolve_device(f"cuda:{(device.index or 0) + rank.rank}")
+
+
+def closure_result(loss: torch.Tensor, needs: LoopNeeds) -> torch.Tensor:
+    """How a loop's closure ends for a class stepped with `needs`: backward (keeping its graph for
+    Hessian-vector products), then the loss's value; or, for a class whose step runs backward on the
+    closure's loss itself (`backward_in_step`: torchmin's Minimizer), the loss with its graph."""
+    if needs.backward_in_step:
+        return loss
+    loss.backward(create_graph=needs.create_graph)
+    return loss.detach()
+
+
+def closure_loss_over_ranks(loss: torch.Tensor) -> torch.Tensor:
+    """A DDP rank's closure loss as the ranks' mean, as the loss of the whole batch; where it keeps
+    its graph (`backward_in_step`), still the rank's own gradient, which DDP averages in backward."""
+    mean = mean_over_ranks(loss)
+    return loss - loss.detach() + mean if loss.requires_grad else mean
 
 
 def mean_over_ranks(value: torch.Tensor) -> torch.Tensor:
@@ -1079,12 +1096,15 @@ class TorchSession(TrainingSession):
     def _forward_backward(
         self, objects: TrainObjects, batch: tuple[torch.Tensor, torch.Tensor]
     ) -> torch.Tensor:
-        x, y = batch
-        objects.optimizer.zero_grad(set_to_none=True)
-        loss = self._loss(objects.forward(x), y)
+        loss = self._forward(objects, batch)
         # Hessian-vector products (AdaHessian, Sophia-H) differentiate the gradients again.
         loss.backward(create_graph=self.needs.create_graph)
         return loss
+
+    def _forward(self, objects: TrainObjects, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        x, y = batch
+        objects.optimizer.zero_grad(set_to_none=True)
+        return self._loss(objects.forward(x), y)
 
     def _optimizer_step(self, objects: TrainObjects, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
         """step(), or step(closure) where the closure recomputes loss and gradients on the same batch."""
@@ -1092,11 +1112,11 @@ class TorchSession(TrainingSession):
 
             def closure() -> Any:  # the loss tensor, though torch's stubs say float
                 with torch.enable_grad():  # step(closure) may run it under no_grad (AliG does)
-                    loss = self._forward_backward(objects, batch)
+                    loss = closure_result(self._forward(objects, batch), self.needs)
                 # Under DDP every rank's optimizer sees the whole batch's loss, as it sees the averaged
                 # gradient: a class that steps by the loss (LBFGS's line search, AliG's step size)
                 # then takes the same step on every rank instead of drifting apart.
-                return loss if self.rank is None else mean_over_ranks(loss)
+                return loss if self.rank is None else closure_loss_over_ranks(loss)
 
             objects.optimizer.step(closure)
         else:

@@ -139,6 +139,19 @@ def test_a_stated_closure_is_served(tmp_path: Path) -> None:
     assert [r.status for r in stated.checks] == ["pass", "pass"], stated.checks
 
 
+def test_a_class_that_runs_backward_on_its_closures_loss_fails_no_check(tmp_path: Path) -> None:
+    # Its closure must return the loss with its graph: stepped as torch's convention has it (the
+    # closure runs backward and returns the loss's value), its first step raised "element 0 of
+    # tensors does not require grad" in dense_step.
+    target = target_of("tests.checks.own_backward:OwnBackwardSGD")
+    assert target.entry.needs.backward_in_step and target.entry.needs.closure
+    report = run_checks(target, {}, workdir=tmp_path)
+    statuses = {r.id: r.status for r in report.checks}
+    assert "fail" not in statuses.values() and "warn" not in statuses.values(), report.checks
+    for check_id in ("dense_step", "sparse", "resume_exact", "distributed", "closure", "param_groups"):
+        assert statuses[check_id] == "pass", check_id
+
+
 @pytest.mark.parametrize(
     ("argv", "says"),
     [

@@ -12,6 +12,7 @@ import torch
 from pytorch_optimizer import SAM, AdaHessian, AliG, Lookahead, ScheduleFreeAdamW
 
 from optimizers.registry import Base, Registry, entry_for_class, load_registry
+from tests.checks.own_backward import OwnBackwardSGD
 
 from .helpers import digits_spec
 
@@ -32,7 +33,7 @@ LOOKAHEAD_ADAMW = {"name": "lookahead", "params": {"k": 5}, "base": {"name": "ad
 @pytest.fixture(scope="module")
 def real_registry() -> Registry:
     registry = load_registry(plugin_dirs=[])
-    for cls in (SAM, AdaHessian, ScheduleFreeAdamW, Lookahead, ClosureUnderNoGrad, AliG):
+    for cls in (SAM, AdaHessian, ScheduleFreeAdamW, Lookahead, ClosureUnderNoGrad, AliG, OwnBackwardSGD):
         registry.add(entry_for_class(cls, source="test"))
     return registry
 
@@ -71,13 +72,13 @@ def test_the_closure_recomputes_the_loss_on_the_same_batch(
 ) -> None:
     job = make_job(digits_spec(optimizer=SAM_SGD, steps=3), with_registry=real_registry)
     seen: list[torch.Tensor] = []
-    forward = job.session._forward_backward
+    forward = job.session._forward
 
     def recording(objects: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         seen.append(batch[0])
         return forward(objects, batch)
 
-    job.session._forward_backward = recording
+    job.session._forward = recording
     objects = job.session.build()
     job.session.train_step(objects, job.session.batch(0), 0)
     assert len(seen) == 2 and seen[0] is seen[1]  # the first gradients, then the closure's
@@ -98,6 +99,28 @@ def test_a_closure_run_under_no_grad_still_gets_gradients(make_job: MakeJob, rea
     job = make_job(spec, with_registry=real_registry)
     assert job.session.needs.closure
     assert job.run().steps_completed == 3
+
+
+def test_a_class_that_runs_backward_on_its_closures_loss_trains_as_its_update_says(
+    make_job: MakeJob, real_registry: Registry
+) -> None:
+    # OwnBackwardSGD's update is plain SGD's, from the gradients of its own backward on the loss
+    # its closure returns with the graph; a closure that ran backward itself left it no graph.
+    steps = 30
+    own = make_job(
+        digits_spec(optimizer={"name": "own_backward_sgd", "params": {"lr": 0.1}}, steps=steps),
+        with_registry=real_registry,
+    )
+    assert own.session.needs.backward_in_step
+    own_result = own.run()  # each job built and run alone, as a job process does: building seeds
+    sgd = make_job(
+        digits_spec(optimizer={"name": "sgd", "params": {"lr": 0.1}}, steps=steps),
+        with_registry=real_registry,
+    )
+    sgd_result = sgd.run()
+    assert own_result.steps_completed == steps
+    assert own_result.params_sha256 == sgd_result.params_sha256
+    assert own_result.checkpoints_verified == len(own_result.checkpoints) >= 1
 
 
 def test_create_graph_gradients_are_freed_after_the_step(make_job: MakeJob, real_registry: Registry) -> None:

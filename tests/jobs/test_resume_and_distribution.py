@@ -65,6 +65,38 @@ class LineSearchLbfgs(torch.optim.LBFGS):
 """
 
 
+# A line search that runs backward itself on the loss its closure returns with the graph (torchmin's
+# Minimizer's contract): under DDP that loss is the ranks' mean, and its gradient DDP's average.
+OWN_BACKWARD_PLUGIN = """
+import torch
+
+
+class OwnBackwardLineSearch(torch.optim.Optimizer):
+    def __init__(self, params, lr=2.0):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure):
+        with torch.enable_grad():
+            loss = closure()
+            loss.backward()
+        params = [p for group in self.param_groups for p in group["params"] if p.grad is not None]
+        start = [p.clone() for p in params]
+        grads = [p.grad.clone() for p in params]
+        slope = sum(float((g * g).sum()) for g in grads)
+        rate = self.param_groups[0]["lr"]
+        for _ in range(10):
+            for p, p0, g in zip(params, start, grads):
+                p.copy_(p0 - rate * g)
+            with torch.enable_grad():
+                trial = float(closure())
+            if trial <= float(loss) - 1e-4 * rate * slope:
+                break
+            rate /= 2
+        return loss.detach()
+"""
+
+
 def spec_for(style: str, **overrides: Any) -> dict[str, Any]:
     optimizer: dict[str, Any] = {"name": "adam", "params": {"lr": 0.003}}
     if style == "torch":
@@ -169,6 +201,7 @@ def jobs(
     plugins.mkdir()
     (plugins / "slow_momentum.py").write_text(SLOW_PLUGIN)
     (plugins / "line_search.py").write_text(LINE_SEARCH_PLUGIN)
+    (plugins / "own_backward.py").write_text(OWN_BACKWARD_PLUGIN)
     runner = Runner(root, tracking_uri, plugins)
     # A run with no checkpoint in its artifacts, for the missing reference.
     experiment = client.create_experiment("resume-missing")
@@ -194,6 +227,11 @@ def jobs(
     ddp = {"strategy": "ddp", "devices": 2}
     started["ddp-line-search"] = runner.start(
         "ddp-line-search", spec_for("torch", optimizer=line_search, distribution=ddp, steps=10), tracked=False
+    )
+    started["ddp-own-backward"] = runner.start(
+        "ddp-own-backward",
+        spec_for("torch", optimizer={"name": "own_backward_line_search"}, distribution=ddp, steps=10),
+        tracked=False,
     )
     missing = f"runs:/{empty_run}/checkpoints/step-00000010.pt"
     started["missing"] = runner.start(
@@ -326,6 +364,18 @@ def test_a_ddp_job_whose_optimizer_steps_by_the_loss_keeps_its_ranks_together(jo
     job = jobs["ddp-line-search"]
     result = job.result()
     assert result["status"] == "succeeded", result.get("error")
+    rank_1 = json.loads((job.workdir / "rank-1" / "result.json").read_text())
+    assert rank_1["params_sha256"] == result["params_sha256"]
+
+
+def test_a_ddp_job_whose_optimizer_runs_backward_on_the_closures_loss_keeps_its_ranks_together(
+    jobs: dict[str, Job],
+) -> None:
+    job = jobs["ddp-own-backward"]
+    result = job.result()
+    assert result["status"] == "succeeded", result.get("error")
+    assert result["checkpoints_verified"] == len(result["checkpoints"]) == 1
+    assert result["final"]["train_loss"] < 2.2  # moved off the untrained loss (about 2.3) in 10 steps
     rank_1 = json.loads((job.workdir / "rank-1" / "result.json").read_text())
     assert rank_1["params_sha256"] == result["params_sha256"]
 

@@ -428,7 +428,11 @@ def test_needs_a_spec_states_are_checked_by_key_and_type() -> None:
     assert spec.optimizer.needs == {"closure": True}
     assert spec.flat_params()["optimizer.needs.closure"] == "True"
     for needs, fragment in (
-        ({"closur": True}, "unknown need 'closur'; known: closure, create_graph, train_eval, base_optimizer"),
+        (
+            {"closur": True},
+            "unknown need 'closur'; known: closure, create_graph, train_eval, base_optimizer, "
+            "backward_in_step",
+        ),
         ({"closure": "yes"}, "need 'closure' must be bool; received 'yes'"),
     ):
         with pytest.raises(ValidationError) as raised:

@@ -12,6 +12,7 @@ import torch
 
 from optimizers.loop_needs import LoopNeeds, detect_loop_needs
 from optimizers.registry import load_registry
+from tests.checks.own_backward import OwnBackwardSGD
 
 PUBLISHED = [
     ("SAM", LoopNeeds(closure=True, base_optimizer="base_optimizer")),
@@ -75,6 +76,32 @@ class GradientOfTheClosuresLoss(ClosureInSignature):
         return torch.autograd.grad(closure(), params)
 
 
+class LossOfItsClosureRead(ClosureInSignature):
+    """Reads the closure's loss (a line search), as torch's convention has it: already backward'ed."""
+
+    def step(self, closure: Any = None) -> Any:
+        loss = closure()
+        return float(loss)
+
+
+class BackwardOnTheClosuresLossInAHelper(ClosureInSignature):
+    """torchmin's Minimizer: a helper calls the closure it was handed and runs backward on its loss."""
+
+    def _evaluate(self) -> Any:
+        f = self._closure()
+        f.backward()
+        return f
+
+    def step(self, closure: Any) -> Any:
+        self._closure = closure
+        return self._evaluate()
+
+
+class BackwardOnTheClosureCall(ClosureInSignature):
+    def step(self, closure: Any = None) -> Any:
+        closure().backward()
+
+
 class Declared(ClosureInSignature):
     """States what detection cannot see; a state that detection would get wrong is corrected."""
 
@@ -112,6 +139,10 @@ def test_signals_in_the_class() -> None:
     assert detect_loop_needs(SecondOrderProperty).create_graph
     assert detect_loop_needs(SecondOrderAttribute).create_graph
     assert not detect_loop_needs(SecondOrderOfItsBase).create_graph
+    assert not detect_loop_needs(LossOfItsClosureRead).backward_in_step
+    assert detect_loop_needs(OwnBackwardSGD) == LoopNeeds(closure=True, backward_in_step=True)
+    assert detect_loop_needs(BackwardOnTheClosuresLossInAHelper).backward_in_step
+    assert detect_loop_needs(BackwardOnTheClosureCall) == LoopNeeds(closure=True, backward_in_step=True)
 
 
 @pytest.mark.parametrize(("name", "needs"), PUBLISHED, ids=[name for name, _ in PUBLISHED])

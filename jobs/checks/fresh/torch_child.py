@@ -38,8 +38,9 @@ from jobs.frameworks.base import StateDifference
 from jobs.frameworks.torch_driver import (
     KEEP_STATE_DTYPE_FIX,
     LOAD_CASTS_STATE,
+    closure_loss_over_ranks,
+    closure_result,
     first_difference,
-    mean_over_ranks,
     rng_state,
     set_rng_state,
 )
@@ -97,7 +98,7 @@ def train(
             optimizer.train()  # a no-op when already training
         x, y = batch(step)
         gradients = _loss_and_averaged_grads if averaged else _loss_and_grads
-        closure = functools.partial(gradients, model, optimizer, x[rows], y[rows], needs.create_graph)
+        closure = functools.partial(gradients, model, optimizer, x[rows], y[rows], needs)
         if loss_over_ranks:
             closure = _returning_mean_over_ranks(closure)
         closure()
@@ -109,7 +110,7 @@ def train(
 
 def _returning_mean_over_ranks(closure: Any) -> Any:
     def over_ranks() -> torch.Tensor:
-        return mean_over_ranks(closure())
+        return closure_loss_over_ranks(closure())
 
     return over_ranks
 
@@ -123,26 +124,29 @@ def to_evaluation(optimizer: Any, needs: LoopNeeds) -> None:
 
 
 def _loss_and_grads(
-    model: nn.Module, optimizer: Any, x: torch.Tensor, y: torch.Tensor, create_graph: bool
+    model: nn.Module, optimizer: Any, x: torch.Tensor, y: torch.Tensor, needs: LoopNeeds
 ) -> torch.Tensor:
     optimizer.zero_grad(set_to_none=True)
     with torch.enable_grad():  # step(closure) may run it under torch.no_grad()
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward(create_graph=create_graph)
-    return loss.detach()
+        return closure_result(nn.functional.mse_loss(model(x), y), needs)
 
 
 def _loss_and_averaged_grads(
-    model: nn.Module, optimizer: Any, x: torch.Tensor, y: torch.Tensor, create_graph: bool
+    model: nn.Module, optimizer: Any, x: torch.Tensor, y: torch.Tensor, needs: LoopNeeds
 ) -> torch.Tensor:
     """Each replica's share's gradient, averaged as DDP averages them (each divided by the number
     of replicas, then summed in rank order): one process fed exactly what every rank is fed, so
-    only the optimizer can make the ranks differ from it."""
+    only the optimizer can make the ranks differ from it. A class that runs backward itself gets
+    the mean of the shares' losses, whose gradient is that average."""
     share = len(x) // REPLICAS
+    shares_rows = [slice(rank * share, (rank + 1) * share) for rank in range(REPLICAS)]
+    if needs.backward_in_step:
+        optimizer.zero_grad(set_to_none=True)
+        with torch.enable_grad():
+            return torch.stack([nn.functional.mse_loss(model(x[r]), y[r]) for r in shares_rows]).mean()
     losses, shares = [], []
-    for rank in range(REPLICAS):
-        rows = slice(rank * share, (rank + 1) * share)
-        losses.append(_loss_and_grads(model, optimizer, x[rows], y[rows], create_graph))
+    for rows in shares_rows:
+        losses.append(_loss_and_grads(model, optimizer, x[rows], y[rows], needs))
         shares.append([None if p.grad is None else p.grad.detach().clone() for p in model.parameters()])
     for param, *parts in zip(model.parameters(), *shares, strict=True):
         if all(part is not None for part in parts):  # as in every replica: the same model and loss
