@@ -60,6 +60,10 @@ class LoopNeeds:
     # loop's closure returns the loss with its graph and calls no backward. Implies `closure`.
     backward_in_step: bool = False
 
+    def __post_init__(self) -> None:
+        if self.backward_in_step and not self.closure:  # stated alone, in a spec or on the class
+            object.__setattr__(self, "closure", True)
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
@@ -99,17 +103,15 @@ PLAIN = LoopNeeds()
 
 def detect_loop_needs(cls: type) -> LoopNeeds:
     """What can be read from the class itself, then what it declares in `optlab_needs`."""
-    backward_in_step = _runs_backward_on_the_closure_loss(cls)
     detected = LoopNeeds(
-        closure=backward_in_step or _closure_required(cls),
+        closure=_closure_required(cls),
         create_graph=_asks_for_create_graph(cls),
         train_eval=_has_train_eval(cls),
         base_optimizer=_base_argument(cls),
-        backward_in_step=backward_in_step,
+        backward_in_step=_runs_backward_on_the_closure_loss(cls),
     )
     declared = getattr(cls, NEEDS_ATTRIBUTE, None) or {}
-    needs = detected.with_overrides(declared, owner=f"{cls.__qualname__}.{NEEDS_ATTRIBUTE}")
-    return replace(needs, closure=True) if needs.backward_in_step else needs
+    return detected.with_overrides(declared, owner=f"{cls.__qualname__}.{NEEDS_ATTRIBUTE}")
 
 
 def _closure_required(cls: type) -> bool:
@@ -232,7 +234,7 @@ def annotation_text(parameter: inspect.Parameter) -> str:
 
 # What a Keras training step cannot do: `apply_gradients` takes no closure, its GradientTape
 # gives no second-order backward to the optimizer, and no Keras job builds a wrapper.
-_UNSERVED = {"tensorflow": ("closure", "create_graph", "base_optimizer")}
+_UNSERVED = {"tensorflow": ("closure", "create_graph", "backward_in_step", "base_optimizer")}
 
 
 def unserved(name: str, needs: LoopNeeds, framework: str) -> str | None:

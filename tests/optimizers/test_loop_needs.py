@@ -10,7 +10,7 @@ import pytest
 import pytorch_optimizer
 import torch
 
-from optimizers.loop_needs import LoopNeeds, detect_loop_needs
+from optimizers.loop_needs import LoopNeeds, detect_loop_needs, unserved
 from optimizers.registry import load_registry
 from tests.checks.own_backward import OwnBackwardSGD
 
@@ -150,6 +150,14 @@ def test_a_thin_plugin_subclass_keeps_the_needs(name: str, needs: LoopNeeds) -> 
     # How a plugin file exposes a published class: no docstring, no methods of its own.
     thin = type(name, (getattr(pytorch_optimizer, name),), {"optlab_name": name.lower()})
     assert detect_loop_needs(thin) == needs
+
+
+def test_running_backward_in_step_implies_a_closure_however_it_is_stated() -> None:
+    both = LoopNeeds(closure=True, backward_in_step=True)
+    assert LoopNeeds(backward_in_step=True) == both
+    assert LoopNeeds().with_overrides({"backward_in_step": True}, owner="optimizer.needs") == both
+    refused = unserved("mine", LoopNeeds(backward_in_step=True), "tensorflow")
+    assert refused is not None and "closure and backward_in_step" in refused
 
 
 def test_a_wrong_declaration_is_refused_by_name() -> None:
