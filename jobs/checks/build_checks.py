@@ -157,7 +157,7 @@ def check_construct(ctx: CheckContext) -> Outcome:
         return passed(f"{builds}; it declares no ranges to probe", 0.0)
     return passed(
         f"{builds}; values just outside the ranges of {len(probed)} "
-        f"arguments ({', '.join(probed)}) were rejected with errors naming the argument "
+        f"arguments ({', '.join(probed)}) were rejected with errors naming the argument or the value "
         "(figure: arguments probed)",
         float(len(probed)),
     )
@@ -300,15 +300,30 @@ def _probe_invalid(ctx: CheckContext, param: Param, value: Any) -> tuple[str, st
     try:
         ctx.driver.construct(ctx.target.cls, _native_kwargs(ctx, {**ctx.params, param.name: value}))
     except Exception as exc:
-        if names_argument(str(exc), name):
+        if names_argument(str(exc), name) or _quotes_value(str(exc), value):
             return "", ""
         return (
-            f"{name}={value!r} was rejected with {ctx.describe_error(exc)}, which does not name {name}",
+            f"{name}={value!r} was rejected with {ctx.describe_error(exc)}, which names neither {name} nor "
+            "the value",
             user_line(ctx, exc),
         )
     return (
         f"{name}={value!r} was accepted although {name} must be {param.allowed()}",
         method_location(ctx, "__init__"),
+    )
+
+
+def _quotes_value(message: str, value: Any) -> bool:
+    """The error quotes the rejected number itself: whoever passed it sees which argument was refused,
+    in whatever words (Atiny's `Invalid 学习速率: -0.001`, Chinese for the learning rate). A number of
+    one character (0, 1) is too common in messages to tell."""
+    if isinstance(value, tuple):  # a pair probed on its first element
+        value = value[0]
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    texts = {str(value), repr(value), f"{value:g}"}
+    return any(
+        len(text) > 1 and re.search(rf"(?<![\w.]){re.escape(text)}(?![\w.])", message) for text in texts
     )
 
 

@@ -66,7 +66,7 @@ def test_good_optimizers_pass_the_fast_checks(text: str, tmp_path: Path) -> None
 @pytest.mark.parametrize(
     ("name", "check_id", "words"),
     [
-        ("torch_construct", "construct", "does not name lr"),
+        ("torch_construct", "construct", "names neither lr nor the value"),
         ("torch_dense_step", "dense_step", "did not change"),
         ("torch_descends", "descends", "loss went from"),
         ("torch_none_grads", "none_grads", "grad is None"),

@@ -55,3 +55,28 @@ def test_a_refusal_of_per_parameter_options_is_a_refusal_of_groups(tmp_path: Pat
     (result,) = run_checks(target_of(text), {}, only=["param_groups"], workdir=tmp_path).checks
     assert result.status == "skip", result.detail
     assert "refuses param groups with a clear error" in result.detail
+
+
+class ForeignWordsSGD(torch.optim.SGD):
+    """Refuses a bad rate in its author's language, quoting the value (Atiny: 学习速率, learning rate)."""
+
+    def __init__(self, params: Any, lr: float = 0.1) -> None:
+        if lr <= 0:
+            raise ValueError(f"Invalid 学习速率: {lr}")
+        super().__init__(params, lr=lr)
+
+
+class SilentRefusalSGD(torch.optim.SGD):
+    """Refuses a bad rate with neither its name nor the value: that is still a fault."""
+
+    def __init__(self, params: Any, lr: float = 0.1) -> None:
+        if lr <= 0:
+            raise ValueError("invalid setting")
+        super().__init__(params, lr=lr)
+
+
+@pytest.mark.parametrize(("name", "status"), [("ForeignWordsSGD", "pass"), ("SilentRefusalSGD", "fail")])
+def test_a_refusal_quoting_the_value_names_it_in_any_words(name: str, status: str, tmp_path: Path) -> None:
+    text = f"tests.checks.test_unusual_optimizers:{name}"
+    (result,) = run_checks(target_of(text), {}, only=["construct"], workdir=tmp_path).checks
+    assert result.status == status, result.detail
