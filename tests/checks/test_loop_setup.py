@@ -150,6 +150,8 @@ def test_a_class_that_runs_backward_on_its_closures_loss_fails_no_check(tmp_path
     assert "fail" not in statuses.values() and "warn" not in statuses.values(), report.checks
     for check_id in ("dense_step", "sparse", "resume_exact", "distributed", "closure", "param_groups"):
         assert statuses[check_id] == "pass", check_id
+    (cost,) = [r for r in report.checks if r.id == "step_cost"]
+    assert cost.status == "skip" and "stepped with a closure" in cost.detail  # not a TypeError quoted
 
 
 @pytest.mark.parametrize(
