@@ -18,7 +18,7 @@ from jobs.checks.report import CHECK_IDS, ONLY_FOR_STYLES, CheckReport, CheckRes
 from jobs.checks.target import Target, UsageError
 from jobs.checks.tools import CheckFunction
 from optimizers.hyperparams import check_all
-from optimizers.loop_needs import LoopNeeds
+from optimizers.loop_needs import LoopNeeds, unserved
 
 # The checks only one framework has, per style: imported on demand, so only one framework
 # is ever loaded.
@@ -56,9 +56,12 @@ def validated_params(target: Target, params: Mapping[str, Any]) -> dict[str, Any
 def validated_setup(target: Target, setup: LoopSetup) -> None:
     """Stated needs, a recipe and a base that apply to `target`; UsageError names the option."""
     try:
-        LoopNeeds().with_overrides(setup.needs, owner="--needs")
+        stated = LoopNeeds().with_overrides(setup.needs, owner="--needs")
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    refused = unserved(target.name, stated, target.framework)
+    if refused:  # as a check spec with these needs is refused at submission
+        raise UsageError(f"--needs: {refused}")
     if setup.param_groups:
         if target.style != "torch":
             raise UsageError(

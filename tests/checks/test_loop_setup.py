@@ -192,6 +192,13 @@ def test_a_bad_option_is_a_usage_error_naming_it(
     assert says in capsys.readouterr().err
 
 
+def test_a_need_a_keras_step_cannot_serve_is_refused(tmp_path: Path) -> None:
+    # Stated, it had been ignored: the Keras checks stepped the class as if it needed nothing.
+    stated = LoopSetup(needs={"backward_in_step": True})
+    with pytest.raises(UsageError, match="--needs: optimizer 'SGD' needs closure and backward_in_step"):
+        run_checks(target_of("keras.optimizers:SGD"), {}, only=["construct"], setup=stated, workdir=tmp_path)
+
+
 def test_a_recipe_for_a_keras_optimizer_is_refused(tmp_path: Path) -> None:
     recipe = LoopSetup(param_groups=[{"match": "rest", "params": {}}])
     with pytest.raises(UsageError, match="--param-groups: param groups are served for torch optimizers"):
