@@ -10,6 +10,9 @@ must get none.
   own (a RuntimeError from step(), by design); Prodigy's `slice_p` is an int stride.
 - torch-optimizer (jettify), with the Ranger classes it imports from pytorch-ranger, and lion-pytorch:
   A2Grad takes an `lr` it never reads; Adahessian differentiates sparse gradients again.
+- pytorch-minimize (torchmin): Minimizer runs backward itself on the loss its closure returns (a
+  whole BFGS minimization per step), ScipyMinimizer hands the loss to scipy's line search; both
+  refuse param groups as "per-parameter options".
 """
 
 from __future__ import annotations
@@ -24,7 +27,15 @@ import torch
 from jobs.checks.runner import run_checks
 from tests.checks.tables import target_of
 
-PACKAGES = ("schedulefree", "dadaptation", "prodigyopt", "torch_optimizer", "pytorch_ranger", "lion_pytorch")
+PACKAGES = (
+    "schedulefree",
+    "dadaptation",
+    "prodigyopt",
+    "torch_optimizer",
+    "pytorch_ranger",
+    "lion_pytorch",
+    "torchmin",
+)
 
 # `lr=-0.001` is accepted: schedule-free's AdamW and RAdam variants validate no argument (their
 # __init__ goes straight to the defaults; the SGD variants check `lr < 0.0`).
@@ -65,6 +76,9 @@ TRUE_FAULTS: dict[str, frozenset[str]] = {
     "pytorch_ranger.RangerVA": frozenset({"closure"}),
     # `assert lr > 0.` (lion_pytorch.py:40): a bare assert names nothing, and python -O strips it.
     "lion_pytorch.Lion": frozenset({"construct"}),
+    # Parameters go to scipy as numpy arrays (`x.cpu().numpy()`, scipy_minimizer.py:258), which
+    # bfloat16 parameters cannot become: "TypeError: Got unsupported ScalarType BFloat16".
+    "torchmin.ScipyMinimizer": frozenset({"mixed_precision"}),
 }
 
 # Faults that show on some CPUs and not on others (as pytorch-optimizer's Shampoo in
@@ -93,7 +107,7 @@ CLASSES = _classes()
 
 
 def test_the_table_names_only_classes_of_the_packages() -> None:
-    assert len(CLASSES) >= 45  # 9 schedule-free, 5 D-Adaptation, Prodigy, 27 torch-optimizer, ...
+    assert len(CLASSES) >= 47  # 9 schedule-free, 5 D-Adaptation, Prodigy, 27 torch-optimizer, ...
     assert set(TRUE_FAULTS) | set(FRAGILE_FAULTS) <= {key for key, _ in CLASSES}
 
 
@@ -109,6 +123,10 @@ def test_no_false_alarm(key: str, text: str, tmp_path: Path) -> None:
     if key.startswith("schedulefree."):
         statuses = {r.id: (r.status, r.detail) for r in report.checks}
         for check in ("param_groups", "closure", "mixed_precision", "resume_exact"):
+            assert statuses[check][0] == "pass", (check, statuses[check])
+    if key == "torchmin.Minimizer":  # stepped with the loss's graph, as it runs backward itself
+        statuses = {r.id: (r.status, r.detail) for r in report.checks}
+        for check in ("dense_step", "descends", "closure", "resume_exact", "sparse"):
             assert statuses[check][0] == "pass", (check, statuses[check])
 
 
