@@ -39,11 +39,12 @@ _CLOSURE_REFUSED = re.compile(
 # `torch.autograd.grad(grads, params, grad_outputs=z)`), which needs backward(create_graph=True);
 # `torch.autograd.grad(loss, ...)` of a closure's loss does not.
 _DIFFERENTIATES_GRADIENTS = re.compile(r"autograd\.grad\(\s*\[?\s*[\w.]*grad")
-# A name bound to what a closure returns (`loss = closure()`, `f = self._closure()`), whose
-# differentiation by the class itself shows in the same function (`_DIFFERENTIATES_CLOSURE_LOSS`).
-_CLOSURE_LOSS = re.compile(r"\b(\w+)\s*=\s*(?:\w+\.)*_?closure_?\(\s*\)")
+# A name bound to what a closure returns (`loss = closure()`, `f = self._closure()`, SLS's
+# `loss = closure_deterministic()`, a wrapper of it), whose differentiation by the class itself shows
+# in the same function (`_DIFFERENTIATES_CLOSURE_LOSS`).
+_CLOSURE_LOSS = re.compile(r"\b(\w+)\s*=\s*(?:\w+\.)*\w*closure\w*\(\s*\)")
 _DIFFERENTIATES_CLOSURE_LOSS = r"\b{name}\s*\.\s*backward\(|autograd\.grad\(\s*[\[(]?\s*{name}\b"
-_CLOSURE_CALL_DIFFERENTIATED = re.compile(r"\bclosure_?\(\s*\)\s*\.\s*backward\(")
+_CLOSURE_CALL_DIFFERENTIATED = re.compile(r"\w*closure\w*\(\s*\)\s*\.\s*backward\(")
 # The top-level packages of the frameworks' own classes, whose source says nothing of the user's.
 FRAMEWORK_PACKAGES = ("torch", "keras", "tf_keras", "tensorflow", "builtins")
 

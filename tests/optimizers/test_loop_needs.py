@@ -97,6 +97,18 @@ class BackwardOnTheClosuresLossInAHelper(ClosureInSignature):
         return self._evaluate()
 
 
+class BackwardOnAWrappedClosure(ClosureInSignature):
+    """SLS (IssamLaradji/sls): the closure wrapped to run under a fixed seed, its loss backward'ed."""
+
+    def step(self, closure: Any) -> Any:
+        def closure_deterministic() -> Any:
+            return closure()
+
+        loss = closure_deterministic()
+        loss.backward()
+        return loss
+
+
 class BackwardOnTheClosureCall(ClosureInSignature):
     def step(self, closure: Any = None) -> Any:
         closure().backward()
@@ -142,6 +154,7 @@ def test_signals_in_the_class() -> None:
     assert not detect_loop_needs(LossOfItsClosureRead).backward_in_step
     assert detect_loop_needs(OwnBackwardSGD) == LoopNeeds(closure=True, backward_in_step=True)
     assert detect_loop_needs(BackwardOnTheClosuresLossInAHelper).backward_in_step
+    assert detect_loop_needs(BackwardOnAWrappedClosure).backward_in_step
     assert detect_loop_needs(BackwardOnTheClosureCall) == LoopNeeds(closure=True, backward_in_step=True)
 
 
