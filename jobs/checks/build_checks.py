@@ -6,6 +6,8 @@ framework's API comes from the driver's `advice`.
 
 from __future__ import annotations
 
+import inspect
+import linecache
 import math
 import re
 import traceback
@@ -408,7 +410,7 @@ def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
             f"({ctx.describe_error(error)}), so the checks that step with dense gradients are not run and "
             "`sparse` judges it"
         )
-    need = ctx.driver.unmet_need(error)
+    need = ctx.driver.unmet_need(error) or _step_contract_of_its_own(ctx, error)
     if need is not None:
         return skipped(f"inconclusive: the class steps only with {need}: {ctx.describe_error(error)}")
     refused = raised_in(error, {ctx.target.source_file()}, by_raise=True)
@@ -424,6 +426,48 @@ def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
         where=ctx.where(error),
         fix="the optimizer raised during this check; the error above and its line say why",
     )
+
+
+# A step that unpacks what its closure returns (`loss, output = closure()`, as Hessian-free
+# optimizers written for a Gauss-Newton product do): the closure returns more than the loss.
+_UNPACKS_THE_CLOSURE = re.compile(r"^\s*\w+(?:\s*,\s*\w+)+\s*=\s*[\w.]*closure\w*\(")
+
+
+def _step_contract_of_its_own(ctx: CheckContext, error: Exception) -> str | None:
+    """What a torch class's step() takes that torch's training loops never give, where the first
+    step's error shows it: required arguments of its own (CurveBall's `step(model_output, loss_fn)`),
+    or a closure returning more than the loss; else None. Not a fault: a contract of its own."""
+    if ctx.target.style != "torch" or not isinstance(error, TypeError | ValueError):
+        return None
+    own = _own_step_arguments(ctx.target.cls)
+    if own and isinstance(error, TypeError) and "required positional argument" in str(error):
+        return (
+            f"arguments of its own in step() ({', '.join(own)}), which torch's training loops, optlab's "
+            "among them, never pass (they call step() or step(closure))"
+        )
+    file, _, line = ctx.where(error).rpartition(":")
+    code = linecache.getline(file, int(line)) if line.isdigit() else ""
+    if ctx.needs.closure and _UNPACKS_THE_CLOSURE.search(code):
+        return (
+            f"a closure that returns more than the loss (`{code.strip()}`), where torch's convention, "
+            "which optlab's loops follow, has the closure return the loss"
+        )
+    return None
+
+
+def _own_step_arguments(cls: type) -> list[str]:
+    """The arguments step() requires besides its closure."""
+    try:
+        parameters = inspect.signature(inspect.unwrap(cls.step)).parameters  # type: ignore[attr-defined]
+    except (AttributeError, TypeError, ValueError):
+        return []
+    return [
+        name
+        for name, p in list(parameters.items())[1:]  # after self
+        if name != "closure"
+        and p.default is inspect.Parameter.empty
+        and p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
 
 
 def _moves_small_variables(ctx: CheckContext) -> bool:
