@@ -4,8 +4,8 @@ Real optimizers break that assumption in a few known ways: sharpness-aware ones 
 re-evaluate the loss through `step(closure)`; Hessian-based ones (AdaHessian, Sophia-H)
 need the backward pass to keep its graph for Hessian-vector products; schedule-free ones
 must be switched with `optimizer.train()` / `optimizer.eval()` around evaluation and
-saving; wrappers (Lookahead, SAM) take a base optimizer; a few (torchmin's Minimizer, BackPACK's
-and Hessian-free ones) run backward themselves on the loss their closure returns. Declared once here, in the
+saving; wrappers (Lookahead, SAM) take a base optimizer; a few (torchmin's Minimizer, SLS)
+run backward themselves on the loss their closure returns. Declared once here, in the
 catalogue entry, and read by both the trainer and the checks, so neither blames the
 optimizer for what the loop assumed.
 

@@ -426,7 +426,7 @@ class TorchDriver(Driver):
         # A closure or Hessian-vector products need a loss, not just gradients: a quadratic whose
         # gradient at the current point is exactly the given one keeps every numeric expectation.
         closure = _quadratic_closure(variables, tensors, needs)
-        closure()  # the gradients a training loop's backward() leaves before step()
+        closure()  # the gradients a training loop's backward() leaves before step() (backward_in_step: none)
         if needs.closure:
             optimizer.step(closure)
         else:
