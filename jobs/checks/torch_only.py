@@ -68,19 +68,21 @@ def _backward(
     extra: Tensor | None = None,
     *,
     needs: LoopNeeds = PLAIN,
+    backward: bool = True,
 ) -> Tensor:
     """Fresh gradients (old ones set to None) of the mean squared error on `batch`, plus the squared
     norm of `extra` (a parameter outside the model) when given: its gradient is fresh too, or a
     closure called again by step() would add to it. As the loop's closure ends (`closure_result`):
-    a class that runs backward itself gets the loss with its graph instead."""
+    a class that runs backward itself, or asks for the loss alone (`backward=False`, the gradients
+    left be), gets the loss with its graph instead."""
     params = [*model.parameters(), *([] if extra is None else [extra])]
-    for p in params:
+    for p in params if backward else ():
         p.grad = None
     inputs, targets = batch
     loss = nn.functional.mse_loss(model(inputs), targets)
     if extra is not None:
         loss = loss + (extra**2).sum()
-    return closure_result(loss, needs)
+    return closure_result(loss, needs, backward=backward)
 
 
 def _closure(
@@ -88,17 +90,17 @@ def _closure(
     model: nn.Module,
     batch: tuple[Tensor, Tensor],
     extra: Tensor | None = None,
-) -> Callable[[], Tensor]:
+) -> Callable[..., Tensor]:
     """The loss and fresh gradients, with a graph when the class needs Hessian-vector products."""
 
-    def closure() -> Tensor:
+    def closure(backward: bool = True) -> Tensor:
         with torch.enable_grad():  # step(closure) may run it under torch.no_grad()
-            return _backward(model, batch, extra, needs=ctx.needs)
+            return _backward(model, batch, extra, needs=ctx.needs, backward=backward)
 
     return closure
 
 
-def _step(ctx: CheckContext, step: Callable[..., Any], closure: Callable[[], Tensor]) -> None:
+def _step(ctx: CheckContext, step: Callable[..., Any], closure: Callable[..., Tensor]) -> None:
     """`step` the way the entry says the class is stepped: `step(closure)` only when it needs one."""
     if ctx.needs.closure:
         step(closure)
@@ -458,10 +460,11 @@ def _fresh_group_step(ctx: CheckContext, lr: dict[str, float]) -> Tensor:
     alone = nn.Parameter(_EXTRA_START.clone())
     reference = _build(ctx, [{"params": [alone], **lr}])
 
-    def alone_closure() -> Tensor:
-        alone.grad = None
+    def alone_closure(backward: bool = True) -> Tensor:
+        if backward:
+            alone.grad = None
         with torch.enable_grad():
-            return closure_result((alone**2).sum(), ctx.needs)
+            return closure_result((alone**2).sum(), ctx.needs, backward=backward)
 
     with same_draws(ctx, seed=3):
         alone_closure()
@@ -539,8 +542,8 @@ def check_closure(ctx: CheckContext) -> Outcome:
     recompute = _closure(ctx, model, batch)
     calls: list[Tensor] = []
 
-    def closure() -> Tensor:
-        loss = recompute()
+    def closure(backward: bool = True) -> Tensor:
+        loss = recompute(backward=backward)
         calls.append(loss)
         return loss
 
@@ -628,19 +631,20 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
 
 def _precision_closure(
     ctx: CheckContext, model: nn.Module, batch: tuple[Tensor, Tensor], *, autocast: bool
-) -> Callable[[], Tensor]:
+) -> Callable[..., Tensor]:
     """Fresh gradients of the loss in reduced precision: the forward under bf16 autocast, or on a
     bf16 model (inputs cast to its dtype); with a graph when the class needs Hessian products."""
     inputs, targets = batch
     dtype = next(model.parameters()).dtype
 
-    def closure() -> Tensor:
-        for p in model.parameters():
+    def closure(backward: bool = True) -> Tensor:
+        for p in model.parameters() if backward else ():
             p.grad = None
         with torch.enable_grad():  # step(closure) may run it under torch.no_grad()
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
                 output = model(inputs.to(dtype))
-            return closure_result(nn.functional.mse_loss(output.float(), targets), ctx.needs)
+            loss = nn.functional.mse_loss(output.float(), targets)
+            return closure_result(loss, ctx.needs, backward=backward)
 
     return closure
 

@@ -797,7 +797,7 @@ def _numpy(tensor: torch.Tensor) -> np.ndarray:
 
 def _quadratic_closure(
     variables: Sequence[Any], grads: Sequence[torch.Tensor | None], needs: LoopNeeds
-) -> Callable[[], torch.Tensor]:
+) -> Callable[..., torch.Tensor]:
     """A closure over L(v) = 0.5 * sum ||v - v0 + g||^2, v0 the variables now.
 
     Its gradient at v0 is exactly g, its Hessian the identity (so Hessian-vector products are
@@ -810,38 +810,51 @@ def _quadratic_closure(
     dense = [(p, g, p.detach().clone()) for p, g in given if not g.is_sparse]
     sparse = [(p, g, p.detach().clone()) for p, g in given if g.is_sparse]
 
-    def closure() -> torch.Tensor:
-        for param in variables:
-            param.grad = None  # as zero_grad(set_to_none=True) before a backward: no stale gradient
-        sparse_loss = sum((_sparse_quadratic(p, g, p0, needs) for p, g, p0 in sparse), torch.zeros(()))
+    def closure(backward: bool = True) -> torch.Tensor:
+        if backward:  # `closure(backward=False)` asks for the loss alone and leaves the gradients be
+            for param in variables:
+                param.grad = None  # as zero_grad(set_to_none=True) before a backward: no stale gradient
+        sparse_loss = sum(
+            (_sparse_quadratic(p, g, p0, needs, backward=backward) for p, g, p0 in sparse), torch.zeros(())
+        )
         with torch.enable_grad():  # step(closure) may run it under torch.no_grad()
             terms = [0.5 * ((p - p0 + g.to(p.dtype)) ** 2).sum() for p, g, p0 in dense]
-            loss = closure_result(torch.stack(terms).sum(), needs) if terms else torch.zeros(())
+            loss = (
+                closure_result(torch.stack(terms).sum(), needs, backward=backward)
+                if terms
+                else torch.zeros(())
+            )
         return loss + sparse_loss
 
     return closure
 
 
 def _sparse_quadratic(
-    param: torch.Tensor, grad: torch.Tensor, start: torch.Tensor, needs: LoopNeeds = PLAIN
+    param: torch.Tensor,
+    grad: torch.Tensor,
+    start: torch.Tensor,
+    needs: LoopNeeds = PLAIN,
+    *,
+    backward: bool = True,
 ) -> torch.Tensor:
     """Sets `param.grad` to the sparse gradient of 0.5 * ||v - v0 + g||^2 over g's rows, each
     repeat carrying its share of the drift, and returns that loss term. With `create_graph` the
     gradient has a graph, as `nn.Embedding(sparse=True)` gives under `backward(create_graph=True)`,
-    so a Hessian-vector product can go through it; for a class that runs backward itself
-    (`backward_in_step`) the term carries the graph that gives that gradient, and sets nothing."""
+    so a Hessian-vector product can go through it; where the loss goes back with its graph
+    (`closure_result`) the term carries the graph that gives that gradient, and sets nothing."""
     indices, values = grad._indices(), grad._values()
     rows = indices[0]
     repeats = torch.bincount(rows, minlength=param.shape[0])[rows].unsqueeze(1).to(values.dtype)
     touched = torch.unique(rows)
     summed = grad.coalesce().to_dense()[touched]
     value = 0.5 * ((param.detach()[touched] - start[touched] + summed) ** 2).sum()
-    if needs.create_graph or needs.backward_in_step:
+    with_graph = needs.backward_in_step or not backward
+    if needs.create_graph or with_graph:
         with torch.enable_grad():
             looked = nn.functional.embedding(rows, param, sparse=True)
             # Its gradient in each looked-up row: values + (v - v0) / repeats, as below.
             term = (values * looked).sum() + ((looked - start[rows]) ** 2 / (2 * repeats)).sum()
-            if needs.backward_in_step:
+            if with_graph:
                 return value + (term - term.detach())  # the term's value, the surrogate's gradient
             term.backward(create_graph=True)
     else:
@@ -953,11 +966,13 @@ def rank_device(requested: str, rank: Rank | None) -> torch.device:
     return resolve_device(f"cuda:{(device.index or 0) + rank.rank}")
 
 
-def closure_result(loss: torch.Tensor, needs: LoopNeeds) -> torch.Tensor:
+def closure_result(loss: torch.Tensor, needs: LoopNeeds, *, backward: bool = True) -> torch.Tensor:
     """How a loop's closure ends for a class stepped with `needs`: backward (keeping its graph for
-    Hessian-vector products), then the loss's value; or, for a class whose step runs backward on the
-    closure's loss itself (`backward_in_step`: torchmin's Minimizer), the loss with its graph."""
-    if needs.backward_in_step:
+    Hessian-vector products), then the loss's value; or the loss with its graph, for a class whose
+    step runs backward on the closure's loss itself (`backward_in_step`: torchmin's Minimizer) and
+    where the class asks for the loss alone (`closure(backward=False)`, a convention of line-search
+    and trust-region optimizers, which may differentiate it themselves)."""
+    if needs.backward_in_step or not backward:
         return loss
     loss.backward(create_graph=needs.create_graph)
     return loss.detach()
@@ -1101,18 +1116,22 @@ class TorchSession(TrainingSession):
         loss.backward(create_graph=self.needs.create_graph)
         return loss
 
-    def _forward(self, objects: TrainObjects, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def _forward(
+        self, objects: TrainObjects, batch: tuple[torch.Tensor, torch.Tensor], *, zero_grad: bool = True
+    ) -> torch.Tensor:
         x, y = batch
-        objects.optimizer.zero_grad(set_to_none=True)
+        if zero_grad:
+            objects.optimizer.zero_grad(set_to_none=True)
         return self._loss(objects.forward(x), y)
 
     def _optimizer_step(self, objects: TrainObjects, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
         """step(), or step(closure) where the closure recomputes loss and gradients on the same batch."""
         if self.needs.closure:
 
-            def closure() -> Any:  # the loss tensor, though torch's stubs say float
+            def closure(backward: bool = True) -> Any:  # the loss tensor, though torch's stubs say float
                 with torch.enable_grad():  # step(closure) may run it under no_grad (AliG does)
-                    loss = closure_result(self._forward(objects, batch), self.needs)
+                    loss = self._forward(objects, batch, zero_grad=backward)
+                    loss = closure_result(loss, self.needs, backward=backward)
                 # Under DDP every rank's optimizer sees the whole batch's loss, as it sees the averaged
                 # gradient: a class that steps by the loss (LBFGS's line search, AliG's step size)
                 # then takes the same step on every rank instead of drifting apart.

@@ -143,7 +143,7 @@ def test_a_class_that_runs_backward_on_its_closures_loss_fails_no_check(tmp_path
     # Its closure must return the loss with its graph: stepped as torch's convention has it (the
     # closure runs backward and returns the loss's value), its first step raised "element 0 of
     # tensors does not require grad" in dense_step.
-    target = target_of("tests.checks.own_backward:OwnBackwardSGD")
+    target = target_of("tests.checks.closure_contracts:OwnBackwardSGD")
     assert target.entry.needs.backward_in_step and target.entry.needs.closure
     report = run_checks(target, {}, workdir=tmp_path)
     statuses = {r.id: r.status for r in report.checks}

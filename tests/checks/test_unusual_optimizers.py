@@ -121,3 +121,15 @@ def test_a_step_contract_of_its_own_is_inconclusive_not_a_fault(name: str, says:
     (result,) = run_checks(target_of(text), {}, only=["dense_step"], workdir=tmp_path).checks
     assert result.status == "skip", result.detail
     assert says in result.detail
+
+
+def test_a_closure_asked_for_the_loss_alone_returns_it_and_leaves_the_gradients(tmp_path: Path) -> None:
+    # `closure(backward=False)` had raised "got an unexpected keyword argument 'backward'": a fail of
+    # dense_step, and a job with the class failed at its first step.
+    target = target_of("tests.checks.closure_contracts:LossOnlyLineSearch")
+    report = run_checks(target, {}, workdir=tmp_path)
+    failed = {r.id: r.detail for r in report.checks if r.status == "fail"}
+    assert not failed, failed
+    statuses = {r.id: r.status for r in report.checks}
+    for check_id in ("dense_step", "descends", "closure", "resume_exact", "sparse", "mixed_precision"):
+        assert statuses[check_id] == "pass", check_id

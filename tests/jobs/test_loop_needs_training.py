@@ -12,7 +12,7 @@ import torch
 from pytorch_optimizer import SAM, AdaHessian, AliG, Lookahead, ScheduleFreeAdamW
 
 from optimizers.registry import Base, Registry, entry_for_class, load_registry
-from tests.checks.own_backward import OwnBackwardSGD
+from tests.checks.closure_contracts import LossOnlyLineSearch, OwnBackwardSGD
 
 from .helpers import digits_spec
 
@@ -33,7 +33,16 @@ LOOKAHEAD_ADAMW = {"name": "lookahead", "params": {"k": 5}, "base": {"name": "ad
 @pytest.fixture(scope="module")
 def real_registry() -> Registry:
     registry = load_registry(plugin_dirs=[])
-    for cls in (SAM, AdaHessian, ScheduleFreeAdamW, Lookahead, ClosureUnderNoGrad, AliG, OwnBackwardSGD):
+    for cls in (
+        SAM,
+        AdaHessian,
+        ScheduleFreeAdamW,
+        Lookahead,
+        ClosureUnderNoGrad,
+        AliG,
+        OwnBackwardSGD,
+        LossOnlyLineSearch,
+    ):
         registry.add(entry_for_class(cls, source="test"))
     return registry
 
@@ -74,9 +83,9 @@ def test_the_closure_recomputes_the_loss_on_the_same_batch(
     seen: list[torch.Tensor] = []
     forward = job.session._forward
 
-    def recording(objects: Any, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    def recording(objects: Any, batch: tuple[torch.Tensor, torch.Tensor], **options: Any) -> torch.Tensor:
         seen.append(batch[0])
-        return forward(objects, batch)
+        return forward(objects, batch, **options)
 
     job.session._forward = recording
     objects = job.session.build()
@@ -121,6 +130,18 @@ def test_a_class_that_runs_backward_on_its_closures_loss_trains_as_its_update_sa
     assert own_result.steps_completed == steps
     assert own_result.params_sha256 == sgd_result.params_sha256
     assert own_result.checkpoints_verified == len(own_result.checkpoints) >= 1
+
+
+def test_a_closure_asked_for_the_loss_alone_serves_a_line_search(
+    make_job: MakeJob, real_registry: Registry
+) -> None:
+    # Its trial steps call closure(backward=False) and read the gradients of the first call, which
+    # the loss-only calls must leave be; the job had failed at its first step.
+    spec = digits_spec(optimizer={"name": "loss_only_line_search", "params": {"lr": 1.0}}, steps=30)
+    result = make_job(spec, with_registry=real_registry).run()
+    assert result.steps_completed == 30
+    assert result.checkpoints_verified == len(result.checkpoints) >= 1
+    assert result.final["train_loss"] < 1.5  # from about 2.3 untrained
 
 
 def test_create_graph_gradients_are_freed_after_the_step(make_job: MakeJob, real_registry: Registry) -> None:

@@ -12,7 +12,7 @@ import torch
 
 from optimizers.loop_needs import LoopNeeds, detect_loop_needs, unserved
 from optimizers.registry import load_registry
-from tests.checks.own_backward import OwnBackwardSGD
+from tests.checks.closure_contracts import OwnBackwardSGD
 
 PUBLISHED = [
     ("SAM", LoopNeeds(closure=True, base_optimizer="base_optimizer")),

@@ -109,8 +109,8 @@ def train(
 
 
 def _returning_mean_over_ranks(closure: Any) -> Any:
-    def over_ranks() -> torch.Tensor:
-        return closure_loss_over_ranks(closure())
+    def over_ranks(backward: bool = True) -> torch.Tensor:
+        return closure_loss_over_ranks(closure(backward=backward))
 
     return over_ranks
 
@@ -124,24 +124,36 @@ def to_evaluation(optimizer: Any, needs: LoopNeeds) -> None:
 
 
 def _loss_and_grads(
-    model: nn.Module, optimizer: Any, x: torch.Tensor, y: torch.Tensor, needs: LoopNeeds
+    model: nn.Module,
+    optimizer: Any,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    needs: LoopNeeds,
+    backward: bool = True,
 ) -> torch.Tensor:
-    optimizer.zero_grad(set_to_none=True)
+    if backward:  # `closure(backward=False)` asks for the loss alone and leaves the gradients be
+        optimizer.zero_grad(set_to_none=True)
     with torch.enable_grad():  # step(closure) may run it under torch.no_grad()
-        return closure_result(nn.functional.mse_loss(model(x), y), needs)
+        return closure_result(nn.functional.mse_loss(model(x), y), needs, backward=backward)
 
 
 def _loss_and_averaged_grads(
-    model: nn.Module, optimizer: Any, x: torch.Tensor, y: torch.Tensor, needs: LoopNeeds
+    model: nn.Module,
+    optimizer: Any,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    needs: LoopNeeds,
+    backward: bool = True,
 ) -> torch.Tensor:
     """Each replica's share's gradient, averaged as DDP averages them (each divided by the number
     of replicas, then summed in rank order): one process fed exactly what every rank is fed, so
-    only the optimizer can make the ranks differ from it. A class that runs backward itself gets
-    the mean of the shares' losses, whose gradient is that average."""
+    only the optimizer can make the ranks differ from it. A class that runs backward itself, or
+    asks for the loss alone, gets the mean of the shares' losses, whose gradient is that average."""
     share = len(x) // REPLICAS
     shares_rows = [slice(rank * share, (rank + 1) * share) for rank in range(REPLICAS)]
-    if needs.backward_in_step:
-        optimizer.zero_grad(set_to_none=True)
+    if needs.backward_in_step or not backward:
+        if backward:
+            optimizer.zero_grad(set_to_none=True)
         with torch.enable_grad():
             return torch.stack([nn.functional.mse_loss(model(x[r]), y[r]) for r in shares_rows]).mean()
     losses, shares = [], []
