@@ -316,17 +316,18 @@ def _probe_invalid(ctx: CheckContext, param: Param, value: Any) -> tuple[str, st
 
 
 def _quotes_value(message: str, value: Any) -> bool:
-    """The error quotes the rejected number itself: whoever passed it sees which argument was refused,
-    in whatever words (Atiny's `Invalid 学习速率: -0.001`, Chinese for the learning rate). A number of
-    one character (0, 1) is too common in messages to tell."""
+    """The error quotes the rejected number itself, in any notation (`-0.001`, `-1.0e-03`): whoever
+    passed it sees which argument was refused, in whatever words (Atiny's `Invalid 学习速率: -0.001`,
+    Chinese for the learning rate). 0 and 1 are too common in messages to tell."""
     if isinstance(value, tuple):  # a pair probed on its first element
         value = value[0]
-    if not isinstance(value, int | float) or isinstance(value, bool):
+    if not isinstance(value, int | float) or isinstance(value, bool) or value in (0, 1):
         return False
-    texts = {str(value), repr(value), f"{value:g}"}
-    return any(
-        len(text) > 1 and re.search(rf"(?<![\w.]){re.escape(text)}(?![\w.])", message) for text in texts
-    )
+    return any(math.isclose(float(number), value, rel_tol=1e-9) for number in _NUMBER.findall(message))
+
+
+# A number as messages write it, sign and exponent included, not inside a word (`beta2`, `x86`).
+_NUMBER = re.compile(r"(?<![\w.])[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?(?!\w|\.\d)")
 
 
 def names_argument(message: str, name: str) -> bool:

@@ -66,6 +66,15 @@ class ForeignWordsSGD(torch.optim.SGD):
         super().__init__(params, lr=lr)
 
 
+class ScientificNotationSGD(torch.optim.SGD):
+    """Quotes the refused rate in scientific notation: `-1.0e-03` is the -0.001 it was given."""
+
+    def __init__(self, params: Any, lr: float = 0.1) -> None:
+        if lr <= 0:
+            raise ValueError(f"Ungültiger Wert: {lr:.1e}.")
+        super().__init__(params, lr=lr)
+
+
 class SilentRefusalSGD(torch.optim.SGD):
     """Refuses a bad rate with neither its name nor the value: that is still a fault."""
 
@@ -75,7 +84,10 @@ class SilentRefusalSGD(torch.optim.SGD):
         super().__init__(params, lr=lr)
 
 
-@pytest.mark.parametrize(("name", "status"), [("ForeignWordsSGD", "pass"), ("SilentRefusalSGD", "fail")])
+@pytest.mark.parametrize(
+    ("name", "status"),
+    [("ForeignWordsSGD", "pass"), ("ScientificNotationSGD", "pass"), ("SilentRefusalSGD", "fail")],
+)
 def test_a_refusal_quoting_the_value_names_it_in_any_words(name: str, status: str, tmp_path: Path) -> None:
     text = f"tests.checks.test_unusual_optimizers:{name}"
     (result,) = run_checks(target_of(text), {}, only=["construct"], workdir=tmp_path).checks
