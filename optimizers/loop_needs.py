@@ -49,6 +49,11 @@ _CLOSURE_CALL_DIFFERENTIATED = re.compile(r"\w*closure\w*\(\s*\)\s*\.\s*backward
 FRAMEWORK_PACKAGES = ("torch", "keras", "tf_keras", "tensorflow", "builtins")
 
 
+def user_classes(cls: type) -> list[type]:
+    """The classes of `cls`'s MRO outside the frameworks: the user's code, or their package's."""
+    return [k for k in cls.__mro__ if (k.__module__ or "").split(".")[0] not in FRAMEWORK_PACKAGES]
+
+
 @dataclass(frozen=True)
 class LoopNeeds:
     """What the loop must do for this optimizer; all False/None is the plain case."""
@@ -170,9 +175,7 @@ def _runs_backward_on_the_closure_loss(cls: type) -> bool:
     differentiates it (`f = self._closure(); f.backward()`, torchmin's Minimizer), or calls
     `closure().backward()`: under torch's convention the closure has run backward already, and its
     loss has no graph left to differentiate."""
-    for klass in cls.__mro__:
-        if (klass.__module__ or "").split(".")[0] in FRAMEWORK_PACKAGES:
-            continue
+    for klass in user_classes(cls):
         for member in vars(klass).values():
             function = inspect.unwrap(
                 member.__func__ if isinstance(member, staticmethod | classmethod) else member

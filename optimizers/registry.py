@@ -333,10 +333,8 @@ def snake_case(class_name: str) -> str:
     return spaced.lower()
 
 
-NOT_AN_OPTIMIZER = (
-    "expected a subclass of torch.optim.Optimizer, keras.optimizers.Optimizer or "
-    "tf_keras.optimizers.legacy.Optimizer"
-)
+OPTIMIZER_BASES = "torch.optim.Optimizer, keras.optimizers.Optimizer or tf_keras.optimizers.legacy.Optimizer"
+NOT_AN_OPTIMIZER = f"expected a subclass of {OPTIMIZER_BASES}"
 
 
 def not_an_optimizer(cls: Any) -> str:
@@ -553,8 +551,7 @@ def _load_plugin_file(registry: Registry, path: Path, styles: tuple[str, ...]) -
     module = import_file(path, prefix="optlab_plugin")
     if not optimizer_classes(module):
         raise ValueError(
-            f"{path} defines no optimizer class (a subclass of torch.optim.Optimizer, "
-            f"keras.optimizers.Optimizer or tf_keras.optimizers.legacy.Optimizer){_unfinished_note(module)}"
+            f"{path} defines no optimizer class (a subclass of {OPTIMIZER_BASES}){_unfinished_note(module)}"
             f"{_foreign_note(module)}{_imported_note(module)}"
         )
     registry.load_module(module, f"plugin {path}", styles)

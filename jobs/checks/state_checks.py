@@ -24,9 +24,9 @@ from jobs.checks.tools import (
     same_draws,
     same_value,
     takes_a_rate,
-    user_classes,
 )
 from jobs.frameworks.base import ConfigNotSerialized, Driver, StateNotRestored
+from optimizers.loop_needs import user_classes
 
 # -- config_roundtrip --------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ import numpy as np
 from jobs.checks.context import CheckContext
 from jobs.checks.report import Outcome
 from jobs.frameworks.base import raising_frame
-from optimizers.loop_needs import FRAMEWORK_PACKAGES
+from optimizers.loop_needs import user_classes
 
 CheckFunction = Callable[[CheckContext], Outcome]
 
@@ -151,11 +151,6 @@ def method_location(ctx: CheckContext, method: str | None = None) -> str:
     if source is None or source != ctx.target.source_file():
         return ctx.where()
     return f"{source}:{first}"
-
-
-def user_classes(cls: type) -> list[type]:
-    """The classes of `cls`'s MRO outside the frameworks: the user's code, or their package's."""
-    return [k for k in cls.__mro__ if (k.__module__ or "").split(".")[0] not in FRAMEWORK_PACKAGES]
 
 
 def reached_user_code(ctx: CheckContext, error: BaseException) -> bool:
