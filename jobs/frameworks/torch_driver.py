@@ -207,6 +207,11 @@ def _storages(variables: Sequence[Any]) -> set[int]:
     return {p.untyped_storage().data_ptr() for p in variables}
 
 
+def _same_memory(tensor: torch.Tensor) -> tuple[Any, ...]:
+    """What makes two tensors the same values: views of one flat buffer at different offsets are not."""
+    return (tensor.data_ptr(), tensor.dtype, tuple(tensor.shape), tuple(tensor.stride()))
+
+
 def _in_storages(tensor: torch.Tensor, storages: set[int]) -> bool:
     """Whether a non-empty tensor shares its storage with one of the parameters `storages` names."""
     return bool(tensor.numel()) and tensor.untyped_storage().data_ptr() in storages
@@ -449,13 +454,28 @@ class TorchDriver(Driver):
         return [(name, _numpy(t)) for name, t in state_tensors(optimizer)]
 
     def state_of(self, optimizer: Any, variables: Sequence[Any], index: int) -> list[np.ndarray]:
-        state = optimizer.state.get(variables[index], {})
+        """A tensor that other parameters' state holds too is the group's, not this parameter's:
+        Distributed Shampoo keeps one step counter per group and puts that very tensor under every
+        parameter, so it counts on while a parameter without a gradient is left alone."""
+        param = variables[index]
+        state = optimizer.state.get(param, {})
+        held_elsewhere = {
+            _same_memory(tensor)
+            for other, others_state in optimizer.state.items()
+            if other is not param and isinstance(others_state, Mapping)
+            for value in others_state.values()
+            for _, tensor in _tensors_in("", value)
+        }
         found = []
         for key in sorted(state, key=str) if isinstance(state, Mapping) else ():
             value = state[key]
             if isinstance(value, int | float) and not isinstance(value, bool):
                 found.append(np.array(value))
-            found.extend(_numpy(tensor) for _, tensor in _tensors_in(str(key), value))
+            found.extend(
+                _numpy(tensor)
+                for _, tensor in _tensors_in(str(key), value)
+                if _same_memory(tensor) not in held_elsewhere
+            )
         return found
 
     def trainable_state(self, optimizer: Any, variables: Sequence[Any]) -> tuple[int, list[str], list[str]]:

@@ -145,3 +145,79 @@ def test_a_closure_asked_for_the_loss_alone_returns_it_and_leaves_the_gradients(
     statuses = {r.id: r.status for r in report.checks}
     for check_id in ("dense_step", "descends", "closure", "resume_exact", "sparse", "mixed_precision"):
         assert statuses[check_id] == "pass", check_id
+
+
+class GroupCounterMomentum(torch.optim.Optimizer):
+    """Momentum with one step counter per group, the very tensor put under every parameter's state
+    (Distributed Shampoo keeps its `step` so, for a checkpoint keyed by parameter). A parameter
+    without a gradient is left alone; the group's counter counts on."""
+
+    def __init__(self, params: Any, lr: float = 0.1, beta: float = 0.9, decay_idle: bool = False) -> None:
+        super().__init__(params, {"lr": lr, "beta": beta})
+        self.decay_idle = decay_idle
+        for group in self.param_groups:
+            counter = torch.zeros((), dtype=torch.int64)
+            for param in group["params"]:
+                self.state[param]["step"] = counter
+                self.state[param]["momentum"] = torch.zeros_like(param)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            self.state[group["params"][0]]["step"].add_(1)
+            for param in group["params"]:
+                momentum = self.state[param]["momentum"]
+                if param.grad is None:
+                    if self.decay_idle:
+                        momentum.mul_(group["beta"])
+                    continue
+                momentum.mul_(group["beta"]).add_(param.grad)
+                param.add_(momentum, alpha=-group["lr"])
+        return loss
+
+
+class FlatBufferMomentum(torch.optim.Optimizer):
+    """Momentum buffers are views of one flat buffer (as fused and sharded optimizers keep them), and
+    the buffer of a parameter without a gradient decays: its state is updated, views or not."""
+
+    def __init__(self, params: Any, lr: float = 0.1, beta: float = 0.9) -> None:
+        super().__init__(params, {"lr": lr, "beta": beta})
+        params_ = [p for group in self.param_groups for p in group["params"]]
+        flat = torch.zeros(sum(p.numel() for p in params_))
+        offset = 0
+        for param in params_:
+            self.state[param]["momentum"] = flat[offset : offset + param.numel()].view_as(param)
+            offset += param.numel()
+        self.flat = flat
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        self.flat.mul_(self.param_groups[0]["beta"])
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    self.state[param]["momentum"].add_(param.grad)
+                    param.add_(self.state[param]["momentum"], alpha=-group["lr"])
+        return None
+
+
+@pytest.mark.parametrize(
+    ("name", "params", "status"),
+    [
+        ("GroupCounterMomentum", {}, "pass"),
+        ("GroupCounterMomentum", {"decay_idle": True}, "fail"),
+        ("FlatBufferMomentum", {}, "fail"),
+    ],
+)
+def test_a_group_s_counter_under_every_parameter_is_not_a_parameter_s_state(
+    name: str, params: dict[str, Any], status: str, tmp_path: Path
+) -> None:
+    # The counter failed none_grads ("the state of a variable that never had gradient (None) changed
+    # by 2"): Distributed Shampoo's group step, aliased under each parameter, counted the group's steps.
+    text = f"tests.checks.test_unusual_optimizers:{name}"
+    (result,) = run_checks(target_of(text), params, only=["none_grads"], workdir=tmp_path).checks
+    assert result.status == status, result.detail
