@@ -207,9 +207,10 @@ def outcome_kind(spec: AnySpec) -> type[Outcome]:
 
 def error_record(exc: BaseException) -> ErrorRecord:
     lines = "".join(traceback.format_exception(exc)).splitlines()
+    fix = getattr(exc, "fix", None)  # a typed error's advice (StateNotRestored's) belongs with it
     return ErrorRecord(
         type=type(exc).__name__,
-        message=str(exc),
+        message=f"{exc}. Fix: {fix}" if isinstance(fix, str) and fix else str(exc),
         traceback="\n".join(lines[-TRACEBACK_TAIL_LINES:]),
     )
 

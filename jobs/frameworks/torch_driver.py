@@ -16,6 +16,7 @@ import copy
 import hashlib
 import math
 import os
+import pickle
 import random
 import re
 import time
@@ -148,8 +149,43 @@ def save_checkpoint(path: Path, objects: TrainObjects, *, step: int, spec_json: 
 
 
 def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
-    loaded: dict[str, Any] = torch.load(path, map_location=device, weights_only=True)
+    loaded: dict[str, Any] = load_as_a_user_loads(path, device)
     return loaded
+
+
+def load_as_a_user_loads(path: Path, map_location: Any = "cpu") -> Any:
+    """`torch.load(weights_only=True)`, torch's default since 2.6. A refusal names every type in the
+    file that torch loads only once allowed, and the two ways out: plain values, or allowing them."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        refused = _refused_globals(path)
+        if not refused:
+            raise StateNotRestored(
+                f"torch.load(weights_only=True) refuses the saved state: {_unpickling_reason(exc)}",
+                fix=PLAIN_STATE_FIX,
+            ) from exc
+        short = ", ".join(name.rpartition(".")[2] for name in refused)
+        raise StateNotRestored(
+            "torch.load(weights_only=True) refuses the saved state: it holds "
+            f"{'a type' if len(refused) == 1 else f'{len(refused)} types'} torch loads only once allowed: "
+            f"{', '.join(refused)}",
+            fix=f"{PLAIN_STATE_FIX}; or, for types that must stay (an enum or a config class of your own), "
+            f"allow them once where the class is defined: torch.serialization.add_safe_globals([{short}])",
+        ) from exc
+
+
+PLAIN_STATE_FIX = (
+    "keep only tensors, numbers, strings, None and lists/tuples/dicts of them in self.state and "
+    "param_groups (no custom classes, deques, numpy objects or functions)"
+)
+
+
+def _refused_globals(path: Path) -> list[str]:
+    try:
+        return sorted(torch.serialization.get_unsafe_globals_in_checkpoint(path))
+    except Exception:  # not a zip checkpoint, or unreadable: the unpickler's own words then
+        return []
 
 
 def restore(checkpoint: Mapping[str, Any], fresh: TrainObjects) -> TrainObjects:
@@ -603,15 +639,7 @@ class TorchDriver(Driver):
         return path
 
     def restore_state(self, optimizer: Any, variables: Sequence[Any], saved: Any) -> None:
-        try:
-            loaded = torch.load(saved, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            raise StateNotRestored(
-                f"torch.load(weights_only=True) refuses the saved state_dict: {_unpickling_reason(exc)}",
-                fix="keep only tensors, numbers, strings, None and lists/tuples/dicts of them in self.state "
-                "and param_groups (no custom classes, deques, numpy objects or functions)",
-            ) from exc
-        optimizer.load_state_dict(loaded)
+        optimizer.load_state_dict(load_as_a_user_loads(saved))
 
     def state_difference(self, saved: Any, restored: Any) -> StateDifference | None:
         found = first_difference(saved.state_dict(), restored.state_dict(), "state_dict")

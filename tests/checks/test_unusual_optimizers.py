@@ -221,3 +221,20 @@ def test_a_group_s_counter_under_every_parameter_is_not_a_parameter_s_state(
     text = f"tests.checks.test_unusual_optimizers:{name}"
     (result,) = run_checks(target_of(text), params, only=["none_grads"], workdir=tmp_path).checks
     assert result.status == status, result.detail
+
+
+@pytest.mark.parametrize("check_id", ["state_roundtrip", "resume_exact"])
+def test_a_type_of_the_class_s_own_in_its_state_is_named_with_the_way_to_allow_it(
+    check_id: str, tmp_path: Path
+) -> None:
+    # Distributed Shampoo keeps an enum and config dataclasses in param_groups: the fail had quoted the
+    # first refused type only (resume_exact: torch's whole message, cut), and advised plain values alone.
+    text = "tests.checks.own_types_in_groups:EnumDecaySGD"
+    (result,) = run_checks(target_of(text), {}, only=[check_id], workdir=tmp_path).checks
+    assert result.status == "fail", result.detail
+    assert "tests.checks.own_types_in_groups.DecayKind" in result.detail
+    assert "torch.serialization.add_safe_globals([DecayKind])" in result.detail
+    # Allowed where the class is defined, as the advice says: the same state loads and resumes.
+    allowed = "tests.checks.own_types_in_groups:AllowedEnumDecaySGD"
+    (result,) = run_checks(target_of(allowed), {}, only=[check_id], workdir=tmp_path).checks
+    assert result.status == "pass", result.detail

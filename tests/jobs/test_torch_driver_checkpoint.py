@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+from jobs.frameworks.base import StateNotRestored
 from jobs.frameworks.torch_driver import (
     CheckpointMismatch,
     TrainObjects,
@@ -279,6 +280,28 @@ def test_a_job_fails_its_first_checkpoint_when_state_is_outside_state_dict(
     with pytest.raises(CheckpointMismatch, match="the next step differs"):
         job.run()
     assert [(c.step, c.ok) for c in job.verified] == [(first, False)]
+
+
+def test_a_job_whose_state_holds_a_type_of_its_own_fails_saying_how_to_allow_it(
+    make_job: Callable[..., Any],
+) -> None:
+    from jobs.run import error_record
+    from tests.checks.own_types_in_groups import AllowedEnumDecaySGD, EnumDecaySGD
+
+    # The job had failed with torch's whole weights_only message, which names only the first type.
+    job = make_job(broken_spec("enum_decay_sgd", 5), with_registry=registry_with(EnumDecaySGD))
+    with pytest.raises(StateNotRestored) as raised:
+        job.run()
+    assert [(c.step, c.ok) for c in job.verified] == [(5, False)]
+    message = error_record(raised.value).message
+    assert "a type torch loads only once allowed: tests.checks.own_types_in_groups.DecayKind" in message
+    assert "Fix: " in message and "torch.serialization.add_safe_globals([DecayKind])" in message
+    # The class that allows its own type where it is defined trains with every checkpoint proven.
+    allowed = make_job(
+        broken_spec("allowed_enum_decay_sgd", 5), with_registry=registry_with(AllowedEnumDecaySGD)
+    )
+    result = allowed.run()
+    assert result.checkpoints_verified == len(result.checkpoints) == 3
 
 
 @pytest.mark.parametrize(

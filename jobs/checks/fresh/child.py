@@ -128,7 +128,10 @@ def report_failure(task: Mapping[str, Any], context: CheckContext | None, exc: B
         # Whole or not at all, and the first wins: two DDP ranks often fail at the same moment,
         # and a reader must never see a file one of them is still writing.
         partial = error_path.with_name(f"{error_path.name}.{os.getpid()}.partial")
-        partial.write_text(json.dumps({"error": one_line(exc), "where": where}))
+        # A typed error's advice (StateNotRestored's `fix`) crosses the process boundary with it.
+        fix = getattr(exc, "fix", "")
+        fix = fix if isinstance(fix, str) else ""
+        partial.write_text(json.dumps({"error": one_line(exc), "where": where, "fix": fix}))
         try:
             os.link(partial, error_path)
         except FileExistsError:

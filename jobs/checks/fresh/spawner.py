@@ -39,11 +39,12 @@ CHILD_MODULE = "jobs.checks.fresh.child"
 class ChildFailed(Exception):
     """A fresh run failed: `observed` says how, `where` is the user's file:line if known."""
 
-    def __init__(self, observed: str, where: str = "", *, timed_out: bool = False) -> None:
+    def __init__(self, observed: str, where: str = "", *, timed_out: bool = False, fix: str = "") -> None:
         super().__init__(observed)
         self.observed = observed
         self.where = where
         self.timed_out = timed_out
+        self.fix = fix  # the advice the child's error carried, if it was a typed one
 
 
 @dataclass
@@ -198,7 +199,11 @@ def _failure_of(role: str, code: int, error_path: Path, log_path: Path) -> Child
     except ValueError:  # not written whole (it is written atomically; kept for an older child)
         reported = None
     if reported is not None:
-        return ChildFailed(f"in a fresh process ({role}): {reported['error']}", reported.get("where", ""))
+        return ChildFailed(
+            f"in a fresh process ({role}): {reported['error']}",
+            reported.get("where", ""),
+            fix=reported.get("fix", ""),
+        )
     lines = log_path.read_text(errors="replace").splitlines() if log_path.is_file() else []
     tail = [line for line in lines if line.strip()][-3:]
     how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
@@ -212,5 +217,5 @@ def failed_in_child(exc: ChildFailed, what: str, *, where: str, fix: str = "") -
             "make sure the step finishes; a blocking call or an endless loop in the update hangs training too"
         )
     elif not fix:
-        fix = "the optimizer raised in a fresh process; the error above and its line say why"
+        fix = exc.fix or "the optimizer raised in a fresh process; the error above and its line say why"
     return failed(f"{what} failed: {exc.observed}", where=exc.where or where, fix=fix)

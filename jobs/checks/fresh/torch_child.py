@@ -41,6 +41,7 @@ from jobs.frameworks.torch_driver import (
     closure_loss_over_ranks,
     closure_result,
     first_difference,
+    load_as_a_user_loads,
     rng_state,
     set_rng_state,
 )
@@ -254,7 +255,7 @@ def load_difference(
         with torch.random.fork_rng(devices=[]):
             model = tiny_model()
             optimizer = ctx.build(model.parameters(), **overrides)
-            saved = torch.load(checkpoint, weights_only=True)
+            saved = load_as_a_user_loads(checkpoint)
             model.load_state_dict(saved["model"])
             optimizer.load_state_dict(saved["optimizer"])
     except Exception:  # the resumed run got this far in its process: no cause to add here
@@ -282,7 +283,7 @@ def prepare_run(request: Mapping[str, Any]) -> None:
 def resume(request: Mapping[str, Any], ctx: CheckContext) -> None:
     model = tiny_model()
     optimizer = ctx.build(model.parameters(), **request["overrides"])
-    saved = torch.load(request["checkpoint"], weights_only=True)  # as a careful user loads
+    saved = load_as_a_user_loads(request["checkpoint"])
     model.load_state_dict(saved["model"])
     optimizer.load_state_dict(saved["optimizer"])
     set_rng_state(saved["rng"])
