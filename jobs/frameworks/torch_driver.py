@@ -19,6 +19,7 @@ import os
 import pickle
 import random
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
@@ -56,7 +57,7 @@ from jobs.frameworks.base import (
 from jobs.frameworks.torch_compile import compile_clock, compiled
 from jobs.spec import JobSpec
 from jobs.workloads import Workload
-from optimizers.loop_needs import PLAIN, LoopNeeds
+from optimizers.loop_needs import FRAMEWORK_PACKAGES, PLAIN, LoopNeeds
 from optimizers.registry import Base, Entry
 from optimizers.schedules import build_schedule
 
@@ -165,13 +166,16 @@ def load_as_a_user_loads(path: Path, map_location: Any = "cpu") -> Any:
                 f"torch.load(weights_only=True) refuses the saved state: {_unpickling_reason(exc)}",
                 fix=PLAIN_STATE_FIX,
             ) from exc
-        short = ", ".join(name.rpartition(".")[2] for name in refused)
+        own = [name.rpartition(".")[2] for name in refused if _of_a_package_of_its_own(name)]
+        allow = (
+            "; or, for types that must stay (an enum or a config class of your own), allow them once where "
+            f"the class is defined: torch.serialization.add_safe_globals([{', '.join(own)}])"
+        )
         raise StateNotRestored(
             "torch.load(weights_only=True) refuses the saved state: it holds "
             f"{'a type' if len(refused) == 1 else f'{len(refused)} types'} torch loads only once allowed: "
             f"{', '.join(refused)}",
-            fix=f"{PLAIN_STATE_FIX}; or, for types that must stay (an enum or a config class of your own), "
-            f"allow them once where the class is defined: torch.serialization.add_safe_globals([{short}])",
+            fix=PLAIN_STATE_FIX + (allow if own else ""),
         ) from exc
 
 
@@ -179,6 +183,13 @@ PLAIN_STATE_FIX = (
     "keep only tensors, numbers, strings, None and lists/tuples/dicts of them in self.state and "
     "param_groups (no custom classes, deques, numpy objects or functions)"
 )
+
+
+def _of_a_package_of_its_own(name: str) -> bool:
+    """A type from neither Python's library nor numpy and the frameworks (a deque or an ndarray is
+    better kept as a tensor or a list than allowed): the optimizer package's own, or another's."""
+    package = name.split(".")[0]
+    return package not in sys.stdlib_module_names and package not in (*FRAMEWORK_PACKAGES, "numpy")
 
 
 def _refused_globals(path: Path) -> list[str]:

@@ -238,3 +238,11 @@ def test_a_type_of_the_class_s_own_in_its_state_is_named_with_the_way_to_allow_i
     allowed = "tests.checks.own_types_in_groups:AllowedEnumDecaySGD"
     (result,) = run_checks(target_of(allowed), {}, only=[check_id], workdir=tmp_path).checks
     assert result.status == "pass", result.detail
+
+
+def test_a_deque_in_the_state_is_not_advised_to_be_allowed(tmp_path: Path) -> None:
+    # Python's and numpy's types are better kept as tensors or lists: only a package's own are named.
+    text = "tests.checks.broken.torch_state_roundtrip_weights_only:NormHistoryMomentum"
+    (result,) = run_checks(target_of(text), {}, only=["state_roundtrip"], workdir=tmp_path).checks
+    assert result.status == "fail", result.detail
+    assert "collections.deque" in result.detail and "add_safe_globals" not in result.detail
