@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import copy
 import hashlib
+import inspect
 import math
 import os
 import pickle
@@ -147,6 +148,30 @@ def save_checkpoint(path: Path, objects: TrainObjects, *, step: int, spec_json: 
     tmp = path.with_name(f".{path.name}.tmp")
     torch.save(payload, tmp)
     os.replace(tmp, path)
+
+
+def clear_gradients(optimizer: Any) -> None:
+    """`zero_grad(set_to_none=True)`, as torch's own loops clear gradients; a class whose zero_grad()
+    takes no argument (fairscale's AdaScale proxies it so) is called as a user's loop calls it."""
+    cls = type(optimizer)
+    takes = _ZERO_GRAD_TAKES_SET_TO_NONE.get(cls)
+    if takes is None:  # read once per class: this runs every step
+        takes = _ZERO_GRAD_TAKES_SET_TO_NONE[cls] = _takes_set_to_none(optimizer.zero_grad)
+    if takes:
+        optimizer.zero_grad(set_to_none=True)
+    else:
+        optimizer.zero_grad()
+
+
+_ZERO_GRAD_TAKES_SET_TO_NONE: dict[type, bool] = {}
+
+
+def _takes_set_to_none(zero_grad: Callable[..., Any]) -> bool:
+    try:
+        parameters = inspect.signature(zero_grad).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): torch's own argument, then
+        return True
+    return any(p.name == "set_to_none" or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
@@ -1180,7 +1205,7 @@ class TorchSession(TrainingSession):
     ) -> torch.Tensor:
         x, y = batch
         if zero_grad:
-            objects.optimizer.zero_grad(set_to_none=True)
+            clear_gradients(objects.optimizer)
         return self._loss(objects.forward(x), y)
 
     def _optimizer_step(self, objects: TrainObjects, batch: tuple[torch.Tensor, torch.Tensor]) -> None:
@@ -1202,7 +1227,7 @@ class TorchSession(TrainingSession):
         if self.needs.create_graph:
             # Gradients built with create_graph hold the whole backward graph: free it now, or
             # every step's graph stays alive until the next zero_grad.
-            objects.optimizer.zero_grad(set_to_none=True)
+            clear_gradients(objects.optimizer)
 
     def _train_mode(self, objects: TrainObjects) -> None:
         # Schedule-free optimizers step from other weights than they evaluate; both calls

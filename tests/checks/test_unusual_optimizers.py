@@ -246,3 +246,21 @@ def test_a_deque_in_the_state_is_not_advised_to_be_allowed(tmp_path: Path) -> No
     (result,) = run_checks(target_of(text), {}, only=["state_roundtrip"], workdir=tmp_path).checks
     assert result.status == "fail", result.detail
     assert "collections.deque" in result.detail and "add_safe_globals" not in result.detail
+
+
+class PlainZeroGradSGD(torch.optim.SGD):
+    """A zero_grad() of its own that takes no argument, as fairscale's AdaScale proxies its base's."""
+
+    def zero_grad(self) -> None:  # type: ignore[override]
+        super().zero_grad()
+
+
+@pytest.mark.parametrize("check_id", ["resume_exact", "distributed"])
+def test_a_zero_grad_without_arguments_is_called_as_a_user_s_loop_calls_it(
+    check_id: str, tmp_path: Path
+) -> None:
+    # Both had failed: "zero_grad() got an unexpected keyword argument 'set_to_none'", from the
+    # fresh processes' loop, not from anything a user's `optimizer.zero_grad()` would meet.
+    text = "tests.checks.test_unusual_optimizers:PlainZeroGradSGD"
+    (result,) = run_checks(target_of(text), {}, only=[check_id], workdir=tmp_path).checks
+    assert result.status == "pass", result.detail

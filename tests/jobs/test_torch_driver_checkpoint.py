@@ -304,6 +304,17 @@ def test_a_job_whose_state_holds_a_type_of_its_own_fails_saying_how_to_allow_it(
     assert result.checkpoints_verified == len(result.checkpoints) == 3
 
 
+def test_a_job_clears_gradients_with_a_zero_grad_that_takes_no_argument(make_job: Callable[..., Any]) -> None:
+    from tests.checks.test_unusual_optimizers import PlainZeroGradSGD
+
+    # The job had failed at its first step: "zero_grad() got an unexpected keyword argument 'set_to_none'".
+    spec = digits_spec(optimizer={"name": "plain_zero_grad_sgd", "params": {"lr": 0.05}}, steps=12)
+    result = make_job(spec, with_registry=registry_with(PlainZeroGradSGD)).run()
+    sgd = make_job(digits_spec(optimizer={"name": "sgd", "params": {"lr": 0.05}}, steps=12)).run()
+    assert result.checkpoints_verified == len(result.checkpoints) == 2
+    assert result.params_sha256 == sgd.params_sha256  # torch's SGD, its gradients cleared alike
+
+
 @pytest.mark.parametrize(
     "optimizer",
     [

@@ -38,6 +38,7 @@ from jobs.frameworks.base import StateDifference
 from jobs.frameworks.torch_driver import (
     KEEP_STATE_DTYPE_FIX,
     LOAD_CASTS_STATE,
+    clear_gradients,
     closure_loss_over_ranks,
     closure_result,
     first_difference,
@@ -133,7 +134,7 @@ def _loss_and_grads(
     backward: bool = True,
 ) -> torch.Tensor:
     if backward:  # `closure(backward=False)` asks for the loss alone and leaves the gradients be
-        optimizer.zero_grad(set_to_none=True)
+        clear_gradients(optimizer)
     with torch.enable_grad():  # step(closure) may run it under torch.no_grad()
         return closure_result(nn.functional.mse_loss(model(x), y), needs, backward=backward)
 
@@ -154,7 +155,7 @@ def _loss_and_averaged_grads(
     shares_rows = [slice(rank * share, (rank + 1) * share) for rank in range(REPLICAS)]
     if needs.backward_in_step or not backward:
         if backward:
-            optimizer.zero_grad(set_to_none=True)
+            clear_gradients(optimizer)
         with torch.enable_grad():
             return torch.stack([nn.functional.mse_loss(model(x[r]), y[r]) for r in shares_rows]).mean()
     losses, shares = [], []
