@@ -89,7 +89,7 @@ def check_construct(ctx: CheckContext) -> Outcome:
                 )
                 continue
             ctx.mark_unbuildable()
-            need = ctx.driver.unmet_need(exc)
+            need = ctx.driver.unmet_need(exc) or _more_than_one_worker(ctx, exc)
             if need is not None:
                 return skipped(f"inconclusive: the class builds only with {need}: {ctx.describe_error(exc)}")
             if _takes_a_model(ctx.target.cls):
@@ -251,6 +251,27 @@ def _build_error(
 
 # What a constructor's first argument is called when it wants the model, not its parameters.
 _MODEL_ARGUMENTS = frozenset({"model", "module", "named_parameters", "named_params"})
+
+
+# "does not support a single worker" (fairscale's AdaScale, without gradient accumulation), "requires
+# more than one process": a refusal of the one process the checks run a class in.
+_ONE_WORKER = re.compile(r"\b(?:single|one|1)[ -](?:worker|process|rank|replica|node|gpu)s?\b", re.IGNORECASE)
+_REFUSES = re.compile(
+    r"\b(?:not support|unsupported|cannot|can't|requires?|needs?|at least)\b", re.IGNORECASE
+)
+
+
+def _more_than_one_worker(ctx: CheckContext, error: BaseException) -> str | None:
+    """A refusal the class raises itself because it was built for one worker: it is written for
+    data-parallel training, which the checks of a single process cannot judge."""
+    message = str(error)
+    refused = raised_in(error, {ctx.target.source_file()}, by_raise=True)
+    if refused and _ONE_WORKER.search(message) and _REFUSES.search(message):
+        return (
+            "more than one worker (it is written for data-parallel training, and the checks run it in "
+            "one process)"
+        )
+    return None
 
 
 def _takes_a_model(cls: type) -> bool:

@@ -264,3 +264,20 @@ def test_a_zero_grad_without_arguments_is_called_as_a_user_s_loop_calls_it(
     text = "tests.checks.test_unusual_optimizers:PlainZeroGradSGD"
     (result,) = run_checks(target_of(text), {}, only=[check_id], workdir=tmp_path).checks
     assert result.status == "pass", result.detail
+
+
+class DataParallelOnlySGD(torch.optim.SGD):
+    """Refuses to be built for one worker, as fairscale's AdaScale does without gradient accumulation."""
+
+    def __init__(self, params: Any, lr: float = 0.1, world_size: int = 1) -> None:
+        if world_size <= 1:
+            raise RuntimeError("DataParallelOnlySGD does not support a single worker.")
+        super().__init__(params, lr=lr)
+
+
+def test_a_class_refusing_a_single_worker_is_inconclusive_not_a_fault(tmp_path: Path) -> None:
+    # It had failed construct: "the constructor must accept every declared hyperparameter at its default".
+    text = "tests.checks.test_unusual_optimizers:DataParallelOnlySGD"
+    (result,) = run_checks(target_of(text), {}, only=["construct"], workdir=tmp_path).checks
+    assert result.status == "skip", result.detail
+    assert "builds only with more than one worker" in result.detail
