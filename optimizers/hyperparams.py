@@ -7,11 +7,12 @@ torch or TensorFlow.
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 ParamType = Literal[
@@ -30,6 +31,7 @@ MAX_PATH_LENGTH = 1000
 MAX_STRING_LENGTH = 200
 OPTION_TEXT_PATTERN = "^[ -~]*$"
 TEXT_ALLOWED = f"a string of at most {MAX_STRING_LENGTH} printable ASCII characters"
+EnumClass = type[enum.Enum]
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,9 @@ class Param:
     required: bool = False
     nullable: bool = False
     choices: tuple[str, ...] = ()  # a `choice`'s values
+    # A `choice` of an enum's member names (Distributed Shampoo's `weight_decay_type`): the class takes
+    # the member. Known where the class is (the registry), not in the catalogue the API reads.
+    enum_class: EnumClass | None = field(default=None, compare=False, repr=False)
 
     def allowed(self) -> str:
         """Human description of the allowed values, e.g. `a number in [0, 1)`, `"a" or "b", or null`."""
@@ -125,6 +130,12 @@ class Param:
         `growth_rate=inf`, a `None` meaning "off"): the filled-in defaults come back when the
         optimizer is built, and refusing them would make the class unbuildable."""
         return value if self.is_default(value) else self.check(value)
+
+    def native(self, value: Any) -> Any:
+        """A checked value as the class takes it: the member a `choice` of an enum's names names."""
+        if self.enum_class is not None and isinstance(value, str):
+            return self.enum_class[value]
+        return value
 
     def to_json(self) -> dict[str, Any]:
         default = list(self.default) if isinstance(self.default, tuple | list) else self.default

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import enum
 import importlib
 import importlib.metadata
 import inspect
@@ -154,7 +155,8 @@ class Entry:
         """
         owner = f"optimizer {self.name!r} ({self.style})"
         checked = check_all(hyperparams, self.params, owner=owner, partial=partial)
-        return {(self.lr_arg if key == "lr" else key): value for key, value in checked.items()}
+        native = {key: self.params[key].native(value) for key, value in checked.items()}
+        return {(self.lr_arg if key == "lr" else key): value for key, value in native.items()}
 
     def group_keys(self) -> frozenset[str] | None:
         """The keys the class reads from its param groups (torch, the only style with groups), a
@@ -444,6 +446,10 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
         if arg.name in _LR_ARGS and default is None and kind in (None, "any"):
             kind = "float"  # `lr=None`: the class derives its rate (SaRA); one given is still a rate
         choices = _literal_strings(_without_none(annotation))
+        members = _enum_of(annotation, default)
+        if members is not None:  # a choice of the members' names, which JSON can carry
+            kind, choices = "choice", tuple(members.__members__)
+            default = default.name if isinstance(default, members) else default
         if kind is None or not _plain_default_of(kind, default, choices):
             continue
         nullable = _allows_none(annotation) or (default is None and not required)
@@ -463,7 +469,9 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
                 "lr", "float", lr_default, low=0.0, low_inclusive=False, required=required, nullable=nullable
             )
         else:
-            params[name] = Param(name, kind, default, required=required, nullable=nullable, choices=choices)
+            params[name] = Param(
+                name, kind, default, required=required, nullable=nullable, choices=choices, enum_class=members
+            )
     if "lr" not in params and style != "torch":
         params = {"lr": Param("lr", "float", _KERAS_DEFAULT_LR, low=0.0, low_inclusive=False), **params}
     return params, lr_arg
@@ -781,6 +789,17 @@ def _allows_none(annotation: Any) -> bool:
         return _without_none(annotation) != annotation
     union = typing.get_origin(annotation) in (typing.Union, types.UnionType)
     return union and type(None) in typing.get_args(annotation)
+
+
+def _enum_of(annotation: Any, default: Any) -> type[enum.Enum] | None:
+    """The enum an argument takes a member of: its annotation's (`X` or `X | None`), or an unannotated
+    default's."""
+    annotated = _without_none(annotation)
+    if isinstance(annotated, type) and issubclass(annotated, enum.Enum):
+        return annotated
+    if annotation is inspect.Parameter.empty and isinstance(default, enum.Enum):
+        return type(default)
+    return None
 
 
 def _literal_strings(annotation: Any) -> tuple[str, ...]:

@@ -281,7 +281,8 @@ def _takes_a_model(cls: type) -> bool:
 
 
 def _native_kwargs(ctx: CheckContext, params: Mapping[str, Any]) -> dict[str, Any]:
-    return {native(ctx, k): v for k, v in params.items()}
+    declared = ctx.target.entry.params
+    return {native(ctx, k): declared[k].native(v) if k in declared else v for k, v in params.items()}
 
 
 def _invalid_values(ctx: CheckContext, param: Param, *, none_refused: bool = False) -> list[Any]:

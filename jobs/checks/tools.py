@@ -9,6 +9,7 @@ and state back as numpy; `jobs.frameworks` says how for each style.
 from __future__ import annotations
 
 import contextlib
+import enum
 import functools
 import inspect
 import math
@@ -248,6 +249,8 @@ def same_value(actual: Any, expected: Any) -> bool:
     float32 precision (legacy Keras stores them as float32 variables), lists as tuples."""
     if hasattr(actual, "item") and getattr(actual, "size", 1) in (1, None) and np.ndim(actual) == 0:
         actual = actual.item()
+    if isinstance(actual, enum.Enum) and isinstance(expected, str):  # a `choice` of an enum's names
+        return actual.name == expected
     if isinstance(actual, Mapping) and isinstance(expected, Mapping):
         return actual.keys() == expected.keys() and all(same_value(actual[k], expected[k]) for k in actual)
     if isinstance(expected, tuple | list) and isinstance(actual, tuple | list):

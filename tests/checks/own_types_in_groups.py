@@ -57,3 +57,23 @@ class EnumDecaySGD(_EnumDecaySGD):
 
 class AllowedEnumDecaySGD(_EnumDecaySGD):
     kinds = AllowedDecayKind
+
+
+class KindDecaySGD(_EnumDecaySGD):
+    """Takes its decay rule as a member of an enum, as Distributed Shampoo takes `weight_decay_type`:
+    catalogued as a choice of the members' names, and built with the member."""
+
+    kinds = AllowedDecayKind
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 0.1,
+        weight_decay: float = 0.01,
+        decay: AllowedDecayKind = AllowedDecayKind.DECOUPLED,
+    ) -> None:
+        if not isinstance(decay, AllowedDecayKind):  # first: a name instead of the member is refused
+            raise TypeError(f"decay must be an AllowedDecayKind; received {decay!r}")
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0; received {lr}")
+        torch.optim.Optimizer.__init__(self, params, {"lr": lr, "weight_decay": weight_decay, "decay": decay})

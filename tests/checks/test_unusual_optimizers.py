@@ -281,3 +281,20 @@ def test_a_class_refusing_a_single_worker_is_inconclusive_not_a_fault(tmp_path: 
     (result,) = run_checks(target_of(text), {}, only=["construct"], workdir=tmp_path).checks
     assert result.status == "skip", result.detail
     assert "builds only with more than one worker" in result.detail
+
+
+def test_an_enum_hyperparameter_given_by_name_is_checked_as_the_member_it_builds_with(tmp_path: Path) -> None:
+    # A group holds the member, the check's params the name: they are the same value.
+    text = "tests.checks.own_types_in_groups:KindDecaySGD"
+    stepped = [
+        "construct",
+        "dense_step",
+        "config_roundtrip",
+        "state_roundtrip",
+        "resume_exact",
+        "param_groups",
+    ]
+    report = run_checks(target_of(text), {"decay": "COUPLED"}, only=stepped, workdir=tmp_path)
+    assert {r.id: r.status for r in report.checks} == dict.fromkeys(stepped, "pass"), report.checks
+    (config,) = (r for r in report.checks if r.id == "config_roundtrip")
+    assert "not there as given" not in config.detail  # "'decay' stored as <...COUPLED>, given 'COUPLED'"

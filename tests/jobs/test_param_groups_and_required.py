@@ -309,3 +309,36 @@ def test_an_optional_number_is_given_or_left_to_the_class_through_the_api(catalo
     params = [torch.zeros(2, requires_grad=True)]
     assert entry.create({"beta3": 0.5}, model_params=params).param_groups[0]["beta3"] == 0.5
     assert entry.create({}, model_params=params).param_groups[0]["beta3"] is None  # the class's own
+
+
+# -- a hyperparameter that is an enum's member (Distributed Shampoo's `weight_decay_type`) -----------
+
+
+def test_an_enum_hyperparameter_is_chosen_by_name_by_the_api_the_job_and_a_group(
+    make_job: MakeJob, catalogue_data: dict[str, Any]
+) -> None:
+    from tests.checks.own_types_in_groups import AllowedDecayKind, KindDecaySGD
+
+    registry = load_registry(plugin_dirs=[], styles=["torch"])
+    registry.add(entry_for_class(KindDecaySGD, source="test"))
+    catalogue = Catalogue.model_validate(
+        {**catalogue_data, "optimizers": [entry.describe() for entry in registry.entries.values()]}
+    )
+    optimizer = {
+        "name": "kind_decay_sgd",
+        "params": {"lr": 0.05, "decay": "COUPLED"},
+        "param_groups": [{"match": {"ndim": "<2"}, "params": {"decay": "DECOUPLED"}}],
+    }
+    choice = JobSpec.model_validate({**_job(), "optimizer": optimizer}).optimizer
+    assert optimizer_errors(choice, "torch", catalogue) == []
+    wrong = {**optimizer, "params": {"decay": "SIDEWAYS"}}
+    errors = optimizer_errors(
+        JobSpec.model_validate({**_job(), "optimizer": wrong}).optimizer, "torch", catalogue
+    )
+    assert [e.loc for e in errors] == [["body", "optimizer", "params", "decay"]]
+    assert 'must be "COUPLED" or "DECOUPLED"' in errors[0].msg
+    job = make_job(digits_spec(optimizer=optimizer, steps=20, checkpoint_every=10), with_registry=registry)
+    groups = job.session.build().optimizer.param_groups
+    assert [g["decay"] for g in groups] == [AllowedDecayKind.DECOUPLED, AllowedDecayKind.COUPLED]
+    result = job.run()
+    assert result.checkpoints_verified == len(result.checkpoints) == 2

@@ -853,6 +853,63 @@ def test_derive_params_catalogues_optional_numbers_options_and_tuples(postponed:
             entry.kwargs({"reduction": refused})
 
 
+ENUM_OPTIONS = """
+import enum
+from typing import Optional
+
+import torch
+
+
+class Decay(enum.Enum):
+    L2 = 1
+    DECOUPLED = 2
+
+
+class Kinds(torch.optim.Optimizer):
+    def __init__(
+        self,
+        params,
+        lr: float = 0.1,
+        decay: Decay = Decay.DECOUPLED,
+        maybe: Optional[Decay] = None,
+        legacy=Decay.L2,
+    ):
+        super().__init__(params, {"lr": lr, "decay": decay, "maybe": maybe, "legacy": legacy})
+
+    def step(self, closure=None):
+        return None
+"""
+
+
+@pytest.mark.parametrize("postponed", [False, True], ids=["objects", "strings"])
+def test_an_enum_argument_is_a_choice_of_its_members_names_built_with_the_member(postponed: bool) -> None:
+    # Distributed Shampoo's `weight_decay_type: WeightDecayType = WeightDecayType.DECOUPLED` had been
+    # left out of the catalogue: no job could choose its weight decay.
+    source = ("from __future__ import annotations\n" if postponed else "") + ENUM_OPTIONS
+    namespace: dict[str, Any] = {"__name__": "enum_options"}
+    exec(compile(source, "enum_options.py", "exec", dont_inherit=True), namespace)
+    decay = namespace["Decay"]
+    params, _ = derive_params(namespace["Kinds"])
+    names = ("L2", "DECOUPLED")
+    assert params == {
+        "lr": Param("lr", "float", 0.1, low=0.0, low_inclusive=False),
+        "decay": Param("decay", "choice", "DECOUPLED", choices=names),
+        "maybe": Param("maybe", "choice", None, nullable=True, choices=names),
+        "legacy": Param("legacy", "choice", "L2", choices=names),
+    }
+    assert json.loads(json.dumps(params["decay"].to_json()))["allowed"] == '"L2" or "DECOUPLED"'
+    entry = entry_for_class(namespace["Kinds"], source="test")
+    built = entry.create({"decay": "L2", "maybe": "DECOUPLED"}, model_params=[torch.zeros(2)])
+    group = built.param_groups[0]
+    assert (group["decay"], group["maybe"], group["legacy"]) == (decay.L2, decay.DECOUPLED, decay.L2)
+    assert entry.kwargs({})["decay"] is decay.DECOUPLED and entry.kwargs({})["maybe"] is None
+    assert entry.kwargs({"decay": "L2"}, partial=True) == {"decay": decay.L2}  # a param group's own
+    with pytest.raises(ValueError, match=r'decay must be "L2" or "DECOUPLED"; received "SIDEWAYS"'):
+        entry.kwargs({"decay": "SIDEWAYS"})
+    with pytest.raises(ValueError, match=r'decay must be "L2" or "DECOUPLED"; received 2'):
+        entry.kwargs({"decay": 2})  # the member's value is not its name
+
+
 # derive_params reads signatures only: plain classes stand in for Keras ones without importing Keras.
 class _KerasLike:
     def __init__(
