@@ -208,11 +208,22 @@ def outcome_kind(spec: AnySpec) -> type[Outcome]:
 def error_record(exc: BaseException) -> ErrorRecord:
     lines = "".join(traceback.format_exception(exc)).splitlines()
     fix = getattr(exc, "fix", None)  # a typed error's advice (StateNotRestored's) belongs with it
+    message = str(exc) or _where_raised(exc)
     return ErrorRecord(
         type=type(exc).__name__,
-        message=f"{exc}. Fix: {fix}" if isinstance(fix, str) and fix else str(exc),
+        message=f"{message}. Fix: {fix}" if isinstance(fix, str) and fix else message,
         traceback="\n".join(lines[-TRACEBACK_TAIL_LINES:]),
     )
+
+
+def _where_raised(exc: BaseException) -> str:
+    """For an error that says nothing (a bare `assert`, pytorch-optimizer's base `step()` raising
+    NotImplementedError for LOMO, which updates in `fused_backward`): where it was raised."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    if not frames:
+        return "raised with no message"
+    last = frames[-1]
+    return f"raised with no message at {last.filename}:{last.lineno}: {(last.line or '').strip()}"
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:

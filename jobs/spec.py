@@ -32,7 +32,7 @@ from optimizers.hyperparams import MAX_LIST_LENGTH as MAX_LIST_LENGTH  # re-expo
 from optimizers.hyperparams import MAX_STRING_LENGTH as MAX_STRING_LENGTH
 from optimizers.hyperparams import OPTION_TEXT_PATTERN as OPTION_TEXT_PATTERN
 from optimizers.hyperparams import Param
-from optimizers.loop_needs import LoopNeeds, loop_problem
+from optimizers.loop_needs import LoopNeeds, loop_problem, recipe_problem
 from optimizers.param_groups import GroupRule, extra_key_problem, parse_ndim
 from optimizers.registry import FRAMEWORK_OF_STYLE, STYLES
 
@@ -197,7 +197,8 @@ class OptimizerChoice(Component):
     needs: dict[Annotated[str, Field(max_length=100)], bool | str | None] | None = Field(
         default=None,
         description="what the loop must do that the catalogue could not detect, merged over its needs: "
-        "closure, create_graph, train_eval, backward_in_step (true/false), base_optimizer (an argument name)",
+        "closure, create_graph, train_eval, backward_in_step (true/false), base_optimizer, model_argument "
+        "(an argument name)",
     )
 
     @field_validator("needs")
@@ -838,6 +839,9 @@ def _group_errors(
                 "leave optimizer.param_groups out",
             )
         ]
+    refused = recipe_problem(choice.name, _stated_needs(choice, optimizer))
+    if refused:
+        return [SpecError(loc=loc, msg=refused)]
     owner, declared = choice, optimizer
     if choice.base is not None:
         base_entry = catalogue.optimizer(choice.base.name, framework, choice.base.style)

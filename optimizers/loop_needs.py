@@ -5,7 +5,8 @@ re-evaluate the loss through `step(closure)`; Hessian-based ones (AdaHessian, So
 need the backward pass to keep its graph for Hessian-vector products; schedule-free ones
 must be switched with `optimizer.train()` / `optimizer.eval()` around evaluation and
 saving; wrappers (Lookahead, SAM) take a base optimizer; a few (torchmin's Minimizer, SLS)
-run backward themselves on the loss their closure returns. Declared once here, in the
+run backward themselves on the loss their closure returns; K-FAC-style ones (SINGD) are built
+over the model, not its parameters. Declared once here, in the
 catalogue entry, and read by both the trainer and the checks, so neither blames the
 optimizer for what the loop assumed.
 
@@ -25,6 +26,11 @@ from typing import Any
 NEEDS_ATTRIBUTE = "optlab_needs"
 # Constructor arguments that take the optimizer a wrapper wraps.
 _BASE_ARGUMENTS = ("base_optimizer", "optimizer", "base")
+# A first constructor argument that asks for the model (K-FAC-style optimizers such as SINGD hook its
+# layers; LOMO fuses its update into backward) or its named parameters (adam-mini), not parameters.
+MODEL_ARGUMENTS = ("model", "module", "named_parameters", "named_params")
+# Needs that name a constructor argument; the rest are true or false.
+_ARGUMENT_NEEDS = ("base_optimizer", "model_argument")
 # An annotation naming an optimizer (the class, or an instance of it), whatever the argument's name.
 OPTIMIZER_ANNOTATION = re.compile(r"\bOptimizer\b")
 # The same asking for the class, not a built one: `Type[Optimizer]`, `type[torch.optim.Optimizer]`.
@@ -65,6 +71,9 @@ class LoopNeeds:
     # step(closure) runs backward itself on the loss the closure returns (torchmin's Minimizer): the
     # loop's closure returns the loss with its graph and calls no backward. Implies `closure`.
     backward_in_step: bool = False
+    # The constructor's first argument takes the model or its named parameters (`MODEL_ARGUMENTS`):
+    # the loop builds the optimizer over its model, as `SINGD(model, lr=...)` asks.
+    model_argument: str | None = None
 
     def __post_init__(self) -> None:
         if self.backward_in_step and not self.closure:  # stated alone, in a spec or on the class
@@ -79,8 +88,8 @@ class LoopNeeds:
         for key, value in overrides.items():
             if key not in known:
                 raise ValueError(f"{owner}: unknown need {key!r}; known: {', '.join(known)}")
-            expected = str if key == "base_optimizer" else bool
-            if not (isinstance(value, expected) or (key == "base_optimizer" and value is None)):
+            expected = str if key in _ARGUMENT_NEEDS else bool
+            if not (isinstance(value, expected) or (key in _ARGUMENT_NEEDS and value is None)):
                 raise ValueError(f"{owner}: need {key!r} must be {expected.__name__}; received {value!r}")
         return replace(self, **dict(overrides))
 
@@ -115,9 +124,18 @@ def detect_loop_needs(cls: type) -> LoopNeeds:
         train_eval=_has_train_eval(cls),
         base_optimizer=_base_argument(cls),
         backward_in_step=_runs_backward_on_the_closure_loss(cls),
+        model_argument=_model_argument(cls),
     )
     declared = getattr(cls, NEEDS_ATTRIBUTE, None) or {}
     return detected.with_overrides(declared, owner=f"{cls.__qualname__}.{NEEDS_ATTRIBUTE}")
+
+
+def _model_argument(cls: type) -> str | None:
+    try:
+        first = next(iter(inspect.signature(cls).parameters), None)
+    except (TypeError, ValueError):
+        return None
+    return first if first in MODEL_ARGUMENTS else None
 
 
 def _closure_required(cls: type) -> bool:
@@ -238,7 +256,9 @@ def annotation_text(parameter: inspect.Parameter) -> str:
 
 # What a Keras training step cannot do: `apply_gradients` takes no closure, its GradientTape
 # gives no second-order backward to the optimizer, and no Keras job builds a wrapper.
-_UNSERVED = {"tensorflow": ("closure", "create_graph", "backward_in_step", "base_optimizer")}
+_UNSERVED = {
+    "tensorflow": ("closure", "create_graph", "backward_in_step", "base_optimizer", "model_argument")
+}
 
 
 def unserved(name: str, needs: LoopNeeds, framework: str) -> str | None:
@@ -307,4 +327,20 @@ def base_problem(name: str, needs: LoopNeeds, base: tuple[str, LoopNeeds] | None
     base_name, base_needs = base
     if base_needs.base_optimizer is not None:
         return f"optimizer.base {base_name!r} is itself a wrapper; name a plain optimizer as the base"
+    if base_needs.model_argument is not None:
+        return (
+            f"optimizer.base {base_name!r} is built over the model (its {base_needs.model_argument!r} "
+            "argument), and a wrapper builds its base over the parameters; train it without a wrapper"
+        )
     return None
+
+
+def recipe_problem(name: str, needs: LoopNeeds) -> str | None:
+    """Why optimizer `name` cannot take a param-group recipe, else None: a class built over the model
+    makes its own groups of it (the job hands it the model, not groups)."""
+    if needs.model_argument is None:
+        return None
+    return (
+        f"optimizer {name!r} is built over the model (its {needs.model_argument!r} argument) and makes "
+        "its own groups of it; leave optimizer.param_groups out"
+    )

@@ -126,12 +126,14 @@ class Entry:
         model_params: Iterable[Any] | None = None,
         learning_rate: Any = None,
         base: Base | None = None,
+        model: Any = None,
     ) -> Any:
         """Validate `hyperparams` (`lr` included) and construct the optimizer.
 
         torch optimizers take `model_params`; Keras ones take none. `learning_rate`, when
         given, replaces the validated `lr` (a Keras LearningRateSchedule built from it).
-        A wrapper (`needs.base_optimizer`) is built around `base`, which it requires.
+        A wrapper (`needs.base_optimizer`) is built around `base`, which it requires. One built
+        over the model (`needs.model_argument`) takes `model`, or its named parameters.
         """
         kwargs = self.kwargs(hyperparams)
         if learning_rate is not None:
@@ -144,6 +146,8 @@ class Entry:
             raise ValueError(problem)
         if base is not None and self.needs.base_optimizer is not None:
             return self._wrap(base, self.needs.base_optimizer, kwargs, model_params)
+        if self.needs.model_argument is not None:
+            return self.cls(self._over_the_model(model), **kwargs)
         if self.style == "torch":
             return self.cls(model_params, **kwargs)
         return self.cls(**kwargs)
@@ -199,6 +203,17 @@ class Entry:
             skip_unmatched=skip_unmatched,
         )
         return [{"params": [by_name[name] for name in group.names], **group.params} for group in groups]
+
+    def _over_the_model(self, model: Any) -> Any:
+        """What the first argument of a class built over the model asks for: the model itself, or
+        its named parameters (adam-mini's `named_parameters`)."""
+        argument = self.needs.model_argument
+        if model is None:
+            raise ValueError(
+                f"optimizer {self.name!r} is built over the model (its {argument!r} argument), and no "
+                "model was given: only a training job has one"
+            )
+        return model.named_parameters() if argument in ("named_parameters", "named_params") else model
 
     def _wrap(self, base: Base, argument: str, kwargs: dict[str, Any], model_params: Any) -> Any:
         """The two conventions wrappers follow, told apart by the argument's name and place."""

@@ -53,7 +53,8 @@ SETUP_OPTIONS: tuple[tuple[str, str, str], ...] = (
         "--needs",
         "needs",
         "what the loop must do that detection missed, as a job spec's optimizer.needs, e.g. "
-        "'{\"closure\": true}' (keys: closure, create_graph, train_eval, base_optimizer, backward_in_step)",
+        "'{\"closure\": true}' (keys: closure, create_graph, train_eval, base_optimizer, backward_in_step, "
+        "model_argument)",
     ),
     (
         "--param-groups",

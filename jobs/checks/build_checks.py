@@ -39,7 +39,6 @@ from jobs.checks.tools import (
 )
 from jobs.frameworks.base import Gradient, source_files
 from optimizers.hyperparams import Param
-from optimizers.registry import first_argument
 
 FROZEN_SHAPE = (7, 2)
 LATER_FROZEN_SHAPE = (2, 6)
@@ -60,6 +59,13 @@ _ARGUMENT_WORDS: dict[str, tuple[str, ...]] = {
 @isolated
 def check_construct(ctx: CheckContext) -> Outcome:
     entry = ctx.target.entry
+    if ctx.needs.model_argument is not None:
+        ctx.mark_unbuildable()
+        return skipped(
+            f"inconclusive: the class is built over the model (its {ctx.needs.model_argument!r} argument), "
+            "which a training job hands it; the checks build optimizers over plain parameters, so it was "
+            "not checked"
+        )
     # Arguments the user gave other values than their defaults: a class may refuse its own default
     # (CAME: `lr=None`, then `assert lr > 0.`; bitsandbytes' SGD8bit: `momentum=0`, then "SGD without
     # momentum is not supported!"), which makes them required in effect.
@@ -92,12 +98,6 @@ def check_construct(ctx: CheckContext) -> Outcome:
             need = ctx.driver.unmet_need(exc) or _more_than_one_worker(ctx, exc)
             if need is not None:
                 return skipped(f"inconclusive: the class builds only with {need}: {ctx.describe_error(exc)}")
-            if _takes_a_model(ctx.target.cls):
-                return skipped(
-                    f"inconclusive: the constructor's first argument asks for a model or its named "
-                    f"parameters, and over a list of parameters it raised {ctx.describe_error(exc)}; "
-                    "the checks build optimizers over plain parameters, so it was not checked"
-                )
             base_call = _base_call_refused(ctx, exc) if defaults else None
             if base_call is not None:
                 return _base_call_failure(
@@ -249,10 +249,6 @@ def _build_error(
     return None
 
 
-# What a constructor's first argument is called when it wants the model, not its parameters.
-_MODEL_ARGUMENTS = frozenset({"model", "module", "named_parameters", "named_params"})
-
-
 # "does not support a single worker" (fairscale's AdaScale, without gradient accumulation), "requires
 # more than one process": a refusal of the one process the checks run a class in.
 _ONE_WORKER = re.compile(r"\b(?:single|one|1)[ -](?:worker|process|rank|replica|node|gpu)s?\b", re.IGNORECASE)
@@ -272,12 +268,6 @@ def _more_than_one_worker(ctx: CheckContext, error: BaseException) -> str | None
             "one process)"
         )
     return None
-
-
-def _takes_a_model(cls: type) -> bool:
-    """The constructor's first argument asks for a model or its named parameters (adam-mini's
-    `named_parameters`, LOMO's `model`): built over a plain list, it fails for want of what it asked."""
-    return first_argument(cls) in _MODEL_ARGUMENTS
 
 
 def _native_kwargs(ctx: CheckContext, params: Mapping[str, Any]) -> dict[str, Any]:

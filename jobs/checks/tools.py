@@ -23,7 +23,7 @@ import numpy as np
 
 from jobs.checks.context import CheckContext
 from jobs.checks.report import Outcome
-from jobs.frameworks.base import raising_frame
+from jobs.frameworks.base import equal_only_to_itself, raising_frame
 from optimizers.loop_needs import user_classes
 
 CheckFunction = Callable[[CheckContext], Outcome]
@@ -263,7 +263,7 @@ def same_value(actual: Any, expected: Any) -> bool:
     numbers = (int, float)
     if isinstance(expected, float) and isinstance(actual, numbers) and not isinstance(actual, bool):
         return math.isclose(actual, expected, rel_tol=1e-6) or (math.isnan(actual) and math.isnan(expected))
-    if type(actual) is type(expected) and _equal_only_to_itself(actual):
+    if type(actual) is type(expected) and equal_only_to_itself(actual):
         # A round trip copies a plain object (Kron's ProbScheduler in its param groups): a copy that
         # holds the same, not the same object, is what it should give back.
         try:
@@ -289,17 +289,6 @@ def _as_numpy(value: Any) -> np.ndarray:
     if hasattr(value, "detach"):  # torch: numpy has no bfloat16, and a tensor may sit on a GPU
         return np.asarray(value.detach().cpu().double().numpy())
     return np.asarray(value, dtype=np.float64)
-
-
-def _equal_only_to_itself(value: Any) -> bool:
-    """An instance of a class without an __eq__ of its own: == says only whether it is the same object."""
-    return (
-        type(value).__eq__ is object.__eq__
-        and hasattr(value, "__dict__")
-        and not inspect.isroutine(value)
-        and not inspect.ismodule(value)
-        and not isinstance(value, type)
-    )
 
 
 def _what_it_holds(value: Any) -> Any:

@@ -51,6 +51,7 @@ from jobs.frameworks.base import (
     TimeSpent,
     TrainingSession,
     WarningSink,
+    equal_only_to_itself,
     python_warnings_to,
     raising_frame,
     source_files,
@@ -58,7 +59,7 @@ from jobs.frameworks.base import (
 from jobs.frameworks.torch_compile import compile_clock, compiled
 from jobs.spec import JobSpec
 from jobs.workloads import Workload
-from optimizers.loop_needs import FRAMEWORK_PACKAGES, PLAIN, LoopNeeds
+from optimizers.loop_needs import FRAMEWORK_PACKAGES, PLAIN, LoopNeeds, recipe_problem
 from optimizers.registry import Base, Entry
 from optimizers.schedules import build_schedule
 
@@ -241,10 +242,16 @@ KEEP_STATE_DTYPE_FIX = (
 )
 
 
-def first_difference(saved: Any, loaded: Any, where: str) -> str | None:
+def first_difference(saved: Any, loaded: Any, where: str, _seen: frozenset[int] = frozenset()) -> str | None:
     """Describe the first place two state trees differ, or None when bitwise equal."""
     if isinstance(saved, torch.Tensor) or isinstance(loaded, torch.Tensor):
         return _tensor_difference(saved, loaded, where)
+    if type(saved) is type(loaded) and equal_only_to_itself(saved):
+        # An object of the class's own in its state (SINGD's `DenseMatrix` Kronecker factors), which
+        # == compares by identity: a reload rebuilds it, so what it holds is compared.
+        if id(saved) in _seen:  # objects that hold each other: compared once
+            return None
+        return first_difference(vars(saved), vars(loaded), f"{where}.__dict__", _seen | {id(saved)})
     if isinstance(saved, Mapping) and isinstance(loaded, Mapping):
         # A loader may fill in bookkeeping the saved state lacked (Adafactor8Bit's `m_quant_type`
         # string, set to its default): a key holding no tensor that only the reload has is no state
@@ -254,7 +261,7 @@ def first_difference(saved: Any, loaded: Any, where: str) -> str | None:
         if missing or extra:
             return f"{where}: keys differ (missing after reload: {missing}, unexpected: {extra})"
         for key in saved:
-            found = first_difference(saved[key], loaded[key], f"{where}[{key!r}]")
+            found = first_difference(saved[key], loaded[key], f"{where}[{key!r}]", _seen)
             if found:
                 return found
         return None
@@ -262,7 +269,7 @@ def first_difference(saved: Any, loaded: Any, where: str) -> str | None:
         if not isinstance(loaded, Sequence) or len(saved) != len(loaded):
             return f"{where}: {saved!r} saved, {loaded!r} after reload"
         for index, (a, b) in enumerate(zip(saved, loaded, strict=True)):
-            found = first_difference(a, b, f"{where}[{index}]")
+            found = first_difference(a, b, f"{where}[{index}]", _seen)
             if found:
                 return found
         return None
@@ -1115,7 +1122,7 @@ class TorchSession(TrainingSession):
         model = self.workload.torch_model(self.spec.workload.params, self.dataset, sparse=self.sparse)
         model = model.to(self.torch_device)
         optimizer = self.entry.create(
-            self.spec.optimizer.params, model_params=self._model_params(model), base=self.base
+            self.spec.optimizer.params, model_params=self._model_params(model), base=self.base, model=model
         )
         schedule = build_schedule(
             self.spec.schedule.name, self.spec.schedule.params, total_steps=self.spec.steps
@@ -1146,6 +1153,9 @@ class TorchSession(TrainingSession):
         rules = self.spec.optimizer.group_rules()
         if not rules:
             return model.parameters()
+        refused = recipe_problem(self.entry.name, self.entry.needs)
+        if refused:
+            raise ValueError(refused)
         holder = self.base.entry if self.base is not None else self.entry
         return holder.param_groups(rules, model.named_parameters())
 

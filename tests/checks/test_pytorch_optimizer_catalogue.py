@@ -78,10 +78,10 @@ NEEDS_INPUT: dict[str, str] = {
     "MuonClip": "Tensor.__contains__",
     "NorMuon": "Tensor.__contains__",
     "DistributedMuon": "Tensor.__contains__",
-    # The constructor takes the model (named_parameters()), not parameters.
-    "LOMO": "has no attribute 'parameters'",
-    "AdaLOMO": "has no attribute 'named_parameters'",
-    "AdamMini": "has no attribute 'named_parameters'",
+    # The constructor takes the model (or its named_parameters()), not parameters: a job hands it that.
+    "LOMO": "is built over the model (its 'model' argument)",
+    "AdaLOMO": "is built over the model (its 'model' argument)",
+    "AdamMini": "is built over the model (its 'model' argument)",
     # A wrapper: its base optimizer must be named.
     "Magma": "wraps a base optimizer",
     # An optional dependency of pytorch-optimizer that is not installed.

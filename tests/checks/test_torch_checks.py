@@ -321,7 +321,7 @@ class NamedSGD(PlainSGD):
 def test_a_class_that_takes_named_parameters_says_what_it_needs(tmp_path: Path) -> None:
     outcome = build_checks.check_construct(context(f"{__name__}:NamedSGD", tmp_path))
     assert outcome.status == "skip", outcome.detail
-    assert "first argument asks for a model or its named parameters" in outcome.detail
+    assert "is built over the model (its 'named_parameters' argument)" in outcome.detail
 
 
 class Orthogonalized(PlainSGD):
