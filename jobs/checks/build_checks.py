@@ -391,8 +391,10 @@ def check_dense_step(ctx: CheckContext) -> Outcome:
     if len(unchanged) == len(variables) and _moves_small_variables(ctx):
         return skipped(
             f"inconclusive: {after_steps} changed none of the variables (magnitude about 1), but the same "
-            "steps move variables of magnitude 1e-4: the class updates only small weights by design (a "
-            "magnitude threshold, as SaRA has), so optlab's problems cannot judge it"
+            "steps move variables of magnitude 1e-4: its steps are too small to change the larger ones in "
+            "their precision (a class that starts from a tiny step and grows it, as Mechanic does from "
+            "s_init=1e-8, or one that updates only small weights by design, as SaRA's magnitude threshold "
+            "does), so optlab's problems cannot judge it"
         )
     if unchanged:
         shapes = ", ".join(shape_text(SHAPES[i]) for i in unchanged)

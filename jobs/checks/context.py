@@ -243,6 +243,9 @@ def overrides_note(overrides: Mapping[str, Any]) -> str:
 def one_line(error: BaseException) -> str:
     """`TypeError: message` cut to one readable line."""
     message = " ".join(str(error).split())
+    key: Any = error.args[0] if isinstance(error, KeyError) and error.args else None
+    if hasattr(key, "shape") and hasattr(key, "dtype"):  # a tensor as a key: its kind, not its values
+        message = f"a {type(key).__name__} of shape {tuple(key.shape)} as the key"
     if len(message) > 300:
         message = message[:297] + "..."
     return f"{type(error).__name__}: {message}"

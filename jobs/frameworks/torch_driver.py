@@ -256,8 +256,8 @@ def first_difference(saved: Any, loaded: Any, where: str, _seen: frozenset[int] 
         # A loader may fill in bookkeeping the saved state lacked (Adafactor8Bit's `m_quant_type`
         # string, set to its default): a key holding no tensor that only the reload has is no state
         # lost, and the step after the reload, which the callers compare too, shows whether it acts.
-        extra = sorted(str(k) for k in set(loaded) - set(saved) if _holds_a_tensor(loaded[k]))
-        missing = sorted(map(str, set(saved) - set(loaded)))
+        extra = sorted(_key_name(k) for k in set(loaded) - set(saved) if _holds_a_tensor(loaded[k]))
+        missing = sorted(map(_key_name, set(saved) - set(loaded)))
         if missing or extra:
             return f"{where}: keys differ (missing after reload: {missing}, unexpected: {extra})"
         for key in saved:
@@ -276,6 +276,14 @@ def first_difference(saved: Any, loaded: Any, where: str, _seen: frozenset[int] 
     if saved != loaded and not _both_nan(saved, loaded):
         return f"{where}: {saved!r} saved, {loaded!r} after reload"
     return None
+
+
+def _key_name(key: Any) -> str:
+    """A key as a difference names it: a tensor key (Mechanic keys a dict of its state by the
+    parameters themselves, which a reload copies) by its kind and shape, not its values."""
+    if isinstance(key, torch.Tensor):
+        return f"<{type(key).__name__} of shape {tuple(key.shape)}>"
+    return str(key)
 
 
 def _holds_a_tensor(value: Any) -> bool:

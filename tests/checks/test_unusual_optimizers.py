@@ -298,3 +298,58 @@ def test_an_enum_hyperparameter_given_by_name_is_checked_as_the_member_it_builds
     assert {r.id: r.status for r in report.checks} == dict.fromkeys(stepped, "pass"), report.checks
     (config,) = (r for r in report.checks if r.id == "config_roundtrip")
     assert "not there as given" not in config.detail  # "'decay' stored as <...COUPLED>, given 'COUPLED'"
+
+
+class TinyStepSGD(PlainZeroGradSGD):
+    """Steps 1e-10 of the gradient: too little for a float32 of magnitude 1 to change, as
+    Mechanic's first steps are (its scale starts at s_init=1e-8)."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is not None:
+                    param.add_(param.grad, alpha=-1e-10)
+        return None
+
+
+def test_steps_too_small_for_the_variables_are_inconclusive_and_say_so(tmp_path: Path) -> None:
+    text = "tests.checks.test_unusual_optimizers:TinyStepSGD"
+    (result,) = run_checks(target_of(text), {}, only=["dense_step"], workdir=tmp_path).checks
+    assert result.status == "skip", result.detail
+    assert "its steps are too small to change the larger ones" in result.detail
+
+
+class ParamKeyedMomentum(PlainZeroGradSGD):
+    """Keeps its momentum in a dict keyed by the parameters themselves under a state key of its own,
+    as Mechanic does: a reload copies the keys, and the next step cannot find its parameters."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        own = self.state["_own"]
+        for group in self.param_groups:
+            for param in group["params"]:
+                if param.grad is None:
+                    continue
+                if not own:
+                    own.update({p: torch.zeros_like(p) for g in self.param_groups for p in g["params"]})
+                own[param].mul_(0.9).add_(param.grad)
+                param.add_(own[param], alpha=-group["lr"])
+        return None
+
+
+@pytest.mark.parametrize(
+    ("check_id", "says"),
+    [
+        ("state_roundtrip", "keys differ (missing after reload: ['<Parameter of shape"),
+        ("resume_exact", "KeyError: a Parameter of shape"),
+    ],
+)
+def test_a_tensor_as_a_key_is_named_by_its_shape_not_its_values(
+    check_id: str, says: str, tmp_path: Path
+) -> None:
+    # Both details had quoted whole tensors ("Parameter containing: tensor([[-0.3431, 0.0058, ...").
+    text = "tests.checks.test_unusual_optimizers:ParamKeyedMomentum"
+    (result,) = run_checks(target_of(text), {}, only=[check_id], workdir=tmp_path).checks
+    assert result.status == "fail", result.detail
+    assert says in result.detail and "tensor([" not in result.detail
