@@ -37,7 +37,7 @@ from jobs.checks.tools import (
     updates_nothing,
     user_line,
 )
-from jobs.frameworks.base import Gradient, source_files
+from jobs.frameworks.base import Gradient, raising_frame, source_files
 from optimizers.hyperparams import Param
 
 FROZEN_SHAPE = (7, 2)
@@ -428,8 +428,9 @@ def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
     need = ctx.driver.unmet_need(error) or _step_contract_of_its_own(ctx, error)
     if need is not None:
         return skipped(f"inconclusive: the class steps only with {need}: {ctx.describe_error(error)}")
-    refused = raised_in(error, {ctx.target.source_file()}, by_raise=True)
-    if refused and isinstance(error, ValueError | TypeError | NotImplementedError):
+    raised = raised_in(error, {ctx.target.source_file()}, by_raise=True)
+    refused = raised and isinstance(error, ValueError | TypeError | NotImplementedError)
+    if refused or _asserted_in_words(ctx, error):
         return skipped(
             f"inconclusive: the class refuses the checks' variables (a {shape_text(SHAPES[0])} matrix and "
             f"two vectors) with a clear error ({ctx.describe_error(error)}), so optlab's problems cannot "
@@ -440,6 +441,20 @@ def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
         f"{ctx.describe_error(error)}",
         where=ctx.where(error),
         fix="the optimizer raised during this check; the error above and its line say why",
+    )
+
+
+def _asserted_in_words(ctx: CheckContext, error: Exception) -> bool:
+    """`assert p.ndim == 2, "Muon optimizer only supports matrix parameters."` (Microsoft's Dion
+    family) in the class's own file: a refusal that says what it refuses, though an assert. A bare
+    assert says nothing, and stays a fault."""
+    frame = raising_frame(error)
+    return (
+        isinstance(error, AssertionError)
+        and bool(str(error).strip())
+        and frame is not None
+        and frame.filename == ctx.target.source_file()
+        and (frame.line or "").lstrip().startswith("assert")
     )
 
 
