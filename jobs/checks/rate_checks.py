@@ -345,6 +345,9 @@ def _without_weight_decay(ctx: CheckContext) -> dict[str, Any]:
 # -- sparse ------------------------------------------------------------------------------------------
 
 TABLE_SHAPE = (10, 4)
+# One seed for a sparse step and the step it is compared with: a class that draws random numbers in
+# its step (Dion's random initial basis, GlobalRandomSGD's scale) draws the same on both sides.
+_COMPARED_DRAWS = 7
 
 
 @isolated
@@ -357,12 +360,13 @@ def check_sparse(ctx: CheckContext) -> Outcome:
     # A class that takes only sparse gradients has no dense step to compare with: its first step is
     # judged by what it moves, and a repeated id against the same gradient with its repeats summed.
     takes_dense = only_sparse is None
-    optimizer, table = fresh(ctx, (TABLE_SHAPE,))
-    start = driver.values(table)[0]
-    try:
-        _sparse_step(ctx, optimizer, table, _rows(first_rows, seed=20))
-    except Exception as exc:
-        return _sparse_refusal(ctx, exc)
+    with same_draws(ctx, seed=_COMPARED_DRAWS):
+        optimizer, table = fresh(ctx, (TABLE_SHAPE,))
+        start = driver.values(table)[0]
+        try:
+            _sparse_step(ctx, optimizer, table, _rows(first_rows, seed=20))
+        except Exception as exc:
+            return _sparse_refusal(ctx, exc)
     after_first = driver.values(table)[0]
     diff = _sparse_vs_reference(ctx, _rows(first_rows, seed=20), after_first, True) if takes_dense else 0.0
     if not np.all(np.isfinite(after_first)) or diff > 0:
@@ -387,8 +391,9 @@ def check_sparse(ctx: CheckContext) -> Outcome:
     densified = _rows_changed(start, after_first, exclude=first_rows) | _rows_changed(
         after_first, driver.values(table)[0], exclude=second_rows
     )
-    repeated_optimizer, repeated_table = fresh(ctx, (TABLE_SHAPE,))
-    _sparse_step(ctx, repeated_optimizer, repeated_table, _rows(repeated_rows, seed=22))
+    with same_draws(ctx, seed=_COMPARED_DRAWS):
+        repeated_optimizer, repeated_table = fresh(ctx, (TABLE_SHAPE,))
+        _sparse_step(ctx, repeated_optimizer, repeated_table, _rows(repeated_rows, seed=22))
     repeated_diff = _sparse_vs_reference(
         ctx, _rows(repeated_rows, seed=22), driver.values(repeated_table)[0], takes_dense
     )
@@ -512,11 +517,12 @@ def _sparse_vs_reference(
     """How far the touched rows after one sparse step are from the same optimizer's dense step, or,
     for a class that takes only sparse gradients, its step on the gradient with repeats summed
     (0 when within float32 rounding)."""
-    optimizer, table = fresh(ctx, (TABLE_SHAPE,))
-    if takes_dense:
-        ctx.driver.step(optimizer, table, [_dense(grad)], ctx.needs)
-    else:
-        _sparse_step(ctx, optimizer, table, _summed(grad))
+    with same_draws(ctx, seed=_COMPARED_DRAWS):  # the draws the sparse step it is compared with made
+        optimizer, table = fresh(ctx, (TABLE_SHAPE,))
+        if takes_dense:
+            ctx.driver.step(optimizer, table, [_dense(grad)], ctx.needs)
+        else:
+            _sparse_step(ctx, optimizer, table, _summed(grad))
     touched = sorted(set(grad.rows))
     dense = ctx.driver.values(table)[0][touched]
     if np.allclose(sparse_result[touched], dense, rtol=1e-5, atol=1e-6):

@@ -487,6 +487,12 @@ class TorchDriver(Driver):
 
     @contextmanager
     def isolated(self, seed: int = CHECK_SEED) -> Iterator[None]:
+        # Each check compiles afresh, as a training process would: the checks feed a class more shapes
+        # and dtypes than one training run does, and one that compiles its math (Dion's
+        # `torch.compile(fullgraph=True)`) would hit dynamo's recompile limit in a later check.
+        dynamo = sys.modules.get("torch._dynamo")  # not imported just for this: it takes seconds
+        if dynamo is not None:
+            dynamo.reset()
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)
             yield

@@ -31,6 +31,9 @@ from tests.checks.tables import target_of
         # Draws from numpy's and Python's global streams in every step (Kron, PSGD, PCGrad do):
         # a resume restores those streams too, so straight and resumed runs are bitwise equal.
         ("tests.checks.global_random_draws:GlobalRandomSGD", "resume_exact", "pass", ""),
+        # The same draws compared in a sparse step and its dense twin: it had failed ("the rows a
+        # row-sparse gradient touches differ by up to ..."), as Microsoft's Dion did.
+        ("tests.checks.global_random_draws:GlobalRandomSGD", "sparse", "pass", ""),
     ],
 )
 def test_unusual_semantics_are_judged_fairly(
@@ -364,3 +367,19 @@ def test_a_step_refusing_shapes_with_an_assert_in_words_is_inconclusive(
     text = f"tests.checks.asserting_steps:{name}"
     (result,) = run_checks(target_of(text), {}, only=["dense_step"], workdir=tmp_path).checks
     assert result.status == status, result.detail
+
+
+def test_each_check_compiles_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Dion compiles its math (`torch.compile(fullgraph=True)`); the checks feed it more shapes and
+    # dtypes than one training run does, and three checks had failed with FailOnRecompileLimitHit.
+    import torch._dynamo
+
+    from jobs.frameworks.torch_driver import TorchDriver
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    double = torch.compile(lambda x: x * 2, backend="eager", fullgraph=True, dynamic=False)
+    double(torch.ones(2))
+    with pytest.raises(torch._dynamo.exc.FailOnRecompileLimitHit):  # another shape, the same caches
+        double(torch.ones(3))
+    with TorchDriver().isolated():
+        assert torch.equal(double(torch.ones(3)), torch.full((3,), 2.0))
