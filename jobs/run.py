@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from jobs.errors import Cancelled, Diverged
+from jobs.frameworks.base import raising_frame
 from jobs.processes import (
     exit_without_teardown,
     in_legacy_keras_process,
@@ -219,11 +220,10 @@ def error_record(exc: BaseException) -> ErrorRecord:
 def _where_raised(exc: BaseException) -> str:
     """For an error that says nothing (a bare `assert`, pytorch-optimizer's base `step()` raising
     NotImplementedError for LOMO, which updates in `fused_backward`): where it was raised."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    if not frames:
+    frame = raising_frame(exc)
+    if frame is None:
         return "raised with no message"
-    last = frames[-1]
-    return f"raised with no message at {last.filename}:{last.lineno}: {(last.line or '').strip()}"
+    return f"raised with no message at {frame.filename}:{frame.lineno}: {(frame.line or '').strip()}"
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:

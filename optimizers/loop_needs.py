@@ -28,7 +28,8 @@ NEEDS_ATTRIBUTE = "optlab_needs"
 _BASE_ARGUMENTS = ("base_optimizer", "optimizer", "base")
 # A first constructor argument that asks for the model (K-FAC-style optimizers such as SINGD hook its
 # layers; LOMO fuses its update into backward) or its named parameters (adam-mini), not parameters.
-MODEL_ARGUMENTS = ("model", "module", "named_parameters", "named_params")
+NAMED_PARAMETERS_ARGUMENTS = ("named_parameters", "named_params")
+MODEL_ARGUMENTS = ("model", "module", *NAMED_PARAMETERS_ARGUMENTS)
 # Needs that name a constructor argument; the rest are true or false.
 _ARGUMENT_NEEDS = ("base_optimizer", "model_argument")
 # An annotation naming an optimizer (the class, or an instance of it), whatever the argument's name.
@@ -130,11 +131,18 @@ def detect_loop_needs(cls: type) -> LoopNeeds:
     return detected.with_overrides(declared, owner=f"{cls.__qualname__}.{NEEDS_ATTRIBUTE}")
 
 
-def _model_argument(cls: type) -> str | None:
+def first_argument(cls: type) -> str | None:
+    """The name of the constructor's first argument; None where it takes none or its signature
+    cannot be read. What it names says what the class is built over: parameters, a built base
+    optimizer, a model."""
     try:
-        first = next(iter(inspect.signature(cls).parameters), None)
+        return next(iter(inspect.signature(cls).parameters), None)
     except (TypeError, ValueError):
         return None
+
+
+def _model_argument(cls: type) -> str | None:
+    first = first_argument(cls)
     return first if first in MODEL_ARGUMENTS else None
 
 

@@ -29,11 +29,13 @@ from typing import Any
 from optimizers.hyperparams import MAX_LIST_LENGTH, Param, ParamType, check_all, is_option_text
 from optimizers.loop_needs import (
     CLASS_ANNOTATION,
+    NAMED_PARAMETERS_ARGUMENTS,
     OPTIMIZER_ANNOTATION,
     LoopNeeds,
     annotation_text,
     base_problem,
     detect_loop_needs,
+    first_argument,
     unserved,
 )
 from optimizers.optional_imports import KERAS_MODULE_OF_STYLE, keras_imports_hidden
@@ -76,16 +78,6 @@ _LR_ARGS = ("lr", "learning_rate")
 _BASE_CLASS_ARGUMENTS = ("base_optimizer",)
 # Keras optimizers take the learning rate through **kwargs when a subclass does not restate it.
 _KERAS_DEFAULT_LR = 1e-3
-
-
-def first_argument(cls: type) -> str | None:
-    """The name of the constructor's first argument; None where it takes none or its signature
-    cannot be read. What it names says what the class is built over: parameters, a built base
-    optimizer, a model."""
-    try:
-        return next(iter(inspect.signature(cls).parameters), None)
-    except (TypeError, ValueError):
-        return None
 
 
 def _takes_the_base_class(cls: type, argument: str) -> bool:
@@ -213,7 +205,7 @@ class Entry:
                 f"optimizer {self.name!r} is built over the model (its {argument!r} argument), and no "
                 "model was given: only a training job has one"
             )
-        return model.named_parameters() if argument in ("named_parameters", "named_params") else model
+        return model.named_parameters() if argument in NAMED_PARAMETERS_ARGUMENTS else model
 
     def _wrap(self, base: Base, argument: str, kwargs: dict[str, Any], model_params: Any) -> Any:
         """The two conventions wrappers follow, told apart by the argument's name and place."""

@@ -37,7 +37,7 @@ from jobs.checks.tools import (
     updates_nothing,
     user_line,
 )
-from jobs.frameworks.base import Gradient, raising_frame, source_files
+from jobs.frameworks.base import Gradient, source_files
 from optimizers.hyperparams import Param
 
 FROZEN_SHAPE = (7, 2)
@@ -261,7 +261,7 @@ def _more_than_one_worker(ctx: CheckContext, error: BaseException) -> str | None
     """A refusal the class raises itself because it was built for one worker: it is written for
     data-parallel training, which the checks of a single process cannot judge."""
     message = str(error)
-    refused = raised_in(error, {ctx.target.source_file()}, by_raise=True)
+    refused = raised_in(error, {ctx.target.source_file()}, by="raise")
     if refused and _ONE_WORKER.search(message) and _REFUSES.search(message):
         return (
             "more than one worker (it is written for data-parallel training, and the checks run it in "
@@ -428,7 +428,7 @@ def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
     need = ctx.driver.unmet_need(error) or _step_contract_of_its_own(ctx, error)
     if need is not None:
         return skipped(f"inconclusive: the class steps only with {need}: {ctx.describe_error(error)}")
-    raised = raised_in(error, {ctx.target.source_file()}, by_raise=True)
+    raised = raised_in(error, {ctx.target.source_file()}, by="raise")
     refused = raised and isinstance(error, ValueError | TypeError | NotImplementedError)
     if refused or _asserted_in_words(ctx, error):
         return skipped(
@@ -448,14 +448,8 @@ def _asserted_in_words(ctx: CheckContext, error: Exception) -> bool:
     """`assert p.ndim == 2, "Muon optimizer only supports matrix parameters."` (Microsoft's Dion
     family) in the class's own file: a refusal that says what it refuses, though an assert. A bare
     assert says nothing, and stays a fault."""
-    frame = raising_frame(error)
-    return (
-        isinstance(error, AssertionError)
-        and bool(str(error).strip())
-        and frame is not None
-        and frame.filename == ctx.target.source_file()
-        and (frame.line or "").lstrip().startswith("assert")
-    )
+    in_words = isinstance(error, AssertionError) and bool(str(error).strip())
+    return in_words and raised_in(error, {ctx.target.source_file()}, by="assert")
 
 
 # A step that unpacks what its closure returns (`loss, output = closure()`, as Hessian-free

@@ -17,7 +17,7 @@ import random
 import re
 import traceback
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
@@ -184,13 +184,15 @@ def user_line(ctx: CheckContext, error: BaseException) -> str:
     return ctx.target.class_location()
 
 
-def raised_in(error: BaseException, files: Collection[str | None], *, by_raise: bool = False) -> bool:
-    """Whether `error` was raised in one of `files`; with `by_raise`, by a `raise` statement there
-    (a deliberate refusal, not a crash such as calling a closure that is None)."""
+def raised_in(
+    error: BaseException, files: Collection[str | None], *, by: Literal["raise", "assert"] | None = None
+) -> bool:
+    """Whether `error` was raised in one of `files`; with `by`, by that statement there: `raise` (a
+    deliberate refusal, not a crash such as calling a closure that is None), or `assert`."""
     frame = raising_frame(error)
     if frame is None or frame.filename not in files:
         return False
-    return not by_raise or (frame.line or "").lstrip().startswith("raise")
+    return by is None or (frame.line or "").lstrip().startswith(by)
 
 
 def refusal_files(ctx: CheckContext) -> set[str]:
@@ -207,7 +209,7 @@ def refuses_dense(ctx: CheckContext, error: BaseException) -> bool:
     framework's) for a dense gradient: the class takes only sparse gradients by design (torch's
     SparseAdam: "does not support dense gradients")."""
     message = str(error).lower()
-    return raised_in(error, refusal_files(ctx), by_raise=True) and ("dense" in message or "sparse" in message)
+    return raised_in(error, refusal_files(ctx), by="raise") and ("dense" in message or "sparse" in message)
 
 
 def refused_rate(ctx: CheckContext) -> Exception | None:
@@ -230,7 +232,7 @@ def _refused_rate(ctx: CheckContext) -> Exception | None:
     try:
         fresh(ctx, lr=ctx.lr)
     except (ValueError, TypeError) as exc:
-        return exc if raised_in(exc, refusal_files(ctx), by_raise=True) else None
+        return exc if raised_in(exc, refusal_files(ctx), by="raise") else None
     return None
 
 

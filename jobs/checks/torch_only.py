@@ -320,7 +320,7 @@ def _group_refusal(ctx: CheckContext, error: Exception) -> str:
     Anything else is raised again: the check reports it."""
     # torch's documentation calls param groups "per-parameter options", and so do classes refusing them.
     about_groups = any(words in str(error).lower() for words in ("group", "per-parameter"))
-    clear = isinstance(error, ValueError) or raised_in(error, refusal_files(ctx), by_raise=True)
+    clear = isinstance(error, ValueError) or raised_in(error, refusal_files(ctx), by="raise")
     if not (about_groups and clear):
         raise error
     return f"not applicable: the class refuses param groups with a clear error ({ctx.describe_error(error)})"

@@ -303,7 +303,7 @@ def test_an_enum_hyperparameter_given_by_name_is_checked_as_the_member_it_builds
     assert "not there as given" not in config.detail  # "'decay' stored as <...COUPLED>, given 'COUPLED'"
 
 
-class TinyStepSGD(PlainZeroGradSGD):
+class TinyStepSGD(torch.optim.SGD):
     """Steps 1e-10 of the gradient: too little for a float32 of magnitude 1 to change, as
     Mechanic's first steps are (its scale starts at s_init=1e-8)."""
 
@@ -323,7 +323,7 @@ def test_steps_too_small_for_the_variables_are_inconclusive_and_say_so(tmp_path:
     assert "its steps are too small to change the larger ones" in result.detail
 
 
-class ParamKeyedMomentum(PlainZeroGradSGD):
+class ParamKeyedMomentum(torch.optim.SGD):
     """Keeps its momentum in a dict keyed by the parameters themselves under a state key of its own,
     as Mechanic does: a reload copies the keys, and the next step cannot find its parameters."""
 
