@@ -272,7 +272,10 @@ def _seeded_updates(
         return ctx.build(params, learning_rate=learning_rate, **overrides)
 
     if how == BY_HAND:
-        optimizer = driver.optimizer_over(lambda params: ctx.build(params, **overrides), variables)
+        plain = _plain_rate(ctx)
+        optimizer = driver.optimizer_over(
+            lambda params: ctx.build(params, learning_rate=plain, **overrides), variables
+        )
         before_step = functools.partial(_set_rate, driver, optimizer, rates, lr_arg)
     elif how == HAND_FED:
         optimizer, before_step = driver.hand_fed_schedule(create, variables, rates, lr_arg)
@@ -301,6 +304,14 @@ def _differing(
     ]
 
 
+def _plain_rate(ctx: CheckContext) -> float | None:
+    """The rate to build with where the rate is then set by hand: in a style with schedule objects the
+    class's default may be one (a warm-up schedule built when no rate is given), which Keras lets no
+    rate set by hand replace; so it is built with a plain rate, as a user who sets rates by hand
+    builds it. None (the class's own default) elsewhere."""
+    return ctx.lr if ctx.driver.capabilities.schedule_objects and ctx.has_lr else None
+
+
 def _set_rate(driver: Driver, optimizer: Any, rates: Sequence[float], lr_arg: str, step: int) -> None:
     driver.set_learning_rate(optimizer, rates[step], lr_arg)
 
@@ -317,7 +328,7 @@ def _takes_a_zero_rate(ctx: CheckContext, overrides: Mapping[str, Any]) -> bool:
     curvature history, divides by the zero-length interval it brackets (ZeroDivisionError)."""
     driver = ctx.driver
     try:
-        optimizer, variables = fresh(ctx, **overrides)
+        optimizer, variables = fresh(ctx, learning_rate=_plain_rate(ctx), **overrides)
         for seed, rate in enumerate((0.0, ctx.lr, 0.0), start=10):
             driver.set_learning_rate(optimizer, rate, ctx.target.entry.lr_arg)
             driver.step(optimizer, variables, arrays(SHAPES, seed=seed), ctx.needs)

@@ -322,6 +322,28 @@ def test_a_schedule_followed_where_a_rate_set_by_hand_is_not_is_a_warn(name: str
     assert "optimizer.learning_rate = rate" in outcome.detail and "optlab's jobs pass" in outcome.detail
 
 
+class WarmupByDefaultSGD(keras.optimizers.Optimizer):
+    """SGD whose default rate is a warm-up schedule of its own, as published classes ship one: Keras
+    lets no rate set by hand replace a schedule, so a run that sets rates by hand must build it with a
+    plain rate, as a user who sets rates by hand does."""
+
+    def __init__(self, learning_rate: object = None, **kwargs: object) -> None:
+        if learning_rate is None:
+            learning_rate = keras.optimizers.schedules.CosineDecay(
+                0.0, decay_steps=100, warmup_target=0.01, warmup_steps=10
+            )
+        super().__init__(learning_rate=learning_rate, **kwargs)  # type: ignore[arg-type]
+
+    def update_step(self, gradient: object, variable: keras.Variable, learning_rate: object) -> None:
+        self.assign_sub(variable, keras.ops.multiply(gradient, keras.ops.cast(learning_rate, variable.dtype)))
+
+
+def test_a_class_whose_default_rate_is_a_schedule_follows_a_schedule(workdir: Path) -> None:
+    outcome = _run("schedule", _context(f"{__name__}:WarmupByDefaultSGD", workdir))
+    assert outcome.status == "pass", outcome.detail
+    assert "zero-rate steps left the variables alone" in outcome.detail
+
+
 class Wrapping(keras.optimizers.Optimizer):
     """A wrapper in the shape of the Model Garden's ExponentialMovingAverage: the optimizer it wraps is
     a required argument."""
