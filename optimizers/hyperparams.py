@@ -263,8 +263,11 @@ def check_all(
     """
     unknown = sorted(set(params) - set(declared))
     if unknown:
+        # Keras calls it `learning_rate`; the catalogue names every class's rate `lr`.
+        renamed = " (the learning rate is 'lr' here, whatever the class calls it)" if "lr" in declared else ""
         raise ValueError(
             f"{owner} has no hyperparameter {unknown[0]!r}; accepted: {', '.join(declared) or 'none'}"
+            + (renamed if unknown[0] == "learning_rate" else "")
         )
     missing = [name for name, param in declared.items() if param.required and name not in params]
     if missing and not partial:

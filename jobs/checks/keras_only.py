@@ -226,9 +226,9 @@ def _whole_model_reload(kit: KerasDriver, build: Callable[[], Any], path: Any) -
 
 
 def _state_outside_variables(ctx: CheckContext) -> int:
-    """tf.Variables (not scalars) reachable from the optimizer as a checkpoint sees it, but neither
-    in optimizer.variables nor among the variables it trains: what tf.train.Checkpoint saves and a
-    whole-model file does not."""
+    """tf.Variables reachable from the optimizer as a checkpoint sees it, but neither in
+    optimizer.variables nor among the variables it trains (`tracked_outside`): what
+    tf.train.Checkpoint saves and a whole-model file does not."""
     optimizer, variables = fresh(ctx)
     return len(tracked_outside(_kit(ctx).tf, optimizer, variables))
 

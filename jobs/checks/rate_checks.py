@@ -5,6 +5,8 @@ the drivers.
 from __future__ import annotations
 
 import functools
+import inspect
+import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -34,6 +36,7 @@ from jobs.checks.tools import (
     user_line,
 )
 from jobs.frameworks.base import Driver, SparseRows, raising_frame
+from optimizers.loop_needs import user_classes
 
 # -- schedule ----------------------------------------------------------------------------------------
 
@@ -77,8 +80,13 @@ def check_schedule(ctx: CheckContext) -> Outcome:
     try:
         scheduled = updates(rates, how=SCHEDULED)
     except (ValueError, TypeError, NotImplementedError) as exc:
-        if "schedule" not in str(exc).lower():
-            raise
+        if not _names_a_schedule(exc):
+            return failed(
+                f"built with {driver.schedule_name} (as a job builds it, with its schedule) the class "
+                f"crashes: {ctx.describe_error(exc)}",
+                where=user_line(ctx, exc),
+                fix=f"accept a schedule and {driver.advice.read_lr_each_step}",
+            )
         return warned(
             f"the class refuses {driver.schedule_name} with a clear error ({ctx.describe_error(exc)}), so no "
             "schedule can be used with it",
@@ -304,6 +312,13 @@ def _differing(
     ]
 
 
+def _names_a_schedule(error: Exception) -> bool:
+    """Whether the error speaks of schedules itself: not only through an object's repr it quotes
+    (TensorFlow's "Attempt to convert a value (<...PiecewiseConstantDecay object at 0x...>) to a
+    Tensor" is a crash of math on the schedule object, not a refusal of it)."""
+    return "schedule" in re.sub(r"<[^<>]*>", "", str(error)).lower()
+
+
 def _plain_rate(ctx: CheckContext) -> float | None:
     """The rate to build with where the rate is then set by hand: in a style with schedule objects the
     class's default may be one (a warm-up schedule built when no rate is given), which Keras lets no
@@ -364,9 +379,11 @@ _COMPARED_DRAWS = 7
 @isolated
 def check_sparse(ctx: CheckContext) -> Outcome:
     """Unique rows first (the plain case), then a second step elsewhere to see whether rows the
-    gradient did not touch move, then a repeated id (as an Embedding batch has)."""
+    gradient did not touch move, then a repeated id (as an Embedding batch has), twice, so that state
+    a repeat wrote wrongly shows in the second step. Ids come in batch order, unsorted, as an
+    Embedding's gradient has them: an update that sorts the ids without their rows moves wrong rows."""
     driver = ctx.driver
-    first_rows, second_rows, repeated_rows = [1, 3], [6, 8], [2, 5, 5]
+    first_rows, second_rows, repeated_rows = [3, 1], [8, 6], [5, 2, 5]
     only_sparse = dense_refusal(ctx)
     # A class that takes only sparse gradients has no dense step to compare with: its first step is
     # judged by what it moves, and a repeated id against the same gradient with its repeats summed.
@@ -379,7 +396,7 @@ def check_sparse(ctx: CheckContext) -> Outcome:
         except Exception as exc:
             return _sparse_refusal(ctx, exc)
     after_first = driver.values(table)[0]
-    diff = _sparse_vs_reference(ctx, _rows(first_rows, seed=20), after_first, True) if takes_dense else 0.0
+    diff = _sparse_vs_reference(ctx, [_rows(first_rows, seed=20)], after_first, True) if takes_dense else 0.0
     if not np.all(np.isfinite(after_first)) or diff > 0:
         return failed(
             f"the rows a row-sparse gradient ({driver.sparse_gradient_name}) touches differ by up to "
@@ -402,14 +419,15 @@ def check_sparse(ctx: CheckContext) -> Outcome:
     densified = _rows_changed(start, after_first, exclude=first_rows) | _rows_changed(
         after_first, driver.values(table)[0], exclude=second_rows
     )
+    repeated = [_rows(repeated_rows, seed=22), _rows(repeated_rows, seed=25)]
     with same_draws(ctx, seed=_COMPARED_DRAWS):
         repeated_optimizer, repeated_table = fresh(ctx, (TABLE_SHAPE,))
-        _sparse_step(ctx, repeated_optimizer, repeated_table, _rows(repeated_rows, seed=22))
-    repeated_diff = _sparse_vs_reference(
-        ctx, _rows(repeated_rows, seed=22), driver.values(repeated_table)[0], takes_dense
-    )
+        for grad in repeated:
+            _sparse_step(ctx, repeated_optimizer, repeated_table, grad)
+    repeated_diff = _sparse_vs_reference(ctx, repeated, driver.values(repeated_table)[0], takes_dense)
     repeats = (
-        f"with a repeated index (ids {repeated_rows}) the touched rows differ by up to {repeated_diff:.3g} "
+        f"with a repeated index (ids {repeated_rows}, two steps) the touched rows differ by up to "
+        f"{repeated_diff:.3g} "
         + (
             "from the dense gradient, which sums the repeats"
             if takes_dense
@@ -523,18 +541,19 @@ def _moves_touched_rows(ctx: CheckContext, rows: list[int]) -> bool:
 
 
 def _sparse_vs_reference(
-    ctx: CheckContext, grad: SparseRows, sparse_result: np.ndarray, takes_dense: bool
+    ctx: CheckContext, grads: Sequence[SparseRows], sparse_result: np.ndarray, takes_dense: bool
 ) -> float:
-    """How far the touched rows after one sparse step are from the same optimizer's dense step, or,
-    for a class that takes only sparse gradients, its step on the gradient with repeats summed
-    (0 when within float32 rounding)."""
-    with same_draws(ctx, seed=_COMPARED_DRAWS):  # the draws the sparse step it is compared with made
+    """How far the touched rows after sparse steps on `grads` are from the same optimizer's dense
+    steps, or, for a class that takes only sparse gradients, its steps on the gradients with repeats
+    summed (0 when within float32 rounding)."""
+    with same_draws(ctx, seed=_COMPARED_DRAWS):  # the draws the sparse steps it is compared with made
         optimizer, table = fresh(ctx, (TABLE_SHAPE,))
-        if takes_dense:
-            ctx.driver.step(optimizer, table, [_dense(grad)], ctx.needs)
-        else:
-            _sparse_step(ctx, optimizer, table, _summed(grad))
-    touched = sorted(set(grad.rows))
+        for grad in grads:
+            if takes_dense:
+                ctx.driver.step(optimizer, table, [_dense(grad)], ctx.needs)
+            else:
+                _sparse_step(ctx, optimizer, table, _summed(grad))
+    touched = sorted({row for grad in grads for row in grad.rows})
     dense = ctx.driver.values(table)[0][touched]
     if np.allclose(sparse_result[touched], dense, rtol=1e-5, atol=1e-6):
         return 0.0
@@ -572,6 +591,13 @@ def _sparse_refusal(ctx: CheckContext, error: Exception) -> Outcome:
                 fix="support sparse gradients or drop optlab_supports_sparse",
             )
         return passed(f"refuses sparse gradients with a clear error: {ctx.describe_error(error)}")
+    if deepest is not None and _left_to_the_base(ctx, error, deepest.name, deepest.filename):
+        return failed(
+            f"a row-sparse gradient ({driver.sparse_gradient_name}) reached `{deepest.name}`, which the "
+            f"class leaves to the framework's base class, and that refuses it: {ctx.describe_error(error)}",
+            where=ctx.target.class_location(),
+            fix=driver.advice.sparse_update,
+        )
     if deepest is not None and ctx.target.source_file() is not None and not reached_user_code(ctx, error):
         return failed(
             f"a row-sparse gradient ({driver.sparse_gradient_name}) crashed in the framework's code with "
@@ -588,6 +614,19 @@ def _sparse_refusal(ctx: CheckContext, error: Exception) -> Outcome:
         where=user_line(ctx, error),
         fix=driver.advice.sparse_update,
     )
+
+
+def _left_to_the_base(ctx: CheckContext, error: Exception, function: str, filename: str) -> bool:
+    """Whether `error` is the NotImplementedError raised by a method the class inherits, unchanged,
+    from the framework's base, to be implemented by subclasses (legacy tf.keras's
+    `_resource_apply_sparse`); not one of torch's missing sparse kernels, raised in the class's step."""
+    if not isinstance(error, NotImplementedError):
+        return False
+    defining = next((k for k in ctx.target.cls.__mro__ if function in vars(k)), None)
+    if defining is None or defining in user_classes(ctx.target.cls):
+        return False
+    code = getattr(inspect.unwrap(vars(defining)[function]), "__code__", None)
+    return code is not None and code.co_filename == filename
 
 
 CHECKS: Mapping[str, CheckFunction] = {

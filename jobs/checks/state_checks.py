@@ -157,16 +157,16 @@ def _missing(
     problems = []
     for name, value in expected.items():
         for index, config in enumerate(configs):
+            # One config (a Keras get_config(), a single param group) is named without an index.
+            where = f"{config_name}[{index}]" if len(configs) > 1 else config_name
             if name not in config:
                 problems.append(
-                    f"hyperparameter {name!r} is not in {config_name}[{index}] {when}; a reloaded optimizer "
+                    f"hyperparameter {name!r} is not in {where} {when}; a reloaded optimizer "
                     "would silently use its default"
                 )
                 break
             if not same_value(config[name], value):
-                problems.append(
-                    f"{config_name}[{index}][{name!r}] is {config[name]!r} {when}, expected {value!r}"
-                )
+                problems.append(f"{where}[{name!r}] is {config[name]!r} {when}, expected {value!r}")
                 break
     return problems
 

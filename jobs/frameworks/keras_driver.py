@@ -1153,13 +1153,17 @@ def _numpy_scalar(value: Any) -> Any:
 
 
 def tracked_outside(tf: Any, optimizer: Any, trained: Sequence[Any]) -> list[Any]:
-    """tf.Variables (not scalars) reachable from the optimizer as a checkpoint sees it, but neither
-    in optimizer.variables nor among the variables it trains."""
+    """tf.Variables reachable from the optimizer as a checkpoint sees it, but neither in
+    optimizer.variables nor among the variables it trains. A legacy optimizer's scalars are left out:
+    it keeps its hyperparameters (`_hyper`) as scalar variables outside `variables()`, rebuilt from
+    its config; Keras 3 keeps none, so a scalar there is state (a step counter of the class's own)."""
     known = {id(backing(v)) for v in [*optimizer_variables_of(optimizer), *trained]}
+    legacy = hasattr(optimizer, "_hyper")
     found = []
     for item in tf.train.TrackableView(optimizer).descendants():
         inner = backing(item)
-        if isinstance(inner, tf.Variable) and id(inner) not in known and len(inner.shape) > 0:
+        scalar_of_legacy = legacy and len(inner.shape) == 0 if isinstance(inner, tf.Variable) else False
+        if isinstance(inner, tf.Variable) and id(inner) not in known and not scalar_of_legacy:
             known.add(id(inner))
             found.append(item)
     return found

@@ -214,6 +214,67 @@ class DecayEveryRow(torch.optim.Optimizer):
                     p.add_(p.grad, alpha=-group["lr"])
 
 
+class SortedRowsSGD(torch.optim.Optimizer):
+    """SGD whose sparse path sorts the ids (for locality) and leaves their values in batch order:
+    right only while a gradient's ids come sorted, which an Embedding's do not."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    rows = p.grad._indices()[0].sort().values
+                    p.index_add_(0, rows, p.grad._values(), alpha=-group["lr"])
+                else:
+                    p.add_(p.grad, alpha=-group["lr"])
+
+
+class LastRepeatMomentum(torch.optim.Optimizer):
+    """Lazy momentum whose sparse path writes each id's momentum row once per id in the batch: with
+    a repeated id the last write wins, so the repeat is lost from the momentum (the first step's
+    update still sums it: only the next step shows it)."""
+
+    def __init__(self, params: object, lr: float = 0.1, momentum: float = 0.9) -> None:
+        super().__init__(params, {"lr": lr, "momentum": momentum})
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                buf = self.state[p].setdefault("buf", torch.zeros_like(p))
+                grad = p.grad
+                if not grad.is_sparse:
+                    buf.mul_(group["momentum"]).add_(grad)
+                    p.add_(buf, alpha=-group["lr"])
+                    continue
+                rows, values = grad._indices()[0], grad._values()
+                step = buf[rows] * group["momentum"] + values  # per id, repeats not summed
+                buf[rows] = step  # a repeated id: the last write wins
+                p.index_add_(0, rows, step, alpha=-group["lr"])
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("SortedRowsSGD", "differ by up to"),
+        ("LastRepeatMomentum", "with a repeated index (ids [5, 2, 5], two steps)"),
+    ],
+)
+def test_a_sparse_update_right_only_for_sorted_or_unique_ids_fails(
+    name: str, words: str, tmp_path: Path
+) -> None:
+    outcome = rate_checks.check_sparse(context(f"{__name__}:{name}", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert words in outcome.detail, outcome.detail
+
+
 class NewtonRows(torch.optim.Optimizer):
     """A Hessian-vector product through each gradient, as AdaHessian's: for rows with a gradient,
     p -= lr * g * (H v) with v all ones, the curvature kept; untouched rows stay. Call

@@ -208,6 +208,16 @@ def test_check_all_rejects_unknown_names_listing_accepted_ones() -> None:
     )
 
 
+def test_a_rate_called_learning_rate_is_pointed_to_lr() -> None:
+    """Keras's name for it: the catalogue's is `lr`, whatever the class calls it."""
+    with pytest.raises(ValueError) as caught:
+        check_all({"learning_rate": 0.1}, DECLARED, owner="optimizer 'probe'")
+    assert str(caught.value) == (
+        "optimizer 'probe' has no hyperparameter 'learning_rate'; accepted: lr, beta, nesterov "
+        "(the learning rate is 'lr' here, whatever the class calls it)"
+    )
+
+
 def test_check_all_rejects_invalid_value_naming_it() -> None:
     with pytest.raises(ValueError, match=r"^beta must be a number in \[0, 1\); received 2$"):
         check_all({"lr": 0.1, "beta": 2}, DECLARED, owner="optimizer 'probe'")
