@@ -26,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from optimizers.forwarded_arguments import constructor_arguments
 from optimizers.hyperparams import MAX_LIST_LENGTH, Param, ParamType, check_all, is_option_text
 from optimizers.loop_needs import (
     CLASS_ANNOTATION,
@@ -437,9 +438,9 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
     only: Iterable[str] | None = getattr(cls, "optlab_tunable", None)
     params: dict[str, Param] = {}
     lr_arg = "lr" if style == "torch" else "learning_rate"
-    for arg in inspect.signature(cls).parameters.values():  # the constructor's, without self
-        undeclared_switch = arg.name in _NOT_HYPERPARAMETERS and arg.name not in declared
-        if undeclared_switch or arg.kind in (arg.VAR_POSITIONAL, arg.VAR_KEYWORD):
+    for argument in constructor_arguments(cls, _style_base(style)):  # without self; **kwargs followed
+        arg = argument.parameter
+        if arg.name in _NOT_HYPERPARAMETERS and arg.name not in declared:
             continue
         if only is not None and arg.name not in only:
             continue
@@ -448,7 +449,7 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
             arg.default is inspect.Parameter.empty or type(arg.default).__name__ == "_RequiredParameter"
         )
         default = None if required else _plain(arg.default)
-        annotation = _resolved(arg.annotation, cls)
+        annotation = _resolved(arg.annotation, argument.declared_by)
         kind = _infer_type(annotation) if required else _infer_type(annotation, default)
         if arg.name in _LR_ARGS and default is None and kind in (None, "any"):
             kind = "float"  # `lr=None`: the class derives its rate (SaRA); one given is still a rate

@@ -1,0 +1,127 @@
+"""A constructor's **kwargs handed on untouched to the next class's constructor bring that one's
+arguments into the catalogue (a subclass of AdamW adding one argument takes AdamW's `lr`); anything
+less certain keeps to the class's own signature. One table of shapes, then what a job and a check
+make of such a class."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import keras
+import pytest
+import torch
+
+from jobs.checks import rate_checks
+from jobs.checks.context import CheckContext
+from jobs.checks.runner import validated_params
+from jobs.checks.target import resolve_target
+from optimizers.registry import derive_params, entry_for_class
+
+
+class CentralizedAdamW(torch.optim.AdamW):
+    """Adds one argument; AdamW's come through **kwargs."""
+
+    def __init__(self, params: Any, centralize: bool = True, **kwargs: Any) -> None:
+        super().__init__(params, **kwargs)
+        self.centralize = centralize
+
+
+class NamedParentSGD(torch.optim.SGD):
+    """The parent named, not super(); `lr` filled by the call itself."""
+
+    def __init__(self, params: Any, scale: float = 2.0, **kwargs: Any) -> None:
+        torch.optim.SGD.__init__(self, params, 0.01 * scale, **kwargs)
+
+
+class FixedRateSGD(torch.optim.SGD):
+    """`lr` filled by keyword in the call: not a hyperparameter of this class."""
+
+    def __init__(self, params: Any, **kwargs: Any) -> None:
+        super().__init__(params, lr=0.05, **kwargs)
+
+
+class DefaultMomentumSGD(torch.optim.SGD):
+    """Changes a default SGD's signature states: the catalogue cannot know the class's, so it keeps
+    to the class's own arguments."""
+
+    def __init__(self, params: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("momentum", 0.9)
+        super().__init__(params, **kwargs)
+
+
+class OwnBase(torch.optim.Optimizer):
+    def __init__(self, params: Any, lr: float = 0.1, beta: float = 0.5, **kwargs: Any) -> None:
+        super().__init__(params, {"lr": lr, "beta": beta, **kwargs})
+
+
+class TwoLevels(OwnBase):
+    """Through a base of the user's own, which hands nothing on to torch's (its dict is no **kwargs)."""
+
+    def __init__(self, params: Any, gamma: float = 1.0, **kwargs: Any) -> None:
+        super().__init__(params, **kwargs)
+        self.gamma = gamma
+
+
+class BareOptimizer(torch.optim.Optimizer):
+    """Straight to the framework's base class, whose arguments are not hyperparameters."""
+
+    def __init__(self, params: Any, **kwargs: Any) -> None:
+        super().__init__(params, **kwargs)
+
+
+class GradientCentralizedAdam(keras.optimizers.Adam):
+    """Keras: Adam's arguments through **kwargs, its framework options still left out."""
+
+    def __init__(self, centralize: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.centralize = centralize
+
+
+@pytest.mark.parametrize(
+    ("cls", "style", "expected"),
+    [
+        (CentralizedAdamW, "torch", ["centralize", "lr", "betas", "eps", "weight_decay", "amsgrad"]),
+        (NamedParentSGD, "torch", ["scale", "momentum", "dampening", "weight_decay", "nesterov"]),
+        (FixedRateSGD, "torch", ["momentum", "dampening", "weight_decay", "nesterov"]),
+        (DefaultMomentumSGD, "torch", []),
+        (TwoLevels, "torch", ["gamma", "lr", "beta"]),
+        (BareOptimizer, "torch", []),
+        (
+            GradientCentralizedAdam,
+            "keras",
+            ["centralize", "lr", "beta_1", "beta_2", "epsilon", "amsgrad", "weight_decay"],
+        ),
+    ],
+    ids=lambda value: getattr(value, "__name__", None),
+)
+def test_arguments_handed_on_untouched_are_the_class_s(cls: type, style: str, expected: list[str]) -> None:
+    params, _ = derive_params(cls, style)
+    assert list(params) == expected
+
+
+def test_a_class_without_source_keeps_to_its_own_signature() -> None:
+    namespace: dict[str, Any] = {"torch": torch}
+    exec(  # a class with no file to read, as one made at run time
+        "class Made(torch.optim.AdamW):\n"
+        "    def __init__(self, params, centralize=True, **kwargs):\n"
+        "        super().__init__(params, **kwargs)\n",
+        namespace,
+    )
+    params, _ = derive_params(namespace["Made"], "torch")
+    assert list(params) == ["centralize"]
+
+
+def test_a_job_sets_the_rate_the_parent_takes() -> None:
+    entry = entry_for_class(CentralizedAdamW, source="tests")
+    weight = torch.nn.Parameter(torch.ones(2))
+    optimizer = entry.create({"lr": 0.05, "weight_decay": 0.0}, model_params=[weight])
+    assert optimizer.param_groups[0]["lr"] == 0.05 and optimizer.param_groups[0]["weight_decay"] == 0.0
+
+
+def test_the_schedule_check_judges_the_rate_the_parent_takes(tmp_path: Path) -> None:
+    """Before: skipped as "the class takes no learning rate"."""
+    target = resolve_target(f"{__name__}:CentralizedAdamW", framework="torch")
+    ctx = CheckContext(target=target, params=validated_params(target, {}), workdir=tmp_path)
+    outcome = rate_checks.check_schedule(ctx)
+    assert outcome.status == "pass", outcome.detail
