@@ -396,7 +396,8 @@ def check_sparse(ctx: CheckContext) -> Outcome:
         except Exception as exc:
             return _sparse_refusal(ctx, exc)
     after_first = driver.values(table)[0]
-    diff = _sparse_vs_reference(ctx, [_rows(first_rows, seed=20)], after_first, True) if takes_dense else 0.0
+    first = [_rows(first_rows, seed=20)]
+    diff = _sparse_vs_reference(ctx, first, after_first, against_dense=True) if takes_dense else 0.0
     if not np.all(np.isfinite(after_first)) or diff > 0:
         return failed(
             f"the rows a row-sparse gradient ({driver.sparse_gradient_name}) touches differ by up to "
@@ -424,15 +425,13 @@ def check_sparse(ctx: CheckContext) -> Outcome:
         repeated_optimizer, repeated_table = fresh(ctx, (TABLE_SHAPE,))
         for grad in repeated:
             _sparse_step(ctx, repeated_optimizer, repeated_table, grad)
-    repeated_diff = _sparse_vs_reference(ctx, repeated, driver.values(repeated_table)[0], takes_dense)
+    # Against the class's own sparse steps on the same gradients with each id's rows summed, not
+    # against dense steps: a sparse path may rightly differ from the dense one after a first step
+    # (SM3 keeps accumulators of rows only for a sparse gradient), which is not about repeats.
+    repeated_diff = _sparse_vs_reference(ctx, repeated, driver.values(repeated_table)[0], against_dense=False)
     repeats = (
         f"with a repeated index (ids {repeated_rows}, two steps) the touched rows differ by up to "
-        f"{repeated_diff:.3g} "
-        + (
-            "from the dense gradient, which sums the repeats"
-            if takes_dense
-            else "from the same gradient with its repeats summed first"
-        )
+        f"{repeated_diff:.3g} from the same gradients with each id's rows summed first"
     )
     if repeated_diff > 0 and driver.capabilities.sums_repeated_rows:
         return failed(
@@ -541,15 +540,15 @@ def _moves_touched_rows(ctx: CheckContext, rows: list[int]) -> bool:
 
 
 def _sparse_vs_reference(
-    ctx: CheckContext, grads: Sequence[SparseRows], sparse_result: np.ndarray, takes_dense: bool
+    ctx: CheckContext, grads: Sequence[SparseRows], sparse_result: np.ndarray, *, against_dense: bool
 ) -> float:
     """How far the touched rows after sparse steps on `grads` are from the same optimizer's dense
-    steps, or, for a class that takes only sparse gradients, its steps on the gradients with repeats
-    summed (0 when within float32 rounding)."""
+    steps, or its sparse steps on the gradients with repeats summed (0 when within float32
+    rounding)."""
     with same_draws(ctx, seed=_COMPARED_DRAWS):  # the draws the sparse steps it is compared with made
         optimizer, table = fresh(ctx, (TABLE_SHAPE,))
         for grad in grads:
-            if takes_dense:
+            if against_dense:
                 ctx.driver.step(optimizer, table, [_dense(grad)], ctx.needs)
             else:
                 _sparse_step(ctx, optimizer, table, _summed(grad))
