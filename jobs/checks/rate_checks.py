@@ -383,6 +383,7 @@ def check_sparse(ctx: CheckContext) -> Outcome:
     a repeat wrote wrongly shows in the second step. Ids come in batch order, unsorted, as an
     Embedding's gradient has them: an update that sorts the ids without their rows moves wrong rows."""
     driver = ctx.driver
+    sparse_method = method_location(ctx, driver.advice.sparse_update_method)
     first_rows, second_rows, repeated_rows = [3, 1], [8, 6], [5, 2, 5]
     only_sparse = dense_refusal(ctx)
     # A class that takes only sparse gradients has no dense step to compare with: its first step is
@@ -404,7 +405,7 @@ def check_sparse(ctx: CheckContext) -> Outcome:
             f"{diff:.3g} from the same optimizer on the equivalent dense gradient"
             if takes_dense
             else f"after a row-sparse gradient ({driver.sparse_gradient_name}) the table is not finite",
-            where=method_location(ctx),
+            where=sparse_method,
             figure=diff,
             fix=driver.advice.sparse_update,
         )
@@ -413,7 +414,7 @@ def check_sparse(ctx: CheckContext) -> Outcome:
             f"row-sparse gradients ({driver.sparse_gradient_name}) on rows {first_rows} moved none of them "
             f"in {WARMUP_STEPS} steps, and the class refuses dense gradients ({only_sparse}): it never "
             "updates anything",
-            where=method_location(ctx),
+            where=sparse_method,
             fix=driver.advice.sparse_update,
         )
     _sparse_step(ctx, optimizer, table, _rows(second_rows, seed=21))
@@ -436,7 +437,7 @@ def check_sparse(ctx: CheckContext) -> Outcome:
     if repeated_diff > 0 and driver.capabilities.sums_repeated_rows:
         return failed(
             repeats + " (the framework's own optimizers sum them first)",
-            where=method_location(ctx),
+            where=sparse_method,
             figure=repeated_diff,
             fix=driver.advice.sparse_update,
         )
@@ -452,7 +453,7 @@ def check_sparse(ctx: CheckContext) -> Outcome:
     if notes:
         return warned(
             "sparse gradients work, but " + "; ".join(notes),
-            where=method_location(ctx),
+            where=sparse_method,
             figure=float(len(densified)) if densified else repeated_diff,
             fix=(
                 "sum repeated indices first (unique + segment sum) before squaring or taking signs; "

@@ -181,6 +181,7 @@ class Advice:
     keep_hyperparameters: str  # where every hyperparameter must be kept to be serialized
     state_on_device: str  # how to create state next to its variable
     state_on_device_after_restore: str  # how restored state lands next to its variable
+    sparse_update_method: str | None = None  # where a sparse gradient's update lives, if not update_method
 
 
 @dataclass(frozen=True)

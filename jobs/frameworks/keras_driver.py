@@ -537,6 +537,7 @@ class LegacyKerasDriver(KerasDriver):
     advice: ClassVar[Advice] = replace(
         KerasDriver.advice,
         update_method="_resource_apply_dense",
+        sparse_update_method="_resource_apply_sparse",
         in_place_update="update the variable in place (var.assign / assign_sub, or the training ops); "
         "`var = var - lr * g` only rebinds a local name, and every variable with a gradient must be updated",
         untrainable_state="create state with add_slot / add_weight, or pass trainable=False",

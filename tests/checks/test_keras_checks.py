@@ -401,6 +401,28 @@ def test_a_legacy_class_without_a_sparse_path_is_told_to_write_one_or_refuse(wor
     assert "implement _resource_apply_sparse" in outcome.detail
 
 
+class SortedIdsLegacySGD(HyperRateSGD):
+    """Legacy SGD whose sparse path sorts the ids (for locality) and leaves their values in batch
+    order: right only while the ids come sorted, which an Embedding's do not."""
+
+    def _resource_apply_dense(self, grad: object, var: object, apply_state: object = None) -> object:
+        return var.assign_sub(self._decayed_lr(var.dtype.base_dtype) * grad)  # type: ignore[attr-defined, operator]
+
+    def _resource_apply_sparse(
+        self, grad: object, var: object, indices: object, apply_state: object = None
+    ) -> object:
+        rate = self._decayed_lr(var.dtype.base_dtype)  # type: ignore[attr-defined]
+        return self._resource_scatter_add(var, tf.sort(indices), -rate * grad)  # type: ignore[operator]
+
+
+def test_a_sparse_path_right_only_for_sorted_ids_fails_at_the_sparse_method(workdir: Path) -> None:
+    outcome = _run("sparse", _context(f"{__name__}:SortedIdsLegacySGD", workdir))
+    assert outcome.status == "fail", outcome.detail
+    assert "differ by up to" in outcome.detail
+    line = int(outcome.where.rsplit(":", 1)[1])
+    assert "def _resource_apply_sparse" in Path(__file__).read_text().splitlines()[line - 1]
+
+
 class Wrapping(keras.optimizers.Optimizer):
     """A wrapper in the shape of the Model Garden's ExponentialMovingAverage: the optimizer it wraps is
     a required argument."""
