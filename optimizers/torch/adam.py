@@ -20,6 +20,8 @@ class Adam(torch.optim.Adam):
 
     optlab_name = "adam"
     optlab_reference = "https://arxiv.org/abs/1412.6980"
+    # torch's `decoupled_weight_decay`, which **implementation hands on too, is AdamW: its own entry.
+    optlab_tunable = ("lr", "betas", "eps", "weight_decay", "amsgrad")
     optlab_hyperparameters: ClassVar[dict[str, Param]] = {
         "lr": positive("lr"),
         "betas": unit_interval_pair("betas", "decay of the first and second moment"),
