@@ -88,6 +88,15 @@ class StateNotRestored(Exception):
         self.fix = fix
 
 
+class NeedNotServed(Exception):
+    """A loop need the spec states that the class's step shows it does not have; `fix` says what
+    to change."""
+
+    def __init__(self, message: str, fix: str) -> None:
+        super().__init__(message)
+        self.fix = fix
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What applies to a style, the way torch's `OptimizerInfo` flags what an optimizer supports.

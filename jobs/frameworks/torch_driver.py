@@ -44,6 +44,7 @@ from jobs.frameworks.base import (
     Driver,
     Evaluation,
     Gradient,
+    NeedNotServed,
     SparseRows,
     StateDifference,
     StateNotRestored,
@@ -1128,6 +1129,8 @@ class TorchSession(TrainingSession):
         self.batches = Batches(x_train, y_train, batch_size=spec.batch_size, seed=spec.seed, share=share)
         self.compile_mark = compile_clock().mark() if spec.compile else None
         self._clock = DeviceClock(self.torch_device)
+        # A stated backward_in_step is proven by this attempt's first step (then False).
+        self._backward_in_step_unproven = self.needs.backward_in_step
 
     def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.from_numpy(x).to(self.torch_device), torch.from_numpy(y).to(self.torch_device)
@@ -1245,13 +1248,35 @@ class TorchSession(TrainingSession):
                 # then takes the same step on every rank instead of drifting apart.
                 return loss if self.rank is None else closure_loss_over_ranks(loss)
 
-            objects.optimizer.step(closure)
+            if self._backward_in_step_unproven:
+                self._step_running_backward(objects, closure)
+            else:
+                objects.optimizer.step(closure)
         else:
             objects.optimizer.step()
         if self.needs.create_graph:
             # Gradients built with create_graph hold the whole backward graph: free it now, or
             # every step's graph stays alive until the next zero_grad.
             clear_gradients(objects.optimizer)
+
+    def _step_running_backward(self, objects: TrainObjects, closure: Callable[..., Any]) -> None:
+        """The first step of a class stated to run backward itself (`backward_in_step`): its closure
+        returns the loss with its graph and clears the gradients first, so a class that does not
+        (Adam) finds none and moves nothing; the job would train nothing and succeed. Stepped here
+        with the weights kept aside, so that no moved weight and no gradient tell it."""
+        self._backward_in_step_unproven = False
+        before = [p.detach().clone() for p in objects.parameters]
+        objects.optimizer.step(closure)
+        if all(p.grad is None for p in objects.parameters) and all(
+            torch.equal(p, start) for p, start in zip(objects.parameters, before, strict=True)
+        ):
+            raise NeedNotServed(
+                "optimizer.needs.backward_in_step: the class's step(closure) ran no backward on the loss "
+                "its closure returned (after the first step no parameter has a gradient and none moved), "
+                "so the job would train nothing",
+                fix="drop backward_in_step from optimizer.needs; it is for a class whose step calls "
+                "loss.backward() on its closure's loss itself (torchmin's Minimizer)",
+            )
 
     def _train_mode(self, objects: TrainObjects) -> None:
         # Schedule-free optimizers step from other weights than they evaluate; both calls

@@ -11,6 +11,7 @@ import pytest
 import torch
 from pytorch_optimizer import SAM, AdaHessian, AliG, Lookahead, ScheduleFreeAdamW
 
+from jobs.frameworks.base import NeedNotServed
 from optimizers.registry import Base, Registry, entry_for_class, load_registry
 from tests.checks.closure_contracts import LossOnlyLineSearch, OwnBackwardSGD
 
@@ -130,6 +131,17 @@ def test_a_class_that_runs_backward_on_its_closures_loss_trains_as_its_update_sa
     assert own_result.steps_completed == steps
     assert own_result.params_sha256 == sgd_result.params_sha256
     assert own_result.checkpoints_verified == len(own_result.checkpoints) >= 1
+
+
+def test_a_stated_backward_in_step_the_class_lacks_fails_at_the_first_step(make_job: MakeJob) -> None:
+    """Adam runs no backward on its closure's loss: stated anyway, the closure leaves it no gradient,
+    and the job trained nothing and succeeded."""
+    spec = digits_spec(
+        optimizer={"name": "adam", "params": {"lr": 0.01}, "needs": {"backward_in_step": True}}, steps=5
+    )
+    with pytest.raises(NeedNotServed, match="ran no backward on the loss its closure returned") as caught:
+        make_job(spec).run()
+    assert "drop backward_in_step from optimizer.needs" in caught.value.fix
 
 
 def test_a_closure_asked_for_the_loss_alone_serves_a_line_search(
