@@ -44,6 +44,10 @@ from jobs.result import (
 from jobs.spec import AnySpec, CheckSpec, JobSpec, parse_spec
 
 TRACEBACK_TAIL_LINES = 40
+# A message and each traceback line are cut to these many characters: an error is read by a person,
+# and a plugin's 2 MB message had made its job's record, and every listing of jobs, megabytes.
+MESSAGE_LIMIT = 4000
+TRACEBACK_LINE_LIMIT = 1000
 # What the MLflow run ends as, per job status; anything else ends FAILED.
 MLFLOW_STATUS = {JobStatus.SUCCEEDED: "FINISHED", JobStatus.CANCELLED: "KILLED"}
 
@@ -209,12 +213,18 @@ def outcome_kind(spec: AnySpec) -> type[Outcome]:
 def error_record(exc: BaseException) -> ErrorRecord:
     lines = "".join(traceback.format_exception(exc)).splitlines()
     fix = getattr(exc, "fix", None)  # a typed error's advice (StateNotRestored's) belongs with it
-    message = str(exc) or _where_raised(exc)
+    message = _clipped(str(exc), MESSAGE_LIMIT) or _where_raised(exc)
     return ErrorRecord(
         type=type(exc).__name__,
         message=f"{message}. Fix: {fix}" if isinstance(fix, str) and fix else message,
-        traceback="\n".join(lines[-TRACEBACK_TAIL_LINES:]),
+        traceback="\n".join(_clipped(line, TRACEBACK_LINE_LIMIT) for line in lines[-TRACEBACK_TAIL_LINES:]),
     )
+
+
+def _clipped(text: str, limit: int) -> str:
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit:,} more characters)"
 
 
 def _where_raised(exc: BaseException) -> str:

@@ -132,3 +132,18 @@ def test_progress_merges_fields_and_refuses_unknown_ones() -> None:
     assert progress.to_json() == {"step": 3, "total": 10, "loss": 0.5, "val_accuracy": 0.75}
     with pytest.raises(ValidationError, match="train_loss"):
         progress.merged(train_loss=0.4)
+
+
+def test_a_huge_error_message_is_cut_with_what_was_left_out() -> None:
+    """A plugin's 2 MB message had made its job's record, and every listing of jobs, megabytes."""
+    from jobs.run import MESSAGE_LIMIT, TRACEBACK_LINE_LIMIT, error_record
+
+    try:
+        raise RuntimeError("boom " + "x" * 2_000_000)
+    except RuntimeError as exc:
+        record = error_record(exc)
+    assert record.message.startswith("boom xxx") and record.message.endswith("(1,996,005 more characters)")
+    assert len(record.message) < MESSAGE_LIMIT + 50
+    assert record.traceback is not None
+    assert max(len(line) for line in record.traceback.splitlines()) < TRACEBACK_LINE_LIMIT + 50
+    assert "raise RuntimeError" in record.traceback
