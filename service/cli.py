@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -333,9 +334,18 @@ def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
 
     try:
         text = args.spec.read_text()
-        spec = yaml.safe_load(text) if args.spec.suffix in (".yaml", ".yml") else json.loads(text)
-    except (OSError, ValueError, yaml.YAMLError) as exc:
-        print(f"optlab study: cannot read {args.spec}: {exc}", file=sys.stderr)
+        spec = (
+            yaml.load(text, Loader=_yaml_loader(yaml))
+            if args.spec.suffix in (".yaml", ".yml")
+            else json.loads(text)
+        )
+        json.dumps(spec, allow_nan=False)  # what the request will send
+    except (OSError, ValueError, TypeError, yaml.YAMLError) as exc:
+        print(
+            f"optlab study: cannot read {args.spec}: {exc} (numbers must be finite; in YAML, quote a name "
+            "or label that YAML would read as a date or a number: name: '2024-01-01')",
+            file=sys.stderr,
+        )
         return 2
     url = args.api or os.environ.get("OPTLAB_API_URL") or f"http://{settings.api_host}:{settings.api_port}"
     client = ApiClient(url)
@@ -369,6 +379,18 @@ def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
         print(f"MLflow: {study['mlflow']['url']}")
     counts = study["progress"]["counts"]
     return 0 if counts["succeeded"] == study["progress"]["jobs"] else 1
+
+
+def _yaml_loader(yaml: Any) -> Any:
+    """PyYAML's safe loader, reading `1e-3` as the number YAML 1.2 and JSON read it: PyYAML follows
+    YAML 1.1, where a float needs a dot (`1.0e-3`), and handed the API the text "1e-3"."""
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    exponent_only = re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$")
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", exponent_only, list("-+0123456789"))
+    return Loader
 
 
 def cmd_check(args: argparse.Namespace, settings: Settings) -> int:

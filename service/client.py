@@ -107,6 +107,10 @@ class ApiClient:
             raise ApiError(
                 0, f"cannot reach the optlab API at {self.base_url}; is `optlab serve` running?"
             ) from None
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:  # no scheme, a timeout, a dropped connection
+            raise ApiError(
+                0, f"cannot reach the optlab API at {self.base_url!r} ({type(exc).__name__}: {exc})"
+            ) from None
         if response.status_code >= 400:
             try:
                 detail = response.json().get("detail", response.text)
