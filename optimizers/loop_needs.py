@@ -25,7 +25,7 @@ from typing import Any
 # `optlab_needs = {"create_graph": True}`.
 NEEDS_ATTRIBUTE = "optlab_needs"
 # Constructor arguments that take the optimizer a wrapper wraps.
-_BASE_ARGUMENTS = ("base_optimizer", "optimizer", "base")
+BASE_ARGUMENTS = ("base_optimizer", "optimizer", "base")
 # A first constructor argument that asks for the model (K-FAC-style optimizers such as SINGD hook its
 # layers; LOMO fuses its update into backward) or its named parameters (adam-mini), not parameters.
 NAMED_PARAMETERS_ARGUMENTS = ("named_parameters", "named_params")
@@ -246,7 +246,7 @@ def _base_argument(cls: type) -> str | None:
     except (TypeError, ValueError):
         return None
     required = {name: p for name, p in parameters.items() if p.default is inspect.Parameter.empty}
-    for name in _BASE_ARGUMENTS:
+    for name in BASE_ARGUMENTS:
         if name in required:
             return name
     return next(

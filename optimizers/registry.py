@@ -29,7 +29,9 @@ from typing import Any
 from optimizers.forwarded_arguments import constructor_arguments
 from optimizers.hyperparams import MAX_LIST_LENGTH, Param, ParamType, check_all, is_option_text
 from optimizers.loop_needs import (
+    BASE_ARGUMENTS,
     CLASS_ANNOTATION,
+    MODEL_ARGUMENTS,
     NAMED_PARAMETERS_ARGUMENTS,
     OPTIMIZER_ANNOTATION,
     LoopNeeds,
@@ -428,7 +430,8 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
     takes: it is `any` scalar, which the class judges when it is built. Arguments of no tunable type
     (callables, dtypes, modules) are left out, and so are ones whose default is a sentinel rather
     than a value (`palm: bool = use_default`); one with no default (or torch's `required`) but a
-    tunable annotation (`beta: float`) is catalogued as required. An optional one (`beta3: float |
+    tunable annotation (`beta: float`) is catalogued as required, and one with neither default nor
+    annotation (`beta`) as a required `any`. An optional one (`beta3: float |
     None = None`, `clip: float | None = 1.0`) is catalogued as that type and `nullable`: a job may
     send null, as the class allows (a None default leaves the choice to the class). The learning rate is
     catalogued as `lr` whatever the class calls it; the second value returned is the class's own
@@ -451,6 +454,8 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
         default = None if required else _plain(arg.default)
         annotation = _resolved(arg.annotation, argument.declared_by)
         kind = _infer_type(annotation) if required else _infer_type(annotation, default)
+        if required and kind is None and _unannotated_value(arg):
+            kind = "any"  # `beta` with neither default nor annotation: left out, no job could build it
         if arg.name in _LR_ARGS and default is None and kind in (None, "any"):
             kind = "float"  # `lr=None`: the class derives its rate (SaRA); one given is still a rate
         choices = _literal_strings(_without_none(annotation))
@@ -708,6 +713,12 @@ def _plain(value: Any) -> Any:
     if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
         return value.item()  # a 0-d tensor default, as torch allows for lr
     return value
+
+
+def _unannotated_value(arg: inspect.Parameter) -> bool:
+    """An argument without annotation that is not the base a wrapper wraps or the model one is built
+    over (their needs serve those): it takes a value the class judges, as an unannotated `x=None` does."""
+    return arg.annotation is inspect.Parameter.empty and arg.name not in (*BASE_ARGUMENTS, *MODEL_ARGUMENTS)
 
 
 def _plain_default_of(kind: ParamType, default: Any, choices: tuple[str, ...] = ()) -> bool:

@@ -741,6 +741,30 @@ def test_derive_params_takes_torchs_required_marker_for_a_required_argument() ->
     assert list(params) == ["lr", "momentum"]
 
 
+def test_a_required_argument_without_annotation_is_a_required_value() -> None:
+    """Left out of the catalogue, it could be neither sent (unknown hyperparameter) nor left out (the
+    job's TypeError); a wrapper's base and the model are their needs', not values."""
+
+    class Unannotated(torch.optim.SGD):
+        def __init__(self, params, lr, beta, gamma: float):  # type: ignore[no-untyped-def]
+            super().__init__(params, lr=lr * beta * gamma)
+
+    class Wrapping(Unannotated):
+        def __init__(self, params, optimizer, lr, beta, gamma: float):  # type: ignore[no-untyped-def]
+            super().__init__(params, lr, beta, gamma)
+
+    params, _ = derive_params(Unannotated)
+    assert list(params) == ["lr", "beta", "gamma"]
+    assert params["beta"] == Param("beta", "any", None, required=True)
+    assert list(derive_params(Wrapping)[0]) == ["lr", "beta", "gamma"]
+    weight = torch.nn.Parameter(torch.ones(2))
+    entry = entry_for_class(Unannotated, source="test")
+    with pytest.raises(ValueError, match="requires hyperparameter 'beta'"):
+        entry.create({"lr": 0.1, "gamma": 1.0}, model_params=[weight])
+    built = entry.create({"lr": 0.1, "beta": 0.5, "gamma": 2.0}, model_params=[weight])
+    assert built.param_groups[0]["lr"] == 0.1
+
+
 def test_derive_params_reads_a_tensor_lr_default() -> None:
     class TensorLr(torch.optim.Optimizer):
         def __init__(self, params: Any, lr: float | torch.Tensor = torch.tensor(0.25)) -> None:  # noqa: B008
