@@ -545,8 +545,17 @@ def _guarded(registry: Registry, source: str, load: Callable[[], None]) -> None:
     try:
         load()
     except (Exception, SystemExit) as exc:  # any import-time error of user code, sys.exit() too
-        tail = traceback.format_exception_only(type(exc), exc)[-1].strip()
-        registry.errors.append(LoadError(source=source, error=tail))
+        registry.errors.append(LoadError(source=source, error=_load_error_text(exc, source)))
+
+
+def _load_error_text(exc: BaseException, source: str) -> str:
+    """The error's last line, with the line of the plugin file it points at: a SyntaxError's own,
+    else the deepest frame in that file (an error raised further down names it in its message)."""
+    text = traceback.format_exception_only(type(exc), exc)[-1].strip()
+    if isinstance(exc, SyntaxError) and exc.lineno is not None:
+        return f"{text} (at {Path(exc.filename or source).name}:{exc.lineno})"
+    lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__) if frame.filename == source]
+    return f"{text} (at {Path(source).name}:{lines[-1]})" if lines else text
 
 
 def _load_builtin(registry: Registry, module_name: str, styles: tuple[str, ...]) -> None:

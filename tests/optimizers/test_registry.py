@@ -375,13 +375,16 @@ def test_bad_plugins_are_recorded_and_the_others_still_load(tmp_path: Path) -> N
     _write(tmp_path, "d_named.py", NAMED)
     _write(tmp_path, "e_sign.py", SIGN_MOMENTUM)
     _write(tmp_path, "notes.txt", "not python")
+    syntax = _write(tmp_path, "f_syntax.py", "import torch\n\n\nclass Half(torch.optim.SGD)\n    pass\n")
 
     registry = _torch_registry([str(tmp_path)])
 
     assert sorted(error.source for error in registry.errors) == sorted(
-        [str(broken), str(empty), str(duplicate)]
+        [str(broken), str(empty), str(duplicate), str(syntax)]
     )
-    assert _errors_for(registry, broken) == ["RuntimeError: plugin exploded on import"]
+    # Each with the line of the file it points at (the catalogue had only "SyntaxError: expected ':'").
+    assert _errors_for(registry, broken) == ["RuntimeError: plugin exploded on import (at a_broken.py:4)"]
+    assert _errors_for(registry, syntax) == ["SyntaxError: expected ':' (at f_syntax.py:4)"]
     [no_optimizer] = _errors_for(registry, empty)
     assert str(empty) in no_optimizer
     assert "defines no optimizer class" in no_optimizer
