@@ -62,8 +62,18 @@ class QueueRoom:
         return cls(settings, store.count_queued(session=session), Counter(own))
 
     def refusal(self, submitted_by: str | None, jobs: int = 1) -> HTTPException | None:
-        """The 429 for adding `jobs` more by `submitted_by`, or None when they fit."""
+        """The 429 for adding `jobs` more by `submitted_by`, or None when they fit; a 422 for more
+        than could ever fit, which no wait changes."""
         settings = self.settings
+        caps = [(settings.max_queued, "this service holds (OPTLAB_MAX_QUEUED)")]
+        if submitted_by is not None:
+            caps.append((settings.max_queued_per_token, "one token may have (OPTLAB_MAX_QUEUED_PER_TOKEN)"))
+        for cap, whose in caps:
+            if jobs > cap:
+                return _never_fits(
+                    f"this request adds {jobs} jobs, more than the {cap} queued jobs {whose} ever: submit "
+                    "it in parts (a study: fewer grid values or seeds), or raise the limit"
+                )
         adds = "" if jobs == 1 else f"; this request adds {jobs}"
         if self.queued + jobs > settings.max_queued:
             return _full(
@@ -93,6 +103,10 @@ def _full(message: str) -> HTTPException:
         detail=f"{message}; retry in {RETRY_AFTER_S} s",
         headers={"Retry-After": str(RETRY_AFTER_S)},
     )
+
+
+def _never_fits(message: str) -> HTTPException:
+    return HTTPException(status_code=422, detail=[{"loc": ["body"], "msg": message, "type": "too_many_jobs"}])
 
 
 class CatalogueChanged(Exception):

@@ -130,6 +130,21 @@ def test_quotas_count_the_whole_study_at_once(settings: Settings, client: TestCl
     assert client.get("/studies").json()["total"] == 1 and client.get("/jobs").json()["total"] == 8
 
 
+def test_a_study_larger_than_any_queue_may_hold_is_refused_not_told_to_retry(
+    settings: Settings, client: TestClient
+) -> None:
+    """8 jobs against a cap of 6: waiting never helps, so a 422 saying so, not a 429 with Retry-After."""
+    client.app.state.settings = settings.model_copy(update={"max_queued": 6})  # type: ignore[attr-defined]
+    refused = client.post("/studies", json=STUDY)
+    assert refused.status_code == 422 and "Retry-After" not in refused.headers
+    [problem] = refused.json()["detail"]
+    assert problem["msg"].startswith(
+        "this request adds 8 jobs, more than the 6 queued jobs this service holds"
+    )
+    assert "submit it in parts" in problem["msg"]
+    assert client.get("/studies").json()["total"] == 0 and client.get("/jobs").json()["total"] == 0
+
+
 def test_a_failure_while_writing_leaves_no_half_study(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
