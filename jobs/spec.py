@@ -1204,6 +1204,7 @@ def study_errors(
                 f"received {spec.baseline!r}",
             )
         )
+    errors += _target_errors(spec, catalogue)
     jobs: list[tuple[StudyMember, JobSpec]] = []
     for index, member in spec.members():
         try:
@@ -1218,6 +1219,22 @@ def study_errors(
             if not any(e.msg == located.msg and e.loc[:-1] == located.loc[:-1] for e in errors):
                 errors.append(located)
     return errors, jobs
+
+
+def _target_errors(spec: StudySpec, catalogue: Catalogue) -> list[SpecError]:
+    """A target on a metric the workload's jobs never log: every job would run, and no optimizer be
+    ranked. Judged where the catalogue lists the workload's metrics (a worker's before they were
+    published lists none)."""
+    workload = catalogue.workload(spec.workload.name)
+    metrics = workload.get("metrics") if workload is not None else None
+    if spec.target is None or not metrics or spec.target.metric in metrics:
+        return []
+    return [
+        SpecError(
+            loc=["body", "target", "metric"],
+            msg=f"workload {spec.workload.name!r} logs {', '.join(metrics)}; received {spec.target.metric!r}",
+        )
+    ]
 
 
 def _study_loc(loc: list[str | int], spec: StudySpec, index: int, member: StudyMember) -> list[str | int]:

@@ -115,6 +115,18 @@ class Workload(ABC):
                 raise ValueError(problem)
         return checked
 
+    def metric_names(self) -> tuple[str, ...]:
+        """What a job of this workload logs that a study may target: the losses and the names
+        `validation_metrics` gives (logged as `val/<metric>`); both task metrics where the task is
+        the data's."""
+        by_task = {
+            "classification": ("val/accuracy",),
+            "regression": ("val/rmse",),
+            "objective": (),
+            "from_data": ("val/accuracy", "val/rmse"),
+        }
+        return ("train/loss", "val/loss", *by_task[self.task])
+
     def task_of(self, dataset: Dataset) -> Task:
         """The task of this dataset: the workload's own, unless it is `from_data`."""
         return self.task
@@ -147,6 +159,7 @@ class Workload(ABC):
             # At the default params; None where it depends on a file the spec names (checked by the job).
             "train_size": self.load_data().train_size if self.fixed_data else None,
             "default_target": asdict(self.default_target),
+            "metrics": list(self.metric_names()),
             "multiple_of": [{"param": param, "of": divisor} for param, divisor in self.multiple_of],
         }
 

@@ -178,6 +178,9 @@ class CharLm(Workload):
     def validation_metrics(self, params: Mapping[str, Any], evaluation: Evaluation) -> dict[str, float]:
         return {"val_bits_per_char": evaluation.loss / math.log(2)}
 
+    def metric_names(self) -> tuple[str, ...]:
+        return ("train/loss", "val/loss", "val/bits_per_char")
+
     def torch_model(self, params: Mapping[str, Any], dataset: Dataset, *, sparse: bool = False) -> Any:
         from jobs.workloads.torch_modules import CausalTransformer
 

@@ -102,6 +102,12 @@ BAD_STUDIES = [
         "min",
     ),
     (lambda b: b.update(name="a/b"), ["body", "name"], "may contain only"),
+    (
+        # A metric the workload's jobs never log: every job had run, and nothing was ranked.
+        lambda b: b.update(target={"metric": "val/rmse", "mode": "min", "value": 1}),
+        ["body", "target", "metric"],
+        "workload 'digits_mlp' logs train/loss, val/loss, val/accuracy; received 'val/rmse'",
+    ),
 ]
 
 
