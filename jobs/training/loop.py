@@ -251,6 +251,10 @@ class TrainingJob:
         timings.step_ms += step_ms[:good]
         timings.optimizer_ms += optimizer_ms[:good]
         if good < len(losses):
+            if good:  # the steps it did take, in progress too (it had stayed at the last flush's)
+                self.reporter.progress(
+                    step=taken.steps[good - 1] + 1, total=self.spec.steps, loss=losses[good - 1], force=True
+                )
             raise Diverged(taken.steps[good], "train/loss", losses[good])
         self.reporter.progress(step=taken.steps[-1] + 1, total=self.spec.steps, loss=losses[-1], force=force)
         return losses[-1]

@@ -5,6 +5,7 @@ per-step reads gave."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -213,6 +214,12 @@ def test_a_nan_mid_window_is_named_at_its_step_and_nothing_after_it_is_logged(
     for key in TIMING_KEYS:  # the diverging window's good steps still get their timings
         assert recorder.steps(key) == [0, 29, POISONED_UPDATE - 1], key
     assert all(math.isfinite(p.value) for p in recorder.points if p.key == "train/loss")
+    # Progress shows the steps taken before the NaN (it had stayed at step 30's flush).
+    progress = json.loads((job.reporter.workdir / "progress.json").read_text())
+    last_good = next(
+        p.value for p in recorder.points if p.key == "train/loss" and p.step == POISONED_UPDATE - 1
+    )
+    assert (progress["step"], progress["loss"]) == (POISONED_UPDATE, last_good)
     # The checkpoint at 30 was verified; none was taken of the diverged weights (60 is never reached).
     assert [(c.step, c.ok) for c in job.verified] == [(30, True)]
     assert [p.name for p in job.checkpoint_dir.iterdir()] == ["step-00000030.pt"]
