@@ -103,7 +103,7 @@ def log_access_mode(settings: Settings) -> None:
 def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     """FastAPI's 422 shape, with messages that name the field, what is allowed and what came."""
     detail = []
-    for error in exc.errors():
+    for error in _merged_unions(list(exc.errors())):
         loc = list(error.get("loc", ()))
         kind = error.get("type", "value_error")
         field = ".".join(str(part) for part in loc[1:]) or "body"
@@ -173,6 +173,65 @@ def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
 
 # The body model of each route that takes one, to say which fields an unknown one could have been.
 BODY_MODELS: dict[str, type[BaseModel]] = {"/jobs": JobSpec, "/checks": CheckSpec, "/studies": StudySpec}
+
+
+# What a union member's tag in pydantic's error location stands for, in words.
+_FORMS = {"bool": "a boolean", "int": "a number", "float": "a number", "str": "a string", "none": "null"}
+
+
+def _merged_unions(errors: list[Any]) -> list[Any]:
+    """A value that fits no member of a union gets one error per member, each located by a type tag
+    (`lr.bool`, `lr.int`, ..., `lr.list[nullable[union[bool,int,float,str]]]`): these become one
+    error at the field saying what it may be. Where the value is an object and one member is a model
+    it reached (`match.GroupMatch.ndim`), that member's own errors are the ones meant: kept, untagged."""
+    merged: list[Any] = []
+    groups: dict[tuple[Any, ...], list[tuple[int, Any]]] = {}
+    for error in errors:
+        loc = tuple(error.get("loc", ()))
+        tagged = next((i for i, part in enumerate(loc) if i and _is_tag(part)), None)
+        if tagged is None:
+            merged.append(error)
+            continue
+        if loc[:tagged] not in groups:
+            groups[loc[:tagged]] = []
+            merged.append(loc[:tagged])  # the group's place among the errors
+        groups[loc[:tagged]].append((tagged, error))
+    result = []
+    for item in merged:
+        if not isinstance(item, tuple):
+            result.append(item)
+            continue
+        members = groups[item]
+        reached = [
+            {**error, "loc": [*error["loc"][:i], *error["loc"][i + 1 :]]}
+            for i, error in members
+            if str(error["loc"][i])[0].isupper() and len(error["loc"]) > i + 1  # inside the model
+        ]
+        if reached:
+            result += reached
+            continue
+        forms = list(dict.fromkeys(_form(error["loc"][i]) for i, error in members))
+        said = forms[0] if len(forms) == 1 else f"{', '.join(forms[:-1])} or {forms[-1]}"
+        first = members[0][1]
+        result.append(
+            {"loc": list(item), "type": "union_type", "msg": f"must be {said}", "input": first.get("input")}
+        )
+    return result
+
+
+def _is_tag(part: Any) -> bool:
+    """A union member's tag in an error's location, not a field name (fields are snake_case)."""
+    return isinstance(part, str) and (part in _FORMS or "[" in part or part[:1].isupper())
+
+
+def _form(tag: str) -> str:
+    if tag in _FORMS:
+        return _FORMS[tag]
+    if tag.startswith("literal["):
+        return tag[len("literal[") : -1].replace(",", " or")
+    if tag.startswith(("list[", "tuple[")):
+        return "a list of them"
+    return "an object"
 
 
 def _allowed_fields(model: type[BaseModel], parent: list[Any]) -> list[str]:

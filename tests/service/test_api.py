@@ -106,6 +106,23 @@ BAD_SPECS = [
     ({"experiment": "demo\x7f"}, ["may contain only"], "experiment"),
     ({"experiment": "../../etc"}, ["may contain only"], "experiment"),
     ({"experiment": "a/b"}, ["may contain only"], "experiment"),
+    # A value no member of a union takes: one message saying what it may be (there were five, one a
+    # member, named `list[nullable[union[bool,int,float,str]]]`); an object reaching a model: its own.
+    (
+        {"optimizer__params": {"lr": {"a": 1}}},
+        ['optimizer.params.lr: must be a boolean, a number, a string or a list of them; received {"a": 1}'],
+        "lr",
+    ),
+    (
+        {"optimizer__param_groups": [{"match": "all", "params": {"lr": 0.1}}]},
+        ["optimizer.param_groups.0.match: must be an object or 'rest'; received \"all\""],
+        "match",
+    ),
+    (
+        {"optimizer__param_groups": [{"match": {"ndim": "big"}, "params": {"lr": 0.1}}]},
+        ["optimizer.param_groups.0.match.ndim: ndim must be a comparison with a whole number"],
+        "ndim",
+    ),
 ]
 
 
