@@ -81,7 +81,9 @@ def ranking_table(summary: StudySummary) -> Table:
             _number(row.selection.mean if row.selection else None),
             _interval(row.selection),
             str(row.selection.n if row.selection else 0),
-            "-" if row.target_reached is None else str(row.target_reached),
+            "-"
+            if row.target_reached is None or row.at_best is None
+            else f"{row.target_reached}/{row.at_best.total}",
             f"{jobs.succeeded}/{jobs.total} ok" + (f" ({problems})" if problems else ""),
         )
     return table

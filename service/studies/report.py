@@ -480,7 +480,10 @@ def header_html(summary: StudySummary, title: str, mlflow_url: str | None) -> st
     lines = [
         f"{summary.counts.total} jobs: {esc(counts_text(summary.counts))}.",
         f"Best grid point chosen on the mean final {esc(summary.selection_metric)} "
-        f"({'lower' if summary.selection_mode == 'min' else 'higher'} is better).",
+        f"({'lower' if summary.selection_mode == 'min' else 'higher'} is better), among the points where no "
+        "job failed or diverged where there are any. It is chosen on the same seeds the figures report, so "
+        "a best point's figures are optimistic, the more so the larger its grid; the ranking orders means, "
+        "and only a paired comparison below says whether a difference is significant.",
         "Target: none."
         if target is None
         else f"Target: {esc(target.metric)} {'&lt;=' if target.mode == 'min' else '&gt;='} "

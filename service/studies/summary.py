@@ -13,8 +13,12 @@ Rules that decide the figures (kept here, in one place):
 - A metric's final value is its last logged point (by step); its best value is the minimum
   or maximum over its finite points, by the selection mode for the selection metric and
   by `METRIC_DIRECTIONS` (default: lower is better) for every other metric.
-- Time to target looks at every job's logged points, whatever its status (a job that met
-  the target and diverged later did meet it; its status is shown next to it).
+- The best grid point is chosen among those where no job failed or diverged (among all where
+  every point had such a job, with a note): a rate at which most seeds diverge is not the best
+  because the seed that survived scored well. A note names a point passed over so.
+- Time to target looks at the logged points of every job that did not fail or diverge (a job
+  that met the target and diverged later is not an optimizer that reaches it; it is counted
+  as not reached, its status shown).
 - JSON holds no NaN or infinity: an undefined figure is None (and the models refuse
   non-finite floats).
 """
@@ -324,7 +328,9 @@ def summarize(
         for group in group_by_grid_point(runs, optimizers)
     ]
     ranking = rank(points, runs, optimizers, selection_metric, selection_mode)
-    notes = notes_on(points, ranking, runs, baseline, selection_metric)
+    notes = notes_on(points, ranking, runs, baseline, selection_metric) + instability_notes(
+        points, optimizers, selection_metric, selection_mode
+    )
     summary = StudySummary(
         selection_metric=selection_metric,
         selection_mode=selection_mode,
@@ -501,12 +507,12 @@ def meets(value: float, target: TargetRule) -> bool:
 
 
 def time_to_target(runs: list[StudyRun], target: TargetRule) -> TimeToTarget:
-    """Per job, the first logged point (by step) that meets the target; counted over every status."""
+    """Per job, the first logged point (by step) that meets the target; counted over every status,
+    but a job that failed or diverged has not reached it, whatever it logged before."""
     seeds = []
     for run in runs:
-        hit = next(
-            (p for p in ordered_points(run.history.get(target.metric, [])) if meets(p.value, target)), None
-        )
+        points = [] if run.status in ("failed", "diverged") else run.history.get(target.metric, [])
+        hit = next((p for p in ordered_points(points) if meets(p.value, target)), None)
         seeds.append(
             SeedTime(
                 job_id=run.job_id,
@@ -535,7 +541,15 @@ def selection_stat(point: GridPointSummary, selection_metric: str) -> Stat | Non
 
 
 def pick_best(points: list[GridPointSummary], selection_metric: str, mode: Mode) -> GridPointSummary | None:
-    """The grid point with the best mean final selection metric; the first in grid order on a tie."""
+    """The grid point with the best mean final selection metric among those where no job failed or
+    diverged (among all where every point had such a job); the first in grid order on a tie. A rate
+    at which most seeds diverge is not the best because its one lucky seed scored well."""
+    stable = [p for p in points if not unstable(p)]
+    return best_mean(stable, selection_metric, mode) or best_mean(points, selection_metric, mode)
+
+
+def best_mean(points: list[GridPointSummary], selection_metric: str, mode: Mode) -> GridPointSummary | None:
+    """The grid point with the best mean final selection metric over its succeeded seeds."""
     scored = [
         (p, s.mean) for p in points if (s := selection_stat(p, selection_metric)) and s.mean is not None
     ]
@@ -543,6 +557,11 @@ def pick_best(points: list[GridPointSummary], selection_metric: str, mode: Mode)
         return None
     pick = min if mode == "min" else max
     return pick(scored, key=lambda ps: ps[1])[0]
+
+
+def unstable(point: GridPointSummary) -> bool:
+    """Some of its jobs failed or diverged: its statistics stand on the seeds that survived."""
+    return point.counts.failed + point.counts.diverged > 0
 
 
 def rank(
@@ -782,6 +801,31 @@ def notes_on(
             notes.append(f"The baseline {baseline} has no jobs in this study: no paired comparisons.")
         elif not any(r.optimizer == baseline and r.rank is not None for r in ranking):
             notes.append(f"The baseline {baseline} has no result: no paired comparisons.")
+    return notes
+
+
+def instability_notes(
+    points: list[GridPointSummary], optimizers: list[str], selection_metric: str, mode: Mode
+) -> list[str]:
+    """Where failed or diverged jobs decided, or weaken, an optimizer's best grid point."""
+    notes = []
+    for opt in optimizers:
+        own = [p for p in points if p.optimizer == opt]
+        chosen, top = pick_best(own, selection_metric, mode), best_mean(own, selection_metric, mode)
+        if chosen is None or top is None:
+            continue
+        if top is not chosen:
+            notes.append(
+                f"{opt} {top.label}: a better mean final {selection_metric} over the seeds that survived "
+                f"({top.counts.succeeded} of {top.counts.total}), but "
+                f"{top.counts.failed + top.counts.diverged} of its jobs failed or diverged; {chosen.label}, "
+                "where none did, was chosen."
+            )
+        elif unstable(chosen):
+            notes.append(
+                f"{opt}: at every grid point some jobs failed or diverged; its best, {chosen.label}, stands "
+                f"on the {chosen.counts.succeeded} of {chosen.counts.total} seeds that survived."
+            )
     return notes
 
 
