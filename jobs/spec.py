@@ -1226,15 +1226,27 @@ def _target_errors(spec: StudySpec, catalogue: Catalogue) -> list[SpecError]:
     ranked. Judged where the catalogue lists the workload's metrics (a worker's before they were
     published lists none)."""
     workload = catalogue.workload(spec.workload.name)
-    metrics = workload.get("metrics") if workload is not None else None
-    if spec.target is None or not metrics or spec.target.metric in metrics:
+    listed = workload.get("metrics") if workload is not None else None
+    if spec.target is None or not listed:
         return []
-    return [
-        SpecError(
-            loc=["body", "target", "metric"],
-            msg=f"workload {spec.workload.name!r} logs {', '.join(metrics)}; received {spec.target.metric!r}",
-        )
-    ]
+    modes = {metric["name"]: metric["mode"] for metric in listed}
+    metric, mode = spec.target.metric, spec.target.mode
+    if metric not in modes:
+        return [
+            SpecError(
+                loc=["body", "target", "metric"],
+                msg=f"workload {spec.workload.name!r} logs {', '.join(modes)}; received {metric!r}",
+            )
+        ]
+    if mode != modes[metric]:  # the study would pick and rank the worst grid points
+        return [
+            SpecError(
+                loc=["body", "target", "mode"],
+                msg=f"{metric} improves {'downward' if modes[metric] == 'min' else 'upward'}: mode must be "
+                f"{modes[metric]!r}; received {mode!r}",
+            )
+        ]
+    return []
 
 
 def _study_loc(loc: list[str | int], spec: StudySpec, index: int, member: StudyMember) -> list[str | int]:

@@ -74,6 +74,9 @@ class Dataset:
         return int(self.x_train.shape[0])
 
 
+MetricMode = Literal["min", "max"]  # the way a metric improves
+
+
 class Workload(ABC):
     name: ClassVar[str]
     summary: ClassVar[str]
@@ -115,17 +118,17 @@ class Workload(ABC):
                 raise ValueError(problem)
         return checked
 
-    def metric_names(self) -> tuple[str, ...]:
-        """What a job of this workload logs that a study may target: the losses and the names
-        `validation_metrics` gives (logged as `val/<metric>`); both task metrics where the task is
-        the data's."""
-        by_task = {
-            "classification": ("val/accuracy",),
-            "regression": ("val/rmse",),
-            "objective": (),
-            "from_data": ("val/accuracy", "val/rmse"),
+    def target_metrics(self) -> dict[str, MetricMode]:
+        """What a job of this workload logs that a study may target, each with the way it improves:
+        the losses and what `validation_metrics` gives (logged as `val/<metric>`); both task metrics
+        where the task is the data's."""
+        by_task: dict[str, dict[str, MetricMode]] = {
+            "classification": {"val/accuracy": "max"},
+            "regression": {"val/rmse": "min"},
+            "objective": {},
+            "from_data": {"val/accuracy": "max", "val/rmse": "min"},
         }
-        return ("train/loss", "val/loss", *by_task[self.task])
+        return {"train/loss": "min", "val/loss": "min", **by_task[self.task]}
 
     def task_of(self, dataset: Dataset) -> Task:
         """The task of this dataset: the workload's own, unless it is `from_data`."""
@@ -159,7 +162,7 @@ class Workload(ABC):
             # At the default params; None where it depends on a file the spec names (checked by the job).
             "train_size": self.load_data().train_size if self.fixed_data else None,
             "default_target": asdict(self.default_target),
-            "metrics": list(self.metric_names()),
+            "metrics": [{"name": name, "mode": mode} for name, mode in self.target_metrics().items()],
             "multiple_of": [{"param": param, "of": divisor} for param, divisor in self.multiple_of],
         }
 

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 
 from jobs.data_roots import data_roots_from_environment, resolve_data_path
-from jobs.workloads.base import Dataset, Target, Task, Workload
+from jobs.workloads.base import Dataset, MetricMode, Target, Task, Workload
 from optimizers.hyperparams import Param
 
 if TYPE_CHECKING:
@@ -178,8 +178,8 @@ class CharLm(Workload):
     def validation_metrics(self, params: Mapping[str, Any], evaluation: Evaluation) -> dict[str, float]:
         return {"val_bits_per_char": evaluation.loss / math.log(2)}
 
-    def metric_names(self) -> tuple[str, ...]:
-        return ("train/loss", "val/loss", "val/bits_per_char")
+    def target_metrics(self) -> dict[str, MetricMode]:
+        return {"train/loss": "min", "val/loss": "min", "val/bits_per_char": "min"}
 
     def torch_model(self, params: Mapping[str, Any], dataset: Dataset, *, sparse: bool = False) -> Any:
         from jobs.workloads.torch_modules import CausalTransformer

@@ -108,6 +108,12 @@ BAD_STUDIES = [
         ["body", "target", "metric"],
         "workload 'digits_mlp' logs train/loss, val/loss, val/accuracy; received 'val/rmse'",
     ),
+    (
+        # Accuracy to be minimized: the study would pick and rank the worst grid points.
+        lambda b: b.update(target={"metric": "val/accuracy", "mode": "min", "value": 0.5}),
+        ["body", "target", "mode"],
+        "val/accuracy improves upward: mode must be 'max'; received 'min'",
+    ),
 ]
 
 
