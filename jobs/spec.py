@@ -751,8 +751,9 @@ def _rateless_errors(spec: JobSpec, catalogue: Catalogue) -> list[SpecError]:
     return [
         SpecError(
             loc=["body", "schedule", "name"],
-            msg=f"optimizer {holder.name!r} takes no learning rate (it computes its own step), so schedule "
-            f"{spec.schedule.name!r} has nothing to scale; use the constant schedule",
+            msg=f"optimizer {holder.name!r} takes no learning rate (its constructor names no lr or "
+            f"learning_rate: it computes its own step, or takes its arguments as *args/**kwargs), so "
+            f"schedule {spec.schedule.name!r} has nothing to scale; use the constant schedule",
         )
     ]
 
