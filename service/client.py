@@ -35,11 +35,17 @@ class ApiError(RuntimeError):
 
 def format_detail(status_code: int, detail: Any) -> str:
     if isinstance(detail, list):
-        lines = [
-            f"  - {item.get('msg', item)}" if isinstance(item, dict) else f"  - {item}" for item in detail
-        ]
+        lines = [f"  - {_problem_line(item)}" if isinstance(item, dict) else f"  - {item}" for item in detail]
         return f"HTTP {status_code}:\n" + "\n".join(lines)
     return f"HTTP {status_code}: {detail}"
+
+
+def _problem_line(item: dict[str, Any]) -> str:
+    """A 422's problem with the field it is at, unless its message starts with it already: "lr must be
+    a number > 0" alone does not say which param group's lr."""
+    message = str(item.get("msg", item))
+    field = ".".join(str(part) for part in item.get("loc", [])[1:])
+    return message if not field or message.startswith(field) else f"{field}: {message}"
 
 
 # Statuses that mean the request itself was wrong (the CLI exits 2 for them, 1 for the rest).

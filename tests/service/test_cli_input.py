@@ -44,3 +44,20 @@ def test_an_address_that_is_not_one_is_an_api_error_naming_it(url: str) -> None:
     with pytest.raises(ApiError, match=f"cannot reach the optlab API at '{url}'"):
         client.job(1)
     client.close()
+
+
+def test_a_refusal_s_problems_are_printed_at_their_fields() -> None:
+    """ "lr must be a number > 0" alone did not say which param group's lr was refused."""
+    from service.client import format_detail
+
+    detail = [
+        {"loc": ["body", "optimizer", "param_groups", 1, "params", "lr"], "msg": "lr must be a number > 0"},
+        {"loc": ["body", "steps"], "msg": "steps: Input should be greater than 0"},
+        {"loc": ["body"], "msg": "the body is not valid JSON"},
+    ]
+    assert format_detail(422, detail).splitlines() == [
+        "HTTP 422:",
+        "  - optimizer.param_groups.1.params.lr: lr must be a number > 0",
+        "  - steps: Input should be greater than 0",
+        "  - the body is not valid JSON",
+    ]
