@@ -68,7 +68,8 @@ def _finite(value: Any, where: str) -> None:
             raise PydanticCustomError(
                 "number_too_large",
                 "{key} must be a number of magnitude at most 1e9; received {received}",
-                {"key": where, "received": f"{value:g}"},
+                # Exactly (1.0000001e9 had read "1e+09", which looks allowed); a huge int in short.
+                {"key": where, "received": repr(value) if abs(value) < 1e20 else f"{value:.10g}"},
             )
     if isinstance(value, float) and not math.isfinite(value):
         # A custom error type carries the key, so the API can point at params.<key>.

@@ -101,6 +101,7 @@ BAD_SPECS = [
     ({"checkpoint_every": 301}, ["checkpoint_every must be at most steps (300)", "301"], "checkpoint_every"),
     ({"eval_every": 1000}, ["eval_every must be at most steps (300)"], "eval_every"),
     ({"optimizer__params": {"lr": 1e308}}, ["lr must be a number of magnitude at most 1e9"], "lr"),
+    ({"optimizer__params": {"lr": 1.0000001e9}}, ["at most 1e9; received 1000000100.0"], "lr"),
     ({"optimizer__params": {"lr": 10**30}}, ["magnitude at most 1e9"], "lr"),
     ({"experiment": "demo\u202egnp.exe"}, ["experiment", "may contain only letters"], "experiment"),
     ({"experiment": "demo\x7f"}, ["may contain only"], "experiment"),
