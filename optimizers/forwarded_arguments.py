@@ -68,7 +68,10 @@ def _constructor_owner(cls: type) -> type | None:
 
 def _named_after(handoff: _Handoff) -> list[inspect.Parameter]:
     """The next constructor's arguments (without `self`) the forwarding call leaves to **kwargs."""
-    parameters = list(inspect.signature(handoff.to.__init__).parameters.values())[1:]  # type: ignore[misc]
+    try:
+        parameters = list(inspect.signature(handoff.to.__init__).parameters.values())[1:]  # type: ignore[misc]
+    except (TypeError, ValueError):  # a constructor written in C states none
+        return []
     positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     filled = {p.name for p in [p for p in parameters if p.kind in positional][: handoff.positional]}
     return [p for p in parameters if p.name not in filled and p.name not in handoff.keywords]
@@ -79,9 +82,11 @@ def _handoff(owner: type) -> _Handoff | None:
     source to read, kwargs used otherwise too, several calls, a starred positional argument, or
     a next class that cannot be told from the source."""
     init = inspect.unwrap(vars(owner)["__init__"])
-    var_keyword = next(
-        (p.name for p in inspect.signature(init).parameters.values() if p.kind is p.VAR_KEYWORD), None
-    )
+    try:
+        parameters = inspect.signature(init).parameters.values()
+    except (TypeError, ValueError):  # a constructor written in C states none
+        return None
+    var_keyword = next((p.name for p in parameters if p.kind is p.VAR_KEYWORD), None)
     function = _parsed(init)
     if var_keyword is None or function is None:
         return None

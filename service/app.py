@@ -103,7 +103,7 @@ def log_access_mode(settings: Settings) -> None:
 def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     """FastAPI's 422 shape, with messages that name the field, what is allowed and what came."""
     detail = []
-    for error in _merged_unions(list(exc.errors())):
+    for error in _merged_unions(list(exc.errors()), getattr(exc, "body", None)):
         loc = list(error.get("loc", ()))
         kind = error.get("type", "value_error")
         field = ".".join(str(part) for part in loc[1:]) or "body"
@@ -179,48 +179,51 @@ BODY_MODELS: dict[str, type[BaseModel]] = {"/jobs": JobSpec, "/checks": CheckSpe
 _FORMS = {"bool": "a boolean", "int": "a number", "float": "a number", "str": "a string", "none": "null"}
 
 
-def _merged_unions(errors: list[Any]) -> list[Any]:
+def _merged_unions(errors: list[Any], body: Any) -> list[Any]:
     """A value that fits no member of a union gets one error per member, each located by a type tag
     (`lr.bool`, `lr.int`, ..., `lr.list[nullable[union[bool,int,float,str]]]`): these become one
     error at the field saying what it may be. Where the value is an object and one member is a model
     it reached (`match.GroupMatch.ndim`), that member's own errors are the ones meant: kept, untagged."""
-    merged: list[Any] = []
-    groups: dict[tuple[Any, ...], list[tuple[int, Any]]] = {}
-    for error in errors:
+    grouped: dict[Any, list[tuple[int, Any]]] = {}
+    for number, error in enumerate(errors):
         loc = tuple(error.get("loc", ()))
-        tagged = next((i for i, part in enumerate(loc) if i and _is_tag(part)), None)
-        if tagged is None:
-            merged.append(error)
-            continue
-        if loc[:tagged] not in groups:
-            groups[loc[:tagged]] = []
-            merged.append(loc[:tagged])  # the group's place among the errors
-        groups[loc[:tagged]].append((tagged, error))
-    result = []
-    for item in merged:
-        if not isinstance(item, tuple):
-            result.append(item)
-            continue
-        members = groups[item]
-        reached = [
-            {**error, "loc": [*error["loc"][:i], *error["loc"][i + 1 :]]}
-            for i, error in members
-            if str(error["loc"][i])[0].isupper() and len(error["loc"]) > i + 1  # inside the model
-        ]
-        if reached:
-            result += reached
-            continue
-        forms = list(dict.fromkeys(_form(error["loc"][i]) for i, error in members))
-        said = forms[0] if len(forms) == 1 else f"{', '.join(forms[:-1])} or {forms[-1]}"
-        first = members[0][1]
-        result.append(
-            {"loc": list(item), "type": "union_type", "msg": f"must be {said}", "input": first.get("input")}
-        )
-    return result
+        tagged = _tag_index(loc, body)
+        grouped.setdefault(number if tagged is None else loc[:tagged], []).append((tagged or 0, error))
+    merged = []
+    for key, members in grouped.items():
+        merged += [members[0][1]] if isinstance(key, int) else _one_union_error(list(key), members)
+    return merged
+
+
+def _one_union_error(loc: list[Any], members: list[tuple[int, Any]]) -> list[Any]:
+    reached = [
+        {**error, "loc": [*error["loc"][:i], *error["loc"][i + 1 :]]}
+        for i, error in members
+        if str(error["loc"][i])[0].isupper() and len(error["loc"]) > i + 1  # inside the model
+    ]
+    if reached:
+        return reached
+    forms = list(dict.fromkeys(_form(error["loc"][i]) for i, error in members))
+    said = forms[0] if len(forms) == 1 else f"{', '.join(forms[:-1])} or {forms[-1]}"
+    return [{"loc": loc, "type": "union_type", "msg": f"must be {said}", "input": members[0][1].get("input")}]
+
+
+def _tag_index(loc: tuple[Any, ...], body: Any) -> int | None:
+    """Where a union member's tag is in `loc`: the first part that is not a key of the request's data
+    (a hyperparameter may be called `K` or `bool`) and reads as a tag."""
+    current = body
+    for index, part in enumerate(loc[1:], start=1):
+        if isinstance(current, dict) and part in current:
+            current = current[part]
+        elif isinstance(current, list) and isinstance(part, int) and 0 <= part < len(current):
+            current = current[part]
+        else:
+            return index if _is_tag(part) else None
+    return None
 
 
 def _is_tag(part: Any) -> bool:
-    """A union member's tag in an error's location, not a field name (fields are snake_case)."""
+    """Reads as pydantic's tag of a union member: a type's name, a generic, or a model's class."""
     return isinstance(part, str) and (part in _FORMS or "[" in part or part[:1].isupper())
 
 

@@ -65,14 +65,15 @@ class QueueRoom:
         """The 429 for adding `jobs` more by `submitted_by`, or None when they fit; a 422 for more
         than could ever fit, which no wait changes."""
         settings = self.settings
-        caps = [(settings.max_queued, "this service holds (OPTLAB_MAX_QUEUED)")]
+        caps = [(settings.max_queued, "this service holds", "OPTLAB_MAX_QUEUED")]
         if submitted_by is not None:
-            caps.append((settings.max_queued_per_token, "one token may have (OPTLAB_MAX_QUEUED_PER_TOKEN)"))
-        for cap, whose in caps:
+            caps.append((settings.max_queued_per_token, "one token may have", "OPTLAB_MAX_QUEUED_PER_TOKEN"))
+        for cap, whose, setting in caps:
             if jobs > cap:
                 return _never_fits(
-                    f"this request adds {jobs} jobs, more than the {cap} queued jobs {whose} ever: submit "
-                    "it in parts (a study: fewer grid values or seeds), or raise the limit"
+                    f"this request adds {jobs} jobs, more than the {cap} queued jobs {whose} at any time "
+                    f"({setting}): submit it in parts (a study: fewer grid values or seeds), or raise "
+                    "the limit"
                 )
         adds = "" if jobs == 1 else f"; this request adds {jobs}"
         if self.queued + jobs > settings.max_queued:

@@ -1163,10 +1163,10 @@ def tracked_outside(tf: Any, optimizer: Any, trained: Sequence[Any]) -> list[Any
     found = []
     for item in tf.train.TrackableView(optimizer).descendants():
         inner = backing(item)
-        scalar_of_legacy = legacy and len(inner.shape) == 0 if isinstance(inner, tf.Variable) else False
-        if isinstance(inner, tf.Variable) and id(inner) not in known and not scalar_of_legacy:
-            known.add(id(inner))
-            found.append(item)
+        if not isinstance(inner, tf.Variable) or id(inner) in known or (legacy and len(inner.shape) == 0):
+            continue
+        known.add(id(inner))
+        found.append(item)
     return found
 
 

@@ -114,6 +114,11 @@ BAD_SPECS = [
         ['optimizer.params.lr: must be a boolean, a number, a string or a list of them; received {"a": 1}'],
         "lr",
     ),
+    (  # a hyperparameter named like a tag (`K`) is the request's key, not a union member's tag
+        {"optimizer__params": {"lr": 0.1, "K": {"a": 1}}},
+        ['optimizer.params.K: must be a boolean, a number, a string or a list of them; received {"a": 1}'],
+        "K",
+    ),
     (
         {"optimizer__param_groups": [{"match": "all", "params": {"lr": 0.1}}]},
         ["optimizer.param_groups.0.match: must be an object or 'rest'; received \"all\""],
