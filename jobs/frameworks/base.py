@@ -72,29 +72,25 @@ class CheckpointMismatch(Exception):
     """The reloaded objects differ from the ones that were saved."""
 
 
-class ConfigNotSerialized(Exception):
-    """The optimizer's hyperparameters cannot be written or read back; `fix` says what to change."""
+class AdvisedError(Exception):
+    """An error that knows its remedy: `fix` says what to change (a job's error and a check's detail
+    carry it after the message)."""
 
     def __init__(self, message: str, fix: str) -> None:
         super().__init__(message)
         self.fix = fix
 
 
-class StateNotRestored(Exception):
-    """Saved optimizer state could not be loaded back; `fix` says what the class must change."""
-
-    def __init__(self, message: str, fix: str) -> None:
-        super().__init__(message)
-        self.fix = fix
+class ConfigNotSerialized(AdvisedError):
+    """The optimizer's hyperparameters cannot be written or read back."""
 
 
-class NeedNotServed(Exception):
-    """A loop need the spec states that the class's step shows it does not have; `fix` says what
-    to change."""
+class StateNotRestored(AdvisedError):
+    """Saved optimizer state could not be loaded back."""
 
-    def __init__(self, message: str, fix: str) -> None:
-        super().__init__(message)
-        self.fix = fix
+
+class NeedNotServed(AdvisedError):
+    """A loop need the spec states that the class's step shows it does not have."""
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,9 @@ MIN_SEEDS_TO_CONCLUDE = 3
 SIGNIFICANCE = 0.05
 ENDED = frozenset({"succeeded", "failed", "diverged", "cancelled"})
 PROBLEM_STATUSES = ("failed", "diverged", "cancelled")
+# A job that ended so did not stand the optimizer's test: it weakens a grid point, and it has not
+# reached the target whatever it logged before.
+UNSTABLE_STATUSES = ("failed", "diverged")
 
 
 @dataclass(frozen=True)
@@ -511,7 +514,7 @@ def time_to_target(runs: list[StudyRun], target: TargetRule) -> TimeToTarget:
     but a job that failed or diverged has not reached it, whatever it logged before."""
     seeds = []
     for run in runs:
-        points = [] if run.status in ("failed", "diverged") else run.history.get(target.metric, [])
+        points = [] if run.status in UNSTABLE_STATUSES else run.history.get(target.metric, [])
         hit = next((p for p in ordered_points(points) if meets(p.value, target)), None)
         seeds.append(
             SeedTime(
@@ -559,9 +562,13 @@ def best_mean(points: list[GridPointSummary], selection_metric: str, mode: Mode)
     return pick(scored, key=lambda ps: ps[1])[0]
 
 
+def unstable_jobs(point: GridPointSummary) -> int:
+    """How many of its jobs failed or diverged: its statistics stand on the seeds that survived."""
+    return point.counts.failed + point.counts.diverged
+
+
 def unstable(point: GridPointSummary) -> bool:
-    """Some of its jobs failed or diverged: its statistics stand on the seeds that survived."""
-    return point.counts.failed + point.counts.diverged > 0
+    return unstable_jobs(point) > 0
 
 
 def rank(
@@ -818,7 +825,7 @@ def instability_notes(
             notes.append(
                 f"{opt} {top.label}: a better mean final {selection_metric} over the seeds that survived "
                 f"({top.counts.succeeded} of {top.counts.total}), but "
-                f"{top.counts.failed + top.counts.diverged} of its jobs failed or diverged; {chosen.label}, "
+                f"{unstable_jobs(top)} of its jobs failed or diverged; {chosen.label}, "
                 "where none did, was chosen."
             )
         elif unstable(chosen):
