@@ -146,6 +146,9 @@ class Progress(Record):
     check: str | None = None  # a check job: the id of the check that just finished
     # The job's last VERIFIED checkpoint: what a new attempt resumes from (`--resume PATH`).
     checkpoint: CheckpointRecord | None = None
+    # What the job has been held up by, while it is (a tracking server that does not answer): shown
+    # as the running job's waiting_reason; None again once it goes on.
+    waiting: str | None = None
 
     def merged(self, **fields: Any) -> Progress:
         """This progress with `fields` replaced, validated again (a misnamed field is an error)."""

@@ -263,16 +263,18 @@ def run_job(args: argparse.Namespace) -> JobResult:
         ensure_process_setup(spec, args)
         # Heavy imports only now, so a bad spec fails in a fraction of a second.
         if args.tracking_uri:
-            from jobs.tracking import MlflowRun
+            from jobs.tracking import MlflowRun, tracking_server
 
-            mlflow_run = MlflowRun(
-                args.tracking_uri,
-                experiment=spec.experiment,
-                run_name=args.run_name or spec.run_name(),
-                params=spec.flat_params(),
-                tags=run_tags(spec, args),
-                resume_run_id=args.resume_run_id,
-            )
+            server = tracking_server(args.tracking_uri)
+            with reporter.waiting_on(f"waiting for the MLflow server at {server} to start the job's run"):
+                mlflow_run = MlflowRun(
+                    args.tracking_uri,
+                    experiment=spec.experiment,
+                    run_name=args.run_name or spec.run_name(),
+                    params=spec.flat_params(),
+                    tags=run_tags(spec, args),
+                    resume_run_id=args.resume_run_id,
+                )
             mlflow = MlflowInfo.model_validate(mlflow_run.info.to_json())
             result = result.with_fields(mlflow=mlflow)
             reporter.progress(mlflow=mlflow, force=True)
@@ -304,7 +306,11 @@ def run_job(args: argparse.Namespace) -> JobResult:
         # A stop request now would leave the MLflow run RUNNING: finish first (the worker's
         # SIGKILL after its grace period still bounds this).
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        result = finish_mlflow_run(mlflow_run, result, job, spec)
+        server = mlflow_run.info.server
+        with reporter.waiting_on(
+            f"waiting for the MLflow server at {server} to take the job's last metrics and files"
+        ):
+            result = finish_mlflow_run(mlflow_run, result, job, spec)
     reporter.result(result)
     return result
 

@@ -163,6 +163,10 @@ class RunInfo:
     run_id: str
 
     @property
+    def server(self) -> str:
+        return tracking_server(self.tracking_uri)
+
+    @property
     def run_url(self) -> str:
         """The run's metric charts in the MLflow UI."""
         return run_chart_url(self.tracking_uri, self.experiment_id, self.run_id)
@@ -199,6 +203,12 @@ def experiment_id_for(client: Any, name: str) -> str:
         except MlflowException:
             continue  # another job created it between our two calls
     raise RuntimeError(f"could not create or find MLflow experiment {name!r}")
+
+
+def tracking_server(tracking_uri: str) -> str:
+    """The tracking server as a message names it: scheme, host and port, never a credential."""
+    parts = urlsplit(tracking_uri)
+    return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], "", "", "")) or tracking_uri
 
 
 def experiment_chart_url(tracking_uri: str, experiment_id: str) -> str:

@@ -75,6 +75,9 @@ class Job(Base):
     # attempt resumes from it, in the MLflow run `mlflow.run_id` names.
     checkpoint_step: Mapped[int | None] = mapped_column(Integer)
     checkpoint_ref: Mapped[str | None] = mapped_column(String(2000))
+    # What holds the running attempt up, as its progress says (its tracking server not answering);
+    # None while it goes on, and cleared when it ends or is claimed again.
+    waiting: Mapped[str | None] = mapped_column(Text)
 
 
 class CatalogueSnapshot(Base):

@@ -15,17 +15,20 @@ from service.client import ApiClient, status_of
 def follow_jobs(
     client: ApiClient, labels: dict[int, str], console: Console | None = None
 ) -> dict[int, dict[str, Any]]:
-    """Show one bar per job (step / total, status, latest loss) until every job has ended."""
+    """Show one bar per job (step / total, status, latest loss, why it waits) until every job has ended."""
     progress = Progress(
         TextColumn("{task.description:<28}"),
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.fields[status]:<10} loss {task.fields[loss]}"),
         TimeElapsedColumn(),
+        TextColumn("{task.fields[waiting]}"),
         console=console,
     )
     tasks = {
-        job_id: progress.add_task(escape(f"#{job_id} {label}"), total=None, status=JobStatus.QUEUED, loss="-")
+        job_id: progress.add_task(
+            escape(f"#{job_id} {label}"), total=None, status=JobStatus.QUEUED, loss="-", waiting=""
+        )
         for job_id, label in labels.items()
     }
 
@@ -37,6 +40,8 @@ def follow_jobs(
             total=job["progress"]["total"],
             status=status_of(job),
             loss=f"{loss:.4f}" if isinstance(loss, float) else "-",
+            # A queued job no worker can run, a running one held up: said where the user looks.
+            waiting=escape(job.get("waiting_reason") or ""),
         )
 
     with progress:

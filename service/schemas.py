@@ -43,7 +43,11 @@ class JobRead(BaseModel):
     submitted_by: str | None = Field(description="the name of the API token that submitted it")
     study_id: int | None = Field(default=None, description="the study it belongs to (POST /studies)")
     waiting_reason: str | None = Field(
-        default=None, description="GET /jobs/{id} of a queued job no live worker can run: why it waits"
+        default=None,
+        description=(
+            "why the job waits: a running one, what holds it up (its MLflow server not answering);"
+            " GET /jobs/{id} of a queued one, why no live worker can run it"
+        ),
     )
 
     @classmethod
@@ -70,6 +74,7 @@ class JobRead(BaseModel):
             cancel_requested=job.cancel_requested,
             submitted_by=job.submitted_by,
             study_id=job.study_id,
+            waiting_reason=job.waiting if job.status is JobStatus.RUNNING else None,
         )
 
 

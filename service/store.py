@@ -229,6 +229,7 @@ def claim_next(
             "started_at": now,
             "lease_expires_at": now + timedelta(seconds=lease_s),
             "cancel_requested": False,
+            "waiting": None,
         }
         if previous_status == JobStatus.RUNNING:
             values["error"] = _error(
@@ -270,6 +271,7 @@ def record_progress(
     values: dict[str, Any] = {"lease_expires_at": utcnow() + timedelta(seconds=lease_s)}
     if progress is not None:
         values["step"] = progress.step
+        values["waiting"] = progress.waiting
         if _finite(progress.loss):
             values["latest_loss"] = progress.loss
         if progress.mlflow is not None:
@@ -320,6 +322,7 @@ def finish_job(
         "error": None if error is None else error.to_json(),
         "finished_at": utcnow(),
         "lease_expires_at": None,
+        "waiting": None,
     }
     if result is not None:
         if result.steps_completed:
@@ -350,7 +353,7 @@ def requeue_job(*, session: Session, job_id: int, worker_id: str, attempt: int, 
     was no longer this worker's.
     """
     fenced = _fenced(job_id, worker_id, attempt)
-    released = {"worker_id": None, "lease_expires_at": None}
+    released = {"worker_id": None, "lease_expires_at": None, "waiting": None}
     handed_back = session.execute(
         update(Job)
         .where(fenced & Job.cancel_requested.is_(True))
@@ -496,7 +499,10 @@ def live_workers(*, session: Session, within_s: float) -> list[WorkerRow]:
 
 
 def waiting_reason(*, session: Session, job: Job, within_s: float) -> str | None:
-    """Why a queued job is not running, when no live worker can run it; None: it waits its turn."""
+    """Why a queued job is not running, when no live worker can run it; None: it waits its turn.
+    A running job: what holds it up, as its progress says (None: nothing does)."""
+    if job.status is JobStatus.RUNNING:
+        return job.waiting
     if job.status is not JobStatus.QUEUED:
         return None
     workers = live_workers(session=session, within_s=within_s)

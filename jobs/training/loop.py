@@ -361,12 +361,23 @@ class TrainingJob:
         if publication is None or not (wait or publication.done()):
             return
         self.publication = None  # settled once, even if its publication failed
-        record = CheckpointRecord(step=publication.step, ok=True, path=publication.reference())
+        record = CheckpointRecord(step=publication.step, ok=True, path=self._published(publication))
         self.verified.append(record)
         self.reporter.progress(checkpoint=record, force=True)
         if self.last_checkpoint is not None and self.last_checkpoint != publication.path:
             self.store.retire(self.last_checkpoint)  # superseded (jobs.resume: what is kept where)
         self.last_checkpoint = publication.path
+
+    def _published(self, publication: Publication) -> str:
+        """Its reference, once published; a wait that lasts (a tracking server that does not answer)
+        is shown in progress."""
+        if publication.done():
+            return publication.reference()
+        step = publication.step
+        with self.reporter.waiting_on(
+            f"waiting to publish the checkpoint of step {step} (its metrics, then the file)"
+        ):
+            return publication.reference()
 
     def _publish_after_failure(self) -> None:
         """The job failed or was stopped after a checkpoint was verified: it is still published and

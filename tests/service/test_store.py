@@ -19,6 +19,7 @@ from jobs.spec import CheckSpec, JobSpec
 from service import store
 from service.db import MIGRATIONS, make_engine, migrate, session_factory
 from service.models import Job, utcnow
+from service.schemas import JobRead
 from tests.postgres import throwaway_database
 
 SPEC = JobSpec.model_validate(
@@ -162,6 +163,54 @@ def test_progress_finish_and_requeue(sessions: sessionmaker[Session]) -> None:
                 result=None,
                 error=None,
             )
+
+
+def test_a_running_job_says_what_holds_it_up_and_only_while_it_does(sessions: sessionmaker[Session]) -> None:
+    held_up = "waiting for the MLflow server at http://x:5000 to start the job's run: 40 s so far"
+    with sessions() as session:
+        job_id = store.create_job(session=session, spec=SPEC).id
+        store.claim_next(session=session, worker_id="w", lease_s=30)
+    fenced: dict[str, Any] = {"job_id": job_id, "worker_id": "w", "workdir": None, "lease_s": 30}
+
+    def report(session: Session, attempt: int, waiting: str | None) -> None:
+        progress = Progress(step=0, total=10, waiting=waiting)
+        assert (
+            store.record_progress(session=session, attempt=attempt, progress=progress, **fenced)
+            is store.Lease.HELD
+        )
+
+    def shown(session: Session) -> str | None:
+        job = store.get_job(session=session, job_id=job_id)
+        assert job is not None
+        assert JobRead.from_row(job).waiting_reason == (
+            job.waiting if job.status is JobStatus.RUNNING else None
+        )
+        return store.waiting_reason(session=session, job=job, within_s=30)
+
+    with sessions() as session:
+        report(session, 1, held_up)
+        assert shown(session) == held_up
+        report(session, 1, None)  # it goes on
+        assert shown(session) is None
+        report(session, 1, held_up)
+        store.requeue_job(session=session, job_id=job_id, worker_id="w", attempt=1, reason="worker stopped")
+    with sessions() as session:  # queued: why no worker runs it (none is live here), not the old wait
+        assert shown(session) == "waiting for a worker: none is running (none was seen in the last lease)"
+        store.claim_next(session=session, worker_id="w", lease_s=30)
+        assert shown(session) is None  # a new attempt starts with nothing holding it up
+        report(session, 2, held_up)
+        assert store.finish_job(
+            session=session,
+            job_id=job_id,
+            worker_id="w",
+            attempt=2,
+            status=JobStatus.FAILED,
+            result=None,
+            error=None,
+        )
+        assert shown(session) is None
+        job = store.get_job(session=session, job_id=job_id)
+        assert job is not None and job.waiting is None
 
 
 def test_catalogue_publish_and_latest(
