@@ -42,12 +42,14 @@ def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
     A plugin file that failed in one process but registered optimizers in another is
     not an error (e.g. one written for `tf.keras` under TF_USE_LEGACY_KERAS=1).
     """
+    from optimizers.registry import PLUGIN_SOURCE
+
     optimizers = [optimizer for part in parts for optimizer in part["optimizers"]]
     registered = {optimizer["source"] for optimizer in optimizers}
     errors: list[dict[str, str]] = []
     for part in parts:
         for error in part["errors"]:
-            if f"plugin {error['source']}" in registered or error in errors:
+            if f"{PLUGIN_SOURCE}{error['source']}" in registered or error in errors:
                 continue
             errors.append(error)
     return {

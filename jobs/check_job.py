@@ -8,6 +8,7 @@ job's answer, not its failure: the job succeeds whenever the checks ran.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,8 +28,17 @@ METRIC_OF_STATUS = {"pass": 1.0, "warn": 1.0, "fail": 0.0}
 
 
 class CheckJob:
-    def __init__(self, spec: CheckSpec, *, workdir: Path, tracker: Tracker, reporter: Reporter) -> None:
+    def __init__(
+        self,
+        spec: CheckSpec,
+        *,
+        workdir: Path,
+        tracker: Tracker,
+        reporter: Reporter,
+        plugin_files: Sequence[str] = (),
+    ) -> None:
         self.spec = spec
+        self.plugin_files = plugin_files  # where the catalogue found the optimizer (jobs.run --plugin-file)
         self.workdir = workdir
         self.tracker = tracker
         self.reporter = reporter
@@ -42,7 +52,12 @@ class CheckJob:
         from jobs.checks.target import resolve_target
 
         optimizer = self.spec.optimizer
-        target = resolve_target(optimizer.name, framework=self.spec.framework, style=optimizer.style)
+        target = resolve_target(
+            optimizer.name,
+            framework=self.spec.framework,
+            style=optimizer.style,
+            plugin_files=self.plugin_files,
+        )
         report = run_checks(
             target,
             optimizer.params,

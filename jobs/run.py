@@ -15,6 +15,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
@@ -86,6 +87,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--resume-run-id", help="log into this existing MLflow run (a resumed attempt) instead of a new one"
     )
     parser.add_argument("--stop-after", type=int, help="stop (with a checkpoint) after this many steps")
+    parser.add_argument(
+        "--plugin-file",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a plugin file the catalogue found the job's optimizer (or its base) in: read before, and "
+        "often instead of, the other plugin files (repeatable; the worker passes them)",
+    )
     args = parser.parse_args(argv)
     if args.tracking_uri is not None and args.tracking_uri.strip().lower() in ("", "none"):
         args.tracking_uri = None  # MLflow would take the word for a folder to keep runs in
@@ -134,20 +143,26 @@ def run_tags(spec: AnySpec, args: argparse.Namespace) -> dict[str, str]:
 
 
 def make_job(
-    spec: AnySpec, *, workdir: Path, tracker: Any, reporter: Reporter, checkpoints: Any = None
+    spec: AnySpec,
+    *,
+    workdir: Path,
+    tracker: Any,
+    reporter: Reporter,
+    checkpoints: Any = None,
+    plugin_files: Sequence[str] = (),
 ) -> Job:
     """The trainer for the spec's framework, or the check job; imports only what that needs."""
     if isinstance(spec, CheckSpec):
         from jobs.check_job import CheckJob
 
-        return CheckJob(spec, workdir=workdir, tracker=tracker, reporter=reporter)
+        return CheckJob(spec, workdir=workdir, tracker=tracker, reporter=reporter, plugin_files=plugin_files)
     from jobs.frameworks import style_of
     from jobs.training.loop import TrainingJob
     from optimizers.registry import load_registry
 
     base = spec.optimizer.base
     wanted = [spec.optimizer.name] + ([base.name] if base is not None else [])
-    registry = load_registry(styles=(style_of(spec),), wanted=wanted)
+    registry = load_registry(styles=(style_of(spec),), wanted=wanted, plugin_files=plugin_files)
     return TrainingJob(
         spec, registry=registry, workdir=workdir, tracker=tracker, reporter=reporter, checkpoints=checkpoints
     )
@@ -173,7 +188,14 @@ def start_job(
         )
     name = args.job_id or (mlflow_run.info.run_id if mlflow_run is not None else workdir.name)
     store = checkpoint_store(mlflow_run, job=name, attempt=args.attempt)
-    job = make_job(spec, workdir=workdir, tracker=tracker, reporter=reporter, checkpoints=store)
+    job = make_job(
+        spec,
+        workdir=workdir,
+        tracker=tracker,
+        reporter=reporter,
+        checkpoints=store,
+        plugin_files=args.plugin_file,
+    )
     return job, resumed
 
 

@@ -53,6 +53,8 @@ from optimizers.plugin_import import import_file
 
 ENTRY_POINT_GROUP = "optlab.optimizers"
 PLUGIN_DIRS_ENV = "OPTLAB_PLUGIN_DIRS"
+# An entry's `source` when a plugin file registered it: this, then the file's path.
+PLUGIN_SOURCE = "plugin "
 
 STYLES = ("torch", "keras", "tf_legacy")
 FRAMEWORK_OF_STYLE = {"torch": "torch", "keras": "tensorflow", "tf_legacy": "tensorflow"}
@@ -495,6 +497,7 @@ def load_registry(
     styles: Iterable[str] = STYLES,
     *,
     wanted: Iterable[str] | None = None,
+    plugin_files: Iterable[str] = (),
 ) -> Registry:
     """Built-ins, then entry points, then plugin folders; failures are kept, not raised.
 
@@ -507,6 +510,12 @@ def load_registry(
     change what the caller finds; skipping them keeps a job of a built-in optimizer from importing
     every plugin file and the frameworks they import (a Keras plugin would bring TensorFlow into a
     torch job, a torch one torch into a TensorFlow job).
+
+    `plugin_files`: where the catalogue found `wanted` (a worker passes them to its jobs). Those of
+    the folders' files are read first, and the rest only if `wanted` is still not all found: a job
+    of one plugin optimizer then imports neither the others' files (one slow to import, one that
+    imports TensorFlow) nor the frameworks they bring. First still means first in the folders' order,
+    so what a job finds is what the catalogue listed.
     """
     styles = (styles,) if isinstance(styles, str) else tuple(styles)
     unknown = sorted(set(styles) - set(STYLES))
@@ -525,14 +534,26 @@ def load_registry(
     for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         load = partial(_load_entry_point, registry, entry_point, styles)
         _guarded(registry, f"entry point {entry_point.name}", load)
-    if wanted is not None and set(wanted) <= {name for name, _ in registry.entries}:
+    if wanted is not None and _holds(registry, wanted):
         return registry
     if plugin_dirs is None:
         plugin_dirs = [str(d) for d in plugin_dirs_from_environment()]
-    for directory in plugin_dirs:
-        for path in sorted(Path(directory).glob("*.py")):
+    files = [path for directory in plugin_dirs for path in sorted(Path(directory).glob("*.py"))]
+    if wanted is not None:
+        named = {str(file) for file in plugin_files}
+        first = [path for path in files if str(path) in named]
+        for path in first:
             _guarded(registry, str(path), partial(_load_plugin_file, registry, path, styles))
+        if first and _holds(registry, wanted):
+            return registry
+        files = [path for path in files if path not in first]
+    for path in files:
+        _guarded(registry, str(path), partial(_load_plugin_file, registry, path, styles))
     return registry
+
+
+def _holds(registry: Registry, names: Iterable[str]) -> bool:
+    return set(names) <= {name for name, _ in registry.entries}
 
 
 def plugin_dirs_from_environment() -> list[Path]:
@@ -584,7 +605,7 @@ def _load_plugin_file(registry: Registry, path: Path, styles: tuple[str, ...]) -
             f"{path} defines no optimizer class (a subclass of {OPTIMIZER_BASES}){_unfinished_note(module)}"
             f"{_foreign_note(module)}{_imported_note(module)}"
         )
-    registry.load_module(module, f"plugin {path}", styles)
+    registry.load_module(module, f"{PLUGIN_SOURCE}{path}", styles)
 
 
 def _unfinished_note(module: ModuleType) -> str:

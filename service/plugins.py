@@ -11,12 +11,19 @@ registry anew for every job, so they see the new file without any of this.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
-from optimizers.registry import PLUGIN_DIRS_ENV, plugin_dirs_from_environment
+from optimizers.registry import PLUGIN_DIRS_ENV, PLUGIN_SOURCE, plugin_dirs_from_environment
 
-__all__ = ["PLUGIN_DIRS_ENV", "PluginWatcher", "fingerprint", "plugin_dirs_from_environment"]
+__all__ = [
+    "PLUGIN_DIRS_ENV",
+    "PluginWatcher",
+    "fingerprint",
+    "plugin_dirs_from_environment",
+    "plugin_files_by_name",
+]
 
 Fingerprint = tuple[tuple[str, int, int], ...]
 
@@ -51,3 +58,14 @@ class PluginWatcher:
         settled = now == self._previous and now != self.published
         self._previous = now
         return now if settled else None
+
+
+def plugin_files_by_name(catalogue: Mapping[str, Any]) -> dict[str, list[str]]:
+    """Each plugin optimizer's name -> the files the catalogue found it in (one per style it is in).
+    A job is told these (`jobs.run --plugin-file`), so it reads its own optimizer's file only."""
+    files: dict[str, list[str]] = {}
+    for optimizer in catalogue.get("optimizers", []):
+        source = str(optimizer.get("source") or "")
+        if source.startswith(PLUGIN_SOURCE):
+            files.setdefault(optimizer["name"], []).append(source.removeprefix(PLUGIN_SOURCE))
+    return files

@@ -51,7 +51,7 @@ from jobs.spec import default_style
 from service import store
 from service.capabilities import catalogue_frameworks, catalogue_sha256, needs_of, visible_gpus
 from service.models import Job
-from service.plugins import PluginWatcher, fingerprint, plugin_dirs_from_environment
+from service.plugins import PluginWatcher, fingerprint, plugin_dirs_from_environment, plugin_files_by_name
 from service.secrets import job_environment, split_credentials
 from service.settings import Settings
 from service.store import ClaimFilter, Lease
@@ -142,6 +142,7 @@ class Worker:
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.stopping = threading.Event()
         self.plugins = PluginWatcher(plugin_dirs_from_environment())
+        self.plugin_files: dict[str, list[str]] = {}  # from the catalogue: what each job reads first
         self.gpus = visible_gpus() if gpus is None else gpus
         count = slots or max(1, len(self.gpus))
         self.slots = [Slot(i, self.gpus[i] if i < len(self.gpus) else None) for i in range(count)]
@@ -159,9 +160,10 @@ class Worker:
 
     def publish_catalogue(self) -> dict[str, Any]:
         # Taken before producing: a file changed meanwhile is published again on the next poll.
-        plugin_files = fingerprint(self.plugins.folders)
+        fingerprinted = fingerprint(self.plugins.folders)
         catalogue = produce_catalogue(self.settings)
         self.frameworks = tuple(catalogue_frameworks(catalogue))
+        self.plugin_files = plugin_files_by_name(catalogue)  # before jobs can be submitted against it
         with self.sessions() as session:
             store.publish_catalogue(session=session, worker_id=self.worker_id, catalogue=catalogue)
             store.register_worker(
@@ -174,7 +176,7 @@ class Worker:
                 catalogue_sha256=catalogue_sha256(catalogue),
             )
         self.seen_at = time.monotonic()
-        self.plugins.published = plugin_files
+        self.plugins.published = fingerprinted
         for failure in catalogue.get("errors", []):
             log.warning("optimizer plugin failed to load: %s: %s", failure["source"], failure["error"])
         return catalogue
@@ -478,6 +480,14 @@ class Supervision:
         """`python -m jobs.run` and its arguments."""
         return [self.settings.job_python, "-m", "jobs.run", *self.arguments(spec_path, tracking_uri)]
 
+    def plugin_file_arguments(self) -> list[str]:
+        """Where the catalogue found the job's optimizer and its base, if plugins define them: the job
+        reads those files and not every plugin file (optimizers.registry.load_registry)."""
+        optimizer = self.job.spec.get("optimizer") or {}
+        names = [optimizer.get("name"), (optimizer.get("base") or {}).get("name")]
+        files = [file for name in names if name for file in self.worker.plugin_files.get(name, [])]
+        return [argument for file in dict.fromkeys(files) for argument in ("--plugin-file", file)]
+
     def arguments(self, spec_path: Path, tracking_uri: str) -> list[str]:
         """The arguments of `python -m jobs.run` for this job."""
         job = self.job
@@ -492,6 +502,7 @@ class Supervision:
             "--attempt", str(job.attempt),
             *(["--submitted-by", job.submitted_by] if job.submitted_by else []),
             *study,  # a study's job: its run's name, tags and parent run
+            *self.plugin_file_arguments(),
         ]  # fmt: skip
         run_id = (job.mlflow or {}).get("run_id")
         if job.attempt > 1 and job.kind == "train" and job.checkpoint_ref and run_id:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -137,8 +138,11 @@ def _module_file(reference: str) -> Path | None:
     return None
 
 
-def resolve_target(text: str, *, framework: str | None = None, style: str | None = None) -> Target:
-    """The target's registry entry; UsageError says what is wrong with `text` and what is allowed."""
+def resolve_target(
+    text: str, *, framework: str | None = None, style: str | None = None, plugin_files: Sequence[str] = ()
+) -> Target:
+    """The target's registry entry; UsageError says what is wrong with `text` and what is allowed.
+    `plugin_files`: where the catalogue found a registered name (optimizers.registry.load_registry)."""
     if framework is not None and framework not in STYLES_OF_FRAMEWORK:
         raise UsageError(f"--framework must be torch or tensorflow; received {framework!r}")
     if style is not None and style not in STYLES:
@@ -150,7 +154,7 @@ def resolve_target(text: str, *, framework: str | None = None, style: str | None
                 f"{text} is a {entry.style} optimizer; it cannot be checked as {style or framework}"
             )
         return Target(text, entry)
-    return Target(text, _registered_entry(text, framework=framework, style=style))
+    return Target(text, _registered_entry(text, framework=framework, style=style, plugin_files=plugin_files))
 
 
 def candidate_styles(framework: str | None, style: str | None) -> tuple[str, ...]:
@@ -159,7 +163,9 @@ def candidate_styles(framework: str | None, style: str | None) -> tuple[str, ...
     return STYLES_OF_FRAMEWORK[framework] if framework is not None else STYLES
 
 
-def _registered_entry(name: str, *, framework: str | None, style: str | None) -> Entry:
+def _registered_entry(
+    name: str, *, framework: str | None, style: str | None, plugin_files: Sequence[str]
+) -> Entry:
     # One style at a time, cheapest framework first, and never both Keras styles in one
     # process: the legacy style is only looked at in a TF_USE_LEGACY_KERAS=1 process.
     legacy_process = in_legacy_keras_process()
@@ -167,7 +173,7 @@ def _registered_entry(name: str, *, framework: str | None, style: str | None) ->
     for candidate in candidates:
         if needs_legacy_keras_process(candidate) != legacy_process:
             continue
-        registry = load_registry(styles=(candidate,), wanted=[name])
+        registry = load_registry(styles=(candidate,), wanted=[name], plugin_files=plugin_files)
         if any(n == name for n, _ in registry.entries):
             return registry.get(name, candidate)
     raise UsageError(

@@ -4,7 +4,8 @@ Each job (a training job, or a check job running the in-process checks) runs as 
 runs it (`python -m jobs.run SPEC --workdir DIR`, no tracking), in a
 child process that lists, once the job is done, which framework modules it loaded. The plugin
 folder holds a torch plugin and a Keras one: a job of a built-in optimizer reads neither
-(`load_registry(wanted=...)`), so neither brings its framework in.
+(`load_registry(wanted=...)`), and a job of one reads its own file only (`--plugin-file`), so neither
+brings the other framework in.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class TorchPluginSGD(torch.optim.SGD):
 import keras
 
 
+@keras.saving.register_keras_serializable(package="isolation")
 class KerasPluginSGD(keras.optimizers.SGD):
     pass
 """,
@@ -92,7 +94,9 @@ def check_spec(style: str) -> dict[str, Any]:
     }
 
 
-def run_job(tmp_path: Path, style: str, spec: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
+def run_job(
+    tmp_path: Path, style: str, spec: dict[str, Any], *arguments: str
+) -> tuple[dict[str, Any], set[str]]:
     spec_path = tmp_path / "spec.json"
     spec_path.write_text(json.dumps(spec))
     workdir = tmp_path / "work"
@@ -103,7 +107,7 @@ def run_job(tmp_path: Path, style: str, spec: dict[str, Any]) -> tuple[dict[str,
         (plugins / name).write_text(source)
     env = {**legacy_keras_environment(os.environ, legacy=style == "tf_legacy"), PLUGIN_DIRS_ENV: str(plugins)}
     completed = subprocess.run(
-        [sys.executable, "-c", WRAPPER, str(spec_path), "--workdir", str(workdir)],
+        [sys.executable, "-c", WRAPPER, str(spec_path), "--workdir", str(workdir), *arguments],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -133,3 +137,18 @@ def test_a_check_job_loads_only_its_own_framework(tmp_path: Path, style: str) ->
     assert result["report"]["summary"]["fail"] == 0, result["report"]
     assert not loaded & FORBIDDEN[style], f"a {style} check loaded {sorted(loaded & FORBIDDEN[style])}"
     assert ("torch" in loaded) == (style == "torch")
+
+
+@pytest.mark.parametrize(("style", "plugin"), [("torch", "torch_plugin"), ("keras", "keras_plugin")])
+def test_a_plugin_job_told_its_file_loads_only_its_own_framework(
+    tmp_path: Path, style: str, plugin: str
+) -> None:
+    """A job of a plugin optimizer reads the file the worker names (`--plugin-file`, from the
+    catalogue), not the other framework's plugin beside it."""
+    spec = tiny_spec(style)
+    spec["optimizer"]["name"] = f"{plugin}_sgd"
+    result, loaded = run_job(
+        tmp_path, style, spec, "--plugin-file", str(tmp_path / "plugins" / f"{plugin}.py")
+    )
+    assert result["status"] == "succeeded", result.get("error")
+    assert not loaded & FORBIDDEN[style], f"a {style} plugin job loaded {sorted(loaded & FORBIDDEN[style])}"

@@ -21,6 +21,7 @@ from optimizers.registry import (
     BUILTIN_MODULES,
     ENTRY_POINT_GROUP,
     PLUGIN_DIRS_ENV,
+    PLUGIN_SOURCE,
     STYLES,
     Entry,
     Registry,
@@ -548,6 +549,33 @@ def test_plugins_are_read_only_when_a_wanted_name_is_not_built_in(tmp_path: Path
     # A name nobody registers: every plugin read, and the error lists what exists.
     with pytest.raises(ValueError, match=r"unknown optimizer 'nowhere'; known: .*sign_momentum"):
         load_registry([str(plugins)], TORCH_ONLY, wanted=["nowhere"]).get("nowhere")
+
+
+def test_a_job_told_where_its_plugin_is_reads_that_file_only(tmp_path: Path) -> None:
+    """The worker passes where the catalogue found the job's optimizer: the other plugin files (one
+    slow to import, one importing another framework) are not read, unless the file named no longer
+    holds the optimizer; then every file is, as without it."""
+    marker = tmp_path / "imported"
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    _write(
+        plugins,
+        "a_other.py",
+        textwrap.dedent(NAMED) + f"\n__import__('pathlib').Path({str(marker)!r}).touch()\n",
+    )
+    sign = _write(plugins, "b_sign.py", SIGN_MOMENTUM)
+
+    told = load_registry([str(plugins)], TORCH_ONLY, wanted=["sign_momentum"], plugin_files=[str(sign)])
+    assert not marker.exists() and told.get("sign_momentum").source == f"{PLUGIN_SOURCE}{sign}"
+    moved = load_registry(
+        [str(plugins)], TORCH_ONLY, wanted=["sign_momentum"], plugin_files=[str(plugins / "gone.py")]
+    )
+    assert marker.exists() and moved.get("sign_momentum").source == f"{PLUGIN_SOURCE}{sign}"
+    marker.unlink()
+    elsewhere = load_registry(
+        [str(plugins)], TORCH_ONLY, wanted=["sign_momentum"], plugin_files=[str(plugins / "a_other.py")]
+    )
+    assert marker.exists() and elsewhere.get("sign_momentum").source == f"{PLUGIN_SOURCE}{sign}"
 
 
 def test_plugin_dirs_come_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,15 +7,16 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.spec import Catalogue
+from jobs.spec import Catalogue, JobSpec
 from service import store
 from service.plugins import PLUGIN_DIRS_ENV, PluginWatcher
 from service.settings import Settings
-from service.worker import Worker
+from service.worker import Supervision, Worker
 from tests.conftest import ROOT
 
 PLUGIN = (ROOT / "examples" / "plugins" / "sign_momentum.py").read_text()
@@ -84,10 +85,14 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 120.0) -> float:
 def test_a_running_worker_publishes_added_and_broken_plugins(
     running_worker: tuple[Path, Worker], sessions: sessionmaker[Session]
 ) -> None:
-    folder, _ = running_worker
+    folder, worker = running_worker
     assert "hot_momentum" not in published(sessions).optimizer_names()
     (folder / "hot.py").write_text(PLUGIN.replace("class SignMomentum(", "class HotMomentum("))
     wait_for(lambda: "hot_momentum" in published(sessions).optimizer_names())
+    # Its jobs are told the file it is in, and read that one, not every plugin file (load_registry).
+    told = job_arguments(worker, sessions, {"name": "hot_momentum", "params": {"lr": 0.1}})
+    assert told[told.index("--plugin-file") :] == ["--plugin-file", str(folder / "hot.py")]
+    assert "--plugin-file" not in job_arguments(worker, sessions, {"name": "sgd", "params": {"lr": 0.1}})
 
     (folder / "broken.py").write_text("import torch\nraise RuntimeError('half-written plugin')\n")
     wait_for(lambda: any("broken.py" in e["source"] for e in published(sessions).errors))
@@ -97,3 +102,11 @@ def test_a_running_worker_publishes_added_and_broken_plugins(
 
     (folder / "hot.py").unlink()
     wait_for(lambda: "hot_momentum" not in published(sessions).optimizer_names())
+
+
+def job_arguments(worker: Worker, sessions: sessionmaker[Session], optimizer: dict[str, Any]) -> list[str]:
+    """The `jobs.run` arguments the worker would give a job of `optimizer`."""
+    spec = JobSpec.model_validate({"workload": {"name": "digits_mlp"}, "optimizer": optimizer, "steps": 5})
+    with sessions() as session:
+        job = store.create_job(session=session, spec=spec)
+    return Supervision(worker, job, [], claimed_at=0.0).arguments(Path("spec.json"), "http://mlflow")
