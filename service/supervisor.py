@@ -19,6 +19,7 @@ from types import TracebackType
 import httpx
 
 from jobs.processes import start_in_own_group, terminate_group
+from service.job_log import tail
 from service.settings import Settings
 
 
@@ -33,10 +34,7 @@ class Child:
     log_path: Path
 
     def log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return ""
+        return tail(self.log_path, chars)
 
 
 class Supervisor:

@@ -48,7 +48,7 @@ from jobs.result import (
     read_result,
 )
 from jobs.spec import default_style
-from service import store
+from service import job_log, store
 from service.capabilities import catalogue_frameworks, catalogue_sha256, needs_of, visible_gpus
 from service.models import Job
 from service.plugins import PluginWatcher, fingerprint, plugin_dirs_from_environment, plugin_files_by_name
@@ -561,6 +561,7 @@ class Supervision:
         """Relay progress until the process exits; return why we stopped it, if we did."""
         started = self.claimed_at  # the time limit counts from the claim, for a warm process too
         while process.poll() is None:
+            job_log.cap(self.workdir / LOG_FILE, int(self.settings.job_log_mb * job_log.MB))
             progress = read_progress(self.workdir)
             self.last_progress = progress or self.last_progress
             if progress is not None and progress.step >= 1:
@@ -757,10 +758,7 @@ def _describe_exit(code: int | None) -> str:
 
 
 def _tail(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")[-LOG_TAIL_CHARS:]
-    except OSError:
-        return ""
+    return job_log.tail(path, LOG_TAIL_CHARS)
 
 
 def install_stop_handlers(stop: Callable[[], None]) -> None:

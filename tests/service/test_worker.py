@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.result import JobStatus
+from jobs.result import LOG_FILE, JobStatus
 from jobs.spec import JobSpec
 from service import store
 from service.settings import Settings
@@ -120,6 +120,26 @@ def test_a_job_process_that_dies_fails_with_its_log_tail(
     assert "Segmentation fault in user code" in job.error["traceback"]
     worker.run_next()  # the worker carries on with the next job
     assert job_row(sessions, next_id).status == "failed"
+
+
+def test_a_job_that_prints_without_end_keeps_a_bounded_log_with_its_start_and_its_end(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    # 40 lines of 50 KB over about two seconds (an optimizer printing every step), then a crash.
+    body = (
+        "for i in $(seq 1 40); do head -c 51200 /dev/zero | tr '\\0' x; echo \" line $i\"; sleep 0.05; done\n"
+        'echo "the crash at the end" >&2; exit 139'
+    )
+    worker = make_worker(settings.model_copy(update={"job_log_mb": 0.25}), sessions, stand_in(tmp_path, body))
+    job_id = submit(sessions)
+    worker.run_next()
+    job = job_row(sessions, job_id)
+    assert job.status is JobStatus.FAILED and job.error is not None and job.error["type"] == "JobProcessDied"
+    assert job.error["traceback"].rstrip().endswith("the crash at the end")  # the tail is still the end
+    log = (settings.jobs_dir / str(job_id) / "attempt-1" / LOG_FILE).read_text()
+    assert len(log) < 40 * 51200 // 2  # bounded: 256 KB, and what a poll's interval brings after it
+    assert " line 1\n" in log and " line 40\n" in log  # its start, and its latest output
+    assert log.count("[optlab: output cut here") == 1 and "OPTLAB_JOB_LOG_MB=0.25]" in log
 
 
 def test_cancelling_a_running_job_ends_its_whole_process_group(

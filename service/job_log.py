@@ -1,0 +1,47 @@
+"""A job's `log.txt` (its stdout and stderr): kept under a size, and read from its end.
+
+An optimizer that prints every step writes gigabytes over a long job, and the log had no bound:
+the worker cuts it back once it is over `OPTLAB_JOB_LOG_MB`, keeping its start (the job's set-up,
+the first warnings) and what comes after the cut (its latest output, where a failure's traceback
+is). The job's output is opened for appending, cold and warm (service.worker, jobs.warm), so its
+writes go on at the new end.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+MB = 1024 * 1024
+
+
+def cut_line(limit_bytes: int) -> str:
+    return (
+        f"\n[optlab: output cut here: a job's log keeps its first {limit_bytes // 2} bytes and its "
+        f"latest output, under OPTLAB_JOB_LOG_MB={limit_bytes / MB:g}]\n"
+    )
+
+
+def cap(path: Path, limit_bytes: int) -> bool:
+    """Once `path` is over `limit_bytes`: cut it back to its first half and a line saying so (each
+    cut after the first drops the output since the last one). True if it cut."""
+    try:
+        if path.stat().st_size <= limit_bytes:
+            return False
+        os.truncate(path, limit_bytes // 2)
+        with open(path, "ab") as log:
+            log.write(cut_line(limit_bytes).encode())
+    except OSError:  # gone, or not ours to cut: the job's outcome matters more than its log's size
+        return False
+    return True
+
+
+def tail(path: Path, chars: int) -> str:
+    """About the last `chars` characters of `path`, reading only its end ("" if it cannot be read)."""
+    try:
+        with open(path, "rb") as log:
+            size = log.seek(0, os.SEEK_END)
+            log.seek(max(0, size - 4 * chars))  # UTF-8: at most 4 bytes a character
+            return log.read().decode(errors="replace")[-chars:]
+    except OSError:
+        return ""
