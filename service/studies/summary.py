@@ -357,8 +357,12 @@ def direction_of(metric: str) -> Mode:
     return METRIC_DIRECTIONS.get(metric.rsplit("/", 1)[-1], DEFAULT_DIRECTION)
 
 
-def describe(stat_values: Iterable[float]) -> Stat:
-    """Mean, sample std (ddof=1) and the 95% Student's t interval of the mean of finite values."""
+def describe(stat_values: Iterable[float], *, at_least: float | None = None) -> Stat:
+    """Mean, sample std (ddof=1) and the 95% Student's t interval of the mean of finite values.
+
+    `at_least`: a quantity that cannot be lower (steps, seconds): the interval is cut there. With
+    few seeds and a wide spread it reached below 0 ("-38 to 89 steps"); the cut part cannot hold
+    the true mean, so the interval still covers it as often."""
     values = [float(v) for v in stat_values if math.isfinite(v)]
     n = len(values)
     if n == 0:
@@ -368,9 +372,8 @@ def describe(stat_values: Iterable[float]) -> Stat:
         return Stat(n=1, mean=finite(mean), std=None, ci_low=None, ci_high=None)
     std = float(np.std(values, ddof=1))
     half = t_quantile(n - 1) * std / math.sqrt(n)
-    return Stat(
-        n=n, mean=finite(mean), std=finite(std), ci_low=finite(mean - half), ci_high=finite(mean + half)
-    )
+    low = mean - half if at_least is None else max(mean - half, at_least)
+    return Stat(n=n, mean=finite(mean), std=finite(std), ci_low=finite(low), ci_high=finite(mean + half))
 
 
 def scipy_stats() -> Any:
@@ -533,8 +536,8 @@ def time_to_target(runs: list[StudyRun], target: TargetRule) -> TimeToTarget:
         reached=len(reached),
         not_reached=sum(1 for s in seeds if not s.reached and s.status in ENDED),
         pending=sum(1 for s in seeds if not s.reached and s.status not in ENDED),
-        steps=describe(float(s.step) for s in reached if s.step is not None),
-        seconds=describe(s.seconds for s in reached if s.seconds is not None),
+        steps=describe((float(s.step) for s in reached if s.step is not None), at_least=0.0),
+        seconds=describe((s.seconds for s in reached if s.seconds is not None), at_least=0.0),
     )
 
 

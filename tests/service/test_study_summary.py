@@ -15,6 +15,7 @@ import subprocess
 import sys
 from collections.abc import Sequence
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 from scipy import stats  # type: ignore[import-untyped]
@@ -265,6 +266,10 @@ def test_time_to_target_per_seed_reached_and_not_reached() -> None:
     assert (ttt.reached, ttt.not_reached, ttt.pending) == (2, 2, 1)
     assert ttt.steps.n == 2 and ttt.steps.mean == pytest.approx(25.0)
     assert ttt.seconds.mean == pytest.approx((15.0 + 4.0) / 2)
+    # Two seeds 10 steps apart: the t interval, 25 -+ 63.5, is cut at 0, where a time cannot go.
+    half = stats.t.ppf(0.975, 1) * np.std([30, 20], ddof=1) / math.sqrt(2)
+    assert (ttt.steps.ci_low, ttt.steps.ci_high) == (0.0, pytest.approx(25.0 + half))
+    assert ttt.seconds.ci_low == 0.0
     assert summary.ranking[0].target_reached == 2
 
 
