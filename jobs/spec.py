@@ -740,23 +740,35 @@ def _data_path_errors(
 
 def _rateless_errors(spec: JobSpec, catalogue: Catalogue) -> list[SpecError]:
     """A schedule scales the learning rate: a class that takes none (AliG and A2Grad compute their
-    step) trains with the constant schedule only. A wrapper's rate is its base's."""
+    step) trains with the constant schedule only, as does a torch class that keeps its rate where
+    no LR scheduler sets it (not as its groups' `lr`). A wrapper's rate is its base's."""
     holder = spec.optimizer.base or spec.optimizer
     declared = catalogue.optimizer(holder.name, spec.framework, holder.style)
     if spec.schedule.name == "constant" or declared is None:
         return []  # an unknown optimizer is reported at its own field
     if declared.get("needs", {}).get("base_optimizer"):
         return []  # a wrapper's rate is its base's: a missing or a wrapper base is reported at optimizer.base
-    if any(param["name"] == "lr" for param in declared["params"]):
-        return []
-    return [
-        SpecError(
-            loc=["body", "schedule", "name"],
-            msg=f"optimizer {holder.name!r} takes no learning rate (its constructor names no lr or "
-            f"learning_rate: it computes its own step, or takes its arguments as *args/**kwargs), so "
-            f"schedule {spec.schedule.name!r} has nothing to scale; use the constant schedule",
-        )
-    ]
+    if not any(param["name"] == "lr" for param in declared["params"]):
+        return [
+            SpecError(
+                loc=["body", "schedule", "name"],
+                msg=f"optimizer {holder.name!r} takes no learning rate (its constructor names no lr or "
+                f"learning_rate: it computes its own step, or takes its arguments as *args/**kwargs), so "
+                f"schedule {spec.schedule.name!r} has nothing to scale; use the constant schedule",
+            )
+        ]
+    read = declared.get("group_keys")  # what its source reads from its param groups (None: unknown)
+    if spec.framework == "torch" and read is not None and "lr" not in read:
+        return [
+            SpecError(
+                loc=["body", "schedule", "name"],
+                msg=f"optimizer {holder.name!r} never reads 'lr' from its param groups, the key every torch "
+                f"LR scheduler sets (its rate is kept under another name, or outside the groups), so "
+                f"schedule {spec.schedule.name!r} cannot reach its rate; use the constant schedule, or keep "
+                "the rate in each param group as 'lr' and read it there at every step",
+            )
+        ]
+    return []
 
 
 def timeout_errors(spec: AnySpec, *, max_job_seconds: float) -> list[SpecError]:

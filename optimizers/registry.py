@@ -179,6 +179,9 @@ class Entry:
             if problem:
                 raise ValueError(f"{owner}: {problem}")
         declared = self.kwargs({k: v for k, v in params.items() if k in self.params}, partial=True)
+        if self.lr_arg in declared and reads is not None and "lr" in reads and self.lr_arg not in reads:
+            # Takes `learning_rate` and keeps it in its groups as torch's `lr` (a port from Keras).
+            declared["lr"] = declared.pop(self.lr_arg)
         return {**declared, **{key: extra_key_value(key, value) for key, value in extra.items()}}
 
     def param_groups(

@@ -35,7 +35,7 @@ from jobs.checks.tools import (
     updates_nothing,
     user_line,
 )
-from jobs.frameworks.base import Driver, SparseRows, raising_frame
+from jobs.frameworks.base import Driver, ScheduleUnreachable, SparseRows, raising_frame
 from optimizers.loop_needs import user_classes
 
 # -- schedule ----------------------------------------------------------------------------------------
@@ -79,6 +79,10 @@ def check_schedule(ctx: CheckContext) -> Outcome:
     updates = functools.partial(_updates, ctx, grads[:-1], overrides=overrides, warmup=warmup)
     try:
         scheduled = updates(rates, how=SCHEDULED)
+    except ScheduleUnreachable as exc:
+        if _ignores_its_rate(ctx, grads[:-1], overrides):  # a rate argument kept for show (A2Grad)
+            return skipped(f"not meaningful: the update does not depend on {ctx.target.entry.lr_arg} at all")
+        return failed(str(exc), where=method_location(ctx, "__init__"), fix=exc.fix)
     except (ValueError, TypeError, NotImplementedError) as exc:
         if not _names_a_schedule(exc):
             return failed(

@@ -96,6 +96,9 @@ def _config_problem(ctx: CheckContext, *, schedule: bool) -> tuple[Outcome | Non
     learning_rate = driver.learning_rate_schedule(ctx.lr * 0.5) if schedule else None
     with_what = f" (built with {driver.schedule_name})" if schedule else ""
     optimizer, variables = fresh(ctx, learning_rate=learning_rate, **halved)
+    rate_key = _rate_key(driver.config(optimizer), lr_arg)
+    if rate_key != lr_arg and lr_arg in expected:
+        expected[rate_key] = expected.pop(lr_arg)
     from_constructor = driver.capabilities.rebuilt_from_constructor
     # As constructed: a class may adapt its groups' values in training by design (an adaptive lr).
     elsewhere = _kept_elsewhere(driver.config(optimizer), expected) if from_constructor else []
@@ -103,7 +106,7 @@ def _config_problem(ctx: CheckContext, *, schedule: bool) -> tuple[Outcome | Non
         optimizer, variables, arrays(SHAPES, seed=30), ctx.needs
     )  # legacy: hyperparameters now variables
     if schedule:
-        expected.pop(lr_arg, None)  # serialized as the schedule, compared with the round trip below
+        expected.pop(rate_key, None)  # serialized as the schedule, compared with the round trip below
     fix = driver.advice.keep_hyperparameters
     where = method_location(ctx, "__init__")
     try:
@@ -133,6 +136,14 @@ def _config_problem(ctx: CheckContext, *, schedule: bool) -> tuple[Outcome | Non
     if problems:
         return failed("; ".join(problems), where=where, fix=fix), elsewhere
     return None, elsewhere
+
+
+def _rate_key(configs: Sequence[Mapping[str, Any]], lr_arg: str) -> str:
+    """Where the config holds the rate: under the constructor's name for it, or under `lr` where a
+    torch class takes `learning_rate` and stores it as torch's schedulers expect it."""
+    if lr_arg != "lr" and not any(lr_arg in config for config in configs) and any("lr" in c for c in configs):
+        return "lr"
+    return lr_arg
 
 
 def _kept_elsewhere(configs: Sequence[Mapping[str, Any]], expected: Mapping[str, Any]) -> list[str]:

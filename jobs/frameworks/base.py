@@ -93,6 +93,11 @@ class NeedNotServed(AdvisedError):
     """A loop need the spec states that the class's step shows it does not have."""
 
 
+class ScheduleUnreachable(AdvisedError):
+    """The class keeps its rate where the style's schedules cannot set it (a torch param group's
+    rate under another key than `lr`)."""
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What applies to a style, the way torch's `OptimizerInfo` flags what an optimizer supports.

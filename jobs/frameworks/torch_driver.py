@@ -45,6 +45,7 @@ from jobs.frameworks.base import (
     Evaluation,
     Gradient,
     NeedNotServed,
+    ScheduleUnreachable,
     SparseRows,
     StateDifference,
     StateNotRestored,
@@ -332,6 +333,23 @@ def verify_state(original: TrainObjects, reloaded: TrainObjects) -> None:
             raise CheckpointMismatch(f"checkpoint round-trip lost state: {found}")
 
 
+def schedule_unreachable(optimizer: Any, lr_arg: str) -> ScheduleUnreachable | None:
+    """Why no LRScheduler can set this optimizer's rate: a param group without `lr`, the key every
+    torch scheduler (and so every job's schedule) sets, and which LambdaLR refuses to start without."""
+    groups = [i for i, group in enumerate(optimizer.param_groups) if "lr" not in group]
+    if not groups:
+        return None
+    group = optimizer.param_groups[groups[0]]
+    held = f"its rate as {lr_arg!r}" if lr_arg in group else "no rate at all"
+    return ScheduleUnreachable(
+        f"param_groups[{groups[0]}] holds {held} and no 'lr', the key every torch LR scheduler sets "
+        f"(LambdaLR, CosineAnnealingLR, optlab's schedules): no schedule can reach this class "
+        f"(group keys: {', '.join(sorted(k for k in group if k != 'params'))})",
+        fix="keep the rate in each param group as 'lr' (torch's convention, whatever the constructor "
+        "argument is called) and read group['lr'] at every step",
+    )
+
+
 def restore_a_zero_rate(optimizer: Any) -> None:
     """Each group's initial rate where its schedule has brought the rate to 0 (cosine does, after
     the last step): a rate no training step takes, which the probe after the last checkpoint would
@@ -601,6 +619,9 @@ class TorchDriver(Driver):
         self, create: Callable[[Any, Any], Any], variables: Sequence[Any], rates: Sequence[float], lr_arg: str
     ) -> tuple[Any, Callable[[int], None]]:
         optimizer = create(list(variables), None)
+        unreachable = schedule_unreachable(optimizer, lr_arg)
+        if unreachable is not None:
+            raise unreachable
 
         def before_step(step: int) -> None:
             self.set_learning_rate(optimizer, rates[step], lr_arg)
@@ -609,11 +630,15 @@ class TorchDriver(Driver):
 
     def set_learning_rate(self, optimizer: Any, rate: float, lr_arg: str) -> None:
         for group in optimizer.param_groups:  # what an LRScheduler does: a tensor rate (torchao's) in place
-            current = group.get(lr_arg)  # none at all in a class that never reads it (A2Grad)
+            # `lr`, as every LRScheduler writes it, whatever the constructor calls it (a port from
+            # Keras takes `learning_rate` and stores `lr`); the argument's name where the group has no
+            # `lr`, or none at all in a class that never reads it (A2Grad).
+            key = "lr" if "lr" in group else lr_arg
+            current = group.get(key)
             if isinstance(current, torch.Tensor):
                 current.fill_(rate)
             else:
-                group[lr_arg] = rate
+                group[key] = rate
 
     @property
     def schedule_name(self) -> str:
@@ -1148,8 +1173,13 @@ class TorchSession(TrainingSession):
         if self.spec.compile:
             replicated = compiled(replicated or model)
         if not all("lr" in group for group in optimizer.param_groups):
-            # No rate to scale: the API allows `constant` only.
-            return TrainObjects(model, optimizer, None, replicated)
+            unreachable = schedule_unreachable(optimizer, self.entry.lr_arg)
+            if self.spec.schedule.name != "constant" and unreachable is not None:
+                # The API refuses it where the class's source shows it; never a schedule dropped silently.
+                raise ScheduleUnreachable(
+                    f"schedule {self.spec.schedule.name!r}: {unreachable}", unreachable.fix
+                )
+            return TrainObjects(model, optimizer, None, replicated)  # no rate to scale: constant
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=schedule)
         return TrainObjects(model, optimizer, scheduler, replicated)
 

@@ -1060,6 +1060,56 @@ def test_a_tensor_rate_is_scheduled_in_place_as_an_lr_scheduler_does(tmp_path: P
     assert outcome.status == "pass", outcome.detail
 
 
+class PortedMomentum(PlainSGD):
+    """A port from Keras: the constructor takes `learning_rate`, the groups keep it as torch's `lr`
+    (so LR schedulers reach it)."""
+
+    def __init__(self, params: object, learning_rate: float = 0.01, momentum: float = 0.9) -> None:
+        super().__init__(params, {"lr": learning_rate, "momentum": momentum})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in (p for p in group["params"] if p.grad is not None):
+                velocity = self.state[p].setdefault("velocity", torch.zeros_like(p))
+                velocity.mul_(group["momentum"]).add_(p.grad)
+                p.sub_(group["lr"] * velocity)
+        return None
+
+
+class KeyedMomentum(PortedMomentum):
+    """The same kept as group['learning_rate']: no torch LR scheduler sets that key."""
+
+    def __init__(self, params: object, learning_rate: float = 0.01, momentum: float = 0.9) -> None:
+        PlainSGD.__init__(self, params, {"learning_rate": learning_rate, "momentum": momentum})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in (p for p in group["params"] if p.grad is not None):
+                velocity = self.state[p].setdefault("velocity", torch.zeros_like(p))
+                velocity.mul_(group["momentum"]).add_(p.grad)
+                p.sub_(group["learning_rate"] * velocity)
+        return None
+
+
+def test_a_rate_taken_as_learning_rate_is_scheduled_where_lr_schedulers_set_it(tmp_path: Path) -> None:
+    """Set as `lr`, as an LRScheduler and every job set it (it had been set under the argument's
+    name, which the class never reads: a false "never applied")."""
+    ported = context(f"{__name__}:PortedMomentum", tmp_path / "ported")
+    outcome = rate_checks.check_schedule(ported)
+    assert outcome.status == "pass", outcome.detail
+    config = state_checks.check_config_roundtrip(ported)
+    assert config.status == "pass" and "not in any group" not in config.detail, config.detail
+    assert ported.target.entry.group_kwargs({"lr": 0.02}) == {"lr": 0.02}  # a job's group recipe too
+    keyed = rate_checks.check_schedule(context(f"{__name__}:KeyedMomentum", tmp_path / "keyed"))
+    assert keyed.status == "fail"
+    assert (
+        "param_groups[0] holds its rate as 'learning_rate' and no 'lr', the key every torch" in keyed.detail
+    )
+    assert "Fix: keep the rate in each param group as 'lr'" in keyed.detail
+
+
 class PackedState(torch.Tensor):
     """A state tensor kept packed, as torchao's 8-bit, 4-bit and FP8 optimizers keep their moments:
     it refuses .numpy() and gives its values through dequantize()."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from jobs.spec import JobSpec
+from optimizers.registry import Registry, entry_for_class, load_registry
 
 
 def digits_spec(**overrides: Any) -> JobSpec:
@@ -19,3 +20,11 @@ def digits_spec(**overrides: Any) -> JobSpec:
         "device": "cpu",
     }
     return JobSpec.model_validate({**fields, **overrides})
+
+
+def registry_with(*classes: type) -> Registry:
+    """The torch built-ins and `classes`, registered under their derived names."""
+    registry = load_registry(plugin_dirs=[], styles=["torch"])
+    for cls in classes:
+        registry.add(entry_for_class(cls, source="test"))
+    return registry

@@ -15,9 +15,9 @@ from torch import nn
 from jobs.run import error_record
 from jobs.spec import Catalogue, optimizer_errors
 from optimizers.loop_needs import LoopNeeds, detect_loop_needs, loop_problem, unserved
-from optimizers.registry import Registry, entry_for_class, load_registry
+from optimizers.registry import entry_for_class
 
-from .helpers import digits_spec
+from .helpers import digits_spec, registry_with
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -82,13 +82,6 @@ class HeldMomentum(PlainSGD):
                 state["held"].value.mul_(0.9).add_(param.grad)
                 param.add_(state["held"].value, alpha=-group["lr"])
         return None
-
-
-def registry_with(*classes: type) -> Registry:
-    registry = load_registry(plugin_dirs=[], styles=["torch"])
-    for cls in classes:
-        registry.add(entry_for_class(cls, source="test"))
-    return registry
 
 
 def test_the_model_argument_is_read_from_the_constructor() -> None:

@@ -22,9 +22,9 @@ from jobs.report import Reporter
 from jobs.tracking import Point
 from jobs.training import loop
 from jobs.training.loop import TrainingJob
-from optimizers.registry import Registry, entry_for_class, load_registry
+from optimizers.registry import Registry, load_registry
 
-from .helpers import digits_spec
+from .helpers import digits_spec, registry_with
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -186,12 +186,6 @@ class FailAt45(torch.optim.SGD):
         if group["updates"] == 46:
             raise RuntimeError("broken on purpose")
         return super().step()
-
-
-def registry_with(cls: type) -> Registry:
-    registry = load_registry(plugin_dirs=[])
-    registry.add(entry_for_class(cls, source="test"))
-    return registry
 
 
 @pytest.mark.usefixtures("no_clock_flush")

@@ -23,9 +23,8 @@ from jobs.frameworks.torch_driver import (
     verify_roundtrip,
 )
 from jobs.spec import JobSpec
-from optimizers.registry import Registry, entry_for_class, load_registry
 
-from .helpers import digits_spec
+from .helpers import digits_spec, registry_with
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -243,12 +242,6 @@ def test_state_outside_state_dict_is_caught_by_the_probe_step(
 
 
 # -- the same, inside a real job ---------------------------------------------------------------------
-
-
-def registry_with(optimizer_cls: type) -> Registry:
-    registry = load_registry(plugin_dirs=[])
-    registry.add(entry_for_class(optimizer_cls, source="test"))
-    return registry
 
 
 def broken_spec(name: str, checkpoint_every: int) -> JobSpec:

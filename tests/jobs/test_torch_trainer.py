@@ -11,10 +11,11 @@ import pytest
 import torch
 
 from jobs.errors import Diverged
+from jobs.frameworks.base import ScheduleUnreachable
 from jobs.frameworks.torch_driver import Batches
 from jobs.report import PROGRESS_FILE
 
-from .helpers import digits_spec
+from .helpers import digits_spec, registry_with
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -97,6 +98,36 @@ def test_a_huge_learning_rate_diverges_with_its_step(make_job: MakeJob) -> None:
     assert 0 <= raised.value.step < spec.steps
     assert f"at step {raised.value.step}" in str(raised.value)
     assert "train/loss" in str(raised.value)
+
+
+class KeyedSGD(torch.optim.Optimizer):
+    """Its rate kept as group['learning_rate']: no torch LR scheduler sets that key."""
+
+    def __init__(self, params: Any, learning_rate: float = 0.05) -> None:
+        super().__init__(params, {"learning_rate": learning_rate})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in (p for p in group["params"] if p.grad is not None):
+                p.sub_(group["learning_rate"] * p.grad)
+        return None
+
+
+def test_a_schedule_no_lr_scheduler_can_reach_fails_the_job_instead_of_being_dropped(
+    make_job: MakeJob,
+) -> None:
+    """It had trained at a constant rate and succeeded. The constant schedule needs no scheduler."""
+    registry = registry_with(KeyedSGD)
+    cosine = digits_spec(optimizer={"name": "keyed_sgd", "params": {"lr": 0.05}}, schedule={"name": "cosine"})
+    with pytest.raises(
+        ScheduleUnreachable, match=r"schedule 'cosine': param_groups\[0\] holds its rate as 'learning_rate'"
+    ):
+        make_job(cosine, with_registry=registry).run()
+    constant = digits_spec(
+        optimizer={"name": "keyed_sgd", "params": {"lr": 0.05}}, steps=4, checkpoint_every=4
+    )
+    assert make_job(constant, with_registry=registry).run().steps_completed == 4
 
 
 # -- Batches -----------------------------------------------------------------------------------------
