@@ -759,7 +759,7 @@ def _plain_default_of(kind: ParamType, default: Any, choices: tuple[str, ...] = 
     (heavyball's `palm: bool = use_default`, an `object()` that means "decide later") is not: such an
     argument is left to the class, as untunable ones are, or the catalogue could not be written as
     JSON and every job would pass the sentinel on as if the user had chosen it."""
-    if default is None or kind in ("float_pair", "float_tuple"):  # inferred from numbers only
+    if default is None or kind in ("float_pair", "float_tuple", "int_list", "float_list"):  # numbers only
         return True
     if kind == "bool":
         return isinstance(default, bool)
@@ -802,6 +802,9 @@ def _infer_type(annotation: Any, default: Any = inspect.Parameter.empty) -> Para
             return "float_pair"
         if 3 <= len(default) <= MAX_LIST_LENGTH:
             return "float_tuple"  # Adan's three `betas`, TRAC's six
+    if isinstance(default, list) and 1 <= len(default) <= MAX_LIST_LENGTH and all(map(_is_number, default)):
+        # `betas=[0.9, 0.999]`, written as a list: a list again, as the class's default is.
+        return "int_list" if all(isinstance(x, int) for x in default) else "float_list"
     return None
 
 

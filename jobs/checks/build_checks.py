@@ -110,6 +110,13 @@ def check_construct(ctx: CheckContext) -> Outcome:
                     f"by name: {ctx.describe_error(exc)}; these values do not fit it (they are not a fault "
                     "of the class): check it with values it takes"
                 )
+            if _builds_over_named_parameters(ctx, params):
+                return skipped(
+                    f"inconclusive: building over a list of parameters with {label} raised "
+                    f"{ctx.describe_error(exc)}, and over (name, parameter) pairs, as "
+                    "model.named_parameters() gives them, it builds: the class takes named parameters only, "
+                    "and the checks build over plain ones, so it was not checked"
+                )
             if _builds_over_a_matrix_alone(ctx, params):
                 matrix = shape_text(SHAPES[0])
                 return skipped(
@@ -238,12 +245,28 @@ def _builds_over_a_matrix_alone(ctx: CheckContext, params: Mapping[str, Any]) ->
     return _build_error(ctx, params, shapes=SHAPES[:1]) is None
 
 
+def _builds_over_named_parameters(ctx: CheckContext, params: Mapping[str, Any]) -> bool:
+    """Whether the class, which refused the checks' variables, builds over them named (torch's
+    optimizers take `model.named_parameters()` as well as parameters; a class may take only names)."""
+    if ctx.target.entry.style != "torch":
+        return False
+    return _build_error(ctx, params, named=True) is None
+
+
 def _build_error(
-    ctx: CheckContext, params: Mapping[str, Any], shapes: Sequence[tuple[int, ...]] = SHAPES
+    ctx: CheckContext,
+    params: Mapping[str, Any],
+    shapes: Sequence[tuple[int, ...]] = SHAPES,
+    *,
+    named: bool = False,
 ) -> Exception | None:
-    """What building with exactly `params` over plain parameters raised, or None when it built."""
+    """What building with exactly `params` over plain parameters (or over them named as
+    `model.named_parameters()` names them) raised, or None when it built."""
+    variables = ctx.driver.variables(arrays(shapes, seed=0))
     try:
-        ctx.create(params, model_params=ctx.driver.variables(arrays(shapes, seed=0)))
+        ctx.create(
+            params, model_params=[(f"param{i}", v) for i, v in enumerate(variables)] if named else variables
+        )
     except Exception as exc:
         return exc
     return None

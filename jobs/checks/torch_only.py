@@ -48,8 +48,8 @@ def _tiny_model() -> nn.Sequential:
     return nn.Sequential(nn.Linear(6, 12), nn.Tanh(), nn.Linear(12, 3))
 
 
-def _batch() -> tuple[Tensor, Tensor]:
-    generator = torch.Generator().manual_seed(SEED + 1)
+def _batch(step: int = 0) -> tuple[Tensor, Tensor]:
+    generator = torch.Generator().manual_seed(SEED + 1 + step)
     return torch.randn(16, 6, generator=generator), torch.randn(16, 3, generator=generator)
 
 
@@ -357,7 +357,7 @@ SECOND = 1  # the index of the second group's parameters in `_two_groups`' resul
 def _two_groups(ctx: CheckContext, halved: dict[str, Any]) -> tuple[list[list[Tensor]], list[list[Tensor]]]:
     """Two steps of one optimizer over two groups (the second with `halved`), and of one single-group
     optimizer per group: each group's parameters afterwards, from both."""
-    model, batch = _tiny_model(), _batch()
+    model = _tiny_model()
     first, second = list(model[0].parameters()), list(model[2].parameters())
     optimizer = _build(
         ctx, [{"params": first}, {"params": second, **{native(ctx, k): v for k, v in halved.items()}}]
@@ -370,7 +370,10 @@ def _two_groups(ctx: CheckContext, halved: dict[str, Any]) -> tuple[list[list[Te
         (first_model, _build(ctx, first_model[0].parameters())),
         (second_model, _build(ctx, second_model[2].parameters(), **halved)),
     ]
-    for _ in range(2):
+    # A batch of its own each step: with the same gradient twice, Adam's step does not depend on its
+    # betas, and a class reading them from self.defaults would pass.
+    for step in range(2):
+        batch = _batch(step)
         with torch.no_grad():
             for mine, theirs in zip(first_model[2].parameters(), model[2].parameters(), strict=True):
                 mine.copy_(theirs)
@@ -472,16 +475,20 @@ def _fresh_group_step(ctx: CheckContext, lr: dict[str, float]) -> Tensor:
     return alone.detach().clone()
 
 
+# Hyperparameters of several numbers: each is halved.
+_HALVED_EACH = ("float_pair", "float_tuple", "float_list")
+
+
 def _halved_settings(ctx: CheckContext, group_keys: set[str]) -> dict[str, Any]:
     """Declared numeric hyperparameters kept in the groups, halved where that stays valid."""
     halved: dict[str, Any] = {}
     for name, param in ctx.target.entry.params.items():
         value = ctx.params.get(name, param.default)
-        if native(ctx, name) not in group_keys or param.type not in ("float", "number", "float_pair"):
+        if native(ctx, name) not in group_keys or param.type not in ("float", "number", *_HALVED_EACH):
             continue
         candidate: Any
-        if param.type == "float_pair":
-            candidate = tuple(v * 0.5 for v in value)
+        if param.type in _HALVED_EACH:  # betas as a pair, Adan's three, a list
+            candidate = [v * 0.5 for v in value]
         elif isinstance(value, bool) or not isinstance(value, int | float) or value == 0:
             continue
         elif isinstance(value, int) and param.type == "number":

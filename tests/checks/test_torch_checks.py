@@ -385,6 +385,24 @@ def test_a_class_that_takes_named_parameters_says_what_it_needs(tmp_path: Path) 
     assert "is built over the model (its 'named_parameters' argument)" in outcome.detail
 
 
+class NamedOnlySGD(PlainSGD):
+    """Takes named parameters under the usual `params` (torch's optimizers take either) and refuses
+    plain ones, saying so."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        named = list(params)  # type: ignore[call-overload]
+        if not all(isinstance(item, tuple) for item in named):
+            raise TypeError("NamedOnlySGD expects named parameters: pass model.named_parameters()")
+        super().__init__(named, {"lr": lr})
+
+
+def test_a_class_that_takes_named_parameters_only_is_inconclusive_not_failed(tmp_path: Path) -> None:
+    """It had failed construct, told to accept its hyperparameters at their defaults."""
+    outcome = build_checks.check_construct(context(f"{__name__}:NamedOnlySGD", tmp_path))
+    assert outcome.status == "skip", outcome.detail
+    assert "over (name, parameter) pairs, as model.named_parameters() gives them, it builds" in outcome.detail
+
+
 class Orthogonalized(PlainSGD):
     """Muon-like: each matrix's gradient orthogonalized by a few Newton-Schulz iterations (matrix
     products, no host syncs), vectors stepped plainly."""
@@ -1108,6 +1126,37 @@ def test_a_rate_taken_as_learning_rate_is_scheduled_where_lr_schedulers_set_it(t
         "param_groups[0] holds its rate as 'learning_rate' and no 'lr', the key every torch" in keyed.detail
     )
     assert "Fix: keep the rate in each param group as 'lr'" in keyed.detail
+
+
+class DefaultsBetasAdam(PlainSGD):
+    """Adam reading its betas from self.defaults: a second group's own betas are ignored. Seen only
+    when the gradients change between the steps compared: Adam's step is the same for any betas while
+    the gradient is."""
+
+    def __init__(self, params: object, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999)) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        beta1, beta2 = self.defaults["betas"]
+        for group in self.param_groups:
+            for p in (p for p in group["params"] if p.grad is not None):
+                state = self.state[p]
+                if not state:
+                    state.update(step=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
+                state["step"] += 1
+                state["m"].mul_(beta1).add_(p.grad, alpha=1 - beta1)
+                state["v"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                m_hat = state["m"] / (1 - beta1 ** state["step"])
+                v_hat = state["v"] / (1 - beta2 ** state["step"])
+                p.sub_(group["lr"] * m_hat / (v_hat.sqrt() + 1e-8))
+        return None
+
+
+def test_betas_read_from_the_defaults_fail_param_groups(tmp_path: Path) -> None:
+    outcome = torch_only.check_param_groups(context(f"{__name__}:DefaultsBetasAdam", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert "a second param group with lr=0.0005, betas=(0.45, 0.4995) does not step like" in outcome.detail
 
 
 class PackedState(torch.Tensor):

@@ -841,6 +841,9 @@ class OptionalNumbers(torch.optim.Optimizer):
         odd_default: Literal["a", "b"] = "c",
         betas: tuple[float, float] | tuple[float, float, float] = (0.9, 0.999, 0.9999),
         num_epochs=None,
+        gammas=[0.9, 0.99],  # noqa: B006
+        milestones=[10, 20],  # noqa: B006
+        empty=[],  # noqa: B006
     ):
         super().__init__(params, {"lr": lr})
 
@@ -871,14 +874,17 @@ def test_derive_params_catalogues_optional_numbers_options_and_tuples(postponed:
         "reduction": Param("reduction", "str", "mean"),
         "betas": Param("betas", "float_tuple", (0.9, 0.999, 0.9999)),
         "num_epochs": Param("num_epochs", "any", None, nullable=True),
-    }  # a union of two types besides None, a dtype, and a default its Literal does not list stay out
+        "gammas": Param("gammas", "float_list", [0.9, 0.99]),  # a list default: a list
+        "milestones": Param("milestones", "int_list", [10, 20]),
+    }  # a union of two types besides None, a dtype, a default its Literal does not list, [] stay out
     entry = entry_for_class(namespace["OptionalNumbers"], source="test")
     # Left out, the class's own None; given, a number of the type; anything else refused by name.
     assert entry.kwargs({})["beta3"] is None and entry.kwargs({"beta3": None})["beta3"] is None
     assert entry.kwargs({"beta3": 0.5, "warm_up": 3, "decoupled": True, "clip": None}) == {
         "lr": 0.1, "beta3": 0.5, "warm_up": 3, "decoupled": True, "floor": None, "clip": None,
         "line_search_fn": None, "data_format": "channels_first", "memory_save_mode": None,
-        "reduction": "mean", "betas": (0.9, 0.999, 0.9999), "num_epochs": None,
+        "reduction": "mean", "betas": (0.9, 0.999, 0.9999), "num_epochs": None, "gammas": [0.9, 0.99],
+        "milestones": [10, 20],
     }  # fmt: skip
     given = entry.kwargs(
         {"line_search_fn": "strong_wolfe", "data_format": "channels_last", "betas": [0.8, 0.9, 1]}
