@@ -282,17 +282,16 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
     evaluated = ""
     if evaluation is not None:
         evaluated = f" (saved after {evaluation}, which gives the same variables after the restore)"
+    memory = _memory(driver.optimizer_state_bytes(optimizer), driver.values(variables))
     return passed(
-        f"{driver.state_format} into a fresh optimizer: {len(state)} state tensors "
-        f"({_memory([a for _, a in state], driver.values(variables))}) identical{evaluated} and the next "
-        f"step bitwise equal{overrides_note(overrides)}",
+        f"{driver.state_format} into a fresh optimizer: {len(state)} state tensors ({memory}) identical"
+        f"{evaluated} and the next step bitwise equal{overrides_note(overrides)}",
         0.0,
     )
 
 
-def _memory(state: Sequence[Any], params: Sequence[Any]) -> str:
+def _memory(state_bytes: int, params: Sequence[Any]) -> str:
     """What the state costs next to the parameters, as a job's `optim/state_to_param_ratio` shows it."""
-    state_bytes = sum(a.nbytes for a in state)
     param_bytes = sum(a.nbytes for a in params)
     ratio = f", {state_bytes / param_bytes:.2f}x the parameters' {param_bytes}" if param_bytes else ""
     return f"{state_bytes} bytes{ratio}"

@@ -400,6 +400,11 @@ class Driver(ABC):
         """The variables' current values, copied."""
 
     @abstractmethod
+    def optimizer_state_bytes(self, optimizer: Any) -> int:
+        """Bytes held by the optimizer's state, each tensor in its own dtype (bfloat16 moments at 2
+        bytes an element: their numpy copies are float32)."""
+
+    @abstractmethod
     def state(self, optimizer: Any) -> list[tuple[str, np.ndarray]]:
         """Every numeric piece of optimizer state, named, copied as numpy."""
 

@@ -232,6 +232,9 @@ class KerasDriver(Driver):
     def values(self, variables: Sequence[Any]) -> list[np.ndarray]:
         return [np.array(v.numpy()) for v in variables]
 
+    def optimizer_state_bytes(self, optimizer: Any) -> int:
+        return optimizer_state_bytes(optimizer)
+
     def state(self, optimizer: Any) -> list[tuple[str, np.ndarray]]:
         return _optimizer_variables(optimizer)
 
@@ -853,9 +856,8 @@ class KerasSession(TrainingSession):
         return {"style": self.entry.style, "variable_placement": self._placement(objects)}
 
     def state_bytes(self, objects: KerasObjects) -> tuple[int, int]:
-        state = sum(variable_bytes(v) for v in optimizer_variables_of(objects.optimizer))
         params = sum(variable_bytes(v) for v in objects.model.trainable_variables)
-        return state, params
+        return optimizer_state_bytes(objects.optimizer), params
 
     def adapted_values(self, objects: KerasObjects) -> list[dict[str, float]]:
         """0-d numeric optimizer variables (a `d` estimate), by their short name; Keras has no groups."""
@@ -1260,3 +1262,8 @@ def _head_and_tail(message: str, limit: int = 240) -> str:
         return text
     half = (limit - 5) // 2
     return f"{text[:half]} ... {text[-half:]}"
+
+
+def optimizer_state_bytes(optimizer: Any) -> int:
+    """Bytes the optimizer's state holds, each tensor in its own dtype."""
+    return sum(variable_bytes(v) for v in optimizer_variables_of(optimizer))

@@ -237,7 +237,10 @@ def restore(checkpoint: Mapping[str, Any], fresh: TrainObjects) -> TrainObjects:
 
 # Why a state tensor kept in a dtype of its own comes back in another (ProdigyPlusScheduleFree keeps
 # its `p0` in bfloat16 beside float32 parameters), and what to do about it.
-LOAD_CASTS_STATE = "torch's load_state_dict casts floating-point state to its parameter's dtype"
+LOAD_CASTS_STATE = (
+    "torch's load_state_dict casts each state tensor (but `step`) of a floating-point parameter to that "
+    "parameter's dtype, integer ones too"
+)
 KEEP_STATE_DTYPE_FIX = (
     "cast such state back to its own dtype after loading (Optimizer.register_load_state_dict_post_hook, "
     "or load_state_dict overridden), or keep it in its parameter's dtype"
@@ -422,11 +425,12 @@ def _tensor_difference(saved: Any, loaded: Any, where: str) -> str | None:
     return f"{where}: max abs difference {diff:.3g}"
 
 
-def _same_values(a: Any, b: Any) -> bool:
-    """Equal as numbers whatever their floating-point dtypes (NaN equal to NaN)."""
-    if not (a.is_floating_point() and b.is_floating_point()):
+def _same_values(saved: Any, loaded: Any) -> bool:
+    """Equal as numbers, the reloaded tensor floating-point and the saved one of any real dtype (an
+    integer count comes back as a float: LOAD_CASTS_STATE), NaN equal to NaN."""
+    if not loaded.is_floating_point() or saved.is_complex():
         return False
-    return _equal_or_both_nan(a.detach().cpu().double(), b.detach().cpu().double())
+    return _equal_or_both_nan(saved.detach().cpu().double(), loaded.detach().cpu().double())
 
 
 def _equal_or_both_nan(a: Any, b: Any) -> bool:
@@ -561,6 +565,9 @@ class TorchDriver(Driver):
 
     def values(self, variables: Sequence[Any]) -> list[np.ndarray]:
         return [p.detach().cpu().float().numpy().copy() for p in variables]
+
+    def optimizer_state_bytes(self, optimizer: Any) -> int:
+        return optimizer_state_bytes(optimizer)
 
     def state(self, optimizer: Any) -> list[tuple[str, np.ndarray]]:
         return [(name, _numpy(t)) for name, t in state_tensors(optimizer)]
@@ -1408,9 +1415,8 @@ class TorchSession(TrainingSession):
         return [p.detach().cpu().numpy() for p in objects.model.parameters()]
 
     def state_bytes(self, objects: TrainObjects) -> tuple[int, int]:
-        state = sum(tensor_bytes(tensor) for _, tensor in state_tensors(objects.optimizer))
         params = sum(tensor_bytes(p) for p in objects.model.parameters() if p.requires_grad)
-        return state, params
+        return optimizer_state_bytes(objects.optimizer), params
 
     def adapted_values(self, objects: TrainObjects) -> list[dict[str, float]]:
         return [
@@ -1505,3 +1511,8 @@ class DeviceClock:
         if not self.deferred:
             return (time.perf_counter() - started) * 1000
         return EventTiming(started, self.start())
+
+
+def optimizer_state_bytes(optimizer: Any) -> int:
+    """Bytes the optimizer's state holds, each tensor in its own dtype."""
+    return sum(tensor_bytes(tensor) for _, tensor in state_tensors(optimizer))

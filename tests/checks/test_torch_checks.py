@@ -797,15 +797,30 @@ class HalfMomentumSGD(PerParameter):
         p.sub_(lr * buffer.float())
 
 
-def test_state_a_load_casts_to_another_dtype_is_named_with_its_cause(tmp_path: Path) -> None:
+class RowCountSGD(PerParameter):
+    """An int64 count per element (a lazy sparse Adam's row steps), which torch's load_state_dict
+    casts to float32 too."""
+
+    def update(self, p: Any, lr: float) -> None:
+        count = self.state[p].setdefault("count", torch.zeros_like(p, dtype=torch.int64))
+        count.add_(1)
+        p.sub_(lr * p.grad / count)
+
+
+@pytest.mark.parametrize(("name", "saved"), [("HalfMomentumSGD", "bfloat16"), ("RowCountSGD", "int64")])
+def test_state_a_load_casts_to_another_dtype_is_named_with_its_cause(
+    tmp_path: Path, name: str, saved: str
+) -> None:
     """Not "keep per-parameter state in self.state[p]", where it is: what torch's load does, and the fix."""
-    outcome = state_checks.check_state_roundtrip(context(f"{__name__}:HalfMomentumSGD", tmp_path))
+    outcome = state_checks.check_state_roundtrip(context(f"{__name__}:{name}", tmp_path))
     assert outcome.status == "fail", outcome.detail
-    assert "torch.bfloat16[4, 3] saved, torch.float32[4, 3] after reload, the same values" in outcome.detail
-    assert "torch's load_state_dict casts floating-point state to its parameter's dtype" in outcome.detail
+    assert f"torch.{saved}[4, 3] saved, torch.float32[4, 3] after reload, the same values" in outcome.detail
+    assert (
+        "torch's load_state_dict casts each state tensor (but `step`) of a floating-point" in outcome.detail
+    )
     assert "Fix: cast such state back to its own dtype after loading" in outcome.detail
     # resume_exact's difference has the same cause: the load shows it, and the fix is the same one.
-    resumed = CHECKS["resume_exact"](context(f"{__name__}:HalfMomentumSGD", tmp_path))
+    resumed = CHECKS["resume_exact"](context(f"{__name__}:{name}", tmp_path))
     assert resumed.status == "fail", resumed.detail
     assert "loading the checkpoint changed its state: state_dict['state']" in resumed.detail
     assert "Fix: cast such state back to its own dtype after loading" in resumed.detail

@@ -79,7 +79,7 @@ class FreshRuns(Protocol):
         self, ctx: CheckContext, overrides: Mapping[str, Any], checkpoint: Path
     ) -> StateDifference | None:
         """What loading `checkpoint` into freshly built objects changes in its saved state, where
-        that names why a resume differs (torch casts floating-point state to its parameter's
+        that names why a resume differs (torch casts state to its floating-point parameter's
         dtype); None otherwise. Runs in the checking process, after the resumed run differed."""
 
     def import_framework(self, style: str) -> None:
