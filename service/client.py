@@ -26,6 +26,12 @@ def error_of(job: dict[str, Any]) -> ErrorRecord | None:
     return ErrorRecord.model_validate(job["error"]) if job.get("error") else None
 
 
+# `wait` over an API restart (`optlab serve` stopped and started: its jobs are requeued, and resume):
+# polled again this often, for this long, before it gives up.
+UNREACHABLE_GRACE_S = 120.0
+UNREACHABLE_POLL_S = 2.0
+
+
 class ApiError(RuntimeError):
     def __init__(self, status_code: int, detail: Any) -> None:
         self.status_code = status_code
@@ -90,21 +96,47 @@ class ApiClient:
         poll_s: float = 0.5,
         timeout_s: float | None = None,
     ) -> dict[int, dict[str, Any]]:
-        """Poll until every job has ended; `on_update` sees each job on every poll."""
+        """Poll until every job has ended; `on_update` sees each job on every poll. An API that stops
+        answering (restarted: its jobs go on or are requeued) is polled again for UNREACHABLE_GRACE_S."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         latest: dict[int, dict[str, Any]] = {}
+        unreachable_since: float | None = None
         while True:
-            for job_id in job_ids:
-                if job_id in latest and status_of(latest[job_id]).terminal:
-                    continue
-                latest[job_id] = self.job(job_id)
-                if on_update:
-                    on_update(latest[job_id])
+            try:
+                self._poll(job_ids, latest, on_update)
+                unreachable_since = None
+            except ApiError as exc:
+                if exc.status_code != 0:
+                    raise
+                unreachable_since = unreachable_since or time.monotonic()
+                if time.monotonic() - unreachable_since > UNREACHABLE_GRACE_S:
+                    shown = ", ".join(f"{self.base_url}/jobs/{job_id}" for job_id in job_ids)
+                    raise ApiError(
+                        0,
+                        f"{exc.detail}; gave up after {UNREACHABLE_GRACE_S:g} s of trying. The jobs may "
+                        f"still be running or queued: GET {shown} once the API is back",
+                    ) from None
+                time.sleep(UNREACHABLE_POLL_S)
+                continue
             if all(status_of(job).terminal for job in latest.values()):
                 return latest
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"jobs {job_ids} still running after {timeout_s}s")
             time.sleep(poll_s)
+
+    def _poll(
+        self,
+        job_ids: list[int],
+        latest: dict[int, dict[str, Any]],
+        on_update: Callable[[dict[str, Any]], None] | None,
+    ) -> None:
+        """Each job not ended yet, read again into `latest` and shown to `on_update`."""
+        for job_id in job_ids:
+            if job_id in latest and status_of(latest[job_id]).terminal:
+                continue
+            latest[job_id] = self.job(job_id)
+            if on_update:
+                on_update(latest[job_id])
 
     def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         try:

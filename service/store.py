@@ -349,10 +349,16 @@ def _error(type_: str, message: str) -> dict[str, Any]:
 def requeue_job(*, session: Session, job_id: int, worker_id: str, attempt: int, reason: str) -> bool:
     """Hand a running job back to the queue (its worker is stopping); the next claim resumes it.
 
-    A job whose cancellation was requested is cancelled instead. Fenced: False when `attempt`
-    was no longer this worker's.
+    The error it is left with is `reason` and where it will run again from: the last verified
+    checkpoint the store holds for it (what the next claim resumes from), or the start. A job whose
+    cancellation was requested is cancelled instead. Fenced: False when `attempt` was no longer
+    this worker's.
     """
     fenced = _fenced(job_id, worker_id, attempt)
+    held = session.execute(select(Job.checkpoint_step).where(fenced)).first()
+    checkpoint_step = held[0] if held else None
+    how = "from the start" if checkpoint_step is None else f"from its checkpoint of step {checkpoint_step}"
+    reason = f"{reason}; it will run again {how}"
     released = {"worker_id": None, "lease_expires_at": None, "waiting": None}
     handed_back = session.execute(
         update(Job)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -616,14 +617,15 @@ class Supervision:
             )
             return "lease lost"  # the MLflow run is the new attempt's now: leave it alone
         if stop is Stop.WORKER_STOPPING and (result is None or result.status is JobStatus.CANCELLED):
-            how = "from its last verified checkpoint" if self.job.checkpoint_ref else "from the start"
+            # The checkpoint the job published while it stopped: what the next attempt resumes from.
+            self._heartbeat(read_progress(self.workdir) or self.last_progress)
             requeued = self._store(
                 lambda s: store.requeue_job(
                     session=s,
                     job_id=self.job.id,
                     worker_id=self.worker.worker_id,
                     attempt=self.job.attempt,
-                    reason=f"its worker stopped while it ran; it will run again {how}",
+                    reason="its worker stopped while it ran",
                 )
             )
             return "requeued" if requeued else "left to its lease (not requeued)"
@@ -636,8 +638,12 @@ class Supervision:
                 status, error = result.status, result.error  # it ended first
             else:
                 status = JobStatus.CANCELLED
-                cancelled = ErrorRecord(type="Cancelled", message="cancelled while running")
-                error = (result.error if result else None) or cancelled
+                # The worker knows it was a cancel (the job only that its worker stopped it), and a
+                # stop asked for needs no traceback; a job that failed as it stopped keeps its error.
+                if result is not None and result.status is JobStatus.FAILED and result.error:
+                    error = result.error
+                else:
+                    error = self._cancelled_error()
                 self._end_mlflow_run("KILLED", force=False)  # SIGKILLed after the grace: still RUNNING
         elif result is None:
             status = JobStatus.FAILED
@@ -646,6 +652,11 @@ class Supervision:
             status, error = result.status, result.error
         self.record(status, result, error)
         return status
+
+    def _cancelled_error(self) -> ErrorRecord:
+        progress = self.last_progress
+        where = f" at step {progress.step} of {progress.total}" if progress else ""
+        return ErrorRecord(type="Cancelled", message=f"cancelled while running{where}")
 
     def _limit_error(self, stop: Stop) -> ErrorRecord:
         if stop is Stop.TIME_LIMIT:
@@ -724,7 +735,28 @@ def read_outcome(
     if result is not None:
         return result, None
     message = f"the job process ended with {_describe_exit(process.returncode)} before writing a result"
-    return None, ErrorRecord(type="JobProcessDied", message=message, traceback=_tail(workdir / LOG_FILE))
+    return None, ErrorRecord(
+        type="JobProcessDied", message=message + _full_disk(workdir), traceback=_tail(workdir / LOG_FILE)
+    )
+
+
+# Under this much free space the job's folder is taken to be why a job died without a word: it can
+# write neither its result nor its log (an empty log is then all there is).
+FULL_DISK_BYTES = 1024 * 1024
+
+
+def _full_disk(workdir: Path) -> str:
+    """Why a job left no result and no log, when its folder's file system is (nearly) full."""
+    try:
+        free = shutil.disk_usage(workdir).free
+    except OSError:
+        return ""
+    if free >= FULL_DISK_BYTES:
+        return ""
+    return (
+        f"; the file system of its folder {workdir} has {free} bytes free: a full disk keeps a job from "
+        "writing its checkpoints, its log and its result"
+    )
 
 
 def group_rss_mb(session_id: int) -> float:

@@ -23,7 +23,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, contextmanager, suppress
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import cached_property
@@ -149,8 +149,13 @@ def save_checkpoint(path: Path, objects: TrainObjects, *, step: int, spec_json: 
         "spec": spec_json,
     }
     tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    try:
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:  # torch's own words name no file ("open file failed")
+        with suppress(OSError):  # a folder that refused the file may refuse this too
+            tmp.unlink(missing_ok=True)
+        raise OSError(f"could not write the checkpoint {path}: {exc}") from exc
 
 
 def clear_gradients(optimizer: Any) -> None:

@@ -389,3 +389,20 @@ def test_training_continues_from_objects_the_probe_did_not_touch(make_job: Calla
     saved = torch.load(checkpointed.path, weights_only=True)
     for name, part in checkpointed.objects.parts().items():
         assert first_difference(saved[name], part.state_dict(), name) is None
+
+
+def test_a_checkpoint_that_cannot_be_written_is_named_by_its_path(
+    make_job: Callable[..., Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's own words name no file (an immutable folder: "open file failed with strerror:
+    Operation not permitted")."""
+
+    def refused(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        Path(f).write_bytes(b"torn")  # a part written first, then the failure
+        raise RuntimeError("[enforce fail at inline_container.cc:747] . open file failed with strerror: nope")
+
+    job = make_job(digits_spec(steps=2, checkpoint_every=2, eval_every=2))
+    monkeypatch.setattr(torch, "save", refused)
+    with pytest.raises(OSError, match=r"could not write the checkpoint .*step-00000002\.pt: \[enforce fail"):
+        job.run()
+    assert not list(job.checkpoint_dir.glob(".*.tmp"))  # no torn file left behind

@@ -14,7 +14,7 @@ from alembic.config import Config
 from sqlalchemy import Engine, inspect, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.result import JobResult, JobStatus, MlflowInfo, Progress
+from jobs.result import CheckpointRecord, JobResult, JobStatus, MlflowInfo, Progress
 from jobs.spec import CheckSpec, JobSpec
 from service import store
 from service.db import MIGRATIONS, make_engine, migrate, session_factory
@@ -136,6 +136,10 @@ def test_progress_finish_and_requeue(sessions: sessionmaker[Session]) -> None:
     with sessions() as session:
         job = store.get_job(session=session, job_id=job_id)
         assert job is not None and job.status == "queued" and job.step == 4 and job.mlflow == mlflow
+        assert (
+            job.error is not None
+            and job.error["message"] == "worker stopped; it will run again from the start"
+        )
         again = store.claim_next(session=session, worker_id="w2", lease_s=30)
         assert again is not None and again.attempt == 2
         result = JobResult(
@@ -211,6 +215,26 @@ def test_a_running_job_says_what_holds_it_up_and_only_while_it_does(sessions: se
         assert shown(session) is None
         job = store.get_job(session=session, job_id=job_id)
         assert job is not None and job.waiting is None
+
+
+def test_a_requeued_job_says_it_resumes_from_the_checkpoint_the_store_holds(
+    sessions: sessionmaker[Session],
+) -> None:
+    """The checkpoint reported after the claim, not the one known at it (none): the message had said
+    "from the start" of a job that then resumed from its step 800."""
+    with sessions() as session:
+        job_id = store.create_job(session=session, spec=SPEC).id
+        store.claim_next(session=session, worker_id="w", lease_s=30)
+        checkpoint = CheckpointRecord(step=8, ok=True, path="runs:/r/checkpoints/step-8.pt")
+        store.record_progress(
+            session=session, job_id=job_id, worker_id="w", attempt=1, workdir=None, lease_s=30,
+            progress=Progress(step=9, total=10, checkpoint=checkpoint),
+        )  # fmt: skip
+        assert store.requeue_job(session=session, job_id=job_id, worker_id="w", attempt=1, reason="stopped")
+    with sessions() as session:
+        job = store.get_job(session=session, job_id=job_id)
+        assert job is not None and job.error is not None
+        assert job.error["message"] == "stopped; it will run again from its checkpoint of step 8"
 
 
 def test_catalogue_publish_and_latest(

@@ -7,6 +7,7 @@ arguments (`-m jobs.run SPEC --workdir DIR ...`) and misbehaves on purpose.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import threading
 import time
@@ -18,6 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from jobs.result import LOG_FILE, JobStatus
 from jobs.spec import JobSpec
 from service import store
+from service import worker as worker_module
 from service.settings import Settings
 from service.worker import Worker
 
@@ -142,6 +144,21 @@ def test_a_job_that_prints_without_end_keeps_a_bounded_log_with_its_start_and_it
     assert log.count("[optlab: output cut here") == 1 and "OPTLAB_JOB_LOG_MB=0.25]" in log
 
 
+def test_a_job_that_died_on_a_full_disk_says_so(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk leaves no result and no log: the exit code alone had been all a user was told."""
+    worker = make_worker(settings, sessions, stand_in(tmp_path, "exit 1"))
+    job_id = submit(sessions)
+    full = shutil._ntuple_diskusage(10**9, 10**9, 4096)  # type: ignore[attr-defined]
+    monkeypatch.setattr(worker_module.shutil, "disk_usage", lambda path: full)
+    worker.run_next()
+    error = job_row(sessions, job_id).error
+    assert error is not None and error["type"] == "JobProcessDied"
+    assert "exit code 1 before writing a result; the file system of its folder" in error["message"]
+    assert "has 4096 bytes free: a full disk keeps a job from writing" in error["message"]
+
+
 def test_cancelling_a_running_job_ends_its_whole_process_group(
     tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
@@ -159,7 +176,10 @@ def test_cancelling_a_running_job_ends_its_whole_process_group(
     thread.join(timeout=30)
     assert not thread.is_alive()
     assert time.monotonic() - asked < 10
-    assert job_row(sessions, job_id).status == "cancelled"
+    job = job_row(sessions, job_id)
+    assert job.status == "cancelled" and job.error is not None
+    # Said by the worker, which knows it was a cancel; a stop asked for has no traceback to show.
+    assert job.error["message"].startswith("cancelled while running") and not job.error.get("traceback")
     child = int((workdir / "child.pid").read_text())
     _wait_for(lambda: not _alive(child))
 
