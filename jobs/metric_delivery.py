@@ -62,7 +62,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, BinaryIO, Protocol
 
 MAX_METRICS_PER_BATCH = 1000  # MLflow's REST limit for one log-batch call
-RETRY_FOR_S = 60.0
+# A tracking server restarted or stalled for minutes must not fail a job that trained on: a batch is
+# retried this long (a minute had failed a job over a 96 s outage). Training waits meanwhile at its
+# next checkpoint, whose publication needs every point before it delivered, and says what it waits on.
+RETRY_FOR_S = 600.0
 # Linux lets an unprivileged process grow a pipe to 1 MiB (/proc/sys/fs/pipe-max-size): room for
 # ~40 full batches, so the training thread never waits for the delivery process to be scheduled.
 PIPE_BYTES = 1 << 20
