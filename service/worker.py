@@ -505,11 +505,20 @@ class Supervision:
             *study,  # a study's job: its run's name, tags and parent run
             *self.plugin_file_arguments(),
         ]  # fmt: skip
+        run_id = self.resumed_run_id()
+        if run_id is not None:
+            # DURABLE_INTERFACE.md: resume from the last verified checkpoint, in the same MLflow run.
+            command += ["--resume", str(job.checkpoint_ref), "--resume-run-id", run_id]
+        return command
+
+    def resumed_run_id(self) -> str | None:
+        """The MLflow run a later attempt resumes in (from the job's last verified checkpoint); None
+        for a first attempt, a check job, or one with no checkpoint to resume from."""
+        job = self.job
         run_id = (job.mlflow or {}).get("run_id")
         if job.attempt > 1 and job.kind == "train" and job.checkpoint_ref and run_id:
-            # DURABLE_INTERFACE.md: resume from the last verified checkpoint, in the same MLflow run.
-            command += ["--resume", job.checkpoint_ref, "--resume-run-id", str(run_id)]
-        return command
+            return str(run_id)
+        return None
 
     def environment(self) -> tuple[dict[str, str], str]:
         return self.worker.job_environment(self.slots)
@@ -520,6 +529,10 @@ class Supervision:
         spec_path = self.workdir / "spec.json"
         spec_path.write_text(json.dumps(self.job.spec, indent=2))
         env, tracking_uri = self.environment()
+        if self.job.attempt > 1 and self.job.mlflow and self.resumed_run_id() is None:
+            # The attempt before died with no checkpoint to resume from: this one starts afresh in a
+            # run of its own, and that one must not stay RUNNING (or be taken for a job's second run).
+            self._end_mlflow_run("KILLED", force=False)
         arguments = self.arguments(spec_path, tracking_uri)
         process = self._start_warm(arguments, env) or self._start_cold(arguments, env)
         # Just after the job: a worker killed in between leaves the job only its SIGTERM, which a

@@ -25,8 +25,9 @@ from mlflow.tracking import MlflowClient
 from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.processes import thread_environment
-from jobs.result import JobStatus
+from jobs.result import JobStatus, MlflowInfo, Progress
 from jobs.spec import JobSpec
+from jobs.tracking import experiment_id_for
 from service import store
 from service.db import make_engine, migrate, session_factory
 from service.models import Job
@@ -149,6 +150,38 @@ def test_a_killed_job_process_ends_its_run_failed_and_a_stubborn_cancelled_one_k
     assert client.get_run(cancelled.mlflow["run_id"]).info.status == "KILLED"
     # It was stubborn: the worker's SIGKILL after the grace, not the job, ended it.
     assert not (workdirs[stubborn] / "result.json").exists()
+
+
+def test_an_attempt_that_starts_afresh_ends_the_run_its_predecessor_left_running(
+    tmp_path: Path, mlflow_url: str
+) -> None:
+    """Attempt 1 died before any checkpoint (kill -9 of everything): attempt 2 trains in a run of its
+    own, and attempt 1's had stayed RUNNING beside it for good."""
+    client = MlflowClient(tracking_uri=mlflow_url)
+    experiment_id = experiment_id_for(client, f"afresh-{tmp_path.name}")
+    orphan = client.create_run(experiment_id).info.run_id
+    program, _ = stand_in(tmp_path)
+    settings = Settings(
+        data_dir=tmp_path,
+        mlflow_tracking_uri=mlflow_url,
+        poll_interval_s=0.1,
+        warm_pool=False,
+        job_python=program,
+    )
+    sessions = session_factory(engine := make_engine(settings.resolved_database_url))
+    migrate(engine)
+    job_id = submit(sessions, slow_spec("afresh", steps=5))
+    info = MlflowInfo(tracking_uri=mlflow_url, experiment_id=experiment_id, run_id=orphan, run_url="-")
+    with sessions() as session:  # attempt 1: its run started, then its worker died
+        store.claim_next(session=session, worker_id="dead", lease_s=30)
+        store.record_progress(
+            session=session, job_id=job_id, worker_id="dead", attempt=1, workdir=None, lease_s=30,
+            progress=Progress(step=0, total=5, mlflow=info),
+        )  # fmt: skip
+        store.requeue_job(session=session, job_id=job_id, worker_id="dead", attempt=1, reason="died")
+    Worker(settings, sessions, worker_id="alive").run_next()
+    assert row(sessions, job_id).status is JobStatus.SUCCEEDED
+    assert client.get_run(orphan).info.status == "KILLED"
 
 
 STAND_IN = """#!/bin/sh
