@@ -278,6 +278,13 @@ def check_param_groups(ctx: CheckContext) -> Outcome:
     # over all parameters: D-Adaptation's `d`, Adai's mean second moment, AliG's global step), so
     # no single-group optimizer is a reference and a group's own values must reach its update.
     coupled = _max_difference(two_groups[:SECOND], alone[:SECOND]) > 0
+    if not coupled and halved and _max_difference(two_groups, alone) > 1e-6:
+        # Coupled under the halved values only (AdaGC clips by the norm of every group's gradients
+        # once its lambda_abs is small enough): the same two groups built with them for all show
+        # it, in the first group. Built with them, not given them per group: a class that reads
+        # self.defaults is then alike in both, and is not taken for one that couples its groups.
+        both, both_alone = _two_groups(ctx, halved, as_defaults=True)
+        coupled = _max_difference(both[:SECOND], both_alone[:SECOND]) > 0
     if coupled:
         same_settings, _ = _two_groups(ctx, {})
         if halved and _max_difference(two_groups[SECOND:], same_settings[SECOND:]) == 0:
@@ -354,20 +361,25 @@ _ADDED_GROUP_FIX = "keep no per-group bookkeeping outside param_groups (e.g. lis
 SECOND = 1  # the index of the second group's parameters in `_two_groups`' results
 
 
-def _two_groups(ctx: CheckContext, halved: dict[str, Any]) -> tuple[list[list[Tensor]], list[list[Tensor]]]:
-    """Two steps of one optimizer over two groups (the second with `halved`), and of one single-group
-    optimizer per group: each group's parameters afterwards, from both."""
+def _two_groups(
+    ctx: CheckContext, halved: dict[str, Any], *, as_defaults: bool = False
+) -> tuple[list[list[Tensor]], list[list[Tensor]]]:
+    """Two steps of one optimizer over two groups (the second with `halved`; both, given to the
+    constructor, if `as_defaults`), and of one single-group optimizer per group: each group's
+    parameters afterwards, from both."""
     model = _tiny_model()
     first, second = list(model[0].parameters()), list(model[2].parameters())
-    optimizer = _build(
-        ctx, [{"params": first}, {"params": second, **{native(ctx, k): v for k, v in halved.items()}}]
-    )
+    if as_defaults:
+        optimizer = _build(ctx, [{"params": first}, {"params": second}], **halved)
+    else:
+        settings = {native(ctx, k): v for k, v in halved.items()}
+        optimizer = _build(ctx, [{"params": first}, {"params": second, **settings}])
     # One model per reference optimizer, given the two-group model's parameters of the other group
     # before every step: each then sees the gradients the two-group model sees for its group, from a
     # graph of its own (a Hessian-vector product frees the graph it uses).
     first_model, second_model = _twin(model), _twin(model)
     references = [
-        (first_model, _build(ctx, first_model[0].parameters())),
+        (first_model, _build(ctx, first_model[0].parameters(), **(halved if as_defaults else {}))),
         (second_model, _build(ctx, second_model[2].parameters(), **halved)),
     ]
     # A batch of its own each step: with the same gradient twice, Adam's step does not depend on its

@@ -35,6 +35,10 @@ TRUE_FAULTS: dict[str, frozenset[str]] = {
     "DAdaptAdam": frozenset({"param_groups"}),
     "DAdaptAdan": frozenset({"param_groups"}),
     "DAdaptLion": frozenset({"param_groups"}),
+    # The same in Prodigy (prodigy.py:190-196: `group = self.param_groups[0]`, then its betas and
+    # d_lr for every group): a second group's betas are ignored. Seen once param_groups stepped on
+    # two different batches (Adam's step with one gradient twice does not depend on its betas).
+    "Prodigy": frozenset({"param_groups"}),
     # `normalize_lr` divides only the constructor's lr by 1 + grokfast_lamb (grokfast.py:162); a
     # group's own lr is used as given, so the same lr steps (1 + lamb) times larger in a group.
     "GrokFastAdamW": frozenset({"param_groups"}),
