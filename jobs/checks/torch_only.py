@@ -271,7 +271,9 @@ def check_param_groups(ctx: CheckContext) -> Outcome:
             two_groups, alone = _two_groups(ctx, halved)
         except Exception as again:
             return skipped(_group_refusal(ctx, again))
-    settings = ", ".join(f"{native(ctx, k)}={v}" for k, v in halved.items()) or "the optimizer's own values"
+    settings = (
+        ", ".join(f"{native(ctx, k)}={_shown(v)}" for k, v in halved.items()) or "the optimizer's own values"
+    )
     settings += lr_refused
     # The first group keeps the optimizer's own values: if even it differs (at all) from a single-group
     # optimizer over it, the class couples its groups by design (a global step size or statistics
@@ -489,6 +491,17 @@ def _fresh_group_step(ctx: CheckContext, lr: dict[str, float]) -> Tensor:
 
 # Hyperparameters of several numbers: each is halved.
 _HALVED_EACH = ("float_pair", "float_tuple", "float_list")
+
+
+def _shown(value: Any) -> str:
+    """A setting as a message shows it: a float to 6 significant digits (half a float32 tensor's rate
+    is 0.0005000000237487257 as a Python float), a tuple or list of them likewise."""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, tuple | list):
+        inner = ", ".join(_shown(item) for item in value)
+        return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
+    return str(value)
 
 
 def _halved_settings(ctx: CheckContext, group_keys: set[str]) -> dict[str, Any]:

@@ -1174,6 +1174,19 @@ def test_betas_read_from_the_defaults_fail_param_groups(tmp_path: Path) -> None:
     assert "a second param group with lr=0.0005, betas=(0.45, 0.4995) does not step like" in outcome.detail
 
 
+class TensorDefaultSGD(PlainSGD):
+    """Its default rate a float32 tensor (torch allows one): halved, 0.0005000000237487257 as a float."""
+
+    def __init__(self, params: object, lr: Any = torch.tensor(1e-3)) -> None:  # noqa: B008
+        super().__init__(params, {"lr": lr})
+
+
+def test_param_groups_shows_a_halved_float32_rate_as_the_number_it_is(tmp_path: Path) -> None:
+    outcome = torch_only.check_param_groups(context(f"{__name__}:TensorDefaultSGD", tmp_path))
+    assert outcome.status == "pass", outcome.detail
+    assert "a second group with lr=0.0005 steps like" in outcome.detail
+
+
 class PackedState(torch.Tensor):
     """A state tensor kept packed, as torchao's 8-bit, 4-bit and FP8 optimizers keep their moments:
     it refuses .numpy() and gives its values through dequantize()."""
