@@ -56,7 +56,16 @@ class Supervisor:
         self.stop()
 
     def start(self) -> None:
-        self.logs.mkdir(parents=True, exist_ok=True)
+        try:  # the data folder must take the logs, databases and jobs: a clear line, not a traceback
+            self.logs.mkdir(parents=True, exist_ok=True)
+            probe = self.data_dir / ".optlab-write-test"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as exc:
+            raise StartupError(
+                f"cannot write to the data folder {self.data_dir} ({exc.strerror or exc}): give a "
+                "writable --data-dir (or OPTLAB_DATA_DIR)"
+            ) from None
         for host, port, what in (
             (self.settings.mlflow_host, self.settings.mlflow_port, "--mlflow-port"),
             (self.settings.api_host, self.settings.api_port, "--port"),

@@ -118,6 +118,22 @@ def test_serve_refuses_a_port_in_use(tmp_path: Path) -> None:
     assert f"127.0.0.1:{port} is already in use" in completed.stderr and "--port" in completed.stderr
 
 
+def test_serve_refuses_a_data_folder_it_cannot_write_in_one_line(tmp_path: Path) -> None:
+    """It had printed a PermissionError's traceback. (A folder under a file: root writes anywhere.)"""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    completed = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", "--data-dir", str(blocker / "data")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert completed.returncode == 1 and "Traceback" not in completed.stderr, completed.stderr
+    assert f"cannot write to the data folder {blocker / 'data'}" in completed.stderr
+    assert "give a writable --data-dir (or OPTLAB_DATA_DIR)" in completed.stderr
+
+
 def test_demo_trains_compares_and_cleans_up(tmp_path: Path) -> None:
     specs = tmp_path / "specs"
     specs.mkdir()
