@@ -532,7 +532,13 @@ class Supervision:
         if self.job.attempt > 1 and self.job.mlflow and self.resumed_run_id() is None:
             # The attempt before died with no checkpoint to resume from: this one starts afresh in a
             # run of its own, and that one must not stay RUNNING (or be taken for a job's second run).
-            self._end_mlflow_run("KILLED", force=False)
+            # On a thread: MLflow's client retries for minutes when the server is down, and the lease
+            # this attempt holds is renewed only once its process is watched.
+            # Its run id now: this attempt's own is in its progress soon.
+            predecessor = str((self.job.mlflow or {}).get("run_id"))
+            threading.Thread(
+                target=self._end_run, args=(predecessor, "KILLED"), kwargs={"force": False}, daemon=True
+            ).start()
         arguments = self.arguments(spec_path, tracking_uri)
         process = self._start_warm(arguments, env) or self._start_cold(arguments, env)
         # Just after the job: a worker killed in between leaves the job only its SIGTERM, which a
@@ -692,8 +698,10 @@ class Supervision:
         """End the job's MLflow run as `status` if the job process could not (`force`: even if it did)."""
         info = (self.last_progress.mlflow if self.last_progress else None) or self.job.mlflow
         run_id = info.run_id if isinstance(info, MlflowInfo) else (info or {}).get("run_id")
-        if not run_id:
-            return
+        if run_id:
+            self._end_run(str(run_id), status, force=force)
+
+    def _end_run(self, run_id: str, status: str, *, force: bool) -> None:
         try:
             from mlflow.tracking import MlflowClient  # the client only: no framework comes with it
 

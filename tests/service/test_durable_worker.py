@@ -181,7 +181,7 @@ def test_an_attempt_that_starts_afresh_ends_the_run_its_predecessor_left_running
         store.requeue_job(session=session, job_id=job_id, worker_id="dead", attempt=1, reason="died")
     Worker(settings, sessions, worker_id="alive").run_next()
     assert row(sessions, job_id).status is JobStatus.SUCCEEDED
-    assert client.get_run(orphan).info.status == "KILLED"
+    wait_until(lambda: client.get_run(orphan).info.status == "KILLED", 30, "the orphan run to end")
 
 
 STAND_IN = """#!/bin/sh
