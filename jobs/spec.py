@@ -740,8 +740,7 @@ def _data_path_errors(
 
 def _rateless_errors(spec: JobSpec, catalogue: Catalogue) -> list[SpecError]:
     """A schedule scales the learning rate: a class that takes none (AliG and A2Grad compute their
-    step) trains with the constant schedule only, as does a torch class that keeps its rate where
-    no LR scheduler sets it (not as its groups' `lr`). A wrapper's rate is its base's."""
+    step) trains with the constant schedule only. A wrapper's rate is its base's."""
     holder = spec.optimizer.base or spec.optimizer
     declared = catalogue.optimizer(holder.name, spec.framework, holder.style)
     if spec.schedule.name == "constant" or declared is None:
@@ -757,17 +756,9 @@ def _rateless_errors(spec: JobSpec, catalogue: Catalogue) -> list[SpecError]:
                 f"schedule {spec.schedule.name!r} has nothing to scale; use the constant schedule",
             )
         ]
-    read = declared.get("group_keys")  # what its source reads from its param groups (None: unknown)
-    if spec.framework == "torch" and read is not None and "lr" not in read:
-        return [
-            SpecError(
-                loc=["body", "schedule", "name"],
-                msg=f"optimizer {holder.name!r} never reads 'lr' from its param groups, the key every torch "
-                f"LR scheduler sets (its rate is kept under another name, or outside the groups), so "
-                f"schedule {spec.schedule.name!r} cannot reach its rate; use the constant schedule, or keep "
-                "the rate in each param group as 'lr' and read it there at every step",
-            )
-        ]
+    # A torch class whose groups hold no `lr` (a port keeping `learning_rate`) fails at its job's build
+    # (ScheduleUnreachable): only the groups themselves say so. Its source's reads are no proof: a
+    # class may read its rate through `**group` or a helper, and a refusal here would be a false one.
     return []
 
 

@@ -471,26 +471,3 @@ def test_a_class_without_a_learning_rate_takes_the_constant_schedule_only(
     assert "constant" in error.msg
     constant = {**scheduled, "schedule": {"name": "constant"}}
     assert catalogue_errors(JobSpec.model_validate(constant), catalogue, max_steps=MAX_STEPS) == []
-
-
-def test_a_torch_class_that_never_reads_lr_from_its_groups_takes_the_constant_schedule_only(
-    catalogue_data: dict[str, Any],
-) -> None:
-    """A port that keeps its rate as group['learning_rate']: torch's LR schedulers set 'lr' only,
-    so a job's schedule would not reach it (it had trained at a constant rate, silently)."""
-    data = copy.deepcopy(catalogue_data)
-    template = next(o for o in data["optimizers"] if o["name"] == "ema_momentum" and o["style"] == "torch")
-    data["optimizers"].append({**template, "name": "keyed", "group_keys": ["learning_rate", "momentum"]})
-    data["optimizers"].append({**template, "name": "ported", "group_keys": ["lr", "momentum"]})
-    catalogue = Catalogue.model_validate(data)
-    scheduled = example(optimizer={"name": "keyed", "params": {}}, schedule={"name": "cosine"})
-    (error,) = catalogue_errors(JobSpec.model_validate(scheduled), catalogue, max_steps=MAX_STEPS)
-    assert error.loc == ["body", "schedule", "name"]
-    assert (
-        "'keyed' never reads 'lr' from its param groups, the key every torch LR scheduler sets" in error.msg
-    )
-    for fine in (
-        {**scheduled, "schedule": {"name": "constant"}},
-        {**scheduled, "optimizer": {"name": "ported"}},
-    ):
-        assert catalogue_errors(JobSpec.model_validate(fine), catalogue, max_steps=MAX_STEPS) == []
