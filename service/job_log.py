@@ -2,9 +2,9 @@
 
 An optimizer that prints every step writes gigabytes over a long job, and the log had no bound:
 the worker cuts it back once it is over `OPTLAB_JOB_LOG_MB`, keeping its start (the job's set-up,
-the first warnings) and what comes after the cut (its latest output, where a failure's traceback
-is). The job's output is opened for appending, cold and warm (service.worker, jobs.warm), so its
-writes go on at the new end.
+the first warnings) and its latest output (where a failure's traceback follows). The job's output
+is opened for appending, cold and warm (service.worker, jobs.warm), so its writes go on at the new
+end.
 """
 
 from __future__ import annotations
@@ -23,14 +23,20 @@ def cut_line(limit_bytes: int) -> str:
 
 
 def cap(path: Path, limit_bytes: int) -> bool:
-    """Once `path` is over `limit_bytes`: cut it back to its first half and a line saying so (each
-    cut after the first drops the output since the last one). True if it cut."""
+    """Once `path` is over `limit_bytes`: cut it back to its first half, a line saying so and its
+    last quarter (the latest output, which a failure's traceback follows). True if it cut. What the
+    job writes between reading that quarter and the cut is lost: a few lines at most."""
+    head, kept = limit_bytes // 2, limit_bytes // 4
     try:
-        if path.stat().st_size <= limit_bytes:
-            return False
-        os.truncate(path, limit_bytes // 2)
+        with open(path, "rb") as log:
+            size = log.seek(0, os.SEEK_END)
+            if size <= limit_bytes:
+                return False
+            log.seek(size - kept)
+            latest = log.read(kept)
+        os.truncate(path, head)
         with open(path, "ab") as log:
-            log.write(cut_line(limit_bytes).encode())
+            log.write(cut_line(limit_bytes).encode() + latest)
     except OSError:  # gone, or not ours to cut: the job's outcome matters more than its log's size
         return False
     return True

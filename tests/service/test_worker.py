@@ -142,6 +142,7 @@ def test_a_job_that_prints_without_end_keeps_a_bounded_log_with_its_start_and_it
     assert len(log) < 40 * 51200 // 2  # bounded: 256 KB, and what a poll's interval brings after it
     assert " line 1\n" in log and " line 40\n" in log  # its start, and its latest output
     assert log.count("[optlab: output cut here") == 1 and "OPTLAB_JOB_LOG_MB=0.25]" in log
+    assert " line 20\n" not in log  # the middle is what was cut
 
 
 def test_a_job_that_died_on_a_full_disk_says_so(
