@@ -5,6 +5,7 @@ keeps and how it survives a save, written once over the drivers.
 from __future__ import annotations
 
 import inspect
+import pickle
 import re
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -187,20 +188,49 @@ def _missing(
 
 def _unsaved_attributes(stepped: Any, restored: Any) -> list[str]:
     """The plain numbers the optimizer keeps as attributes of its own that differ between the
-    uninterrupted optimizer and the restored one: state the save never saw (`self.t += 1` in the
-    step), named so the user knows which. Only read once a next step has differed."""
+    uninterrupted optimizer and the restored one, and its random number generators that would draw
+    differently: state the save never saw (`self.t += 1` in the step, SGLD's private generator),
+    named so the user knows which. Only read once a next step has differed."""
     theirs = getattr(restored, "__dict__", {})
     written = _attributes_written_by_the_user(type(stepped))
-    return [
+    mine = {name: value for name, value in getattr(stepped, "__dict__", {}).items() if name in written}
+    numbers = [
         f"self.{name} is {value!r} in the uninterrupted optimizer and {theirs.get(name)!r} in the "
         "restored one"
-        for name, value in getattr(stepped, "__dict__", {}).items()
-        if name in written
-        and isinstance(value, int | float)
+        for name, value in mine.items()
+        if isinstance(value, int | float)
         and not isinstance(value, bool)
         and value == value  # a NaN differs from itself, and says nothing here
         and theirs.get(name) != value
     ]
+    generators = [
+        f"self.{name} is a random number generator ({'.'.join(_generator_kind(value))}) the save does not "
+        "hold, so the restored one draws other numbers: save its state in state_dict() "
+        "(get_state() gives it as a tensor) or draw from torch's global generator, which a job's checkpoint "
+        "saves"
+        for name, value in mine.items()
+        if (state := _random_state(value)) is not None and state != _random_state(theirs.get(name))
+    ]
+    return numbers + generators
+
+
+# Random number generators by their type's module and name: their state is what they draw next.
+_GENERATORS = {("torch", "Generator"), ("random", "Random"), ("numpy", "Generator"), ("numpy", "RandomState")}
+
+
+def _generator_kind(value: Any) -> tuple[str, str]:
+    return type(value).__module__.split(".")[0], type(value).__name__  # torch._C.Generator: torch's
+
+
+def _random_state(value: Any) -> bytes | None:
+    """A random number generator's state as bytes (None for anything else)."""
+    if _generator_kind(value) not in _GENERATORS:
+        return None
+    if hasattr(value, "bit_generator"):  # numpy's Generator
+        state: Any = value.bit_generator.state
+    else:
+        state = value.get_state() if hasattr(value, "get_state") else value.getstate()
+    return pickle.dumps(state)
 
 
 def _attributes_written_by_the_user(cls: type) -> set[str]:

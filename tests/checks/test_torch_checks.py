@@ -370,6 +370,29 @@ class PlainSGD(torch.optim.Optimizer):
         return loss
 
 
+class PrivateNoiseSGD(PlainSGD):
+    """SGLD-like: noise from a generator of its own, seeded in __init__; no checkpoint saves it."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        super().__init__(params, {"lr": lr})
+        self.generator = torch.Generator().manual_seed(0)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in (p for p in group["params"] if p.grad is not None):
+                p.sub_(group["lr"] * (p.grad + 0.01 * torch.randn(p.shape, generator=self.generator)))
+        return None
+
+
+def test_state_roundtrip_names_the_random_generator_a_checkpoint_does_not_save(tmp_path: Path) -> None:
+    outcome = state_checks.check_state_roundtrip(context(f"{__name__}:PrivateNoiseSGD", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert "here self.generator is a random number generator (torch.Generator) the save does not hold" in (
+        outcome.detail
+    )
+
+
 class NamedSGD(PlainSGD):
     """Takes `model.named_parameters()`, as adam-mini does (it splits them by name)."""
 
