@@ -1126,11 +1126,14 @@ class PortedMomentum(PlainSGD):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         for group in self.param_groups:
-            for p in (p for p in group["params"] if p.grad is not None):
-                velocity = self.state[p].setdefault("velocity", torch.zeros_like(p))
-                velocity.mul_(group["momentum"]).add_(p.grad)
-                p.sub_(group["lr"] * velocity)
+            self.momentum_step(group, group["lr"])  # the key read here: what the catalogue reads
         return None
+
+    def momentum_step(self, group: dict[str, Any], lr: float) -> None:
+        for p in (p for p in group["params"] if p.grad is not None):
+            velocity = self.state[p].setdefault("velocity", torch.zeros_like(p))
+            velocity.mul_(group["momentum"]).add_(p.grad)
+            p.sub_(lr * velocity)
 
 
 class KeyedMomentum(PortedMomentum):
@@ -1142,10 +1145,7 @@ class KeyedMomentum(PortedMomentum):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         for group in self.param_groups:
-            for p in (p for p in group["params"] if p.grad is not None):
-                velocity = self.state[p].setdefault("velocity", torch.zeros_like(p))
-                velocity.mul_(group["momentum"]).add_(p.grad)
-                p.sub_(group["learning_rate"] * velocity)
+            self.momentum_step(group, group["learning_rate"])
         return None
 
 
