@@ -28,11 +28,10 @@ def cap(path: Path, limit_bytes: int) -> bool:
     job writes between reading that quarter and the cut is lost: a few lines at most."""
     head, kept = limit_bytes // 2, limit_bytes // 4
     try:
+        if path.stat().st_size <= limit_bytes:  # every poll: a stat, no more
+            return False
         with open(path, "rb") as log:
-            size = log.seek(0, os.SEEK_END)
-            if size <= limit_bytes:
-                return False
-            log.seek(size - kept)
+            log.seek(-kept, os.SEEK_END)
             latest = log.read(kept)
         os.truncate(path, head)
         with open(path, "ab") as log:
