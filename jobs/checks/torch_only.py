@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import logging
 import math
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -38,7 +39,7 @@ from jobs.checks.tools import (
     user_line,
 )
 from jobs.frameworks.torch_driver import closure_result, state_tensors
-from optimizers.loop_needs import PLAIN, LoopNeeds
+from optimizers.loop_needs import PLAIN, LoopNeeds, user_classes
 
 SEED = 0
 
@@ -290,20 +291,22 @@ def check_param_groups(ctx: CheckContext) -> Outcome:
     if coupled:
         same_settings, _ = _two_groups(ctx, {})
         if halved and _max_difference(two_groups[SECOND:], same_settings[SECOND:]) == 0:
+            read, at = _read_outside_the_group(ctx)
             return failed(
                 f"a second param group with {settings} stepped bitwise like one with the optimizer's own "
-                "values: the group's values are ignored",
-                where=method_location(ctx),
+                f"values: the group's values are ignored{read}",
+                where=at or method_location(ctx),
                 fix=fix,
             )
     else:
         difference = _max_difference(two_groups, alone)
         if difference > 1e-6:
             transformed = _stored_transformed(ctx, halved)
+            read, at = ("", "") if transformed else _read_outside_the_group(ctx)
             return failed(
                 f"a second param group with {settings} does not step like a single-group optimizer built "
-                f"with those values (max abs difference {difference:.3g} after 2 steps){transformed}",
-                where=method_location(ctx, "__init__" if transformed else None),
+                f"with those values (max abs difference {difference:.3g} after 2 steps){transformed}{read}",
+                where=at or method_location(ctx, "__init__" if transformed else None),
                 figure=difference,
                 fix=_TRANSFORMED_FIX if transformed else fix,
             )
@@ -487,6 +490,33 @@ def _fresh_group_step(ctx: CheckContext, lr: dict[str, float]) -> Tensor:
         alone_closure()
         _step(ctx, reference.step, alone_closure)
     return alone.detach().clone()
+
+
+# A read of one value for every group: the constructor's (`self.defaults[...]`), the first group's.
+_ONE_FOR_ALL_GROUPS = re.compile(r"self\.defaults\s*(?:\[|\.get\()|self\.param_groups\s*\[\s*0\s*\]")
+
+
+def _read_outside_the_group(ctx: CheckContext) -> tuple[str, str]:
+    """Where a method of the class (not its constructor) reads a value for every group at once, and
+    the words saying so; ("", "") where none does. The likely cause of a group's values not reaching
+    its update, pointed at where the fix goes."""
+    for klass in user_classes(ctx.target.cls):
+        for name, function in vars(klass).items():
+            if name == "__init__" or not inspect.isfunction(function):
+                continue
+            try:  # unwrapped: torch wraps `step` in hooks defined in its own file
+                lines, first = inspect.getsourcelines(inspect.unwrap(function))
+                path = inspect.getsourcefile(inspect.unwrap(function))
+            except (OSError, TypeError):
+                continue
+            for offset, line in enumerate(lines):
+                if _ONE_FOR_ALL_GROUPS.search(line):
+                    code = line.strip()
+                    return (
+                        f"; `{code}` in {name}() reads one value for every group",
+                        f"{path}:{first + offset}",
+                    )
+    return "", ""
 
 
 # Hyperparameters of several numbers: each is halved.

@@ -3,6 +3,7 @@ one is caught by its own check."""
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -1195,6 +1196,16 @@ def test_betas_read_from_the_defaults_fail_param_groups(tmp_path: Path) -> None:
     outcome = torch_only.check_param_groups(context(f"{__name__}:DefaultsBetasAdam", tmp_path))
     assert outcome.status == "fail", outcome.detail
     assert "a second param group with lr=0.0005, betas=(0.45, 0.4995) does not step like" in outcome.detail
+    # Pointed at the read, not at `def step`: where the fix goes.
+    assert (
+        '`beta1, beta2 = self.defaults["betas"]` in step() reads one value for every group' in outcome.detail
+    )
+    line = (
+        inspect.getsource(DefaultsBetasAdam.step)
+        .splitlines()
+        .index('        beta1, beta2 = self.defaults["betas"]')
+    )
+    assert outcome.where == f"{__file__}:{inspect.getsourcelines(DefaultsBetasAdam.step)[1] + line}"
 
 
 class TensorDefaultSGD(PlainSGD):
