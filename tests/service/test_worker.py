@@ -7,11 +7,11 @@ arguments (`-m jobs.run SPEC --workdir DIR ...`) and misbehaves on purpose.
 from __future__ import annotations
 
 import os
-import shutil
 import stat
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
@@ -151,7 +151,7 @@ def test_a_job_that_died_on_a_full_disk_says_so(
     """A full disk leaves no result and no log: the exit code alone had been all a user was told."""
     worker = make_worker(settings, sessions, stand_in(tmp_path, "exit 1"))
     job_id = submit(sessions)
-    full = shutil._ntuple_diskusage(10**9, 10**9, 4096)  # type: ignore[attr-defined]
+    full = SimpleNamespace(total=10**9, used=10**9, free=4096)  # what shutil.disk_usage gives
     monkeypatch.setattr(worker_module.shutil, "disk_usage", lambda path: full)
     worker.run_next()
     error = job_row(sessions, job_id).error
