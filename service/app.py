@@ -187,7 +187,8 @@ def _merged_unions(errors: list[Any], body: Any) -> list[Any]:
     grouped: dict[Any, list[tuple[int, Any]]] = {}
     for number, error in enumerate(errors):
         loc = tuple(error.get("loc", ()))
-        tagged = _tag_index(loc, body)
+        # Only a body's locations hold tags: a header's is its name (`Idempotency-Key`, capitalised).
+        tagged = _tag_index(loc, body) if loc[:1] == ("body",) else None
         grouped.setdefault(number if tagged is None else loc[:tagged], []).append((tagged or 0, error))
     merged = []
     for key, members in grouped.items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -54,6 +55,13 @@ def _problem_line(item: dict[str, Any]) -> str:
     return message if not field or message.startswith(field) else f"{field}: {message}"
 
 
+# A submission whose answer was lost (a timeout, a dropped connection) is sent again this often in
+# all, under the `Idempotency-Key` it was first sent with: the API answers a retry of a stored
+# submission with its job, so a retry never makes a second one.
+SUBMIT_ATTEMPTS = 3
+SUBMIT_RETRY_AFTER_S = 1.0
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"  # service.idempotency.KEY_HEADER, without importing the service
+
 # Statuses that mean the request itself was wrong (the CLI exits 2 for them, 1 for the rest).
 USAGE_ERRORS = (400, 401, 403, 404, 413, 415, 422)
 
@@ -70,14 +78,20 @@ class ApiClient:
         self._http.close()
 
     def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return self._call("POST", "/jobs", json=spec)
+        return self._submit("/jobs", spec)
 
     def submit_check(self, body: dict[str, Any]) -> dict[str, Any]:
         """Queue the conformance checks (POST /checks); the returned job is followed like any other."""
-        return self._call("POST", "/checks", json=body)
+        return self._submit("/checks", body)
 
     def submit_study(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return self._call("POST", "/studies", json=spec)
+        return self._submit("/studies", spec)
+
+    def _submit(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST a submission under an `Idempotency-Key` of its own, sent again with that key where
+        its answer was lost, up to SUBMIT_ATTEMPTS times in all."""
+        headers = {IDEMPOTENCY_KEY_HEADER: str(uuid.uuid4())}
+        return self._call("POST", path, json=body, headers=headers, attempts=SUBMIT_ATTEMPTS)
 
     def study(self, study_id: int) -> dict[str, Any]:
         return self._call("GET", f"/studies/{study_id}")
@@ -138,17 +152,26 @@ class ApiClient:
             if on_update:
                 on_update(latest[job_id])
 
-    def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        try:
-            response = self._http.request(method, path, **kwargs)
-        except httpx.ConnectError:
-            raise ApiError(
-                0, f"cannot reach the optlab API at {self.base_url}; is `optlab serve` running?"
-            ) from None
-        except (httpx.HTTPError, httpx.InvalidURL) as exc:  # no scheme, a timeout, a dropped connection
-            raise ApiError(
-                0, f"cannot reach the optlab API at {self.base_url!r} ({type(exc).__name__}: {exc})"
-            ) from None
+    def _call(self, method: str, path: str, *, attempts: int = 1, **kwargs: Any) -> dict[str, Any]:
+        """The answer's JSON, or ApiError: its status and detail, or 0 where no answer came.
+
+        `attempts`: how often to send a request whose answer was lost (only for one that is safe
+        to send again)."""
+        for attempt in range(1, attempts + 1):
+            try:
+                response = self._http.request(method, path, **kwargs)
+                break
+            except httpx.ConnectError:
+                raise ApiError(
+                    0, f"cannot reach the optlab API at {self.base_url}; is `optlab serve` running?"
+                ) from None
+            except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
+                if attempt < attempts:  # the request may have arrived: its answer did not
+                    time.sleep(SUBMIT_RETRY_AFTER_S)
+                    continue
+                raise ApiError(0, self._unreachable(exc, attempts)) from None
+            except (httpx.HTTPError, httpx.InvalidURL) as exc:  # no scheme, a malformed request
+                raise ApiError(0, self._unreachable(exc, 1)) from None
         if response.status_code >= 400:
             try:
                 detail = response.json().get("detail", response.text)
@@ -157,3 +180,7 @@ class ApiClient:
             raise ApiError(response.status_code, detail)
         data: dict[str, Any] = response.json()
         return data
+
+    def _unreachable(self, exc: Exception, attempts: int) -> str:
+        tries = "" if attempts == 1 else f"; sent {attempts} times with one Idempotency-Key"
+        return f"cannot reach the optlab API at {self.base_url!r} ({type(exc).__name__}: {exc}){tries}"

@@ -10,8 +10,8 @@ from sqlalchemy.orm import Session
 
 from jobs.spec import Catalogue, SpecError, SpecT, with_resolved_style
 from service import store
-from service.models import Job
-from service.quotas import CatalogueChanged, SubmissionQueue
+from service.idempotency import IdempotentRequest
+from service.quotas import CatalogueChanged, Stored, SubmissionQueue
 from service.settings import Settings
 
 
@@ -65,9 +65,18 @@ CATALOGUE_RETRY_AFTER_S = 5
 Refusals = Callable[[Catalogue], list[SpecError]]  # what a catalogue refuses in a spec
 
 
-def submit_validated(request: Request, spec: SpecT, errors_in: Refusals, *, submitted_by: str | None) -> Job:
+def submit_validated(
+    request: Request,
+    spec: SpecT,
+    errors_in: Refusals,
+    *,
+    submitted_by: str | None,
+    idempotency: IdempotentRequest | None = None,
+) -> Stored:
     """`spec` validated against the latest catalogue (`errors_in` lists what it refuses: a 422)
-    and stored as a queued job through the app's `SubmissionQueue`.
+    and stored as a queued job through the app's `SubmissionQueue`; or, where an earlier request
+    with its `Idempotency-Key` made a job, that job, before any validation: a retry of a request
+    that was stored gets its job even if the catalogue or the queue would refuse it now.
 
     Submitting is the API's hot path, so the catalogue is the app's cached one, without asking
     the store first (on PostgreSQL that question cost a check-out with its ping, BEGIN, the version
@@ -76,6 +85,11 @@ def submit_validated(request: Request, spec: SpecT, errors_in: Refusals, *, subm
     before the 422, and one it accepts is stored only if that catalogue is still the latest when
     its batch commits, else validated again against the new one.
     """
+    if idempotency is not None:
+        with request.app.state.sessions() as session:
+            earlier = idempotency.earlier_job(session)
+        if earlier is not None:
+            return Stored(earlier, replayed=True)
     submissions: SubmissionQueue = request.app.state.submissions
     for attempt in range(CATALOGUE_RETRIES):
         # The cached catalogue first; after a `CatalogueChanged`, the latest.
@@ -90,7 +104,9 @@ def submit_validated(request: Request, spec: SpecT, errors_in: Refusals, *, subm
             raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
         resolved = with_resolved_style(spec, published.catalogue)
         try:
-            return submissions.submit(resolved, submitted_by=submitted_by, catalogue=published.version)
+            return submissions.submit(
+                resolved, submitted_by=submitted_by, catalogue=published.version, idempotency=idempotency
+            )
         except CatalogueChanged:
             continue
     raise HTTPException(

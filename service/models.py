@@ -131,3 +131,22 @@ class WorkerRow(Base):
     catalogue_sha256: Mapped[str] = mapped_column(String(64))
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+
+
+class IdempotencyKey(Base):
+    """A submission's `Idempotency-Key` and what it created: the same key and request again get
+    that job or study back instead of a second one (a client retrying after a timeout).
+
+    Keys are scoped by the submitting token's name ('' on an open API) and kept as long as the
+    store is: jobs and studies are never deleted.
+    """
+
+    __tablename__ = "idempotency_keys"
+
+    scope: Mapped[str] = mapped_column(String(64), primary_key=True)
+    key: Mapped[str] = mapped_column(String(255), primary_key=True)
+    # sha256 of the route and the validated request body: the same key with another request is refused.
+    request_sha256: Mapped[str] = mapped_column(String(64))
+    job_id: Mapped[int | None] = mapped_column(Integer, ForeignKey("jobs.id"))
+    study_id: Mapped[int | None] = mapped_column(Integer, ForeignKey("studies.id"))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)

@@ -22,7 +22,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from jobs.spec import AnySpec
 from service import store
 from service.db import submission_lock
-from service.models import Job
+from service.idempotency import IdempotentRequest
+from service.models import Job, Study
 from service.settings import Settings
 from service.store import CatalogueVersion
 
@@ -32,18 +33,27 @@ RETRY_AFTER_S = 30
 
 @contextmanager
 def queue_room(
-    *, session: Session, settings: Settings, submitted_by: str | None, jobs: int = 1
-) -> Iterator[None]:
+    *,
+    session: Session,
+    settings: Settings,
+    submitted_by: str | None,
+    jobs: int = 1,
+    idempotency: IdempotentRequest | None = None,
+) -> Iterator[Study | None]:
     """Room for `jobs` more queued jobs, or 429 with Retry-After; the caller inserts them inside.
 
-    A submission of several jobs (a study) is refused whole or stored whole.
+    A submission of several jobs (a study) is refused whole or stored whole. Where an earlier
+    request with its `idempotency` key made a study, that study is given instead, before the queue
+    is counted: the caller inserts nothing then.
     """
     with submission_lock(session):
-        room = QueueRoom.count(session=session, settings=settings, names=[submitted_by])
-        refusal = room.refusal(submitted_by, jobs)
-        if refusal is not None:
-            raise refusal
-        yield
+        earlier = None if idempotency is None else idempotency.earlier_study(session)
+        if earlier is None:
+            room = QueueRoom.count(session=session, settings=settings, names=[submitted_by])
+            refusal = room.refusal(submitted_by, jobs)
+            if refusal is not None:
+                raise refusal
+        yield earlier
 
 
 @dataclass
@@ -115,13 +125,23 @@ class CatalogueChanged(Exception):
     stored for it; validate it again against the latest."""
 
 
+@dataclass(frozen=True)
+class Stored:
+    """A submission's job; `replayed`: an earlier request with its `Idempotency-Key` made it."""
+
+    job: Job
+    replayed: bool = False
+
+
 @dataclass(eq=False)
 class _Submission:
     spec: AnySpec
     submitted_by: str | None
     catalogue: CatalogueVersion
+    idempotency: IdempotentRequest | None
     handled: bool = False
     job: Job | None = None
+    replayed: bool = False
     error: BaseException | None = None
 
 
@@ -143,12 +163,21 @@ class SubmissionQueue:
     _waiting_lock: threading.Lock = field(default_factory=threading.Lock)
     _storing: threading.Lock = field(default_factory=threading.Lock)
 
-    def submit(self, spec: AnySpec, *, submitted_by: str | None, catalogue: CatalogueVersion) -> Job:
+    def submit(
+        self,
+        spec: AnySpec,
+        *,
+        submitted_by: str | None,
+        catalogue: CatalogueVersion,
+        idempotency: IdempotentRequest | None = None,
+    ) -> Stored:
         """The stored job, or the 429, `CatalogueChanged` (or the store's error) raised.
 
-        `catalogue`: the version of the catalogue `spec` was validated against.
+        `catalogue`: the version of the catalogue `spec` was validated against. `idempotency`: its
+        key; a job an earlier request with it made comes back instead (replayed), and nothing is
+        stored.
         """
-        mine = _Submission(spec, submitted_by, catalogue)
+        mine = _Submission(spec, submitted_by, catalogue, idempotency)
         with self._waiting_lock:
             self._waiting.append(mine)
         with self._storing:
@@ -159,7 +188,7 @@ class SubmissionQueue:
         if mine.error is not None:
             raise mine.error
         assert mine.job is not None
-        return mine.job
+        return Stored(mine.job, mine.replayed)
 
     def _store(self, batch: list[_Submission]) -> None:
         try:
@@ -168,21 +197,38 @@ class SubmissionQueue:
                 room = QueueRoom.count(session=session, settings=self.settings, names=names)
                 newest = store.newest_catalogue_version(session=session)
                 for submission in batch:
-                    stale = submission.catalogue != newest
-                    submission.error = CatalogueChanged() if stale else room.refusal(submission.submitted_by)
-                    if submission.error is None:
-                        room.add(submission.submitted_by)
-                        submission.job = store.job_row(
-                            spec=submission.spec, submitted_by=submission.submitted_by
-                        )
-                        session.add(submission.job)
+                    self._store_one(submission, session=session, room=room, newest=newest)
                 session.commit()
         except BaseException as exc:
             for submission in batch:  # nothing of this batch was stored
                 if submission.job is not None:
-                    submission.job, submission.error = None, exc
+                    submission.job, submission.replayed, submission.error = None, False, exc
                 elif submission.error is None:
                     submission.error = exc
         finally:
             for submission in batch:
                 submission.handled = True
+
+    @staticmethod
+    def _store_one(
+        submission: _Submission, *, session: Session, room: QueueRoom, newest: CatalogueVersion | None
+    ) -> None:
+        """One submission of a batch into the batch's transaction, or its refusal into `error`."""
+        key = submission.idempotency
+        try:
+            # Under the lock: a request racing this one with its key stored first, maybe in this batch.
+            submission.job = None if key is None else key.earlier_job(session)
+        except HTTPException as refused:
+            submission.error = refused
+            return
+        if submission.job is not None:
+            submission.replayed = True
+            return
+        stale = submission.catalogue != newest
+        submission.error = CatalogueChanged() if stale else room.refusal(submission.submitted_by)
+        if submission.error is None:
+            room.add(submission.submitted_by)
+            submission.job = store.job_row(spec=submission.spec, submitted_by=submission.submitted_by)
+            session.add(submission.job)
+            if key is not None:
+                key.remember(session, job=submission.job)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Path, Query, Request
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from jobs.result import JobStatus
@@ -13,6 +13,8 @@ from service import store
 from service.admission import device_errors_asking
 from service.auth import CallerDep, submitter
 from service.deps import SessionDep, SettingsDep, submit_validated
+from service.idempotency import IdempotentRequest, KeyHeader, mark_replayed
+from service.quotas import Stored
 from service.schemas import COMMON, WRITES, JobKind, JobRead, JobsPage, responses
 from service.settings import ApiToken, Settings
 
@@ -23,13 +25,29 @@ JobId = Annotated[int, Path(ge=1, le=2**31 - 1, description="the job's id")]
 
 
 @router.post("", status_code=201, response_model=JobRead, responses=responses(*WRITES, 429, 503))
-async def submit_job(spec: JobSpec, request: Request, settings: SettingsDep, caller: CallerDep) -> JobRead:
+async def submit_job(
+    spec: JobSpec,
+    request: Request,
+    response: Response,
+    settings: SettingsDep,
+    caller: CallerDep,
+    idempotency_key: KeyHeader = None,
+) -> JobRead:
     # async, with the blocking part in one explicit pass through the thread pool: FastAPI runs a
     # plain `def` route there and then a second time to validate what it returned.
-    return await run_in_threadpool(_submit_job, spec, request, settings, caller)
+    key = IdempotentRequest.of(idempotency_key, route="POST /jobs", body=spec, submitted_by=submitter(caller))
+    stored = await run_in_threadpool(_submit_job, spec, request, settings, caller, key)
+    mark_replayed(response, stored.replayed)
+    return JobRead.from_row(stored.job)
 
 
-def _submit_job(spec: JobSpec, request: Request, settings: Settings, caller: ApiToken | None) -> JobRead:
+def _submit_job(
+    spec: JobSpec,
+    request: Request,
+    settings: Settings,
+    caller: ApiToken | None,
+    key: IdempotentRequest | None,
+) -> Stored:
     refused_device = device_errors_asking(request.app.state.sessions, spec.device, settings=settings)
 
     def errors_in(catalogue: Catalogue) -> list[SpecError]:
@@ -38,7 +56,7 @@ def _submit_job(spec: JobSpec, request: Request, settings: Settings, caller: Api
         )
         return errors + timeout_errors(spec, max_job_seconds=settings.max_job_seconds) + refused_device
 
-    return JobRead.from_row(submit_validated(request, spec, errors_in, submitted_by=submitter(caller)))
+    return submit_validated(request, spec, errors_in, submitted_by=submitter(caller), idempotency=key)
 
 
 @router.get("", response_model=JobsPage, responses=responses(*COMMON))

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Path, Query
+from fastapi import APIRouter, HTTPException, Path, Query, Response
 from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
-from jobs.spec import StudySpec, study_errors
+from jobs.spec import Catalogue, StudySpec, study_errors
 from service.admission import device_errors
 from service.auth import CallerDep, submitter
 from service.deps import CatalogueDep, SessionDep, SettingsDep
+from service.idempotency import IdempotentRequest, KeyHeader, mark_replayed
 from service.models import Study
 from service.quotas import queue_room
 from service.schemas import COMMON, WRITES, responses
+from service.settings import Settings
 from service.studies import store as study_store
 from service.studies.schemas import StudiesPage, StudyRead
 
@@ -43,8 +45,37 @@ def json_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
 
 @router.post("", status_code=201, response_model=StudyRead, responses=responses(*WRITES, 429, 503))
 def submit_study(
-    spec: StudySpec, session: SessionDep, settings: SettingsDep, catalogue: CatalogueDep, caller: CallerDep
+    spec: StudySpec,
+    response: Response,
+    session: SessionDep,
+    settings: SettingsDep,
+    catalogue: CatalogueDep,
+    caller: CallerDep,
+    idempotency_key: KeyHeader = None,
 ) -> StudyRead:
+    key = IdempotentRequest.of(
+        idempotency_key, route="POST /studies", body=spec, submitted_by=submitter(caller)
+    )
+    # A retry of a request that was stored gets its study, whatever the catalogue or queue say now.
+    earlier = None if key is None else key.earlier_study(session)
+    if earlier is None:
+        earlier = _stored_study(spec, session, settings, catalogue, submitted_by=submitter(caller), key=key)
+    else:
+        mark_replayed(response, True)
+    return _read(session, earlier, settings.mlflow_tracking_uri)
+
+
+def _stored_study(
+    spec: StudySpec,
+    session: Session,
+    settings: Settings,
+    catalogue: Catalogue,
+    *,
+    submitted_by: str | None,
+    key: IdempotentRequest | None,
+) -> Study:
+    """The study and its jobs, validated and stored; or the one a request with `key` racing this
+    one stored first."""
     errors, jobs = study_errors(
         spec,
         catalogue,
@@ -55,11 +86,15 @@ def submit_study(
     errors += device_errors(spec.device, session=session, settings=settings)
     if errors:
         raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
-    with queue_room(session=session, settings=settings, submitted_by=submitter(caller), jobs=len(jobs)):
-        study = study_store.create_study(
-            session=session, spec=spec, jobs=jobs, submitted_by=submitter(caller)
+    with queue_room(
+        session=session, settings=settings, submitted_by=submitted_by, jobs=len(jobs), idempotency=key
+    ) as earlier:
+        if earlier is not None:
+            session.rollback()  # nothing to store; ends the transaction, and the lock it holds
+            return earlier
+        return study_store.create_study(
+            session=session, spec=spec, jobs=jobs, submitted_by=submitted_by, idempotency=key
         )
-    return _read(session, study, settings.mlflow_tracking_uri)
 
 
 @router.get("", response_model=StudiesPage, responses=responses(*COMMON))

@@ -11,15 +11,22 @@ from sqlalchemy.orm import Session
 from jobs.result import JobStatus
 from jobs.spec import JobSpec, StudyMember, StudySpec
 from service import store
+from service.idempotency import IdempotentRequest
 from service.models import Job, Study, utcnow
 
 ACTIVE = (JobStatus.QUEUED, JobStatus.RUNNING)
 
 
 def create_study(
-    *, session: Session, spec: StudySpec, jobs: list[tuple[StudyMember, JobSpec]], submitted_by: str | None
+    *,
+    session: Session,
+    spec: StudySpec,
+    jobs: list[tuple[StudyMember, JobSpec]],
+    submitted_by: str | None,
+    idempotency: IdempotentRequest | None = None,
 ) -> Study:
-    """The study and every one of its jobs in one transaction: all of them or, on any error, none."""
+    """The study and every one of its jobs in one transaction: all of them or, on any error, none;
+    with the `Idempotency-Key` of the request that made it, if it had one."""
     try:
         study = Study(
             name=spec.name,
@@ -37,6 +44,8 @@ def create_study(
             {"job_id": row.id, **member.model_dump(mode="json")}
             for row, (member, _) in zip(rows, jobs, strict=True)
         ]
+        if idempotency is not None:
+            idempotency.remember(session, study=study)
         session.commit()
     except BaseException:
         session.rollback()

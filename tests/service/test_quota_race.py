@@ -92,6 +92,31 @@ def test_racing_submissions_never_exceed_the_queue_cap(two_apis: tuple[str, str,
     engine.dispose()
 
 
+def test_racing_retries_of_one_idempotency_key_make_one_job(two_apis: tuple[str, str, str]) -> None:
+    """Every client sends the same request under one key, half to each API: all get one job (201),
+    every answer but the first says it was replayed, and the store holds that job alone."""
+    first, second, url = two_apis
+    barrier = threading.Barrier(CLIENTS)
+
+    def submit(index: int) -> httpx.Response:
+        with httpx.Client(base_url=first if index % 2 else second, timeout=60) as client:
+            barrier.wait()
+            return client.post("/jobs", json=GOOD, headers={"Idempotency-Key": "one-key"})
+
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        answers = list(pool.map(submit, range(CLIENTS)))
+
+    assert {answer.status_code for answer in answers} == {201}, [
+        a.text for a in answers if a.status_code != 201
+    ]
+    assert len({answer.json()["id"] for answer in answers}) == 1
+    assert sum("idempotent-replayed" not in answer.headers for answer in answers) == 1
+    engine = make_engine(url)
+    with session_factory(engine)() as session:
+        assert store.count_queued(session=session) == 1
+    engine.dispose()
+
+
 # More requests in flight than the API's thread pool (40) and connection pool together: with
 # SQLAlchemy's default pool these deadlocked until its 30 s timeout and answered 500.
 CROWD = 120
