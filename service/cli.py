@@ -195,7 +195,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     from service.secrets import redact_url
-    from service.supervisor import StartupError, Supervisor
+    from service.supervisor import ServeError, Supervisor
 
     supervisor = Supervisor(settings)
     stop = threading.Event()
@@ -203,7 +203,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     print("starting MLflow, the API and a worker (the first start takes a minute)...", flush=True)
     try:
         supervisor.start()
-    except StartupError as exc:
+    except ServeError as exc:
         print(f"optlab serve: {exc}", file=sys.stderr)
         return 1
     # From here Ctrl-C only asks to stop: a KeyboardInterrupt raised between the banner and the
@@ -217,8 +217,9 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     )
     try:
         while not stop.wait(1.0):
-            supervisor.check_children()
-    except StartupError as exc:
+            for line in supervisor.restart_exited():
+                print(f"optlab serve: {line}", file=sys.stderr, flush=True)
+    except ServeError as exc:
         print(f"optlab serve: {exc}", file=sys.stderr)
         supervisor.stop()
         return 1

@@ -17,7 +17,7 @@ from jobs.tracking import experiment_chart_url
 from service.client import ApiClient, ApiError, result_of, status_of
 from service.progress import follow_jobs
 from service.settings import Settings
-from service.supervisor import StartupError, Supervisor
+from service.supervisor import ServeError, Supervisor
 
 
 def load_specs(folder: Path) -> list[dict[str, Any]]:
@@ -56,7 +56,7 @@ def run_demo(settings: Settings, specs_dir: Path) -> int:
                 "Stopping everything now; `make serve` keeps the service and the MLflow UI running."
             )
             ok = all(status_of(job) is JobStatus.SUCCEEDED for job in final.values())
-    except StartupError as exc:
+    except ServeError as exc:
         console.print(Text(f"optlab demo: {exc}", style="red"))
         return 1
     return 0 if ok else 1

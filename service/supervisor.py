@@ -2,17 +2,21 @@
 
 Each part is a child process in its own process group, so Ctrl-C stops them in order
 (worker, API, MLflow) and nothing is orphaned; each also gets SIGTERM if this
-supervisor dies without cleaning up.
+supervisor dies without cleaning up. A part that exits once all are up (killed for memory, a
+crash) is started again, up to RESTARTS_ALLOWED times in RESTART_WINDOW_S: the jobs its worker ran
+are requeued once their leases expire and resume from their last verified checkpoints, and jobs
+wait for an MLflow server that is away (docker-compose restarts its services the same way).
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
@@ -23,8 +27,14 @@ from service.job_log import tail
 from service.settings import Settings
 
 
-class StartupError(RuntimeError):
-    pass
+class ServeError(RuntimeError):
+    """A part could not start, or keeps exiting: `optlab serve` stops everything and says why."""
+
+
+# More exits than this within the window is a crash loop (a bad setting, a full disk, a port taken
+# meanwhile) that starting again cannot mend.
+RESTARTS_ALLOWED = 5
+RESTART_WINDOW_S = 600.0
 
 
 @dataclass
@@ -32,9 +42,20 @@ class Child:
     name: str
     process: subprocess.Popen[bytes]
     log_path: Path
+    command: list[str]
+    env: dict[str, str]
+    restarted_at: list[float] = field(default_factory=list)  # time.monotonic() of each restart
 
     def log_tail(self, chars: int = 3000) -> str:
         return tail(self.log_path, chars)
+
+    def exit_said(self, code: int) -> str:
+        if code < 0:
+            try:
+                return f"{self.name} was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                pass
+        return f"{self.name} exited with code {code}"
 
 
 class Supervisor:
@@ -62,7 +83,7 @@ class Supervisor:
             probe.write_bytes(b"")
             probe.unlink()
         except OSError as exc:
-            raise StartupError(
+            raise ServeError(
                 f"cannot write to the data folder {self.data_dir} ({exc.strerror or exc}): give a "
                 "writable --data-dir (or OPTLAB_DATA_DIR)"
             ) from None
@@ -88,7 +109,7 @@ class Supervisor:
             while waiting_for:
                 self.check_children()
                 if time.monotonic() > deadline:
-                    raise StartupError(
+                    raise ServeError(
                         f"timed out after {timeout_s:.0f}s waiting for {waiting_for[0]}; logs in {self.logs}"
                     )
                 if _answers(client, f"{self.mlflow_url}/health") and "mlflow" in waiting_for:
@@ -101,13 +122,38 @@ class Supervisor:
                 time.sleep(0.3)
 
     def check_children(self) -> None:
+        """ServeError if any part has exited (while starting: nothing is started again then)."""
         for child in self.children:
             code = child.process.poll()
             if code is not None:
-                raise StartupError(
-                    f"{child.name} exited with code {code}; "
-                    f"last lines of {child.log_path}:\n{child.log_tail()}"
+                raise ServeError(
+                    f"{child.exit_said(code)}; last lines of {child.log_path}:\n{child.log_tail()}"
                 )
+
+    def restart_exited(self) -> list[str]:
+        """Start again each part that has exited, saying so (a line each); ServeError for one that
+        exited more than RESTARTS_ALLOWED times within RESTART_WINDOW_S."""
+        said = []
+        for index, child in enumerate(self.children):
+            code = child.process.poll()
+            if code is None:
+                continue
+            now = time.monotonic()
+            recent = [at for at in child.restarted_at if now - at < RESTART_WINDOW_S]
+            window = f"{RESTART_WINDOW_S / 60:g} minutes"
+            if len(recent) >= RESTARTS_ALLOWED:
+                raise ServeError(
+                    f"{child.exit_said(code)}, after {len(recent)} restarts within {window}: stopping "
+                    f"everything. Last lines of {child.log_path}:\n{child.log_tail()}"
+                )
+            terminate_group(child.process, grace_s=0)  # what it left in its group (MLflow's workers)
+            self.children[index] = self._start(child.name, child.command, child.env, [*recent, now])
+            said.append(
+                f"{child.exit_said(code)}; started it again (restart {len(recent) + 1} of at most "
+                f"{RESTARTS_ALLOWED} within {window}). Last lines of {child.log_path}:\n"
+                f"{child.log_tail(1500)}"
+            )
+        return said
 
     def stop(self) -> None:
         for child in reversed(self.children):  # worker first, MLflow last
@@ -116,6 +162,11 @@ class Supervisor:
         self.children.clear()
 
     def _spawn(self, name: str, command: list[str], extra_env: dict[str, str]) -> None:
+        self.children.append(self._start(name, command, extra_env, []))
+
+    def _start(
+        self, name: str, command: list[str], extra_env: dict[str, str], restarted_at: list[float]
+    ) -> Child:
         log_path = self.logs / f"{name}.log"
         with open(log_path, "ab") as log_file:
             process: subprocess.Popen[bytes] = start_in_own_group(
@@ -126,7 +177,7 @@ class Supervisor:
                 stdin=subprocess.DEVNULL,
                 env={**os.environ, **extra_env},
             )
-        self.children.append(Child(name, process, log_path))
+        return Child(name, process, log_path, command, extra_env, restarted_at)
 
     def _mlflow_command(self) -> list[str]:
         return [
@@ -156,7 +207,7 @@ def ensure_port_free(host: str, port: int, option: str) -> None:
         try:
             sock.bind((host, port))
         except OSError as exc:
-            raise StartupError(
+            raise ServeError(
                 f"{host}:{port} is already in use ({exc.strerror}); another optlab or MLflow may be "
                 f"running there: stop it, or choose another port with {option}"
             ) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import signal
@@ -94,10 +95,69 @@ def test_serve_comes_up_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
     warm = wait_for(lambda: [p for p in descendants(serve.pid) if b"jobs.warm" in cmdline(p)], 120)
     assert warm, "the worker started no warm job process"
 
+    # A part killed from outside (for memory, say) is started again, and says so.
+    for part, health in (("worker", None), ("api", f"http://127.0.0.1:{api_port}/healthz")):
+        [killed] = parts_named(serve.pid, part)
+        os.kill(killed, signal.SIGKILL)
+        said = read_until(serve, f"{part} was killed by SIGKILL; started it again (restart 1 of at most 5")
+        assert f"Last lines of {data / 'logs' / part}.log" in said, said
+        again = wait_for(functools.partial(parts_named, serve.pid, part), 30)
+        assert again and again != [killed]
+        if health:
+            assert wait_for(functools.partial(_answers, health), 60), (
+                f"the {part} started again does not answer"
+            )
+    # The worker started again has a warm job process of its own; the killed one's went with it.
+    rewarmed = wait_for(lambda: [p for p in descendants(serve.pid) if b"jobs.warm" in cmdline(p)], 120)
+    assert rewarmed and set(rewarmed).isdisjoint(warm), (rewarmed, warm)
+    assert wait_for(lambda: not any(cmdline(p) for p in warm), 30), (
+        "the killed worker's warm process lived on"
+    )
+
     serve.send_signal(signal.SIGINT)
     assert serve.wait(timeout=90) == 0
     assert wait_gone(str(data)) == [], "processes outlived `optlab serve`"
-    assert wait_for(lambda: not any(cmdline(p) for p in warm), 30), "a warm job process outlived it"
+    assert wait_for(lambda: not any(cmdline(p) for p in rewarmed), 30), "a warm job process outlived it"
+
+
+def parts_named(serve_pid: int, part: str) -> list[int]:
+    """The processes of one part `optlab serve` started itself (`api`, `worker`)."""
+    return [
+        child
+        for child in descendants(serve_pid)
+        if _parent(child) == serve_pid and f"service.cli\0{part}".encode() in cmdline(child)
+    ]
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return 0
+
+
+def read_until(serve: subprocess.Popen[str], wanted: str, timeout_s: float = 60) -> str:
+    """`optlab serve`'s output up to the line holding `wanted`, and the lines of the log tail after it."""
+    assert serve.stdout is not None
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = serve.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if wanted in line:
+            return line
+    raise AssertionError(f"`optlab serve` never said {wanted!r}; it said:\n{''.join(lines)}")
+
+
+def _answers(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(url, timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
 
 
 def test_serve_refuses_a_port_in_use(tmp_path: Path) -> None:
