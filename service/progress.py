@@ -40,9 +40,19 @@ def follow_jobs(
             total=job["progress"]["total"],
             status=status_of(job),
             loss=f"{loss:.4f}" if isinstance(loss, float) else "-",
-            # A queued job no worker can run, a running one held up: said where the user looks.
-            waiting=escape(job.get("waiting_reason") or ""),
+            # A queued job no worker can run, a running one held up, one that runs again: said where
+            # the user looks.
+            waiting=escape(job.get("waiting_reason") or interruption_line(job)),
         )
 
     with progress:
         return client.wait(list(labels), on_update=update)
+
+
+def interruption_line(job: dict[str, Any]) -> str:
+    """A job that lost an attempt: which attempt this is (or is to come) and why the last one ended."""
+    interruption = job.get("interruption")
+    if not interruption:
+        return ""
+    number = job["attempt"] + (status_of(job) is JobStatus.QUEUED)
+    return f"attempt {number}: {interruption['message']}"

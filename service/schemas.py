@@ -38,7 +38,17 @@ class JobRead(BaseModel):
     mlflow: MlflowInfo | None
     # result.json as the job wrote it (validated as jobs.result.JobResult, shown with the keys it set)
     result: dict[str, Any] | None
-    error: dict[str, Any] | None  # a jobs.result.ErrorRecord
+    error: dict[str, Any] | None = Field(
+        description="how the job ended, where it did not succeed (a jobs.result.ErrorRecord); None until then"
+    )
+    interruption: dict[str, Any] | None = Field(
+        default=None,
+        description=(
+            "why its previous attempt ended before the job did (its worker stopped answering, or was "
+            "stopped), while it waits to run again or runs again: an ErrorRecord, with the checkpoint "
+            "it resumes from"
+        ),
+    )
     cancel_requested: bool
     submitted_by: str | None = Field(description="the name of the API token that submitted it")
     study_id: int | None = Field(default=None, description="the study it belongs to (POST /studies)")
@@ -70,12 +80,19 @@ class JobRead(BaseModel):
             spec=job.spec,
             mlflow=_shown_mlflow(job.mlflow),
             result=_shown_result(job.result),
-            error=ErrorRecord.model_validate(job.error).to_json() if job.error else None,
+            # The store keeps an interrupted attempt's reason in `error` until the job ends; shown
+            # apart, so `error` on a job that runs means it failed, never that it was moved.
+            error=_record(job.error) if job.status.terminal else None,
+            interruption=None if job.status.terminal else _record(job.error),
             cancel_requested=job.cancel_requested,
             submitted_by=job.submitted_by,
             study_id=job.study_id,
             waiting_reason=job.waiting if job.status is JobStatus.RUNNING else None,
         )
+
+
+def _record(stored: dict[str, Any] | None) -> dict[str, Any] | None:
+    return ErrorRecord.model_validate(stored).to_json() if stored else None
 
 
 def _shown_mlflow(stored: dict[str, Any] | None) -> MlflowInfo | None:

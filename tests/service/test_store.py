@@ -19,6 +19,7 @@ from jobs.spec import CheckSpec, JobSpec
 from service import store
 from service.db import MIGRATIONS, make_engine, migrate, session_factory
 from service.models import Job, utcnow
+from service.progress import interruption_line
 from service.schemas import JobRead
 from tests.postgres import throwaway_database
 
@@ -235,6 +236,13 @@ def test_a_requeued_job_says_it_resumes_from_the_checkpoint_the_store_holds(
         job = store.get_job(session=session, job_id=job_id)
         assert job is not None and job.error is not None
         assert job.error["message"] == "stopped; it will run again from its checkpoint of step 8"
+        # Shown as the interruption of a job that waits to run again, not as its error: it has not failed.
+        shown = JobRead.from_row(job)
+        assert shown.error is None and shown.interruption is not None
+        assert shown.interruption["type"] == "Interrupted"
+        assert interruption_line(shown.model_dump(mode="json")) == (
+            "attempt 2: stopped; it will run again from its checkpoint of step 8"
+        )
 
 
 def test_catalogue_publish_and_latest(
@@ -264,6 +272,11 @@ def test_a_job_whose_worker_stopped_answering_is_claimed_again(sessions: session
         again = store.claim_next(session=session, worker_id="alive", lease_s=30)
         assert again is not None and again.id == stranded and again.attempt == 2
         assert again.error is not None and again.error["type"] == "LeaseExpired"
+        assert JobRead.from_row(again).error is None
+        assert JobRead.from_row(again).interruption == again.error  # why attempt 2 runs
+        assert interruption_line(JobRead.from_row(again).model_dump(mode="json")) == (
+            "attempt 2: worker dead stopped answering; another attempt took the job over"
+        )
         cancelled = store.get_job(session=session, job_id=doomed)
         assert cancelled is not None and cancelled.status == "cancelled"
         # The dead worker, should it wake up, can no longer touch the job.
