@@ -266,11 +266,14 @@ def record_progress(
     progress: Progress | None,
     workdir: str | None,
     lease_s: float,
+    resumed_from: int | None = None,
 ) -> Lease:
-    """Store progress (None: nothing new) and renew the lease, fenced by `attempt`."""
+    """Store progress (None: nothing new) and renew the lease, fenced by `attempt`; `resumed_from`:
+    the checkpoint step the attempt resumes from, the least step it shows."""
     values: dict[str, Any] = {"lease_expires_at": utcnow() + timedelta(seconds=lease_s)}
     if progress is not None:
-        values["step"] = progress.step
+        # A resumed attempt reports step 0 until its checkpoint is loaded: shown from the checkpoint.
+        values["step"] = max(progress.step, resumed_from or 0)
         values["waiting"] = progress.waiting
         if _finite(progress.loss):
             values["latest_loss"] = progress.loss

@@ -399,6 +399,7 @@ class Supervision:
                 progress=progress if changed else None,
                 workdir=str(self.workdir),
                 lease_s=self.settings.lease_s,
+                resumed_from=self.job.checkpoint_step if self.resumed_run_id() else None,
             )
         )
         if lease is not None and lease is not Lease.LOST:

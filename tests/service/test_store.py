@@ -243,6 +243,16 @@ def test_a_requeued_job_says_it_resumes_from_the_checkpoint_the_store_holds(
         assert interruption_line(shown.model_dump(mode="json")) == (
             "attempt 2: stopped; it will run again from its checkpoint of step 8"
         )
+        # The next attempt reports step 0 until it has loaded that checkpoint: shown from step 8.
+        again = store.claim_next(session=session, worker_id="w", lease_s=30)
+        assert again is not None and again.attempt == 2
+        for reported, shown_step in ((0, 8), (9, 9)):
+            store.record_progress(
+                session=session, job_id=job_id, worker_id="w", attempt=2, workdir=None, lease_s=30,
+                progress=Progress(step=reported, total=10), resumed_from=8,
+            )  # fmt: skip
+            job = store.get_job(session=session, job_id=job_id)
+            assert job is not None and job.step == shown_step
 
 
 def test_catalogue_publish_and_latest(
