@@ -57,6 +57,8 @@ class Job(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     attempt: Mapped[int] = mapped_column(Integer, default=0)
+    # Times it was queued again after its process was killed from outside (OPTLAB_JOB_RETRIES caps it).
+    retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     step: Mapped[int] = mapped_column(Integer, default=0)
     total_steps: Mapped[int] = mapped_column(Integer)
     latest_loss: Mapped[float | None] = mapped_column(Float)

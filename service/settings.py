@@ -103,6 +103,12 @@ class Settings(BaseSettings):
     heartbeat_s: float = Field(default=5.0, gt=0, description="lease renewal cadence; under lease_s / 2")
     max_job_seconds: float = Field(default=86400.0, gt=0, description="cap on (and default of) timeout_s")
     job_memory_mb: int | None = Field(default=None, gt=0, description="RSS limit per job (all its processes)")
+    job_retries: int = Field(
+        default=2,
+        ge=0,
+        le=100,
+        description="times a job whose process was killed from outside (out of memory) is started again",
+    )
     job_log_mb: float = Field(
         default=64, gt=0, description="a job's log.txt is cut back to its start and latest output over this"
     )

@@ -349,8 +349,11 @@ def _error(type_: str, message: str) -> dict[str, Any]:
     return ErrorRecord(type=type_, message=message).to_json()
 
 
-def requeue_job(*, session: Session, job_id: int, worker_id: str, attempt: int, reason: str) -> bool:
-    """Hand a running job back to the queue (its worker is stopping); the next claim resumes it.
+def requeue_job(
+    *, session: Session, job_id: int, worker_id: str, attempt: int, reason: str, retry: bool = False
+) -> bool:
+    """Hand a running job back to the queue (its worker is stopping; `retry`: its process was killed
+    from outside, counted in `retries`); the next claim resumes it.
 
     The error it is left with is `reason` and where it will run again from: the last verified
     checkpoint the store holds for it (what the next claim resumes from), or the start. A job whose
@@ -377,7 +380,12 @@ def requeue_job(*, session: Session, job_id: int, worker_id: str, attempt: int, 
         handed_back = session.execute(
             update(Job)
             .where(fenced)
-            .values(status=JobStatus.QUEUED, error=_error("Interrupted", reason), **released)
+            .values(
+                status=JobStatus.QUEUED,
+                error=_error("Interrupted", reason),
+                retries=Job.retries + int(retry),
+                **released,
+            )
         )
     session.commit()
     return _rowcount(handed_back) == 1

@@ -666,12 +666,55 @@ class Supervision:
                     error = self._cancelled_error()
                 self._end_mlflow_run("KILLED", force=False)  # SIGKILLed after the grace: still RUNNING
         elif result is None:
+            if self._killed_from_outside(process):
+                if self.job.retries < self.settings.job_retries:
+                    return "requeued" if self._retry(process) else "left to its lease (not requeued)"
+                error = self._retries_spent(error)
             status = JobStatus.FAILED
             self._end_mlflow_run("FAILED", force=False)  # died (kill -9, OOM) before ending its run
         else:
             status, error = result.status, result.error
         self.record(status, result, error)
         return status
+
+    @staticmethod
+    def _killed_from_outside(process: subprocess.Popen[bytes]) -> bool:
+        """Killed by a signal no one here sent (the worker's own stops are `Stop`s): the kernel's
+        out-of-memory killer's SIGKILL, or an operator's. A crash (SIGSEGV, an exit code) is not."""
+        return process.returncode in (-signal.SIGKILL, -signal.SIGTERM)
+
+    def _retry(self, process: subprocess.Popen[bytes]) -> bool:
+        """Queue the job again (retries + 1), to resume from the last checkpoint it published."""
+        self._heartbeat(read_progress(self.workdir) or self.last_progress)  # that checkpoint, relayed
+        number, allowed = self.job.retries + 1, self.settings.job_retries
+        reason = (
+            f"its process was killed by {_describe_exit(process.returncode)} (out of memory, or from "
+            f"outside) before it ended; retry {number} of {allowed} (OPTLAB_JOB_RETRIES)"
+        )
+        log.warning("job %s: %s", self.job.id, reason)
+        return bool(
+            self._store(
+                lambda s: store.requeue_job(
+                    session=s,
+                    job_id=self.job.id,
+                    worker_id=self.worker.worker_id,
+                    attempt=self.job.attempt,
+                    reason=reason,
+                    retry=True,
+                )
+            )
+        )
+
+    def _retries_spent(self, error: ErrorRecord | None) -> ErrorRecord | None:
+        if error is None or not self.job.retries:
+            return error
+        again = "once" if self.job.retries == 1 else f"{self.job.retries} times"
+        message = (
+            f"{error.message}; it had been started again {again} after the same, as many as "
+            "OPTLAB_JOB_RETRIES allows: if it runs out of memory, give it a smaller batch or model, "
+            "or a host with more"
+        )
+        return error.model_copy(update={"message": message})
 
     def _cancelled_error(self) -> ErrorRecord:
         progress = self.last_progress

@@ -107,16 +107,22 @@ def serve() -> Iterator[Callable[[Worker], None]]:
         thread.join(timeout=60)
 
 
-def test_a_killed_job_process_ends_its_run_failed_and_a_stubborn_cancelled_one_killed(
+def test_a_job_process_killed_from_outside_resumes_then_fails_its_run_and_a_stubborn_cancelled_one_is_killed(
     tmp_path: Path,
     mlflow_url: str,
     plugins: Path,
     monkeypatch: pytest.MonkeyPatch,
     serve: Callable[[Worker], None],
 ) -> None:
+    """A job process SIGKILLed (as the out-of-memory killer does) is queued again and resumes from its
+    checkpoint in its run, OPTLAB_JOB_RETRIES times (1 here); killed once more, it fails, saying so."""
     monkeypatch.setenv("OPTLAB_PLUGIN_DIRS", str(plugins))
     settings = Settings(
-        data_dir=tmp_path, mlflow_tracking_uri=mlflow_url, poll_interval_s=0.2, cancel_grace_s=2.0
+        data_dir=tmp_path,
+        mlflow_tracking_uri=mlflow_url,
+        poll_interval_s=0.2,
+        cancel_grace_s=2.0,
+        job_retries=1,
     )
     engine = make_engine(settings.resolved_database_url)
     migrate(engine)
@@ -133,15 +139,35 @@ def test_a_killed_job_process_ends_its_run_failed_and_a_stubborn_cancelled_one_k
             lambda j=job_id: (row(sessions, j).step or 0) > 0 and row(sessions, j).mlflow, 120, "training"
         )
 
+    wait_until(lambda: row(sessions, killed).checkpoint_step, 60, "a checkpoint")
     pid = job_process_pid(workdirs[killed])
     assert pid is not None
     os.kill(pid, signal.SIGKILL)
     with sessions() as session:
         store.request_cancel(session=session, job_id=stubborn)
 
+    retried = wait_until(
+        lambda: (job := row(sessions, killed)).attempt == 2 and job.status is JobStatus.RUNNING and job,
+        60,
+        "a retry",
+    )
+    assert retried.retries == 1 and retried.error is not None and retried.error["type"] == "Interrupted"
+    assert "killed by signal SIGKILL (out of memory, or from outside)" in retried.error["message"]
+    assert (
+        "retry 1 of 1 (OPTLAB_JOB_RETRIES); it will run again from its checkpoint of step"
+        in retried.error["message"]
+    )
+    second = settings.jobs_dir.resolve() / str(killed) / "attempt-2"
+    wait_until(lambda: (row(sessions, killed).step or 0) > (retried.checkpoint_step or 0) + 1, 120, "resume")
+    resumed = row(sessions, killed)
+    assert retried.mlflow is not None and resumed.mlflow["run_id"] == retried.mlflow["run_id"]  # in its run
+    pid = wait_until(lambda: job_process_pid(second), 30, "the second attempt's process")
+    os.kill(pid, signal.SIGKILL)
+
     died = wait_until(lambda: ended(sessions, killed), 60, "the killed job to end")
-    assert died.status is JobStatus.FAILED and died.error is not None
+    assert died.status is JobStatus.FAILED and died.error is not None and died.attempt == 2
     assert died.error["type"] == "JobProcessDied" and "SIGKILL" in died.error["message"]
+    assert "it had been started again once after the same" in died.error["message"]
     cancelled = wait_until(lambda: ended(sessions, stubborn), 60, "the cancelled job to end")
     assert cancelled.status is JobStatus.CANCELLED
     client = MlflowClient(tracking_uri=mlflow_url)

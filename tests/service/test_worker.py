@@ -106,6 +106,50 @@ def test_progress_with_a_renamed_key_fails_the_job_and_stops_its_process(
     assert job.error["type"] == "WorkerError" and "train_loss" in job.error["message"]
 
 
+@pytest.mark.parametrize("signal_name", ["KILL", "TERM"])
+def test_a_job_process_killed_from_outside_is_retried_as_often_as_allowed(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session], signal_name: str
+) -> None:
+    """SIGKILL (the kernel's out-of-memory killer) or SIGTERM from outside: queued again, twice here;
+    the third time it fails, saying it was retried."""
+    worker = make_worker(
+        settings.model_copy(update={"job_retries": 2}),
+        sessions,
+        stand_in(tmp_path, f'echo "allocating" >&2; kill -{signal_name} $$'),
+    )
+    job_id = submit(sessions)
+    for retry in (1, 2):
+        worker.run_next()
+        job = job_row(sessions, job_id)
+        assert job.status == "queued" and job.retries == retry and job.error is not None
+        assert job.error["type"] == "Interrupted"
+        assert f"killed by signal SIG{signal_name} (out of memory, or from outside)" in job.error["message"]
+        assert (
+            f"retry {retry} of 2 (OPTLAB_JOB_RETRIES); it will run again from the start"
+            in job.error["message"]
+        )
+    worker.run_next()
+    job = job_row(sessions, job_id)
+    assert job.status == "failed" and job.attempt == 3 and job.error is not None
+    assert job.error["type"] == "JobProcessDied" and f"signal SIG{signal_name}" in job.error["message"]
+    assert (
+        "it had been started again 2 times after the same, as many as OPTLAB_JOB_RETRIES allows"
+        in (job.error["message"])
+    )
+    assert "allocating" in job.error["traceback"]
+
+
+def test_a_job_process_that_crashes_by_a_signal_is_not_retried(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    worker = make_worker(settings, sessions, stand_in(tmp_path, "kill -SEGV $$"))
+    job_id = submit(sessions)
+    worker.run_next()
+    job = job_row(sessions, job_id)
+    assert job.status == "failed" and job.retries == 0 and job.error is not None
+    assert "signal SIGSEGV" in job.error["message"] and "started again" not in job.error["message"]
+
+
 def test_a_job_process_that_dies_fails_with_its_log_tail(
     tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
