@@ -26,10 +26,13 @@ from optimizers.loop_needs import PLAIN, LoopNeeds
 
 # Over this ratio to the framework's built-in of comparable state is a warn.
 STEP_COST_LIMIT = 3.0
-# What to do about a step whose time is in its preconditioner's matrix math.
+# What to do about a step whose time is in matrix math: a preconditioner's (Shampoo, SOAP, Kron), which
+# may be refreshed less often, or an orthogonalization's (Muon's Newton-Schulz), which runs every step.
 MATRIX_MATH_FIX = (
-    "if the method needs this math, the code is not at fault: to pay less, refresh the preconditioner every "
-    "few steps or only for large matrices, and weigh its cost per step against the steps it saves"
+    "if the method needs this math, the code is not at fault: to pay less, do it less often where the "
+    "method allows (refresh a preconditioner every few steps, or only for large matrices), in lower "
+    "precision where it is stable (Muon runs its Newton-Schulz iterations in bfloat16), and weigh its "
+    "cost per step against the steps it saves"
 )
 # State tensors per variable from which the yardstick is AdamW (two moments), not SGD(momentum).
 ADAPTIVE_SLOTS = 2
@@ -86,7 +89,8 @@ def check_step_cost(ctx: CheckContext) -> Outcome:
     if spent.in_matrix_math:
         return warned(
             f"{timing}: {ratio:.1f}x; {spent.phrase}: matrix math (products, decompositions, solves), "
-            "which a preconditioned method pays by design, not host syncs or per-element loops",
+            "which a preconditioned or orthogonalized update (Shampoo, Muon) pays by design, not host "
+            "syncs or per-element loops",
             where=method_location(ctx),
             figure=ratio,
             fix=MATRIX_MATH_FIX,
