@@ -12,6 +12,7 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from jobs.checks.context import CheckContext
@@ -250,3 +251,14 @@ def test_keras_options_that_act_per_replica_are_named_as_the_cause_not_the_updat
     assert outcome.status == "warn", outcome.detail
     assert f"the class sets {option}" in outcome.detail and seen in outcome.detail
     assert "with it off, MirroredStrategy with 2 replicas equals one device" in outcome.detail
+
+
+def test_a_failure_names_the_array_its_figure_is_from() -> None:
+    """The first difference may be a step counter's; the figure is the largest, and says where."""
+    from jobs.checks.fresh.results import Run, first_difference, largest_difference
+
+    straight = Run({"optimizer/step": np.array([6.0]), "model/w": np.zeros(3)}, {"model/w": "parameter w"})
+    resumed = Run({"optimizer/step": np.array([4.0]), "model/w": np.full(3, 3.5)}, {"model/w": "parameter w"})
+    assert first_difference(straight, resumed) == "optimizer/step: max abs difference 2"
+    assert largest_difference(straight, resumed) == ("parameter w", 3.5)
+    assert largest_difference(straight, straight) == ("", 0.0)

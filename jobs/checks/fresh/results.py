@@ -107,6 +107,17 @@ def max_abs_difference(a: Run, b: Run) -> float:
     return max((_max_abs(x, y) for _, x, y in _pairs(a, b)), default=0.0)
 
 
+def largest_difference(a: Run, b: Run) -> tuple[str, float]:
+    """Where two runs differ most (a label; '' where they do not) and by how much: the figure a
+    failure shows, named, as the first difference it describes may be another array's."""
+    where, largest = "", 0.0
+    for key, x, y in _pairs(a, b):
+        difference = _max_abs(x, y)
+        if difference > largest:
+            where, largest = a.label(key), difference
+    return where, largest
+
+
 def _allowed(reference: np.ndarray, start: np.ndarray | None) -> float:
     scale = float(np.max(np.abs(reference), initial=0.0))
     if start is None:  # optimizer state: relative to its own magnitude

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from jobs.checks.context import CheckContext, overrides_note
 from jobs.checks.fresh.plan import RESUME_SPLIT, RESUME_STEPS, runs_for
-from jobs.checks.fresh.results import first_difference, load_run, max_abs_difference
+from jobs.checks.fresh.results import first_difference, largest_difference, load_run
 from jobs.checks.fresh.spawner import ChildFailed, child_for, failed_in_child, run_fresh
 from jobs.checks.report import Outcome, failed, passed
 
@@ -46,12 +46,14 @@ def resume_exact(ctx: CheckContext) -> Outcome:
         )
     # A cause the load itself shows, named with its own fix; else state the save never saw.
     cause = runs.load_difference(ctx, overrides, checkpoint)
+    most, figure = largest_difference(straight, resumed)
     return failed(
         f"{steps} differ: {difference}"
+        + (f"; the largest difference, {figure:.3g}, is in {most}" if most and most not in difference else "")
         + (f"; loading the checkpoint changed its state: {cause.detail}" if cause else ""),
         where=ctx.where(),
         fix=(cause.fix if cause and cause.fix else None)
         or f"keep {words.state_home} (never in a class attribute, module global or other Python "
         f"attribute), so {words.saver} saves it",
-        figure=max_abs_difference(straight, resumed),
+        figure=figure,
     )
