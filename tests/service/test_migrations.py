@@ -53,3 +53,28 @@ def test_concurrent_migrations_of_a_fresh_sqlite_database(tmp_path: Path) -> Non
 def test_concurrent_migrations_of_a_fresh_postgresql_database() -> None:
     with throwaway_database("optlab_migrate") as url:
         migrate_at_once(url)
+
+
+def schema_drift(url: str) -> list[object]:
+    """What the migrated schema lacks or has beyond the ORM's tables (columns, types, indexes)."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from service.db import make_engine, migrate
+    from service.models import Base
+
+    engine = make_engine(url)
+    migrate(engine)
+    with engine.connect() as connection:
+        drift = compare_metadata(
+            MigrationContext.configure(connection, opts={"compare_type": True}), Base.metadata
+        )
+    engine.dispose()
+    return list(drift)
+
+
+def test_the_migrations_build_the_schema_the_models_describe(tmp_path: Path) -> None:
+    """A column added to a model without its migration (or the reverse) fails here, not in production."""
+    assert schema_drift(f"sqlite:///{tmp_path / 'optlab.db'}") == []
+    with throwaway_database("optlab_drift") as url:
+        assert schema_drift(url) == []
