@@ -15,7 +15,7 @@ from sqlalchemy import exc as sql_errors
 from sqlalchemy import text
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
-from starlette.routing import compile_path
+from starlette.routing import Match, compile_path
 
 from jobs.spec import CheckSpec, JobSpec, StudySpec
 from service import store
@@ -58,7 +58,11 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     # then a place among the requests in progress.
     app.add_middleware(InFlightLimit, limit=REQUESTS_AT_ONCE, wait_s=WAIT_FOR_A_PLACE_S)
     app.add_middleware(BodyGuard, max_bytes=settings.max_body_bytes)
-    app.add_middleware(BrowserWriteGuard, enabled=not settings.tokens)
+    app.add_middleware(
+        BrowserWriteGuard,
+        enabled=not settings.tokens,
+        routed=lambda method, path: routed(app, method, path),
+    )
     app.add_middleware(TrustedHosts, trusted=settings.trusted_host_names)
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected_error)
@@ -143,6 +147,13 @@ def allowed_methods(app: FastAPI, path: str) -> list[str]:
         if compile_path(template)[0].match(path):
             methods.update(method.upper() for method in item)
     return sorted(methods)
+
+
+def routed(app: FastAPI, method: str, path: str) -> bool:
+    """Whether a route of the app takes `method` at `path`, as the router matches it (no store
+    asked: the write guard asks this of every write)."""
+    scope = {"type": "http", "method": method, "path": path, "root_path": "", "headers": []}
+    return any(route.matches(scope)[0] is Match.FULL for route in app.router.routes)
 
 
 def _store_error(request: Request, exc: Exception) -> JSONResponse:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -92,12 +93,20 @@ class BrowserWriteGuard:
     write needs the header anyway, and a request without it gets the 401 that says so.
     """
 
-    def __init__(self, app: ASGIApp, enabled: bool = True) -> None:
+    def __init__(
+        self, app: ASGIApp, enabled: bool = True, routed: Callable[[str, str], bool] | None = None
+    ) -> None:
+        """`routed(method, path)`: whether a route takes the request; one no route takes is let
+        through, for the router's 404 or 405 (a forged one reaches nothing)."""
         self.app = app
         self.enabled = enabled
+        self.routed = routed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not self.enabled or scope["type"] != "http" or scope["method"] in READ_METHODS:
+            await self.app(scope, receive, send)
+            return
+        if self.routed is not None and not self.routed(scope["method"], scope["path"]):
             await self.app(scope, receive, send)
             return
         content_type = _header(scope, b"content-type")

@@ -215,6 +215,31 @@ def test_a_cross_site_form_cannot_cancel_a_job(tmp_path: Path, catalogue_data: d
         assert client.post(f"/jobs/{job['id']}/cancel", json={}).status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [("DELETE", "/jobs/1", 405), ("PUT", "/jobs", 405), ("POST", "/nowhere", 404)],
+)
+def test_a_write_no_route_takes_gets_the_routers_answer_not_the_write_guards(
+    client: TestClient, method: str, path: str, status: int
+) -> None:
+    """It reaches nothing, so nothing is forged: 405 with the methods the path has (or 404), which
+    the write guard's 415 had hidden from a request without a content type."""
+    answer = client.request(method, path)
+    assert answer.status_code == status, answer.text
+    if status == 405:
+        assert method not in answer.headers["allow"] and "GET" in answer.headers["allow"]
+
+
+def test_every_write_route_is_guarded(client: TestClient) -> None:
+    """The guard asks the router which writes reach a route: every write route of the app must be one."""
+    paths = client.get("/openapi.json").json()["paths"]
+    writes = [(method.upper(), path) for path, item in paths.items() for method in item if method != "get"]
+    assert len(writes) >= 5
+    for method, template in writes:
+        path = template.replace("{job_id}", "1").replace("{study_id}", "1")
+        assert client.request(method, path).status_code == 415, (method, path)
+
+
 def test_with_tokens_a_forged_write_is_simply_unauthorized(locked: TestClient) -> None:
     _seed_job(locked)
     forged = locked.post("/jobs/1/cancel", content=b"x=1", headers={"content-type": "text/plain"})
