@@ -16,6 +16,7 @@ read back as floats.
 from __future__ import annotations
 
 import json
+from datetime import datetime
 from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any, Literal, Self
@@ -92,6 +93,20 @@ class ErrorRecord(Record):
     type: str
     message: str
     traceback: str | None = None
+
+
+class AttemptRecord(Record):
+    """One attempt of a job that ended: where it ran, when, how far it got, and how it ended (a
+    job's status, or `interrupted`: its worker stopped or its process was killed from outside, or
+    `lease expired`: its worker stopped answering; the job then ran again)."""
+
+    attempt: int
+    worker_id: str | None
+    started_at: datetime | None
+    ended_at: datetime
+    step: int
+    ended: str
+    reason: str | None = None
 
 
 class CheckpointRecord(Record):

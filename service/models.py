@@ -59,6 +59,8 @@ class Job(Base):
     attempt: Mapped[int] = mapped_column(Integer, default=0)
     # Times it was queued again after its process was killed from outside (OPTLAB_JOB_RETRIES caps it).
     retries: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Every attempt that ended, oldest first: a service.schemas.AttemptRecord each.
+    attempt_history: Mapped[list[dict[str, Any]]] = mapped_column(JSON, default=list, server_default="[]")
     step: Mapped[int] = mapped_column(Integer, default=0)
     total_steps: Mapped[int] = mapped_column(Integer)
     latest_loss: Mapped[float | None] = mapped_column(Float)

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from jobs.result import ErrorRecord, JobResult, JobStatus, MlflowInfo
+from jobs.result import AttemptRecord, ErrorRecord, JobResult, JobStatus, MlflowInfo
 from service.models import Job
 from service.secrets import redact_url
 from service.store import as_utc
@@ -50,6 +50,14 @@ class JobRead(BaseModel):
         ),
     )
     cancel_requested: bool
+    attempt_history: list[AttemptRecord] = Field(
+        default_factory=list,
+        description=(
+            "every attempt that ended, oldest first: its worker, start and end, the step it reached, "
+            "how it ended (the job's status, or `interrupted` or `lease expired` where the job ran again) "
+            "and why"
+        ),
+    )
     submitted_by: str | None = Field(description="the name of the API token that submitted it")
     study_id: int | None = Field(default=None, description="the study it belongs to (POST /studies)")
     waiting_reason: str | None = Field(
@@ -85,6 +93,7 @@ class JobRead(BaseModel):
             error=_record(job.error) if job.status.terminal else None,
             interruption=None if job.status.terminal else _record(job.error),
             cancel_requested=job.cancel_requested,
+            attempt_history=[AttemptRecord.model_validate(record) for record in job.attempt_history or []],
             submitted_by=job.submitted_by,
             study_id=job.study_id,
             waiting_reason=job.waiting if job.status is JobStatus.RUNNING else None,

@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
 
-from jobs.result import TERMINAL_STATUSES, ErrorRecord, JobResult, JobStatus, Progress
+from jobs.result import TERMINAL_STATUSES, AttemptRecord, ErrorRecord, JobResult, JobStatus, Progress
 from jobs.spec import AnySpec, Catalogue, CheckSpec, default_style, framework_of_style
 from service.capabilities import needs_of
 from service.db import submission_lock
@@ -212,7 +212,7 @@ def claim_next(
     runnable = claimable if fits is None else claimable & _fits(fits)
     for _ in range(5):
         candidate = session.execute(
-            select(Job.id, Job.status, Job.worker_id)
+            select(Job.id, Job.status, *RUNNING_ATTEMPT)
             .where(runnable)
             .order_by(Job.id)
             .limit(1)
@@ -221,7 +221,7 @@ def claim_next(
         if candidate is None:
             session.rollback()
             return None
-        job_id, previous_status, previous_worker = candidate
+        job_id, previous_status, previous_worker = candidate.id, candidate.status, candidate.worker_id
         values: dict[str, Any] = {
             "status": JobStatus.RUNNING,
             "worker_id": worker_id,
@@ -232,10 +232,9 @@ def claim_next(
             "waiting": None,
         }
         if previous_status == JobStatus.RUNNING:
-            values["error"] = _error(
-                "LeaseExpired",
-                f"worker {previous_worker} stopped answering; another attempt took the job over",
-            )
+            reason = f"worker {previous_worker} stopped answering; another attempt took the job over"
+            values["error"] = _error("LeaseExpired", reason)
+            values["attempt_history"] = RunningAttempt.of(candidate).ended("lease expired", reason, now)
         claimed = session.execute(
             update(Job)
             .execution_options(synchronize_session=False)
@@ -334,7 +333,16 @@ def finish_job(
             values["mlflow"] = result.mlflow.to_json()
         if _finite(result.final_train_loss):
             values["latest_loss"] = result.final_train_loss
-    finished = session.execute(update(Job).where(_fenced(job_id, worker_id, attempt)).values(**values))
+    fenced = _fenced(job_id, worker_id, attempt)
+    running = _running_attempt(session, fenced)
+    if running is None:
+        session.rollback()
+        return False
+    why = None if error is None else error.message
+    values["attempt_history"] = running.ended(
+        status.value, why, values["finished_at"], step=values.get("step")
+    )
+    finished = session.execute(update(Job).where(fenced).values(**values))
     session.commit()
     return _rowcount(finished) == 1
 
@@ -347,6 +355,49 @@ def _finite(value: float | None) -> bool:
 def _error(type_: str, message: str) -> dict[str, Any]:
     """An error the store writes itself, in the shape of a job's (no traceback)."""
     return ErrorRecord(type=type_, message=message).to_json()
+
+
+@dataclass(frozen=True)
+class RunningAttempt:
+    """A job's running attempt as its row holds it, and the job's history of attempts that ended."""
+
+    attempt: int
+    worker_id: str | None
+    started_at: datetime | None
+    step: int
+    history: list[dict[str, Any]]
+
+    @classmethod
+    def of(cls, row: Any) -> RunningAttempt:
+        """From a row with the columns RUNNING_ATTEMPT names."""
+        history = list(row.attempt_history or [])
+        return cls(row.attempt, row.worker_id, as_utc(row.started_at), row.step or 0, history)
+
+    def ended(
+        self, how: str, reason: str | None, at: datetime, step: int | None = None
+    ) -> list[dict[str, Any]]:
+        """The history with this attempt appended, ended `at`: how (a status, `interrupted`, `lease
+        expired`), why, and at which step (default: the last one it reported)."""
+        record = AttemptRecord(
+            attempt=self.attempt,
+            worker_id=self.worker_id,
+            started_at=self.started_at,
+            ended_at=at,
+            step=self.step if step is None else step,
+            ended=how,
+            reason=reason,
+        )
+        return [*self.history, record.model_dump(mode="json")]
+
+
+RUNNING_ATTEMPT = (Job.attempt, Job.worker_id, Job.started_at, Job.step, Job.attempt_history)
+
+
+def _running_attempt(session: Session, fenced: Any) -> RunningAttempt | None:
+    """The attempt `fenced` selects (None: not this worker's any more), its row locked on PostgreSQL
+    until the caller's update rewrites the history."""
+    row = session.execute(select(*RUNNING_ATTEMPT).where(fenced).with_for_update()).first()
+    return None if row is None else RunningAttempt.of(row)
 
 
 def requeue_job(
@@ -365,14 +416,22 @@ def requeue_job(
     checkpoint_step = held[0] if held else None
     how = "from the start" if checkpoint_step is None else f"from its checkpoint of step {checkpoint_step}"
     reason = f"{reason}; it will run again {how}"
+    running = _running_attempt(session, fenced)
+    if running is None:
+        session.rollback()
+        return False
+    now = utcnow()
     released = {"worker_id": None, "lease_expires_at": None, "waiting": None}
     handed_back = session.execute(
         update(Job)
         .where(fenced & Job.cancel_requested.is_(True))
         .values(
             status=JobStatus.CANCELLED,
-            finished_at=utcnow(),
+            finished_at=now,
             error=_error("Cancelled", "cancelled while its worker was stopping"),
+            attempt_history=running.ended(
+                JobStatus.CANCELLED.value, "cancelled while its worker was stopping", now
+            ),
             **released,
         )
     )
@@ -384,6 +443,7 @@ def requeue_job(
                 status=JobStatus.QUEUED,
                 error=_error("Interrupted", reason),
                 retries=Job.retries + int(retry),
+                attempt_history=running.ended("interrupted", reason, now),
                 **released,
             )
         )

@@ -158,6 +158,11 @@ def test_progress_finish_and_requeue(sessions: sessionmaker[Session]) -> None:
     with sessions() as session:
         job = store.get_job(session=session, job_id=job_id)
         assert job is not None and job.status == "succeeded" and job.step == 10 and job.latest_loss == 0.25
+        history = JobRead.from_row(job).attempt_history  # the fenced-out finishes left no trace
+        assert [(a.attempt, a.worker_id, a.step, a.ended, a.reason) for a in history] == [
+            (1, "w", 4, "interrupted", "worker stopped; it will run again from the start"),
+            (2, "w2", 10, "succeeded", None),
+        ]
         with pytest.raises(ValueError, match="terminal status"):
             store.finish_job(
                 session=session,
@@ -284,6 +289,9 @@ def test_a_job_whose_worker_stopped_answering_is_claimed_again(sessions: session
         assert again.error is not None and again.error["type"] == "LeaseExpired"
         assert JobRead.from_row(again).error is None
         assert JobRead.from_row(again).interruption == again.error  # why attempt 2 runs
+        [lost] = JobRead.from_row(again).attempt_history
+        assert (lost.attempt, lost.worker_id, lost.ended) == (1, "dead", "lease expired")
+        assert lost.reason == again.error["message"]
         assert interruption_line(JobRead.from_row(again).model_dump(mode="json")) == (
             "attempt 2: worker dead stopped answering; another attempt took the job over"
         )

@@ -20,6 +20,7 @@ from jobs.result import LOG_FILE, JobStatus
 from jobs.spec import JobSpec
 from service import store
 from service import worker as worker_module
+from service.schemas import JobRead
 from service.settings import Settings
 from service.worker import Worker
 
@@ -137,6 +138,16 @@ def test_a_job_process_killed_from_outside_is_retried_as_often_as_allowed(
         in (job.error["message"])
     )
     assert "allocating" in job.error["traceback"]
+    # Each attempt that ended, in the job's history: where, when, and how.
+    history = JobRead.from_row(job).attempt_history
+    assert [(a.attempt, a.ended, a.worker_id) for a in history] == [
+        (1, "interrupted", "test-worker"),
+        (2, "interrupted", "test-worker"),
+        (3, "failed", "test-worker"),
+    ]
+    assert history[0].reason is not None and "retry 1 of 2" in history[0].reason
+    assert history[2].reason == job.error["message"]
+    assert all(a.started_at is not None and a.started_at <= a.ended_at for a in history)
 
 
 def test_a_job_process_that_crashes_by_a_signal_is_not_retried(
