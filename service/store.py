@@ -412,14 +412,13 @@ def requeue_job(
     this worker's.
     """
     fenced = _fenced(job_id, worker_id, attempt)
-    held = session.execute(select(Job.checkpoint_step).where(fenced)).first()
-    checkpoint_step = held[0] if held else None
-    how = "from the start" if checkpoint_step is None else f"from its checkpoint of step {checkpoint_step}"
-    reason = f"{reason}; it will run again {how}"
     running = _running_attempt(session, fenced)
     if running is None:
         session.rollback()
         return False
+    checkpoint_step = session.execute(select(Job.checkpoint_step).where(fenced)).scalar()
+    how = "from the start" if checkpoint_step is None else f"from its checkpoint of step {checkpoint_step}"
+    reason = f"{reason}; it will run again {how}"
     now = utcnow()
     released = {"worker_id": None, "lease_expires_at": None, "waiting": None}
     handed_back = session.execute(
