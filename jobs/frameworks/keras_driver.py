@@ -239,9 +239,15 @@ class KerasDriver(Driver):
         return _optimizer_variables(optimizer)
 
     def state_of(self, optimizer: Any, variables: Sequence[Any], index: int) -> list[np.ndarray]:
-        """Slots are matched to their variable by shape: the checks give every variable its own."""
+        """Slots are matched to their variable by shape: the checks give every variable its own.
+
+        The moving averages `use_ema` keeps are not the class's state: Keras updates every trainable
+        variable's average each step, by design, and an unmoving variable's by float rounding."""
         shape = tuple(variables[index].shape)
-        return [value for _, value in self.state(optimizer) if value.shape == shape]
+        averages = {_name(v) for v in getattr(optimizer, "_model_variables_moving_average", None) or ()}
+        return [
+            value for name, value in self.state(optimizer) if value.shape == shape and name not in averages
+        ]
 
     def trainable_state(self, optimizer: Any, variables: Sequence[Any]) -> tuple[int, list[str], list[str]]:
         state = [*optimizer_variables_of(optimizer), *tracked_outside(self.tf, optimizer, variables)]

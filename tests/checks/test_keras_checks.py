@@ -96,6 +96,23 @@ def test_keras_gradient_accumulation_set_by_the_class_is_no_false_alarm(check_id
     assert outcome.status == "pass", outcome
 
 
+class AveragedSGD(keras.optimizers.SGD):
+    """SGD with Keras's own moving average of the weights (`use_ema`), at a momentum whose rounding
+    moves the average of a variable that does not move."""
+
+    def __init__(self, learning_rate: float = 0.01, **kwargs: object) -> None:
+        kwargs.setdefault("use_ema", True)
+        kwargs.setdefault("ema_momentum", 0.9)
+        super().__init__(learning_rate=learning_rate, **kwargs)  # type: ignore[arg-type]
+
+
+def test_keras_weight_averaging_set_by_the_class_is_no_false_alarm_of_none_grads(workdir: Path) -> None:
+    """Keras averages every trainable variable each step, by design: a frozen one's average changed
+    by float rounding (1.2e-7), and none_grads had failed the framework's own SGD with `use_ema`."""
+    outcome = _run("none_grads", _context(f"{__name__}:AveragedSGD", workdir))
+    assert outcome.status == "pass", outcome
+
+
 class ScaledLossAdam(keras.optimizers.Adam):
     """Adam with Keras's fixed loss scale, whose apply() divides an IndexedSlices by a float."""
 
