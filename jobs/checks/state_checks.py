@@ -46,6 +46,9 @@ def check_config_roundtrip(ctx: CheckContext) -> Outcome:
     count = len(ctx.target.entry.params)
     if driver.capabilities.rebuilt_from_constructor:
         return passed(_groups_survive(ctx, count, elsewhere), float(count - len(elsewhere)))
+    problem = _stored_as_a_fixed_value(ctx)
+    if problem is not None:
+        return problem
     where_kept = f"{driver.config_name} carries all {count} hyperparameters with their values and survives"
     if not driver.capabilities.schedule_objects:
         return passed(f"{where_kept} {driver.config_roundtrip_name}", float(count))
@@ -65,6 +68,59 @@ def check_config_roundtrip(ctx: CheckContext) -> Outcome:
         f"{where_kept} {driver.config_roundtrip_name}, with a plain rate and with {driver.schedule_name}",
         float(count),
     )
+
+
+def _stored_as_a_fixed_value(ctx: CheckContext) -> Outcome | None:
+    """A config that writes a number as a fixed value (`"beta": 0.001` for `"beta": self.beta`) looks
+    right at the defaults, where the rest of the check builds. So each number left at its default
+    is built changed, alone, and must be in the config as the optimizer holds it. Only where the
+    optimizer's own attribute holds the value given: a class may clamp or derive a value, and then
+    its config rightly stores what it uses."""
+    driver = ctx.driver
+    built_with = with_defaults(ctx.target, ctx.params)
+    for name, param in ctx.target.entry.params.items():
+        value = _changed(param, built_with.get(name))
+        if name == "lr" or value is None:
+            continue  # the rate is compared halved at the build above
+        key = native(ctx, name)
+        try:
+            optimizer, _ = fresh(ctx, **{name: value})  # type: ignore[arg-type]
+            config = driver.config(optimizer)[0]
+        except Exception:  # refused alone (a rule between arguments): nothing to compare
+            continue
+        held = getattr(optimizer, key, None)
+        if key in config and same_value(held, value) and not same_value(config[key], value):
+            return failed(
+                f"{driver.config_name}[{key!r}] is {config[key]!r} for an optimizer built with "
+                f"{key}={value!r} (and holding it as self.{key}): the config stores a fixed value, so a "
+                f"reloaded optimizer would use {config[key]!r}",
+                where=method_location(ctx, "get_config"),
+                fix=f"store the value the optimizer was built with ({key!r}: self.{key})",
+            )
+    return None
+
+
+def _changed(param: Any, default: Any) -> float | int | None:
+    """A value of a number hyperparameter other than `default` (the one the check builds with),
+    within its allowed range: halved in (0, 1) (a beta, an epsilon), else doubled, or 0.01 for a
+    default of 0; None for other kinds."""
+    if param.type not in ("float", "int", "number") or not isinstance(default, int | float):
+        return None
+    if isinstance(default, bool):
+        return None
+    if param.type == "int":
+        candidates: list[float | int] = [default + 1, default - 1]
+    elif default == 0:
+        candidates = [0.01]
+    else:
+        candidates = [default * 0.5, default * 2] if 0 < abs(default) < 1 else [default * 2, default * 0.5]
+    return next((value for value in candidates if _within(param, value)), None)
+
+
+def _within(param: Any, value: float) -> bool:
+    low_ok = param.low is None or (value >= param.low if param.low_inclusive else value > param.low)
+    high_ok = param.high is None or (value <= param.high if param.high_inclusive else value < param.high)
+    return low_ok and high_ok
 
 
 def _groups_survive(ctx: CheckContext, count: int, elsewhere: Sequence[str]) -> str:
