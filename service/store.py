@@ -156,16 +156,23 @@ def request_cancel(*, session: Session, job_id: int) -> Job | None:
     Conditional updates, not read-then-write: a worker claiming the job at the same moment
     either sees it cancelled or gets the flag, never neither.
     """
-    cancelled = session.execute(
-        update(Job)
-        .where(Job.id == job_id, Job.status == JobStatus.QUEUED)
-        .values(
-            status=JobStatus.CANCELLED,
-            finished_at=utcnow(),
-            error=_error("Cancelled", "cancelled before it started"),
+    cancelled = 0
+    for ran, message in (
+        (False, "cancelled before it started"),
+        (True, "cancelled while queued to run again (its earlier attempts: attempt_history)"),
+    ):
+        cancelled += _rowcount(
+            session.execute(
+                update(Job)
+                .where(
+                    Job.id == job_id,
+                    Job.status == JobStatus.QUEUED,
+                    Job.attempt > 0 if ran else Job.attempt == 0,
+                )
+                .values(status=JobStatus.CANCELLED, finished_at=utcnow(), error=_error("Cancelled", message))
+            )
         )
-    )
-    if _rowcount(cancelled) == 0:
+    if cancelled == 0:
         session.execute(
             update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING).values(cancel_requested=True)
         )

@@ -665,56 +665,74 @@ class Supervision:
                 else:
                     error = self._cancelled_error()
                 self._end_mlflow_run("KILLED", force=False)  # SIGKILLed after the grace: still RUNNING
+        elif self._stopped_from_outside(process, result):
+            if self.job.retries < self.settings.job_retries:
+                return self._retry(process)
+            status, error = JobStatus.FAILED, self._retries_spent(process, error)
+            # Even where an earlier attempt's stop left it KILLED and this one died before resuming it.
+            self._end_mlflow_run("FAILED", force=True)
         elif result is None:
-            if self._killed_from_outside(process):
-                if self.job.retries < self.settings.job_retries:
-                    return "requeued" if self._retry(process) else "left to its lease (not requeued)"
-                error = self._retries_spent(error)
             status = JobStatus.FAILED
-            self._end_mlflow_run("FAILED", force=False)  # died (kill -9, OOM) before ending its run
+            self._end_mlflow_run("FAILED", force=False)  # died (a crash) before ending its run
         else:
             status, error = result.status, result.error
         self.record(status, result, error)
         return status
 
     @staticmethod
-    def _killed_from_outside(process: subprocess.Popen[bytes]) -> bool:
-        """Killed by a signal no one here sent (the worker's own stops are `Stop`s): the kernel's
-        out-of-memory killer's SIGKILL, or an operator's. A crash (SIGSEGV, an exit code) is not."""
+    def _stopped_from_outside(process: subprocess.Popen[bytes], result: JobResult | None) -> bool:
+        """Stopped by a signal no one here sent (the worker's own stops are `Stop`s, handled before):
+        killed (SIGKILL: the kernel's out-of-memory killer; SIGTERM before the job could handle it),
+        or a SIGTERM the job handled, stopping as if cancelled (an operator, a container runtime's
+        eviction). A crash (SIGSEGV, an exit code) is not."""
+        if result is not None:
+            return result.status is JobStatus.CANCELLED
         return process.returncode in (-signal.SIGKILL, -signal.SIGTERM)
 
-    def _retry(self, process: subprocess.Popen[bytes]) -> bool:
-        """Queue the job again (retries + 1), to resume from the last checkpoint it published."""
+    def _retry(self, process: subprocess.Popen[bytes]) -> str:
+        """Queue the job again (retries + 1), to resume from the last checkpoint it published; one
+        cancelled meanwhile ends there, and so does its MLflow run, which no attempt resumes now."""
         self._heartbeat(read_progress(self.workdir) or self.last_progress)  # that checkpoint, relayed
         number, allowed = self.job.retries + 1, self.settings.job_retries
         reason = (
-            f"its process was killed by {_describe_exit(process.returncode)} (out of memory, or from "
-            f"outside) before it ended; retry {number} of {allowed} (OPTLAB_JOB_RETRIES)"
+            f"its process was {_stopped_by(process.returncode)} before it ended; retry {number} of "
+            f"{allowed} (OPTLAB_JOB_RETRIES)"
         )
         log.warning("job %s: %s", self.job.id, reason)
-        return bool(
-            self._store(
-                lambda s: store.requeue_job(
-                    session=s,
-                    job_id=self.job.id,
-                    worker_id=self.worker.worker_id,
-                    attempt=self.job.attempt,
-                    reason=reason,
-                    retry=True,
-                )
+        requeued = self._store(
+            lambda s: store.requeue_job(
+                session=s,
+                job_id=self.job.id,
+                worker_id=self.worker.worker_id,
+                attempt=self.job.attempt,
+                reason=reason,
+                retry=True,
             )
         )
+        if not requeued:
+            return "left to its lease (not requeued)"
+        ended = self._store(lambda s: store.get_job(session=s, job_id=self.job.id))
+        if ended is not None and ended.status is JobStatus.CANCELLED:
+            self._end_mlflow_run("KILLED", force=True)
+            return JobStatus.CANCELLED
+        return "requeued"
 
-    def _retries_spent(self, error: ErrorRecord | None) -> ErrorRecord | None:
-        if error is None or not self.job.retries:
-            return error
-        again = "once" if self.job.retries == 1 else f"{self.job.retries} times"
-        message = (
-            f"{error.message}; it had been started again {again} after the same, as many as "
-            "OPTLAB_JOB_RETRIES allows: if it runs out of memory, give it a smaller batch or model, "
-            "or a host with more"
+    def _retries_spent(self, process: subprocess.Popen[bytes], error: ErrorRecord | None) -> ErrorRecord:
+        """The error of a job stopped from outside with no retry left."""
+        own = error is not None and error.type != "Cancelled"  # a killed job's, with its log's tail
+        what = error.message if own and error else f"the job process was {_stopped_by(process.returncode)}"
+        retries = self.job.retries
+        if retries == 0:
+            tried = " (OPTLAB_JOB_RETRIES is 0: it was not started again)"
+        else:
+            times = "once" if retries == 1 else f"{retries} times"
+            tried = (
+                f"; it had been started again {times} after the same, as many times as OPTLAB_JOB_RETRIES "
+                "allows: if it runs out of memory, give it a smaller batch or model, or a host with more"
+            )
+        return ErrorRecord(
+            type="JobProcessDied", message=what + tried, traceback=error.traceback if error else None
         )
-        return error.model_copy(update={"message": message})
 
     def _cancelled_error(self) -> ErrorRecord:
         progress = self.last_progress
@@ -846,6 +864,14 @@ def group_rss_mb(session_id: int) -> float:
         if int(fields[3]) == session_id:  # field 6, session id (start_in_own_group made one)
             total += int(fields[21]) * page  # field 24, resident pages
     return total / 2**20
+
+
+def _stopped_by(code: int | None) -> str:
+    """How a job process stopped by someone else ended: killed by a signal, or stopped by SIGTERM
+    (which the job handles: it exits in order)."""
+    if code is not None and code < 0:
+        return f"killed by {_describe_exit(code)} (out of memory, or from outside)"
+    return "stopped by a SIGTERM it was sent from outside (an operator, a container runtime)"
 
 
 def _describe_exit(code: int | None) -> str:

@@ -260,6 +260,23 @@ def test_a_requeued_job_says_it_resumes_from_the_checkpoint_the_store_holds(
             assert job is not None and job.step == shown_step
 
 
+def test_a_job_cancelled_while_queued_to_run_again_is_not_said_never_to_have_started(
+    sessions: sessionmaker[Session],
+) -> None:
+    with sessions() as session:
+        ran = store.create_job(session=session, spec=SPEC).id
+        never = store.create_job(session=session, spec=SPEC).id
+        store.claim_next(session=session, worker_id="w", lease_s=30)  # the oldest: `ran`
+        store.requeue_job(session=session, job_id=ran, worker_id="w", attempt=1, reason="worker stopped")
+        messages = {}
+        for job_id in (ran, never):
+            job = store.request_cancel(session=session, job_id=job_id)
+            assert job is not None and job.status == "cancelled" and job.error is not None
+            messages[job_id] = job.error["message"]
+    assert messages[never] == "cancelled before it started"
+    assert messages[ran] == "cancelled while queued to run again (its earlier attempts: attempt_history)"
+
+
 def test_catalogue_publish_and_latest(
     sessions: sessionmaker[Session], catalogue_data: dict[str, Any]
 ) -> None:

@@ -12,6 +12,7 @@ import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
@@ -134,7 +135,7 @@ def test_a_job_process_killed_from_outside_is_retried_as_often_as_allowed(
     assert job.status == "failed" and job.attempt == 3 and job.error is not None
     assert job.error["type"] == "JobProcessDied" and f"signal SIG{signal_name}" in job.error["message"]
     assert (
-        "it had been started again 2 times after the same, as many as OPTLAB_JOB_RETRIES allows"
+        "it had been started again 2 times after the same, as many times as OPTLAB_JOB_RETRIES allows"
         in (job.error["message"])
     )
     assert "allocating" in job.error["traceback"]
@@ -148,6 +149,30 @@ def test_a_job_process_killed_from_outside_is_retried_as_often_as_allowed(
     assert history[0].reason is not None and "retry 1 of 2" in history[0].reason
     assert history[2].reason == job.error["message"]
     assert all(a.started_at is not None and a.started_at <= a.ended_at for a in history)
+
+
+def test_a_job_cancelled_as_its_killed_process_is_requeued_ends_with_its_mlflow_run(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cancel lands between the kill and the requeue: the job ends cancelled, and its MLflow run,
+    which no attempt will resume now, is ended KILLED (it had stayed RUNNING)."""
+    worker = make_worker(settings, sessions, stand_in(tmp_path, "kill -KILL $$"))
+    job_id = submit(sessions)
+    requeue = store.requeue_job
+
+    def cancelled_first(**kwargs: Any) -> bool:
+        store.request_cancel(session=kwargs["session"], job_id=job_id)
+        return requeue(**kwargs)
+
+    ended: list[tuple[str, bool]] = []
+    monkeypatch.setattr(store, "requeue_job", cancelled_first)
+    monkeypatch.setattr(
+        worker_module.Supervision, "_end_mlflow_run", lambda _, status, force: ended.append((status, force))
+    )
+    worker.run_next()
+    job = job_row(sessions, job_id)
+    assert job.status == "cancelled" and job.retries == 0 and ended == [("KILLED", True)]
+    assert [a["ended"] for a in job.attempt_history] == ["cancelled"]
 
 
 def test_a_job_process_that_crashes_by_a_signal_is_not_retried(
