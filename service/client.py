@@ -169,7 +169,8 @@ class ApiClient:
                 if attempt < attempts:  # the request may have arrived: its answer did not
                     time.sleep(SUBMIT_RETRY_AFTER_S)
                     continue
-                raise ApiError(0, self._unreachable(exc, attempts)) from None
+                key = kwargs.get("headers", {}).get(IDEMPOTENCY_KEY_HEADER)
+                raise ApiError(0, self._unreachable(exc, attempts, key)) from None
             except (httpx.HTTPError, httpx.InvalidURL) as exc:  # no scheme, a malformed request
                 raise ApiError(0, self._unreachable(exc, 1)) from None
         if response.status_code >= 400:
@@ -181,6 +182,13 @@ class ApiClient:
         data: dict[str, Any] = response.json()
         return data
 
-    def _unreachable(self, exc: Exception, attempts: int) -> str:
-        tries = "" if attempts == 1 else f"; sent {attempts} times with one Idempotency-Key"
-        return f"cannot reach the optlab API at {self.base_url!r} ({type(exc).__name__}: {exc}){tries}"
+    def _unreachable(self, exc: Exception, attempts: int, key: str | None = None) -> str:
+        said = f"cannot reach the optlab API at {self.base_url!r} ({type(exc).__name__}: {exc})"
+        if key is None:
+            return said
+        return (
+            f"{said}; sent {'once' if attempts == 1 else f'{attempts} times'} with {IDEMPOTENCY_KEY_HEADER} "
+            f"{key}, and no answer came back: "
+            f"it may have been stored all the same (GET {self.base_url}/jobs lists the newest first); "
+            "sending it again with that key makes no second one"
+        )

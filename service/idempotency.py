@@ -14,9 +14,9 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import Header, HTTPException, Response
+from fastapi import Header, HTTPException, Request, Response
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
@@ -56,12 +56,26 @@ class IdempotentRequest:
 
     @classmethod
     def of(
-        cls, key: str | None, *, route: str, body: BaseModel, submitted_by: str | None
+        cls, request: Request, key: str | None, *, route: str, body: BaseModel, submitted_by: str | None
     ) -> IdempotentRequest | None:
+        """The request's key (None without one); a 422 for two keys, which a client or a proxy
+        could send in either order: neither can be taken to be the one meant."""
+        sent = request.headers.getlist(KEY_HEADER)
+        if len(sent) > 1:
+            raise HTTPException(
+                status_code=422,
+                detail=[
+                    {
+                        "loc": ["header", KEY_HEADER],
+                        "msg": f"{len(sent)} {KEY_HEADER} headers were sent; send one",
+                        "type": "idempotency_key_repeated",
+                    }
+                ],
+            )
         if key is None:
             return None
-        # The validated body, so a retry that spells a default out or orders its fields otherwise
-        # is the same request.
+        # The validated body, so a retry that orders its fields otherwise, or spells out a default
+        # of the spec's own fields (not of a hyperparameter: the catalogue's), is the same request.
         canonical = json.dumps([route, body.model_dump(mode="json")], sort_keys=True, separators=(",", ":"))
         return cls(submitted_by or "", key, hashlib.sha256(canonical.encode()).hexdigest())
 
@@ -112,6 +126,21 @@ class IdempotentRequest:
             )
         )
         session.flush()
+
+
+# The OpenAPI `responses` entry of a submission's 201: it may say that it replays an earlier one.
+REPLAYED_ANSWER: dict[int | str, dict[str, Any]] = {
+    201: {
+        "description": "stored; or what an earlier request with the same Idempotency-Key and body made",
+        "headers": {
+            REPLAYED_HEADER: {
+                "description": "`true` where this answer is what an earlier request with the same "
+                "Idempotency-Key made (nothing new was stored); absent otherwise",
+                "schema": {"type": "string", "enum": ["true"]},
+            }
+        },
+    }
+}
 
 
 def mark_replayed(response: Response, replayed: bool) -> None:

@@ -223,7 +223,10 @@ STATUS_REASONS: dict[int, tuple[type[BaseModel], str]] = {
     409: (Problem, "the job already ended otherwise, or the study has not ended yet / has ended"),
     413: (Problem, "the body is over OPTLAB_MAX_BODY_BYTES"),
     415: (Problem, "a write without a token and without `Content-Type: application/json` (open API)"),
-    422: (InvalidRequest, "invalid input: the body, a path or query parameter"),
+    422: (
+        InvalidRequest,
+        "invalid input: the body, a path or query parameter, or a header (Idempotency-Key)",
+    ),
     429: (
         Problem,
         "the queue is full (OPTLAB_MAX_QUEUED or OPTLAB_MAX_QUEUED_PER_TOKEN); header Retry-After",

@@ -219,7 +219,7 @@ def claim_next(
     runnable = claimable if fits is None else claimable & _fits(fits)
     for _ in range(5):
         candidate = session.execute(
-            select(Job.id, Job.status, *RUNNING_ATTEMPT)
+            select(Job.id, Job.status, Job.checkpoint_step, *RUNNING_ATTEMPT)
             .where(runnable)
             .order_by(Job.id)
             .limit(1)
@@ -239,7 +239,12 @@ def claim_next(
             "waiting": None,
         }
         if previous_status == JobStatus.RUNNING:
-            reason = f"worker {previous_worker} stopped answering; another attempt took the job over"
+            how = (
+                "from the start"
+                if candidate.checkpoint_step is None
+                else (f"from its checkpoint of step {candidate.checkpoint_step}")
+            )
+            reason = f"worker {previous_worker} stopped answering; another attempt took the job over, {how}"
             values["error"] = _error("LeaseExpired", reason)
             values["attempt_history"] = RunningAttempt.of(candidate).ended("lease expired", reason, now)
         claimed = session.execute(

@@ -169,6 +169,8 @@ class Supervisor:
     ) -> Child:
         log_path = self.logs / f"{name}.log"
         with open(log_path, "ab") as log_file:
+            if restarted_at:  # where the last lines of this start begin, in the log the part keeps
+                log_file.write(f"--- optlab serve: {name} started again ({len(restarted_at)}) ---\n".encode())
             process: subprocess.Popen[bytes] = start_in_own_group(
                 command,
                 die_with_parent=True,

@@ -11,13 +11,15 @@ from fastapi import APIRouter, Request, Response
 from jobs.spec import Catalogue, CheckSpec, SpecError, check_errors, timeout_errors
 from service.auth import CallerDep, submitter
 from service.deps import SettingsDep, submit_validated
-from service.idempotency import IdempotentRequest, KeyHeader, mark_replayed
+from service.idempotency import REPLAYED_ANSWER, IdempotentRequest, KeyHeader, mark_replayed
 from service.schemas import WRITES, JobRead, responses
 
 router = APIRouter(prefix="/checks", tags=["checks"])
 
 
-@router.post("", status_code=201, response_model=JobRead, responses=responses(*WRITES, 429, 503))
+@router.post(
+    "", status_code=201, response_model=JobRead, responses={**responses(*WRITES, 429, 503), **REPLAYED_ANSWER}
+)
 def submit_check(
     spec: CheckSpec,
     request: Request,
@@ -30,7 +32,7 @@ def submit_check(
         return check_errors(spec, catalogue) + timeout_errors(spec, max_job_seconds=settings.max_job_seconds)
 
     key = IdempotentRequest.of(
-        idempotency_key, route="POST /checks", body=spec, submitted_by=submitter(caller)
+        request, idempotency_key, route="POST /checks", body=spec, submitted_by=submitter(caller)
     )
     stored = submit_validated(request, spec, errors_in, submitted_by=submitter(caller), idempotency=key)
     mark_replayed(response, stored.replayed)

@@ -13,7 +13,7 @@ from service import store
 from service.admission import device_errors_asking
 from service.auth import CallerDep, submitter
 from service.deps import SessionDep, SettingsDep, submit_validated
-from service.idempotency import IdempotentRequest, KeyHeader, mark_replayed
+from service.idempotency import REPLAYED_ANSWER, IdempotentRequest, KeyHeader, mark_replayed
 from service.quotas import Stored
 from service.schemas import COMMON, WRITES, JobKind, JobRead, JobsPage, responses
 from service.settings import ApiToken, Settings
@@ -24,7 +24,9 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 JobId = Annotated[int, Path(ge=1, le=2**31 - 1, description="the job's id")]
 
 
-@router.post("", status_code=201, response_model=JobRead, responses=responses(*WRITES, 429, 503))
+@router.post(
+    "", status_code=201, response_model=JobRead, responses={**responses(*WRITES, 429, 503), **REPLAYED_ANSWER}
+)
 async def submit_job(
     spec: JobSpec,
     request: Request,
@@ -35,7 +37,9 @@ async def submit_job(
 ) -> JobRead:
     # async, with the blocking part in one explicit pass through the thread pool: FastAPI runs a
     # plain `def` route there and then a second time to validate what it returned.
-    key = IdempotentRequest.of(idempotency_key, route="POST /jobs", body=spec, submitted_by=submitter(caller))
+    key = IdempotentRequest.of(
+        request, idempotency_key, route="POST /jobs", body=spec, submitted_by=submitter(caller)
+    )
     stored = await run_in_threadpool(_submit_job, spec, request, settings, caller, key)
     mark_replayed(response, stored.replayed)
     return JobRead.from_row(stored.job)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Path, Query, Response
+from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
@@ -12,7 +12,7 @@ from jobs.spec import Catalogue, StudySpec, study_errors
 from service.admission import device_errors
 from service.auth import CallerDep, submitter
 from service.deps import CatalogueDep, SessionDep, SettingsDep
-from service.idempotency import IdempotentRequest, KeyHeader, mark_replayed
+from service.idempotency import REPLAYED_ANSWER, IdempotentRequest, KeyHeader, mark_replayed
 from service.models import Study
 from service.quotas import queue_room
 from service.schemas import COMMON, WRITES, responses
@@ -43,9 +43,15 @@ def json_errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return declared
 
 
-@router.post("", status_code=201, response_model=StudyRead, responses=responses(*WRITES, 429, 503))
+@router.post(
+    "",
+    status_code=201,
+    response_model=StudyRead,
+    responses={**responses(*WRITES, 429, 503), **REPLAYED_ANSWER},
+)
 def submit_study(
     spec: StudySpec,
+    request: Request,
     response: Response,
     session: SessionDep,
     settings: SettingsDep,
@@ -54,7 +60,7 @@ def submit_study(
     idempotency_key: KeyHeader = None,
 ) -> StudyRead:
     key = IdempotentRequest.of(
-        idempotency_key, route="POST /studies", body=spec, submitted_by=submitter(caller)
+        request, idempotency_key, route="POST /studies", body=spec, submitted_by=submitter(caller)
     )
     # A retry of a request that was stored gets its study, whatever the catalogue or queue say now.
     earlier = None if key is None else key.earlier_study(session)

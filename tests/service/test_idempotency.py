@@ -178,15 +178,40 @@ def test_the_client_gives_up_after_its_attempts_saying_how_often_it_tried(
     monkeypatch.setattr(api_client, "SUBMIT_ATTEMPTS", 1)
     with pytest.raises(api_client.ApiError, match="ReadTimeout") as lost:
         api.submit(GOOD)
-    assert "sent" not in str(lost.value)  # one attempt: nothing to count
+    assert "sent once with Idempotency-Key" in str(lost.value)
+    assert "it may have been stored all the same" in str(lost.value)
     monkeypatch.setattr(api_client, "SUBMIT_ATTEMPTS", 3)
     transport.sent = []
     monkeypatch.setattr(AnswerLostOnce, "handle_request", _always_lost)
-    with pytest.raises(api_client.ApiError, match="sent 3 times with one Idempotency-Key"):
+    with pytest.raises(api_client.ApiError, match="sent 3 times with Idempotency-Key") as lost:
         api.submit(GOOD)
+    key = transport.sent[-1].headers["idempotency-key"]
+    assert key in str(lost.value) and "makes no second one" in str(lost.value)
     assert client.get("/jobs").json()["total"] == 1  # the first one's job: it arrived, its answer did not
 
 
 def _always_lost(self: AnswerLostOnce, request: httpx.Request) -> httpx.Response:
     self.sent.append(request)
     raise httpx.ReadTimeout("timed out", request=request)
+
+
+def test_two_keys_in_one_request_are_refused_whatever_their_order(client: TestClient) -> None:
+    """Either could be the one meant, and a proxy may reorder them: neither is taken."""
+    for pair in (["k-a", "k-b"], ["k-b", "k-a"]):
+        refused = client.post("/jobs", json=GOOD, headers=[("Idempotency-Key", key) for key in pair])
+        assert refused.status_code == 422, refused.text
+        [problem] = refused.json()["detail"]
+        assert (
+            problem["loc"] == ["header", "Idempotency-Key"] and "2 Idempotency-Key headers" in problem["msg"]
+        )
+    assert client.get("/jobs").json()["total"] == 0
+
+
+def test_the_openapi_document_declares_the_key_and_the_replayed_answer(client: TestClient) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    for path in ("/jobs", "/checks", "/studies"):
+        post = paths[path]["post"]
+        [key] = [p for p in post["parameters"] if p["name"] == "Idempotency-Key"]
+        assert key["in"] == "header" and not key["required"]
+        assert "Idempotent-Replayed" in post["responses"]["201"]["headers"]
+        assert "Idempotency-Key" in post["responses"]["422"]["description"]

@@ -310,7 +310,7 @@ def test_a_job_whose_worker_stopped_answering_is_claimed_again(sessions: session
         assert (lost.attempt, lost.worker_id, lost.ended) == (1, "dead", "lease expired")
         assert lost.reason == again.error["message"]
         assert interruption_line(JobRead.from_row(again).model_dump(mode="json")) == (
-            "attempt 2: worker dead stopped answering; another attempt took the job over"
+            "attempt 2: worker dead stopped answering; another attempt took the job over, from the start"
         )
         cancelled = store.get_job(session=session, job_id=doomed)
         assert cancelled is not None and cancelled.status == "cancelled"

@@ -27,6 +27,11 @@ def test_a_part_that_keeps_exiting_is_restarted_a_bounded_number_of_times(tmp_pa
             )
             assert f"Last lines of {parts.logs / 'flaky.log'}:\nbad setting" in said
         parts.children[0].process.wait(timeout=30)
+        # Each start's lines begin after a marker, so a log tail says which start it shows.
+        assert (
+            "--- optlab serve: flaky started again (5) ---\nbad setting"
+            in (parts.logs / "flaky.log").read_text()
+        )
         with pytest.raises(
             ServeError, match="flaky exited with code 3, after 5 restarts within 10 minutes: stopping"
         ):
