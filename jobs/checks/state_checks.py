@@ -4,9 +4,7 @@ keeps and how it survives a save, written once over the drivers.
 
 from __future__ import annotations
 
-import inspect
 import pickle
-import re
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -17,6 +15,7 @@ from jobs.checks.tools import (
     SHAPES,
     CheckFunction,
     arrays,
+    attributes_written_by_the_user,
     fresh,
     isolated,
     max_diff,
@@ -27,7 +26,6 @@ from jobs.checks.tools import (
     takes_a_rate,
 )
 from jobs.frameworks.base import ConfigNotSerialized, Driver, StateNotRestored
-from optimizers.loop_needs import user_classes
 
 # -- config_roundtrip --------------------------------------------------------------------------------
 
@@ -248,7 +246,7 @@ def _unsaved_attributes(stepped: Any, restored: Any) -> list[str]:
     differently: state the save never saw (`self.t += 1` in the step, SGLD's private generator),
     named so the user knows which. Only read once a next step has differed."""
     theirs = getattr(restored, "__dict__", {})
-    written = _attributes_written_by_the_user(type(stepped))
+    written = attributes_written_by_the_user(type(stepped))
     mine = {name: value for name, value in getattr(stepped, "__dict__", {}).items() if name in written}
     numbers = [
         f"self.{name} is {value!r} in the uninterrupted optimizer and {theirs.get(name)!r} in the "
@@ -287,19 +285,6 @@ def _random_state(value: Any) -> bytes | None:
     else:
         state = value.get_state() if hasattr(value, "get_state") else value.getstate()
     return pickle.dumps(state)
-
-
-def _attributes_written_by_the_user(cls: type) -> set[str]:
-    """The `self.<name>` the classes of `cls`'s MRO outside the frameworks mention in their source
-    (the frameworks' own classes keep counters of their own: TensorFlow's trackables a
-    `_self_update_uid`)."""
-    names: set[str] = set()
-    for klass in user_classes(cls):
-        try:
-            names.update(re.findall(r"\bself\.(\w+)", inspect.getsource(klass)))
-        except (OSError, TypeError):  # a class without source here (compiled, or made in a REPL)
-            continue
-    return names
 
 
 @isolated

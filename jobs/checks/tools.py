@@ -319,3 +319,39 @@ def still_steps(ctx: CheckContext, shapes: Sequence[tuple[int, ...]] = SHAPES, *
         if max_diff(driver.values(variables), start) > 0:
             return step
     return 0
+
+
+def attributes_written_by_the_user(cls: type) -> set[str]:
+    """The `self.<name>` the classes of `cls`'s MRO outside the frameworks mention in their source
+    (the frameworks' own classes keep counters of their own: TensorFlow's trackables a
+    `_self_update_uid`)."""
+    names: set[str] = set()
+    for klass in user_classes(cls):
+        try:
+            names.update(re.findall(r"\bself\.(\w+)", inspect.getsource(klass)))
+        except (OSError, TypeError):  # a class without source here (compiled, or made in a REPL)
+            continue
+    return names
+
+
+def python_counters(ctx: CheckContext) -> list[str]:
+    """The plain numbers the class's own code keeps as attributes that a step changes (`self.t += 1`),
+    as `self.t`: state no variable holds, so a strategy's replicas, a traced graph and a save each
+    see a copy of their own. Empty where a step raises."""
+    try:
+        optimizer, variables = fresh(ctx)
+        before = _plain_numbers(optimizer)
+        ctx.driver.step(optimizer, variables, arrays(SHAPES, seed=50), ctx.needs)
+        after = _plain_numbers(optimizer)
+    except Exception:
+        return []
+    written = attributes_written_by_the_user(type(optimizer))
+    return sorted(f"self.{name}" for name in after.keys() & written if before.get(name) != after[name])
+
+
+def _plain_numbers(optimizer: Any) -> dict[str, int | float]:
+    return {
+        name: value
+        for name, value in vars(optimizer).items()
+        if isinstance(value, int | float) and not isinstance(value, bool)
+    }

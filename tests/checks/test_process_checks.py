@@ -262,3 +262,54 @@ def test_a_failure_names_the_array_its_figure_is_from() -> None:
     assert first_difference(straight, resumed) == "optimizer/step: max abs difference 2"
     assert largest_difference(straight, resumed) == ("parameter w", 3.5)
     assert largest_difference(straight, straight) == ("", 0.0)
+
+
+PYTHON_COUNTER = '''
+import tensorflow as tf
+import tf_keras
+
+
+class CountingAdam(tf_keras.optimizers.legacy.Optimizer):
+    """Adam whose bias correction counts steps in a Python int, not in `iterations`."""
+
+    def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, name="CountingAdam", **kwargs):
+        super().__init__(name, **kwargs)
+        self._set_hyper("learning_rate", learning_rate)
+        self._set_hyper("beta_1", beta_1)
+        self._set_hyper("beta_2", beta_2)
+        self._t = 0
+
+    def _create_slots(self, var_list):
+        for var in var_list:
+            self.add_slot(var, "m")
+            self.add_slot(var, "v")
+
+    def _prepare(self, var_list):
+        self._t += 1
+        return super()._prepare(var_list)
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        dtype = var.dtype.base_dtype
+        b1, b2 = self._get_hyper("beta_1", dtype), self._get_hyper("beta_2", dtype)
+        t = tf.cast(self._t, dtype)
+        m = self.get_slot(var, "m").assign(b1 * self.get_slot(var, "m") + (1 - b1) * grad)
+        v = self.get_slot(var, "v").assign(b2 * self.get_slot(var, "v") + (1 - b2) * tf.square(grad))
+        step = self._decayed_lr(dtype) * tf.sqrt(1 - tf.pow(b2, t)) / (1 - tf.pow(b1, t))
+        return var.assign_sub(step * m / (tf.sqrt(v) + 1e-7)).op
+
+    def get_config(self):
+        config = super().get_config()
+        for name in ("learning_rate", "beta_1", "beta_2"):
+            config[name] = self._serialize_hyperparameter(name)
+        return config
+'''
+
+
+def test_a_distributed_failure_names_the_python_counter_every_replica_changes(tmp_path: Path) -> None:
+    """The fix had been about gradient statistics; the cause was `self._t += 1` in the update."""
+    path = tmp_path / "counting.py"
+    path.write_text(PYTHON_COUNTER)
+    outcome = distributed(context(f"{path}:CountingAdam", "tf_legacy", tmp_path))
+    assert outcome.status == "fail", outcome
+    assert "the class keeps self._t, a Python number its step changes" in outcome.detail
+    assert "`iterations`" in outcome.detail and "self.add_weight in tf.keras" in outcome.detail

@@ -23,7 +23,7 @@ from jobs.checks.fresh.results import (
 )
 from jobs.checks.fresh.spawner import ChildFailed, failed_in_child, run_fresh
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
-from jobs.checks.tools import draws_randomly
+from jobs.checks.tools import draws_randomly, python_counters
 
 
 def distributed(ctx: CheckContext) -> Outcome:
@@ -144,6 +144,28 @@ def _judged_with_the_loss_over_ranks(
     )
 
 
+COUNTER_FIX = (
+    "keep the count in a variable of the optimizer (the framework's `iterations`, or one of its own: "
+    "self.add_variable in Keras 3, self.add_weight in tf.keras), which every replica shares and every "
+    "save holds"
+)
+
+
+def _replicated_counters(ctx: CheckContext, words: Wording) -> str:
+    """Why replicas may part where the class counts in Python: one object's number, changed by every
+    replica's call of the update (a TensorFlow strategy runs it once per replica). Torch's ranks each
+    own their optimizer, so a Python counter there is no cause."""
+    if ctx.target.style == "torch":
+        return ""
+    counters = python_counters(ctx)
+    if not counters:
+        return ""
+    return (
+        f"the class keeps {', '.join(counters)}, a Python number its step changes: under {words.setup} "
+        "each replica's update changes it (and a traced graph sees only its value when traced)"
+    )
+
+
 def judge(
     ctx: CheckContext, words: Wording, outs: Mapping[str, Path], overrides: Mapping[str, Any]
 ) -> Outcome:
@@ -169,20 +191,24 @@ def judge(
                 figure=max_abs_difference(first, other),
             )
         if apart:
+            counters = _replicated_counters(ctx, words)
             return failed(
                 f"under {words.setup}, {words.replica} {number} holds other values than {words.replica} 0 "
-                f"after {DISTRIBUTED_STEPS} steps on the same averaged gradients ({apart})",
+                f"after {DISTRIBUTED_STEPS} steps on the same averaged gradients ({apart})"
+                + (f"; {counters}" if counters else ""),
                 where=ctx.where(),
-                fix=words.apart_fix,
+                fix=COUNTER_FIX if counters else words.apart_fix,
                 figure=max_abs_difference(first, other),
             )
     figure = max_abs_difference(single, first)
     far = beyond_tolerance(single, first, load_run(outs[INITIAL]))
     if far:
+        counters = _replicated_counters(ctx, words)
         return failed(
-            f"{words.setup} (half the batch each) differs from {words.reference} beyond rounding: {far}",
+            f"{words.setup} (half the batch each) differs from {words.reference} beyond rounding: {far}"
+            + (f"; {counters}" if counters else ""),
             where=ctx.where(),
-            fix=words.beyond_fix,
+            fix=COUNTER_FIX if counters else words.beyond_fix,
             figure=figure,
         )
     return passed(
