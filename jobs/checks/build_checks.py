@@ -429,12 +429,50 @@ def check_dense_step(ctx: CheckContext) -> Outcome:
             fix=driver.advice.in_place_update,
         )
     smallest = min(float(np.max(np.abs(a - b))) for a, b in zip(before, after, strict=True))
+    zero = _not_finite_after_a_zero_gradient(ctx)
+    if zero:
+        return failed(
+            "a gradient of zeros for one variable (an unused parameter under zero_grad(set_to_none=False), "
+            f"a masked layer) made these not finite within {ZERO_GRADIENT_STEPS} steps: "
+            + ", ".join(zero[:6]),
+            where=method_location(ctx),
+            figure=float(len(zero)),
+            fix="guard what divides by a gradient or by state built from it (its norm, its second moment): "
+            "add an epsilon, or leave a variable whose gradient norm is 0 as it is",
+        )
     warmup = f" (the first {steps - 1} step(s) only built state: a warm-up)" if steps > 1 else ""
     return passed(
-        f"{after_steps} changed all {len(variables)} variables{warmup}; values and state finite "
-        "(figure: smallest largest change)",
+        f"{after_steps} changed all {len(variables)} variables{warmup}; values and state finite, a gradient "
+        "of zeros too (figure: smallest largest change)",
         smallest,
     )
+
+
+# Steps with one variable's gradient all zeros, after one ordinary step: an unused parameter keeps a
+# zero gradient under zero_grad(set_to_none=False), step after step.
+ZERO_GRADIENT_STEPS = 2
+
+
+def _not_finite_after_a_zero_gradient(ctx: CheckContext) -> list[str]:
+    """What is not finite (variables, state) once the first variable's gradient has been zeros for
+    ZERO_GRADIENT_STEPS steps; empty where all is, or where such a step raises (the steps before
+    have judged the class's errors)."""
+    driver = ctx.driver
+    optimizer, variables = fresh(ctx)
+    try:
+        driver.step(optimizer, variables, arrays(SHAPES, seed=1), ctx.needs)
+        for seed in range(2, 2 + ZERO_GRADIENT_STEPS):
+            grads = arrays(SHAPES, seed=seed)
+            grads[0] = np.zeros_like(grads[0])
+            driver.step(optimizer, variables, grads, ctx.needs)
+    except Exception:
+        return []
+    bad = [
+        f"variable {shape_text(SHAPES[i])}"
+        for i, a in enumerate(driver.values(variables))
+        if not np.all(np.isfinite(a))
+    ]
+    return bad + [name for name, value in driver.state(optimizer) if not _finite(value)]
 
 
 def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
