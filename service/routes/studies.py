@@ -63,12 +63,14 @@ def submit_study(
         request, idempotency_key, route="POST /studies", body=spec, submitted_by=submitter(caller)
     )
     # A retry of a request that was stored gets its study, whatever the catalogue or queue say now.
-    earlier = None if key is None else key.earlier_study(session)
-    if earlier is None:
-        earlier = _stored_study(spec, session, settings, catalogue, submitted_by=submitter(caller), key=key)
-    else:
-        mark_replayed(response, True)
-    return _read(session, earlier, settings.mlflow_tracking_uri)
+    study = None if key is None else key.earlier_study(session)
+    replayed = study is not None
+    if study is None:
+        study, replayed = _stored_study(
+            spec, session, settings, catalogue, submitted_by=submitter(caller), key=key
+        )
+    mark_replayed(response, replayed)
+    return _read(session, study, settings.mlflow_tracking_uri)
 
 
 def _stored_study(
@@ -79,9 +81,9 @@ def _stored_study(
     *,
     submitted_by: str | None,
     key: IdempotentRequest | None,
-) -> Study:
+) -> tuple[Study, bool]:
     """The study and its jobs, validated and stored; or the one a request with `key` racing this
-    one stored first."""
+    one stored first (replayed: True)."""
     errors, jobs = study_errors(
         spec,
         catalogue,
@@ -97,10 +99,11 @@ def _stored_study(
     ) as earlier:
         if earlier is not None:
             session.rollback()  # nothing to store; ends the transaction, and the lock it holds
-            return earlier
-        return study_store.create_study(
+            return earlier, True
+        study = study_store.create_study(
             session=session, spec=spec, jobs=jobs, submitted_by=submitted_by, idempotency=key
         )
+        return study, False
 
 
 @router.get("", response_model=StudiesPage, responses=responses(*COMMON))

@@ -215,3 +215,24 @@ def test_the_openapi_document_declares_the_key_and_the_replayed_answer(client: T
         assert key["in"] == "header" and not key["required"]
         assert "Idempotent-Replayed" in post["responses"]["201"]["headers"]
         assert "Idempotency-Key" in post["responses"]["422"]["description"]
+
+
+def test_a_study_retry_that_finds_its_study_only_under_the_lock_says_it_is_replayed(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two retries race: the second's first look finds nothing, and the look under the submission
+    lock finds the study the first stored. It gets that study, said to be replayed."""
+    from service.idempotency import IdempotentRequest
+
+    first = client.post("/studies", json=STUDY, headers=keyed("s"))
+    real, looks = IdempotentRequest.earlier_study, []
+
+    def missed_the_first_time(self: IdempotentRequest, session: Any) -> Any:
+        looks.append(self.key)
+        return None if len(looks) == 1 else real(self, session)
+
+    monkeypatch.setattr(IdempotentRequest, "earlier_study", missed_the_first_time)
+    again = client.post("/studies", json=STUDY, headers=keyed("s"))
+    assert len(looks) == 2 and again.status_code == 201, again.text
+    assert again.json()["id"] == first.json()["id"] and again.headers["idempotent-replayed"] == "true"
+    assert client.get("/studies").json()["total"] == 1
