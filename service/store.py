@@ -154,7 +154,9 @@ def request_cancel(*, session: Session, job_id: int) -> Job | None:
     """A queued job is cancelled at once; a running one is flagged for its worker to stop.
 
     Conditional updates, not read-then-write: a worker claiming the job at the same moment
-    either sees it cancelled or gets the flag, never neither.
+    either sees it cancelled or gets the flag, never neither. A job queued to run again keeps
+    `cancel_requested` once cancelled: its MLflow run, which an earlier attempt left open for the
+    next, is a worker's to end (`runs_left_open`).
     """
     cancelled = 0
     for ran, message in (
@@ -169,7 +171,12 @@ def request_cancel(*, session: Session, job_id: int) -> Job | None:
                     Job.status == JobStatus.QUEUED,
                     Job.attempt > 0 if ran else Job.attempt == 0,
                 )
-                .values(status=JobStatus.CANCELLED, finished_at=utcnow(), error=_error("Cancelled", message))
+                .values(
+                    status=JobStatus.CANCELLED,
+                    finished_at=utcnow(),
+                    error=_error("Cancelled", message),
+                    cancel_requested=ran,
+                )
             )
         )
     if cancelled == 0:
@@ -178,6 +185,21 @@ def request_cancel(*, session: Session, job_id: int) -> Job | None:
         )
     session.commit()
     return session.get(Job, job_id, populate_existing=True)
+
+
+def runs_left_open(*, session: Session) -> list[tuple[int, str]]:
+    """(job id, MLflow run id) of each job cancelled while queued to run again, whose run no attempt
+    will end now (`request_cancel`); `run_closed` takes a job off this list."""
+    rows = session.execute(
+        select(Job.id, Job.mlflow).where(Job.status == JobStatus.CANCELLED, Job.cancel_requested.is_(True))
+    ).all()
+    session.rollback()
+    return [(row.id, str(row.mlflow["run_id"])) for row in rows if (row.mlflow or {}).get("run_id")]
+
+
+def run_closed(*, session: Session, job_id: int) -> None:
+    session.execute(update(Job).where(Job.id == job_id).values(cancel_requested=False))
+    session.commit()
 
 
 def _fits(fits: ClaimFilter) -> Any:

@@ -221,6 +221,8 @@ class Worker:
         )
         refresher = threading.Thread(target=self.refresh_catalogue_forever, name="plugin-watch", daemon=True)
         refresher.start()
+        closer = threading.Thread(target=self.close_runs_forever, name="run-closer", daemon=True)
+        closer.start()
         unreachable = False
         while not self.stopping.is_set():
             try:
@@ -251,6 +253,27 @@ class Worker:
         with self.sessions() as session:
             store.touch_worker(session=session, worker_id=self.worker_id)
         self.seen_at = time.monotonic()
+
+    def close_runs_forever(self) -> None:
+        """`close_runs_left_open` every heartbeat, on a thread of its own: MLflow's client retries a
+        server that does not answer for minutes, which must delay no claim."""
+        while not self.stopping.wait(self.settings.heartbeat_s):
+            try:
+                self.close_runs_left_open()
+            except Exception:  # the store away: the next heartbeat tries again
+                log.exception("worker %s: could not look for MLflow runs left open", self.worker_id)
+
+    def close_runs_left_open(self) -> None:
+        """End KILLED the MLflow runs that cancelled jobs may have left open: one cancelled while
+        queued to run again (an earlier attempt left its run open for the next), or whose worker died
+        as it was cancelled. A run already ended is left as it is."""
+        with self.sessions() as session:
+            left = store.runs_left_open(session=session)
+        for job_id, run_id in left:
+            if not end_mlflow_run(self.settings.mlflow_tracking_uri, job_id, run_id, "KILLED", force=False):
+                return  # the server does not answer: the rest at a later heartbeat
+            with self.sessions() as session:
+                store.run_closed(session=session, job_id=job_id)
 
     def refresh_catalogue_forever(self) -> None:
         """Publish the catalogue again whenever plugin files change, while jobs keep running.
@@ -764,15 +787,23 @@ class Supervision:
             self._end_run(str(run_id), status, force=force)
 
     def _end_run(self, run_id: str, status: str, *, force: bool) -> None:
-        try:
-            from mlflow.tracking import MlflowClient  # the client only: no framework comes with it
+        end_mlflow_run(self.settings.mlflow_tracking_uri, self.job.id, run_id, status, force=force)
 
-            client = MlflowClient(tracking_uri=split_credentials(self.settings.mlflow_tracking_uri)[0])
-            if force or client.get_run(run_id).info.status == "RUNNING":
-                client.set_terminated(run_id, status)
-                log.info("job %s: MLflow run %s ended %s by the worker", self.job.id, run_id, status)
-        except Exception:  # MLflow down: the job's outcome is still recorded
-            log.exception("job %s: could not end MLflow run %s as %s", self.job.id, run_id, status)
+
+def end_mlflow_run(tracking_uri: str, job_id: int, run_id: str, status: str, *, force: bool) -> bool:
+    """End a job's MLflow run as `status` if it is still RUNNING (`force`: whatever it is); False
+    where the server could not be asked (down: the job's outcome is recorded all the same)."""
+    try:
+        from mlflow.tracking import MlflowClient  # the client only: no framework comes with it
+
+        client = MlflowClient(tracking_uri=split_credentials(tracking_uri)[0])
+        if force or client.get_run(run_id).info.status == "RUNNING":
+            client.set_terminated(run_id, status)
+            log.info("job %s: MLflow run %s ended %s by the worker", job_id, run_id, status)
+    except Exception:
+        log.exception("job %s: could not end MLflow run %s as %s", job_id, run_id, status)
+        return False
+    return True
 
 
 # Outlives a worker killed with -9 by the grace: the job got SIGTERM then (die_with_parent), and

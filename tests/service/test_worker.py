@@ -15,12 +15,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.result import LOG_FILE, JobStatus
 from jobs.spec import JobSpec
 from service import store
 from service import worker as worker_module
+from service.models import Job
 from service.schemas import JobRead
 from service.settings import Settings
 from service.worker import Worker
@@ -173,6 +175,31 @@ def test_a_job_cancelled_as_its_killed_process_is_requeued_ends_with_its_mlflow_
     job = job_row(sessions, job_id)
     assert job.status == "cancelled" and job.retries == 0 and ended == [("KILLED", True)]
     assert [a["ended"] for a in job.attempt_history] == ["cancelled"]
+
+
+def test_a_job_cancelled_while_queued_to_run_again_gets_the_run_its_last_attempt_left_open_ended(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its killed attempt left its MLflow run open for the next; the cancel means there is none, so
+    the worker ends it KILLED, once; a job cancelled before it ever ran has no run to end."""
+    worker = make_worker(settings, sessions, stand_in(tmp_path, "kill -KILL $$"))
+    ran, never = submit(sessions), submit(sessions)
+    worker.run_next()  # killed: queued to run again
+    with sessions() as session:
+        session.execute(update(Job).where(Job.id == ran).values(mlflow={"run_id": "r-1"}))
+        session.commit()
+        for job_id in (ran, never):
+            store.request_cancel(session=session, job_id=job_id)
+    ended: list[tuple[int, str, str, bool]] = []
+    monkeypatch.setattr(
+        worker_module,
+        "end_mlflow_run",
+        lambda uri, job_id, run_id, status, force: ended.append((job_id, run_id, status, force)) or True,
+    )
+    worker.close_runs_left_open()
+    worker.close_runs_left_open()  # a heartbeat later: nothing left to end
+    assert ended == [(ran, "r-1", "KILLED", False)]
+    assert job_row(sessions, ran).status == "cancelled" and not job_row(sessions, ran).cancel_requested
 
 
 def test_a_job_process_that_crashes_by_a_signal_is_not_retried(
