@@ -102,7 +102,7 @@ class Param:
             return None
         numbers = self._coerce(value)
         for number in numbers:
-            if not self._in_range(number):
+            if not self.in_range(number):
                 raise ValueError(f"{self.name} must be {self.allowed()}; received {_show(value)}")
         if self.type == "float_pair":
             return (numbers[0], numbers[1])
@@ -234,7 +234,8 @@ class Param:
             raise wrong
         return number
 
-    def _in_range(self, number: float) -> bool:
+    def in_range(self, number: float) -> bool:
+        """Within `low`/`high` as declared (inclusive or not); always for kinds that are no number."""
         if self.type in ("path", "str", "choice", "any"):
             return True
         if self.low is not None:

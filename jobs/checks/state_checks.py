@@ -21,6 +21,7 @@ from jobs.checks.tools import (
     max_diff,
     method_location,
     native,
+    plain_numbers,
     same_draws,
     same_value,
     takes_a_rate,
@@ -77,9 +78,11 @@ def _stored_as_a_fixed_value(ctx: CheckContext) -> Outcome | None:
     driver = ctx.driver
     built_with = with_defaults(ctx.target, ctx.params)
     for name, param in ctx.target.entry.params.items():
+        if name == "lr":
+            continue  # compared halved at the build above
         value = _changed(param, built_with.get(name))
-        if name == "lr" or value is None:
-            continue  # the rate is compared halved at the build above
+        if value is None:
+            continue
         key = native(ctx, name)
         try:
             optimizer, _ = fresh(ctx, **{name: value})  # type: ignore[arg-type]
@@ -102,9 +105,9 @@ def _changed(param: Any, default: Any) -> float | int | None:
     """A value of a number hyperparameter other than `default` (the one the check builds with),
     within its allowed range: halved in (0, 1) (a beta, an epsilon), else doubled, or 0.01 for a
     default of 0; None for other kinds."""
-    if param.type not in ("float", "int", "number") or not isinstance(default, int | float):
+    if param.type not in ("float", "int", "number") or isinstance(default, bool):
         return None
-    if isinstance(default, bool):
+    if not isinstance(default, int | float):
         return None
     if param.type == "int":
         candidates: list[float | int] = [default + 1, default - 1]
@@ -112,13 +115,7 @@ def _changed(param: Any, default: Any) -> float | int | None:
         candidates = [0.01]
     else:
         candidates = [default * 0.5, default * 2] if 0 < abs(default) < 1 else [default * 2, default * 0.5]
-    return next((value for value in candidates if _within(param, value)), None)
-
-
-def _within(param: Any, value: float) -> bool:
-    low_ok = param.low is None or (value >= param.low if param.low_inclusive else value > param.low)
-    high_ok = param.high is None or (value <= param.high if param.high_inclusive else value < param.high)
-    return low_ok and high_ok
+    return next((value for value in candidates if param.in_range(value)), None)
 
 
 def _groups_survive(ctx: CheckContext, count: int, elsewhere: Sequence[str]) -> str:
@@ -251,9 +248,8 @@ def _unsaved_attributes(stepped: Any, restored: Any) -> list[str]:
     numbers = [
         f"self.{name} is {value!r} in the uninterrupted optimizer and {theirs.get(name)!r} in the "
         "restored one"
-        for name, value in mine.items()
-        if isinstance(value, int | float)
-        and not isinstance(value, bool)
+        for name, value in plain_numbers(stepped).items()
+        if name in written
         and value == value  # a NaN differs from itself, and says nothing here
         and theirs.get(name) != value
     ]

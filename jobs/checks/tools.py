@@ -340,18 +340,19 @@ def python_counters(ctx: CheckContext) -> list[str]:
     see a copy of their own. Empty where a step raises."""
     try:
         optimizer, variables = fresh(ctx)
-        before = _plain_numbers(optimizer)
+        before = plain_numbers(optimizer)
         ctx.driver.step(optimizer, variables, arrays(SHAPES, seed=50), ctx.needs)
-        after = _plain_numbers(optimizer)
+        after = plain_numbers(optimizer)
     except Exception:
         return []
     written = attributes_written_by_the_user(type(optimizer))
     return sorted(f"self.{name}" for name in after.keys() & written if before.get(name) != after[name])
 
 
-def _plain_numbers(optimizer: Any) -> dict[str, int | float]:
+def plain_numbers(optimizer: Any) -> dict[str, int | float]:
+    """The plain numbers (not bools) an object keeps as attributes, by name."""
     return {
         name: value
-        for name, value in vars(optimizer).items()
+        for name, value in getattr(optimizer, "__dict__", {}).items()
         if isinstance(value, int | float) and not isinstance(value, bool)
     }
