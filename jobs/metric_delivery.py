@@ -61,6 +61,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, BinaryIO, Protocol
 
+from jobs.processes import how_it_ended
+
 MAX_METRICS_PER_BATCH = 1000  # MLflow's REST limit for one log-batch call
 # A tracking server restarted or stalled for minutes must not fail a job that trained on: a batch is
 # retried this long (a minute had failed a job over a 96 s outage). Training waits meanwhile at its
@@ -452,7 +454,7 @@ class DeliveryProcess:
     def _fall_back(self, problem: str) -> None:
         """Deliver from this process from now on, starting with every point not acknowledged."""
         self._end_process()
-        reason = problem if self._process is None else f"{problem}, {self._exit_status()}"
+        reason = problem if self._process is None else f"{problem}; it {how_it_ended(self._process.poll())}"
         rows: list[Row] = []
         for written in self._unacknowledged:
             skip = max(0, self._processed - written.start)  # the start of a batch it acknowledged
@@ -504,15 +506,6 @@ class DeliveryProcess:
             self._process.stdin.close()
         except OSError:
             pass  # a broken pipe: the process is gone already
-
-    def _exit_status(self) -> str:
-        assert self._process is not None
-        code = self._process.poll()
-        if code is None:
-            return "still running"
-        if code < 0:
-            return f"killed by {signal.Signals(-code).name}"
-        return f"exit code {code}"
 
 
 def _wait_readable(fd: int, timeout_s: float) -> None:

@@ -171,6 +171,20 @@ def terminate_group(process: subprocess.Popen[Any], grace_s: float) -> None:
     process.wait()
 
 
+def how_it_ended(returncode: int | None) -> str:
+    """How an ended process ended, as words to follow its name: "was killed by signal SIGKILL",
+    "exited with code 3". Real-time signals have no name in `signal.Signals`: their number is said."""
+    if returncode is None:
+        return "ended without an exit status"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = str(-returncode)
+        return f"was killed by signal {name}"
+    return f"exited with code {returncode}"
+
+
 def signal_group(process: subprocess.Popen[Any], sig: signal.Signals) -> None:
     """Send `sig` to the group `process` leads; a group already gone is not an error."""
     try:

@@ -11,7 +11,6 @@ wait for an MLflow server that is away (docker-compose restarts its services the
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from types import TracebackType
 
 import httpx
 
-from jobs.processes import start_in_own_group, terminate_group
+from jobs.processes import how_it_ended, start_in_own_group, terminate_group
 from service.job_log import tail
 from service.settings import Settings
 
@@ -50,12 +49,7 @@ class Child:
         return tail(self.log_path, chars)
 
     def exit_said(self, code: int) -> str:
-        if code < 0:
-            try:
-                return f"{self.name} was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                pass
-        return f"{self.name} exited with code {code}"
+        return f"{self.name} {how_it_ended(code)}"
 
 
 class Supervisor:

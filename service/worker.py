@@ -36,7 +36,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.processes import signal_group, start_in_own_group, terminate_group, thread_environment
+from jobs.processes import how_it_ended, signal_group, start_in_own_group, terminate_group, thread_environment
 from jobs.result import (
     LOG_FILE,
     RESULT_FILE,
@@ -718,7 +718,7 @@ class Supervision:
         self._heartbeat(read_progress(self.workdir) or self.last_progress)  # that checkpoint, relayed
         number, allowed = self.job.retries + 1, self.settings.job_retries
         reason = (
-            f"its process was {_stopped_by(process.returncode)} before it ended; retry {number} of "
+            f"its process {_stopped_by(process.returncode)} before it ended; retry {number} of "
             f"{allowed} (OPTLAB_JOB_RETRIES)"
         )
         log.warning("job %s: %s", self.job.id, reason)
@@ -743,7 +743,7 @@ class Supervision:
     def _retries_spent(self, process: subprocess.Popen[bytes], error: ErrorRecord | None) -> ErrorRecord:
         """The error of a job stopped from outside with no retry left."""
         own = error is not None and error.type != "Cancelled"  # a killed job's, with its log's tail
-        what = error.message if own and error else f"the job process was {_stopped_by(process.returncode)}"
+        what = error.message if own and error else f"the job process {_stopped_by(process.returncode)}"
         retries = self.job.retries
         if retries == 0:
             tried = " (OPTLAB_JOB_RETRIES is 0: it was not started again)"
@@ -848,7 +848,7 @@ def read_outcome(
         return None, ErrorRecord(type="InvalidResult", message=message, traceback=_tail(workdir / LOG_FILE))
     if result is not None:
         return result, None
-    message = f"the job process ended with {_describe_exit(process.returncode)} before writing a result"
+    message = f"the job process {how_it_ended(process.returncode)} before writing a result"
     return None, ErrorRecord(
         type="JobProcessDied", message=message + _full_disk(workdir), traceback=_tail(workdir / LOG_FILE)
     )
@@ -901,14 +901,8 @@ def _stopped_by(code: int | None) -> str:
     """How a job process stopped by someone else ended: killed by a signal, or stopped by SIGTERM
     (which the job handles: it exits in order)."""
     if code is not None and code < 0:
-        return f"killed by {_describe_exit(code)} (out of memory, or from outside)"
-    return "stopped by a SIGTERM it was sent from outside (an operator, a container runtime)"
-
-
-def _describe_exit(code: int | None) -> str:
-    if code is not None and code < 0:
-        return f"signal {signal.Signals(-code).name}"
-    return f"exit code {code}"
+        return f"{how_it_ended(code)} (out of memory, or from outside)"
+    return "was stopped by a SIGTERM it was sent from outside (an operator, a container runtime)"
 
 
 def _tail(path: Path) -> str:

@@ -99,7 +99,9 @@ def test_serve_comes_up_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
     for part, health in (("worker", None), ("api", f"http://127.0.0.1:{api_port}/healthz")):
         [killed] = parts_named(serve.pid, part)
         os.kill(killed, signal.SIGKILL)
-        said = read_until(serve, f"{part} was killed by SIGKILL; started it again (restart 1 of at most 5")
+        said = read_until(
+            serve, f"{part} was killed by signal SIGKILL; started it again (restart 1 of at most 5"
+        )
         assert f"Last lines of {data / 'logs' / part}.log" in said, said
         again = wait_for(functools.partial(parts_named, serve.pid, part), 30)
         assert again and again != [killed]

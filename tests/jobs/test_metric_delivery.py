@@ -315,7 +315,10 @@ def test_a_killed_delivery_process_is_detected_and_nothing_is_lost(
     run.metrics(points(range(2500, 3000)))
     run.end("FINISHED")
     assert isinstance(run.delivery, DeliveryProcess)
-    assert run.delivery.fallback_reason is not None and "SIGKILL" in run.delivery.fallback_reason
+    assert (
+        run.delivery.fallback_reason is not None
+        and "; it was killed by signal SIGKILL" in run.delivery.fallback_reason
+    )
     assert "delivering metrics from the job process instead" in capfd.readouterr().err
     assert steps_of(client, run.info.run_id, "train/loss") == list(range(3000))  # each exactly once
     assert client.get_run(run.info.run_id).info.status == "FINISHED"

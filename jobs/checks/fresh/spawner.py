@@ -29,7 +29,13 @@ from typing import Any
 from jobs.checks.context import CheckContext
 from jobs.checks.report import Outcome, failed
 from jobs.frameworks import needs_legacy_keras_process
-from jobs.processes import legacy_keras_environment, on_exit, start_in_own_group, terminate_group
+from jobs.processes import (
+    how_it_ended,
+    legacy_keras_environment,
+    on_exit,
+    start_in_own_group,
+    terminate_group,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 CHILD_TIMEOUT_S = 120.0
@@ -206,8 +212,7 @@ def _failure_of(role: str, code: int, error_path: Path, log_path: Path) -> Child
         )
     lines = log_path.read_text(errors="replace").splitlines() if log_path.is_file() else []
     tail = [line for line in lines if line.strip()][-3:]
-    how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
-    return ChildFailed(f"the fresh process ({role}) {how}: {' | '.join(tail)[-400:]}")
+    return ChildFailed(f"the fresh process ({role}) {how_it_ended(code)}: {' | '.join(tail)[-400:]}")
 
 
 def failed_in_child(exc: ChildFailed, what: str, *, where: str, fix: str = "") -> Outcome:
