@@ -62,7 +62,9 @@ SafeName = Annotated[
 ]
 
 
-def _finite(value: Any, where: str) -> None:
+def _finite(value: Any, where: str | int) -> None:
+    """Refuse a number that is not finite or is huge, in a list too; the error's ctx `key` is `where`
+    (a hyperparameter's name, or a grid value's index), which the API appends to its location."""
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         if abs(value) > MAX_PARAM_MAGNITUDE:
             raise PydanticCustomError(
@@ -993,20 +995,66 @@ GridItem = JsonScalar | list[JsonScalar]
 
 def _grid_axes(params: dict[str, Any]) -> dict[str, Any]:
     for key, value in params.items():
-        _finite(value, key)
         if isinstance(value, list):
-            if not value:
-                raise PydanticCustomError(
-                    "empty_grid", "{key} is a grid (a list): it needs at least one value", {"key": key}
-                )
-            seen = [json.dumps(item) for item in value]
-            if len(set(seen)) < len(seen):
-                raise PydanticCustomError(
-                    "repeated_grid_value",
-                    "{key} is a grid (a list) that repeats a value; received {received}",
-                    {"key": key, "received": json.dumps(value)},
-                )
+            _check_grid_axis(key, value)
+        else:
+            _finite(value, key)
     return params
+
+
+def _check_grid_axis(key: str, values: list[Any]) -> None:
+    """A grid axis: at least one value, each finite and in range, none twice."""
+    if not values:
+        raise PydanticCustomError(
+            "empty_grid", "{key} is a grid (a list): it needs at least one value", {"key": key}
+        )
+    for position, value in enumerate(values):
+        _finite_grid_value(key, position, value)
+    repeated = _repeated_pair(values)
+    if repeated is not None:
+        first, second = (json.dumps(value) for value in repeated)
+        raise PydanticCustomError(
+            "repeated_grid_value",
+            "{key} is a grid (a list) that repeats a value: {first} and {second} are equal, so each "
+            "would run the same jobs; received {received}",
+            {"key": key, "first": first, "second": second, "received": json.dumps(values)},
+        )
+
+
+def _finite_grid_value(key: str, position: int, value: Any) -> None:
+    """One grid value finite and in range, a bad one located by its index (`optimizers.1.params.lr.2`,
+    where the catalogue's own checks locate a value out of range), not at the whole axis."""
+    try:
+        _finite(value, position)
+    except PydanticCustomError as error:
+        # A ValidationError raised in a validator is located below the field validated: here, under
+        # the params, at `key`. The API appends the error's ctx `key` to its location: the index.
+        raise ValidationError.from_exception_data(
+            "grid value", [{"type": error, "loc": (key,), "input": value}]
+        ) from None
+
+
+def _repeated_pair(values: list[Any]) -> tuple[Any, Any] | None:
+    """The first two values of a grid axis that would make the same job, else None."""
+    seen: dict[Any, Any] = {}
+    for value in values:
+        same = _job_equality(value)
+        if same in seen:
+            return seen[same], value
+        seen[same] = value
+    return None
+
+
+def _job_equality(value: Any) -> Any:
+    """A grid value as two jobs would compare it, hashable: numbers by value (1 and 1.0 train alike;
+    compared as JSON text they were two grid points, then pooled as one with a false n=2), booleans
+    apart from them (Python's `True == 1`, but the catalogue takes `true` only for a flag and `1`
+    only for a number, or for an "any" hyperparameter each as given)."""
+    if isinstance(value, list):
+        return ("list", tuple(_job_equality(item) for item in value))
+    if isinstance(value, bool):
+        return ("bool", value)
+    return ("value", value)
 
 
 # A list is a grid axis; a list-valued hyperparameter (betas) is fixed as a grid of one: [[0.9, 0.999]].

@@ -125,10 +125,11 @@ def get_study(study_id: StudyId, session: SessionDep, settings: SettingsDep) -> 
 
 @router.post("/{study_id}/cancel", response_model=StudyRead, responses=responses(*WRITES, 404, 409))
 def cancel_study(study_id: StudyId, session: SessionDep, settings: SettingsDep) -> StudyRead:
-    study = _found(session, study_id)
-    if study.finalized_at is not None:
-        raise HTTPException(status_code=409, detail=f"study {study_id} has already ended")
-    cancelled = study_store.cancel_study(session=session, study_id=study_id)
+    _found(session, study_id)
+    try:
+        cancelled = study_store.cancel_study(session=session, study_id=study_id)
+    except study_store.NothingToCancel as exc:
+        raise HTTPException(status_code=409, detail=str(exc)) from None
     assert cancelled is not None
     return _read(session, cancelled, settings.mlflow_tracking_uri)
 

@@ -16,11 +16,12 @@ import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
+from jobs.result import JobStatus
 from jobs.spec import Catalogue, StudySpec
 from jobs.tracking import experiment_chart_url
 from jobs.workloads.surfaces import surface_for
 from service import store
-from service.models import Study
+from service.models import Job, Study
 from service.studies import store as study_store
 from service.studies.collect import collect_runs
 from service.studies.report import Report, Surface, render_report
@@ -105,11 +106,27 @@ def finalize(
     report = render_report(
         summary, runs, title=f"Study {study.name}", surface=surface_of(spec), mlflow_url=url
     )
-    log_to_parent(client, parent, study, summary, report)
+    log_to_parent(client, parent, study, summary, report, status=parent_run_status(study, jobs))
     return summary, report
 
 
-def log_to_parent(client: Any, run_id: str, study: Study, summary: StudySummary, report: Report) -> None:
+def parent_run_status(study: Study, jobs: list[Job]) -> Literal["KILLED", "FINISHED"]:
+    """KILLED when the study was cancelled and a job of it did end cancelled; FINISHED otherwise, even
+    with its cancel flagged: a cancel that raced its last job's end, every job succeeding, stopped
+    nothing, and a KILLED parent over all-succeeded children had misread in MLflow."""
+    stopped = any(job.status is JobStatus.CANCELLED for job in jobs)
+    return "KILLED" if study.cancel_requested and stopped else "FINISHED"
+
+
+def log_to_parent(
+    client: Any,
+    run_id: str,
+    study: Study,
+    summary: StudySummary,
+    report: Report,
+    *,
+    status: Literal["KILLED", "FINISHED"],
+) -> None:
     from mlflow.entities import Metric
 
     # One fixed timestamp: a finalization done again logs the very same points.
@@ -126,7 +143,7 @@ def log_to_parent(client: Any, run_id: str, study: Study, summary: StudySummary,
         for name, data in report.images.items():
             (images / Path(name).name).write_bytes(data)
         client.log_artifacts(run_id, str(folder))
-    client.set_terminated(run_id, status="KILLED" if study.cancel_requested else "FINISHED")
+    client.set_terminated(run_id, status=status)
 
 
 def surface_of(spec: StudySpec) -> Surface | None:

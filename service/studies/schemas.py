@@ -33,22 +33,32 @@ class StatusCounts(BaseModel):
         return counts
 
 
+STEPS_DONE = (
+    "steps its jobs have trained: a succeeded job's all, any other's the last it reported (a job "
+    "cancelled, failed or diverged stopped there)"
+)
+FRACTION = (
+    "steps_done / steps_total: the share of the planned training that ran, below 1 for good once a "
+    "job stopped early (whether every job has ended is `ended` and the counts)"
+)
+
+
 class OptimizerProgress(BaseModel):
     optimizer: str = Field(description="the study's optimizer entry (its label, else its name)")
     jobs: int
     counts: StatusCounts
-    steps_done: int
+    steps_done: int = Field(description=STEPS_DONE)
     steps_total: int
-    fraction: float
+    fraction: float = Field(description=FRACTION)
 
 
 class StudyProgress(BaseModel):
     jobs: int
     ended: int
     counts: StatusCounts
-    steps_done: int
+    steps_done: int = Field(description=STEPS_DONE)
     steps_total: int
-    fraction: float
+    fraction: float = Field(description=FRACTION)
     optimizers: list[OptimizerProgress]
 
 
@@ -130,9 +140,18 @@ class StudyRead(BaseModel):
         )
 
 
+def steps_run(job: Job) -> int:
+    """The steps a job has trained: all of them once it succeeded, else the last step it reported (a
+    job cancelled, failed or diverged stopped there; counting its total had shown a study cancelled
+    early as all done)."""
+    if job.status is JobStatus.SUCCEEDED:
+        return job.total_steps
+    return job.step
+
+
 def _progress(members: list[tuple[dict[str, Any], Job]]) -> StudyProgress:
     def steps(jobs: list[Job]) -> tuple[int, int, float]:
-        done = sum(job.total_steps if job.status.terminal else job.step for job in jobs)
+        done = sum(steps_run(job) for job in jobs)
         total = sum(job.total_steps for job in jobs)
         return done, total, round(done / total, 4) if total else 0.0
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -73,17 +74,56 @@ def member_of(study: Study, job_id: int) -> StudyMember | None:
     return None
 
 
+class NothingToCancel(Exception):
+    """The study has no job left to cancel (the route's 409); the message says how its jobs ended."""
+
+
 def cancel_study(*, session: Session, study_id: int) -> Study | None:
-    """Queued jobs are cancelled at once, running ones flagged for their workers (as a job's cancel)."""
-    study = session.get(Study, study_id)
-    if study is None:
+    """Queued jobs are cancelled at once, running ones flagged for their workers (as a job's cancel).
+
+    None for no such study; NothingToCancel when it has no job left to cancel (`_flag_cancel`).
+    """
+    if session.get(Study, study_id) is None:
         return None
-    study.cancel_requested = True
-    session.commit()
+    if not _flag_cancel(session=session, study_id=study_id):
+        raise _nothing_to_cancel(session=session, study_id=study_id)
     for job in study_jobs(session=session, study_id=study_id):
         if job.status in ACTIVE:
             store.request_cancel(session=session, job_id=job.id)
     return get_study(session=session, study_id=study_id)
+
+
+def _flag_cancel(*, session: Session, study_id: int) -> bool:
+    """Flag the study cancelled if a job of it is still queued or running, or a cancel was already
+    flagged (a retry, answered as a cancelled job's is); whether it was.
+
+    One conditional update, so a study whose jobs have all ended, being summarized, is never flagged.
+    A cancel racing its last job's end can still flag it just before that job succeeds: the
+    finalizer judges the parent run's end by the jobs' own ends (`finalize.parent_run_status`).
+    """
+    active = select(Job.id).where(Job.study_id == Study.id, Job.status.in_(ACTIVE)).exists()
+    flagged = session.execute(
+        update(Study)
+        .where(Study.id == study_id, Study.finalized_at.is_(None), or_(Study.cancel_requested, active))
+        .values(cancel_requested=True)
+    )
+    session.commit()
+    return int(getattr(flagged, "rowcount", 0) or 0) == 1
+
+
+def _nothing_to_cancel(*, session: Session, study_id: int) -> NothingToCancel:
+    """Why a study has no job left to cancel. Decided here, not in the route: only the conditional
+    update knows, at the moment it runs, that no job was left."""
+    study = get_study(session=session, study_id=study_id)
+    if study is not None and study.finalized_at is not None:
+        return NothingToCancel(f"study {study_id} has already ended")
+    jobs = study_jobs(session=session, study_id=study_id)
+    ends = Counter(job.status.value for job in jobs)
+    said = ", ".join(f"{status} {count}" for status, count in sorted(ends.items()))
+    return NothingToCancel(
+        f"study {study_id} has no job left to cancel: its {len(jobs)} jobs have all ended ({said}) "
+        "and its summary is being made"
+    )
 
 
 def set_parent_run(*, session: Session, study_id: int, experiment_id: str, run_id: str) -> str | None:

@@ -8,8 +8,12 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import update
+from sqlalchemy.orm import Session, sessionmaker
 
+from jobs.result import JobStatus
 from service import store
+from service.models import Job
 from service.settings import Settings
 
 STUDY: dict[str, Any] = {
@@ -79,6 +83,24 @@ BAD_STUDIES = [
         "repeats a value",
     ),
     (
+        # Equal as numbers, so the same job twice: a summary had pooled the two as seeds (n=2, std 0).
+        lambda b: b["optimizers"][0]["params"].update(lr=[1, 1.0]),
+        ["body", "optimizers", 0, "params", "lr"],
+        "repeats a value: 1 and 1.0 are equal",
+    ),
+    (
+        # Not a repeat: the catalogue never takes both (true for a number, 1 for a flag), so the
+        # element it refuses is named.
+        lambda b: b["optimizers"][0]["params"].update(lr=[True, 0.5, 1]),
+        ["body", "optimizers", 0, "params", "lr", 0],
+        "lr must be a number > 0; received true",
+    ),
+    (
+        lambda b: b["optimizers"][1]["params"].update(betas=[[0.9, 0.999], [0.9, 0.999]]),
+        ["body", "optimizers", 1, "params", "betas"],
+        "repeats a value",
+    ),
+    (
         lambda b: b["optimizers"][0]["params"].update(gamma=[1, 2]),
         ["body", "optimizers", 0, "params", "gamma", 0],
         "no hyperparameter 'gamma'",
@@ -126,6 +148,38 @@ def test_bad_studies_get_422_naming_the_field_and_store_nothing(
     detail = response.json()["detail"]
     assert any(item["loc"] == loc and text in item["msg"] for item in detail), detail
     assert client.get("/studies").json()["total"] == 0 and client.get("/jobs").json()["total"] == 0
+
+
+# (the grid value as JSON text, what the message says of it)
+BAD_GRID_VALUES = [
+    ("NaN", "must be a finite number; received NaN"),
+    ("Infinity", "must be a finite number; received Infinity"),
+    ("1e400", "must be a finite number; received Infinity"),  # parsed as an infinite float
+    ("1e300", "must be a number of magnitude at most 1e9; received 1e+300"),
+]
+
+
+@pytest.mark.parametrize(("value", "text"), BAD_GRID_VALUES)
+def test_a_bad_grid_value_is_located_at_its_index(client: TestClient, value: str, text: str) -> None:
+    """As a value out of range is (`optimizers.1.params.lr.1`), not at the whole grid."""
+    body = study_with(lambda b: b["optimizers"][1]["params"].update(lr=[0.001, "VALUE"]))
+    raw = json.dumps(body).replace('"VALUE"', value)  # JSON has no NaN: written as Python's json does
+    response = client.post("/studies", content=raw, headers={"Content-Type": "application/json"})
+    assert response.status_code == 422, response.text
+    [problem] = response.json()["detail"]
+    assert problem["loc"] == ["body", "optimizers", 1, "params", "lr", 1], problem
+    assert problem["msg"] == f"optimizers.1.params.lr.1 {text}", problem
+    assert problem["type"] in ("finite_number", "number_too_large")
+    assert client.get("/studies").json()["total"] == 0
+
+
+def test_a_bad_fixed_value_is_still_located_at_its_name(client: TestClient) -> None:
+    body = study_with(lambda b: b["optimizers"][1]["params"].update(eps="VALUE"))
+    raw = json.dumps(body).replace('"VALUE"', "NaN")
+    response = client.post("/studies", content=raw, headers={"Content-Type": "application/json"})
+    [problem] = response.json()["detail"]
+    assert problem["loc"] == ["body", "optimizers", 1, "params", "eps"], problem
+    assert problem["msg"] == "optimizers.1.params.eps must be a finite number; received NaN"
 
 
 def test_the_job_cap_is_a_setting(settings: Settings, client: TestClient) -> None:
@@ -186,6 +240,70 @@ def test_cancelling_a_study_cancels_its_queued_jobs(client: TestClient) -> None:
     assert {j["status"] for j in client.get(f"/studies/{other['id']}").json()["jobs"]} == {"queued"}
     report = client.get(f"/studies/{study['id']}/report")
     assert report.status_code == 409 and "no report yet" in report.json()["detail"]
+
+
+def set_jobs(sessions: sessionmaker[Session], study_id: int, **values: Any) -> None:
+    """What workers would have recorded for the study's jobs."""
+    with sessions() as session:
+        session.execute(update(Job).where(Job.study_id == study_id).values(**values))
+        session.commit()
+
+
+def test_a_study_whose_jobs_all_ended_cannot_be_cancelled(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    """Summarizing, it has no job left to stop: a cancel had ended its parent run KILLED though
+    every job succeeded."""
+    study = client.post("/studies", json=STUDY).json()
+    set_jobs(sessions, study["id"], status=JobStatus.SUCCEEDED, step=20)
+    refused = client.post(f"/studies/{study['id']}/cancel", json={})
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["detail"] == (
+        f"study {study['id']} has no job left to cancel: its 8 jobs have all ended (succeeded 8) "
+        "and its summary is being made"
+    )
+    after = client.get(f"/studies/{study['id']}").json()
+    assert after["status"] == "summarizing" and not after["cancel_requested"]
+
+
+def test_a_study_cancelled_once_may_be_cancelled_again_until_it_is_done(client: TestClient) -> None:
+    """A retried cancel (its answer lost) is answered as a cancelled job's is: 200, nothing changed."""
+    study = client.post("/studies", json=STUDY).json()
+    assert client.post(f"/studies/{study['id']}/cancel", json={}).status_code == 200
+    again = client.post(f"/studies/{study['id']}/cancel", json={})
+    assert again.status_code == 200, again.text
+    assert again.json()["progress"]["counts"]["cancelled"] == 8
+
+
+def test_a_cancelled_study_counts_the_steps_its_jobs_ran(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    """Not their totals: a study cancelled after 7 of its 160 steps had read 160 / 160, fraction 1."""
+    study = client.post("/studies", json=STUDY).json()
+    first, second, *_ = [job["job_id"] for job in study["jobs"]]
+    with sessions() as session:
+        session.execute(update(Job).where(Job.id == first).values(status=JobStatus.RUNNING, step=5))
+        session.execute(update(Job).where(Job.id == second).values(status=JobStatus.SUCCEEDED, step=20))
+        session.commit()
+    client.post(f"/studies/{study['id']}/cancel", json={})
+    with sessions() as session:  # the running job's worker stops it at step 7
+        session.execute(update(Job).where(Job.id == first).values(status=JobStatus.CANCELLED, step=7))
+        session.commit()
+    progress = client.get(f"/studies/{study['id']}").json()["progress"]
+    assert progress["ended"] == 8 and progress["counts"]["cancelled"] == 7
+    assert (progress["steps_done"], progress["steps_total"], progress["fraction"]) == (27, 160, 0.1688)
+    lion = progress["optimizers"][0]
+    assert (lion["optimizer"], lion["steps_done"], lion["steps_total"]) == ("lion", 27, 80)
+    assert progress["optimizers"][1]["steps_done"] == 0  # adam's jobs were cancelled while queued
+
+
+def test_a_failed_or_diverged_job_counts_the_steps_it_ran(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    study = client.post("/studies", json=STUDY).json()
+    set_jobs(sessions, study["id"], status=JobStatus.DIVERGED, step=3)
+    progress = client.get(f"/studies/{study['id']}").json()["progress"]
+    assert (progress["steps_done"], progress["steps_total"], progress["fraction"]) == (24, 160, 0.15)
 
 
 @pytest.mark.parametrize(

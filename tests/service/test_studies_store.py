@@ -14,7 +14,7 @@ from jobs.result import JobStatus
 from jobs.spec import Catalogue, StudySpec, study_errors
 from service.models import Job, Study, utcnow
 from service.studies import store as study_store
-from service.studies.finalize import target_of
+from service.studies.finalize import parent_run_status, target_of
 
 SPEC = StudySpec.model_validate(
     {
@@ -75,6 +75,54 @@ def test_a_study_is_claimed_once_its_jobs_ended_and_finalized_once(
         assert study_store.claim_study_to_finalize(session=session, lease_s=60) is None  # done: never again
         done = study_store.get_study(session=session, study_id=study.id)
         assert done is not None and done.finalized_at is not None and done.report_html == "<p>"
+
+
+def set_status(sessions: sessionmaker[Session], job_id: int, status: JobStatus) -> None:
+    with sessions() as session:
+        session.execute(update(Job).where(Job.id == job_id).values(status=status))
+        session.commit()
+
+
+def ended(sessions: sessionmaker[Session], study_id: int) -> tuple[Study, list[Job]]:
+    with sessions() as session:
+        study = study_store.get_study(session=session, study_id=study_id)
+        assert study is not None
+        return study, study_store.study_jobs(session=session, study_id=study_id)
+
+
+def test_a_cancel_racing_the_last_jobs_end_does_not_kill_an_all_succeeded_study(
+    sessions: sessionmaker[Session], catalogue_data: dict[str, Any]
+) -> None:
+    """The cancel flags the study while its last job runs; the job succeeds before its worker sees the
+    flag. Its parent run had ended KILLED (the finalizer read only the flag) over two succeeded jobs."""
+    study = make_study(sessions, catalogue_data)
+    first, last = (member["job_id"] for member in study.members)
+    set_status(sessions, first, JobStatus.SUCCEEDED)
+    set_status(sessions, last, JobStatus.RUNNING)
+    with sessions() as session:
+        cancelled = study_store.cancel_study(session=session, study_id=study.id)
+    assert cancelled is not None and cancelled.cancel_requested
+    set_status(sessions, last, JobStatus.SUCCEEDED)
+    assert parent_run_status(*ended(sessions, study.id)) == "FINISHED"
+
+
+def test_a_study_whose_cancel_stopped_a_job_ends_killed(
+    sessions: sessionmaker[Session], catalogue_data: dict[str, Any]
+) -> None:
+    study = make_study(sessions, catalogue_data)
+    set_status(sessions, study.members[0]["job_id"], JobStatus.SUCCEEDED)
+    with sessions() as session:
+        study_store.cancel_study(session=session, study_id=study.id)  # the queued one: cancelled
+    assert parent_run_status(*ended(sessions, study.id)) == "KILLED"
+
+
+def test_a_job_cancelled_on_its_own_does_not_kill_its_study(
+    sessions: sessionmaker[Session], catalogue_data: dict[str, Any]
+) -> None:
+    study = make_study(sessions, catalogue_data)
+    set_status(sessions, study.members[0]["job_id"], JobStatus.CANCELLED)
+    set_status(sessions, study.members[1]["job_id"], JobStatus.SUCCEEDED)
+    assert parent_run_status(*ended(sessions, study.id)) == "FINISHED"
 
 
 def test_a_study_without_a_target_takes_its_workloads_default(catalogue_data: dict[str, Any]) -> None:
