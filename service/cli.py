@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 from jobs.checks.report import CHECK_IDS
 from jobs.result import JobStatus
@@ -31,8 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = settings_from(args)
     except ValidationError as exc:
         for error in exc.errors():  # the message only: the input may be a secret
-            where = f"OPTLAB_{str(error['loc'][0]).upper()}" if error["loc"] else "settings"
-            print(f"optlab: invalid {where}: {error['msg']}", file=sys.stderr)
+            print(f"optlab: {setting_error(error)}", file=sys.stderr)
         return 2
     handler = {
         "serve": cmd_serve,
@@ -48,6 +48,15 @@ def main(argv: list[str] | None = None) -> int:
         return handler[args.command](args, settings)
     except KeyboardInterrupt:
         return 130
+
+
+def setting_error(error: ErrorDetails) -> str:
+    """One refused setting in words: the variable and pydantic's message, or a check over several
+    settings, whose message names its variables itself (without pydantic's "Value error, ")."""
+    message = error["msg"].removeprefix("Value error, ")
+    if not error["loc"]:
+        return message
+    return f"invalid OPTLAB_{str(error['loc'][0]).upper()}: {message}"
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -33,6 +33,16 @@ UNREACHABLE_GRACE_S = 120.0
 UNREACHABLE_POLL_S = 2.0
 
 
+def _token_problem(token: str) -> str | None:
+    """Why $OPTLAB_TOKEN cannot be sent as a header, without quoting it (it is a secret)."""
+    if all(33 <= ord(c) <= 126 for c in token):
+        return None
+    return (
+        "$OPTLAB_TOKEN holds a character no API token has (a space, a line break, a control "
+        "character or a non-ASCII letter): tokens are printable ASCII; set it to the token alone"
+    )
+
+
 class ApiError(RuntimeError):
     def __init__(self, status_code: int, detail: Any) -> None:
         self.status_code = status_code
@@ -70,8 +80,10 @@ class ApiClient:
     def __init__(self, base_url: str, timeout_s: float = 30.0, token: str | None = None) -> None:
         """`token` defaults to $OPTLAB_TOKEN; it goes in the Authorization header, nowhere else."""
         self.base_url = base_url.rstrip("/")
-        token = token if token is not None else os.environ.get("OPTLAB_TOKEN", "")
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        # Stripped: a token read from a file with `$(cat ...)` may keep a Windows line's `\r`.
+        token = (token if token is not None else os.environ.get("OPTLAB_TOKEN", "")).strip()
+        self._token_problem = _token_problem(token)
+        headers = {"Authorization": f"Bearer {token}"} if token and not self._token_problem else {}
         self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
 
     def close(self) -> None:
@@ -157,6 +169,8 @@ class ApiClient:
 
         `attempts`: how often to send a request whose answer was lost (only for one that is safe
         to send again)."""
+        if self._token_problem:  # said before any request: httpx's own error would quote the token
+            raise ApiError(0, self._token_problem)
         for attempt in range(1, attempts + 1):
             try:
                 response = self._http.request(method, path, **kwargs)

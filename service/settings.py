@@ -17,6 +17,10 @@ from service.secrets import redact_url
 TOKEN_NAME_PATTERN = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 MIN_TOKEN_CHARS = 16
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
+# Tokens asked for and none given must not open the API: it would run without access control.
+_NO_ENTRIES = (
+    "{what} holds no NAME:TOKEN entry: give one, or unset it to run the API open (on localhost only)"
+)
 
 
 @dataclass(frozen=True)
@@ -31,35 +35,70 @@ class ApiToken:
         return f"ApiToken(name={self.name!r}, can_write={self.can_write})"
 
 
-def parse_tokens(lines: list[str], source: str) -> list[ApiToken]:
-    """`NAME:TOKEN` (submit and cancel) or `NAME:TOKEN:read` entries; ValueError names the entry
-    by its position and name, never by its secret."""
-    tokens: list[ApiToken] = []
-    for number, entry in enumerate((line.strip() for line in lines), start=1):
+@dataclass(frozen=True)
+class TokenEntry:
+    """A parsed token entry and where it was written, for messages that name the place only."""
+
+    where: str  # "OPTLAB_API_TOKENS entry 2", "OPTLAB_API_TOKENS_FILE /run/t line 4"
+    token: ApiToken
+
+
+# A space then `#` starts a comment: a token holds no spaces, so nothing of one is lost.
+TRAILING_COMMENT = re.compile(r"\s+#.*$")
+
+
+def parse_tokens(lines: list[str], source: str, unit: str = "entry") -> list[TokenEntry]:
+    """`NAME:TOKEN` (submit and cancel) or `NAME:TOKEN:read` entries. A ValueError names an entry by
+    its place only, never by what it holds: the commonest mistakes (a token without its name, name
+    and token swapped) put the secret where the name belongs."""
+    entries: list[TokenEntry] = []
+    for number, line in enumerate(lines, start=1):
+        entry = TRAILING_COMMENT.sub("", line).strip()
         if not entry or entry.startswith("#"):
             continue
+        where = f"{source} {unit} {number}"
         name, _, rest = entry.partition(":")
         secret, _, scope = rest.partition(":")
-        where = f"{source} entry {number}"
+        if not rest:
+            raise ValueError(f"{where} has no ':': entries are NAME:TOKEN or NAME:TOKEN:read")
         if not TOKEN_NAME_PATTERN.match(name):
             raise ValueError(
                 f"{where}: the name must be 1-64 of A-Z a-z 0-9 _ . - before the first ':' "
                 "(entries are NAME:TOKEN or NAME:TOKEN:read)"
             )
-        if scope not in ("", "read") or ":" in scope:
-            raise ValueError(f"{where} ({name!r}): the scope after the token may only be 'read'")
-        if len(secret) < MIN_TOKEN_CHARS or any(c.isspace() or ord(c) < 32 for c in secret):
+        if scope not in ("", "read"):
+            raise ValueError(f"{where}: the scope after the token may only be 'read' (or nothing)")
+        # Printable ASCII only: HTTP clients encode other characters in a header differently
+        # (UTF-8, Latin-1, or not at all), so such a token would match for some clients only.
+        if len(secret) < MIN_TOKEN_CHARS or not all(33 <= ord(c) <= 126 for c in secret):
             raise ValueError(
-                f"{where} ({name!r}): the token must be at least {MIN_TOKEN_CHARS} characters, "
-                "no spaces or control characters (make one: "
-                "`python -c 'import secrets; print(secrets.token_urlsafe())'`)"
+                f"{where}: the token must be at least {MIN_TOKEN_CHARS} printable ASCII characters, "
+                "without spaces (make one: `python -c 'import secrets; print(secrets.token_urlsafe())'`)"
             )
-        if any(t.name == name for t in tokens):
-            raise ValueError(f"{where}: the name {name!r} is given twice")
-        if any(t.secret == secret for t in tokens):
-            raise ValueError(f"{where} ({name!r}): the same token is given to another name")
-        tokens.append(ApiToken(name=name, secret=secret, can_write=scope != "read"))
-    return tokens
+        entries.append(TokenEntry(where, ApiToken(name=name, secret=secret, can_write=scope != "read")))
+    return entries
+
+
+def _refuse_repeats(entries: list[TokenEntry]) -> None:
+    for index, later in enumerate(entries):
+        for earlier in entries[:index]:
+            if earlier.token.name == later.token.name:
+                raise ValueError(f"{later.where} gives the name of {earlier.where} again")
+            if earlier.token.secret == later.token.secret:
+                raise ValueError(f"{later.where} gives the token of {earlier.where} again")
+
+
+def _read_token_file(path: Path) -> list[str]:
+    try:
+        text = path.read_text(encoding="utf-8-sig")  # -sig: a byte-order mark is not part of a name
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"OPTLAB_API_TOKENS_FILE {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at "
+            f"offset {exc.start})"
+        ) from None
+    except OSError as exc:
+        raise ValueError(f"OPTLAB_API_TOKENS_FILE: cannot read {path}: {exc.strerror}") from None
+    return text.splitlines()
 
 
 class Settings(BaseSettings):
@@ -133,21 +172,28 @@ class Settings(BaseSettings):
             )
         return self
 
+    @field_validator("api_tokens_file", mode="before")
+    @classmethod
+    def _empty_file_is_none(cls, value: object) -> object:
+        # `OPTLAB_API_TOKENS_FILE=` (compose's `${VAR:-}`) means no file, not the current folder.
+        return None if isinstance(value, str) and not value.strip() else value
+
     @model_validator(mode="after")
     def _read_tokens(self) -> Settings:
-        tokens = parse_tokens(self.api_tokens.split(","), "OPTLAB_API_TOKENS")
+        entries = parse_tokens(self.api_tokens.split(","), "OPTLAB_API_TOKENS")
+        if self.api_tokens.strip() and not entries:
+            raise ValueError(_NO_ENTRIES.format(what="OPTLAB_API_TOKENS is set but"))
         if self.api_tokens_file is not None:
-            try:
-                lines = self.api_tokens_file.read_text().splitlines()
-            except OSError as exc:
-                raise ValueError(
-                    f"OPTLAB_API_TOKENS_FILE: cannot read {self.api_tokens_file}: {exc.strerror}"
-                ) from None
-            tokens += parse_tokens(lines, f"OPTLAB_API_TOKENS_FILE {self.api_tokens_file}")
-        names = [t.name for t in tokens]
-        if len(set(names)) < len(names) or len({t.secret for t in tokens}) < len(tokens):
-            raise ValueError("OPTLAB_API_TOKENS and OPTLAB_API_TOKENS_FILE give one name or token twice")
-        self._tokens = tokens
+            from_file = parse_tokens(
+                _read_token_file(self.api_tokens_file),
+                f"OPTLAB_API_TOKENS_FILE {self.api_tokens_file}",
+                "line",
+            )
+            if not from_file:
+                raise ValueError(_NO_ENTRIES.format(what=f"OPTLAB_API_TOKENS_FILE {self.api_tokens_file}"))
+            entries += from_file
+        _refuse_repeats(entries)
+        self._tokens = [entry.token for entry in entries]
         return self
 
     @property

@@ -163,14 +163,21 @@ def test_tokens_from_a_file(tmp_path: Path) -> None:
     assert [(t.name, t.can_write) for t in settings.tokens] == [("carol", True), ("dave", False)]
 
 
+# The commonest mistakes put the secret where the name belongs (a token without its name, name and
+# token swapped): an entry is named by its place, never by what it holds.
 @pytest.mark.parametrize(
     ("entries", "message"),
     [
-        ("alice:short", "at least 16 characters"),
-        (f":{WRITER}", "the name must be"),
-        (f"alice:{WRITER}:admin", "may only be 'read'"),
-        (f"alice:{WRITER},alice:{READER}", "given twice"),
-        (f"alice:{WRITER},bob:{WRITER}", "another name"),
+        ("alice:short", "entry 1: the token must be at least 16 printable ASCII characters"),
+        (f":{WRITER}", "entry 1: the name must be"),
+        (f"alice:{WRITER}:admin", "entry 1: the scope after the token may only be 'read'"),
+        (f"{WRITER}:{READER}:admin", "entry 1: the scope after the token may only be 'read'"),
+        (WRITER, "entry 1 has no ':'"),
+        (f"{WRITER}:alice", "entry 1: the token must be at least 16"),
+        ("alice:" + "é" * 20, "entry 1: the token must be at least 16 printable ASCII characters"),
+        (f"alice:{WRITER},alice:{READER}", "entry 2 gives the name of OPTLAB_API_TOKENS entry 1 again"),
+        (f"alice:{WRITER},bob:{WRITER}", "entry 2 gives the token of OPTLAB_API_TOKENS entry 1 again"),
+        (" , ", "OPTLAB_API_TOKENS is set but holds no NAME:TOKEN entry"),
     ],
 )
 def test_bad_token_settings_fail_fast_without_showing_the_secret(entries: str, message: str) -> None:
@@ -179,6 +186,43 @@ def test_bad_token_settings_fail_fast_without_showing_the_secret(entries: str, m
     errors = " ".join(error["msg"] for error in caught.value.errors())
     assert message in errors
     assert WRITER not in errors and READER not in errors
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"# only a comment\n\n", "holds no NAME:TOKEN entry: give one, or unset it"),
+        (b"carol:\xff" + WRITER.encode(), "is not UTF-8 text (byte 0xff at offset 6)"),
+        (f"alice:{READER}\n".encode(), "line 1 gives the name of OPTLAB_API_TOKENS entry 1 again"),
+    ],
+)
+def test_bad_token_files_are_named_without_their_secrets(
+    tmp_path: Path, content: bytes, message: str
+) -> None:
+    path = tmp_path / "tokens"
+    path.write_bytes(content)
+    with pytest.raises(ValidationError) as caught:
+        Settings(api_tokens=f"alice:{WRITER}", api_tokens_file=path)
+    errors = " ".join(error["msg"] for error in caught.value.errors())
+    assert f"OPTLAB_API_TOKENS_FILE {path}" in errors and message in errors, errors
+    assert WRITER not in errors and READER not in errors
+
+
+def test_a_token_file_may_have_a_byte_order_mark_and_comments_after_entries(tmp_path: Path) -> None:
+    path = tmp_path / "tokens"
+    path.write_bytes(
+        f"\ufeffcarol:{WRITER}  # carol's laptop\r\ndave:{READER}:read # the dashboard\r\n".encode()
+    )
+    settings = Settings(api_tokens_file=path)
+    assert [(t.name, t.secret, t.can_write) for t in settings.tokens] == [
+        ("carol", WRITER, True),
+        ("dave", READER, False),
+    ]
+
+
+def test_an_empty_token_file_setting_means_no_file() -> None:
+    """`OPTLAB_API_TOKENS_FILE=` (compose's `${VAR:-}`) is unset, not the current folder."""
+    assert Settings(api_tokens_file="").api_tokens_file is None
 
 
 def test_token_comparison_checks_every_token() -> None:
@@ -363,6 +407,26 @@ def test_the_cli_sends_optlab_token(
         assert client.cancel(1)["status"] == "cancelled"
     finally:
         client.close()
+
+
+def test_the_cli_takes_a_token_with_a_line_end_and_names_a_bad_one_without_showing_it(
+    served: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from service import cli
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(GOOD))
+    monkeypatch.setenv("OPTLAB_TOKEN", f"{WRITER}\r\n")  # `$(cat tokens.txt)` of a Windows file
+    assert cli.main(["submit", str(spec), "--api", served]) == 0
+    capsys.readouterr()
+    for bad in (f"{WRITER}\rx", f"é{WRITER}"):
+        monkeypatch.setenv("OPTLAB_TOKEN", bad)
+        assert cli.main(["submit", str(spec), "--api", served]) != 0
+        err = capsys.readouterr().err
+        assert "$OPTLAB_TOKEN holds a character no API token has" in err, err
+        assert WRITER not in err and "Traceback" not in err
 
 
 def test_an_open_api_refuses_to_listen_beyond_localhost(
