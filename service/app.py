@@ -27,6 +27,7 @@ from service.openapi import install as install_openapi
 from service.quotas import SubmissionQueue
 from service.routes import catalogue, checks, jobs, readiness, studies
 from service.schemas import Health
+from service.secrets import keep_process_private
 from service.settings import Settings
 
 log = logging.getLogger("optlab.api")
@@ -89,6 +90,13 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         )
 
     return app
+
+
+def create_private_app() -> FastAPI:
+    """`create_app` for a process of `optlab api --workers N` (started afresh, so not private from
+    its parent): kept private first, as `optlab api` is (service.secrets.keep_process_private)."""
+    keep_process_private()
+    return create_app()
 
 
 def log_access_mode(settings: Settings) -> None:

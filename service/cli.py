@@ -22,6 +22,10 @@ from jobs.result import JobStatus
 from jobs.spec import optimizer_label
 from service.settings import Settings
 
+# The commands whose processes hold secrets (tokens, the job store's URL) while jobs run other
+# people's code as the same user: their environment and memory are kept from other processes.
+PRIVATE_COMMANDS = frozenset({"serve", "api", "worker", "demo"})
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
@@ -34,6 +38,10 @@ def main(argv: list[str] | None = None) -> int:
         for error in exc.errors():  # the message only: the input may be a secret
             print(f"optlab: {setting_error(error)}", file=sys.stderr)
         return 2
+    if args.command in PRIVATE_COMMANDS:
+        from service.secrets import keep_process_private
+
+        keep_process_private()
     handler = {
         "serve": cmd_serve,
         "api": cmd_api,
@@ -221,6 +229,7 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     print(
         f"\noptlab is up\n  API       {supervisor.api_url}\n  API docs  {supervisor.api_url}/docs\n"
         f"  MLflow UI {redact_url(supervisor.mlflow_url)}\n  data      {supervisor.data_dir}\n"
+        f"  access    {access_line(settings)}\n"
         "Ctrl-C stops everything.",
         flush=True,
     )
@@ -235,6 +244,14 @@ def cmd_serve(args: argparse.Namespace, settings: Settings) -> int:
     print("stopping...", flush=True)
     supervisor.stop()
     return 0
+
+
+def access_line(settings: Settings) -> str:
+    """Who may use the API, for serve's banner (names and scopes, never a token)."""
+    if not settings.tokens:
+        return "open: no OPTLAB_API_TOKENS, so anyone on this machine may submit, cancel and read"
+    names = ", ".join(f"{t.name} ({'submit' if t.can_write else 'read-only'})" for t in settings.tokens)
+    return f"bearer tokens of {names}"
 
 
 def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
@@ -257,7 +274,7 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
     # Each worker process builds its own app from the same environment (only host and port come
     # from the command line, and uvicorn applies those).
     uvicorn.run(
-        "service.app:create_app",
+        "service.app:create_private_app",
         factory=True,
         workers=args.workers,
         host=settings.api_host,

@@ -8,6 +8,7 @@ taken out of the URI and handed to the job through MLflow's own variables
 
 from __future__ import annotations
 
+import ctypes
 import re
 from collections.abc import Mapping
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
@@ -20,6 +21,30 @@ SECRET_QUERY = re.compile(r"token|key|secret|password|passwd|pwd|auth|sig|creden
 JOB_OPTLAB_VARIABLES = frozenset({"OPTLAB_PLUGIN_DIRS", "OPTLAB_DATA_ROOTS", "OPTLAB_CHECKPOINT_DIR"})
 # Credentials of other tools a worker may hold that a job never needs.
 OTHER_SECRETS = frozenset({"PGPASSWORD", "PGPASSFILE", "DATABASE_URL", "MLFLOW_TRACKING_URI"})
+# Only the API checks tokens: every other process of optlab's is started without them.
+TOKEN_VARIABLES = frozenset({"OPTLAB_API_TOKENS", "OPTLAB_API_TOKENS_FILE"})
+PR_SET_DUMPABLE = 4
+
+
+def keep_process_private() -> None:
+    """Linux: other processes of this user can no longer read this one's environment or memory in
+    /proc (`/proc/PID/environ` becomes root's), nor attach a debugger to it; it leaves no core dump.
+
+    Why: jobs run optimizer code anyone with a plugin can write, as the user the worker and the API
+    run as. A job is handed no secret (`job_environment`), but without this it could read the
+    worker's database URL or the API's tokens from /proc. Processes started from this one are
+    ordinary again (execve resets the flag), so jobs are unaffected. Elsewhere, a no-op.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def without_tokens(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` less the API's tokens, for the processes that do not check them."""
+    return {name: value for name, value in environ.items() if name not in TOKEN_VARIABLES}
 
 
 def split_credentials(url: str) -> tuple[str, str | None, str | None]:

@@ -23,6 +23,7 @@ import httpx
 
 from jobs.processes import how_it_ended, start_in_own_group, terminate_group
 from service.job_log import tail
+from service.secrets import without_tokens
 from service.settings import Settings
 
 
@@ -171,7 +172,9 @@ class Supervisor:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **extra_env},
+                # Only the API checks tokens: MLflow and the worker (whose jobs run anyone's code)
+                # are started without them.
+                env={**(os.environ if name == "api" else without_tokens(os.environ)), **extra_env},
             )
         return Child(name, process, log_path, command, extra_env, restarted_at)
 

@@ -102,6 +102,13 @@ SERVICE_RULES = [
         "tokens from .env",
         lambda s: s["environment"]["OPTLAB_API_TOKENS"] == SECRETS["OPTLAB_API_TOKENS"],
     ),
+    (
+        "worker",
+        "no API tokens (its jobs run anyone's code)",
+        lambda s: (
+            s["environment"]["OPTLAB_API_TOKENS"] == "" and s["environment"]["OPTLAB_API_TOKENS_FILE"] == ""
+        ),
+    ),
     ("worker", "every GPU", lambda s: s["deploy"]["resources"]["reservations"]["devices"] == ALL_GPUS),
     ("worker", "plugins folder", lambda s: s["environment"]["OPTLAB_PLUGIN_DIRS"] == "/plugins"),
     ("worker", "plugins mounted", lambda s: any(v.endswith("/plugins:/plugins:ro") for v in _mounts(s))),

@@ -90,6 +90,7 @@ def test_serve_comes_up_and_ctrl_c_stops_everything(tmp_path: Path) -> None:
             break
     banner = "".join(output)
     assert f"http://127.0.0.1:{api_port}/docs" in banner and "MLflow UI" in banner, banner
+    assert "access    open: no OPTLAB_API_TOKENS" in banner, banner
     assert len(processes_mentioning(str(data))) >= 3  # MLflow, API, worker (and their children)
     # The worker's warm job process names neither the data dir nor a job: found as a descendant.
     warm = wait_for(lambda: [p for p in descendants(serve.pid) if b"jobs.warm" in cmdline(p)], 120)

@@ -156,6 +156,14 @@ def test_the_start_up_log_names_tokens_never_their_secrets(
     assert WRITER not in repr(settings) and WRITER not in repr(settings.tokens)
 
 
+def test_serve_says_who_may_use_the_api_without_a_token(tmp_path: Path) -> None:
+    from service.cli import access_line
+
+    said = access_line(locked_settings(tmp_path))
+    assert said == "bearer tokens of alice (submit), bob (read-only)"
+    assert access_line(Settings(data_dir=tmp_path)).startswith("open: no OPTLAB_API_TOKENS")
+
+
 def test_tokens_from_a_file(tmp_path: Path) -> None:
     tokens = tmp_path / "tokens"
     tokens.write_text(f"# one per line\ncarol:{WRITER}\n\ndave:{READER}:read\n")

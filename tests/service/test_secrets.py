@@ -179,3 +179,82 @@ def test_the_cli_names_a_bad_token_setting_without_showing_it(
     err = capsys.readouterr().err
     assert err.startswith("optlab: OPTLAB_API_TOKENS entry 1: the scope after the token may only be 'read'")
     assert TOKEN_SECRET not in err and "Value error" not in err
+
+
+# A process that makes itself private, as its user or (under root) as `nobody`, then waits to be
+# looked at. Under root every /proc file is readable anyway, so what is asserted is the kernel's
+# mark of a private process: its /proc/PID/environ is owned by root, not by the process's user.
+PRIVATE_CHILD = """\
+import ctypes, os, sys, time
+from service.secrets import keep_process_private
+if os.geteuid() == 0:
+    os.setuid(65534)  # changing user makes a process private by itself: start from an ordinary one
+    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)
+if sys.argv[1] == "private":
+    keep_process_private()
+print(os.geteuid(), flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("mode", ["private", "ordinary"])
+def test_a_private_process_keeps_its_environment_from_other_processes_of_its_user(mode: str) -> None:
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen(
+        [sys.executable, "-c", PRIVATE_CHILD, mode], cwd=repo, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None
+        user = int(child.stdout.readline())
+        owner = os.stat(f"/proc/{child.pid}/environ").st_uid
+    finally:
+        child.kill()
+        child.wait()
+    assert user != 0
+    assert owner == (0 if mode == "private" else user)
+
+
+def test_serve_starts_only_the_api_with_the_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from service import supervisor as supervisor_module
+
+    started: dict[str, dict[str, str]] = {}
+
+    def start(command: list[str], **popen: Any) -> Any:
+        started[command[-1] if command[-1] in ("api", "worker") else "mlflow"] = popen["env"]
+        raise supervisor_module.ServeError("stop here")
+
+    monkeypatch.setenv("OPTLAB_API_TOKENS", f"alice:{TOKEN_SECRET}")
+    tokens_file = tmp_path / "tokens"
+    tokens_file.write_text(f"bob:{TOKEN_SECRET[::-1]}\n")
+    monkeypatch.setenv("OPTLAB_API_TOKENS_FILE", str(tokens_file))
+    monkeypatch.setattr(supervisor_module, "start_in_own_group", start)
+    serve = supervisor_module.Supervisor(Settings(data_dir=tmp_path))
+    serve.logs.mkdir()
+    for name, command in (
+        ("mlflow", serve._mlflow_command()),
+        ("api", ["python", "-m", "service.cli", "api"]),
+        ("worker", ["python", "-m", "service.cli", "worker"]),
+    ):
+        with pytest.raises(supervisor_module.ServeError):
+            serve._start(name, command, {}, [])
+    assert started["api"]["OPTLAB_API_TOKENS"] == f"alice:{TOKEN_SECRET}"
+    for part in ("mlflow", "worker"):
+        assert "OPTLAB_API_TOKENS" not in started[part] and "OPTLAB_API_TOKENS_FILE" not in started[part]
+
+
+def test_the_api_worker_and_serve_commands_make_their_processes_private(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from service import cli, secrets
+
+    made_private: list[bool] = []
+    monkeypatch.setattr(secrets, "keep_process_private", lambda: made_private.append(True))
+    monkeypatch.delenv("OPTLAB_API_TOKENS", raising=False)
+    monkeypatch.setenv("OPTLAB_DATA_DIR", str(tmp_path))
+    assert cli.main(["api", "--host", "0.0.0.0"]) == 2  # refused at once, after it was made private
+    assert made_private == [True]
+    assert cli.PRIVATE_COMMANDS == {"serve", "api", "worker", "demo"}
