@@ -15,7 +15,7 @@ from sqlalchemy import exc as sql_errors
 from sqlalchemy import text
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
-from starlette.routing import Match, compile_path
+from starlette.routing import Match, Route, compile_path
 
 from jobs.spec import CheckSpec, JobSpec, StudySpec
 from service import store
@@ -27,7 +27,7 @@ from service.openapi import install as install_openapi
 from service.quotas import SubmissionQueue
 from service.routes import catalogue, checks, jobs, readiness, studies
 from service.schemas import Health
-from service.secrets import keep_process_private
+from service.secrets import keep_process_private, redact_url
 from service.settings import Settings
 
 log = logging.getLogger("optlab.api")
@@ -76,6 +76,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         app.include_router(router, dependencies=[Depends(authorize)])
     app.include_router(readiness.router)
     log_access_mode(settings)
+    redact_access_log()
     install_openapi(app)
 
     @app.get("/healthz", response_model=Health, tags=["health"])
@@ -90,6 +91,24 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
         )
 
     return app
+
+
+class RedactedAccessLog(logging.Filter):
+    """uvicorn's access line with credential-like query values as *** (`GET /jobs?token=***`): a
+    token sent in the URL by mistake is refused, and must not be written down either."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if isinstance(args, tuple) and len(args) > 2 and isinstance(args[2], str) and "?" in args[2]:
+            record.args = (*args[:2], redact_url(args[2]), *args[3:])
+        return True
+
+
+def redact_access_log() -> None:
+    """Once per process (an app built again in it, as tests do, adds nothing)."""
+    access = logging.getLogger("uvicorn.access")
+    if not any(isinstance(f, RedactedAccessLog) for f in access.filters):
+        access.addFilter(RedactedAccessLog())
 
 
 def create_private_app() -> FastAPI:
@@ -150,10 +169,15 @@ async def _http_error(request: Request, exc: StarletteHTTPException) -> Response
 
 
 def allowed_methods(app: FastAPI, path: str) -> list[str]:
+    """The methods the app's routes take at `path` (a 405's Allow): the document's paths, and the
+    routes left out of it (the document itself, /docs)."""
     methods: set[str] = set()
     for template, item in app.openapi()["paths"].items():
         if compile_path(template)[0].match(path):
             methods.update(method.upper() for method in item)
+    for route in app.router.routes:
+        if isinstance(route, Route) and not route.include_in_schema and route.path_regex.match(path):
+            methods.update(route.methods or ())
     return sorted(methods)
 
 

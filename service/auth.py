@@ -14,6 +14,7 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from service.secrets import SECRET_QUERY
 from service.settings import ApiToken, Settings
 
 # Methods that change nothing; everything else needs a token that may write.
@@ -53,10 +54,19 @@ async def authorize(  # async: no I/O here, so no hop through the thread pool
     settings: Settings = request.app.state.settings
     if not settings.tokens:
         return None
+    if len(request.headers.getlist("authorization")) > 1:  # which one counts must not be a guess
+        raise _unauthorized("the request has more than one Authorization header; send one")
     if credentials is None:
+        in_query = [name for name in request.query_params if SECRET_QUERY.search(name)]
         raise _unauthorized(
             "this API needs a token: send `Authorization: Bearer <token>` "
             "(the optlab CLI sends $OPTLAB_TOKEN)"
+            + (
+                f"; a token in the query string ({', '.join(in_query)}) is not read: URLs end up in "
+                "logs and histories"
+                if in_query
+                else ""
+            )
         )
     token = match_token(settings.tokens, credentials.credentials)
     if token is None:

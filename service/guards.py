@@ -37,6 +37,10 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return None
 
 
+def _header_count(scope: Scope, name: bytes) -> int:
+    return sum(1 for key, _ in scope["headers"] if key == name)
+
+
 def host_name(host_header: str) -> str:
     """`localhost:8000` -> `localhost`, `[::1]:8000` -> `::1`."""
     host = host_header.strip().lower()
@@ -49,7 +53,8 @@ def host_allowed(host: str, trusted: list[str]) -> bool:
     for pattern in trusted:
         if pattern == "*" or host == pattern:
             return True
-        if pattern.startswith("*.") and host.endswith(pattern[1:]):
+        # `*.lab.example` is every name under lab.example: `a.lab.example`, not `.lab.example`.
+        if pattern.startswith("*.") and host.endswith(pattern[1:]) and len(host) > len(pattern) - 1:
             return True
     return False
 
@@ -67,6 +72,9 @@ class TrustedHosts:
             await self.app(scope, receive, send)
             return
         header = _header(scope, b"host")
+        if _header_count(scope, b"host") > 1:  # which one a proxy or a framework reads differs
+            await refuse(send, 400, "the request has more than one Host header; send one")
+            return
         if header is None or not host_allowed(host_name(header), self.trusted):
             shown = "none" if header is None else repr(header[:100])
             await refuse(

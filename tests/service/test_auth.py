@@ -299,7 +299,13 @@ def test_with_tokens_a_forged_write_is_simply_unauthorized(locked: TestClient) -
 
 
 @pytest.mark.parametrize(
-    ("method", "path", "allowed"), [("OPTIONS", "/jobs", "GET, POST"), ("DELETE", "/jobs/1", "GET")]
+    ("method", "path", "allowed"),
+    [
+        ("OPTIONS", "/jobs", "GET, POST"),
+        ("DELETE", "/jobs/1", "GET"),
+        ("OPTIONS", "/openapi.json", "GET"),  # routes left out of the document have methods too
+        ("POST", "/docs", "GET"),
+    ],
 )
 def test_a_method_not_allowed_lists_every_method_of_the_path(
     locked: TestClient, method: str, path: str, allowed: str
@@ -446,3 +452,42 @@ def test_an_open_api_refuses_to_listen_beyond_localhost(
     monkeypatch.setenv("OPTLAB_DATA_DIR", str(tmp_path))
     assert cli.main(["api", "--host", "0.0.0.0"]) == 2
     assert "without access control" in capsys.readouterr().err
+
+
+def test_two_authorization_or_host_headers_are_refused_not_guessed_between(locked: TestClient) -> None:
+    for tokens in ((WRITER, READER), (READER, WRITER)):
+        answer = locked.get("/jobs", headers=[("Authorization", f"Bearer {token}") for token in tokens])
+        assert answer.status_code == 401 and "more than one Authorization header" in answer.json()["detail"]
+    auth = ("Authorization", f"Bearer {WRITER}")
+    answer = locked.get("/jobs", headers=[auth, ("Host", "localhost"), ("Host", "attacker.example")])
+    assert answer.status_code == 400 and "more than one Host header" in answer.json()["detail"]
+
+
+def test_a_wildcard_host_pattern_takes_names_under_it_only() -> None:
+    from service.guards import host_allowed
+
+    assert host_allowed("a.lab.example", ["*.lab.example"])
+    assert not host_allowed(".lab.example", ["*.lab.example"])
+    assert not host_allowed("lab.example", ["*.lab.example"])
+    assert not host_allowed("evil-lab.example", ["*.lab.example"])
+
+
+def test_a_token_in_the_query_string_is_refused_saying_why_and_logged_redacted(locked: TestClient) -> None:
+    import logging
+
+    from uvicorn.logging import AccessFormatter
+
+    from service.app import RedactedAccessLog
+
+    answer = locked.get(f"/jobs?access_token={WRITER}&limit=5")
+    assert answer.status_code == 401
+    assert "a token in the query string (access_token) is not read" in answer.json()["detail"]
+    assert any(isinstance(f, RedactedAccessLog) for f in logging.getLogger("uvicorn.access").filters)
+    # The record as uvicorn's access logger makes it, through the filter and uvicorn's formatter.
+    record = logging.LogRecord(
+        "uvicorn.access", logging.INFO, __file__, 1, '%s - "%s %s HTTP/%s" %d', None, None
+    )
+    record.args = ("127.0.0.1:5000", "GET", f"/jobs?access_token={WRITER}&limit=5", "1.1", 401)
+    assert RedactedAccessLog().filter(record)
+    line = AccessFormatter('%(client_addr)s - "%(request_line)s" %(status_code)s').format(record)
+    assert WRITER not in line and "/jobs?access_token=***&limit=5" in line, line
