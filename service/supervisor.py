@@ -163,7 +163,8 @@ class Supervisor:
         self, name: str, command: list[str], extra_env: dict[str, str], restarted_at: list[float]
     ) -> Child:
         log_path = self.logs / f"{name}.log"
-        with open(log_path, "ab") as log_file:
+        # Readable by this user only: a part's log may hold what a user sent by mistake.
+        with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as log_file:
             if restarted_at:  # where the last lines of this start begin, in the log the part keeps
                 log_file.write(f"--- optlab serve: {name} started again ({len(restarted_at)}) ---\n".encode())
             process: subprocess.Popen[bytes] = start_in_own_group(

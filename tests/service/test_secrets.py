@@ -242,6 +242,7 @@ def test_serve_starts_only_the_api_with_the_tokens(tmp_path: Path, monkeypatch: 
         with pytest.raises(supervisor_module.ServeError):
             serve._start(name, command, {}, [])
     assert started["api"]["OPTLAB_API_TOKENS"] == f"alice:{TOKEN_SECRET}"
+    assert {(serve.logs / f"{part}.log").stat().st_mode & 0o777 for part in started} == {0o600}
     for part in ("mlflow", "worker"):
         assert "OPTLAB_API_TOKENS" not in started[part] and "OPTLAB_API_TOKENS_FILE" not in started[part]
 
