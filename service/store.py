@@ -347,8 +347,12 @@ def finish_job(
     status: JobStatus,
     result: JobResult | None,
     error: ErrorRecord | None,
+    step: int | None = None,
 ) -> bool:
-    """Record the outcome if `attempt` of the job still runs under `worker_id`; return whether it did."""
+    """Record the outcome if `attempt` of the job still runs under `worker_id`; return whether it did.
+
+    `step`: the last step the job reported, for an outcome whose result does not say (a cancelled,
+    failed or killed job's), so its progress and history agree with its error's "at step N"."""
     if status not in TERMINAL_STATUSES:
         allowed = ", ".join(sorted(TERMINAL_STATUSES))
         raise ValueError(f"finish_job needs a terminal status ({allowed}); received {status!r}")
@@ -360,6 +364,8 @@ def finish_job(
         "lease_expires_at": None,
         "waiting": None,
     }
+    if step is not None:
+        values["step"] = step
     if result is not None:
         if result.steps_completed:
             values["step"] = result.steps_completed

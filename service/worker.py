@@ -465,6 +465,7 @@ class Supervision:
         """The outcome, written once the store answers (kept through an outage); False when the
         lease was lost meanwhile (the outcome is then discarded, with a log note)."""
         give_up_at: float | None = None
+        latest = self._latest_progress()
         while True:
             recorded = self._store(
                 lambda s: store.finish_job(
@@ -475,6 +476,7 @@ class Supervision:
                     status=status,
                     result=result,
                     error=error,
+                    step=latest.step if latest else None,
                 )
             )
             if recorded is not None:
@@ -757,8 +759,14 @@ class Supervision:
             type="JobProcessDied", message=what + tried, traceback=error.traceback if error else None
         )
 
+    def _latest_progress(self) -> Progress | None:
+        """The job's last progress, read once more from its folder: the last heartbeat may have
+        written an older one (progress is written at most every PROGRESS_WRITE_S)."""
+        self.last_progress = read_progress(self.workdir) or self.last_progress
+        return self.last_progress
+
     def _cancelled_error(self) -> ErrorRecord:
-        progress = self.last_progress
+        progress = self._latest_progress()
         where = f" at step {progress.step} of {progress.total}" if progress else ""
         return ErrorRecord(type="Cancelled", message=f"cancelled while running{where}")
 

@@ -296,6 +296,33 @@ def test_cancelling_a_running_job_ends_its_whole_process_group(
     _wait_for(lambda: not _alive(child))
 
 
+def test_a_cancelled_jobs_progress_and_history_end_at_the_step_its_error_names(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    """Progress is written at most every PROGRESS_WRITE_S: the step the job reached just before the
+    cancel is not written yet when the worker records the end, and had been left behind."""
+    body = (
+        'echo \'{"step": 3, "total": 100}\' > "$W/progress.json"\n'
+        'while [ ! -e "$W/go" ]; do sleep 0.05; done\n'
+        'echo \'{"step": 7, "total": 100}\' > "$W/progress.json"\necho > "$W/at-7"\nexec sleep 300'
+    )
+    worker = make_worker(settings, sessions, stand_in(tmp_path, body))
+    job_id = submit(sessions)
+    thread = threading.Thread(target=worker.run_next)
+    thread.start()
+    workdir = settings.jobs_dir / str(job_id) / "attempt-1"
+    _wait_for(lambda: job_row(sessions, job_id).step == 3)
+    (workdir / "go").write_text("")
+    _wait_for(lambda: (workdir / "at-7").exists())
+    with sessions() as session:
+        store.request_cancel(session=session, job_id=job_id)
+    thread.join(timeout=30)
+    job = job_row(sessions, job_id)
+    assert job.status == "cancelled" and job.error is not None
+    assert job.error["message"] == "cancelled while running at step 7 of 100"
+    assert job.step == 7 and job.attempt_history[-1]["step"] == 7
+
+
 def test_a_stopping_worker_hands_its_job_back_to_the_queue(
     tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
