@@ -761,8 +761,12 @@ class Supervision:
 
     def _latest_progress(self) -> Progress | None:
         """The job's last progress, read once more from its folder: the last heartbeat may have
-        written an older one (progress is written at most every PROGRESS_WRITE_S)."""
-        self.last_progress = read_progress(self.workdir) or self.last_progress
+        written an older one (progress is written at most every PROGRESS_WRITE_S). A file that does
+        not match `Progress` is what the job's error says already: the last good one stands."""
+        try:
+            self.last_progress = read_progress(self.workdir) or self.last_progress
+        except ValidationError:
+            pass
         return self.last_progress
 
     def _cancelled_error(self) -> ErrorRecord:
