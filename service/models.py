@@ -73,6 +73,8 @@ class Job(Base):
     workdir: Mapped[str | None] = mapped_column(String(1000))
     # The name (never the secret) of the API token that submitted it; None on an open API.
     submitted_by: Mapped[str | None] = mapped_column(String(64), index=True)
+    # The name of the token whose cancel (of the job, or of its study) came first; None on an open API.
+    cancelled_by: Mapped[str | None] = mapped_column(String(64))
     # The study it belongs to (POST /studies); None for a job submitted on its own.
     study_id: Mapped[int | None] = mapped_column(Integer, ForeignKey("studies.id"), index=True)
     # The last verified checkpoint progress reported (a reference any worker can load): a new

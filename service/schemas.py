@@ -59,6 +59,10 @@ class JobRead(BaseModel):
         ),
     )
     submitted_by: str | None = Field(description="the name of the API token that submitted it")
+    cancelled_by: str | None = Field(
+        default=None,
+        description="the name of the API token whose cancel (of the job or of its study) came first",
+    )
     study_id: int | None = Field(default=None, description="the study it belongs to (POST /studies)")
     waiting_reason: str | None = Field(
         default=None,
@@ -95,6 +99,7 @@ class JobRead(BaseModel):
             cancel_requested=job.cancel_requested,
             attempt_history=[AttemptRecord.model_validate(record) for record in job.attempt_history or []],
             submitted_by=job.submitted_by,
+            cancelled_by=job.cancelled_by,
             study_id=job.study_id,
             waiting_reason=job.waiting if job.status is JobStatus.RUNNING else None,
         )

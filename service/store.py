@@ -150,14 +150,16 @@ def _ran_style(style: str) -> Any:
     return (Job.spec[("framework",)].as_string() == framework) & or_(named == style, *by_default)
 
 
-def request_cancel(*, session: Session, job_id: int) -> Job | None:
+def request_cancel(*, session: Session, job_id: int, by: str | None = None) -> Job | None:
     """A queued job is cancelled at once; a running one is flagged for its worker to stop.
 
     Conditional updates, not read-then-write: a worker claiming the job at the same moment
     either sees it cancelled or gets the flag, never neither. A job queued to run again keeps
     `cancel_requested` once cancelled: its MLflow run, which an earlier attempt left open for the
-    next, is a worker's to end (`runs_left_open`).
+    next, is a worker's to end (`runs_left_open`). `by`: the name of the token that asked, kept as
+    `cancelled_by` unless an earlier cancel's is there.
     """
+    cancelled_by = func.coalesce(Job.cancelled_by, by)
     cancelled = 0
     for ran, message in (
         (False, "cancelled before it started"),
@@ -176,12 +178,15 @@ def request_cancel(*, session: Session, job_id: int) -> Job | None:
                     finished_at=utcnow(),
                     error=_error("Cancelled", message),
                     cancel_requested=ran,
+                    cancelled_by=cancelled_by,
                 )
             )
         )
     if cancelled == 0:
         session.execute(
-            update(Job).where(Job.id == job_id, Job.status == JobStatus.RUNNING).values(cancel_requested=True)
+            update(Job)
+            .where(Job.id == job_id, Job.status == JobStatus.RUNNING)
+            .values(cancel_requested=True, cancelled_by=cancelled_by)
         )
     session.commit()
     return session.get(Job, job_id, populate_existing=True)

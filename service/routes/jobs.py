@@ -88,8 +88,8 @@ def get_job(job_id: JobId, session: SessionDep, settings: SettingsDep) -> JobRea
 
 
 @router.post("/{job_id}/cancel", response_model=JobRead, responses=responses(*WRITES, 404, 409))
-def cancel_job(job_id: JobId, session: SessionDep) -> JobRead:
-    job = store.request_cancel(session=session, job_id=job_id)
+def cancel_job(job_id: JobId, session: SessionDep, caller: CallerDep) -> JobRead:
+    job = store.request_cancel(session=session, job_id=job_id, by=submitter(caller))
     if job is None:
         raise HTTPException(status_code=404, detail=f"no job with id {job_id}")
     if job.status.terminal and job.status is not JobStatus.CANCELLED:

@@ -124,10 +124,12 @@ def get_study(study_id: StudyId, session: SessionDep, settings: SettingsDep) -> 
 
 
 @router.post("/{study_id}/cancel", response_model=StudyRead, responses=responses(*WRITES, 404, 409))
-def cancel_study(study_id: StudyId, session: SessionDep, settings: SettingsDep) -> StudyRead:
+def cancel_study(
+    study_id: StudyId, session: SessionDep, settings: SettingsDep, caller: CallerDep
+) -> StudyRead:
     _found(session, study_id)
     try:
-        cancelled = study_store.cancel_study(session=session, study_id=study_id)
+        cancelled = study_store.cancel_study(session=session, study_id=study_id, by=submitter(caller))
     except study_store.NothingToCancel as exc:
         raise HTTPException(status_code=409, detail=str(exc)) from None
     assert cancelled is not None

@@ -78,7 +78,7 @@ class NothingToCancel(Exception):
     """The study has no job left to cancel (the route's 409); the message says how its jobs ended."""
 
 
-def cancel_study(*, session: Session, study_id: int) -> Study | None:
+def cancel_study(*, session: Session, study_id: int, by: str | None = None) -> Study | None:
     """Queued jobs are cancelled at once, running ones flagged for their workers (as a job's cancel).
 
     None for no such study; NothingToCancel when it has no job left to cancel (`_flag_cancel`).
@@ -89,7 +89,7 @@ def cancel_study(*, session: Session, study_id: int) -> Study | None:
         raise _nothing_to_cancel(session=session, study_id=study_id)
     for job in study_jobs(session=session, study_id=study_id):
         if job.status in ACTIVE:
-            store.request_cancel(session=session, job_id=job.id)
+            store.request_cancel(session=session, job_id=job.id, by=by)
     return get_study(session=session, study_id=study_id)
 
 

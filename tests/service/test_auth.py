@@ -394,6 +394,27 @@ def served(tmp_path: Path, catalogue_data: dict[str, Any]) -> Iterator[str]:
     thread.join(10)
 
 
+def test_any_submitting_token_may_cancel_and_the_job_says_whose_cancel_it_was(
+    tmp_path: Path, catalogue_data: dict[str, Any]
+) -> None:
+    carol = "carol-token-0123456789abcdef"
+    settings = Settings(
+        data_dir=tmp_path,
+        api_tokens=f"alice:{WRITER},bob:{READER}:read,carol:{carol}",
+        trusted_hosts="testserver",
+    )
+    for client in _client(settings, catalogue_data):
+        _seed_job(client)
+        refused = client.post("/jobs/1/cancel", json={}, headers={"Authorization": f"Bearer {READER}"})
+        assert refused.status_code == 403
+        answer = client.post("/jobs/1/cancel", json={}, headers={"Authorization": f"Bearer {carol}"})
+        assert answer.status_code == 200, answer.text
+        job = answer.json()
+        assert (
+            job["status"] == "cancelled" and job["submitted_by"] == "alice" and job["cancelled_by"] == "carol"
+        )
+
+
 def test_the_cli_sends_optlab_token(
     served: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -117,6 +117,23 @@ def test_cancel_queued_at_once_running_by_flag(sessions: sessionmaker[Session]) 
         assert store.request_cancel(session=session, job_id=12345) is None
 
 
+def test_a_cancel_records_whose_it_was_and_the_first_one_counts(sessions: sessionmaker[Session]) -> None:
+    with sessions() as session:
+        running = store.create_job(session=session, spec=SPEC).id
+        queued = store.create_job(session=session, spec=SPEC).id
+    with sessions() as session:
+        assert store.claim_next(session=session, worker_id="w", lease_s=30).id == running  # type: ignore[union-attr]
+    with sessions() as session:
+        for job_id in (running, queued):
+            store.request_cancel(session=session, job_id=job_id, by="carol")
+            again = store.request_cancel(session=session, job_id=job_id, by="alice")
+            assert again is not None and again.cancelled_by == "carol"
+            assert again.cancel_requested if job_id == running else again.status == "cancelled"
+        open_api = store.create_job(session=session, spec=SPEC).id
+        cancelled = store.request_cancel(session=session, job_id=open_api)
+        assert cancelled is not None and cancelled.status == "cancelled" and cancelled.cancelled_by is None
+
+
 def test_progress_finish_and_requeue(sessions: sessionmaker[Session]) -> None:
     with sessions() as session:
         job_id = store.create_job(session=session, spec=SPEC).id
