@@ -27,6 +27,11 @@ from service.settings import Settings
 PRIVATE_COMMANDS = frozenset({"serve", "api", "worker", "demo"})
 
 
+# Commands that talk to an API as clients ($OPTLAB_TOKEN): an API's token settings in the same
+# shell (a bad one, a file only the API may read) are not theirs.
+CLIENT_COMMANDS = frozenset({"submit", "study", "check"})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -200,6 +205,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         overrides["api_port"] = args.port
     if getattr(args, "data_dir", None):
         overrides["data_dir"] = args.data_dir
+    if args.command in CLIENT_COMMANDS:  # the server's tokens are not theirs to read (nor to refuse)
+        overrides.update(api_tokens="", api_tokens_file=None)
     settings = Settings(**overrides)
     if args.command in ("serve", "demo"):
         # serve runs its own MLflow, so the tracking URI is where that server listens.

@@ -464,6 +464,22 @@ def test_the_cli_takes_a_token_with_a_line_end_and_names_a_bad_one_without_showi
         assert WRITER not in err and "Traceback" not in err
 
 
+def test_client_commands_ignore_the_apis_token_settings_in_their_shell(
+    served: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from service import cli
+
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps(GOOD))
+    monkeypatch.setenv("OPTLAB_API_TOKENS", "alice:short")  # the API's (bad) setting, not the client's
+    monkeypatch.setenv("OPTLAB_API_TOKENS_FILE", str(tmp_path / "only-the-api-may-read-this"))
+    monkeypatch.setenv("OPTLAB_TOKEN", WRITER)
+    assert cli.main(["submit", str(spec), "--api", served]) == 0, capsys.readouterr().err
+    assert cli.main(["api"]) == 2  # the server itself still refuses them
+
+
 def test_an_open_api_refuses_to_listen_beyond_localhost(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
