@@ -57,10 +57,27 @@ def install(app: FastAPI) -> None:
 
     @app.get("/docs", include_in_schema=False, response_class=HTMLResponse)
     def docs() -> HTMLResponse:
-        return HTMLResponse(docs_page(needs_token=bool(app.state.settings.tokens)))
+        return HTMLResponse(docs_page(needs_token=bool(app.state.settings.tokens)), headers=DOCS_HEADERS)
 
 
-SWAGGER_UI = "https://cdn.jsdelivr.net/npm/swagger-ui-dist@5"
+# One exact version, each file with its subresource integrity hash, so the CDN can serve nothing
+# else to a page the token is typed into: `npm pack swagger-ui-dist@VERSION`, then
+# `openssl dgst -sha384 -binary package/FILE | base64` for each file.
+SWAGGER_UI_VERSION = "5.35.0"
+SWAGGER_UI = f"https://cdn.jsdelivr.net/npm/swagger-ui-dist@{SWAGGER_UI_VERSION}"
+SWAGGER_UI_CSS_SRI = "sha384-WlYgdmXYOOBWL5apwjDEZwN+U3HmXSSu5R6V5aGxEcf7z+KuRNwBhoxKVN1i3D5I"
+SWAGGER_UI_JS_SRI = "sha384-gjRm0bEPMeTmMh5jT2cHccIwCUZSTd8YC+j0d0sXw0MdGEfScduGpSyF3ZSSLkX9"
+# No other site may frame the page (a framed page can be made to take a pasted token), and the
+# page's address is not sent on. Scripts and styles are not restricted further: Swagger UI's needs
+# could not be checked in a browser here (no CDN to load it from).
+DOCS_HEADERS = {
+    "Content-Security-Policy": (
+        "frame-ancestors 'none'; base-uri 'none'; form-action 'none'; object-src 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "Referrer-Policy": "no-referrer",
+    "X-Content-Type-Options": "nosniff",
+}
 
 
 def docs_page(*, needs_token: bool) -> str:
@@ -69,9 +86,11 @@ def docs_page(*, needs_token: bool) -> str:
     token stays in this tab's sessionStorage."""
     return f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>optlab API</title>
-<link rel="stylesheet" href="{SWAGGER_UI}/swagger-ui.css"></head>
+<link rel="stylesheet" href="{SWAGGER_UI}/swagger-ui.css" integrity="{SWAGGER_UI_CSS_SRI}"
+ crossorigin="anonymous"></head>
 <body><div id="swagger-ui"></div>
-<script src="{SWAGGER_UI}/swagger-ui-bundle.js"></script>
+<script src="{SWAGGER_UI}/swagger-ui-bundle.js" integrity="{SWAGGER_UI_JS_SRI}" crossorigin="anonymous">
+</script>
 <script>
 const needsToken = {json.dumps(needs_token)};
 let token = sessionStorage.getItem("optlab-token");
@@ -85,6 +104,11 @@ SwaggerUIBundle({{
   requestInterceptor: (request) => {{
     if (token) request.headers["Authorization"] = "Bearer " + token;
     return request;
+  }},
+  // A token the API does not know is forgotten: reloading the page asks for it again.
+  responseInterceptor: (response) => {{
+    if (response.status === 401) sessionStorage.removeItem("optlab-token");
+    return response;
   }},
 }});
 </script></body></html>

@@ -322,6 +322,12 @@ def test_the_openapi_document_needs_a_token_and_the_docs_page_sends_it(locked: T
     page = locked.get("/docs")  # a page a browser opens: it asks for the token and sends it itself
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "const needsToken = true;" in page.text and '"Authorization"' in page.text
+    # One exact Swagger UI, each file with its integrity hash; no other site may frame the page.
+    assert page.text.count('integrity="sha384-') == 2 and "swagger-ui-dist@5." in page.text
+    assert "swagger-ui-dist@5/" not in page.text
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    assert page.headers["x-frame-options"] == "DENY" and page.headers["referrer-policy"] == "no-referrer"
+    assert 'sessionStorage.removeItem("optlab-token")' in page.text  # a wrong token is asked again
     assert locked.get("/redoc").status_code == 404  # a second docs page could not send the token
 
 
