@@ -146,6 +146,11 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
         elif kind in ("finite_number", "number_too_large", "empty_grid", "repeated_grid_value"):
             loc.append(ctx["key"])
             message = f"{field}.{error['msg']}"
+        elif loc[:1] == ["header"] and kind == "string_pattern_mismatch":
+            message = (
+                f"{field} must be printable ASCII, without a space at either end (a UUID is one); "
+                f"received {_short(_header_as_sent(error.get('input')))}"
+            )
         elif kind == "extra_forbidden":
             allowed = _allowed_fields(BODY_MODELS.get(request.url.path.rstrip("/"), JobSpec), loc[1:-1])
             message = f"unknown field {field!r}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
@@ -153,6 +158,17 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
             message += f"; received {_short(error['input'])}"
         detail.append({"loc": loc, "msg": message, "type": kind})
     return JSONResponse(status_code=422, content={"detail": detail})
+
+
+def _header_as_sent(value: object) -> object:
+    """A header value as its client wrote it: Starlette decodes header bytes as Latin-1, so UTF-8
+    `café` arrives as `cafÃ©`, which an echo of it should not show."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return value.encode("latin-1").decode("utf-8")
+    except (UnicodeEncodeError, UnicodeDecodeError):
+        return value
 
 
 async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
