@@ -107,8 +107,26 @@ def optimizer_label(optimizer: Mapping[str, Any]) -> str:
 
 def _finite_params(params: dict[str, Any]) -> dict[str, Any]:
     for key, value in params.items():
-        _finite(value, key)
+        if isinstance(value, list):  # betas: [0.9, NaN] is refused at betas.1
+            for position, item in enumerate(value):
+                _finite_item(key, position, item)
+        else:
+            _finite(value, key)
     return params
+
+
+def _finite_item(key: str, position: int, value: Any) -> None:
+    """One item of a list (a list-valued hyperparameter, a grid axis) finite and in range, a bad one
+    located by its index (`params.betas.1`, `optimizers.1.params.lr.2`, where the catalogue's own
+    checks locate a value out of range), not at the whole list."""
+    try:
+        _finite(value, position)
+    except PydanticCustomError as error:
+        # A ValidationError raised in a validator is located below the field validated: here, under
+        # the params, at `key`. The API appends the error's ctx `key` to its location: the index.
+        raise ValidationError.from_exception_data(
+            "list item", [{"type": error, "loc": (key,), "input": value}]
+        ) from None
 
 
 # Hyperparameters as JSON gives them: at most 64, finite numbers only.
@@ -1009,7 +1027,7 @@ def _check_grid_axis(key: str, values: list[Any]) -> None:
             "empty_grid", "{key} is a grid (a list): it needs at least one value", {"key": key}
         )
     for position, value in enumerate(values):
-        _finite_grid_value(key, position, value)
+        _finite_item(key, position, value)
     repeated = _repeated_pair(values)
     if repeated is not None:
         first, second = (json.dumps(value) for value in repeated)
@@ -1019,19 +1037,6 @@ def _check_grid_axis(key: str, values: list[Any]) -> None:
             "would run the same jobs; received {received}",
             {"key": key, "first": first, "second": second, "received": json.dumps(values)},
         )
-
-
-def _finite_grid_value(key: str, position: int, value: Any) -> None:
-    """One grid value finite and in range, a bad one located by its index (`optimizers.1.params.lr.2`,
-    where the catalogue's own checks locate a value out of range), not at the whole axis."""
-    try:
-        _finite(value, position)
-    except PydanticCustomError as error:
-        # A ValidationError raised in a validator is located below the field validated: here, under
-        # the params, at `key`. The API appends the error's ctx `key` to its location: the index.
-        raise ValidationError.from_exception_data(
-            "grid value", [{"type": error, "loc": (key,), "input": value}]
-        ) from None
 
 
 def _repeated_pair(values: list[Any]) -> tuple[Any, Any] | None:

@@ -174,6 +174,15 @@ def test_malformed_bodies_get_422_never_500(client: TestClient, body: bytes) -> 
     assert client.get("/jobs").json()["total"] == 0
 
 
+def test_a_bad_item_of_a_list_valued_hyperparameter_is_located_at_its_index(client: TestClient) -> None:
+    body = json.dumps(GOOD).replace('"lr": 0.05', '"lr": 0.05, "betas": [0.9, NaN]').encode()
+    response = client.post("/jobs", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    [problem] = response.json()["detail"]
+    assert problem["loc"] == ["body", "optimizer", "params", "betas", 1]
+    assert problem["msg"] == "optimizer.params.betas.1 must be a finite number; received NaN"
+
+
 @pytest.mark.parametrize(
     ("body", "expected"),
     [
