@@ -15,12 +15,13 @@ No framework imported here: the ranks' torch work lives in the torch driver.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from jobs.processes import die_with_parent
+from jobs.processes import die_with_parent, how_it_ended
 from jobs.result import JobStatus, read_result
 from jobs.resume import CHECKPOINT_DIR_ENV
 from jobs.spec import AnySpec, JobSpec
@@ -53,17 +54,30 @@ def is_ddp(spec: AnySpec) -> bool:
     return isinstance(spec, JobSpec) and spec.distribution is not None and spec.distribution.strategy == "ddp"
 
 
+@dataclass(frozen=True)
+class RankProblem:
+    """Why a DDP job's ranks did not all succeed: the first rank's problem, in a sentence."""
+
+    message: str
+    # The rank was already dead by a SIGKILL or SIGTERM no one here sent (the out-of-memory killer).
+    killed_from_outside: bool = False
+
+
 class Ranks:
     """The ranks 1..N-1 a rank-0 job process started; `finish` waits for them and says how they ended."""
 
     def __init__(self, processes: list[tuple[int, Path, subprocess.Popen[bytes]]]) -> None:
         self.processes = processes
 
-    def finish(self, *, stop: bool) -> str | None:
+    def finish(self, *, stop: bool) -> RankProblem | None:
         """Wait for every rank (SIGTERM them first when `stop`: rank 0 failed or was cancelled);
-        the first rank's problem as a sentence, or None when all of them succeeded."""
-        problem = None
+        the first rank killed from outside, else the first rank's problem, or None when all of
+        them succeeded."""
+        problems: list[RankProblem] = []
+        world = len(self.processes) + 1
         for rank, workdir, process in self.processes:
+            # Dead by a signal before this process stopped any rank: someone else sent it.
+            killed = process.poll() in (-signal.SIGKILL, -signal.SIGTERM)
             if stop and process.poll() is None:
                 process.terminate()  # a rank blocked in a collective may not see it: killed soon after
             try:
@@ -72,10 +86,13 @@ class Ranks:
                 process.kill()
                 process.wait()
             result = read_result(workdir)
-            if problem is None and (result is None or result.status is not JobStatus.SUCCEEDED):
+            if killed:
+                said = f"{how_it_ended(process.returncode)} (out of memory, or from outside)"
+                problems.append(RankProblem(f"DDP rank {rank} of {world} {said}", killed_from_outside=True))
+            elif result is None or result.status is not JobStatus.SUCCEEDED:
                 error = result.error.message if result is not None and result.error else "no result written"
-                problem = f"DDP rank {rank} of {len(self.processes) + 1} did not succeed: {error}"
-        return problem
+                problems.append(RankProblem(f"DDP rank {rank} of {world} did not succeed: {error}"))
+        return next((p for p in problems if p.killed_from_outside), problems[0] if problems else None)
 
 
 def start_ranks(spec: JobSpec, argv: list[str], workdir: Path, resume_from: Path | None) -> Ranks:

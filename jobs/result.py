@@ -86,6 +86,11 @@ def _jsonable(data: Any) -> Any:
     return data
 
 
+# The error type of a DDP job one of whose other ranks was killed from outside (out of memory): the
+# worker starts such a job again, as it does one whose own process was killed.
+RANK_KILLED = "RankKilled"
+
+
 class ErrorRecord(Record):
     """Why a job did not succeed. `traceback` is the tail of the job process's traceback; errors
     the service writes itself (a cancelled queued job, a lost lease) have none."""

@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
@@ -32,6 +32,7 @@ from jobs.processes import (
 )
 from jobs.report import Reporter
 from jobs.result import (
+    RANK_KILLED,
     CheckOutcome,
     CheckpointRecord,
     ErrorRecord,
@@ -43,6 +44,9 @@ from jobs.result import (
     TrainOutcome,
 )
 from jobs.spec import AnySpec, CheckSpec, JobSpec, parse_spec
+
+if TYPE_CHECKING:
+    from jobs.distributed import RankProblem
 
 TRACEBACK_TAIL_LINES = 40
 # A message and each traceback line are cut to these many characters: an error is read by a person,
@@ -199,6 +203,26 @@ def start_job(
     return job, resumed
 
 
+def with_ranks_end(
+    problem: RankProblem | None, status: JobStatus, result: JobResult
+) -> tuple[JobStatus, JobResult]:
+    """A DDP job's end once its other ranks ended: failed where one did not succeed; where one was
+    killed from outside (out of memory), failed with RANK_KILLED, which the worker retries, and rank
+    0's own error (a collective's peer gone) as what followed. A cancel stays a cancel."""
+    if problem is None or status is JobStatus.CANCELLED:
+        return status, result
+    if problem.killed_from_outside:
+        then = f"; rank 0 then: {result.error.message}" if result.error else ""
+        return JobStatus.FAILED, result.with_fields(
+            error=ErrorRecord(type=RANK_KILLED, message=problem.message + then)
+        )
+    if status is JobStatus.SUCCEEDED:
+        return JobStatus.FAILED, result.with_fields(
+            error=ErrorRecord(type="RankFailed", message=problem.message)
+        )
+    return status, result
+
+
 def start_ranks_if_ddp(
     spec: AnySpec, args: argparse.Namespace, workdir: Path, resume_from: Path | None
 ) -> Any:
@@ -318,12 +342,7 @@ def run_job(args: argparse.Namespace) -> JobResult:
             status, result = JobStatus.DIVERGED, result.with_fields(diverged_at_step=exc.step)
         result = result.with_fields(error=error_record(exc))
     if ranks is not None:  # DDP: the job succeeded only if every rank did
-        problem = ranks.finish(stop=status is not JobStatus.SUCCEEDED)
-        if problem and status is JobStatus.SUCCEEDED:
-            status, result = (
-                JobStatus.FAILED,
-                result.with_fields(error=ErrorRecord(type="RankFailed", message=problem)),
-            )
+        status, result = with_ranks_end(ranks.finish(stop=status is not JobStatus.SUCCEEDED), status, result)
     if isinstance(spec, JobSpec) and job is not None and status is not JobStatus.SUCCEEDED:
         result = result.with_fields(**checkpoints_so_far(job))
     result = result.with_fields(status=status, duration_s=round(time.time() - started, 3))

@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from jobs.processes import how_it_ended, signal_group, start_in_own_group, terminate_group, thread_environment
 from jobs.result import (
     LOG_FILE,
+    RANK_KILLED,
     RESULT_FILE,
     ErrorRecord,
     JobResult,
@@ -692,8 +693,9 @@ class Supervision:
                 self._end_mlflow_run("KILLED", force=False)  # SIGKILLed after the grace: still RUNNING
         elif self._stopped_from_outside(process, result):
             if self.job.retries < self.settings.job_retries:
-                return self._retry(process)
-            status, error = JobStatus.FAILED, self._retries_spent(process, error)
+                return self._retry(process, result)
+            said = error or (result.error if result else None)  # a DDP job's: its rank killed
+            status, error = JobStatus.FAILED, self._retries_spent(process, said)
             # Even where an earlier attempt's stop left it KILLED and this one died before resuming it.
             self._end_mlflow_run("FAILED", force=True)
         elif result is None:
@@ -709,20 +711,19 @@ class Supervision:
         """Stopped by a signal no one here sent (the worker's own stops are `Stop`s, handled before):
         killed (SIGKILL: the kernel's out-of-memory killer; SIGTERM before the job could handle it),
         or a SIGTERM the job handled, stopping as if cancelled (an operator, a container runtime's
-        eviction). A crash (SIGSEGV, an exit code) is not."""
+        eviction), or a DDP rank killed so (RANK_KILLED: the job's other ranks then fail). A crash
+        (SIGSEGV, an exit code) is not."""
         if result is not None:
-            return result.status is JobStatus.CANCELLED
+            return result.status is JobStatus.CANCELLED or _rank_killed(result) is not None
         return process.returncode in (-signal.SIGKILL, -signal.SIGTERM)
 
-    def _retry(self, process: subprocess.Popen[bytes]) -> str:
+    def _retry(self, process: subprocess.Popen[bytes], result: JobResult | None) -> str:
         """Queue the job again (retries + 1), to resume from the last checkpoint it published; one
         cancelled meanwhile ends there, and so does its MLflow run, which no attempt resumes now."""
         self._heartbeat(read_progress(self.workdir) or self.last_progress)  # that checkpoint, relayed
         number, allowed = self.job.retries + 1, self.settings.job_retries
-        reason = (
-            f"its process {_stopped_by(process.returncode)} before it ended; retry {number} of "
-            f"{allowed} (OPTLAB_JOB_RETRIES)"
-        )
+        what = _rank_killed(result) or f"its process {_stopped_by(process.returncode)}"
+        reason = f"{what} before it ended; retry {number} of {allowed} (OPTLAB_JOB_RETRIES)"
         log.warning("job %s: %s", self.job.id, reason)
         requeued = self._store(
             lambda s: store.requeue_job(
@@ -907,6 +908,13 @@ def group_rss_mb(session_id: int) -> float:
         if int(fields[3]) == session_id:  # field 6, session id (start_in_own_group made one)
             total += int(fields[21]) * page  # field 24, resident pages
     return total / 2**20
+
+
+def _rank_killed(result: JobResult | None) -> str | None:
+    """The error of a DDP job one of whose other ranks was killed from outside, else None."""
+    if result is not None and result.error is not None and result.error.type == RANK_KILLED:
+        return result.error.message
+    return None
 
 
 def _stopped_by(code: int | None) -> str:

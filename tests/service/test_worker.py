@@ -202,6 +202,31 @@ def test_a_job_cancelled_while_queued_to_run_again_gets_the_run_its_last_attempt
     assert job_row(sessions, ran).status == "cancelled" and not job_row(sessions, ran).cancel_requested
 
 
+def test_a_ddp_job_whose_other_rank_was_killed_from_outside_is_retried(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    """Rank 0 writes the result of a DDP job: RankKilled where another rank was killed (out of
+    memory), and the job is started again as one whose own process was killed is."""
+    said = "DDP rank 1 of 2 was killed by signal SIGKILL (out of memory, or from outside)"
+    body = (
+        'echo \'{"job_id": "1", "attempt": 1, "workdir": "\'"$W"\'", "status": "failed",'
+        f' "error": {{"type": "RankKilled", "message": "{said}"}}}}\' > "$W/result.json"'
+    )
+    worker = make_worker(settings.model_copy(update={"job_retries": 1}), sessions, stand_in(tmp_path, body))
+    job_id = submit(sessions)
+    worker.run_next()
+    job = job_row(sessions, job_id)
+    assert job.status == "queued" and job.retries == 1 and job.error is not None
+    assert (
+        job.error["message"]
+        == f"{said} before it ended; retry 1 of 1 (OPTLAB_JOB_RETRIES); it will run again from the start"
+    )
+    worker.run_next()
+    job = job_row(sessions, job_id)
+    assert job.status == "failed" and job.error is not None and job.error["message"].startswith(said)
+    assert "started again once after the same" in job.error["message"]
+
+
 # Signal 40 is a real-time signal: `signal.Signals` has no name for it, and naming it had crashed
 # the worker's loop.
 @pytest.mark.parametrize(("signal_sent", "said"), [("SEGV", "signal SIGSEGV"), ("40", "signal 40")])
