@@ -25,6 +25,7 @@ from jobs.checks.tools import (
     WARMUP_STEPS,
     CheckFunction,
     arrays,
+    fix_for_raised,
     fresh,
     isolated,
     max_diff,
@@ -501,7 +502,7 @@ def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
         f"the first step on a {shape_text(SHAPES[0])} matrix and two vectors raised "
         f"{ctx.describe_error(error)}",
         where=ctx.where(error),
-        fix="the optimizer raised during this check; the error above and its line say why",
+        fix=fix_for_raised(error),
     )
 
 

@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from jobs.checks.target import Target, UsageError, resolve_target
 from jobs.frameworks import driver_for
 from jobs.frameworks.base import Driver
@@ -166,7 +168,33 @@ class CheckContext:
             given = base.hyperparams.get("lr", base.entry.params["lr"].default)
         else:
             given = self.params.get("lr", None if declared is None else declared.default)
+        if given is None and declared is None:
+            given = self.rate_in_groups()
         return 1e-3 if given is None else float(given)  # None: the class derives its rate (SaRA)
+
+    def rate_in_groups(self) -> float | None:
+        """For a torch class whose constructor declares no rate (one taking its hyperparameters as
+        **kwargs): the numeric 'lr' its param groups hold, where an `lr` keyword sets it (built with
+        twice that rate, the groups hold twice that). Every torch LR scheduler sets that key, so a
+        schedule reaches such a class as any other. None otherwise. Cached."""
+        if "rate_in_groups" not in self.notes:
+            self.notes["rate_in_groups"] = self._rate_in_groups()
+        rate: float | None = self.notes["rate_in_groups"]
+        return rate
+
+    def _rate_in_groups(self) -> float | None:
+        if self.target.style != "torch" or self.has_lr:
+            return None
+        try:
+            rates = _group_rates(self.build(self.driver.variables([np.ones(3, dtype=np.float32)])))
+            if len(rates) != 1:
+                return None
+            rate = rates.pop()
+            variables = self.driver.variables([np.ones(3, dtype=np.float32)])
+            doubled = self.build(variables, learning_rate=2 * rate)
+        except Exception:  # no `lr` keyword, or a build that fails for its own reasons (see construct)
+            return None
+        return rate if _group_rates(doubled) == {2 * rate} else None
 
     def mark_unbuildable(self) -> None:
         """`construct` could not build the optimizer at all: the other checks cannot run.
@@ -271,3 +299,14 @@ def resolve_base(target: Target, base: Mapping[str, Any]) -> Base:
     except (TypeError, ValueError) as exc:
         raise UsageError(str(exc) if str(exc).startswith(owner) else f"{owner}: {exc}") from None
     return Base(entry, params)
+
+
+def _group_rates(optimizer: Any) -> set[float]:
+    """The positive finite numbers the optimizer's param groups hold as 'lr' (empty: one holds none)."""
+    rates = set()
+    for group in getattr(optimizer, "param_groups", None) or [{}]:
+        rate = group.get("lr")
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 < rate < float("inf"):
+            return set()
+        rates.add(float(rate))
+    return rates

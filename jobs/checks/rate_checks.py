@@ -19,9 +19,11 @@ from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.checks.tools import (
     MOVES_NOTHING,
     SHAPES,
+    SPARSE_WORDS,
     WARMUP_STEPS,
     CheckFunction,
     arrays,
+    clear_refusal,
     fresh,
     isolated,
     max_diff,
@@ -59,8 +61,11 @@ def check_schedule(ctx: CheckContext) -> Outcome:
     previous step's."""
     if updates_nothing(ctx):
         return skipped(MOVES_NOTHING)
-    if not ctx.has_lr:
-        return skipped("not meaningful: the class takes no learning rate, so there is no rate to schedule")
+    if not ctx.has_lr and ctx.rate_in_groups() is None:
+        return skipped(
+            "not meaningful: the class takes no learning rate (its constructor declares none, and no `lr` "
+            "given to it lands in its param groups), so there is no rate to schedule"
+        )
     refused = refused_rate(ctx)
     if refused is not None:
         return skipped(
@@ -219,7 +224,9 @@ def _ignores_its_rate(
     runs = []
     for lr in (ctx.lr, 2 * ctx.lr):
         with same_draws(ctx, seed=5):
-            optimizer, variables = fresh(ctx, **{**overrides, "lr": lr})
+            # A rate the constructor takes only through **kwargs is not catalogued: given unvalidated.
+            rate = {"lr": lr} if ctx.has_lr else {"learning_rate": lr}
+            optimizer, variables = fresh(ctx, **{**overrides, **rate})
             for step_grads in grads:
                 ctx.driver.step(optimizer, variables, step_grads, ctx.needs)
             runs.append(ctx.driver.values(variables))
@@ -578,7 +585,7 @@ def _sparse_refusal(ctx: CheckContext, error: Exception) -> Outcome:
     own = deepest is not None and deepest.filename in refusal_files(ctx)
     statement = (deepest.line or "").lstrip() if deepest is not None else ""
     message = str(error).lower()
-    about_sparse = "sparse" in message or "indexedslices" in message
+    about_sparse = any(word in message for word in SPARSE_WORDS)
     if own and about_sparse and statement.startswith("assert"):
         return failed(
             f"refuses sparse gradients with an assert, not a raise ({ctx.describe_error(error)}): python -O "
@@ -586,7 +593,7 @@ def _sparse_refusal(ctx: CheckContext, error: Exception) -> Outcome:
             where=user_line(ctx, error),
             fix=driver.advice.sparse_update,
         )
-    if own and about_sparse and statement.startswith("raise"):
+    if clear_refusal(ctx, error, SPARSE_WORDS):
         if ctx.target.entry.supports_sparse:
             return failed(
                 f"the class declares optlab_supports_sparse but refuses sparse gradients: "

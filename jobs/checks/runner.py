@@ -16,7 +16,7 @@ from typing import Any
 from jobs.checks.context import CheckContext, LoopSetup, RecipeNotHonoured
 from jobs.checks.report import CHECK_IDS, ONLY_FOR_STYLES, CheckReport, CheckResult, Outcome, failed, skipped
 from jobs.checks.target import Target, UsageError
-from jobs.checks.tools import CheckFunction
+from jobs.checks.tools import CheckFunction, fix_for_raised
 from optimizers.hyperparams import check_all
 from optimizers.loop_needs import LoopNeeds, unserved
 
@@ -151,5 +151,5 @@ def _outcome(check_id: str, table: Mapping[str, CheckFunction], context: CheckCo
         return failed(
             f"raised {context.describe_error(exc)}",
             where=where,
-            fix="the optimizer raised during this check; the error above and its line say why",
+            fix=fix_for_raised(exc),
         )

@@ -204,12 +204,40 @@ def refusal_files(ctx: CheckContext) -> set[str]:
     return files
 
 
+def clear_refusal(ctx: CheckContext, error: BaseException, about: Collection[str]) -> bool:
+    """A deliberate `raise` in the class's code (or the framework's optimizers', or a wrapped base's)
+    whose message names what it refuses (one of the words `about`): a documented limit, not a crash.
+    An error from inside a framework op ("expected scalar type Float but found BFloat16") is raised by
+    no `raise` in those files, so it stays a fault."""
+    message = str(error).lower()
+    return raised_in(error, refusal_files(ctx), by="raise") and any(word in message for word in about)
+
+
+SPARSE_WORDS = ("sparse", "indexedslices")
+
+
 def refuses_dense(ctx: CheckContext, error: BaseException) -> bool:
     """A deliberate `raise` about the gradient's layout (dense or sparse) in the class's code (or the
     framework's) for a dense gradient: the class takes only sparse gradients by design (torch's
     SparseAdam: "does not support dense gradients")."""
-    message = str(error).lower()
-    return raised_in(error, refusal_files(ctx), by="raise") and ("dense" in message or "sparse" in message)
+    return clear_refusal(ctx, error, ("dense", "sparse"))
+
+
+# What an error means where its message alone says why, and the fix for it (table: message -> fix).
+_KNOWN_ERRORS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(r"a leaf Variable that requires grad is being used in an in-place operation"),
+        "the update runs with autograd recording: decorate step() with @torch.no_grad() (as torch's own "
+        "optimizers do), or wrap the in-place update in `with torch.no_grad():`",
+    ),
+)
+RAISED_FIX = "the optimizer raised during this check; the error above and its line say why"
+
+
+def fix_for_raised(error: BaseException) -> str:
+    """The fix for an error the class raised: the known cause where its message names one."""
+    message = str(error)
+    return next((fix for pattern, fix in _KNOWN_ERRORS if pattern.search(message)), RAISED_FIX)
 
 
 def refused_rate(ctx: CheckContext) -> Exception | None:

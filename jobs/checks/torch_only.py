@@ -25,6 +25,7 @@ from jobs.checks.tools import (
     MOVES_NOTHING,
     WARMUP_STEPS,
     CheckFunction,
+    clear_refusal,
     draws_randomly,
     inconclusive_random,
     isolated,
@@ -603,8 +604,12 @@ def check_closure(ctx: CheckContext) -> Outcome:
         )
     recompute = _closure(ctx, model, batch)
     calls: list[Tensor] = []
+    grad_enabled: list[bool] = []
 
     def closure(backward: bool = True) -> Tensor:
+        # Whether the class enabled grad for its closure: optlab's closure re-enables it itself, so
+        # such classes still run, but a user's plain closure would not.
+        grad_enabled.append(torch.is_grad_enabled())
         loss = recompute(backward=backward)
         calls.append(loss)
         return loss
@@ -616,19 +621,56 @@ def check_closure(ctx: CheckContext) -> Outcome:
     # The loss of any of its calls: SAM returns the first (at the weights given), BSAM the one at
     # the point it perturbed to; either is the closure's loss.
     losses = [float(loss) for loss in calls]
-    if returned is None or not (isinstance(returned, Tensor | float) and float(returned) in losses):
-        given = ", ".join(f"{loss:.4g}" for loss in losses)
+    given = ", ".join(f"{loss:.4g}" for loss in losses)
+    if returned is not None and not (isinstance(returned, Tensor | float) and float(returned) in losses):
         return failed(
             f"step(closure) returned {returned!r} instead of the closure's loss ({given} from its "
             f"{len(calls)} call(s))",
             where=method_location(ctx),
             fix=fix,
         )
+    # A class that requires its closure sets its own contract (AliG: `lambda: float(loss)`, the loss
+    # alone, which needs no grad); one taking torch's optional closure gets torch's, which runs backward.
+    grad_enabled = grad_enabled if not ctx.needs.closure else []
+    facts = _closure_facts(returned, given, len(calls), grad_enabled)
+    if facts or returned is None:
+        fix_text = _closure_fixes(returned, grad_enabled)
+        return warned("; ".join(facts), where=method_location(ctx), fix=fix_text)
     which = losses.index(float(returned)) + 1
     return passed(
         f"step(closure) called the closure {len(calls)} time(s) and returned its loss (of call {which})",
         float(returned),
     )
+
+
+_ENABLE_GRAD_FIX = "call it as torch's optimizers do: `with torch.enable_grad(): loss = closure()`"
+_RETURN_LOSS_FIX = "return the closure's loss from step(closure), as torch's optimizers do"
+
+
+def _closure_facts(returned: Any, given: str, count: int, grad_enabled: Sequence[bool]) -> list[str]:
+    """What a loop meets with this step(closure) though the class works in optlab's loops (whose
+    closure enables grad itself, and which ignore what step() returns): warns, not faults."""
+    facts = []
+    if returned is None:
+        facts.append(
+            f"step(closure) returned None, not the closure's loss ({given} from its {count} call(s)): "
+            "torch declares step() -> float | None and optlab's jobs ignore it, but torch's own "
+            "optimizers return the loss, and a loop written `loss = opt.step(closure)` (as for LBFGS) "
+            "gets None"
+        )
+    if not all(grad_enabled):
+        facts.append(
+            "step() called the closure with grad disabled (the step runs under torch.no_grad() and "
+            "does not enable grad around the closure): torch's optimizers call it under "
+            "torch.enable_grad(), and a plain closure (`loss = loss_fn(model(x), y); loss.backward()`) "
+            'then raises "element 0 of tensors does not require grad"'
+        )
+    return facts
+
+
+def _closure_fixes(returned: Any, grad_enabled: Sequence[bool]) -> str:
+    fixes = [] if all(grad_enabled) else [_ENABLE_GRAD_FIX]
+    return "; ".join(fixes + ([_RETURN_LOSS_FIX] if returned is None else []))
 
 
 def _takes_an_argument(step: Callable[..., Any]) -> bool:
@@ -674,10 +716,20 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
     # bfloat16 parameters: gradients and (for torch's own optimizers) state in bf16 too.
     model = _tiny_model().to(torch.bfloat16)
     before = _snapshot(model.parameters())
-    optimizer = _build(ctx, model.parameters())
-    closure = _precision_closure(ctx, model, batch, autocast=False)
-    closure()
-    _step(ctx, optimizer.step, closure)
+    try:
+        optimizer = _build(ctx, model.parameters())
+        closure = _precision_closure(ctx, model, batch, autocast=False)
+        closure()
+        _step(ctx, optimizer.step, closure)
+    except Exception as exc:
+        # A class written for float32 training may refuse low precision in words, as `sparse` accepts
+        # a clear refusal of sparse gradients; a crash inside a torch op stays the class's fault.
+        if not clear_refusal(ctx, exc, _LOW_PRECISION_WORDS):
+            raise
+        return passed(
+            f"{parts[0]}; the class refuses bfloat16 parameters with a clear error "
+            f"({ctx.describe_error(exc)}): it is written for higher precision, and says so"
+        )
     problem = _precision_problem(model, optimizer, before, torch.bfloat16, require_change=False)
     if problem:
         return failed(
@@ -711,6 +763,11 @@ def _precision_closure(
     return closure
 
 
+# Words with which a refusal names the dtype or precision it refuses (torch's dtype names included).
+_LOW_PRECISION_WORDS = (
+    *("bfloat16", "bf16", "float16", "fp16", "half", "float32", "fp32"),
+    *("dtype", "precision"),
+)
 _NO_CHANGE = "no parameter changed"
 _PRECISION_FIX = (
     "create state with torch.zeros_like(p) (same dtype and device) or keep an explicit float32 copy, and "

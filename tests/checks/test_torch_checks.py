@@ -79,7 +79,6 @@ def test_good_optimizers_pass_the_fast_checks(text: str, tmp_path: Path) -> None
         ("torch_train_eval_mode", "state_roundtrip", "gives other variables than the saved ones"),
         ("torch_param_groups", "param_groups", "second param group"),
         ("torch_closure", "closure", "never called the closure"),
-        ("torch_closure_loss", "closure", "returned None instead of the closure's loss"),
         ("torch_mixed_precision", "mixed_precision", "changed dtype"),
         ("torch_state_untrainable", "state_untrainable", "requires grad"),
     ],
@@ -1352,3 +1351,141 @@ def test_a_line_search_is_judged_within_what_its_rounding_allows(tmp_path: Path)
     plain = torch_only._rounding_sensitivity(context("torch.optim:SGD", tmp_path, momentum=0.9), start, batch)
     assert plain < 1e-6
     assert torch_only._rounding_sensitivity(ctx, start, batch) > 10 * plain
+
+
+def test_a_step_that_returns_none_for_the_closure_s_loss_is_a_warning(tmp_path: Path) -> None:
+    """torch declares step() -> float | None and optlab's jobs ignore it: published SAMs return None.
+    A fact worth knowing (a `loss = opt.step(closure)` loop gets None), not a fault."""
+    outcome = CHECKS["closure"](broken("torch_closure_loss", tmp_path))
+    assert outcome.status == "warn", outcome.detail
+    assert "returned None, not the closure's loss" in outcome.detail
+    assert "Fix: return the closure's loss" in outcome.detail
+
+
+class NoGradClosureSGD(torch.optim.Optimizer):
+    """Calls its closure inside its @torch.no_grad() step without re-enabling grad: a user's plain
+    closure (`loss.backward()`) raises there; optlab's closure enables grad itself."""
+
+    def __init__(self, params: Any, lr: float = 0.1) -> None:
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0; received {lr}")
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None if closure is None else closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.sub_(group["lr"] * p.grad)
+        return loss
+
+
+def test_a_closure_called_with_grad_disabled_is_a_warning_with_the_fix(tmp_path: Path) -> None:
+    outcome = CHECKS["closure"](context(f"{__name__}:NoGradClosureSGD", tmp_path))
+    assert outcome.status == "warn", outcome.detail
+    assert "called the closure with grad disabled" in outcome.detail
+    assert "element 0 of tensors does not require grad" in outcome.detail
+    assert "with torch.enable_grad(): loss = closure()" in outcome.detail
+
+
+class Float32OnlySGD(StepWithoutClosure):
+    """Written for float32 training: refuses low-precision parameters in words, in its own code."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.dtype not in (torch.float32, torch.float64):
+                    raise TypeError(f"Float32OnlySGD supports only float32/float64 parameters, got {p.dtype}")
+                if p.grad is not None:
+                    p.sub_(group["lr"] * p.grad)
+        return None
+
+
+class Float32StateSGD(StepWithoutClosure):
+    """Keeps a float32 buffer and mixes it with a bf16 gradient in an op that refuses mixed dtypes:
+    torch's own error, with 'dtype' in its message, from inside the op. A fault, not a refusal."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["buffer"] = torch.ones(p.numel(), dtype=torch.float32)
+                scale = torch.dot(p.grad.flatten(), state["buffer"])
+                p.sub_(group["lr"] * p.grad * (1 + 0 * scale))
+        return None
+
+
+@pytest.mark.parametrize(
+    ("name", "status", "words"),
+    [
+        ("Float32OnlySGD", "pass", "refuses bfloat16 parameters with a clear error"),
+        ("Float32StateSGD", "fail", "expected both vectors to have same dtype"),
+    ],
+)
+def test_mixed_precision_accepts_a_clear_refusal_of_the_dtype_only(
+    name: str, status: str, words: str, tmp_path: Path
+) -> None:
+    from jobs.checks.runner import _outcome
+
+    outcome = _outcome("mixed_precision", CHECKS, context(f"{__name__}:{name}", tmp_path))
+    assert outcome.status == status, outcome.detail
+    assert words in outcome.detail
+
+
+class KwargsSGD(torch.optim.Optimizer):
+    """Takes its hyperparameters as **kwargs (no `lr` argument to catalogue); its groups hold 'lr'.
+    `cached` reads the rate once into self.lr, so no scheduler reaches the update: the fault."""
+
+    def __init__(self, params: Any, **kwargs: Any) -> None:
+        lr = kwargs.get("lr", 0.05)
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0; received {lr}")
+        super().__init__(params, {"lr": lr})
+        self.lr = lr
+        self.cached = bool(kwargs.get("cached", False))
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.sub_((self.lr if self.cached else group["lr"]) * p.grad)
+        return None
+
+
+class KwargsCachedRateSGD(KwargsSGD):
+    def __init__(self, params: Any, **kwargs: Any) -> None:
+        super().__init__(params, **kwargs, cached=True)
+
+
+@pytest.mark.parametrize(("name", "status"), [("KwargsSGD", "pass"), ("KwargsCachedRateSGD", "fail")])
+def test_a_rate_taken_through_kwargs_into_the_groups_is_scheduled(
+    name: str, status: str, tmp_path: Path
+) -> None:
+    outcome = CHECKS["schedule"](context(f"{__name__}:{name}", tmp_path))
+    assert outcome.status == status, outcome.detail
+    assert status == "pass" or "never applied" in outcome.detail
+
+
+class RecordingInPlaceSGD(StepWithoutClosure):
+    """Updates in place with autograd recording (no @torch.no_grad()): torch refuses the leaf."""
+
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.sub_(group["lr"] * p.grad)
+        return None
+
+
+def test_an_in_place_update_under_autograd_is_told_to_use_no_grad(tmp_path: Path) -> None:
+    outcome = CHECKS["dense_step"](context(f"{__name__}:RecordingInPlaceSGD", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert "leaf Variable that requires grad" in outcome.detail
+    assert "decorate step() with @torch.no_grad()" in outcome.detail
