@@ -45,7 +45,9 @@ def host_name(host_header: str) -> str:
     """`localhost:8000` -> `localhost`, `[::1]:8000` -> `::1`."""
     host = host_header.strip().lower()
     if host.startswith("["):
-        return host[1:].split("]", 1)[0]
+        address, _, rest = host[1:].partition("]")
+        # `[::1]evil.example` is no address and port: the whole header, which no pattern trusts.
+        return address if rest == "" or (rest.startswith(":") and rest[1:].isdigit()) else host
     return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
 
 

@@ -507,7 +507,14 @@ def test_two_authorization_or_host_headers_are_refused_not_guessed_between(locke
 
 
 def test_a_wildcard_host_pattern_takes_names_under_it_only() -> None:
-    from service.guards import host_allowed
+    from service.guards import host_allowed, host_name
+
+    assert [host_name(h) for h in ("[::1]:8000", "[::1]", "[::1]evil.example", "[::1]:80x")] == [
+        "::1",
+        "::1",
+        "[::1]evil.example",
+        "[::1]:80x",
+    ]
 
     assert host_allowed("a.lab.example", ["*.lab.example"])
     assert not host_allowed(".lab.example", ["*.lab.example"])
