@@ -18,7 +18,7 @@ import numpy as np
 
 from jobs.checks.context import CheckContext, overrides_note
 from jobs.checks.rate_checks import dense_refusal
-from jobs.checks.report import Outcome, failed, passed, skipped
+from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.checks.tools import (
     MOVES_NOTHING,
     SHAPES,
@@ -442,6 +442,18 @@ def check_dense_step(ctx: CheckContext) -> Outcome:
             "add an epsilon, or leave a variable whose gradient norm is 0 as it is",
         )
     warmup = f" (the first {steps - 1} step(s) only built state: a warm-up)" if steps > 1 else ""
+    # Read after the steps above, whose last gradients the variables still hold.
+    aliases = driver.state_sharing_gradients(optimizer, variables)
+    if aliases:
+        return warned(
+            f"{', '.join(aliases[:6])}: the parameter's gradient itself (its memory), not a copy: "
+            "step() changes the caller's gradient as it updates that state, and "
+            "zero_grad(set_to_none=False) or gradient accumulation changes the state (it is right only "
+            "while gradients are set to None between steps, zero_grad's default)",
+            where=method_location(ctx),
+            fix="store a copy: `state[key] = p.grad.clone()` (or `torch.clone(grad).detach()`, as torch's "
+            "SGD does for its first momentum buffer)",
+        )
     return passed(
         f"{after_steps} changed all {len(variables)} variables{warmup}; values and state finite, a gradient "
         "of zeros too (figure: smallest largest change)",

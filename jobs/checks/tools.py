@@ -204,6 +204,25 @@ def refusal_files(ctx: CheckContext) -> set[str]:
     return files
 
 
+def left_out_of_save(ctx: CheckContext, overrides: Mapping[str, Any]) -> list[str]:
+    """The state an optimizer stepped three times holds and its own save leaves out (torch: an
+    overridden state_dict() that drops a key of self.state[p]), named."""
+    optimizer, variables = fresh(ctx, **overrides)
+    for seed in (40, 41, 42):
+        ctx.driver.step(optimizer, variables, arrays(SHAPES, seed), ctx.needs)
+    return ctx.driver.state_left_out_of_save(optimizer)
+
+
+def left_out_said(left: Sequence[str]) -> str:
+    return f"state_dict() leaves out {', '.join(left[:4])}, which self.state holds"
+
+
+LEFT_OUT_FIX = (
+    "save every key of self.state[p] in state_dict() (or do not override it): a reloaded optimizer "
+    "otherwise rebuilds what the save left out from scratch, or fails for want of it"
+)
+
+
 def clear_refusal(ctx: CheckContext, error: BaseException, about: Collection[str]) -> bool:
     """A deliberate `raise` in the class's code (or the framework's optimizers', or a wrapped base's)
     whose message names what it refuses (one of the words `about`): a documented limit, not a crash.

@@ -417,6 +417,16 @@ class Driver(ABC):
         """How many state tensors there are, which are trainable or are (alias) a variable, and
         which are trainable only as the framework's own optimizers keep some (worth a warning)."""
 
+    def state_left_out_of_save(self, optimizer: Any) -> list[str]:
+        """State the optimizer holds that its own save leaves out (torch: keys of self.state[p]
+        missing from an overridden state_dict()'s entry for p). None by default."""
+        return []
+
+    def state_sharing_gradients(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
+        """The state entries that are a variable's gradient itself (its memory, not a copy), after a
+        step. None by default: only torch hands the optimizer a gradient tensor it can keep."""
+        return []
+
     def unshare_state(self, optimizer: Any, variables: Sequence[Any]) -> int:
         """Give every state tensor that shares storage with one of `variables` a copy of its own, in
         place; how many there were. None by default: only torch's state can alias a parameter."""

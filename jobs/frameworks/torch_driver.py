@@ -615,6 +615,30 @@ class TorchDriver(Driver):
                 offending.append(f"{name} shares storage with a model parameter")
         return len(tensors), offending, []
 
+    def state_left_out_of_save(self, optimizer: Any) -> list[str]:
+        # torch's own state_dict() saves every key: only an override can leave one out. Judged only
+        # where the override saves the parameter's entry at all (a wrapper may save state elsewhere).
+        if getattr(type(optimizer), "state_dict", None) is torch.optim.Optimizer.state_dict:
+            return []
+        try:
+            saved = optimizer.state_dict().get("state")
+        except Exception:  # a save that fails is state_roundtrip's to report
+            return []
+        if not isinstance(saved, Mapping):
+            return []
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        left = []
+        for index, param in enumerate(params):
+            live, kept = optimizer.state.get(param), saved.get(index)
+            if isinstance(live, Mapping) and isinstance(kept, Mapping) and kept:
+                left += [f"state[param {index}][{key!r}]" for key in live if key not in kept]
+        return left
+
+    def state_sharing_gradients(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
+        grads = [p.grad for p in variables if p.grad is not None and p.grad.layout is torch.strided]
+        storages = _storages(grads)
+        return [name for name, tensor in state_tensors(optimizer) if _in_storages(tensor, storages)]
+
     def unshare_state(self, optimizer: Any, variables: Sequence[Any]) -> int:
         storages = _storages(variables)
         copied = 0

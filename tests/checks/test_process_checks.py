@@ -113,6 +113,15 @@ def test_broken_optimizers_fail_with_the_problem_named(
     assert outcome.figure is not None and outcome.figure > 1e-4
 
 
+def test_a_resumed_run_that_fails_on_a_key_its_save_left_out_is_told_which(tmp_path: Path) -> None:
+    path = BROKEN / "torch_state_dict_drops_a_key.py"
+    outcome = resume_exact(context(f"{path}:ListedStateSGD", "torch", tmp_path))
+    assert outcome.status == "fail"
+    assert "KeyError: 'momentum_buffer'" in outcome.detail
+    assert "state_dict() leaves out state[param 0]['momentum_buffer']" in outcome.detail
+    assert "Fix: save every key of self.state[p] in state_dict()" in outcome.detail
+
+
 MISBEHAVING_UNDER_DDP = """
 import time
 

@@ -76,6 +76,11 @@ def test_good_optimizers_pass_the_fast_checks(text: str, tmp_path: Path) -> None
         ("torch_config_roundtrip", "config_roundtrip", "['lr'] was 0.005 and is 0.01"),
         ("torch_state_roundtrip", "state_roundtrip", "next step after reloading differs"),
         ("torch_state_roundtrip_weights_only", "state_roundtrip", "collections.deque"),
+        (
+            "torch_state_dict_drops_a_key",
+            "state_roundtrip",
+            "state_dict() leaves out state[param 0]['momentum_buffer']",
+        ),
         ("torch_train_eval_mode", "state_roundtrip", "gives other variables than the saved ones"),
         ("torch_param_groups", "param_groups", "second param group"),
         ("torch_closure", "closure", "never called the closure"),
@@ -1489,3 +1494,30 @@ def test_an_in_place_update_under_autograd_is_told_to_use_no_grad(tmp_path: Path
     assert outcome.status == "fail", outcome.detail
     assert "leaf Variable that requires grad" in outcome.detail
     assert "decorate step() with @torch.no_grad()" in outcome.detail
+
+
+class GradientAsMomentumSGD(StepWithoutClosure):
+    """Keeps the gradient tensor itself as its momentum buffer (no clone), then updates it in place:
+    right under zero_grad(set_to_none=True) only, and it rewrites the caller's gradient."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "momentum_buffer" not in state:
+                    state["momentum_buffer"] = p.grad
+                else:
+                    state["momentum_buffer"].mul_(0.9).add_(p.grad)
+                p.sub_(group["lr"] * state["momentum_buffer"])
+        return None
+
+
+def test_state_that_is_the_gradient_itself_is_a_warning_naming_it(tmp_path: Path) -> None:
+    outcome = CHECKS["dense_step"](context(f"{__name__}:GradientAsMomentumSGD", tmp_path))
+    assert outcome.status == "warn", outcome.detail
+    assert "state[param 0]['momentum_buffer']" in outcome.detail and "not a copy" in outcome.detail
+    assert "p.grad.clone()" in outcome.detail
+    assert CHECKS["dense_step"](context("torch.optim:SGD", tmp_path, momentum=0.9)).status == "pass"

@@ -13,6 +13,7 @@ from jobs.checks.fresh.plan import RESUME_SPLIT, RESUME_STEPS, runs_for
 from jobs.checks.fresh.results import first_difference, largest_difference, load_run
 from jobs.checks.fresh.spawner import ChildFailed, child_for, failed_in_child, run_fresh
 from jobs.checks.report import Outcome, failed, passed
+from jobs.checks.tools import LEFT_OUT_FIX, left_out_of_save, left_out_said
 
 
 def resume_exact(ctx: CheckContext) -> Outcome:
@@ -31,6 +32,10 @@ def resume_exact(ctx: CheckContext) -> Outcome:
     try:
         run_fresh(ctx, "resume", request)
     except ChildFailed as exc:
+        left = left_out_of_save(ctx, overrides)  # a KeyError after the reload: a key the save left out
+        if left and not exc.timed_out:
+            said = f"the resumed run failed: {exc.observed}; {left_out_said(left)}"
+            return failed(said, where=exc.where or ctx.where(), fix=LEFT_OUT_FIX)
         return failed_in_child(exc, "the resumed run", where=ctx.where(), fix=words.resume_child_fix)
     resumed = load_run(out)
     rest = RESUME_STEPS - RESUME_SPLIT
@@ -46,13 +51,16 @@ def resume_exact(ctx: CheckContext) -> Outcome:
         )
     # A cause the load itself shows, named with its own fix; else state the save never saw.
     cause = runs.load_difference(ctx, overrides, checkpoint)
+    left = [] if cause else left_out_of_save(ctx, overrides)
     most, figure = largest_difference(straight, resumed)
     return failed(
         f"{steps} differ: {difference}"
         + (f"; the largest difference, {figure:.3g}, is in {most}" if most and most not in difference else "")
-        + (f"; loading the checkpoint changed its state: {cause.detail}" if cause else ""),
+        + (f"; loading the checkpoint changed its state: {cause.detail}" if cause else "")
+        + (f"; {left_out_said(left)}" if left else ""),
         where=ctx.where(),
         fix=(cause.fix if cause and cause.fix else None)
+        or (LEFT_OUT_FIX if left else None)
         or f"keep {words.state_home} (never in a class attribute, module global or other Python "
         f"attribute), so {words.saver} saves it",
         figure=figure,
