@@ -35,6 +35,10 @@ CLIENT_COMMANDS = frozenset({"submit", "study", "check"})
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command in PRIVATE_COMMANDS:  # before the settings (and a tokens file) are read
+        from service.secrets import keep_process_private
+
+        keep_process_private()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll drowns the progress
     try:
@@ -43,10 +47,6 @@ def main(argv: list[str] | None = None) -> int:
         for error in exc.errors():  # the message only: the input may be a secret
             print(f"optlab: {setting_error(error)}", file=sys.stderr)
         return 2
-    if args.command in PRIVATE_COMMANDS:
-        from service.secrets import keep_process_private
-
-        keep_process_private()
     handler = {
         "serve": cmd_serve,
         "api": cmd_api,

@@ -47,6 +47,16 @@ def without_tokens(environ: Mapping[str, str]) -> dict[str, str]:
     return {name: value for name, value in environ.items() if name not in TOKEN_VARIABLES}
 
 
+def without_optlab_secrets(environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` less every optlab setting (the job store's URL, the tokens) and the other tools'
+    credentials: for `optlab serve`'s MLflow server, which needs none of them."""
+    return {
+        name: value
+        for name, value in environ.items()
+        if not name.startswith("OPTLAB_") and name not in OTHER_SECRETS
+    }
+
+
 def split_credentials(url: str) -> tuple[str, str | None, str | None]:
     """`http://u:p@host/x` -> (`http://host/x`, `u`, `p`); a URL without userinfo comes back as is."""
     parts = urlsplit(url)

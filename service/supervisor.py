@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -23,7 +24,7 @@ import httpx
 
 from jobs.processes import how_it_ended, start_in_own_group, terminate_group
 from service.job_log import tail
-from service.secrets import without_tokens
+from service.secrets import without_optlab_secrets, without_tokens
 from service.settings import Settings
 
 
@@ -164,7 +165,9 @@ class Supervisor:
     ) -> Child:
         log_path = self.logs / f"{name}.log"
         # Readable by this user only: a part's log may hold what a user sent by mistake.
-        with os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600), "ab") as log_file:
+        descriptor = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.fchmod(descriptor, 0o600)  # a log an earlier version left readable to all, too
+        with os.fdopen(descriptor, "ab") as log_file:
             if restarted_at:  # where the last lines of this start begin, in the log the part keeps
                 log_file.write(f"--- optlab serve: {name} started again ({len(restarted_at)}) ---\n".encode())
             process: subprocess.Popen[bytes] = start_in_own_group(
@@ -173,9 +176,7 @@ class Supervisor:
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                # Only the API checks tokens: MLflow and the worker (whose jobs run anyone's code)
-                # are started without them.
-                env={**(os.environ if name == "api" else without_tokens(os.environ)), **extra_env},
+                env={**inherited_environment(name, os.environ), **extra_env},
             )
         return Child(name, process, log_path, command, extra_env, restarted_at)
 
@@ -199,6 +200,16 @@ class Supervisor:
             "OPTLAB_API_HOST": s.api_host,
             "OPTLAB_API_PORT": str(s.api_port),
         }
+
+
+def inherited_environment(part: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """What a part gets of serve's environment: only the API the tokens (the worker's jobs run
+    anyone's code), and MLflow, which is not made private, no optlab setting or credential at all."""
+    if part == "api":
+        return dict(environ)
+    if part == "mlflow":
+        return without_optlab_secrets(environ)
+    return without_tokens(environ)
 
 
 def ensure_port_free(host: str, port: int, option: str) -> None:

@@ -14,6 +14,14 @@ from service.db import make_engine, migrate, session_factory
 from service.settings import Settings
 
 
+@pytest.fixture(autouse=True)
+def ordinary_test_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`optlab api`/`worker`/`serve` called in-process (cli.main) make their process private: not
+    the test runner's, which a debugger or a core dump must still reach. Real processes (e2e, and
+    test_secrets' child) run the real thing."""
+    monkeypatch.setattr("service.secrets.keep_process_private", lambda: None)
+
+
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
     # TestClient sends `Host: testserver`; the default trusted hosts are the localhost names.

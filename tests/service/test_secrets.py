@@ -231,9 +231,12 @@ def test_serve_starts_only_the_api_with_the_tokens(tmp_path: Path, monkeypatch: 
     tokens_file = tmp_path / "tokens"
     tokens_file.write_text(f"bob:{TOKEN_SECRET[::-1]}\n")
     monkeypatch.setenv("OPTLAB_API_TOKENS_FILE", str(tokens_file))
+    monkeypatch.setenv("PGPASSWORD", DB_SECRET)
     monkeypatch.setattr(supervisor_module, "start_in_own_group", start)
     serve = supervisor_module.Supervisor(Settings(data_dir=tmp_path))
     serve.logs.mkdir()
+    (serve.logs / "api.log").write_text("an earlier version's log\n")
+    (serve.logs / "api.log").chmod(0o644)
     for name, command in (
         ("mlflow", serve._mlflow_command()),
         ("api", ["python", "-m", "service.cli", "api"]),
@@ -245,6 +248,9 @@ def test_serve_starts_only_the_api_with_the_tokens(tmp_path: Path, monkeypatch: 
     assert {(serve.logs / f"{part}.log").stat().st_mode & 0o777 for part in started} == {0o600}
     for part in ("mlflow", "worker"):
         assert "OPTLAB_API_TOKENS" not in started[part] and "OPTLAB_API_TOKENS_FILE" not in started[part]
+    # MLflow is not made private: it gets no optlab setting and no other credential either.
+    assert not [name for name in started["mlflow"] if name.startswith("OPTLAB_") or name == "PGPASSWORD"]
+    assert started["worker"]["PGPASSWORD"] == DB_SECRET  # the worker's own store may need it
 
 
 def test_the_api_worker_and_serve_commands_make_their_processes_private(
