@@ -50,6 +50,18 @@ class ApiError(RuntimeError):
         super().__init__(format_detail(status_code, detail))
 
 
+class TokenError(ApiError):
+    """$OPTLAB_TOKEN cannot be sent: a usage error (401, the CLI's exit 2), found before any request,
+    so it is said without an HTTP status."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(401, message)
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return str(self.detail)
+
+
 def format_detail(status_code: int, detail: Any) -> str:
     if isinstance(detail, list):
         lines = [f"  - {_problem_line(item)}" if isinstance(item, dict) else f"  - {item}" for item in detail]
@@ -170,7 +182,7 @@ class ApiClient:
         `attempts`: how often to send a request whose answer was lost (only for one that is safe
         to send again)."""
         if self._token_problem:  # said before any request: httpx's own error would quote the token
-            raise ApiError(0, self._token_problem)
+            raise TokenError(self._token_problem)
         for attempt in range(1, attempts + 1):
             try:
                 response = self._http.request(method, path, **kwargs)

@@ -57,9 +57,9 @@ def parse_tokens(lines: list[str], source: str, unit: str = "entry") -> list[Tok
         if not entry or entry.startswith("#"):
             continue
         where = f"{source} {unit} {number}"
-        name, _, rest = entry.partition(":")
+        name, separator, rest = entry.partition(":")
         secret, _, scope = rest.partition(":")
-        if not rest:
+        if not separator:
             raise ValueError(f"{where} has no ':': entries are NAME:TOKEN or NAME:TOKEN:read")
         if not TOKEN_NAME_PATTERN.match(name):
             raise ValueError(

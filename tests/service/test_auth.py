@@ -177,6 +177,7 @@ def test_tokens_from_a_file(tmp_path: Path) -> None:
     ("entries", "message"),
     [
         ("alice:short", "entry 1: the token must be at least 16 printable ASCII characters"),
+        ("alice:", "entry 1: the token must be at least 16 printable ASCII characters"),
         (f":{WRITER}", "entry 1: the name must be"),
         (f"alice:{WRITER}:admin", "entry 1: the scope after the token may only be 'read'"),
         (f"{WRITER}:{READER}:admin", "entry 1: the scope after the token may only be 'read'"),
@@ -464,9 +465,9 @@ def test_the_cli_takes_a_token_with_a_line_end_and_names_a_bad_one_without_showi
     capsys.readouterr()
     for bad in (f"{WRITER}\rx", f"é{WRITER}"):
         monkeypatch.setenv("OPTLAB_TOKEN", bad)
-        assert cli.main(["submit", str(spec), "--api", served]) != 0
+        assert cli.main(["submit", str(spec), "--api", served]) == 2  # a usage error, found before sending
         err = capsys.readouterr().err
-        assert "$OPTLAB_TOKEN holds a character no API token has" in err, err
+        assert err.startswith("optlab submit: $OPTLAB_TOKEN holds a character no API token has"), err
         assert WRITER not in err and "Traceback" not in err
 
 
