@@ -32,6 +32,7 @@ WORLD_ENV = "OPTLAB_DDP_WORLD_SIZE"
 STORE_ENV = "OPTLAB_DDP_STORE"
 RANK_WAIT_S = 120.0  # after rank 0 finished: the others finish the same steps
 STOP_WAIT_S = 5.0  # after rank 0 failed or was cancelled
+OUTSIDE_KILLS = (-signal.SIGKILL, -signal.SIGTERM)
 
 
 @dataclass(frozen=True)
@@ -76,12 +77,14 @@ class Ranks:
         problems: list[RankProblem] = []
         world = len(self.processes) + 1
         for rank, workdir, process in self.processes:
-            # Dead by a signal before this process stopped any rank: someone else sent it.
-            killed = process.poll() in (-signal.SIGKILL, -signal.SIGTERM)
+            # Dead by a signal this process did not send (it sends them only when stopping the
+            # ranks, or to one past its wait): the out-of-memory killer's, an operator's.
+            killed = process.poll() in OUTSIDE_KILLS
             if stop and process.poll() is None:
                 process.terminate()  # a rank blocked in a collective may not see it: killed soon after
             try:
                 process.wait(timeout=STOP_WAIT_S if stop else RANK_WAIT_S)
+                killed = killed or (not stop and process.returncode in OUTSIDE_KILLS)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()

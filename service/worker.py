@@ -101,7 +101,7 @@ def produce_catalogue(settings: Settings) -> dict[str, Any]:
         ) from None
     if completed.returncode != 0:
         raise CatalogueError(
-            f"`{settings.job_python} -m jobs.catalogue` exited with {completed.returncode}:\n"
+            f"`{settings.job_python} -m jobs.catalogue` {how_it_ended(completed.returncode)}:\n"
             f"{completed.stderr[-LOG_TAIL_CHARS:]}"
         )
     try:

@@ -23,7 +23,7 @@ import numpy as np
 
 from jobs.checks.context import CheckContext
 from jobs.checks.report import Outcome
-from jobs.frameworks.base import equal_only_to_itself, raising_frame
+from jobs.frameworks.base import Driver, equal_only_to_itself, raising_frame
 from optimizers.loop_needs import user_classes
 
 CheckFunction = Callable[[CheckContext], Outcome]
@@ -206,11 +206,23 @@ def refusal_files(ctx: CheckContext) -> set[str]:
 
 def left_out_of_save(ctx: CheckContext, overrides: Mapping[str, Any]) -> list[str]:
     """The state an optimizer stepped three times holds and its own save leaves out (torch: an
-    overridden state_dict() that drops a key of self.state[p]), named."""
-    optimizer, variables = fresh(ctx, **overrides)
-    for seed in (40, 41, 42):
-        ctx.driver.step(optimizer, variables, arrays(SHAPES, seed), ctx.needs)
-    return ctx.driver.state_left_out_of_save(optimizer)
+    overridden state_dict() that drops a key of self.state[p]), named. Asked only to explain a
+    failure: an optimizer that cannot be stepped here explains nothing, and leaves that failure as
+    it was."""
+    if type(ctx.driver).state_left_out_of_save is Driver.state_left_out_of_save:
+        return []  # a style whose save sees everything the optimizer holds
+    try:
+        optimizer, variables = fresh(ctx, **overrides)
+        for seed in (40, 41, 42):
+            ctx.driver.step(optimizer, variables, arrays(SHAPES, seed), ctx.needs)
+        return ctx.driver.state_left_out_of_save(optimizer)
+    except Exception:
+        return []
+
+
+def missing_key_left_out(observed: str, left: Sequence[str]) -> bool:
+    """Whether a failure is a KeyError for one of the keys `left` names (`state[param 0]['m']`)."""
+    return any(f"KeyError: {entry.rsplit('[', 1)[1].rstrip(']')}" in observed for entry in left)
 
 
 def left_out_said(left: Sequence[str]) -> str:

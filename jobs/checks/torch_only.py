@@ -313,7 +313,9 @@ def check_param_groups(ctx: CheckContext) -> Outcome:
             )
     added = _added_group_problem(ctx, halved, coupled=coupled, own_lr=not lr_refused)
     if added is not None:
-        return failed(added, where=method_location(ctx), fix=_ADDED_GROUP_FIX)
+        # A KeyError on the added group's parameters: their state was made in __init__, for the first.
+        fix = _ADDED_STATE_FIX if "raised KeyError" in added else _ADDED_GROUP_FIX
+        return failed(added, where=method_location(ctx), fix=fix)
     judged = (
         "changes its own update (the class couples its groups by design: a group's update depends on the "
         "other groups, so no single-group optimizer is a reference)"
@@ -364,6 +366,10 @@ def _stored_transformed(ctx: CheckContext, settings: Mapping[str, Any]) -> str:
 
 
 _ADDED_GROUP_FIX = "keep no per-group bookkeeping outside param_groups (e.g. lists built in __init__)"
+_ADDED_STATE_FIX = (
+    "create a parameter's state in step() when it has none (`if not state: ...`), not only in __init__: "
+    "parameters added by add_param_group (or loaded without that key) have none"
+)
 SECOND = 1  # the index of the second group's parameters in `_two_groups`' results
 
 

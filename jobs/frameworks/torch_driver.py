@@ -242,6 +242,20 @@ def restore(checkpoint: Mapping[str, Any], fresh: TrainObjects) -> TrainObjects:
 
 # Why a state tensor kept in a dtype of its own comes back in another (ProdigyPlusScheduleFree keeps
 # its `p0` in bfloat16 beside float32 parameters), and what to do about it.
+SETSTATE_SAID = (
+    "nothing was loaded, and the class overrides __setstate__, through which load_state_dict() sets "
+    "the state and param groups"
+)
+SETSTATE_FIX = "call super().__setstate__(state) in __setstate__ (then fill in what older saves lack)"
+
+
+def _setstate_loads_nothing(saved: Any, restored: Any) -> bool:
+    """A restored optimizer with no state at all where the saved one has some, whose class overrides
+    __setstate__: an override that never calls super().__setstate__ drops everything loaded."""
+    own = getattr(type(restored), "__setstate__", None) is not torch.optim.Optimizer.__setstate__
+    return own and not restored.state and bool(saved.state)
+
+
 LOAD_CASTS_STATE = (
     "torch's load_state_dict casts each state tensor (but `step`) of a floating-point parameter to that "
     "parameter's dtype, integer ones too"
@@ -764,6 +778,8 @@ class TorchDriver(Driver):
         found = first_difference(saved.state_dict(), restored.state_dict(), "state_dict")
         if found is None:
             return None
+        if _setstate_loads_nothing(saved, restored):
+            return StateDifference(f"{found}; {SETSTATE_SAID}", fix=SETSTATE_FIX)
         return StateDifference(found, fix=KEEP_STATE_DTYPE_FIX if LOAD_CASTS_STATE in found else None)
 
     @contextmanager

@@ -74,7 +74,7 @@ def test_good_optimizers_pass_the_fast_checks(text: str, tmp_path: Path) -> None
         ("torch_schedule", "schedule", "never applied"),
         ("torch_sparse", "sparse", "crashed inside the update"),
         ("torch_config_roundtrip", "config_roundtrip", "['lr'] was 0.005 and is 0.01"),
-        ("torch_state_roundtrip", "state_roundtrip", "next step after reloading differs"),
+        ("torch_state_roundtrip", "state_roundtrip", "here self.momenta holds 3 array(s) (dict) that differ"),
         ("torch_state_roundtrip_weights_only", "state_roundtrip", "collections.deque"),
         (
             "torch_state_dict_drops_a_key",
@@ -1521,3 +1521,51 @@ def test_state_that_is_the_gradient_itself_is_a_warning_naming_it(tmp_path: Path
     assert "state[param 0]['momentum_buffer']" in outcome.detail and "not a copy" in outcome.detail
     assert "p.grad.clone()" in outcome.detail
     assert CHECKS["dense_step"](context("torch.optim:SGD", tmp_path, momentum=0.9)).status == "pass"
+
+
+class SetstateWithoutSuperSGD(torch.optim.SGD):
+    """Back-fills a flag for older saves in __setstate__ but never calls super().__setstate__:
+    load_state_dict() sets the state through it, so nothing is loaded."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for group in state.get("param_groups", []):
+            group.setdefault("flag", True)
+
+
+def test_a_setstate_override_that_loads_nothing_is_named_with_its_fix(tmp_path: Path) -> None:
+    outcome = CHECKS["state_roundtrip"](
+        context(f"{__name__}:SetstateWithoutSuperSGD", tmp_path, momentum=0.9)
+    )
+    assert outcome.status == "fail", outcome.detail
+    assert "nothing was loaded, and the class overrides __setstate__" in outcome.detail
+    assert "Fix: call super().__setstate__(state) in __setstate__" in outcome.detail
+
+
+class StateMadeInInitSGD(torch.optim.Optimizer):
+    """Creates each parameter's state in __init__ only: a group added later has none, and its step
+    raises KeyError."""
+
+    def __init__(self, params: Any, lr: float = 0.1) -> None:
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0; received {lr}")
+        super().__init__(params, {"lr": lr})
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["momentum_buffer"] = torch.zeros_like(p)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    buffer = self.state[p]["momentum_buffer"]
+                    buffer.mul_(0.9).add_(p.grad)
+                    p.sub_(group["lr"] * buffer)
+        return None
+
+
+def test_state_made_only_in_init_is_told_to_be_made_in_step(tmp_path: Path) -> None:
+    outcome = CHECKS["param_groups"](context(f"{__name__}:StateMadeInInitSGD", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert "raised KeyError: 'momentum_buffer'" in outcome.detail
+    assert "Fix: create a parameter's state in step() when it has none" in outcome.detail

@@ -34,6 +34,14 @@ def test_a_rank_killed_before_rank_0_stopped_the_others_is_named_as_killed_from_
     assert blocked[2].returncode == -signal.SIGTERM
 
 
+def test_a_rank_killed_while_rank_0_waits_for_it_is_named_as_killed_from_outside(tmp_path: Path) -> None:
+    workdir = tmp_path / "rank-1"
+    workdir.mkdir()
+    dying = subprocess.Popen(["sh", "-c", "sleep 0.3; kill -KILL $$"])  # killed as rank 0 waits
+    problem = Ranks([(1, workdir, dying)]).finish(stop=False)
+    assert problem is not None and problem.killed_from_outside, problem
+
+
 def test_ranks_stopped_by_rank_0_are_a_failure_not_a_kill(tmp_path: Path) -> None:
     problem = Ranks([_rank(tmp_path, 1)]).finish(stop=True)
     assert problem == RankProblem("DDP rank 1 of 2 did not succeed: no result written")

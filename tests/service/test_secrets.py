@@ -253,7 +253,7 @@ def test_serve_starts_only_the_api_with_the_tokens(tmp_path: Path, monkeypatch: 
     assert started["worker"]["PGPASSWORD"] == DB_SECRET  # the worker's own store may need it
 
 
-def test_the_api_worker_and_serve_commands_make_their_processes_private(
+def test_optlab_api_makes_its_process_private_as_every_command_listed_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from service import cli, secrets

@@ -13,7 +13,7 @@ from jobs.checks.fresh.plan import RESUME_SPLIT, RESUME_STEPS, runs_for
 from jobs.checks.fresh.results import first_difference, largest_difference, load_run
 from jobs.checks.fresh.spawner import ChildFailed, child_for, failed_in_child, run_fresh
 from jobs.checks.report import Outcome, failed, passed
-from jobs.checks.tools import LEFT_OUT_FIX, left_out_of_save, left_out_said
+from jobs.checks.tools import LEFT_OUT_FIX, left_out_of_save, left_out_said, missing_key_left_out
 
 
 def resume_exact(ctx: CheckContext) -> Outcome:
@@ -32,8 +32,9 @@ def resume_exact(ctx: CheckContext) -> Outcome:
     try:
         run_fresh(ctx, "resume", request)
     except ChildFailed as exc:
-        left = left_out_of_save(ctx, overrides)  # a KeyError after the reload: a key the save left out
-        if left and not exc.timed_out:
+        # A KeyError after the reload for a key the save left out: named, with its fix.
+        left = [] if exc.timed_out or "KeyError" not in exc.observed else left_out_of_save(ctx, overrides)
+        if missing_key_left_out(exc.observed, left):
             said = f"the resumed run failed: {exc.observed}; {left_out_said(left)}"
             return failed(said, where=exc.where or ctx.where(), fix=LEFT_OUT_FIX)
         return failed_in_child(exc, "the resumed run", where=ctx.where(), fix=words.resume_child_fix)
