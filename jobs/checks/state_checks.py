@@ -272,7 +272,22 @@ def _unsaved_attributes(stepped: Any, restored: Any) -> list[str]:
         for name, value in mine.items()
         if (kept := _arrays_in(value)) and not _same_arrays(kept, _arrays_in(theirs.get(name)))
     ]
-    return numbers + generators + arrays_kept
+    inner = [
+        f"self.{name} is an optimizer of its own ({type(value).__name__}) whose state the save does not "
+        f"hold: put its state_dict() in yours and load it back, or share its state (`self.state = "
+        f"self.{name}.state`)"
+        for name, value in mine.items()
+        if (kept := _inner_state(value)) and not _same_arrays(kept, _inner_state(theirs.get(name)))
+    ]
+    return numbers + generators + arrays_kept + inner
+
+
+def _inner_state(value: Any) -> list[np.ndarray]:
+    """The arrays a torch optimizer held in an attribute keeps as state (a wrapper's base: SAM's
+    `self.base_optimizer`); nothing for anything else."""
+    if not hasattr(value, "param_groups") or not isinstance(getattr(value, "state", None), Mapping):
+        return []
+    return [array for entry in value.state.values() for array in _arrays_in(entry)]
 
 
 def _arrays_in(value: Any) -> list[np.ndarray]:

@@ -1569,3 +1569,23 @@ def test_state_made_only_in_init_is_told_to_be_made_in_step(tmp_path: Path) -> N
     assert outcome.status == "fail", outcome.detail
     assert "raised KeyError: 'momentum_buffer'" in outcome.detail
     assert "Fix: create a parameter's state in step() when it has none" in outcome.detail
+
+
+class InnerMomentumSGD(torch.optim.Optimizer):
+    """Steps an SGD with momentum of its own, over its groups: that inner optimizer's momentum is in
+    no state this class saves."""
+
+    def __init__(self, params: Any, lr: float = 0.1) -> None:
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0; received {lr}")
+        super().__init__(params, {"lr": lr})
+        self.inner = torch.optim.SGD(self.param_groups, lr=lr, momentum=0.9)
+
+    def step(self, closure: Any = None) -> Any:
+        return self.inner.step(closure)
+
+
+def test_an_inner_optimizers_unsaved_state_is_named(tmp_path: Path) -> None:
+    outcome = CHECKS["state_roundtrip"](context(f"{__name__}:InnerMomentumSGD", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert "self.inner is an optimizer of its own (SGD) whose state the save does not hold" in outcome.detail
