@@ -444,6 +444,7 @@ def check_dense_step(ctx: CheckContext) -> Outcome:
     warmup = f" (the first {steps - 1} step(s) only built state: a warm-up)" if steps > 1 else ""
     # Read after the steps above, whose last gradients the variables still hold.
     aliases = driver.state_sharing_gradients(optimizer, variables)
+    stuck = _zero_variable_stuck(ctx)
     if aliases:
         return warned(
             f"{', '.join(aliases[:6])}: the parameter's gradient itself (its memory), not a copy: "
@@ -453,6 +454,16 @@ def check_dense_step(ctx: CheckContext) -> Outcome:
             where=method_location(ctx),
             fix="store a copy: `state[key] = p.grad.clone()` (or `torch.clone(grad).detach()`, as torch's "
             "SGD does for its first momentum buffer)",
+        )
+    if stuck:
+        return warned(
+            f"a variable of zeros ({shape_text(SHAPES[ZERO_VARIABLE])}, as a bias or a LayerNorm shift "
+            f"starts) did not move in {WARMUP_STEPS} steps with a nonzero gradient, while the others did: "
+            "an update scaled by the weight's norm (LAMB's or LARS's trust ratio ||w|| / ||u||) never "
+            "trains a zero-initialised weight; a multiplicative update (Madam) keeps zeros by design",
+            where=method_location(ctx),
+            fix="where the weight's norm is 0, take a trust ratio of 1 (as LAMB's reference code and "
+            "torch-optimizer's do), or say in the class's documentation that zero weights stay zero",
         )
     return passed(
         f"{after_steps} changed all {len(variables)} variables{warmup}; values and state finite, a gradient "
@@ -464,6 +475,30 @@ def check_dense_step(ctx: CheckContext) -> Outcome:
 # Steps with one variable's gradient all zeros, after one ordinary step: an unused parameter keeps a
 # zero gradient under zero_grad(set_to_none=False), step after step.
 ZERO_GRADIENT_STEPS = 2
+# The variable started at zeros, as biases and LayerNorm shifts are: the vector of SHAPES.
+ZERO_VARIABLE = 1
+
+
+def _zero_variable_stuck(ctx: CheckContext) -> bool:
+    """Whether a variable that starts at zeros stays there through WARMUP_STEPS steps with nonzero
+    gradients while the others move (an update scaled by the weight's own norm)."""
+    driver = ctx.driver
+    values = arrays(SHAPES, seed=0, mean=1.0)
+    values[ZERO_VARIABLE] = np.zeros_like(values[ZERO_VARIABLE])
+    variables = driver.variables(values)
+    try:
+        optimizer = driver.optimizer_over(lambda params: ctx.build(params), variables)
+        for step in range(WARMUP_STEPS):
+            driver.step(optimizer, variables, arrays(SHAPES, seed=60 + step), ctx.needs)
+    except Exception:  # a class that refuses zeros or this start says so in its own checks
+        return False
+    after = driver.values(variables)
+    others_moved = all(
+        not np.array_equal(a, b)
+        for i, (a, b) in enumerate(zip(values, after, strict=True))
+        if i != ZERO_VARIABLE
+    )
+    return others_moved and not np.any(after[ZERO_VARIABLE])
 
 
 def _not_finite_after_a_zero_gradient(ctx: CheckContext) -> list[str]:

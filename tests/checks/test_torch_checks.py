@@ -1589,3 +1589,24 @@ def test_an_inner_optimizers_unsaved_state_is_named(tmp_path: Path) -> None:
     outcome = CHECKS["state_roundtrip"](context(f"{__name__}:InnerMomentumSGD", tmp_path))
     assert outcome.status == "fail", outcome.detail
     assert "self.inner is an optimizer of its own (SGD) whose state the save does not hold" in outcome.detail
+
+
+class TrustRatioSGD(StepWithoutClosure):
+    """Scales each update by ||w|| / ||g|| with no fallback where ||w|| is 0 (LAMB without its
+    reference code's trust ratio of 1): a zero-initialised bias never moves."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    ratio = p.norm() / (p.grad.norm() + 1e-12)
+                    p.sub_(group["lr"] * ratio * p.grad)
+        return None
+
+
+def test_a_zero_variable_that_never_moves_is_a_warning_with_both_readings(tmp_path: Path) -> None:
+    outcome = CHECKS["dense_step"](context(f"{__name__}:TrustRatioSGD", tmp_path))
+    assert outcome.status == "warn", outcome.detail
+    assert "a variable of zeros ((3,), as a bias or a LayerNorm shift starts) did not move" in outcome.detail
+    assert "Madam) keeps zeros by design" in outcome.detail and "take a trust ratio of 1" in outcome.detail
