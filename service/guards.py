@@ -48,7 +48,10 @@ def host_name(host_header: str) -> str:
         address, _, rest = host[1:].partition("]")
         # `[::1]evil.example` is no address and port: the whole header, which no pattern trusts.
         return address if rest == "" or (rest.startswith(":") and rest[1:].isdigit()) else host
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    if host.count(":") == 1:  # a name and a port; anything else after the colon is no port
+        name, port = host.split(":")
+        return name if port.isdigit() else host
+    return host
 
 
 def host_allowed(host: str, trusted: list[str]) -> bool:

@@ -15,7 +15,7 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 REDACTED = "***"
 # Query parameters that carry a credential in the URLs people paste (tokens, keys, signatures).
-SECRET_QUERY = re.compile(r"token|key|secret|password|passwd|pwd|auth|sig|credential", re.IGNORECASE)
+SECRET_QUERY = re.compile(r"token|key|secret|password|passwd|pwd|auth|bearer|sig|credential", re.IGNORECASE)
 # What a job process needs from optlab's own settings: where plugins are, where data files may be,
 # the shared checkpoint folder (jobs/resume.py).
 JOB_OPTLAB_VARIABLES = frozenset({"OPTLAB_PLUGIN_DIRS", "OPTLAB_DATA_ROOTS", "OPTLAB_CHECKPOINT_DIR"})

@@ -516,6 +516,11 @@ def test_a_wildcard_host_pattern_takes_names_under_it_only() -> None:
         "[::1]evil.example",
         "[::1]:80x",
     ]
+    assert [host_name(h) for h in ("localhost:8000", "127.0.0.1:abc", "127.0.0.1:80@evil")] == [
+        "localhost",
+        "127.0.0.1:abc",
+        "127.0.0.1:80@evil",
+    ]
 
     assert host_allowed("a.lab.example", ["*.lab.example"])
     assert not host_allowed(".lab.example", ["*.lab.example"])
@@ -529,7 +534,9 @@ def test_a_token_in_the_query_string_is_refused_saying_why_and_logged_redacted(l
     from uvicorn.logging import AccessFormatter
 
     from service.app import RedactedAccessLog
+    from service.secrets import redact_url
 
+    assert "bearer=***" in redact_url(f"/jobs?bearer={WRITER}")
     answer = locked.get(f"/jobs?access_token={WRITER}&limit=5")
     assert answer.status_code == 401
     assert "a token in the query string (access_token) is not read" in answer.json()["detail"]
