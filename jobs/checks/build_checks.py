@@ -444,7 +444,6 @@ def check_dense_step(ctx: CheckContext) -> Outcome:
     warmup = f" (the first {steps - 1} step(s) only built state: a warm-up)" if steps > 1 else ""
     # Read after the steps above, whose last gradients the variables still hold.
     aliases = driver.state_sharing_gradients(optimizer, variables)
-    stuck = _zero_variable_stuck(ctx)
     if aliases:
         return warned(
             f"{', '.join(aliases[:6])}: the parameter's gradient itself (its memory), not a copy: "
@@ -455,7 +454,7 @@ def check_dense_step(ctx: CheckContext) -> Outcome:
             fix="store a copy: `state[key] = p.grad.clone()` (or `torch.clone(grad).detach()`, as torch's "
             "SGD does for its first momentum buffer)",
         )
-    if stuck:
+    if _zero_variable_stuck(ctx):
         return warned(
             f"a variable of zeros ({shape_text(SHAPES[ZERO_VARIABLE])}, as a bias or a LayerNorm shift "
             f"starts) did not move in {WARMUP_STEPS} steps with a nonzero gradient, while the others did: "
