@@ -28,7 +28,7 @@ from service.quotas import SubmissionQueue
 from service.routes import catalogue, checks, jobs, readiness, studies
 from service.schemas import Health
 from service.secrets import keep_process_private, redact_url
-from service.settings import Settings
+from service.settings import Settings, token_names
 
 log = logging.getLogger("optlab.api")
 # How long a request may wait for one of the REQUESTS_AT_ONCE places before it gets 503.
@@ -126,8 +126,7 @@ def log_access_mode(settings: Settings) -> None:
             "can submit, cancel and read every job; it must listen on localhost only"
         )
         return
-    names = ", ".join(f"{t.name} ({'submit' if t.can_write else 'read-only'})" for t in settings.tokens)
-    log.info("access control is on: bearer tokens required (%s)", names)
+    log.info("access control is on: bearer tokens required (%s)", token_names(settings.tokens))
     log.info("trusted hosts: %s", ", ".join(settings.trusted_host_names))
 
 

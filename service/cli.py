@@ -20,7 +20,7 @@ from pydantic_core import ErrorDetails
 from jobs.checks.report import CHECK_IDS
 from jobs.result import JobStatus
 from jobs.spec import optimizer_label
-from service.settings import Settings
+from service.settings import Settings, token_names
 
 # The commands whose processes hold secrets (tokens, the job store's URL) while jobs run other
 # people's code as the same user: their environment and memory are kept from other processes.
@@ -257,8 +257,7 @@ def access_line(settings: Settings) -> str:
     """Who may use the API, for serve's banner (names and scopes, never a token)."""
     if not settings.tokens:
         return "open: no OPTLAB_API_TOKENS, so anyone on this machine may submit, cancel and read"
-    names = ", ".join(f"{t.name} ({'submit' if t.can_write else 'read-only'})" for t in settings.tokens)
-    return f"bearer tokens of {names}"
+    return f"bearer tokens of {token_names(settings.tokens)}"
 
 
 def cmd_api(args: argparse.Namespace, settings: Settings) -> int:

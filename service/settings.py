@@ -35,6 +35,11 @@ class ApiToken:
         return f"ApiToken(name={self.name!r}, can_write={self.can_write})"
 
 
+def token_names(tokens: list[ApiToken]) -> str:
+    """`alice (submit), dash (read-only)`: who may use the API, never a secret."""
+    return ", ".join(f"{t.name} ({'submit' if t.can_write else 'read-only'})" for t in tokens)
+
+
 @dataclass(frozen=True)
 class TokenEntry:
     """A parsed token entry and where it was written, for messages that name the place only."""
