@@ -1304,7 +1304,22 @@ def _target_errors(spec: StudySpec, catalogue: Catalogue) -> list[SpecError]:
                 f"{modes[metric]!r}; received {mode!r}",
             )
         ]
+    low, high = _TARGET_RANGES.get(metric.rsplit("/", 1)[-1], (None, None))
+    value = spec.target.value
+    if (low is not None and value < low) or (high is not None and value > high):
+        allowed = f"from {low:g} to {high:g}" if high is not None else f"at least {low:g}"
+        return [
+            SpecError(
+                loc=["body", "target", "value"],
+                msg=f"{metric} lies {allowed}: a target outside is reached by no job or by every one; "
+                f"received {value:g}",
+            )
+        ]
     return []
+
+
+# What a metric can be, by its key's last part: a target outside is met by no job (or by every one).
+_TARGET_RANGES: dict[str, tuple[float | None, float | None]] = {"accuracy": (0.0, 1.0), "rmse": (0.0, None)}
 
 
 def _study_loc(loc: list[str | int], spec: StudySpec, index: int, member: StudyMember) -> list[str | int]:

@@ -142,7 +142,12 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
         if kind == "json_invalid":
             loc = ["body"]
             message = f"the body is not valid JSON ({ctx.get('error', 'decode error')})"
-        elif kind in ("finite_number", "number_too_large", "empty_grid", "repeated_grid_value"):
+        elif (
+            kind in ("finite_number", "number_too_large", "empty_grid", "repeated_grid_value")
+            and "key" in ctx
+        ):
+            # Our own validators' errors, which name the key within the field (pydantic's own
+            # `allow_inf_nan=False` raises `finite_number` too, without one: the branch below).
             loc.append(ctx["key"])
             message = f"{field}.{error['msg']}"
         elif loc[:1] == ["header"] and kind == "string_pattern_mismatch":

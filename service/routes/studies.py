@@ -144,9 +144,10 @@ def cancel_study(
 def study_report(study_id: StudyId, session: SessionDep) -> HTMLResponse:
     study = _found(session, study_id)
     if study.report_html is None:
-        raise HTTPException(
-            status_code=409, detail=f"study {study_id} has no report yet: it is made once every job has ended"
-        )
+        why = "it is made once every job has ended"
+        if study.finalize_error:  # every job ended, and making it failed: say why, not "wait"
+            why = f"making it failed and is retried: {study.finalize_error.strip().split(chr(10), 1)[0]}"
+        raise HTTPException(status_code=409, detail=f"study {study_id} has no report yet: {why}")
     return HTMLResponse(study.report_html)
 
 

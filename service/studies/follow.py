@@ -28,6 +28,7 @@ def follow_study(
         console=console,
     )
     tasks: dict[str, Any] = {}
+    shown_error = None
     with progress:
         while True:
             study = client.study(study_id)
@@ -46,7 +47,18 @@ def follow_study(
                 )
             if study["status"] == "done":
                 return study
+            error = study.get("summary_error")
+            if error and error != shown_error:  # a summary that keeps failing must not look like a wait
+                progress.console.print(
+                    Text(f"the summary could not be made yet (retried): {_first_line(error)}")
+                )
+                shown_error = error
             time.sleep(poll_s)
+
+
+def _first_line(error: str) -> str:
+    """The stored error's first line (`Type: message`); a validation error's detail follows it."""
+    return error.strip().split("\n", 1)[0]
 
 
 def _counts(counts: dict[str, int]) -> str:

@@ -37,7 +37,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 Mode = Literal["min", "max"]
-GridValue = float | int | str | bool | None  # None: null, for a hyperparameter that takes it
+# None: null, for a hyperparameter that takes it; a list: one value of a list hyperparameter (a
+# grid of `betas` is a list of pairs, and a grid of one pair is how a study fixes it).
+GridValue = float | int | str | bool | None | list[Any]
 
 # Which way a metric improves, by the last part of its key ("val/bits_per_char" ->
 # "bits_per_char"). Anything not listed is treated as a loss (lower is better): most
@@ -406,6 +408,8 @@ def format_value(value: GridValue) -> str:
     two grid values) in quotes: "True", "0.5", "a b"."""
     if value is None:
         return "null"
+    if isinstance(value, list):  # as JSON, which has no spaces here and reads back the same
+        return json.dumps(value, separators=(",", ":"))
     if isinstance(value, str):
         return value if _reads_as_itself(value) else json.dumps(value)
     if isinstance(value, float):

@@ -136,6 +136,12 @@ BAD_STUDIES = [
         ["body", "target", "mode"],
         "val/accuracy improves upward: mode must be 'max'; received 'min'",
     ),
+    (
+        # Accuracy is a fraction: the whole study would run and report "not reached".
+        lambda b: b.update(target={"metric": "val/accuracy", "mode": "max", "value": 2.0}),
+        ["body", "target", "value"],
+        "val/accuracy lies from 0 to 1: a target outside is reached by no job or by every one; received 2",
+    ),
 ]
 
 
@@ -148,6 +154,19 @@ def test_bad_studies_get_422_naming_the_field_and_store_nothing(
     detail = response.json()["detail"]
     assert any(item["loc"] == loc and text in item["msg"] for item in detail), detail
     assert client.get("/studies").json()["total"] == 0 and client.get("/jobs").json()["total"] == 0
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e400"])
+def test_a_target_value_that_is_not_finite_is_a_422(client: TestClient, value: str) -> None:
+    """pydantic's own finiteness check (not our grid's, which names a key within the field): a 500 before."""
+    body = study_with(lambda b: b.update(target={"metric": "val/loss", "mode": "min", "value": "VALUE"}))
+    raw = json.dumps(body).replace('"VALUE"', value)
+    response = client.post("/studies", content=raw, headers={"Content-Type": "application/json"})
+    assert response.status_code == 422, response.text
+    [problem] = response.json()["detail"]
+    assert problem["loc"] == ["body", "target", "value"], problem
+    assert problem["msg"].startswith("target.value: Input should be a finite number; received "), problem
+    assert client.get("/studies").json()["total"] == 0
 
 
 # (the grid value as JSON text, what the message says of it)
@@ -264,6 +283,30 @@ def test_a_study_whose_jobs_all_ended_cannot_be_cancelled(
     )
     after = client.get(f"/studies/{study['id']}").json()
     assert after["status"] == "summarizing" and not after["cancel_requested"]
+
+
+def test_a_report_that_keeps_failing_says_why_not_to_wait(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    """Every job ended and the summary failed (retried): "it is made once every job has ended" was
+    untrue, and `optlab study --wait` showed nothing but a full bar."""
+    from service.studies import store as study_store
+
+    study = client.post("/studies", json=STUDY).json()
+    set_jobs(sessions, study["id"], status=JobStatus.SUCCEEDED, step=20)
+    with sessions() as session:
+        study_store.record_finalize_error(
+            session=session,
+            study_id=study["id"],
+            error="ValidationError: 4 validation errors for GridPointSummary\ngrid.betas.float ...",
+            retry_s=30,
+        )
+    report = client.get(f"/studies/{study['id']}/report")
+    assert report.status_code == 409
+    assert report.json()["detail"] == (
+        f"study {study['id']} has no report yet: making it failed and is retried: "
+        "ValidationError: 4 validation errors for GridPointSummary"
+    )
 
 
 def test_a_study_cancelled_once_may_be_cancelled_again_until_it_is_done(client: TestClient) -> None:

@@ -541,3 +541,19 @@ def test_the_studies_modules_load_no_framework_no_pyplot_and_no_scipy_at_import(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert completed.stdout.strip() == "[]", completed.stdout + completed.stderr
+
+
+def test_a_grid_of_list_values_is_summarized_and_reported() -> None:
+    """`betas: [[0.9, 0.999]]`, the grid of one the README gives to fix a list hyperparameter (and two
+    pairs to compare): the summary refused list values, so the study stayed `summarizing` for good."""
+    from service.studies.report import render_report
+
+    runs = [
+        make_run(index + 1, "adam", seed, grid={"betas": betas}, val__loss=points([1.0, 0.5 - 0.1 * index]))
+        for index, (betas, seed) in enumerate([([0.9, 0.999], 0), ([0.9, 0.999], 1), ([0.8, 0.99], 0)])
+    ]
+    summary = summary_of(runs)
+    assert [point.label for point in summary.grid_points] == ["betas=[0.8,0.99]", "betas=[0.9,0.999]"]
+    assert [point.grid["betas"] for point in summary.grid_points] == [[0.8, 0.99], [0.9, 0.999]]
+    assert StudySummary.model_validate_json(summary.model_dump_json()) == summary
+    assert "betas=[0.8,0.99]" in render_report(summary, runs, title="t").html
