@@ -40,6 +40,9 @@ def test_a_summary_that_keeps_failing_is_shown_once_while_waiting() -> None:
     ended = follow_study(replies, 1, console=Console(file=out, width=200), poll_s=0)  # type: ignore[arg-type]
     assert ended["status"] == "done"
     shown = out.getvalue()
-    line = "the summary could not be made yet (retried): ValidationError: 4 validation errors for GridPointSummary"
+    line = (
+        "the summary could not be made yet (retried): ValidationError: 4 validation errors for "
+        "GridPointSummary"
+    )
     assert shown.count(line) == 1, shown
     assert "grid.betas.float" not in shown
