@@ -41,8 +41,6 @@ def resolve_data_path(
             f"{DATA_ROOTS_VARIABLE} lists the folders allowed; received {value!r}"
         )
     listed = os.pathsep.join(str(root) for root in roots)
-    if suffixes and not value.endswith(suffixes):
-        raise ValueError(f"{field} must name a {' or '.join(suffixes)} file; received {value!r}")
     candidates = [Path(value)] if Path(value).is_absolute() else [root / value for root in roots]
     inside = []
     for candidate in candidates:
@@ -54,6 +52,8 @@ def resolve_data_path(
             f"{field} must lie under a data root ({listed}) once symlinks and '..' are resolved; "
             f"received {value!r}"
         )
+    if suffixes and not value.endswith(suffixes):  # after the roots: a path outside is told that first
+        raise ValueError(f"{field} must name a {' or '.join(suffixes)} file; received {value!r}")
     for resolved in inside:
         if resolved.is_file():
             return resolved

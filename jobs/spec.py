@@ -702,8 +702,13 @@ def catalogue_errors(
                     f"received framework {spec.framework!r}",
                 )
             )
-        # None: the size depends on the file the spec names (the job checks it).
-        if workload.get("train_size") is not None and spec.batch_size > workload["train_size"]:
+        # None: the size depends on the file the spec names; and it holds at the default data params
+        # only (char_lm's context and corpus_chars set its rows): otherwise the job checks it.
+        if (
+            workload.get("train_size") is not None
+            and spec.batch_size > workload["train_size"]
+            and not _sets_data_params(spec.workload, workload)
+        ):
             errors.append(
                 SpecError(
                     loc=["body", "batch_size"],
@@ -712,6 +717,15 @@ def catalogue_errors(
                 )
             )
     return errors
+
+
+def _sets_data_params(component: Component, workload: Mapping[str, Any]) -> bool:
+    """Whether the spec gives a param the workload's data depends on a value other than its default."""
+    defaults = {p["name"]: p["default"] for p in workload["params"]}
+    return any(
+        name in component.params and component.params[name] != defaults.get(name)
+        for name in workload.get("data_params", ())
+    )
 
 
 def _multiple_errors(component: Component, workload: Mapping[str, Any]) -> list[SpecError]:
@@ -752,7 +766,12 @@ def _data_path_errors(
         if param["type"] != "path" or not isinstance(value, str) or not value:
             continue
         try:
-            resolve_data_path(value, data_roots, field=f"workload.params.{param['name']}")
+            resolve_data_path(
+                value,
+                data_roots,
+                field=f"workload.params.{param['name']}",
+                suffixes=tuple(param.get("suffixes", ())),
+            )
         except ValueError as exc:
             errors.append(SpecError(loc=["body", "workload", "params", param["name"]], msg=str(exc)))
     return errors

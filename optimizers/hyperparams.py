@@ -55,6 +55,7 @@ class Param:
     required: bool = False
     nullable: bool = False
     choices: tuple[str, ...] = ()  # a `choice`'s values
+    suffixes: tuple[str, ...] = ()  # a `path`'s allowed endings (npz's ".npz"); () for any
     # A `choice` of an enum's member names (Distributed Shampoo's `weight_decay_type`): the class takes
     # the member. Known where the class is (the registry), not in the catalogue the API reads.
     enum_class: EnumClass | None = field(default=None, compare=False, repr=False)
@@ -154,6 +155,7 @@ class Param:
             "required": self.required,
             "nullable": self.nullable,
             "choices": list(self.choices),
+            "suffixes": list(self.suffixes),
         }
 
     @classmethod
@@ -173,6 +175,7 @@ class Param:
             required=data.get("required", False),
             nullable=data.get("nullable", False),
             choices=tuple(data.get("choices", ())),
+            suffixes=tuple(data.get("suffixes", ())),
         )
 
     def _coerce(self, value: Any) -> list[Any]:

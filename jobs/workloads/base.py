@@ -86,6 +86,8 @@ class Workload(ABC):
     default_target: ClassVar[Target]
     # Whether the data depends on no file a spec names, so the catalogue can state its size.
     fixed_data: ClassVar[bool] = True
+    # The params the data depends on: the size the catalogue states holds at their defaults only.
+    data_params: ClassVar[tuple[str, ...]] = ()
     # (param, divisor param): the first must be a multiple of the second (char_lm's width of heads);
     # published in the catalogue so the API refuses a bad pair at submission.
     multiple_of: ClassVar[tuple[tuple[str, str], ...]] = ()
@@ -164,6 +166,7 @@ class Workload(ABC):
             "default_target": asdict(self.default_target),
             "metrics": [{"name": name, "mode": mode} for name, mode in self.target_metrics().items()],
             "multiple_of": [{"param": param, "of": divisor} for param, divisor in self.multiple_of],
+            "data_params": list(self.data_params),
         }
 
 

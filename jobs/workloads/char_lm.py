@@ -153,6 +153,7 @@ class CharLm(Workload):
     # adamw at lr=3e-3 (cosine, 50 warm-up steps, batch 32) reaches val/loss 2.22 in the default 600 steps.
     default_target: ClassVar[Target] = Target("val/loss", "min", 2.3)
     multiple_of: ClassVar[tuple[tuple[str, str], ...]] = (("width", "heads"),)
+    data_params: ClassVar[tuple[str, ...]] = ("context", "corpus_chars", "text_file")
     params: ClassVar[dict[str, Param]] = {
         "layers": Param("layers", "int", 2, low=1, high=48, help="transformer blocks"),
         "width": Param("width", "int", 64, low=8, high=4096, help="model width; a multiple of heads"),

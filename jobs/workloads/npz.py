@@ -100,7 +100,9 @@ def _load_split(path: Path, modified_ns: int) -> Dataset:
 
 
 def load_npz(path_param: str) -> Dataset:
-    path = resolve_data_path(path_param, data_roots_from_environment(), field=FIELD, suffixes=(".npz",))
+    path = resolve_data_path(
+        path_param, data_roots_from_environment(), field=FIELD, suffixes=Npz.params["path"].suffixes
+    )
     return _load_split(path, path.stat().st_mtime_ns)  # a rewritten file is read again
 
 
@@ -122,6 +124,7 @@ class Npz(Workload):
             None,
             required=True,
             help="the .npz file (X, y), absolute or relative to a data root",
+            suffixes=(".npz",),
         ),
         "hidden": Param("hidden", "int", 64, low=1, high=8192, help="width of every hidden layer"),
         "layers": Param("layers", "int", 2, low=1, high=16, help="hidden layers"),

@@ -19,6 +19,7 @@ def data_root(tmp_path: Path) -> Path:
     root = tmp_path / "data"
     root.mkdir()
     np.savez(root / "mine.npz", X=np.zeros((10, 2)), y=np.zeros(10, np.int64))
+    (root / "notes.txt").write_text("not arrays")
     outside = tmp_path / "outside.npz"
     np.savez(outside, X=np.zeros((10, 2)), y=np.zeros(10, np.int64))
     (root / "link.npz").symlink_to(outside)  # inside by name, outside once resolved
@@ -57,6 +58,8 @@ REFUSED = [
         "must lie under a data root",
     ),
     ({"name": "npz", "params": {"path": ""}}, "path", "workload 'npz' needs a data file"),
+    # The job's own rule, now the API's too: accepted, it failed when the job read the file.
+    ({"name": "npz", "params": {"path": "notes.txt"}}, "path", "must name a .npz file; received 'notes.txt'"),
     (
         {"name": "char_lm", "params": {"layers": 0}},
         "layers",
@@ -122,3 +125,19 @@ def test_the_catalogue_describes_params_and_default_targets(client: TestClient) 
     assert (layers["type"], layers["default"], layers["low"], layers["high"]) == ("int", 2, 1, 48)
     assert workloads["npz"]["train_size"] is None  # it depends on the file
     assert workloads["rosenbrock"]["task"] == "objective"
+
+
+def test_char_lm_batch_size_is_held_to_its_rows_at_the_default_data_only(client: TestClient) -> None:
+    """The catalogue's training-set size is char_lm's at its default context and corpus: context 8
+    makes eight times the rows, so a batch the default refuses is fine there (it was refused), and
+    a spec that sets the data is checked by the job, which reads it."""
+    described = {item["name"]: item for item in client.get("/workloads").json()["items"]}["char_lm"]
+    rows = described["train_size"]
+    assert described["data_params"] == ["context", "corpus_chars", "text_file"]
+    too_many = {**job({"name": "char_lm"}), "batch_size": rows + 1}
+    refused = client.post("/jobs", json=too_many)
+    assert refused.status_code == 422 and f"at most the training set size {rows}" in refused.text
+    eight_times = {**too_many, "workload": {"name": "char_lm", "params": {"context": 8}}}
+    assert client.post("/jobs", json=eight_times).status_code == 201
+    at_the_default = {**too_many, "workload": {"name": "char_lm", "params": {"context": 64}}}
+    assert client.post("/jobs", json=at_the_default).status_code == 422
