@@ -32,7 +32,7 @@ from optimizers.hyperparams import MAX_LIST_LENGTH as MAX_LIST_LENGTH  # re-expo
 from optimizers.hyperparams import MAX_STRING_LENGTH as MAX_STRING_LENGTH
 from optimizers.hyperparams import OPTION_TEXT_PATTERN as OPTION_TEXT_PATTERN
 from optimizers.hyperparams import Param
-from optimizers.loop_needs import LoopNeeds, loop_problem, recipe_problem
+from optimizers.loop_needs import LoopNeeds, loop_problem, needs_unserved_by, recipe_problem
 from optimizers.param_groups import GroupRule, extra_key_problem, parse_ndim
 from optimizers.registry import FRAMEWORK_OF_STYLE, STYLES
 
@@ -918,6 +918,9 @@ def _needs_errors(
     base_needs = (
         _stated_needs(base, base_entry) if base is not None and base_entry is not None else LoopNeeds()
     )
+    stated = _stated_need_errors(choice, framework, optimizer)
+    if stated:
+        return stated
     problem = loop_problem(
         choice.name, needs, (base.name, base_needs) if base is not None else None, framework
     )
@@ -929,6 +932,38 @@ def _needs_errors(
     return [
         e.model_copy(update={"loc": [*loc, *e.loc[2:]]}) for e in optimizer_errors(base, framework, catalogue)
     ]
+
+
+def _stated_need_errors(
+    choice: OptimizerChoice, framework: str, optimizer: Mapping[str, Any]
+) -> list[SpecError]:
+    """A need the spec states that no job could serve, at its own field: the optimizer is not at
+    fault for what its spec asked. A framework's loop without it (a closure in a tensorflow job), and
+    a model argument that is not the constructor's first (the loop hands the model there)."""
+    stated = {key: value for key, value in (choice.needs or {}).items() if value not in (False, None)}
+    detected = optimizer.get("needs", {})
+    loc: list[str | int] = ["body", "optimizer", "needs"]
+    for need in stated:
+        # A stated wrapper is told what a wrapper is told (tensorflow builds none), at its name.
+        if need in needs_unserved_by(framework) and need != "base_optimizer" and not detected.get(need):
+            return [
+                SpecError(
+                    loc=[*loc, need],
+                    msg=f"optimizer.needs.{need}: {framework} training steps cannot serve it (a torch "
+                    f"job's loop does); leave it out; received {stated[need]!r}",
+                )
+            ]
+    first = optimizer.get("first_argument")
+    argument = stated.get("model_argument")
+    if argument is not None and first is not None and argument != first:
+        return [
+            SpecError(
+                loc=[*loc, "model_argument"],
+                msg=f"optimizer.needs.model_argument must name the first argument of {choice.name!r}'s "
+                f"constructor ({first!r}), where the loop hands the model; received {argument!r}",
+            )
+        ]
+    return []
 
 
 def _stated_needs(choice: OptimizerChoice, optimizer: Mapping[str, Any]) -> LoopNeeds:

@@ -269,9 +269,14 @@ _UNSERVED = {
 }
 
 
+def needs_unserved_by(framework: str) -> tuple[str, ...]:
+    """The needs a `framework` job's loop cannot serve (none for torch)."""
+    return _UNSERVED.get(framework, ())
+
+
 def unserved(name: str, needs: LoopNeeds, framework: str) -> str | None:
     """Why a `framework` job cannot train optimizer `name`, else None (torch serves every need)."""
-    missing = [need for need in _UNSERVED.get(framework, ()) if getattr(needs, need)]
+    missing = [need for need in needs_unserved_by(framework) if getattr(needs, need)]
     if not missing:
         return None
     if needs.base_optimizer is not None and "base_optimizer" in missing:

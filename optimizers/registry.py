@@ -252,6 +252,8 @@ class Entry:
             "params": [param.to_json() for param in self.params.values()],
             "supports_sparse": self.supports_sparse,
             "needs": self.needs.to_json(),
+            # Where a job built over the model hands it (`needs.model_argument` must name this one).
+            "first_argument": first_argument(self.cls) if self.style == "torch" else None,
             "group_keys": None if (keys := self.group_keys()) is None else sorted(keys),
             "summary": self.summary,
             "reference": self.reference,

@@ -149,3 +149,23 @@ def test_an_error_that_says_nothing_is_told_by_where_it_was_raised() -> None:
     assert record.message.startswith("raised with no message at ")
     assert "test_built_over_the_model.py:" in record.message
     assert record.message.endswith(": raise NotImplementedError")
+
+
+def test_a_stated_model_argument_must_be_where_the_loop_hands_the_model(
+    catalogue_data: dict[str, Any],
+) -> None:
+    """The loop passes the model as the first argument: `needs.model_argument: "model"` on a class that
+    takes `params` there was accepted, then failed in torch ("can only optimize Tensors")."""
+    registry = registry_with(PlainSGD, ModelSGD)
+    catalogue = Catalogue.model_validate(
+        {**catalogue_data, "optimizers": [entry.describe() for entry in registry.entries.values()]}
+    )
+    plain = digits_spec(optimizer={"name": "plain_sgd", "params": {}, "needs": {"model_argument": "model"}})
+    (error,) = optimizer_errors(plain.optimizer, "torch", catalogue)
+    assert error.loc == ["body", "optimizer", "needs", "model_argument"]
+    assert error.msg == (
+        "optimizer.needs.model_argument must name the first argument of 'plain_sgd''s constructor "
+        "('params'), where the loop hands the model; received 'model'"
+    )
+    stated = digits_spec(optimizer={"name": "model_sgd", "params": {}, "needs": {"model_argument": "model"}})
+    assert optimizer_errors(stated.optimizer, "torch", catalogue) == []
