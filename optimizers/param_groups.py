@@ -111,6 +111,12 @@ EXTRA_VALUE_ALLOWED = "true/false, a number, a string or a list of numbers"
 GROUP_KEYS_ATTRIBUTE = "optlab_group_keys"
 # Keys of a torch param group that the recipe itself fills: its match chooses the parameters.
 RESERVED_GROUP_KEYS = frozenset({"params", "param_names"})
+# What torch's own Optimizer reads by these literals: its implementation switches (which no job sets,
+# as the catalogue leaves them out: `capturable` on a CPU job fails in the step) and its state_dict's
+# layout. A class that offers one as a hyperparameter (the built-ins' `fused`) catalogues it.
+TORCH_OWN_KEYS = frozenset(
+    {"capturable", "differentiable", "foreach", "fused", "maximize", "state", "param_groups"}
+)
 
 
 def extra_key_value(key: str, value: Any) -> Any:
@@ -142,6 +148,11 @@ def extra_key_problem(
     """
     if key in RESERVED_GROUP_KEYS:
         return f"{key} is the group's parameters, which its match chooses; leave {key!r} out of params"
+    if key in TORCH_OWN_KEYS:
+        return (
+            f"{owner} does not take {key!r} as a hyperparameter: it is torch's own (an implementation "
+            f"switch, or the state_dict's layout), which a param group may not set; leave it out"
+        )
     if reads is not None and key not in reads:
         accepted = ", ".join(declared) or "none"
         others = sorted(set(reads) - set(declared))
@@ -168,7 +179,8 @@ def read_group_keys(cls: type) -> frozenset[str] | None:
         if keys is None:
             return None
         found.update(keys)
-    return frozenset(key for key in found if not key.startswith("_") and key not in RESERVED_GROUP_KEYS)
+    left_out = RESERVED_GROUP_KEYS | TORCH_OWN_KEYS
+    return frozenset(key for key in found if not key.startswith("_") and key not in left_out)
 
 
 @functools.cache

@@ -184,6 +184,10 @@ def test_a_group_key_the_class_reads_passes_as_given_and_a_typo_gets_a_named_422
         ({"use_muon": ["yes"]}, "it must be true/false, a number, a string or a list of numbers"),
         ({"use_muon": None}, "received null"),
         ({"params": 1}, "which its match chooses"),
+        # torch's own: accepted, `capturable` failed the CPU step and `state` was read by nobody.
+        ({"capturable": True}, "does not take 'capturable' as a hyperparameter: it is torch's own"),
+        ({"state": 1}, "does not take 'state' as a hyperparameter: it is torch's own"),
+        ({"param_groups": "x"}, "does not take 'param_groups' as a hyperparameter"),
     ]
     for params, says in cases:
         groups = [
@@ -233,6 +237,7 @@ def test_the_keys_a_class_reads_come_from_its_source_and_its_declaration() -> No
     keys = read_group_keys(Muon)
     assert keys is not None and {"use_muon", "betas", "eps", "ns_steps"} <= keys
     assert "params" not in keys and not any(key.startswith("_") for key in keys)
+    assert not keys & {"capturable", "foreach", "state", "param_groups"}  # torch's own, read by its base
 
     class Declares(torch.optim.SGD):
         optlab_group_keys = ("read_by_name",)
