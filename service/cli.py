@@ -328,13 +328,11 @@ def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
-    from service.client import USAGE_ERRORS, ApiClient, ApiError, error_of, status_of
+    from service.client import ApiClient, ApiError, error_of, status_of
     from service.progress import follow_jobs
 
-    try:
-        spec = json.loads(args.spec.read_text())
-    except (OSError, ValueError) as exc:
-        print(f"optlab submit: cannot read {args.spec}: {exc}", file=sys.stderr)
+    spec = read_spec(args.spec, "optlab submit")
+    if spec is None:
         return 2
     url = args.api or os.environ.get("OPTLAB_API_URL") or f"http://{settings.api_host}:{settings.api_port}"
     client = ApiClient(url)
@@ -346,7 +344,7 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
         final = follow_jobs(client, {job["id"]: optimizer_label(job["spec"]["optimizer"])})[job["id"]]
     except ApiError as exc:
         print(f"optlab submit: {exc}", file=sys.stderr)
-        return 2 if exc.status_code in USAGE_ERRORS else 1
+        return 2 if exc.is_usage_error else 1
     finally:
         client.close()
     status, error = status_of(final), error_of(final)
@@ -359,26 +357,12 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
-    import yaml  # type: ignore[import-untyped]  # PyYAML comes with mlflow
-
-    from service.client import USAGE_ERRORS, ApiClient, ApiError
+    from service.client import ApiClient, ApiError
     from service.studies.follow import comparison_lines, follow_study, ranking_table
     from service.studies.summary import StudySummary
 
-    try:
-        text = args.spec.read_text()
-        spec = (
-            yaml.load(text, Loader=_yaml_loader(yaml))
-            if args.spec.suffix in (".yaml", ".yml")
-            else json.loads(text)
-        )
-        json.dumps(spec, allow_nan=False)  # what the request will send
-    except (OSError, ValueError, TypeError, yaml.YAMLError) as exc:
-        print(
-            f"optlab study: cannot read {args.spec}: {exc} (numbers must be finite; in YAML, quote a name "
-            "or label that YAML would read as a date or a number: name: '2024-01-01')",
-            file=sys.stderr,
-        )
+    spec = read_spec(args.spec, "optlab study")
+    if spec is None:
         return 2
     url = args.api or os.environ.get("OPTLAB_API_URL") or f"http://{settings.api_host}:{settings.api_port}"
     client = ApiClient(url)
@@ -392,7 +376,7 @@ def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
         study = follow_study(client, study["id"])
     except ApiError as exc:
         print(f"optlab study: {exc}", file=sys.stderr)
-        return 2 if exc.status_code in USAGE_ERRORS else 1
+        return 2 if exc.is_usage_error else 1
     finally:
         client.close()
     import shutil
@@ -412,6 +396,39 @@ def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
         print(f"MLflow: {study['mlflow']['url']}")
     counts = study["progress"]["counts"]
     return 0 if counts["succeeded"] == study["progress"]["jobs"] else 1
+
+
+def read_spec(path: Path, command: str) -> Any:
+    """A spec file as the request will send it (JSON, or YAML by its suffix); None, with the reason
+    printed, when it cannot be read or holds a value JSON cannot carry. The hint fits the problem:
+    a YAML date or a non-finite number, not every error."""
+    import yaml  # type: ignore[import-untyped]  # PyYAML comes with mlflow
+
+    try:
+        text = path.read_text()
+        spec = (
+            yaml.load(text, Loader=_yaml_loader(yaml))
+            if path.suffix in (".yaml", ".yml")
+            else json.loads(text)
+        )
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        print(f"{command}: cannot read {path}: {exc}", file=sys.stderr)
+        return None
+    try:
+        json.dumps(spec, allow_nan=False)
+    except ValueError as exc:  # NaN or an infinity (json.loads reads them), or a YAML alias inside itself
+        finite = "numbers must be finite (JSON has no NaN or Infinity)"
+        hint = finite if "float" in str(exc) else "a YAML alias may not refer to what contains it"
+        print(f"{command}: {path}: {exc}: {hint}", file=sys.stderr)
+        return None
+    except TypeError as exc:  # a YAML date or time
+        print(
+            f"{command}: {path}: {exc}: in YAML, quote a name or label that YAML would read as a date or "
+            "a time, as in name: '2024-01-01'",
+            file=sys.stderr,
+        )
+        return None
+    return spec
 
 
 def _yaml_loader(yaml: Any) -> Any:

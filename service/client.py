@@ -44,10 +44,29 @@ def _token_problem(token: str) -> str | None:
 
 
 class ApiError(RuntimeError):
+    """An answer that refused the request (its status and detail), or none at all (status 0)."""
+
     def __init__(self, status_code: int, detail: Any) -> None:
         self.status_code = status_code
         self.detail = detail
         super().__init__(format_detail(status_code, detail))
+
+    @property
+    def is_usage_error(self) -> bool:
+        """The request itself was wrong (the CLI exits 2), not the service or the network (1)."""
+        return self.status_code in USAGE_ERRORS
+
+
+class AddressError(ApiError):
+    """The API's address is not one (no scheme, a scheme other than http(s)): a usage error, found
+    before any request went out."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(0, message)
+
+    @property
+    def is_usage_error(self) -> bool:
+        return True
 
 
 class TokenError(ApiError):
@@ -63,6 +82,8 @@ class TokenError(ApiError):
 
 
 def format_detail(status_code: int, detail: Any) -> str:
+    if status_code == 0:  # no answer came: "HTTP 0" would read as one
+        return str(detail)
     if isinstance(detail, list):
         lines = [f"  - {_problem_line(item)}" if isinstance(item, dict) else f"  - {item}" for item in detail]
         return f"HTTP {status_code}:\n" + "\n".join(lines)
@@ -197,16 +218,30 @@ class ApiClient:
                     continue
                 key = kwargs.get("headers", {}).get(IDEMPOTENCY_KEY_HEADER)
                 raise ApiError(0, self._unreachable(exc, attempts, key)) from None
-            except (httpx.HTTPError, httpx.InvalidURL) as exc:  # no scheme, a malformed request
+            except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:  # no scheme, or not http(s)
+                raise AddressError(
+                    f"{self.base_url!r} is not an address of an optlab API ({exc}); give its root, as in "
+                    "http://127.0.0.1:8000"
+                ) from None
+            except httpx.HTTPError as exc:  # a malformed request
                 raise ApiError(0, self._unreachable(exc, 1)) from None
         if response.status_code >= 400:
             try:
                 detail = response.json().get("detail", response.text)
             except ValueError:
                 detail = response.text
+            if response.status_code in (404, 405) and self._names_a_route():
+                detail = (
+                    f"{detail} (the address given is {self.base_url!r}: give the API's root, without /jobs)"
+                )
             raise ApiError(response.status_code, detail)
         data: dict[str, Any] = response.json()
         return data
+
+    def _names_a_route(self) -> bool:
+        """Whether the address ends in one of the API's own routes (`--api http://host:8000/jobs`), so
+        that every path this client adds lands beside the API's, not on them."""
+        return self.base_url.rsplit("/", 1)[-1] in ("jobs", "studies", "checks", "docs")
 
     def _unreachable(self, exc: Exception, attempts: int, key: str | None = None) -> str:
         said = f"cannot reach the optlab API at {self.base_url!r} ({type(exc).__name__}: {exc})"

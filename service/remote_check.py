@@ -18,7 +18,7 @@ from jobs.spec import (
     parse_params,
     style_choice,
 )
-from service.client import USAGE_ERRORS, ApiClient, ApiError, error_of, result_of, status_of
+from service.client import ApiClient, ApiError, error_of, result_of, status_of
 from service.progress import follow_jobs
 
 
@@ -61,7 +61,7 @@ def run_remote_check(args: argparse.Namespace) -> int:
         final = follow_jobs(client, {job["id"]: f"check {args.target}"})[job["id"]]
     except ApiError as exc:
         print(f"optlab check: {exc}", file=sys.stderr)
-        return 2 if exc.status_code in USAGE_ERRORS else 1
+        return 2 if exc.is_usage_error else 1
     finally:
         client.close()
     status, result = status_of(final), result_of(final)

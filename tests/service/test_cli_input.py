@@ -21,29 +21,92 @@ def test_yaml_numbers_with_only_an_exponent_are_numbers() -> None:
     assert all(type(value) is float for value in loaded["lr"][:4])
 
 
-@pytest.mark.parametrize(
-    ("line", "words"),
-    [
-        ("name: 2024-01-01", "Object of type date is not JSON serializable"),
-        ("seeds: [.inf]", "Out of range float values are not JSON compliant"),
-    ],
-)
-def test_a_value_json_cannot_carry_is_a_usage_error_naming_it(
-    line: str, words: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+# (the spec file's name, its text, what the message says, the hint that fits, a hint that must not show)
+UNREADABLE = [
+    (
+        "study.yaml",
+        "name: 2024-01-01",
+        "Object of type date is not JSON serializable",
+        "quote a name",
+        "finite",
+    ),
+    (
+        "study.yaml",
+        "seeds: [.inf]",
+        "Out of range float values are not JSON compliant",
+        "must be finite",
+        "quote",
+    ),
+    # `optlab submit` printed a traceback for these: json.loads reads them, the request cannot carry them.
+    ("job.json", '{"steps": NaN}', "Out of range float values", "numbers must be finite", "quote"),
+    ("job.json", '{"seed": Infinity}', "Out of range float values", "numbers must be finite", "quote"),
+    # Errors of another kind got the finite-and-quote hint, which had nothing to do with them.
+    ("study.yaml", "a: &x [*x]", "Circular reference", "a YAML alias may not refer", "finite"),
+    ("missing.json", None, "No such file or directory", "", "finite"),
+    ("job.json", "{", "cannot read", "", "finite"),
+]
+
+
+@pytest.mark.parametrize("command", ["study", "submit"])
+@pytest.mark.parametrize(("name", "text", "words", "hint", "no_hint"), UNREADABLE)
+def test_a_spec_that_cannot_be_read_or_sent_is_a_usage_error_naming_it(
+    command: str,
+    name: str,
+    text: str | None,
+    words: str,
+    hint: str,
+    no_hint: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    spec = tmp_path / "study.yaml"
-    spec.write_text(line + "\n")
-    assert cli.main(["study", str(spec), "--api", "http://127.0.0.1:9"]) == 2
+    spec = tmp_path / name
+    if text is not None:
+        spec.write_text(text + "\n")
+    assert cli.main([command, str(spec), "--api", "http://127.0.0.1:9"]) == 2
     err = capsys.readouterr().err
-    assert words in err and "quote a name or label" in err and "Traceback" not in err
+    assert err.startswith(f"optlab {command}: ") and words in err and "Traceback" not in err, err
+    assert hint in err and no_hint not in err, err
 
 
-@pytest.mark.parametrize("url", ["notaurl", "ftp://127.0.0.1:9"])
-def test_an_address_that_is_not_one_is_an_api_error_naming_it(url: str) -> None:
+@pytest.mark.parametrize("url", ["notaurl", "ftp://127.0.0.1:9", "127.0.0.1:8000"])
+def test_an_address_that_is_not_one_is_a_usage_error_naming_it(
+    url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said "HTTP 0: cannot reach ..." and exited 1, as if the API were down."""
     client = ApiClient(url, timeout_s=2)
-    with pytest.raises(ApiError, match=f"cannot reach the optlab API at '{url}'"):
+    with pytest.raises(ApiError, match=f"'{url}' is not an address of an optlab API") as raised:
         client.job(1)
     client.close()
+    assert raised.value.is_usage_error and not str(raised.value).startswith("HTTP")
+    spec = tmp_path / "job.json"
+    spec.write_text("{}")
+    assert cli.main(["submit", str(spec), "--api", url]) == 2
+    assert "is not an address of an optlab API" in capsys.readouterr().err
+
+
+def test_an_api_that_is_not_there_is_no_http_status(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    spec = tmp_path / "job.json"
+    spec.write_text("{}")
+    assert cli.main(["submit", str(spec), "--api", "http://127.0.0.1:9"]) == 1  # the service, not the input
+    assert capsys.readouterr().err.startswith("optlab submit: cannot reach the optlab API at")
+
+
+def test_an_address_ending_in_a_route_is_told_to_give_the_root() -> None:
+    """`--api http://host:8000/jobs` posted to /jobs/jobs: "HTTP 405: POST is not allowed here" alone."""
+    import httpx
+
+    client = ApiClient("http://api.test/jobs")
+    client._http = httpx.Client(
+        base_url=client.base_url,
+        transport=httpx.MockTransport(lambda request: httpx.Response(405, json={"detail": "not allowed"})),
+    )
+    with pytest.raises(ApiError) as raised:
+        client.job(1)
+    assert str(raised.value) == (
+        "HTTP 405: not allowed (the address given is 'http://api.test/jobs': give the API's root, without /jobs)"
+    )
 
 
 def test_a_refusal_s_problems_are_printed_at_their_fields() -> None:
