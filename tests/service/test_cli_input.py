@@ -105,7 +105,8 @@ def test_an_address_ending_in_a_route_is_told_to_give_the_root() -> None:
     with pytest.raises(ApiError) as raised:
         client.job(1)
     assert str(raised.value) == (
-        "HTTP 405: not allowed (the address given is 'http://api.test/jobs': give the API's root, without /jobs)"
+        "HTTP 405: not allowed (the address given is 'http://api.test/jobs': give the API's root, "
+        "without /jobs)"
     )
 
 
