@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -175,9 +176,21 @@ def _header_as_sent(value: object) -> object:
         return value
 
 
+def _unreadable_body(cause: ValueError) -> JSONResponse:
+    """A body `json.loads` refused with other than a JSONDecodeError (which FastAPI reports as a 422
+    itself): "There was an error parsing the body" said nothing of which rule it broke."""
+    why = str(cause)
+    if "integer string conversion" in why:  # Python's guard against quadratic-time int parsing
+        why = f"a number has more than {sys.get_int_max_str_digits()} digits"
+    detail = [{"loc": ["body"], "msg": f"the body is not valid JSON ({why})", "type": "json_invalid"}]
+    return JSONResponse(status_code=422, content={"detail": detail})
+
+
 async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
     """FastAPI's own answer, but a 405's Allow header lists the methods of every route on the path
     (Starlette names only the first route that matched it: `OPTIONS /jobs` said POST, not GET)."""
+    if exc.status_code == 400 and isinstance(exc.__cause__, ValueError):  # FastAPI could not parse the body
+        return _unreadable_body(exc.__cause__)
     if exc.status_code == 405:
         allowed = allowed_methods(request.app, request.url.path)
         exc = StarletteHTTPException(

@@ -189,6 +189,12 @@ def test_a_bad_item_of_a_list_valued_hyperparameter_is_located_at_its_index(clie
         (b'{"experiment": "caf\xe9"}', "not valid UTF-8 (byte 0xe9 at offset 19)"),
         (b"[" * 100 + b"]" * 100, "deeper than 32 levels"),
         (b'{"a": ' * 5000 + b"1" + b"}" * 5000, "deeper than 32 levels"),
+        # Python's limit on reading integers: a 400 "There was an error parsing the body" before.
+        (
+            b'{"steps": 1' + b"0" * 5000 + b"}",
+            "the body is not valid JSON (a number has more than 4300 digits)",
+        ),
+        (b'{"seed": 0, "x": [' + b"9" * 4301 + b"]}", "a number has more than 4300 digits"),
     ],
 )
 def test_undecodable_and_too_deep_bodies_get_a_clear_422(
