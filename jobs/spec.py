@@ -35,6 +35,7 @@ from optimizers.hyperparams import Param
 from optimizers.loop_needs import LoopNeeds, loop_problem, needs_unserved_by, recipe_problem
 from optimizers.param_groups import GroupRule, extra_key_problem, parse_ndim
 from optimizers.registry import FRAMEWORK_OF_STYLE, STYLES
+from optimizers.schedules import Cosine, LinearWarmup, PiecewiseConstant, Schedule, build_schedule
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]*$"
 Name = Annotated[str, Field(min_length=1, max_length=100, pattern=NAME_PATTERN)]
@@ -43,6 +44,9 @@ JsonScalar = bool | int | float | str | None
 
 # Hyperparameters beyond this magnitude are typos or probes (lr=1e308), never a setting.
 MAX_PARAM_MAGNITUDE = 1e9
+# A nonzero one below float32's smallest normal number is flushed to 0 (or loses its digits) where
+# the job computes in float32: Adam's eps=1e-50 became 0, and a zero gradient then gave 0/0 = NaN.
+MIN_NONZERO_MAGNITUDE = float.fromhex("0x1p-126")  # 1.1754943508222875e-38
 # Experiment (and study) names reach MLflow's UI, log lines and folder names: letters, digits and a
 # few separators, so no control or bidirectional characters (U+202E) and no path separators.
 SAFE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9 _.,:=+@()-]*$"
@@ -65,6 +69,13 @@ SafeName = Annotated[
 def _finite(value: Any, where: str | int) -> None:
     """Refuse a number that is not finite or is huge, in a list too; the error's ctx `key` is `where`
     (a hyperparameter's name, or a grid value's index), which the API appends to its location."""
+    if isinstance(value, float) and value != 0 and abs(value) < MIN_NONZERO_MAGNITUDE:
+        raise PydanticCustomError(
+            "number_too_small",
+            "{key} must be 0 or of magnitude at least 1.2e-38 (float32's smallest normal number, which "
+            "jobs compute in: a smaller one becomes 0); received {received}",
+            {"key": where, "received": repr(value)},
+        )
     if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
         if abs(value) > MAX_PARAM_MAGNITUDE:
             raise PydanticCustomError(
@@ -285,6 +296,7 @@ TIMEOUT_FIELD = Field(
     default=None,
     ge=1,
     le=2**31 - 1,
+    allow_inf_nan=False,  # NaN had been told "less than or equal to 2147483647"
     description="wall-clock limit, seconds, at least 1 (OPTLAB_MAX_JOB_SECONDS caps it)",
 )
 
@@ -991,12 +1003,42 @@ def with_resolved_style(spec: SpecT, catalogue: Catalogue) -> SpecT:
 
 def _schedule_build_errors(spec: JobSpec) -> list[SpecError]:
     """Constraints between a schedule's parameters (pure Python, so the API can run it)."""
-    from optimizers.schedules import build_schedule
-
     try:
-        build_schedule(spec.schedule.name, spec.schedule.params, total_steps=spec.steps)
+        schedule = build_schedule(spec.schedule.name, spec.schedule.params, total_steps=spec.steps)
     except ValueError as exc:
         return [SpecError(loc=["body", "schedule", "params"], msg=str(exc))]
+    return _schedule_reach_errors(spec, schedule)
+
+
+def _schedule_reach_errors(spec: JobSpec, schedule: Schedule) -> list[SpecError]:
+    """Settings that cannot take effect within the job's steps (0 to steps - 1): a warm-up that never
+    reaches the base rate (linear_warmup's default of 100 in a 50-step job), a cosine that never
+    decays, a piecewise boundary never crossed. The job ran, logging a schedule it was not given."""
+    steps, given = spec.steps, spec.schedule.params
+    loc: list[str | int] = ["body", "schedule", "params"]
+    if isinstance(schedule, LinearWarmup | Cosine):
+        warmup = schedule.warmup_steps
+        last = steps if isinstance(schedule, LinearWarmup) else steps - 1
+        if warmup > last:
+            default = "" if "warmup_steps" in given else " (its default)"
+            reach = "reach the base rate" if isinstance(schedule, LinearWarmup) else "leave a step to decay"
+            return [
+                SpecError(
+                    loc=[*loc, "warmup_steps"],
+                    msg=f"schedule.params.warmup_steps must be at most {last} for the warm-up to {reach} "
+                    f"within the job's {steps} steps; received {warmup}{default}",
+                )
+            ]
+    if isinstance(schedule, PiecewiseConstant):
+        beyond = [b for b in schedule.boundaries if b >= steps]
+        if beyond:
+            return [
+                SpecError(
+                    loc=[*loc, "boundaries"],
+                    msg=f"schedule.params.boundaries must be below steps ({steps}): a boundary at or after "
+                    f"the last step is never crossed; received {schedule.boundaries}",
+                )
+            ]
     return []
 
 

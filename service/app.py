@@ -144,7 +144,8 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
             loc = ["body"]
             message = f"the body is not valid JSON ({ctx.get('error', 'decode error')})"
         elif (
-            kind in ("finite_number", "number_too_large", "empty_grid", "repeated_grid_value")
+            kind
+            in ("finite_number", "number_too_large", "number_too_small", "empty_grid", "repeated_grid_value")
             and "key" in ctx
         ):
             # Our own validators' errors, which name the key within the field (pydantic's own

@@ -177,7 +177,8 @@ class InFlightLimit:
 
 class BodyGuard:
     """Bodies over `max_bytes` get 413 before anything parses them (chunked ones too); a JSON body
-    that is not UTF-8 or nests deeper than MAX_JSON_DEPTH gets a 422 naming that."""
+    that is not UTF-8 or nests deeper than MAX_JSON_DEPTH gets a 422 naming that, and a compressed
+    one a 415."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -186,6 +187,19 @@ class BodyGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
+            return
+        encoding = _header(scope, b"content-encoding")
+        if (
+            encoding is not None
+            and encoding.strip().lower() not in ("", "identity")
+            and scope["method"] not in READ_METHODS
+        ):
+            # Nothing here decodes one: a gzip body was told it was "not valid UTF-8 (byte 0x8b)".
+            await refuse(
+                send,
+                415,
+                f"Content-Encoding {encoding[:50]!r} is not accepted: send the JSON body uncompressed",
+            )
             return
         declared = _header(scope, b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:

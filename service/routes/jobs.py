@@ -66,7 +66,12 @@ def _submit_job(
 @router.get("", response_model=JobsPage, responses=responses(*COMMON))
 def list_jobs(
     session: SessionDep,
-    status: JobStatus | None = None,
+    status: Annotated[
+        list[JobStatus] | None,
+        Query(
+            description="only jobs in this status; repeated, in any of them (?status=queued&status=running)"
+        ),
+    ] = None,
     kind: JobKind | None = None,
     study: Annotated[int | None, Query(ge=1, le=2**31 - 1, description="only this study's jobs")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,

@@ -84,6 +84,27 @@ BAD_SPECS = [
     ({"optimizer__params": {"lr": "fast"}}, ["lr must be a number", "fast"], "lr"),
     ({"optimizer__params": {"lr": True}}, ["lr must be a number"], "lr"),
     ({"schedule__params": {"warmup_steps": -3}}, ["warmup_steps"], "warmup_steps"),
+    # Settings no step of the job reaches: accepted, the job logged a schedule it was not given.
+    (
+        {"schedule__params": {"warmup_steps": 300}},
+        ["warmup_steps must be at most 299 for the warm-up to leave a step to decay", "received 300"],
+        "warmup_steps",
+    ),
+    (
+        {"schedule": {"name": "linear_warmup"}, "steps": 50},
+        ["at most 50 for the warm-up to reach the base rate within the job's 50 steps", "100 (its default)"],
+        "warmup_steps",
+    ),
+    (
+        {
+            "schedule": {
+                "name": "piecewise_constant",
+                "params": {"boundaries": [100, 300], "values": [1, 0.1, 0.01]},
+            }
+        },
+        ["boundaries must be below steps (300)", "received [100, 300]"],
+        "boundaries",
+    ),
     ({"steps": 0}, ["steps", "greater than 0"], "steps"),
     ({"steps": 10_001}, ["steps must be at most 10000", "10001"], "steps"),
     ({"steps": "300"}, ["steps", "integer"], "steps"),
@@ -103,6 +124,12 @@ BAD_SPECS = [
     ({"optimizer__params": {"lr": 1e308}}, ["lr must be a number of magnitude at most 1e9"], "lr"),
     ({"optimizer__params": {"lr": 1.0000001e9}}, ["at most 1e9; received 1000000100.0"], "lr"),
     ({"optimizer__params": {"lr": 10**30}}, ["magnitude at most 1e9"], "lr"),
+    # Below float32's smallest normal: eps=1e-50 became 0 in the step, and a zero gradient NaN.
+    (
+        {"optimizer__params": {"lr": 5e-324}},
+        ["lr must be 0 or of magnitude at least 1.2e-38", "received 5e-324"],
+        "lr",
+    ),
     ({"experiment": "demo\u202egnp.exe"}, ["experiment", "may contain only letters"], "experiment"),
     ({"experiment": "demo\x7f"}, ["may contain only"], "experiment"),
     ({"experiment": "../../etc"}, ["may contain only"], "experiment"),
@@ -207,7 +234,12 @@ def test_undecodable_and_too_deep_bodies_get_a_clear_422(
 
 
 def test_a_default_cadence_longer_than_a_short_job_means_at_its_end(client: TestClient) -> None:
-    short = with_changes(steps=20, checkpoint_every=DELETE, eval_every=DELETE)
+    short = with_changes(
+        steps=20,
+        checkpoint_every=DELETE,
+        eval_every=DELETE,
+        schedule={"name": "cosine", "params": {"warmup_steps": 5}},  # 20 would leave no step to decay
+    )
     assert client.post("/jobs", json=short).status_code == 201
 
 
@@ -234,6 +266,11 @@ def test_list_filters_by_status_and_paginates(client: TestClient) -> None:
     assert [job["id"] for job in page["items"]] == [ids[3], ids[2]]  # newest first
     cancelled = client.get("/jobs", params={"status": "cancelled"}).json()
     assert [job["id"] for job in cancelled["items"]] == [ids[0]]
+    # Repeated, any of them: the last one alone had been used.
+    either = client.get("/jobs", params=[("status", "cancelled"), ("status", "queued")]).json()
+    assert either["total"] == 5 and [job["id"] for job in either["items"]] == ids[::-1]
+    queued = client.get("/jobs", params=[("status", "queued"), ("status", "succeeded")]).json()
+    assert queued["total"] == 4 and ids[0] not in [job["id"] for job in queued["items"]]
     assert client.get("/jobs", params={"status": "bogus"}).status_code == 422
     assert client.get("/jobs", params={"limit": 0}).status_code == 422
 
@@ -320,3 +357,28 @@ def test_huge_numbers_in_hyperparameters_are_refused(client: TestClient) -> None
     body = body.replace('"decay_steps": 1', '"decay_steps": 1e400')
     response = client.post("/jobs", content=body, headers={"content-type": "application/json"})
     assert response.status_code == 422 and "decay_steps" in response.text
+
+
+@pytest.mark.parametrize("value", ["NaN", "Infinity"])
+def test_a_timeout_that_is_not_a_number_is_told_so(client: TestClient, value: str) -> None:
+    """NaN had been told "should be less than or equal to 2147483647"."""
+    body = json.dumps({**GOOD, "timeout_s": "VALUE"}).replace('"VALUE"', value)
+    response = client.post("/jobs", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    [problem] = response.json()["detail"]
+    assert problem["loc"] == ["body", "timeout_s"]
+    assert problem["msg"].startswith("timeout_s: Input should be a finite number"), problem
+
+
+def test_a_compressed_body_is_told_it_is_compressed(client: TestClient) -> None:
+    """A gzip body was told it was "not valid UTF-8 (byte 0x8b at offset 1)"."""
+    import gzip
+
+    body = gzip.compress(json.dumps(GOOD).encode())
+    headers = {"content-type": "application/json", "content-encoding": "gzip"}
+    response = client.post("/jobs", content=body, headers=headers)
+    assert response.status_code == 415, response.text
+    assert response.json()["detail"] == (
+        "Content-Encoding 'gzip' is not accepted: send the JSON body uncompressed"
+    )
+    assert client.get("/jobs").json()["total"] == 0

@@ -175,6 +175,11 @@ BAD_GRID_VALUES = [
     ("Infinity", "must be a finite number; received Infinity"),
     ("1e400", "must be a finite number; received Infinity"),  # parsed as an infinite float
     ("1e300", "must be a number of magnitude at most 1e9; received 1e+300"),
+    (
+        "1e-50",
+        "must be 0 or of magnitude at least 1.2e-38 (float32's smallest normal number, which jobs compute "
+        "in: a smaller one becomes 0); received 1e-50",
+    ),
 ]
 
 
@@ -188,7 +193,7 @@ def test_a_bad_grid_value_is_located_at_its_index(client: TestClient, value: str
     [problem] = response.json()["detail"]
     assert problem["loc"] == ["body", "optimizers", 1, "params", "lr", 1], problem
     assert problem["msg"] == f"optimizers.1.params.lr.1 {text}", problem
-    assert problem["type"] in ("finite_number", "number_too_large")
+    assert problem["type"] in ("finite_number", "number_too_large", "number_too_small")
     assert client.get("/studies").json()["total"] == 0
 
 
