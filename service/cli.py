@@ -394,8 +394,14 @@ def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
     print(f"report: {url}{study['report_url']}")  # plain print: an address is never wrapped
     if study.get("mlflow"):
         print(f"MLflow: {study['mlflow']['url']}")
-    counts = study["progress"]["counts"]
-    return 0 if counts["succeeded"] == study["progress"]["jobs"] else 1
+    return study_exit_status(study)
+
+
+def study_exit_status(study: dict[str, Any]) -> int:
+    """1 when a job of the ended study failed (an error: the optimizer's code, or the machine's), else
+    0: a rate that diverged is a finding of a learning-rate sweep, and a cancel was asked for, and the
+    summary says of both. (It had been 1 for anything but every job succeeding.)"""
+    return 1 if study["progress"]["counts"].get("failed") else 0
 
 
 def read_spec(path: Path, command: str) -> Any:

@@ -10,7 +10,7 @@ gone (another attempt exists), and the worker stops its job process.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
@@ -98,17 +98,19 @@ def get_job(*, session: Session, job_id: int) -> Job | None:
 def list_jobs(
     *,
     session: Session,
-    status: JobStatus | None,
+    status: JobStatus | str | Sequence[JobStatus] | None,
     limit: int,
     offset: int,
     kind: str | None = None,
     study_id: int | None = None,
 ) -> tuple[list[Job], int]:
+    """A page of jobs, newest first, and how many match; `status`: one or any of several."""
     query = select(Job)
     count = select(func.count()).select_from(Job)
     if status is not None:
-        query = query.where(Job.status == status)
-        count = count.where(Job.status == status)
+        statuses = [status] if isinstance(status, str) else list(status)
+        query = query.where(Job.status.in_(statuses))
+        count = count.where(Job.status.in_(statuses))
     if kind is not None:
         query = query.where(Job.kind == kind)
         count = count.where(Job.kind == kind)
@@ -374,6 +376,8 @@ def finish_job(
     if result is not None:
         if result.steps_completed:
             values["step"] = result.steps_completed
+        elif result.diverged_at_step is not None:  # ahead of the last progress report, in a short job
+            values["step"] = max(values.get("step") or 0, result.diverged_at_step)
         if result.mlflow:
             values["mlflow"] = result.mlflow.to_json()
         if _finite(result.final_train_loss):

@@ -125,3 +125,16 @@ def test_a_refusal_s_problems_are_printed_at_their_fields() -> None:
         "  - steps: Input should be greater than 0",
         "  - the body is not valid JSON",
     ]
+
+
+@pytest.mark.parametrize(
+    ("counts", "status"),
+    [
+        ({"succeeded": 4}, 0),
+        ({"succeeded": 3, "diverged": 1}, 0),  # a sweep's large rate: a finding, not a failure
+        ({"succeeded": 2, "cancelled": 2}, 0),
+        ({"succeeded": 3, "failed": 1}, 1),
+    ],
+)
+def test_a_study_exits_1_only_when_a_job_failed(counts: dict[str, int], status: int) -> None:
+    assert cli.study_exit_status({"progress": {"counts": counts, "jobs": 4}}) == status

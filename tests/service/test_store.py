@@ -14,7 +14,7 @@ from alembic.config import Config
 from sqlalchemy import Engine, inspect, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.result import CheckpointRecord, JobResult, JobStatus, MlflowInfo, Progress
+from jobs.result import CheckpointRecord, ErrorRecord, JobResult, JobStatus, MlflowInfo, Progress
 from jobs.spec import CheckSpec, JobSpec
 from service import store
 from service.db import MIGRATIONS, make_engine, migrate, session_factory
@@ -190,6 +190,31 @@ def test_progress_finish_and_requeue(sessions: sessionmaker[Session]) -> None:
                 result=None,
                 error=None,
             )
+
+
+def test_a_diverged_job_counts_the_steps_it_ran_ahead_of_its_progress(
+    sessions: sessionmaker[Session],
+) -> None:
+    """Diverged at step 10 of a short job, before any progress report: it showed step 0, and its
+    study's steps done left it out."""
+    with sessions() as session:
+        job_id = store.create_job(session=session, spec=SPEC).id
+        store.claim_next(session=session, worker_id="w", lease_s=30)
+        result = JobResult(
+            job_id=str(job_id), attempt=1, workdir="/tmp/w", status=JobStatus.DIVERGED, diverged_at_step=10
+        )
+        assert store.finish_job(
+            session=session,
+            job_id=job_id,
+            worker_id="w",
+            attempt=1,
+            status=JobStatus.DIVERGED,
+            result=result,
+            error=ErrorRecord(type="Diverged", message="train/loss became nan at step 10"),
+            step=0,
+        )
+        job = store.get_job(session=session, job_id=job_id)
+        assert job is not None and job.step == 10
 
 
 def test_a_running_job_says_what_holds_it_up_and_only_while_it_does(sessions: sessionmaker[Session]) -> None:
