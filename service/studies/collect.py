@@ -1,4 +1,7 @@
-"""A study's jobs read back as `StudyRun`s: who they are from the store, what they logged from MLflow."""
+"""A study's jobs read back as `StudyRun`s: who they are from the store, what they logged from MLflow.
+
+From the job row also its own step-time medians (its result) and its attempt; from the study's spec
+the steps and the evaluation cadence every job ran with."""
 
 from __future__ import annotations
 
@@ -19,9 +22,11 @@ def collect_runs(client: Any, study: Study, jobs: list[Job]) -> list[StudyRun]:
     run_ids = [_run_id(by_id.get(member["job_id"])) for member in study.members]
     with ThreadPoolExecutor(FETCH_THREADS) as pool:
         histories = list(pool.map(lambda run_id: history_of(client, run_id), run_ids))
+    steps, eval_every = _int_or_none(study.spec.get("steps")), _int_or_none(study.spec.get("eval_every"))
     runs = []
     for member, run_id, history in zip(study.members, run_ids, histories, strict=True):
         job = by_id.get(member["job_id"])
+        result = (job.result if job is not None else None) or {}
         runs.append(
             StudyRun(
                 job_id=member["job_id"],
@@ -32,6 +37,11 @@ def collect_runs(client: Any, study: Study, jobs: list[Job]) -> list[StudyRun]:
                 history=history,
                 run_id=run_id,
                 error=_error_of(job),
+                step_time_ms_median=_float_or_none(result.get("step_time_ms_median")),
+                optimizer_step_ms_median=_float_or_none(result.get("optimizer_step_ms_median")),
+                attempt=job.attempt if job is not None and job.attempt is not None else 0,
+                steps=steps,
+                eval_every=eval_every,
             )
         )
     return runs
@@ -54,6 +64,15 @@ def history_of(client: Any, run_id: str | None) -> dict[str, list[MetricPoint]]:
             key=lambda point: (point.step, point.seconds),
         )
     return history
+
+
+def _float_or_none(value: Any) -> float | None:
+    """A number from stored JSON; None for anything else (an older result without the key)."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _int_or_none(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _run_id(job: Job | None) -> str | None:

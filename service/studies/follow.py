@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from service.client import ApiClient
-from service.studies.summary import Stat, StudySummary
+from service.studies.summary import RANKING_CAVEAT, Stat, StudySummary
 
 
 def follow_study(
@@ -102,11 +102,16 @@ def ranking_table(summary: StudySummary) -> Table:
 
 
 def comparison_lines(summary: StudySummary) -> list[str]:
+    """What to print under the ranking table: the report's caveat on what a ranking says (a reader of
+    the terminal sees no report), then each paired comparison."""
     return [
-        f"{c.optimizer} vs {c.baseline} on {c.metric} over {c.n} seeds: difference "
-        f"{_number(c.mean_difference)} [{_number(c.ci_low)}, {_number(c.ci_high)}], "
-        f"p={_number(c.p_value)}: {c.conclusion}"
-        for c in summary.comparisons
+        RANKING_CAVEAT,
+        *(
+            f"{c.optimizer} vs {c.baseline} on {c.metric} over {c.n} seeds: difference "
+            f"{_number(c.mean_difference)} [{_number(c.ci_low)}, {_number(c.ci_high)}], "
+            f"p={_number(c.p_value)}: {c.conclusion}"
+            for c in summary.comparisons
+        ),
     ]
 
 

@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 
 from jobs.workloads.surfaces import SurfaceSpec
 from service.studies.summary import (
+    RANKING_CAVEAT,
     GridPointSummary,
     GridValue,
     JobCounts,
@@ -33,6 +34,7 @@ from service.studies.summary import (
     StudySummary,
     format_value,
     grid_label,
+    unstable,
 )
 
 # One colour per optimizer, the same in every plot (matplotlib's tab10, written out so no
@@ -209,10 +211,18 @@ def is_number(value: GridValue | None) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def half_width(stat: Stat) -> float:
-    if stat.mean is None or stat.ci_high is None:
-        return 0.0
-    return stat.ci_high - stat.mean
+def error_bar(stat: Stat) -> tuple[float, float]:
+    """How far the 95% interval reaches below and above the mean: unequal where it was cut at what the
+    quantity can take (accuracy at 1, steps at 0)."""
+    if stat.mean is None or stat.ci_low is None or stat.ci_high is None:
+        return 0.0, 0.0
+    return stat.mean - stat.ci_low, stat.ci_high - stat.mean
+
+
+def error_bars(stats: Sequence[Stat]) -> list[list[float]]:
+    """`yerr` for matplotlib: a row of the lengths below, a row of those above."""
+    bars = [error_bar(stat) for stat in stats]
+    return [[below for below, _ in bars], [above for _, above in bars]]
 
 
 def sensitivity_plot(summary: StudySummary) -> Plot | None:
@@ -220,6 +230,21 @@ def sensitivity_plot(summary: StudySummary) -> Plot | None:
     key = x_key(summary)
     if key is None:
         return None
+    figure = sensitivity_figure(summary, key)
+    if figure is None:
+        return None
+    metric = summary.selection_metric
+    return Plot(
+        "sensitivity.png",
+        f"Final {metric} versus {key} per optimizer: mean over succeeded seeds with its 95% confidence "
+        "interval (none with one seed); the star marks the grid point chosen as best, an x at the top "
+        "edge a grid point with no result where jobs diverged or failed.",
+        png_bytes(figure),
+    )
+
+
+def sensitivity_figure(summary: StudySummary, key: str) -> Figure | None:
+    """The sensitivity plot's figure; None when no grid point has a result to draw."""
     metric = summary.selection_metric
     xs_all = [p.grid[key] for p in summary.grid_points if key in p.grid]
     numeric = all(is_number(x) for x in xs_all)
@@ -233,7 +258,7 @@ def sensitivity_plot(summary: StudySummary) -> Plot | None:
 
     figure = new_figure(7.0, 4.5)
     axes = figure.add_subplot(1, 1, 1)
-    drawn = False
+    drawn = marked = False
     for opt in summary.optimizers:
         points = [p for p in summary.grid_points if p.optimizer == opt and key in p.grid]
         # Other grid hyperparameters than `key` make separate lines, each named by their values.
@@ -243,23 +268,33 @@ def sensitivity_plot(summary: StudySummary) -> Plot | None:
             lines.setdefault(grid_label(rest) if rest else "", []).append(p)
         best = summary.best_grid_point(opt)
         for rest_label, line in lines.items():
-            xs, ys, errs = [], [], []
-            for p in line:
-                metric_stats = p.metric(metric)
-                if metric_stats is None or metric_stats.final.mean is None:
-                    continue
-                xs.append(position(p.grid[key]))
-                ys.append(metric_stats.final.mean)
-                errs.append(half_width(metric_stats.final))
-            if not xs:
+            shown = sorted(
+                (
+                    (position(p.grid[key]), m.final.mean, m.final)
+                    for p in line
+                    if (m := p.metric(metric)) is not None and m.final.mean is not None
+                ),
+                key=lambda shown_point: shown_point[0],
+            )
+            if not shown:
                 continue
-            order = sorted(range(len(xs)), key=lambda i: xs[i])
-            xs, ys, errs = [xs[i] for i in order], [ys[i] for i in order], [errs[i] for i in order]
             name = f"{opt} ({rest_label})" if rest_label else opt
             axes.errorbar(
-                xs, ys, yerr=errs, color=colour(summary, opt), marker="o", capsize=4, label=plain(name)
+                [x for x, _, _ in shown],
+                [y for _, y, _ in shown],
+                yerr=error_bars([stat for _, _, stat in shown]),
+                color=colour(summary, opt),
+                marker="o",
+                capsize=4,
+                label=plain(name),
             )
             drawn = True
+        # A rate where every seed diverged or failed has no mean to draw: without a mark, it read as
+        # a rate never tried.
+        lost = [position(p.grid[key]) for p in points if lost_to_instability(p, metric)]
+        if lost:
+            mark_lost(axes, lost, colour(summary, opt))
+            marked = True
         if best is not None and key in best.grid and (m := best.metric(metric)) and m.final.mean is not None:
             axes.plot(
                 [position(best.grid[key])],
@@ -275,16 +310,39 @@ def sensitivity_plot(summary: StudySummary) -> Plot | None:
         axes.set_xscale("log")
     if not numeric:
         axes.set_xticks(range(len(categories)), [plain(c) for c in categories])
+    if marked:
+        # one legend entry for every optimizer's marks, in grey: the colour says whose
+        axes.plot([], [], linestyle="none", marker="x", color="#555555", label=LOST_LABEL)
     axes.set_xlabel(plain(key))
     axes.set_ylabel(plain(f"final {metric}"))
     axes.set_title(plain(f"Sensitivity: final {metric} vs {key} (mean, 95% CI; star = best)"), fontsize=10)
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
-    return Plot(
-        "sensitivity.png",
-        f"Final {metric} versus {key} per optimizer: mean over succeeded seeds with its 95% confidence "
-        "interval (none with one seed); the star marks the grid point chosen as best.",
-        png_bytes(figure),
+    return figure
+
+
+LOST_LABEL = "diverged or failed"
+
+
+def lost_to_instability(point: GridPointSummary, metric: str) -> bool:
+    """No mean of `metric` at the point, and jobs of it diverged or failed (not merely cancelled)."""
+    stats = point.metric(metric)
+    return (stats is None or stats.final.mean is None) and unstable(point)
+
+
+def mark_lost(axes: Axes, xs: list[float], hex_colour: str) -> None:
+    """An x at the top edge of the axes (x in data, y in axes coordinates) at each of `xs`."""
+    axes.plot(
+        xs,
+        [1.0] * len(xs),
+        linestyle="none",
+        marker="x",
+        markersize=9,
+        markeredgewidth=2,
+        color=hex_colour,
+        transform=axes.get_xaxis_transform(),
+        clip_on=False,
+        zorder=6,
     )
 
 
@@ -309,13 +367,13 @@ def time_to_target_plot(summary: StudySummary) -> Plot | None:
                 axes.bar(
                     [x],
                     [stat.mean],
-                    yerr=[half_width(stat)],
+                    yerr=error_bars([stat]),
                     color=colour(summary, opt),
                     alpha=0.8,
                     capsize=4,
                 )
                 axes.plot([x] * len(values), values, "o", color="black", markersize=4, zorder=5)
-                tops.append(max([stat.mean + half_width(stat), *values]))
+                tops.append(max([stat.mean + error_bar(stat)[1], *values]))
         top = max(tops, default=1.0) or 1.0
         for x, opt in enumerate(names):
             point = summary.best_grid_point(opt)
@@ -440,12 +498,17 @@ def num(value: float | int | None, digits: int = 4) -> str:
 
 
 def stat_text(stat: Stat | None) -> str:
-    """`0.92 ± 0.025 (n=3)`: the mean and the 95% CI half width, or only the mean with one seed."""
+    """`0.92 ± 0.025 (n=3)`: the mean and the 95% CI half width, or only the mean with one seed; an
+    interval cut at what the quantity can take is no longer even about the mean, so it is written
+    out: `0.98 (0.94 to 1, n=3)`."""
     if stat is None or stat.mean is None:
         return NONE
-    if stat.ci_high is None:
+    if stat.ci_low is None or stat.ci_high is None:
         return f"{num(stat.mean)} (n={stat.n})"
-    return f"{num(stat.mean)} ± {num(stat.ci_high - stat.mean, 2)} (n={stat.n})"
+    below, above = error_bar(stat)
+    if not math.isclose(below, above, rel_tol=1e-9):
+        return f"{num(stat.mean)} ({num(stat.ci_low)} to {num(stat.ci_high)}, n={stat.n})"
+    return f"{num(stat.mean)} ± {num(above, 2)} (n={stat.n})"
 
 
 def counts_text(c: JobCounts) -> str:
@@ -481,9 +544,7 @@ def header_html(summary: StudySummary, title: str, mlflow_url: str | None) -> st
         f"{summary.counts.total} jobs: {esc(counts_text(summary.counts))}.",
         f"Best grid point chosen on the mean final {esc(summary.selection_metric)} "
         f"({'lower' if summary.selection_mode == 'min' else 'higher'} is better), among the points where no "
-        "job failed or diverged where there are any. It is chosen on the same seeds the figures report, so "
-        "a best point's figures are optimistic, the more so the larger its grid; the ranking orders means, "
-        "and only a paired comparison below says whether a difference is significant.",
+        f"job failed or diverged where there are any. {esc(RANKING_CAVEAT)}",
         "Target: none."
         if target is None
         else f"Target: {esc(target.metric)} {'&lt;=' if target.mode == 'min' else '&gt;='} "
@@ -582,10 +643,37 @@ def time_to_target_html(summary: StudySummary) -> str:
                 esc(per_seed),
             ]
         )
-    return "<h2>Time to target</h2>" + table(
-        ["optimizer at best point", "reached", "not reached", "steps", "seconds", "per seed"],
-        rows,
-        numeric=(1, 2),
+    at_evaluations = summary.target.metric.startswith("val/")
+    return (
+        "<h2>Time to target</h2>"
+        + f'<p class="meta">{esc(granularity_text(summary))}</p>'
+        + table(
+            [
+                "optimizer at best point",
+                "reached",
+                "not reached",
+                "steps (at evaluations)" if at_evaluations else "steps",
+                "seconds",
+                "per seed",
+            ],
+            rows,
+            numeric=(1, 2),
+        )
+    )
+
+
+def granularity_text(summary: StudySummary) -> str:
+    """Where steps to target are read. A val/* metric is logged only at evaluations: a seed that met
+    the target between two is counted at the next, so a step count is as fine as the cadence."""
+    assert summary.target is not None
+    metric = summary.target.metric
+    if not metric.startswith("val/"):
+        return f"Steps to target are the first logged step where {metric} met the target."
+    every = f", every {summary.eval_every} steps (eval_every)" if summary.eval_every else ""
+    return (
+        f"Steps to target are measured at evaluation points{every}: a seed that met the target between "
+        "two evaluations is counted at the later one, so steps and seconds are as fine as that cadence "
+        "and no finer."
     )
 
 
@@ -625,7 +713,8 @@ def grid_points_html(summary: StudySummary) -> str:
     headers = ["optimizer", "grid point", "jobs", *[f"{m} final (best)" for m in metrics]]
     return (
         '<h2>Every grid point</h2><p class="meta">Mean ± 95% CI half width over the succeeded seeds '
-        "(n = how many); ★ = the best grid point.</p>" + table(headers, rows)
+        "(n = how many; an interval cut at what the metric can take is written out, low to high); "
+        "★ = the best grid point.</p>" + table(headers, rows)
     )
 
 

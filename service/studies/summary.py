@@ -1,10 +1,10 @@
-"""A study's statistics, computed from its jobs' metric histories (pure functions, no I/O).
+"""A study's statistics, computed from its jobs' metric histories and results (pure functions, no I/O).
 
 `summarize` turns the study's `StudyRun`s (read back from the store and MLflow by the
 studies core) into a `StudySummary`: per optimizer and grid point the mean, sample std and
 95% Student's t interval over seeds of each `val/*` metric's final and best value, the best
-grid point per optimizer, time to target per seed, the time split per optimizer, a ranking
-and paired comparisons against the baseline.
+grid point per optimizer, time to target per seed, the time split per optimizer, a ranking,
+paired comparisons against the baseline and notes.
 
 Rules that decide the figures (kept here, in one place):
 - Statistics stand on the *succeeded* seeds only; every other job is counted by status and
@@ -19,16 +19,32 @@ Rules that decide the figures (kept here, in one place):
 - Time to target looks at the logged points of every job that did not fail or diverge (a job
   that met the target and diverged later is not an optimizer that reaches it; it is counted
   as not reached, its status shown).
+- Optimizers whose mean final selection metric is exactly equal share a rank (1, 2, 2, 4): the
+  ranking orders means, and the order of a tie is no finding.
+- An interval is cut to the values its quantity can take (`METRIC_BOUNDS`: accuracy in [0, 1],
+  rmse at least 0; time to target at least 0, and its steps at most the study's steps); the means
+  are left as they are. The cut part cannot hold the true mean, so the interval covers it as often.
+- The time split is the median over the succeeded jobs of each job's own medians over its steps
+  (its result's `step_time_ms_median`, `optimizer_step_ms_median`; forward+backward is the one
+  minus the other). Only for a job whose result lacks them: the medians of its perf/* points,
+  which are means of flush windows, leaving out the first window (step 0's warm-up).
+- Notes say what the tables cannot: an optimizer ranked on fewer seeds than the study ran (and
+  what became of the others), ranked optimizers on different numbers of seeds, a single seed (no
+  interval), seeds that changed nothing, a succeeded job whose selection metric ended worse than
+  its first evaluation, and a job resumed after an interruption (its seconds include the time it
+  was down). Notes never change which point is best.
 - JSON holds no NaN or infinity: an undefined figure is None (and the models refuse
   non-finite floats).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import re
 import statistics
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -58,6 +74,27 @@ METRIC_DIRECTIONS: dict[str, Mode] = {
     "f1": "max",
 }
 DEFAULT_DIRECTION: Mode = "min"
+
+# The values a metric can take, by the same last part of its key (None: no bound): a displayed
+# interval is cut there, so 0.97 +- 0.05 accuracy over three seeds does not read "up to 1.02".
+METRIC_BOUNDS: dict[str, tuple[float | None, float | None]] = {
+    "accuracy": (0.0, 1.0),
+    "auc": (0.0, 1.0),
+    "f1": (0.0, 1.0),
+    "rmse": (0.0, None),
+    "mse": (0.0, None),
+    "mae": (0.0, None),
+    "bits_per_char": (0.0, None),
+    "perplexity": (1.0, None),
+}
+
+# What the ranking can and cannot say, shown with it by the report and by `optlab study --wait`
+# (here, not in report.py, so the CLI need not import matplotlib to print one sentence).
+RANKING_CAVEAT = (
+    "Each best grid point is chosen on the same seeds its figures report, so a best point's figures "
+    "are optimistic, the more so the larger its grid; the ranking orders means, and only a paired "
+    "comparison says whether a difference is significant."
+)
 
 CONFIDENCE = 0.95
 MIN_SEEDS_TO_CONCLUDE = 3
@@ -90,6 +127,13 @@ class StudyRun:
     history: dict[str, list[MetricPoint]]
     run_id: str | None = None
     error: str | None = None  # failed/diverged: the reason, shown in the report
+    # From the job row (None where unknown: a job that never ran, a result without them):
+    step_time_ms_median: float | None = None  # the job's own median over its steps (jobs/result.py)
+    optimizer_step_ms_median: float | None = None
+    attempt: int = 1  # the attempts it ran: over 1, it was resumed after an interruption
+    # From the study's spec:
+    steps: int | None = None  # optimizer steps per job
+    eval_every: int | None = None  # steps between evaluations (the val/* points)
 
 
 @dataclass(frozen=True)
@@ -179,18 +223,18 @@ class GridPointSummary(_Model):
 
 
 class TimeSplit(_Model):
-    """Where an optimizer's step time goes (medians over its succeeded jobs' logged points)."""
+    """Where an optimizer's step time goes: medians over its succeeded jobs of each job's own medians."""
 
     optimizer: str
     jobs: int  # the jobs these figures stand on
-    # medians of the jobs' flush-window means (perf/* are logged once a flush):
-    forward_backward_ms: float | None  # median of perf/step_time_ms - perf/optimizer_step_ms
-    optimizer_step_ms: float | None  # median of perf/optimizer_step_ms
+    forward_backward_ms: float | None  # median over jobs of (step time median - optimizer step median)
+    optimizer_step_ms: float | None  # median over jobs of the optimizer step median
     state_bytes: float | None  # median over jobs of the last optim/state_bytes
 
 
 class RankingRow(_Model):
-    """One optimizer at its best grid point; rank None when no grid point has a result."""
+    """One optimizer at its best grid point; rank None when no grid point has a result, and equal
+    means share a rank (1, 2, 2, 4)."""
 
     rank: int | None
     optimizer: str
@@ -242,6 +286,10 @@ class StudySummary(_Model):
     time_split: list[TimeSplit]
     problems: list[ProblemJob]
     notes: list[str]  # plain sentences about anything the figures above cannot show
+    # Steps between evaluations, where time to target on a val/* metric is measured (the study's
+    # `eval_every`, else read off the val/* points' steps); None when unknown. A default: summaries
+    # recorded before it validate as they are.
+    eval_every: int | None = None
 
     def best_grid_point(self, optimizer: str) -> GridPointSummary | None:
         row = next((r for r in self.ranking if r.optimizer == optimizer), None)
@@ -252,10 +300,11 @@ class StudySummary(_Model):
     def flat_metrics(self) -> dict[str, float]:
         """Finite figures for the parent MLflow run, keys with MLflow-safe characters only.
 
-        `summary/study/...` for the job counts; per optimizer at its best grid point
-        `summary/<optimizer>/<metric>_final_mean` (and `_std`, `_ci_low`, `_ci_high`, `_n`,
-        `_best_mean`), `rank`, `target_*`, the time split and `vs_<baseline>/*`; every grid
-        point's final means under `summary/<optimizer>/grid/<label>/`. None is left out.
+        `summary/study/...` for the job counts; per optimizer `rank`, `jobs_failed`,
+        `jobs_diverged`, `jobs_cancelled`, at its best grid point `<metric>_final_mean` (and `_std`,
+        `_ci_low`, `_ci_high`, `_n`, `_best_mean`) and `target_*`, the time split and
+        `vs_<baseline>/*`, all under `summary/<optimizer>/`; every grid point's final means under
+        `summary/<optimizer>/grid/<label>/`. None is left out.
         """
         out: dict[str, float] = {}
 
@@ -271,6 +320,7 @@ class StudySummary(_Model):
             put(f"{base}/rank", row.rank)
             put(f"{base}/jobs_failed", row.jobs.failed)
             put(f"{base}/jobs_diverged", row.jobs.diverged)
+            put(f"{base}/jobs_cancelled", row.jobs.cancelled)
             best = self.best_grid_point(row.optimizer)
             if best is None:
                 continue
@@ -326,16 +376,26 @@ def summarize(
         None if target is None else Target(metric=target.metric, mode=target.mode, value=target.value)
     )
     optimizers = list(dict.fromkeys(run.optimizer for run in runs))
+    steps = max((run.steps for run in runs if run.steps is not None), default=None)
     points = [
         summarize_grid_point(
-            group, target=target, selection_metric=selection_metric, selection_mode=selection_mode
+            group,
+            target=target,
+            selection_metric=selection_metric,
+            selection_mode=selection_mode,
+            steps=steps,
         )
         for group in group_by_grid_point(runs, optimizers)
     ]
     ranking = rank(points, runs, optimizers, selection_metric, selection_mode)
-    notes = notes_on(points, ranking, runs, baseline, selection_metric) + instability_notes(
-        points, optimizers, selection_metric, selection_mode
-    )
+    notes = [
+        *notes_on(points, ranking, runs, baseline, selection_metric),
+        *instability_notes(points, optimizers, selection_metric, selection_mode),
+        *seed_count_notes(ranking, runs, selection_metric),
+        *no_spread_notes(points, selection_metric),
+        *worse_than_first_notes(runs, optimizers, selection_metric, selection_mode),
+        *resumed_notes(runs),
+    ]
     summary = StudySummary(
         selection_metric=selection_metric,
         selection_mode=selection_mode,
@@ -349,6 +409,7 @@ def summarize(
         time_split=[time_split(opt, [r for r in runs if r.optimizer == opt]) for opt in optimizers],
         problems=problem_jobs(runs, optimizers),
         notes=notes,
+        eval_every=eval_cadence(runs),
     )
     comparisons = compare_to_baseline(summary, runs) if baseline in optimizers else []
     return summary.model_copy(update={"comparisons": comparisons})
@@ -359,12 +420,20 @@ def direction_of(metric: str) -> Mode:
     return METRIC_DIRECTIONS.get(metric.rsplit("/", 1)[-1], DEFAULT_DIRECTION)
 
 
-def describe(stat_values: Iterable[float], *, at_least: float | None = None) -> Stat:
+def bounds_of(metric: str) -> tuple[float | None, float | None]:
+    """The values `metric` can take, from METRIC_BOUNDS by the key's last part; (None, None) if unknown."""
+    return METRIC_BOUNDS.get(metric.rsplit("/", 1)[-1], (None, None))
+
+
+def describe(
+    stat_values: Iterable[float], *, at_least: float | None = None, at_most: float | None = None
+) -> Stat:
     """Mean, sample std (ddof=1) and the 95% Student's t interval of the mean of finite values.
 
-    `at_least`: a quantity that cannot be lower (steps, seconds): the interval is cut there. With
-    few seeds and a wide spread it reached below 0 ("-38 to 89 steps"); the cut part cannot hold
-    the true mean, so the interval still covers it as often."""
+    `at_least`, `at_most`: what the quantity cannot go below or above (steps, seconds, accuracy):
+    the interval is cut there, the mean left as it is. With few seeds and a wide spread it reached
+    below 0 ("-38 to 89 steps") or above 1 (accuracy); the cut part cannot hold the true mean, so
+    the interval still covers it as often."""
     values = [float(v) for v in stat_values if math.isfinite(v)]
     n = len(values)
     if n == 0:
@@ -375,7 +444,8 @@ def describe(stat_values: Iterable[float], *, at_least: float | None = None) -> 
     std = float(np.std(values, ddof=1))
     half = t_quantile(n - 1) * std / math.sqrt(n)
     low = mean - half if at_least is None else max(mean - half, at_least)
-    return Stat(n=n, mean=finite(mean), std=finite(std), ci_low=finite(low), ci_high=finite(mean + half))
+    high = mean + half if at_most is None else min(mean + half, at_most)
+    return Stat(n=n, mean=finite(mean), std=finite(std), ci_low=finite(low), ci_high=finite(high))
 
 
 def scipy_stats() -> Any:
@@ -485,7 +555,12 @@ def best_value(points: Sequence[MetricPoint], mode: Mode) -> float | None:
 
 
 def summarize_grid_point(
-    runs: list[StudyRun], *, target: TargetRule | None, selection_metric: str, selection_mode: Mode
+    runs: list[StudyRun],
+    *,
+    target: TargetRule | None,
+    selection_metric: str,
+    selection_mode: Mode,
+    steps: int | None = None,
 ) -> GridPointSummary:
     succeeded = [run for run in runs if run.status == "succeeded"]
     names = {key for run in succeeded for key in run.history if key.startswith("val/")}
@@ -497,7 +572,15 @@ def summarize_grid_point(
         histories = [run.history.get(name, []) for run in succeeded]
         finals = [v for v in (final_value(h) for h in histories) if v is not None]
         bests = [v for v in (best_value(h, mode) for h in histories) if v is not None]
-        metrics.append(MetricStats(metric=name, direction=mode, final=describe(finals), best=describe(bests)))
+        low, high = bounds_of(name)
+        metrics.append(
+            MetricStats(
+                metric=name,
+                direction=mode,
+                final=describe(finals, at_least=low, at_most=high),
+                best=describe(bests, at_least=low, at_most=high),
+            )
+        )
     first = runs[0]
     return GridPointSummary(
         optimizer=first.optimizer,
@@ -506,7 +589,7 @@ def summarize_grid_point(
         counts=count_jobs(runs),
         seeds=sorted(run.seed for run in succeeded),
         metrics=metrics,
-        time_to_target=None if target is None else time_to_target(runs, target),
+        time_to_target=None if target is None else time_to_target(runs, target, steps=steps),
     )
 
 
@@ -516,9 +599,10 @@ def meets(value: float, target: TargetRule) -> bool:
     return value <= target.value if target.mode == "min" else value >= target.value
 
 
-def time_to_target(runs: list[StudyRun], target: TargetRule) -> TimeToTarget:
+def time_to_target(runs: list[StudyRun], target: TargetRule, *, steps: int | None = None) -> TimeToTarget:
     """Per job, the first logged point (by step) that meets the target; counted over every status,
-    but a job that failed or diverged has not reached it, whatever it logged before."""
+    but a job that failed or diverged has not reached it, whatever it logged before. `steps`: the
+    study's steps per job, where the interval of the steps is cut."""
     seeds = []
     for run in runs:
         points = [] if run.status in UNSTABLE_STATUSES else run.history.get(target.metric, [])
@@ -540,7 +624,7 @@ def time_to_target(runs: list[StudyRun], target: TargetRule) -> TimeToTarget:
         reached=len(reached),
         not_reached=sum(1 for s in seeds if not s.reached and s.status in ENDED),
         pending=sum(1 for s in seeds if not s.reached and s.status not in ENDED),
-        steps=describe((float(s.step) for s in reached if s.step is not None), at_least=0.0),
+        steps=describe((float(s.step) for s in reached if s.step is not None), at_least=0.0, at_most=steps),
         seconds=describe((s.seconds for s in reached if s.seconds is not None), at_least=0.0),
     )
 
@@ -622,7 +706,11 @@ def rank(
         key=lambda r: sign * r.selection.mean,  # type: ignore[union-attr,operator]
     )
     unranked = [r for r in rows if r not in ranked]
-    return [r.model_copy(update={"rank": i + 1}) for i, r in enumerate(ranked)] + unranked
+    # Standard competition ranking (1, 2, 2, 4): exactly equal means share the rank of the first of
+    # them, as the order within a tie is only the order the optimizers were listed in.
+    means = [r.selection.mean for r in ranked]  # type: ignore[union-attr]
+    ranks = [means.index(mean) + 1 for mean in means]
+    return [r.model_copy(update={"rank": k}) for r, k in zip(ranked, ranks, strict=True)] + unranked
 
 
 def final_by_seed(runs: Sequence[StudyRun], optimizer: str, label: str, metric: str) -> dict[int, float]:
@@ -739,21 +827,24 @@ def median_or_none(values: Sequence[float]) -> float | None:
 
 
 def time_split(optimizer: str, runs: Sequence[StudyRun]) -> TimeSplit:
-    """Medians over the succeeded jobs: forward+backward = step time - optimizer step, paired by step."""
-    succeeded = [r for r in runs if r.status == "succeeded"]
+    """Medians over the succeeded jobs of each job's own medians: one figure per job, so a job that
+    logged more flush windows (a slow one: they close every second) weighs no more than another."""
     forward_backward: list[float] = []
     optimizer_step: list[float] = []
     state: list[float] = []
     used = 0
-    for run in succeeded:
-        step_ms = {p.step: p.value for p in run.history.get("perf/step_time_ms", [])}
-        opt_ms = {p.step: p.value for p in run.history.get("perf/optimizer_step_ms", [])}
+    for run in runs:
+        if run.status != "succeeded":
+            continue
+        step_ms, opt_ms = job_step_medians(run)
         last_state = final_value(run.history.get("optim/state_bytes", []))
-        if not (step_ms or opt_ms or last_state is not None):
+        if step_ms is None and opt_ms is None and last_state is None:
             continue
         used += 1
-        forward_backward += [step_ms[s] - opt_ms[s] for s in sorted(step_ms.keys() & opt_ms.keys())]
-        optimizer_step += list(opt_ms.values())
+        if step_ms is not None and opt_ms is not None:
+            forward_backward.append(step_ms - opt_ms)
+        if opt_ms is not None:
+            optimizer_step.append(opt_ms)
         if last_state is not None:
             state.append(last_state)
     return TimeSplit(
@@ -762,6 +853,20 @@ def time_split(optimizer: str, runs: Sequence[StudyRun]) -> TimeSplit:
         forward_backward_ms=median_or_none(forward_backward),
         optimizer_step_ms=median_or_none(optimizer_step),
         state_bytes=median_or_none(state),
+    )
+
+
+def job_step_medians(run: StudyRun) -> tuple[float | None, float | None]:
+    """A job's median step time and optimizer step time (ms): its result's, over every step it took.
+
+    Only where the result lacks them, the medians of its perf/* points without the first: a point is
+    the mean of a flush window, and the first window is step 0 alone, its warm-up (compilation,
+    allocation: 30-200 ms against a few ms a step)."""
+    if run.step_time_ms_median is not None and run.optimizer_step_ms_median is not None:
+        return finite(run.step_time_ms_median), finite(run.optimizer_step_ms_median)
+    return (
+        median_or_none([p.value for p in ordered_points(run.history.get("perf/step_time_ms", []))[1:]]),
+        median_or_none([p.value for p in ordered_points(run.history.get("perf/optimizer_step_ms", []))[1:]]),
     )
 
 
@@ -841,6 +946,129 @@ def instability_notes(
                 f"on the {chosen.counts.succeeded} of {chosen.counts.total} seeds that survived."
             )
     return notes
+
+
+def seed_count_notes(ranking: list[RankingRow], runs: Sequence[StudyRun], selection_metric: str) -> list[str]:
+    """Where the ranking stands on fewer seeds than the study ran, or on different numbers of seeds:
+    a mean over two seeds ranked beside one over five reads as the same kind of figure, and is not."""
+    seeds_run = sorted({run.seed for run in runs})
+    if len(seeds_run) == 1:
+        return [
+            f"One seed only (seed {seeds_run[0]}): there is no confidence interval, and the ranking orders "
+            "single runs, which cannot tell an optimizer's difference from a seed's."
+        ]
+    ranked = [(row, row.selection.n) for row in ranking if row.rank is not None and row.selection is not None]
+    notes = []
+    for row, n in ranked:
+        if n < len(seeds_run):
+            point_runs = [r for r in runs if r.optimizer == row.optimizer and grid_label(r.grid) == row.label]
+            notes.append(
+                f"{row.optimizer} {row.label}: ranked on {n} of the {len(seeds_run)} seeds run "
+                f"({seed_fates(point_runs, seeds_run, selection_metric)})."
+            )
+    if len({n for _, n in ranked}) > 1:
+        counts = ", ".join(f"{row.optimizer} n={n}" for row, n in ranked)
+        notes.append(
+            f"The ranked optimizers stand on different numbers of seeds ({counts}): their means are not "
+            "equally certain, and a seed that failed or was cancelled may have been a hard one."
+        )
+    return notes
+
+
+def seed_fates(runs: Sequence[StudyRun], seeds_run: list[int], metric: str) -> str:
+    """What became of each seed run that a grid point's statistics lack: `seed 2 cancelled, seed 3 failed`."""
+    fates = []
+    for seed in seeds_run:
+        own = sorted((r for r in runs if r.seed == seed), key=lambda r: r.job_id)
+        if any(r.status == "succeeded" and final_value(r.history.get(metric, [])) is not None for r in own):
+            continue
+        if not own:
+            fates.append(f"seed {seed} not run here")
+        elif own[0].status == "succeeded":
+            fates.append(f"seed {seed} succeeded but logged no finite {metric}")
+        else:
+            fates.append(f"seed {seed} {own[0].status}")
+    return ", ".join(fates)
+
+
+def no_spread(stat: Stat) -> bool:
+    """Equal values over its seeds up to rounding (relative to the mean: a converged loss is tiny)."""
+    return stat.std is not None and stat.mean is not None and stat.std <= 1e-12 * abs(stat.mean)
+
+
+def no_spread_notes(points: list[GridPointSummary], selection_metric: str) -> list[str]:
+    """Seeds that changed nothing (a deterministic workload, such as `quadratic`): every interval is
+    then of width 0, which reads as certainty and is only the absence of anything that varies."""
+    stats = [s for p in points if (s := selection_stat(p, selection_metric)) is not None and s.n >= 2]
+    if not stats or not all(no_spread(s) for s in stats):
+        return []
+    return [
+        f"The seeds gave identical results: at every grid point with two or more seeds, the final "
+        f"{selection_metric} is the same on every seed, so intervals of width 0 say nothing about the spread "
+        "to expect (the workload does not depend on the seed)."
+    ]
+
+
+def worse(value: float, than: float, mode: Mode) -> bool:
+    return value > than if mode == "min" else value < than
+
+
+def worse_than_first_notes(
+    runs: Sequence[StudyRun], optimizers: list[str], selection_metric: str, mode: Mode
+) -> list[str]:
+    """Succeeded jobs whose selection metric ended worse than its first evaluation: a finite blow-up
+    (sgd at lr=1000: val/loss 2.3 then 2853, accuracy at chance) is no divergence to the job runner,
+    which stops only at a non-finite loss, so its status stays `succeeded`."""
+    notes = []
+    for group in group_by_grid_point(runs, optimizers):
+        ends = [
+            (run.seed, *first_and_final(run, selection_metric)) for run in group if run.status == "succeeded"
+        ]
+        pairs = [
+            (seed, first, final) for seed, first, final in ends if first is not None and final is not None
+        ]
+        bad = [(seed, first, final) for seed, first, final in pairs if worse(final, first, mode)]
+        if bad:
+            shown = ", ".join(f"seed {seed}: {first:.4g} -> {final:.4g}" for seed, first, final in bad)
+            notes.append(
+                f"{group[0].optimizer} {grid_label(group[0].grid)}: {selection_metric} ended worse than its "
+                f"first evaluation in {len(bad)} of {len(pairs)} seeds ({shown})."
+            )
+    return notes
+
+
+def first_and_final(run: StudyRun, metric: str) -> tuple[float | None, float | None]:
+    """The first finite and the last logged value of `metric` (None where missing or not finite)."""
+    points = ordered_points(run.history.get(metric, []))
+    first = next((float(p.value) for p in points if math.isfinite(p.value)), None)
+    return first, final_value(points)
+
+
+def resumed_notes(runs: Sequence[StudyRun]) -> list[str]:
+    """Jobs that ran more than one attempt: its points' seconds count from its MLflow run's start, so
+    its time to target and its curves against time include the time it was down."""
+    return [
+        f"job {run.job_id} ({run.optimizer} {grid_label(run.grid)} seed={run.seed}) was resumed after an "
+        f"interruption (attempt {run.attempt}): its seconds include the time it was down."
+        for run in sorted(runs, key=lambda r: r.job_id)
+        if run.attempt > 1
+    ]
+
+
+def eval_cadence(runs: Sequence[StudyRun]) -> int | None:
+    """Steps between evaluations: the study's `eval_every` where the runs carry it, else the most common
+    gap between a job's val/* steps (from step 0; the larger on a tie, as a job's last evaluation comes
+    at its end, off the cadence)."""
+    given = [run.eval_every for run in runs if run.eval_every is not None]
+    if given:
+        return max(given)
+    gaps: Counter[int] = Counter()
+    for run in runs:
+        steps = sorted(
+            {p.step for key, points in run.history.items() if key.startswith("val/") for p in points}
+        )
+        gaps.update(b - a for a, b in itertools.pairwise([0, *steps]) if b > a)
+    return max(gaps, key=lambda gap: (gaps[gap], gap)) if gaps else None
 
 
 MAX_SEGMENT = 60

@@ -140,10 +140,10 @@ def final_values(mlflow: Any, run_id: str, metric: str) -> list[tuple[int, float
 
 
 def describe(values: list[float]) -> tuple[float, float, float, float]:
-    """Mean, sample std, and the 95% Student's t interval of the mean."""
+    """Mean, sample std, and the 95% Student's t interval of the mean of an accuracy (cut to [0, 1])."""
     mean, std = statistics.fmean(values), statistics.stdev(values)
     half = stats.t.ppf(0.975, len(values) - 1) * std / math.sqrt(len(values))
-    return mean, std, mean - half, mean + half
+    return mean, std, max(mean - half, 0.0), min(mean + half, 1.0)
 
 
 def test_the_study_expands_into_jobs_visible_through_jobs(api: httpx.Client, study: dict[str, Any]) -> None:

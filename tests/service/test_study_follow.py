@@ -1,13 +1,16 @@
-"""`optlab study --wait`'s progress (service/studies/follow.py), fed by a stand-in client."""
+"""`optlab study --wait` (service/studies/follow.py): its progress, fed by a stand-in client, and the ranking
+and the lines it prints under it."""
 
 from __future__ import annotations
 
 import io
+import re
 from typing import Any
 
 from rich.console import Console
 
-from service.studies.follow import follow_study
+from service.studies.follow import comparison_lines, follow_study, ranking_table
+from service.studies.summary import RANKING_CAVEAT, MetricPoint, StudyRun, StudySummary, summarize
 
 
 def study(status: str, summary_error: str | None = None) -> dict[str, Any]:
@@ -46,3 +49,26 @@ def test_a_summary_that_keeps_failing_is_shown_once_while_waiting() -> None:
     )
     assert shown.count(line) == 1, shown
     assert "grid.betas.float" not in shown
+
+
+def summary_of(finals: dict[str, float], baseline: str | None = None) -> StudySummary:
+    runs = [
+        StudyRun(job, optimizer, {"lr": 0.1}, seed, "succeeded", {"val/loss": [MetricPoint(10, 1.0, final)]})
+        for job, (optimizer, final) in enumerate(finals.items())
+        for seed in (0, 1)
+    ]
+    return summarize(runs, target=None, baseline=baseline, selection_metric="val/loss", selection_mode="min")
+
+
+def test_the_cli_prints_the_reports_caveat_on_what_the_ranking_says() -> None:
+    """The terminal showed a ranking with no word that it orders means chosen on the seeds it reports."""
+    assert comparison_lines(summary_of({"a": 0.4, "b": 0.5}))[0] == RANKING_CAVEAT
+    lines = comparison_lines(summary_of({"a": 0.4, "b": 0.5}, baseline="b"))
+    assert lines[0] == RANKING_CAVEAT and lines[1].startswith("a vs b on val/loss over 2 seeds")
+
+
+def test_the_ranking_table_shows_a_tie_as_one_rank() -> None:
+    out = io.StringIO()
+    Console(file=out, width=200).print(ranking_table(summary_of({"a": 0.4, "b": 0.5, "c": 0.5, "d": 0.6})))
+    ranks = re.findall(r"^\W*(\d)\W+([abcd])\W", out.getvalue(), re.MULTILINE)
+    assert ranks == [("1", "a"), ("2", "b"), ("2", "c"), ("4", "d")], out.getvalue()

@@ -16,10 +16,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from matplotlib.figure import Figure
 from PIL import Image
 
-from service.studies.report import Report, Surface, render_report
-from service.studies.summary import MetricPoint, StudyRun, StudySummary, TargetRule, summarize
+from service.studies.report import COLOURS, Report, Surface, error_bar, render_report, sensitivity_figure
+from service.studies.summary import (
+    RANKING_CAVEAT,
+    MetricPoint,
+    StudyRun,
+    StudySummary,
+    TargetRule,
+    summarize,
+)
 
 # one worker renders the shared `full` report once (make test runs with --dist loadgroup)
 pytestmark = pytest.mark.xdist_group("study_report")
@@ -243,3 +251,64 @@ def test_a_headless_browser_shows_the_report(full: Full, tmp_path: Path) -> None
     blue = np.all(np.abs(pixels.astype(int) - [31, 119, 180]) < 40, axis=-1).sum()
     orange = np.all(np.abs(pixels.astype(int) - [255, 127, 14]) < 40, axis=-1).sum()
     assert blue > 2000 and orange > 2000, (blue, orange)
+
+
+def test_the_report_states_the_ranking_caveat_the_cli_prints_too(full: Full) -> None:
+    assert html_escape(RANKING_CAVEAT) in full[0].html
+
+
+def test_a_rate_where_every_seed_diverged_or_failed_is_marked_on_the_sensitivity_plot() -> None:
+    """adamw at lr=0.1 diverged on every seed: the plot dropped the rate as if it was never tried."""
+    runs = [r for r in make_runs(traj=False) if r.seed < 3]
+    start = len(runs) + 1
+    runs += [StudyRun(start + seed, "adamw", {"lr": 0.1}, seed, "diverged", {}) for seed in (0, 1)]
+    runs += [StudyRun(start + 2, "adamw", {"lr": 0.1}, 2, "failed", {}, error="boom")]
+    runs += [StudyRun(start + 3, "lion", {"lr": 0.5}, 0, "cancelled", {})]  # cancelled only: no mark
+    figure = sensitivity_figure(summary_for(runs), "lr")
+    assert figure is not None
+    (axes,) = figure.axes
+    marks = [line for line in axes.get_lines() if line.get_marker() == "x" and np.size(line.get_xdata())]
+    assert [(np.asarray(m.get_xdata()).tolist(), np.asarray(m.get_ydata()).tolist()) for m in marks] == [
+        ([0.1], [1.0])
+    ]
+    # at the top edge: y in axes coordinates, x in data
+    assert marks[0].get_transform() == axes.get_xaxis_transform()
+    assert marks[0].get_color() == COLOURS[1]  # adamw's colour
+    assert LOST in legend_texts(figure)
+    # grid points with survivors (adamw lr=0.01 lost one seed) are drawn, not marked
+    assert LOST not in legend_texts(sensitivity_figure(summary_for(make_runs(traj=False)), "lr"))
+
+
+LOST = "diverged or failed"
+
+
+def legend_texts(figure: Figure | None) -> list[str]:
+    assert figure is not None
+    legend = figure.axes[0].get_legend()
+    assert legend is not None
+    return [text.get_text() for text in legend.get_texts()]
+
+
+def test_an_interval_cut_at_what_the_metric_can_take_is_written_out() -> None:
+    runs = [
+        StudyRun(seed + 1, "sgd", {"lr": 0.1}, seed, "succeeded", {"val/accuracy": [MetricPoint(10, 1.0, v)]})
+        for seed, v in enumerate([0.99, 1.0, 0.95])
+    ]
+    summary = summarize(
+        runs, target=None, baseline=None, selection_metric="val/accuracy", selection_mode="max"
+    )
+    stat = summary.grid_points[0].metric("val/accuracy")
+    assert stat is not None and stat.final.ci_low is not None and stat.final.ci_high == 1.0
+    below, above = error_bar(stat.final)
+    assert above == pytest.approx(1.0 - 0.98) and below > above
+    assert f"0.98 ({stat.final.ci_low:.4g} to 1, n=3)" in render_report(summary, runs, title="t").html
+
+
+def test_time_to_target_says_steps_are_measured_at_evaluations(full: Full) -> None:
+    html = full[0].html
+    assert full[2].eval_every == 50  # read off the val/loss points, every 50 steps
+    assert (
+        "Steps to target are measured at evaluation points, every 50 steps (eval_every): a seed that met "
+        "the target between two evaluations is counted at the later one" in html
+    )
+    assert "<th>steps (at evaluations)</th>" in html

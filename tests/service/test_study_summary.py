@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -389,30 +390,50 @@ def test_failed_diverged_and_cancelled_jobs_are_counted_and_listed() -> None:
 # --- time split -------------------------------------------------------------------------
 
 
-def test_time_split_medians_over_succeeded_jobs() -> None:
+def test_time_split_is_the_median_over_jobs_of_each_jobs_own_medians() -> None:
+    """The probe: the split was the median of flush-window means, 10-80x off, as windows close every
+    100 steps or every second (a slow stretch makes many) and step 0's warm-up window counted. Each
+    job's result holds its own medians over its steps: the split is the median over jobs of those."""
+    slow_windows = points([180.0] + [60.0] * 20)  # warm-up, then a slow stretch of one-second windows
+    runs = [
+        replace(
+            make_run(1, "lion", 0, perf__step_time_ms=slow_windows, perf__optimizer_step_ms=slow_windows),
+            step_time_ms_median=10.0,
+            optimizer_step_ms_median=2.0,  # forward+backward 8
+        ),
+        replace(make_run(2, "lion", 1), step_time_ms_median=14.0, optimizer_step_ms_median=3.0),  # 11
+        replace(make_run(3, "lion", 2), step_time_ms_median=12.0, optimizer_step_ms_median=4.0),  # 8
+        replace(
+            make_run(4, "lion", 3, status="failed"), step_time_ms_median=1000.0, optimizer_step_ms_median=1.0
+        ),
+    ]
+    (split,) = summary_of(runs).time_split
+    assert split.jobs == 3
+    assert split.forward_backward_ms == pytest.approx(8.0)  # median of 8, 11, 8
+    assert split.optimizer_step_ms == pytest.approx(3.0)  # median of 2, 3, 4
+
+
+def test_time_split_falls_back_to_the_history_without_the_warm_up_window() -> None:
     runs = [
         make_run(
             1,
             "lion",
             0,
-            perf__step_time_ms=points([5.0, 6.0, 9.0]),
-            perf__optimizer_step_ms=points([1.0, 2.0, 3.0]),  # forward+backward: 4, 4, 6
+            perf__step_time_ms=points([200.0, 5.0, 6.0, 9.0]),  # step 0's window first: left out
+            perf__optimizer_step_ms=points([150.0, 1.0, 2.0, 3.0]),  # median 2; forward+backward 6 - 2
             optim__state_bytes=points([0.0, 400.0]),
         ),
-        make_run(
-            2,
-            "lion",
-            1,
-            perf__step_time_ms=points([7.0]),
-            perf__optimizer_step_ms=points([2.0]),  # forward+backward: 5
-            optim__state_bytes=points([600.0]),
+        replace(
+            make_run(2, "lion", 1, optim__state_bytes=points([600.0])),
+            step_time_ms_median=7.0,
+            optimizer_step_ms_median=2.0,  # forward+backward 5
         ),
         make_run(3, "lion", 2, status="failed", perf__step_time_ms=points([1000.0])),
     ]
     (split,) = summary_of(runs).time_split
     assert split.jobs == 2
-    assert split.forward_backward_ms == pytest.approx(4.5)  # median of 4, 4, 5, 6
-    assert split.optimizer_step_ms == pytest.approx(2.0)  # median of 1, 2, 2, 3
+    assert split.forward_backward_ms == pytest.approx(4.5)  # median of 4 and 5
+    assert split.optimizer_step_ms == pytest.approx(2.0)  # median of 2 and 2
     assert split.state_bytes == pytest.approx(500.0)  # median of the last values 400, 600
 
 
@@ -557,3 +578,141 @@ def test_a_grid_of_list_values_is_summarized_and_reported() -> None:
     assert [point.grid["betas"] for point in summary.grid_points] == [[0.8, 0.99], [0.9, 0.999]]
     assert StudySummary.model_validate_json(summary.model_dump_json()) == summary
     assert "betas=[0.8,0.99]" in render_report(summary, runs, title="t").html
+
+
+# --- what the probe of real studies found -----------------------------------------------
+
+
+def test_equal_means_share_a_rank() -> None:
+    """Standard competition ranking: two optimizers with exactly the same mean are both second."""
+    runs = study({("a", 0.1): [0.4], ("b", 0.1): [0.5], ("c", 0.1): [0.5], ("d", 0.1): [0.6]})
+    summary = summary_of(runs)
+    assert [(row.optimizer, row.rank) for row in summary.ranking] == [("a", 1), ("b", 2), ("c", 2), ("d", 4)]
+    assert summary.flat_metrics()["summary/c/rank"] == 2.0
+
+
+def test_a_best_point_on_fewer_seeds_than_were_run_is_noted_with_what_became_of_the_others() -> None:
+    runs = study({("lion", 3e-4): [0.30, 0.40, 0.50], ("adamw", 1e-3): [0.45, 0.45, 0.48]})
+    runs[1] = make_run(runs[1].job_id, "lion", 1, grid={"lr": 3e-4}, status="cancelled")
+    runs[2] = make_run(runs[2].job_id, "lion", 2, grid={"lr": 3e-4}, status="failed", error="boom")
+    summary = summary_of(runs)
+    assert (
+        "lion lr=0.0003: ranked on 1 of the 3 seeds run (seed 1 cancelled, seed 2 failed)." in summary.notes
+    )
+    assert (
+        "The ranked optimizers stand on different numbers of seeds (lion n=1, adamw n=3): their means are "
+        "not equally certain, and a seed that failed or was cancelled may have been a hard one."
+        in summary.notes
+    )
+    # the notes change nothing about the ranking: lion's one seed left, 0.3, ranks it first
+    assert [(row.optimizer, row.rank) for row in summary.ranking] == [("lion", 1), ("adamw", 2)]
+    # every optimizer on every seed: no such note
+    full = summary_of(study(FINALS))
+    assert not any("seeds run" in note or "different numbers of seeds" in note for note in full.notes)
+
+
+def test_a_single_seed_study_says_there_is_no_interval() -> None:
+    summary = summary_of(study({("lion", 3e-4): [0.3], ("adamw", 1e-3): [0.4]}))
+    assert (
+        "One seed only (seed 0): there is no confidence interval, and the ranking orders single runs, "
+        "which cannot tell an optimizer's difference from a seed's." in summary.notes
+    )
+    assert not any("One seed only" in note for note in summary_of(study(FINALS)).notes)
+
+
+def test_seeds_that_change_nothing_are_noted() -> None:
+    """`quadratic` is deterministic: every seed gives the same loss, and intervals of width 0 read
+    as certainty."""
+    identical = study({("sgd", 0.1): [0.25, 0.25, 0.25], ("adam", 0.1): [1e-30] * 3, ("lion", 0.1): [0.5]})
+    note = (
+        "The seeds gave identical results: at every grid point with two or more seeds, the final val/loss "
+        "is the same on every seed, so intervals of width 0 say nothing about the spread to expect (the "
+        "workload does not depend on the seed)."
+    )
+    assert note in summary_of(identical).notes
+    # one grid point whose seeds differ: the seeds do something
+    varied = identical + study({("sgd", 0.2): [0.3, 0.31]})
+    assert note not in summary_of(varied).notes
+
+
+def test_a_finite_blow_up_that_succeeded_is_noted_per_grid_point() -> None:
+    """sgd at lr=1000: val/loss 2853 from 2.3, a finite value, so the job succeeded."""
+    runs = [
+        make_run(1, "sgd", 0, grid={"lr": 1000}, val__loss=points([2.3, 40.0, 2853.0])),
+        make_run(2, "sgd", 1, grid={"lr": 1000}, val__loss=points([2.31, 1e4])),
+        make_run(3, "sgd", 2, grid={"lr": 1000}, val__loss=points([2.3, 2.0])),
+        make_run(4, "sgd", 0, grid={"lr": 0.1}, val__loss=points([2.3, 0.5])),
+    ]
+    summary = summary_of(runs)
+    worse = [note for note in summary.notes if "ended worse than its first evaluation" in note]
+    assert worse == [
+        "sgd lr=1000: val/loss ended worse than its first evaluation in 2 of 3 seeds "
+        "(seed 0: 2.3 -> 2853, seed 1: 2.31 -> 1e+04)."
+    ]
+    assert summary.counts.succeeded == 4  # the status stays
+    accuracy = [make_run(1, "sgd", 0, grid={"lr": 1000}, val__accuracy=points([0.3, 0.1]))]
+    maximised = summary_of(accuracy, selection_metric="val/accuracy", selection_mode="max")
+    assert "sgd lr=1000: val/accuracy ended worse than its first evaluation in 1 of 1 seeds" in (
+        " ".join(maximised.notes)
+    )
+
+
+def test_intervals_are_cut_at_what_the_metric_can_take_and_the_means_kept() -> None:
+    accuracy = study({("sgd", 0.1): [0.99, 1.0, 0.95]}, metric="val/accuracy")
+    summary = summary_of(accuracy, selection_metric="val/accuracy", selection_mode="max")
+    final = summary.grid_points[0].metric("val/accuracy")
+    assert final is not None
+    mean = (0.99 + 1.0 + 0.95) / 3
+    half = T_2 * float(np.std([0.99, 1.0, 0.95], ddof=1)) / math.sqrt(3)  # mean + half: about 1.05
+    assert final.final.mean == pytest.approx(mean)
+    assert (final.final.ci_low, final.final.ci_high) == (pytest.approx(mean - half), 1.0)
+    rmse = summary_of(
+        study({("sgd", 0.1): [0.01, 0.5, 0.02]}, metric="val/rmse"), selection_metric="val/rmse"
+    )
+    stat = rmse.grid_points[0].metric("val/rmse")
+    assert stat is not None and stat.final.ci_low == 0.0 and stat.final.mean == pytest.approx(0.53 / 3)
+    # a loss has no known bound: its interval is left as it is
+    loss = summary_of(study({("sgd", 0.1): [0.01, 0.5, 0.02]})).grid_points[0].metric("val/loss")
+    assert loss is not None and loss.final.ci_low is not None and loss.final.ci_low < 0
+
+
+def test_describe_cuts_the_interval_at_most() -> None:
+    stat = describe([1.0, 2.0, 3.0], at_least=1.0, at_most=2.5)
+    assert (stat.mean, stat.ci_low, stat.ci_high) == (2.0, 1.0, 2.5)
+
+
+def test_steps_to_target_are_cut_at_the_studys_steps() -> None:
+    runs = [
+        replace(make_run(1, "sgd", 0, val__loss=points([0.9, 0.4, 0.3])), steps=30),  # reached at 20
+        replace(make_run(2, "sgd", 1, val__loss=points([0.9, 0.8, 0.4])), steps=30),  # at 30
+    ]
+    ttt = summary_of(runs, target=TargetRule("val/loss", "min", 0.5)).grid_points[0].time_to_target
+    assert ttt is not None and ttt.steps.mean == 25.0
+    assert (ttt.steps.ci_low, ttt.steps.ci_high) == (0.0, 30.0)
+
+
+def test_the_evaluation_cadence_is_the_studys_else_read_off_the_val_points() -> None:
+    runs = [make_run(1, "sgd", 0, val__loss=[*points([0.9, 0.5, 0.4], every=10), MetricPoint(35, 1.0, 0.3)])]
+    assert summary_of(runs).eval_every == 10  # gaps 10, 10, 10, 5: the job's end is off the cadence
+    assert summary_of([replace(runs[0], eval_every=50)]).eval_every == 50
+    assert summary_of([make_run(1, "sgd", 0, train__loss=points([1.0]))]).eval_every is None
+
+
+def test_a_resumed_job_is_noted() -> None:
+    runs = [
+        make_run(7, "lion", 2, grid={"lr": 3e-4}, val__loss=points([1.0, 0.5])),
+        replace(make_run(8, "lion", 3, grid={"lr": 3e-4}, val__loss=points([1.0, 0.5])), attempt=2),
+    ]
+    notes = [note for note in summary_of(runs).notes if "resumed" in note]
+    assert notes == [
+        "job 8 (lion lr=0.0003 seed=3) was resumed after an interruption (attempt 2): its seconds include "
+        "the time it was down."
+    ]
+
+
+def test_flat_metrics_count_each_optimizers_cancelled_jobs() -> None:
+    runs = study({("lion", 3e-4): [0.3, 0.4, 0.5]})
+    runs.append(make_run(9, "lion", 3, grid={"lr": 3e-4}, status="cancelled"))
+    flat = summary_of(runs).flat_metrics()
+    assert flat["summary/lion/jobs_cancelled"] == 1.0
+    assert flat["summary/lion/jobs_failed"] == 0.0

@@ -1,0 +1,56 @@
+"""A study's jobs read back as `StudyRun`s (service/studies/collect.py), from store rows and a stand-in
+MLflow client: what the summary needs from the job row besides the metric histories."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from jobs.result import JobStatus
+from service.models import Job, Study
+from service.studies.collect import collect_runs
+from service.studies.summary import MetricPoint
+
+
+class FakeMlflow:
+    """get_run and get_metric_history for one run that logged val/loss at steps 10 and 20."""
+
+    def get_run(self, run_id: str) -> Any:
+        return SimpleNamespace(
+            info=SimpleNamespace(start_time=1_000), data=SimpleNamespace(metrics={"val/loss": 0})
+        )
+
+    def get_metric_history(self, run_id: str, key: str) -> list[Any]:
+        return [SimpleNamespace(step=s, timestamp=1_000 + 500 * s, value=1.0 / s) for s in (20, 10)]
+
+
+def job(job_id: int, status: JobStatus, *, attempt: int, result: dict[str, Any] | None) -> Job:
+    return Job(id=job_id, status=status, attempt=attempt, result=result, mlflow={"run_id": f"run{job_id}"})
+
+
+def test_the_job_rows_medians_attempt_and_the_studys_cadence_reach_the_runs() -> None:
+    study = Study(
+        id=1,
+        name="s",
+        spec={"steps": 300, "eval_every": 50, "seeds": [0, 1, 2]},
+        members=[
+            {"job_id": 1, "optimizer": "adam", "grid": {"lr": 0.001}, "seed": 0},
+            {"job_id": 2, "optimizer": "adam", "grid": {"lr": 0.001}, "seed": 1},
+            {"job_id": 3, "optimizer": "adam", "grid": {"lr": 0.001}, "seed": 2},
+        ],
+    )
+    jobs = [
+        job(
+            1,
+            JobStatus.SUCCEEDED,
+            attempt=1,
+            result={"step_time_ms_median": 4.5, "optimizer_step_ms_median": 1},
+        ),
+        job(2, JobStatus.SUCCEEDED, attempt=2, result={"status": "succeeded"}),  # a result without them
+    ]  # job 3 has no row: cancelled before it was stored
+    first, second, third = collect_runs(FakeMlflow(), study, jobs)
+    assert (first.step_time_ms_median, first.optimizer_step_ms_median, first.attempt) == (4.5, 1.0, 1)
+    assert (second.step_time_ms_median, second.optimizer_step_ms_median, second.attempt) == (None, None, 2)
+    assert (third.status, third.history, third.attempt) == ("cancelled", {}, 0)
+    assert {(run.steps, run.eval_every) for run in (first, second, third)} == {(300, 50)}
+    assert first.history["val/loss"] == [MetricPoint(10, 5.0, 0.1), MetricPoint(20, 10.0, 0.05)]
