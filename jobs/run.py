@@ -369,6 +369,7 @@ def checkpoints_so_far(job: Job) -> dict[str, Any]:
 def finish_mlflow_run(mlflow_run: Any, result: JobResult, job: Job | None, spec: AnySpec | None) -> JobResult:
     """Artifacts (spec, result, final checkpoint or check report), then flush metrics and end the run."""
     mlflow_status = MLFLOW_STATUS.get(result.status, "FAILED")
+    outcome = result.status.value  # MLflow's FAILED alone does not tell a divergence from a failure
     try:
         try:
             store = getattr(job, "store", None)
@@ -380,10 +381,10 @@ def finish_mlflow_run(mlflow_run: Any, result: JobResult, job: Job | None, spec:
                 mlflow_run.log_json("spec.json", spec.model_dump(mode="json"))
             mlflow_run.log_json("result.json", result.to_json())
         except Exception:
-            mlflow_status = "FAILED"
+            mlflow_status, outcome = "FAILED", JobStatus.FAILED.value
             raise
         finally:
-            mlflow_run.end(mlflow_status)  # flushes metrics; the run never stays RUNNING
+            mlflow_run.end(mlflow_status, outcome=outcome)  # flushes metrics; the run never stays RUNNING
     except Exception as exc:
         result = result.with_fields(status=JobStatus.FAILED, error=error_record(exc))
     return result

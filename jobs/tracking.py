@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple, Protocol
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlencode, urlsplit, urlunsplit
 
 from jobs.metric_delivery import (
     MAX_METRICS_PER_BATCH,
@@ -211,14 +211,49 @@ def tracking_server(tracking_uri: str) -> str:
     return urlunsplit((parts.scheme, parts.netloc.rpartition("@")[2], "", "", "")) or tracking_uri
 
 
-def experiment_chart_url(tracking_uri: str, experiment_id: str) -> str:
-    """The experiment's runs as charts (MLflow 3's runs tab, chart mode)."""
-    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs?compareRunsMode=CHART"
+# The runs page's own "Run Name" sort (its sort menu then names it).
+RUN_NAME_ORDER = "tags.`mlflow.runName`"
+
+
+def experiment_chart_url(tracking_uri: str, experiment_id: str, *, search_filter: str | None = None) -> str:
+    """The experiment's runs as charts (MLflow 3's runs tab, chart mode); with `search_filter` (MLflow's
+    search syntax), only the runs it matches, listed flat by name."""
+    query = {"compareRunsMode": "CHART"}
+    if search_filter:
+        # The runs page nests child runs under their parent, collapsed (their curves hidden until
+        # expanded by hand), while it sorts by creation time, its default; sorted otherwise, it lists
+        # the runs that match flat. No URL parameter expands a parent (runsExpanded is view state).
+        query |= {"searchFilter": search_filter, "orderByKey": RUN_NAME_ORDER, "orderByAsc": "true"}
+    runs = f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs"
+    return f"{runs}?{urlencode(query, quote_via=quote)}"
 
 
 def run_chart_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
     """One run's metric charts (its `model-metrics` tab)."""
-    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}/model-metrics"
+    return f"{run_overview_url(tracking_uri, experiment_id, run_id)}/model-metrics"
+
+
+def run_overview_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
+    """One run's overview: status, params, tags, child runs, metrics as values; artifacts a tab away."""
+    return f"{tracking_uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}"
+
+
+# Tagged on a job's run as it ends: MLflow's status alone reads FAILED for a job that diverged.
+OUTCOME_TAG = "outcome"
+# What an MLflow status tells on its own; FAILED may be a failure or a divergence, which only the
+# caller knows (`outcome=`): from the status alone it is not tagged rather than tagged wrong.
+OUTCOME_OF_STATUS = {"FINISHED": "succeeded", "KILLED": "cancelled"}
+
+
+def end_run(client: Any, run_id: str, status: str, *, outcome: str | None = None) -> None:
+    """Tag the run's `outcome` (the job's status: succeeded, failed, diverged, cancelled; by default
+    what `status` tells), then end it as `status` (FINISHED, FAILED or KILLED), even if tagging fails."""
+    outcome = outcome or OUTCOME_OF_STATUS.get(status)
+    try:
+        if outcome:  # first: a run seen ended has its outcome
+            client.set_tag(run_id, OUTCOME_TAG, outcome)
+    finally:
+        client.set_terminated(run_id, status=status)
 
 
 class MlflowRun:
@@ -242,6 +277,8 @@ class MlflowRun:
             run = self._existing_run(resume_run_id)
             self.info = RunInfo(tracking_uri, run.info.experiment_id, resume_run_id)
             self._client.update_run(resume_run_id, status="RUNNING")
+            if OUTCOME_TAG in run.data.tags:  # the attempt before's, stale while this one runs
+                self._client.delete_tag(resume_run_id, OUTCOME_TAG)
             for key, value in tags.items():
                 self._client.set_tag(resume_run_id, key, value)
             params = {k: v for k, v in params.items() if k not in run.data.params}
@@ -252,7 +289,7 @@ class MlflowRun:
         try:
             self._log_params(params)
         except BaseException:
-            self._client.set_terminated(self.info.run_id, status="FAILED")  # never left RUNNING
+            end_run(self._client, self.info.run_id, "FAILED", outcome="failed")  # never left RUNNING
             raise
         self.delivery = self._start_delivery(delivery or DEFAULT_DELIVERY)
 
@@ -302,15 +339,16 @@ class MlflowRun:
             path.write_text(json.dumps(data, indent=2, sort_keys=True))
             self.log_artifact(path)
 
-    def end(self, status: str) -> None:
-        """Flush metrics, then mark the run FINISHED, FAILED or KILLED."""
+    def end(self, status: str, *, outcome: str | None = None) -> None:
+        """Flush metrics, then tag the job's `outcome` (see `end_run`) and mark the run FINISHED, FAILED
+        or KILLED."""
         try:
             self.delivery.close()
         except BaseException:
-            # The run lost points: MLflow must not call it FINISHED.
-            self._client.set_terminated(self.info.run_id, status="FAILED")
+            # The run lost points: MLflow must not call it FINISHED, and the job fails for it.
+            end_run(self._client, self.info.run_id, "FAILED", outcome="failed")
             raise
-        self._client.set_terminated(self.info.run_id, status=status)
+        end_run(self._client, self.info.run_id, status, outcome=outcome)
 
     def _experiment_id(self, name: str) -> str:
         return experiment_id_for(self._client, name)

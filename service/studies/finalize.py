@@ -18,14 +18,20 @@ from typing import Any, Literal
 
 from jobs.result import JobStatus
 from jobs.spec import Catalogue, StudySpec
-from jobs.tracking import experiment_chart_url
 from jobs.workloads.surfaces import surface_for
 from service import store
 from service.models import Job, Study
 from service.studies import store as study_store
 from service.studies.collect import collect_runs
 from service.studies.report import Report, Surface, render_report
-from service.studies.runs import ensure_parent_run, mlflow_client, shown_tracking_uri
+from service.studies.runs import (
+    ensure_parent_run,
+    log_missing_params,
+    mlflow_client,
+    shown_tracking_uri,
+    study_runs_url,
+    target_params,
+)
 from service.studies.summary import StudySummary, TargetRule, summarize
 
 log = logging.getLogger("optlab.worker")
@@ -99,10 +105,12 @@ def finalize(
     )
     # A study cancelled before any job started has no parent run yet: its summary needs one.
     parent = ensure_parent_run(sessions=sessions, tracking_uri=tracking_uri, study=study)
+    if target is not None:  # the spec's, logged at the start already, or its workload's default
+        log_missing_params(client, parent, target_params(target.metric, target.mode, target.value))
     with sessions() as session:
         recorded = study_store.get_study(session=session, study_id=study.id)
     assert recorded is not None and recorded.experiment_id is not None
-    url = experiment_chart_url(shown_tracking_uri(tracking_uri), recorded.experiment_id)
+    url = study_runs_url(shown_tracking_uri(tracking_uri), recorded.experiment_id, study.id)
     report = render_report(
         summary, runs, title=f"Study {study.name}", surface=surface_of(spec), mlflow_url=url
     )

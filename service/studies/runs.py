@@ -8,18 +8,22 @@ conditional update: the first recorded run is the parent; a worker whose own new
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from jobs.spec import StudyMember, StudySpec, grid_text
-from jobs.tracking import experiment_id_for
+from jobs.tracking import MAX_PARAMS_PER_BATCH, OUTCOME_TAG, experiment_chart_url, experiment_id_for
 from service.models import Job, Study
 from service.secrets import split_credentials
 from service.studies import store as study_store
 
 PARENT_ROLE = "parent"
+CHILD_ROLE = "child"
+# MLflow refuses a longer param value (and with it the whole batch, so the parent run's start).
+MAX_PARAM_CHARS = 6000
 # Tags the job runner sets itself; a grid hyperparameter of the same name is tagged `grid.<name>`.
 RESERVED_TAGS = {"job_id", "framework", "optimizer", "style", "attempt", "submitted_by", "kind", "workload"}
-RESERVED_TAGS |= {"study", "study_id", "study_role", "seed"}
+RESERVED_TAGS |= {"study", "study_id", "study_role", "seed", OUTCOME_TAG}
 
 
 def mlflow_client(tracking_uri: str) -> Any:
@@ -34,7 +38,7 @@ def child_tags(study: Study, member: StudyMember) -> dict[str, str]:
     tags = {
         "study": study.name,
         "study_id": str(study.id),
-        "study_role": "child",
+        "study_role": CHILD_ROLE,
         "optimizer": member.optimizer,
     }
     for key, value in member.grid.items():
@@ -66,7 +70,7 @@ def ensure_parent_run(*, sessions: Any, tracking_uri: str, study: Study) -> str:
     experiment_id = experiment_id_for(client, spec.experiment_name)
     found = client.search_runs(
         [experiment_id],
-        filter_string=f"tags.study_id = '{study.id}' AND tags.study_role = '{PARENT_ROLE}'",
+        filter_string=study_filter(study.id, PARENT_ROLE),
         order_by=["attributes.start_time ASC"],
         max_results=1,
     )
@@ -99,10 +103,57 @@ def _create_parent(client: Any, experiment_id: str, study: Study, spec: StudySpe
         "batch_size": str(spec.batch_size),
         "jobs": str(len(study.members)),
         "baseline": spec.baseline or "",
+        "eval_every": str(spec.eval_every),
+        **grid_params(spec),
+        # A study without one is judged against its workload's default: the finalizer logs that one.
+        **(target_params(spec.target.metric, spec.target.mode, spec.target.value) if spec.target else {}),
     }
-    client.log_batch(run.info.run_id, params=[Param(k, v) for k, v in params.items()])
+    items = [Param(k, v) for k, v in params.items()]
+    for start in range(0, len(items), MAX_PARAMS_PER_BATCH):  # up to 32 optimizers, 64 workload params
+        client.log_batch(run.info.run_id, params=items[start : start + MAX_PARAMS_PER_BATCH])
     client.log_dict(run.info.run_id, study.spec, "study.json")
     return str(run.info.run_id)
+
+
+def grid_params(spec: StudySpec) -> dict[str, str]:
+    """`grid.<optimizer>`: each optimizer's grid axes as JSON, `{"lr":[0.001,0.003]}` (`{}` for none).
+    Cut short where MLflow's limit requires it: study.json, beside them, holds the whole spec."""
+    return {
+        f"grid.{optimizer.key}": capped(json.dumps(optimizer.axes(), separators=(",", ":")))
+        for optimizer in spec.optimizers
+    }
+
+
+def target_params(metric: str, mode: str, value: float) -> dict[str, str]:
+    """The target the study is judged against, as the parent run's params."""
+    return {"target.metric": metric, "target.mode": mode, "target.value": str(value)}
+
+
+def log_missing_params(client: Any, run_id: str, params: dict[str, str]) -> None:
+    """Log the params the run lacks: MLflow refuses to change a param's value, and a finalizer run
+    again may see another default target (a newer catalogue) than the one it logged before."""
+    from mlflow.entities import Param
+
+    logged = client.get_run(run_id).data.params
+    missing = [Param(key, value) for key, value in params.items() if key not in logged]
+    if missing:
+        client.log_batch(run_id, params=missing)
+
+
+def capped(text: str) -> str:
+    return text if len(text) <= MAX_PARAM_CHARS else text[: MAX_PARAM_CHARS - 3] + "..."
+
+
+def study_filter(study_id: int, role: str) -> str:
+    """MLflow's search filter for a study's runs in `role`: by id, since studies of one name share an
+    experiment and a `study` tag."""
+    return f"tags.study_id = '{study_id}' AND tags.study_role = '{role}'"
+
+
+def study_runs_url(tracking_uri: str, experiment_id: str, study_id: int) -> str:
+    """The study's job runs as charts in the MLflow UI: its own child runs only, flat (the parent's
+    summary scalars, one bar each, and another study of the same name left out), so their curves show."""
+    return experiment_chart_url(tracking_uri, experiment_id, search_filter=study_filter(study_id, CHILD_ROLE))
 
 
 def shown_tracking_uri(tracking_uri: str) -> str:

@@ -8,10 +8,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from jobs.result import JobStatus
-from jobs.tracking import experiment_chart_url, run_chart_url
+from jobs.tracking import run_overview_url
 from service.models import Job, Study
 from service.secrets import redact_url, split_credentials
 from service.store import as_utc
+from service.studies.runs import study_runs_url
 from service.studies.summary import StudySummary
 
 StudyStatus = Literal["running", "summarizing", "done"]
@@ -79,8 +80,11 @@ class StudyMlflow(BaseModel):
     tracking_uri: str
     experiment_id: str
     parent_run_id: str
-    url: str = Field(description="the experiment's runs in the MLflow UI, as charts")
-    parent_run_url: str = Field(description="the parent run's charts (the summary's metrics)")
+    url: str = Field(description="the study's own job runs in the MLflow UI, as charts, listed flat")
+    parent_run_url: str = Field(
+        description="the parent run's overview: the study's params, its child runs, the summary's metrics, "
+        "the report and summary as artifacts"
+    )
 
 
 class StudyRead(BaseModel):
@@ -190,8 +194,8 @@ def _mlflow(study: Study, tracking_uri: str) -> StudyMlflow | None:
         tracking_uri=shown,
         experiment_id=study.experiment_id,
         parent_run_id=study.parent_run_id,
-        url=experiment_chart_url(shown, study.experiment_id),
-        parent_run_url=run_chart_url(shown, study.experiment_id, study.parent_run_id),
+        url=study_runs_url(shown, study.experiment_id, study.id),
+        parent_run_url=run_overview_url(shown, study.experiment_id, study.parent_run_id),
     )
 
 

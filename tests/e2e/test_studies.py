@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
+import json
 import math
 import re
 import statistics
@@ -23,6 +24,7 @@ import pytest
 from scipy import stats
 
 from service.settings import Settings
+from service.studies.runs import study_runs_url
 from service.studies.summary import StudySummary
 from service.supervisor import Supervisor
 from tests.conftest import free_port
@@ -175,12 +177,23 @@ def test_mlflow_holds_a_parent_run_and_nested_children_tagged_for_the_ui(
     experiment = mlflow.get_experiment(link["experiment_id"])
     assert experiment.name == STUDY["name"]
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
-    assert (
-        link["url"]
-        == f"{service.mlflow_url}/#/experiments/{experiment.experiment_id}/runs?compareRunsMode=CHART"
+    # The study's own child runs, flat (MLflow's UI reads the filter and the order from the address).
+    assert link["url"] == study_runs_url(service.mlflow_url, experiment.experiment_id, study["id"])
+    assert link["parent_run_url"] == (
+        f"{service.mlflow_url}/#/experiments/{experiment.experiment_id}/runs/{link['parent_run_id']}"
     )
     parent = mlflow.get_run(link["parent_run_id"])
     assert parent.info.status == "FINISHED" and parent.info.run_name == f"study {STUDY['name']}"
+    # What the study was run with, beside the summary.
+    params = parent.data.params
+    assert json.loads(params["grid.adam"]) == {"lr": [0.003, 0.03]}
+    assert json.loads(params["grid.sgd_momentum"]) == {"lr": [0.05, 0.2]}
+    assert params["eval_every"] == "10"
+    assert (params["target.metric"], params["target.mode"], params["target.value"]) == (
+        "val/accuracy",
+        "max",
+        "0.5",
+    )
     # Two workers started its jobs: one parent run all the same (a run that lost the race is deleted).
     parents = mlflow.search_runs(
         [experiment.experiment_id],
@@ -201,7 +214,7 @@ def test_mlflow_holds_a_parent_run_and_nested_children_tagged_for_the_ui(
         assert tags["mlflow.parentRunId"] == parent.info.run_id
         assert tags["study"] == STUDY["name"] and tags["study_id"] == str(study["id"])
         assert run.info.run_name == f"{tags['optimizer']} lr={tags['lr']} seed={tags['seed']}"
-        assert run.info.status == "FINISHED"
+        assert run.info.status == "FINISHED" and tags["outcome"] == "succeeded"
     jobs_by_run = {job["run_id"]: job for job in study["jobs"]}
     assert set(jobs_by_run) == {run.info.run_id for run in children}
 

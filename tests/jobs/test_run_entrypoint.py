@@ -229,3 +229,50 @@ def test_a_tracking_uri_of_none_means_no_tracking(monkeypatch: pytest.MonkeyPatc
     assert run.parse_args(["spec.json", "--tracking-uri", "None"]).tracking_uri is None
     given = run.parse_args(["spec.json", "--tracking-uri", "http://mlflow:5000"])
     assert given.tracking_uri == "http://mlflow:5000"
+
+
+class EndedRun:
+    """A job's MLflow run as `finish_mlflow_run` uses it, recording how it was ended."""
+
+    def __init__(self, *, upload_fails: bool = False) -> None:
+        self.upload_fails = upload_fails
+        self.ended: tuple[str, str | None] | None = None
+
+    def log_artifact(self, path: Any, folder: str | None = None) -> None:
+        pass
+
+    def log_json(self, name: str, data: Any) -> None:
+        if self.upload_fails:
+            raise OSError("artifact store full")
+
+    def end(self, status: str, *, outcome: str | None = None) -> None:
+        self.ended = (status, outcome)
+
+
+@pytest.mark.parametrize(
+    ("status", "ended"),
+    [
+        ("succeeded", ("FINISHED", "succeeded")),
+        ("diverged", ("FAILED", "diverged")),  # MLflow's FAILED alone read as a failure
+        ("failed", ("FAILED", "failed")),
+        ("cancelled", ("KILLED", "cancelled")),
+    ],
+)
+def test_a_jobs_run_ends_tagged_with_the_jobs_outcome(status: str, ended: tuple[str, str]) -> None:
+    from jobs.result import JobResult
+    from jobs.run import finish_mlflow_run
+
+    run = EndedRun()
+    result = JobResult(job_id="1", attempt=1, workdir="/tmp/w", status=status)
+    assert finish_mlflow_run(run, result, None, None).status == status
+    assert run.ended == ended
+
+
+def test_a_run_whose_artifacts_were_lost_ends_failed_and_says_so() -> None:
+    from jobs.result import JobResult
+    from jobs.run import finish_mlflow_run
+
+    run = EndedRun(upload_fails=True)
+    result = JobResult(job_id="1", attempt=1, workdir="/tmp/w", status="succeeded")
+    assert finish_mlflow_run(run, result, None, None).status == "failed"
+    assert run.ended == ("FAILED", "failed")

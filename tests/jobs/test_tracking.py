@@ -19,6 +19,9 @@ from jobs.tracking import (
     MlflowRun,
     Point,
     RunInfo,
+    experiment_chart_url,
+    run_chart_url,
+    run_overview_url,
 )
 
 WAIT_S = 30  # a safety net against hangs; never reached when the code is right
@@ -186,7 +189,10 @@ class FakeMlflowClient:
         self.param_batches: list[list[Any]] = []
         self.metric_batches: list[list[Any]] = []
         self.terminated: list[tuple[str, str]] = []
+        self.tags: dict[str, dict[str, str]] = {}  # run id -> tags set or deleted after its creation
+        self.events: list[str] = []  # tagging and ending, in order
         self.server_down = False
+        self.params_refused = False
 
     def get_experiment_by_name(self, name: str) -> SimpleNamespace | None:
         return self.experiments.get(name)
@@ -208,6 +214,8 @@ class FakeMlflowClient:
         return SimpleNamespace(info=SimpleNamespace(run_id=f"run-{len(self.runs)}"))
 
     def log_batch(self, run_id: str, metrics: Any = (), params: Any = (), synchronous: bool = True) -> None:
+        if params and self.params_refused:
+            raise ValueError("param value too long")
         if params:
             self.param_batches.append(list(params))
         if metrics:
@@ -217,6 +225,23 @@ class FakeMlflowClient:
 
     def set_terminated(self, run_id: str, status: str) -> None:
         self.terminated.append((run_id, status))
+        self.events.append(f"end {status}")
+
+    def set_tag(self, run_id: str, key: str, value: str) -> None:
+        self.tags.setdefault(run_id, {})[key] = value
+        self.events.append(f"tag {key}={value}")
+
+    def delete_tag(self, run_id: str, key: str) -> None:
+        del self.tags[run_id][key]
+
+    def get_run(self, run_id: str) -> SimpleNamespace:
+        return SimpleNamespace(
+            info=SimpleNamespace(experiment_id="1"),
+            data=SimpleNamespace(params={}, tags=self.tags.get(run_id, {})),
+        )
+
+    def update_run(self, run_id: str, status: str) -> None:
+        self.events.append(f"update {status}")
 
 
 @pytest.fixture
@@ -255,6 +280,7 @@ def test_a_run_records_params_metrics_and_its_end(client: FakeMlflowClient) -> N
     ((metric,),) = client.metric_batches
     assert (metric.key, metric.value, metric.step) == ("train/loss", 0.5, 3)
     assert client.terminated == [("run-1", "FINISHED")]
+    assert client.events == ["tag outcome=succeeded", "end FINISHED"]  # tagged before it reads ended
 
 
 def test_runs_share_an_existing_experiment(client: FakeMlflowClient) -> None:
@@ -274,3 +300,84 @@ def test_lost_metrics_end_the_mlflow_run_as_failed(client: FakeMlflowClient) -> 
     with pytest.raises(MetricDeliveryError, match="1 metric points"):
         run.end("FINISHED")
     assert client.terminated == [("run-1", "FAILED")]
+    assert client.tags["run-1"] == {"outcome": "failed"}
+
+
+def test_a_run_whose_params_are_refused_ends_failed(client: FakeMlflowClient) -> None:
+    client.params_refused = True
+    with pytest.raises(ValueError, match="too long"):
+        start_run()
+    assert client.terminated == [("run-1", "FAILED")] and client.tags["run-1"] == {"outcome": "failed"}
+
+
+@pytest.mark.parametrize(
+    ("status", "outcome", "tagged"),
+    [
+        ("FINISHED", None, "succeeded"),
+        ("KILLED", None, "cancelled"),
+        ("FAILED", "failed", "failed"),
+        ("FAILED", "diverged", "diverged"),
+    ],
+)
+def test_a_run_is_tagged_with_its_jobs_outcome(
+    client: FakeMlflowClient, status: str, outcome: str | None, tagged: str
+) -> None:
+    """MLflow ends a diverged job and a failed one both FAILED: the `outcome` tag tells them apart."""
+    run = start_run()
+    run.end(status, outcome=outcome)
+    assert client.tags["run-1"] == {"outcome": tagged}
+    assert client.terminated == [("run-1", status)]
+
+
+def test_failed_alone_is_not_tagged_as_a_failure(client: FakeMlflowClient) -> None:
+    """FAILED from the status alone may be a divergence: better no outcome than a wrong one."""
+    run = start_run()
+    run.end("FAILED")
+    assert "run-1" not in client.tags and client.terminated == [("run-1", "FAILED")]
+
+
+def test_a_run_whose_tagging_fails_still_ends(
+    client: FakeMlflowClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(run_id: str, key: str, value: str) -> None:
+        raise ConnectionError("tracking server unavailable")
+
+    run = start_run()
+    monkeypatch.setattr(client, "set_tag", refuse)
+    with pytest.raises(ConnectionError):
+        run.end("FINISHED")
+    assert client.terminated == [("run-1", "FINISHED")]
+
+
+def test_a_resumed_run_drops_the_outcome_of_the_attempt_before(client: FakeMlflowClient) -> None:
+    """An attempt stopped by its worker's shutdown ended KILLED, `cancelled`; the next one resumes it."""
+    client.tags["run-9"] = {"outcome": "cancelled", "job_id": "7"}
+    run = MlflowRun(
+        "http://mlflow.test:5000",
+        experiment="demo",
+        run_name="adam",
+        params={},
+        tags={"attempt": "2"},
+        resume_run_id="run-9",
+    )
+    assert client.tags["run-9"] == {"job_id": "7", "attempt": "2"}
+    run.end("FINISHED")
+    assert client.tags["run-9"]["outcome"] == "succeeded"
+
+
+def test_the_chart_link_filters_runs_and_lists_them_flat() -> None:
+    """Filtered, the runs are sorted by name: sorted by creation time (the UI's default) it nests
+    children under their parent, collapsed, and their curves do not show."""
+    assert (
+        experiment_chart_url("http://h:5000/", "3")
+        == "http://h:5000/#/experiments/3/runs?compareRunsMode=CHART"
+    )
+    assert experiment_chart_url("http://h:5000", "3", search_filter="tags.study_id = '7'") == (
+        "http://h:5000/#/experiments/3/runs?compareRunsMode=CHART"
+        "&searchFilter=tags.study_id%20%3D%20%277%27&orderByKey=tags.%60mlflow.runName%60&orderByAsc=true"
+    )
+
+
+def test_a_runs_overview_and_its_charts() -> None:
+    assert run_overview_url("http://h:5000/", "3", "ab") == "http://h:5000/#/experiments/3/runs/ab"
+    assert run_chart_url("http://h:5000/", "3", "ab") == "http://h:5000/#/experiments/3/runs/ab/model-metrics"

@@ -395,3 +395,37 @@ def _wait_for(condition: object, timeout_s: float = 15.0) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("condition not met in time")
+
+
+class RecordingMlflow:
+    """MlflowClient as `end_mlflow_run` uses it, recording its calls in order."""
+
+    calls: list[tuple[str, ...]] = []
+
+    def __init__(self, tracking_uri: str) -> None:
+        pass
+
+    def get_run(self, run_id: str) -> Any:
+        return SimpleNamespace(info=SimpleNamespace(status="RUNNING"))
+
+    def set_tag(self, run_id: str, key: str, value: str) -> None:
+        self.calls.append(("set_tag", run_id, key, value))
+
+    def set_terminated(self, run_id: str, status: str) -> None:
+        self.calls.append(("set_terminated", run_id, status))
+
+
+@pytest.mark.parametrize(("status", "outcome"), [("FAILED", "failed"), ("KILLED", "cancelled")])
+def test_a_run_the_worker_ends_is_tagged_with_the_jobs_outcome_first(
+    monkeypatch: pytest.MonkeyPatch, status: str, outcome: str
+) -> None:
+    """A job killed at its memory limit, or cancelled, had its run ended with no `outcome` tag."""
+    import mlflow.tracking
+
+    monkeypatch.setattr(mlflow.tracking, "MlflowClient", RecordingMlflow)
+    RecordingMlflow.calls = []
+    assert worker_module.end_mlflow_run("http://mlflow.test", 7, "r-7", status, force=True)
+    assert RecordingMlflow.calls == [
+        ("set_tag", "r-7", "outcome", outcome),
+        ("set_terminated", "r-7", status),
+    ]
