@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, Task, TextColumn, TimeElapsedColumn
 from rich.table import Table
 from rich.text import Text
 
@@ -24,23 +24,25 @@ def follow_study(
         BarColumn(),
         MofNCompleteColumn(),
         TextColumn("{task.fields[counts]}"),
-        TimeElapsedColumn(),
+        StudyElapsedColumn(),
         console=console,
     )
-    tasks: dict[str, Any] = {}
+    tasks: dict[tuple[bool, str], Any] = {}
     shown_error = None
     with progress:
         while True:
             study = client.study(study_id)
             rows = [
-                ("all", study["progress"]),
-                *((o["optimizer"], o) for o in study["progress"]["optimizers"]),
+                (True, "all", study["progress"]),
+                *((False, o["optimizer"], o) for o in study["progress"]["optimizers"]),
             ]
-            for name, row in rows:
-                if name not in tasks:
-                    tasks[name] = progress.add_task(escape(name), total=row["steps_total"], counts="")
+            for overall, name, row in rows:
+                if (overall, name) not in tasks:  # keyed apart: an optimizer may be labelled "all"
+                    tasks[overall, name] = progress.add_task(
+                        escape(name), total=row["steps_total"], counts="", overall=overall
+                    )
                 progress.update(
-                    tasks[name],
+                    tasks[overall, name],
                     completed=row["steps_done"],
                     total=row["steps_total"],
                     counts=_counts(row["counts"]),
@@ -54,6 +56,14 @@ def follow_study(
                 )
                 shown_error = error
             time.sleep(poll_s)
+
+
+class StudyElapsedColumn(TimeElapsedColumn):
+    """The time elapsed on the study's own bar only: an optimizer's bar counts from the study's start
+    (its jobs queue behind the others'), so per optimizer it read as a speed comparison, and is none."""
+
+    def render(self, task: Task) -> Text:
+        return super().render(task) if task.fields.get("overall") else Text("")
 
 
 def _first_line(error: str) -> str:

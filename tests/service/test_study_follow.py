@@ -72,3 +72,17 @@ def test_the_ranking_table_shows_a_tie_as_one_rank() -> None:
     Console(file=out, width=200).print(ranking_table(summary_of({"a": 0.4, "b": 0.5, "c": 0.5, "d": 0.6})))
     ranks = re.findall(r"^\W*(\d)\W+([abcd])\W", out.getvalue(), re.MULTILINE)
     assert ranks == [("1", "a"), ("2", "b"), ("2", "c"), ("4", "d")], out.getvalue()
+
+
+def test_only_the_study_s_bar_shows_the_time_elapsed() -> None:
+    """Each optimizer's bar counted from the study's start (adam 0:33, sgd 0:55 for equal work), which
+    read as a speed comparison; and an optimizer labelled "all" keeps a bar of its own."""
+    answer = study("done")
+    answer["progress"]["optimizers"] = [
+        {"optimizer": "all", **{k: answer["progress"][k] for k in ("steps_done", "steps_total", "counts")}}
+    ]
+    out = io.StringIO()
+    follow_study(Replies(answer), 1, console=Console(file=out, width=200, force_terminal=False), poll_s=0)
+    bars = [line for line in out.getvalue().splitlines() if line.startswith("all")]
+    assert len(bars) == 2, out.getvalue()
+    assert sum(bool(re.search(r"\d:\d\d:\d\d\s*$", line)) for line in bars) == 1, bars
