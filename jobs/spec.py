@@ -593,7 +593,25 @@ def parse_spec(text: str) -> AnySpec:
     return JobSpec.model_validate_json(text)
 
 
+# MLflow keeps a param's first 6000 characters: a longer value (an 11 kB param-group recipe) became
+# a JSON text cut mid-way, which reads as whole.
+MAX_MLFLOW_PARAM_CHARS = 6000
+
+
+def mlflow_param_text(text: str, *, whole: str = "spec.json") -> str:
+    """`text` as an MLflow param: whole where it fits, else its start and a note of where the rest is."""
+    if len(text) <= MAX_MLFLOW_PARAM_CHARS:
+        return text
+    note = f"... (cut: {len(text)} characters in all; the whole is in the run's {whole})"
+    return text[: MAX_MLFLOW_PARAM_CHARS - len(note)] + note
+
+
 def _flatten(dump: Mapping[str, Any]) -> dict[str, str]:
+    """The spec as MLflow params (each at most `MAX_MLFLOW_PARAM_CHARS`)."""
+    return {key: mlflow_param_text(value) for key, value in _flat(dump).items()}
+
+
+def _flat(dump: Mapping[str, Any]) -> dict[str, str]:
     flat: dict[str, str] = {}
     for key, value in dump.items():
         if isinstance(value, dict):
@@ -603,7 +621,7 @@ def _flatten(dump: Mapping[str, Any]) -> dict[str, str]:
             if value.get("style"):
                 flat[f"{key}.style"] = str(value["style"])
             if value.get("base"):
-                flat.update({f"{key}.{k}": v for k, v in _flatten({"base": value["base"]}).items()})
+                flat.update({f"{key}.{k}": v for k, v in _flat({"base": value["base"]}).items()})
             if value.get("param_groups"):
                 flat[f"{key}.param_groups"] = json.dumps(value["param_groups"], separators=(",", ":"))
             for need, need_value in (value.get("needs") or {}).items():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jobs.spec import StudyMember, StudySpec, grid_text
+from jobs.spec import StudyMember, StudySpec, grid_text, mlflow_param_text
 from jobs.tracking import MAX_PARAMS_PER_BATCH, OUTCOME_TAG, experiment_chart_url, experiment_id_for
 from service.models import Job, Study
 from service.secrets import split_credentials
@@ -19,8 +19,6 @@ from service.studies import store as study_store
 
 PARENT_ROLE = "parent"
 CHILD_ROLE = "child"
-# MLflow refuses a longer param value (and with it the whole batch, so the parent run's start).
-MAX_PARAM_CHARS = 6000
 # Tags the job runner sets itself; a grid hyperparameter of the same name is tagged `grid.<name>`.
 RESERVED_TAGS = {"job_id", "framework", "optimizer", "style", "attempt", "submitted_by", "kind", "workload"}
 RESERVED_TAGS |= {"study", "study_id", "study_role", "seed", OUTCOME_TAG}
@@ -119,7 +117,9 @@ def grid_params(spec: StudySpec) -> dict[str, str]:
     """`grid.<optimizer>`: each optimizer's grid axes as JSON, `{"lr":[0.001,0.003]}` (`{}` for none).
     Cut short where MLflow's limit requires it: study.json, beside them, holds the whole spec."""
     return {
-        f"grid.{optimizer.key}": capped(json.dumps(optimizer.axes(), separators=(",", ":")))
+        f"grid.{optimizer.key}": mlflow_param_text(
+            json.dumps(optimizer.axes(), separators=(",", ":")), whole="study.json"
+        )
         for optimizer in spec.optimizers
     }
 
@@ -138,10 +138,6 @@ def log_missing_params(client: Any, run_id: str, params: dict[str, str]) -> None
     missing = [Param(key, value) for key, value in params.items() if key not in logged]
     if missing:
         client.log_batch(run_id, params=missing)
-
-
-def capped(text: str) -> str:
-    return text if len(text) <= MAX_PARAM_CHARS else text[: MAX_PARAM_CHARS - 3] + "..."
 
 
 def study_filter(study_id: int, role: str) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -124,6 +125,21 @@ def test_flat_params_are_dotted_strings() -> None:
     assert flat["workload.name"] == "digits_mlp"
     assert (flat["steps"], flat["seed"], flat["device"]) == ("300", "0", "auto")
     assert all(isinstance(value, str) for value in flat.values())
+
+
+def test_a_param_longer_than_mlflow_keeps_says_it_was_cut() -> None:
+    """An 11 kB param-group recipe reached MLflow cut at 6000 characters: JSON that read as whole."""
+    groups = [
+        {"match": {"name": f"{'block.' * 30}{i}.*"}, "params": {"lr": 0.001 + i * 1e-6}} for i in range(32)
+    ]
+    spec = JobSpec.model_validate(
+        example(optimizer={"name": "adam", "params": {"lr": 0.001}, "param_groups": groups})
+    )
+    recipe = spec.flat_params()["optimizer.param_groups"]
+    whole = json.dumps(spec.model_dump(mode="json")["optimizer"]["param_groups"], separators=(",", ":"))
+    assert len(whole) > 6000 and len(recipe) == 6000
+    assert recipe.endswith(f"... (cut: {len(whole)} characters in all; the whole is in the run's spec.json)")
+    assert whole.startswith(recipe[:5000])
 
 
 # -- catalogue_errors -------------------------------------------------------------------------------
@@ -443,17 +459,29 @@ def test_needs_a_spec_states_are_checked_by_key_and_type() -> None:
 
 
 @pytest.mark.parametrize(
-    "optimizer",
-    [{"name": "keras_sam"}, {"name": "sgd", "needs": {"create_graph": True}}],
+    ("optimizer", "field", "says"),
+    [
+        (
+            {"name": "keras_sam"},
+            "name",
+            "which tensorflow training steps cannot provide; run it in a torch job",
+        ),
+        # The spec's own need, at its own field: the optimizer had been blamed for it.
+        (
+            {"name": "sgd", "needs": {"create_graph": True}},
+            "needs.create_graph",
+            "optimizer.needs.create_graph: tensorflow training steps cannot serve it",
+        ),
+    ],
     ids=["detected closure", "stated create_graph"],
 )
 def test_a_tensorflow_job_that_needs_a_closure_or_create_graph_is_refused(
-    wrapper_catalogue: Catalogue, optimizer: dict[str, Any]
+    wrapper_catalogue: Catalogue, optimizer: dict[str, Any], field: str, says: str
 ) -> None:
     spec = JobSpec.model_validate(example(framework="tensorflow", optimizer=optimizer))
     errors = catalogue_errors(spec, wrapper_catalogue, max_steps=MAX_STEPS)
-    assert [error.loc for error in errors] == [["body", "optimizer", "name"]]
-    assert "which tensorflow training steps cannot provide; run it in a torch job" in errors[0].msg
+    assert [error.loc for error in errors] == [["body", "optimizer", *field.split(".")]]
+    assert says in errors[0].msg
 
 
 def test_a_class_without_a_learning_rate_takes_the_constant_schedule_only(

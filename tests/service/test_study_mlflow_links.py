@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.spec import Catalogue, StudyMember, StudySpec, study_errors
+from jobs.spec import MAX_MLFLOW_PARAM_CHARS, Catalogue, StudyMember, StudySpec, study_errors
 from service.models import Study
 from service.studies import finalize as finalize_module
 from service.studies import runs as study_runs
 from service.studies import store as study_store
 from service.studies.report import Report
-from service.studies.runs import MAX_PARAM_CHARS, ensure_parent_run, study_runs_url
+from service.studies.runs import ensure_parent_run, study_runs_url
 from service.studies.schemas import StudyRead
 
 SPEC: dict[str, Any] = {
@@ -74,7 +74,7 @@ class FakeClient:
         for param in params:
             # MLflow's own rules: a value changed is refused, and so is one over 6000 characters.
             assert self.params[run_id].get(param.key, param.value) == param.value, param.key
-            assert len(param.value) <= MAX_PARAM_CHARS, param.key
+            assert len(param.value) <= MAX_MLFLOW_PARAM_CHARS, param.key
             self.params[run_id][param.key] = param.value
 
     def get_run(self, run_id: str) -> SimpleNamespace:
@@ -158,7 +158,8 @@ def test_a_long_grid_is_cut_to_mlflows_limit_and_many_params_are_batched(
     study.spec = spec.model_dump(mode="json")
     run_id = ensure_parent_run(sessions=sessions, tracking_uri="http://h:5000", study=study)
     grid = mlflow.params[run_id]["grid.sgd0"]
-    assert len(grid) == MAX_PARAM_CHARS and grid.startswith('{"lr":[0.001,') and grid.endswith("...")
+    assert len(grid) == MAX_MLFLOW_PARAM_CHARS and grid.startswith('{"lr":[0.001,')
+    assert grid.endswith("characters in all; the whole is in the run's study.json)")
     assert max(mlflow.param_batches) <= 100 and len(mlflow.params[run_id]) > 100
 
 
