@@ -30,6 +30,16 @@ from service.auth import authorize
 log = logging.getLogger("optlab.api")
 
 
+def drop_security(document: dict[str, Any]) -> None:
+    """An open API (no OPTLAB_API_TOKENS) asks for no token: the bearer scheme it declared made a
+    client, or a fuzzer, expect a 401 without one."""
+    document.get("components", {}).pop("securitySchemes", None)
+    for operations in document.get("paths", {}).values():
+        for operation in operations.values():
+            if isinstance(operation, dict):
+                operation.pop("security", None)
+
+
 def install(app: FastAPI) -> None:
     """Serve the document with the latest catalogue's names (the static one when none is published)."""
     static: dict[str, Any] = {}
@@ -40,6 +50,8 @@ def install(app: FastAPI) -> None:
                 get_openapi(title=app.title, version=app.version, summary=app.summary, routes=app.routes)
             )
             bound_hyperparameters(static)
+            if not app.state.settings.tokens:
+                drop_security(static)
         try:
             with app.state.sessions() as session:
                 found = store.latest_catalogue(session=session)
