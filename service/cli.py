@@ -427,23 +427,28 @@ def read_spec(path: Path, command: str) -> Any:
         hint = finite if "float" in str(exc) else "a YAML alias may not refer to what contains it"
         print(f"{command}: {path}: {exc}: {hint}", file=sys.stderr)
         return None
-    except TypeError as exc:  # a YAML date or time
-        print(
-            f"{command}: {path}: {exc}: in YAML, quote a name or label that YAML would read as a date or "
-            "a time, as in name: '2024-01-01'",
-            file=sys.stderr,
-        )
+    except TypeError as exc:  # a value tagged as one JSON has not (`!!binary`, `!!timestamp`)
+        print(f"{command}: {path}: {exc}: a spec holds JSON's values only", file=sys.stderr)
         return None
     return spec
 
 
 def _yaml_loader(yaml: Any) -> Any:
-    """PyYAML's safe loader, reading `1e-3` as the number YAML 1.2 and JSON read it: PyYAML follows
-    YAML 1.1, where a float needs a dot (`1.0e-3`), and handed the API the text "1e-3"."""
+    """PyYAML's safe loader, reading plain values as YAML 1.2 and JSON read them. PyYAML follows
+    YAML 1.1: a float needs a dot there (`1e-3` reached the API as the text "1e-3"), `on`, `off`,
+    `yes` and `no` are booleans (`name: on` was refused as "received true"), and `2024-01-01` is a
+    date (which JSON cannot carry). Here only true and false are booleans, and there are no dates."""
 
     class Loader(yaml.SafeLoader):
         pass
 
+    dropped = ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:timestamp")
+    Loader.yaml_implicit_resolvers = {
+        first: [(tag, pattern) for tag, pattern in resolvers if tag not in dropped]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    booleans = re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$")
+    Loader.add_implicit_resolver("tag:yaml.org,2002:bool", booleans, list("tTfF"))
     exponent_only = re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$")
     Loader.add_implicit_resolver("tag:yaml.org,2002:float", exponent_only, list("-+0123456789"))
     return Loader

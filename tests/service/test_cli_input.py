@@ -21,13 +21,28 @@ def test_yaml_numbers_with_only_an_exponent_are_numbers() -> None:
     assert all(type(value) is float for value in loaded["lr"][:4])
 
 
+def test_yaml_reads_words_and_dates_as_text_as_json_would() -> None:
+    """YAML 1.1's booleans (`on`, `no`) and dates: `name: on` was refused as "received true", and
+    `name: 2024-01-01` as a date JSON cannot carry. Only true and false are booleans."""
+    loaded = yaml.load(
+        "name: on\nlabel: no\nexperiment: 2024-01-01\nflags: [true, False, yes, off, Y]\n",
+        Loader=cli._yaml_loader(yaml),
+    )
+    assert loaded == {
+        "name": "on",
+        "label": "no",
+        "experiment": "2024-01-01",
+        "flags": [True, False, "yes", "off", "Y"],
+    }
+
+
 # (the spec file's name, its text, what the message says, the hint that fits, a hint that must not show)
 UNREADABLE = [
     (
         "study.yaml",
-        "name: 2024-01-01",
+        "name: !!timestamp 2024-01-01",
         "Object of type date is not JSON serializable",
-        "quote a name",
+        "a spec holds JSON's values only",
         "finite",
     ),
     (
@@ -35,11 +50,11 @@ UNREADABLE = [
         "seeds: [.inf]",
         "Out of range float values are not JSON compliant",
         "must be finite",
-        "quote",
+        "JSON's values only",
     ),
     # `optlab submit` printed a traceback for these: json.loads reads them, the request cannot carry them.
-    ("job.json", '{"steps": NaN}', "Out of range float values", "numbers must be finite", "quote"),
-    ("job.json", '{"seed": Infinity}', "Out of range float values", "numbers must be finite", "quote"),
+    ("job.json", '{"steps": NaN}', "Out of range float values", "numbers must be finite", "alias"),
+    ("job.json", '{"seed": Infinity}', "Out of range float values", "numbers must be finite", "alias"),
     # Errors of another kind got the finite-and-quote hint, which had nothing to do with them.
     ("study.yaml", "a: &x [*x]", "Circular reference", "a YAML alias may not refer", "finite"),
     ("missing.json", None, "No such file or directory", "", "finite"),
