@@ -1,4 +1,5 @@
-"""What the API admits beyond a spec's own validation: a device some live worker offers."""
+"""What the API admits beyond a spec's own validation: a device, and as many slots, as some live
+worker offers."""
 
 from __future__ import annotations
 
@@ -6,35 +7,51 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.spec import SpecError
 from service import store
+from service.capabilities import JobNeeds
 from service.settings import Settings
 
+# How a refusal ends: the setting that turns it into a wait.
+_OR_QUEUE = "(OPTLAB_QUEUE_FOR_ABSENT_DEVICES=true queues such jobs for workers yet to come)"
 
-def device_errors(device: str, *, session: Session, settings: Settings) -> list[SpecError]:
-    """A device no live worker offers is refused (unless OPTLAB_QUEUE_FOR_ABSENT_DEVICES); with no
-    live worker at all (a fresh start) the job is accepted and waits (`waiting_reason`)."""
-    if not _asks_store(device, settings):
+
+def device_errors(needs: JobNeeds, device: str, *, session: Session, settings: Settings) -> list[SpecError]:
+    """A device no live worker offers, or more slots (`distribution.devices`) than any live worker of
+    the job's framework has, is refused (unless OPTLAB_QUEUE_FOR_ABSENT_DEVICES): such a job waited
+    for good, counted against the queue's quotas. With no live worker at all (a fresh start) the job
+    is accepted and waits (`waiting_reason`)."""
+    if not _asks_store(needs, settings):
         return []
-    kind = "cuda"
-    offered = store.offered_devices(session=session, within_s=settings.lease_s)
-    if offered is None or kind in offered:
+    workers = store.live_workers(session=session, within_s=settings.lease_s)
+    if not workers:
         return []
-    message = (
-        f"no live worker offers device {device!r}; live workers offer: {', '.join(sorted(offered))} "
-        "(OPTLAB_QUEUE_FOR_ABSENT_DEVICES=true queues such jobs for workers yet to come)"
-    )
-    return [SpecError(loc=["body", "device"], msg=message)]
+    if needs.gpu and not any("cuda" in w.devices for w in workers):
+        offered = sorted({d for w in workers for d in w.devices})
+        message = (
+            f"no live worker offers device {device!r}; live workers offer: {', '.join(offered)} {_OR_QUEUE}"
+        )
+        return [SpecError(loc=["body", "device"], msg=message)]
+    able = [w for w in workers if needs.framework in w.frameworks and (w.gpus > 0 or not needs.gpu)]
+    largest = max((w.gpus if needs.gpu else w.slots for w in able), default=0)
+    if able and needs.slots > largest:
+        kind = "GPUs" if needs.gpu else "slots"
+        message = (
+            f"distribution.devices must be at most {largest}, the most {kind} a live worker running "
+            f"{needs.framework} jobs has; received {needs.slots} {_OR_QUEUE}"
+        )
+        return [SpecError(loc=["body", "distribution", "devices"], msg=message)]
+    return []
 
 
 def device_errors_asking(
-    sessions: sessionmaker[Session], device: str, *, settings: Settings
+    sessions: sessionmaker[Session], needs: JobNeeds, device: str, *, settings: Settings
 ) -> list[SpecError]:
     """`device_errors`, with a session of its own only when the answer needs the store."""
-    if not _asks_store(device, settings):
+    if not _asks_store(needs, settings):
         return []
     with sessions() as session:
-        return device_errors(device, session=session, settings=settings)
+        return device_errors(needs, device, session=session, settings=settings)
 
 
-def _asks_store(device: str, settings: Settings) -> bool:
-    # Every worker runs CPU jobs: only a CUDA device needs to know who is live.
-    return device.startswith("cuda") and not settings.queue_for_absent_devices
+def _asks_store(needs: JobNeeds, settings: Settings) -> bool:
+    # Every worker runs one-slot CPU jobs: only a CUDA device or several slots need to know who is live.
+    return (needs.gpu or needs.slots > 1) and not settings.queue_for_absent_devices

@@ -12,6 +12,7 @@ from jobs.spec import Catalogue, JobSpec, SpecError, catalogue_errors, timeout_e
 from service import store
 from service.admission import device_errors_asking
 from service.auth import CallerDep, submitter
+from service.capabilities import needs_of
 from service.deps import SessionDep, SettingsDep, submit_validated
 from service.idempotency import REPLAYED_ANSWER, IdempotentRequest, KeyHeader, mark_replayed
 from service.quotas import Stored
@@ -52,7 +53,8 @@ def _submit_job(
     caller: ApiToken | None,
     key: IdempotentRequest | None,
 ) -> Stored:
-    refused_device = device_errors_asking(request.app.state.sessions, spec.device, settings=settings)
+    needs = needs_of(spec.model_dump(mode="json"))
+    refused_device = device_errors_asking(request.app.state.sessions, needs, spec.device, settings=settings)
 
     def errors_in(catalogue: Catalogue) -> list[SpecError]:
         errors = catalogue_errors(

@@ -11,6 +11,7 @@ from sqlalchemy.orm import Session
 from jobs.spec import Catalogue, StudySpec, study_errors
 from service.admission import device_errors
 from service.auth import CallerDep, submitter
+from service.capabilities import needs_of
 from service.deps import CatalogueDep, SessionDep, SettingsDep
 from service.idempotency import REPLAYED_ANSWER, IdempotentRequest, KeyHeader, mark_replayed
 from service.models import Study
@@ -91,7 +92,10 @@ def _stored_study(
         max_jobs=settings.max_study_jobs,
         data_roots=settings.data_root_paths,
     )
-    errors += device_errors(spec.device, session=session, settings=settings)
+    # Its jobs' needs, the first job's standing for all: they differ in optimizer, grid point and seed.
+    if jobs:
+        needs = needs_of(jobs[0][1].model_dump(mode="json"))
+        errors += device_errors(needs, spec.device, session=session, settings=settings)
     if errors:
         raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
     with queue_room(

@@ -108,10 +108,19 @@ def test_devices_no_live_worker_offers_are_refused_and_waiting_jobs_say_why(
     [problem] = refused.json()["detail"]
     assert problem["loc"] == ["body", "device"] and "live workers offer: cpu" in problem["msg"]
     assert "needs a GPU" in client.get(f"/jobs/{first.json()['id']}").json()["waiting_reason"]
-    two = client.post(
-        "/jobs", json={**BODY, "batch_size": 64, "distribution": {"strategy": "ddp", "devices": 4}}
+    # More slots than any live worker has: refused as an absent device is (it had waited for good,
+    # counted against the queue's quotas); as many as the largest has, accepted.
+    four = {**BODY, "batch_size": 64, "distribution": {"strategy": "ddp", "devices": 4}}
+    refused = client.post("/jobs", json=four)
+    assert refused.status_code == 422, refused.text
+    [problem] = refused.json()["detail"]
+    assert problem["loc"] == ["body", "distribution", "devices"]
+    assert problem["msg"].startswith(
+        "distribution.devices must be at most 2, the most slots a live worker running torch jobs has; "
+        "received 4 (OPTLAB_QUEUE_FOR_ABSENT_DEVICES=true"
     )
-    assert "needs 4 slots" in client.get(f"/jobs/{two.json()['id']}").json()["waiting_reason"]
+    two = {**four, "distribution": {"strategy": "ddp", "devices": 2}}
+    assert client.post("/jobs", json=two).status_code == 201
     cpu = client.post("/jobs", json={**BODY, "device": "cpu"}).json()
     assert client.get(f"/jobs/{cpu['id']}").json()["waiting_reason"] is None  # it only waits its turn
     over = client.post("/jobs", json={**BODY, "timeout_s": 10**6})
@@ -119,6 +128,8 @@ def test_devices_no_live_worker_offers_are_refused_and_waiting_jobs_say_why(
     lenient = settings.model_copy(update={"queue_for_absent_devices": True})
     with TestClient(create_app(lenient)) as other:
         assert other.post("/jobs", json={**BODY, "device": "cuda"}).status_code == 201
+        waiting = other.post("/jobs", json=four).json()
+        assert "needs 4 slots" in other.get(f"/jobs/{waiting['id']}").json()["waiting_reason"]
 
 
 WRITES_ITS_GPUS = """#!/bin/sh
