@@ -1418,7 +1418,7 @@ def _target_errors(spec: StudySpec, catalogue: Catalogue) -> list[SpecError]:
                 f"{modes[metric]!r}; received {mode!r}",
             )
         ]
-    low, high = _TARGET_RANGES.get(metric.rsplit("/", 1)[-1], (None, None))
+    low, high = metric_bounds(metric)
     value = spec.target.value
     if (low is not None and value < low) or (high is not None and value > high):
         allowed = f"from {low:g} to {high:g}" if high is not None else f"at least {low:g}"
@@ -1432,8 +1432,24 @@ def _target_errors(spec: StudySpec, catalogue: Catalogue) -> list[SpecError]:
     return []
 
 
-# What a metric can be, by its key's last part: a target outside is met by no job (or by every one).
-_TARGET_RANGES: dict[str, tuple[float | None, float | None]] = {"accuracy": (0.0, 1.0), "rmse": (0.0, None)}
+# The values a metric can take, by the last part of its key (None: no bound): a study's target outside
+# them is met by no job (or by every one), and a summary's interval is cut there, so 0.97 +- 0.05
+# accuracy over three seeds does not read "up to 1.02".
+METRIC_BOUNDS: dict[str, tuple[float | None, float | None]] = {
+    "accuracy": (0.0, 1.0),
+    "auc": (0.0, 1.0),
+    "f1": (0.0, 1.0),
+    "rmse": (0.0, None),
+    "mse": (0.0, None),
+    "mae": (0.0, None),
+    "bits_per_char": (0.0, None),
+    "perplexity": (1.0, None),
+}
+
+
+def metric_bounds(metric: str) -> tuple[float | None, float | None]:
+    """The values `metric` (`val/accuracy`) can take, from METRIC_BOUNDS; (None, None) if unknown."""
+    return METRIC_BOUNDS.get(metric.rsplit("/", 1)[-1], (None, None))
 
 
 def _study_loc(loc: list[str | int], spec: StudySpec, index: int, member: StudyMember) -> list[str | int]:

@@ -21,7 +21,7 @@ Rules that decide the figures (kept here, in one place):
   as not reached, its status shown).
 - Optimizers whose mean final selection metric is exactly equal share a rank (1, 2, 2, 4): the
   ranking orders means, and the order of a tie is no finding.
-- An interval is cut to the values its quantity can take (`METRIC_BOUNDS`: accuracy in [0, 1],
+- An interval is cut to the values its quantity can take (`jobs.spec.METRIC_BOUNDS`: accuracy in [0, 1],
   rmse at least 0; time to target at least 0, and its steps at most the study's steps); the means
   are left as they are. The cut part cannot hold the true mean, so the interval covers it as often.
 - The time split is the median over the succeeded jobs of each job's own medians over its steps
@@ -52,6 +52,8 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
+from jobs.spec import metric_bounds
+
 Mode = Literal["min", "max"]
 # None: null, for a hyperparameter that takes it; a list: one value of a list hyperparameter (a
 # grid of `betas` is a list of pairs, and a grid of one pair is how a study fixes it).
@@ -75,18 +77,6 @@ METRIC_DIRECTIONS: dict[str, Mode] = {
 }
 DEFAULT_DIRECTION: Mode = "min"
 
-# The values a metric can take, by the same last part of its key (None: no bound): a displayed
-# interval is cut there, so 0.97 +- 0.05 accuracy over three seeds does not read "up to 1.02".
-METRIC_BOUNDS: dict[str, tuple[float | None, float | None]] = {
-    "accuracy": (0.0, 1.0),
-    "auc": (0.0, 1.0),
-    "f1": (0.0, 1.0),
-    "rmse": (0.0, None),
-    "mse": (0.0, None),
-    "mae": (0.0, None),
-    "bits_per_char": (0.0, None),
-    "perplexity": (1.0, None),
-}
 
 # What the ranking can and cannot say, shown with it by the report and by `optlab study --wait`
 # (here, not in report.py, so the CLI need not import matplotlib to print one sentence).
@@ -420,11 +410,6 @@ def direction_of(metric: str) -> Mode:
     return METRIC_DIRECTIONS.get(metric.rsplit("/", 1)[-1], DEFAULT_DIRECTION)
 
 
-def bounds_of(metric: str) -> tuple[float | None, float | None]:
-    """The values `metric` can take, from METRIC_BOUNDS by the key's last part; (None, None) if unknown."""
-    return METRIC_BOUNDS.get(metric.rsplit("/", 1)[-1], (None, None))
-
-
 def describe(
     stat_values: Iterable[float], *, at_least: float | None = None, at_most: float | None = None
 ) -> Stat:
@@ -572,7 +557,7 @@ def summarize_grid_point(
         histories = [run.history.get(name, []) for run in succeeded]
         finals = [v for v in (final_value(h) for h in histories) if v is not None]
         bests = [v for v in (best_value(h, mode) for h in histories) if v is not None]
-        low, high = bounds_of(name)
+        low, high = metric_bounds(name)
         metrics.append(
             MetricStats(
                 metric=name,
