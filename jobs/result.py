@@ -89,6 +89,10 @@ def _jsonable(data: Any) -> Any:
 # The error type of a DDP job one of whose other ranks was killed from outside (out of memory): the
 # worker starts such a job again, as it does one whose own process was killed.
 RANK_KILLED = "RankKilled"
+# The error type of a job whose MLflow server gave no answer for as long as a point is retried, when
+# the job's run was to be started or resumed: nothing of the job was lost, and the worker starts it
+# again as it does one killed from outside.
+TRACKING_UNREACHABLE = "TrackingUnreachable"
 
 
 class ErrorRecord(Record):

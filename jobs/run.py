@@ -309,11 +309,11 @@ def run_job(args: argparse.Namespace) -> JobResult:
         ensure_process_setup(spec, args)
         # Heavy imports only now, so a bad spec fails in a fraction of a second.
         if args.tracking_uri:
-            from jobs.tracking import MlflowRun, tracking_server
+            from jobs.tracking import start_run, tracking_server
 
             server = tracking_server(args.tracking_uri)
             with reporter.waiting_on(f"waiting for the MLflow server at {server} to start the job's run"):
-                mlflow_run = MlflowRun(
+                mlflow_run = start_run(
                     args.tracking_uri,
                     experiment=spec.experiment,
                     run_name=args.run_name or spec.run_name(),

@@ -46,6 +46,9 @@ DeliveryMode = Literal["process", "thread"]
 DEFAULT_DELIVERY: DeliveryMode = "process"
 # How long a batch is retried before its points are counted as lost (both ways of delivering).
 METRIC_RETRY_FOR_S = RETRY_FOR_S
+# Between two tries to start a job's run on a server that gave no answer (each try is MLflow's
+# client's own, with its retries: up to about four minutes).
+START_RETRY_EVERY_S = 5.0
 
 
 class Point(NamedTuple):
@@ -256,6 +259,47 @@ def end_run(client: Any, run_id: str, status: str, *, outcome: str | None = None
         client.set_terminated(run_id, status=status)
 
 
+class TrackingUnreachable(RuntimeError):
+    """The tracking server gave no answer while the job's run was started (or resumed): the job did
+    not run, and runs again (jobs.result.TRACKING_UNREACHABLE)."""
+
+
+def unanswered(exc: BaseException) -> bool:
+    """Whether `exc` says the tracking server gave no answer (refused, reset, timed out, or 5xx until
+    the client's retries ran out), not an answer refusing the request. MLflow's client wraps
+    requests' error in a plain MlflowException, the original as its context."""
+    import requests
+    from mlflow.exceptions import RestException
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, RestException):
+            return False
+        if isinstance(seen, requests.exceptions.RequestException | ConnectionError | TimeoutError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def start_run(tracking_uri: str, *, retry_for_s: float = METRIC_RETRY_FOR_S, **run: Any) -> MlflowRun:
+    """The job's `MlflowRun` (`run`: its arguments), tried again while the server gives no answer, for
+    as long as a metric point is (a server restarted or stalled for less costs the job nothing); then
+    TrackingUnreachable. An answer that refuses (a run that does not exist) is raised at once."""
+    give_up_at = time.monotonic() + retry_for_s
+    while True:
+        try:
+            return MlflowRun(tracking_uri, **run)
+        except Exception as exc:
+            if not unanswered(exc):
+                raise
+            if time.monotonic() >= give_up_at:
+                raise TrackingUnreachable(
+                    f"the MLflow server at {tracking_server(tracking_uri)} gave no answer for "
+                    f"{retry_for_s:g} s while the job's run was started: {exc}"
+                ) from exc
+            time.sleep(START_RETRY_EVERY_S)
+
+
 class MlflowRun:
     """One MLflow run per job, on a tracking server reached over HTTP."""
 
@@ -312,12 +356,14 @@ class MlflowRun:
         return self._client
 
     def _existing_run(self, run_id: str) -> Any:
-        from mlflow.exceptions import MlflowException
+        from mlflow.exceptions import RestException
 
         try:
             return self._client.get_run(run_id)
-        except MlflowException as exc:
-            raise ValueError(f"--resume-run-id {run_id}: no such MLflow run ({exc.message})") from None
+        except RestException as exc:  # the server answered; an unanswered request is no answer
+            if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+                raise ValueError(f"--resume-run-id {run_id}: no such MLflow run ({exc.message})") from None
+            raise
 
     def metric(self, key: str, value: float, step: int) -> None:
         self.delivery.metric(key, value, step)

@@ -387,6 +387,10 @@ def finish_job(
     if running is None:
         session.rollback()
         return False
+    if values.get("step") is not None:
+        # Never below what the attempt showed: one that failed before loading its checkpoint last
+        # reported step 0, while its row showed the checkpoint it resumed from (record_progress).
+        values["step"] = max(values["step"], running.step)
     why = None if error is None else error.message
     values["attempt_history"] = running.ended(
         status.value, why, values["finished_at"], step=values.get("step")

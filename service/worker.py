@@ -41,6 +41,7 @@ from jobs.result import (
     LOG_FILE,
     RANK_KILLED,
     RESULT_FILE,
+    TRACKING_UNREACHABLE,
     ErrorRecord,
     JobResult,
     JobStatus,
@@ -711,10 +712,11 @@ class Supervision:
         """Stopped by a signal no one here sent (the worker's own stops are `Stop`s, handled before):
         killed (SIGKILL: the kernel's out-of-memory killer; SIGTERM before the job could handle it),
         or a SIGTERM the job handled, stopping as if cancelled (an operator, a container runtime's
-        eviction), or a DDP rank killed so (RANK_KILLED: the job's other ranks then fail). A crash
+        eviction), a DDP rank killed so (RANK_KILLED: the job's other ranks then fail), or an MLflow
+        server that did not answer as the job started (TRACKING_UNREACHABLE). A crash
         (SIGSEGV, an exit code) is not."""
         if result is not None:
-            return result.status is JobStatus.CANCELLED or _rank_killed(result) is not None
+            return result.status is JobStatus.CANCELLED or _stopped_by_a_cause_outside(result) is not None
         return process.returncode in (-signal.SIGKILL, -signal.SIGTERM)
 
     def _retry(self, process: subprocess.Popen[bytes], result: JobResult | None) -> str:
@@ -722,7 +724,7 @@ class Supervision:
         cancelled meanwhile ends there, and so does its MLflow run, which no attempt resumes now."""
         self._heartbeat(read_progress(self.workdir) or self.last_progress)  # that checkpoint, relayed
         number, allowed = self.job.retries + 1, self.settings.job_retries
-        what = _rank_killed(result) or f"its process {_stopped_by(process.returncode)}"
+        what = _stopped_by_a_cause_outside(result) or f"its process {_stopped_by(process.returncode)}"
         reason = f"{what} before it ended; retry {number} of {allowed} (OPTLAB_JOB_RETRIES)"
         log.warning("job %s: %s", self.job.id, reason)
         requeued = self._store(
@@ -918,9 +920,15 @@ def group_rss_mb(session_id: int) -> float:
     return total / 2**20
 
 
-def _rank_killed(result: JobResult | None) -> str | None:
-    """The error of a DDP job one of whose other ranks was killed from outside, else None."""
-    if result is not None and result.error is not None and result.error.type == RANK_KILLED:
+def _stopped_by_a_cause_outside(result: JobResult | None) -> str | None:
+    """Why a job stopped for a cause outside it that a new attempt may not meet, else None: another
+    DDP rank killed from outside (out of memory), or an MLflow server that gave no answer while the
+    job's run was started (the job ran nothing)."""
+    if (
+        result is not None
+        and result.error is not None
+        and result.error.type in (RANK_KILLED, TRACKING_UNREACHABLE)
+    ):
         return result.error.message
     return None
 

@@ -381,3 +381,65 @@ def test_the_chart_link_filters_runs_and_lists_them_flat() -> None:
 def test_a_runs_overview_and_its_charts() -> None:
     assert run_overview_url("http://h:5000/", "3", "ab") == "http://h:5000/#/experiments/3/runs/ab"
     assert run_chart_url("http://h:5000/", "3", "ab") == "http://h:5000/#/experiments/3/runs/ab/model-metrics"
+
+
+def unanswered_error() -> Exception:
+    """What MLflow's client raises when the server gives no answer: its own exception, requests' error
+    as its context (rest_utils.http_request)."""
+    import requests
+    from mlflow.exceptions import MlflowException
+
+    try:
+        raise requests.exceptions.ConnectionError("Max retries exceeded (Connection refused)")
+    except requests.exceptions.ConnectionError as refused:
+        try:
+            raise MlflowException(f"API request to http://mlflow.test:5000 failed with exception {refused}")
+        except MlflowException as wrapped:
+            return wrapped
+
+
+RUN = {"experiment": "demo", "run_name": "r", "params": {}, "tags": {"job_id": "7"}}
+
+
+def test_a_run_is_started_once_the_server_answers(
+    client: FakeMlflowClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job that started while MLflow was down for longer than the client's own retries (about four
+    minutes) failed for good; a run resumed so was told "no such MLflow run"."""
+    monkeypatch.setattr(tracking, "START_RETRY_EVERY_S", 0.0)
+    down = [unanswered_error(), unanswered_error()]
+    answer = client.get_experiment_by_name
+
+    def after_an_outage(name: str) -> Any:
+        if down:
+            raise down.pop()
+        return answer(name)
+
+    monkeypatch.setattr(client, "get_experiment_by_name", after_an_outage)
+    run = tracking.start_run("http://mlflow.test:5000", retry_for_s=60, **RUN)
+    assert run.info.run_id == "run-1" and not down and len(client.runs) == 1
+
+
+def test_a_server_silent_for_the_whole_retry_is_told_apart_from_a_missing_run(
+    client: FakeMlflowClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from mlflow.exceptions import RestException
+
+    from jobs.result import TRACKING_UNREACHABLE
+
+    def silent(run_id: str) -> Any:
+        raise unanswered_error()
+
+    monkeypatch.setattr(client, "get_run", silent)
+    with pytest.raises(tracking.TrackingUnreachable) as raised:
+        tracking.start_run("http://mlflow.test:5000", retry_for_s=0, resume_run_id="r-1", **RUN)
+    assert str(raised.value).startswith("the MLflow server at http://mlflow.test:5000 gave no answer for 0 s")
+    assert "no such MLflow run" not in str(raised.value)
+    assert type(raised.value).__name__ == TRACKING_UNREACHABLE  # the type the worker retries
+
+    def missing(run_id: str) -> Any:
+        raise RestException({"error_code": "RESOURCE_DOES_NOT_EXIST", "message": f"Run '{run_id}' not found"})
+
+    monkeypatch.setattr(client, "get_run", missing)
+    with pytest.raises(ValueError, match="--resume-run-id r-1: no such MLflow run"):
+        tracking.start_run("http://mlflow.test:5000", retry_for_s=60, resume_run_id="r-1", **RUN)

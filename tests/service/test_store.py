@@ -217,6 +217,32 @@ def test_a_diverged_job_counts_the_steps_it_ran_ahead_of_its_progress(
         assert job is not None and job.step == 10
 
 
+def test_an_attempt_that_fails_before_loading_its_checkpoint_keeps_the_checkpoints_step(
+    sessions: sessionmaker[Session],
+) -> None:
+    """It showed 0/80000 after failing, though 12000 verified steps were done (and a resume starts there)."""
+    with sessions() as session:
+        job_id = store.create_job(session=session, spec=SPEC).id
+        store.claim_next(session=session, worker_id="w", lease_s=30)
+        store.record_progress(
+            session=session, job_id=job_id, worker_id="w", attempt=1, workdir=None, lease_s=30,
+            progress=Progress(step=0, total=10), resumed_from=8,
+        )  # fmt: skip
+        assert store.finish_job(
+            session=session,
+            job_id=job_id,
+            worker_id="w",
+            attempt=1,
+            status=JobStatus.FAILED,
+            result=None,
+            error=ErrorRecord(type="TrackingUnreachable", message="no answer"),
+            step=0,
+        )
+        job = store.get_job(session=session, job_id=job_id)
+        assert job is not None and job.step == 8
+        assert JobRead.from_row(job).attempt_history[-1].step == 8
+
+
 def test_a_running_job_says_what_holds_it_up_and_only_while_it_does(sessions: sessionmaker[Session]) -> None:
     held_up = "waiting for the MLflow server at http://x:5000 to start the job's run: 40 s so far"
     with sessions() as session:

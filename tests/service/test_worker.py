@@ -202,15 +202,25 @@ def test_a_job_cancelled_while_queued_to_run_again_gets_the_run_its_last_attempt
     assert job_row(sessions, ran).status == "cancelled" and not job_row(sessions, ran).cancel_requested
 
 
-def test_a_ddp_job_whose_other_rank_was_killed_from_outside_is_retried(
-    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+@pytest.mark.parametrize(
+    ("error_type", "said"),
+    [
+        # Rank 0 writes the result of a DDP job: RankKilled where another rank was killed (out of memory).
+        ("RankKilled", "DDP rank 1 of 2 was killed by signal SIGKILL (out of memory, or from outside)"),
+        # The MLflow server gave no answer while the job's run was started: it had failed for good.
+        (
+            "TrackingUnreachable",
+            "the MLflow server at http://m:5000 gave no answer for 600 s",  # no quote: the stand-in echoes it
+        ),
+    ],
+)
+def test_a_job_stopped_by_a_cause_outside_it_is_retried(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session], error_type: str, said: str
 ) -> None:
-    """Rank 0 writes the result of a DDP job: RankKilled where another rank was killed (out of
-    memory), and the job is started again as one whose own process was killed is."""
-    said = "DDP rank 1 of 2 was killed by signal SIGKILL (out of memory, or from outside)"
+    """Started again as a job whose own process was killed is."""
     body = (
         'echo \'{"job_id": "1", "attempt": 1, "workdir": "\'"$W"\'", "status": "failed",'
-        f' "error": {{"type": "RankKilled", "message": "{said}"}}}}\' > "$W/result.json"'
+        f' "error": {{"type": "{error_type}", "message": "{said}"}}}}\' > "$W/result.json"'
     )
     worker = make_worker(settings.model_copy(update={"job_retries": 1}), sessions, stand_in(tmp_path, body))
     job_id = submit(sessions)
