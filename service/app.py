@@ -82,8 +82,18 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
 
     @app.get("/healthz", response_model=Health, tags=["health"])
     def healthz(session: SessionDep) -> Health:
-        session.execute(text("SELECT 1"))
-        found = app.state.catalogues.latest(session=session)
+        """Alive (a liveness probe): 200 while the process answers, saying how the job store is. A
+        store that does not answer is no reason to restart this process (`/readyz` says not ready)."""
+        try:
+            session.execute(text("SELECT 1"))
+            found = app.state.catalogues.latest(session=session)
+        except sql_errors.SQLAlchemyError as exc:
+            return Health(
+                status="ok",
+                database=f"does not answer ({type(getattr(exc, 'orig', None) or exc).__name__})",
+                catalogue_published_at=None,
+                optimizers=0,
+            )
         return Health(
             status="ok",
             database="ok",
@@ -224,16 +234,44 @@ def routed(app: FastAPI, method: str, path: str) -> bool:
 
 def _store_error(request: Request, exc: Exception) -> JSONResponse:
     """The store too busy to answer in time (SQLite's lock past its busy timeout, no free pool
-    connection) is 503 with Retry-After: the client did nothing wrong and may simply retry. Any
-    other database error is the unexpected 500 it was."""
-    if not _store_busy(exc):
+    connection), or not answering at all (PostgreSQL down, refusing connections, or dropping them),
+    is 503 with Retry-After: the client did nothing wrong and may simply retry (`optlab submit
+    --wait` does). Any other database error is the unexpected 500 it was."""
+    if _store_busy(exc):
+        said = "is busy"
+    elif store_unreachable(exc):
+        said = "does not answer"
+    else:
         return _unexpected_error(request, exc)
-    log.warning("503 on %s %s: the job store is busy: %s", request.method, request.url.path, exc)
+    log.warning("503 on %s %s: the job store %s: %s", request.method, request.url.path, said, exc)
     return JSONResponse(
         status_code=503,
-        content={"detail": f"the job store is busy; retry in {STORE_BUSY_RETRY_S} s"},
+        content={"detail": f"the job store {said}; retry in {STORE_BUSY_RETRY_S} s"},
         headers={"Retry-After": str(STORE_BUSY_RETRY_S)},
     )
+
+
+# What drivers say of a connection that failed or was dropped (psycopg, SQLite's file gone).
+_UNREACHABLE = (
+    "connection failed",
+    "could not connect",
+    "connection refused",
+    "server closed the connection",
+    "terminating connection",
+    "does not allow connections",
+    "not currently accepting connections",
+    "the database system is starting up",
+    "the database system is shutting down",
+    "unable to open database file",
+)
+
+
+def store_unreachable(exc: Exception) -> bool:
+    """Whether a database error says the store cannot be reached, not that a statement failed."""
+    if getattr(exc, "connection_invalidated", False):  # SQLAlchemy's own reading: a disconnect
+        return True
+    message = str(getattr(exc, "orig", exc)).lower()
+    return any(words in message for words in _UNREACHABLE)
 
 
 def _store_busy(exc: Exception) -> bool:

@@ -6,11 +6,13 @@ import os
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
 from jobs.result import ErrorRecord, JobResult, JobStatus
+
+T = TypeVar("T")
 
 
 def status_of(job: dict[str, Any]) -> JobStatus:
@@ -56,6 +58,11 @@ class ApiError(RuntimeError):
         """The request itself was wrong (the CLI exits 2), not the service or the network (1)."""
         return self.status_code in USAGE_ERRORS
 
+    @property
+    def is_unavailable(self) -> bool:
+        """No answer came, or one saying the API cannot serve now: worth asking again a little later."""
+        return self.status_code in UNAVAILABLE
+
 
 class AddressError(ApiError):
     """The API's address is not one (no scheme, a scheme other than http(s)): a usage error, found
@@ -67,6 +74,10 @@ class AddressError(ApiError):
     @property
     def is_usage_error(self) -> bool:
         return True
+
+    @property
+    def is_unavailable(self) -> bool:
+        return False
 
 
 class TokenError(ApiError):
@@ -105,6 +116,9 @@ SUBMIT_ATTEMPTS = 3
 SUBMIT_RETRY_AFTER_S = 1.0
 IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"  # service.idempotency.KEY_HEADER, without importing the service
 
+# No answer (0), or one saying the API cannot serve now: its job store does not answer (503), a proxy
+# in front of it finds no API (502, 504).
+UNAVAILABLE = (0, 502, 503, 504)
 # Statuses that mean the request itself was wrong (the CLI exits 2 for them, 1 for the rest).
 USAGE_ERRORS = (400, 401, 403, 404, 413, 415, 422)
 
@@ -159,29 +173,36 @@ class ApiClient:
         answering (restarted: its jobs go on or are requeued) is polled again for UNREACHABLE_GRACE_S."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         latest: dict[int, dict[str, Any]] = {}
-        unreachable_since: float | None = None
+        shown = ", ".join(f"{self.base_url}/jobs/{job_id}" for job_id in job_ids)
         while True:
-            try:
-                self._poll(job_ids, latest, on_update)
-                unreachable_since = None
-            except ApiError as exc:
-                if exc.status_code != 0:
-                    raise
-                unreachable_since = unreachable_since or time.monotonic()
-                if time.monotonic() - unreachable_since > UNREACHABLE_GRACE_S:
-                    shown = ", ".join(f"{self.base_url}/jobs/{job_id}" for job_id in job_ids)
-                    raise ApiError(
-                        0,
-                        f"{exc.detail}; gave up after {UNREACHABLE_GRACE_S:g} s of trying. The jobs may "
-                        f"still be running or queued: GET {shown} once the API is back",
-                    ) from None
-                time.sleep(UNREACHABLE_POLL_S)
-                continue
+            self.patiently(
+                lambda: self._poll(job_ids, latest, on_update),
+                after=f"The jobs may still be running or queued: GET {shown} once the API is back",
+            )
             if all(status_of(job).terminal for job in latest.values()):
                 return latest
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"jobs {job_ids} still running after {timeout_s}s")
             time.sleep(poll_s)
+
+    def patiently(self, call: Callable[[], T], *, after: str) -> T:
+        """`call()`, again while the API gives no answer or answers that it cannot now (503: its job
+        store does not answer; 502, 504: a proxy without it), for UNREACHABLE_GRACE_S; then the error,
+        and `after`, what to do later."""
+        unavailable_since: float | None = None
+        while True:
+            try:
+                return call()
+            except ApiError as exc:
+                if not exc.is_unavailable:
+                    raise
+                unavailable_since = unavailable_since or time.monotonic()
+                if time.monotonic() - unavailable_since > UNREACHABLE_GRACE_S:
+                    raise ApiError(
+                        exc.status_code,
+                        f"{exc.detail}; gave up after {UNREACHABLE_GRACE_S:g} s of trying. {after}",
+                    ) from None
+                time.sleep(UNREACHABLE_POLL_S)
 
     def _poll(
         self,

@@ -174,7 +174,7 @@ class JobsPage(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok"]
-    database: Literal["ok"]
+    database: str = Field(description='"ok", or "does not answer (...)": the process is alive all the same')
     catalogue_published_at: datetime | None
     optimizers: int
 

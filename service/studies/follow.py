@@ -31,7 +31,10 @@ def follow_study(
     shown_error = None
     with progress:
         while True:
-            study = client.study(study_id)
+            study = client.patiently(
+                lambda: client.study(study_id),
+                after=f"The study goes on: GET {client.base_url}/studies/{study_id} once the API is back",
+            )
             rows = [
                 (True, "all", study["progress"]),
                 *((False, o["optimizer"], o) for o in study["progress"]["optimizers"]),

@@ -86,3 +86,22 @@ def test_wait_gives_up_on_an_api_gone_for_good_saying_the_job_may_still_run(
     message = str(raised.value)
     assert "cannot reach the optlab API" in message and "gave up after 0.3 s of trying" in message
     assert f"The jobs may still be running or queued: GET http://127.0.0.1:{api.port}/jobs/1" in message
+
+
+def test_a_wait_goes_on_through_a_503(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job store down for six seconds: the API answered 500 then (now 503), and `optlab submit
+    --wait` quit with "HTTP 500: internal error" while the job went on to succeed."""
+    import httpx
+
+    monkeypatch.setattr(client_module, "UNREACHABLE_POLL_S", 0.0)
+    answers = [503, 503, 200]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        status = answers.pop(0)
+        if status == 503:
+            return httpx.Response(503, json={"detail": "the job store does not answer; retry in 1 s"})
+        return httpx.Response(200, json={"id": 1, "status": "succeeded", "progress": {"step": 2, "total": 2}})
+
+    client = ApiClient("http://api.test")
+    client._http = httpx.Client(base_url=client.base_url, transport=httpx.MockTransport(answer))
+    assert client.wait([1], poll_s=0)[1]["status"] == "succeeded" and answers == []

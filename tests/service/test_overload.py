@@ -58,7 +58,16 @@ def test_requests_past_the_limit_wait_for_a_place_then_get_503_with_retry_after(
 
 @pytest.mark.parametrize(
     ("message", "expected"),
-    [("database is locked", 503), ("no such table: jobs", 500)],
+    [
+        ("database is locked", 503),
+        ("no such table: jobs", 500),
+        # PostgreSQL down, refusing connections, or dropping them: a 500 "internal error" before, which
+        # `optlab submit --wait` gave up on.
+        ('connection failed: connection to server at "127.0.0.1", port 5432 failed: Connection refused', 503),
+        ("FATAL:  terminating connection due to administrator command", 503),
+        ('FATAL:  database "optlab" is not currently accepting connections', 503),
+        ('FATAL:  database "optlab" does not allow connections', 503),
+    ],
 )
 def test_a_busy_store_is_503_with_retry_after_any_other_database_error_500(
     client: TestClient, monkeypatch: pytest.MonkeyPatch, message: str, expected: int
@@ -71,5 +80,21 @@ def test_a_busy_store_is_503_with_retry_after_any_other_database_error_500(
     assert response.status_code == expected, response.text
     if expected == 503:
         assert response.headers["retry-after"] == "1"
-        assert "busy" in response.json()["detail"]
+        said = "is busy" if "locked" in message else "does not answer"
+        assert response.json()["detail"] == f"the job store {said}; retry in 1 s"
     assert client.get("/jobs").json()["total"] == 0
+
+
+def test_healthz_is_alive_while_the_store_does_not_answer(
+    client: TestClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A liveness probe: it answered 500 with the store down, so a probe would restart a sound API."""
+    from sqlalchemy.orm import Session
+
+    def down(self: Session, *args: Any, **kwargs: Any) -> Any:
+        raise OperationalError("SELECT 1", {}, Exception("connection failed: Connection refused"))
+
+    monkeypatch.setattr(Session, "execute", down)
+    response = client.get("/healthz")
+    assert response.status_code == 200, response.text
+    assert response.json()["database"] == "does not answer (Exception)"

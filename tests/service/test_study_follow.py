@@ -7,8 +7,11 @@ import io
 import re
 from typing import Any
 
+import pytest
 from rich.console import Console
 
+from service import client as client_module
+from service.client import ApiClient, ApiError
 from service.studies.follow import comparison_lines, follow_study, ranking_table
 from service.studies.summary import RANKING_CAVEAT, MetricPoint, StudyRun, StudySummary, summarize
 
@@ -23,14 +26,18 @@ def study(status: str, summary_error: str | None = None) -> dict[str, Any]:
     }
 
 
-class Replies:
-    """GET /studies/1, answered from a list (its last answer repeated)."""
+class Replies(ApiClient):
+    """GET /studies/1, answered from a list (its last answer repeated); an ApiError in it is raised."""
 
-    def __init__(self, *answers: dict[str, Any]) -> None:
+    def __init__(self, *answers: dict[str, Any] | ApiError) -> None:
+        super().__init__("http://api.test")
         self.answers = list(answers)
 
     def study(self, study_id: int) -> dict[str, Any]:
-        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, ApiError):
+            raise answer
+        return answer
 
 
 def test_a_summary_that_keeps_failing_is_shown_once_while_waiting() -> None:
@@ -86,3 +93,16 @@ def test_only_the_study_s_bar_shows_the_time_elapsed() -> None:
     bars = [line for line in out.getvalue().splitlines() if line.startswith("all")]
     assert len(bars) == 2, out.getvalue()
     assert sum(bool(re.search(r"\d:\d\d:\d\d\s*$", line)) for line in bars) == 1, bars
+
+
+def test_the_wait_goes_on_through_an_api_whose_store_does_not_answer(monkeypatch: Any) -> None:
+    """A 503 (the job store down for a few seconds) ended `optlab study --wait`; the study went on."""
+    monkeypatch.setattr(client_module, "UNREACHABLE_POLL_S", 0.0)
+    down = ApiError(503, "the job store does not answer; retry in 1 s")
+    ended = follow_study(
+        Replies(study("running"), down, down, study("done")), 1, console=Console(file=io.StringIO()), poll_s=0
+    )
+    assert ended["status"] == "done"
+    refused = ApiError(404, "no study with id 1")
+    with pytest.raises(ApiError, match="no study with id 1"):
+        follow_study(Replies(refused), 1, console=Console(file=io.StringIO()), poll_s=0)
