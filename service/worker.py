@@ -259,11 +259,23 @@ class Worker:
     def close_runs_forever(self) -> None:
         """`close_runs_left_open` every heartbeat, on a thread of its own: MLflow's client retries a
         server that does not answer for minutes, which must delay no claim."""
+        failing: str | None = None  # the error met, said once with its traceback, not every heartbeat
         while not self.stopping.wait(self.settings.heartbeat_s):
             try:
                 self.close_runs_left_open()
-            except Exception:  # the store away: the next heartbeat tries again
-                log.exception("worker %s: could not look for MLflow runs left open", self.worker_id)
+            except Exception as exc:  # the store away: the next heartbeat tries again
+                said = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                if failing is None:
+                    log.exception("worker %s: could not look for MLflow runs left open", self.worker_id)
+                elif said != failing:
+                    log.warning(
+                        "worker %s: still cannot look for MLflow runs left open: %s", self.worker_id, said
+                    )
+                failing = said
+                continue
+            if failing is not None:
+                log.info("worker %s: looks for MLflow runs left open again", self.worker_id)
+                failing = None
 
     def close_runs_left_open(self) -> None:
         """End KILLED the MLflow runs that cancelled jobs may have left open: one cancelled while

@@ -439,3 +439,28 @@ def test_a_run_the_worker_ends_is_tagged_with_the_jobs_outcome_first(
         ("set_tag", "r-7", "outcome", outcome),
         ("set_terminated", "r-7", status),
     ]
+
+
+def test_a_store_outage_is_logged_once_not_every_heartbeat(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 35 s outage wrote a 114-line traceback every 5 s (800 lines) where one said it all."""
+    worker = make_worker(settings.model_copy(update={"heartbeat_s": 0.01}), sessions, "python")
+    outcomes = [RuntimeError("connection refused")] * 4 + [None, RuntimeError("connection refused")]
+
+    def look() -> None:
+        outcome = outcomes.pop(0)
+        if not outcomes:
+            worker.stopping.set()
+        if outcome is not None:
+            raise outcome
+
+    worker.close_runs_left_open = look  # type: ignore[method-assign]
+    with caplog.at_level("INFO", logger="optlab.worker"):
+        worker.close_runs_forever()
+    said = [(r.levelname, r.getMessage(), r.exc_info is not None) for r in caplog.records]
+    assert said == [
+        ("ERROR", "worker test-worker: could not look for MLflow runs left open", True),
+        ("INFO", "worker test-worker: looks for MLflow runs left open again", False),
+        ("ERROR", "worker test-worker: could not look for MLflow runs left open", True),  # a new outage
+    ]
