@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from jobs.result import AttemptRecord, ErrorRecord, JobResult, JobStatus, MlflowInfo
-from service.models import Job
+from service.models import Job, utcnow
 from service.secrets import redact_url
 from service.store import as_utc
 
@@ -95,7 +95,7 @@ class JobRead(BaseModel):
             # The store keeps an interrupted attempt's reason in `error` until the job ends; shown
             # apart, so `error` on a job that runs means it failed, never that it was moved.
             error=_record(job.error) if job.status.terminal else None,
-            interruption=None if job.status.terminal else _record(job.error),
+            interruption=None if job.status.terminal else _stranded(job) or _record(job.error),
             cancel_requested=job.cancel_requested,
             attempt_history=[AttemptRecord.model_validate(record) for record in job.attempt_history or []],
             submitted_by=job.submitted_by,
@@ -103,6 +103,24 @@ class JobRead(BaseModel):
             study_id=job.study_id,
             waiting_reason=job.waiting if job.status is JobStatus.RUNNING else None,
         )
+
+
+def _stranded(job: Job) -> dict[str, Any] | None:
+    """A running job whose worker stopped answering (its lease expired), until a worker takes it over:
+    it had read as running well, with nothing to say why it made no progress."""
+    expired = as_utc(job.lease_expires_at)
+    if job.status is not JobStatus.RUNNING or expired is None or expired >= utcnow():
+        return None
+    resumes = (
+        "from the start"
+        if job.checkpoint_step is None
+        else f"from its checkpoint of step {job.checkpoint_step}"
+    )
+    message = (
+        f"its worker {job.worker_id} stopped answering (its lease expired at {expired.isoformat()}): "
+        f"the next worker to claim a job takes it over, {resumes}"
+    )
+    return ErrorRecord(type="LeaseExpired", message=message).to_json()
 
 
 def _record(stored: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -190,6 +190,9 @@ def request_cancel(*, session: Session, job_id: int, by: str | None = None) -> J
             .where(Job.id == job_id, Job.status == JobStatus.RUNNING)
             .values(cancel_requested=True, cancelled_by=cancelled_by)
         )
+        session.commit()
+        # One whose worker stopped answering ends now: it had waited, running, for a worker to start.
+        _cancel_stranded(session, Job.id == job_id, utcnow())
     session.commit()
     return session.get(Job, job_id, populate_existing=True)
 
@@ -221,6 +224,31 @@ def _fits(fits: ClaimFilter) -> Any:
     )
 
 
+def _cancel_stranded(session: Session, which: Any, now: datetime) -> None:
+    """Cancel the running jobs `which` selects whose worker stopped answering (their lease expired):
+    no attempt of theirs is live to stop, and none may write once they are cancelled (the fence). Their
+    attempt ends in the history as the lease expired; `cancel_requested` stays, so that a worker ends
+    the MLflow run the attempt left open (`runs_left_open`)."""
+    stranded = (Job.status == JobStatus.RUNNING) & (Job.lease_expires_at < now) & which
+    rows = session.execute(select(Job.id, *RUNNING_ATTEMPT).where(stranded).with_for_update()).all()
+    reason = "its worker stopped answering (its lease expired), and it was cancelled meanwhile"
+    for row in rows:
+        session.execute(
+            update(Job)
+            .execution_options(synchronize_session=False)  # SQLite's naive datetimes: no in-Python evaluation
+            .where(Job.id == row.id, stranded)
+            .values(
+                status=JobStatus.CANCELLED,
+                finished_at=now,
+                lease_expires_at=None,
+                cancel_requested=True,
+                error=_error("Cancelled", "cancelled; its worker had stopped answering"),
+                attempt_history=RunningAttempt.of(row).ended("lease expired", reason, now),
+            )
+        )
+    session.commit()
+
+
 def claim_next(
     *, session: Session, worker_id: str, lease_s: float, fits: ClaimFilter | None = None
 ) -> Job | None:
@@ -232,18 +260,7 @@ def claim_next(
     """
     now = utcnow()
     expired = (Job.status == JobStatus.RUNNING) & (Job.lease_expires_at < now)
-    session.execute(
-        update(Job)
-        .execution_options(synchronize_session=False)  # SQLite's naive datetimes: no in-Python evaluation
-        .where(expired, Job.cancel_requested.is_(True))
-        .values(
-            status=JobStatus.CANCELLED,
-            finished_at=now,
-            lease_expires_at=None,
-            error=_error("Cancelled", "cancelled; its worker had stopped answering"),
-        )
-    )
-    session.commit()
+    _cancel_stranded(session, Job.cancel_requested.is_(True), now)
     claimable = (Job.status == JobStatus.QUEUED) | expired
     runnable = claimable if fits is None else claimable & _fits(fits)
     for _ in range(5):

@@ -391,6 +391,37 @@ def test_a_job_whose_worker_stopped_answering_is_claimed_again(sessions: session
         assert store.claim_next(session=session, worker_id="alive", lease_s=30) is None
 
 
+def test_a_job_whose_only_worker_died_says_so_and_a_cancel_ends_it_at_once(
+    sessions: sessionmaker[Session],
+) -> None:
+    """With no worker left to claim it, it read `running` with nothing said, and a cancel stayed
+    pending (attempt_history empty) until a worker started."""
+    with sessions() as session:
+        job_id = store.create_job(session=session, spec=SPEC).id
+        store.claim_next(session=session, worker_id="dead", lease_s=30)
+        shown = JobRead.from_row(store.get_job(session=session, job_id=job_id))  # type: ignore[arg-type]
+        assert shown.interruption is None  # its lease holds: it runs
+        session.execute(update(Job).values(lease_expires_at=utcnow() - timedelta(seconds=1)))
+        session.commit()
+        shown = JobRead.from_row(store.get_job(session=session, job_id=job_id))  # type: ignore[arg-type]
+        assert shown.status == "running" and shown.interruption is not None
+        assert shown.interruption["type"] == "LeaseExpired"
+        assert shown.interruption["message"].startswith(
+            "its worker dead stopped answering (its lease expired at "
+        )
+        assert shown.interruption["message"].endswith("takes it over, from the start")
+        cancelled = store.request_cancel(session=session, job_id=job_id, by="alice")
+        assert cancelled is not None and cancelled.status == "cancelled" and cancelled.cancelled_by == "alice"
+        [ended] = JobRead.from_row(cancelled).attempt_history
+        assert (ended.attempt, ended.worker_id, ended.ended) == (1, "dead", "lease expired")
+        assert JobRead.from_row(cancelled).interruption is None
+        assert cancelled.cancel_requested  # its MLflow run is a worker's to end (runs_left_open)
+        assert store.record_progress(
+            session=session, job_id=job_id, worker_id="dead", attempt=1, progress=Progress(step=1, total=10),
+            workdir=None, lease_s=30,
+        ) is store.Lease.LOST  # fmt: skip
+
+
 def test_a_cancel_requested_before_a_worker_stops_is_not_undone(sessions: sessionmaker[Session]) -> None:
     with sessions() as session:
         job_id = store.create_job(session=session, spec=SPEC).id
