@@ -1442,7 +1442,14 @@ class TorchSession(TrainingSession):
         return folder / f"step-{step:08d}.pt"
 
     def resume(self, path: Path) -> tuple[TrainObjects, int]:
-        checkpoint = load_checkpoint(path, self.torch_device)
+        try:
+            checkpoint = load_checkpoint(path, self.torch_device)
+        except (RuntimeError, EOFError, OSError) as exc:  # not the state's refusal: StateNotRestored
+            # torch says only "PytorchStreamReader failed reading zip archive": say which file.
+            raise ValueError(
+                f"checkpoint {path.name}, the job's last verified one, could not be read: the file is "
+                f"damaged or cut short ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+            ) from exc
         saved_spec = JobSpec.model_validate_json(checkpoint["spec"])
         if saved_spec != self.spec:
             raise ValueError(f"checkpoint {path} was written by a different job spec; refusing to resume")

@@ -406,3 +406,18 @@ def test_a_checkpoint_that_cannot_be_written_is_named_by_its_path(
     with pytest.raises(OSError, match=r"could not write the checkpoint .*step-00000002\.pt: \[enforce fail"):
         job.run()
     assert not list(job.checkpoint_dir.glob(".*.tmp"))  # no torn file left behind
+
+
+def test_a_resume_from_a_damaged_checkpoint_names_the_file(make_job: Callable[..., Any]) -> None:
+    """torch said only "PytorchStreamReader failed reading zip archive" for a checkpoint cut short."""
+    spec = digits_spec(optimizer={"name": "sgd", "params": {"lr": 0.05}}, steps=4)
+    job = make_job(spec)
+    session = job.session
+    objects = session.build()
+    session.train_step(objects, session.batch(0), 0)
+    path = session.checkpoint(objects, 1, job.checkpoint_dir, next_step_follows=False).path
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(
+        ValueError, match=rf"checkpoint {path.name}, the job's last verified one, could not be read"
+    ):
+        make_job(spec).run(resume_from=path)
