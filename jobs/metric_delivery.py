@@ -360,7 +360,9 @@ class DeliveryProcess:
                         if self._processed > seen:
                             seen, last_progress = self._processed, time.monotonic()
                         elif time.monotonic() - last_progress > stalled_after:
-                            raise _DeliveryProcessGone(f"no acknowledgement for {stalled_after:.0f} s")
+                            raise _DeliveryProcessStuck(f"no acknowledgement for {stalled_after:.0f} s")
+                except _DeliveryProcessStuck as exc:
+                    self._fall_back(f"stopped answering ({exc})")
                 except _DeliveryProcessGone as exc:
                     self._fall_back(f"died ({exc})")
                 fallback, ack_fd = self._fallback, self._ack_fd
@@ -453,8 +455,13 @@ class DeliveryProcess:
 
     def _fall_back(self, problem: str) -> None:
         """Deliver from this process from now on, starting with every point not acknowledged."""
-        self._end_process()
-        reason = problem if self._process is None else f"{problem}; it {how_it_ended(self._process.poll())}"
+        stopped_here = self._end_process()
+        if self._process is None:
+            reason = problem
+        elif stopped_here:  # its SIGKILL is this process's, not a cause to report as one
+            reason = f"{problem}, so the job stopped it"
+        else:
+            reason = f"{problem}; it {how_it_ended(self._process.poll())}"
         rows: list[Row] = []
         for written in self._unacknowledged:
             skip = max(0, self._processed - written.start)  # the start of a batch it acknowledged
@@ -470,16 +477,18 @@ class DeliveryProcess:
             f"(slower; {len(rows)} points not yet acknowledged handed over, none lost)"
         )
 
-    def _end_process(self) -> None:
-        """Kill the process (if it still runs) and take in its last acknowledgements."""
+    def _end_process(self) -> bool:
+        """Kill the process (if it still runs) and take in its last acknowledgements; whether it was
+        still running, so that this process stopped it."""
         if self._process is None:
-            return
-        if self._process.poll() is None:
+            return False
+        stopped_here = self._process.poll() is None
+        if stopped_here:
             self._process.kill()
         self._process.wait()
         self._close_stdin()
         if self._ack_fd < 0:  # it never started
-            return
+            return stopped_here
         try:
             while True:  # everything it wrote before it died, up to the pipe's end
                 self._read_acknowledgements(timeout_s=None)
@@ -487,6 +496,7 @@ class DeliveryProcess:
             pass
         os.close(self._ack_fd)
         self._ack_fd = -1
+        return stopped_here
 
     def _stop_process(self) -> None:
         """close(): everything is flushed; the end of its input tells the process to exit."""
@@ -522,6 +532,10 @@ def _wait_readable(fd: int, timeout_s: float) -> None:
 
 class _DeliveryProcessGone(Exception):
     pass
+
+
+class _DeliveryProcessStuck(Exception):
+    """Alive, but it acknowledged nothing for longer than a batch can take (stopped, hung)."""
 
 
 def _warn_on_stderr(message: str) -> None:
