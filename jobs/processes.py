@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 # Legacy tf.keras (`tf_keras`) replaces `tf.keras` only when this is "1" before TensorFlow is
@@ -191,3 +192,14 @@ def signal_group(process: subprocess.Popen[Any], sig: signal.Signals) -> None:
         os.killpg(process.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def is_stopped(pid: int) -> bool:
+    """Whether process `pid` is stopped (SIGSTOP, SIGTSTP, a debugger): it runs nothing until it is
+    continued. Read from /proc (Linux); False where that cannot be read."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    # "pid (comm) S ...": the state follows the last ")" (a command name may hold one).
+    return stat.rpartition(")")[2].split()[:1] in (["T"], ["t"])

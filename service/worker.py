@@ -36,7 +36,14 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.processes import how_it_ended, signal_group, start_in_own_group, terminate_group, thread_environment
+from jobs.processes import (
+    how_it_ended,
+    is_stopped,
+    signal_group,
+    start_in_own_group,
+    terminate_group,
+    thread_environment,
+)
 from jobs.result import (
     LOG_FILE,
     RANK_KILLED,
@@ -69,6 +76,10 @@ ALL_FRAMEWORKS = ("torch", "tensorflow")  # before the catalogue is known: claim
 # Progress (a new step or loss) is written at most this often; a new MLflow run or checkpoint at
 # once; with nothing new only the lease renewal every heartbeat_s (was: a row every 0.5 s per job).
 PROGRESS_WRITE_S = 2.0
+# The waiting reason of a job whose process someone stopped (SIGSTOP); cancel still ends it.
+STOPPED_FROM_OUTSIDE = (
+    "its process is stopped (SIGSTOP, or a debugger) and makes no progress until it is continued (SIGCONT)"
+)
 # The job is paused this long before its lease could expire (see Supervision._keep_lease_safe).
 PAUSE_MARGIN_S = 2.0
 # Store outage: retry after 0.5 s, doubling up to this.
@@ -624,6 +635,10 @@ class Supervision:
             job_log.cap(self.workdir / LOG_FILE, int(self.settings.job_log_mb * job_log.MB))
             progress = read_progress(self.workdir)
             self.last_progress = progress or self.last_progress
+            if self.last_progress is not None and not self.paused and is_stopped(process.pid):
+                # Stopped by someone else (this worker pauses it only while the store is away): it
+                # read as running well, the same step for as long as it stayed stopped.
+                self.last_progress = self.last_progress.model_copy(update={"waiting": STOPPED_FROM_OUTSIDE})
             if progress is not None and progress.step >= 1:
                 with self.worker.lock:
                     self.worker.past_first_step |= {slot.index for slot in self.slots}

@@ -7,7 +7,9 @@ arguments (`-m jobs.run SPEC --workdir DIR ...`) and misbehaves on purpose.
 from __future__ import annotations
 
 import os
+import signal
 import stat
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -464,3 +466,51 @@ def test_a_store_outage_is_logged_once_not_every_heartbeat(
         ("INFO", "worker test-worker: looks for MLflow runs left open again", False),
         ("ERROR", "worker test-worker: could not look for MLflow runs left open", True),  # a new outage
     ]
+
+
+def test_a_job_process_stopped_from_outside_says_so_until_it_is_continued(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    """SIGSTOPped, it had read as running well (the same step, nothing waiting) as long as it stayed so."""
+    body = (
+        'echo \'{"step": 3, "total": 10}\' > "$W/progress.json"; echo $$ > "$W/pid"; kill -STOP $$; '
+        'echo \'{"job_id": "1", "attempt": 1, "workdir": "/w", "status": "succeeded"}\' > "$W/result.json"'
+    )
+    worker = make_worker(settings.model_copy(update={"heartbeat_s": 0.2}), sessions, stand_in(tmp_path, body))
+    job_id = submit(sessions)
+    running = threading.Thread(target=worker.run_next)
+    running.start()
+
+    def waiting() -> str | None:
+        with sessions() as session:
+            job = store.get_job(session=session, job_id=job_id)
+            return None if job is None else job.waiting
+
+    deadline = time.monotonic() + 20
+    try:
+        while waiting() != worker_module.STOPPED_FROM_OUTSIDE and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert waiting() == worker_module.STOPPED_FROM_OUTSIDE
+    finally:  # continued whatever was seen: a process left stopped would hold the worker's thread
+        pid = int(next((tmp_path / "jobs").rglob("pid")).read_text())
+        os.kill(pid, signal.SIGCONT)
+        running.join(20)
+    assert job_row(sessions, job_id).status == "succeeded"
+
+
+def test_is_stopped_reads_the_process_state() -> None:
+    from jobs.processes import is_stopped
+
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        assert not is_stopped(sleeper.pid)
+        os.kill(sleeper.pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 5
+        while not is_stopped(sleeper.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert is_stopped(sleeper.pid)
+        os.kill(sleeper.pid, signal.SIGCONT)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert not is_stopped(sleeper.pid)  # gone: nothing to read
