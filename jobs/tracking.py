@@ -259,6 +259,14 @@ def end_run(client: Any, run_id: str, status: str, *, outcome: str | None = None
         client.set_terminated(run_id, status=status)
 
 
+class RunStartCut(Exception):
+    """The job's run was made, then the server gave no answer: `start_run` tries again on this run."""
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"the MLflow server gave no answer once run {run_id} was made")
+        self.run_id = run_id
+
+
 class TrackingUnreachable(RuntimeError):
     """The tracking server gave no answer while the job's run was started (or resumed): the job did
     not run, and runs again (jobs.result.TRACKING_UNREACHABLE)."""
@@ -271,9 +279,17 @@ def unanswered(exc: BaseException) -> bool:
     import requests
     from mlflow.exceptions import RestException
 
+    # The setup's own errors, which no wait mends (a certificate, an address): said at once.
+    setup = (
+        requests.exceptions.SSLError,
+        requests.exceptions.InvalidURL,
+        requests.exceptions.InvalidHeader,
+        requests.exceptions.MissingSchema,
+        requests.exceptions.InvalidSchema,
+    )
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, RestException):
+        if isinstance(seen, (RestException, *setup)):
             return False
         if isinstance(seen, requests.exceptions.RequestException | ConnectionError | TimeoutError):
             return True
@@ -292,6 +308,8 @@ def start_run(tracking_uri: str, *, retry_for_s: float = METRIC_RETRY_FOR_S, **r
         except Exception as exc:
             if not unanswered(exc):
                 raise
+            if isinstance(exc, RunStartCut):  # made before the silence: resumed, not made twice
+                run = {**run, "resume_run_id": exc.run_id}
             if time.monotonic() >= give_up_at:
                 raise TrackingUnreachable(
                     f"the MLflow server at {tracking_server(tracking_uri)} gave no answer for "
@@ -332,7 +350,9 @@ class MlflowRun:
             self.info = RunInfo(tracking_uri, experiment_id, run.info.run_id)
         try:
             self._log_params(params)
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, Exception) and unanswered(exc):  # a try again resumes it: no second run
+                raise RunStartCut(self.info.run_id) from exc
             end_run(self._client, self.info.run_id, "FAILED", outcome="failed")  # never left RUNNING
             raise
         self.delivery = self._start_delivery(delivery or DEFAULT_DELIVERY)

@@ -443,3 +443,37 @@ def test_a_server_silent_for_the_whole_retry_is_told_apart_from_a_missing_run(
     monkeypatch.setattr(client, "get_run", missing)
     with pytest.raises(ValueError, match="--resume-run-id r-1: no such MLflow run"):
         tracking.start_run("http://mlflow.test:5000", retry_for_s=60, resume_run_id="r-1", **RUN)
+
+
+def test_a_run_made_before_the_server_went_silent_is_resumed_not_made_twice(
+    client: FakeMlflowClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Made, then its params got no answer: a second try had made a second run, the first left open."""
+    monkeypatch.setattr(tracking, "START_RETRY_EVERY_S", 0.0)
+    down = [unanswered_error()]
+    log_batch = client.log_batch
+
+    def silent_once(run_id: str, metrics: Any = (), params: Any = (), synchronous: bool = True) -> None:
+        if params and down:
+            raise down.pop()
+        log_batch(run_id, metrics=metrics, params=params, synchronous=synchronous)
+
+    monkeypatch.setattr(client, "log_batch", silent_once)
+    run = tracking.start_run("http://mlflow.test:5000", retry_for_s=60, **{**RUN, "params": {"p": "1"}})
+    assert run.info.run_id == "run-1" and len(client.runs) == 1 and client.terminated == []
+    assert client.param_batches[-1][0].key == "p"
+
+
+def test_a_setup_error_is_said_at_once_not_waited_through() -> None:
+    """A bad certificate is no outage: it had been tried for ten minutes, then retried as one."""
+    import requests
+    from mlflow.exceptions import MlflowException
+
+    try:
+        raise requests.exceptions.SSLError("certificate verify failed")
+    except requests.exceptions.SSLError as bad:
+        try:
+            raise MlflowException(f"API request failed with exception {bad}")
+        except MlflowException as wrapped:
+            assert not tracking.unanswered(wrapped)
+    assert tracking.unanswered(unanswered_error())
