@@ -968,8 +968,7 @@ def _stated_need_errors(
     choice: OptimizerChoice, framework: str, optimizer: Mapping[str, Any]
 ) -> list[SpecError]:
     """A need the spec states that no job could serve, at its own field: the optimizer is not at
-    fault for what its spec asked. A framework's loop without it (a closure in a tensorflow job), and
-    a model argument that is not the constructor's first (the loop hands the model there)."""
+    fault for what its spec asked (a closure in a tensorflow job)."""
     stated = {key: value for key, value in (choice.needs or {}).items() if value not in (False, None)}
     detected = optimizer.get("needs", {})
     loc: list[str | int] = ["body", "optimizer", "needs"]
@@ -983,16 +982,6 @@ def _stated_need_errors(
                     f"job's loop does); leave it out; received {stated[need]!r}",
                 )
             ]
-    first = optimizer.get("first_argument")
-    argument = stated.get("model_argument")
-    if argument is not None and first is not None and argument != first:
-        return [
-            SpecError(
-                loc=[*loc, "model_argument"],
-                msg=f"optimizer.needs.model_argument must name the first argument of {choice.name!r}'s "
-                f"constructor ({first!r}), where the loop hands the model; received {argument!r}",
-            )
-        ]
     return []
 
 
@@ -1036,7 +1025,9 @@ def _schedule_reach_errors(spec: JobSpec, schedule: Schedule) -> list[SpecError]
     loc: list[str | int] = ["body", "schedule", "params"]
     if isinstance(schedule, LinearWarmup | Cosine):
         warmup = schedule.warmup_steps
-        last = steps if isinstance(schedule, LinearWarmup) else steps - 1
+        # The ramp's last step (warmup - 1) is the full rate; a cosine starts to decay the step after
+        # its first at the full rate (step warmup), so it needs warmup + 1 < steps.
+        last = steps if isinstance(schedule, LinearWarmup) else max(steps - 2, 0)
         if warmup > last:
             default = "" if "warmup_steps" in given else " (its default)"
             reach = "reach the base rate" if isinstance(schedule, LinearWarmup) else "leave a step to decay"

@@ -144,7 +144,15 @@ class Entry:
         if base is not None and self.needs.base_optimizer is not None:
             return self._wrap(base, self.needs.base_optimizer, kwargs, model_params)
         if self.needs.model_argument is not None:
-            return self.cls(self._over_the_model(model), **kwargs)
+            over = self._over_the_model(model)
+            try:
+                return self.cls(over, **kwargs)
+            except TypeError as exc:  # torch's "can only optimize Tensors" said nothing of the need
+                raise ValueError(
+                    f"optimizer {self.name!r} was built over the model (needs.model_argument "
+                    f"{self.needs.model_argument!r}) and its constructor refused it: {exc}; a class that "
+                    "takes parameters needs no model_argument"
+                ) from exc
         if self.style == "torch":
             return self.cls(model_params, **kwargs)
         return self.cls(**kwargs)
@@ -252,8 +260,6 @@ class Entry:
             "params": [param.to_json() for param in self.params.values()],
             "supports_sparse": self.supports_sparse,
             "needs": self.needs.to_json(),
-            # Where a job built over the model hands it (`needs.model_argument` must name this one).
-            "first_argument": first_argument(self.cls) if self.style == "torch" else None,
             "group_keys": None if (keys := self.group_keys()) is None else sorted(keys),
             "summary": self.summary,
             "reference": self.reference,

@@ -86,8 +86,8 @@ BAD_SPECS = [
     ({"schedule__params": {"warmup_steps": -3}}, ["warmup_steps"], "warmup_steps"),
     # Settings no step of the job reaches: accepted, the job logged a schedule it was not given.
     (
-        {"schedule__params": {"warmup_steps": 300}},
-        ["warmup_steps must be at most 299 for the warm-up to leave a step to decay", "received 300"],
+        {"schedule__params": {"warmup_steps": 299}},
+        ["warmup_steps must be at most 298 for the warm-up to leave a step to decay", "received 299"],
         "warmup_steps",
     ),
     (
