@@ -182,6 +182,15 @@ def _takes_set_to_none(zero_grad: Callable[..., Any]) -> bool:
     return any(p.name == "set_to_none" or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
+# What torch.load says of a file cut short or damaged (its zip reader's words).
+_DAMAGED = ("zip archive", "central directory", "unexpected eof", "file is corrupted")
+
+
+def damaged_file(exc: BaseException) -> bool:
+    """Whether torch.load's error says the file itself is damaged or cut short."""
+    return isinstance(exc, EOFError) or any(words in str(exc).lower() for words in _DAMAGED)
+
+
 def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
     loaded: dict[str, Any] = load_as_a_user_loads(path, device)
     return loaded
@@ -1444,7 +1453,9 @@ class TorchSession(TrainingSession):
     def resume(self, path: Path) -> tuple[TrainObjects, int]:
         try:
             checkpoint = load_checkpoint(path, self.torch_device)
-        except (RuntimeError, EOFError, OSError) as exc:  # not the state's refusal: StateNotRestored
+        except (RuntimeError, EOFError) as exc:
+            if not damaged_file(exc):  # out of memory on the device, say: not the file's fault
+                raise
             # torch says only "PytorchStreamReader failed reading zip archive": say which file.
             raise ValueError(
                 f"checkpoint {path.name}, the job's last verified one, could not be read: the file is "
