@@ -30,9 +30,8 @@ def device_errors(needs: JobNeeds, device: str, *, session: Session, settings: S
             f"no live worker offers device {device!r}; live workers offer: {', '.join(offered)} {_OR_QUEUE}"
         )
         return [SpecError(loc=["body", "device"], msg=message)]
-    able = [w for w in workers if needs.framework in w.frameworks and (w.gpus > 0 or not needs.gpu)]
-    largest = max((w.gpus if needs.gpu else w.slots for w in able), default=0)
-    if able and needs.slots > largest:
+    largest = store.largest_offer(workers, needs)
+    if largest and needs.slots > largest:
         kind = "GPUs" if needs.gpu else "slots"
         message = (
             f"distribution.devices must be at most {largest}, the most {kind} a live worker running "

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from jobs.result import TERMINAL_STATUSES, AttemptRecord, ErrorRecord, JobResult, JobStatus, Progress
 from jobs.spec import AnySpec, Catalogue, CheckSpec, default_style, framework_of_style
-from service.capabilities import needs_of
+from service.capabilities import JobNeeds, needs_of
 from service.db import submission_lock
 from service.models import CatalogueSnapshot, Job, WorkerRow, utcnow
 
@@ -655,15 +655,12 @@ def waiting_reason(*, session: Session, job: Job, within_s: float) -> str | None
     if not workers:
         return "waiting for a worker: none is running (none was seen in the last lease)"
     needs = needs_of(job.spec)
-    able = [w for w in workers if needs.framework in w.frameworks]
-    if not able:
+    if not any(needs.framework in w.frameworks for w in workers):
         offered = sorted({f for w in workers for f in w.frameworks})
         return f"no live worker runs {needs.framework} jobs (live workers run: {', '.join(offered)})"
-    if needs.gpu:
-        able = [w for w in able if w.gpus > 0]
-        if not able:
-            return f"needs a GPU (device {job.spec.get('device')!r}); no live worker has one"
-    largest = max(w.gpus if needs.gpu else w.slots for w in able)
+    largest = largest_offer(workers, needs)
+    if needs.gpu and largest == 0:
+        return f"needs a GPU (device {job.spec.get('device')!r}); no live worker has one"
     if needs.slots > largest:
         return (
             f"needs {needs.slots} {'GPU ' if needs.gpu else ''}slots (distribution.devices); "
@@ -672,7 +669,8 @@ def waiting_reason(*, session: Session, job: Job, within_s: float) -> str | None
     return None
 
 
-def offered_devices(*, session: Session, within_s: float) -> set[str] | None:
-    """Device kinds live workers offer ("cpu", "cuda"); None when no worker is live (yet)."""
-    workers = live_workers(session=session, within_s=within_s)
-    return {d for w in workers for d in w.devices} if workers else None
+def largest_offer(workers: Sequence[WorkerRow], needs: JobNeeds) -> int:
+    """The most slots (for a GPU job: GPUs) one of `workers` that runs the job's framework has; 0
+    where none does."""
+    able = [w for w in workers if needs.framework in w.frameworks and (w.gpus > 0 or not needs.gpu)]
+    return max((w.gpus if needs.gpu else w.slots for w in able), default=0)
