@@ -362,7 +362,7 @@ class DeliveryProcess:
                         elif time.monotonic() - last_progress > stalled_after:
                             raise _DeliveryProcessStuck(f"no acknowledgement for {stalled_after:.0f} s")
                 except _DeliveryProcessStuck as exc:
-                    self._fall_back(f"stopped answering ({exc})")
+                    self._fall_back(f"stopped answering ({exc}), so the job stopped it", stopped_by_job=True)
                 except _DeliveryProcessGone as exc:
                     self._fall_back(f"died ({exc})")
                 fallback, ack_fd = self._fallback, self._ack_fd
@@ -453,13 +453,12 @@ class DeliveryProcess:
 
     # -- when the process is gone -------------------------------------------------------------------
 
-    def _fall_back(self, problem: str) -> None:
-        """Deliver from this process from now on, starting with every point not acknowledged."""
-        stopped_here = self._end_process()
-        if self._process is None:
+    def _fall_back(self, problem: str, *, stopped_by_job: bool = False) -> None:
+        """Deliver from this process from now on, starting with every point not acknowledged.
+        `stopped_by_job`: the process was alive and this one stops it (its SIGKILL is no cause)."""
+        self._end_process()
+        if self._process is None or stopped_by_job:
             reason = problem
-        elif stopped_here:  # its SIGKILL is this process's, not a cause to report as one
-            reason = f"{problem}, so the job stopped it"
         else:
             reason = f"{problem}; it {how_it_ended(self._process.poll())}"
         rows: list[Row] = []
@@ -477,18 +476,16 @@ class DeliveryProcess:
             f"(slower; {len(rows)} points not yet acknowledged handed over, none lost)"
         )
 
-    def _end_process(self) -> bool:
-        """Kill the process (if it still runs) and take in its last acknowledgements; whether it was
-        still running, so that this process stopped it."""
+    def _end_process(self) -> None:
+        """Kill the process (if it still runs) and take in its last acknowledgements."""
         if self._process is None:
-            return False
-        stopped_here = self._process.poll() is None
-        if stopped_here:
+            return
+        if self._process.poll() is None:
             self._process.kill()
         self._process.wait()
         self._close_stdin()
         if self._ack_fd < 0:  # it never started
-            return stopped_here
+            return
         try:
             while True:  # everything it wrote before it died, up to the pipe's end
                 self._read_acknowledgements(timeout_s=None)
@@ -496,7 +493,6 @@ class DeliveryProcess:
             pass
         os.close(self._ack_fd)
         self._ack_fd = -1
-        return stopped_here
 
     def _stop_process(self) -> None:
         """close(): everything is flushed; the end of its input tells the process to exit."""
