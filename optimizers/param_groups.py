@@ -148,7 +148,7 @@ def extra_key_problem(
     """
     if key in RESERVED_GROUP_KEYS:
         return f"{key} is the group's parameters, which its match chooses; leave {key!r} out of params"
-    if key in TORCH_OWN_KEYS:
+    if key in TORCH_OWN_KEYS and (reads is None or key not in reads):
         return (
             f"{owner} does not take {key!r} as a hyperparameter: it is torch's own (an implementation "
             f"switch, or the state_dict's layout), which a param group may not set; leave it out"
@@ -173,14 +173,16 @@ def read_group_keys(cls: type) -> frozenset[str] | None:
     """The string keys the class (and its bases) read or write by subscript, `.get`, `.setdefault`,
     `.pop` or `in`: a superset of the group keys its step reads (state keys too), enough to tell a
     real key from a typo. None when a class's source cannot be read; `optlab_group_keys` adds keys."""
-    found: set[str] = set(getattr(cls, GROUP_KEYS_ATTRIBUTE, ()) or ())
+    found: set[str] = set()
     for klass in cls.__mro__:
         keys = _keys_in_source(klass) if klass is not object else frozenset()
         if keys is None:
             return None
         found.update(keys)
-    left_out = RESERVED_GROUP_KEYS | TORCH_OWN_KEYS
-    return frozenset(key for key in found if not key.startswith("_") and key not in left_out)
+    # torch's own keys read in a source are its base class's; a class that declares one reads it itself.
+    found -= TORCH_OWN_KEYS
+    found |= set(getattr(cls, GROUP_KEYS_ATTRIBUTE, ()) or ())
+    return frozenset(key for key in found if not key.startswith("_") and key not in RESERVED_GROUP_KEYS)
 
 
 @functools.cache

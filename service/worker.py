@@ -832,10 +832,6 @@ class Supervision:
         end_mlflow_run(self.settings.mlflow_tracking_uri, self.job.id, run_id, status, force=force)
 
 
-# The job's outcome tag on a run the worker ends, by the MLflow status it ends it with.
-WORKER_OUTCOMES = {"FAILED": JobStatus.FAILED.value, "KILLED": JobStatus.CANCELLED.value}
-
-
 def end_mlflow_run(tracking_uri: str, job_id: int, run_id: str, status: str, *, force: bool) -> bool:
     """End a job's MLflow run as `status` if it is still RUNNING (`force`: whatever it is); False
     where the server could not be asked (down: the job's outcome is recorded all the same)."""
@@ -848,7 +844,7 @@ def end_mlflow_run(tracking_uri: str, job_id: int, run_id: str, status: str, *, 
         if force or client.get_run(run_id).info.status == "RUNNING":
             # The worker ends a run FAILED for a failure of its own finding (a limit, a crash, retries
             # spent), never for a divergence, which the job reports itself.
-            end_run(client, run_id, status, outcome=WORKER_OUTCOMES.get(status))
+            end_run(client, run_id, status, outcome=JobStatus.FAILED.value if status == "FAILED" else None)
             log.info("job %s: MLflow run %s ended %s by the worker", job_id, run_id, status)
     except Exception:
         log.exception("job %s: could not end MLflow run %s as %s", job_id, run_id, status)

@@ -20,6 +20,7 @@ from service.schemas import COMMON, WRITES, responses
 from service.settings import Settings
 from service.studies import store as study_store
 from service.studies.schemas import StudiesPage, StudyRead
+from service.studies.summary import first_line
 
 router = APIRouter(prefix="/studies", tags=["studies"])
 
@@ -150,7 +151,7 @@ def study_report(study_id: StudyId, session: SessionDep) -> HTMLResponse:
     if study.report_html is None:
         why = "it is made once every job has ended"
         if study.finalize_error:  # every job ended, and making it failed: say why, not "wait"
-            why = f"making it failed and is retried: {study.finalize_error.strip().split(chr(10), 1)[0]}"
+            why = f"making it failed and is retried: {first_line(study.finalize_error)}"
         raise HTTPException(status_code=409, detail=f"study {study_id} has no report yet: {why}")
     return HTMLResponse(study.report_html)
 

@@ -39,7 +39,8 @@ def collect_runs(client: Any, study: Study, jobs: list[Job]) -> list[StudyRun]:
                 error=_error_of(job),
                 step_time_ms_median=_float_or_none(result.get("step_time_ms_median")),
                 optimizer_step_ms_median=_float_or_none(result.get("optimizer_step_ms_median")),
-                attempt=job.attempt if job is not None and job.attempt is not None else 0,
+                attempt=job.attempt if job is not None and job.attempt else 1,
+                interrupted_at=_interrupted_at(job),
                 steps=steps,
                 eval_every=eval_every,
             )
@@ -64,6 +65,14 @@ def history_of(client: Any, run_id: str | None) -> dict[str, list[MetricPoint]]:
             key=lambda point: (point.step, point.seconds),
         )
     return history
+
+
+def _interrupted_at(job: Job | None) -> int | None:
+    """The farthest step an earlier attempt of the job reached (`attempt_history`); None where none ran
+    a step."""
+    steps = [record.get("step") or 0 for record in (job.attempt_history or [])] if job is not None else []
+    farthest = max(steps, default=0)
+    return farthest if farthest > 0 else None
 
 
 def _float_or_none(value: Any) -> float | None:

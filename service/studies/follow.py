@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from service.client import ApiClient
-from service.studies.summary import RANKING_CAVEAT, Stat, StudySummary
+from service.studies.summary import RANKING_CAVEAT, Stat, StudySummary, first_line
 
 
 def follow_study(
@@ -55,7 +55,7 @@ def follow_study(
             error = study.get("summary_error")
             if error and error != shown_error:  # a summary that keeps failing must not look like a wait
                 progress.console.print(
-                    Text(f"the summary could not be made yet (retried): {_first_line(error)}")
+                    Text(f"the summary could not be made yet (retried): {first_line(error)}")
                 )
                 shown_error = error
             time.sleep(poll_s)
@@ -67,11 +67,6 @@ class StudyElapsedColumn(TimeElapsedColumn):
 
     def render(self, task: Task) -> Text:
         return super().render(task) if task.fields.get("overall") else Text("")
-
-
-def _first_line(error: str) -> str:
-    """The stored error's first line (`Type: message`); a validation error's detail follows it."""
-    return error.strip().split("\n", 1)[0]
 
 
 def _counts(counts: dict[str, int]) -> str:

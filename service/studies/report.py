@@ -643,7 +643,7 @@ def time_to_target_html(summary: StudySummary) -> str:
                 esc(per_seed),
             ]
         )
-    at_evaluations = summary.target.metric.startswith("val/")
+    at_evaluations = measured_at_evaluations(summary)
     return (
         "<h2>Time to target</h2>"
         + f'<p class="meta">{esc(granularity_text(summary))}</p>'
@@ -662,12 +662,17 @@ def time_to_target_html(summary: StudySummary) -> str:
     )
 
 
+def measured_at_evaluations(summary: StudySummary) -> bool:
+    """Whether the target's metric is logged only at evaluations (a val/* one)."""
+    return summary.target is not None and summary.target.metric.startswith("val/")
+
+
 def granularity_text(summary: StudySummary) -> str:
     """Where steps to target are read. A val/* metric is logged only at evaluations: a seed that met
     the target between two is counted at the next, so a step count is as fine as the cadence."""
     assert summary.target is not None
     metric = summary.target.metric
-    if not metric.startswith("val/"):
+    if not measured_at_evaluations(summary):
         return f"Steps to target are the first logged step where {metric} met the target."
     every = f", every {summary.eval_every} steps (eval_every)" if summary.eval_every else ""
     return (

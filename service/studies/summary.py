@@ -120,7 +120,10 @@ class StudyRun:
     # From the job row (None where unknown: a job that never ran, a result without them):
     step_time_ms_median: float | None = None  # the job's own median over its steps (jobs/result.py)
     optimizer_step_ms_median: float | None = None
-    attempt: int = 1  # the attempts it ran: over 1, it was resumed after an interruption
+    attempt: int = 1  # the attempts it ran
+    # The step an earlier attempt reached before it was cut short (its worker stopped, its process was
+    # killed): this one resumed from there, in the same run. None: no earlier attempt ran a step.
+    interrupted_at: int | None = None
     # From the study's spec:
     steps: int | None = None  # optimizer steps per job
     eval_every: int | None = None  # steps between evaluations (the val/* points)
@@ -403,6 +406,12 @@ def summarize(
     )
     comparisons = compare_to_baseline(summary, runs) if baseline in optimizers else []
     return summary.model_copy(update={"comparisons": comparisons})
+
+
+def first_line(error: str) -> str:
+    """A stored error's first line (`Type: message`), what a reader needs: a validation error's
+    detail follows it on lines of its own."""
+    return error.strip().split("\n", 1)[0]
 
 
 def direction_of(metric: str) -> Mode:
@@ -1030,13 +1039,15 @@ def first_and_final(run: StudyRun, metric: str) -> tuple[float | None, float | N
 
 
 def resumed_notes(runs: Sequence[StudyRun]) -> list[str]:
-    """Jobs that ran more than one attempt: its points' seconds count from its MLflow run's start, so
-    its time to target and its curves against time include the time it was down."""
+    """Jobs resumed after an earlier attempt had run steps: its points' seconds count from its MLflow
+    run's start, so its time to target and its curves against time include the time it was down. (An
+    attempt that ran no step, one whose MLflow server did not answer as it started, leaves nothing.)"""
     return [
         f"job {run.job_id} ({run.optimizer} {grid_label(run.grid)} seed={run.seed}) was resumed after an "
-        f"interruption (attempt {run.attempt}): its seconds include the time it was down."
+        f"interruption at step {run.interrupted_at} (attempt {run.attempt}): its seconds include the time "
+        "it was down."
         for run in sorted(runs, key=lambda r: r.job_id)
-        if run.attempt > 1
+        if run.interrupted_at is not None
     ]
 
 

@@ -240,9 +240,10 @@ def test_the_keys_a_class_reads_come_from_its_source_and_its_declaration() -> No
     assert not keys & {"capturable", "foreach", "state", "param_groups"}  # torch's own, read by its base
 
     class Declares(torch.optim.SGD):
-        optlab_group_keys = ("read_by_name",)
+        optlab_group_keys = ("read_by_name", "maximize")  # a step of its own that reads torch's flag
 
-    assert "read_by_name" in (read_group_keys(Declares) or ())
+    assert {"read_by_name", "maximize"} <= (read_group_keys(Declares) or frozenset())
+    assert "capturable" not in (read_group_keys(Declares) or frozenset())
 
 
 # -- required hyperparameters ---------------------------------------------------------------------

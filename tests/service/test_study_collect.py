@@ -24,8 +24,17 @@ class FakeMlflow:
         return [SimpleNamespace(step=s, timestamp=1_000 + 500 * s, value=1.0 / s) for s in (20, 10)]
 
 
-def job(job_id: int, status: JobStatus, *, attempt: int, result: dict[str, Any] | None) -> Job:
-    return Job(id=job_id, status=status, attempt=attempt, result=result, mlflow={"run_id": f"run{job_id}"})
+def job(
+    job_id: int, status: JobStatus, *, attempt: int, result: dict[str, Any] | None, history: Any = None
+) -> Job:
+    return Job(
+        id=job_id,
+        status=status,
+        attempt=attempt,
+        result=result,
+        mlflow={"run_id": f"run{job_id}"},
+        attempt_history=history,
+    )
 
 
 def test_the_job_rows_medians_attempt_and_the_studys_cadence_reach_the_runs() -> None:
@@ -46,11 +55,14 @@ def test_the_job_rows_medians_attempt_and_the_studys_cadence_reach_the_runs() ->
             attempt=1,
             result={"step_time_ms_median": 4.5, "optimizer_step_ms_median": 1},
         ),
-        job(2, JobStatus.SUCCEEDED, attempt=2, result={"status": "succeeded"}),  # a result without them
+        job(  # a result without them; resumed after its first attempt reached step 120
+            2, JobStatus.SUCCEEDED, attempt=2, result={"status": "succeeded"}, history=[{"step": 120}]
+        ),
     ]  # job 3 has no row: cancelled before it was stored
     first, second, third = collect_runs(FakeMlflow(), study, jobs)
     assert (first.step_time_ms_median, first.optimizer_step_ms_median, first.attempt) == (4.5, 1.0, 1)
     assert (second.step_time_ms_median, second.optimizer_step_ms_median, second.attempt) == (None, None, 2)
-    assert (third.status, third.history, third.attempt) == ("cancelled", {}, 0)
+    assert (third.status, third.history, third.attempt) == ("cancelled", {}, 1)
+    assert (first.interrupted_at, second.interrupted_at, third.interrupted_at) == (None, 120, None)
     assert {(run.steps, run.eval_every) for run in (first, second, third)} == {(300, 50)}
     assert first.history["val/loss"] == [MetricPoint(10, 5.0, 0.1), MetricPoint(20, 10.0, 0.05)]

@@ -699,14 +699,21 @@ def test_the_evaluation_cadence_is_the_studys_else_read_off_the_val_points() -> 
 
 
 def test_a_resumed_job_is_noted() -> None:
+    """And only one resumed after steps: a second attempt after one that ran none (its MLflow server did
+    not answer as it started) lost no time in its run."""
     runs = [
         make_run(7, "lion", 2, grid={"lr": 3e-4}, val__loss=points([1.0, 0.5])),
-        replace(make_run(8, "lion", 3, grid={"lr": 3e-4}, val__loss=points([1.0, 0.5])), attempt=2),
+        replace(
+            make_run(8, "lion", 3, grid={"lr": 3e-4}, val__loss=points([1.0, 0.5])),
+            attempt=2,
+            interrupted_at=750,
+        ),
+        replace(make_run(9, "lion", 4, grid={"lr": 3e-4}, val__loss=points([1.0, 0.5])), attempt=2),
     ]
     notes = [note for note in summary_of(runs).notes if "resumed" in note]
     assert notes == [
-        "job 8 (lion lr=0.0003 seed=3) was resumed after an interruption (attempt 2): its seconds include "
-        "the time it was down."
+        "job 8 (lion lr=0.0003 seed=3) was resumed after an interruption at step 750 (attempt 2): its "
+        "seconds include the time it was down."
     ]
 
 
