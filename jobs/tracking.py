@@ -297,10 +297,11 @@ def unanswered(exc: BaseException) -> bool:
     return False
 
 
-def start_run(tracking_uri: str, *, retry_for_s: float = METRIC_RETRY_FOR_S, **run: Any) -> MlflowRun:
+def start_run(tracking_uri: str, *, retry_for_s: float | None = None, **run: Any) -> MlflowRun:
     """The job's `MlflowRun` (`run`: its arguments), tried again while the server gives no answer, for
     as long as a metric point is (a server restarted or stalled for less costs the job nothing); then
     TrackingUnreachable. An answer that refuses (a run that does not exist) is raised at once."""
+    retry_for_s = METRIC_RETRY_FOR_S if retry_for_s is None else retry_for_s
     give_up_at = time.monotonic() + retry_for_s
     while True:
         try:

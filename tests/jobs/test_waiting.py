@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from jobs import report
+from jobs import report, tracking
 from jobs.report import Reporter
-from jobs.result import PROGRESS_FILE, JobStatus
+from jobs.result import PROGRESS_FILE, TRACKING_UNREACHABLE, JobStatus
 from jobs.run import parse_args, run_job
 from jobs.tracking import NullTracker
 from jobs.training.loop import TrainingJob
@@ -64,6 +64,9 @@ def test_a_job_whose_tracking_server_does_not_answer_says_so(
     """A real MLflow client against a server that takes the connection and never answers until the
     job's progress has said what it waits on; then the server hangs up."""
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    # Tried again for a second, not ten minutes, once the server has hung up (and refuses).
+    monkeypatch.setattr(tracking, "METRIC_RETRY_FOR_S", 1.0)
+    monkeypatch.setattr(tracking, "START_RETRY_EVERY_S", 0.1)
     workdir = tmp_path / "job"
     seen: list[str | None] = []
     listener = socket.create_server(("127.0.0.1", 0))
@@ -73,6 +76,7 @@ def test_a_job_whose_tracking_server_does_not_answer_says_so(
         connection.recv(65536)
         seen.append(shown_within(workdir))
         connection.close()
+        listener.close()  # then refused at once: a try again would wait out MLflow's request timeout
 
     server = threading.Thread(target=stall, daemon=True)
     server.start()
@@ -86,6 +90,7 @@ def test_a_job_whose_tracking_server_does_not_answer_says_so(
     server.join(timeout=30)
     listener.close()
     assert result.status is JobStatus.FAILED and result.error is not None  # the server never answered
+    assert result.error.type == TRACKING_UNREACHABLE  # which the worker retries
     [shown] = seen
     assert shown is not None
     assert shown.startswith(

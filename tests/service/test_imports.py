@@ -32,7 +32,7 @@ LIGHT = {
     "jobs.processes": set(),
     "jobs.data_roots": set(),
     "jobs.workloads.surfaces": {"numpy"},
-    "jobs.tracking": {"mlflow"},
+    "jobs.tracking": {"mlflow", "requests"},  # requests: MLflow's own HTTP client, whose errors it reads
     "jobs.metric_delivery": set(),  # jobs.tracking's delivery process
 }
 
