@@ -842,10 +842,11 @@ class TorchDriver(Driver):
         if not events:
             return TimeSpent("no aten ops recorded")
         events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
-        top = ", ".join(f"{e.key} x{e.count}" for e in events[:4])
+        top = ", ".join(f"{e.key} x{e.count // PROFILED_CALLS}" for e in events[:4])
         # aten::item calls aten::_local_scalar_dense: count each host sync once.
-        syncs = max(
-            (e.count for e in events if e.key in ("aten::item", "aten::_local_scalar_dense")), default=0
+        syncs = (
+            max((e.count for e in events if e.key in ("aten::item", "aten::_local_scalar_dense")), default=0)
+            // PROFILED_CALLS
         )
         many_syncs = syncs > 8
         sync_note = f"{syncs} host syncs (aten::item / _local_scalar_dense) per step; " if many_syncs else ""
@@ -857,8 +858,8 @@ class TorchDriver(Driver):
         if in_ops and matrix_time > 0.5 * op_time:
             return TimeSpent(f"most time in {top}", in_matrix_math=True)
         if in_ops:
-            calls = sum(e.count for e in events)
-            reference_calls = sum(e.count for e in _aten_events(reference)[0])
+            calls = sum(e.count for e in events) // PROFILED_CALLS
+            reference_calls = sum(e.count for e in _aten_events(reference)[0]) // PROFILED_CALLS
             return TimeSpent(
                 f"most time in {top}; {calls} op calls a step against the yardstick's {reference_calls}",
                 in_tensor_ops=True,
@@ -874,13 +875,20 @@ class TorchDriver(Driver):
         return "torch.optim.SGD(momentum=0.9)"
 
 
+# Calls of an update profiled together: one call's split of its time between ops moves with what else
+# the machine did meanwhile (a step in matrix math had once read as passes over tensors); their sum holds.
+PROFILED_CALLS = 3
+
+
 def _aten_events(update: Callable[[], Any]) -> tuple[list[Any], float]:
-    """The aten ops of one profiled call of `update`, and its wall time in microseconds."""
+    """The aten ops of PROFILED_CALLS profiled calls of `update` (`count`: all of theirs, so per call
+    divided by PROFILED_CALLS), and their wall time in microseconds."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as profiler:
         started = time.perf_counter()
-        update()
+        for _ in range(PROFILED_CALLS):
+            update()
         wall_us = (time.perf_counter() - started) * 1e6
     return [e for e in profiler.key_averages() if e.key.startswith("aten::")], wall_us
 
