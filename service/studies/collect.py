@@ -1,7 +1,7 @@
 """A study's jobs read back as `StudyRun`s: who they are from the store, what they logged from MLflow.
 
-From the job row also its own step-time medians (its result) and its attempt; from the study's spec
-the steps and the evaluation cadence every job ran with."""
+From the job row also its own step-time medians (its result), its attempt, and the step an earlier
+attempt reached."""
 
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ def collect_runs(client: Any, study: Study, jobs: list[Job]) -> list[StudyRun]:
     run_ids = [_run_id(by_id.get(member["job_id"])) for member in study.members]
     with ThreadPoolExecutor(FETCH_THREADS) as pool:
         histories = list(pool.map(lambda run_id: history_of(client, run_id), run_ids))
-    steps, eval_every = _int_or_none(study.spec.get("steps")), _int_or_none(study.spec.get("eval_every"))
     runs = []
     for member, run_id, history in zip(study.members, run_ids, histories, strict=True):
         job = by_id.get(member["job_id"])
@@ -41,8 +40,6 @@ def collect_runs(client: Any, study: Study, jobs: list[Job]) -> list[StudyRun]:
                 optimizer_step_ms_median=_float_or_none(result.get("optimizer_step_ms_median")),
                 attempt=job.attempt if job is not None and job.attempt else 1,
                 interrupted_at=_interrupted_at(job),
-                steps=steps,
-                eval_every=eval_every,
             )
         )
     return runs
@@ -78,10 +75,6 @@ def _interrupted_at(job: Job | None) -> int | None:
 def _float_or_none(value: Any) -> float | None:
     """A number from stored JSON; None for anything else (an older result without the key)."""
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-def _int_or_none(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _run_id(job: Job | None) -> str | None:

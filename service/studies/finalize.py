@@ -101,7 +101,13 @@ def finalize(
     target = target_of(spec, catalogue)
     metric, mode = (target.metric, target.mode) if target is not None else DEFAULT_SELECTION
     summary = summarize(
-        runs, target=target, baseline=spec.baseline, selection_metric=metric, selection_mode=mode
+        runs,
+        target=target,
+        baseline=spec.baseline,
+        selection_metric=metric,
+        selection_mode=mode,
+        steps=spec.steps,
+        eval_every=spec.eval_every,
     )
     # A study cancelled before any job started has no parent run yet: its summary needs one.
     parent = ensure_parent_run(sessions=sessions, tracking_uri=tracking_uri, study=study)

@@ -39,12 +39,10 @@ Rules that decide the figures (kept here, in one place):
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import re
 import statistics
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -124,9 +122,6 @@ class StudyRun:
     # The step an earlier attempt reached before it was cut short (its worker stopped, its process was
     # killed): this one resumed from there, in the same run. None: no earlier attempt ran a step.
     interrupted_at: int | None = None
-    # From the study's spec:
-    steps: int | None = None  # optimizer steps per job
-    eval_every: int | None = None  # steps between evaluations (the val/* points)
 
 
 @dataclass(frozen=True)
@@ -280,8 +275,7 @@ class StudySummary(_Model):
     problems: list[ProblemJob]
     notes: list[str]  # plain sentences about anything the figures above cannot show
     # Steps between evaluations, where time to target on a val/* metric is measured (the study's
-    # `eval_every`, else read off the val/* points' steps); None when unknown. A default: summaries
-    # recorded before it validate as they are.
+    # `eval_every`); None when unknown. A default: summaries recorded before it validate as they are.
     eval_every: int | None = None
 
     def best_grid_point(self, optimizer: str) -> GridPointSummary | None:
@@ -363,13 +357,15 @@ def summarize(
     baseline: str | None,
     selection_metric: str,
     selection_mode: Mode,
+    steps: int | None = None,
+    eval_every: int | None = None,
 ) -> StudySummary:
-    """The study's statistics from its runs (any status; see the module docstring for the rules)."""
+    """The study's statistics from its runs (any status; see the module docstring for the rules).
+    `steps`, `eval_every`: the study's, where time to target is cut and measured."""
     target_model = (
         None if target is None else Target(metric=target.metric, mode=target.mode, value=target.value)
     )
     optimizers = list(dict.fromkeys(run.optimizer for run in runs))
-    steps = max((run.steps for run in runs if run.steps is not None), default=None)
     points = [
         summarize_grid_point(
             group,
@@ -402,7 +398,7 @@ def summarize(
         time_split=[time_split(opt, [r for r in runs if r.optimizer == opt]) for opt in optimizers],
         problems=problem_jobs(runs, optimizers),
         notes=notes,
-        eval_every=eval_cadence(runs),
+        eval_every=eval_every,
     )
     comparisons = compare_to_baseline(summary, runs) if baseline in optimizers else []
     return summary.model_copy(update={"comparisons": comparisons})
@@ -1049,22 +1045,6 @@ def resumed_notes(runs: Sequence[StudyRun]) -> list[str]:
         for run in sorted(runs, key=lambda r: r.job_id)
         if run.interrupted_at is not None
     ]
-
-
-def eval_cadence(runs: Sequence[StudyRun]) -> int | None:
-    """Steps between evaluations: the study's `eval_every` where the runs carry it, else the most common
-    gap between a job's val/* steps (from step 0; the larger on a tie, as a job's last evaluation comes
-    at its end, off the cadence)."""
-    given = [run.eval_every for run in runs if run.eval_every is not None]
-    if given:
-        return max(given)
-    gaps: Counter[int] = Counter()
-    for run in runs:
-        steps = sorted(
-            {p.step for key, points in run.history.items() if key.startswith("val/") for p in points}
-        )
-        gaps.update(b - a for a, b in itertools.pairwise([0, *steps]) if b > a)
-    return max(gaps, key=lambda gap: (gaps[gap], gap)) if gaps else None
 
 
 MAX_SEGMENT = 60

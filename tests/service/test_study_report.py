@@ -85,7 +85,14 @@ TARGET = TargetRule("val/loss", "min", 0.9)
 
 
 def summary_for(runs: list[StudyRun], *, target: TargetRule | None = TARGET) -> StudySummary:
-    return summarize(runs, target=target, baseline="adamw", selection_metric="val/loss", selection_mode="min")
+    return summarize(
+        runs,
+        target=target,
+        baseline="adamw",
+        selection_metric="val/loss",
+        selection_mode="min",
+        eval_every=50,
+    )
 
 
 Full = tuple[Report, list[StudyRun], StudySummary]  # the `full` fixture: report, runs, summary
@@ -306,7 +313,7 @@ def test_an_interval_cut_at_what_the_metric_can_take_is_written_out() -> None:
 
 def test_time_to_target_says_steps_are_measured_at_evaluations(full: Full) -> None:
     html = full[0].html
-    assert full[2].eval_every == 50  # read off the val/loss points, every 50 steps
+    assert full[2].eval_every == 50  # the study's, as finalize passes it
     assert (
         "Steps to target are measured at evaluation points, every 50 steps (eval_every): a seed that met "
         "the target between two evaluations is counted at the later one" in html
