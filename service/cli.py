@@ -406,8 +406,8 @@ def study_exit_status(study: dict[str, Any]) -> int:
 
 def read_spec(path: Path, command: str) -> Any:
     """A spec file as the request will send it (JSON, or YAML by its suffix); None, with the reason
-    printed, when it cannot be read or holds a value JSON cannot carry. The hint fits the problem:
-    a YAML date or a non-finite number, not every error."""
+    printed, when it cannot be read or holds a value JSON cannot carry. A hint only where it fits the
+    problem: a non-finite number, a YAML alias inside itself, a tagged value JSON has not."""
     import yaml  # type: ignore[import-untyped]  # PyYAML comes with mlflow
 
     try:

@@ -190,7 +190,6 @@ def request_cancel(*, session: Session, job_id: int, by: str | None = None) -> J
             .where(Job.id == job_id, Job.status == JobStatus.RUNNING)
             .values(cancel_requested=True, cancelled_by=cancelled_by)
         )
-        session.commit()
         # One whose worker stopped answering ends now: it had waited, running, for a worker to start.
         _cancel_stranded(session, Job.id == job_id, utcnow())
     session.commit()
