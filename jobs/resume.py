@@ -25,8 +25,9 @@ the logged ones (timings excepted): the differences are the job's nondeterminism
 from __future__ import annotations
 
 import os
+import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,6 +38,8 @@ from jobs.tracking import Point, Tracker
 
 CHECKPOINT_DIR_ENV = "OPTLAB_CHECKPOINT_DIR"
 RUN_ARTIFACTS = "checkpoints"  # where a run's checkpoints lie among its artifacts
+# A checkpoint's name, by style: `step-00000300.pt` (torch, a file), `step-00000300` (Keras, a folder).
+CHECKPOINT_NAME = re.compile(r"step-(\d+)(\.pt)?")
 # Keys whose values are measurements of time, not results: never compared.
 UNCOMPARED_PREFIXES = ("perf/",)
 
@@ -157,6 +160,85 @@ def fetch_checkpoint(reference: str, *, into: Path, tracking_uri: str | None) ->
     if not path.exists() or (path.is_dir() and not any(path.iterdir())):
         raise FileNotFoundError(f"--resume: checkpoint {reference} is not in the run's artifacts")
     return path
+
+
+class DamagedCheckpoint(ValueError):
+    """The job's last verified checkpoint, and every earlier one kept, fail to read back whole."""
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a resumed attempt starts from, and what it says of newer ones it passed over."""
+
+    path: Path
+    warnings: tuple[str, ...] = ()
+
+
+def readable_checkpoint(
+    reference: str, *, damage: Callable[[Path], str | None], into: Path, tracking_uri: str | None
+) -> ResumePoint:
+    """The job's last verified checkpoint, `reference`, fetched; where its bytes are damaged (what
+    `damage` says, from the style's own checksums), the newest earlier verified one that reads whole.
+
+    A damaged file must never be resumed from: torch loads a checkpoint with a flipped byte in a
+    tensor without a word, and the job would go on from weights it never had. An earlier checkpoint
+    costs only the steps since it, trained again: their points are compared, not logged twice.
+    """
+    path = fetch_checkpoint(reference, into=into, tracking_uri=tracking_uri)
+    problem = damage(path)
+    if problem is None:
+        return ResumePoint(path)
+    latest = f"checkpoint {checkpoint_name(reference)}, the job's last verified one, is damaged: {problem}"
+    passed_over: list[str] = []
+    for earlier in earlier_checkpoints(reference, tracking_uri=tracking_uri):
+        path = fetch_checkpoint(earlier, into=into, tracking_uri=tracking_uri)
+        problem = damage(path)
+        if problem is None:
+            also = "".join(f"; {line}" for line in passed_over)
+            return ResumePoint(
+                path,
+                (
+                    f"{latest}{also}. Resumed from {checkpoint_name(earlier)}, the newest earlier "
+                    "verified checkpoint that reads back whole: the steps since it were trained again",
+                ),
+            )
+        passed_over.append(f"{checkpoint_name(earlier)} is damaged too: {problem}")
+    if not passed_over:
+        raise DamagedCheckpoint(f"{latest}; no earlier verified checkpoint of the job is kept where it lies")
+    raise DamagedCheckpoint("; ".join([latest, *passed_over]))
+
+
+def checkpoint_name(reference: str) -> str:
+    return reference.rstrip("/").rsplit("/", 1)[-1]
+
+
+def checkpoint_step(name: str) -> int | None:
+    match = CHECKPOINT_NAME.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def earlier_checkpoints(reference: str, *, tracking_uri: str | None) -> list[str]:
+    """The job's verified checkpoints older than `reference`, newest first, where they lie: every one
+    in the MLflow run (the run keeps each verified checkpoint); in a folder, the ones beside it (the
+    shared folder keeps the one before the latest, the workdir none)."""
+    name = checkpoint_name(reference)
+    step = checkpoint_step(name)
+    if step is None:
+        return []
+    if reference.startswith("runs:/"):
+        run_id, _, folder = reference[len("runs:/") :].rstrip("/").rpartition("/")[0].partition("/")
+        from mlflow import MlflowClient
+
+        listed = MlflowClient(tracking_uri=tracking_uri).list_artifacts(run_id, folder)
+        names = [info.path.rsplit("/", 1)[-1] for info in listed]
+        prefix = f"runs:/{run_id}/{folder}/"
+    else:
+        parent = Path(reference).parent
+        names = [path.name for path in parent.iterdir()] if parent.is_dir() else []
+        prefix = f"{parent}/"
+    steps = {other: checkpoint_step(other) for other in names}
+    older = [other for other, at in steps.items() if at is not None and at < step]
+    return [prefix + other for other in sorted(older, key=lambda other: steps[other] or 0, reverse=True)]
 
 
 def logged_points(client: Any, run_id: str) -> dict[str, dict[int, float]]:

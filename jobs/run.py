@@ -47,6 +47,7 @@ from jobs.spec import AnySpec, CheckSpec, JobSpec, parse_spec
 
 if TYPE_CHECKING:
     from jobs.distributed import RankProblem
+    from jobs.resume import ResumePoint
 
 TRACEBACK_TAIL_LINES = 40
 # A message and each traceback line are cut to these many characters: an error is read by a person,
@@ -234,13 +235,20 @@ def start_ranks_if_ddp(
     return start_ranks(spec, args.argv, workdir, resume_from)
 
 
-def resume_source(args: argparse.Namespace, workdir: Path) -> Path | None:
-    """`--resume REF` as a local checkpoint (downloaded when REF is an MLflow URI)."""
+def resume_source(args: argparse.Namespace, spec: AnySpec, workdir: Path) -> ResumePoint | None:
+    """`--resume REF` as a local checkpoint (downloaded when REF is an MLflow URI) whose bytes read
+    back whole, else the newest earlier verified one that does (jobs.resume.readable_checkpoint)."""
     if not args.resume:
         return None
-    from jobs.resume import fetch_checkpoint
+    from jobs.frameworks import driver_for, style_of
+    from jobs.resume import readable_checkpoint
 
-    return fetch_checkpoint(args.resume, into=workdir / "resumed-from", tracking_uri=args.tracking_uri)
+    return readable_checkpoint(
+        args.resume,
+        damage=driver_for(style_of(spec)).checkpoint_damage,
+        into=workdir / "resumed-from",
+        tracking_uri=args.tracking_uri,
+    )
 
 
 def record_resume(resumed: Any, outcome: Outcome, mlflow_run: Any) -> ResumeRecord:
@@ -303,6 +311,7 @@ def run_job(args: argparse.Namespace) -> JobResult:
     job: Job | None = None
     spec: AnySpec | None = None
     ranks: Any = None
+    resume_point: ResumePoint | None = None
     try:
         spec = load_spec(args.spec)
         reporter.progress(step=0, total=spec.total_steps, force=True)
@@ -324,7 +333,10 @@ def run_job(args: argparse.Namespace) -> JobResult:
             mlflow = MlflowInfo.model_validate(mlflow_run.info.to_json())
             result = result.with_fields(mlflow=mlflow)
             reporter.progress(mlflow=mlflow, force=True)
-        resume_from = resume_source(args, workdir)
+        resume_point = resume_source(args, spec, workdir)
+        resume_from = resume_point.path if resume_point else None
+        if resume_point and resume_point.warnings:
+            print(*resume_point.warnings, sep="\n", file=sys.stderr)  # the job's log, as it happens
         ranks = start_ranks_if_ddp(spec, args, workdir, resume_from)
         job, resumed = start_job(spec, args, workdir=workdir, mlflow_run=mlflow_run, reporter=reporter)
         outcome = job.run(resume_from=resume_from, stop_after=args.stop_after)
@@ -345,6 +357,8 @@ def run_job(args: argparse.Namespace) -> JobResult:
         status, result = with_ranks_end(ranks.finish(stop=status is not JobStatus.SUCCEEDED), status, result)
     if isinstance(spec, JobSpec) and job is not None and status is not JobStatus.SUCCEEDED:
         result = result.with_fields(**checkpoints_so_far(job))
+    if resume_point and resume_point.warnings:  # the newer checkpoints it passed over, first
+        result = result.with_fields(warnings=[*resume_point.warnings, *(result.warnings or [])])
     result = result.with_fields(status=status, duration_s=round(time.time() - started, 3))
     if mlflow_run is not None:
         # A stop request now would leave the MLflow run RUNNING: finish first (the worker's

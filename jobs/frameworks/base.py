@@ -344,6 +344,12 @@ class Driver(ABC):
     ) -> TrainingSession:
         """The training session of one job; `base` is what a wrapper optimizer wraps."""
 
+    def checkpoint_damage(self, path: Path) -> str | None:
+        """What is wrong with the bytes of a checkpoint this style wrote, by the checksums it was
+        written with; None when it reads back whole (only for styles whose `capabilities.resume`
+        is set). Checked before a resume, so a damaged file is passed over for an earlier one."""
+        raise NotImplementedError
+
     # -- what the conformance checks drive ---------------------------------------------------------------
     # Numpy arrays are the common currency: a check makes variables from arrays, feeds numpy
     # gradients and reads values and state back as numpy, so its verdict reads the same for

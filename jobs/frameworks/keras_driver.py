@@ -157,6 +157,23 @@ class KerasDriver(Driver):
             )
         return KerasSession(self, spec, entry, workload)
 
+    def checkpoint_damage(self, path: Path) -> str | None:
+        """A checkpoint folder: its step and spec (`resume.json`, written last, so a folder cut short
+        has none), and every tensor of its tf.train.Checkpoint read once, which checks each against
+        the CRC-32C it was written with."""
+        try:
+            json.loads((path / RESUME_STATE).read_text())
+        except (OSError, ValueError) as exc:
+            return f"its {RESUME_STATE} cannot be read, so it is not a finished checkpoint ({exc})"
+        try:
+            reader = self.tf.train.load_checkpoint(str(path / "ckpt"))
+            for name in reader.get_variable_to_shape_map():
+                reader.get_tensor(name)
+        except (self.tf.errors.OpError, IndexError, ValueError, OSError) as exc:
+            said = str(exc).strip().splitlines()
+            return f"its tensors do not read back as written ({said[0] if said else type(exc).__name__})"
+        return None
+
     # -- what the conformance checks drive ---------------------------------------------------------------
     # The steps run eagerly unless a check is about compilation, so a graph-only fault fails
     # only `graph_mode`.
@@ -904,10 +921,6 @@ class KerasSession(TrainingSession):
 
     def resume(self, path: Path) -> tuple[KerasObjects, int]:
         """Fresh objects with the tf.train.Checkpoint of record read into them, and its step."""
-        if not (path / RESUME_STATE).is_file():
-            raise ValueError(
-                f"checkpoint {path} has no {RESUME_STATE}: not a finished checkpoint of a Keras job"
-            )
         state = json.loads((path / RESUME_STATE).read_text())
         if JobSpec.model_validate_json(state["spec"]) != self.spec:
             raise ValueError(f"checkpoint {path} was written by a different job spec; refusing to resume")

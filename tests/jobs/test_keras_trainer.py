@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from jobs.errors import Diverged
-from jobs.frameworks.base import CheckpointMismatch
+from jobs.frameworks import driver_for
+from jobs.frameworks.base import CheckpointMismatch, Driver
 from jobs.frameworks.keras_driver import GraphModeError, KerasSession
 from jobs.report import Reporter
 from jobs.result import TrainOutcome
@@ -120,6 +121,29 @@ def test_trains_and_verifies_every_checkpoint(style: str, tmp_path: Path) -> Non
     assert result.final["val_accuracy"] > 0.6  # 40 small steps: well above chance (0.1)
     assert result.variable_placement.optimizer_variables_elsewhere == []
     assert len(list((tmp_path / "checkpoints").iterdir())) == 1  # only the latest is kept
+    assert_damage_is_told(driver_for(style), tmp_path / "checkpoints" / "step-00000040")
+
+
+def assert_damage_is_told(driver: Driver, checkpoint: Path) -> None:
+    """What a resume checks first (jobs.resume.readable_checkpoint): TensorFlow's CRC-32C of each
+    tensor, and the `resume.json` written last."""
+    assert driver.checkpoint_damage(checkpoint) is None
+    (data,) = checkpoint.glob("ckpt.data-*")
+    whole = data.read_bytes()
+    flipped = bytearray(whole)
+    flipped[len(whole) // 2] ^= 0xFF
+    data.write_bytes(bytes(flipped))
+    damage = driver.checkpoint_damage(checkpoint) or ""
+    assert (
+        damage.startswith("its tensors do not read back as written (") and "Checksum does not match" in damage
+    )
+    data.write_bytes(whole[: len(whole) // 2])
+    assert "do not read back as written" in (driver.checkpoint_damage(checkpoint) or "")
+    data.write_bytes(whole)
+    (checkpoint / "resume.json").unlink()
+    assert "resume.json cannot be read, so it is not a finished checkpoint" in (
+        driver.checkpoint_damage(checkpoint) or ""
+    )
 
 
 def test_deterministic_and_checkpoints_lose_nothing(tmp_path: Path) -> None:

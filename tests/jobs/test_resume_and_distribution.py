@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from jobs.resume import earlier_checkpoints
 from tests.conftest import ROOT
 from tests.service.durable_helpers import mlflow_server
 
@@ -239,6 +241,7 @@ def jobs(
     )
     try:
         started["resumed-torch"] = resume_after_kill(runner, started["first-torch"])
+        started["fallback-torch"] = resume_past_a_damaged_copy(runner, started["first-torch"])
         for style in STYLES[1:]:
             first = started[f"straight-{style}"].result()
             assert first["status"] == "succeeded", first.get("error")
@@ -257,13 +260,18 @@ def jobs(
 
 
 def resume_after_kill(runner: Runner, first: Job) -> Job:
-    """`kill -9` the first attempt once it reported a verified checkpoint and trained past it, then
-    resume from that checkpoint (in the shared folder, as another worker would) in the same run."""
+    """`kill -9` the first attempt once it reported a second verified checkpoint and trained past it,
+    then resume from that checkpoint (in the shared folder, as another worker would) in the same run."""
     deadline = time.monotonic() + JOB_TIMEOUT_S
     while True:
         progress = first.progress()
         checkpoint = progress.get("checkpoint")
-        if checkpoint and progress["step"] > checkpoint["step"] and progress.get("mlflow"):
+        if (
+            checkpoint
+            and checkpoint["step"] >= 20
+            and progress["step"] > checkpoint["step"]
+            and progress.get("mlflow")
+        ):
             break
         assert first.process.poll() is None, f"the first attempt ended before it was killed; see {first.log}"
         assert time.monotonic() < deadline, "no checkpoint reported in time"
@@ -279,6 +287,19 @@ def resume_after_kill(runner: Runner, first: Job) -> Job:
         "--resume", checkpoint["path"], "--resume-run-id", progress["mlflow"]["run_id"],
         "--job-id", "7", "--attempt", "2", env=shared_folder(runner.root),
     )  # fmt: skip
+
+
+def resume_past_a_damaged_copy(runner: Runner, first: Job) -> Job:
+    """The killed attempt's shared folder copied, with one byte of its last reported checkpoint
+    flipped (torch.load would read it without a word), resumed from untracked."""
+    killed = json.loads((first.workdir / "killed-at.json").read_text())
+    folder = runner.root / "damaged-copy"
+    shutil.copytree(Path(killed["checkpoint"]["path"]).parent, folder)
+    latest = folder / Path(killed["checkpoint"]["path"]).name
+    flipped = bytearray(latest.read_bytes())
+    flipped[len(flipped) // 2] ^= 0xFF
+    latest.write_bytes(bytes(flipped))
+    return runner.start("fallback-torch", spec_for("torch"), "--resume", str(latest), tracked=False)
 
 
 def shared_folder(root: Path) -> dict[str, str]:
@@ -325,6 +346,33 @@ def test_a_resumed_job_ends_bitwise_like_a_straight_run_in_the_same_mlflow_run(
 
 def straight_framework(style: str) -> str:
     return "torch" if style == "torch" else "tensorflow"
+
+
+def test_a_damaged_last_checkpoint_is_passed_over_for_the_one_before_it(jobs: dict[str, Job]) -> None:
+    killed = json.loads((jobs["first-torch"].workdir / "killed-at.json").read_text())["checkpoint"]
+    straight, fallback = jobs["straight-torch"].result(), jobs["fallback-torch"].result()
+    assert fallback["status"] == "succeeded", fallback.get("error")
+    assert fallback["resumed_from_step"] == killed["step"] - 10  # the one the shared folder keeps before it
+    assert fallback["params_sha256"] == straight["params_sha256"] and fallback["final"] == straight["final"]
+    name = Path(killed["path"]).name
+    assert fallback["warnings"][0].startswith(
+        f"checkpoint {name}, the job's last verified one, is damaged: the bytes of "
+    )
+    assert (
+        f"Resumed from step-{killed['step'] - 10:08d}.pt, the newest earlier verified"
+        in fallback["warnings"][0]
+    )
+
+
+def test_a_runs_earlier_checkpoints_are_listed_from_its_artifacts(
+    jobs: dict[str, Job], tracking_uri: str
+) -> None:
+    run_id = jobs["straight-keras"].result()["mlflow"]["run_id"]
+    prefix = f"runs:/{run_id}/checkpoints/step-"
+    assert earlier_checkpoints(f"{prefix}00000030", tracking_uri=tracking_uri) == [
+        f"{prefix}00000020",
+        f"{prefix}00000010",
+    ]
 
 
 def test_a_resume_whose_checkpoint_is_missing_fails_clearly(jobs: dict[str, Job], client: Any) -> None:

@@ -4,19 +4,22 @@ what the other DDP ranks are started with, where checkpoints go."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 from jobs.distributed import rank_argv
 from jobs.resume import (
+    DamagedCheckpoint,
     MlflowCheckpoints,
     ResumedTracker,
     SharedFolderCheckpoints,
     WorkdirCheckpoints,
     checkpoint_store,
+    earlier_checkpoints,
     fetch_checkpoint,
+    readable_checkpoint,
 )
 from jobs.tracking import Point
 
@@ -116,3 +119,61 @@ def test_the_shared_folder_keeps_the_checkpoint_before_the_latest(tmp_path: Path
         if previous is not None:
             store.retire(previous)
     assert sorted(p.name for p in store.folder.iterdir()) == ["step-20.pt", "step-30.pt"]
+
+
+def damaged_when_named(*names: str) -> Callable[[Path], str | None]:
+    return lambda path: "a flipped byte" if path.name in names else None
+
+
+@pytest.fixture
+def kept(tmp_path: Path) -> Path:
+    """A folder as the shared one leaves it (and a few names that are not checkpoints)."""
+    for name in ("step-00000010.pt", "step-00000020.pt", "step-00000030.pt", "step-00000040.pt"):
+        (tmp_path / name).write_bytes(b"x")
+    (tmp_path / ".step-00000035.pt.tmp").write_bytes(b"x")  # being written when the job died
+    (tmp_path / "notes.txt").write_text("x")
+    return tmp_path
+
+
+def test_a_whole_last_checkpoint_is_the_one_resumed_from(kept: Path) -> None:
+    point = readable_checkpoint(
+        str(kept / "step-00000030.pt"), damage=damaged_when_named(), into=kept / "x", tracking_uri=None
+    )
+    assert point.path == kept / "step-00000030.pt" and point.warnings == ()
+
+
+def test_earlier_checkpoints_are_the_older_ones_beside_it_newest_first(kept: Path) -> None:
+    assert earlier_checkpoints(str(kept / "step-00000030.pt"), tracking_uri=None) == [
+        f"{kept}/step-00000020.pt",
+        f"{kept}/step-00000010.pt",
+    ]
+    assert earlier_checkpoints(str(kept / "model.pt"), tracking_uri=None) == []  # not a checkpoint's name
+
+
+def test_a_damaged_last_checkpoint_is_passed_over_for_the_newest_earlier_whole_one(kept: Path) -> None:
+    point = readable_checkpoint(
+        str(kept / "step-00000030.pt"),
+        damage=damaged_when_named("step-00000030.pt", "step-00000020.pt"),
+        into=kept / "x",
+        tracking_uri=None,
+    )
+    assert point.path == kept / "step-00000010.pt"
+    assert point.warnings == (
+        "checkpoint step-00000030.pt, the job's last verified one, is damaged: a flipped byte; "
+        "step-00000020.pt is damaged too: a flipped byte. Resumed from step-00000010.pt, the newest "
+        "earlier verified checkpoint that reads back whole: the steps since it were trained again",
+    )
+
+
+def test_when_no_checkpoint_reads_back_whole_the_resume_fails_naming_each(kept: Path) -> None:
+    every = damaged_when_named(*(path.name for path in kept.iterdir()))
+    with pytest.raises(DamagedCheckpoint) as raised:
+        readable_checkpoint(str(kept / "step-00000020.pt"), damage=every, into=kept / "x", tracking_uri=None)
+    assert str(raised.value) == (
+        "checkpoint step-00000020.pt, the job's last verified one, is damaged: a flipped byte; "
+        "step-00000010.pt is damaged too: a flipped byte"
+    )
+    with pytest.raises(
+        DamagedCheckpoint, match=r"is damaged: a flipped byte; no earlier verified checkpoint"
+    ):
+        readable_checkpoint(str(kept / "step-00000010.pt"), damage=every, into=kept / "x", tracking_uri=None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from jobs.frameworks.torch_driver import (
     restore,
     save_checkpoint,
     verify_roundtrip,
+    zip_damage,
 )
 from jobs.spec import JobSpec
 
@@ -408,16 +410,24 @@ def test_a_checkpoint_that_cannot_be_written_is_named_by_its_path(
     assert not list(job.checkpoint_dir.glob(".*.tmp"))  # no torn file left behind
 
 
-def test_a_resume_from_a_damaged_checkpoint_names_the_file(make_job: Callable[..., Any]) -> None:
-    """torch said only "PytorchStreamReader failed reading zip archive" for a checkpoint cut short."""
+def test_a_damaged_checkpoint_is_told_before_a_resume_loads_it(make_job: Callable[..., Any]) -> None:
+    """torch.load reads a checkpoint with a flipped byte in a tensor without a word (the job would go
+    on from weights it never had), and says only "failed reading zip archive" of one cut short."""
     spec = digits_spec(optimizer={"name": "sgd", "params": {"lr": 0.05}}, steps=4)
     job = make_job(spec)
     session = job.session
     objects = session.build()
     session.train_step(objects, session.batch(0), 0)
     path = session.checkpoint(objects, 1, job.checkpoint_dir, next_step_follows=False).path
-    path.write_bytes(path.read_bytes()[:100])
-    with pytest.raises(
-        ValueError, match=rf"checkpoint {path.name}, the job's last verified one, could not be read"
-    ):
-        make_job(spec).run(resume_from=path)
+    whole = path.read_bytes()
+    assert zip_damage(path) is None
+    flipped = bytearray(whole)
+    flipped[len(whole) // 2] ^= 0xFF  # inside the parameters' bytes
+    path.write_bytes(bytes(flipped))
+    torch.load(path, weights_only=True)  # what a resume did: no error, other weights
+    damage = zip_damage(path) or ""
+    assert re.fullmatch(r"the bytes of \S+/data/\d+ in step-00000001\.pt differ from .* \(CRC-32\)", damage)
+    path.write_bytes(whole[:100])
+    assert (zip_damage(path) or "").startswith(
+        "step-00000001.pt is not a whole checkpoint file (BadZipFile: "
+    )
