@@ -119,9 +119,12 @@ def rng_state() -> dict[str, Any]:
             "gauss": gauss_next,
         },
     }
-    # Only when this job already uses CUDA: asking earlier would create a context on every GPU.
+    # Only when this job already uses CUDA: asking earlier would create a context on every GPU. The
+    # current device's stream only: a DDP rank draws on its own GPU, and every rank restores its
+    # stream from the checkpoint rank 0 wrote (all ranks seed alike and draw alike). Every visible
+    # GPU's streams, restored by index, had set rank r's to rank 0's copy of it, never advanced.
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+        state["cuda"] = torch.cuda.get_rng_state()
     return state
 
 
@@ -137,7 +140,10 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
         saved = state["python"]
         random.setstate((saved["version"], tuple(int(x) for x in saved["state"].tolist()), saved["gauss"]))
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
+        saved = state["cuda"]
+        if isinstance(saved, list):  # written before: every visible GPU's stream, by index
+            saved = saved[min(torch.cuda.current_device(), len(saved) - 1)]
+        torch.cuda.set_rng_state(saved.cpu())  # the current device's
 
 
 def save_checkpoint(path: Path, objects: TrainObjects, *, step: int, spec_json: str) -> None:
@@ -198,8 +204,13 @@ def zip_damage(path: Path) -> str | None:
     return None
 
 
-def load_checkpoint(path: Path, device: torch.device) -> dict[str, Any]:
-    loaded: dict[str, Any] = load_as_a_user_loads(path, device)
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """Onto the host, whatever the job's device: load_state_dict moves each state tensor to its
+    parameter's device but keeps `step` where the file was loaded, and Adam's family reads a `step`
+    on the GPU with `.item()` per parameter per step (a host sync each). Loaded onto the GPU, every
+    step after the first checkpoint ran slower than the ones before it, and the loaded copies (and
+    the twin's) took GPU memory."""
+    loaded: dict[str, Any] = load_as_a_user_loads(path, "cpu")
     return loaded
 
 
@@ -1431,7 +1442,7 @@ class TorchSession(TrainingSession):
         path = self.checkpoint_path(folder, step)
         self._eval_mode(objects)  # what is saved are the weights the user evaluates
         save_checkpoint(path, objects, step=step, spec_json=self.spec.model_dump_json())
-        checkpoint = load_checkpoint(path, self.torch_device)  # the file, read back once as a user reads it
+        checkpoint = load_checkpoint(path)  # the file, read back once as a user reads it
         probe_batch = self.batch(min(step, self.spec.steps - 1))
 
         def probe(candidate: TrainObjects) -> None:
@@ -1469,7 +1480,7 @@ class TorchSession(TrainingSession):
         return folder / f"step-{step:08d}.pt"
 
     def resume(self, path: Path) -> tuple[TrainObjects, int]:
-        checkpoint = load_checkpoint(path, self.torch_device)  # its bytes checked before (zip_damage)
+        checkpoint = load_checkpoint(path)  # its bytes checked before (zip_damage)
         saved_spec = JobSpec.model_validate_json(checkpoint["spec"])
         if saved_spec != self.spec:
             raise ValueError(f"checkpoint {path} was written by a different job spec; refusing to resume")

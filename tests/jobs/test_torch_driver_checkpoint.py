@@ -20,7 +20,9 @@ from jobs.frameworks.torch_driver import (
     first_difference,
     load_checkpoint,
     restore,
+    rng_state,
     save_checkpoint,
+    set_rng_state,
     verify_roundtrip,
     zip_damage,
 )
@@ -216,9 +218,9 @@ def roundtrip(tmp_path: Path, optimizer_cls: OptimizerClass) -> TrainObjects:
         original.scheduler.step()
     path = tmp_path / "step-3.pt"
     save_checkpoint(path, original, step=3, spec_json="{}")
-    reloaded = restore(load_checkpoint(path, torch.device("cpu")), build(optimizer_cls))
+    reloaded = restore(load_checkpoint(path), build(optimizer_cls))
     expected = {name: tensor.clone() for name, tensor in original.model.state_dict().items()}
-    twin = restore(load_checkpoint(path, torch.device("cpu")), build(optimizer_cls))
+    twin = restore(load_checkpoint(path), build(optimizer_cls))
     verify_roundtrip(original, reloaded, twin, train_step)
     assert first_difference(expected, reloaded.model.state_dict(), "model") is None  # not used up
     return reloaded
@@ -431,3 +433,74 @@ def test_a_damaged_checkpoint_is_told_before_a_resume_loads_it(make_job: Callabl
     assert (zip_damage(path) or "").startswith(
         "step-00000001.pt is not a whole checkpoint file (BadZipFile: "
     )
+
+
+def test_a_checkpoint_is_read_onto_the_host_whatever_the_jobs_device(
+    make_job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a GPU, a checkpoint read onto the device left each restored Adam `step` there (torch's
+    load_state_dict keeps `step` where it was loaded), and every later step read it with `.item()`."""
+    places: list[Any] = []
+    load = torch.load
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        places.append(kwargs.get("map_location"))
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", recording)
+    spec = digits_spec(optimizer={"name": "adam", "params": {"lr": 0.01}}, steps=4, device="cpu")
+    job = make_job(spec)
+    objects = job.session.build()
+    path = job.session.checkpoint(objects, 0, job.checkpoint_dir).path
+    job.session.resume(path)
+    assert places == ["cpu", "cpu"]  # not the job's device (a torch.device, here the CPU's)
+
+
+class OneStreamPerDevice:
+    """torch.cuda's random streams as a job on GPU 1 of two sees them (no GPU needed)."""
+
+    def __init__(self) -> None:
+        self.streams = {0: torch.tensor([0], dtype=torch.uint8), 1: torch.tensor([1], dtype=torch.uint8)}
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        cuda = torch.cuda
+        monkeypatch.setattr(cuda, "is_available", lambda: True)
+        monkeypatch.setattr(cuda, "is_initialized", lambda: True)
+        monkeypatch.setattr(cuda, "current_device", lambda: 1)
+        monkeypatch.setattr(cuda, "get_rng_state", lambda device="cuda": self.streams[1].clone())
+        monkeypatch.setattr(cuda, "get_rng_state_all", lambda: [s.clone() for s in self.streams.values()])
+
+        def set_rng_state(state: torch.Tensor, device: Any = "cuda") -> None:
+            self.streams[1] = state.clone()  # "cuda": the current device
+
+        def set_rng_state_all(states: list[torch.Tensor]) -> None:
+            self.streams = dict(enumerate(s.clone() for s in states))
+
+        monkeypatch.setattr(cuda, "set_rng_state", set_rng_state)
+        monkeypatch.setattr(cuda, "set_rng_state_all", set_rng_state_all)
+
+
+def test_a_checkpoint_holds_and_restores_the_random_stream_of_its_own_gpu_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """DDP rank 1 resumes from the checkpoint rank 0 wrote: with every GPU's streams restored by
+    index, its own GPU's stream went back to rank 0's copy of it, which rank 0 never drew from."""
+    written_by_rank_0 = OneStreamPerDevice()
+    written_by_rank_0.install(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    written_by_rank_0.streams[0] = torch.tensor([7], dtype=torch.uint8)  # rank 0 drew on GPU 0
+    monkeypatch.setattr(
+        torch.cuda, "get_rng_state", lambda device="cuda": written_by_rank_0.streams[0].clone()
+    )
+    saved = rng_state()
+    assert torch.equal(saved["cuda"], torch.tensor([7], dtype=torch.uint8))
+
+    rank_1 = OneStreamPerDevice()
+    rank_1.install(monkeypatch)
+    set_rng_state(saved)
+    assert rank_1.streams[1].tolist() == [7]  # its own GPU's stream, where rank 0's stood
+    assert rank_1.streams[0].tolist() == [0]  # another GPU's, untouched
+    set_rng_state(
+        {**saved, "cuda": [torch.tensor([5], dtype=torch.uint8), torch.tensor([6], dtype=torch.uint8)]}
+    )
+    assert rank_1.streams[1].tolist() == [6]  # a checkpoint written before: its entry for this GPU
