@@ -12,13 +12,14 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "examples" / "plugins" / "sign_momentum.py"
 TARGET = f"{PLUGIN}:SignMomentum"
-CHECKS = "construct,dense_step,state_roundtrip,resume_exact,device_placement"
+CHECKS = "construct,dense_step,state_roundtrip,resume_exact,device_placement,mixed_precision"
 
 
 def say(section: str, message: str) -> None:
@@ -53,11 +54,23 @@ def main() -> int:
     say(
         "setup", f"tensorflow: {tensorflow if missing('tensorflow') else 'installed, not used by this smoke'}"
     )
+    gpus = visible_gpu_ids(count)
     failures = state_devices(torch, "cuda" if count else "cpu")
-    failures += train_on_every_device(count, args.steps)
+    failures += train_on_every_device(gpus, args.steps)
+    failures += resume_on_one_device(gpus, args.steps)
+    failures += data_parallel_over_two(gpus, args.steps)
     failures += check_on_device(args.checks)
     say("summary", "OK" if failures == 0 else f"FAIL {failures} part(s) failed")
     return 0 if failures == 0 else 1
+
+
+def visible_gpu_ids(count: int) -> list[str]:
+    """The ids this process may hand a job, as the worker does: the ones CUDA_VISIBLE_DEVICES
+    already narrowed to (indices or UUIDs), else 0..count-1. Handing out 0, 1, ... under a narrowed
+    list would run the jobs on other GPUs than the ones this machine was given."""
+    narrowed = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    ids = [gpu.strip() for gpu in narrowed.split(",") if gpu.strip()] if narrowed else []
+    return ids[:count] if ids else [str(index) for index in range(count)]
 
 
 def load_plugin_class() -> Any:
@@ -106,11 +119,19 @@ def state_devices(torch: Any, device: str) -> int:
     return 1 if wrong else 0
 
 
-def job_spec(steps: int, workload: str, device: str) -> dict[str, Any]:
+SIGN_MOMENTUM = {"name": "sign_momentum", "params": {"lr": 0.001}}
+# torch's Adam keeps a `step` tensor per parameter, which it reads with `.item()` when that tensor
+# is on the GPU: what a checkpoint read onto the device had left there.
+ADAM = {"name": "adam", "params": {"lr": 0.001}}
+
+
+def job_spec(
+    steps: int, workload: str, device: str, optimizer: dict[str, Any] = SIGN_MOMENTUM
+) -> dict[str, Any]:
     return {
         "framework": "torch",
         "workload": {"name": workload},
-        "optimizer": {"name": "sign_momentum", "params": {"lr": 0.001}},
+        "optimizer": optimizer,
         "steps": steps,
         "batch_size": 64,
         "checkpoint_every": max(1, steps // 2),
@@ -120,56 +141,154 @@ def job_spec(steps: int, workload: str, device: str) -> dict[str, Any]:
     }
 
 
-def train_on_every_device(count: int, steps: int) -> int:
+@dataclass
+class SmokeJob:
+    """One `python -m jobs.run` process of the smoke, in a folder of its own."""
+
+    where: str
+    folder: Path
+    process: subprocess.Popen[bytes]
+    log: Any
+
+    def result(self, section: str) -> dict[str, Any] | None:
+        """The job's result once it ended, when it succeeded; else None, having said why."""
+        self.process.wait()
+        self.log.close()
+        result_path = self.folder / "work" / "result.json"
+        if not result_path.exists():
+            tail = (self.folder / "job.log").read_text(errors="replace")[-1500:]
+            say(
+                section,
+                f"FAIL job on {self.where} exited {self.process.returncode} without a result:\n{tail}",
+            )
+            return None
+        result: dict[str, Any] = json.loads(result_path.read_text())
+        if result["status"] != "succeeded":
+            say(section, f"FAIL job on {self.where}: {result['status']}: {result.get('error')}")
+            return None
+        return result
+
+
+def start_job(
+    folder: Path, spec: dict[str, Any], gpus: list[str], where: str, *args: str, shared: Path | None = None
+) -> SmokeJob:
+    """`shared`: the checkpoint folder (OPTLAB_CHECKPOINT_DIR), which keeps the one before the last."""
+    folder.mkdir(parents=True)
+    (folder / "spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OPTLAB_PLUGIN_DIRS": str(PLUGIN.parent)}
+    if shared is not None:
+        env["OPTLAB_CHECKPOINT_DIR"] = str(shared)
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    log = open(folder / "job.log", "wb")  # closed when the job ends (SmokeJob.result)
+    command = [
+        sys.executable,
+        "-m",
+        "jobs.run",
+        str(folder / "spec.json"),
+        "--workdir",
+        str(folder / "work"),
+        *args,
+    ]
+    process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return SmokeJob(where, folder, process, log)
+
+
+def smoke_workload(section: str) -> str | None:
+    """digits_mlp (scikit-learn's data), else embedding_mf (generated); None: no job can run here."""
+    if lacking := missing("pydantic", "numpy"):
+        say(section, f"SKIP the job process needs {', '.join(lacking)} (not installed)")
+        return None
+    if missing("sklearn"):
+        say(section, "scikit-learn is not installed: training embedding_mf (generated data), not digits_mlp")
+        return "embedding_mf"
+    return "digits_mlp"
+
+
+def train_on_every_device(gpus: list[str], steps: int) -> int:
     """One job per GPU at once, each seeing only its own (CUDA_VISIBLE_DEVICES), as the worker's
     slots start them: the custom optimizer from the plugin folder, checkpoints verified."""
-    if lacking := missing("pydantic", "numpy"):
-        say("train", f"SKIP the job process needs {', '.join(lacking)} (not installed)")
+    workload = smoke_workload("train")
+    if workload is None:
         return 0
-    workload = "digits_mlp" if not missing("sklearn") else "embedding_mf"
-    if workload != "digits_mlp":
-        say("train", "scikit-learn is not installed: training embedding_mf (generated data), not digits_mlp")
     work = Path(tempfile.mkdtemp(prefix="optlab-gpu-smoke-"))
-    jobs = []
-    for slot in range(max(count, 1)):
-        folder = work / f"slot{slot}"
-        folder.mkdir()
-        spec = folder / "spec.json"
-        spec.write_text(json.dumps(job_spec(steps, workload, "cuda" if count else "cpu")))
-        env = {**os.environ, "PYTHONPATH": str(ROOT), "OPTLAB_PLUGIN_DIRS": str(PLUGIN.parent)}
-        if count:
-            env["CUDA_VISIBLE_DEVICES"] = str(slot)
-        log = open(folder / "job.log", "wb")  # closed when the job ends
-        command = [sys.executable, "-m", "jobs.run", str(spec), "--workdir", str(folder / "work")]
-        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-        jobs.append((slot, folder, log, process))
+    device = "cuda" if gpus else "cpu"
+    jobs = [
+        start_job(work / f"slot{slot}", job_spec(steps, workload, device), [gpu], f"GPU {gpu}")
+        for slot, gpu in enumerate(gpus)
+    ] or [start_job(work / "cpu", job_spec(steps, workload, device), [], "CPU")]
     began = time.monotonic()
     failures = 0
-    for slot, folder, log, process in jobs:
-        process.wait()
-        log.close()
-        failures += report_job(slot if count else None, folder, process.returncode)
+    for job in jobs:
+        result = job.result("train")
+        failures += result is None
+        if result is not None:
+            step_ms, optimizer_ms = result["step_time_ms_median"], result["optimizer_step_ms_median"]
+            share = optimizer_ms / step_ms if step_ms else float("nan")
+            say(
+                "train",
+                f"job on {job.where}: succeeded on {result['device']}, "
+                f"{result['samples_per_sec']:.0f} samples/s, optimizer step {optimizer_ms:.3f} ms "
+                f"of {step_ms:.3f} ms per step ({share:.0%}), "
+                f"{result['checkpoints_verified']} checkpoint round trips verified",
+            )
     say("train", f"{len(jobs)} job(s) at once in {time.monotonic() - began:.1f} s")
     return failures
 
 
-def report_job(gpu: int | None, folder: Path, returncode: int) -> int:
-    where = f"GPU {gpu}" if gpu is not None else "CPU"
-    result_path = folder / "work" / "result.json"
-    if not result_path.exists():
-        tail = (folder / "job.log").read_text(errors="replace")[-1500:]
-        say("train", f"FAIL job on {where} exited {returncode} without a result:\n{tail}")
+def resume_on_one_device(gpus: list[str], steps: int) -> int:
+    """An Adam job, then a fresh process resumed from its first checkpoint: the two must end with
+    the same weights (bitwise: the job runs deterministic algorithms), and the resumed one's
+    optimizer step must cost what the straight one's did."""
+    workload = smoke_workload("resume")
+    if workload is None:
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="optlab-gpu-resume-"))
+    device, first = ("cuda", gpus[:1]) if gpus else ("cpu", [])
+    where = f"GPU {first[0]}" if first else "CPU"
+    spec = job_spec(steps, workload, device, ADAM)
+    shared = work / "checkpoints"
+    straight = start_job(work / "straight", spec, first, where, "--job-id", "smoke", shared=shared)
+    straight_result = straight.result("resume")
+    if straight_result is None:
         return 1
-    result = json.loads(result_path.read_text())
-    if result["status"] != "succeeded":
-        say("train", f"FAIL job on {where}: {result['status']}: {result.get('error')}")
+    resume = ["--resume", straight_result["checkpoints"][0]["path"], "--job-id", "smoke", "--attempt", "2"]
+    resumed = start_job(work / "resumed", spec, first, where, *resume, shared=shared).result("resume")
+    if resumed is None:
         return 1
-    step_ms, optimizer_ms = result["step_time_ms_median"], result["optimizer_step_ms_median"]
-    share = optimizer_ms / step_ms if step_ms else float("nan")
+    straight_ms, resumed_ms = straight_result["optimizer_step_ms_median"], resumed["optimizer_step_ms_median"]
+    same = resumed["params_sha256"] == straight_result["params_sha256"]
     say(
-        "train",
-        f"job on {where}: succeeded on {result['device']}, {result['samples_per_sec']:.0f} samples/s, "
-        f"optimizer step {optimizer_ms:.3f} ms of {step_ms:.3f} ms per step ({share:.0%}), "
+        "resume",
+        f"adam on {where}: resumed at step {resumed['resumed_from_step']} of {steps}; optimizer step "
+        f"{straight_ms:.3f} ms straight, {resumed_ms:.3f} ms resumed; "
+        f"final weights {'bitwise equal' if same else 'DIFFER'}",
+    )
+    if not same:
+        say("resume", "FAIL the resumed job's weights differ from the straight run's")
+    return 0 if same else 1
+
+
+def data_parallel_over_two(gpus: list[str], steps: int) -> int:
+    """A DDP job over two GPUs (NCCL), or over two CPU processes (gloo) where there is no GPU."""
+    if len(gpus) == 1:
+        say("ddp", "SKIP one GPU visible: a data-parallel job needs two")
+        return 0
+    workload = smoke_workload("ddp")
+    if workload is None:
+        return 0
+    work = Path(tempfile.mkdtemp(prefix="optlab-gpu-ddp-"))
+    spec = {
+        **job_spec(steps, workload, "cuda" if gpus else "cpu"),
+        "distribution": {"strategy": "ddp", "devices": 2},
+    }
+    where = f"GPUs {','.join(gpus[:2])}" if gpus else "2 CPU processes"
+    result = start_job(work / "ddp", spec, gpus[:2], where).result("ddp")
+    if result is None:
+        return 1
+    say(
+        "ddp",
+        f"job on {where}: succeeded, {result['samples_per_sec']:.0f} samples/s, "
         f"{result['checkpoints_verified']} checkpoint round trips verified",
     )
     return 0

@@ -7,7 +7,10 @@
 #     examples/plugins/sign_momentum.py) after steps on the GPU and after a reload via the host;
 #   - trains a torch job with it on every GPU at once (one job per GPU, CUDA_VISIBLE_DEVICES, as
 #     the worker's slots do), printing samples/s and the optimizer step's share of the step;
-#   - runs `optlab check` on the class, device_placement included (the CUDA map_location reload).
+#   - resumes an Adam job from its first checkpoint in a fresh process on one GPU: the weights must
+#     end bitwise equal to a straight run's, and it prints both optimizer step times;
+#   - trains a DDP job over two GPUs (NCCL) where there are two;
+#   - runs `optlab check` on the class, device_placement and mixed_precision included.
 # Exit status 0 when every part that ran passed. --allow-cpu runs it all on the CPU (the tests do).
 # Usage: scripts/gpu_smoke.sh [--allow-cpu] [--steps N]; PYTHON picks the interpreter.
 set -euo pipefail

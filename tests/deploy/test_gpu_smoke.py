@@ -4,10 +4,13 @@ skipped, saying so (a bare GPU machine may have torch alone)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import subprocess
 import sys
+
+import pytest
 
 from tests.conftest import ROOT
 
@@ -52,6 +55,18 @@ def test_on_the_cpu_every_part_runs_and_reports() -> None:
     )
     assert job, out
     assert int(job[1]) > 0 and 0 < float(job[2]) < float(job[3]) and int(job[5]) == 2
+    resume = re.search(
+        r"^\[resume\] adam on CPU: resumed at step 2 of 4; optimizer step ([\d.]+) ms straight, "
+        r"([\d.]+) ms resumed; final weights bitwise equal$",
+        out,
+        re.M,
+    )
+    assert resume and float(resume[1]) > 0 and float(resume[2]) > 0, out
+    assert re.search(
+        r"^\[ddp\] job on 2 CPU processes: succeeded, \d+ samples/s, 2 checkpoint round trips verified$",
+        out,
+        re.M,
+    ), out
     assert re.search(r"^\[check\] construct: pass: ", out, re.M), out
     assert re.search(r"^\[check\] device_placement: skip: needs a CUDA device", out, re.M), out
     assert out.rstrip().endswith("[summary] OK"), out
@@ -65,3 +80,17 @@ def test_missing_packages_skip_their_parts_and_say_so() -> None:
     assert "[train] SKIP the job process needs pydantic (not installed)" in out
     assert "[check] SKIP the checks need pydantic (not installed)" in out
     assert len(re.findall(r"^\[state\] ", out, re.M)) == 8, out  # torch alone is enough for that part
+
+
+def test_jobs_go_to_the_gpus_this_machine_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under CUDA_VISIBLE_DEVICES=4,5 the jobs had been handed GPUs 0 and 1: other people's."""
+    spec = importlib.util.spec_from_file_location("gpu_smoke", ROOT / "scripts" / "gpu_smoke.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_smoke", module)  # where its dataclass looks itself up
+    spec.loader.exec_module(module)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4, GPU-8f2e")
+    assert module.visible_gpu_ids(2) == ["4", "GPU-8f2e"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert module.visible_gpu_ids(2) == ["0", "1"]
+    assert module.visible_gpu_ids(0) == []
