@@ -442,8 +442,16 @@ def check_device_placement(ctx: CheckContext) -> Outcome:
     overrides = ctx.stateful_overrides()
     with _on_accelerator(driver):
         optimizer, variables = fresh(ctx, **overrides)
-        for seed in (70, 71):
-            driver.step(optimizer, variables, arrays(SHAPES, seed), ctx.needs)
+        try:
+            for seed in (70, 71):
+                driver.step(optimizer, variables, arrays(SHAPES, seed), ctx.needs)
+        except Exception as exc:
+            crashed = _crashed_on_misplaced_state(
+                ctx, optimizer, variables, exc, driver.advice.state_on_device
+            )
+            if crashed is None:
+                raise
+            return crashed
     misplaced = driver.misplaced_state(optimizer, variables)
     if misplaced:
         return failed(
@@ -456,7 +464,14 @@ def check_device_placement(ctx: CheckContext) -> Outcome:
     with _on_accelerator(driver):
         restored, restored_variables = fresh(ctx, **overrides)
         driver.restore_state(restored, restored_variables, saved)
-        driver.step(restored, restored_variables, arrays(SHAPES, seed=72), ctx.needs)
+        try:
+            driver.step(restored, restored_variables, arrays(SHAPES, seed=72), ctx.needs)
+        except Exception as exc:
+            fix = driver.advice.state_on_device_after_restore
+            crashed = _crashed_on_misplaced_state(ctx, restored, restored_variables, exc, fix)
+            if crashed is None:
+                raise
+            return crashed
     misplaced = driver.misplaced_state(restored, restored_variables)
     if misplaced:
         return failed(
@@ -473,8 +488,30 @@ def check_device_placement(ctx: CheckContext) -> Outcome:
     )
 
 
+def _crashed_on_misplaced_state(
+    ctx: CheckContext, optimizer: Any, variables: Sequence[Any], exc: Exception, fix: str
+) -> Outcome | None:
+    """A step that raised with state already on another device than its variable: the fault this
+    check names (torch refuses to mix a CPU state tensor with a CUDA gradient in one op), said so
+    with its fix, not as a bare crash. None where all state sits right: the raise is another fault."""
+    misplaced = ctx.driver.misplaced_state(optimizer, variables)
+    if not misplaced:
+        return None
+    return failed(
+        f"a step on the accelerator raised {ctx.describe_error(exc)}, with {len(misplaced)} state tensors "
+        f"on the wrong device: {'; '.join(misplaced[:4])}",
+        where=ctx.where(exc),
+        figure=float(len(misplaced)),
+        fix=fix,
+    )
+
+
 def _on_accelerator(driver: Driver) -> AbstractContextManager[Any]:
-    """A new scope each time: a framework's device scope need not be re-entrant."""
+    """A new scope each time: a framework's device scope need not be re-entrant. The scope is what a
+    job on the accelerator runs under, and no more: Keras jobs run in `tf.device` (KerasSession.scope),
+    so the optimizer is built and stepped in it; torch jobs set no default device (`model.to(device)`),
+    so torch's scope puts only the variables there, and state made without `device=`/`zeros_like`
+    lands on the CPU, as in a job."""
     scope = driver.accelerator()
     assert scope is not None, "checked before"
     return scope

@@ -695,7 +695,8 @@ def _takes_an_argument(step: Callable[..., Any]) -> bool:
 
 @isolated
 def check_mixed_precision(ctx: CheckContext) -> Outcome:
-    """bf16 autocast, then bf16 parameters, each stepped the way the entry declares (closure, graph).
+    """bf16 autocast, then bf16 parameters, each stepped the way the entry declares (closure, graph),
+    then on CUDA a float16 GradScaler step where GradScaler can drive the class's step.
     A warm-up that only builds state is allowed: a parameter must have moved by step WARMUP_STEPS."""
     if updates_nothing(ctx):
         return skipped(MOVES_NOTHING)
@@ -742,10 +743,7 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
             f"after a step on bfloat16 parameters: {problem}", where=method_location(ctx), fix=_PRECISION_FIX
         )
     parts.append("a step on bfloat16 parameters")
-    if torch.cuda.is_available():
-        parts.append(_grad_scaler_step(ctx))
-    else:
-        parts.append("GradScaler skipped (needs CUDA)")
+    parts.append(_grad_scaler_part(ctx))
     return passed("; ".join(parts) + ": finite, parameters keep their dtype")
 
 
@@ -803,19 +801,51 @@ def _precision_problem(
     return ""
 
 
-def _grad_scaler_step(ctx: CheckContext) -> str:
-    model = _tiny_model().cuda()
-    inputs, targets = (t.cuda() for t in _batch())
+def _grad_scaler_part(ctx: CheckContext) -> str:
+    """A float16 GradScaler step on CUDA, where a job's float16 training would take it; skipped, saying
+    why, where torch's GradScaler cannot drive the class's step at all: that limit is torch's, and a
+    raise from it would be blamed on the class."""
+    refused = _grad_scaler_refuses(ctx.needs)
+    if refused:
+        return f"GradScaler skipped ({refused})"
+    if not torch.cuda.is_available():
+        return "GradScaler skipped (needs CUDA)"
+    return _grad_scaler_step(ctx, "cuda")
+
+
+def _grad_scaler_refuses(needs: LoopNeeds) -> str | None:
+    """Why torch's GradScaler cannot drive a step with `needs` by its own contract, else None.
+
+    `scaler.step(optimizer)` calls `optimizer.step()` once, on the gradients it unscaled: it raises
+    "Closure use is not currently supported if GradScaler is enabled" for a closure (SAM, LBFGS, and
+    `backward_in_step`, which implies one), and it unscales only `.grad`, so Hessian-vector products a
+    `create_graph` class takes from the scaled gradients (AdaHessian) come out multiplied by the loss
+    scale, silently (torch's AMP notes unscale such second gradients by hand)."""
+    if needs.closure:
+        return "torch's GradScaler does not support step(closure)"
+    if needs.create_graph:
+        return (
+            "torch's GradScaler unscales only .grad, and Hessian-vector products taken from the scaled "
+            "gradients (backward(create_graph=True)) would stay multiplied by the loss scale"
+        )
+    return None
+
+
+def _grad_scaler_step(ctx: CheckContext, device: str) -> str:
+    """One float16 autocast step through GradScaler on `device` ('cuda' in the check; torch runs the
+    same path on 'cpu', which is how the tests take it). A raise is the class's fault."""
+    model = _tiny_model().to(device)
+    inputs, targets = (t.to(device) for t in _batch())
     optimizer = _build(ctx, model.parameters())
-    scaler = torch.amp.GradScaler("cuda")
-    with torch.autocast("cuda", dtype=torch.float16):
+    scaler = torch.amp.GradScaler(device)
+    with torch.autocast(device, dtype=torch.float16):
         loss = nn.functional.mse_loss(model(inputs).float(), targets)
     scaler.scale(loss).backward()
     scaler.step(optimizer)
     scaler.update()
     if _nonfinite((n, p.detach()) for n, p in model.named_parameters()):
         raise RuntimeError("parameters not finite after a GradScaler step")
-    return "a float16 GradScaler step on CUDA"
+    return f"a float16 GradScaler step on {'CUDA' if device == 'cuda' else device}"
 
 
 CHECKS: Mapping[str, CheckFunction] = {

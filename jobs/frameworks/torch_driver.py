@@ -509,6 +509,8 @@ class TorchDriver(Driver):
         rebuilt_from_constructor=True,
     )
     fresh_module: ClassVar[str] = "jobs.checks.fresh.torch_child"
+    # Where `variables()` makes the checks' tensors while `accelerator()` is entered; None: the default.
+    accelerator_device: torch.device | None = None
     advice: ClassVar[Advice] = Advice(
         update_method="step",
         in_place_update="update every parameter that has a gradient, in place (p.add_(update, alpha=-lr)), "
@@ -570,8 +572,9 @@ class TorchDriver(Driver):
             yield
 
     def variables(self, arrays: Sequence[np.ndarray]) -> list[nn.Parameter]:
-        # On the default device: the CPU, or the accelerator inside `accelerator()`.
-        device = torch.get_default_device()
+        # On the accelerator inside `accelerator()` (which sets no default device), else on the default
+        # device: the CPU, as in a job.
+        device = self.accelerator_device or torch.get_default_device()
         return [nn.Parameter(torch.tensor(np.array(a, dtype=np.float32), device=device)) for a in arrays]
 
     def optimizer_over(self, create: Callable[[Any], Any], variables: Sequence[Any]) -> Any:
@@ -775,20 +778,41 @@ class TorchDriver(Driver):
             return f"tensors on {' or '.join(devices)} (torch's kernels refuse the CPU the checks run on)"
         return None
 
-    def accelerator(self) -> AbstractContextManager[Any] | None:
-        return torch.device("cuda") if torch.cuda.is_available() else None
+    def accelerator(self, device: str = "cuda") -> AbstractContextManager[Any] | None:
+        """A scope in which `variables()` are made on `device` (CUDA; a test stands 'meta' in for it),
+        and nothing else: no default device. A torch job moves its model with `model.to(device)` and
+        never sets one, so the optimizer it builds and steps makes a bare `torch.zeros(p.shape)` on the
+        CPU; under `with torch.device("cuda")` that state would land on the GPU, and device_placement
+        would pass the very fault it is there to catch."""
+        if device == "cuda" and not torch.cuda.is_available():
+            return None
+
+        @contextmanager
+        def variables_on_device() -> Iterator[None]:
+            previous, self.accelerator_device = self.accelerator_device, torch.device(device)
+            try:
+                yield
+            finally:
+                self.accelerator_device = previous
+
+        return variables_on_device()
 
     @property
     def no_accelerator(self) -> str:
         return "needs a CUDA device; torch.cuda.is_available() is False here"
 
     def misplaced_state(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
+        """Per-parameter state on another device than its parameter, held in lists and dicts too (SOAP's
+        per-dimension `Q`, a history of gradients): a bare torch.zeros there lands on the CPU alike."""
         found = []
         for param, state in optimizer.state.items():
-            for key, value in state.items() if isinstance(state, Mapping) else ():
-                # torch keeps scalar step counters on the CPU on purpose (capturable=False).
-                if isinstance(value, torch.Tensor) and value.device != param.device and value.dim() > 0:
-                    found.append(f"{key!r} on {value.device}, parameter on {param.device}")
+            if not isinstance(param, torch.Tensor) or not isinstance(state, Mapping):
+                continue  # state kept under another key than a parameter has no device to match
+            for key, value in state.items():
+                for name, tensor in _tensors_in(repr(key), value):
+                    # torch keeps scalar step counters on the CPU on purpose (capturable=False).
+                    if tensor.device != param.device and tensor.dim() > 0:
+                        found.append(f"{name} on {tensor.device}, parameter on {param.device}")
         return found
 
     @property
