@@ -355,7 +355,12 @@ class JobSpec(BaseModel):
         default=100, gt=0, le=2**31 - 1, description="steps between validation passes; at most `steps`"
     )
     experiment: SafeName = Field(default="default", description=f"MLflow experiment: {SAFE_NAME_ALLOWED}")
-    device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:[0-9]{1,2})?)$")
+    device: str = Field(
+        default="auto",
+        pattern=r"^(auto|cpu|cuda(:[0-9]{1,2})?)$",
+        description="auto (a GPU where there is one), cpu or cuda; cuda:N names a GPU by index, for "
+        "`python -m jobs.run` run by hand only: a worker picks each job's GPUs, so the API refuses N >= 1",
+    )
     jit_compile: bool = Field(default=False, description="tensorflow jobs: compile the step with XLA")
     compile: bool = Field(
         default=False,

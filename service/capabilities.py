@@ -19,9 +19,26 @@ NO_GPU_VALUES = ("", "-1", "none", "NoDevFiles")
 
 @dataclass(frozen=True)
 class JobNeeds:
+    """What a job takes of a worker. Its slots are all of one kind (GPU slots, or CPU-only ones),
+    except for a `cpu` job, which uses no GPU wherever it runs: GPU slots only for `cuda`; for
+    `auto` (and a check job), all CPU-only slots or else all GPU slots, so that every rank of a DDP
+    job sees a GPU or none does."""
+
     framework: str
     gpu: bool  # device `cuda` or `cuda:N`
     slots: int  # distribution.devices; absent: 1
+    mixes: bool = False  # device `cpu`: CPU-only and GPU slots alike, mixed
+
+    def takes(self, free_cpu: int, free_gpu: int) -> str | None:
+        """The kind of slot ("cpu" or "gpu") the job takes from these free ones: CPU-only slots
+        first, except for a GPU job; "mixed" for a `cpu` job that needs both; None: it does not fit."""
+        if self.gpu:
+            return "gpu" if self.slots <= free_gpu else None
+        if self.slots <= free_cpu:
+            return "cpu"
+        if self.slots <= free_gpu:
+            return "gpu"
+        return "mixed" if self.mixes and self.slots <= free_cpu + free_gpu else None
 
 
 def needs_of(spec: dict[str, Any]) -> JobNeeds:
@@ -33,6 +50,24 @@ def needs_of(spec: dict[str, Any]) -> JobNeeds:
         framework=str(spec.get("framework", "torch")),
         gpu=isinstance(device, str) and device.startswith("cuda"),
         slots=slots,
+        mixes=device == "cpu",
+    )
+
+
+def gpu_index_refusal(device: object) -> str | None:
+    """Why a job run by a worker cannot have `device` `cuda:N` with N >= 1; None where it can.
+
+    A worker picks each job's GPU(s) and shows the job only those (CUDA_VISIBLE_DEVICES), numbered
+    from 0: `cuda:1` would name a GPU the job cannot see (or, for DDP, shift every rank by one).
+    `python -m jobs.run` run by hand sees the host's GPUs and may still name one."""
+    index = device.removeprefix("cuda:") if isinstance(device, str) else ""
+    if not isinstance(device, str) or index == device or not index.isdigit() or int(index) == 0:
+        return None
+    return (
+        f"device {device!r} names a GPU by its index, but a worker picks the GPU(s) of each job it "
+        "runs and the job sees only those, as cuda:0 onwards; write 'cuda' (a GPU the worker picks) "
+        "or 'auto' (a GPU where the worker gives the job one); an index is for `python -m jobs.run` run "
+        "by hand"
     )
 
 

@@ -214,12 +214,14 @@ def run_closed(*, session: Session, job_id: int) -> None:
 def _fits(fits: ClaimFilter) -> Any:
     """SQL for "this worker can run it now", over the stored spec JSON (absent keys: defaults)."""
     framework = func.coalesce(Job.spec[("framework",)].as_string(), "torch")
-    device = func.coalesce(Job.spec[("device",)].as_string(), "cpu")
+    # A check job has no device: one slot of either kind, as `auto` (JobNeeds).
+    device = func.coalesce(Job.spec[("device",)].as_string(), "auto")
     slots = func.coalesce(Job.spec[("distribution", "devices")].as_integer(), 1)
-    return (
-        framework.in_(fits.frameworks)
-        & (slots <= fits.free_slots)
-        & (~device.like("cuda%") | (slots <= fits.free_gpu_slots))
+    free_cpu_slots = fits.free_slots - fits.free_gpu_slots
+    one_kind = (slots <= free_cpu_slots) | (slots <= fits.free_gpu_slots)
+    gpu, cpu = device.like("cuda%"), device == "cpu"
+    return framework.in_(fits.frameworks) & (
+        (gpu & (slots <= fits.free_gpu_slots)) | (cpu & (slots <= fits.free_slots)) | (~gpu & ~cpu & one_kind)
     )
 
 
@@ -662,14 +664,24 @@ def waiting_reason(*, session: Session, job: Job, within_s: float) -> str | None
         return f"needs a GPU (device {job.spec.get('device')!r}); no live worker has one"
     if needs.slots > largest:
         return (
-            f"needs {needs.slots} {'GPU ' if needs.gpu else ''}slots (distribution.devices); "
+            f"needs {needs.slots} {'GPU ' if needs.gpu else ''}slots"
+            f"{' of one kind (GPU or CPU-only)' if not needs.gpu and not needs.mixes else ''} "
+            "(distribution.devices); "
             f"the largest live worker has {largest}"
         )
     return None
 
 
 def largest_offer(workers: Sequence[WorkerRow], needs: JobNeeds) -> int:
-    """The most slots (for a GPU job: GPUs) one of `workers` that runs the job's framework has; 0
-    where none does."""
+    """The most slots (for a GPU job: GPUs; for an `auto` one: of one kind) one of `workers` that runs
+    the job's framework has; 0 where none does."""
     able = [w for w in workers if needs.framework in w.frameworks and (w.gpus > 0 or not needs.gpu)]
-    return max((w.gpus if needs.gpu else w.slots for w in able), default=0)
+    return max((_offer(w, needs) for w in able), default=0)
+
+
+def _offer(worker: WorkerRow, needs: JobNeeds) -> int:
+    """The most slots `worker` may give the job: GPU ones for a GPU job, any for a `cpu` job, and
+    for others all of one kind (`JobNeeds`)."""
+    if needs.gpu:
+        return worker.gpus
+    return worker.slots if needs.mixes else max(worker.gpus, worker.slots - worker.gpus)

@@ -59,7 +59,14 @@ from jobs.result import (
 )
 from jobs.spec import default_style
 from service import job_log, store
-from service.capabilities import catalogue_frameworks, catalogue_sha256, needs_of, visible_gpus
+from service.capabilities import (
+    JobNeeds,
+    catalogue_frameworks,
+    catalogue_sha256,
+    gpu_index_refusal,
+    needs_of,
+    visible_gpus,
+)
 from service.models import Job
 from service.plugins import PluginWatcher, fingerprint, plugin_dirs_from_environment, plugin_files_by_name
 from service.secrets import job_environment, split_credentials
@@ -139,6 +146,19 @@ class Stop(StrEnum):
 class Slot:
     index: int
     gpu: str | None  # the GPU id this slot hands its job (CUDA_VISIBLE_DEVICES), None: CPU only
+
+
+def slots_for(needs: JobNeeds, free: list[Slot]) -> list[Slot]:
+    """The slots a job the store let this worker claim takes of `free`: all of one kind, as
+    `JobNeeds.takes` says (CPU-only slots first, except for a GPU job); a `cpu` job may mix them."""
+    cpu = [slot for slot in free if slot.gpu is None]
+    gpu = [slot for slot in free if slot.gpu is not None]
+    kind = needs.takes(len(cpu), len(gpu))
+    if kind == "cpu":
+        return cpu[: needs.slots]
+    if kind == "gpu":
+        return gpu[: needs.slots]
+    return (cpu + gpu)[: needs.slots]  # "mixed": a `cpu` job, which uses no GPU
 
 
 class Worker:
@@ -337,10 +357,7 @@ class Worker:
                 )
             if job is None:
                 return None
-            needs = needs_of(job.spec)
-            # A GPU job takes GPU slots; others take CPU-only slots first.
-            order = sorted(free, key=lambda slot: (slot.gpu is None) == needs.gpu)
-            taken = order[: needs.slots]
+            taken = slots_for(needs_of(job.spec), free)
             self.free -= {slot.index for slot in taken}
             self.past_first_step -= {slot.index for slot in taken}
             return job, taken, sent
@@ -576,6 +593,14 @@ class Supervision:
 
     def run(self) -> str:
         """Run the job's process to its recorded end; whatever goes wrong, it does not outlive this."""
+        refusal = gpu_index_refusal(self.job.spec.get("device"))
+        if refusal is not None:
+            # Stored before the API refused such a device: its process would fail on the GPU it
+            # cannot see. Failed at once, saying what to write, with no process started.
+            message = f"{refusal} (queued before the API refused such a device: submit it again)"
+            self.record(JobStatus.FAILED, None, ErrorRecord(type="DeviceRefused", message=message))
+            self._end_mlflow_run("FAILED", force=False)  # one an earlier attempt left open, if any
+            return JobStatus.FAILED
         self.workdir.mkdir(parents=True, exist_ok=True)
         spec_path = self.workdir / "spec.json"
         spec_path.write_text(json.dumps(self.job.spec, indent=2))

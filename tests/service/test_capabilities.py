@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import inspect, text
+from sqlalchemy import inspect, select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.result import CheckpointRecord, JobResult, JobStatus, Progress
@@ -19,6 +19,7 @@ from jobs.spec import JobSpec
 from service import store
 from service.app import create_app
 from service.db import make_engine, migrate, session_factory
+from service.models import Job
 from service.settings import Settings
 from service.store import ClaimFilter, Lease
 from service.worker import Worker
@@ -87,6 +88,26 @@ def test_a_worker_claims_only_the_jobs_it_can_run(any_store: sessionmaker[Sessio
         assert claimed is not None and claimed.id == tensorflow
 
 
+def test_the_store_lets_an_auto_ddp_job_claim_slots_of_one_kind_only(
+    any_store: sessionmaker[Session],
+) -> None:
+    def claimable(free_slots: int, free_gpu_slots: int) -> list[str]:
+        fits = ClaimFilter(frameworks=("torch",), free_slots=free_slots, free_gpu_slots=free_gpu_slots)
+        with any_store() as session:
+            rows = session.execute(select(Job.spec).where(store._fits(fits)).order_by(Job.id)).scalars()
+            return [str(row["device"]) for row in rows]
+
+    ddp = {"strategy": "ddp", "devices": 2}
+    with any_store() as session:
+        for device in ("auto", "cpu", "cuda"):
+            store.create_job(session=session, spec=spec(batch_size=64, distribution=ddp, device=device))
+    assert claimable(2, 1) == ["cpu"]  # one GPU slot and one CPU-only slot: `auto` would mix
+    assert claimable(3, 2) == ["auto", "cpu", "cuda"]
+    assert claimable(3, 1) == ["auto", "cpu"]  # two CPU-only slots
+    assert claimable(2, 0) == ["auto", "cpu"]
+    assert claimable(1, 1) == []
+
+
 def register(sessions: sessionmaker[Session], worker_id: str, **fields: Any) -> None:
     values: dict[str, Any] = {"frameworks": ["torch"], "devices": ["cpu"], "gpus": 0, "slots": 1}
     with sessions() as session:
@@ -103,7 +124,7 @@ def test_devices_no_live_worker_offers_are_refused_and_waiting_jobs_say_why(
     assert first.status_code == 201, first.text
     assert "none is running" in client.get(f"/jobs/{first.json()['id']}").json()["waiting_reason"]
     register(sessions, "cpu-only", slots=2)
-    refused = client.post("/jobs", json={**BODY, "device": "cuda:1"})
+    refused = client.post("/jobs", json={**BODY, "device": "cuda"})
     assert refused.status_code == 422
     [problem] = refused.json()["detail"]
     assert problem["loc"] == ["body", "device"] and "live workers offer: cpu" in problem["msg"]
