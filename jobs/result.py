@@ -212,6 +212,9 @@ class TrainOutcome(Record):
     # compiles that was (the first step's forward and backward: 1 or 2; more: Dynamo recompiled).
     compile_seconds: float | None = None
     compiles: int | None = None
+    # On a GPU: the most memory the framework's allocator held there at once in this attempt (MiB),
+    # what an out-of-memory error is measured against; None on the CPU.
+    gpu_memory_peak_mb: float | None = None
 
 
 class CheckOutcome(Record):
@@ -261,6 +264,7 @@ class JobResult(Record):
     optimizer_state: OptimizerState | None = None
     compile_seconds: float | None = None
     compiles: int | None = None
+    gpu_memory_peak_mb: float | None = None
     # CheckOutcome's fields
     report: dict[str, Any] | None = None
     checks_failed: int | None = None

@@ -876,7 +876,11 @@ class KerasSession(TrainingSession):
         return [np.asarray(v.numpy()) for v in objects.model.trainable_variables]
 
     def details(self, objects: KerasObjects) -> dict[str, Any]:
-        return {"style": self.entry.style, "variable_placement": self._placement(objects)}
+        found = {"style": self.entry.style, "variable_placement": self._placement(objects)}
+        if self.strategy is None and self.device.startswith("/GPU:"):  # mirrored: one figure per GPU
+            peak = self.tf.config.experimental.get_memory_info(self.device.removeprefix("/"))["peak"]
+            found["gpu_memory_peak_mb"] = round(peak / 2**20, 1)
+        return found
 
     def state_bytes(self, objects: KerasObjects) -> tuple[int, int]:
         params = sum(variable_bytes(v) for v in objects.model.trainable_variables)

@@ -1516,7 +1516,10 @@ class TorchSession(TrainingSession):
         return params_sha256(objects.model)
 
     def details(self, objects: TrainObjects) -> dict[str, Any]:
-        return {} if self.compile_mark is None else compile_clock().since(self.compile_mark)
+        found: dict[str, Any] = {} if self.compile_mark is None else compile_clock().since(self.compile_mark)
+        if self.torch_device.type == "cuda":  # rank 0's GPU in a DDP job
+            found["gpu_memory_peak_mb"] = round(torch.cuda.max_memory_allocated(self.torch_device) / 2**20, 1)
+        return found
 
     def parameter_values(self, objects: TrainObjects) -> list[np.ndarray]:
         return [p.detach().cpu().numpy() for p in objects.model.parameters()]

@@ -122,6 +122,21 @@ def test_trains_and_verifies_every_checkpoint(style: str, tmp_path: Path) -> Non
     assert result.variable_placement.optimizer_variables_elsewhere == []
     assert len(list((tmp_path / "checkpoints").iterdir())) == 1  # only the latest is kept
     assert_damage_is_told(driver_for(style), tmp_path / "checkpoints" / "step-00000040")
+    assert result.gpu_memory_peak_mb is None  # on the CPU
+
+
+def test_a_gpu_jobs_peak_memory_is_in_its_result(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    session = session_of(job_of(tf_spec("adamw_ref", "keras", {"lr": 0.01}), tmp_path))
+    with session.scope():
+        objects = session.build()
+    asked: list[str] = []
+    tf = session.tf
+    monkeypatch.setattr(
+        tf.config.experimental, "get_memory_info", lambda device: asked.append(device) or {"peak": 5 * 2**20}
+    )
+    session.device = "/GPU:0"  # as a job on a GPU has it
+    assert session.details(objects)["gpu_memory_peak_mb"] == 5.0
+    assert asked == ["GPU:0"]
 
 
 def assert_damage_is_told(driver: Driver, checkpoint: Path) -> None:

@@ -504,3 +504,19 @@ def test_a_checkpoint_holds_and_restores_the_random_stream_of_its_own_gpu_only(
         {**saved, "cuda": [torch.tensor([5], dtype=torch.uint8), torch.tensor([6], dtype=torch.uint8)]}
     )
     assert rank_1.streams[1].tolist() == [6]  # a checkpoint written before: its entry for this GPU
+
+
+def test_a_gpu_jobs_peak_memory_is_in_its_result(
+    make_job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What an out-of-memory error on the GPU is measured against; nothing on the CPU."""
+    job = make_job(digits_spec(steps=2, checkpoint_every=2, eval_every=2))
+    outcome = job.run()
+    assert outcome.gpu_memory_peak_mb is None
+    asked: list[Any] = []
+    monkeypatch.setattr(
+        torch.cuda, "max_memory_allocated", lambda device: asked.append(device) or 3.5 * 2**20
+    )
+    job.session.torch_device = torch.device("cuda", 0)  # as a job on a GPU has it
+    assert job.session.details(None) == {"gpu_memory_peak_mb": 3.5}
+    assert asked == [torch.device("cuda", 0)]
