@@ -23,6 +23,7 @@ import re
 import struct
 import sys
 import time
+import warnings
 import zipfile
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, suppress
@@ -360,18 +361,24 @@ def verify_roundtrip(
     reloaded: TrainObjects,
     twin: TrainObjects,
     probe: Callable[[TrainObjects], None],
-) -> None:
+    before: Mapping[str, Any] | None = None,
+) -> str | None:
     """Raise CheckpointMismatch unless `reloaded` equals `original` in every way that matters.
 
     `twin` is a second, independent reload of the same checkpoint. The probe step is
     taken by `original` and by `twin` (both are used up by it: continue from
     `reloaded`), so no object has to be copied: copying would go through
     `Optimizer.__getstate__` and drop exactly the attributes the probe is meant to see.
+
+    Returns a warning where the probe step ran an op with no deterministic implementation and the
+    two steps differ only by as much as such an op explains (verify_next_step; `before`: the saved
+    model state, which sizes that difference).
     """
     verify_state(original, reloaded)
+    ran: list[str] = []
     for objects in (original, twin):
-        take_probe_step(objects, probe)
-    verify_next_step(original, twin)
+        ran += [op for op in take_probe_step(objects, probe) if op not in ran]
+    return verify_next_step(original, twin, ran=ran, before=before)
 
 
 def verify_state(original: TrainObjects, reloaded: TrainObjects) -> None:
@@ -414,28 +421,171 @@ def restore_a_zero_rate(optimizer: Any) -> None:
             group["lr"] = initial
 
 
-def take_probe_step(objects: TrainObjects, probe: Callable[[TrainObjects], None]) -> None:
+def take_probe_step(objects: TrainObjects, probe: Callable[[TrainObjects], None]) -> list[str]:
     """One `probe` step from the random state as it is, which is then put back: the step training
-    takes next draws the same numbers."""
+    takes next draws the same numbers. Returns the ops it ran that torch says have no deterministic
+    implementation (make_deterministic's warn_only lets them run, nondeterministically, on CUDA)."""
     rng = rng_state()
-    probe(objects)
+    with nondeterministic_ops() as ran:
+        probe(objects)
     set_rng_state(rng)
+    return ran
 
 
-def verify_next_step(uninterrupted: TrainObjects, reloaded: TrainObjects) -> None:
+# torch's own words (ATen's Context::alertNotDeterministic, torch._prims_common.alert_not_deterministic)
+# when `use_deterministic_algorithms(True, warn_only=True)` lets an op without a deterministic
+# kernel run: "<op> does not have a deterministic implementation, but you set ...", a UserWarning.
+NONDETERMINISTIC_OP = re.compile(r"^(?P<op>\S.*?) does not have a deterministic implementation")
+
+
+@contextmanager
+def nondeterministic_ops() -> Iterator[list[str]]:
+    """The ops torch warns, inside, have no deterministic implementation (each named once). Every
+    warning is recorded, then issued again as it came, so the caller's filters still see them all."""
+    ran: list[str] = []
+    caught: list[warnings.WarningMessage] = []
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")  # a warning already shown once must still be counted
+            yield ran
+    finally:  # a probe that raises still passes its warnings on
+        for warning in caught:
+            named = NONDETERMINISTIC_OP.match(str(warning.message))
+            if named and issubclass(warning.category, UserWarning) and named["op"] not in ran:
+                ran.append(named["op"])
+            # One registry for all of them: a warning the "default" filter showed once is not
+            # shown again at every checkpoint.
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename, warning.lineno, registry=_REISSUED
+            )
+
+
+_REISSUED: dict[Any, Any] = {}
+
+
+# How far apart two steps that ran a nondeterministic op may be, as a fraction of the step itself
+# (each parameter's change over the step; an optimizer state tensor's own size): beyond this, the
+# difference is state the reload lost, not the op. Such an op (an atomic-add reduction on CUDA) sums
+# in a varying order: float32 steps then differ by about sqrt(n)*2^-24 of their size (1e-5 for a
+# million terms), bfloat16 ones by up to about 1e-2, and an Adam-like update that divides by
+# near-zero second moments can flip the sign of a few entries (2*sqrt(fraction flipped)). A lost
+# momentum buffer (or any state the step reads) changes the step by a large part of itself: 0.9 of
+# it for momentum 0.9 after a few steps, about half after one. 0.1 stays above the noise with room
+# and below lost state, so a lost buffer still fails while a nondeterministic op runs; in between,
+# the comparison is called inconclusive and says how large the difference was, never passed silently.
+NONDETERMINISM_BOUND = 0.1
+
+
+def verify_next_step(
+    uninterrupted: TrainObjects,
+    reloaded: TrainObjects,
+    *,
+    ran: Sequence[str] = (),
+    before: Mapping[str, Any] | None = None,
+) -> str | None:
     """After the same step from the saved state and from the reloaded one, the two agree: what
-    state_dict() does not hold (an attribute the step reads) shows here."""
-    for name, saved, loaded in (
-        ("model", uninterrupted.model.state_dict(), reloaded.model.state_dict()),
-        ("optimizer", uninterrupted.optimizer.state_dict(), reloaded.optimizer.state_dict()),
+    state_dict() does not hold (an attribute the step reads) shows here.
+
+    Bitwise, unless the step `ran` ops with no deterministic implementation (take_probe_step): then
+    a difference up to NONDETERMINISM_BOUND of the step (the model's change from `before`, its saved
+    state; optimizer state tensors against their own size) proves nothing either way, and what is
+    returned says so, instead of blaming state_dict() for the device's nondeterminism."""
+    differences = []
+    for name, saved, loaded, start in (
+        ("model", uninterrupted.model.state_dict(), reloaded.model.state_dict(), before),
+        ("optimizer", uninterrupted.optimizer.state_dict(), reloaded.optimizer.state_dict(), None),
     ):
         found = first_difference(saved, loaded, name)
         if found:
-            raise CheckpointMismatch(
-                "after reloading the checkpoint, the next step differs from the uninterrupted one: "
-                f"{found}. The optimizer keeps state that state_dict() does not save "
-                "(keep per-parameter state in self.state[p] and hyperparameters in param_groups)"
-            )
+            differences.append((name, saved, loaded, start, found))
+    if not differences:
+        return None
+    found = differences[0][-1]
+    blame = (
+        "after reloading the checkpoint, the next step differs from the uninterrupted one: "
+        f"{found}. The optimizer keeps state that state_dict() does not save "
+        "(keep per-parameter state in self.state[p] and hyperparameters in param_groups)"
+    )
+    if not ran:  # a deterministic step: any bit that differs is state the reload lost
+        raise CheckpointMismatch(blame)
+    ops = ", ".join(ran)
+    sized = [
+        _relative_difference(saved, loaded, start, name) for name, saved, loaded, start, _ in differences
+    ]
+    if any(size is None for size in sized):  # keys, dtypes or plain values: no op explains those
+        raise CheckpointMismatch(
+            f"{blame}; the step ran {ops} (no deterministic implementation), which "
+            "changes values, not what the state holds"
+        )
+    where, size = max((s for s in sized if s is not None), key=lambda s: s[1])
+    if size > NONDETERMINISM_BOUND:
+        raise CheckpointMismatch(
+            f"{blame}; the step ran {ops} (no deterministic implementation on this device), but the "
+            f"two steps differ at {where} by {size:.3g} of the step, far more than such an op's "
+            f"rounding ({NONDETERMINISM_BOUND:g} at most)"
+        )
+    return (
+        f"the checkpoint's probe step was inconclusive: it ran {ops} (no deterministic implementation "
+        f"on this device), and the steps from the saved and from the reloaded objects differ by up "
+        f"to {size:.3g} of the step (at {where}; first: {found}), within such an op's rounding; "
+        "state_dict() itself reloaded bitwise"
+    )
+
+
+def _relative_difference(
+    saved: Any, loaded: Any, before: Mapping[str, Any] | None, where: str
+) -> tuple[str, float] | None:
+    """The largest difference between two state trees that differ only in tensor values, as a
+    fraction of the step (see NONDETERMINISM_BOUND), and where; None if they differ otherwise."""
+    a, b = dict(_leaves(saved, where)), dict(_leaves(loaded, where))
+    if a.keys() != b.keys():
+        return None
+    starts = dict(_leaves(before, where)) if before is not None else {}
+    largest = (where, 0.0)
+    for key, x in a.items():
+        y = b[key]
+        if not (isinstance(x, torch.Tensor) and isinstance(y, torch.Tensor)):
+            if first_difference(x, y, key) is not None:
+                return None
+            continue
+        if x.shape != y.shape or x.dtype != y.dtype or not (x.is_floating_point() or x.is_complex()):
+            if first_difference(x, y, key) is not None:  # integers count, they do not round
+                return None
+            continue
+        if _equal_or_both_nan(x.detach().cpu(), y.detach().cpu()):
+            continue
+        wide = torch.complex128 if x.is_complex() else torch.float64
+        x64, y64 = x.detach().cpu().to(wide), y.detach().cpu().to(wide)
+        start = starts.get(key)
+        if isinstance(start, torch.Tensor) and start.shape == x.shape:  # a parameter: its step
+            s64 = start.detach().cpu().to(wide)
+            # Or one rounding of the values themselves, where the step is smaller than that (a
+            # low-precision parameter that barely moves): a last bit rounded the other way is no loss.
+            rounding = torch.finfo(x.dtype).eps * max(_norm2(x64), _norm2(y64))
+            scale = max(_norm2(x64 - s64), _norm2(y64 - s64), rounding)
+        else:  # an optimizer state tensor: its own size
+            scale = max(_norm2(x64), _norm2(y64))
+        gap = _norm2(x64 - y64)  # NaN where only one holds NaN: inf, beyond any rounding
+        size = gap / scale if scale and math.isfinite(gap) else math.inf
+        if size > largest[1]:
+            largest = (key, size)
+    return largest
+
+
+def _norm2(tensor: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(tensor).nan_to_num(nan=math.inf).item())
+
+
+def _leaves(tree: Any, where: str) -> Iterator[tuple[str, Any]]:
+    """Each value in nested dicts, lists and tuples, by the path first_difference names it with."""
+    if isinstance(tree, Mapping):
+        for key, value in tree.items():
+            yield from _leaves(value, f"{where}[{key!r}]")
+    elif isinstance(tree, list | tuple):
+        for index, value in enumerate(tree):
+            yield from _leaves(value, f"{where}[{index}]")
+    else:
+        yield where, tree
 
 
 def _tensor_difference(saved: Any, loaded: Any, where: str) -> str | None:
@@ -1135,7 +1285,9 @@ def make_deterministic(seed: int) -> None:
     # Must be set before CUDA initialises for deterministic cuBLAS.
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     # warn_only: a user's optimizer may use an op with no deterministic CUDA kernel;
-    # that should cost bitwise reproducibility on GPU (with a warning), not the job.
+    # that should cost bitwise reproducibility on GPU (with a warning), not the job. The
+    # checkpoint's probe step reads that warning: its two steps then cannot agree bitwise, and
+    # a small difference is told as inconclusive, not as lost state (verify_next_step).
     torch.use_deterministic_algorithms(True, warn_only=True)
     torch.backends.cudnn.benchmark = False
     torch.manual_seed(seed)
@@ -1484,8 +1636,19 @@ class TorchSession(TrainingSession):
                 if candidate.scheduler is not None:  # train_step's schedule step, as the loop's step
                     candidate.scheduler.step()
 
-            take_probe_step(objects, as_the_loop_steps)  # `objects` is used up by it
-            return Checkpointed(reloaded, path, confirm=lambda stepped: verify_next_step(objects, stepped))
+            ran = take_probe_step(objects, as_the_loop_steps)  # `objects` is used up by it
+            # The loop's step from `reloaded` is the same code: an op without a deterministic
+            # implementation warns here. Only then is the saved model kept, to size a difference.
+            before = checkpoint["model"] if ran else None
+            checkpointed = Checkpointed(reloaded, path)
+
+            def confirm(stepped: TrainObjects) -> None:
+                inconclusive = verify_next_step(objects, stepped, ran=ran, before=before)
+                if inconclusive:
+                    checkpointed.warnings.append(f"step {step}: {inconclusive}")
+
+            checkpointed.confirm = confirm
+            return checkpointed
         # The twin needs tensors of its own (a restored optimizer keeps the loaded tensors themselves,
         # and the probe steps it in place). A deep copy is a second load without the file and the
         # weights-only unpickler (4-9x cheaper here); it keeps which saved tensors share storage.
@@ -1497,8 +1660,12 @@ class TorchSession(TrainingSession):
             restore_a_zero_rate(candidate.optimizer)
             probe(candidate)
 
-        verify_roundtrip(objects, reloaded, twin, probe_at_a_training_rate)
-        return Checkpointed(reloaded, path)
+        # The saved model, which nothing steps (load_state_dict copies it into `reloaded`): what the
+        # probe's step changed, should a nondeterministic op make the two steps differ.
+        inconclusive = verify_roundtrip(
+            objects, reloaded, twin, probe_at_a_training_rate, checkpoint["model"]
+        )
+        return Checkpointed(reloaded, path, warnings=[f"step {step}: {inconclusive}"] if inconclusive else [])
 
     def checkpoint_path(self, folder: Path, step: int) -> Path:
         return folder / f"step-{step:08d}.pt"
