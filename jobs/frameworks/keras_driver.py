@@ -68,6 +68,8 @@ from optimizers.schedules import build_schedule
 
 # In a Keras checkpoint folder: the step, data position and spec a resumed job reads.
 RESUME_STATE = "resume.json"
+# Where the framework's own optimizer classes live (they take sparse gradients as they come).
+FRAMEWORK_MODULES = ("keras.", "tf_keras.", "tensorflow.")
 
 
 class GraphModeError(RuntimeError):
@@ -733,8 +735,10 @@ class KerasSession(TrainingSession):
             norm = tf.linalg.global_norm(grads)
             return loss, grads, norm if scale is None else norm / scale
 
+        as_given = self._gradients_as_given
+
         def apply(grads: Any) -> None:
-            driver.apply(optimizer, grads, variables)
+            driver.apply(optimizer, as_given(grads), variables)
 
         def step(x: Any, y: Any) -> tuple[Any, Any]:
             # One graph, so the gradients never cross back through Python to reach the update.
@@ -764,7 +768,7 @@ class KerasSession(TrainingSession):
                 scaled = loss if scale is None else loss * scale
             grads = tape.gradient(scaled, variables)
             summed = tf.distribute.get_replica_context().all_reduce("sum", grads)
-            driver.apply(optimizer, grads, variables)
+            driver.apply(optimizer, self._gradients_as_given(grads), variables)
             norm = tf.linalg.global_norm(summed)
             return loss, norm if scale is None else norm / scale
 
@@ -774,6 +778,16 @@ class KerasSession(TrainingSession):
             return strategy.reduce("sum", losses, axis=None), norm
 
         return tf.function(step, jit_compile=self.spec.jit_compile)
+
+    def _gradients_as_given(self, grads: Sequence[Any]) -> list[Any]:
+        """What the optimizer is given: an embedding's gradient is a tf.IndexedSlices (its rows and
+        their indices), which the framework's own classes take, and so does a class declaring
+        `optlab_supports_sparse`; any other gets it dense, as a torch job gives every class (a class
+        written for dense gradients failed at the first step: `float * IndexedSlices`)."""
+        if self.entry.supports_sparse or self.entry.cls.__module__.startswith(FRAMEWORK_MODULES):
+            return list(grads)
+        tf = self.tf
+        return [tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g for g in grads]
 
     def _loss(self, output: Any, y: Any) -> Any:
         tf = self.tf

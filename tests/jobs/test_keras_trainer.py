@@ -588,3 +588,46 @@ def test_a_job_keras_cannot_serve_is_refused_when_it_starts(
             tracker=NullTracker(),
             reporter=Reporter(tmp_path),
         )
+
+
+DENSE_ONLY = """
+import keras
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class DenseOnly(keras.optimizers.Optimizer):
+    '''Written for dense gradients, as most are: `rate * gradient` has no meaning for tf.IndexedSlices.'''
+
+    def __init__(self, learning_rate=0.01, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+
+    def update_step(self, gradient, variable, learning_rate):
+        variable.assign_sub(keras.ops.cast(learning_rate, variable.dtype) * gradient)
+"""
+
+
+@pytest.mark.parametrize(
+    ("style", "name", "source"),
+    [
+        ("keras", "dense_only", DENSE_ONLY),
+        ("tf_legacy", "dense_only_legacy", legacy_sgd("DenseOnlyLegacy", registered=True)),
+    ],
+    ids=["keras", "tf_legacy"],
+)
+def test_a_class_that_does_not_declare_sparse_support_gets_an_embeddings_gradient_dense(
+    style: str, name: str, source: str, tmp_path: Path
+) -> None:
+    """As a torch job gives every class: it had failed at its first step (`float * IndexedSlices`;
+    legacy: no _resource_apply_sparse)."""
+    dirs = plugin(tmp_path, name, source)
+    spec = tf_spec(
+        name,
+        style,
+        {"lr": 0.05},
+        workload={"name": "embedding_mf"},
+        steps=6,
+        checkpoint_every=3,
+        eval_every=3,
+    )
+    result = run(spec, tmp_path, dirs)
+    assert result.checkpoints_verified == 2 and np.isfinite(result.final["train_loss"])
