@@ -65,9 +65,12 @@ def history_of(client: Any, run_id: str | None) -> dict[str, list[MetricPoint]]:
 
 
 def _interrupted_at(job: Job | None) -> int | None:
-    """The farthest step an earlier attempt of the job reached (`attempt_history`); None where none ran
-    a step."""
-    steps = [record.get("step") or 0 for record in (job.attempt_history or [])] if job is not None else []
+    """The farthest step an earlier attempt of the job reached (`attempt_history`, which also holds the
+    attempt that ended the job: not an interruption); None where none ran a step."""
+    if job is None:
+        return None
+    earlier = [record for record in job.attempt_history or [] if (record.get("attempt") or 0) < job.attempt]
+    steps = [record.get("step") or 0 for record in earlier]
     farthest = max(steps, default=0)
     return farthest if farthest > 0 else None
 

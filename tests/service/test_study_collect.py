@@ -49,14 +49,22 @@ def test_the_job_rows_medians_and_attempts_reach_the_runs() -> None:
         ],
     )
     jobs = [
-        job(
+        job(  # the history holds the attempt that ended the job: no interruption
             1,
             JobStatus.SUCCEEDED,
             attempt=1,
             result={"step_time_ms_median": 4.5, "optimizer_step_ms_median": 1},
+            history=[{"attempt": 1, "step": 300, "ended": "succeeded"}],
         ),
         job(  # a result without them; resumed after its first attempt reached step 120
-            2, JobStatus.SUCCEEDED, attempt=2, result={"status": "succeeded"}, history=[{"step": 120}]
+            2,
+            JobStatus.SUCCEEDED,
+            attempt=2,
+            result={"status": "succeeded"},
+            history=[
+                {"attempt": 1, "step": 120, "ended": "interrupted"},
+                {"attempt": 2, "step": 300, "ended": "succeeded"},
+            ],
         ),
     ]  # job 3 has no row: cancelled before it was stored
     first, second, third = collect_runs(FakeMlflow(), study, jobs)
