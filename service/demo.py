@@ -52,8 +52,10 @@ def run_demo(settings: Settings, specs_dir: Path) -> int:
             for experiment_id in sorted(experiment_ids):
                 url = experiment_chart_url(supervisor.mlflow_url, experiment_id)
                 console.print(f"Compare the runs in the MLflow UI: {url}")
+            # The link is dead once the demo stops its MLflow server: say how to open it.
             console.print(
-                "Stopping everything now; `make serve` keeps the service and the MLflow UI running."
+                "Stopping everything now. To open that link, run `make serve`: it keeps the service and "
+                "the MLflow UI running, with these runs, on the same ports."
             )
             ok = all(status_of(job) is JobStatus.SUCCEEDED for job in final.values())
     except ServeError as exc:

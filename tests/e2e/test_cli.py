@@ -217,4 +217,5 @@ def test_demo_trains_compares_and_cleans_up(tmp_path: Path) -> None:
     assert completed.returncode == 0, completed.stdout + completed.stderr
     assert "val accuracy" in completed.stdout and "2/2" in completed.stdout  # both checkpoints verified
     assert "Compare the runs in the MLflow UI: http://127.0.0.1:" in completed.stdout
+    assert "To open that link, run `make serve`" in " ".join(completed.stdout.split())
     assert wait_gone(str(data)) == []
