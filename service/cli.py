@@ -345,6 +345,11 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
     except ApiError as exc:
         print(f"optlab submit: {exc}", file=sys.stderr)
         return 2 if exc.is_usage_error else 1
+    except KeyboardInterrupt:
+        print(
+            stopped_waiting("optlab submit", f"job {job['id']}", f"{url}/jobs/{job['id']}"), file=sys.stderr
+        )
+        return 130
     finally:
         client.close()
     status, error = status_of(final), error_of(final)
@@ -377,6 +382,10 @@ def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
     except ApiError as exc:
         print(f"optlab study: {exc}", file=sys.stderr)
         return 2 if exc.is_usage_error else 1
+    except KeyboardInterrupt:
+        where = f"{url}/studies/{study['id']}"
+        print(stopped_waiting("optlab study", f"study {study['id']}", where), file=sys.stderr)
+        return 130
     finally:
         client.close()
     import shutil
@@ -395,6 +404,16 @@ def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
     if study.get("mlflow"):
         print(f"MLflow: {study['mlflow']['url']}")
     return study_exit_status(study)
+
+
+def stopped_waiting(command: str, what: str, address: str) -> str:
+    """Ctrl-C stops the waiting, not the work: say so, and how to follow or cancel it (it had exited
+    130 without a word while the job trained on)."""
+    auth = ' -H "Authorization: Bearer $OPTLAB_TOKEN"' if os.environ.get("OPTLAB_TOKEN") else ""
+    return (
+        f"\n{command}: stopped waiting; {what} goes on. Follow it at {address}; cancel it with "
+        f"curl -X POST -H 'Content-Type: application/json'{auth} {address}/cancel"
+    )
 
 
 def study_exit_status(study: dict[str, Any]) -> int:

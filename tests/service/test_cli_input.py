@@ -153,3 +153,37 @@ def test_a_refusal_s_problems_are_printed_at_their_fields() -> None:
 )
 def test_a_study_exits_1_only_when_a_job_failed(counts: dict[str, int], status: int) -> None:
     assert cli.study_exit_status({"progress": {"counts": counts, "jobs": 4}}) == status
+
+
+@pytest.mark.parametrize("command", ["submit", "study"])
+def test_ctrl_c_while_waiting_says_the_work_goes_on_and_how_to_cancel_it(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It had exited 130 without a word while the job trained on."""
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"steps": 1}')
+    monkeypatch.setattr(
+        ApiClient,
+        "submit",
+        lambda self, body: {"id": 7, "status": "queued", "spec": {"optimizer": {"name": "adam"}}},
+    )
+    monkeypatch.setattr(
+        ApiClient, "submit_study", lambda self, body: {"id": 7, "status": "running", "jobs": []}
+    )
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("service.progress.follow_jobs", interrupted)
+    monkeypatch.setattr("service.studies.follow.follow_study", interrupted)
+    monkeypatch.delenv("OPTLAB_TOKEN", raising=False)
+    assert cli.main([command, str(spec), "--wait", "--api", "http://127.0.0.1:9"]) == 130
+    what, path = ("job", "jobs") if command == "submit" else ("study", "studies")
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .endswith(
+            f"optlab {command}: stopped waiting; {what} 7 goes on. Follow it at http://127.0.0.1:9/{path}/7; "
+            f"cancel it with curl -X POST -H 'Content-Type: application/json' http://127.0.0.1:9/{path}/7/cancel"
+        )
+    )
