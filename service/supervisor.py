@@ -83,9 +83,14 @@ class Supervisor:
                 f"cannot write to the data folder {self.data_dir} ({exc.strerror or exc}): give a "
                 "writable --data-dir (or OPTLAB_DATA_DIR)"
             ) from None
+        s = self.settings
+        if s.api_port == s.mlflow_port:  # each check below finds it free: the second part died of it
+            raise ServeError(
+                f"--port and --mlflow-port are both {s.api_port}: the API and MLflow need a port each"
+            )
         for host, port, what in (
-            (self.settings.mlflow_host, self.settings.mlflow_port, "--mlflow-port"),
-            (self.settings.api_host, self.settings.api_port, "--port"),
+            (s.mlflow_host, s.mlflow_port, "--mlflow-port"),
+            (s.api_host, s.api_port, "--port"),
         ):
             ensure_port_free(host, port, what)
         try:

@@ -51,3 +51,14 @@ def test_restarts_longer_ago_than_the_window_do_not_count(tmp_path: Path) -> Non
         assert "(restart 1 of at most 5" in said
     finally:
         parts.stop()
+
+
+def test_one_port_for_the_api_and_mlflow_is_refused_before_anything_starts(tmp_path: Path) -> None:
+    """Each port check found it free; MLflow then took it, the API died of it, and serve reported
+    "mlflow exited with code 0"."""
+    parts = Supervisor(Settings(data_dir=tmp_path, api_port=18223, mlflow_port=18223))
+    with pytest.raises(
+        ServeError, match=r"^--port and --mlflow-port are both 18223: the API and MLflow need"
+    ):
+        parts.start()
+    assert parts.children == []
