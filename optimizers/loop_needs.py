@@ -263,9 +263,17 @@ def annotation_text(parameter: inspect.Parameter) -> str:
 
 
 # What a Keras training step cannot do: `apply_gradients` takes no closure, its GradientTape
-# gives no second-order backward to the optimizer, and no Keras job builds a wrapper.
+# gives no second-order backward to the optimizer, no Keras job builds a wrapper, and none calls an
+# optimizer's own train() and eval() (a schedule-free class's): accepted, they had been ignored.
 _UNSERVED = {
-    "tensorflow": ("closure", "create_graph", "backward_in_step", "base_optimizer", "model_argument")
+    "tensorflow": (
+        "closure",
+        "create_graph",
+        "backward_in_step",
+        "base_optimizer",
+        "model_argument",
+        "train_eval",
+    )
 }
 
 

@@ -25,6 +25,9 @@ def tf_client(
     data["optimizers"].append(
         {**keras_sgd, "name": "keras_sam", "needs": {**keras_sgd["needs"], "closure": True}}
     )
+    data["optimizers"].append(
+        {**keras_sgd, "name": "keras_schedule_free", "needs": {**keras_sgd["needs"], "train_eval": True}}
+    )
     with sessions() as session:
         store.publish_catalogue(session=session, worker_id="test-worker", catalogue=data)
     return client
@@ -71,6 +74,17 @@ REFUSED = [
         "needs.closure",
         "optimizer.needs.closure: tensorflow training steps cannot serve it",
     ),
+    (
+        # A schedule-free class's train() and eval(): a Keras job called neither, silently.
+        {"name": "keras_schedule_free", "params": {}},
+        "name",
+        "optimizer 'keras_schedule_free' needs train_eval, which tensorflow training steps cannot provide",
+    ),
+    (
+        {"name": "sgd", "params": {}, "needs": {"train_eval": True}},
+        "needs.train_eval",
+        "optimizer.needs.train_eval: tensorflow training steps cannot serve it",
+    ),
 ]
 IDS = [
     "a base",
@@ -79,6 +93,8 @@ IDS = [
     "a catalogued closure",
     "a stated graph",
     "a stated closure",
+    "a catalogued train_eval",
+    "a stated train_eval",
 ]
 
 
