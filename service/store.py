@@ -489,6 +489,8 @@ def requeue_job(
         return False
     checkpoint_step = session.execute(select(Job.checkpoint_step).where(fenced)).scalar()
     how = "from the start" if checkpoint_step is None else f"from its checkpoint of step {checkpoint_step}"
+    # Its own cause: not always its worker stopping (a job process killed from outside is retried).
+    cancelled = f"cancelled as its attempt ended ({reason})"
     reason = f"{reason}; it will run again {how}"
     now = utcnow()
     released = {"worker_id": None, "lease_expires_at": None, "waiting": None}
@@ -498,10 +500,8 @@ def requeue_job(
         .values(
             status=JobStatus.CANCELLED,
             finished_at=now,
-            error=_error("Cancelled", "cancelled while its worker was stopping"),
-            attempt_history=running.ended(
-                JobStatus.CANCELLED.value, "cancelled while its worker was stopping", now
-            ),
+            error=_error("Cancelled", cancelled),
+            attempt_history=running.ended(JobStatus.CANCELLED.value, cancelled, now),
             **released,
         )
     )

@@ -427,9 +427,12 @@ def test_a_cancel_requested_before_a_worker_stops_is_not_undone(sessions: sessio
         job_id = store.create_job(session=session, spec=SPEC).id
         store.claim_next(session=session, worker_id="w", lease_s=30)
         store.request_cancel(session=session, job_id=job_id)
-        store.requeue_job(session=session, job_id=job_id, worker_id="w", attempt=1, reason="worker stopped")
+        killed = "its process was killed by signal 9 (SIGKILL) before it ended; retry 1 of 2"
+        store.requeue_job(session=session, job_id=job_id, worker_id="w", attempt=1, reason=killed, retry=True)
         job = store.get_job(session=session, job_id=job_id)
         assert job is not None and job.status == "cancelled"
+        # What ended the attempt, not "while its worker was stopping": no worker stopped.
+        assert job.error == {"type": "Cancelled", "message": f"cancelled as its attempt ended ({killed})"}
         assert store.claim_next(session=session, worker_id="w", lease_s=30) is None
 
 
