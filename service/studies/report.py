@@ -482,6 +482,7 @@ th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: ta
 .meta { color: #555; } .bad { color: #a40000; } .none { color: #777; font-style: italic; }
 figure { margin: 1.2em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { color: #555; font-size: 0.9em; } pre { white-space: pre-wrap; margin: 0; font-size: 0.9em; }
+.address { overflow-wrap: anywhere; }
 """
 
 
@@ -534,8 +535,10 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[str]], numeric: Sequen
 def safe_link(url: str) -> str:
     """A link for http(s) addresses only (no `javascript:`); anything else is shown as text."""
     if url.lower().startswith(("http://", "https://")):
-        return f'<a href="{esc(url)}">Open the study in MLflow</a> <span class="meta">({esc(url)})</span>'
-    return f"MLflow: {esc(url)}"
+        # One unbroken word as long as the study's filter: it may break anywhere, or it widens the page.
+        shown = f'<span class="meta address">({esc(url)})</span>'
+        return f'<a href="{esc(url)}">Open the study in MLflow</a> {shown}'
+    return f'MLflow: <span class="address">{esc(url)}</span>'
 
 
 def header_html(summary: StudySummary, title: str, mlflow_url: str | None) -> str:

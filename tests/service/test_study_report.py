@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+import re
 import shutil
 import subprocess
 from html import escape as html_escape
@@ -97,7 +98,11 @@ def summary_for(runs: list[StudyRun], *, target: TargetRule | None = TARGET) -> 
 
 Full = tuple[Report, list[StudyRun], StudySummary]  # the `full` fixture: report, runs, summary
 TITLE = f"lion vs adamw {HOSTILE}"
-MLFLOW_URL = "http://127.0.0.1:5000/#/experiments/3/runs?compareRunsMode=CHART&a=<b>"
+# As long as a study's link is (its runs, filtered), and with markup to escape.
+MLFLOW_URL = (
+    "http://127.0.0.1:5000/#/experiments/3/runs?searchFilter=tags.%60optlab.study_id%60%20%3D%20%2712%27"
+    "%20AND%20attributes.run_name%20LIKE%20%27%25%27&compareRunsMode=CHART&viewMode=table&a=<b>"
+)
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +156,9 @@ def test_user_strings_are_escaped(full: Full) -> None:
     assert "<script" not in html.lower()
     assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "loss nan &lt;b&gt;at&lt;/b&gt; 50" in html and "boom &amp; bust" in html
-    assert 'href="http://127.0.0.1:5000/#/experiments/3/runs?compareRunsMode=CHART&amp;a=&lt;b&gt;"' in html
+    assert f'href="{html_escape(MLFLOW_URL)}"' in html and html_escape(MLFLOW_URL).endswith(
+        "&amp;a=&lt;b&gt;"
+    )
 
 
 def test_the_html_shows_the_tables(full: Full) -> None:
@@ -258,6 +265,24 @@ def test_a_headless_browser_shows_the_report(full: Full, tmp_path: Path) -> None
     blue = np.all(np.abs(pixels.astype(int) - [31, 119, 180]) < 40, axis=-1).sum()
     orange = np.all(np.abs(pixels.astype(int) - [255, 127, 14]) < 40, axis=-1).sum()
     assert blue > 2000 and orange > 2000, (blue, orange)
+
+
+def test_the_report_fits_a_narrow_window_without_scrolling_sideways(full: Full, tmp_path: Path) -> None:
+    """The MLflow link, one unbroken word as long as a study's filter, had widened the page."""
+    chromium = shutil.which("chromium")
+    assert chromium, "Debian's `chromium` is not installed (make test installs it)"
+    page = tmp_path / "report.html"
+    # The page's width once laid out, where --dump-dom shows it.
+    measure = "<script>document.title = String(document.documentElement.scrollWidth)</script>"
+    page.write_text(full[0].html.replace("</body>", measure + "</body>"), encoding="utf-8")
+    completed = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+         f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1000,800", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    width = re.search(r"<title>(\d+)</title>", completed.stdout)
+    assert width, completed.stderr[-2000:]
+    assert int(width[1]) <= 1000
 
 
 def test_the_report_states_the_ranking_caveat_the_cli_prints_too(full: Full) -> None:
