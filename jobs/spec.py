@@ -674,6 +674,22 @@ class Catalogue(BaseModel):
     def optimizer_names(self) -> list[str]:
         return sorted({o["name"] for o in self.optimizers})
 
+    def unknown_optimizer(self, name: str) -> str:
+        """Why `name` is not an optimizer here: the known ones, and the sources that failed to load,
+        which may be where it is (a plugin with a syntax error had been only "unknown")."""
+        said = f"unknown optimizer {name!r}; known: {', '.join(self.optimizer_names())}"
+        if not self.errors:
+            return said
+        failed = [
+            f"{error['source']} ({(error['error'].strip().splitlines() or [''])[-1][:200]})"
+            for error in self.errors[:3]
+        ]
+        more = f" and {len(self.errors) - 3} more" if len(self.errors) > 3 else ""
+        return (
+            f"{said}. These failed to load, so optimizers they define are not known: "
+            f"{'; '.join(failed)}{more} (GET /optimizers lists the errors whole)"
+        )
+
     def schedule(self, name: str) -> dict[str, Any] | None:
         return next((s for s in self.schedules if s["name"] == name), None)
 
@@ -867,7 +883,9 @@ def optimizer_errors(choice: OptimizerChoice, framework: str, catalogue: Catalog
             )
         )
     elif catalogue.optimizer(choice.name) is None:
-        errors.append(_unknown("optimizer", choice.name, ", ".join(catalogue.optimizer_names())))
+        errors.append(
+            SpecError(loc=["body", "optimizer", "name"], msg=catalogue.unknown_optimizer(choice.name))
+        )
     elif optimizer is None and choice.style is not None:
         styles = sorted(o["style"] for o in catalogue.optimizers if o["name"] == choice.name)
         errors.append(

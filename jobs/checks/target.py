@@ -6,6 +6,7 @@ same `lr` mapping), so a class that passes here behaves the same once registered
 
 from __future__ import annotations
 
+import ast
 import importlib
 import importlib.util
 import inspect
@@ -19,7 +20,16 @@ from jobs.processes import in_legacy_keras_process
 from jobs.spec import STYLES_OF_FRAMEWORK
 from jobs.spec import parse_params as parse_params_json
 from optimizers.plugin_import import NotAModule, import_file
-from optimizers.registry import STYLES, Entry, entry_for_class, load_registry, not_an_optimizer, style_of
+from optimizers.registry import (
+    PLUGIN_DIRS_ENV,
+    STYLES,
+    Entry,
+    entry_for_class,
+    load_registry,
+    not_an_optimizer,
+    plugin_dirs_from_environment,
+    style_of,
+)
 
 # Source text that only legacy tf.keras optimizers contain: such a file must be imported
 # with TF_USE_LEGACY_KERAS=1, which has to be set before TensorFlow is imported.
@@ -170,16 +180,48 @@ def _registered_entry(
     # process: the legacy style is only looked at in a TF_USE_LEGACY_KERAS=1 process.
     legacy_process = in_legacy_keras_process()
     candidates = candidate_styles(framework, style)
+    failed: list[str] = []
     for candidate in candidates:
         if needs_legacy_keras_process(candidate) != legacy_process:
             continue
         registry = load_registry(styles=(candidate,), wanted=[name], plugin_files=plugin_files)
         if any(n == name for n, _ in registry.entries):
             return registry.get(name, candidate)
+        failed += [
+            f"{e.source} ({e.error})" for e in registry.errors if f"{e.source} ({e.error})" not in failed
+        ]
     raise UsageError(
         f"no optimizer named {name!r} is registered in the {', '.join(candidates)} style(s); give a "
-        "registered name (see GET /optimizers), path/to/file.py:ClassName or package.module:ClassName"
+        "registered name, path/to/file.py:ClassName or package.module:ClassName" + _why_not_here(name, failed)
     )
+
+
+def _why_not_here(name: str, failed: Sequence[str]) -> str:
+    """What most often hides a name a user sees in the service's catalogue: a file given without its
+    class, plugin folders this shell does not name, a plugin that failed to load."""
+    if name.endswith(".py") and Path(name).is_file():
+        defined = ", ".join(_classes_in(Path(name))) or "none"
+        return f". {name} is a file: add the class, {name}:ClassName (it defines: {defined})"
+    said = ""
+    if not plugin_dirs_from_environment():
+        said += (
+            f". {PLUGIN_DIRS_ENV} is not set in this shell, so no plugin folder was read: set it to the "
+            "service's plugin folders, or check on the service with --remote URL"
+        )
+    if failed:
+        said += f". These failed to load: {'; '.join(failed[:3])}"
+    return said
+
+
+def _classes_in(path: Path) -> list[str]:
+    """The classes a Python file defines at its top level, read without running it."""
+    try:
+        tree = ast.parse(path.read_text())
+    except (OSError, SyntaxError, ValueError):
+        return []
+    return [
+        node.name for node in tree.body if isinstance(node, ast.ClassDef) and not node.name.startswith("_")
+    ]
 
 
 def _class_entry(text: str) -> Entry:

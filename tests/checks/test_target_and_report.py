@@ -204,3 +204,28 @@ def _class_line(cls: type) -> int:
 
 def _fields(outcome: object) -> dict[str, object]:
     return {k: getattr(outcome, k) for k in ("status", "detail", "figure", "where")}
+
+
+def test_a_name_that_is_not_registered_here_says_what_usually_hides_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plugin the service lists (GET /optimizers) but this shell reads no folder for, a file given
+    without its class, a plugin that failed to load: each had been only "no optimizer named"."""
+    monkeypatch.delenv("OPTLAB_PLUGIN_DIRS", raising=False)
+    with pytest.raises(
+        UsageError, match=r"OPTLAB_PLUGIN_DIRS is not set in this shell, so no plugin folder was"
+    ):
+        resolve_target("sign_momentum", framework="torch")
+    plugin = tmp_path / "mine.py"
+    plugin.write_text("import torch\n\nclass _Helper: ...\n\nclass MineSGD(torch.optim.SGD):\n    pass\n")
+    with pytest.raises(
+        UsageError,
+        match=rf"\. {plugin} is a file: add the class, {plugin}:ClassName \(it defines: MineSGD\)$",
+    ):
+        resolve_target(str(plugin), framework="torch")
+    (tmp_path / "broken.py").write_text("class Broken(:\n")
+    monkeypatch.setenv("OPTLAB_PLUGIN_DIRS", str(tmp_path))
+    with pytest.raises(UsageError) as caught:
+        resolve_target("broken", framework="torch")
+    assert "OPTLAB_PLUGIN_DIRS" not in str(caught.value)
+    assert f". These failed to load: {tmp_path / 'broken.py'} (SyntaxError: " in str(caught.value)

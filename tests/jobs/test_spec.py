@@ -499,3 +499,24 @@ def test_a_class_without_a_learning_rate_takes_the_constant_schedule_only(
     assert "constant" in error.msg
     constant = {**scheduled, "schedule": {"name": "constant"}}
     assert catalogue_errors(JobSpec.model_validate(constant), catalogue, max_steps=MAX_STEPS) == []
+
+
+def test_an_unknown_optimizer_names_the_sources_that_failed_to_load(catalogue_data: dict[str, Any]) -> None:
+    """A plugin with a syntax error had left its optimizer only "unknown"."""
+    errors = [
+        {"source": f"plugin /plugins/broken{i}.py", "error": "SyntaxError: invalid syntax (at x.py:1)"}
+        for i in range(4)
+    ]
+    catalogue = Catalogue.model_validate({**catalogue_data, "errors": errors})
+    (problem,) = catalogue_errors(
+        JobSpec.model_validate(with_optimizer("broken0", lr=0.1)), catalogue, max_steps=MAX_STEPS
+    )
+    assert problem.loc == ["body", "optimizer", "name"]
+    assert problem.msg.startswith("unknown optimizer 'broken0'; known: ")
+    failed = "; ".join(
+        f"plugin /plugins/broken{i}.py (SyntaxError: invalid syntax (at x.py:1))" for i in range(3)
+    )
+    assert problem.msg.endswith(
+        f". These failed to load, so optimizers they define are not known: {failed} and 1 more "
+        "(GET /optimizers lists the errors whole)"
+    )
