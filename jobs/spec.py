@@ -35,7 +35,14 @@ from optimizers.hyperparams import Param
 from optimizers.loop_needs import LoopNeeds, loop_problem, needs_unserved_by, recipe_problem
 from optimizers.param_groups import GroupRule, extra_key_problem, parse_ndim
 from optimizers.registry import FRAMEWORK_OF_STYLE, STYLES
-from optimizers.schedules import Cosine, LinearWarmup, PiecewiseConstant, Schedule, build_schedule
+from optimizers.schedules import (
+    Cosine,
+    LinearWarmup,
+    PiecewiseConstant,
+    Schedule,
+    ScheduleParamError,
+    build_schedule,
+)
 
 NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.\-]*$"
 Name = Annotated[str, Field(min_length=1, max_length=100, pattern=NAME_PATTERN)]
@@ -1036,7 +1043,8 @@ def _schedule_build_errors(spec: JobSpec) -> list[SpecError]:
     try:
         schedule = build_schedule(spec.schedule.name, spec.schedule.params, total_steps=spec.steps)
     except ValueError as exc:
-        return [SpecError(loc=["body", "schedule", "params"], msg=str(exc))]
+        at = [exc.param] if isinstance(exc, ScheduleParamError) else []
+        return [SpecError(loc=["body", "schedule", "params", *at], msg=str(exc))]
     return _schedule_reach_errors(spec, schedule)
 
 

@@ -152,14 +152,17 @@ class PiecewiseConstant(Schedule):
 
     def __post_init__(self) -> None:
         if len(self.values) != len(self.boundaries) + 1:
-            raise ValueError(
+            raise ScheduleParamError(
+                "values",
                 f"piecewise_constant needs one more value than boundaries; received {len(self.boundaries)} "
-                f"boundaries and {len(self.values)} values"
+                f"boundaries and {len(self.values)} values",
             )
         if any(
             later <= earlier for earlier, later in zip(self.boundaries, self.boundaries[1:], strict=False)
         ):
-            raise ValueError(f"boundaries must be strictly increasing; received {self.boundaries}")
+            raise ScheduleParamError(
+                "boundaries", f"boundaries must be strictly increasing; received {self.boundaries}"
+            )
 
     def value(self, step: Any, m: Math) -> Any:
         # Nested selections, not sums of differences: each value comes back exactly.
@@ -176,6 +179,14 @@ SCHEDULES: dict[str, type[Schedule]] = {
     "cosine": Cosine,
     "piecewise_constant": PiecewiseConstant,
 }
+
+
+class ScheduleParamError(ValueError):
+    """A schedule's parameters that do not fit together, at the one to change (`param`)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 def build_schedule(name: str, params: Mapping[str, Any], *, total_steps: int) -> Schedule:

@@ -105,6 +105,22 @@ BAD_SPECS = [
         ["boundaries must be below steps (300)", "received [100, 300]"],
         "boundaries",
     ),
+    # Parameters that do not fit together, at the one to change: they had pointed at schedule.params.
+    (
+        {
+            "schedule": {
+                "name": "piecewise_constant",
+                "params": {"boundaries": [200, 100], "values": [1, 0.1, 0.01]},
+            }
+        },
+        ["boundaries must be strictly increasing; received [200, 100]"],
+        "boundaries",
+    ),
+    (
+        {"schedule": {"name": "piecewise_constant", "params": {"boundaries": [100], "values": [1]}}},
+        ["piecewise_constant needs one more value than boundaries"],
+        "values",
+    ),
     ({"steps": 0}, ["steps", "greater than 0"], "steps"),
     ({"steps": 10_001}, ["steps must be at most 10000", "10001"], "steps"),
     ({"steps": "300"}, ["steps", "integer"], "steps"),
