@@ -35,7 +35,8 @@ RUN pip install --no-deps -c constraints.txt . \
 USER 10001:10001
 ENV OPTLAB_DATA_DIR=/data
 
-# Alive, not ready: the api's compose healthcheck asks /readyz; the worker and MLflow set their own.
+# Alive, not ready: the api's compose healthcheck asks /readyz; the worker and MLflow set their own
+# (a worker started with `docker run` needs --no-healthcheck: README "More GPU hosts").
 HEALTHCHECK --interval=30s --timeout=5s --start-period=60s --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:' + os.environ.get('OPTLAB_API_PORT', '8000') + '/healthz', timeout=4)"]
 

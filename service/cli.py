@@ -90,8 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     api = commands.add_parser("api", help="run the HTTP API only")
-    api.add_argument("--host")
-    api.add_argument("--port", type=int)
+    api.add_argument(
+        "--host",
+        help="address to listen on (default $OPTLAB_API_HOST or 127.0.0.1; another needs OPTLAB_API_TOKENS)",
+    )
+    api.add_argument("--port", type=int, help="port to listen on (default $OPTLAB_API_PORT or 8000)")
     api.add_argument(
         "--workers",
         type=positive_int,
@@ -109,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("action", choices=("upgrade",), help="upgrade: bring the schema to the latest revision")
 
     submit = commands.add_parser("submit", help="submit a job spec over HTTP")
-    submit.add_argument("spec", type=Path, help="job spec JSON file")
+    submit.add_argument("spec", type=Path, help="job spec, JSON or YAML (.yaml, .yml)")
     submit.add_argument("--wait", action="store_true", help="show progress until the job ends")
     submit.add_argument("--api", help="API URL (default $OPTLAB_API_URL or http://127.0.0.1:8000)")
     add_check_parser(commands)
@@ -149,7 +152,7 @@ examples:
   optlab check keras.optimizers:Adam --style keras --only construct,config_roundtrip
   optlab check lion --remote http://127.0.0.1:8000 --framework tensorflow
   optlab check my_optimizers.py:MySAM --needs '{"closure": true}'
-  optlab check pytorch_optimizer:Muon \
+  optlab check pytorch_optimizer:Muon \\
       --param-groups '[{"match": {"ndim": ">=2"}, "params": {"use_muon": true}},
                        {"match": "rest", "params": {"use_muon": false}}]'
   optlab check pytorch_optimizer:Lookahead --base '{"name": "adamw", "params": {"lr": 0.001}}'
@@ -178,7 +181,12 @@ def add_check_parser(commands: Any) -> None:
         "(--remote: a registered name)",
     )
     check.add_argument("--framework", choices=("torch", "tensorflow"), help="for a name registered in both")
-    check.add_argument("--style", choices=("torch", "keras", "tf_legacy"), help="keras or tf_legacy")
+    check.add_argument(
+        "--style",
+        choices=("torch", "keras", "tf_legacy"),
+        help="the class's optimizer API: torch, keras (Keras 3) or tf_legacy (tf.keras.optimizers.legacy); "
+        "default: found from the class",
+    )
     check.add_argument(
         "--params", default="{}", metavar="JSON", help="hyperparameters as JSON, e.g. '{\"lr\": 0.01}'"
     )

@@ -92,6 +92,17 @@ DOCS_HEADERS = {
 }
 
 
+# What the page shows until Swagger UI replaces it: all it shows where the browser cannot reach the
+# CDN (a host without internet), which would otherwise be a blank page.
+DOCS_FALLBACK = (
+    '<p id="docs-fallback" style="font-family:sans-serif;margin:2em">Loading Swagger UI from '
+    "cdn.jsdelivr.net&hellip; If this text stays, this browser cannot reach it. The API's document is "
+    '<a href="/openapi.json">/openapi.json</a>; where the API has tokens, fetch it with yours: '
+    "<code>curl -H &quot;Authorization: Bearer $OPTLAB_TOKEN&quot; http://HOST:8000/openapi.json</code>."
+    "</p>"
+)
+
+
 def docs_page(*, needs_token: bool) -> str:
     """Swagger UI that sends the user's token with every request, the document's fetch included
     (a browser cannot add a bearer header to a page it opens). The page holds no data itself; the
@@ -100,17 +111,18 @@ def docs_page(*, needs_token: bool) -> str:
 <html><head><meta charset="utf-8"><title>optlab API</title>
 <link rel="stylesheet" href="{SWAGGER_UI}/swagger-ui.css" integrity="{SWAGGER_UI_CSS_SRI}"
  crossorigin="anonymous"></head>
-<body><div id="swagger-ui"></div>
+<body><div id="swagger-ui">{DOCS_FALLBACK}</div>
 <script src="{SWAGGER_UI}/swagger-ui-bundle.js" integrity="{SWAGGER_UI_JS_SRI}" crossorigin="anonymous">
 </script>
 <script>
 const needsToken = {json.dumps(needs_token)};
 let token = sessionStorage.getItem("optlab-token");
-if (needsToken && !token) {{
+// Without Swagger UI (no CDN) the text above stays, and no token is asked for nothing.
+if (typeof SwaggerUIBundle === "function" && needsToken && !token) {{
   token = window.prompt("This API needs a token (one of OPTLAB_API_TOKENS). Paste yours:");
   if (token) sessionStorage.setItem("optlab-token", token);
 }}
-SwaggerUIBundle({{
+if (typeof SwaggerUIBundle === "function") SwaggerUIBundle({{
   url: "/openapi.json",
   dom_id: "#swagger-ui",
   requestInterceptor: (request) => {{

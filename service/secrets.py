@@ -19,8 +19,22 @@ SECRET_QUERY = re.compile(r"token|key|secret|password|passwd|pwd|auth|bearer|sig
 # What a job process needs from optlab's own settings: where plugins are, where data files may be,
 # the shared checkpoint folder (jobs/resume.py).
 JOB_OPTLAB_VARIABLES = frozenset({"OPTLAB_PLUGIN_DIRS", "OPTLAB_DATA_ROOTS", "OPTLAB_CHECKPOINT_DIR"})
-# Credentials of other tools a worker may hold that a job never needs.
-OTHER_SECRETS = frozenset({"PGPASSWORD", "PGPASSFILE", "DATABASE_URL", "MLFLOW_TRACKING_URI"})
+# Credentials of other tools a worker may hold that a job never needs: libpq's, and the compose
+# .env's PostgreSQL password (docker-compose.yml hands the worker .env, which holds it).
+OTHER_SECRETS = frozenset(
+    {
+        "PGPASSWORD",
+        "PGPASSFILE",
+        "DATABASE_URL",
+        "MLFLOW_TRACKING_URI",
+        "POSTGRES_PASSWORD",
+        "POSTGRES_PASSWORD_FILE",
+    }
+)
+# Any other password a worker's environment holds (`*_PASSWORD`, `*_PASSWORD_FILE`) is not the job's
+# either; MLflow's own is the one a job needs (job_environment sets it from the tracking URI).
+PASSWORD_NAME = re.compile(r"(?:^|_)(?:PASSWORD|PASSWD)(?:_FILE)?$", re.IGNORECASE)
+JOB_CREDENTIALS = frozenset({"MLFLOW_TRACKING_PASSWORD"})
 # Only the API checks tokens: every other process of optlab's is started without them.
 TOKEN_VARIABLES = frozenset({"OPTLAB_API_TOKENS", "OPTLAB_API_TOKENS_FILE"})
 PR_SET_DUMPABLE = 4
@@ -91,13 +105,16 @@ def redact_url(url: str) -> str:
 def job_environment(environ: Mapping[str, str], tracking_uri: str) -> tuple[dict[str, str], str]:
     """The environment a job process gets and the tracking URI for its command line.
 
-    Only what a job needs: no job-store URL (the worker reports for it), no API tokens, and the
-    MLflow credentials through MLflow's own variables instead of in the URI.
+    Only what a job needs: no job-store URL (the worker reports for it), no API tokens (nor the
+    client's OPTLAB_TOKEN), no PostgreSQL or other password (compose's POSTGRES_PASSWORD, any
+    `*_PASSWORD`), and the MLflow credentials through MLflow's own variables instead of in the URI.
     """
     env = {
         key: value
         for key, value in environ.items()
-        if (not key.startswith("OPTLAB_") or key in JOB_OPTLAB_VARIABLES) and key not in OTHER_SECRETS
+        if (not key.startswith("OPTLAB_") or key in JOB_OPTLAB_VARIABLES)
+        and key not in OTHER_SECRETS
+        and (key in JOB_CREDENTIALS or not PASSWORD_NAME.search(key))
     }
     clean, username, password = split_credentials(tracking_uri)
     if username:

@@ -18,6 +18,7 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 
+from service.secrets import job_environment
 from service.settings import Settings
 from tests.conftest import ROOT
 from tests.deploy.compose_local import COMPOSE_FILE, SECRETS, compose_config, resolved_config, write_env_file
@@ -86,8 +87,8 @@ SERVICE_RULES = [
     ("db", "pg_isready healthcheck", lambda s: "pg_isready" in _healthcheck(s)),
     (
         "mlflow",
-        "PostgreSQL backend",
-        lambda s: any(a.startswith("postgresql+psycopg://") for a in s["command"]),
+        "PostgreSQL backend, from its variable",
+        lambda s: _env(s, "MLFLOW_BACKEND_STORE_URI").startswith("postgresql+psycopg://"),
     ),
     ("mlflow", "serves artifacts", lambda s: "--serve-artifacts" in s["command"]),
     ("mlflow", "artifacts volume", lambda s: any(v.startswith("mlartifacts:") for v in _mounts(s))),
@@ -97,6 +98,8 @@ SERVICE_RULES = [
     ("api", "waits for db, mlflow", lambda s: _conditions(s) == {"db": HEALTHY, "mlflow": HEALTHY}),
     ("api", "readiness healthcheck", lambda s: "/readyz" in _healthcheck(s)),
     ("api", "published", lambda s: _published(s) == [8000]),
+    ("api", "datasets mounted read-only", lambda s: any(v.endswith(":/datasets:ro") for v in _mounts(s))),
+    ("api", "datasets root", lambda s: s["environment"]["OPTLAB_DATA_ROOTS"] == "/datasets"),
     (
         "api",
         "tokens from .env",
@@ -134,6 +137,93 @@ def test_each_service_has_what_the_issue_asks(
     config: dict[str, Any], service: str, rule: str, holds: Callable[[dict[str, Any]], bool]
 ) -> None:
     assert holds(config["services"][service]), yaml.safe_dump(config["services"][service])
+
+
+def test_the_api_checks_data_paths_against_what_the_worker_reads(config: dict[str, Any]) -> None:
+    """The API refuses a spec's data file (npz, char_lm's text_file) outside its own data roots:
+    it must have the worker's roots, each mounted from the same host folder, read-only."""
+    api, worker = config["services"]["api"], config["services"]["worker"]
+    roots = _env(worker, "OPTLAB_DATA_ROOTS")
+    assert roots and _env(api, "OPTLAB_DATA_ROOTS") == roots
+    for root in roots.split(":"):
+        sources = []
+        for service in (api, worker):
+            mounted = [v.rsplit(":", 2) for v in _mounts(service) if v.rsplit(":", 2)[1:] == [root, "ro"]]
+            assert len(mounted) == 1, (root, _mounts(service))
+            sources.append(mounted[0][0])
+        assert sources[0] == sources[1], sources
+
+
+def test_no_service_holds_the_database_password_beyond_its_urls(config: dict[str, Any]) -> None:
+    """.env (every optlab service's env_file) holds POSTGRES_PASSWORD: the api and the worker get it
+    only inside their store's URL, a worker's jobs not at all, and no command line shows it."""
+    password = SECRETS["POSTGRES_PASSWORD"]
+    for name, service in config["services"].items():
+        assert not [arg for arg in service.get("command") or [] if password in str(arg)], name
+    for name in ("api", "worker"):
+        environment = {k: str(v) for k, v in config["services"][name]["environment"].items()}
+        holding = {k for k, v in environment.items() if password in v}
+        assert holding == {"OPTLAB_DATABASE_URL"}, (name, holding)
+    job_env, _ = job_environment(
+        {k: str(v) for k, v in config["services"]["worker"]["environment"].items()}, "http://mlflow:5000"
+    )
+    assert not [k for k, v in job_env.items() if password in v or k == "POSTGRES_PASSWORD"], job_env
+
+
+def test_mlflow_reads_its_backend_store_from_the_environment_compose_gives_it(
+    config: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`mlflow server` (the locked version's own CLI) takes --backend-store-uri from
+    MLFLOW_BACKEND_STORE_URI: the PostgreSQL store, its password off the command line."""
+    from mlflow.cli import server
+
+    mlflow = config["services"]["mlflow"]
+    for name, value in mlflow["environment"].items():
+        monkeypatch.setenv(name, str(value))
+    assert mlflow["command"][:2] == ["mlflow", "server"]
+    params = server.make_context("server", list(mlflow["command"][2:])).params
+    assert params["backend_store_uri"] == (
+        f"postgresql+psycopg://optlab:{SECRETS['POSTGRES_PASSWORD']}@db:5432/mlflow"
+    )
+
+
+def test_the_token_route_env_example_offers_is_the_one_compose_reads(tmp_path: Path) -> None:
+    """Compose requires OPTLAB_API_TOKENS: .env.example's required secrets offer no file instead,
+    and a .env holding only a tokens file is refused, naming OPTLAB_API_TOKENS."""
+    example = (ROOT / ".env.example").read_text()
+    required = example.split("# --- secrets: required", 1)[1].split("\n# ---", 1)[0]
+    assert "OPTLAB_API_TOKENS_FILE" not in required, required
+    write_env_file(tmp_path, secrets={"POSTGRES_PASSWORD": SECRETS["POSTGRES_PASSWORD"]})
+    with (tmp_path / ".env").open("a") as env:
+        env.write("OPTLAB_API_TOKENS_FILE=/run/secrets/optlab-tokens\n")
+    completed = compose_config(tmp_path)
+    assert completed.returncode != 0 and "OPTLAB_API_TOKENS" in completed.stderr, completed.stderr
+
+
+def test_the_readmes_worker_on_another_host_has_no_api_healthcheck() -> None:
+    """The image's HEALTHCHECK asks the API's /healthz: a worker's container must turn it off
+    (compose: `healthcheck: disable`), or Docker reports it unhealthy forever."""
+    readme = (ROOT / "README.md").read_text()
+    commands = re.findall(r"^docker run .*?(?<!\\)$", readme, flags=re.M | re.S)
+    workers = [c for c in commands if re.search(r"optlab worker\s*$", c)]
+    assert workers, "README shows no `docker run ... optlab worker`"
+    for command in workers:
+        assert "--no-healthcheck" in command, command
+
+
+def test_readme_settings_table_is_one_table_listing_each_setting_once() -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## Settings\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.splitlines() if line.startswith("|")]
+    lines = section.splitlines()
+    first, last = lines.index(rows[0]), lines.index(rows[-1])
+    assert all(line.startswith("|") for line in lines[first : last + 1]), "a line splits the table"
+    named = [name for row in rows[2:] for name in re.findall(r"`(OPTLAB_[A-Z0-9_]+)`", row.split("|")[1])]
+    repeated = sorted({name for name in named if named.count(name) > 1})
+    assert not repeated, f"listed twice: {repeated}"
+    wanted = {f"OPTLAB_{name.upper()}" for name in Settings.model_fields} | set(OTHER_OPTLAB_VARIABLES)
+    wanted |= {"OPTLAB_CHECKPOINT_DIR", "OPTLAB_API_URL", "OPTLAB_TOKEN"}  # jobs/resume.py; the client's
+    assert wanted <= set(named), f"not in the table: {sorted(wanted - set(named))}"
 
 
 def _hadolint() -> str:

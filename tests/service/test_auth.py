@@ -329,6 +329,11 @@ def test_the_openapi_document_needs_a_token_and_the_docs_page_sends_it(locked: T
     assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
     assert page.headers["x-frame-options"] == "DENY" and page.headers["referrer-policy"] == "no-referrer"
     assert 'sessionStorage.removeItem("optlab-token")' in page.text  # a wrong token is asked again
+    # Without the CDN (no internet) the page is not blank: a text inside Swagger UI's element (which
+    # Swagger UI replaces once it loads) says why and links the document.
+    body = page.text.split('<div id="swagger-ui">', 1)[1].split("</div>", 1)[0]
+    assert "cdn.jsdelivr.net" in body and '<a href="/openapi.json">' in body, body
+    assert 'typeof SwaggerUIBundle === "function"' in page.text  # and asks no token for nothing
     assert locked.get("/redoc").status_code == 404  # a second docs page could not send the token
 
 

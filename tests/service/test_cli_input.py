@@ -187,3 +187,23 @@ def test_ctrl_c_while_waiting_says_the_work_goes_on_and_how_to_cancel_it(
             f"cancel it with curl -X POST -H 'Content-Type: application/json' http://127.0.0.1:9/{path}/7/cancel"
         )
     )
+
+
+def _help(command: str, capsys: pytest.CaptureFixture[str]) -> str:
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args([command, "--help"])
+    return capsys.readouterr().out
+
+
+def test_the_help_says_what_each_argument_takes(capsys: pytest.CaptureFixture[str]) -> None:
+    """A spec may be YAML; --style offers torch too; every option of `optlab api` is explained; the
+    multi-line example keeps its line break (an unescaped backslash joined its lines)."""
+    assert "JSON or YAML" in _help("submit", capsys)
+    check = _help("check", capsys)
+    style = check.split("--style {torch,keras,tf_legacy}", 2)[2].split("--params", 1)[0]
+    assert "torch" in style and "keras" in style and "tf_legacy" in style, style
+    assert "  optlab check pytorch_optimizer:Muon \\\n      --param-groups" in check
+    api = _help("api", capsys)
+    for option in ("--host HOST", "--port PORT"):
+        line = next(line for line in api.splitlines() if line.strip().startswith(option))
+        assert line.strip() != option, f"{option} has no help"

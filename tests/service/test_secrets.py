@@ -149,6 +149,13 @@ def test_credentials_leave_the_uri_for_mlflows_variables() -> None:
             "OPTLAB_DATA_ROOTS": "/d",
             "OPTLAB_DATABASE_URL": "x",
             "OPTLAB_API_TOKENS": "y",
+            # compose's .env (the worker's env_file) holds the PostgreSQL password, and a user's
+            # client token may be set where the worker starts; other tools' passwords are not the job's.
+            "POSTGRES_PASSWORD": DB_SECRET,
+            "POSTGRES_PASSWORD_FILE": "/run/secrets/pg",
+            "OPTLAB_TOKEN": TOKEN_SECRET,
+            "SMTP_PASSWORD": "z",
+            "redis_passwd": "z",
         },
         "https://me:secret@h/",
     )
@@ -161,6 +168,9 @@ def test_credentials_leave_the_uri_for_mlflows_variables() -> None:
         "MLFLOW_TRACKING_PASSWORD": "secret",
         "PYTHONUNBUFFERED": "1",
     }
+    # MLflow's own credential variables are the job's: it logs to MLflow with them.
+    env, _ = job_environment({"MLFLOW_TRACKING_PASSWORD": "p", "MLFLOW_TRACKING_TOKEN": "t"}, "http://h/")
+    assert env == {"MLFLOW_TRACKING_PASSWORD": "p", "MLFLOW_TRACKING_TOKEN": "t", "PYTHONUNBUFFERED": "1"}
 
 
 def test_a_bad_tracking_uri_is_refused_without_echoing_its_password() -> None:
