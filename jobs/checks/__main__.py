@@ -38,7 +38,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "target", help="a registered optimizer name, path/to/file.py:ClassName or package.module:ClassName"
     )
     parser.add_argument("--framework", choices=("torch", "tensorflow"), help="for a name registered in both")
-    parser.add_argument("--style", choices=("torch", "keras", "tf_legacy"), help="keras or tf_legacy")
+    parser.add_argument(
+        "--style",
+        choices=("torch", "keras", "tf_legacy"),
+        help="torch, keras or tf_legacy (where a name is registered in several)",
+    )
     parser.add_argument("--params", default="{}", help="hyperparameters as JSON, e.g. '{\"lr\": 0.01}'")
     add_setup_arguments(parser)
     parser.add_argument("--json", type=Path, dest="json_path", help="also write the report here")
