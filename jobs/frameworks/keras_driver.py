@@ -15,7 +15,12 @@ to read in bulk. Checkpoints prove the optimizer survives a save the Keras way:
    restored lazily out of sight) must compare equal: this is the round-trip of record, and
    training continues from those objects. The first time they are freshly built; after
    that the objects training left at the previous checkpoint are reset to a fresh build's
-   values and reused, so the job builds, and traces its step, twice in all.
+   values and reused, so the job builds, and traces its step, twice in all;
+3. the saved objects and the restored ones then take the same step and must agree bitwise: it
+   catches state no checkpoint sees (both copies lack it equally, so 1. and 2. cannot).
+
+Both comparisons include the tf.Variables the optimizer tracks outside optimizer.variables
+(`tracked_outside_by_path`): tf.train.Checkpoint saves them, a whole-model save does not.
 """
 
 from __future__ import annotations
@@ -70,6 +75,22 @@ from optimizers.schedules import build_schedule
 RESUME_STATE = "resume.json"
 # Where the framework's own optimizer classes live (they take sparse gradients as they come).
 FRAMEWORK_MODULES = ("keras.", "tf_keras.", "tensorflow.")
+# TensorFlow's random ops that draw from a stream seeded per op (the global seed and a counter),
+# whose position lives in the op's kernel: no checkpoint holds it.
+OP_SEEDED_RANDOM_OPS = frozenset(
+    {
+        "RandomStandardNormal",
+        "RandomUniform",
+        "RandomUniformInt",
+        "TruncatedNormal",
+        "ParameterizedTruncatedNormal",
+        "RandomShuffle",
+        "Multinomial",
+        "RandomGamma",
+        "RandomPoisson",
+        "RandomPoissonV2",
+    }
+)
 
 
 class GraphModeError(RuntimeError):
@@ -124,6 +145,11 @@ class KerasDriver(Driver):
     rate_set_by_hand: ClassVar[str] = (
         "`optimizer.learning_rate = rate`, as the LearningRateScheduler and ReduceLROnPlateau callbacks "
         "set it"
+    )
+    # What a job's checkpoint failure says to do about state kept outside optimizer.variables.
+    state_fix: ClassVar[str] = (
+        "create every state variable in build with self.add_variable / self.add_variable_from_reference, "
+        "so it is among optimizer.variables, which every save and reload carries"
     )
 
     def __init__(self) -> None:
@@ -543,6 +569,10 @@ class LegacyKerasDriver(KerasDriver):
     loss_scale_name: ClassVar[str] = "tf_keras.mixed_precision.LossScaleOptimizer"
     # tf.keras's legacy optimizers sum the replicas' gradients before they clip.
     per_replica_option_effects: ClassVar[Mapping[str, str]] = {}
+    state_fix: ClassVar[str] = (
+        "create every state variable with self.add_slot in _create_slots (or self.add_weight), so it is "
+        "among optimizer.variables(), which every save and reload carries"
+    )
 
     def schedule_class(self) -> Any:
         from optimizers.tf_legacy.schedules import OptlabLegacySchedule
@@ -921,21 +951,38 @@ class KerasSession(TrainingSession):
         self, objects: KerasObjects, step: int, folder: Path, *, next_step_follows: bool = False
     ) -> Checkpointed:
         """The tf.train.Checkpoint of record, verified into the spare objects; the whole model too
-        at this process's first checkpoint and at the job's last (see `_whole_model_due`). Proven
-        whole here, next step or not."""
+        at this process's first checkpoint and at the job's last (see `_whole_model_due`); then the
+        probe step (see `_probe_step`): with `next_step_follows`, the restored objects' probe step
+        is the loop's own next step, compared by `Checkpointed.confirm`; after the last step both
+        take one here, and the restored objects are read back to the checkpoint."""
         path = self.checkpoint_path(folder, step)
         path.mkdir(exist_ok=True)
         warnings: list[str] = []
         if self._whole_model_due(step):
             warnings = self._whole_model_roundtrip(objects, path / f"model{self.driver.model_suffix}")
             self.whole_model_proven = True
-        reloaded = self._checkpoint_of_record(objects, path / "ckpt")
-        self.spare = objects  # verified: the next checkpoint's target
+        reloaded, written = self._checkpoint_of_record(objects, path / "ckpt")
+        self.spare = objects  # verified: the next checkpoint's target (the probe steps it first)
+        checkpointed = Checkpointed(reloaded, path, warnings)
+        if next_step_follows:
+
+            def confirm(stepped: KerasObjects) -> None:
+                batch = self.batch(step)
+                self.train_step(objects, batch, step)  # the step the loop took from `reloaded`
+                untold = self._compare_after_step(objects, stepped, step, batch)
+                if untold:
+                    checkpointed.warnings.append(untold)
+
+            checkpointed.confirm = confirm
+        else:
+            untold = self._probe_step(objects, reloaded, written, step)
+            if untold:
+                checkpointed.warnings.append(untold)
         # Written last, so a folder without it is a checkpoint that never finished. Batches are a
         # pure function of (seed, step) and the schedule reads `iterations`: the step is the position.
         state = {"step": step, "data_position": step, "spec": self.spec.model_dump_json()}
         (path / RESUME_STATE).write_text(json.dumps(state))
-        return Checkpointed(reloaded, path, warnings)
+        return checkpointed
 
     def resume(self, path: Path) -> tuple[KerasObjects, int]:
         """Fresh objects with the tf.train.Checkpoint of record read into them, and its step."""
@@ -1004,6 +1051,11 @@ class KerasSession(TrainingSession):
                 "tf.train.Checkpoint instead"
             ]
         compare_optimizers(objects.optimizer, optimizer, path.name)
+        self._compare_tracked_outside(
+            objects.model,
+            loaded,
+            f"{path.name}: the whole-model format saves only the optimizer's variables, so",
+        )
         return []
 
     def _check_config_has_hyperparameters(self, optimizer: Any, where: str) -> None:
@@ -1033,8 +1085,12 @@ class KerasSession(TrainingSession):
                     f"{where}: hyperparameter {name!r} was {value!r} but came back as {config[name]!r}"
                 )
 
-    def _checkpoint_of_record(self, objects: KerasObjects, prefix: Path) -> KerasObjects:
-        written = self._saver(objects).write(str(prefix))
+    def _checkpoint_of_record(self, objects: KerasObjects, prefix: Path) -> tuple[KerasObjects, str]:
+        """The restored objects training continues from, and the checkpoint's path as written."""
+        try:
+            written = self._saver(objects).write(str(prefix))
+        except ValueError as exc:  # TensorFlow refusing the object graph, e.g. a dict with an int key
+            raise self._unsavable(objects.model, exc) from None
         target = self._as_if_fresh(objects)
         status = self._saver(target).read(written)
         try:
@@ -1049,7 +1105,132 @@ class KerasSession(TrainingSession):
             if not np.array_equal(saved, loaded):
                 raise CheckpointMismatch(f"tf.train.Checkpoint: model weight {index} differs after restore")
         compare_optimizers(objects.optimizer, target.optimizer, "tf.train.Checkpoint")
-        return target
+        self._compare_tracked_outside(
+            objects.model, target.model, "tf.train.Checkpoint: the restore did not write"
+        )
+        return target, written
+
+    def _compare_tracked_outside(self, saved: Any, loaded: Any, cause: str) -> None:
+        """The tf.Variables the optimizer tracks outside optimizer.variables (`tracked_outside`),
+        matched by their place in the checkpoint's object graph, must come back equal: the
+        comparison of optimizer.variables cannot see them. `saved`, `loaded`: compiled models."""
+        before = self._tracked_outside(saved)
+        after = dict(self._tracked_outside(loaded))
+        lost: list[str] = []
+        largest = 0.0
+        for path, variable in before:
+            value = np.asarray(variable.numpy())
+            back = after.get(path)
+            restored = None if back is None else np.asarray(back.numpy())
+            if restored is None or restored.shape != value.shape:
+                lost.append(path)
+                largest = math.inf
+            elif not np.array_equal(value, restored, equal_nan=True):
+                lost.append(path)
+                largest = max(largest, float(np.max(np.abs(value.astype(np.float64) - restored))))
+        if lost:
+            raise CheckpointMismatch(
+                f"{cause} {len(lost)} tf.Variable(s) the optimizer tracks outside optimizer.variables "
+                f"(optimizer/{', optimizer/'.join(lost[:4])}{', ...' if len(lost) > 4 else ''}): they came "
+                f"back different (max abs difference {largest:.3g}); {self.driver.state_fix}"
+            )
+
+    def _tracked_outside(self, model: Any) -> list[tuple[str, Any]]:
+        """`tracked_outside_by_path` of a compiled model's optimizer."""
+        try:
+            return tracked_outside_by_path(self.tf, model.optimizer, model.trainable_variables)
+        except ValueError as exc:  # as tf.train.Checkpoint refuses to save it
+            raise self._unsavable(model, exc) from None
+
+    def _unsavable(self, model: Any, refusal: ValueError) -> CheckpointMismatch:
+        """tf.train.Checkpoint refusing the optimizer's object graph, said without the object's values."""
+        said = " ".join(str(refusal).split())
+        if "non-string key" in said:  # TensorFlow's words quote the whole dict, its values printed
+            said = "a dict an attribute holds maps a non-string key to a tf.Variable, which it cannot save"
+        holders = attributes_holding_variables(model.optimizer, model.trainable_variables)
+        where = f" ({', '.join(holders)} hold tf.Variables outside optimizer.variables)" if holders else ""
+        return CheckpointMismatch(
+            f"tf.train.Checkpoint cannot save the optimizer: {_head_and_tail(said)}{where}; "
+            f"{self.driver.state_fix}"
+        )
+
+    def _probe_step(self, saved: KerasObjects, restored: KerasObjects, written: str, step: int) -> str | None:
+        """After the last step: the saved and the restored objects take the same step, which must
+        agree, and the restored ones are read back to the checkpoint (training ends with them).
+
+        The step is taken where the schedule's rate is highest (`iterations` set there in both), so
+        the rate of a schedule that ends at 0 cannot hide a difference."""
+        probe = max(range(self.spec.steps), key=self.lr_multiplier)
+        for objects in (saved, restored):
+            objects.optimizer.iterations.assign(probe)
+            self.train_step(objects, self.batch(probe), probe)
+        untold = self._compare_after_step(saved, restored, step, self.batch(probe))
+        self._saver(restored).read(written).assert_consumed()
+        return untold
+
+    def _compare_after_step(
+        self, saved: KerasObjects, restored: KerasObjects, step: int, batch: Any
+    ) -> str | None:
+        """The saved objects and the restored ones after the same step (on `batch`): bitwise equal
+        weights and optimizer variables, or the optimizer keeps state tf.train.Checkpoint neither
+        saves nor restores (both copies lack it equally, so comparing what it saved cannot see it).
+
+        Unless the step draws from TensorFlow's op-seeded random streams, whose position no
+        checkpoint holds: then no two runs of it agree, lost state or not, and what is returned says
+        the comparison proves nothing (as `optlab check` calls such draws by design a warning)."""
+        pairs = [
+            *(
+                (f"model weight {index}", before, after)
+                for index, (before, after) in enumerate(
+                    zip(saved.model.get_weights(), restored.model.get_weights(), strict=True)
+                )
+            ),
+            *(
+                (f"optimizer variable {name!r}", before, after)
+                for (name, before), (_, after) in zip(
+                    _optimizer_variables(saved.optimizer),
+                    _optimizer_variables(restored.optimizer),
+                    strict=True,
+                )
+            ),
+        ]
+        for what, before, after in pairs:
+            if before.shape == after.shape and np.array_equal(before, after, equal_nan=True):
+                continue
+            diff = (
+                float(np.max(np.abs(before.astype(np.float64) - after)))
+                if before.shape == after.shape
+                else math.inf
+            )
+            draws = self._unsaved_random_ops(restored, batch)
+            if draws:
+                return (
+                    f"step {step}: the step after the checkpoint could not be compared: it draws random "
+                    f"numbers ({', '.join(draws)}) from TensorFlow's op-seeded streams, whose position no "
+                    f"checkpoint holds, so the saved and the restored objects' steps differ ({what}, max abs "
+                    f"difference {diff:.3g}) as any two runs of it do; the saved and restored variables "
+                    "compared equal, and a resumed job will not repeat the uninterrupted one's draws"
+                )
+            holders = attributes_holding_variables(saved.optimizer, saved.model.trainable_variables)
+            named = f": {', '.join(holders)} hold tf.Variables outside optimizer.variables" if holders else ""
+            raise CheckpointMismatch(
+                f"tf.train.Checkpoint: the step after the checkpoint at step {step} differs between the "
+                f"saved objects and the restored ones ({what}, max abs difference {diff:.3g}): the optimizer "
+                "keeps state the checkpoint neither saves nor restores, so every reload resets it (in "
+                f"attributes a checkpoint does not track{named}); {self.driver.state_fix}"
+            )
+        return None
+
+    def _unsaved_random_ops(self, objects: KerasObjects, batch: Any) -> list[str]:
+        """The random ops of the compiled step (functions it calls included) that draw from an
+        op-seeded stream (tf.random.normal and the like); not the stateless ones a seed variable
+        drives (keras.random with a SeedGenerator), whose seed a checkpoint holds."""
+        compiled: Any = objects.step if objects.replicated_step is None else objects.replicated_step
+        graph = compiled.get_concrete_function(*batch).graph  # the trace the step runs: no retrace
+        ops = {op.type for op in graph.get_operations()}
+        for function in graph.as_graph_def().library.function:
+            ops.update(node.op for node in function.node_def)
+        return sorted(ops & OP_SEEDED_RANDOM_OPS)
 
     def _as_if_fresh(self, saved: KerasObjects) -> KerasObjects:
         """Objects to restore into, holding what freshly built ones hold: the first time a fresh
@@ -1057,20 +1238,26 @@ class KerasSession(TrainingSession):
         the saved objects themselves: comparing them with themselves would prove nothing).
 
         A reset spare is a fresh build in all that the comparison reads (every model and
-        optimizer variable), its compiled step already traced; its variable structure is a fresh
-        build's too, since tf.function creates variables only at the first trace and the first
-        checkpoint's fresh target would have failed on one made there.
+        optimizer variable, and those tracked outside them), its compiled step already traced;
+        its variable structure is a fresh build's too, since tf.function creates variables only at
+        the first trace and the first checkpoint's fresh target would have failed on one made there.
         """
         spare, self.spare = self.spare, None
         if spare is not None and spare is not saved and self.as_built is not None:
-            variables = every_variable(spare)
+            variables = self._resettable(spare)
             if len(variables) == len(self.as_built):
                 for variable, value in zip(variables, self.as_built, strict=True):
                     variable.assign(value)
                 return spare
         fresh = self.build()
-        self.as_built = [np.array(v.numpy()) for v in every_variable(fresh)]
+        self.as_built = [np.array(v.numpy()) for v in self._resettable(fresh)]
         return fresh
+
+    def _resettable(self, objects: KerasObjects) -> list[Any]:
+        """What a reset spare takes a fresh build's values for: every model and optimizer variable,
+        and those the optimizer tracks outside optimizer.variables (so one the restore does not
+        write shows as in fresh objects)."""
+        return [*every_variable(objects), *(variable for _, variable in self._tracked_outside(objects.model))]
 
     def _saver(self, objects: KerasObjects) -> Any:
         if objects.saver is None:
@@ -1200,16 +1387,55 @@ def tracked_outside(tf: Any, optimizer: Any, trained: Sequence[Any]) -> list[Any
     optimizer.variables nor among the variables it trains. A legacy optimizer's scalars are left out:
     it keeps its hyperparameters (`_hyper`) as scalar variables outside `variables()`, rebuilt from
     its config; Keras 3 keeps none, so a scalar there is state (a step counter of the class's own)."""
+    return [variable for _, variable in tracked_outside_by_path(tf, optimizer, trained)]
+
+
+def tracked_outside_by_path(tf: Any, optimizer: Any, trained: Sequence[Any]) -> list[tuple[str, Any]]:
+    """`tracked_outside`, each with its place in the checkpoint's object graph below the optimizer
+    (`_bufs/0`): the same in a twin built alike, so a saved and a restored optimizer's match.
+    Raises ValueError where tf.train.Checkpoint would refuse the graph (a dict with an int key)."""
     known = {id(backing(v)) for v in [*optimizer_variables_of(optimizer), *trained]}
     legacy = hasattr(optimizer, "_hyper")
+    view = tf.train.TrackableView(optimizer)
+    seen = {id(optimizer)}
+    queue: list[tuple[str, Any]] = [("", optimizer)]
     found = []
-    for item in tf.train.TrackableView(optimizer).descendants():
-        inner = backing(item)
-        if not isinstance(inner, tf.Variable) or id(inner) in known or (legacy and len(inner.shape) == 0):
-            continue
-        known.add(id(inner))
-        found.append(item)
+    while queue:  # breadth first, as a checkpoint walks it: each object at its shortest path
+        path, parent = queue.pop(0)
+        for name, item in view.children(parent).items():
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+            place = f"{path}/{name}" if path else name
+            queue.append((place, item))
+            inner = backing(item)
+            if not isinstance(inner, tf.Variable) or id(inner) in known or (legacy and len(inner.shape) == 0):
+                continue
+            known.add(id(inner))
+            found.append((place, item))
     return found
+
+
+def attributes_holding_variables(optimizer: Any, trained: Sequence[Any]) -> list[str]:
+    """The optimizer's attributes holding a tf.Variable (directly, or in a dict, list, tuple or plain
+    object) that is neither among optimizer.variables nor trained: where hidden state may be."""
+    known = {id(backing(v)) for v in [*optimizer_variables_of(optimizer), *trained]}
+    legacy = hasattr(optimizer, "_hyper")  # its scalar hyperparameters: see tracked_outside
+
+    def holds(value: Any, depth: int) -> bool:
+        inner = backing(value)
+        if hasattr(type(inner), "handle") and hasattr(type(inner), "assign"):  # a tf.Variable's kinds
+            return id(inner) not in known and not (legacy and len(inner.shape) == 0)
+        if depth == 0 or isinstance(value, str | bytes | np.ndarray):
+            return False
+        if isinstance(value, Mapping):
+            return any(holds(item, depth - 1) for item in value.values())
+        if isinstance(value, list | tuple | set):
+            return any(holds(item, depth - 1) for item in value)
+        members = getattr(value, "__dict__", None)
+        return type(value).__module__ == "types" and isinstance(members, dict) and holds(members, depth - 1)
+
+    return sorted(f"`{name}`" for name, value in vars(optimizer).items() if holds(value, 3))
 
 
 def backing(variable: Any) -> Any:

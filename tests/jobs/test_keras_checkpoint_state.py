@@ -1,0 +1,237 @@
+"""A TensorFlow job's checkpoints see optimizer state kept outside optimizer.variables: state the
+checkpoint of record never saves (the probe step after it differs), state only tf.train.Checkpoint
+saves (the whole-model format drops it), a dict TensorFlow refuses to save; a correct class that
+keeps its variables in a structure of its own still passes."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from jobs.frameworks.base import CheckpointMismatch
+from tests.jobs.test_keras_trainer import job_of, plugin, run, tf_spec
+
+KERAS_MOMENTUM = """
+import types
+
+import keras
+import tensorflow as tf
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class {name}(keras.optimizers.Optimizer):
+    def __init__(self, learning_rate=0.01, momentum=0.9, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+        self.momentum = momentum
+
+    def build(self, variables):
+        if self.built:
+            return
+        super().build(variables)
+        zeros = [tf.Variable(tf.zeros_like(v), trainable=False) for v in variables]
+        {keep}
+
+    def update_step(self, gradient, variable, learning_rate):
+        buf = {buffers}[self._get_variable_index(variable)]
+        buf.assign(self.momentum * buf + gradient)
+        variable.assign_sub(tf.cast(learning_rate, variable.dtype) * buf)
+
+    def get_config(self):
+        return {{**super().get_config(), "momentum": self.momentum}}
+"""
+
+# Keras 3: momentum buffers where tf.train.Checkpoint does not look (a plain namespace), so every
+# reload resets them to zeros while the variables it saves compare equal.
+NAMESPACE_MOMENTUM = KERAS_MOMENTUM.format(
+    name="NamespaceMomentum",
+    keep="self.hidden = types.SimpleNamespace(bufs=zeros)",
+    buffers="self.hidden.bufs",
+)
+# Keras 3: a list of raw tf.Variables. tf.train.Checkpoint tracks and restores them; a whole-model
+# save (`.keras`) saves only optimizer.variables, so they reload as zeros.
+LIST_MOMENTUM = KERAS_MOMENTUM.format(name="ListMomentum", keep="self.bufs = zeros", buffers="self.bufs")
+# Keras 3: the same in a dict keyed by int, as QA's probe kept them: TensorFlow refuses to save it.
+INT_DICT_MOMENTUM = KERAS_MOMENTUM.format(
+    name="IntDictMomentum", keep="self.bufs = dict(enumerate(zeros))", buffers="self.bufs"
+)
+
+# Legacy tf.keras: slots in a dict attribute (OptimizerV2 tracks no attribute it is given).
+LEGACY_DICT_MOMENTUM = """
+import tensorflow as tf
+import tf_keras
+
+
+@tf_keras.utils.register_keras_serializable(package="tests")
+class LegacyDictMomentum(tf_keras.optimizers.legacy.Optimizer):
+    def __init__(self, learning_rate=0.01, momentum=0.9, name="LegacyDictMomentum", **kwargs):
+        super().__init__(name, **kwargs)
+        self._set_hyper("learning_rate", learning_rate)
+        self.momentum = momentum
+        self._bufs = {}
+
+    def _create_slots(self, var_list):
+        for v in var_list:
+            if v.ref() not in self._bufs:
+                self._bufs[v.ref()] = tf.Variable(tf.zeros_like(v), trainable=False)
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        buf = self._bufs[var.ref()]
+        buf.assign(self.momentum * buf + grad)
+        return var.assign_sub(self._decayed_lr(var.dtype.base_dtype) * buf)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "learning_rate": self._serialize_hyperparameter("learning_rate"),
+            "momentum": self.momentum,
+        }
+"""
+
+# Correct: buffers made with add_variable_from_reference (so among optimizer.variables), kept in a
+# dict keyed by name, and a scalar keras.Variable in a plain attribute; all saved and restored.
+KEYED_MOMENTUM = """
+import keras
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class KeyedMomentum(keras.optimizers.Optimizer):
+    def __init__(self, learning_rate=0.01, momentum=0.9, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+        self.momentum = momentum
+
+    def build(self, variables):
+        if self.built:
+            return
+        super().build(variables)
+        self.bufs = {
+            str(i): self.add_variable_from_reference(v, "buf") for i, v in enumerate(variables)
+        }
+        self.steps_taken = self.add_variable(shape=(), initializer="zeros", name="steps_taken")
+
+    def update_step(self, gradient, variable, learning_rate):
+        buf = self.bufs[str(self._get_variable_index(variable))]
+        self.assign(buf, self.momentum * buf + gradient)
+        self.assign_sub(variable, learning_rate * buf)
+        self.assign_add(self.steps_taken, 1.0)
+
+    def get_config(self):
+        return {**super().get_config(), "momentum": self.momentum}
+"""
+
+
+def forget(module: str) -> None:
+    sys.modules.pop(module, None)  # a plugin module of the same name in the next test's folder
+
+
+@pytest.mark.parametrize(
+    ("name", "style", "source", "says"),
+    [
+        ("namespace_momentum", "keras", NAMESPACE_MOMENTUM, r"`hidden` hold tf\.Variables"),
+        ("legacy_dict_momentum", "tf_legacy", LEGACY_DICT_MOMENTUM, r"`_bufs` hold tf\.Variables"),
+    ],
+    ids=["keras", "tf_legacy"],
+)
+@pytest.mark.parametrize("every", [10, 60], ids=["next step follows", "after the last step"])
+def test_state_no_checkpoint_saves_fails_the_first_checkpoint_by_its_probe_step(
+    name: str, style: str, source: str, says: str, every: int, tmp_path: Path
+) -> None:
+    """Buffers that tf.train.Checkpoint never sees compare equal in what it saves (both copies lack
+    them), but the step after it differs: zeros against the trained buffers. Without the probe, the
+    job verified every checkpoint and ended elsewhere at each cadence."""
+    dirs = plugin(tmp_path, name, source)
+    job = job_of(tf_spec(name, style, {"lr": 0.05}, steps=60, checkpoint_every=every), tmp_path, dirs)
+    with pytest.raises(CheckpointMismatch) as failure:
+        job.run()
+    message = str(failure.value)
+    assert f"the step after the checkpoint at step {every} differs" in message
+    assert "neither saves nor restores" in message
+    assert re.search(says, message), message
+    fix = "add_slot in _create_slots" if style == "tf_legacy" else "self.add_variable_from_reference"
+    assert fix in message
+    assert [(c.step, c.ok) for c in job.verified] == [(every, False)]
+    forget(f"tests_{name}")
+
+
+def test_state_the_whole_model_format_drops_fails_the_first_checkpoint_naming_it(tmp_path: Path) -> None:
+    """A list of raw tf.Variables: the checkpoint of record restores it (tracked), `.keras` does
+    not (it saves optimizer.variables): the round trip names the buffers and the fix."""
+    dirs = plugin(tmp_path, "list_momentum", LIST_MOMENTUM)
+    job = job_of(tf_spec("list_momentum", "keras", {"lr": 0.05}), tmp_path, dirs)
+    with pytest.raises(CheckpointMismatch) as failure:
+        job.run()
+    message = str(failure.value)
+    assert message.startswith("model.keras: the whole-model format saves only the optimizer's variables")
+    assert "tf.Variable(s) the optimizer tracks outside optimizer.variables (optimizer/bufs/0" in message
+    assert "self.add_variable / self.add_variable_from_reference" in message
+    assert [(c.step, c.ok) for c in job.verified] == [(15, False)]
+    forget("tests_list_momentum")
+
+
+def test_a_dict_tensorflow_cannot_save_fails_saying_so_without_its_values(tmp_path: Path) -> None:
+    dirs = plugin(tmp_path, "int_dict_momentum", INT_DICT_MOMENTUM)
+    job = job_of(tf_spec("int_dict_momentum", "keras", {"lr": 0.05}), tmp_path, dirs)
+    with pytest.raises(CheckpointMismatch) as failure:
+        job.run()
+    message = str(failure.value)
+    assert message.startswith("tf.train.Checkpoint cannot save the optimizer: a dict an attribute holds")
+    assert "`bufs` hold tf.Variables outside optimizer.variables" in message
+    assert "numpy=" not in message  # TensorFlow's own words print the buffers
+    assert [(c.step, c.ok) for c in job.verified] == [(15, False)]
+    forget("tests_int_dict_momentum")
+
+
+def test_a_correct_class_keeping_its_variables_in_a_structure_of_its_own_passes(tmp_path: Path) -> None:
+    """No false alarm: every checkpoint verified, the probe steps agree, and the run ends where a
+    run with one checkpoint at its end does (so the reloads lost nothing)."""
+    dirs = plugin(tmp_path, "keyed_momentum", KEYED_MOMENTUM)
+    often = run(tf_spec("keyed_momentum", "keras", {"lr": 0.05}, steps=30), tmp_path / "often", dirs)
+    once = run(
+        tf_spec("keyed_momentum", "keras", {"lr": 0.05}, steps=30, checkpoint_every=30),
+        tmp_path / "once",
+        dirs,
+    )
+    assert [(c.step, c.ok) for c in often.checkpoints] == [(15, True), (30, True)]
+    assert once.checkpoints_verified == 1
+    assert often.params_sha256 == once.params_sha256
+    assert not often.warnings and not once.warnings
+    forget("tests_keyed_momentum")
+
+
+NOISY_SGD = """
+import keras
+import tensorflow as tf
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class NoisySgd(keras.optimizers.Optimizer):
+    '''SGD with gradient noise from TensorFlow's global random stream: no state to lose, but no two
+    runs of its step agree.'''
+
+    def __init__(self, learning_rate=0.01, noise=0.01, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+        self.noise = noise
+
+    def update_step(self, gradient, variable, learning_rate):
+        noisy = gradient + self.noise * tf.random.normal(tf.shape(gradient), dtype=gradient.dtype)
+        variable.assign_sub(tf.cast(learning_rate, variable.dtype) * noisy)
+
+    def get_config(self):
+        return {**super().get_config(), "noise": self.noise}
+"""
+
+
+@pytest.mark.parametrize("every", [10, 30], ids=["next step follows", "after the last step"])
+def test_a_step_that_draws_random_numbers_is_told_not_failed(every: int, tmp_path: Path) -> None:
+    """Its step differs from the saved and the restored objects alike, as it differs between any two
+    runs: the probe cannot tell lost state from the draws, and says so instead of failing the job (as
+    `optlab check` calls such a class's draws by design a warning)."""
+    dirs = plugin(tmp_path, "noisy_sgd", NOISY_SGD)
+    result = run(
+        tf_spec("noisy_sgd", "keras", {"lr": 0.05}, steps=30, checkpoint_every=every), tmp_path, dirs
+    )
+    assert all(c.ok for c in result.checkpoints)
+    assert result.warnings and all("draws random numbers" in w for w in result.warnings), result.warnings
+    forget("tests_noisy_sgd")
