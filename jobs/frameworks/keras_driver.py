@@ -855,6 +855,8 @@ class KerasSession(TrainingSession):
         try:
             loss, grad_norm = compiled(*batch)
         except Exception as graph_error:
+            if step == 0:
+                self._explain_schedule_read(graph_error)
             if step == 0 and objects.replicated_step is None:
                 self._explain_graph_failure(graph_error, batch)  # where a graph-only fault shows
             raise
@@ -877,6 +879,20 @@ class KerasSession(TrainingSession):
             for index, value in zip(indices, read.tolist(), strict=True):
                 floats[index] = float(value)
         return floats
+
+    def _explain_schedule_read(self, error: Exception) -> None:
+        """A class that reads its rate as a number (`_get_hyper("learning_rate")` used as a tensor)
+        fails on the schedule object a job always gives it, even for the constant schedule, in words
+        that name only that object ("Expected float32, but got <...OptlabLegacySchedule...>")."""
+        schedule = self.driver.schedule_class().__name__
+        if schedule not in str(error):
+            return
+        raise TypeError(
+            f"optimizer {self.entry.name!r} ({self.entry.style}) reads its learning rate as a number"
+            f"{self._user_frame(error)}, but a job always gives it a LearningRateSchedule ({schedule}, "
+            f"which follows spec.schedule, the constant one too): {self.driver.advice.read_lr_each_step}. "
+            f"TensorFlow said: {type(error).__name__}: {_head_and_tail(' '.join(str(error).split()))}"
+        ) from error
 
     def _explain_graph_failure(self, graph_error: Exception, batch: Any) -> None:
         """Retry the first update eagerly on fresh objects: if that works, the optimizer is

@@ -631,3 +631,45 @@ def test_a_class_that_does_not_declare_sparse_support_gets_an_embeddings_gradien
     )
     result = run(spec, tmp_path, dirs)
     assert result.checkpoints_verified == 2 and np.isfinite(result.final["train_loss"])
+
+
+RATE_AS_NUMBER = """
+import tf_keras
+
+
+@tf_keras.utils.register_keras_serializable(package="tests")
+class RateAsNumber(tf_keras.optimizers.legacy.Optimizer):
+    '''Reads its rate as the number it was given, as a class written for fixed rates does.'''
+
+    def __init__(self, learning_rate=0.01, name="RateAsNumber", **kwargs):
+        super().__init__(name, **kwargs)
+        self._set_hyper("learning_rate", learning_rate)
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        return var.assign_sub(self._get_hyper("learning_rate", var.dtype) * grad)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(learning_rate=self._serialize_hyperparameter("learning_rate"))
+        return config
+"""
+
+
+def test_a_class_that_reads_its_rate_as_a_number_is_told_a_job_gives_it_a_schedule(tmp_path: Path) -> None:
+    """TensorFlow names only the object ("Expected float32, but got <...OptlabLegacySchedule...>"),
+    and on the constant schedule the user asked for none."""
+    dirs = plugin(tmp_path, "rate_as_number", RATE_AS_NUMBER)
+    spec = tf_spec("rate_as_number", "tf_legacy", {"lr": 0.05}, schedule={"name": "constant"}, steps=4)
+    with pytest.raises(TypeError) as failed:
+        run(spec, tmp_path, dirs)
+    message = str(failed.value)
+    assert message.startswith(
+        "optimizer 'rate_as_number' (tf_legacy) reads its learning rate as a number at "
+    )
+    assert "rate_as_number.py:" in message
+    assert (
+        "a job always gives it a LearningRateSchedule (OptlabLegacySchedule, which follows spec.schedule"
+        in message
+    )
+    assert "self._decayed_lr(var_dtype)" in message
+    sys.modules.pop("tests_rate_as_number", None)
