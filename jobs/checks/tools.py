@@ -17,6 +17,7 @@ import random
 import re
 import traceback
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
@@ -82,9 +83,69 @@ def draws_randomly(ctx: CheckContext) -> bool:
                 driver.step(optimizer, variables, arrays(SHAPES, seed=60 + step), ctx.needs)
             moved_a_generator = moved_a_generator or _global_random_states(ctx) != before
             runs.append(driver.values(variables) + [value for _, value in driver.state(optimizer)])
-    answer = moved_a_generator or max_diff(*runs) > 0
+    # Runs that differ because an earlier one changed what every instance shares (a module-level
+    # step counter) are not random: that is a fault, which the callers' comparisons must still see.
+    answer = moved_a_generator or (max_diff(*runs) > 0 and not state_shared_by_instances(ctx))
     ctx.notes["draws_randomly"] = answer
     return answer
+
+
+def state_shared_by_instances(ctx: CheckContext) -> list[str]:
+    """Arrays the class's own modules hold at their top level, or on the class itself, that its steps
+    change: one value every instance (and every replica in one process) shares, and no save holds.
+    Cached."""
+    known = ctx.notes.get("state_shared_by_instances")
+    if isinstance(known, list):
+        return known
+    with same_draws(ctx, 1):
+        before = _shared_arrays(ctx)
+        optimizer, variables = fresh(ctx)
+        for step in range(WARMUP_STEPS):
+            ctx.driver.step(optimizer, variables, arrays(SHAPES, seed=60 + step), ctx.needs)
+        after = _shared_arrays(ctx)
+    changed = sorted(name for name, value in after.items() if before.get(name) != value)
+    ctx.notes["state_shared_by_instances"] = changed
+    return changed
+
+
+def _shared_arrays(ctx: CheckContext) -> dict[str, bytes]:
+    """The bytes of every tensor or variable (anything with a shape and a dtype that numpy reads)
+    the user's classes, and the modules they are defined in, hold as attributes."""
+    holders: dict[str, Any] = {}
+    for cls in user_classes(ctx.target.entry.cls):
+        module = inspect.getmodule(cls)
+        if module is not None:  # named by its file: a plugin's module has a name made up for it
+            holders[Path(module.__file__).name if module.__file__ else module.__name__] = module
+        holders[cls.__qualname__] = cls
+    found: dict[str, bytes] = {}
+    for prefix, holder in holders.items():
+        for name, value in list(vars(holder).items()):
+            if not name.startswith("__"):
+                found.update(_arrays_in(f"{prefix}.{name}", value, depth=2))
+    return found
+
+
+def _arrays_in(name: str, value: Any, depth: int) -> dict[str, bytes]:
+    """The bytes of `value` where it is an array (a shape and a dtype numpy reads), or of those a
+    dict, list or tuple of it holds (a registry of shared variables, `_SHARED["t"]`), by name."""
+    if isinstance(value, type) or inspect.ismodule(value):
+        return {}
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        try:
+            return {name: np.array(value).tobytes()}
+        except Exception:  # not a host array (a GPU tensor numpy cannot read): not compared
+            return {}
+    items = (
+        value.items()
+        if isinstance(value, dict)
+        else enumerate(value)
+        if isinstance(value, list | tuple)
+        else ()
+    )
+    found: dict[str, bytes] = {}
+    for key, item in list(items)[:64] if depth else ():
+        found.update(_arrays_in(f"{name}[{key!r}]", item, depth - 1))
+    return found
 
 
 def _global_random_states(ctx: CheckContext) -> tuple[Any, ...]:

@@ -20,6 +20,7 @@ from jobs.checks.fresh import distributed, resume_exact, spawner
 from jobs.checks.report import Outcome
 from jobs.checks.runner import validated_params
 from jobs.checks.target import resolve_target
+from jobs.checks.tools import draws_randomly, state_shared_by_instances
 
 REPO = Path(__file__).resolve().parents[2]
 BROKEN = Path(__file__).parent / "broken"
@@ -322,3 +323,19 @@ def test_a_distributed_failure_names_the_python_counter_every_replica_changes(tm
     assert outcome.status == "fail", outcome
     assert "the class keeps self._t, a Python number its step changes" in outcome.detail
     assert "`iterations`" in outcome.detail and "self.add_weight in tf.keras" in outcome.detail
+
+
+def test_state_shared_by_instances_is_a_fault_not_random_draws(tmp_path: Path) -> None:
+    """Runs of such a class differ as a random one's do: `distributed` had warned that it "draws
+    random numbers in its steps (by design)", which it never does."""
+    for folder in ("torch", "random", "keras"):
+        (tmp_path / folder).mkdir()
+    shared = context("tests.checks.shared_state:SharedCounterSGD", "torch", tmp_path / "torch")
+    assert state_shared_by_instances(shared) == ["shared_state.py.STEPS"]
+    assert not draws_randomly(shared)
+    randomly = context("tests.checks.global_random_draws:GlobalRandomSGD", "torch", tmp_path / "random")
+    assert draws_randomly(randomly) and state_shared_by_instances(randomly) == []
+    keras_class = f"{REPO / 'tests' / 'checks' / 'keras_shared_state.py'}:SharedStepMomentum"
+    outcome = distributed(context(keras_class, "keras", tmp_path / "keras"))
+    assert outcome.status == "fail", outcome.detail
+    assert "the class keeps keras_shared_state.py._SHARED['t'] outside its instances" in outcome.detail

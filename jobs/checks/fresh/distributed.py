@@ -23,7 +23,7 @@ from jobs.checks.fresh.results import (
 )
 from jobs.checks.fresh.spawner import ChildFailed, failed_in_child, run_fresh
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
-from jobs.checks.tools import draws_randomly, python_counters
+from jobs.checks.tools import draws_randomly, python_counters, state_shared_by_instances
 
 
 def distributed(ctx: CheckContext) -> Outcome:
@@ -188,6 +188,17 @@ def judge(
                 where=ctx.where(),
                 fix=f"seed the optimizer's draws alike on every {words.replica} (a generator of its own, "
                 "seeded from the step) or broadcast what it draws",
+                figure=max_abs_difference(first, other),
+            )
+        shared = state_shared_by_instances(ctx) if apart else []
+        if shared:
+            return failed(
+                f"under {words.setup}, {words.replica} {number} holds other values than {words.replica} 0 "
+                f"after {DISTRIBUTED_STEPS} steps on the same averaged gradients ({apart}): the class keeps "
+                f"{', '.join(shared)} outside its instances, and its steps change it, so every "
+                f"{words.replica}'s update moves the one value all of them read",
+                where=ctx.where(),
+                fix=COUNTER_FIX,
                 figure=max_abs_difference(first, other),
             )
         if apart:
