@@ -702,6 +702,7 @@ class KerasSession(TrainingSession):
         # The objects training left at the last checkpoint: the next one's target, reset first to
         # the values a fresh build holds (`as_built`), so building (and tracing) happens once a job.
         self.spare: KerasObjects | None = None
+        self.told_inconclusive = False  # a probe step that could not be compared (`_tell_once`)
         self.as_built: list[np.ndarray] | None = None
         self.whole_model_proven = False
         if self.strategy is not None:  # the data on the first device, the result naming them all
@@ -980,20 +981,18 @@ class KerasSession(TrainingSession):
         reloaded, written = self._checkpoint_of_record(objects, path / "ckpt")
         self.spare = objects  # verified: the next checkpoint's target (the probe steps it first)
         checkpointed = Checkpointed(reloaded, path, warnings)
+        draws = self._unseeded_draws()  # where the loop's next step starts drawing from
         if next_step_follows:
 
             def confirm(stepped: KerasObjects) -> None:
                 batch = self.batch(step)
-                self.train_step(objects, batch, step)  # the step the loop took from `reloaded`
-                untold = self._compare_after_step(objects, stepped, step, batch)
-                if untold:
-                    checkpointed.warnings.append(untold)
+                with self._drawing_from(draws):  # the numbers the loop's step from `reloaded` drew
+                    self.train_step(objects, batch, step)
+                self._tell_once(checkpointed, self._compare_after_step(objects, stepped, step, batch))
 
             checkpointed.confirm = confirm
         else:
-            untold = self._probe_step(objects, reloaded, written, step)
-            if untold:
-                checkpointed.warnings.append(untold)
+            self._tell_once(checkpointed, self._probe_step(objects, reloaded, written, step, draws))
         # Written last, so a folder without it is a checkpoint that never finished. Batches are a
         # pure function of (seed, step) and the schedule reads `iterations`: the step is the position.
         state = {"step": step, "data_position": step, "spec": self.spec.model_dump_json()}
@@ -1170,19 +1169,58 @@ class KerasSession(TrainingSession):
             f"{self.driver.state_fix}"
         )
 
-    def _probe_step(self, saved: KerasObjects, restored: KerasObjects, written: str, step: int) -> str | None:
-        """After the last step: the saved and the restored objects take the same step, which must
-        agree, and the restored ones are read back to the checkpoint (training ends with them).
+    def _probe_step(
+        self, saved: KerasObjects, restored: KerasObjects, written: str, step: int, draws: Any
+    ) -> str | None:
+        """After the last step: the saved and the restored objects take the same step, drawing the
+        same numbers (`draws`), which must agree, and the restored ones are read back to the
+        checkpoint (training ends with them).
 
         The step is taken where the schedule's rate is highest (`iterations` set there in both), so
         the rate of a schedule that ends at 0 cannot hide a difference."""
         probe = max(range(self.spec.steps), key=self.lr_multiplier)
         for objects in (saved, restored):
             objects.optimizer.iterations.assign(probe)
-            self.train_step(objects, self.batch(probe), probe)
+            with self._drawing_from(draws):
+                self.train_step(objects, self.batch(probe), probe)
         untold = self._compare_after_step(saved, restored, step, self.batch(probe))
         self._saver(restored).read(written).assert_consumed()
         return untold
+
+    def _unseeded_draws(self) -> tuple[Any, Any] | None:
+        """Keras 3's global SeedGenerator and where it stands: what `keras.random.*` without a seed
+        draws from, a variable no checkpoint holds. None where there is none (it is made at the first
+        unseeded draw; legacy tf.keras draws from TensorFlow's op-seeded streams instead)."""
+        if self.entry.style != "keras":
+            return None
+        from keras.src.backend.common import global_state
+        from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
+
+        generator = global_state.get_global_attribute(GLOBAL_SEED_GENERATOR)
+        return None if generator is None else (generator, np.array(generator.state.numpy()))
+
+    @contextmanager
+    def _drawing_from(self, draws: tuple[Any, Any] | None) -> Iterator[None]:
+        """A probe step drawing the numbers the loop's step drew (`draws`, taken where it started),
+        the stream put back after it: the probe leaves training's draws as they were, as torch's
+        take_probe_step does with its random state."""
+        if draws is None:
+            yield
+            return
+        generator, start = draws
+        now = np.array(generator.state.numpy())
+        generator.state.assign(start)
+        try:
+            yield
+        finally:
+            generator.state.assign(now)
+
+    def _tell_once(self, checkpointed: Checkpointed, warning: str | None) -> None:
+        """A probe told inconclusive once a job, not at every checkpoint: its cause is the class's,
+        the same each time (a long job's result had held one such line per checkpoint)."""
+        if warning and not self.told_inconclusive:
+            self.told_inconclusive = True
+            checkpointed.warnings.append(f"{warning} (told once: later checkpoints' probes are alike)")
 
     def _compare_after_step(
         self, saved: KerasObjects, restored: KerasObjects, step: int, batch: Any
