@@ -344,6 +344,7 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     url = args.api or os.environ.get("OPTLAB_API_URL") or f"http://{settings.api_host}:{settings.api_port}"
     client = ApiClient(url)
+    job: dict[str, Any] | None = None
     try:
         job = client.submit(spec)
         print(f"job {job['id']} {job['status']}: {url}/jobs/{job['id']}")
@@ -354,9 +355,8 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
         print(f"optlab submit: {exc}", file=sys.stderr)
         return 2 if exc.is_usage_error else 1
     except KeyboardInterrupt:
-        print(
-            stopped_waiting("optlab submit", f"job {job['id']}", f"{url}/jobs/{job['id']}"), file=sys.stderr
-        )
+        what = None if job is None else (f"job {job['id']}", f"{url}/jobs/{job['id']}")
+        print(stopped_waiting("optlab submit", what, f"{url}/jobs"), file=sys.stderr)
         return 130
     finally:
         client.close()
@@ -379,6 +379,7 @@ def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     url = args.api or os.environ.get("OPTLAB_API_URL") or f"http://{settings.api_host}:{settings.api_port}"
     client = ApiClient(url)
+    study: dict[str, Any] | None = None
     try:
         study = client.submit_study(spec)
         print(
@@ -391,8 +392,8 @@ def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
         print(f"optlab study: {exc}", file=sys.stderr)
         return 2 if exc.is_usage_error else 1
     except KeyboardInterrupt:
-        where = f"{url}/studies/{study['id']}"
-        print(stopped_waiting("optlab study", f"study {study['id']}", where), file=sys.stderr)
+        what = None if study is None else (f"study {study['id']}", f"{url}/studies/{study['id']}")
+        print(stopped_waiting("optlab study", what, f"{url}/studies"), file=sys.stderr)
         return 130
     finally:
         client.close()
@@ -414,12 +415,16 @@ def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
     return study_exit_status(study)
 
 
-def stopped_waiting(command: str, what: str, address: str) -> str:
+def stopped_waiting(command: str, what: tuple[str, str] | None, listing: str) -> str:
     """Ctrl-C stops the waiting, not the work: say so, and how to follow or cancel it (it had exited
-    130 without a word while the job trained on)."""
+    130 without a word while the job trained on). `what`: its name and address; None when the
+    submission itself was interrupted, so whether the API took it is not known."""
+    if what is None:
+        return f"\n{command}: interrupted before the API answered; it may have taken it: see {listing}"
+    name, address = what
     auth = ' -H "Authorization: Bearer $OPTLAB_TOKEN"' if os.environ.get("OPTLAB_TOKEN") else ""
     return (
-        f"\n{command}: stopped waiting; {what} goes on. Follow it at {address}; cancel it with "
+        f"\n{command}: stopped waiting; {name} goes on. Follow it at {address}; cancel it with "
         f"curl -X POST -H 'Content-Type: application/json'{auth} {address}/cancel"
     )
 

@@ -246,10 +246,23 @@ class TrainingSession(ABC):
     """
 
     device: str
+    # A checkpoint's probe step that could not be compared was told (`tell_once`).
+    told_inconclusive: bool = False
 
     def scope(self) -> AbstractContextManager[Any]:
         """Where the loop's work runs (TensorFlow: a device scope); nothing by default."""
         return nullcontext()
+
+    def tell_once(self, checkpointed: Checkpointed, step: int, inconclusive: str | None) -> None:
+        """A probe step told inconclusive once a job, not at every checkpoint: its cause is the
+        class's (a nondeterministic op, random draws), the same each time, and a long job's result
+        had held one such line per checkpoint."""
+        if inconclusive and not self.told_inconclusive:
+            self.told_inconclusive = True
+            checkpointed.warnings.append(
+                f"step {step}: {inconclusive} (told once a job: later checkpoints whose probe step is "
+                "inconclusive too are not listed)"
+            )
 
     @abstractmethod
     def build(self) -> Any:

@@ -702,7 +702,6 @@ class KerasSession(TrainingSession):
         # The objects training left at the last checkpoint: the next one's target, reset first to
         # the values a fresh build holds (`as_built`), so building (and tracing) happens once a job.
         self.spare: KerasObjects | None = None
-        self.told_inconclusive = False  # a probe step that could not be compared (`_tell_once`)
         self.as_built: list[np.ndarray] | None = None
         self.whole_model_proven = False
         if self.strategy is not None:  # the data on the first device, the result naming them all
@@ -988,11 +987,11 @@ class KerasSession(TrainingSession):
                 batch = self.batch(step)
                 with self._drawing_from(draws):  # the numbers the loop's step from `reloaded` drew
                     self.train_step(objects, batch, step)
-                self._tell_once(checkpointed, self._compare_after_step(objects, stepped, step, batch))
+                self.tell_once(checkpointed, step, self._compare_after_step(objects, stepped, step, batch))
 
             checkpointed.confirm = confirm
         else:
-            self._tell_once(checkpointed, self._probe_step(objects, reloaded, written, step, draws))
+            self.tell_once(checkpointed, step, self._probe_step(objects, reloaded, written, step, draws))
         # Written last, so a folder without it is a checkpoint that never finished. Batches are a
         # pure function of (seed, step) and the schedule reads `iterations`: the step is the position.
         state = {"step": step, "data_position": step, "spec": self.spec.model_dump_json()}
@@ -1215,13 +1214,6 @@ class KerasSession(TrainingSession):
         finally:
             generator.state.assign(now)
 
-    def _tell_once(self, checkpointed: Checkpointed, warning: str | None) -> None:
-        """A probe told inconclusive once a job, not at every checkpoint: its cause is the class's,
-        the same each time (a long job's result had held one such line per checkpoint)."""
-        if warning and not self.told_inconclusive:
-            self.told_inconclusive = True
-            checkpointed.warnings.append(f"{warning} (told once: later checkpoints' probes are alike)")
-
     def _compare_after_step(
         self, saved: KerasObjects, restored: KerasObjects, step: int, batch: Any
     ) -> str | None:
@@ -1259,7 +1251,7 @@ class KerasSession(TrainingSession):
             draws = self._unsaved_random_ops(restored, batch)
             if draws:
                 return (
-                    f"step {step}: the step after the checkpoint could not be compared: it draws random "
+                    f"the step after the checkpoint could not be compared: it draws random "
                     f"numbers ({', '.join(draws)}) from TensorFlow's op-seeded streams, whose position no "
                     f"checkpoint holds, so the saved and the restored objects' steps differ ({what}, max abs "
                     f"difference {diff:.3g}) as any two runs of it do; the saved and restored variables "

@@ -441,7 +441,8 @@ NONDETERMINISTIC_OP = re.compile(r"^(?P<op>\S.*?) does not have a deterministic 
 @contextmanager
 def nondeterministic_ops() -> Iterator[list[str]]:
     """The ops torch warns, inside, have no deterministic implementation (each named once). Every
-    warning is recorded, then issued again as it came, so the caller's filters still see them all."""
+    warning is recorded, then issued again as it came, the first time only (so the caller's filters
+    see each, and a job's log does not repeat it at every checkpoint)."""
     ran: list[str] = []
     caught: list[warnings.WarningMessage] = []
     try:
@@ -453,14 +454,14 @@ def nondeterministic_ops() -> Iterator[list[str]]:
             named = NONDETERMINISTIC_OP.match(str(warning.message))
             if named and issubclass(warning.category, UserWarning) and named["op"] not in ran:
                 ran.append(named["op"])
-            # One registry for all of them: a warning the "default" filter showed once is not
-            # shown again at every checkpoint.
-            warnings.warn_explicit(
-                warning.message, warning.category, warning.filename, warning.lineno, registry=_REISSUED
-            )
+            # Not a registry for warn_explicit: every catch_warnings exit resets registries.
+            seen = (str(warning.message), warning.category, warning.filename, warning.lineno)
+            if seen not in _REISSUED:
+                _REISSUED.add(seen)
+                warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
 
 
-_REISSUED: dict[Any, Any] = {}
+_REISSUED: set[tuple[str, type[Warning], str, int]] = set()
 
 
 # How far apart two steps that ran a nondeterministic op may be, as a fraction of the step itself
@@ -552,20 +553,22 @@ def _relative_difference(
             if first_difference(x, y, key) is not None:  # integers count, they do not round
                 return None
             continue
-        if _equal_or_both_nan(x.detach().cpu(), y.detach().cpu()):
+        if _equal_or_both_nan(x.detach(), y.detach()):
             continue
-        wide = torch.complex128 if x.is_complex() else torch.float64
-        x64, y64 = x.detach().cpu().to(wide), y.detach().cpu().to(wide)
+        # On the tensors' own device, one tensor at a time, at least in float32: only a few norms are
+        # needed, and host copies of a whole model in float64 had cost a large one gigabytes.
+        wide = torch.promote_types(x.dtype, torch.float32)
+        xw, yw = x.detach().to(wide), y.detach().to(wide)
         start = starts.get(key)
         if isinstance(start, torch.Tensor) and start.shape == x.shape:  # a parameter: its step
-            s64 = start.detach().cpu().to(wide)
+            sw = start.detach().to(device=x.device, dtype=wide)
             # Or one rounding of the values themselves, where the step is smaller than that (a
             # low-precision parameter that barely moves): a last bit rounded the other way is no loss.
-            rounding = torch.finfo(x.dtype).eps * max(_norm2(x64), _norm2(y64))
-            scale = max(_norm2(x64 - s64), _norm2(y64 - s64), rounding)
+            rounding = torch.finfo(x.dtype).eps * max(_norm2(xw), _norm2(yw))
+            scale = max(_norm2(xw - sw), _norm2(yw - sw), rounding)
         else:  # an optimizer state tensor: its own size
-            scale = max(_norm2(x64), _norm2(y64))
-        gap = _norm2(x64 - y64)  # NaN where only one holds NaN: inf, beyond any rounding
+            scale = max(_norm2(xw), _norm2(yw))
+        gap = _norm2(xw - yw)  # NaN where only one holds NaN: inf, beyond any rounding
         size = gap / scale if scale and math.isfinite(gap) else math.inf
         if size > largest[1]:
             largest = (key, size)
@@ -1343,9 +1346,7 @@ def join_ranks(rank: Rank, device: torch.device) -> None:
     """Join the job's DDP process group: gloo on CPU, NCCL on GPUs; ranks meet through a file store."""
     import torch.distributed as dist
 
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = "nccl" if device.type == "cuda" else "gloo"  # NCCL on the current device (the session's)
     dist.init_process_group(
         backend,
         init_method=f"file://{rank.store}",
@@ -1405,6 +1406,11 @@ class TorchSession(TrainingSession):
         self.rank = current_rank() if spec.distribution is not None else None
         self.torch_device = rank_device(spec.device, self.rank)
         self.device = str(self.torch_device)
+        if self.torch_device.type == "cuda":
+            # The job's GPU is the current one: torch.cuda's random stream (rng_state, which a
+            # checkpoint holds and a probe step puts back) and NCCL act on it. A job run by hand
+            # on cuda:1 had saved and put back cuda:0's stream while drawing from cuda:1's.
+            torch.cuda.set_device(self.torch_device)
         if self.rank is not None:
             join_ranks(self.rank, self.torch_device)
             self.device += f" (ddp rank {self.rank.rank} of {self.rank.world})"
@@ -1643,9 +1649,7 @@ class TorchSession(TrainingSession):
             checkpointed = Checkpointed(reloaded, path)
 
             def confirm(stepped: TrainObjects) -> None:
-                inconclusive = verify_next_step(objects, stepped, ran=ran, before=before)
-                if inconclusive:
-                    checkpointed.warnings.append(f"step {step}: {inconclusive}")
+                self.tell_once(checkpointed, step, verify_next_step(objects, stepped, ran=ran, before=before))
 
             checkpointed.confirm = confirm
             return checkpointed
@@ -1662,10 +1666,12 @@ class TorchSession(TrainingSession):
 
         # The saved model, which nothing steps (load_state_dict copies it into `reloaded`): what the
         # probe's step changed, should a nondeterministic op make the two steps differ.
+        checkpointed = Checkpointed(reloaded, path)
         inconclusive = verify_roundtrip(
             objects, reloaded, twin, probe_at_a_training_rate, checkpoint["model"]
         )
-        return Checkpointed(reloaded, path, warnings=[f"step {step}: {inconclusive}"] if inconclusive else [])
+        self.tell_once(checkpointed, step, inconclusive)
+        return checkpointed
 
     def checkpoint_path(self, folder: Path, step: int) -> Path:
         return folder / f"step-{step:08d}.pt"

@@ -235,7 +235,9 @@ def test_a_step_that_draws_random_numbers_is_told_not_failed(every: int, tmp_pat
     assert all(c.ok for c in result.checkpoints)
     (warning,) = result.warnings  # once a job, not at every checkpoint
     assert "draws random numbers (RandomStandardNormal)" in warning
-    assert warning.endswith("(told once: later checkpoints' probes are alike)")
+    assert warning.endswith(
+        "(told once a job: later checkpoints whose probe step is inconclusive too are not listed)"
+    )
     forget("tests_noisy_sgd")
 
 

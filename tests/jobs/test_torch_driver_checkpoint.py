@@ -520,3 +520,24 @@ def test_a_gpu_jobs_peak_memory_is_in_its_result(
     job.session.torch_device = torch.device("cuda", 0)  # as a job on a GPU has it
     assert job.session.details(None) == {"gpu_memory_peak_mb": 3.5}
     assert asked == [torch.device("cuda", 0)]
+
+
+class MadeCurrent(Exception):
+    """Where the test stops the session: torch.cuda.set_device was called."""
+
+
+def test_a_job_on_one_gpu_makes_it_the_current_device(
+    make_job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch.cuda's random stream calls act on the current device: a job run by hand on cuda:1 had
+    saved (and a probe step put back) cuda:0's stream while it drew from cuda:1's. Only DDP ranks had
+    set their device."""
+    from jobs.frameworks import torch_driver
+
+    def made_current(device: torch.device) -> None:
+        raise MadeCurrent(str(device))
+
+    monkeypatch.setattr(torch_driver, "rank_device", lambda requested, rank: torch.device("cuda", 1))
+    monkeypatch.setattr(torch.cuda, "set_device", made_current)
+    with pytest.raises(MadeCurrent, match=r"^cuda:1$"):
+        make_job(digits_spec(steps=2, checkpoint_every=2, eval_every=2))

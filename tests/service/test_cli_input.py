@@ -207,3 +207,27 @@ def test_the_help_says_what_each_argument_takes(capsys: pytest.CaptureFixture[st
     for option in ("--host HOST", "--port PORT"):
         line = next(line for line in api.splitlines() if line.strip().startswith(option))
         assert line.strip() != option, f"{option} has no help"
+
+
+@pytest.mark.parametrize(("command", "path"), [("submit", "jobs"), ("study", "studies")])
+def test_ctrl_c_before_the_api_answered_says_it_may_have_taken_it(
+    command: str,
+    path: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A submission waits through an API that does not answer: Ctrl-C there had raised a traceback."""
+    spec = tmp_path / "spec.json"
+    spec.write_text('{"steps": 1}')
+
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ApiClient, "submit", interrupted)
+    monkeypatch.setattr(ApiClient, "submit_study", interrupted)
+    assert cli.main([command, str(spec), "--wait", "--api", "http://127.0.0.1:9"]) == 130
+    assert capsys.readouterr().err.strip() == (
+        f"optlab {command}: interrupted before the API answered; it may have taken it: see "
+        f"http://127.0.0.1:9/{path}"
+    )
