@@ -157,6 +157,12 @@ def resolve_target(
         raise UsageError(f"--framework must be torch or tensorflow; received {framework!r}")
     if style is not None and style not in STYLES:
         raise UsageError(f"--style must be one of {', '.join(STYLES)}; received {style!r}")
+    if framework is not None and style is not None and style not in STYLES_OF_FRAMEWORK[framework]:
+        # The style alone decides which class is checked: the framework had been ignored in silence.
+        raise UsageError(
+            f"--style {style} is not a {framework} style ({framework}: "
+            f"{', '.join(STYLES_OF_FRAMEWORK[framework])}); give one of those, or leave --framework out"
+        )
     if is_class_reference(text):
         entry = _class_entry(text)
         if (style is not None and entry.style != style) or framework not in (None, entry.framework):

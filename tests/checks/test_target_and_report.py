@@ -61,6 +61,11 @@ def test_a_file_reference_and_a_module_reference_resolve_to_their_classes() -> N
         (":SGD", {}, "':SGD': nothing before the colon; give path/to/file.py:ClassName or package"),
         ("no_such_optimizer", {"framework": "torch"}, "no optimizer named 'no_such_optimizer' is registered"),
         ("lion", {"framework": "jax"}, "--framework must be torch or tensorflow; received 'jax'"),
+        (
+            "lion",
+            {"framework": "tensorflow", "style": "torch"},
+            "--style torch is not a tensorflow style (tensorflow: keras, tf_legacy); give one of those",
+        ),
     ],
 )
 def test_usage_errors_say_what_is_wrong(text: str, options: dict[str, str], message: str) -> None:
