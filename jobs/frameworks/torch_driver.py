@@ -1409,8 +1409,9 @@ class TorchSession(TrainingSession):
         if self.torch_device.type == "cuda":
             # The job's GPU is the current one: torch.cuda's random stream (rng_state, which a
             # checkpoint holds and a probe step puts back) and NCCL act on it. A job run by hand
-            # on cuda:1 had saved and put back cuda:0's stream while drawing from cuda:1's.
-            torch.cuda.set_device(self.torch_device)
+            # on cuda:1 had saved and put back cuda:0's stream while drawing from cuda:1's. An index
+            # always: set_device refuses a bare "cuda" (`auto`'s and `cuda`'s), which means GPU 0.
+            torch.cuda.set_device(self.torch_device.index or 0)
         if self.rank is not None:
             join_ranks(self.rank, self.torch_device)
             self.device += f" (ddp rank {self.rank.rank} of {self.rank.world})"

@@ -526,18 +526,23 @@ class MadeCurrent(Exception):
     """Where the test stops the session: torch.cuda.set_device was called."""
 
 
+@pytest.mark.parametrize(("device", "index"), [(torch.device("cuda", 1), 1), (torch.device("cuda"), 0)])
 def test_a_job_on_one_gpu_makes_it_the_current_device(
-    make_job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+    device: torch.device, index: int, make_job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """torch.cuda's random stream calls act on the current device: a job run by hand on cuda:1 had
     saved (and a probe step put back) cuda:0's stream while it drew from cuda:1's. Only DDP ranks had
-    set their device."""
+    set their device. A bare "cuda" (`auto`, `cuda`) is GPU 0: torch's set_device refuses it."""
     from jobs.frameworks import torch_driver
 
-    def made_current(device: torch.device) -> None:
-        raise MadeCurrent(str(device))
+    real = torch.cuda.set_device
 
-    monkeypatch.setattr(torch_driver, "rank_device", lambda requested, rank: torch.device("cuda", 1))
+    def made_current(chosen: Any) -> None:
+        with pytest.raises(ValueError, match=r"Expected a torch\.device with a specified index"):
+            real(torch.device("cuda"))  # a bare "cuda": no index, refused
+        raise MadeCurrent(repr(chosen))
+
+    monkeypatch.setattr(torch_driver, "rank_device", lambda requested, rank: device)
     monkeypatch.setattr(torch.cuda, "set_device", made_current)
-    with pytest.raises(MadeCurrent, match=r"^cuda:1$"):
+    with pytest.raises(MadeCurrent, match=rf"^{index}$"):
         make_job(digits_spec(steps=2, checkpoint_every=2, eval_every=2))
