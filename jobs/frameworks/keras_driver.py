@@ -1192,9 +1192,11 @@ class KerasSession(TrainingSession):
         unseeded draw; legacy tf.keras draws from TensorFlow's op-seeded streams instead)."""
         if self.entry.style != "keras":
             return None
-        from keras.src.backend.common import global_state
-        from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
-
+        try:  # Keras's own module, not its public API: a Keras without it draws as before
+            from keras.src.backend.common import global_state
+            from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
+        except ImportError:
+            return None
         generator = global_state.get_global_attribute(GLOBAL_SEED_GENERATOR)
         return None if generator is None else (generator, np.array(generator.state.numpy()))
 
