@@ -446,8 +446,15 @@ class JobSpec(BaseModel):
 
     def run_name(self) -> str:
         """How the run reads in the MLflow UI: `ema_momentum lr=0.05 digits_mlp seed=0`,
-        `lookahead(adamw) lr=0.001 digits_mlp seed=0`."""
-        return f"{optimizer_label(self.optimizer.model_dump())} {self.workload.name} seed={self.seed}"
+        `lookahead(adamw) lr=0.001 digits_mlp seed=0`; a tensorflow job's names its style,
+        `ema_momentum (tf_legacy) lr=0.05 digits_mlp seed=0`: its runs and a torch job's of the same
+        optimizer had read alike in one experiment's charts."""
+        label = optimizer_label(self.optimizer.model_dump())
+        if self.framework != "torch":
+            name, _, rest = label.partition(" ")
+            style = self.optimizer.style or default_style(self.framework)
+            label = f"{name} ({style}) {rest}".rstrip()
+        return f"{label} {self.workload.name} seed={self.seed}"
 
     def flat_params(self) -> dict[str, str]:
         """The spec as MLflow params: `optimizer.name`, `optimizer.lr`, `schedule.name`, ..."""

@@ -112,6 +112,14 @@ def test_run_name_reads_well_in_the_ui(optimizer: dict[str, Any], seed: int, exp
     assert JobSpec.model_validate(example(optimizer=optimizer, seed=seed)).run_name() == expected
 
 
+def test_a_tensorflow_runs_name_says_its_style() -> None:
+    """Its runs and a torch job's of the same optimizer had read alike in one experiment's charts."""
+    tensorflow = example(framework="tensorflow", optimizer={"name": "ema_momentum", "params": {"lr": 0.05}})
+    assert JobSpec.model_validate(tensorflow).run_name() == "ema_momentum (keras) lr=0.05 digits_mlp seed=0"
+    legacy = example(framework="tensorflow", optimizer={"name": "adam", "style": "tf_legacy"})
+    assert JobSpec.model_validate(legacy).run_name() == "adam (tf_legacy) digits_mlp seed=0"
+
+
 def test_flat_params_are_dotted_strings() -> None:
     spec = JobSpec.model_validate(
         example(optimizer={"name": "adam", "params": {"lr": 0.001, "betas": [0.9, 0.99]}})
