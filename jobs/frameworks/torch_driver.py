@@ -389,13 +389,25 @@ def verify_state(original: TrainObjects, reloaded: TrainObjects) -> None:
             raise CheckpointMismatch(f"checkpoint round-trip lost state: {found}")
 
 
+def holds_a_rate(group: Mapping[str, Any]) -> bool:
+    """A param group with a rate a schedule can scale: an `lr` that is not None (A2Grad and
+    Adafactor's relative step keep `lr: None`, which LambdaLR multiplies and fails on)."""
+    return group.get("lr") is not None
+
+
 def schedule_unreachable(optimizer: Any, lr_arg: str) -> ScheduleUnreachable | None:
     """Why no LRScheduler can set this optimizer's rate: a param group without `lr`, the key every
     torch scheduler (and so every job's schedule) sets, and which LambdaLR refuses to start without."""
-    groups = [i for i, group in enumerate(optimizer.param_groups) if "lr" not in group]
+    groups = [i for i, group in enumerate(optimizer.param_groups) if not holds_a_rate(group)]
     if not groups:
         return None
     group = optimizer.param_groups[groups[0]]
+    if "lr" in group:  # None: the class computes its own step size (A2Grad, Adafactor's relative step)
+        return ScheduleUnreachable(
+            f"param_groups[{groups[0]}] holds 'lr': None: the class computes its own step size, so no "
+            "schedule has a rate to scale",
+            fix="use the constant schedule, or give the class a rate (optimizer.params.lr) if it takes one",
+        )
     held = f"its rate as {lr_arg!r}" if lr_arg in group else "no rate at all"
     return ScheduleUnreachable(
         f"param_groups[{groups[0]}] holds {held} and no 'lr', the key every torch LR scheduler sets "
@@ -1445,7 +1457,7 @@ class TorchSession(TrainingSession):
         replicated = self._replicated(model)
         if self.spec.compile:
             replicated = compiled(replicated or model)
-        if not all("lr" in group for group in optimizer.param_groups):
+        if not all(holds_a_rate(group) for group in optimizer.param_groups):
             unreachable = schedule_unreachable(optimizer, self.entry.lr_arg)
             if self.spec.schedule.name != "constant" and unreachable is not None:
                 # The API refuses it where the class's source shows it; never a schedule dropped silently.

@@ -11,7 +11,7 @@ import pytest
 import torch
 from pytorch_optimizer import SAM, AdaHessian, AliG, Lookahead, ScheduleFreeAdamW
 
-from jobs.frameworks.base import NeedNotServed
+from jobs.frameworks.base import NeedNotServed, ScheduleUnreachable
 from optimizers.registry import Base, Registry, entry_for_class, load_registry
 from tests.checks.closure_contracts import LossOnlyLineSearch, OwnBackwardSGD
 
@@ -294,3 +294,27 @@ def test_a_class_without_a_learning_rate_trains_verifies_and_resumes(
     first_leg.run(stop_after=20)
     resumed = make_job(spec, with_registry=real_registry).run(resume_from=first_leg.last_checkpoint)
     assert resumed.params_sha256 == straight.params_sha256
+
+
+def test_a_class_keeping_lr_none_trains_on_the_constant_schedule_and_refuses_another(
+    make_job: MakeJob,
+) -> None:
+    """torch_optimizer's A2GradExp keeps `lr: None` in its groups ("not used for this optimizer"):
+    LambdaLR had been built over it anyway, and every job failed before its first step
+    ("unsupported operand type(s) for *: 'NoneType' and 'float'")."""
+    from torch_optimizer import A2GradExp
+
+    registry = load_registry(plugin_dirs=[])
+    registry.add(entry_for_class(A2GradExp, source="test"))
+    (name,) = [n for n, _ in registry.entries if n.startswith("a2_grad") or n.startswith("a2grad")]
+    spec = digits_spec(
+        optimizer={"name": name, "params": {}}, schedule={"name": "constant"}, steps=6, checkpoint_every=3
+    )
+    job = make_job(spec, with_registry=registry)
+    result = job.run()
+    assert job.session.build().scheduler is None and result.checkpoints_verified == 2
+    cosine = digits_spec(
+        optimizer={"name": name, "params": {}}, schedule={"name": "cosine"}, steps=6, checkpoint_every=3
+    )
+    with pytest.raises(ScheduleUnreachable, match=r"holds 'lr': None: the class computes its own step size"):
+        make_job(cosine, with_registry=registry).run()
