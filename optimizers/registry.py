@@ -142,7 +142,10 @@ class Entry:
         if problem:
             raise ValueError(problem)
         if base is not None and self.needs.base_optimizer is not None:
-            return self._wrap(base, self.needs.base_optimizer, kwargs, model_params)
+            given = set(self.kwargs(hyperparams, partial=True)) | (
+                {self.lr_arg} if learning_rate is not None else set()
+            )
+            return self._wrap(base, self.needs.base_optimizer, kwargs, model_params, given=given, model=model)
         if self.needs.model_argument is not None:
             over = self._over_the_model(model)
             try:
@@ -223,21 +226,43 @@ class Entry:
             )
         return model.named_parameters() if argument in NAMED_PARAMETERS_ARGUMENTS else model
 
-    def _wrap(self, base: Base, argument: str, kwargs: dict[str, Any], model_params: Any) -> Any:
-        """The two conventions wrappers follow, told apart by the argument's name and place."""
+    def _wrap(
+        self,
+        base: Base,
+        argument: str,
+        kwargs: dict[str, Any],
+        model_params: Any,
+        *,
+        given: set[str],
+        model: Any = None,
+    ) -> Any:
+        """The two conventions wrappers follow, told apart by the argument's name and place.
+        `given`: the wrapper's arguments the spec set (the rest of `kwargs` are its defaults)."""
         if self.style != "torch":
             raise ValueError(f"optimizer {self.name!r} ({self.style}): wrappers run in torch jobs only")
         base_kwargs = base.entry.kwargs(base.hyperparams)
         if _takes_the_base_class(self.cls, argument):
             # SAM: builds the base itself from the class, forwarding the keyword arguments it does
-            # not take (the base's lr and the rest) and sharing the base's param groups.
-            shared = sorted(set(base_kwargs) & set(kwargs))
-            if shared:
+            # not take (the base's lr and the rest) and sharing the base's param groups. An argument
+            # both take (`eps`, `foreach`) is the wrapper's: the base keeps its own default. Only one
+            # the spec set for both, or for the base alone, cannot be served.
+            shared = set(base_kwargs) & set(kwargs)
+            base_given = set(base.entry.kwargs(base.hyperparams, partial=True))
+            if shared & base_given:
+                both = sorted(shared & base_given & given)
                 raise ValueError(
-                    f"optimizer {self.name!r} and its base {base.entry.name!r} both take {shared}; "
-                    "set them in optimizer.params or optimizer.base.params, not both"
+                    f"optimizer {self.name!r} and its base {base.entry.name!r} both take {both}; set them "
+                    "in optimizer.params or optimizer.base.params, not both"
+                    if both
+                    else f"optimizer.base.params: {sorted(shared & base_given)} is taken by the wrapper "
+                    f"{self.name!r} itself, which builds its base {base.entry.name!r} without it; set it in "
+                    "optimizer.params"
                 )
-            return self.cls(model_params, **{argument: base.entry.cls}, **base_kwargs, **kwargs)
+            forwarded = {key: value for key, value in base_kwargs.items() if key not in shared}
+            leading = [model_params]
+            if self.needs.model_argument is not None:  # WSAM(model, params, base_optimizer, ...)
+                leading = [self._over_the_model(model), model_params]
+            return self.cls(*leading, **{argument: base.entry.cls}, **forwarded, **kwargs)
         # Lookahead: wraps a built base optimizer, whose param groups it exposes as its own; one that
         # takes the parameters too (sam-pytorch's SAM) gets them first, as it asks.
         if first_argument(self.cls) == argument:

@@ -318,3 +318,28 @@ def test_a_class_keeping_lr_none_trains_on_the_constant_schedule_and_refuses_ano
     )
     with pytest.raises(ScheduleUnreachable, match=r"holds 'lr': None: the class computes its own step size"):
         make_job(cosine, with_registry=registry).run()
+
+
+def test_a_wrapper_built_over_the_model_and_its_base_sharing_a_default_trains(make_job: MakeJob) -> None:
+    """pytorch-optimizer's WSAM(model, params, base_optimizer, ..., eps=1e-12) over Adam: the two
+    share `eps` and `foreach`, which neither spec set, and every job had been refused ("both take
+    ['eps']"); the wrapper was also built without its model."""
+    from pytorch_optimizer import WSAM
+
+    registry = load_registry(plugin_dirs=[])
+    registry.add(entry_for_class(WSAM, source="test"))
+    wsam = {"name": "wsam", "params": {"rho": 0.05}, "base": {"name": "adam", "params": {"lr": 0.003}}}
+    spec = digits_spec(optimizer=wsam, steps=6, checkpoint_every=3)
+    job = make_job(spec, with_registry=registry)
+    result = job.run()
+    assert job.session.needs.closure and result.checkpoints_verified == 2
+    set_for_the_base = {**wsam, "base": {"name": "adam", "params": {"lr": 0.003, "eps": 1e-6}}}
+    with pytest.raises(
+        ValueError, match=r"optimizer\.base\.params: \['eps'\] is taken by the wrapper 'wsam' itself"
+    ):
+        make_job(digits_spec(optimizer=set_for_the_base, steps=6), with_registry=registry).run()
+    set_for_both = {**set_for_the_base, "params": {"rho": 0.05, "eps": 1e-9}}
+    with pytest.raises(
+        ValueError, match=r"optimizer 'wsam' and its base 'adam' both take \['eps'\]; set them"
+    ):
+        make_job(digits_spec(optimizer=set_for_both, steps=6), with_registry=registry).run()
