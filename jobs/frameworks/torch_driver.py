@@ -147,10 +147,39 @@ def set_rng_state(state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state(saved.cpu())  # the current device's
 
 
+# What torch.optim.Optimizer.__init__ sets, which its state_dict() and step hooks read: a class that
+# never runs it (torch_optimizer's Lookahead) fails on the first of them, in words that name only it.
+OPTIMIZER_INIT_ATTRIBUTES = frozenset(
+    {
+        "_optimizer_step_pre_hooks",
+        "_optimizer_step_post_hooks",
+        "_optimizer_state_dict_pre_hooks",
+        "_optimizer_state_dict_post_hooks",
+        "_optimizer_load_state_dict_pre_hooks",
+        "_optimizer_load_state_dict_post_hooks",
+    }
+)
+
+
+def state_dict_of(name: str, part: Any) -> Any:
+    """`part.state_dict()`; an optimizer that never ran torch.optim.Optimizer.__init__ is told so."""
+    try:
+        return part.state_dict()
+    except AttributeError as exc:
+        if exc.name not in OPTIMIZER_INIT_ATTRIBUTES:
+            raise
+        raise StateNotRestored(
+            f"{name}: {type(part).__name__}.state_dict() failed ({exc}): the class never ran "
+            "torch.optim.Optimizer.__init__, which sets what torch's state_dict() reads",
+            fix="call super().__init__(params, defaults) in __init__ (a wrapper: with its base's param "
+            "groups), or define state_dict() and load_state_dict() of its own that torch's do not back",
+        ) from exc
+
+
 def save_checkpoint(path: Path, objects: TrainObjects, *, step: int, spec_json: str) -> None:
     """Write atomically, so a crash mid-save never leaves a torn checkpoint behind."""
     payload = {
-        **{name: part.state_dict() for name, part in objects.parts().items()},
+        **{name: state_dict_of(name, part) for name, part in objects.parts().items()},
         "rng": rng_state(),
         "step": step,
         # Batches are a pure function of (seed, step), so the step is the data position.

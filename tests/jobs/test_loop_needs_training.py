@@ -11,7 +11,7 @@ import pytest
 import torch
 from pytorch_optimizer import SAM, AdaHessian, AliG, Lookahead, ScheduleFreeAdamW
 
-from jobs.frameworks.base import NeedNotServed, ScheduleUnreachable
+from jobs.frameworks.base import NeedNotServed, ScheduleUnreachable, StateNotRestored
 from optimizers.registry import Base, Registry, entry_for_class, load_registry
 from tests.checks.closure_contracts import LossOnlyLineSearch, OwnBackwardSGD
 
@@ -343,3 +343,24 @@ def test_a_wrapper_built_over_the_model_and_its_base_sharing_a_default_trains(ma
         ValueError, match=r"optimizer 'wsam' and its base 'adam' both take \['eps'\]; set them"
     ):
         make_job(digits_spec(optimizer=set_for_both, steps=6), with_registry=registry).run()
+
+
+def test_a_class_that_never_ran_optimizer_init_is_told_so_at_its_first_checkpoint(make_job: MakeJob) -> None:
+    """torch_optimizer's Lookahead never calls torch.optim.Optimizer.__init__: its state_dict()
+    failed with only "'Lookahead' object has no attribute '_optimizer_state_dict_pre_hooks'"."""
+    from torch_optimizer import Lookahead as JettifyLookahead
+
+    registry = load_registry(plugin_dirs=[])
+    registry.add(entry_for_class(JettifyLookahead, source="test"))
+    spec = digits_spec(
+        optimizer={"name": "lookahead", "params": {}, "base": {"name": "sgd", "params": {"lr": 0.05}}},
+        steps=4,
+        checkpoint_every=2,
+    )
+    with pytest.raises(StateNotRestored) as failed:
+        make_job(spec, with_registry=registry).run()
+    assert str(failed.value).startswith(
+        "optimizer: Lookahead.state_dict() failed ('Lookahead' object has no attribute "
+        "'_optimizer_state_dict_pre_hooks'): the class never ran torch.optim.Optimizer.__init__"
+    )
+    assert "super().__init__(params, defaults)" in failed.value.fix
