@@ -254,9 +254,9 @@ class Entry:
                     f"optimizer {self.name!r} and its base {base.entry.name!r} both take {both}; set them "
                     "in optimizer.params or optimizer.base.params, not both"
                     if both
-                    else f"optimizer.base.params: {sorted(shared & base_given)} is taken by the wrapper "
-                    f"{self.name!r} itself, which builds its base {base.entry.name!r} without it; set it in "
-                    "optimizer.params"
+                    else f"optimizer.base.params: {sorted(shared & base_given)} is an argument of the "
+                    f"wrapper {self.name!r} itself, so it cannot also reach its base "
+                    f"{base.entry.name!r}, which the wrapper builds; set it in optimizer.params"
                 )
             forwarded = {key: value for key, value in base_kwargs.items() if key not in shared}
             leading = [model_params]

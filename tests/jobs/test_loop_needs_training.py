@@ -335,7 +335,7 @@ def test_a_wrapper_built_over_the_model_and_its_base_sharing_a_default_trains(ma
     assert job.session.needs.closure and result.checkpoints_verified == 2
     set_for_the_base = {**wsam, "base": {"name": "adam", "params": {"lr": 0.003, "eps": 1e-6}}}
     with pytest.raises(
-        ValueError, match=r"optimizer\.base\.params: \['eps'\] is taken by the wrapper 'wsam' itself"
+        ValueError, match=r"optimizer\.base\.params: \['eps'\] is an argument of the wrapper 'wsam' itself"
     ):
         make_job(digits_spec(optimizer=set_for_the_base, steps=6), with_registry=registry).run()
     set_for_both = {**set_for_the_base, "params": {"rho": 0.05, "eps": 1e-9}}
