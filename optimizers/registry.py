@@ -819,6 +819,8 @@ def _infer_type(annotation: Any, default: Any = inspect.Parameter.empty) -> Para
         return named[annotation]
     if annotation in (float, int, bool, str):
         return named[annotation.__name__]
+    if _number_or_tensor(annotation):
+        return "number"  # AliG's `max_lr: float | Tensor | None = None` had been left out of the catalogue
     if default is inspect.Parameter.empty:
         return None
     if default is None and annotation is inspect.Parameter.empty:
@@ -839,6 +841,15 @@ def _infer_type(annotation: Any, default: Any = inspect.Parameter.empty) -> Para
         # `betas=[0.9, 0.999]`, written as a list: a list again, as the class's default is.
         return "int_list" if all(isinstance(x, int) for x in default) else "float_list"
     return None
+
+
+def _number_or_tensor(annotation: Any) -> bool:
+    """`float | Tensor` (or with `int`, or `None`): torch's way of taking a number or a tensor holding
+    one, as its own `lr: float | Tensor` does. A number here: JSON carries no tensor."""
+    if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
+        return False  # `tuple[float, float]` has float arguments too, and is a pair
+    names = {getattr(arg, "__name__", "") for arg in typing.get_args(annotation) if arg is not type(None)}
+    return {"float", "Tensor"} <= names <= {"float", "int", "Tensor"}
 
 
 # The spellings of "X or None" a postponed annotation (a string) has, X a plain name.

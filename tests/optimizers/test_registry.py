@@ -866,6 +866,9 @@ def test_derive_params_catalogues_optional_numbers_options_and_tuples(postponed:
         "decoupled": Param("decoupled", "bool", None, nullable=True),
         "floor": Param("floor", "float", None, nullable=True),
         "clip": Param("clip", "float", 1.0, nullable=True),
+        "scale": Param(
+            "scale", "number", None, nullable=True
+        ),  # float | Tensor: a number (JSON has no tensor)
         "line_search_fn": Param("line_search_fn", "str", None, nullable=True),
         "data_format": Param("data_format", "choice", "channels_first", choices=layouts),
         "memory_save_mode": Param(
@@ -876,12 +879,12 @@ def test_derive_params_catalogues_optional_numbers_options_and_tuples(postponed:
         "num_epochs": Param("num_epochs", "any", None, nullable=True),
         "gammas": Param("gammas", "float_list", [0.9, 0.99]),  # a list default: a list
         "milestones": Param("milestones", "int_list", [10, 20]),
-    }  # a union of two types besides None, a dtype, a default its Literal does not list, [] stay out
+    }  # another union of two types besides None, a dtype, a default its Literal does not list, [] stay out
     entry = entry_for_class(namespace["OptionalNumbers"], source="test")
     # Left out, the class's own None; given, a number of the type; anything else refused by name.
     assert entry.kwargs({})["beta3"] is None and entry.kwargs({"beta3": None})["beta3"] is None
     assert entry.kwargs({"beta3": 0.5, "warm_up": 3, "decoupled": True, "clip": None}) == {
-        "lr": 0.1, "beta3": 0.5, "warm_up": 3, "decoupled": True, "floor": None, "clip": None,
+        "lr": 0.1, "beta3": 0.5, "warm_up": 3, "decoupled": True, "floor": None, "clip": None, "scale": None,
         "line_search_fn": None, "data_format": "channels_first", "memory_save_mode": None,
         "reduction": "mean", "betas": (0.9, 0.999, 0.9999), "num_epochs": None, "gammas": [0.9, 0.99],
         "milestones": [10, 20],
@@ -1116,3 +1119,13 @@ def test_build_rejects_invalid_value_naming_it() -> None:
     registry = _torch_registry()
     with pytest.raises(ValueError, match=r"^momentum must be a number in \[0, 1\); received 1.0$"):
         registry.build("sgd", [torch.nn.Parameter(torch.zeros(1))], {"momentum": 1.0})
+
+
+def test_a_number_or_tensor_argument_is_a_number_and_a_tuple_of_floats_stays_a_pair() -> None:
+    """AliG's `max_lr: float | Tensor | None = None` had been left out of the catalogue, so no job
+    could set it; torch's `betas: tuple[float, float]` names float too, and stays a pair."""
+    import pytorch_optimizer
+
+    max_lr = entry_for_class(pytorch_optimizer.AliG, source="test").params["max_lr"]
+    assert (max_lr.type, max_lr.default, max_lr.nullable) == ("number", None, True)
+    assert entry_for_class(torch.optim.Adamax, source="test").params["betas"].type == "float_pair"
