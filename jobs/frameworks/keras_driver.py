@@ -35,7 +35,7 @@ import sys
 import time
 import traceback
 import warnings
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, replace
@@ -1178,11 +1178,12 @@ class KerasSession(TrainingSession):
         The step is taken where the schedule's rate is highest (`iterations` set there in both), so
         the rate of a schedule that ends at 0 cannot hide a difference."""
         probe = max(range(self.spec.steps), key=self.lr_multiplier)
+        batch = self.batch(probe)
         for objects in (saved, restored):
             objects.optimizer.iterations.assign(probe)
             with self._drawing_from(draws):
-                self.train_step(objects, self.batch(probe), probe)
-        untold = self._compare_after_step(saved, restored, step, self.batch(probe))
+                self.train_step(objects, batch, probe)
+        untold = self._compare_after_step(saved, restored, step, batch)
         self._saver(restored).read(written).assert_consumed()
         return untold
 
@@ -1446,10 +1447,10 @@ def tracked_outside_by_path(tf: Any, optimizer: Any, trained: Sequence[Any]) -> 
     legacy = hasattr(optimizer, "_hyper")
     view = tf.train.TrackableView(optimizer)
     seen = {id(optimizer)}
-    queue: list[tuple[str, Any]] = [("", optimizer)]
+    queue: deque[tuple[str, Any]] = deque([("", optimizer)])
     found = []
     while queue:  # breadth first, as a checkpoint walks it: each object at its shortest path
-        path, parent = queue.pop(0)
+        path, parent = queue.popleft()
         for name, item in view.children(parent).items():
             if id(item) in seen:
                 continue
