@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+# What a job process catches to write the stacks of its threads to its log (jobs.run registers
+# faulthandler on it; the worker sends it to a job whose progress stopped moving, service/stall.py).
+STACKS_SIGNAL = signal.SIGUSR1
 # Legacy tf.keras (`tf_keras`) replaces `tf.keras` only when this is "1" before TensorFlow is
 # imported, and for the whole process: a legacy job or check runs in a process of its own.
 LEGACY_KERAS_ENV = "TF_USE_LEGACY_KERAS"
@@ -203,3 +206,39 @@ def is_stopped(pid: int) -> bool:
         return False
     # "pid (comm) S ...": the state follows the last ")" (a command name may hold one).
     return stat.rpartition(")")[2].split()[:1] in (["T"], ["t"])
+
+
+def session_processes(session_id: int) -> list[tuple[int, list[str]]]:
+    """Every process of session `session_id` (a job's, which `start_in_own_group` made it lead), with
+    the fields of its /proc stat from the state on (the state is [0], field 3 of proc(5)); [] off Linux."""
+    found = []
+    for entry in os.scandir("/proc") if os.path.isdir("/proc") else ():
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as stat:
+                fields = stat.read().rpartition(")")[2].split()  # a command name may hold ")"
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[3]) == session_id:  # field 6, the session id
+            found.append((int(entry.name), fields))
+    return found
+
+
+def session_cpu_s(session_id: int) -> float:
+    """CPU seconds (user and system) the live processes of session `session_id` have used."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    return sum(int(f[11]) + int(f[12]) for _, f in session_processes(session_id)) / ticks  # fields 14, 15
+
+
+def catches(pid: int, sig: signal.Signals) -> bool:
+    """Whether process `pid` has a handler for `sig` (its SigCgt mask in /proc): sending it a signal it
+    does not catch may end it (SIGUSR1's default action does)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False

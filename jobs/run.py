@@ -9,6 +9,7 @@ A spec with `"kind": "check"` runs the conformance checks instead of training.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import os
 import signal
 import sys
@@ -25,6 +26,7 @@ from pydantic import ValidationError
 from jobs.errors import Cancelled, Diverged
 from jobs.frameworks.base import raising_frame
 from jobs.processes import (
+    STACKS_SIGNAL,
     exit_without_teardown,
     in_legacy_keras_process,
     reexec_with_legacy_keras,
@@ -406,6 +408,9 @@ def finish_mlflow_run(mlflow_run: Any, result: JobResult, job: Job | None, spec:
 
 def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
+    # The worker asks a job whose progress stopped moving for the stacks of its threads
+    # (service/stall.py). faulthandler writes them from C: a thread stuck holding the GIL is shown too.
+    faulthandler.register(STACKS_SIGNAL, all_threads=True)
     result = run_job(parse_args(argv))
     return 0 if result.status is JobStatus.SUCCEEDED else 1
 

@@ -67,7 +67,8 @@ class JobRead(BaseModel):
     waiting_reason: str | None = Field(
         default=None,
         description=(
-            "why the job waits: a running one, what holds it up (its MLflow server not answering);"
+            "why the job waits: a running one, what holds it up (its MLflow server not answering, its"
+            " process stopped) or that its progress has not moved for long (OPTLAB_STALL_NOTICE_S);"
             " GET /jobs/{id} of a queued one, why no live worker can run it"
         ),
     )

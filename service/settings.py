@@ -147,6 +147,12 @@ class Settings(BaseSettings):
     heartbeat_s: float = Field(default=5.0, gt=0, description="lease renewal cadence; under lease_s / 2")
     max_job_seconds: float = Field(default=86400.0, gt=0, description="cap on (and default of) timeout_s")
     job_memory_mb: int | None = Field(default=None, gt=0, description="RSS limit per job (all its processes)")
+    stall_notice_s: float = Field(
+        default=300.0,
+        gt=0,
+        description="a running job whose progress has not moved for this long (and for 20 of its usual "
+        "intervals between reported steps) says so in its waiting_reason; its threads' stacks go to its log",
+    )
     job_retries: int = Field(
         default=2,
         ge=0,

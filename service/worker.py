@@ -39,6 +39,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from jobs.processes import (
     how_it_ended,
     is_stopped,
+    session_processes,
     signal_group,
     start_in_own_group,
     terminate_group,
@@ -71,6 +72,7 @@ from service.models import Job
 from service.plugins import PluginWatcher, fingerprint, plugin_dirs_from_environment, plugin_files_by_name
 from service.secrets import job_environment, split_credentials
 from service.settings import Settings
+from service.stall import StallWatch
 from service.store import ClaimFilter, Lease
 from service.studies.finalize import finalize_next_study
 from service.studies.runs import child_arguments
@@ -417,6 +419,7 @@ class Supervision:
         timeout = job.spec.get("timeout_s")
         limit = self.settings.max_job_seconds
         self.time_limit_s = min(float(timeout), limit) if isinstance(timeout, int | float) else limit
+        self.stall = StallWatch(self.settings.stall_notice_s, claimed_at)
 
     # -- the store, through outages -------------------------------------------------------------
 
@@ -664,6 +667,8 @@ class Supervision:
                 # Stopped by someone else (this worker pauses it only while the store is away): it
                 # read as running well, the same step for as long as it stayed stopped.
                 self.last_progress = self.last_progress.model_copy(update={"waiting": STOPPED_FROM_OUTSIDE})
+            elif not self.paused and (progress is None or progress.waiting is None):
+                self._tell_a_stall(process)  # what the job waits on, where it says, is told instead
             if progress is not None and progress.step >= 1:
                 with self.worker.lock:
                     self.worker.past_first_step |= {slot.index for slot in self.slots}
@@ -688,6 +693,19 @@ class Supervision:
                 return stop
             time.sleep(self.settings.poll_interval_s)
         return None
+
+    def _tell_a_stall(self, process: subprocess.Popen[bytes]) -> None:
+        """A job whose progress has not moved for long says so, and its stacks go to its log
+        (service/stall.py); the notice goes once the progress moves again."""
+        now = time.monotonic()
+        self.stall.see(self.last_progress, now)
+        notice = self.stall.notice(now, process.pid, self.workdir / LOG_FILE)
+        if notice is None:
+            return
+        if self.stall.asked:
+            log.warning("job %s: %s", self.job.id, notice)
+        shown = self.last_progress or Progress(step=self.job.step, total=self.job.total_steps)
+        self.last_progress = shown.model_copy(update={"waiting": notice})
 
     def _stop_reason(
         self, lease: Lease | None, started: float, process: subprocess.Popen[bytes]
@@ -954,17 +972,7 @@ def group_rss_mb(session_id: int) -> float:
     can overshoot by what it allocates within one poll interval.
     """
     page = os.sysconf("SC_PAGE_SIZE")
-    total = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # gone meanwhile
-        if int(fields[3]) == session_id:  # field 6, session id (start_in_own_group made one)
-            total += int(fields[21]) * page  # field 24, resident pages
+    total = sum(int(fields[21]) for _, fields in session_processes(session_id)) * page  # field 24
     return total / 2**20
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -608,3 +609,38 @@ def test_a_warm_job_that_ignores_sigterm_and_an_idle_warm_process_die_with_their
         worker.kill()
         worker.wait()
         engine.dispose()
+
+
+def test_a_job_whose_progress_stops_moving_says_so_and_its_stacks_go_to_its_log(
+    tmp_path: Path,
+    mlflow_url: str,
+    plugins: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    serve: Callable[[Worker], None],
+) -> None:
+    """A step that does not return had read as running until the job's time limit (a day by default).
+    The real job process (`python -m jobs.run`) writes its threads' stacks when the worker asks."""
+    monkeypatch.setenv("OPTLAB_PLUGIN_DIRS", str(plugins))
+    settings = Settings(
+        data_dir=tmp_path / "data", mlflow_tracking_uri=mlflow_url, poll_interval_s=0.2, warm_pool=False,
+        stall_notice_s=3, job_threads=1,
+    )  # fmt: skip
+    engine = make_engine(settings.resolved_database_url)
+    migrate(engine)
+    sessions = session_factory(engine)
+    serve(in_process_worker(settings, sessions))
+    job_id = submit(sessions, slow_spec(f"stall-{tmp_path.name}", steps=3, params={"delay_s": 600}))
+    notice = wait_until(lambda: row(sessions, job_id).waiting, 90, "the stall notice")
+    log = settings.jobs_dir.resolve() / str(job_id) / "attempt-1" / "log.txt"
+    assert notice.startswith(("no progress since its process started", "its progress has not moved for"))
+    assert f"the stacks of its threads went to its log ({log}) at" in notice
+    # The user's step, where it waits, in the stack the job process wrote (a line of slow_sgd.py).
+    wait_until(lambda: "slow_sgd.py" in log.read_text(), 30, "the job's stacks in its log")
+    stacks = log.read_text().split("[optlab worker, ", 1)[1]
+    assert re.search(r'File ".*slow_sgd\.py", line \d+ in step', stacks), stacks[-3000:]
+    assert row(sessions, job_id).status is JobStatus.RUNNING  # a notice: the job goes on
+    with sessions() as session:
+        store.request_cancel(session=session, job_id=job_id)
+    job = wait_until(lambda: ended(sessions, job_id), 60, "the cancelled job to end")
+    assert job.status is JobStatus.CANCELLED
+    engine.dispose()
