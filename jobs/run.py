@@ -355,6 +355,8 @@ def run_job(args: argparse.Namespace) -> JobResult:
         if isinstance(exc, Diverged):
             status, result = JobStatus.DIVERGED, result.with_fields(diverged_at_step=exc.step)
         result = result.with_fields(error=error_record(exc))
+        # And goes to the job's log whole, where the rest of its story is (and its MLflow copy).
+        traceback.print_exception(exc, file=sys.stderr)
     if ranks is not None:  # DDP: the job succeeded only if every rank did
         status, result = with_ranks_end(ranks.finish(stop=status is not JobStatus.SUCCEEDED), status, result)
     if isinstance(spec, JobSpec) and job is not None and status is not JobStatus.SUCCEEDED:

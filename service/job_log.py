@@ -50,3 +50,26 @@ def tail(path: Path, chars: int) -> str:
             return log.read().decode(errors="replace")[-chars:]
     except OSError:
         return ""
+
+
+# What of a job's log is copied to its MLflow run: all of it up to this size; past it, its first
+# quarter, a line saying so and its last three quarters of this.
+COPY_LIMIT_BYTES = 4 * MB
+
+
+def excerpt(path: Path, limit_bytes: int = COPY_LIMIT_BYTES) -> bytes:
+    """`path`'s bytes when they are at most `limit_bytes`; else its start and latest output, with a
+    line saying what was left out between them. b"" when it cannot be read."""
+    try:
+        with open(path, "rb") as log:
+            size = log.seek(0, os.SEEK_END)
+            log.seek(0)
+            if size <= limit_bytes:
+                return log.read()
+            head = log.read(limit_bytes // 4)
+            log.seek(size - limit_bytes * 3 // 4)
+            latest = log.read()
+    except OSError:
+        return b""
+    left_out = size - len(head) - len(latest)
+    return head + f"\n[optlab: {left_out} bytes of the job's log left out here]\n".encode() + latest

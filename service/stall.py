@@ -25,6 +25,8 @@ from jobs.result import Progress
 STALL_INTERVALS = 20
 # The CPU figure covers the last this many seconds (half the notice time, where that is less).
 CPU_WINDOW_S = 30.0
+# Under this share of one core in that window (in percent), the job's processes read as idle.
+IDLE_SHARE = 5.0
 
 
 class StallWatch:
@@ -41,6 +43,13 @@ class StallWatch:
         self.next_ask_s = 0.0  # the stall's length at which its stacks are asked for again
         self.cpu_samples: list[tuple[float, float]] = []  # (monotonic time, CPU seconds), the last two
         self.asked = False  # the last notice asked for stacks
+        self.asks = 0  # how many times stacks were asked for, over every stall
+        self.log_copied = ""  # where the log was copied with the latest stacks, once it was
+
+    def copied(self, ask: int, where: str) -> None:
+        """The log, with the stacks of ask number `ask`, was copied to `where` (from another thread)."""
+        if ask == self.asks:
+            self.log_copied = where
 
     def see(self, progress: Progress | None, now: float) -> None:
         """Take the progress the job wrote last; what it waits on (`waiting`) is no move."""
@@ -79,7 +88,10 @@ class StallWatch:
         if self.asked:
             self.stacks_line = ask_for_stacks(session_id, log, what)
             self.next_ask_s = 2 * quiet
-        parts = [what, self._cpu_line(), self.stacks_line]
+            self.asks += 1
+            self.log_copied = ""
+        copied = f" (copied to {self.log_copied})" if self.stacks_line and self.log_copied else ""
+        parts = [what, self._cpu_line(), (self.stacks_line or "") + copied]
         parts.append("a step, an evaluation or a checkpoint that takes this long reads the same as a hang")
         return "; ".join(part for part in parts if part)
 
@@ -94,10 +106,14 @@ class StallWatch:
             return ""
         (start, used_before), (end, used) = self.cpu_samples
         seconds, window = max(0.0, used - used_before), end - start
-        return (
-            f"its processes used {seconds:.1f} s of CPU in {window:.0f} s ({100 * seconds / window:.0f}% of "
-            "a core; none: waiting on something, such as a lock, another rank or a device)"
+        share = 100 * seconds / window
+        what = (
+            "busy: computing, or spinning"
+            if share >= IDLE_SHARE
+            else "idle: waiting on something (a lock, another rank, a device, a file)"
         )
+        used_line = f"its processes used {seconds:.1f} s of CPU in the last {window:.0f} s"
+        return f"{used_line} ({share:.0f}% of a core, {what})"
 
 
 def ask_for_stacks(session_id: int, log: Path, why: str) -> str:

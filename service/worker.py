@@ -23,6 +23,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -89,6 +90,8 @@ PROGRESS_WRITE_S = 2.0
 STOPPED_FROM_OUTSIDE = (
     "its process is stopped (SIGSTOP, or a debugger) and makes no progress until it is continued (SIGCONT)"
 )
+# A job process writes its stacks within this long of being asked (faulthandler, from C).
+STACKS_WRITTEN_S = 2.0
 # The job is paused this long before its lease could expire (see Supervision._keep_lease_safe).
 PAUSE_MARGIN_S = 2.0
 # Store outage: retry after 0.5 s, doubling up to this.
@@ -630,7 +633,10 @@ class Supervision:
                 signal_group(process, signal.SIGCONT)
                 terminate_group(process, 0 if self.paused else self.settings.cancel_grace_s)
             terminate_group(reaper, 0)
-        return self._conclude(process, stop)
+        outcome = self._conclude(process, stop)
+        if outcome != "lease lost":  # else the run is the new attempt's, and so is what it holds
+            self._copy_log_to_run()
+        return outcome
 
     def _start_warm(self, arguments: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
         """The slot's warm process, handed this job; None when there is none fit for it (a job on
@@ -704,6 +710,8 @@ class Supervision:
             return
         if self.stall.asked:
             log.warning("job %s: %s", self.job.id, notice)
+            if self.stall.stacks_line:
+                self._copy_log_to_run(after_s=STACKS_WRITTEN_S)  # with the stacks
         shown = self.last_progress or Progress(step=self.job.step, total=self.job.total_steps)
         self.last_progress = shown.model_copy(update={"waiting": notice})
 
@@ -866,13 +874,52 @@ class Supervision:
 
     def _end_mlflow_run(self, status: str, *, force: bool) -> None:
         """End the job's MLflow run as `status` if the job process could not (`force`: even if it did)."""
+        run_id = self._run_id()
+        if run_id:
+            self._end_run(run_id, status, force=force)
+
+    def _run_id(self) -> str | None:
+        """The MLflow run this attempt logs to, once its process said (else an earlier attempt's)."""
         info = (self.last_progress.mlflow if self.last_progress else None) or self.job.mlflow
         run_id = info.run_id if isinstance(info, MlflowInfo) else (info or {}).get("run_id")
-        if run_id:
-            self._end_run(str(run_id), status, force=force)
+        return str(run_id) if run_id else None
+
+    def _copy_log_to_run(self, after_s: float = 0.0) -> None:
+        """Copy the attempt's log to its MLflow run (`logs/attempt-N.txt`) on a thread of its own, so
+        a user without the worker's disk reads what the job printed, and a stalled job's stacks:
+        MLflow's client retries for minutes when the server is down, and nothing waits on this."""
+        run_id = self._run_id()
+        if run_id is None:
+            return
+        log_path, name, ask = self.workdir / LOG_FILE, f"attempt-{self.job.attempt}.txt", self.stall.asks
+
+        def copy() -> None:
+            time.sleep(after_s)
+            if copy_log(self.settings.mlflow_tracking_uri, self.job.id, run_id, log_path, name):
+                self.stall.copied(ask, f"logs/{name} in its MLflow run")
+
+        threading.Thread(target=copy, name=f"optlab-log-copy-{self.job.id}", daemon=True).start()
 
     def _end_run(self, run_id: str, status: str, *, force: bool) -> None:
         end_mlflow_run(self.settings.mlflow_tracking_uri, self.job.id, run_id, status, force=force)
+
+
+def copy_log(tracking_uri: str, job_id: int, run_id: str, log_path: Path, name: str) -> bool:
+    """Copy `log_path` (its excerpt: service.job_log) to the run's artifacts as `logs/<name>`; False
+    where it could not (the server down: the job's outcome stands all the same)."""
+    try:
+        from mlflow.tracking import MlflowClient  # the client only: no framework comes with it
+
+        with tempfile.TemporaryDirectory(prefix="optlab-log-") as folder:
+            copy = Path(folder) / name
+            copy.write_bytes(job_log.excerpt(log_path))
+            MlflowClient(tracking_uri=split_credentials(tracking_uri)[0]).log_artifact(
+                run_id, str(copy), "logs"
+            )
+    except Exception:
+        log.exception("job %s: could not copy its log to MLflow run %s", job_id, run_id)
+        return False
+    return True
 
 
 def end_mlflow_run(tracking_uri: str, job_id: int, run_id: str, status: str, *, force: bool) -> bool:

@@ -184,13 +184,25 @@ def test_a_job_trains_verifies_checkpoints_and_lands_in_mlflow(
     assert json.loads(downloaded.read_text())["params_sha256"] == result["params_sha256"]
 
 
-def test_a_failing_optimizer_fails_its_job_and_the_worker_carries_on(api: httpx.Client) -> None:
+def test_a_failing_optimizer_fails_its_job_and_the_worker_carries_on(
+    service: Supervisor, api: httpx.Client
+) -> None:
+    from mlflow import MlflowClient
+
     catalogue = api.get("/optimizers").json()
     assert any("broken.py" in error["source"] for error in catalogue["errors"])
     failed = submit_and_wait(api, spec("exploding_optimizer", {"lr": 0.1}))
     assert failed["status"] == "failed"
     assert "boom: this optimizer always fails" in failed["error"]["message"]
     assert "exploding.py" in failed["error"]["traceback"]
+    # Its whole log, copied to its run: readable without the worker's disk.
+    client, run_id = MlflowClient(service.mlflow_url), failed["mlflow"]["run_id"]
+    deadline = time.monotonic() + 60
+    while not client.list_artifacts(run_id, "logs") and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert [a.path for a in client.list_artifacts(run_id, "logs")] == ["logs/attempt-1.txt"]
+    log = Path(client.download_artifacts(run_id, "logs/attempt-1.txt")).read_text()
+    assert "boom: this optimizer always fails" in log and "exploding.py" in log
 
     following = submit_and_wait(
         api, spec("adam", {"lr": 0.003}, steps=30, checkpoint_every=30, eval_every=30)

@@ -639,6 +639,20 @@ def test_a_job_whose_progress_stops_moving_says_so_and_its_stacks_go_to_its_log(
     stacks = log.read_text().split("[optlab worker, ", 1)[1]
     assert re.search(r'File ".*slow_sgd\.py", line \d+ in step', stacks), stacks[-3000:]
     assert row(sessions, job_id).status is JobStatus.RUNNING  # a notice: the job goes on
+    # The log, with the stacks, copied to the job's run: readable without the worker's disk.
+    wait_until(
+        lambda: "(copied to logs/attempt-1.txt in its MLflow run)" in (row(sessions, job_id).waiting or ""),
+        60,
+        "the notice to say the log was copied to MLflow",
+    )
+    run_id = row(sessions, job_id).mlflow["run_id"]  # type: ignore[index]
+    client = MlflowClient(tracking_uri=mlflow_url)
+
+    def copied() -> bool:  # a copy made while the job was still starting holds no step yet
+        text = Path(client.download_artifacts(run_id, "logs/attempt-1.txt")).read_text()
+        return bool(re.search(r'File ".*slow_sgd\.py", line \d+ in step', text))
+
+    wait_until(copied, 60, "the stacks of the user's step in the log's copy")
     with sessions() as session:
         store.request_cancel(session=session, job_id=job_id)
     job = wait_until(lambda: ended(sessions, job_id), 60, "the cancelled job to end")

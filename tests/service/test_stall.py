@@ -63,11 +63,22 @@ def test_the_cpu_figure_covers_only_time_inside_the_stall() -> None:
             lines.append(watch.notice(time.monotonic(), busy.pid, Path(os.devnull)) or "")
             time.sleep(0.1)
         line = next(line for line in lines if "of CPU" in line)
-        assert "its processes used" in line and "% of a core" in line
+        assert "its processes used" in line and "% of a core, busy: computing, or spinning)" in line
         share = int(line.split("(")[2].split("%")[0])
         assert share >= 30, line  # a spinning process: most of a core, whatever the machine's load
     finally:
         terminate_group(busy, 0)
+    idle = start_in_own_group(["sleep", "60"])
+    try:
+        watch = StallWatch(notice_after_s=1.0, now=time.monotonic())
+        deadline = time.monotonic() + 20
+        line = ""
+        while "of CPU" not in line and time.monotonic() < deadline:
+            line = watch.notice(time.monotonic(), idle.pid, Path(os.devnull)) or ""
+            time.sleep(0.1)
+        assert "used 0.0 s of CPU in the last" in line and "(0% of a core, idle: waiting on something" in line
+    finally:
+        terminate_group(idle, 0)
     assert session_cpu_s(NO_SUCH_SESSION) == 0.0
 
 
