@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.result import LOG_FILE, JobStatus
 from jobs.spec import JobSpec
-from service import store
+from service import job_log, store
 from service import worker as worker_module
 from service.models import Job
 from service.schemas import JobRead
@@ -514,3 +514,15 @@ def test_is_stopped_reads_the_process_state() -> None:
         sleeper.kill()
         sleeper.wait()
     assert not is_stopped(sleeper.pid)  # gone: nothing to read
+
+
+def test_the_log_s_copy_for_mlflow_keeps_its_start_and_latest_output_past_the_limit(tmp_path: Path) -> None:
+    log = tmp_path / "log.txt"
+    log.write_bytes(b"set-up\n" + b"x" * 5000 + b"\nthe traceback\n")
+    assert job_log.excerpt(log, limit_bytes=10_000) == log.read_bytes()  # under the limit: whole
+    cut = job_log.excerpt(log, limit_bytes=1000)
+    assert cut.startswith(b"set-up\n") and cut.endswith(b"\nthe traceback\n")
+    left_out = log.stat().st_size - 250 - 750
+    assert f"\n[optlab: {left_out} bytes of the job's log left out here]\n".encode() in cut
+    assert len(cut) < 1100
+    assert job_log.excerpt(tmp_path / "gone.txt") == b""
