@@ -20,3 +20,19 @@ class Cancelled(BaseException):
     A BaseException, like KeyboardInterrupt, so user code's `except Exception` cannot
     swallow it and carry on training.
     """
+
+
+# A class that calls sys.exit() (or exit()) where it cannot go on: SystemExit is no Exception, so it
+# had ended the job process with no result (the worker saw only "exited with code 3") and `optlab
+# check` between two checks, without a word.
+EXIT_FIX = (
+    "raise an exception (ValueError, RuntimeError) where the optimizer cannot go on; never exit the process"
+)
+
+
+def exit_message(exc: SystemExit) -> str:
+    """What a SystemExit raised by the user's code is told as."""
+    return (
+        f"raised SystemExit({exc.code!r}) (sys.exit() or exit()), which ends the whole process that runs the "
+        "optimizer, with no result"
+    )

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
-from jobs.errors import Cancelled, Diverged
+from jobs.errors import EXIT_FIX, Cancelled, Diverged, exit_message
 from jobs.frameworks.base import raising_frame
 from jobs.processes import (
     STACKS_SIGNAL,
@@ -356,6 +356,14 @@ def run_job(args: argparse.Namespace) -> JobResult:
             status, result = JobStatus.DIVERGED, result.with_fields(diverged_at_step=exc.step)
         result = result.with_fields(error=error_record(exc))
         # And goes to the job's log whole, where the rest of its story is (and its MLflow copy).
+        traceback.print_exception(exc, file=sys.stderr)
+    except SystemExit as exc:  # the user's code called sys.exit(): a failure, told as one
+        record = error_record(exc)
+        where = _where_raised(exc).removeprefix("raised with no message ")  # "at FILE:LINE: CODE"
+        message = f"{exit_message(exc)}; {where}" if where.startswith("at ") else exit_message(exc)
+        result = result.with_fields(
+            error=record.model_copy(update={"message": f"{message}. Fix: {EXIT_FIX}"})
+        )
         traceback.print_exception(exc, file=sys.stderr)
     if ranks is not None:  # DDP: the job succeeded only if every rank did
         status, result = with_ranks_end(ranks.finish(stop=status is not JobStatus.SUCCEEDED), status, result)

@@ -17,6 +17,7 @@ from jobs.checks.context import CheckContext, LoopSetup, RecipeNotHonoured
 from jobs.checks.report import CHECK_IDS, ONLY_FOR_STYLES, CheckReport, CheckResult, Outcome, failed, skipped
 from jobs.checks.target import Target, UsageError
 from jobs.checks.tools import CheckFunction, fix_for_raised
+from jobs.errors import EXIT_FIX, exit_message
 from optimizers.hyperparams import check_all
 from optimizers.loop_needs import LoopNeeds, unserved
 
@@ -153,3 +154,5 @@ def _outcome(check_id: str, table: Mapping[str, CheckFunction], context: CheckCo
             where=where,
             fix=fix_for_raised(exc),
         )
+    except SystemExit as exc:  # sys.exit() in the user's code would end these checks without a word
+        return failed(exit_message(exc), where=context.where(exc), fix=EXIT_FIX)

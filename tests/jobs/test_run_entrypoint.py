@@ -47,6 +47,18 @@ class ExplodingMomentum(torch.optim.Optimizer):
         raise RuntimeError("exploding_momentum: the user's own error message")
 """
 
+# Ends its process in the middle of a step, as code written for a script does where it gives up.
+EXITING_PLUGIN = """
+import sys
+
+import torch
+
+
+class ExitingSgd(torch.optim.SGD):
+    def step(self, closure=None):
+        sys.exit(3)
+"""
+
 # Writes a marker, then imports for a long time: SIGTERM arrives inside the registry's plugin loader.
 SLOW_IMPORT_PLUGIN = """
 import os
@@ -137,6 +149,12 @@ def jobs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Job]]:
             {**ADAM_40, "optimizer": {"name": "exploding_momentum"}},
             env={"OPTLAB_PLUGIN_DIRS": str(raising)},
         ),
+        "plugin_exits": start_job(
+            root,
+            "plugin_exits",
+            {**ADAM_40, "optimizer": {"name": "exiting_sgd", "params": {"lr": 0.1}}},
+            env={"OPTLAB_PLUGIN_DIRS": str(plugin_dir(root, "exiting_sgd", EXITING_PLUGIN))},
+        ),
         "slow_import": start_job(
             root,
             "slow_import",
@@ -218,6 +236,20 @@ def test_an_exception_in_a_plugin_optimizer_is_reported(jobs: dict[str, Job]) ->
     assert result["error"]["message"] == "exploding_momentum: the user's own error message"
     assert "exploding_momentum.py" in result["error"]["traceback"]
     assert "in step" in result["error"]["traceback"]
+
+
+def test_sys_exit_in_a_plugin_optimizer_fails_the_job_with_a_result_and_its_line(
+    jobs: dict[str, Job],
+) -> None:
+    """SystemExit is no Exception: it had ended the process with no result (the worker saw "exited with
+    code 3"), and the log said nothing."""
+    returncode, result = jobs["plugin_exits"].result()
+    assert returncode == 1 and result["status"] == "failed"
+    assert result["error"]["type"] == "SystemExit"
+    message = result["error"]["message"]
+    assert message.startswith("raised SystemExit(3) (sys.exit() or exit()), which ends the whole process")
+    assert "exiting_sgd.py:9: sys.exit(3)" in message and "Fix: raise an exception" in message
+    assert "SystemExit: 3" in jobs["plugin_exits"].log.read_text()  # the traceback, in the job's log
 
 
 def test_a_tracking_uri_of_none_means_no_tracking(monkeypatch: pytest.MonkeyPatch) -> None:
