@@ -245,6 +245,53 @@ def test_state_outside_state_dict_is_caught_by_the_probe_step(
         roundtrip(tmp_path, optimizer_cls)
 
 
+class SlowWeightsLeftOut(StateMomentum):
+    """BROKEN on purpose, as a Lookahead written from its paper's reference code: slow weights in
+    self.state[p], read every 5th step only, and a state_dict() that leaves them out. The probe step
+    (step 4) does not read them, so it cannot see them lost."""
+
+    def state_dict(self) -> dict[str, Any]:
+        saved = super().state_dict()
+        kept = {i: {k: v for k, v in s.items() if k != "slow"} for i, s in saved["state"].items()}
+        return {**saved, "state": kept}
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
+        super().step(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                slow = state.setdefault("slow", p.clone())  # a reload starts them afresh, here
+                if int(state["updates"]) % 5 == 0:
+                    p.lerp_(slow, 0.5)
+                    slow.copy_(p)
+
+
+class CacheLeftOut(StateMomentum):
+    """Correct: a per-step cache it leaves out of state_dict() and writes afresh at every step (or
+    builds when it is missing): nothing a resumed job goes on from differs."""
+
+    def state_dict(self) -> dict[str, Any]:
+        saved = super().state_dict()
+        kept = {i: {k: v for k, v in s.items() if k != "last_grad"} for i, s in saved["state"].items()}
+        return {**saved, "state": kept}
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
+        super().step(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                self.state[p]["last_grad"] = p.grad.clone()
+
+
+def test_state_left_out_of_state_dict_is_caught_even_where_the_probe_step_does_not_read_it(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(CheckpointMismatch, match=r"optimizer.state\[param 0\]\['slow'\] is left out of what"):
+        roundtrip(tmp_path, SlowWeightsLeftOut)
+    roundtrip(tmp_path, CacheLeftOut)  # written afresh by every step: nothing lost
+
+
 # -- the same, inside a real job ---------------------------------------------------------------------
 
 
