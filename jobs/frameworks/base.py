@@ -381,6 +381,10 @@ class Driver(ABC):
         """Trainable float32 variables holding `arrays`."""
 
     @abstractmethod
+    def load_values(self, variables: Sequence[Any], arrays: Sequence[np.ndarray]) -> None:
+        """Set `variables` to `arrays` in place, as a resumed job loads its weights into a model."""
+
+    @abstractmethod
     def optimizer_over(self, create: Callable[[Any], Any], variables: Sequence[Any]) -> Any:
         """`create(model_params)` (the catalogue's build) over `variables`, state created as the
         style's own training loop creates it."""

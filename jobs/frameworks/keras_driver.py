@@ -242,6 +242,10 @@ class KerasDriver(Driver):
     def variables(self, arrays: Sequence[np.ndarray]) -> list[Any]:
         return [self.km.Variable(np.array(a, dtype=np.float32)) for a in arrays]
 
+    def load_values(self, variables: Sequence[Any], arrays: Sequence[np.ndarray]) -> None:
+        for variable, array in zip(variables, arrays, strict=True):
+            variable.assign(array)
+
     def optimizer_over(self, create: Callable[[Any], Any], variables: Sequence[Any]) -> Any:
         optimizer = create(None)
         self.create_state(optimizer, variables)

@@ -823,6 +823,11 @@ class TorchDriver(Driver):
         device = self.accelerator_device or torch.get_default_device()
         return [nn.Parameter(torch.tensor(np.array(a, dtype=np.float32), device=device)) for a in arrays]
 
+    def load_values(self, variables: Sequence[Any], arrays: Sequence[np.ndarray]) -> None:
+        with torch.no_grad():
+            for param, array in zip(variables, arrays, strict=True):
+                param.copy_(torch.as_tensor(array, dtype=param.dtype, device=param.device))
+
     def optimizer_over(self, create: Callable[[Any], Any], variables: Sequence[Any]) -> Any:
         return create(list(variables))  # torch creates state lazily, in the first step
 
