@@ -441,7 +441,10 @@ class KerasDriver(Driver):
 
     def save_state(self, optimizer: Any, variables: Sequence[Any], folder: Path) -> Any:
         checkpoint = self.tf.train.Checkpoint(optimizer=optimizer, variables=list(variables))
-        return checkpoint.write(str(folder / "ckpt"))
+        try:
+            return checkpoint.write(str(folder / "ckpt"))
+        except ValueError as exc:  # TensorFlow refusing the object graph: said as a job says it
+            raise ValueError(unsavable_said(self.tf, optimizer, variables, exc)) from None
 
     def restore_state(self, optimizer: Any, variables: Sequence[Any], saved: Any) -> None:
         status = self.tf.train.Checkpoint(optimizer=optimizer, variables=list(variables)).read(saved)
@@ -1162,15 +1165,8 @@ class KerasSession(TrainingSession):
 
     def _unsavable(self, model: Any, refusal: ValueError) -> CheckpointMismatch:
         """tf.train.Checkpoint refusing the optimizer's object graph, said without the object's values."""
-        said = " ".join(str(refusal).split())
-        if "non-string key" in said:  # TensorFlow's words quote the whole dict, its values printed
-            said = "a dict an attribute holds maps a non-string key to a tf.Variable, which it cannot save"
-        holders = attributes_holding_variables(model.optimizer, model.trainable_variables)
-        where = f" ({', '.join(holders)} hold tf.Variables outside optimizer.variables)" if holders else ""
-        return CheckpointMismatch(
-            f"tf.train.Checkpoint cannot save the optimizer: {_head_and_tail(said)}{where}; "
-            f"{self.driver.state_fix}"
-        )
+        said = unsavable_said(self.tf, model.optimizer, model.trainable_variables, refusal)
+        return CheckpointMismatch(f"{said}; {self.driver.state_fix}")
 
     def _probe_step(
         self, saved: KerasObjects, restored: KerasObjects, written: str, step: int, draws: Any
@@ -1467,6 +1463,36 @@ def tracked_outside_by_path(tf: Any, optimizer: Any, trained: Sequence[Any]) -> 
             known.add(id(inner))
             found.append((place, item))
     return found
+
+
+def unsavable_said(tf: Any, optimizer: Any, trained: Sequence[Any], refusal: ValueError) -> str:
+    """tf.train.Checkpoint refusing the optimizer's object graph, said without the objects' values and
+    naming the attributes behind it."""
+    said = _head_and_tail(" ".join(str(refusal).split()))
+    tensors = attributes_holding_tensors(tf, optimizer)
+    if "non-string key" in said:  # TensorFlow's words quote the whole dict, its values printed
+        said = "a dict an attribute holds maps a non-string key to a tf.Variable, which it cannot save"
+    elif "truth value of an array" in said and tensors:  # it compares a container's items as it walks
+        said = (
+            f'{", ".join(tensors)} hold(s) tensors in a list, tuple or dict, which it cannot walk ("the '
+            "truth value of an array ... is ambiguous\"): keep a step's values in local variables"
+        )
+    holders = attributes_holding_variables(optimizer, trained)
+    where = f" ({', '.join(holders)} hold tf.Variables outside optimizer.variables)" if holders else ""
+    return f"tf.train.Checkpoint cannot save the optimizer: {said}{where}"
+
+
+def attributes_holding_tensors(tf: Any, optimizer: Any) -> list[str]:
+    """The optimizer's attributes holding plain tensors (not tf.Variables) in a list, tuple or dict."""
+
+    def is_tensor(value: Any) -> bool:
+        return isinstance(value, tf.Tensor) and not hasattr(type(value), "assign")
+
+    def holds(value: Any) -> bool:
+        items = value.values() if isinstance(value, Mapping) else value
+        return isinstance(value, Mapping | list | tuple) and any(is_tensor(item) for item in items)
+
+    return sorted(f"`{name}`" for name, value in vars(optimizer).items() if holds(value))
 
 
 def attributes_holding_variables(optimizer: Any, trained: Sequence[Any]) -> list[str]:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import keras
+import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
@@ -492,3 +493,26 @@ def test_a_from_config_that_leaves_the_schedule_serialized_fails_config_roundtri
     assert "built an optimizer whose learning rate cannot be read" in outcome.detail
     assert "with an unsupported type (<class 'dict'>)" in outcome.detail
     assert "from_config must turn a serialized schedule" in outcome.detail
+
+
+class KeepsItsGradients(keras.optimizers.SGD):
+    """Keeps each step's gradients as an attribute, a list of tensors, which tf.train.Checkpoint
+    tracks and cannot walk: its own error had been a bare "The truth value of an array with more
+    than one element is ambiguous"."""
+
+    def _backend_update_step(self, grads: list, trainable_variables: list, learning_rate: object) -> None:
+        self.grads = grads
+        grads[0] = grads[0] * 1.0  # clipped in place, as NoteDance's Lamb does: the tracked list changed
+        for gradient, variable in zip(grads, trainable_variables, strict=True):
+            self.update_step(gradient, variable, learning_rate)
+
+
+def test_state_tf_cannot_checkpoint_is_named_by_its_attribute(workdir: Path) -> None:
+    from jobs.frameworks import driver_for
+
+    driver = driver_for("keras")
+    variables = driver.variables([np.ones((3, 2)), np.ones(2)])
+    optimizer = driver.optimizer_over(lambda _: KeepsItsGradients(learning_rate=0.1), variables)
+    driver.step(optimizer, variables, [np.ones((3, 2)), np.ones(2)])
+    with pytest.raises(ValueError, match=r"cannot save the optimizer: `grads` hold\(s\) tensors in a list"):
+        driver.save_state(optimizer, variables, workdir / "saved")
