@@ -40,6 +40,10 @@ def collect_runs(client: Any, study: Study, jobs: list[Job]) -> list[StudyRun]:
                 optimizer_step_ms_median=_float_or_none(result.get("optimizer_step_ms_median")),
                 attempt=job.attempt if job is not None and job.attempt else 1,
                 interrupted_at=_interrupted_at(job),
+                resumed_from=_resumed_from(result),
+                # A Keras job (its result names the style) times its one compiled step as the update.
+                update_timed_apart=result.get("style") is None,
+                params_sha256=_str_or_none(result.get("params_sha256")),
             )
         )
     return runs
@@ -73,6 +77,18 @@ def _interrupted_at(job: Job | None) -> int | None:
     steps = [record.get("step") or 0 for record in earlier]
     farthest = max(steps, default=0)
     return farthest if farthest > 0 else None
+
+
+def _resumed_from(result: dict[str, Any]) -> int | None:
+    """The checkpoint step the job's last attempt resumed from (0: it trained again from the start, in
+    the same run); None where its result does not say."""
+    resume = result.get("resume")
+    step = resume.get("from_step") if isinstance(resume, dict) else result.get("resumed_from_step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def _str_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _float_or_none(value: Any) -> float | None:

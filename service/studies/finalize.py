@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from jobs.result import JobStatus
-from jobs.spec import Catalogue, StudySpec
+from jobs.spec import Catalogue, StudySpec, default_style
 from jobs.workloads.surfaces import surface_for
 from service import store
 from service.models import Job, Study
 from service.studies import store as study_store
 from service.studies.collect import collect_runs
-from service.studies.report import Report, Surface, render_report
+from service.studies.report import Report, StudySetup, Surface, render_report
 from service.studies.runs import (
     ensure_parent_run,
     log_missing_params,
@@ -118,7 +118,12 @@ def finalize(
     assert recorded is not None and recorded.experiment_id is not None
     url = study_runs_url(shown_tracking_uri(tracking_uri), recorded.experiment_id, study.id)
     report = render_report(
-        summary, runs, title=f"Study {study.name}", surface=surface_of(spec), mlflow_url=url
+        summary,
+        runs,
+        title=f"Study {study.name}",
+        surface=surface_of(spec),
+        mlflow_url=url,
+        setup=setup_of(spec),
     )
     log_to_parent(client, parent, study, summary, report, status=parent_run_status(study, jobs))
     return summary, report
@@ -163,3 +168,17 @@ def log_to_parent(
 def surface_of(spec: StudySpec) -> Surface | None:
     """The 2-D test function a workload (rosenbrock, a 2-D quadratic) draws trajectories over."""
     return surface_for(spec.workload.name, spec.workload.params)
+
+
+def setup_of(spec: StudySpec) -> StudySetup:
+    """What the report's header says the study ran: each optimizer's implementation (its style, the
+    framework's default where the spec names none)."""
+    return StudySetup(
+        framework=spec.framework,
+        workload=spec.workload.name,
+        steps=spec.steps,
+        batch_size=spec.batch_size,
+        implementations={
+            o.key: f"{o.name} ({o.style or default_style(spec.framework)})" for o in spec.optimizers
+        },
+    )

@@ -103,7 +103,7 @@ def ranking_table(summary: StudySummary) -> Table:
             str(row.selection.n if row.selection else 0),
             "-"
             if row.target_reached is None or row.at_best is None
-            else f"{row.target_reached}/{row.at_best.total}",
+            else f"{row.target_reached}/{row.at_best.succeeded}",  # the seeds that could reach it
             f"{jobs.succeeded}/{jobs.total} ok" + (f" ({problems})" if problems else ""),
         )
     return table

@@ -29,9 +29,11 @@ from service.studies.summary import (
     GridValue,
     JobCounts,
     MetricPoint,
+    SeedTime,
     Stat,
     StudyRun,
     StudySummary,
+    TimeToTarget,
     format_value,
     grid_label,
     unstable,
@@ -61,6 +63,19 @@ Surface = SurfaceSpec
 
 
 @dataclass(frozen=True)
+class StudySetup:
+    """What the study ran, for the report's header: a reader cannot tell from "adam" alone whether it
+    was the torch, Keras or legacy tf.keras implementation, nor on what."""
+
+    framework: str  # torch | tensorflow
+    workload: str
+    steps: int
+    batch_size: int
+    # every optimizer by its study name (label): its catalogue name and style, e.g. "adam (tf_legacy)"
+    implementations: dict[str, str]
+
+
+@dataclass(frozen=True)
 class Report:
     html: str  # self-contained: every image inline as data:image/png;base64
     images: dict[str, bytes]  # file name -> PNG bytes (also logged as parent-run artifacts)
@@ -80,6 +95,7 @@ def render_report(
     title: str,
     surface: Surface | None = None,
     mlflow_url: str | None = None,
+    setup: StudySetup | None = None,
 ) -> Report:
     """The study's plots as PNGs and the HTML page that shows them with the summary's tables."""
     plots = [
@@ -92,7 +108,9 @@ def render_report(
         )
         if plot is not None
     ]
-    page = html_page(summary, plots, title=title, mlflow_url=mlflow_url, surface_given=surface is not None)
+    page = html_page(
+        summary, plots, title=title, mlflow_url=mlflow_url, surface_given=surface is not None, setup=setup
+    )
     return Report(html=page, images={plot.name: plot.png for plot in plots})
 
 
@@ -381,10 +399,10 @@ def time_to_target_plot(summary: StudySummary) -> Plot | None:
             if ttt is None:
                 text = "no result"
             elif ttt.reached == 0:
-                text = f"not reached\n(0/{len(ttt.seeds)})"
+                text = f"not reached\n({reached_text(ttt)})"
                 axes.bar([x], [top * 0.05], color="none", edgecolor="#999999", hatch="//")
             else:
-                text = f"{ttt.reached}/{len(ttt.seeds)} reached"
+                text = f"{reached_text(ttt)} reached"
             axes.annotate(text, (x, top * 1.02), ha="center", va="bottom", fontsize=8, annotation_clip=False)
         axes.set_ylim(0, top * 1.25)
         # long or many names would overlap side by side
@@ -512,6 +530,11 @@ def stat_text(stat: Stat | None) -> str:
     return f"{num(stat.mean)} ± {num(above, 2)} (n={stat.n})"
 
 
+def reached_text(ttt: TimeToTarget) -> str:
+    """`2/2`: reached over the succeeded jobs, the seeds the ranking's n counts."""
+    return f"{ttt.reached}/{len(ttt.seeds) if ttt.succeeded is None else ttt.succeeded}"
+
+
 def counts_text(c: JobCounts) -> str:
     parts = [f"{c.succeeded}/{c.total} succeeded"]
     for name in ("failed", "diverged", "cancelled", "unfinished"):
@@ -541,9 +564,25 @@ def safe_link(url: str) -> str:
     return f'MLflow: <span class="address">{esc(url)}</span>'
 
 
-def header_html(summary: StudySummary, title: str, mlflow_url: str | None) -> str:
+def setup_text(setup: StudySetup) -> str:
+    """`Framework tensorflow, workload digits_mlp, 100 steps a job, batch 64; optimizers: sgd (keras),
+    sgd_legacy = sgd (tf_legacy).`"""
+    shown = ", ".join(
+        implementation if implementation.startswith(f"{name} ") else f"{name} = {implementation}"
+        for name, implementation in setup.implementations.items()
+    )
+    return (
+        f"Framework {setup.framework}, workload {setup.workload}, {setup.steps} steps a job, batch "
+        f"{setup.batch_size}; optimizers: {shown}."
+    )
+
+
+def header_html(
+    summary: StudySummary, title: str, mlflow_url: str | None, setup: StudySetup | None = None
+) -> str:
     target = summary.target
     lines = [
+        *([esc(setup_text(setup))] if setup is not None else []),
         f"{summary.counts.total} jobs: {esc(counts_text(summary.counts))}.",
         f"Best grid point chosen on the mean final {esc(summary.selection_metric)} "
         f"({'lower' if summary.selection_mode == 'min' else 'higher'} is better), among the points where no "
@@ -566,7 +605,7 @@ def ranking_html(summary: StudySummary) -> str:
         reached = NONE
         point = summary.best_grid_point(r.optimizer)
         if point is not None and point.time_to_target is not None:
-            reached = f"{point.time_to_target.reached}/{len(point.time_to_target.seeds)}"
+            reached = reached_text(point.time_to_target)
         rows.append(
             [
                 esc(r.rank if r.rank is not None else "not ranked"),
@@ -630,16 +669,11 @@ def time_to_target_html(summary: StudySummary) -> str:
             rows.append([esc(opt), NONE, NONE, NONE, NONE, '<span class="none">no result</span>'])
             continue
         ttt = point.time_to_target
-        per_seed = "; ".join(
-            f"seed {s.seed}: step {s.step} ({num(s.seconds, 3)} s)"
-            if s.reached
-            else f"seed {s.seed}: not reached ({s.status})"
-            for s in ttt.seeds
-        )
+        per_seed = "; ".join(seed_time_text(s) for s in ttt.seeds)
         rows.append(
             [
                 esc(f"{opt} {point.label}"),
-                esc(f"{ttt.reached}/{len(ttt.seeds)}"),
+                esc(reached_text(ttt)),
                 esc(ttt.not_reached),
                 esc(stat_text(ttt.steps)),
                 esc(stat_text(ttt.seconds)),
@@ -665,6 +699,14 @@ def time_to_target_html(summary: StudySummary) -> str:
     )
 
 
+def seed_time_text(seed: SeedTime) -> str:
+    if seed.reached:
+        return f"seed {seed.seed}: step {seed.step} ({num(seed.seconds, 3)} s)"
+    if seed.status == "succeeded":
+        return f"seed {seed.seed}: not reached"
+    return f"seed {seed.seed}: {seed.status}, not counted"
+
+
 def measured_at_evaluations(summary: StudySummary) -> bool:
     """Whether the target's metric is logged only at evaluations (a val/* one)."""
     return summary.target is not None and summary.target.metric.startswith("val/")
@@ -677,12 +719,27 @@ def granularity_text(summary: StudySummary) -> str:
     metric = summary.target.metric
     if not measured_at_evaluations(summary):
         return f"Steps to target are the first logged step where {metric} met the target."
-    every = f", every {summary.eval_every} steps (eval_every)" if summary.eval_every else ""
     return (
-        f"Steps to target are measured at evaluation points{every}: a seed that met the target between "
-        "two evaluations is counted at the later one, so steps and seconds are as fine as that cadence "
-        "and no finer."
+        f"Steps to target are measured at evaluation points{cadence_text(summary)}: a seed that met the "
+        "target between two evaluations is counted at the later one, so steps and seconds are as fine as "
+        "that cadence and no finer."
     )
+
+
+NOT_MEASURED = '<span class="none">not measured apart</span>'
+
+
+def cadence_text(summary: StudySummary) -> str:
+    """Where the jobs evaluated: every eval_every steps and at the last step (jobs/training/loop.py), so
+    a study of 30 steps with eval_every 100 evaluated once, at step 30."""
+    every, steps = summary.eval_every, summary.steps
+    if not every:
+        return ""
+    if steps is not None and steps <= every:
+        return f", here once, at the last step ({steps}; eval_every {every} is not less than the steps)"
+    if steps is not None and steps % every:
+        return f", every {every} steps (eval_every) and at the last step ({steps})"
+    return f", every {every} steps (eval_every)"
 
 
 def time_split_html(summary: StudySummary) -> str:
@@ -690,16 +747,36 @@ def time_split_html(summary: StudySummary) -> str:
         [
             esc(s.optimizer),
             esc(s.jobs),
-            esc(num(s.forward_backward_ms)),
-            esc(num(s.optimizer_step_ms)),
-            esc(NONE if s.state_bytes is None else f"{s.state_bytes:,.0f}"),
+            esc(num(s.step_ms)),
+            esc(num(s.forward_backward_ms)) if s.split_measured else NOT_MEASURED,
+            esc(num(s.optimizer_step_ms)) if s.split_measured else NOT_MEASURED,
+            esc(NONE if s.state_bytes is None else f"{s.state_bytes:,.0f} ({s.state_label})"),
         ]
         for s in summary.time_split
     ]
-    return "<h2>Time split</h2>" + table(
-        ["optimizer", "jobs", "forward+backward ms (median)", "optimizer step ms (median)", "state bytes"],
-        rows,
-        numeric=(1, 2, 3, 4),
+    unmeasured = [s.optimizer for s in summary.time_split if not s.split_measured]
+    meta = (
+        f'<p class="meta">{esc(", ".join(unmeasured))}: the update is compiled into one graph with the '
+        "gradients (Keras), so its time cannot be told apart from forward+backward; only the whole "
+        "step's time is measured.</p>"
+        if unmeasured
+        else ""
+    )
+    return (
+        "<h2>Time split</h2>"
+        + meta
+        + table(
+            [
+                "optimizer",
+                "jobs",
+                "step ms (median)",
+                "forward+backward ms (median)",
+                "optimizer step ms (median)",
+                "state bytes (at the best grid point)",
+            ],
+            rows,
+            numeric=(1, 2, 3, 4, 5),
+        )
     )
 
 
@@ -770,11 +847,17 @@ def plots_html(plots: Sequence[Plot]) -> str:
 
 
 def html_page(
-    summary: StudySummary, plots: Sequence[Plot], *, title: str, mlflow_url: str | None, surface_given: bool
+    summary: StudySummary,
+    plots: Sequence[Plot],
+    *,
+    title: str,
+    mlflow_url: str | None,
+    surface_given: bool,
+    setup: StudySetup | None = None,
 ) -> str:
     body = "".join(
         [
-            header_html(summary, title, mlflow_url),
+            header_html(summary, title, mlflow_url, setup),
             ranking_html(summary),
             comparisons_html(summary),
             time_to_target_html(summary),

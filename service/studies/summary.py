@@ -16,9 +16,11 @@ Rules that decide the figures (kept here, in one place):
 - The best grid point is chosen among those where no job failed or diverged (among all where
   every point had such a job, with a note): a rate at which most seeds diverge is not the best
   because the seed that survived scored well. A note names a point passed over so.
-- Time to target looks at the logged points of every job that did not fail or diverge (a job
-  that met the target and diverged later is not an optimizer that reaches it; it is counted
-  as not reached, its status shown).
+- Time to target counts, like the ranking, the jobs that succeeded: one reached the target at the
+  first logged point that meets it. Any other job is listed with its status and has not reached
+  it (a job that met the target and diverged later is not an optimizer that reaches it; a
+  cancelled one's seconds stand on a seed the ranking leaves out), so "reached 2/2" stands on the
+  same seeds as the ranking's n=2.
 - Optimizers whose mean final selection metric is exactly equal share a rank (1, 2, 2, 4): the
   ranking orders means, and the order of a tie is no finding.
 - An interval is cut to the values its quantity can take (`jobs.spec.METRIC_BOUNDS`: accuracy in [0, 1],
@@ -27,18 +29,23 @@ Rules that decide the figures (kept here, in one place):
 - The time split is the median over the succeeded jobs of each job's own medians over its steps
   (its result's `step_time_ms_median`, `optimizer_step_ms_median`; forward+backward is the one
   minus the other). Only for a job whose result lacks them: the medians of its perf/* points,
-  which are means of flush windows, leaving out the first window (step 0's warm-up).
+  which are means of flush windows, leaving out the first window (step 0's warm-up). A job that
+  does not time its update apart (Keras: one compiled step) gives only the whole step's time. The
+  state bytes are the best grid point's.
 - Notes say what the tables cannot: an optimizer ranked on fewer seeds than the study ran (and
   what became of the others), ranked optimizers on different numbers of seeds, a single seed (no
-  interval), seeds that changed nothing, a succeeded job whose selection metric ended worse than
-  its first evaluation, and a job resumed after an interruption (its seconds include the time it
-  was down). Notes never change which point is best.
+  interval), seeds that changed nothing (by the trained parameters' hash, or every final train/
+  and val/ value: never the selection metric alone), a succeeded job whose selection metric ended
+  worse than its first evaluation by more than WORSE_MARGIN, a job interrupted after it ran steps
+  (as its attempts went: resumed from a checkpoint, run again from the start, or ended failed), and
+  a best grid value at the edge of its axis. Notes never change which point is best.
 - JSON holds no NaN or infinity: an undefined figure is None (and the models refuse
   non-finite floats).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -122,6 +129,13 @@ class StudyRun:
     # The step an earlier attempt reached before it was cut short (its worker stopped, its process was
     # killed): this one resumed from there, in the same run. None: no earlier attempt ran a step.
     interrupted_at: int | None = None
+    # The checkpoint step its last attempt started from (0: from the start); None where it did not
+    # resume or its result does not say (a job that ended without writing one).
+    resumed_from: int | None = None
+    # False where its driver times the whole step as the optimizer step (Keras compiles the gradients
+    # and the update into one graph: jobs/frameworks/keras_driver.py `train_step`).
+    update_timed_apart: bool = True
+    params_sha256: str | None = None  # the trained parameters' hash, from its result
 
 
 @dataclass(frozen=True)
@@ -190,11 +204,13 @@ class TimeToTarget(_Model):
 
     target: Target
     seeds: list[SeedTime]  # every job of the grid point, whatever its status
-    reached: int
-    not_reached: int  # ended jobs that never met the target
-    pending: int  # queued or running jobs that have not met it yet
+    reached: int  # succeeded jobs that met it
+    not_reached: int  # ended jobs that did not reach it (those that did not succeed among them)
+    pending: int  # queued or running jobs
     steps: Stat  # over the seeds that reached it
     seconds: Stat
+    # the jobs that could reach it, the ranking's seeds: "reached 2/2" (None: recorded before it was)
+    succeeded: int | None = None
 
 
 class GridPointSummary(_Model):
@@ -217,7 +233,13 @@ class TimeSplit(_Model):
     jobs: int  # the jobs these figures stand on
     forward_backward_ms: float | None  # median over jobs of (step time median - optimizer step median)
     optimizer_step_ms: float | None  # median over jobs of the optimizer step median
-    state_bytes: float | None  # median over jobs of the last optim/state_bytes
+    # median over the best grid point's jobs of the last optim/state_bytes, and that point's label
+    state_bytes: float | None
+    state_label: str | None = None
+    step_ms: float | None = None  # median over jobs of the whole step's time median
+    # False where no job timed its update apart from forward+backward (Keras: one compiled step):
+    # there is then only the whole step's time, and the two figures above are None.
+    split_measured: bool = True
 
 
 class RankingRow(_Model):
@@ -277,6 +299,7 @@ class StudySummary(_Model):
     # Steps between evaluations, where time to target on a val/* metric is measured (the study's
     # `eval_every`); None when unknown. A default: summaries recorded before it validate as they are.
     eval_every: int | None = None
+    steps: int | None = None  # the study's steps per job; None when unknown
 
     def best_grid_point(self, optimizer: str) -> GridPointSummary | None:
         row = next((r for r in self.ranking if r.optimizer == optimizer), None)
@@ -289,9 +312,10 @@ class StudySummary(_Model):
 
         `summary/study/...` for the job counts; per optimizer `rank`, `jobs_failed`,
         `jobs_diverged`, `jobs_cancelled`, at its best grid point `<metric>_final_mean` (and `_std`,
-        `_ci_low`, `_ci_high`, `_n`, `_best_mean`) and `target_*`, the time split and
-        `vs_<baseline>/*`, all under `summary/<optimizer>/`; every grid point's final means under
-        `summary/<optimizer>/grid/<label>/`. None is left out.
+        `_ci_low`, `_ci_high`, `_n`, `_best_mean`) and `target_*`, the time split (`step_ms`, and
+        where measured `forward_backward_ms`, `optimizer_step_ms`) and `vs_<baseline>/*`, all under
+        `summary/<optimizer>/`; every grid point's final means under `summary/<optimizer>/grid/<label>/`
+        (one segment per label: see `mlflow_segments`). None is left out.
         """
         out: dict[str, float] = {}
 
@@ -329,6 +353,7 @@ class StudySummary(_Model):
             base = f"summary/{names[split.optimizer]}"
             put(f"{base}/forward_backward_ms", split.forward_backward_ms)
             put(f"{base}/optimizer_step_ms", split.optimizer_step_ms)
+            put(f"{base}/step_ms", split.step_ms)
             put(f"{base}/state_bytes", split.state_bytes)
         for c in self.comparisons:
             base = f"summary/{names[c.optimizer]}/vs_{names.get(c.baseline, mlflow_key(c.baseline))}"
@@ -337,9 +362,12 @@ class StudySummary(_Model):
             put(f"{base}/ci_high", c.ci_high)
             put(f"{base}/p_value", c.p_value)
             put(f"{base}/n", c.n)
+        labels = {
+            opt: mlflow_segments([p.label for p in self.grid_points if p.optimizer == opt])
+            for opt in self.optimizers
+        }
         for point in self.grid_points:
-            label = mlflow_key(point.label.replace("/", "_")[:MAX_SEGMENT])
-            base = f"summary/{names[point.optimizer]}/grid/{label}"
+            base = f"summary/{names[point.optimizer]}/grid/{labels[point.optimizer][point.label]}"
             for m in point.metrics:
                 put(f"{base}/{mlflow_key(m.metric)}_final_mean", m.final.mean)
                 put(f"{base}/{mlflow_key(m.metric)}_final_n", m.final.n)
@@ -381,9 +409,10 @@ def summarize(
         *notes_on(points, ranking, runs, baseline, selection_metric),
         *instability_notes(points, optimizers, selection_metric, selection_mode),
         *seed_count_notes(ranking, runs, selection_metric),
-        *no_spread_notes(points, selection_metric),
+        *identical_seeds_notes(runs, optimizers),
         *worse_than_first_notes(runs, optimizers, selection_metric, selection_mode),
         *resumed_notes(runs),
+        *edge_notes(points, ranking),
     ]
     summary = StudySummary(
         selection_metric=selection_metric,
@@ -395,13 +424,23 @@ def summarize(
         grid_points=points,
         ranking=ranking,
         comparisons=[],
-        time_split=[time_split(opt, [r for r in runs if r.optimizer == opt]) for opt in optimizers],
+        time_split=[
+            time_split(opt, [r for r in runs if r.optimizer == opt], row.label)
+            for opt, row in zip(optimizers, ranking_by_optimizer(ranking, optimizers), strict=True)
+        ],
         problems=problem_jobs(runs, optimizers),
         notes=notes,
         eval_every=eval_every,
+        steps=steps,
     )
     comparisons = compare_to_baseline(summary, runs) if baseline in optimizers else []
     return summary.model_copy(update={"comparisons": comparisons})
+
+
+def ranking_by_optimizer(ranking: list[RankingRow], optimizers: list[str]) -> list[RankingRow]:
+    """The ranking's rows in the order of `optimizers` (every optimizer has one)."""
+    rows = {row.optimizer: row for row in ranking}
+    return [rows[opt] for opt in optimizers]
 
 
 def first_line(error: str) -> str:
@@ -590,12 +629,12 @@ def meets(value: float, target: TargetRule) -> bool:
 
 
 def time_to_target(runs: list[StudyRun], target: TargetRule, *, steps: int | None = None) -> TimeToTarget:
-    """Per job, the first logged point (by step) that meets the target; counted over every status,
-    but a job that failed or diverged has not reached it, whatever it logged before. `steps`: the
-    study's steps per job, where the interval of the steps is cut."""
+    """Per job, the first logged point (by step) that meets the target; only a job that succeeded can
+    have reached it (see the module docstring). `steps`: the study's steps per job, where the
+    interval of the steps is cut."""
     seeds = []
     for run in runs:
-        points = [] if run.status in UNSTABLE_STATUSES else run.history.get(target.metric, [])
+        points = run.history.get(target.metric, []) if run.status == "succeeded" else []
         hit = next((p for p in ordered_points(points) if meets(p.value, target)), None)
         seeds.append(
             SeedTime(
@@ -613,7 +652,8 @@ def time_to_target(runs: list[StudyRun], target: TargetRule, *, steps: int | Non
         seeds=seeds,
         reached=len(reached),
         not_reached=sum(1 for s in seeds if not s.reached and s.status in ENDED),
-        pending=sum(1 for s in seeds if not s.reached and s.status not in ENDED),
+        pending=sum(1 for s in seeds if s.status not in ENDED),
+        succeeded=sum(1 for s in seeds if s.status == "succeeded"),
         steps=describe((float(s.step) for s in reached if s.step is not None), at_least=0.0, at_most=steps),
         seconds=describe((s.seconds for s in reached if s.seconds is not None), at_least=0.0),
     )
@@ -816,33 +856,47 @@ def median_or_none(values: Sequence[float]) -> float | None:
     return finite(float(statistics.median(finite_values))) if finite_values else None
 
 
-def time_split(optimizer: str, runs: Sequence[StudyRun]) -> TimeSplit:
+def time_split(optimizer: str, runs: Sequence[StudyRun], best_label: str | None) -> TimeSplit:
     """Medians over the succeeded jobs of each job's own medians: one figure per job, so a job that
-    logged more flush windows (a slow one: they close every second) weighs no more than another."""
+    logged more flush windows (a slow one: they close every second) weighs no more than another.
+
+    Forward+backward and the optimizer step only from jobs that time the update apart (a Keras job
+    times its whole compiled step as the optimizer's: its "forward+backward" read ~0.007 ms). The
+    state bytes at the best grid point only: grid points hold different state (momentum 0 or not),
+    and a median over them (of 0, 0, 35880, 35880: 17940) was a figure no job had."""
+    succeeded = [run for run in runs if run.status == "succeeded"]
+    step: list[float] = []
     forward_backward: list[float] = []
     optimizer_step: list[float] = []
-    state: list[float] = []
     used = 0
-    for run in runs:
-        if run.status != "succeeded":
-            continue
+    for run in succeeded:
         step_ms, opt_ms = job_step_medians(run)
-        last_state = final_value(run.history.get("optim/state_bytes", []))
-        if step_ms is None and opt_ms is None and last_state is None:
+        if (
+            step_ms is None
+            and opt_ms is None
+            and final_value(run.history.get("optim/state_bytes", [])) is None
+        ):
             continue
         used += 1
+        if step_ms is not None:
+            step.append(step_ms)
+        if not run.update_timed_apart:
+            continue
         if step_ms is not None and opt_ms is not None:
             forward_backward.append(step_ms - opt_ms)
         if opt_ms is not None:
             optimizer_step.append(opt_ms)
-        if last_state is not None:
-            state.append(last_state)
+    at_best = [run for run in succeeded if best_label is not None and grid_label(run.grid) == best_label]
+    state = [v for run in at_best if (v := final_value(run.history.get("optim/state_bytes", []))) is not None]
     return TimeSplit(
         optimizer=optimizer,
         jobs=used,
+        step_ms=median_or_none(step),
+        split_measured=any(run.update_timed_apart for run in succeeded),
         forward_backward_ms=median_or_none(forward_backward),
         optimizer_step_ms=median_or_none(optimizer_step),
         state_bytes=median_or_none(state),
+        state_label=best_label if state else None,
     )
 
 
@@ -981,26 +1035,89 @@ def seed_fates(runs: Sequence[StudyRun], seeds_run: list[int], metric: str) -> s
     return ", ".join(fates)
 
 
-def no_spread(stat: Stat) -> bool:
-    """Equal values over its seeds up to rounding (relative to the mean: a converged loss is tiny)."""
-    return stat.std is not None and stat.mean is not None and stat.std <= 1e-12 * abs(stat.mean)
+def edge_notes(points: list[GridPointSummary], ranking: list[RankingRow]) -> list[str]:
+    """Where an optimizer's best value of a numeric grid axis (of three values or more: with two, every
+    best is at an edge) is the largest or smallest it tried: the optimum may lie past it."""
+    notes = []
+    for row in ranking:
+        if row.grid is None:
+            continue
+        own = [p for p in points if p.optimizer == row.optimizer]
+        for key, value in row.grid.items():
+            tried = sorted({v for p in own if is_number(v := p.grid.get(key))})  # type: ignore[type-var]
+            if len(tried) < 3 or not is_number(value) or value not in (tried[0], tried[-1]):
+                continue
+            end = "largest" if value == tried[-1] else "smallest"
+            notes.append(
+                f"{row.optimizer}: its best {key}, {format_value(value)}, is the {end} tried "
+                f"({format_value(tried[0])} to {format_value(tried[-1])}): the grid may not contain "
+                "the optimum."
+            )
+    return notes
 
 
-def no_spread_notes(points: list[GridPointSummary], selection_metric: str) -> list[str]:
+def is_number(value: GridValue) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def same_outcome(runs: Sequence[StudyRun]) -> bool:
+    """Whether runs ended the same: equal trained parameters where every result has their hash, else
+    the same final value of every train/ and val/ metric. Never the selection metric alone: a coarse
+    accuracy (333 of 360 on both seeds) is equal on runs whose losses and parameters differ."""
+    hashes = {run.params_sha256 for run in runs}
+    if None not in hashes:
+        return len(hashes) == 1
+    keys = {key for run in runs for key in run.history if key.startswith(("train/", "val/"))}
+    return bool(keys) and all(
+        len({final_value(run.history.get(key, [])) for run in runs}) == 1 for key in keys
+    )
+
+
+def identical_seeds_notes(runs: Sequence[StudyRun], optimizers: list[str]) -> list[str]:
     """Seeds that changed nothing (a deterministic workload, such as `quadratic`): every interval is
     then of width 0, which reads as certainty and is only the absence of anything that varies."""
-    stats = [s for p in points if (s := selection_stat(p, selection_metric)) is not None and s.n >= 2]
-    if not stats or not all(no_spread(s) for s in stats):
-        return []
-    return [
-        f"The seeds gave identical results: at every grid point with two or more seeds, the final "
-        f"{selection_metric} is the same on every seed, so intervals of width 0 say nothing about the spread "
-        "to expect (the workload does not depend on the seed)."
+    succeeded = [
+        [run for run in group if run.status == "succeeded"] for group in group_by_grid_point(runs, optimizers)
     ]
+    groups = [group for group in succeeded if len({run.seed for run in group}) >= 2]
+    if not groups or not all(same_outcome(group) for group in groups):
+        return []
+    hashed = all(run.params_sha256 is not None for group in groups for run in group)
+    evidence = (
+        "the same trained parameters (params_sha256)"
+        if hashed
+        else "the same final value of every train/ and val/ metric"
+    )
+    return [
+        f"The seeds gave identical results: at every grid point with two or more seeds, every seed ended "
+        f"with {evidence}, so intervals of width 0 say nothing about the spread to expect (the workload "
+        "does not depend on the seed)."
+    ]
+
+
+# How much worse than its first evaluation a job's last must be to be noted: 1% of the metric's range
+# where it has one (accuracy: 0.01, 3.6 of 360 validation examples), else 1% of the first value. Less
+# is an evaluation's noise: one image of 360 (0.9861 -> 0.9833) is no blow-up.
+WORSE_MARGIN = 0.01
 
 
 def worse(value: float, than: float, mode: Mode) -> bool:
     return value > than if mode == "min" else value < than
+
+
+def worse_margin(metric: str, first: float) -> float:
+    """How far past its first value `metric` must end to count as worse (see WORSE_MARGIN)."""
+    low, high = metric_bounds(metric)
+    if low is not None and high is not None:
+        return WORSE_MARGIN * (high - low)
+    return WORSE_MARGIN * abs(first)
+
+
+def margin_text(metric: str) -> str:
+    low, high = metric_bounds(metric)
+    if low is not None and high is not None:
+        return f"by more than {WORSE_MARGIN * (high - low):g}"
+    return f"by more than {WORSE_MARGIN:.0%} of the first"
 
 
 def worse_than_first_notes(
@@ -1017,12 +1134,17 @@ def worse_than_first_notes(
         pairs = [
             (seed, first, final) for seed, first, final in ends if first is not None and final is not None
         ]
-        bad = [(seed, first, final) for seed, first, final in pairs if worse(final, first, mode)]
+        bad = [
+            (seed, first, final)
+            for seed, first, final in pairs
+            if worse(final, first, mode) and abs(final - first) > worse_margin(selection_metric, first)
+        ]
         if bad:
             shown = ", ".join(f"seed {seed}: {first:.4g} -> {final:.4g}" for seed, first, final in bad)
             notes.append(
                 f"{group[0].optimizer} {grid_label(group[0].grid)}: {selection_metric} ended worse than its "
-                f"first evaluation in {len(bad)} of {len(pairs)} seeds ({shown})."
+                f"first evaluation ({margin_text(selection_metric)}) in {len(bad)} of {len(pairs)} seeds "
+                f"({shown})."
             )
     return notes
 
@@ -1035,19 +1157,45 @@ def first_and_final(run: StudyRun, metric: str) -> tuple[float | None, float | N
 
 
 def resumed_notes(runs: Sequence[StudyRun]) -> list[str]:
-    """Jobs resumed after an earlier attempt had run steps: its points' seconds count from its MLflow
-    run's start, so its time to target and its curves against time include the time it was down. (An
-    attempt that ran no step, one whose MLflow server did not answer as it started, leaves nothing.)"""
+    """Jobs that ran again after an earlier attempt had run steps, as their attempts went: resumed from a
+    checkpoint only where the last attempt did, and a job that then did not succeed said so (it read as
+    resumed and fine). An attempt that ran no step, one whose MLflow server did not answer as it
+    started, leaves nothing."""
     return [
-        f"job {run.job_id} ({run.optimizer} {grid_label(run.grid)} seed={run.seed}) was resumed after an "
-        f"interruption at step {run.interrupted_at} (attempt {run.attempt}): its seconds include the time "
-        "it was down."
-        for run in sorted(runs, key=lambda r: r.job_id)
-        if run.interrupted_at is not None
+        resumed_note(run) for run in sorted(runs, key=lambda r: r.job_id) if run.interrupted_at is not None
     ]
 
 
+def resumed_note(run: StudyRun) -> str:
+    """One job's interruption: how it ran again and how it ended. A succeeded one's points' seconds
+    count from its MLflow run's start, so its time to target and its curves against time include the
+    time it was down."""
+    who = f"job {run.job_id} ({run.optimizer} {grid_label(run.grid)} seed={run.seed})"
+    if run.resumed_from:
+        again = f"resumed from its checkpoint of step {run.resumed_from}"
+    elif run.resumed_from == 0:
+        again = "ran again from the start"
+    else:
+        again = "ran again"
+    interrupted = f"was interrupted at step {run.interrupted_at} and {again} (attempt {run.attempt})"
+    if run.status == "succeeded":
+        return f"{who} {interrupted}: its seconds include the time it was down."
+    return f"{who} {interrupted}, then ended {run.status}: it is left out of the statistics."
+
+
 MAX_SEGMENT = 60
+HASH_CHARS = 8
+
+
+def cut_segment(text: str) -> str:
+    """`text` if it fits in MAX_SEGMENT, else its start and `-` plus the first hex digits of its
+    sha256: the same text gives the same key in every study, whatever other names it has."""
+    if len(text) <= MAX_SEGMENT:
+        return text
+    digest = hashlib.sha256(text.encode()).hexdigest()[:HASH_CHARS]
+    return f"{text[: MAX_SEGMENT - HASH_CHARS - 1]}-{digest}"
+
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9_\-. ]")
 
 
@@ -1059,11 +1207,15 @@ def mlflow_key(text: str) -> str:
 
 def mlflow_segments(names: Sequence[str]) -> dict[str, str]:
     """One key segment per name (its `/` replaced too, at most 60 characters, MLflow keys end at 250);
-    a clash after cleaning gets a `-2`, `-3` suffix."""
+    a clash after cleaning gets a `-2`, `-3` suffix.
+
+    A longer name is cut and ends in a short hash of the whole: two grid labels that differ only past
+    the cut (`... weight_decay=0.001`, `... weight_decay=0.9`) kept one key, and the second point's
+    figures overwrote the first's in the parent run."""
     out: dict[str, str] = {}
     taken: set[str] = set()
     for name in names:
-        segment = mlflow_key(name.replace("/", "_")[:MAX_SEGMENT])
+        segment = mlflow_key(cut_segment(name.replace("/", "_")))
         unique, i = segment, 2
         while unique in taken:
             unique, i = f"{segment}-{i}", i + 1

@@ -267,7 +267,7 @@ def test_the_summary_matches_figures_computed_from_the_child_runs(mlflow: Any, s
     assert comparison.mean_difference == pytest.approx(statistics.fmean(differences), abs=1e-9)
     assert "few" in comparison.conclusion  # two seeds cannot settle it, and it says so
     # No job of it was interrupted: each history holds only the attempt that ended it.
-    assert not [note for note in summary.notes if "resumed after an interruption" in note], summary.notes
+    assert not [note for note in summary.notes if "was interrupted at step" in note], summary.notes
 
 
 def test_the_parent_run_holds_the_summary_metrics_and_the_report(mlflow: Any, study: dict[str, Any]) -> None:

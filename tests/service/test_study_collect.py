@@ -73,3 +73,26 @@ def test_the_job_rows_medians_and_attempts_reach_the_runs() -> None:
     assert (third.status, third.history, third.attempt) == ("cancelled", {}, 1)
     assert (first.interrupted_at, second.interrupted_at, third.interrupted_at) == (None, 120, None)
     assert first.history["val/loss"] == [MetricPoint(10, 5.0, 0.1), MetricPoint(20, 10.0, 0.05)]
+
+
+def test_the_result_says_how_the_job_resumed_how_it_timed_and_what_it_trained() -> None:
+    study = Study(
+        id=1,
+        name="s",
+        spec={"steps": 3000, "eval_every": 500, "seeds": [0]},
+        members=[
+            {"job_id": job_id, "optimizer": "sgd", "grid": {"lr": 0.05}, "seed": 0}
+            for job_id in (27, 32, 291)
+        ],
+    )
+    jobs = [
+        job(
+            27, JobStatus.SUCCEEDED, attempt=2, result={"resume": {"from_step": 1000}, "params_sha256": "ab"}
+        ),
+        job(32, JobStatus.SUCCEEDED, attempt=1, result={"style": "keras", "resumed_from_step": None}),
+        job(291, JobStatus.FAILED, attempt=3, result=None),  # killed before it wrote one
+    ]
+    torch, keras, killed = collect_runs(FakeMlflow(), study, jobs)
+    assert (torch.resumed_from, torch.params_sha256, torch.update_timed_apart) == (1000, "ab", True)
+    assert (keras.resumed_from, keras.params_sha256, keras.update_timed_apart) == (None, None, False)
+    assert (killed.resumed_from, killed.update_timed_apart) == (None, True)

@@ -20,7 +20,19 @@ import pytest
 from matplotlib.figure import Figure
 from PIL import Image
 
-from service.studies.report import COLOURS, Report, Surface, error_bar, render_report, sensitivity_figure
+from service.studies.report import (
+    COLOURS,
+    Report,
+    StudySetup,
+    Surface,
+    cadence_text,
+    error_bar,
+    ranking_html,
+    render_report,
+    sensitivity_figure,
+    time_split_html,
+    time_to_target_html,
+)
 from service.studies.summary import (
     RANKING_CAVEAT,
     MetricPoint,
@@ -344,3 +356,111 @@ def test_time_to_target_says_steps_are_measured_at_evaluations(full: Full) -> No
         "the target between two evaluations is counted at the later one" in html
     )
     assert "<th>steps (at evaluations)</th>" in html
+
+
+def one_job_summary(run: StudyRun, **options: object) -> StudySummary:
+    return summarize(
+        [run], target=None, baseline=None, selection_metric="val/loss", selection_mode="min", **options
+    )  # type: ignore[arg-type]
+
+
+def test_a_keras_time_split_says_it_is_not_measured_apart() -> None:
+    """The probe's Keras study showed forward+backward 0.007 ms beside an optimizer step of 0.42 ms:
+    a Keras job times its whole compiled step as the optimizer's."""
+    run = StudyRun(
+        1,
+        "sgd",
+        {"lr": 0.1},
+        0,
+        "succeeded",
+        {"val/loss": [MetricPoint(100, 1.0, 0.5)], "optim/state_bytes": [MetricPoint(100, 1.0, 8.0)]},
+        step_time_ms_median=0.4015,
+        optimizer_step_ms_median=0.3945,
+        update_timed_apart=False,
+    )
+    html = time_split_html(one_job_summary(run))
+    assert '<td class="num">0.4015</td>' in html  # the whole step
+    assert html.count("not measured apart") == 2 and "0.007" not in html and "0.3945" not in html
+    assert "sgd: the update is compiled into one graph with the gradients (Keras)" in html
+    assert "8 (lr=0.1)" in html  # the state bytes, and the grid point they are from
+
+
+def test_the_cadence_says_what_the_jobs_did() -> None:
+    """The probe: "every 100 steps (eval_every)" for a study of 30 steps, which evaluated once."""
+    run = StudyRun(1, "sgd", {"lr": 0.1}, 0, "succeeded", {"val/loss": [MetricPoint(30, 1.0, 0.5)]})
+    once = one_job_summary(run, steps=30, eval_every=100)
+    assert (
+        cadence_text(once) == ", here once, at the last step (30; eval_every 100 is not less than the steps)"
+    )
+    assert cadence_text(one_job_summary(run, steps=250, eval_every=100)) == (
+        ", every 100 steps (eval_every) and at the last step (250)"
+    )
+    assert cadence_text(one_job_summary(run, steps=300, eval_every=100)) == ", every 100 steps (eval_every)"
+
+
+def test_time_to_target_shows_the_succeeded_seeds_it_counts() -> None:
+    runs = [
+        StudyRun(job, "adam", {"lr": 0.003}, seed, status, {"val/loss": [MetricPoint(500, 1.0, 0.4)]})
+        for job, seed, status in ((29, 0, "cancelled"), (30, 1, "succeeded"), (31, 2, "succeeded"))
+    ]
+    summary = summarize(
+        runs,
+        target=TargetRule("val/loss", "min", 0.5),
+        baseline=None,
+        selection_metric="val/loss",
+        selection_mode="min",
+    )
+    html = time_to_target_html(summary) + ranking_html(summary)
+    assert "3/3" not in html and html.count("2/2") == 2
+    assert "seed 0: cancelled, not counted" in html
+
+
+def test_the_header_says_what_the_study_ran() -> None:
+    """The probe's study 16: nothing said "adam" was the legacy tf.keras implementation."""
+    run = StudyRun(1, "adam", {"lr": 0.01}, 0, "succeeded", {"val/loss": [MetricPoint(30, 1.0, 0.5)]})
+    setup = StudySetup(
+        framework="tensorflow",
+        workload="digits_mlp",
+        steps=30,
+        batch_size=64,
+        implementations={"sgd": "sgd (keras)", "adam": "adam (tf_legacy)", "sgd_legacy": "sgd (tf_legacy)"},
+    )
+    html = render_report(one_job_summary(run), [run], title="t", setup=setup).html
+    assert (
+        "Framework tensorflow, workload digits_mlp, 30 steps a job, batch 64; optimizers: sgd (keras), "
+        "adam (tf_legacy), sgd_legacy = sgd (tf_legacy)." in html
+    )
+
+
+def test_finalize_names_each_optimizers_implementation() -> None:
+    from jobs.spec import StudySpec
+    from service.studies.finalize import setup_of
+
+    spec = StudySpec.model_validate(
+        {
+            "name": "probe-keras-nan",
+            "framework": "tensorflow",
+            "workload": {"name": "digits_mlp"},
+            "optimizers": [
+                {"name": "sgd", "params": {"lr": [0.1]}},
+                {"name": "adam", "style": "tf_legacy", "params": {"lr": [0.01]}},
+                {"name": "sgd", "label": "sgd_legacy", "style": "tf_legacy", "params": {"lr": [0.1]}},
+            ],
+            "seeds": [0, 1],
+            "steps": 30,
+            "eval_every": 10,
+            "checkpoint_every": 30,
+        }
+    )
+    setup = setup_of(spec)
+    assert (setup.framework, setup.workload, setup.steps, setup.batch_size) == (
+        "tensorflow",
+        "digits_mlp",
+        30,
+        64,
+    )
+    assert setup.implementations == {
+        "sgd": "sgd (keras)",
+        "adam": "adam (tf_legacy)",
+        "sgd_legacy": "sgd (tf_legacy)",
+    }
