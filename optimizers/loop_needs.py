@@ -15,9 +15,10 @@ Pure Python: the API reads these from the published catalogue.
 
 from __future__ import annotations
 
+import ast
 import inspect
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
@@ -54,6 +55,9 @@ _DIFFERENTIATES_CLOSURE_LOSS = r"\b{name}\s*\.\s*backward\(|autograd\.grad\(\s*[
 _CLOSURE_CALL_DIFFERENTIATED = re.compile(r"\w*closure\w*\(\s*\)\s*\.\s*backward\(")
 # The top-level packages of the frameworks' own classes, whose source says nothing of the user's.
 FRAMEWORK_PACKAGES = ("torch", "keras", "tf_keras", "tensorflow", "builtins")
+# How many calls deep the scans of what a step runs follow the class's own methods from step():
+# AdaHessian's `step -> get_trace` is one; the bound keeps a package's web of helpers out.
+_HELPER_DEPTH = 3
 
 
 def user_classes(cls: type) -> list[type]:
@@ -158,11 +162,7 @@ def _closure_required(cls: type) -> bool:
         return False
     if closure.default is inspect.Parameter.empty:
         return True
-    try:
-        source = inspect.getsource(step)
-    except (OSError, TypeError):
-        return False
-    return bool(_CLOSURE_REFUSED.search(source))
+    return any(_CLOSURE_REFUSED.search(code) for code in _code_step_runs(cls))
 
 
 def _asks_for_create_graph(cls: type) -> bool:
@@ -180,44 +180,124 @@ def _asks_for_create_graph(cls: type) -> bool:
 
 
 def _differentiates_its_gradients(cls: type) -> bool:
-    """The class's step() takes the gradient of the gradients itself (`_DIFFERENTIATES_GRADIENTS`):
-    published Hessian-based classes whose docstring says nothing of create_graph (torchium's
-    AdaHessian). step() only: a package's base class may carry such a helper for the few of its
-    classes that call it (pytorch-optimizer's Hutchinson estimate), and those say so."""
-    step = getattr(cls, "step", None)
-    if step is None:
-        return False
-    step = inspect.unwrap(step)
-    if (getattr(step, "__module__", None) or "").split(".")[0] in FRAMEWORK_PACKAGES:
-        return False
-    try:
-        return bool(_DIFFERENTIATES_GRADIENTS.search(inspect.getsource(step)))
-    except (OSError, TypeError):  # no source here (compiled, or made in a REPL)
-        return False
+    """The class's step(), or a method of the class it calls, takes the gradient of the gradients
+    (`_DIFFERENTIATES_GRADIENTS`): published Hessian-based classes whose docstring says nothing of
+    create_graph (torchium's AdaHessian in step(), the official one in its `get_trace()` helper).
+    Only what step() calls: a package's base class may carry such a helper for the few of its
+    classes that call it (pytorch-optimizer's Hutchinson estimate)."""
+    return any(_DIFFERENTIATES_GRADIENTS.search(code) for code in _code_step_runs(cls))
 
 
 def _runs_backward_on_the_closure_loss(cls: type) -> bool:
     """A function of the class (or of a base outside the frameworks) binds what a closure returns and
     differentiates it (`f = self._closure(); f.backward()`, torchmin's Minimizer), or calls
     `closure().backward()`: under torch's convention the closure has run backward already, and its
-    loss has no graph left to differentiate."""
+    loss has no graph left to differentiate.
+
+    Every function, not only those step() calls: torchmin's Minimizer hands itself to its
+    `minimize()`, which calls the method that runs backward."""
     for klass in user_classes(cls):
         for member in vars(klass).values():
-            function = inspect.unwrap(
-                member.__func__ if isinstance(member, staticmethod | classmethod) else member
-            )
-            if not inspect.isfunction(function):
+            function = _function_of(member)
+            code = _code(function) if function is not None else None
+            if code is None:
                 continue
-            try:
-                source = inspect.getsource(function)
-            except (OSError, TypeError):  # no source here (compiled, or made in a REPL)
-                continue
-            if _CLOSURE_CALL_DIFFERENTIATED.search(source) or any(
-                re.search(_DIFFERENTIATES_CLOSURE_LOSS.format(name=re.escape(name)), source)
-                for name in set(_CLOSURE_LOSS.findall(source))
+            if _CLOSURE_CALL_DIFFERENTIATED.search(code) or any(
+                re.search(_DIFFERENTIATES_CLOSURE_LOSS.format(name=re.escape(name)), code)
+                for name in set(_CLOSURE_LOSS.findall(code))
             ):
                 return True
     return False
+
+
+def _function_of(member: Any) -> Callable[..., Any] | None:
+    """The plain function a class attribute runs (a static or class method's, a decorated one's
+    original), else None."""
+    function = inspect.unwrap(member.__func__ if isinstance(member, staticmethod | classmethod) else member)
+    return function if inspect.isfunction(function) else None
+
+
+def _user_method(cls: type, name: str) -> Callable[..., Any] | None:
+    """The function `cls.<name>` runs, where the user's code (or their package's) defines it; None
+    for the frameworks' own (`torch.optim.Optimizer`'s), whose source says nothing of the user's."""
+    function = _function_of(inspect.getattr_static(cls, name, None))
+    if function is None or (function.__module__ or "").split(".")[0] in FRAMEWORK_PACKAGES:
+        return None
+    return function
+
+
+def _code_step_runs(cls: type) -> list[str]:
+    """The code of the class's step() and of the class's methods it calls (`_step_and_its_helpers`),
+    as the scans read it."""
+    return [code for code in map(_code, _step_and_its_helpers(cls)) if code is not None]
+
+
+def _step_and_its_helpers(cls: type) -> list[Callable[..., Any]]:
+    """The class's step() and the methods of the class it calls (`self.name(...)`), theirs in turn to
+    `_HELPER_DEPTH` calls deep, each once: what a step runs, which step() may leave to a helper (the
+    official AdaHessian's `get_trace()`). A method that step() never calls is not its step's."""
+    step = _user_method(cls, "step")
+    found = [] if step is None else [step]
+    level = list(found)
+    for _ in range(_HELPER_DEPTH):
+        called = (_user_method(cls, name) for function in level for name in _methods_called(function))
+        level = [helper for helper in dict.fromkeys(called) if helper is not None and helper not in found]
+        found += level
+    return found
+
+
+def _parsed(function: Callable[..., Any]) -> ast.Module | None:
+    """The syntax tree of `function`'s source; None where there is none here (compiled, or made in
+    a REPL). A method's source is indented: an `if` takes it as is, where dedenting would fail on a
+    docstring whose lines start further left than its `def`."""
+    try:
+        source = inspect.getsource(function)
+        return ast.parse(f"if True:\n{source}" if source[:1].isspace() else source)
+    except (OSError, TypeError, SyntaxError):
+        return None
+
+
+def _code(function: Callable[..., Any]) -> str | None:
+    """`function`'s code as the scans read it (`_without_strings`); None where it has no source."""
+    tree = _parsed(function)
+    return None if tree is None else _without_strings(tree)
+
+
+def _without_strings(tree: ast.Module) -> str:
+    """The code again without its comments (a syntax tree has none) and with every string literal
+    empty: the usage example in MARS's step() docstring (`loss.backward()` after `loss = closure()`
+    in its code) is no code of the class, nor is a line commented out."""
+    return ast.unparse(_EmptyStrings().visit(tree))
+
+
+class _EmptyStrings(ast.NodeTransformer):
+    def visit_Constant(self, node: ast.Constant) -> ast.Constant:
+        return ast.Constant(type(node.value)()) if isinstance(node.value, str | bytes) else node
+
+    def visit_JoinedStr(self, node: ast.JoinedStr) -> ast.Constant:  # an f-string
+        return ast.Constant("")
+
+
+def _methods_called(function: Callable[..., Any]) -> list[str]:
+    """The names of the methods `function` calls on its first argument (`self.get_trace(...)`)."""
+    tree = _parsed(function)
+    definition = (
+        next((node for node in ast.walk(tree) if isinstance(node, _DEFINITIONS)), None) if tree else None
+    )
+    if definition is None or not (arguments := [*definition.args.posonlyargs, *definition.args.args]):
+        return []
+    this = arguments[0].arg
+    return [
+        node.func.attr
+        for node in ast.walk(definition)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and isinstance(node.func.value, ast.Name)
+        and node.func.value.id == this
+    ]
+
+
+_DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def _second_order_flag(cls: type) -> bool:

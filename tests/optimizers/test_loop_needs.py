@@ -158,6 +158,110 @@ def test_signals_in_the_class() -> None:
     assert detect_loop_needs(BackwardOnTheClosureCall) == LoopNeeds(closure=True, backward_in_step=True)
 
 
+class BackwardOnlyInItsDocstring(ClosureInSignature):
+    """AGI-Arena's MARS: step() reads its closure's loss, and its docstring shows the usual loop."""
+
+    def step(self, closure: Any = None) -> Any:
+        """Usage:
+        loss = model(x).sum()
+        loss.backward()
+        optimizer.step()
+        """
+        loss = closure() if closure is not None else None
+        return loss
+
+
+class BackwardOnlyInAComment(ClosureInSignature):
+    def step(self, closure: Any = None) -> Any:
+        loss = closure() if closure is not None else None
+        # loss.backward()  -- the closure has run it already
+        return loss
+
+
+class ClosureRefusalCommentedOut(ClosureInSignature):
+    """Code commented out (pytorch-ranger comments out its closure call), here the closure refusal."""
+
+    def step(self, closure: Any = None) -> Any:
+        # if closure is None: raise RuntimeError("a closure is required")
+        return None
+
+
+class HessianOnlyInAMessage(ClosureInSignature):
+    def step(self, closure: Any = None) -> Any:
+        params = [p for group in self.param_groups for p in group["params"]]
+        if any(p.grad is not None and p.grad.grad_fn is not None for p in params):
+            raise RuntimeError("no torch.autograd.grad(grads, params) here: backward without create_graph")
+
+
+class HessianInAHelper(ClosureInSignature):
+    """The official AdaHessian: step() leaves the Hutchinson probe to a method, two calls deep here;
+    the recursive one shows each method is read once."""
+
+    def step(self, closure: Any = None) -> Any:
+        return self._precondition()
+
+    def _precondition(self) -> Any:
+        params = [p for group in self.param_groups for p in group["params"]]
+        return self._hutchinson(params, [p.grad for p in params], repeats=1)
+
+    def _hutchinson(self, params: list[Any], grads: list[Any], repeats: int) -> Any:
+        probes = [torch.randint_like(p, 2) * 2 - 1 for p in params]
+        trace = torch.autograd.grad(grads, params, grad_outputs=probes)
+        return trace if repeats <= 1 else self._hutchinson(params, grads, repeats - 1)
+
+
+class HessianHelperNeverCalled(HessianInAHelper):
+    """A package's base may carry the probe for the few classes that call it; this step() does not."""
+
+    def step(self, closure: Any = None) -> Any:
+        return None
+
+
+class HessianInAHelperOfItsBase(HessianHelperNeverCalled):
+    def step(self, closure: Any = None) -> Any:
+        params = [p for group in self.param_groups for p in group["params"]]
+        return self._hutchinson(params, [p.grad for p in params], repeats=1)
+
+
+class ClosureRefusedInAHelper(ClosureInSignature):
+    def step(self, closure: Any = None) -> Any:
+        return self._line_search(closure)
+
+    def _line_search(self, closure: Any) -> Any:
+        if closure is None:
+            raise RuntimeError("this optimizer needs a closure")
+        return closure()
+
+
+class BackwardUnderAFlushLeftString(ClosureInSignature):
+    def step(self, closure: Any = None) -> Any:
+        note = """A string whose lines start left of the `def`, where dedenting the method's source
+fails: the method is read all the same."""
+        loss = closure()
+        loss.backward()
+        return loss, note
+
+
+# What the scans of the class's source find: code only (no docstring, comment or message), and the
+# code of the methods step() calls (through the class's MRO), not of one it never calls.
+SOURCE_SCANS = [
+    (BackwardOnlyInItsDocstring, LoopNeeds()),
+    (BackwardOnlyInAComment, LoopNeeds()),
+    (ClosureRefusalCommentedOut, LoopNeeds()),
+    (HessianOnlyInAMessage, LoopNeeds()),
+    (HessianInAHelper, LoopNeeds(create_graph=True)),
+    (HessianHelperNeverCalled, LoopNeeds()),
+    (HessianInAHelperOfItsBase, LoopNeeds(create_graph=True)),
+    (ClosureRefusedInAHelper, LoopNeeds(closure=True)),
+    (BackwardUnderAFlushLeftString, LoopNeeds(closure=True, backward_in_step=True)),
+]
+
+
+@pytest.mark.parametrize(("cls", "needs"), SOURCE_SCANS, ids=[cls.__name__ for cls, _ in SOURCE_SCANS])
+def test_the_source_scans_read_the_code_step_runs(cls: type, needs: LoopNeeds) -> None:
+    assert detect_loop_needs(cls) == needs
+
+
 @pytest.mark.parametrize(("name", "needs"), PUBLISHED, ids=[name for name, _ in PUBLISHED])
 def test_a_thin_plugin_subclass_keeps_the_needs(name: str, needs: LoopNeeds) -> None:
     # How a plugin file exposes a published class: no docstring, no methods of its own.
