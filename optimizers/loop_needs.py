@@ -16,6 +16,7 @@ Pure Python: the API reads these from the published catalogue.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
 from collections.abc import Callable, Mapping
@@ -247,9 +248,9 @@ def _step_and_its_helpers(cls: type) -> list[Callable[..., Any]]:
 
 
 def _parsed(function: Callable[..., Any]) -> ast.Module | None:
-    """The syntax tree of `function`'s source; None where there is none here (compiled, or made in
-    a REPL). A method's source is indented: an `if` takes it as is, where dedenting would fail on a
-    docstring whose lines start further left than its `def`."""
+    """A fresh syntax tree of `function`'s source (the caller may change it); None where there is
+    none here (compiled, or made in a REPL). A method's source is indented: an `if` takes it as is,
+    where dedenting would fail on a docstring whose lines start further left than its `def`."""
     try:
         source = inspect.getsource(function)
         return ast.parse(f"if True:\n{source}" if source[:1].isspace() else source)
@@ -257,6 +258,7 @@ def _parsed(function: Callable[..., Any]) -> ast.Module | None:
         return None
 
 
+@functools.cache  # a function is read by several scans, and by every class that inherits it
 def _code(function: Callable[..., Any]) -> str | None:
     """`function`'s code as the scans read it (`_without_strings`); None where it has no source."""
     tree = _parsed(function)
@@ -278,6 +280,7 @@ class _EmptyStrings(ast.NodeTransformer):
         return ast.Constant("")
 
 
+@functools.cache
 def _methods_called(function: Callable[..., Any]) -> list[str]:
     """The names of the methods `function` calls on its first argument (`self.get_trace(...)`)."""
     tree = _parsed(function)
