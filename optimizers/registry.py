@@ -69,8 +69,10 @@ BUILTIN_MODULES: dict[str, tuple[str, ...]] = {
 }
 
 # Constructor arguments that are implementation switches or framework plumbing, not
-# hyperparameters a job should tune; unless the class declares one in `optlab_hyperparameters`
-# (the built-ins' `fused`): then it offers the switch to jobs, validated like the rest.
+# hyperparameters a job should tune (`params` where it is not first: WSAM's `(model, params, ...)`;
+# a torch class's first argument, whatever its name, is `_built_over`'s); unless the class declares
+# one in `optlab_hyperparameters` (the built-ins' `fused`): then it offers the switch to jobs,
+# validated like the rest.
 _NOT_HYPERPARAMETERS = {
     "params", "foreach", "fused", "capturable", "differentiable", "maximize",  # torch
     "name", "clipnorm", "clipvalue", "global_clipnorm", "use_ema", "ema_momentum",  # keras
@@ -479,9 +481,10 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
     only: Iterable[str] | None = getattr(cls, "optlab_tunable", None)
     params: dict[str, Param] = {}
     lr_arg = "lr" if style == "torch" else "learning_rate"
+    over = _built_over(cls) if style == "torch" else None
     for argument in constructor_arguments(cls, _style_base(style)):  # without self; **kwargs followed
         arg = argument.parameter
-        if arg.name in _NOT_HYPERPARAMETERS and arg.name not in declared:
+        if arg.name == over or (arg.name in _NOT_HYPERPARAMETERS and arg.name not in declared):
             continue
         if only is not None and arg.name not in only:
             continue
@@ -526,6 +529,28 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
     if "lr" not in params and style != "torch":
         params = {"lr": Param("lr", "float", _KERAS_DEFAULT_LR, low=0.0, low_inclusive=False), **params}
     return params, lr_arg
+
+
+def _built_over(cls: type) -> str | None:
+    """The torch constructor argument that takes what a job builds the class over: its first, whatever
+    its name, when it has no default. torch's contract is `Optimizer(params, defaults)`, and jobs and
+    checks pass the parameters (a recipe's param groups) first: KellerJordan's
+    SingleDeviceMuonWithAuxAdam names it `param_groups`, and its catalogue had asked for
+    `param_groups` as a required hyperparameter; a wrapper takes its base there, a class built over
+    the model the model (their needs serve those). None where the first argument has a default: a
+    hyperparameter (MARS_M's `lr=1e-3`, see `_hyperparameter_first`), or where none can be read."""
+    first = _first_positional(cls)
+    return first.name if first is not None and first.default is inspect.Parameter.empty else None
+
+
+def _first_positional(cls: type) -> inspect.Parameter | None:
+    """The constructor's first argument (without self) where it can be passed by position."""
+    try:
+        first = next(iter(inspect.signature(cls).parameters.values()), None)
+    except (TypeError, ValueError):  # a constructor written in C states none
+        return None
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return first if first is not None and first.kind in positional else None
 
 
 def load_registry(
@@ -725,7 +750,9 @@ def unfinished(cls: type, style: str) -> str | None:
     """What `cls` leaves to its framework's base class that the base cannot do, as the end of a
     sentence about it; None for a class that can be built and stepped. torch's Optimizer takes its
     defaults as a dict no job or check can give, and steps nothing: its `step` raises a bare
-    NotImplementedError, as Keras's `update_step` and tf.keras's `_resource_apply_dense` do."""
+    NotImplementedError, as Keras's `update_step` and tf.keras's `_resource_apply_dense` do. A torch
+    class that takes a hyperparameter where the parameters go cannot be built either
+    (`_hyperparameter_first`); a subclass that takes them first can."""
     base = _style_base(style)
     if style == "torch" and cls.__init__ is base.__init__:  # type: ignore[misc]
         return (
@@ -733,11 +760,42 @@ def unfinished(cls: type, style: str) -> str | None:
             "give; define __init__(self, params, lr=..., ...) that checks each argument and calls "
             "super().__init__(params, dict(lr=lr, ...))"
         )
+    if style == "torch" and (first := _hyperparameter_first(cls)) is not None:
+        return first
     names, wanted = _UPDATE_METHODS[style]
     # torch wraps `step` in a profiling hook on a class's first instance: compare what is wrapped.
     if all(_method(cls, n) is _method(base, n) for n in names):
         return f"defines no {names[0]}(), so it updates nothing; define {wanted}"
     return None
+
+
+def _hyperparameter_first(cls: type) -> str | None:
+    """Why a torch class whose first argument is a number with a default (AGI-Arena's MARS_M and
+    Moonlight: `(lr=1e-3, wd=0.1, muon_params=None, ..., adamw_params=None)`) cannot be built as jobs
+    and checks build every torch optimizer, `cls(params, **hyperparameters)`: the parameters would
+    land in that argument (`optlab check` had skipped all its checks over "got multiple values for
+    argument 'lr'" and exited 0). Which of its keyword arguments takes which parameters is the
+    class's own convention (Moonlight asserts that `muon_params` are matrices), so optlab does not
+    guess it: a subclass that takes the parameters first and hands them on says it. None for any
+    other class."""
+    first = _first_positional(cls)
+    if first is None or not _is_number(first.default):
+        return None
+    keywords = [name for name in inspect.signature(cls).parameters if "param" in name]
+    takes = (
+        f"its parameters by keyword ({', '.join(keywords)})"
+        if keywords
+        else "no argument named for parameters"
+    )
+    hand_on = ", ".join([f"{first.name}={first.name}", *(f"{name}=..." for name in keywords)])
+    return (
+        f"takes {first.name}={first.default!r} first, where a torch optimizer takes its parameters, and "
+        f"{takes}: optlab builds every torch optimizer as cls(params, **hyperparameters), the "
+        f"parameters first as in torch.optim.Optimizer(params, defaults), so they would land in "
+        f"{first.name!r}; define a subclass whose __init__(self, params, {first.name}={first.default!r}, "
+        f"...) hands them on as the class expects (super().__init__({hand_on}, ...)), and check or "
+        "register that"
+    )
 
 
 def _method(owner: type, name: str) -> Any:

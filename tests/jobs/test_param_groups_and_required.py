@@ -83,6 +83,7 @@ def catalogue(catalogue_data: dict[str, Any]) -> Catalogue:
     registry.add(entry_for_class(NeedsBeta, source="test"))
     registry.add(entry_for_class(Muon, source="test"))
     registry.add(entry_for_class(Prodigy, source="test"))
+    registry.add(entry_for_class(AuxAdamLike, source="test"))
     return Catalogue.model_validate(
         {**catalogue_data, "optimizers": [entry.describe() for entry in registry.entries.values()]}
     )
@@ -244,6 +245,58 @@ def test_the_keys_a_class_reads_come_from_its_source_and_its_declaration() -> No
 
     assert {"read_by_name", "maximize"} <= (read_group_keys(Declares) or frozenset())
     assert "capturable" not in (read_group_keys(Declares) or frozenset())
+
+
+class AuxAdamLike(torch.optim.Optimizer):
+    """KellerJordan's SingleDeviceMuonWithAuxAdam in miniature: its only argument, `param_groups`, takes
+    groups that must each say `use_muon`; the class fills each group's own defaults and refuses any
+    other key. Its catalogue had asked for `param_groups` as a required hyperparameter, so no job
+    could build it."""
+
+    def __init__(self, param_groups):  # type: ignore[no-untyped-def]
+        for group in param_groups:
+            assert "use_muon" in group
+            group["lr"] = group.get("lr", 0.02 if group["use_muon"] else 0.003)
+            assert set(group) == {"params", "lr", "use_muon"}
+        super().__init__(param_groups, {})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if not group["use_muon"]:
+                    p.add_(p.grad, alpha=-group["lr"])
+                    continue
+                buffer = self.state[p].setdefault("momentum_buffer", torch.zeros_like(p))
+                buffer.mul_(0.9).add_(p.grad)
+                p.add_(buffer.sign(), alpha=-group["lr"])
+
+
+def test_a_class_taking_param_groups_first_trains_with_a_recipe_of_its_groups(
+    catalogue: Catalogue, make_job: MakeJob
+) -> None:
+    optimizer = {
+        "name": "aux_adam_like",
+        "params": {},
+        "param_groups": [
+            {"match": {"ndim": ">=2"}, "params": {"use_muon": True}},
+            {"match": "rest", "params": {"use_muon": False, "lr": 0.01}},
+        ],
+    }
+    fields = {"optimizer": optimizer, "schedule": {"name": "constant"}}
+    assert optimizer_errors(JobSpec.model_validate({**_job(), **fields}).optimizer, "torch", catalogue) == []
+    registry = load_registry(plugin_dirs=[], styles=["torch"])
+    registry.add(entry_for_class(AuxAdamLike, source="test"))
+    job = make_job(
+        digits_spec(**fields, steps=40, checkpoint_every=20, eval_every=40), with_registry=registry
+    )
+    groups = job.session.build().optimizer.param_groups
+    assert [(g["use_muon"], g["lr"], len(g["params"])) for g in groups] == [(True, 0.02, 3), (False, 0.01, 3)]
+    result = job.run()
+    assert result.checkpoints_verified == len(result.checkpoints) == 2
+    assert result.final["train_loss"] < 1.5  # it trains: from about ln(10) = 2.3
 
 
 # -- required hyperparameters ---------------------------------------------------------------------

@@ -806,6 +806,114 @@ def test_derive_params_reads_a_tensor_lr_default() -> None:
     assert lr_arg == "lr"
 
 
+# The first argument takes the parameters whatever its name (torch's `Optimizer(params, defaults)`);
+# unannotated, as KellerJordan's `SingleDeviceMuonWithAuxAdam.__init__(self, param_groups)` writes it,
+# it had been catalogued as a required hyperparameter that no job could send.
+class _ParamGroupsFirst(_Stepping):
+    def __init__(self, param_groups):  # type: ignore[no-untyped-def]
+        for group in param_groups:
+            group.setdefault("lr", 0.02)  # its own defaults, per group
+        super().__init__(param_groups, {})
+
+
+class _ParametersFirst(_Stepping):
+    def __init__(self, parameters, lr=0.1, momentum=0.9):  # type: ignore[no-untyped-def]
+        super().__init__(parameters, {"lr": lr, "momentum": momentum})
+
+
+class _ModelParamsFirst(_Stepping):
+    def __init__(self, model_params, lr: float = 0.1, beta: float = 0.9) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(model_params, {"lr": lr, "beta": beta})
+
+
+class _ParamsFirst(_Stepping):
+    def __init__(self, params, lr: float = 0.1) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(params, {"lr": lr})
+
+
+@pytest.mark.parametrize(
+    ("cls", "catalogued"),
+    [
+        (_ParamGroupsFirst, []),
+        (_ParametersFirst, ["lr", "momentum"]),
+        (_ModelParamsFirst, ["lr", "beta"]),
+        (_ParamsFirst, ["lr"]),
+    ],
+)
+def test_the_first_argument_takes_the_parameters_whatever_its_name(cls: type, catalogued: list[str]) -> None:
+    entry = entry_for_class(cls, source="test")
+    assert list(entry.params) == catalogued
+    weight, bias = torch.nn.Parameter(torch.ones(2, 2)), torch.nn.Parameter(torch.ones(2))
+    built = entry.create({}, model_params=[{"params": [weight]}, {"params": [bias], "lr": 0.5}])
+    assert [group["params"] for group in built.param_groups] == [[weight], [bias]]
+    assert built.param_groups[1]["lr"] == 0.5
+
+
+# AGI-Arena's MARS_M and Moonlight take the learning rate first and their parameters by keyword.
+HYPERPARAMETER_FIRST = """
+    import torch
+
+
+    class MarsLike(torch.optim.Optimizer):
+        def __init__(self, lr=1e-3, wd=0.1, muon_params=None, adamw_params=None):
+            super().__init__([*muon_params, *(adamw_params or [])], dict(lr=lr, wd=wd))
+
+        def step(self, closure=None):
+            return None
+
+
+    class MarsOverParams(MarsLike):  # the subclass the refusal asks for
+        def __init__(self, params, lr=1e-3, wd=0.1):
+            params = list(params)
+            super().__init__(
+                lr=lr, wd=wd, muon_params=[p for p in params if p.ndim == 2],
+                adamw_params=[p for p in params if p.ndim != 2],
+            )
+"""
+
+
+def test_a_class_taking_a_hyperparameter_first_is_refused_saying_how_to_take_the_parameters(
+    tmp_path: Path,
+) -> None:
+    """Built as every torch optimizer is, `cls(params, lr=...)`, it had raised "got multiple values for
+    argument 'lr'", and `optlab check` had skipped every check and exited 0. Which keyword takes which
+    parameters is the class's convention, so a subclass over `params` says it."""
+    path = _write(tmp_path, "mars_like.py", HYPERPARAMETER_FIRST)
+    registry = _torch_registry([str(tmp_path)])
+    assert "mars_over_params" in registry.names() and "mars_like" not in registry.names()
+    adapter = registry.get("mars_over_params")
+    assert list(adapter.params) == ["lr", "wd"]
+    weight, bias = torch.nn.Parameter(torch.ones(2, 2)), torch.nn.Parameter(torch.ones(2))
+    assert adapter.create({"lr": 0.01}, model_params=[weight, bias]).param_groups[0]["params"] == [
+        weight,
+        bias,
+    ]
+    with pytest.raises(TypeError) as caught:
+        entry_for_class(adapter.cls.__mro__[1], source="test")  # MarsLike
+    assert str(caught.value) == (
+        "MarsLike takes lr=0.001 first, where a torch optimizer takes its parameters, and its parameters "
+        "by keyword (muon_params, adamw_params): optlab builds every torch optimizer as "
+        "cls(params, **hyperparameters), the parameters first as in torch.optim.Optimizer(params, "
+        "defaults), so they would land in 'lr'; define a subclass whose __init__(self, params, lr=0.001, "
+        "...) hands them on as the class expects (super().__init__(lr=lr, muon_params=..., "
+        "adamw_params=..., ...)), and check or register that"
+    )
+    path.write_text(textwrap.dedent(HYPERPARAMETER_FIRST.split("    class MarsOverParams")[0]))
+    [error] = _errors_for(_torch_registry([str(tmp_path)]), path)
+    assert "defines no optimizer class" in error and "MarsLike takes lr=0.001 first" in error
+
+
+def test_a_keras_class_keeps_a_required_first_argument_as_a_hyperparameter() -> None:
+    """Keras builds optimizers without parameters: its first argument is the class's own."""
+
+    class KerasRequiredRate:
+        def __init__(self, learning_rate: float, beta: float = 0.9) -> None:
+            pass
+
+    params, _ = derive_params(KerasRequiredRate, "keras")
+    assert params["lr"].required and list(params) == ["lr", "beta"]
+
+
 # pytorch-optimizer's AdEMAMix (`t_alpha_beta3: float | None = None`) and Ranger21
 # (`num_warm_up_iterations: int | None = None`) spell optional numbers so, torch's LBFGS its
 # `line_search_fn: str | None = None`, pytorch-optimizer's SOAP its `data_format: Literal[...]`, Adan its
