@@ -148,9 +148,16 @@ class ApiClient:
 
     def _submit(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST a submission under an `Idempotency-Key` of its own, sent again with that key where
-        its answer was lost, up to SUBMIT_ATTEMPTS times in all."""
+        its answer was lost, up to SUBMIT_ATTEMPTS times in all; and while the API cannot take it
+        (its job store down: 503), for UNREACHABLE_GRACE_S, as a wait is (it had given up at once).
+        The key makes every resend safe: the API stores the submission once."""
         headers = {IDEMPOTENCY_KEY_HEADER: str(uuid.uuid4())}
-        return self._call("POST", path, json=body, headers=headers, attempts=SUBMIT_ATTEMPTS)
+        listing = "/studies" if path == "/studies" else "/jobs"  # a check is a job
+        return self.patiently(
+            lambda: self._call("POST", path, json=body, headers=headers, attempts=SUBMIT_ATTEMPTS),
+            after=f"Submit it again once the API answers (GET {self.base_url}{listing} first where an "
+            "answer was lost: the API may have taken it)",
+        )
 
     def study(self, study_id: int) -> dict[str, Any]:
         return self._call("GET", f"/studies/{study_id}")

@@ -105,3 +105,26 @@ def test_a_wait_goes_on_through_a_503(monkeypatch: pytest.MonkeyPatch) -> None:
     client = ApiClient("http://api.test")
     client._http = httpx.Client(base_url=client.base_url, transport=httpx.MockTransport(answer))
     assert client.wait([1], poll_s=0)[1]["status"] == "succeeded" and answers == []
+
+
+def test_a_submission_goes_on_through_a_503_under_one_idempotency_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The job store down for a moment: `optlab submit --wait` had quit at once ("HTTP 503: the job
+    store does not answer"), though its wait rides such an outage out."""
+    import httpx
+
+    monkeypatch.setattr(client_module, "UNREACHABLE_POLL_S", 0.0)
+    answers = [503, 503, 201]
+    keys: list[str | None] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        keys.append(request.headers.get("Idempotency-Key"))
+        if answers.pop(0) == 503:
+            return httpx.Response(503, json={"detail": "the job store does not answer; retry in 1 s"})
+        return httpx.Response(201, json={"id": 7, "status": "queued"})
+
+    client = ApiClient("http://api.test")
+    client._http = httpx.Client(base_url=client.base_url, transport=httpx.MockTransport(answer))
+    assert client.submit({"workload": {"name": "digits_mlp"}})["id"] == 7 and answers == []
+    assert len(keys) == 3 and len(set(keys)) == 1 and keys[0]  # one submission, sent three times
