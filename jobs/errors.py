@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 
 class Diverged(Exception):
     """The loss became NaN or infinite.
@@ -36,3 +39,19 @@ def exit_message(exc: SystemExit) -> str:
         f"raised SystemExit({exc.code!r}) (sys.exit() or exit()), which ends the whole process that runs the "
         "optimizer, with no result"
     )
+
+
+# Under this much free space, a write that failed is said to have met a full disk: torch's own words
+# for it name neither the disk nor ENOSPC ("unexpected pos 56384 vs 56272").
+NEARLY_FULL_BYTES = 64 * 1024 * 1024
+
+
+def free_space_note(folder: Path) -> str:
+    """'; the file system holding FOLDER has N bytes free: ...' where it is (nearly) full, else ''."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return ""
+    if free >= NEARLY_FULL_BYTES:
+        return ""
+    return f"; the file system holding {folder} has {free:,} bytes free: the disk is full, or nearly"

@@ -301,7 +301,9 @@ class Worker:
                 self.close_runs_left_open()
             except Exception as exc:  # the store away: the next heartbeat tries again
                 said = f"{type(exc).__name__}: {exc}".splitlines()[0]
-                if failing is None:
+                if failing is None and isinstance(exc, STORE_ERRORS):  # an outage: its line is enough
+                    log.warning("worker %s: cannot look for MLflow runs left open: %s", self.worker_id, said)
+                elif failing is None:
                     log.exception("worker %s: could not look for MLflow runs left open", self.worker_id)
                 elif said != failing:
                     log.warning(

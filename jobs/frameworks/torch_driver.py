@@ -39,6 +39,7 @@ from torch import nn
 
 from jobs.batches import BatchOrder
 from jobs.distributed import Rank, current_rank
+from jobs.errors import free_space_note
 from jobs.frameworks.base import (
     Advice,
     Capabilities,
@@ -193,7 +194,7 @@ def save_checkpoint(path: Path, objects: TrainObjects, *, step: int, spec_json: 
     except (OSError, RuntimeError) as exc:  # torch's own words name no file ("open file failed")
         with suppress(OSError):  # a folder that refused the file may refuse this too
             tmp.unlink(missing_ok=True)
-        raise OSError(f"could not write the checkpoint {path}: {exc}") from exc
+        raise OSError(f"could not write the checkpoint {path}: {exc}{free_space_note(path.parent)}") from exc
 
 
 def clear_gradients(optimizer: Any) -> None:

@@ -459,6 +459,25 @@ def test_a_checkpoint_that_cannot_be_written_is_named_by_its_path(
     assert not list(job.checkpoint_dir.glob(".*.tmp"))  # no torn file left behind
 
 
+def test_a_checkpoint_write_that_met_a_full_disk_says_so(
+    make_job: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torch's words for a full disk name neither the disk nor ENOSPC ("unexpected pos 56384 vs 56272",
+    as a probe saw on a full tmpfs)."""
+    import shutil
+
+    def full(obj: Any, f: Any, *args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 56384 vs 56272")
+
+    job = make_job(digits_spec(steps=2, checkpoint_every=2, eval_every=2))
+    monkeypatch.setattr(torch, "save", full)
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 4096, 4096)
+    )  # type: ignore[attr-defined]
+    with pytest.raises(OSError, match=r"unexpected pos .* has 4,096 bytes free: the disk is full, or nearly"):
+        job.run()
+
+
 def test_a_damaged_checkpoint_is_told_before_a_resume_loads_it(make_job: Callable[..., Any]) -> None:
     """torch.load reads a checkpoint with a flipped byte in a tensor without a word (the job would go
     on from weights it never had), and says only "failed reading zip archive" of one cut short."""

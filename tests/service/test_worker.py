@@ -526,3 +526,33 @@ def test_the_log_s_copy_for_mlflow_keeps_its_start_and_latest_output_past_the_li
     assert f"\n[optlab: {left_out} bytes of the job's log left out here]\n".encode() in cut
     assert len(cut) < 1100
     assert job_log.excerpt(tmp_path / "gone.txt") == b""
+
+
+def test_a_store_outage_is_told_in_a_line_without_a_traceback(
+    settings: Settings, sessions: sessionmaker[Session], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each outage had written its 120-line SQLAlchemy traceback (ten in a probe's worker log): an
+    outage is expected, its line says it; a traceback is for errors no one expects."""
+    from sqlalchemy.exc import OperationalError
+
+    worker = make_worker(settings.model_copy(update={"heartbeat_s": 0.01}), sessions, "python")
+    down = OperationalError("SELECT 1", {}, Exception("connection refused"))
+    outcomes: list[Exception | None] = [down, down, None, down]
+
+    def look() -> None:
+        outcome = outcomes.pop(0)
+        if not outcomes:
+            worker.stopping.set()
+        if outcome is not None:
+            raise outcome
+
+    worker.close_runs_left_open = look  # type: ignore[method-assign]
+    with caplog.at_level("INFO", logger="optlab.worker"):
+        worker.close_runs_forever()
+    said = [(r.levelname, r.getMessage().split(":")[0], r.exc_info is not None) for r in caplog.records]
+    assert said == [
+        ("WARNING", "worker test-worker", False),
+        ("INFO", "worker test-worker", False),
+        ("WARNING", "worker test-worker", False),
+    ]
+    assert "cannot look for MLflow runs left open: OperationalError" in caplog.records[0].getMessage()
