@@ -16,6 +16,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -242,3 +244,36 @@ def catches(pid: int, sig: signal.Signals) -> bool:
         if line.startswith("SigCgt:"):
             return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
     return False
+
+
+def watch_the_worker(workdir: Path, alive_file: str, frozen_file: str, silence_env: str) -> bool:
+    """Freeze this job's process group whenever its worker has shown no sign of life (a touch of
+    `workdir/alive_file`) for the seconds `silence_env` says; True where a watch started.
+
+    A worker that is frozen itself (SIGSTOP, a paused VM, a debugger) renews no lease, so another
+    worker takes its job over after the lease, while this job's process, which no one stopped, went
+    on training beside the new attempt, logging into the same MLflow run (it had ended that run
+    FINISHED while the new attempt trained on). The worker's own rule for a lease it cannot renew
+    (service.worker `_keep_lease_safe`) is applied here from the job's side, with the same timing:
+    frozen before anyone may take over. The worker, once it answers again, continues the group if
+    the job is still its own and kills it otherwise. Only in a job the worker watches (the file and
+    the setting are there), only in the group's leader (a DDP job's rank 0 freezes its ranks too)."""
+    silence = os.environ.get(silence_env)
+    alive = workdir / alive_file
+    if not silence or not alive.exists() or os.getpgid(0) != os.getpid():
+        return False
+    limit = float(silence)
+
+    def watch() -> None:
+        while True:
+            time.sleep(min(1.0, limit / 4))
+            try:
+                quiet = time.time() - alive.stat().st_mtime
+            except OSError:
+                continue
+            if quiet > limit:
+                (workdir / frozen_file).write_text(f"{quiet:.1f}\n")
+                os.killpg(0, signal.SIGSTOP)  # the whole group, this thread too, until the worker says
+
+    threading.Thread(target=watch, name="optlab-worker-watch", daemon=True).start()
+    return True

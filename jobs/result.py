@@ -51,6 +51,12 @@ TERMINAL_STATUSES: frozenset[JobStatus] = frozenset(
 PROGRESS_FILE = "progress.json"
 RESULT_FILE = "result.json"
 LOG_FILE = "log.txt"
+# The worker touches this while it watches the job (its mtime is its last sign of life); a job whose
+# worker stays silent longer than WORKER_SILENCE_ENV says freezes itself, after writing FROZEN_FILE
+# (jobs.processes.watch_the_worker).
+WORKER_ALIVE_FILE = ".worker-alive"
+FROZEN_FILE = ".frozen-by-itself"
+WORKER_SILENCE_ENV = "OPTLAB_WORKER_SILENCE_S"
 
 
 def finite_json(data: Any) -> Any:

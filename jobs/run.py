@@ -31,10 +31,14 @@ from jobs.processes import (
     in_legacy_keras_process,
     reexec_with_legacy_keras,
     threads_of,
+    watch_the_worker,
 )
 from jobs.report import Reporter
 from jobs.result import (
+    FROZEN_FILE,
     RANK_KILLED,
+    WORKER_ALIVE_FILE,
+    WORKER_SILENCE_ENV,
     CheckOutcome,
     CheckpointRecord,
     ErrorRecord,
@@ -299,6 +303,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 def run_job(args: argparse.Namespace) -> JobResult:
     workdir: Path = args.workdir or Path(tempfile.mkdtemp(prefix="optlab-job-"))
     workdir.mkdir(parents=True, exist_ok=True)
+    watch_the_worker(workdir, WORKER_ALIVE_FILE, FROZEN_FILE, WORKER_SILENCE_ENV)
     reporter = Reporter(workdir)
     started = time.time()
     # FAILED until the job's run() returns: whatever goes wrong on the way is a failed job.

@@ -47,10 +47,13 @@ from jobs.processes import (
     thread_environment,
 )
 from jobs.result import (
+    FROZEN_FILE,
     LOG_FILE,
     RANK_KILLED,
     RESULT_FILE,
     TRACKING_UNREACHABLE,
+    WORKER_ALIVE_FILE,
+    WORKER_SILENCE_ENV,
     ErrorRecord,
     JobResult,
     JobStatus,
@@ -224,6 +227,11 @@ class Worker:
         """The environment of a job on `slots` (before its style's own switch) and its tracking URI."""
         env, tracking_uri = job_environment(os.environ, self.settings.mlflow_tracking_uri)
         env.update(thread_environment(self.job_threads))
+        # A job freezes itself when this worker is silent for as long as its own lease rule allows
+        # (jobs.processes.watch_the_worker); not where the worker looks in on it less often than that.
+        silence = self.settings.lease_s - PAUSE_MARGIN_S
+        if self.settings.poll_interval_s < silence / 2:
+            env[WORKER_SILENCE_ENV] = f"{silence:g}"
         gpus = [slot.gpu for slot in slots if slot.gpu is not None]
         if gpus or self.gpus:  # a CPU slot on a GPU host sees no GPU
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
@@ -505,6 +513,29 @@ class Supervision:
                 time.monotonic() - self.renewed_at,
             )
 
+    def _show_alive(self) -> None:
+        """A sign of life for the job's watch of this worker (jobs.processes.watch_the_worker)."""
+        alive = self.workdir / WORKER_ALIVE_FILE
+        try:
+            os.utime(alive)
+        except FileNotFoundError:
+            alive.touch()
+
+    def _thaw(self, process: subprocess.Popen[bytes]) -> None:
+        """A job that froze itself while this worker was silent, its lease still ours: continued."""
+        frozen = self.workdir / FROZEN_FILE
+        if not frozen.exists():
+            return
+        said = frozen.read_text().strip()
+        frozen.unlink(missing_ok=True)
+        signal_group(process, signal.SIGCONT)
+        log.warning(
+            "job %s: its process froze itself after this worker was silent for %s s (stopped, or its "
+            "host paused); the lease is still ours: continued",
+            self.job.id,
+            said or "?",
+        )
+
     def _resume_paused(self, process: subprocess.Popen[bytes]) -> None:
         if self.paused:
             signal_group(process, signal.SIGCONT)
@@ -624,6 +655,7 @@ class Supervision:
                 target=self._end_run, args=(predecessor, "KILLED"), kwargs={"force": False}, daemon=True
             ).start()
         arguments = self.arguments(spec_path, tracking_uri)
+        self._show_alive()  # before the job starts: its watch begins only where the file is there
         process = self._start_warm(arguments, env) or self._start_cold(arguments, env)
         # Just after the job: a worker killed in between leaves the job only its SIGTERM, which a
         # real job gets before it could have loaded a plugin that ignores it.
@@ -635,6 +667,8 @@ class Supervision:
                 signal_group(process, signal.SIGCONT)
                 terminate_group(process, 0 if self.paused else self.settings.cancel_grace_s)
             terminate_group(reaper, 0)
+            for bookkeeping in (WORKER_ALIVE_FILE, FROZEN_FILE):  # the job's folder holds the job's files
+                (self.workdir / bookkeeping).unlink(missing_ok=True)
         outcome = self._conclude(process, stop)
         if outcome != "lease lost":  # else the run is the new attempt's, and so is what it holds
             self._copy_log_to_run()
@@ -668,10 +702,13 @@ class Supervision:
         """Relay progress until the process exits; return why we stopped it, if we did."""
         started = self.claimed_at  # the time limit counts from the claim, for a warm process too
         while process.poll() is None:
+            self._show_alive()
             job_log.cap(self.workdir / LOG_FILE, int(self.settings.job_log_mb * job_log.MB))
             progress = read_progress(self.workdir)
             self.last_progress = progress or self.last_progress
-            if self.last_progress is not None and not self.paused and is_stopped(process.pid):
+            if (self.workdir / FROZEN_FILE).exists():
+                pass  # it froze itself while this worker was silent: the lease decides below
+            elif self.last_progress is not None and not self.paused and is_stopped(process.pid):
                 # Stopped by someone else (this worker pauses it only while the store is away): it
                 # read as running well, the same step for as long as it stayed stopped.
                 self.last_progress = self.last_progress.model_copy(update={"waiting": STOPPED_FROM_OUTSIDE})
@@ -686,6 +723,7 @@ class Supervision:
                 return Stop.LEASE_LOST
             if lease is not None:
                 self._resume_paused(process)
+                self._thaw(process)
             else:
                 self._keep_lease_safe(process)
             if self.paused:  # until the store decides, nothing else may run it or end it gracefully

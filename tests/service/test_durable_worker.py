@@ -658,3 +658,75 @@ def test_a_job_whose_progress_stops_moving_says_so_and_its_stacks_go_to_its_log(
     job = wait_until(lambda: ended(sessions, job_id), 60, "the cancelled job to end")
     assert job.status is JobStatus.CANCELLED
     engine.dispose()
+
+
+def test_a_job_freezes_itself_when_its_worker_is_stopped_so_the_attempt_that_takes_over_trains_alone(
+    tmp_path: Path, mlflow_url: str, plugins: Path
+) -> None:
+    """A worker SIGSTOPped (not killed) renews no lease: another worker took the job over, while the
+    stopped worker's job process, which no one stopped, trained on beside it into the same MLflow
+    run (it ended the run FINISHED under the new attempt; 600 steps logged twice in a probe)."""
+    from jobs.processes import is_stopped
+    from jobs.result import FROZEN_FILE
+
+    experiment = f"frozen-{tmp_path.name}"
+    spec = slow_spec(experiment, steps=300)
+    env = {"OPTLAB_PLUGIN_DIRS": str(plugins), "PYTHONPATH": str(ROOT)}
+    workers: dict[str, subprocess.Popen[bytes]] = {}
+    with postgres_database() as (url, _):
+        engine = make_engine(url)
+        migrate(engine)
+        sessions = session_factory(engine)
+        job_id = submit(sessions, spec)
+        worker_env = {
+            **env,
+            "OPTLAB_DATABASE_URL": url,
+            "OPTLAB_DATA_DIR": str(tmp_path / "data"),
+            "OPTLAB_MLFLOW_TRACKING_URI": mlflow_url,
+            "OPTLAB_POLL_INTERVAL_S": "0.2",
+            "OPTLAB_LEASE_S": "6",  # a job freezes after 4 s of its worker's silence
+            "OPTLAB_HEARTBEAT_S": "1",
+            "OPTLAB_WARM_POOL": "false",
+        }
+        first_process = None
+        try:
+            for name in ("first", "second"):
+                workers[name] = start_worker(name, 1, worker_env, tmp_path / f"{name}.log")
+            wait_until(
+                lambda: (row(sessions, job_id).checkpoint_step or 0) >= 20, 180, "a verified checkpoint"
+            )
+            holder = row(sessions, job_id).worker_id
+            assert holder in workers
+            first_workdir = tmp_path / "data" / "jobs" / str(job_id) / "attempt-1"
+            first_process = job_process_pid(first_workdir)
+            assert first_process is not None
+            os.kill(workers[holder].pid, signal.SIGSTOP)
+            wait_until(lambda: is_stopped(first_process), 30, "the job to freeze itself")
+            assert (first_workdir / FROZEN_FILE).exists()
+            wait_until(
+                lambda: (
+                    row(sessions, job_id).attempt == 2 and row(sessions, job_id).status is JobStatus.RUNNING
+                ),
+                60,
+                "another worker to take the job over",
+            )
+            time.sleep(2)
+            assert is_stopped(first_process)  # still frozen while the new attempt trains
+            os.kill(workers[holder].pid, signal.SIGCONT)  # its worker answers again: the lease is lost
+            wait_until(lambda: not group_alive(first_process), 60, "the frozen attempt to be killed")
+            job = wait_until(lambda: ended(sessions, job_id), 240, "the resumed job to end")
+        finally:
+            for process in workers.values():
+                process.send_signal(signal.SIGCONT)
+                process.kill()
+                process.wait()
+            engine.dispose()
+    assert job.status is JobStatus.SUCCEEDED and job.attempt == 2, job.error
+    assert job.mlflow is not None
+    run = MlflowClient(tracking_uri=mlflow_url).get_run(job.mlflow["run_id"])
+    steps = [
+        m.step
+        for m in MlflowClient(tracking_uri=mlflow_url).get_metric_history(run.info.run_id, "train/loss")
+    ]
+    assert sorted(steps) == list(range(300))  # every step exactly once: the frozen attempt logged no more
+    assert "lost its lease" in (tmp_path / f"{holder}.log").read_text()
