@@ -16,6 +16,7 @@ could not end (killed, died) is ended by the worker.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -199,6 +200,7 @@ class Worker:
         self.job_threads = settings.job_threads or default_job_threads(count)
         self.pool = WarmPool(settings.job_python) if settings.warm_pool else None
         self.pool_failing = False  # the last fill failed (logged once, not on every poll)
+        self.disk_full = False  # the jobs' folder had no space at the last look (logged once)
 
     def publish_catalogue(self) -> dict[str, Any]:
         # Taken before producing: a file changed meanwhile is published again on the next poll.
@@ -358,7 +360,7 @@ class Worker:
         with self.lock:
             self.threads = [t for t in self.threads if t.is_alive()]
             free = [self.slots[i] for i in sorted(self.free)]
-            if not free:
+            if not free or self._disk_is_full():
                 return None
             fits = ClaimFilter(
                 frameworks=self.frameworks,
@@ -376,6 +378,28 @@ class Worker:
             self.free -= {slot.index for slot in taken}
             self.past_first_step -= {slot.index for slot in taken}
             return job, taken, sent
+
+    def _disk_is_full(self) -> bool:
+        """Whether the file system of the jobs' folder (or of OPTLAB_CHECKPOINT_DIR) is full: a job
+        claimed now could write nothing, and every queued job had failed within a second, one after
+        another ("No space left on device"), where another worker could have run them. Said once
+        when it fills and once when it has space again."""
+        shared = os.environ.get("OPTLAB_CHECKPOINT_DIR")  # jobs.resume's; the service imports it not
+        folders = [self.settings.jobs_dir, *([Path(shared)] if shared else [])]
+        lowest = min((free_bytes(folder), str(folder)) for folder in folders)
+        full = lowest[0] < FULL_DISK_BYTES
+        if full and not self.disk_full:
+            log.error(
+                "worker %s: the file system of %s has %d bytes free: it claims no job until space is "
+                "freed (queued jobs wait for this or another worker)",
+                self.worker_id,
+                lowest[1],
+                lowest[0],
+            )
+        elif self.disk_full and not full:
+            log.info("worker %s: %s has space again: it claims jobs again", self.worker_id, lowest[1])
+        self.disk_full = full
+        return full
 
     def start_next(self) -> bool:
         """Claim a job and supervise it in a thread of its own; False when none was claimed."""
@@ -404,9 +428,12 @@ class Worker:
         except Exception as exc:
             # Spawning or watching failed (disk full, a malformed progress.json...): never leave it running.
             log.exception("job %s: the worker failed to run it", job.id)
-            error = ErrorRecord(type="WorkerError", message=f"{type(exc).__name__}: {exc}")
-            supervision.record(JobStatus.FAILED, None, error)
-            outcome = JobStatus.FAILED
+            if no_space_left(exc) and supervision.hand_back(f"its worker's disk is full ({exc})"):
+                outcome = "requeued: its worker's disk is full"  # another worker, or this one with space
+            else:
+                error = ErrorRecord(type="WorkerError", message=f"{type(exc).__name__}: {exc}")
+                supervision.record(JobStatus.FAILED, None, error)
+                outcome = JobStatus.FAILED
         finally:
             with self.lock:
                 self.free |= {slot.index for slot in slots}
@@ -512,6 +539,20 @@ class Supervision:
                 self.job.id,
                 time.monotonic() - self.renewed_at,
             )
+
+    def hand_back(self, reason: str) -> bool:
+        """The job back to the queue with `reason`, where the store answers and it is still ours."""
+        return bool(
+            self._store(
+                lambda s: store.requeue_job(
+                    session=s,
+                    job_id=self.job.id,
+                    worker_id=self.worker.worker_id,
+                    attempt=self.job.attempt,
+                    reason=reason,
+                )
+            )
+        )
 
     def _show_alive(self) -> None:
         """A sign of life for the job's watch of this worker (jobs.processes.watch_the_worker)."""
@@ -1033,6 +1074,27 @@ def read_outcome(
 # Under this much free space the job's folder is taken to be why a job died without a word: it can
 # write neither its result nor its log (an empty log is then all there is).
 FULL_DISK_BYTES = 1024 * 1024
+
+
+def free_bytes(folder: Path) -> int:
+    """Free bytes on the file system of `folder` (or of its nearest existing parent); a large number
+    where that cannot be read."""
+    for candidate in (folder, *folder.parents):
+        try:
+            return shutil.disk_usage(candidate).free
+        except OSError:
+            continue
+    return 2**63
+
+
+def no_space_left(error: BaseException) -> bool:
+    """Whether `error`, or what caused it, is a full disk (ENOSPC) or quota (EDQUOT)."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _full_disk(workdir: Path) -> str:

@@ -301,6 +301,7 @@ def test_a_job_that_died_on_a_full_disk_says_so(
     job_id = submit(sessions)
     full = SimpleNamespace(total=10**9, used=10**9, free=4096)  # what shutil.disk_usage gives
     monkeypatch.setattr(worker_module.shutil, "disk_usage", lambda path: full)
+    monkeypatch.setattr(worker, "_disk_is_full", lambda: False)  # it filled after the claim
     worker.run_next()
     error = job_row(sessions, job_id).error
     assert error is not None and error["type"] == "JobProcessDied"
@@ -556,3 +557,51 @@ def test_a_store_outage_is_told_in_a_line_without_a_traceback(
         ("WARNING", "worker test-worker", False),
     ]
     assert "cannot look for MLflow runs left open: OperationalError" in caplog.records[0].getMessage()
+
+
+def test_a_worker_whose_disk_is_full_claims_nothing_and_says_so_once(
+    tmp_path: Path,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A full disk had failed every queued job within a second each ("No space left on device"),
+    where another worker could have run them."""
+    import shutil
+
+    body = 'echo \'{"job_id": "1", "attempt": 1, "workdir": "/w", "status": "succeeded"}\' > "$W/result.json"'
+    worker = make_worker(settings, sessions, stand_in(tmp_path, body))
+    job_id = submit(sessions)
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=4096))
+    with caplog.at_level("INFO", logger="optlab.worker"):
+        assert worker.run_next() is False and worker.run_next() is False
+        assert job_row(sessions, job_id).status == "queued"  # left for this or another worker
+        monkeypatch.setattr(shutil, "disk_usage", real)
+        assert worker.run_next() is True
+    assert job_row(sessions, job_id).status == "succeeded"
+    said = [
+        r.getMessage() for r in caplog.records if "space" in r.getMessage() or "bytes free" in r.getMessage()
+    ]
+    assert len(said) == 2, said  # once when full, once when it has space again
+    assert "has 4096 bytes free: it claims no job until space is freed" in said[0]
+    assert "has space again: it claims jobs again" in said[1]
+
+
+def test_a_job_that_meets_a_full_disk_as_its_worker_starts_it_goes_back_to_the_queue(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    worker = make_worker(settings, sessions, stand_in(tmp_path, "true"))
+    job_id = submit(sessions)
+
+    def no_space(self: worker_module.Supervision) -> str:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(worker_module.Supervision, "run", no_space)
+    assert worker.run_next() is True
+    job = job_row(sessions, job_id)
+    assert job.status == "queued", job.error  # not failed: another worker, or this one with space
+    assert job.error is not None and "its worker's disk is full" in job.error["message"]
