@@ -12,6 +12,7 @@ import math
 import re
 import traceback
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -139,8 +140,7 @@ def check_construct(ctx: CheckContext) -> Outcome:
                 fix="the constructor must accept every declared hyperparameter at its default and in range",
             )
     probed: list[str] = []
-    problems: list[str] = []
-    where = ""
+    problems: list[_Unvalidated] = []
     for param in entry.params.values():
         values = _invalid_values(ctx, param, none_refused=bool(defaults_refused) and param.name in supplied)
         if values:
@@ -148,16 +148,9 @@ def check_construct(ctx: CheckContext) -> Outcome:
         for value in values:
             problem, at = _probe_invalid(ctx, param, value)
             if problem:
-                problems.append(problem)
-                where = where or at
+                problems.append(_Unvalidated(problem, at, declared=_declares_range(ctx, param)))
     if problems:
-        return failed(
-            "; ".join(problems) + defaults_refused,
-            where=where,
-            figure=float(len(problems)),
-            fix="validate each argument in __init__ and raise ValueError naming it, the value and what is "
-            "allowed (e.g. 'lr must be a number > 0; received -1')",
-        )
+        return _unvalidated_outcome(problems, defaults_refused)
     builds = (
         "builds with the given params" + defaults_refused
         if defaults_refused
@@ -171,6 +164,44 @@ def check_construct(ctx: CheckContext) -> Outcome:
         "(figure: arguments probed)",
         float(len(probed)),
     )
+
+
+@dataclass(frozen=True)
+class _Unvalidated:
+    """A value outside a range that the constructor accepted, or refused in words naming nothing."""
+
+    problem: str
+    where: str
+    declared: bool  # a range the class declares itself (optlab_hyperparameters), not torch's lr > 0
+
+
+_VALIDATE_FIX = (
+    "validate each argument in __init__ and raise ValueError naming it, the value and what is allowed "
+    "(e.g. 'lr must be a number > 0; received -1')"
+)
+
+
+def _unvalidated_outcome(problems: Sequence[_Unvalidated], defaults_refused: str) -> Outcome:
+    """A fail where a range the class declares is not enforced: it publishes that range, and a job is
+    built on its word. Only a warning where the one probed rule is torch's lr > 0, which the class
+    never stated: an unchecked rate is missing input validation, not a malfunction (KellerJordan's Muon
+    and LiyuanLucasLiu's RAdam accept lr < 0, and train correctly with any rate a user means)."""
+    observed = "; ".join(p.problem for p in problems) + defaults_refused
+    where = next((p.where for p in problems if p.where), "")
+    if any(p.declared for p in problems):
+        return failed(observed, where=where, figure=float(len(problems)), fix=_VALIDATE_FIX)
+    return warned(
+        f"{observed}: input validation to add (torch's own optimizers refuse a negative rate in words "
+        "naming it), not a fault of the update",
+        where=where,
+        figure=float(len(problems)),
+        fix=_VALIDATE_FIX,
+    )
+
+
+def _declares_range(ctx: CheckContext, param: Param) -> bool:
+    """Whether the class declares `param`'s range itself (`optlab_hyperparameters`)."""
+    return native(ctx, param.name) in (getattr(ctx.target.cls, "optlab_hyperparameters", {}) or {})
 
 
 def _given_value_refused(ctx: CheckContext, error: Exception, supplied: dict[str, Any]) -> str | None:
@@ -306,7 +337,7 @@ def _invalid_values(ctx: CheckContext, param: Param, *, none_refused: bool = Fal
     (`none_refused`: it does not)."""
     if param.type not in ("float", "number", "int", "float_pair"):
         return []
-    declared = native(ctx, param.name) in (getattr(ctx.target.cls, "optlab_hyperparameters", {}) or {})
+    declared = _declares_range(ctx, param)
     if not declared and not (param.name == "lr" and ctx.driver.capabilities.refuses_negative_lr):
         return []
     if not declared and param.default is None and not param.required and not none_refused:

@@ -28,6 +28,7 @@ from jobs.checks.tools import (
     updates_nothing,
     user_line,
 )
+from jobs.frameworks.base import known_fix
 from jobs.frameworks.keras_driver import (
     KerasDriver,
     names_an_unknown_class,
@@ -251,7 +252,8 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
         return failed(
             f"the update works eagerly but not inside tf.function: {_first_line(exc, ctx)}",
             where=user_line(ctx, exc),
-            fix="use tensor ops (tf.where, tf.cond, ops.where) instead of Python if/while on tensor values, "
+            fix=known_fix(exc)
+            or "use tensor ops (tf.where, tf.cond, ops.where) instead of Python if/while on tensor values, "
             "and no .numpy(), float(tensor) or .item() in the update",
         )
     diff = max_diff(eager, graph)

@@ -9,15 +9,17 @@ from __future__ import annotations
 import importlib
 import tempfile
 import time
+import traceback
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from jobs.checks.context import CheckContext, LoopSetup, RecipeNotHonoured
+from jobs.checks.context import CheckContext, LoopSetup, RecipeNotHonoured, one_line
 from jobs.checks.report import CHECK_IDS, ONLY_FOR_STYLES, CheckReport, CheckResult, Outcome, failed, skipped
 from jobs.checks.target import Target, UsageError
-from jobs.checks.tools import CheckFunction, fix_for_raised
+from jobs.checks.tools import CheckFunction, fix_for_raised, reached_user_code
 from jobs.errors import EXIT_FIX, exit_message
+from jobs.frameworks.base import known_fix
 from optimizers.hyperparams import check_all
 from optimizers.loop_needs import LoopNeeds, unserved
 
@@ -29,6 +31,10 @@ FRAMEWORK_CHECKS: dict[str, str] = {
     "tf_legacy": "jobs.checks.keras_only",
 }
 
+
+# optlab's own code (jobs/, optimizers/, ...): an error raised there, with no line of the class on
+# the way, is optlab's to fix.
+OPTLAB_ROOT = Path(__file__).resolve().parents[2]
 
 # The skip of every check after a construct that could not build the optimizer at all.
 UNBUILDABLE = "not run: the optimizer cannot be constructed"
@@ -148,6 +154,8 @@ def _outcome(check_id: str, table: Mapping[str, CheckFunction], context: CheckCo
     except RecipeNotHonoured as exc:
         return skipped(f"inconclusive: {exc}")
     except Exception as exc:  # the user's code raised somewhere the check did not expect
+        if not _raised_through_user_code(context, exc):
+            return skipped(_internal_error(exc))
         where = context.where(exc)
         return failed(
             f"raised {context.describe_error(exc)}",
@@ -156,3 +164,35 @@ def _outcome(check_id: str, table: Mapping[str, CheckFunction], context: CheckCo
         )
     except SystemExit as exc:  # sys.exit() in the user's code would end these checks without a word
         return failed(exit_message(exc), where=context.where(exc), fix=EXIT_FIX)
+
+
+def _raised_through_user_code(context: CheckContext, error: Exception) -> bool:
+    """Whether any line of the class's code was on the way to `error` (torch or Keras raising inside
+    the user's step is still the user's), or its message names a known fault of a class (a legacy
+    Keras update that returns None fails in Keras's code, after the class's has returned). Where
+    neither, optlab's check itself, or the framework code it called, failed: not the class. A class
+    without a source file cannot be told apart, and is judged as before."""
+    if context.target.source_file() is None or known_fix(error) is not None:
+        return True
+    return reached_user_code(context, error)
+
+
+def _internal_error(error: Exception) -> str:
+    """The skip of a check that failed in optlab's own code: what, where, and whom to tell."""
+    frames = traceback.extract_tb(error.__traceback__)
+    ours = [frame for frame in frames if Path(frame.filename).is_relative_to(OPTLAB_ROOT)]
+    where = _frame_text(frames[-1]) if frames else "an unknown line"
+    if ours and frames and ours[-1] is not frames[-1]:
+        where += f", called from {_frame_text(ours[-1])}"
+    return (
+        f"inconclusive: optlab's check failed: {one_line(error)} (at {where}), with no line of the class "
+        "on the way, so this is not the class's fault and it was not judged here; please report it to "
+        "optlab's maintainers with this line"
+    )
+
+
+def _frame_text(frame: traceback.FrameSummary) -> str:
+    """`path:line in function`, optlab's own paths relative to its root."""
+    path = Path(frame.filename)
+    shown = path.relative_to(OPTLAB_ROOT) if path.is_relative_to(OPTLAB_ROOT) else path
+    return f"{shown}:{frame.lineno} in {frame.name}"

@@ -24,7 +24,7 @@ import numpy as np
 
 from jobs.checks.context import CheckContext
 from jobs.checks.report import Outcome
-from jobs.frameworks.base import Driver, equal_only_to_itself, raising_frame
+from jobs.frameworks.base import Driver, equal_only_to_itself, known_fix, raising_frame
 from optimizers.loop_needs import user_classes
 
 CheckFunction = Callable[[CheckContext], Outcome]
@@ -217,11 +217,10 @@ def method_location(ctx: CheckContext, method: str | None = None) -> str:
 
 def reached_user_code(ctx: CheckContext, error: BaseException) -> bool:
     """Whether code of the class (its file, or that of any of its bases outside the frameworks, the
-    wrapped base's too) was on the way to `error`: in its traceback, or quoted in its message (a
-    compiled function's error names the user's lines). False: the framework's own code crashed
-    with the class configuring it (an option of the framework's base the class sets)."""
-    if user_line(ctx, error) != ctx.target.class_location():
-        return True
+    wrapped base's too) was on the way to `error` or to an error it was raised from: in a traceback,
+    or quoted in a message (a compiled function's error names the user's lines). False: the
+    framework's own code crashed with the class configuring it (an option of the framework's base
+    the class sets), or optlab's own code did."""
     classes = user_classes(ctx.target.cls) + (user_classes(ctx.base.entry.cls) if ctx.base else [])
     files = set()
     for klass in classes:
@@ -229,7 +228,23 @@ def reached_user_code(ctx: CheckContext, error: BaseException) -> bool:
             files.add(inspect.getsourcefile(klass))
         except TypeError:  # a class without a source file
             continue
-    return any(frame.filename in files for frame in traceback.extract_tb(error.__traceback__))
+    for link in exception_chain(error):
+        if user_line(ctx, link) != ctx.target.class_location():
+            return True
+        if any(frame.filename in files for frame in traceback.extract_tb(link.__traceback__)):
+            return True
+    return False
+
+
+def exception_chain(error: BaseException) -> list[BaseException]:
+    """`error` and those it was raised from or while handling (`raise ... from`), outermost first:
+    a driver that re-raises a user's error in its own words keeps the user's frames there."""
+    chain: list[BaseException] = []
+    link: BaseException | None = error
+    while link is not None and link not in chain:
+        chain.append(link)
+        link = link.__cause__ or link.__context__
+    return chain
 
 
 def user_line(ctx: CheckContext, error: BaseException) -> str:
@@ -315,21 +330,12 @@ def refuses_dense(ctx: CheckContext, error: BaseException) -> bool:
     return clear_refusal(ctx, error, ("dense", "sparse"))
 
 
-# What an error means where its message alone says why, and the fix for it (table: message -> fix).
-_KNOWN_ERRORS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (
-        re.compile(r"a leaf Variable that requires grad is being used in an in-place operation"),
-        "the update runs with autograd recording: decorate step() with @torch.no_grad() (as torch's own "
-        "optimizers do), or wrap the in-place update in `with torch.no_grad():`",
-    ),
-)
 RAISED_FIX = "the optimizer raised during this check; the error above and its line say why"
 
 
 def fix_for_raised(error: BaseException) -> str:
     """The fix for an error the class raised: the known cause where its message names one."""
-    message = str(error)
-    return next((fix for pattern, fix in _KNOWN_ERRORS if pattern.search(message)), RAISED_FIX)
+    return known_fix(error) or RAISED_FIX
 
 
 def refused_rate(ctx: CheckContext) -> Exception | None:

@@ -14,6 +14,7 @@ import logging
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ from jobs.checks.tools import (
     updates_nothing,
     user_line,
 )
+from jobs.frameworks.base import raising_frame
 from jobs.frameworks.torch_driver import closure_result, state_tensors
 from optimizers.loop_needs import PLAIN, LoopNeeds, user_classes
 
@@ -168,6 +170,8 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
             _step(ctx, step, compiled_closure)
         breaks = _graph_breaks() - breaks_before
     except Exception as exc:
+        if _torch_says_it_is_its_bug(exc):
+            return skipped(_compiler_bug(ctx, exc))
         return warned(
             f"torch.compile(optimizer.step, backend={_COMPILE_BACKEND!r}) raised {ctx.describe_error(exc)}",
             where=user_line(ctx, exc),
@@ -204,6 +208,37 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
         f"torch.compile(step, backend={_COMPILE_BACKEND!r}) matches eager over 3 steps{breaks_note} "
         "(figure: max abs difference)",
         difference,
+    )
+
+
+# torch's compiler saying that an error is its own bug ("Guard failed on the same frame it was created.
+# This is a bug - please create an issue.", "report a bug to PyTorch"): nothing the class can fix.
+_TORCH_BUG = re.compile(
+    r"\bthis is a bug\b|\b(?:report|file) a bug to pytorch\b|\bbug in pytorch\b", re.IGNORECASE
+)
+
+
+def _torch_says_it_is_its_bug(error: Exception) -> bool:
+    """Whether torch raised `error` in its own code (not the class, in whatever words) calling it a
+    bug of torch's."""
+    frame = raising_frame(error)
+    torch_dir = Path(torch.__file__).parent
+    return (
+        frame is not None
+        and Path(frame.filename).is_relative_to(torch_dir)
+        and bool(_TORCH_BUG.search(str(error)))
+    )
+
+
+def _compiler_bug(ctx: CheckContext, error: Exception) -> str:
+    """The skip of a compile that failed in torch's own compiler, by its own words."""
+    where = user_line(ctx, error)
+    tracing = f" while tracing {where}" if where != ctx.target.class_location() else ""
+    return (
+        f"inconclusive: torch's compiler failed on step(){tracing}, and its message says the fault is "
+        f"torch's, not the class's: torch.compile(optimizer.step, backend={_COMPILE_BACKEND!r}) raised "
+        f"{ctx.describe_error(error)}; the compiled step was not judged (the other checks judge the eager "
+        "one)"
     )
 
 
@@ -253,7 +288,7 @@ def check_param_groups(ctx: CheckContext) -> Outcome:
     if draws_randomly(ctx):
         return skipped(inconclusive_random("comparing two groups with separately built optimizers"))
     probe = ctx.build(_tiny_model().parameters())
-    halved = _halved_settings(ctx, set(probe.defaults))
+    halved = _halved_settings(ctx, _group_keys(probe))
     fix = (
         "read every hyperparameter from the group being updated (group['beta']), not from "
         "self.defaults or attributes"
@@ -313,9 +348,7 @@ def check_param_groups(ctx: CheckContext) -> Outcome:
             )
     added = _added_group_problem(ctx, halved, coupled=coupled, own_lr=not lr_refused)
     if added is not None:
-        # A KeyError on the added group's parameters: their state was made in __init__, for the first.
-        fix = _ADDED_STATE_FIX if "raised KeyError" in added else _ADDED_GROUP_FIX
-        return failed(added, where=method_location(ctx), fix=fix)
+        return added
     judged = (
         "changes its own update (the class couples its groups by design: a group's update depends on the "
         "other groups, so no single-group optimizer is a reference)"
@@ -370,6 +403,11 @@ _ADDED_STATE_FIX = (
     "create a parameter's state in step() when it has none (`if not state: ...`), not only in __init__: "
     "parameters added by add_param_group (or loaded without that key) have none"
 )
+_BASE_INIT_FIX = (
+    "call super().__init__(params, defaults) in __init__ (a wrapper: with its base's param groups), or "
+    "define add_param_group of its own (a wrapper: hand the group to its base, and create the wrapper's "
+    "own state for the group's parameters)"
+)
 SECOND = 1  # the index of the second group's parameters in `_two_groups`' results
 
 
@@ -418,8 +456,8 @@ def _max_difference(a: Sequence[Sequence[Tensor]], b: Sequence[Sequence[Tensor]]
 
 def _added_group_problem(
     ctx: CheckContext, halved: dict[str, Any], *, coupled: bool, own_lr: bool = True
-) -> str | None:
-    """What is wrong with a group added after two steps, or None. It may start afresh (its own step
+) -> Outcome | None:
+    """The failure of a group added after two steps, or None. It may start afresh (its own step
     count) or as if it had been there, idle, all along (a global step count): either is the class's
     own semantics. Anything else is bookkeeping outside param_groups. Where the groups are coupled
     neither is a reference: the step must then run and stay finite. The added group has an lr of its
@@ -430,10 +468,14 @@ def _added_group_problem(
         try:
             added = _added_group_run(ctx, halved, lr, from_start=False)
         except Exception as exc:
-            return f"add_param_group({given}) after 2 steps, then a step, raised {ctx.describe_error(exc)}"
+            return _added_group_raised(ctx, f"add_param_group({given}) after 2 steps, then a step", exc)
     extra = added[-1][0]
     if not bool(torch.isfinite(extra).all()):
-        return f"a param group added with add_param_group({given}) after 2 steps is not finite after a step"
+        return failed(
+            f"a param group added with add_param_group({given}) after 2 steps is not finite after a step",
+            where=method_location(ctx),
+            fix=_ADDED_GROUP_FIX,
+        )
     if coupled:
         return None
     afresh = _fresh_group_step(ctx, lr)
@@ -446,12 +488,38 @@ def _added_group_problem(
         except Exception:  # an idle group has no gradient, which a class may not take (none_grads says so)
             pass
     if min(from_idle, from_fresh) > 1e-6:
-        return (
+        return failed(
             f"a param group added with add_param_group({given}) after 2 steps steps neither like a fresh "
             f"optimizer over it (max abs difference {from_fresh:.3g}) nor like the same group given at "
-            f"construction and idle until then ({from_idle:.3g})"
+            f"construction and idle until then ({from_idle:.3g})",
+            where=method_location(ctx),
+            fix=_ADDED_GROUP_FIX,
         )
     return None
+
+
+def _lacks_defaults(ctx: CheckContext, error: Exception) -> bool:
+    """Whether the optimizer had no self.defaults, which torch's add_param_group fills a new group
+    from and only torch's Optimizer.__init__ sets: a wrapper that lends its base's groups and never
+    runs it (michaelrzhang's Lookahead) breaks there."""
+    if not isinstance(error, AttributeError) or error.name != "defaults":
+        return False
+    return isinstance(error.obj, ctx.target.cls)
+
+
+def _added_group_raised(ctx: CheckContext, what: str, error: Exception) -> Outcome:
+    """The failure of adding a group that raised, with the fix its error points to."""
+    raised = f"{what}, raised {ctx.describe_error(error)}"
+    if _lacks_defaults(ctx, error):
+        return failed(
+            f"{raised}: the class never ran torch.optim.Optimizer.__init__, which sets the self.defaults "
+            "that torch's add_param_group fills a new group from",
+            where=method_location(ctx, "__init__"),
+            fix=_BASE_INIT_FIX,
+        )
+    # A KeyError on the added group's parameters: their state was made in __init__, for the first.
+    fix = _ADDED_STATE_FIX if isinstance(error, KeyError) else _ADDED_GROUP_FIX
+    return failed(raised, where=method_location(ctx), fix=fix)
 
 
 _EXTRA_START = torch.linspace(-1.0, 1.0, 5)
@@ -539,6 +607,16 @@ def _shown(value: Any) -> str:
         inner = ", ".join(_shown(item) for item in value)
         return f"({inner})" if isinstance(value, tuple) else f"[{inner}]"
     return str(value)
+
+
+def _group_keys(optimizer: Any) -> set[str]:
+    """The settings an optimizer keeps in its param groups: its `defaults`, which torch's
+    Optimizer.__init__ sets, else (a wrapper that never runs it and lends its base's groups, as
+    michaelrzhang's Lookahead does) the keys its groups hold."""
+    defaults = getattr(optimizer, "defaults", None)
+    if isinstance(defaults, Mapping):
+        return set(defaults)
+    return {key for group in optimizer.param_groups for key in group if key != "params"}
 
 
 def _halved_settings(ctx: CheckContext, group_keys: set[str]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ user gets the same verdict in every framework.
 from __future__ import annotations
 
 import inspect
+import re
 import traceback
 import warnings
 from abc import ABC, abstractmethod
@@ -28,6 +29,33 @@ if TYPE_CHECKING:
     from jobs.spec import JobSpec
     from jobs.workloads import Workload
     from optimizers.registry import Base, Entry
+
+
+# What an error means where its message alone says why, and the fix for it (table: message -> fix);
+# the checks and the jobs' own errors give the same advice.
+_KNOWN_ERRORS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(r"a leaf Variable that requires grad is being used in an in-place operation"),
+        "the update runs with autograd recording: decorate step() with @torch.no_grad() (as torch's own "
+        "optimizers do), or wrap the in-place update in `with torch.no_grad():`",
+    ),
+    (
+        # tf.keras's legacy optimizer groups what `_resource_apply_dense`/`_sparse` return into the
+        # step (tf.group, in a graph only): a method that returns None works eagerly and fails here,
+        # in words that name neither it nor the fix (google/automl's Lion).
+        re.compile(r"'inputs' should be zero or more \(nested\) Tensors\. Received 'None'"),
+        "return the update op from _resource_apply_dense and _resource_apply_sparse (the result of "
+        "var.assign(...), or tf.group(...) of every assignment): tf.keras's legacy optimizer groups what "
+        "they return into the step's graph, and None cannot be grouped (the eager step groups nothing, "
+        "so it works)",
+    ),
+)
+
+
+def known_fix(error: BaseException) -> str | None:
+    """The fix for `error` where its message names a known cause, else None."""
+    message = str(error)
+    return next((fix for pattern, fix in _KNOWN_ERRORS if pattern.search(message)), None)
 
 
 def source_files(cls: type) -> set[str]:

@@ -61,6 +61,7 @@ from jobs.frameworks.base import (
     TimeSpent,
     TrainingSession,
     WarningSink,
+    known_fix,
     python_warnings_to,
 )
 from jobs.spec import JobSpec
@@ -912,11 +913,16 @@ class KerasSession(TrainingSession):
         except Exception:
             return
         where = self._user_frame(graph_error)
+        known = known_fix(graph_error)
+        fix = (
+            known[0].upper() + known[1:]
+            if known
+            else "Use tensor ops (tf.where, tf.cond) instead of Python if/while on tensor values, and no "
+            ".numpy() or float(tensor) inside update_step"
+        )
         raise GraphModeError(
             f"the update step of optimizer {self.entry.name!r} ({self.entry.style}) works eagerly but not "
-            f"inside tf.function{where}: {type(graph_error).__name__}: {graph_error}. Use tensor ops "
-            "(tf.where, tf.cond) instead of Python if/while on tensor values, and no .numpy() or "
-            "float(tensor) inside update_step"
+            f"inside tf.function{where}: {type(graph_error).__name__}: {graph_error}. {fix}"
         ) from graph_error
 
     def _user_frame(self, error: BaseException) -> str:

@@ -441,6 +441,23 @@ def test_a_sparse_path_right_only_for_sorted_ids_fails_at_the_sparse_method(work
     assert "def _resource_apply_sparse" in Path(__file__).read_text().splitlines()[line - 1]
 
 
+class NoUpdateOpLegacySGD(SortedIdsLegacySGD):
+    """Legacy SGD whose dense update assigns and returns nothing (as google/automl's Lion for TF2):
+    eagerly fine; inside tf.function tf_keras groups what it returns, and None cannot be grouped."""
+
+    def _resource_apply_dense(self, grad: object, var: object, apply_state: object = None) -> None:  # type: ignore[override]
+        var.assign_sub(self._decayed_lr(var.dtype.base_dtype) * grad)  # type: ignore[attr-defined]
+
+
+def test_a_legacy_update_that_returns_no_op_is_told_to_return_it(workdir: Path) -> None:
+    """Not the usual advice about Python `if` on tensors, which such a class does not have."""
+    outcome = _run("graph_mode", _context(f"{__name__}:NoUpdateOpLegacySGD", workdir))
+    assert outcome.status == "fail", outcome.detail
+    assert "Received 'None'" in outcome.detail
+    assert "Fix: return the update op from _resource_apply_dense and _resource_apply_sparse" in outcome.detail
+    assert "if/while" not in outcome.detail
+
+
 class Wrapping(keras.optimizers.Optimizer):
     """A wrapper in the shape of the Model Garden's ExponentialMovingAverage: the optimizer it wraps is
     a required argument."""

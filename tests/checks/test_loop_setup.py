@@ -99,6 +99,52 @@ def test_a_wrapper_whose_first_argument_is_the_base_gets_it_built(tmp_path: Path
     assert "its base adamw alone" in report.checks[-1].detail, report.checks[-1].detail
 
 
+# michaelrzhang's Lookahead convention: never runs torch.optim.Optimizer.__init__, so it has no
+# self.defaults, and lends its base's param groups through a property.
+LENDING_LOOKAHEAD = """
+from collections import defaultdict
+
+import torch
+
+
+class LendingLookahead(torch.optim.Optimizer):
+    def __init__(self, optimizer, alpha=0.5, k=2):
+        self.optimizer, self.alpha, self.k, self.steps = optimizer, alpha, k, 0
+        self.state = defaultdict(dict)
+
+    @property
+    def param_groups(self):
+        return self.optimizer.param_groups
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = self.optimizer.step(closure)
+        self.steps += 1
+        for group in self.param_groups:
+            for p in group["params"]:
+                slow = self.state[p].setdefault("slow", p.detach().clone())
+                if self.steps % self.k == 0:
+                    slow.add_(p - slow, alpha=self.alpha)
+                    p.copy_(slow)
+        return loss
+"""
+
+
+def test_a_wrapper_without_defaults_is_told_what_add_param_group_lacks(tmp_path: Path) -> None:
+    """Not optlab's own AttributeError on `self.defaults` blamed on the class: its groups are judged,
+    and the add_param_group it inherits from torch, which reads self.defaults, fails saying why."""
+    path = tmp_path / "lending_lookahead.py"
+    path.write_text(LENDING_LOOKAHEAD)
+    setup = LoopSetup(base={"name": "adamw", "params": {"lr": 0.01}})
+    target = target_of(f"{path}:LendingLookahead")
+    (result,) = run_checks(target, {}, only=["param_groups"], setup=setup, workdir=tmp_path).checks
+    assert result.status == "fail", result.detail
+    assert "add_param_group(lr=0.0025) after 2 steps, then a step, raised AttributeError" in result.detail
+    assert "never ran torch.optim.Optimizer.__init__, which sets the self.defaults" in result.detail
+    assert "Fix: call super().__init__(params, defaults)" in result.detail
+    assert result.where == f"{path}:8", result.where  # its __init__
+
+
 def test_a_wrapper_over_a_base_with_modes_is_timed_against_the_base_in_training_mode(tmp_path: Path) -> None:
     # facebookresearch's schedule-free AdamW refuses to step until optimizer.train(): the base alone,
     # timed as the yardstick, is switched to training as the wrapper's base is.

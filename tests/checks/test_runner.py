@@ -1,11 +1,19 @@
 """The runner: a construct fail for an accepted invalid value still runs the other checks;
-one that cannot build the optimizer at all skips them with the reason."""
+one that cannot build the optimizer at all skips them with the reason; an error no line of the
+class was on the way to is optlab's, not the class's."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from jobs.checks import torch_only
+from jobs.checks.context import CheckContext
+from jobs.checks.report import Outcome, passed
 from jobs.checks.runner import run_checks
+from jobs.checks.tools import SHAPES, arrays, fresh
 from tests.checks.tables import target_of
 
 FIRST_TWO = ["construct", "dense_step"]
@@ -13,10 +21,16 @@ FIRST_TWO = ["construct", "dense_step"]
 UNVALIDATED = """
 import torch
 
+from optimizers.hyperparams import unit_interval
+
 
 class Unvalidated(torch.optim.Optimizer):
-    def __init__(self, params, lr=0.01):
-        super().__init__(params, {"lr": lr})
+    optlab_hyperparameters = {"beta": unit_interval("beta")}  # declared, never enforced
+
+    def __init__(self, params, lr=0.01, beta=0.0):
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0; received {lr}")
+        super().__init__(params, {"lr": lr, "beta": beta})
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -44,7 +58,7 @@ def test_an_accepted_invalid_value_fails_construct_but_the_rest_still_runs(tmp_p
     path.write_text(UNVALIDATED)
     report = run_checks(target_of(f"{path}:Unvalidated"), {}, only=FIRST_TWO, workdir=tmp_path)
     construct, dense_step = report.checks
-    assert construct.status == "fail" and "lr=-0.001 was accepted" in construct.detail
+    assert construct.status == "fail" and "beta=1.001 was accepted" in construct.detail
     assert dense_step.status == "pass", dense_step.detail
 
 
@@ -56,3 +70,68 @@ def test_an_optimizer_that_cannot_be_built_skips_the_rest(tmp_path: Path) -> Non
     assert construct.status == "fail" and "this optimizer never builds" in construct.detail
     assert f"{path.name}:7" in construct.where
     assert dense_step.status == "skip" and "cannot be constructed" in dense_step.detail
+
+
+GRAD_IN_STEP = """
+import torch
+
+
+class GradInStep(torch.optim.Optimizer):
+    def __init__(self, params, lr=0.01):
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0; received {lr}")
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                torch.autograd.grad(p.sum(), p)  # under no_grad: torch raises, in its own code
+"""
+
+
+def _optlab_bug(ctx: CheckContext) -> Outcome:
+    """A check's own mistake: no line of the class on the way."""
+    empty: dict[str, str] = {}
+    return passed(empty["no such key"])
+
+
+def _steps_once(ctx: CheckContext) -> Outcome:
+    """A check that steps the class: its error comes from torch, called by the class's step."""
+    optimizer, variables = fresh(ctx)
+    ctx.driver.step(optimizer, variables, arrays(SHAPES, seed=1), ctx.needs)
+    return passed("stepped")
+
+
+def _known_fault(ctx: CheckContext) -> Outcome:
+    """An error whose message names a known fault of a class, raised where no line of it is (legacy
+    Keras grouping the None a class's update returned, after that update has returned)."""
+    raise TypeError("'inputs' should be zero or more (nested) Tensors. Received 'None' with type NoneType")
+
+
+@pytest.mark.parametrize(
+    ("check", "status", "words", "line"),
+    [
+        (_optlab_bug, "skip", "optlab's check failed: KeyError: 'no such key' (at tests/checks/test_", None),
+        (_steps_once, "fail", "raised RuntimeError: element 0 of tensors does not require grad", 15),
+        (_known_fault, "fail", "Fix: return the update op from _resource_apply_dense", 5),  # the class
+    ],
+)
+def test_an_unexpected_error_is_the_class_fault_only_when_its_code_was_on_the_way(
+    check: Callable[[CheckContext], Outcome],
+    status: str,
+    words: str,
+    line: int | None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = tmp_path / "grad_in_step.py"
+    path.write_text(GRAD_IN_STEP)
+    monkeypatch.setitem(torch_only.CHECKS, "closure", check)
+    (result,) = run_checks(target_of(f"{path}:GradInStep"), {}, only=["closure"], workdir=tmp_path).checks
+    assert result.status == status, result.detail
+    assert words in result.detail, result.detail
+    if status == "skip":
+        assert "not the class's fault" in result.detail and "please report it" in result.detail
+    else:
+        assert result.where == f"{path}:{line}", result.where

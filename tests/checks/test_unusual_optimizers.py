@@ -79,7 +79,8 @@ class ScientificNotationSGD(torch.optim.SGD):
 
 
 class SilentRefusalSGD(torch.optim.SGD):
-    """Refuses a bad rate with neither its name nor the value: that is still a fault."""
+    """Refuses a bad rate with neither its name nor the value: still worth a warning (torch's lr > 0,
+    which the class never declared, is input validation, not a fault of the update)."""
 
     def __init__(self, params: Any, lr: float = 0.1) -> None:
         if lr <= 0:
@@ -89,7 +90,7 @@ class SilentRefusalSGD(torch.optim.SGD):
 
 @pytest.mark.parametrize(
     ("name", "status"),
-    [("ForeignWordsSGD", "pass"), ("ScientificNotationSGD", "pass"), ("SilentRefusalSGD", "fail")],
+    [("ForeignWordsSGD", "pass"), ("ScientificNotationSGD", "pass"), ("SilentRefusalSGD", "warn")],
 )
 def test_a_refusal_quoting_the_value_names_it_in_any_words(name: str, status: str, tmp_path: Path) -> None:
     text = f"tests.checks.test_unusual_optimizers:{name}"
