@@ -19,7 +19,7 @@ from jobs.checks.report import CHECK_IDS, ONLY_FOR_STYLES, CheckReport, CheckRes
 from jobs.checks.target import Target, UsageError
 from jobs.checks.tools import CheckFunction, fix_for_raised, reached_user_code
 from jobs.errors import EXIT_FIX, exit_message
-from jobs.frameworks.base import known_fix
+from jobs.frameworks.base import AdvisedError, known_fix
 from optimizers.hyperparams import check_all
 from optimizers.loop_needs import LoopNeeds, unserved
 
@@ -160,7 +160,7 @@ def _outcome(check_id: str, table: Mapping[str, CheckFunction], context: CheckCo
         return failed(
             f"raised {context.describe_error(exc)}",
             where=where,
-            fix=fix_for_raised(exc),
+            fix=exc.fix if isinstance(exc, AdvisedError) else fix_for_raised(exc),
         )
     except SystemExit as exc:  # sys.exit() in the user's code would end these checks without a word
         return failed(exit_message(exc), where=context.where(exc), fix=EXIT_FIX)
@@ -173,6 +173,8 @@ def _raised_through_user_code(context: CheckContext, error: Exception) -> bool:
     neither, optlab's check itself, or the framework code it called, failed: not the class. A class
     without a source file cannot be told apart, and is judged as before."""
     if context.target.source_file() is None or known_fix(error) is not None:
+        return True
+    if isinstance(error, AdvisedError):  # a driver's own words about the class (what it cannot save)
         return True
     return reached_user_code(context, error)
 

@@ -117,6 +117,10 @@ class StateNotRestored(AdvisedError):
     """Saved optimizer state could not be loaded back."""
 
 
+class StateNotSaved(AdvisedError):
+    """The framework cannot save the optimizer's state (TensorFlow refusing its object graph)."""
+
+
 class NeedNotServed(AdvisedError):
     """A loop need the spec states that the class's step shows it does not have."""
 

@@ -57,6 +57,7 @@ from jobs.frameworks.base import (
     SparseRows,
     StateDifference,
     StateNotRestored,
+    StateNotSaved,
     StepRecord,
     TimeSpent,
     TrainingSession,
@@ -445,7 +446,8 @@ class KerasDriver(Driver):
         try:
             return checkpoint.write(str(folder / "ckpt"))
         except ValueError as exc:  # TensorFlow refusing the object graph: said as a job says it
-            raise ValueError(unsavable_said(self.tf, optimizer, variables, exc)) from None
+            said = unsavable_said(self.tf, optimizer, variables, exc)
+            raise StateNotSaved(said, fix=self.state_fix) from None
 
     def restore_state(self, optimizer: Any, variables: Sequence[Any], saved: Any) -> None:
         status = self.tf.train.Checkpoint(optimizer=optimizer, variables=list(variables)).read(saved)

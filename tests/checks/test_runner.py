@@ -14,6 +14,7 @@ from jobs.checks.context import CheckContext
 from jobs.checks.report import Outcome, passed
 from jobs.checks.runner import run_checks
 from jobs.checks.tools import SHAPES, arrays, fresh
+from jobs.frameworks.base import StateNotSaved
 from tests.checks.tables import target_of
 
 FIRST_TWO = ["construct", "dense_step"]
@@ -109,10 +110,19 @@ def _known_fault(ctx: CheckContext) -> Outcome:
     raise TypeError("'inputs' should be zero or more (nested) Tensors. Received 'None' with type NoneType")
 
 
+def _driver_says(ctx: CheckContext) -> Outcome:
+    """A driver's own words about the class, raised in the driver (a Keras class's state that
+    tf.train.Checkpoint cannot save): the class's fault, with the driver's fix."""
+    raise StateNotSaved(
+        "tf.train.Checkpoint cannot save the optimizer: `grads` hold(s) tensors", fix="keep them local"
+    )
+
+
 @pytest.mark.parametrize(
     ("check", "status", "words", "line"),
     [
         (_optlab_bug, "skip", "optlab's check failed: KeyError: 'no such key' (at tests/checks/test_", None),
+        (_driver_says, "fail", "cannot save the optimizer: `grads` hold(s) tensors (at ", 5),
         (_steps_once, "fail", "raised RuntimeError: element 0 of tensors does not require grad", 15),
         (_known_fault, "fail", "Fix: return the update op from _resource_apply_dense", 5),  # the class
     ],
