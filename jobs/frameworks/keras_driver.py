@@ -1476,11 +1476,12 @@ def tracked_outside_by_path(tf: Any, optimizer: Any, trained: Sequence[Any]) -> 
 def unsavable_said(tf: Any, optimizer: Any, trained: Sequence[Any], refusal: ValueError) -> str:
     """tf.train.Checkpoint refusing the optimizer's object graph, said without the objects' values and
     naming the attributes behind it."""
-    said = _head_and_tail(" ".join(str(refusal).split()))
+    words = " ".join(str(refusal).split())
+    said = _head_and_tail(words)
     tensors = attributes_holding_tensors(tf, optimizer)
-    if "non-string key" in said:  # TensorFlow's words quote the whole dict, its values printed
+    if "non-string key" in words:  # TensorFlow's words quote the whole dict, its values printed
         said = "a dict an attribute holds maps a non-string key to a tf.Variable, which it cannot save"
-    elif "truth value of an array" in said and tensors:  # it compares a container's items as it walks
+    elif "truth value of an array" in words and tensors:  # it compares a container's items as it walks
         said = (
             f'{", ".join(tensors)} hold(s) tensors in a list, tuple or dict, which it cannot walk ("the '
             "truth value of an array ... is ambiguous\"): keep a step's values in local variables"
