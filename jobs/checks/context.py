@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 import traceback
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -13,10 +14,10 @@ import numpy as np
 
 from jobs.checks.target import Target, UsageError, resolve_target
 from jobs.frameworks import driver_for
-from jobs.frameworks.base import Driver
+from jobs.frameworks.base import Driver, raising_frame
 from jobs.spec import ParamGroupRecipe
 from optimizers.hyperparams import check_all
-from optimizers.loop_needs import LoopNeeds, base_unserved
+from optimizers.loop_needs import LoopNeeds, base_unserved, user_classes
 from optimizers.param_groups import GroupRule
 from optimizers.registry import Base, Entry
 
@@ -225,11 +226,28 @@ class CheckContext:
     def takes_only_sparse(self) -> bool:
         return bool(self.notes.get("takes_only_sparse"))
 
+    def user_files(self) -> set[str]:
+        """The source files of the class and of its bases outside the frameworks (the user's code, or
+        their package's), the wrapped base's too: a class registered as `class MyYogi(Yogi): pass`
+        runs the code of the file it imports Yogi from."""
+        classes = user_classes(self.target.cls) + (user_classes(self.base.entry.cls) if self.base else [])
+        files = set()
+        for klass in classes:
+            try:
+                source = inspect.getsourcefile(klass)
+            except TypeError:  # a class without a source file
+                continue
+            if source is not None:
+                files.add(source)
+        return files
+
     def user_frame(self, error: BaseException) -> traceback.FrameSummary | None:
-        """The deepest frame of `error` inside the user's file, if any."""
-        source = self.target.source_file()
-        frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename == source]
-        return frames[-1] if source is not None and frames else None
+        """The deepest frame of `error` inside the user's code (`user_files`), if any: where a method
+        the class inherits from another file of theirs raised, that file's line, not the line of a
+        `class ...: pass` that registers it."""
+        files = self.user_files()
+        frames = [f for f in traceback.extract_tb(error.__traceback__) if f.filename in files]
+        return frames[-1] if frames else None
 
     def where(self, error: BaseException | None = None) -> str:
         """`file.py:line` in the user's class: the deepest frame of `error` inside its file, else
@@ -276,6 +294,10 @@ def one_line(error: BaseException) -> str:
         message = f"a {type(key).__name__} of shape {tuple(key.shape)} as the key"
     if len(message) > 300:
         message = message[:297] + "..."
+    if not message:  # a bare `assert G.ndim >= 2`: its own line is all that says what it wants
+        frame = raising_frame(error)
+        code = (frame.line or "").strip() if frame is not None else ""
+        message = f"raised with no message by `{code}`" if code else "raised with no message"
     return f"{type(error).__name__}: {message}"
 
 

@@ -210,7 +210,7 @@ def method_location(ctx: CheckContext, method: str | None = None) -> str:
         source = inspect.getsourcefile(function)
     except (OSError, TypeError):
         return ctx.where()
-    if source is None or source != ctx.target.source_file():
+    if source is None or source not in ctx.user_files():
         return ctx.where()
     return f"{source}:{first}"
 
@@ -221,13 +221,7 @@ def reached_user_code(ctx: CheckContext, error: BaseException) -> bool:
     or quoted in a message (a compiled function's error names the user's lines). False: the
     framework's own code crashed with the class configuring it (an option of the framework's base
     the class sets), or optlab's own code did."""
-    classes = user_classes(ctx.target.cls) + (user_classes(ctx.base.entry.cls) if ctx.base else [])
-    files = set()
-    for klass in classes:
-        try:
-            files.add(inspect.getsourcefile(klass))
-        except TypeError:  # a class without a source file
-            continue
+    files = ctx.user_files()
     for link in exception_chain(error):
         if user_line(ctx, link) != ctx.target.class_location():
             return True

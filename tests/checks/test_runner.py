@@ -145,3 +145,35 @@ def test_an_unexpected_error_is_the_class_fault_only_when_its_code_was_on_the_wa
         assert "not the class's fault" in result.detail and "please report it" in result.detail
     else:
         assert result.where == f"{path}:{line}", result.where
+
+
+INHERITED_BASE = """
+import torch
+
+
+class LeanSGD(torch.optim.Optimizer):
+    def __init__(self, params, lr=0.01):
+        if not lr > 0:
+            raise ValueError(f"lr must be > 0; received {lr}")
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        raise RuntimeError("lean_sgd: an update this class never finished")
+"""
+
+
+def test_a_fault_in_a_method_inherited_from_another_file_is_located_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`class MyLean(LeanSGD): pass` (the way the README registers a published class): every fail had
+    pointed at that line, not at the base's file where the fault is."""
+    (tmp_path / "lean_base.py").write_text(INHERITED_BASE)
+    registering = tmp_path / "lean_registered.py"
+    registering.write_text("from lean_base import LeanSGD\n\n\nclass MyLean(LeanSGD):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (result,) = run_checks(
+        target_of(f"{registering}:MyLean"), {}, only=["dense_step"], workdir=tmp_path
+    ).checks
+    assert result.status == "fail", result.detail
+    assert result.where == f"{tmp_path / 'lean_base.py'}:13", result.where  # its raise
