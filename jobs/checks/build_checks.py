@@ -224,7 +224,7 @@ def _refuses_its_own_values(ctx: CheckContext, error: Exception) -> bool:
     its __init__ breaks): a fault. An error raised elsewhere (torch refusing group dicts it
     expected), an AttributeError on the argument (a model was expected) or an ImportError (a
     package is missing) says what it needs instead."""
-    return raised_in(error, {ctx.target.source_file()}) and not isinstance(
+    return raised_in(error, ctx.user_files()) and not isinstance(
         error, AttributeError | ImportError
     )
 
@@ -316,7 +316,7 @@ def _more_than_one_worker(ctx: CheckContext, error: BaseException) -> str | None
     """A refusal the class raises itself because it was built for one worker: it is written for
     data-parallel training, which the checks of a single process cannot judge."""
     message = str(error)
-    refused = raised_in(error, {ctx.target.source_file()}, by="raise")
+    refused = raised_in(error, ctx.user_files(), by="raise")
     if refused and _ONE_WORKER.search(message) and _REFUSES.search(message):
         return (
             "more than one worker (it is written for data-parallel training, and the checks run it in "
@@ -415,7 +415,11 @@ def check_dense_step(ctx: CheckContext) -> Outcome:
     """Every variable with a gradient moves, and values and state stay finite. A first step that only
     builds state (a warm-up) is allowed: movement is required by step WARMUP_STEPS."""
     driver = ctx.driver
-    optimizer, variables = fresh(ctx)
+    try:
+        optimizer, variables = fresh(ctx)
+    except Exception as exc:  # Keras's `build`, as its first apply runs it: one fail, not one a check
+        ctx.mark_step_raises()
+        return _first_step_raised(ctx, exc)
     before = driver.values(variables)
     unchanged: list[int] = []
     bad: list[str] = []
@@ -567,7 +571,7 @@ def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
     need = ctx.driver.unmet_need(error) or _step_contract_of_its_own(ctx, error)
     if need is not None:
         return skipped(f"inconclusive: the class steps only with {need}: {ctx.describe_error(error)}")
-    raised = raised_in(error, {ctx.target.source_file()}, by="raise")
+    raised = raised_in(error, ctx.user_files(), by="raise")
     refused = raised and isinstance(error, ValueError | TypeError | NotImplementedError)
     if refused or _asserted_in_words(ctx, error):
         return skipped(
@@ -588,7 +592,7 @@ def _asserted_in_words(ctx: CheckContext, error: Exception) -> bool:
     family) in the class's own file: a refusal that says what it refuses, though an assert. A bare
     assert says nothing, and stays a fault."""
     in_words = isinstance(error, AssertionError) and bool(str(error).strip())
-    return in_words and raised_in(error, {ctx.target.source_file()}, by="assert")
+    return in_words and raised_in(error, ctx.user_files(), by="assert")
 
 
 # A step that unpacks what its closure returns (`loss, output = closure()`, as Hessian-free

@@ -534,3 +534,22 @@ def test_state_tf_cannot_checkpoint_is_named_by_its_attribute(workdir: Path) -> 
     driver.step(optimizer, variables, [np.ones((3, 2)), np.ones(2)])
     with pytest.raises(StateNotSaved, match=r"cannot save the optimizer: `grads` hold\(s\) tensors in a"):
         driver.save_state(optimizer, variables, workdir / "saved")
+
+
+class BuildFails(keras.optimizers.SGD):
+    """A fault in `build`, which Keras runs at the first apply: every check that builds state had
+    failed on it (13 fails for one line of NoteDance's RAdam)."""
+
+    def build(self, variables: list) -> None:
+        super().build(variables)
+        raise RuntimeError("build_fails: a slot this class never finished")
+
+
+def test_a_fault_in_build_fails_dense_step_once_and_the_other_checks_say_so(workdir: Path) -> None:
+    from jobs.checks.runner import run_checks
+
+    report = run_checks(target_of(f"{__name__}:BuildFails"), {}, workdir=workdir)
+    failed = {c.id: c for c in report.checks if c.status == "fail"}
+    assert set(failed) == {"dense_step"}, {c.id: c.detail for c in failed.values()}
+    assert "build_fails: a slot this class never finished" in failed["dense_step"].detail
+    assert "test_keras_checks.py:" in failed["dense_step"].where
