@@ -284,6 +284,9 @@ def claim_next(
             "lease_expires_at": now + timedelta(seconds=lease_s),
             "cancel_requested": False,
             "waiting": None,
+            # Where this attempt starts: its checkpoint's step, or 0. The last attempt's step had stood
+            # until this one reported, and an attempt that reported nothing was recorded as reaching it.
+            "step": func.coalesce(Job.checkpoint_step, 0),
         }
         if previous_status == JobStatus.RUNNING:
             how = (

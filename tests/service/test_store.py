@@ -539,3 +539,27 @@ def test_jobs_from_before_kinds_become_training_jobs(empty_engine: Engine) -> No
     with empty_engine.begin() as connection:  # and back down
         command.downgrade(alembic_config(connection), "0001")
     assert "kind" not in {column["name"] for column in inspect(empty_engine).get_columns("jobs")}
+
+
+@pytest.mark.parametrize(("checkpoint_step", "starts_at"), [(None, 0), (500, 500)])
+def test_a_new_attempt_starts_at_its_checkpoint_not_at_the_step_the_last_one_reached(
+    sessions: sessionmaker[Session], checkpoint_step: int | None, starts_at: int
+) -> None:
+    """An attempt that ran again from the start and reported nothing had been recorded, and shown, at
+    the step the attempt before it reached (700)."""
+    with sessions() as session:
+        job_id = store.create_job(session=session, spec=SPEC).id
+        store.claim_next(session=session, worker_id="w", lease_s=30)
+        checkpoint = (
+            None
+            if checkpoint_step is None
+            else CheckpointRecord(step=checkpoint_step, ok=True, path="runs:/r/checkpoints/step.pt")
+        )
+        store.record_progress(
+            session=session, job_id=job_id, worker_id="w", attempt=1, workdir=None, lease_s=30,
+            progress=Progress(step=700, total=1000, checkpoint=checkpoint),
+        )  # fmt: skip
+        assert store.requeue_job(session=session, job_id=job_id, worker_id="w", attempt=1, reason="stopped")
+        again = store.claim_next(session=session, worker_id="w", lease_s=30)
+        assert again is not None and again.attempt == 2 and again.step == starts_at
+        assert again.attempt_history is not None and again.attempt_history[0]["step"] == 700  # its own
