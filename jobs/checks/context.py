@@ -231,7 +231,8 @@ class CheckContext:
         their package's), the wrapped base's too: a class registered as `class MyYogi(Yogi): pass`
         runs the code of the file it imports Yogi from."""
         classes = user_classes(self.target.cls) + (user_classes(self.base.entry.cls) if self.base else [])
-        files = set()
+        own = self.target.source_file()  # the class's own, a framework's built-in checked as a target too
+        files = {own} if own is not None else set()
         for klass in classes:
             try:
                 source = inspect.getsourcefile(klass)
