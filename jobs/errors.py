@@ -36,8 +36,8 @@ EXIT_FIX = (
 def exit_message(exc: SystemExit) -> str:
     """What a SystemExit raised by the user's code is told as."""
     return (
-        f"raised SystemExit({exc.code!r}) (sys.exit() or exit()), which ends the whole process that runs the "
-        "optimizer, with no result"
+        f"raised SystemExit({exc.code!r}) (sys.exit() or exit()), which would end the whole process that "
+        "runs the optimizer, with no result"
     )
 
 

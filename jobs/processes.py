@@ -246,6 +246,15 @@ def catches(pid: int, sig: signal.Signals) -> bool:
     return False
 
 
+def write_alive(path: Path) -> None:
+    """The worker's sign of life for `watch_the_worker`: this host's monotonic clock (system-wide on
+    Linux), written whole (a reader never sees half of it); a wall clock stepped, or a file server's
+    clock in a file's mtime, would freeze healthy jobs."""
+    partial = path.with_name(f"{path.name}.tmp")
+    partial.write_text(f"{time.monotonic():.3f}")
+    os.replace(partial, path)
+
+
 def watch_the_worker(workdir: Path, alive_file: str, frozen_file: str, silence_env: str) -> bool:
     """Freeze this job's process group whenever its worker has shown no sign of life (a touch of
     `workdir/alive_file`) for the seconds `silence_env` says; True where a watch started.
@@ -261,19 +270,25 @@ def watch_the_worker(workdir: Path, alive_file: str, frozen_file: str, silence_e
     silence = os.environ.get(silence_env)
     alive = workdir / alive_file
     if not silence or not alive.exists() or os.getpgid(0) != os.getpid():
-        return False
+        return False  # a job the worker does not watch so, or a DDP rank (its rank 0 freezes them all)
     limit = float(silence)
 
     def watch() -> None:
+        frozen = workdir / frozen_file
         while True:
             time.sleep(min(1.0, limit / 4))
             try:
-                quiet = time.time() - alive.stat().st_mtime
-            except OSError:
+                quiet = time.monotonic() - float(alive.read_text())
+            except (OSError, ValueError):  # gone (the worker ends the job gracefully), or mid-write
                 continue
-            if quiet > limit:
-                (workdir / frozen_file).write_text(f"{quiet:.1f}\n")
-                os.killpg(0, signal.SIGSTOP)  # the whole group, this thread too, until the worker says
+            if quiet <= limit:
+                # Running, and the worker answers: a freeze is over. (Not at once after SIGSTOP: the
+                # calling thread runs on for a moment before the group stop takes it too.)
+                if frozen.exists():
+                    frozen.unlink(missing_ok=True)
+                continue
+            frozen.write_text(f"{quiet:.1f}\n")  # the worker sends SIGCONT while it is there
+            os.killpg(0, signal.SIGSTOP)  # the whole group, this thread too, until the worker says
 
     threading.Thread(target=watch, name="optlab-worker-watch", daemon=True).start()
     return True

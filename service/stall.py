@@ -46,6 +46,11 @@ class StallWatch:
         self.asks = 0  # how many times stacks were asked for, over every stall
         self.log_copied = ""  # where the log was copied with the latest stacks, once it was
 
+    def restart(self, now: float) -> None:
+        """Count from `now`: time the job was paused or stopped by someone else is no stall of its own
+        (after a store outage every running job had read as stalled at once)."""
+        self.moved_at, self.stacks_line, self.cpu_samples = now, None, []
+
     def copied(self, ask: int, where: str) -> None:
         """The log, with the stacks of ask number `ask`, was copied to `where` (from another thread)."""
         if ask == self.asks:
@@ -136,7 +141,8 @@ def ask_for_stacks(session_id: int, log: Path, why: str) -> str:
             asked += 1
         except ProcessLookupError:
             continue
-    return f"the stacks of its threads went to its log ({log}) at {clock}" if asked else ""
+    ranks = " (a DDP job's other ranks: rank-N/log.txt beside it)" if asked > 1 else ""
+    return f"the stacks of its threads went to its log ({log}){ranks} at {clock}" if asked else ""
 
 
 def span(seconds: float) -> str:

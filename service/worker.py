@@ -46,6 +46,7 @@ from jobs.processes import (
     start_in_own_group,
     terminate_group,
     thread_environment,
+    write_alive,
 )
 from jobs.result import (
     FROZEN_FILE,
@@ -460,6 +461,9 @@ class Supervision:
         limit = self.settings.max_job_seconds
         self.time_limit_s = min(float(timeout), limit) if isinstance(timeout, int | float) else limit
         self.stall = StallWatch(self.settings.stall_notice_s, claimed_at)
+        self.stall_failed = False  # the stall watch raised once (logged once)
+        self.own_progress: Progress | None = None  # the progress the job wrote, as it wrote it
+        self.thaw_told = False  # the job froze itself and was continued: said once per freeze
 
     # -- the store, through outages -------------------------------------------------------------
 
@@ -555,32 +559,43 @@ class Supervision:
         )
 
     def _show_alive(self) -> None:
-        """A sign of life for the job's watch of this worker (jobs.processes.watch_the_worker)."""
-        alive = self.workdir / WORKER_ALIVE_FILE
+        """A sign of life for the job's watch of this worker (jobs.processes.watch_the_worker): this
+        host's monotonic clock, which no clock step or file server's clock moves."""
         try:
-            os.utime(alive)
-        except FileNotFoundError:
-            alive.touch()
+            write_alive(self.workdir / WORKER_ALIVE_FILE)
+        except OSError:  # a full disk: the job freezes itself, as it would for a silent worker
+            pass
+
+    def _stop_gracefully(self, process: subprocess.Popen[bytes], grace_s: float) -> None:
+        """`terminate_group`, its grace unbroken: the job's watch of this worker stands down first (it
+        would freeze the job while the worker waits, and lose the end the grace is for)."""
+        (self.workdir / WORKER_ALIVE_FILE).unlink(missing_ok=True)
+        terminate_group(process, grace_s)
 
     def _thaw(self, process: subprocess.Popen[bytes]) -> None:
-        """A job that froze itself while this worker was silent, its lease still ours: continued."""
+        """A job that froze itself while this worker was silent, its lease still ours: continued, at
+        every look until its watch, running again, takes its file away (a SIGCONT sent between its
+        writing the file and stopping would otherwise be lost, and the job stay stopped)."""
         frozen = self.workdir / FROZEN_FILE
         if not frozen.exists():
+            self.thaw_told = False
             return
-        said = frozen.read_text().strip()
-        frozen.unlink(missing_ok=True)
         signal_group(process, signal.SIGCONT)
-        log.warning(
-            "job %s: its process froze itself after this worker was silent for %s s (stopped, or its "
-            "host paused); the lease is still ours: continued",
-            self.job.id,
-            said or "?",
-        )
+        self.stall.restart(time.monotonic())
+        if not self.thaw_told:
+            self.thaw_told = True
+            log.warning(
+                "job %s: its process froze itself after this worker was silent for %s s (stopped, its "
+                "host paused, or held up by the job store); the lease is still ours: continued",
+                self.job.id,
+                frozen.read_text().strip() or "?",
+            )
 
     def _resume_paused(self, process: subprocess.Popen[bytes]) -> None:
         if self.paused:
             signal_group(process, signal.SIGCONT)
             self.paused = False
+            self.stall.restart(time.monotonic())  # the pause was the store's, not a stall of the job's
             log.info("job %s: lease renewed; job resumed", self.job.id)
 
     def record(self, status: JobStatus, result: JobResult | None, error: ErrorRecord | None) -> bool:
@@ -706,7 +721,7 @@ class Supervision:
         finally:  # e.g. a progress.json that does not match jobs.result.Progress: loud, and no orphan
             if process.poll() is None:
                 signal_group(process, signal.SIGCONT)
-                terminate_group(process, 0 if self.paused else self.settings.cancel_grace_s)
+                self._stop_gracefully(process, 0 if self.paused else self.settings.cancel_grace_s)
             terminate_group(reaper, 0)
             for bookkeeping in (WORKER_ALIVE_FILE, FROZEN_FILE):  # the job's folder holds the job's files
                 (self.workdir / bookkeeping).unlink(missing_ok=True)
@@ -747,12 +762,14 @@ class Supervision:
             job_log.cap(self.workdir / LOG_FILE, int(self.settings.job_log_mb * job_log.MB))
             progress = read_progress(self.workdir)
             self.last_progress = progress or self.last_progress
+            self.own_progress = progress or self.own_progress
             if (self.workdir / FROZEN_FILE).exists():
-                pass  # it froze itself while this worker was silent: the lease decides below
+                self.stall.restart(time.monotonic())  # frozen while this worker was silent: no stall
             elif self.last_progress is not None and not self.paused and is_stopped(process.pid):
                 # Stopped by someone else (this worker pauses it only while the store is away): it
                 # read as running well, the same step for as long as it stayed stopped.
                 self.last_progress = self.last_progress.model_copy(update={"waiting": STOPPED_FROM_OUTSIDE})
+                self.stall.restart(time.monotonic())  # a stop from outside is no stall of its own
             elif not self.paused and (progress is None or progress.waiting is None):
                 self._tell_a_stall(process)  # what the job waits on, where it says, is told instead
             if progress is not None and progress.step >= 1:
@@ -776,17 +793,26 @@ class Supervision:
             stop = self._stop_reason(lease, started, process)
             if stop is not None:
                 # Memory: at once (waiting could exhaust the host); otherwise the job's grace.
-                terminate_group(process, 0 if stop is Stop.MEMORY_LIMIT else self.settings.cancel_grace_s)
+                self._stop_gracefully(
+                    process, 0 if stop is Stop.MEMORY_LIMIT else self.settings.cancel_grace_s
+                )
                 return stop
             time.sleep(self.settings.poll_interval_s)
         return None
 
     def _tell_a_stall(self, process: subprocess.Popen[bytes]) -> None:
         """A job whose progress has not moved for long says so, and its stacks go to its log
-        (service/stall.py); the notice goes once the progress moves again."""
+        (service/stall.py); the notice goes once the progress moves again. A notice only: whatever
+        goes wrong in it (a full disk refusing the log's line) is logged, and the job goes on."""
         now = time.monotonic()
-        self.stall.see(self.last_progress, now)
-        notice = self.stall.notice(now, process.pid, self.workdir / LOG_FILE)
+        self.stall.see(self.own_progress, now)  # what the job wrote, never the notice shown with it
+        try:
+            notice = self.stall.notice(now, process.pid, self.workdir / LOG_FILE)
+        except Exception:
+            if not self.stall_failed:
+                log.exception("job %s: could not tell whether it stalls; it runs on", self.job.id)
+            self.stall_failed = True
+            return
         if notice is None:
             return
         if self.stall.asked:

@@ -224,9 +224,7 @@ def _refuses_its_own_values(ctx: CheckContext, error: Exception) -> bool:
     its __init__ breaks): a fault. An error raised elsewhere (torch refusing group dicts it
     expected), an AttributeError on the argument (a model was expected) or an ImportError (a
     package is missing) says what it needs instead."""
-    return raised_in(error, ctx.user_files()) and not isinstance(
-        error, AttributeError | ImportError
-    )
+    return raised_in(error, ctx.user_files()) and not isinstance(error, AttributeError | ImportError)
 
 
 # A call that does not fit the signature it calls: `f() missing 1 required positional argument`.

@@ -35,6 +35,7 @@ FRAMEWORK_CHECKS: dict[str, str] = {
 # optlab's own code (jobs/, optimizers/, ...): an error raised there, with no line of the class on
 # the way, is optlab's to fix.
 OPTLAB_ROOT = Path(__file__).resolve().parents[2]
+OPTLAB_PACKAGES = ("jobs", "optimizers", "service", "tests", "benchmarks")
 
 # The skip of every check after a construct that could not build the optimizer at all.
 UNBUILDABLE = "not run: the optimizer cannot be constructed"
@@ -176,13 +177,27 @@ def _raised_through_user_code(context: CheckContext, error: Exception) -> bool:
         return True
     if isinstance(error, AdvisedError):  # a driver's own words about the class (what it cannot save)
         return True
-    return reached_user_code(context, error)
+    # Raised in a framework's code that optlab called with the class's objects (torch.save pickling a
+    # lambda the class keeps in its state): the class's, as before. Only a line of optlab's own raising
+    # it, with none of the class's on the way, is optlab's.
+    return reached_user_code(context, error) or not _raised_in_optlab(error)
+
+
+def _in_optlab(filename: str) -> bool:
+    """Whether `filename` is optlab's own code (its packages and tests, not its virtual environment)."""
+    path = Path(filename)
+    return path.is_relative_to(OPTLAB_ROOT) and path.relative_to(OPTLAB_ROOT).parts[0] in OPTLAB_PACKAGES
+
+
+def _raised_in_optlab(error: Exception) -> bool:
+    frames = traceback.extract_tb(error.__traceback__)
+    return bool(frames) and _in_optlab(frames[-1].filename)
 
 
 def _internal_error(error: Exception) -> str:
     """The skip of a check that failed in optlab's own code: what, where, and whom to tell."""
     frames = traceback.extract_tb(error.__traceback__)
-    ours = [frame for frame in frames if Path(frame.filename).is_relative_to(OPTLAB_ROOT)]
+    ours = [frame for frame in frames if _in_optlab(frame.filename)]
     where = _frame_text(frames[-1]) if frames else "an unknown line"
     if ours and frames and ours[-1] is not frames[-1]:
         where += f", called from {_frame_text(ours[-1])}"

@@ -892,7 +892,7 @@ def time_split(optimizer: str, runs: Sequence[StudyRun], best_label: str | None)
         optimizer=optimizer,
         jobs=used,
         step_ms=median_or_none(step),
-        split_measured=any(run.update_timed_apart for run in succeeded),
+        split_measured=not succeeded or any(run.update_timed_apart for run in succeeded),
         forward_backward_ms=median_or_none(forward_backward),
         optimizer_step_ms=median_or_none(optimizer_step),
         state_bytes=median_or_none(state),

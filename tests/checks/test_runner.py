@@ -110,6 +110,17 @@ def _known_fault(ctx: CheckContext) -> Outcome:
     raise TypeError("'inputs' should be zero or more (nested) Tensors. Received 'None' with type NoneType")
 
 
+def _framework_raises(ctx: CheckContext) -> Outcome:
+    """A framework's code, called by a check with the class's objects, raising on them (torch.save
+    pickling a lambda the class keeps in its state): the class's fault, with no line of it on the way."""
+    import io
+
+    import torch
+
+    torch.save({"state": {0: {"scale": lambda x: x}}}, io.BytesIO())
+    return passed("saved")
+
+
 def _driver_says(ctx: CheckContext) -> Outcome:
     """A driver's own words about the class, raised in the driver (a Keras class's state that
     tf.train.Checkpoint cannot save): the class's fault, with the driver's fix."""
@@ -122,6 +133,7 @@ def _driver_says(ctx: CheckContext) -> Outcome:
     ("check", "status", "words", "line"),
     [
         (_optlab_bug, "skip", "optlab's check failed: KeyError: 'no such key' (at tests/checks/test_", None),
+        (_framework_raises, "fail", "raised AttributeError: Can't pickle local object", 5),
         (_driver_says, "fail", "cannot save the optimizer: `grads` hold(s) tensors (at ", 5),
         (_steps_once, "fail", "raised RuntimeError: element 0 of tensors does not require grad", 15),
         (_known_fault, "fail", "Fix: return the update op from _resource_apply_dense", 5),  # the class

@@ -132,3 +132,63 @@ def test_the_stacks_of_the_processes_that_catch_the_signal_go_to_the_log_and_no_
 
 def test_durations_read_as_a_person_reads_them() -> None:
     assert [span(s) for s in (0.4, 45, 303, 7620)] == ["0 s", "45 s", "5 min 3 s", "2 h 7 min"]
+
+
+def test_time_paused_or_stopped_by_someone_else_is_no_stall(tmp_path: Path) -> None:
+    """After a store outage (the worker pauses its jobs) every running job had read as stalled at once."""
+    watch = StallWatch(notice_after_s=10, now=0)
+    watch.see(progress(3), 1)
+    watch.restart(30)  # paused from 1 to 30
+    assert watch.notice(35, NO_SUCH_SESSION, tmp_path / "log.txt") is None
+    assert watch.quiet_for(41) == 11
+
+
+WATCHED_JOB = """
+import sys, time
+from pathlib import Path
+from jobs.processes import watch_the_worker
+workdir = Path(sys.argv[1])
+assert watch_the_worker(workdir, ".worker-alive", ".frozen-by-itself", "OPTLAB_WORKER_SILENCE_S")
+print("watching", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_job_freezes_itself_only_while_its_worker_is_silent_and_clears_its_mark_once_continued(
+    tmp_path: Path,
+) -> None:
+    """The watch of jobs.processes.watch_the_worker, on a real process group: frozen once the worker's
+    sign of life is older than the limit, its mark taken away by the job once continued, and no freeze
+    while the sign is gone (a worker ending the job gracefully takes it away first: the freeze had cut
+    a 60 s grace to 13 s)."""
+    from jobs.processes import is_stopped, write_alive
+
+    alive, frozen = tmp_path / ".worker-alive", tmp_path / ".frozen-by-itself"
+    write_alive(alive)
+    job = start_in_own_group(
+        [sys.executable, "-c", WATCHED_JOB, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        env={**os.environ, "OPTLAB_WORKER_SILENCE_S": "1"},
+    )
+    try:
+        assert job.stdout is not None and job.stdout.readline().strip() == b"watching"
+        for _ in range(8):  # the worker looks in: no freeze
+            write_alive(alive)
+            time.sleep(0.25)
+        assert not is_stopped(job.pid) and not frozen.exists()
+        deadline = time.monotonic() + 15  # silent: frozen, saying for how long
+        while not is_stopped(job.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert is_stopped(job.pid) and float(frozen.read_text()) > 1
+        write_alive(alive)
+        os.killpg(job.pid, signal.SIGCONT)  # the worker, answering again, continues it
+        deadline = time.monotonic() + 10
+        while frozen.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not frozen.exists() and not is_stopped(job.pid)
+        alive.unlink()  # a graceful end: the worker takes its sign away first
+        time.sleep(2)
+        assert not is_stopped(job.pid) and job.poll() is None
+    finally:
+        os.killpg(job.pid, signal.SIGCONT)
+        terminate_group(job, 0)

@@ -816,6 +816,10 @@ def test_a_keras_job_has_only_its_whole_steps_time() -> None:
     )
     (measured,) = summary_of([torch]).time_split
     assert (measured.split_measured, measured.forward_backward_ms, measured.step_ms) == (True, 7.0, 9.0)
+    # No job succeeded: nothing says the split is unmeasured (the report had called a torch class Keras).
+    diverged = replace(make_run(4, "lion", 0, val__loss=points([0.5])), status="diverged")
+    (none_succeeded,) = summary_of([diverged]).time_split
+    assert none_succeeded.split_measured and none_succeeded.jobs == 0
 
 
 def test_state_bytes_are_the_best_grid_points() -> None:
