@@ -247,7 +247,7 @@ def test_sys_exit_in_a_plugin_optimizer_fails_the_job_with_a_result_and_its_line
     assert returncode == 1 and result["status"] == "failed"
     assert result["error"]["type"] == "SystemExit"
     message = result["error"]["message"]
-    assert message.startswith("raised SystemExit(3) (sys.exit() or exit()), which would end the whole process")
+    assert message.startswith("raised SystemExit(3) (sys.exit() or exit()), which would end the whole")
     assert "exiting_sgd.py:9: sys.exit(3)" in message and "Fix: raise an exception" in message
     assert "SystemExit: 3" in jobs["plugin_exits"].log.read_text()  # the traceback, in the job's log
 
