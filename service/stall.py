@@ -82,7 +82,7 @@ class StallWatch:
         if quiet is None:
             return None
         if self.seen is None:
-            what = f"no progress since its process started {span(quiet)} ago"
+            what = f"it has reported no progress for {span(quiet)}, since it started or was continued"
         else:
             what = (
                 f"its progress has not moved for {span(quiet)} (step {self.seen.step} of {self.seen.total})"

@@ -632,7 +632,7 @@ def test_a_job_whose_progress_stops_moving_says_so_and_its_stacks_go_to_its_log(
     job_id = submit(sessions, slow_spec(f"stall-{tmp_path.name}", steps=3, params={"delay_s": 600}))
     notice = wait_until(lambda: row(sessions, job_id).waiting, 90, "the stall notice")
     log = settings.jobs_dir.resolve() / str(job_id) / "attempt-1" / "log.txt"
-    assert notice.startswith(("no progress since its process started", "its progress has not moved for"))
+    assert notice.startswith(("it has reported no progress for", "its progress has not moved for"))
     assert f"the stacks of its threads went to its log ({log}) at" in notice
     # The user's step, where it waits, in the stack the job process wrote (a line of slow_sgd.py).
     wait_until(lambda: "slow_sgd.py" in log.read_text(), 30, "the job's stacks in its log")

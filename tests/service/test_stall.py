@@ -26,7 +26,7 @@ def test_a_notice_comes_after_the_floor_and_only_while_the_progress_stands_still
     log = tmp_path / "log.txt"
     assert watch.notice(9, NO_SUCH_SESSION, log) is None  # nothing written yet, not long enough
     notice = watch.notice(12, NO_SUCH_SESSION, log)
-    assert notice is not None and notice.startswith("no progress since its process started 12 s ago")
+    assert notice is not None and notice.startswith("it has reported no progress for 12 s, since it started")
     assert "reads the same as a hang" in notice
     watch.see(progress(3), 13)
     assert watch.notice(20, NO_SUCH_SESSION, log) is None  # it moved: quiet again
@@ -113,7 +113,7 @@ def test_the_stacks_of_the_processes_that_catch_the_signal_go_to_the_log_and_no_
         while "stuck_in_the_users_step" not in log.read_text() and time.monotonic() < deadline:
             time.sleep(0.05)
         text = log.read_text()
-        assert "[optlab worker, " in text and "no progress since its process started" in text
+        assert "[optlab worker, " in text and "it has reported no progress for" in text
         assert "line 8 in stuck_in_the_users_step" in text, text
         asked_at = time.monotonic()
         again = watch.notice(asked_at, job.pid, log)  # the same stall, not twice as long: not asked again
@@ -179,7 +179,7 @@ def test_a_job_freezes_itself_only_while_its_worker_is_silent_and_clears_its_mar
         deadline = time.monotonic() + 15  # silent: frozen, saying for how long
         while not is_stopped(job.pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert is_stopped(job.pid) and float(frozen.read_text()) > 1
+        assert is_stopped(job.pid) and float(frozen.read_text()) >= 1  # its silence, rounded
         write_alive(alive)
         os.killpg(job.pid, signal.SIGCONT)  # the worker, answering again, continues it
         deadline = time.monotonic() + 10
