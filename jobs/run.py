@@ -17,6 +17,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Protocol
@@ -425,7 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _on_sigterm)
     # The worker asks a job whose progress stopped moving for the stacks of its threads
     # (service/stall.py). faulthandler writes them from C: a thread stuck holding the GIL is shown too.
-    faulthandler.register(STACKS_SIGNAL, all_threads=True)
+    with suppress(ValueError, AttributeError, OSError):  # a stderr with no file behind it: no stacks
+        faulthandler.register(STACKS_SIGNAL, all_threads=True)
     result = run_job(parse_args(argv))
     return 0 if result.status is JobStatus.SUCCEEDED else 1
 
