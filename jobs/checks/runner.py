@@ -168,11 +168,13 @@ def _outcome(check_id: str, table: Mapping[str, CheckFunction], context: CheckCo
 
 
 def _raised_through_user_code(context: CheckContext, error: Exception) -> bool:
-    """Whether any line of the class's code was on the way to `error` (torch or Keras raising inside
-    the user's step is still the user's), or its message names a known fault of a class (a legacy
-    Keras update that returns None fails in Keras's code, after the class's has returned). Where
-    neither, optlab's check itself, or the framework code it called, failed: not the class. A class
-    without a source file cannot be told apart, and is judged as before."""
+    """Whether `error` is the class's to answer for: a line of its code was on the way (torch or Keras
+    raising inside the user's step is still the user's); its message names a known fault of a class (a
+    legacy Keras update that returns None fails in Keras's code, after the class's has returned); a
+    driver said it about the class (AdvisedError); or a framework's code raised it on the class's
+    objects. Only an error raised in optlab's own code, with no line of the class on the way, is not
+    (Lookahead's missing `defaults`, read by a check). A class without a source file cannot be told
+    apart, and is judged as before."""
     if context.target.source_file() is None or known_fix(error) is not None:
         return True
     if isinstance(error, AdvisedError):  # a driver's own words about the class (what it cannot save)
