@@ -148,8 +148,9 @@ class ApiClient:
 
     def _submit(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST a submission under an `Idempotency-Key` of its own, sent again with that key where
-        its answer was lost, up to SUBMIT_ATTEMPTS times in all; and while the API cannot take it
-        (its job store down: 503), for UNREACHABLE_GRACE_S, as a wait is (it had given up at once).
+        its answer was lost, up to SUBMIT_ATTEMPTS times in all; and while the API answers that it
+        cannot take it now (its job store down: 503), for UNREACHABLE_GRACE_S, as a wait rides that
+        out (it had given up at once).
         The key makes every resend safe: the API stores the submission once."""
         headers = {IDEMPOTENCY_KEY_HEADER: str(uuid.uuid4())}
         listing = "/studies" if path == "/studies" else "/jobs"  # a check is a job
@@ -157,6 +158,7 @@ class ApiClient:
             lambda: self._call("POST", path, json=body, headers=headers, attempts=SUBMIT_ATTEMPTS),
             after=f"Submit it again once the API answers (GET {self.base_url}{listing} first where an "
             "answer was lost: the API may have taken it)",
+            answered=True,
         )
 
     def study(self, study_id: int) -> dict[str, Any]:
@@ -192,16 +194,17 @@ class ApiClient:
                 raise TimeoutError(f"jobs {job_ids} still running after {timeout_s}s")
             time.sleep(poll_s)
 
-    def patiently(self, call: Callable[[], T], *, after: str) -> T:
+    def patiently(self, call: Callable[[], T], *, after: str, answered: bool = False) -> T:
         """`call()`, again while the API gives no answer or answers that it cannot now (503: its job
         store does not answer; 502, 504: a proxy without it), for UNREACHABLE_GRACE_S; then the error,
-        and `after`, what to do later."""
+        and `after`, what to do later. `answered`: only while it answers so (a submission whose answer
+        was lost has been sent again as often as it may be: `_call`'s attempts)."""
         unavailable_since: float | None = None
         while True:
             try:
                 return call()
             except ApiError as exc:
-                if not exc.is_unavailable:
+                if not exc.is_unavailable or (answered and exc.status_code == 0):
                     raise
                 unavailable_since = unavailable_since or time.monotonic()
                 if time.monotonic() - unavailable_since > UNREACHABLE_GRACE_S:
