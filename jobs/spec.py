@@ -852,12 +852,18 @@ def _rateless_errors(spec: JobSpec, catalogue: Catalogue) -> list[SpecError]:
     if declared.get("needs", {}).get("base_optimizer"):
         return []  # a wrapper's rate is its base's: a missing or a wrapper base is reported at optimizer.base
     if not any(param["name"] == "lr" for param in declared["params"]):
+        if holder.param_groups:
+            # A class that takes only its groups keeps its rate there (KellerJordan's
+            # SingleDeviceMuonWithAuxAdam fills each group's `lr`): its build says whether every group
+            # holds one (ScheduleUnreachable), which no constructor signature can.
+            return []
         return [
             SpecError(
                 loc=["body", "schedule", "name"],
                 msg=f"optimizer {holder.name!r} takes no learning rate (its constructor names no lr or "
                 f"learning_rate: it computes its own step, or takes its arguments as *args/**kwargs), so "
-                f"schedule {spec.schedule.name!r} has nothing to scale; use the constant schedule",
+                f"schedule {spec.schedule.name!r} has nothing to scale; use the constant schedule (a class "
+                "that keeps its rate in its param groups takes a schedule with a param_groups recipe)",
             )
         ]
     # A torch class whose groups hold no `lr` (a port keeping `learning_rate`) fails at its job's build

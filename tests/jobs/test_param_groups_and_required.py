@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from jobs.spec import Catalogue, CheckSpec, JobSpec, check_errors, optimizer_errors
+from jobs.spec import Catalogue, CheckSpec, JobSpec, catalogue_errors, check_errors, optimizer_errors
 from optimizers.param_groups import GroupRule, assign_groups
 from optimizers.registry import Registry, entry_for_class, load_registry
 
@@ -297,6 +297,13 @@ def test_a_class_taking_param_groups_first_trains_with_a_recipe_of_its_groups(
     result = job.run()
     assert result.checkpoints_verified == len(result.checkpoints) == 2
     assert result.final["train_loss"] < 1.5  # it trains: from about ln(10) = 2.3
+    # Its rates are in its groups, so a schedule reaches them (the spec had allowed only constant).
+    cosine = {**fields, "schedule": {"name": "cosine"}}
+    assert catalogue_errors(JobSpec.model_validate({**_job(), **cosine}), catalogue, max_steps=10**6) == []
+    scheduled = make_job(
+        digits_spec(**cosine, steps=40, checkpoint_every=20, eval_every=40), with_registry=registry
+    ).run()
+    assert scheduled.checkpoints_verified == 2 and scheduled.final["train_loss"] < 1.5
 
 
 # -- required hyperparameters ---------------------------------------------------------------------

@@ -504,9 +504,14 @@ def test_a_class_without_a_learning_rate_takes_the_constant_schedule_only(
     (error,) = catalogue_errors(JobSpec.model_validate(scheduled), catalogue, max_steps=MAX_STEPS)
     assert error.loc == ["body", "schedule", "name"]
     assert "'rateless' takes no learning rate (its constructor names no lr or learning_rate" in error.msg
-    assert "constant" in error.msg
+    assert "constant" in error.msg and "a param_groups recipe" in error.msg
     constant = {**scheduled, "schedule": {"name": "constant"}}
     assert catalogue_errors(JobSpec.model_validate(constant), catalogue, max_steps=MAX_STEPS) == []
+    # A class that keeps its rate in its groups (SingleDeviceMuonWithAuxAdam): its build says whether
+    # every group holds one, which its constructor's signature cannot.
+    recipe = [{"match": "rest"}]
+    grouped = {**scheduled, "optimizer": {"name": "rateless", "params": {}, "param_groups": recipe}}
+    assert catalogue_errors(JobSpec.model_validate(grouped), catalogue, max_steps=MAX_STEPS) == []
 
 
 def test_an_unknown_optimizer_names_the_sources_that_failed_to_load(catalogue_data: dict[str, Any]) -> None:
