@@ -1125,10 +1125,7 @@ def no_space_left(error: BaseException) -> bool:
 
 def _full_disk(workdir: Path) -> str:
     """Why a job left no result and no log, when its folder's file system is (nearly) full."""
-    try:
-        free = shutil.disk_usage(workdir).free
-    except OSError:
-        return ""
+    free = free_bytes(workdir)
     if free >= FULL_DISK_BYTES:
         return ""
     return (

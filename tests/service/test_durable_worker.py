@@ -307,6 +307,20 @@ def test_a_store_outage_mid_job_ends_with_the_job_run_once_its_result_recorded(
     assert [r.info.status for r in runs] == ["FINISHED"]
 
 
+def takeover_environment(
+    env: dict[str, str], url: str, tmp_path: Path, mlflow_url: str, **settings: str
+) -> dict[str, str]:
+    """Two worker processes' environment: one store, one data folder, one MLflow server."""
+    return {
+        **env,
+        "OPTLAB_DATABASE_URL": url,
+        "OPTLAB_DATA_DIR": str(tmp_path / "data"),
+        "OPTLAB_MLFLOW_TRACKING_URI": mlflow_url,
+        "OPTLAB_POLL_INTERVAL_S": "0.2",
+        **settings,
+    }
+
+
 def test_a_worker_killed_with_sigkill_is_taken_over_and_the_job_resumes_in_its_run(
     tmp_path: Path, mlflow_url: str, plugins: Path
 ) -> None:
@@ -328,13 +342,7 @@ def test_a_worker_killed_with_sigkill_is_taken_over_and_the_job_resumes_in_its_r
         migrate(engine)
         sessions = session_factory(engine)
         job_id = submit(sessions, spec)
-        worker_env = {
-            **env,
-            "OPTLAB_DATABASE_URL": url,
-            "OPTLAB_DATA_DIR": str(tmp_path / "data"),
-            "OPTLAB_MLFLOW_TRACKING_URI": mlflow_url,
-            "OPTLAB_POLL_INTERVAL_S": "0.2",
-        }
+        worker_env = takeover_environment(env, url, tmp_path, mlflow_url)
         try:
             for name in ("first", "second"):
                 workers[name] = start_worker(name, 1, worker_env, tmp_path / f"{name}.log")
@@ -678,17 +686,12 @@ def test_a_job_freezes_itself_when_its_worker_is_stopped_so_the_attempt_that_tak
         migrate(engine)
         sessions = session_factory(engine)
         job_id = submit(sessions, spec)
-        worker_env = {
-            **env,
-            "OPTLAB_DATABASE_URL": url,
-            "OPTLAB_DATA_DIR": str(tmp_path / "data"),
-            "OPTLAB_MLFLOW_TRACKING_URI": mlflow_url,
-            "OPTLAB_POLL_INTERVAL_S": "0.2",
-            "OPTLAB_LEASE_S": "6",  # a job freezes after 4 s of its worker's silence
-            "OPTLAB_HEARTBEAT_S": "1",
-            "OPTLAB_WARM_POOL": "false",
-        }
-        first_process = None
+        worker_env = takeover_environment(
+            env, url, tmp_path, mlflow_url,
+            OPTLAB_LEASE_S="6",  # a job freezes after 4 s of its worker's silence
+            OPTLAB_HEARTBEAT_S="1",
+            OPTLAB_WARM_POOL="false",
+        )  # fmt: skip
         try:
             for name in ("first", "second"):
                 workers[name] = start_worker(name, 1, worker_env, tmp_path / f"{name}.log")
@@ -723,10 +726,7 @@ def test_a_job_freezes_itself_when_its_worker_is_stopped_so_the_attempt_that_tak
             engine.dispose()
     assert job.status is JobStatus.SUCCEEDED and job.attempt == 2, job.error
     assert job.mlflow is not None
-    run = MlflowClient(tracking_uri=mlflow_url).get_run(job.mlflow["run_id"])
-    steps = [
-        m.step
-        for m in MlflowClient(tracking_uri=mlflow_url).get_metric_history(run.info.run_id, "train/loss")
-    ]
+    history = MlflowClient(tracking_uri=mlflow_url).get_metric_history(job.mlflow["run_id"], "train/loss")
+    steps = [m.step for m in history]
     assert sorted(steps) == list(range(300))  # every step exactly once: the frozen attempt logged no more
     assert "lost its lease" in (tmp_path / f"{holder}.log").read_text()
