@@ -234,17 +234,48 @@ def _code_step_runs(cls: type) -> list[str]:
 
 
 def _step_and_its_helpers(cls: type) -> list[Callable[..., Any]]:
-    """The class's step() and the methods of the class it calls (`self.name(...)`), theirs in turn to
-    `_HELPER_DEPTH` calls deep, each once: what a step runs, which step() may leave to a helper (the
-    official AdaHessian's `get_trace()`). A method that step() never calls is not its step's."""
+    """The class's step() and the methods of the class it calls (`self.name(...)`, or a base's through
+    `super().name(...)`), theirs in turn to `_HELPER_DEPTH` calls deep, each once: what a step runs,
+    which step() may leave to a helper (the official AdaHessian's `get_trace()`) or to the step of
+    the user's own base class (`super().step(closure)` after a tweak). A method that step() never
+    calls is not its step's."""
     step = _user_method(cls, "step")
     found = [] if step is None else [step]
     level = list(found)
     for _ in range(_HELPER_DEPTH):
-        called = (_user_method(cls, name) for function in level for name in _methods_called(function))
+        called = (
+            _called_method(cls, function, call) for function in level for call in _methods_called(function)
+        )
         level = [helper for helper in dict.fromkeys(called) if helper is not None and helper not in found]
         found += level
     return found
+
+
+def _called_method(cls: type, caller: Callable[..., Any], call: _MethodCall) -> Callable[..., Any] | None:
+    """The user's function a call in `caller` runs on an instance of `cls`: `self.name` as `cls`
+    resolves it; `super().name` as the classes after the one that defines `caller` do (`super(Base,
+    self).name` after `Base`)."""
+    if call.through is None:
+        return _user_method(cls, call.name)
+    mro = cls.__mro__
+    after = next(
+        (
+            index
+            for index, klass in enumerate(mro)
+            if (klass.__name__ == call.through if call.through else _defines(klass, caller))
+        ),
+        None,
+    )
+    if after is None:
+        return None
+    for klass in mro[after + 1 :]:
+        if call.name in vars(klass):
+            return _user_method(klass, call.name)
+    return None
+
+
+def _defines(klass: type, function: Callable[..., Any]) -> bool:
+    return any(_function_of(member) is function for member in vars(klass).values())
 
 
 def _parsed(function: Callable[..., Any]) -> ast.Module | None:
@@ -280,9 +311,19 @@ class _EmptyStrings(ast.NodeTransformer):
         return ast.Constant("")
 
 
+@dataclass(frozen=True)
+class _MethodCall:
+    """A call of a method on the instance: `self.name(...)` (`through` None), `super().name(...)`
+    (`through` ""), `super(Base, self).name(...)` (`through` "Base")."""
+
+    name: str
+    through: str | None = None
+
+
 @functools.cache
-def _methods_called(function: Callable[..., Any]) -> list[str]:
-    """The names of the methods `function` calls on its first argument (`self.get_trace(...)`)."""
+def _methods_called(function: Callable[..., Any]) -> list[_MethodCall]:
+    """The methods `function` calls on its first argument (`self.get_trace(...)`), itself or through
+    `super()`."""
     tree = _parsed(function)
     definition = (
         next((node for node in ast.walk(tree) if isinstance(node, _DEFINITIONS)), None) if tree else None
@@ -290,14 +331,27 @@ def _methods_called(function: Callable[..., Any]) -> list[str]:
     if definition is None or not (arguments := [*definition.args.posonlyargs, *definition.args.args]):
         return []
     this = arguments[0].arg
+    calls = (node.func for node in ast.walk(definition) if isinstance(node, ast.Call))
     return [
-        node.func.attr
-        for node in ast.walk(definition)
-        if isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Attribute)
-        and isinstance(node.func.value, ast.Name)
-        and node.func.value.id == this
+        call
+        for method in calls
+        if isinstance(method, ast.Attribute) and (call := _method_call(method, this)) is not None
     ]
+
+
+def _method_call(method: ast.Attribute, this: str) -> _MethodCall | None:
+    """What `<receiver>.name` calls, where the receiver is the instance (`this`) or `super(...)`."""
+    receiver = method.value
+    if isinstance(receiver, ast.Name) and receiver.id == this:
+        return _MethodCall(method.attr)
+    if not (
+        isinstance(receiver, ast.Call) and isinstance(receiver.func, ast.Name) and receiver.func.id == "super"
+    ):
+        return None
+    if not receiver.args:
+        return _MethodCall(method.attr, through="")
+    base = receiver.args[0]
+    return _MethodCall(method.attr, through=base.id) if isinstance(base, ast.Name) else None
 
 
 _DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef)

@@ -242,8 +242,36 @@ fails: the method is read all the same."""
         return loss, note
 
 
+class HessianInItsBasesStep(HessianInAHelper):
+    """A researcher's tweak over their own Hessian class: step() adjusts, then runs the base's."""
+
+    def step(self, closure: Any = None) -> Any:
+        self.param_groups[0]["lr"] *= 1.0
+        return super().step(closure)
+
+
+class HessianThroughTwoArgumentSuper(HessianInAHelper):
+    def step(self, closure: Any = None) -> Any:
+        return super(HessianThroughTwoArgumentSuper, self).step(closure)
+
+
+class SuperStepOfAFrameworkBase(torch.optim.SGD):
+    """torch's own step() below: nothing of the user's to read there, nor a loop need."""
+
+    def step(self, closure: Any = None) -> Any:
+        return super().step(closure)
+
+
+class HessianSkippedBySuper(HessianHelperNeverCalled):
+    """`super().step` is the base's step(), which never calls the probe, not this class's own."""
+
+    def step(self, closure: Any = None) -> Any:
+        return super().step(closure)
+
+
 # What the scans of the class's source find: code only (no docstring, comment or message), and the
-# code of the methods step() calls (through the class's MRO), not of one it never calls.
+# code of the methods step() calls (through the class's MRO, or a base's through `super()`), not of one
+# it never calls.
 SOURCE_SCANS = [
     (BackwardOnlyInItsDocstring, LoopNeeds()),
     (BackwardOnlyInAComment, LoopNeeds()),
@@ -254,6 +282,10 @@ SOURCE_SCANS = [
     (HessianInAHelperOfItsBase, LoopNeeds(create_graph=True)),
     (ClosureRefusedInAHelper, LoopNeeds(closure=True)),
     (BackwardUnderAFlushLeftString, LoopNeeds(closure=True, backward_in_step=True)),
+    (HessianInItsBasesStep, LoopNeeds(create_graph=True)),
+    (HessianThroughTwoArgumentSuper, LoopNeeds(create_graph=True)),
+    (SuperStepOfAFrameworkBase, LoopNeeds()),
+    (HessianSkippedBySuper, LoopNeeds()),
 ]
 
 
