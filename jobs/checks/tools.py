@@ -15,6 +15,7 @@ import inspect
 import math
 import random
 import re
+import tokenize
 import traceback
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -448,7 +449,9 @@ def attributes_written_by_the_user(cls: type) -> set[str]:
     names: set[str] = set()
     for klass in user_classes(cls):
         try:
-            names.update(re.findall(r"\bself\.(\w+)", inspect.getsource(klass)))
+            names.update(
+                re.findall(r"\bself\.(\w+)", "".join(code_only(inspect.getsource(klass).splitlines(True))))
+            )
         except (OSError, TypeError):  # a class without source here (compiled, or made in a REPL)
             continue
     return names
@@ -467,6 +470,28 @@ def python_counters(ctx: CheckContext) -> list[str]:
         return []
     written = attributes_written_by_the_user(type(optimizer))
     return sorted(f"self.{name}" for name in after.keys() & written if before.get(name) != after[name])
+
+
+def code_only(lines: Sequence[str]) -> list[str]:
+    """Source lines with their comments and the insides of their strings blanked (same lines, same
+    columns), for the scans that read a class's source by pattern: a line commented out, or a
+    docstring's example, is no code of the class. The lines as they are where they do not tokenize
+    (a fragment)."""
+    blanked = [list(line) for line in lines]
+    try:
+        for token in tokenize.generate_tokens(iter(lines).__next__):
+            if token.type not in (tokenize.COMMENT, tokenize.STRING):
+                continue
+            (first_row, first_column), (last_row, last_column) = token.start, token.end
+            keep = 1 if token.type == tokenize.STRING else 0  # a string's quote stays: `x[""]`
+            for row in range(first_row, last_row + 1):
+                line = blanked[row - 1]
+                start = first_column + keep if row == first_row else 0
+                end = last_column - keep if row == last_row else len(line)
+                line[start:end] = [" " if char != "\n" else char for char in line[start:end]]
+    except (tokenize.TokenError, IndentationError, SyntaxError):
+        return list(lines)
+    return ["".join(line) for line in blanked]
 
 
 def plain_numbers(optimizer: Any) -> dict[str, int | float]:

@@ -27,6 +27,7 @@ from jobs.checks.tools import (
     WARMUP_STEPS,
     CheckFunction,
     clear_refusal,
+    code_only,
     draws_randomly,
     inconclusive_random,
     isolated,
@@ -584,8 +585,8 @@ def _read_outside_the_group(ctx: CheckContext) -> tuple[str, str]:
                 path = inspect.getsourcefile(inspect.unwrap(function))
             except (OSError, TypeError):
                 continue
-            for offset, line in enumerate(lines):
-                if _ONE_FOR_ALL_GROUPS.search(line):
+            for offset, (line, code_of_line) in enumerate(zip(lines, code_only(lines), strict=True)):
+                if _ONE_FOR_ALL_GROUPS.search(code_of_line):
                     code = line.strip()
                     return (
                         f"; `{code}` in {name}() reads one value for every group",

@@ -1235,20 +1235,40 @@ class DefaultsBetasAdam(PlainSGD):
         return None
 
 
-def test_betas_read_from_the_defaults_fail_param_groups(tmp_path: Path) -> None:
-    outcome = torch_only.check_param_groups(context(f"{__name__}:DefaultsBetasAdam", tmp_path))
+class DefaultsBetasAdamWithNotes(DefaultsBetasAdam):
+    """The same read, below a docstring and a comment that name such reads: the location is the code's."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        """Unlike torch's Adam, which never reads self.param_groups[0] for every group."""
+        # was: beta1 = self.defaults["beta1"]
+        beta1, beta2 = self.defaults["betas"]
+        for group in self.param_groups:
+            for p in (p for p in group["params"] if p.grad is not None):
+                state = self.state[p]
+                if not state:
+                    state.update(step=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
+                state["step"] += 1
+                state["m"].mul_(beta1).add_(p.grad, alpha=1 - beta1)
+                state["v"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                m_hat = state["m"] / (1 - beta1 ** state["step"])
+                v_hat = state["v"] / (1 - beta2 ** state["step"])
+                p.sub_(group["lr"] * m_hat / (v_hat.sqrt() + 1e-8))
+        return None
+
+
+@pytest.mark.parametrize("cls", [DefaultsBetasAdam, DefaultsBetasAdamWithNotes])
+def test_betas_read_from_the_defaults_fail_param_groups(tmp_path: Path, cls: type) -> None:
+    outcome = torch_only.check_param_groups(context(f"{__name__}:{cls.__name__}", tmp_path))
     assert outcome.status == "fail", outcome.detail
     assert "a second param group with lr=0.0005, betas=(0.45, 0.4995) does not step like" in outcome.detail
     # Pointed at the read, not at `def step`: where the fix goes.
     assert (
         '`beta1, beta2 = self.defaults["betas"]` in step() reads one value for every group' in outcome.detail
     )
-    line = (
-        inspect.getsource(DefaultsBetasAdam.step)
-        .splitlines()
-        .index('        beta1, beta2 = self.defaults["betas"]')
-    )
-    assert outcome.where == f"{__file__}:{inspect.getsourcelines(DefaultsBetasAdam.step)[1] + line}"
+    step = inspect.unwrap(cls.step)  # type: ignore[attr-defined]
+    line = inspect.getsource(step).splitlines().index('        beta1, beta2 = self.defaults["betas"]')
+    assert outcome.where == f"{__file__}:{inspect.getsourcelines(step)[1] + line}"
 
 
 class TensorDefaultSGD(PlainSGD):
