@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from jobs.processes import die_with_parent, how_it_ended
-from jobs.result import JobStatus, read_result
+from jobs.result import LOG_FILE, JobStatus, read_result
 from jobs.resume import CHECKPOINT_DIR_ENV
 from jobs.spec import AnySpec, JobSpec
 
@@ -113,7 +113,7 @@ def start_ranks(spec: JobSpec, argv: list[str], workdir: Path, resume_from: Path
         command = [sys.executable, "-m", "jobs.run", *rank_argv(argv, rank_dir, resume_from)]
         # No tracking and no shared checkpoint folder: rank 0 alone logs and publishes checkpoints.
         env = {**os.environ, RANK_ENV: str(rank), "MLFLOW_TRACKING_URI": "", CHECKPOINT_DIR_ENV: ""}
-        with open(rank_dir / "log.txt", "wb") as log:
+        with open(rank_dir / LOG_FILE, "wb") as log:
             process = subprocess.Popen(
                 command, env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent
             )

@@ -998,17 +998,37 @@ class Supervision:
         run_id = self._run_id()
         if run_id is None:
             return
-        log_path, name, ask = self.workdir / LOG_FILE, f"attempt-{self.job.attempt}.txt", self.stall.asks
+        workdir, attempt, ask = self.workdir, self.job.attempt, self.stall.asks
 
         def copy() -> None:
             time.sleep(after_s)
-            if copy_log(self.settings.mlflow_tracking_uri, self.job.id, run_id, log_path, name):
-                self.stall.copied(ask, f"logs/{name} in its MLflow run")
+            logs = attempt_logs(workdir, attempt)
+            if all(
+                copy_log(self.settings.mlflow_tracking_uri, self.job.id, run_id, path, name)
+                for path, name in logs
+            ):
+                ranks = " with its other ranks' logs beside it" if len(logs) > 1 else ""
+                self.stall.copied(ask, f"logs/{logs[0][1]} in its MLflow run{ranks}")
 
         threading.Thread(target=copy, name=f"optlab-log-copy-{self.job.id}", daemon=True).start()
 
     def _end_run(self, run_id: str, status: str, *, force: bool) -> None:
         end_mlflow_run(self.settings.mlflow_tracking_uri, self.job.id, run_id, status, force=force)
+
+
+def attempt_logs(workdir: Path, attempt: int) -> list[tuple[Path, str]]:
+    """The logs of an attempt and their names in its run: its process's (`attempt-N.txt`), then a
+    data-parallel job's other ranks' (`attempt-N-rank-R.txt`, from `rank-R/`), where they printed
+    what rank 0 did not (their own faults, their stacks when stalled)."""
+    ranks = sorted(
+        (int(folder.name.removeprefix("rank-")), folder / LOG_FILE)
+        for folder in workdir.glob("rank-*")
+        if folder.name.removeprefix("rank-").isdigit() and (folder / LOG_FILE).is_file()
+    )
+    return [
+        (workdir / LOG_FILE, f"attempt-{attempt}.txt"),
+        *((path, f"attempt-{attempt}-rank-{rank}.txt") for rank, path in ranks),
+    ]
 
 
 def copy_log(tracking_uri: str, job_id: int, run_id: str, log_path: Path, name: str) -> bool:

@@ -444,6 +444,39 @@ def test_a_run_the_worker_ends_is_tagged_with_the_jobs_outcome_first(
     ]
 
 
+def test_a_data_parallel_attempts_rank_logs_are_copied_to_its_run_beside_rank_0s(tmp_path: Path) -> None:
+    """Ranks 1..N-1 print to `rank-R/log.txt` (their own faults, their stacks when stalled): only rank
+    0's log had reached the run."""
+    from mlflow.tracking import MlflowClient
+
+    workdir = tmp_path / "attempt-2"
+    for folder, text in [
+        (".", "rank 0"),
+        ("rank-1", "rank 1 fault"),
+        ("rank-10", "rank 10"),
+        ("rank-2", "two"),
+    ]:
+        (workdir / folder).mkdir(parents=True, exist_ok=True)
+        (workdir / folder / LOG_FILE).write_text(text)
+    (workdir / "rank-x").mkdir()  # not a rank's folder
+    (workdir / "rank-3").mkdir()  # a rank that printed nothing yet
+    logs = worker_module.attempt_logs(workdir, 2)
+    assert [name for _, name in logs] == [
+        "attempt-2.txt",
+        "attempt-2-rank-1.txt",
+        "attempt-2-rank-2.txt",
+        "attempt-2-rank-10.txt",
+    ]
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri)
+    experiment = client.create_experiment("logs", artifact_location=(tmp_path / "artifacts").as_uri())
+    run_id = client.create_run(experiment).info.run_id
+    assert all(worker_module.copy_log(tracking_uri, 7, run_id, path, name) for path, name in logs)
+    copied = {Path(a.path).name for a in client.list_artifacts(run_id, "logs")}
+    assert copied == {name for _, name in logs}
+    assert Path(client.download_artifacts(run_id, "logs/attempt-2-rank-1.txt")).read_text() == "rank 1 fault"
+
+
 def test_a_store_outage_is_logged_once_not_every_heartbeat(
     tmp_path: Path, settings: Settings, sessions: sessionmaker[Session], caplog: pytest.LogCaptureFixture
 ) -> None:
