@@ -22,6 +22,7 @@ from jobs.checks.tools import (
     isolated,
     method_location,
 )
+from jobs.frameworks.base import known_fix
 from optimizers.loop_needs import PLAIN, LoopNeeds
 
 # Over this ratio to the framework's built-in of comparable state is a warn.
@@ -61,7 +62,10 @@ def check_step_cost(ctx: CheckContext) -> Outcome:
             driver.to_training(optimizer, ctx.needs)  # timed as a job steps it
             candidate = driver.timed_update(optimizer, variables, grads)
         except Exception as exc:
-            return skipped(f"not measurable: {driver.timed_update_name} raised {ctx.describe_error(exc)}")
+            fix = f". Fix: {known}" if (known := known_fix(exc)) else ""
+            return skipped(
+                f"not measurable: {driver.timed_update_name} raised {ctx.describe_error(exc)}{fix}"
+            )
         yardstick = _yardstick(ctx, optimizer, variables)
         reference_name = yardstick.name
         try:

@@ -456,6 +456,10 @@ def test_a_legacy_update_that_returns_no_op_is_told_to_return_it(workdir: Path) 
     assert "Received 'None'" in outcome.detail
     assert "Fix: return the update op from _resource_apply_dense and _resource_apply_sparse" in outcome.detail
     assert "if/while" not in outcome.detail
+    # The timed update runs in a graph too: its skip says the same (it quoted TensorFlow's words only).
+    cost = _run("step_cost", _context(f"{__name__}:NoUpdateOpLegacySGD", workdir / "cost"))
+    assert cost.status == "skip", cost.detail
+    assert "Fix: return the update op from _resource_apply_dense" in cost.detail
 
 
 class Wrapping(keras.optimizers.Optimizer):
