@@ -119,6 +119,8 @@ class Study(Base):
     finalizing_until: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finalized_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), index=True)
     finalize_error: Mapped[str | None] = mapped_column(Text)
+    # What a summary still being made waits on (MLflow not answering), said while it waits.
+    summary_waiting: Mapped[str | None] = mapped_column(Text)
     summary: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     report_html: Mapped[str | None] = mapped_column(Text)
 

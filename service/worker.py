@@ -272,12 +272,14 @@ class Worker:
         refresher.start()
         closer = threading.Thread(target=self.close_runs_forever, name="run-closer", daemon=True)
         closer.start()
+        finalizer = threading.Thread(
+            target=self.finalize_studies_forever, name="study-finalizer", daemon=True
+        )
+        finalizer.start()
         unreachable = False
         while not self.stopping.is_set():
             try:
                 self._stay_registered()
-                # A study whose jobs have all ended gets its summary before the next job starts.
-                finalize_next_study(sessions=self.sessions, tracking_uri=self.settings.mlflow_tracking_uri)
                 self.fill_pool()  # here only: this thread outlives the processes it starts
                 started = self.start_next()
                 unreachable = False
@@ -306,25 +308,44 @@ class Worker:
     def close_runs_forever(self) -> None:
         """`close_runs_left_open` every heartbeat, on a thread of its own: MLflow's client retries a
         server that does not answer for minutes, which must delay no claim."""
-        failing: str | None = None  # the error met, said once with its traceback, not every heartbeat
-        while not self.stopping.wait(self.settings.heartbeat_s):
+        self._keep_doing(
+            self.close_runs_left_open, "look for MLflow runs left open", self.settings.heartbeat_s
+        )
+
+    def finalize_studies_forever(self) -> None:
+        """Summarize the studies whose jobs have all ended, one after another, on a thread of its own:
+        a summary reads every job's run from MLflow, whose client waits out a server that takes
+        connections and never answers (stopped, overloaded) for many minutes; in the polling loop it
+        had held up every claim and heartbeat, so the worker read as gone."""
+
+        def finalize() -> bool:
+            return finalize_next_study(sessions=self.sessions, tracking_uri=self.settings.mlflow_tracking_uri)
+
+        self._keep_doing(finalize, "summarize ended studies", self.settings.poll_interval_s)
+
+    def _keep_doing(self, work: Callable[[], bool | None], what: str, every_s: float) -> None:
+        """`work` until the worker stops, again at once after a round that did something (True), else
+        after `every_s`. An error is said once with its traceback (a store outage in a line), again
+        only when it changes, and its end is said too."""
+        failing: str | None = None
+        while not self.stopping.is_set():
             try:
-                self.close_runs_left_open()
-            except Exception as exc:  # the store away: the next heartbeat tries again
+                busy = work()
+            except Exception as exc:  # the store away, say: the next round tries again
                 said = f"{type(exc).__name__}: {exc}".splitlines()[0]
                 if failing is None and isinstance(exc, STORE_ERRORS):  # an outage: its line is enough
-                    log.warning("worker %s: cannot look for MLflow runs left open: %s", self.worker_id, said)
+                    log.warning("worker %s: cannot %s: %s", self.worker_id, what, said)
                 elif failing is None:
-                    log.exception("worker %s: could not look for MLflow runs left open", self.worker_id)
+                    log.exception("worker %s: could not %s", self.worker_id, what)
                 elif said != failing:
-                    log.warning(
-                        "worker %s: still cannot look for MLflow runs left open: %s", self.worker_id, said
-                    )
-                failing = said
-                continue
-            if failing is not None:
-                log.info("worker %s: looks for MLflow runs left open again", self.worker_id)
-                failing = None
+                    log.warning("worker %s: still cannot %s: %s", self.worker_id, what, said)
+                failing, busy = said, False
+            else:
+                if failing is not None:
+                    log.info("worker %s: can %s again", self.worker_id, what)
+                    failing = None
+            if not busy:
+                self.stopping.wait(every_s)
 
     def close_runs_left_open(self) -> None:
         """End KILLED the MLflow runs that cancelled jobs may have left open: one cancelled while

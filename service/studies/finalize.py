@@ -10,9 +10,13 @@ timestamp, artifacts overwritten, the run ended again).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import tempfile
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -37,6 +41,8 @@ from service.studies.summary import StudySummary, TargetRule, summarize
 log = logging.getLogger("optlab.worker")
 
 FINALIZE_LEASE_S = 600.0
+# After this long, and as long again each time, a summary being made says on its study that it waits.
+SLOW_SUMMARY_NOTE_S = 30.0
 RETRY_AFTER_ERROR_S = 30.0
 # Without a target, the best grid point is the one with the lowest final validation loss.
 DEFAULT_SELECTION: tuple[str, Literal["min", "max"]] = ("val/loss", "min")
@@ -52,12 +58,13 @@ def finalize_next_study(*, sessions: Any, tracking_uri: str) -> bool:
     if study is None:
         return False
     try:
-        summary, report = finalize(
-            sessions=sessions,
-            tracking_uri=tracking_uri,
-            study=study,
-            catalogue=catalogue[0] if catalogue else None,
-        )
+        with _said_while_slow(sessions, study.id, tracking_uri):
+            summary, report = finalize(
+                sessions=sessions,
+                tracking_uri=tracking_uri,
+                study=study,
+                catalogue=catalogue[0] if catalogue else None,
+            )
     except Exception as exc:  # MLflow unreachable, say: shown on the study and tried again
         log.exception("study %s: could not compute its summary", study.id)
         with sessions() as session:
@@ -77,6 +84,42 @@ def finalize_next_study(*, sessions: Any, tracking_uri: str) -> bool:
         )
     log.info("study %s: summary recorded", study.id)
     return True
+
+
+@contextlib.contextmanager
+def _said_while_slow(sessions: Any, study_id: int, tracking_uri: str) -> Iterator[None]:
+    """Say on the study, every `SLOW_SUMMARY_NOTE_S` while its summary is being made, for how long it
+    has waited: MLflow's client waits out a server that takes connections and never answers (stopped,
+    overloaded) for many minutes before it raises, and the study had read "summarizing" all along."""
+    done = threading.Event()
+    started = time.monotonic()
+
+    def note() -> None:
+        while not done.wait(SLOW_SUMMARY_NOTE_S):
+            waited = time.monotonic() - started
+            try:
+                with sessions() as session:
+                    study_store.record_summary_waiting(
+                        session=session,
+                        study_id=study_id,
+                        note=(
+                            f"the summary has waited {waited:.0f} s on MLflow at "
+                            f"{shown_tracking_uri(tracking_uri)} (it reads the jobs' runs there), which "
+                            "does not answer yet; it goes on by itself once the server answers"
+                        ),
+                    )
+            except Exception:  # a note only: the store away, say
+                log.warning(
+                    "study %s: could not say that its summary waits on MLflow", study_id, exc_info=True
+                )
+
+    noting = threading.Thread(target=note, name=f"optlab-study-{study_id}-slow", daemon=True)
+    noting.start()
+    try:
+        yield
+    finally:
+        done.set()
+        noting.join()
 
 
 def target_of(spec: StudySpec, catalogue: Catalogue | None) -> TargetRule | None:

@@ -28,7 +28,7 @@ def follow_study(
         console=console,
     )
     tasks: dict[tuple[bool, str], Any] = {}
-    shown_error = None
+    shown_error = shown_waiting = None
     with progress:
         while True:
             study = client.patiently(
@@ -58,6 +58,10 @@ def follow_study(
                     Text(f"the summary could not be made yet (retried): {first_line(error)}")
                 )
                 shown_error = error
+            waiting = study.get("summary_waiting")
+            if waiting and waiting != shown_waiting:  # a summary that waits on MLflow, said as it waits
+                progress.console.print(Text(waiting))
+                shown_waiting = waiting
             time.sleep(poll_s)
 
 

@@ -104,6 +104,9 @@ class StudyRead(BaseModel):
     mlflow: StudyMlflow | None = Field(description="null until its first job started")
     summary: StudySummary | None = Field(description="statistics, ranking, comparisons; once done")
     summary_error: str | None = Field(description="why the summary could not be made yet (retried)")
+    summary_waiting: str | None = Field(
+        description="what the summary, being made, has waited on for long (MLflow not answering)"
+    )
     report_url: str | None = Field(description="the HTML report (GET /studies/{id}/report), once done")
 
     @classmethod
@@ -140,6 +143,7 @@ class StudyRead(BaseModel):
             mlflow=_mlflow(study, tracking_uri),
             summary=StudySummary.model_validate(study.summary) if study.summary else None,
             summary_error=study.finalize_error,
+            summary_waiting=study.summary_waiting if study.finalized_at is None else None,
             report_url=f"/studies/{study.id}/report" if study.finalized_at is not None else None,
         )
 

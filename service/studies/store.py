@@ -171,7 +171,16 @@ def record_summary(*, session: Session, study_id: int, summary: dict[str, Any], 
             finalized_at=utcnow(),
             finalizing_until=None,
             finalize_error=None,
+            summary_waiting=None,
         )
+    )
+    session.commit()
+
+
+def record_summary_waiting(*, session: Session, study_id: int, note: str | None) -> None:
+    """What a summary still being made waits on; None once it no longer waits."""
+    session.execute(
+        update(Study).where(Study.id == study_id, Study.finalized_at.is_(None)).values(summary_waiting=note)
     )
     session.commit()
 
@@ -181,6 +190,10 @@ def record_finalize_error(*, session: Session, study_id: int, error: str, retry_
     session.execute(
         update(Study)
         .where(Study.id == study_id)
-        .values(finalize_error=error[-4000:], finalizing_until=utcnow() + timedelta(seconds=retry_s))
+        .values(
+            finalize_error=error[-4000:],
+            summary_waiting=None,
+            finalizing_until=utcnow() + timedelta(seconds=retry_s),
+        )
     )
     session.commit()

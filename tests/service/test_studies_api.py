@@ -314,6 +314,54 @@ def test_a_report_that_keeps_failing_says_why_not_to_wait(
     )
 
 
+def test_a_summary_that_waits_on_mlflow_says_so_while_it_waits_then_why_it_failed(
+    client: TestClient, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLflow's client waits out a stopped server for many minutes: the study had read "summarizing"
+    with nothing more all along."""
+    import threading
+    import time
+
+    from service.studies import finalize
+
+    study = client.post("/studies", json=STUDY).json()
+    set_jobs(sessions, study["id"], status=JobStatus.SUCCEEDED, step=20)
+    answered = threading.Event()
+
+    def waits_on_mlflow(**_: Any) -> Any:
+        answered.wait(20)
+        raise ConnectionError("MLflow gave up")
+
+    monkeypatch.setattr(finalize, "finalize", waits_on_mlflow)
+    monkeypatch.setattr(finalize, "SLOW_SUMMARY_NOTE_S", 0.05)
+    summarizing = threading.Thread(
+        target=finalize.finalize_next_study,
+        kwargs={"sessions": sessions, "tracking_uri": "http://mlflow.test:5000"},
+    )
+    summarizing.start()
+    try:
+        deadline = time.monotonic() + 20
+        while (
+            not client.get(f"/studies/{study['id']}").json()["summary_waiting"]
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+        seen = client.get(f"/studies/{study['id']}").json()
+        assert seen["status"] == "summarizing" and seen["summary_error"] is None
+        assert seen["summary_waiting"].startswith("the summary has waited ")
+        assert (
+            "s on MLflow at http://mlflow.test:5000 (it reads the jobs' runs there), which does not answer"
+            in (seen["summary_waiting"])
+        )
+        report = client.get(f"/studies/{study['id']}/report").json()["detail"]
+        assert report.startswith(f"study {study['id']} has no report yet: it is being made, and has waited ")
+    finally:
+        answered.set()
+        summarizing.join(20)
+    failed = client.get(f"/studies/{study['id']}").json()
+    assert failed["summary_waiting"] is None and failed["summary_error"] == "ConnectionError: MLflow gave up"
+
+
 def test_a_study_cancelled_once_may_be_cancelled_again_until_it_is_done(client: TestClient) -> None:
     """A retried cancel (its answer lost) is answered as a cancelled job's is: 200, nothing changed."""
     study = client.post("/studies", json=STUDY).json()

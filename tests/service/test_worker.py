@@ -379,6 +379,39 @@ def test_a_stopping_worker_hands_its_job_back_to_the_queue(
     assert job.error is not None and "worker stopped" in job.error["message"]
 
 
+def test_a_study_summary_waiting_on_mlflow_holds_up_no_claim_nor_heartbeat(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Summaries were made in the polling loop: one waiting on a stopped MLflow server (its client
+    waits for many minutes) held up every claim and heartbeat, and the worker read as gone."""
+    answered = threading.Event()
+    summarizing = threading.Event()
+
+    def waits_on_mlflow(**_: Any) -> bool:
+        summarizing.set()
+        answered.wait(30)
+        return False
+
+    monkeypatch.setattr(worker_module, "finalize_next_study", waits_on_mlflow)
+    fast = settings.model_copy(update={"heartbeat_s": 0.05})
+    succeeds = (
+        'echo \'{"job_id": "1", "attempt": 1, "workdir": "/w", "status": "succeeded"}\' > "$W/result.json"'
+    )
+    worker = make_worker(fast, sessions, stand_in(tmp_path, succeeds))
+    thread = threading.Thread(target=worker.run_forever)
+    thread.start()
+    try:
+        _wait_for(summarizing.is_set)
+        job_id = submit(sessions)
+        _wait_for(lambda: job_row(sessions, job_id).status == "succeeded")
+        seen = worker.seen_at
+        _wait_for(lambda: worker.seen_at > seen)  # still heartbeating
+    finally:
+        answered.set()
+        worker.stopping.set()
+        thread.join(timeout=30)
+
+
 def test_catalogue_failure_is_reported(
     tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
@@ -497,7 +530,7 @@ def test_a_store_outage_is_logged_once_not_every_heartbeat(
     said = [(r.levelname, r.getMessage(), r.exc_info is not None) for r in caplog.records]
     assert said == [
         ("ERROR", "worker test-worker: could not look for MLflow runs left open", True),
-        ("INFO", "worker test-worker: looks for MLflow runs left open again", False),
+        ("INFO", "worker test-worker: can look for MLflow runs left open again", False),
         ("ERROR", "worker test-worker: could not look for MLflow runs left open", True),  # a new outage
     ]
 
