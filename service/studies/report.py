@@ -215,14 +215,21 @@ def curves_plot(summary: StudySummary, runs: Sequence[StudyRun]) -> Plot | None:
     )
 
 
-def x_key(summary: StudySummary) -> str | None:
-    """The grid hyperparameter on the sensitivity plot's x axis: `lr` if there, else the most varied."""
-    keys = sorted({key for p in summary.grid_points for key in p.grid})
-    if not keys:
-        return None
-    if "lr" in keys:
-        return "lr"
-    return max(keys, key=lambda k: len({format_value(p.grid.get(k)) for p in summary.grid_points}))
+def x_keys(summary: StudySummary) -> dict[str, str]:
+    """Each optimizer's grid hyperparameter on the sensitivity plot's x axis: `lr` where its grid has
+    it, else the one of its own grid with the most values (a rate-free optimizer tuned over its
+    `d_coef` is drawn against that); an optimizer with no grid is left out."""
+    keys = {}
+    for opt in summary.optimizers:
+        points = [p for p in summary.grid_points if p.optimizer == opt]
+        own = sorted({key for p in points for key in p.grid})
+        if own:
+            keys[opt] = (
+                "lr"
+                if "lr" in own
+                else max(own, key=lambda k: len({format_value(p.grid.get(k)) for p in points}))
+            )
+    return keys
 
 
 def is_number(value: GridValue | None) -> bool:
@@ -244,27 +251,46 @@ def error_bars(stats: Sequence[Stat]) -> list[list[float]]:
 
 
 def sensitivity_plot(summary: StudySummary) -> Plot | None:
-    """Final selection metric (mean, 95% CI) versus the grid hyperparameter, one line per optimizer."""
-    key = x_key(summary)
-    if key is None:
-        return None
-    figure = sensitivity_figure(summary, key)
+    """Final selection metric (mean, 95% CI) versus the grid hyperparameter, one line per optimizer;
+    a panel per hyperparameter where the optimizers are tuned over different ones."""
+    figure = sensitivity_figure(summary)
     if figure is None:
         return None
+    keys = " / ".join(dict.fromkeys(x_keys(summary).values()))
     metric = summary.selection_metric
     return Plot(
         "sensitivity.png",
-        f"Final {metric} versus {key} per optimizer: mean over succeeded seeds with its 95% confidence "
+        f"Final {metric} versus {keys} per optimizer: mean over succeeded seeds with its 95% confidence "
         "interval (none with one seed); the star marks the grid point chosen as best, an x at the top "
-        "edge a grid point with no result where jobs diverged or failed.",
+        "edge a grid point with no result where jobs diverged or failed. Lines of one optimizer (its "
+        "other grid values) share its colour and differ in their dashes.",
         png_bytes(figure),
     )
 
 
-def sensitivity_figure(summary: StudySummary, key: str) -> Figure | None:
-    """The sensitivity plot's figure; None when no grid point has a result to draw."""
+def sensitivity_figure(summary: StudySummary) -> Figure | None:
+    """The sensitivity plot's figure, a panel per x hyperparameter (`x_keys`); None when no grid point
+    has a result to draw."""
+    by_key: dict[str, list[str]] = {}
+    for opt, key in x_keys(summary).items():
+        by_key.setdefault(key, []).append(opt)
+    if not by_key:
+        return None
+    figure = new_figure(7.0, 4.5 * len(by_key))
+    drawn = False
+    for index, (key, optimizers) in enumerate(by_key.items()):
+        axes = figure.add_subplot(len(by_key), 1, index + 1)
+        drawn = _draw_sensitivity(axes, summary, key, optimizers) or drawn
+    return figure if drawn else None
+
+
+_DASHES = ("-", "--", ":", "-.")
+
+
+def _draw_sensitivity(axes: Axes, summary: StudySummary, key: str, optimizers: list[str]) -> bool:
+    """One panel: `optimizers`' final metric versus `key`; False when it had nothing to draw."""
     metric = summary.selection_metric
-    xs_all = [p.grid[key] for p in summary.grid_points if key in p.grid]
+    xs_all = [p.grid[key] for p in summary.grid_points if p.optimizer in optimizers and key in p.grid]
     numeric = all(is_number(x) for x in xs_all)
     categories = sorted({format_value(x) for x in xs_all})
 
@@ -274,10 +300,8 @@ def sensitivity_figure(summary: StudySummary, key: str) -> Figure | None:
             return float(x)
         return float(categories.index(format_value(x)))
 
-    figure = new_figure(7.0, 4.5)
-    axes = figure.add_subplot(1, 1, 1)
     drawn = marked = False
-    for opt in summary.optimizers:
+    for opt in optimizers:
         points = [p for p in summary.grid_points if p.optimizer == opt and key in p.grid]
         # Other grid hyperparameters than `key` make separate lines, each named by their values.
         lines: dict[str, list[GridPointSummary]] = {}
@@ -285,7 +309,7 @@ def sensitivity_figure(summary: StudySummary, key: str) -> Figure | None:
             rest = {k: v for k, v in p.grid.items() if k != key}
             lines.setdefault(grid_label(rest) if rest else "", []).append(p)
         best = summary.best_grid_point(opt)
-        for rest_label, line in lines.items():
+        for number, (rest_label, line) in enumerate(lines.items()):
             shown = sorted(
                 (
                     (position(p.grid[key]), m.final.mean, m.final)
@@ -302,6 +326,7 @@ def sensitivity_figure(summary: StudySummary, key: str) -> Figure | None:
                 [y for _, y, _ in shown],
                 yerr=error_bars([stat for _, _, stat in shown]),
                 color=colour(summary, opt),
+                linestyle=_DASHES[number % len(_DASHES)],
                 marker="o",
                 capsize=4,
                 label=plain(name),
@@ -322,8 +347,8 @@ def sensitivity_figure(summary: StudySummary, key: str) -> Figure | None:
                 color=colour(summary, opt),
                 zorder=5,
             )
-    if not drawn:
-        return None
+    if not (drawn or marked):
+        return False
     if numeric and spans_decades([position(x) for x in xs_all]):
         axes.set_xscale("log")
     if not numeric:
@@ -336,7 +361,7 @@ def sensitivity_figure(summary: StudySummary, key: str) -> Figure | None:
     axes.set_title(plain(f"Sensitivity: final {metric} vs {key} (mean, 95% CI; star = best)"), fontsize=10)
     axes.grid(True, alpha=0.3)
     axes.legend(fontsize=8)
-    return figure
+    return drawn
 
 
 LOST_LABEL = "diverged or failed"

@@ -308,7 +308,7 @@ def test_a_rate_where_every_seed_diverged_or_failed_is_marked_on_the_sensitivity
     runs += [StudyRun(start + seed, "adamw", {"lr": 0.1}, seed, "diverged", {}) for seed in (0, 1)]
     runs += [StudyRun(start + 2, "adamw", {"lr": 0.1}, 2, "failed", {}, error="boom")]
     runs += [StudyRun(start + 3, "lion", {"lr": 0.5}, 0, "cancelled", {})]  # cancelled only: no mark
-    figure = sensitivity_figure(summary_for(runs), "lr")
+    figure = sensitivity_figure(summary_for(runs))
     assert figure is not None
     (axes,) = figure.axes
     marks = [line for line in axes.get_lines() if line.get_marker() == "x" and np.size(line.get_xdata())]
@@ -320,7 +320,29 @@ def test_a_rate_where_every_seed_diverged_or_failed_is_marked_on_the_sensitivity
     assert marks[0].get_color() == COLOURS[1]  # adamw's colour
     assert LOST in legend_texts(figure)
     # grid points with survivors (adamw lr=0.01 lost one seed) are drawn, not marked
-    assert LOST not in legend_texts(sensitivity_figure(summary_for(make_runs(traj=False)), "lr"))
+    assert LOST not in legend_texts(sensitivity_figure(summary_for(make_runs(traj=False))))
+
+
+def test_optimizers_tuned_over_different_hyperparameters_each_get_a_panel() -> None:
+    """A rate-free optimizer tuned over its `d_coef` beside one tuned over `lr`: only the `lr` axis was
+    drawn, and the rate-free one was missing from the plot. Two lines of one optimizer (its other grid
+    values) had looked alike: one colour, and now their own dashes."""
+    points = [("adamw", {"lr": lr, "wd": wd}, lr) for lr in (1e-3, 1e-2) for wd in (0.0, 0.1)]
+    points += [("prodigy", {"d_coef": d}, d / 100) for d in (0.5, 1.0, 2.0)]
+    runs = [
+        StudyRun(index + 1, opt, grid, seed, "succeeded", history(opt, rate, seed, traj=False))
+        for index, ((opt, grid, rate), seed) in enumerate(
+            (point, seed) for point in points for seed in (0, 1)
+        )
+    ]
+    figure = sensitivity_figure(summary_for(runs, target=None))
+    assert figure is not None
+    top, bottom = figure.axes
+    assert (top.get_xlabel(), bottom.get_xlabel()) == ("lr", "d_coef")
+    assert [t.get_text() for t in top.get_legend().get_texts()] == ["adamw (wd=0)", "adamw (wd=0.1)"]
+    assert [t.get_text() for t in bottom.get_legend().get_texts()] == ["prodigy"]
+    dashes = {bars.get_label(): bars.lines[0].get_linestyle() for bars in top.containers}
+    assert dashes["adamw (wd=0)"] != dashes["adamw (wd=0.1)"]
 
 
 LOST = "diverged or failed"
