@@ -417,7 +417,8 @@ def _two_groups(
 ) -> tuple[list[list[Tensor]], list[list[Tensor]]]:
     """Two steps of one optimizer over two groups (the second with `halved`; both, given to the
     constructor, if `as_defaults`), and of one single-group optimizer per group: each group's
-    parameters afterwards, from both."""
+    parameters afterwards, from both. More, up to `WARMUP_STEPS`, until the parameters have moved:
+    a warm-up that builds state only (RAdam_4step's first four steps) compares nothing."""
     model = _tiny_model()
     first, second = list(model[0].parameters()), list(model[2].parameters())
     if as_defaults:
@@ -433,9 +434,12 @@ def _two_groups(
         (first_model, _build(ctx, first_model[0].parameters(), **(halved if as_defaults else {}))),
         (second_model, _build(ctx, second_model[2].parameters(), **halved)),
     ]
+    start = _snapshot(model.parameters())
     # A batch of its own each step: with the same gradient twice, Adam's step does not depend on its
     # betas, and a class reading them from self.defaults would pass.
-    for step in range(2):
+    for step in range(WARMUP_STEPS):
+        if step >= 2 and _max_difference([_snapshot(model.parameters())], [start]) > 0:
+            break
         batch = _batch(step)
         with torch.no_grad():
             for mine, theirs in zip(first_model[2].parameters(), model[2].parameters(), strict=True):

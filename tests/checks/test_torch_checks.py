@@ -1221,6 +1221,9 @@ class DefaultsBetasAdam(PlainSGD):
     @torch.no_grad()
     def step(self, closure: Any = None) -> Any:
         beta1, beta2 = self.defaults["betas"]
+        return self._update(beta1, beta2)
+
+    def _update(self, beta1: float, beta2: float) -> None:
         for group in self.param_groups:
             for p in (p for p in group["params"] if p.grad is not None):
                 state = self.state[p]
@@ -1233,6 +1236,39 @@ class DefaultsBetasAdam(PlainSGD):
                 v_hat = state["v"] / (1 - beta2 ** state["step"])
                 p.sub_(group["lr"] * m_hat / (v_hat.sqrt() + 1e-8))
         return None
+
+
+class WarmupCachedRateAdam(PlainSGD):
+    """Steps nothing for its first four steps (state only, as RAdam_4step), then caches each step's
+    size by step number across its groups: the first group's rate and betas are every group's."""
+
+    def __init__(self, params: object, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999)) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas})
+        self.cached: dict[int, float] = {}
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in (p for p in group["params"] if p.grad is not None):
+                state = self.state[p]
+                if not state:
+                    state.update(step=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
+                state["step"] += 1
+                state["m"].mul_(beta1).add_(p.grad, alpha=1 - beta1)
+                state["v"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
+                if state["step"] <= 4:
+                    continue
+                size = self.cached.setdefault(state["step"], group["lr"] / (1 - beta1 ** state["step"]))
+                p.addcdiv_(state["m"], state["v"].sqrt().add_(1e-8), value=-size)
+        return None
+
+
+def test_a_group_value_lost_after_a_warm_up_that_steps_nothing_fails_param_groups(tmp_path: Path) -> None:
+    """Two steps compared nothing: RAdam_4step moves no parameter for four."""
+    outcome = torch_only.check_param_groups(context(f"{__name__}:WarmupCachedRateAdam", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert "does not step like a single-group optimizer" in outcome.detail
 
 
 class DefaultsBetasAdamWithNotes(DefaultsBetasAdam):
@@ -1243,18 +1279,7 @@ class DefaultsBetasAdamWithNotes(DefaultsBetasAdam):
         """Unlike torch's Adam, which never reads self.param_groups[0] for every group."""
         # was: beta1 = self.defaults["beta1"]
         beta1, beta2 = self.defaults["betas"]
-        for group in self.param_groups:
-            for p in (p for p in group["params"] if p.grad is not None):
-                state = self.state[p]
-                if not state:
-                    state.update(step=0, m=torch.zeros_like(p), v=torch.zeros_like(p))
-                state["step"] += 1
-                state["m"].mul_(beta1).add_(p.grad, alpha=1 - beta1)
-                state["v"].mul_(beta2).addcmul_(p.grad, p.grad, value=1 - beta2)
-                m_hat = state["m"] / (1 - beta1 ** state["step"])
-                v_hat = state["v"] / (1 - beta2 ** state["step"])
-                p.sub_(group["lr"] * m_hat / (v_hat.sqrt() + 1e-8))
-        return None
+        return self._update(beta1, beta2)
 
 
 @pytest.mark.parametrize("cls", [DefaultsBetasAdam, DefaultsBetasAdamWithNotes])
