@@ -34,7 +34,7 @@ from optimizers.hyperparams import OPTION_TEXT_PATTERN as OPTION_TEXT_PATTERN
 from optimizers.hyperparams import Param
 from optimizers.loop_needs import LoopNeeds, loop_problem, needs_unserved_by, recipe_problem
 from optimizers.param_groups import GroupRule, extra_key_problem, parse_ndim
-from optimizers.registry import FRAMEWORK_OF_STYLE, STYLES
+from optimizers.registry import FRAMEWORK_OF_STYLE, STYLES, unknown_optimizer
 from optimizers.schedules import (
     Cosine,
     LinearWarmup,
@@ -691,18 +691,8 @@ class Catalogue(BaseModel):
     def unknown_optimizer(self, name: str) -> str:
         """Why `name` is not an optimizer here: the known ones, and the sources that failed to load,
         which may be where it is (a plugin with a syntax error had been only "unknown")."""
-        said = f"unknown optimizer {name!r}; known: {', '.join(self.optimizer_names())}"
-        if not self.errors:
-            return said
-        failed = [
-            f"{error['source']} ({(error['error'].strip().splitlines() or [''])[-1][:200]})"
-            for error in self.errors[:3]
-        ]
-        more = f" and {len(self.errors) - 3} more" if len(self.errors) > 3 else ""
-        return (
-            f"{said}. These failed to load, so optimizers they define are not known: "
-            f"{'; '.join(failed)}{more} (GET /optimizers lists the errors whole)"
-        )
+        failed = [(error["source"], error["error"]) for error in self.errors]
+        return unknown_optimizer(name, self.optimizer_names(), failed)
 
     def schedule(self, name: str) -> dict[str, Any] | None:
         return next((s for s in self.schedules if s["name"] == name), None)

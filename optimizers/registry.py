@@ -337,7 +337,9 @@ class Registry:
         if any(n == name for n, _ in self.entries):
             have = ", ".join(s for n, s in self.entries if n == name)
             raise ValueError(f"optimizer {name!r} has no {style} style; it exists in: {have}")
-        raise ValueError(f"unknown optimizer {name!r}; known: {', '.join(self.names())}")
+        raise ValueError(
+            unknown_optimizer(name, self.names(), [(error.source, error.error) for error in self.errors])
+        )
 
     def build(
         self, name: str, model_params: Iterable[Any], hyperparams: Mapping[str, Any], style: str = "torch"
@@ -611,6 +613,21 @@ def load_registry(
     for path in files:
         _guarded(registry, str(path), partial(_load_plugin_file, registry, path, styles))
     return registry
+
+
+def unknown_optimizer(name: str, known: Sequence[str], failed: Sequence[tuple[str, str]]) -> str:
+    """Why `name` is not an optimizer here: the `known` ones, and the sources that `failed` to load
+    (source, error), which may be where it is (a plugin with a syntax error, or one caught half
+    rewritten as a job started, had been only "unknown")."""
+    said = f"unknown optimizer {name!r}; known: {', '.join(known)}"
+    if not failed:
+        return said
+    shown = [f"{source} ({(error.strip().splitlines() or [''])[-1][:200]})" for source, error in failed[:3]]
+    more = f" and {len(failed) - 3} more" if len(failed) > 3 else ""
+    return (
+        f"{said}. These failed to load, so optimizers they define are not known: "
+        f"{'; '.join(shown)}{more} (GET /optimizers lists the errors whole)"
+    )
 
 
 def _holds(registry: Registry, names: Iterable[str]) -> bool:

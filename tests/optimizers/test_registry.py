@@ -65,6 +65,20 @@ def _torch_registry(plugin_dirs: list[str] | None = None) -> Registry:
     return load_registry(plugin_dirs=[] if plugin_dirs is None else plugin_dirs, styles=TORCH_ONLY)
 
 
+def test_a_job_whose_plugin_failed_to_load_is_told_the_load_error_not_only_unknown(tmp_path: Path) -> None:
+    """A plugin caught half rewritten as a job started (a probe: `cp` over it) failed the job with
+    "unknown optimizer 'sign_momentum'" alone, while GET /optimizers listed it: its SyntaxError was
+    nowhere in the job's error."""
+    plugin = _write(tmp_path, "sign_momentum.py", "import torch\nclass SignMomentum(torch.optim.Optimizer:\n")
+    registry = _torch_registry([str(tmp_path)])
+    with pytest.raises(ValueError) as raised:
+        registry.get("sign_momentum")
+    said = str(raised.value)
+    assert said.startswith("unknown optimizer 'sign_momentum'; known: adam, ")
+    assert f"These failed to load, so optimizers they define are not known: {plugin} (" in said
+    assert "SyntaxError" in said
+
+
 def _fake_entry(name: str, style: str, source: str = "test") -> Entry:
     """An entry that needs no framework: enough for the bookkeeping of `Registry`."""
     return Entry(
