@@ -532,7 +532,7 @@ class Supervision:
                 progress=progress if changed else None,
                 workdir=str(self.workdir),
                 lease_s=self.settings.lease_s,
-                resumed_from=self.job.checkpoint_step if self.resumed_run_id() else None,
+                resumed_from=self.resumed_from(),
             )
         )
         if lease is not None and lease is not Lease.LOST:
@@ -703,6 +703,11 @@ class Supervision:
         if job.attempt > 1 and job.kind == "train" and job.checkpoint_ref and run_id:
             return str(run_id)
         return None
+
+    def resumed_from(self) -> int | None:
+        """The checkpoint's step a resumed attempt starts at (its process reports step 0 until it has
+        loaded it); None where the attempt resumes nothing."""
+        return self.job.checkpoint_step if self.resumed_run_id() else None
 
     def environment(self) -> tuple[dict[str, str], str]:
         return self.worker.job_environment(self.slots)
@@ -980,7 +985,10 @@ class Supervision:
 
     def _cancelled_error(self) -> ErrorRecord:
         progress = self._latest_progress()
-        where = f" at step {progress.step} of {progress.total}" if progress else ""
+        # As the store records the step (`record_progress`): a resumed attempt is at its checkpoint's
+        # step before its process says so, and "at step 0" had contradicted its progress and history.
+        step = max(progress.step, self.resumed_from() or 0) if progress else None
+        where = f" at step {step} of {progress.total}" if progress else ""
         return ErrorRecord(type="Cancelled", message=f"cancelled while running{where}")
 
     def _limit_error(self, stop: Stop) -> ErrorRecord:

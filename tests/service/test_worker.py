@@ -361,6 +361,40 @@ def test_a_cancelled_jobs_progress_and_history_end_at_the_step_its_error_names(
     assert job.step == 7 and job.attempt_history[-1]["step"] == 7
 
 
+def test_a_resumed_attempt_cancelled_before_it_reports_is_cancelled_at_its_checkpoints_step(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    """Its process reports step 0 until it has loaded the checkpoint: the error had said "at step 0"
+    while the job's progress and history said 40."""
+    body = 'echo \'{"step": 0, "total": 100}\' > "$W/progress.json"; echo > "$W/started"; exec sleep 300'
+    # An MLflow store that answers at once (its run r1 unknown) for the worker's look at the run resumed.
+    tracked = settings.model_copy(update={"mlflow_tracking_uri": f"sqlite:///{tmp_path / 'mlflow.db'}"})
+    worker = make_worker(tracked, sessions, stand_in(tmp_path, body))
+    job_id = submit(sessions)
+    with sessions() as session:  # as a first attempt killed after its checkpoint at step 40 left it
+        session.execute(
+            update(Job)
+            .where(Job.id == job_id)
+            .values(
+                attempt=1,
+                checkpoint_step=40,
+                checkpoint_ref=str(tmp_path / "step-40.pt"),
+                mlflow={"run_id": "r1"},
+            )
+        )
+        session.commit()
+    thread = threading.Thread(target=worker.run_next)
+    thread.start()
+    _wait_for(lambda: (settings.jobs_dir / str(job_id) / "attempt-2" / "started").exists())
+    with sessions() as session:
+        store.request_cancel(session=session, job_id=job_id)
+    thread.join(timeout=30)
+    job = job_row(sessions, job_id)
+    assert job.status == "cancelled" and job.error is not None
+    assert job.error["message"] == "cancelled while running at step 40 of 100"
+    assert job.step == 40
+
+
 def test_a_stopping_worker_hands_its_job_back_to_the_queue(
     tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
