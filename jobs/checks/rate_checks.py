@@ -19,6 +19,7 @@ from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.checks.tools import (
     MOVES_NOTHING,
     SHAPES,
+    SPARSE_METHODS,
     SPARSE_WORDS,
     WARMUP_STEPS,
     CheckFunction,
@@ -28,6 +29,7 @@ from jobs.checks.tools import (
     isolated,
     max_diff,
     method_location,
+    raised_in,
     reached_user_code,
     refusal_files,
     refused_rate,
@@ -593,7 +595,14 @@ def _sparse_refusal(ctx: CheckContext, error: Exception) -> Outcome:
             where=user_line(ctx, error),
             fix=driver.advice.sparse_update,
         )
-    if clear_refusal(ctx, error, SPARSE_WORDS):
+    # A raise in the class's own sparse method: the framework's base one raises too, for a class that
+    # left it out, which is a fault (`_left_to_the_base` below), so only the user's files count.
+    in_own_sparse_method = (
+        deepest is not None
+        and deepest.name in SPARSE_METHODS
+        and raised_in(error, ctx.user_files(), by="raise")
+    )
+    if clear_refusal(ctx, error, SPARSE_WORDS) or in_own_sparse_method:
         if ctx.target.entry.supports_sparse:
             return failed(
                 f"the class declares optlab_supports_sparse but refuses sparse gradients: "

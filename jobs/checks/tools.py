@@ -315,7 +315,12 @@ def clear_refusal(ctx: CheckContext, error: BaseException, about: Collection[str
     return raised_in(error, refusal_files(ctx), by="raise") and any(word in message for word in about)
 
 
-SPARSE_WORDS = ("sparse", "indexedslices")
+# The words of a refusal of row-sparse gradients: "does not support sparse gradients", "IndexedSlices
+# not supported", "dense gradients only" (a refusal worded by what the class takes had been a crash).
+SPARSE_WORDS = ("sparse", "indexedslices", "dense")
+# The legacy style's methods that only row-sparse gradients reach: a `raise` of the class's own there
+# refuses them, whatever its words ("SignumLegacy: not implemented").
+SPARSE_METHODS = ("_resource_apply_sparse", "_resource_apply_sparse_duplicate_indices")
 
 
 def refuses_dense(ctx: CheckContext, error: BaseException) -> bool:

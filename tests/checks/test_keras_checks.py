@@ -419,6 +419,35 @@ def test_a_legacy_class_without_a_sparse_path_is_told_to_write_one_or_refuse(wor
     assert "implement _resource_apply_sparse" in outcome.detail
 
 
+class DenseOnlyLegacySGD(HyperRateSGD):
+    """Refuses sparse gradients in its own sparse method, in words that never say "sparse"."""
+
+    def _resource_apply_dense(self, grad: object, var: object, apply_state: object = None) -> object:
+        return var.assign_sub(self._decayed_lr(var.dtype.base_dtype) * grad)  # type: ignore[attr-defined, operator]
+
+    def _resource_apply_sparse(
+        self, grad: object, var: object, indices: object, apply_state: object = None
+    ) -> object:
+        raise NotImplementedError("DenseOnlyLegacySGD: not implemented")
+
+
+class DenseOnlyMomentum(keras.optimizers.SGD):
+    """Refuses a row-sparse gradient by what it takes: "dense gradients only"."""
+
+    def update_step(self, gradient: object, variable: object, learning_rate: object) -> None:
+        if isinstance(gradient, tf.IndexedSlices):
+            raise ValueError("DenseOnlyMomentum supports dense gradients only; densify the embedding's rows")
+        super().update_step(gradient, variable, learning_rate)
+
+
+@pytest.mark.parametrize("name", ["DenseOnlyLegacySGD", "DenseOnlyMomentum"])
+def test_a_refusal_of_sparse_gradients_in_other_words_is_a_refusal(workdir: Path, name: str) -> None:
+    """Both had failed as "crashed inside the update", with the fix to raise a clear error: what they do."""
+    outcome = _run("sparse", _context(f"{__name__}:{name}", workdir))
+    assert outcome.status == "pass", outcome.detail
+    assert outcome.detail.startswith("refuses sparse gradients with a clear error: ")
+
+
 class SortedIdsLegacySGD(HyperRateSGD):
     """Legacy SGD whose sparse path sorts the ids (for locality) and leaves their values in batch
     order: right only while the ids come sorted, which an Embedding's do not."""
