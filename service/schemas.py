@@ -61,7 +61,11 @@ class JobRead(BaseModel):
     submitted_by: str | None = Field(description="the name of the API token that submitted it")
     cancelled_by: str | None = Field(
         default=None,
-        description="the name of the API token whose cancel (of the job or of its study) came first",
+        description=(
+            "the name of the API token whose cancel (of the job or of its study) came first; on a job "
+            "that ended otherwise (succeeded, failed), with `cancel_requested`, the cancel came as it was "
+            "ending and stopped nothing"
+        ),
     )
     study_id: int | None = Field(default=None, description="the study it belongs to (POST /studies)")
     waiting_reason: str | None = Field(

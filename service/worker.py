@@ -651,13 +651,29 @@ class Supervision:
             )
         if not recorded:
             log.warning(
-                "job %s: attempt %s is no longer this worker's (lease lost: another attempt took over); "
-                "its %s outcome was discarded",
+                "job %s: attempt %s is no longer this worker's (%s); its %s outcome was discarded",
                 self.job.id,
                 self.job.attempt,
+                self._why_lost(),
                 status,
             )
         return bool(recorded)
+
+    def _why_lost(self) -> str:
+        """Why the store no longer takes this attempt's outcome, as the job's row says now: its lease
+        expired while this worker was silent, and the job was cancelled meanwhile or taken over."""
+        try:
+            with self.worker.sessions() as session:
+                job = store.get_job(session=session, job_id=self.job.id)
+        except STORE_ERRORS:
+            return "its lease was lost"
+        if job is None:
+            return "the job is gone from the store"
+        if job.status is JobStatus.CANCELLED:
+            return "its lease expired while this worker did not answer, and the job was cancelled meanwhile"
+        if job.attempt > self.job.attempt:
+            return f"its lease expired while this worker did not answer, and attempt {job.attempt} took over"
+        return "its lease was lost"
 
     # -- the job process ------------------------------------------------------------------------
 

@@ -395,6 +395,42 @@ def test_a_resumed_attempt_cancelled_before_it_reports_is_cancelled_at_its_check
     assert job.step == 40
 
 
+@pytest.mark.parametrize(
+    ("meanwhile", "why"),
+    [
+        ("cancelled", "and the job was cancelled meanwhile"),
+        ("taken over", "and attempt 2 took over"),
+    ],
+)
+def test_an_outcome_the_store_refuses_says_why_as_the_job_s_row_does(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    caplog: pytest.LogCaptureFixture,
+    meanwhile: str,
+    why: str,
+) -> None:
+    """A worker frozen past its lease, whose job was cancelled meanwhile, logged "another attempt took
+    over" where no other attempt ever ran."""
+    worker = make_worker(settings, sessions, "python")
+    job_id = submit(sessions)
+    with sessions() as session:
+        job = store.claim_next(session=session, worker_id=worker.worker_id, lease_s=0.01)
+        assert job is not None and job.id == job_id
+    supervision = worker_module.Supervision(worker, job, [], time.monotonic())
+    time.sleep(0.05)  # the lease expired: a cancel ends the job at once, another worker may take it
+    with sessions() as session:
+        if meanwhile == "cancelled":
+            store.request_cancel(session=session, job_id=job_id)
+        else:
+            assert store.claim_next(session=session, worker_id="another-worker", lease_s=60) is not None
+    with caplog.at_level("WARNING", logger="optlab.worker"):
+        assert not supervision.record(JobStatus.SUCCEEDED, None, None)
+    assert (
+        f"job {job_id}: attempt 1 is no longer this worker's (its lease expired while this worker did not "
+        f"answer, {why}); its succeeded outcome was discarded"
+    ) in caplog.text
+
+
 def test_a_stopping_worker_hands_its_job_back_to_the_queue(
     tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
