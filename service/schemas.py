@@ -193,6 +193,13 @@ class JobsPage(BaseModel):
     total: int
     limit: int
     offset: int
+    next_before: int | None = Field(
+        default=None,
+        description=(
+            "for the next page, `?before=` this (the last item's id) while the page is full: stable while "
+            "jobs are submitted, where an offset shifts by each new job"
+        ),
+    )
 
 
 class Health(BaseModel):

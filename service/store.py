@@ -103,10 +103,14 @@ def list_jobs(
     offset: int,
     kind: str | None = None,
     study_id: int | None = None,
+    before_id: int | None = None,
 ) -> tuple[list[Job], int]:
-    """A page of jobs, newest first, and how many match; `status`: one or any of several."""
+    """A page of jobs, newest first, and how many match; `status`: one or any of several; `before_id`:
+    older than that job only (a cursor), counted among those that match all the same."""
     query = select(Job)
     count = select(func.count()).select_from(Job)
+    if before_id is not None:
+        query = query.where(Job.id < before_id)
     if status is not None:
         statuses = [status] if isinstance(status, str) else list(status)
         query = query.where(Job.status.in_(statuses))

@@ -78,11 +78,31 @@ def list_jobs(
     study: Annotated[int | None, Query(ge=1, le=2**31 - 1, description="only this study's jobs")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
+    before: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=2**31 - 1,
+            description="only jobs with a lower id (older): the page after one whose `next_before` this was",
+        ),
+    ] = None,
 ) -> JobsPage:
     jobs, total = store.list_jobs(
-        session=session, status=status, kind=kind, study_id=study, limit=limit, offset=offset
+        session=session,
+        status=status,
+        kind=kind,
+        study_id=study,
+        limit=limit,
+        offset=offset,
+        before_id=before,
     )
-    return JobsPage(items=[JobRead.from_row(j) for j in jobs], total=total, limit=limit, offset=offset)
+    return JobsPage(
+        items=[JobRead.from_row(j) for j in jobs],
+        total=total,
+        limit=limit,
+        offset=offset,
+        next_before=jobs[-1].id if len(jobs) == limit else None,
+    )
 
 
 @router.get("/{job_id}", response_model=JobRead, responses=responses(*COMMON, 404))
