@@ -54,7 +54,7 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     )
     app.state.settings = settings
     app.state.sessions = session_factory(engine)
-    app.state.catalogues = store.CatalogueCache()
+    app.state.catalogues = store.CatalogueCache(within_s=settings.lease_s)
     app.state.submissions = SubmissionQueue(app.state.sessions, settings)
     # Outermost last: the Host header first, then forged browser writes, then the body itself,
     # then a place among the requests in progress.

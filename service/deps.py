@@ -55,9 +55,9 @@ def _found(published: store.PublishedCatalogue | None) -> store.PublishedCatalog
     return published
 
 
-# How often a submission is validated again because a new catalogue was published meanwhile
-# before it gives up with a 503: catalogues are published when a worker starts or its plugins
-# change, so one retry is the rare case and three in a row a storm.
+# How often a submission is validated again because the catalogue changed meanwhile before it
+# gives up with a 503: it changes when a worker starts, stops or its plugins change
+# (`store.catalogue_version`), so one retry is the rare case and three in a row a storm.
 CATALOGUE_RETRIES = 3
 CATALOGUE_RETRY_AFTER_S = 5
 

@@ -24,7 +24,6 @@ from fastapi.responses import HTMLResponse
 from sqlalchemy.exc import SQLAlchemyError
 
 from jobs.spec import MAX_LIST_LENGTH, MAX_PARAM_MAGNITUDE, MAX_STRING_LENGTH, OPTION_TEXT_PATTERN, Catalogue
-from service import store
 from service.auth import authorize
 
 log = logging.getLogger("optlab.api")
@@ -54,11 +53,11 @@ def install(app: FastAPI) -> None:
                 drop_security(static)
         try:
             with app.state.sessions() as session:
-                found = store.latest_catalogue(session=session)
+                found = app.state.catalogues.latest(session=session)
         except SQLAlchemyError:  # the document must not fail with the database: serve it without names
             log.warning("OpenAPI served without the catalogue's names: the job store did not answer")
             found = None
-        return with_catalogue(static, found[0]) if found else static
+        return with_catalogue(static, found.catalogue) if found else static
 
     app.openapi = openapi  # type: ignore[method-assign]
 

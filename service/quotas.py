@@ -195,7 +195,7 @@ class SubmissionQueue:
             with self.sessions() as session, submission_lock(session):
                 names = [submission.submitted_by for submission in batch]
                 room = QueueRoom.count(session=session, settings=self.settings, names=names)
-                newest = store.newest_catalogue_version(session=session)
+                newest = store.catalogue_version(session=session, within_s=self.settings.lease_s)
                 for submission in batch:
                     self._store_one(submission, session=session, room=room, newest=newest)
                 session.commit()

@@ -10,18 +10,18 @@ gone (another attempt exists), and the worker stops its job process.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import bindparam, false, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from jobs.result import TERMINAL_STATUSES, AttemptRecord, ErrorRecord, JobResult, JobStatus, Progress
 from jobs.spec import AnySpec, Catalogue, CheckSpec, default_style, framework_of_style
-from service.capabilities import JobNeeds, needs_of
+from service.capabilities import JobNeeds, OfferedOptimizers, needs_of, optimizers_named
 from service.db import submission_lock
 from service.models import CatalogueSnapshot, Job, WorkerRow, utcnow
 
@@ -36,11 +36,13 @@ class Lease(StrEnum):
 
 @dataclass(frozen=True)
 class ClaimFilter:
-    """What a worker can take now: its frameworks and its free slots (GPU slots among them)."""
+    """What a worker can take now: its frameworks, its free slots (GPU slots among them) and the
+    optimizers its own catalogue has (None: not known yet, any)."""
 
     frameworks: tuple[str, ...]
     free_slots: int
     free_gpu_slots: int
+    optimizers: OfferedOptimizers | None = None
 
 
 def as_utc(moment: datetime | None) -> datetime | None:
@@ -224,9 +226,25 @@ def _fits(fits: ClaimFilter) -> Any:
     free_cpu_slots = fits.free_slots - fits.free_gpu_slots
     one_kind = (slots <= free_cpu_slots) | (slots <= fits.free_gpu_slots)
     gpu, cpu = device.like("cuda%"), device == "cpu"
-    return framework.in_(fits.frameworks) & (
+    fitting = framework.in_(fits.frameworks) & (
         (gpu & (slots <= fits.free_gpu_slots)) | (cpu & (slots <= fits.free_slots)) | (~gpu & ~cpu & one_kind)
     )
+    return fitting if fits.optimizers is None else fitting & _offers_optimizers(framework, fits.optimizers)
+
+
+def _offers_optimizers(framework: Any, offered: OfferedOptimizers) -> Any:
+    """SQL for "the worker's catalogue has the job's optimizer, and its wrapper's base if it names one,
+    for the job's framework". Left unclaimed, a job another worker's plugin offers waits for that
+    worker (claimed here, it had failed as an unknown optimizer). A check job is not filtered: it may
+    name a class in a file, not in any catalogue."""
+
+    def has(name: Any) -> Any:
+        per_framework = [(framework == f) & name.in_(sorted(names)) for f, names in offered.items()]
+        return or_(false(), *per_framework)
+
+    base = Job.spec[("optimizer", "base", "name")].as_string()
+    named = has(Job.spec[("optimizer", "name")].as_string()) & (base.is_(None) | has(base))
+    return (Job.kind == "check") | named
 
 
 def _cancel_stranded(session: Session, which: Any, now: datetime) -> None:
@@ -542,17 +560,8 @@ def publish_catalogue(*, session: Session, worker_id: str, catalogue: dict[str, 
         session.commit()
 
 
-def latest_catalogue(*, session: Session) -> tuple[Catalogue, datetime] | None:
-    snapshot = session.scalars(select(CatalogueSnapshot).order_by(*_NEWEST_FIRST).limit(1)).first()
-    if snapshot is None:
-        return None
-    published = as_utc(snapshot.published_at)
-    assert published is not None
-    return Catalogue.model_validate(snapshot.data), published
-
-
-# A snapshot's version: the worker that published it, and when.
-CatalogueVersion = tuple[str, datetime]
+# The snapshots a catalogue is made of: the worker that published each, and when, by worker id.
+CatalogueVersion = tuple[tuple[str, datetime], ...]
 
 # Newest first, ties (two workers in one microsecond) broken the same way by every query.
 _NEWEST_FIRST = (CatalogueSnapshot.published_at.desc(), CatalogueSnapshot.worker_id.desc())
@@ -560,39 +569,96 @@ _NEWEST_FIRST = (CatalogueSnapshot.published_at.desc(), CatalogueSnapshot.worker
 _NEWEST_CATALOGUE = (
     select(CatalogueSnapshot.worker_id, CatalogueSnapshot.published_at).order_by(*_NEWEST_FIRST).limit(1)
 )
+_LIVE_CATALOGUES = (
+    select(CatalogueSnapshot.worker_id, CatalogueSnapshot.published_at)
+    .join(WorkerRow, WorkerRow.worker_id == CatalogueSnapshot.worker_id)
+    .where(WorkerRow.last_seen >= bindparam("since"))
+    .order_by(CatalogueSnapshot.worker_id)
+)
 
 
-def newest_catalogue_version(*, session: Session) -> CatalogueVersion | None:
-    """The latest snapshot's version (a few bytes, not its 40 KB of JSON); None before any."""
+def catalogue_version(*, session: Session, within_s: float) -> CatalogueVersion | None:
+    """Which snapshots the API validates against (a few bytes each, not their 40 KB of JSON): those
+    of the workers live within `within_s` (`live_workers`), so a job is accepted for an optimizer a
+    live worker offers, whichever published last, and not for one only a stopped worker had. With
+    none live (an API started before its workers, every worker gone) the newest snapshot of any, as
+    a job may wait for a worker to come; None before any was published."""
+    since = utcnow() - timedelta(seconds=within_s)
+    live = session.execute(_LIVE_CATALOGUES, {"since": since}).all()
+    if live:
+        return tuple((row.worker_id, row.published_at) for row in live)
     newest = session.execute(_NEWEST_CATALOGUE).first()
-    return None if newest is None else (newest.worker_id, newest.published_at)
+    return None if newest is None else ((newest.worker_id, newest.published_at),)
 
 
 @dataclass(frozen=True)
 class PublishedCatalogue:
-    """A catalogue snapshot, validated, with its version."""
+    """A catalogue, validated (the union of the snapshots it is made of), with its version."""
 
     catalogue: Catalogue
     version: CatalogueVersion
 
     @property
     def published_at(self) -> datetime:
-        published = as_utc(self.version[1])
+        """When the newest of its snapshots was published."""
+        published = as_utc(max(when for _, when in self.version))
         assert published is not None
         return published
 
 
+def latest_catalogue(*, session: Session, within_s: float) -> PublishedCatalogue | None:
+    """The catalogue `catalogue_version` names, read and merged; None before any was published."""
+    version = catalogue_version(session=session, within_s=within_s)
+    return None if version is None else _load_catalogue(session, version, within_s)
+
+
+def _load_catalogue(
+    session: Session, version: CatalogueVersion, within_s: float
+) -> PublishedCatalogue | None:
+    snapshots = [session.get(CatalogueSnapshot, worker, populate_existing=True) for worker, _ in version]
+    found = [snapshot for snapshot in snapshots if snapshot is not None]
+    if len(found) < len(version):  # a worker's row went in between: read what is latest now
+        return latest_catalogue(session=session, within_s=within_s)
+    found.sort(key=lambda snapshot: (as_utc(snapshot.published_at), snapshot.worker_id), reverse=True)
+    catalogues = [Catalogue.model_validate(snapshot.data) for snapshot in found]
+    actual = tuple(sorted((snapshot.worker_id, snapshot.published_at) for snapshot in found))
+    return PublishedCatalogue(catalogue_union(catalogues), actual)
+
+
+def catalogue_union(catalogues: Sequence[Catalogue]) -> Catalogue:
+    """Everything any of `catalogues` has, newest first: where two have the same optimizer (name,
+    framework and style), schedule or workload, the first one's entry is kept; load errors of all."""
+    if len(catalogues) == 1:
+        return catalogues[0]
+    optimizers = _first_of_each(catalogues, "optimizers", lambda o: (o["name"], o["framework"], o["style"]))
+    schedules = _first_of_each(catalogues, "schedules", lambda s: s["name"])
+    workloads = _first_of_each(catalogues, "workloads", lambda w: w["name"])
+    errors = _first_of_each(catalogues, "errors", lambda e: tuple(sorted(e.items())))
+    return Catalogue(optimizers=optimizers, schedules=schedules, workloads=workloads, errors=errors)
+
+
+def _first_of_each(catalogues: Sequence[Catalogue], field: str, key: Callable[[Any], Hashable]) -> list[Any]:
+    kept: dict[Hashable, Any] = {}
+    for catalogue in catalogues:
+        for entry in getattr(catalogue, field):
+            kept.setdefault(key(entry), entry)
+    return list(kept.values())
+
+
 class CatalogueCache:
-    """The latest published catalogue, read and validated once per publication.
+    """The catalogue the API validates against (`catalogue_version`), read and validated once per
+    change.
 
     A snapshot is about 40 KB of JSON: decoding and validating it took over a millisecond, on
-    every submission. `latest` asks only which snapshot is the latest and reloads it when that
-    changed, so a catalogue published a moment ago is seen at once. `cached` asks nothing: its
-    callers check the version where it matters (see `service.deps.submit_validated`). Shared by
-    the API's threads; `Catalogue` is read-only.
+    every submission. `latest` asks only which snapshots make it up and reloads them when that
+    changed (a worker published, started or stopped), so a catalogue published a moment ago is
+    seen at once. `cached` asks nothing: its callers check the version where it matters (see
+    `service.deps.submit_validated`). Shared by the API's threads; `Catalogue` is read-only.
+    `within_s`: the lease within which a worker is live (the API's settings).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, within_s: float) -> None:
+        self.within_s = within_s
         self._latest: PublishedCatalogue | None = None
 
     def cached(self) -> PublishedCatalogue | None:
@@ -600,18 +666,13 @@ class CatalogueCache:
         return self._latest
 
     def latest(self, *, session: Session) -> PublishedCatalogue | None:
-        version = newest_catalogue_version(session=session)
+        version = catalogue_version(session=session, within_s=self.within_s)
         if version is None:
             return None
         cached = self._latest  # one read: another thread may replace it meanwhile
         if cached is not None and cached.version == version:
             return cached
-        snapshot = session.get(CatalogueSnapshot, version[0], populate_existing=True)
-        if snapshot is None:  # its worker's row went in between: the one now latest
-            return self.latest(session=session)
-        loaded = PublishedCatalogue(
-            Catalogue.model_validate(snapshot.data), (snapshot.worker_id, snapshot.published_at)
-        )
+        loaded = _load_catalogue(session, version, self.within_s)
         self._latest = loaded
         return loaded
 
@@ -652,9 +713,12 @@ def live_workers(*, session: Session, within_s: float) -> list[WorkerRow]:
     return list(session.scalars(select(WorkerRow).where(WorkerRow.last_seen >= since)).all())
 
 
-def waiting_reason(*, session: Session, job: Job, within_s: float) -> str | None:
+def waiting_reason(
+    *, session: Session, job: Job, within_s: float, catalogues: CatalogueCache | None = None
+) -> str | None:
     """Why a queued job is not running, when no live worker can run it; None: it waits its turn.
-    A running job: what holds it up, as its progress says (None: nothing does)."""
+    A running job: what holds it up, as its progress says (None: nothing does). `catalogues`: the
+    API's cache of what live workers offer (None: read from the store)."""
     if job.status is JobStatus.RUNNING:
         return job.waiting
     if job.status is not JobStatus.QUEUED:
@@ -676,6 +740,28 @@ def waiting_reason(*, session: Session, job: Job, within_s: float) -> str | None
             "(distribution.devices); "
             f"the largest live worker has {largest}"
         )
+    return _unoffered_optimizer(session, job, workers, catalogues or CatalogueCache(within_s=within_s))
+
+
+def _unoffered_optimizer(
+    session: Session, job: Job, workers: Sequence[WorkerRow], catalogues: CatalogueCache
+) -> str | None:
+    """Why a queued training job waits when no live worker's catalogue has its optimizer (or its
+    wrapper's base): each worker claims only what its own has (`_fits`); None where one has them."""
+    if job.kind == "check":
+        return None
+    published = catalogues.latest(session=session)
+    live = {worker.worker_id for worker in workers}
+    if published is None or not live & {worker for worker, _ in published.version}:
+        return None  # no live worker's catalogue to judge by: `catalogue_version` fell back
+    framework = needs_of(job.spec).framework
+    for name in optimizers_named(job.spec):
+        if published.catalogue.optimizer(name, framework) is None:
+            return (
+                f"no live worker offers optimizer {name!r} for {framework} jobs (its plugin is missing "
+                "or failed to load where workers run: GET /optimizers lists load errors); it waits "
+                "for a worker that does"
+            )
     return None
 
 

@@ -68,10 +68,12 @@ from jobs.spec import default_style
 from service import job_log, store
 from service.capabilities import (
     JobNeeds,
+    OfferedOptimizers,
     catalogue_frameworks,
     catalogue_sha256,
     gpu_index_refusal,
     needs_of,
+    offered_optimizers,
     visible_gpus,
 )
 from service.models import Job
@@ -197,6 +199,7 @@ class Worker:
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
         self.frameworks: tuple[str, ...] = ALL_FRAMEWORKS
+        self.optimizers: OfferedOptimizers | None = None  # before the catalogue is known: claim any
         self.seen_at = 0.0
         self.job_threads = settings.job_threads or default_job_threads(count)
         self.pool = WarmPool(settings.job_python) if settings.warm_pool else None
@@ -208,6 +211,8 @@ class Worker:
         fingerprinted = fingerprint(self.plugins.folders)
         catalogue = produce_catalogue(self.settings)
         self.frameworks = tuple(catalogue_frameworks(catalogue))
+        # Its own names, current with its plugins: it claims only jobs of optimizers it can build.
+        self.optimizers = offered_optimizers(catalogue)
         self.plugin_files = plugin_files_by_name(catalogue)  # before jobs can be submitted against it
         with self.sessions() as session:
             store.publish_catalogue(session=session, worker_id=self.worker_id, catalogue=catalogue)
@@ -319,7 +324,11 @@ class Worker:
         had held up every claim and heartbeat, so the worker read as gone."""
 
         def finalize() -> bool:
-            return finalize_next_study(sessions=self.sessions, tracking_uri=self.settings.mlflow_tracking_uri)
+            return finalize_next_study(
+                sessions=self.sessions,
+                tracking_uri=self.settings.mlflow_tracking_uri,
+                within_s=self.settings.lease_s,
+            )
 
         self._keep_doing(finalize, "summarize ended studies", self.settings.poll_interval_s)
 
@@ -388,6 +397,7 @@ class Worker:
                 frameworks=self.frameworks,
                 free_slots=len(free),
                 free_gpu_slots=sum(1 for slot in free if slot.gpu is not None),
+                optimizers=self.optimizers,
             )
             sent = time.monotonic()
             with self.sessions() as session:

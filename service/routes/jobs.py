@@ -106,11 +106,13 @@ def list_jobs(
 
 
 @router.get("/{job_id}", response_model=JobRead, responses=responses(*COMMON, 404))
-def get_job(job_id: JobId, session: SessionDep, settings: SettingsDep) -> JobRead:
+def get_job(job_id: JobId, request: Request, session: SessionDep, settings: SettingsDep) -> JobRead:
     job = store.get_job(session=session, job_id=job_id)
     if job is None:
         raise HTTPException(status_code=404, detail=f"no job with id {job_id}")
-    reason = store.waiting_reason(session=session, job=job, within_s=settings.lease_s)
+    reason = store.waiting_reason(
+        session=session, job=job, within_s=settings.lease_s, catalogues=request.app.state.catalogues
+    )
     return JobRead.from_row(job).model_copy(update={"waiting_reason": reason})
 
 

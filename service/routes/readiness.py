@@ -54,7 +54,7 @@ def readyz(session: SessionDep, settings: SettingsDep) -> Readiness | JSONRespon
     conditions = {
         "database": database_condition(session),
         "mlflow": mlflow_condition(settings.mlflow_tracking_uri),
-        "catalogue": catalogue_condition(session),
+        "catalogue": catalogue_condition(session, within_s=settings.lease_s),
     }
     missing = [name for name, condition in conditions.items() if not condition.ok]
     readiness = Readiness(ready=not missing, missing=missing, **conditions)
@@ -92,15 +92,13 @@ def mlflow_condition(tracking_uri: str) -> Condition:
     return Condition(ok=True, detail=f"{shown} answers")
 
 
-def catalogue_condition(session: Session) -> Condition:
+def catalogue_condition(session: Session, *, within_s: float) -> Condition:
     try:
-        found = store.latest_catalogue(session=session)
+        found = store.latest_catalogue(session=session, within_s=within_s)
     except SQLAlchemyError as exc:
         session.rollback()
         return Condition(ok=False, detail=f"cannot read the catalogue: {type(exc).__name__}")
     if found is None:
         return Condition(ok=False, detail="no worker has published the optimizer catalogue yet")
-    catalogue, published_at = found
-    return Condition(
-        ok=True, detail=f"{len(catalogue.optimizers)} optimizers, published {published_at.isoformat()}"
-    )
+    optimizers, published_at = len(found.catalogue.optimizers), found.published_at
+    return Condition(ok=True, detail=f"{optimizers} optimizers, published {published_at.isoformat()}")

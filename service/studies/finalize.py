@@ -48,13 +48,14 @@ RETRY_AFTER_ERROR_S = 30.0
 DEFAULT_SELECTION: tuple[str, Literal["min", "max"]] = ("val/loss", "min")
 
 
-def finalize_next_study(*, sessions: Any, tracking_uri: str) -> bool:
-    """Finalize one ended study, if there is one; False when there was none."""
+def finalize_next_study(*, sessions: Any, tracking_uri: str, within_s: float) -> bool:
+    """Finalize one ended study, if there is one; False when there was none. `within_s`: the lease
+    within which a worker is live (its catalogue counts: `store.catalogue_version`)."""
     with sessions() as session:
         study = study_store.claim_study_to_finalize(session=session, lease_s=FINALIZE_LEASE_S)
         # Read only for a claimed study: this runs on every poll of every worker, and the catalogue
         # is the store's largest row.
-        catalogue = store.latest_catalogue(session=session) if study is not None else None
+        catalogue = store.latest_catalogue(session=session, within_s=within_s) if study is not None else None
     if study is None:
         return False
     try:
@@ -63,7 +64,7 @@ def finalize_next_study(*, sessions: Any, tracking_uri: str) -> bool:
                 sessions=sessions,
                 tracking_uri=tracking_uri,
                 study=study,
-                catalogue=catalogue[0] if catalogue else None,
+                catalogue=catalogue.catalogue if catalogue else None,
             )
     except Exception as exc:  # MLflow unreachable, say: shown on the study and tried again
         log.exception("study %s: could not compute its summary", study.id)

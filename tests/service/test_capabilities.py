@@ -6,20 +6,23 @@ import stat
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import inspect, select, text
+from sqlalchemy import inspect, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.result import CheckpointRecord, JobResult, JobStatus, Progress
-from jobs.spec import JobSpec
+from jobs.spec import CheckSpec, JobSpec
 from service import store
+from service import worker as worker_module
 from service.app import create_app
+from service.capabilities import catalogue_frameworks
 from service.db import make_engine, migrate, session_factory
-from service.models import Job
+from service.models import Job, WorkerRow, utcnow
 from service.settings import Settings
 from service.store import ClaimFilter, Lease
 from service.worker import Worker
@@ -39,7 +42,8 @@ def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[sessio
     migrate(engine)
     yield session_factory(engine)
     with engine.begin() as connection:  # the PostgreSQL database is shared by the session: leave it empty
-        connection.execute(text("DELETE FROM jobs"))
+        for table in ("jobs", "catalogue", "workers"):
+            connection.execute(text(f"DELETE FROM {table}"))
     engine.dispose()
 
 
@@ -106,6 +110,200 @@ def test_the_store_lets_an_auto_ddp_job_claim_slots_of_one_kind_only(
     assert claimable(3, 1) == ["auto", "cpu"]  # two CPU-only slots
     assert claimable(2, 0) == ["auto", "cpu"]
     assert claimable(1, 1) == []
+
+
+# Jobs of each kind a claim by optimizer tells apart, by what they run: a worker of plugins differing
+# from its neighbours' (a rolling deploy, a plugin failing to import on one host) must leave a job of
+# an optimizer it lacks to a worker that has it.
+OPTIMIZER_JOBS: dict[str, dict[str, Any]] = {
+    "plugin": {"optimizer": {"name": "sign_momentum"}},
+    "builtin": {"optimizer": {"name": "adam"}},
+    "tf plugin": {"framework": "tensorflow", "optimizer": {"name": "sign_momentum"}},
+    "wrapping plugin": {"optimizer": {"name": "lookahead", "base": {"name": "sign_momentum"}}},
+    "wrapping builtin": {"optimizer": {"name": "lookahead", "base": {"name": "adam"}}},
+}
+
+
+@pytest.mark.parametrize(
+    ("offered", "claimable"),
+    [
+        (None, ["plugin", "builtin", "tf plugin", "wrapping plugin", "wrapping builtin", "check"]),
+        (
+            {"torch": {"adam", "sign_momentum", "lookahead"}},
+            ["plugin", "builtin", "wrapping plugin", "wrapping builtin", "check"],
+        ),
+        (
+            {"torch": {"adam", "lookahead"}, "tensorflow": {"sign_momentum"}},
+            ["builtin", "tf plugin", "wrapping builtin", "check"],
+        ),
+        ({"torch": {"adam", "sign_momentum"}}, ["plugin", "builtin", "check"]),  # no wrapper here
+        ({}, ["check"]),  # a check may name a class in a file: not judged by any catalogue
+    ],
+)
+def test_a_worker_claims_only_jobs_of_optimizers_its_own_catalogue_has(
+    any_store: sessionmaker[Session], offered: dict[str, set[str]] | None, claimable: list[str]
+) -> None:
+    with any_store() as session:
+        ids = {
+            label: store.create_job(session=session, spec=spec(**fields)).id
+            for label, fields in OPTIMIZER_JOBS.items()
+        }
+        check = CheckSpec.model_validate({"framework": "torch", "optimizer": {"name": "sign_momentum"}})
+        ids["check"] = store.create_job(session=session, spec=check).id
+    optimizers = None if offered is None else {f: frozenset(names) for f, names in offered.items()}
+    fits = ClaimFilter(
+        frameworks=("torch", "tensorflow"), free_slots=1, free_gpu_slots=0, optimizers=optimizers
+    )
+    with any_store() as session:
+        found = session.execute(select(Job.id).where(store._fits(fits)).order_by(Job.id)).scalars().all()
+    assert [label for label, job_id in ids.items() if job_id in found] == claimable
+
+
+def with_plugin(catalogue: dict[str, Any]) -> dict[str, Any]:
+    """`catalogue` as a worker whose plugin folder holds `sign_momentum` (a torch one) publishes it."""
+    lion = next(o for o in catalogue["optimizers"] if (o["name"], o["style"]) == ("lion", "torch"))
+    return {**catalogue, "optimizers": [*catalogue["optimizers"], {**lion, "name": "sign_momentum"}]}
+
+
+def publish_as_worker(
+    sessions: sessionmaker[Session], worker_id: str, catalogue: dict[str, Any], *, live: bool = True
+) -> None:
+    """What a worker's `publish_catalogue` stores: its snapshot and its row; not `live`: last seen a
+    minute ago (stopped, as far as a 30 s lease tells)."""
+    with sessions() as session:
+        store.publish_catalogue(session=session, worker_id=worker_id, catalogue=catalogue)
+        store.register_worker(
+            session=session,
+            worker_id=worker_id,
+            frameworks=catalogue_frameworks(catalogue),
+            devices=["cpu"],
+            gpus=0,
+            slots=1,
+            catalogue_sha256="0" * 64,
+        )
+        if not live:
+            seen = utcnow() - timedelta(seconds=60)
+            session.execute(update(WorkerRow).where(WorkerRow.worker_id == worker_id).values(last_seen=seen))
+            session.commit()
+
+
+@pytest.mark.parametrize(
+    ("live", "published_last", "offered"),
+    [
+        (("with", "without"), "without", True),  # what any live worker offers, whichever published last
+        (("without",), "with", False),  # not what a worker that stopped offered, though it published last
+        ((), "with", True),  # none live (an API before its workers): the newest, as a job may wait
+        ((), "without", False),
+    ],
+)
+def test_the_api_validates_against_the_catalogues_of_the_live_workers(
+    any_store: sessionmaker[Session],
+    catalogue_data: dict[str, Any],
+    live: tuple[str, ...],
+    published_last: str,
+    offered: bool,
+) -> None:
+    catalogues = {"with": with_plugin(catalogue_data), "without": catalogue_data}
+    for worker_id in sorted(catalogues, key=lambda worker_id: worker_id == published_last):
+        publish_as_worker(any_store, worker_id, catalogues[worker_id], live=worker_id in live)
+    cache = store.CatalogueCache(within_s=30)
+    with any_store() as session:
+        found = cache.latest(session=session)
+        assert found is not None
+        assert (found.catalogue.optimizer("sign_momentum", "torch") is not None) is offered
+        # The union: each implementation once, the plugin's beside every built-in one.
+        assert len(found.catalogue.optimizers) == len(catalogue_data["optimizers"]) + offered
+        assert cache.latest(session=session) is found  # nothing changed: not read again
+        assert store.catalogue_version(session=session, within_s=30) == found.version
+
+
+def test_a_queued_job_of_an_optimizer_no_live_worker_offers_says_so(
+    any_store: sessionmaker[Session], catalogue_data: dict[str, Any]
+) -> None:
+    with any_store() as session:
+        plugin = store.create_job(session=session, spec=spec(optimizer={"name": "sign_momentum"})).id
+        wrapped = {"name": "lookahead", "base": {"name": "sign_momentum"}}
+        wrapper_of_plugin = store.create_job(session=session, spec=spec(optimizer=wrapped)).id
+        builtin = store.create_job(session=session, spec=spec()).id
+    publish_as_worker(any_store, "without", catalogue_data)
+    publish_as_worker(any_store, "stopped", with_plugin(catalogue_data), live=False)
+
+    def reason(job_id: int) -> str | None:
+        with any_store() as session:
+            job = store.get_job(session=session, job_id=job_id)
+            assert job is not None
+            return store.waiting_reason(session=session, job=job, within_s=30)
+
+    unoffered = "no live worker offers optimizer 'sign_momentum' for torch jobs (its plugin is missing"
+    assert (reason(plugin) or "").startswith(unoffered)
+    assert (reason(wrapper_of_plugin) or "").startswith("no live worker offers optimizer 'lookahead'")
+    assert reason(builtin) is None  # it only waits its turn
+    publish_as_worker(any_store, "with", with_plugin(catalogue_data))
+    assert reason(plugin) is None
+
+
+def test_a_worker_claims_by_its_catalogue_as_its_plugins_change(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    catalogue_data: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    produced = [catalogue_data]
+    monkeypatch.setattr(worker_module, "produce_catalogue", lambda _settings: produced[-1])
+    with sessions() as session:
+        first, second = (
+            store.create_job(session=session, spec=spec(optimizer={"name": "sign_momentum"})).id
+            for _ in range(2)
+        )
+    worker = Worker(settings, sessions, worker_id="rolling", slots=2)
+    worker.publish_catalogue()
+    assert worker.claim() is None  # not deployed here yet: left queued
+    produced.append(with_plugin(catalogue_data))
+    worker.publish_catalogue()  # the plugin arrived
+    claimed = worker.claim()
+    assert claimed is not None and claimed[0].id == first
+    produced.append(catalogue_data)
+    worker.publish_catalogue()  # it went (or stopped importing)
+    assert worker.claim() is None
+    with sessions() as session:  # the other waits for a worker that has the plugin
+        job = store.get_job(session=session, job_id=second)
+        assert job is not None and job.status is JobStatus.QUEUED
+
+
+def test_a_job_only_one_worker_offers_is_accepted_and_left_to_that_worker(
+    client: TestClient,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    catalogue_data: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A rolling deploy: worker A has the plugin, B not yet, and B published last. The API had
+    refused the job (B's catalogue, the newest), or accepted it for B to claim and fail."""
+    workers = {}
+    for worker_id, catalogue in (("a", with_plugin(catalogue_data)), ("b", catalogue_data)):
+        monkeypatch.setattr(worker_module, "produce_catalogue", lambda _settings, c=catalogue: c)
+        workers[worker_id] = Worker(settings, sessions, worker_id=worker_id)
+        workers[worker_id].publish_catalogue()
+    body = {**BODY, "optimizer": {"name": "sign_momentum", "params": {"lr": 0.01}}}
+
+    submitted = client.post("/jobs", json=body)
+
+    assert submitted.status_code == 201, submitted.text
+    job_id = submitted.json()["id"]
+    assert workers["b"].claim() is None
+    shown = client.get(f"/jobs/{job_id}").json()
+    assert (shown["status"], shown["waiting_reason"]) == ("queued", None)  # A runs it: it waits its turn
+    claimed = workers["a"].claim()
+    assert claimed is not None and claimed[0].id == job_id
+    with sessions() as session:  # A stops: no live worker offers it any more
+        session.execute(
+            update(WorkerRow)
+            .where(WorkerRow.worker_id == "a")
+            .values(last_seen=utcnow() - timedelta(seconds=60))
+        )
+        session.commit()
+    refused = client.post("/jobs", json=body)
+    assert refused.status_code == 422 and "unknown optimizer 'sign_momentum'" in refused.text
 
 
 def register(sessions: sessionmaker[Session], worker_id: str, **fields: Any) -> None:

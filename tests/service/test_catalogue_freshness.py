@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from datetime import datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -90,21 +90,21 @@ def test_a_catalogue_that_changes_at_every_commit_gives_a_503_and_stores_nothing
     assert client.post("/jobs", json=ADAM).status_code == 201
     stored = jobs_stored(sessions)
     asked, batches = 0, 0
-    real_version, real_store = store.newest_catalogue_version, SubmissionQueue._store
+    real_version, real_store = store.catalogue_version, SubmissionQueue._store
 
-    def always_newer(*, session: Session) -> tuple[str, datetime] | None:
+    def always_newer(*, session: Session, within_s: float) -> store.CatalogueVersion | None:
         nonlocal asked
         asked += 1
-        version = real_version(session=session)
+        version = real_version(session=session, within_s=within_s)
         assert version is not None
-        return version[0], version[1] + timedelta(microseconds=asked)
+        return tuple((worker, published + timedelta(microseconds=asked)) for worker, published in version)
 
     def counted(queue: SubmissionQueue, batch: Any) -> None:
         nonlocal batches
         batches += 1
         real_store(queue, batch)
 
-    monkeypatch.setattr(store, "newest_catalogue_version", always_newer)
+    monkeypatch.setattr(store, "catalogue_version", always_newer)
     monkeypatch.setattr(SubmissionQueue, "_store", counted)
 
     response = client.post("/jobs", json=ADAM)
@@ -156,9 +156,9 @@ def test_a_catalogue_is_published_only_outside_a_batch_of_submissions(
             publishing.join(0.5)
             assert publishing.is_alive(), "published while a batch held the submission lock"
             with sessions() as session:
-                assert store.newest_catalogue_version(session=session) is None
+                assert store.catalogue_version(session=session, within_s=30) is None
             batch.commit()
         publishing.join(10)
         assert not publishing.is_alive()
         with sessions() as session:
-            assert store.newest_catalogue_version(session=session) is not None
+            assert store.catalogue_version(session=session, within_s=30) is not None

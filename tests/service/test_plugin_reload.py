@@ -69,9 +69,9 @@ def running_worker(
 
 def published(sessions: sessionmaker[Session]) -> Catalogue:
     with sessions() as session:
-        latest = store.latest_catalogue(session=session)
+        latest = store.latest_catalogue(session=session, within_s=30)
     assert latest is not None
-    return latest[0]
+    return latest.catalogue
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float = 120.0) -> float:

@@ -349,11 +349,11 @@ def test_catalogue_publish_and_latest(
     sessions: sessionmaker[Session], catalogue_data: dict[str, Any]
 ) -> None:
     with sessions() as session:
-        assert store.latest_catalogue(session=session) is None
+        assert store.latest_catalogue(session=session, within_s=30) is None
         store.publish_catalogue(session=session, worker_id="w1", catalogue=catalogue_data)
         store.publish_catalogue(session=session, worker_id="w1", catalogue=catalogue_data)  # replaces
-        found = store.latest_catalogue(session=session)
-        assert found is not None and found[0].optimizer("ema_momentum") is not None
+        found = store.latest_catalogue(session=session, within_s=30)
+        assert found is not None and found.catalogue.optimizer("ema_momentum") is not None
         with pytest.raises(ValueError):
             store.publish_catalogue(session=session, worker_id="w2", catalogue={"optimizers": "nope"})
 

@@ -336,7 +336,7 @@ def test_a_summary_that_waits_on_mlflow_says_so_while_it_waits_then_why_it_faile
     monkeypatch.setattr(finalize, "SLOW_SUMMARY_NOTE_S", 0.05)
     summarizing = threading.Thread(
         target=finalize.finalize_next_study,
-        kwargs={"sessions": sessions, "tracking_uri": "http://mlflow.test:5000"},
+        kwargs={"sessions": sessions, "tracking_uri": "http://mlflow.test:5000", "within_s": 30},
     )
     summarizing.start()
     try:
