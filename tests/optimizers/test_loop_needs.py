@@ -252,7 +252,7 @@ class HessianInItsBasesStep(HessianInAHelper):
 
 class HessianThroughTwoArgumentSuper(HessianInAHelper):
     def step(self, closure: Any = None) -> Any:
-        return super(HessianThroughTwoArgumentSuper, self).step(closure)
+        return super(HessianThroughTwoArgumentSuper, self).step(closure)  # noqa: UP008 (the form read)
 
 
 class SuperStepOfAFrameworkBase(torch.optim.SGD):
