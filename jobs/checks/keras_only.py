@@ -30,10 +30,13 @@ from jobs.checks.tools import (
 )
 from jobs.frameworks.base import known_fix
 from jobs.frameworks.keras_driver import (
+    XLA_FIX,
+    XLA_ONLY_FAILURE,
     KerasDriver,
     names_an_unknown_class,
     plain_config,
     tracked_outside,
+    xla_cannot_compile,
 )
 
 # Closeness of two computations that should agree up to float32 rounding (graph rewrites);
@@ -270,11 +273,10 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
         xla = _run_steps(ctx, grads, compile_with=True)
     except Exception as exc:
         return warned(
-            "the update works under tf.function but not with jit_compile=True (XLA): "
-            f"{_first_line(exc, ctx)}; "
+            f"the update {XLA_ONLY_FAILURE}: {xla_cannot_compile(exc) or _first_line(exc, ctx)}; "
             "jobs with jit_compile will fail",
             where=user_line(ctx, exc),
-            fix="avoid ops XLA cannot compile in the update (tf.py_function, tf.print, string ops)",
+            fix=XLA_FIX,
         )
     xla_diff = max_diff(eager, xla)
     if not _all_close(eager, xla, XLA_RTOL, XLA_ATOL):

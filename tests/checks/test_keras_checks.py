@@ -586,3 +586,26 @@ def test_a_fault_in_build_fails_dense_step_once_and_the_other_checks_say_so(work
     assert set(failed) == {"dense_step"}, {c.id: c.detail for c in failed.values()}
     assert "build_fails: a slot this class never finished" in failed["dense_step"].detail
     assert "test_keras_checks.py:" in failed["dense_step"].where
+
+
+class HostRoundTripSGD(keras.optimizers.Optimizer):
+    """SGD passing each gradient through Python: any tf.function runs it, XLA cannot compile it."""
+
+    def __init__(self, learning_rate: float = 0.01, **kwargs: object) -> None:
+        super().__init__(learning_rate=learning_rate, **kwargs)  # type: ignore[arg-type]
+
+    def update_step(self, gradient: object, variable: object, learning_rate: object) -> None:
+        passed = tf.py_function(lambda g: g, [gradient], gradient.dtype)  # type: ignore[attr-defined]
+        passed.set_shape(gradient.shape)  # type: ignore[attr-defined]
+        self.assign_sub(variable, keras.ops.cast(learning_rate, variable.dtype) * passed)  # type: ignore[attr-defined]
+
+
+def test_an_update_xla_cannot_compile_is_a_warn_naming_the_op(workdir: Path) -> None:
+    """In the words a job with jit_compile says it in (one wording, in the Keras driver)."""
+    outcome = _run("graph_mode", _context(f"{__name__}:HostRoundTripSGD", workdir))
+    assert outcome.status == "warn", outcome.detail
+    assert (
+        "the update works under tf.function but not with jit_compile=True (XLA): XLA cannot compile "
+        "EagerPyFunc; jobs with jit_compile will fail" in outcome.detail
+    ), outcome.detail
+    assert "Fix: avoid ops XLA cannot compile in the update (tf.py_function" in outcome.detail

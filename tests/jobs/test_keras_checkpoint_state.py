@@ -5,9 +5,12 @@ keeps its variables in a structure of its own still passes."""
 
 from __future__ import annotations
 
+import errno
 import re
+import shutil
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -273,3 +276,185 @@ def test_unseeded_keras_random_draws_are_drawn_alike_by_both_probe_steps(every: 
     result = run(spec, tmp_path, dirs)
     assert all(c.ok for c in result.checkpoints) and not result.warnings, result.warnings
     forget("tests_keras_noisy_sgd")
+
+
+def keras_module(style: str) -> Any:
+    import keras
+    import tf_keras
+
+    return keras if style == "keras" else tf_keras
+
+
+def short_job_spec(name: str, style: str) -> Any:
+    """Two steps, one checkpoint (the last: the whole model is saved too)."""
+    return tf_spec(name, style, {"lr": 0.05}, steps=2, checkpoint_every=2, eval_every=2)
+
+
+def a_full_disk(monkeypatch: pytest.MonkeyPatch) -> None:
+    """4,096 bytes free, as `free_space_note` reads it."""
+    monkeypatch.setattr(
+        shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 4096, 4096)
+    )  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("style", "model_file"), [("keras", "model.keras"), ("tf_legacy", "model.h5")])
+def test_a_whole_model_save_that_meets_a_full_disk_names_its_file_and_leaves_no_part_of_it(
+    style: str, model_file: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Keras's own words were a bare `OSError: [Errno 28]`, naming no file, and the truncated model
+    stayed behind, keeping the disk full."""
+
+    def full(model: Any, filepath: Any, *args: Any, **kwargs: Any) -> None:
+        Path(filepath).write_bytes(b"torn")  # a part written, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    job = job_of(short_job_spec("sgd", style), tmp_path)
+    monkeypatch.setattr(keras_module(style).Model, "save", full)
+    a_full_disk(monkeypatch)
+    with pytest.raises(OSError) as failure:
+        job.run()
+    message = str(failure.value)
+    assert re.match(
+        rf"could not write the checkpoint \S+/step-00000002/{re.escape(model_file)}: OSError: ", message
+    )
+    assert "No space left on device" in message
+    assert message.endswith("has 4,096 bytes free: the disk is full, or nearly"), message
+    assert sorted(p.name for p in (job.checkpoint_dir / "step-00000002").iterdir()) == []
+
+
+def test_a_checkpoint_write_that_meets_a_full_disk_names_it_and_leaves_none_of_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TensorFlow's own words name only SaveV2 and a temp file (`ResourceExhaustedError ... No space
+    left on device`), and the files it had written stayed."""
+    import tensorflow as tf
+
+    def full(checkpoint: Any, file_prefix: str, *args: Any, **kwargs: Any) -> str:
+        Path(f"{file_prefix}.index").write_bytes(b"torn")
+        Path(f"{file_prefix}_temp").mkdir()
+        Path(f"{file_prefix}_temp/part-00000-of-00001.data-00000-of-00001").write_bytes(b"torn")
+        raise tf.errors.ResourceExhaustedError(None, None, "ckpt_temp/part-00000; No space left on device")
+
+    job = job_of(short_job_spec("sgd", "keras"), tmp_path)
+    monkeypatch.setattr(tf.train.Checkpoint, "write", full)
+    a_full_disk(monkeypatch)
+    with pytest.raises(OSError) as failure:
+        job.run()
+    message = str(failure.value)
+    assert re.match(
+        r"could not write the checkpoint \S+/step-00000002/ckpt: ResourceExhaustedError: ", message
+    )
+    assert message.endswith("has 4,096 bytes free: the disk is full, or nearly"), message
+    assert sorted(p.name for p in (job.checkpoint_dir / "step-00000002").iterdir()) == ["model.keras"]
+
+
+TENSOR_CONFIG = {
+    "keras": """
+import keras
+import tensorflow as tf
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class TensorConfig(keras.optimizers.SGD):
+    '''Returns its beta from get_config as the tensor it keeps.'''
+
+    def __init__(self, learning_rate=0.01, beta=0.9, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+        self.beta = tf.constant(beta)
+
+    def get_config(self):
+        return {**super().get_config(), "beta": self.beta}
+""",
+    "tf_legacy": """
+import tensorflow as tf
+import tf_keras
+
+
+@tf_keras.utils.register_keras_serializable(package="tests")
+class TensorConfig(tf_keras.optimizers.legacy.SGD):
+    '''Returns its beta from get_config as the tensor it keeps.'''
+
+    def __init__(self, learning_rate=0.01, beta=0.9, name="TensorConfig", **kwargs):
+        super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+        self.beta = tf.constant(beta)
+
+    def get_config(self):
+        return {**super().get_config(), "beta": self.beta}
+""",
+}
+
+
+@pytest.mark.parametrize(("style", "model_file"), [("keras", "model.keras"), ("tf_legacy", "model.h5")])
+def test_a_config_a_saved_model_cannot_hold_is_named_by_its_key(
+    style: str, model_file: str, tmp_path: Path
+) -> None:
+    """tf.keras's h5 save raised a bare `TypeError: Unable to serialize 0.9 to JSON. Unrecognized type
+    EagerTensor` (Keras 3 saves it and fails to load it back)."""
+    dirs = plugin(tmp_path, "tensor_config", TENSOR_CONFIG[style])
+    job = job_of(short_job_spec("tensor_config", style), tmp_path, dirs)
+    with pytest.raises(CheckpointMismatch) as failure:
+        job.run()
+    assert str(failure.value).startswith(
+        f"{model_file}: TensorConfig.get_config() returns 'beta' of type EagerTensor, which a saved model's "
+        "config cannot hold; return plain Python values from get_config"
+    ), failure.value
+    assert not (job.checkpoint_dir / "step-00000002" / f"partial-{model_file}").exists()
+    forget("tests_tensor_config")
+
+
+def legacy_scaled_sgd(name: str, stored: str) -> str:
+    """A legacy SGD scaled by `scale`, which it keeps as `stored` says and returns from get_config."""
+    return f"""
+import tf_keras
+from tf_keras import backend
+
+
+@tf_keras.utils.register_keras_serializable(package="tests")
+class {name}(tf_keras.optimizers.legacy.Optimizer):
+    def __init__(self, learning_rate=0.01, scale=1.0, name="{name}", **kwargs):
+        super().__init__(name, **kwargs)
+        self._set_hyper("learning_rate", learning_rate)
+        self.scale = {stored}
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        return var.assign_sub(self._decayed_lr(var.dtype) * self.scale * grad)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(learning_rate=self._serialize_hyperparameter("learning_rate"), scale=self.scale)
+        return config
+"""
+
+
+def test_a_class_that_turns_its_input_into_another_value_passes_but_a_round_trip_that_changes_it_fails(
+    tmp_path: Path,
+) -> None:
+    """`epsilon or backend.epsilon()`, as tf.keras's own Adam writes it, makes 0 its 1e-7: the
+    job had failed "hyperparameter 'epsilon' was 0 but came back as 1e-07", blaming the save. A
+    value that each rebuild changes again (halved when stored, returned halved) still fails."""
+    dirs = plugin(
+        tmp_path, "defaulting_sgd", legacy_scaled_sgd("DefaultingSgd", "scale or backend.epsilon()")
+    )
+    spec = tf_spec("defaulting_sgd", "tf_legacy", {"lr": 0.05, "scale": 0.0}, steps=4, checkpoint_every=2)
+    assert run(spec, tmp_path / "defaulting", dirs).checkpoints_verified == 2
+    forget("tests_defaulting_sgd")
+    dirs = plugin(tmp_path, "halving_sgd", legacy_scaled_sgd("HalvingSgd", "scale / 2"))
+    spec = tf_spec("halving_sgd", "tf_legacy", {"lr": 0.05, "scale": 1.0}, steps=4, checkpoint_every=2)
+    with pytest.raises(CheckpointMismatch) as failure:
+        run(spec, tmp_path / "halving", dirs)
+    assert str(failure.value) == (
+        "model.h5: hyperparameter 'scale' was 1.0 (the trained optimizer's get_config() gives 0.5) but came "
+        "back as 0.25"
+    )
+    forget("tests_halving_sgd")
+    # A get_config() that reports a constant while the class holds the value it was given: still a fault.
+    constant = legacy_scaled_sgd("ConstantSgd", "scale").replace("scale=self.scale", "scale=1.0")
+    dirs = plugin(tmp_path, "constant_sgd", constant)
+    spec = tf_spec("constant_sgd", "tf_legacy", {"lr": 0.05, "scale": 0.5}, steps=4, checkpoint_every=2)
+    with pytest.raises(CheckpointMismatch) as failure:
+        run(spec, tmp_path / "constant", dirs)
+    assert str(failure.value) == (
+        "model.h5: hyperparameter 'scale' was 0.5 (the trained optimizer's get_config() gives 1.0) but came "
+        "back as 1.0"
+    )
+    forget("tests_constant_sgd")

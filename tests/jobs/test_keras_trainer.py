@@ -710,3 +710,239 @@ def test_a_class_that_reads_its_rate_as_a_number_is_told_a_job_gives_it_a_schedu
     )
     assert "self._decayed_lr(var_dtype)" in message
     sys.modules.pop("tests_rate_as_number", None)
+
+
+CENTRED_SGD = """
+import keras
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class CentredSgd(keras.optimizers.SGD):
+    '''Gradient centralization (https://arxiv.org/abs/2004.01461) in apply_gradients, as TF ports
+    write it: each kernel's gradient loses its mean over the input axis, then plain SGD.'''
+
+    def apply_gradients(self, grads_and_vars):
+        centred = [
+            (g - keras.ops.mean(g, axis=0, keepdims=True) if len(g.shape) > 1 else g, v)
+            for g, v in grads_and_vars
+        ]
+        return super().apply_gradients(centred)
+"""
+
+CENTRED_SGD_LEGACY = """
+import tensorflow as tf
+import tf_keras
+
+
+@tf_keras.utils.register_keras_serializable(package="tests")
+class CentredSgdLegacy(tf_keras.optimizers.legacy.SGD):
+    '''Gradient centralization in _compute_gradients, which tf.keras's fit runs through minimize.'''
+
+    def __init__(self, learning_rate=0.01, name="CentredSgdLegacy", **kwargs):
+        super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+
+    def _compute_gradients(self, loss, var_list, grad_loss=None, tape=None):
+        pairs = super()._compute_gradients(loss, var_list, grad_loss=grad_loss, tape=tape)
+        return [
+            (g - tf.reduce_mean(g, axis=0, keepdims=True) if len(g.shape) > 1 else g, v) for g, v in pairs
+        ]
+"""
+
+
+@pytest.mark.parametrize(
+    ("style", "name", "source"),
+    [("keras", "centred_sgd", CENTRED_SGD), ("tf_legacy", "centred_sgd_legacy", CENTRED_SGD_LEGACY)],
+    ids=["keras apply_gradients", "tf_legacy _compute_gradients"],
+)
+def test_a_class_that_changes_its_gradients_where_fit_calls_it_is_stepped_through_that(
+    style: str, name: str, source: str, tmp_path: Path
+) -> None:
+    """Keras 3's fit calls apply_gradients, tf.keras's minimize (its _compute_gradients, then
+    apply_gradients): a job had called apply() (legacy: taken the gradients from the tape itself),
+    so the centralizing class trained exactly as plain SGD. Centred, SGD moves every kernel column
+    by a change whose mean over the inputs is zero."""
+    dirs = plugin(tmp_path, name, source)
+    spec = tf_spec(name, style, {"lr": 0.5}, schedule={"name": "constant"})
+    session = session_of(job_of(spec, tmp_path, dirs))
+    with session.scope():
+        objects = session.build()
+        kernels = [v for v in objects.model.trainable_variables if len(v.shape) > 1]
+        before = [np.array(v.numpy()) for v in kernels]
+        for step in range(3):
+            session.train_step(objects, session.batch(step), step)
+        for kernel, start in zip(kernels, before, strict=True):
+            change = np.asarray(kernel.numpy()) - start
+            assert np.abs(change).max() > 1e-3  # it trains
+            assert np.abs(change.mean(axis=0)).max() < 1e-6, np.abs(change.mean(axis=0)).max()
+    sys.modules.pop(f"tests_{name}", None)
+
+
+def test_the_checks_step_a_keras_class_through_its_apply_gradients_too() -> None:
+    """`optlab check` steps through the driver's `step`, which calls what a job calls."""
+    import keras
+
+    calls: list[int] = []
+
+    class Counting(keras.optimizers.SGD):
+        def apply_gradients(self, grads_and_vars: Any) -> Any:
+            calls.append(1)
+            return super().apply_gradients(grads_and_vars)
+
+    driver = driver_for("keras")
+    variables = driver.variables([np.ones((2, 2), np.float32)])
+    optimizer = driver.optimizer_over(lambda _: Counting(learning_rate=0.1), variables)
+    driver.step(optimizer, variables, [np.ones((2, 2), np.float32)])
+    assert calls == [1]
+    assert np.allclose(driver.values(variables)[0], 0.9)
+
+
+MINIMIZING_LEGACY = legacy_sgd(
+    "MinimizingLegacy",
+    registered=True,
+    methods="""
+    def minimize(self, loss, var_list, grad_loss=None, name=None, tape=None):
+        return super().minimize(loss, var_list, grad_loss=grad_loss, name=name, tape=tape)
+""",
+)
+
+
+def test_a_legacy_class_overriding_minimize_is_refused_when_its_job_starts(tmp_path: Path) -> None:
+    """fit calls minimize; a job takes the gradients and applies them itself, so the override would
+    be bypassed without a word."""
+    dirs = plugin(tmp_path, "minimizing_legacy", MINIMIZING_LEGACY)
+    with pytest.raises(ValueError) as refused:
+        job_of(tf_spec("minimizing_legacy", "tf_legacy", {"lr": 0.01}), tmp_path, dirs)
+    message = str(refused.value)
+    assert message.startswith(
+        "optimizer.name: optimizer 'minimizing_legacy': MinimizingLegacy overrides "
+        "minimize(), which tf.keras's fit calls but a job does not"
+    ), message
+    assert "_compute_gradients" in message and "apply_gradients" in message
+    sys.modules.pop("tests_minimizing_legacy", None)
+
+
+ACCUMULATING_SGD = """
+import keras
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class AccumulatingSgd(keras.optimizers.Optimizer):
+    '''SGD over the mean gradient of two batches: Keras's gradient_accumulation_steps, set by the class.'''
+
+    def __init__(self, learning_rate=0.05, **kwargs):
+        kwargs.setdefault("gradient_accumulation_steps", 2)
+        super().__init__(learning_rate=learning_rate, **kwargs)
+
+    def update_step(self, gradient, variable, learning_rate):
+        self.assign_sub(variable, keras.ops.cast(learning_rate, variable.dtype) * gradient)
+"""
+
+
+def test_a_class_that_accumulates_gradients_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
+    """Keras's `iterations` is then the update count (a tensor: apply() calls // 2): the probe step
+    after the last checkpoint had failed assigning it, and a resume refused "restored 7 iterations,
+    not its step 15". The weights change every second step, as the README says."""
+    dirs = plugin(tmp_path, "accumulating_sgd", ACCUMULATING_SGD)
+    spec = tf_spec("accumulating_sgd", "keras", {"lr": 0.1}, steps=20, checkpoint_every=15)
+    job = job_of(spec, tmp_path / "job", dirs)
+    session = session_of(job)
+    with session.scope():
+        objects = session.build()
+        moved = []
+        for step in range(4):
+            before = objects.model.get_weights()
+            session.train_step(objects, session.batch(step), step)
+            after = objects.model.get_weights()
+            moved.append(any(not np.array_equal(a, b) for a, b in zip(before, after, strict=True)))
+        assert moved == [False, True, False, True]
+    result = job.run()
+    assert [(c.step, c.ok) for c in result.checkpoints] == [(15, True), (20, True)]
+    resumed = session_of(job_of(spec, tmp_path / "again", dirs))
+    with resumed.scope():
+        trained = resumed.build()
+        for step in range(15):
+            resumed.train_step(trained, resumed.batch(step), step)
+        (tmp_path / "ckpts").mkdir()
+        path = resumed.checkpoint(trained, 15, tmp_path / "ckpts", next_step_follows=True).path
+        restored, step = resumed.resume(path)
+    assert step == 15 and int(restored.optimizer.iterations) == 7  # 15 batches, 7 updates
+    for saved, back in zip(trained.model.get_weights(), restored.model.get_weights(), strict=True):
+        assert np.array_equal(saved, back)
+    sys.modules.pop("tests_accumulating_sgd", None)
+
+
+HOST_ROUND_TRIP = """
+import keras
+import tensorflow as tf
+
+
+class HostRoundTrip(keras.optimizers.Optimizer):
+    '''SGD whose update passes the gradient through Python (tf.py_function): any tf.function runs it,
+    XLA cannot compile it.'''
+
+    def __init__(self, learning_rate=0.01, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+
+    def update_step(self, gradient, variable, learning_rate):
+        passed = tf.py_function(lambda g: g, [gradient], gradient.dtype)
+        passed.set_shape(gradient.shape)
+        self.assign_sub(variable, keras.ops.cast(learning_rate, variable.dtype) * passed)
+"""
+
+
+def test_an_update_only_xla_cannot_compile_is_told_so_under_jit_compile(tmp_path: Path) -> None:
+    """It had been told it "works eagerly but not inside tf.function" and to use tf.where, though it
+    runs under tf.function: `optlab check`'s graph_mode words it as XLA's, and so does the job."""
+    dirs = plugin(tmp_path, "host_round_trip", HOST_ROUND_TRIP)
+    with pytest.raises(GraphModeError) as failed:
+        run(
+            tf_spec("host_round_trip", "keras", {"lr": 0.01}, jit_compile=True, steps=2),
+            tmp_path / "xla",
+            dirs,
+        )
+    message = str(failed.value)
+    assert message.startswith(
+        "the update step of optimizer 'host_round_trip' (keras) works under tf.function but not with "
+        "jit_compile=True (XLA) (class HostRoundTrip in "
+    ), message
+    assert message.endswith(
+        ": XLA cannot compile EagerPyFunc. Avoid ops XLA cannot compile in the update (tf.py_function, "
+        "tf.print, string ops), or set the job's jit_compile to false"
+    ), message
+    assert USE_TENSOR_OPS not in message
+    spec = tf_spec("host_round_trip", "keras", {"lr": 0.01}, steps=2, checkpoint_every=2, eval_every=2)
+    session = session_of(job_of(spec, tmp_path / "graph", dirs))
+    with session.scope():  # without XLA its compiled step runs
+        session.train_step(session.build(), session.batch(0), 0)
+    sys.modules.pop("tests_host_round_trip", None)
+
+
+RATE_CHECKED = """
+import keras
+
+
+class RateChecked(keras.optimizers.SGD):
+    '''Checks its rate as a number when it is built, a common habit.'''
+
+    def __init__(self, learning_rate=0.01, **kwargs):
+        if float(learning_rate) <= 0:
+            raise ValueError(f"learning_rate must be positive, got {learning_rate}")
+        super().__init__(learning_rate=learning_rate, **kwargs)
+"""
+
+
+def test_a_class_that_checks_its_rate_as_a_number_when_built_is_told_a_job_gives_it_a_schedule(
+    tmp_path: Path,
+) -> None:
+    """Python's words had been "float() argument must be a string or a real number, not
+    'OptlabSchedule'": the explanation given at the first step was not given at the build."""
+    dirs = plugin(tmp_path, "rate_checked", RATE_CHECKED)
+    with pytest.raises(TypeError) as failed:
+        run(tf_spec("rate_checked", "keras", {"lr": 0.05}, steps=2), tmp_path, dirs)
+    message = str(failed.value)
+    assert message.startswith("optimizer 'rate_checked' (keras) reads its learning rate as a number at "), (
+        message
+    )
+    assert "rate_checked.py:" in message and "(`if float(learning_rate) <= 0:`)" in message
+    assert "a job always gives it a LearningRateSchedule (OptlabSchedule" in message
+    sys.modules.pop("tests_rate_checked", None)
