@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
@@ -43,6 +43,23 @@ class ClaimFilter:
     free_slots: int
     free_gpu_slots: int
     optimizers: OfferedOptimizers | None = None
+    # All its slots, busy or free (None: unknown, no slots are kept for an older job that needs more).
+    slots: int | None = None
+    gpu_slots: int = 0
+
+    def when_idle(self) -> ClaimFilter | None:
+        """What the worker could take with every slot free; None where its slots are unknown."""
+        if self.slots is None:
+            return None
+        return replace(self, free_slots=self.slots, free_gpu_slots=self.gpu_slots)
+
+    def leaving_room_for(self, needs: JobNeeds) -> ClaimFilter | None:
+        """What younger jobs may take while an older one that needs more slots than are free waits
+        for them: none of the slots it waits on (the GPU ones for a `cuda` job, so CPU jobs still run
+        beside it; every slot otherwise). None: nothing."""
+        if needs.gpu and self.free_slots > self.free_gpu_slots:
+            return replace(self, free_slots=self.free_slots - self.free_gpu_slots, free_gpu_slots=0)
+        return None
 
 
 def as_utc(moment: datetime | None) -> datetime | None:
@@ -285,6 +302,11 @@ def claim_next(
     expired = (Job.status == JobStatus.RUNNING) & (Job.lease_expires_at < now)
     _cancel_stranded(session, Job.cancel_requested.is_(True), now)
     claimable = (Job.status == JobStatus.QUEUED) | expired
+    if fits is not None:
+        fits = _keeping_slots_for_the_oldest(session, claimable, fits)
+        if fits is None:
+            session.rollback()
+            return None
     runnable = claimable if fits is None else claimable & _fits(fits)
     for _ in range(5):
         candidate = session.execute(
@@ -329,6 +351,25 @@ def claim_next(
         if _rowcount(claimed) == 1:
             return session.get(Job, job_id, populate_existing=True)
     return None
+
+
+def _keeping_slots_for_the_oldest(session: Session, claimable: Any, fits: ClaimFilter) -> ClaimFilter | None:
+    """`fits`, or less where the oldest job this worker could run with all its slots does not fit its
+    free ones now (a DDP job needing 2 slots while 1 is busy): younger jobs then take none of the slots
+    it waits on, or a steady stream of single-slot jobs would overtake it for ever (a probe saw one
+    wait for every later job). None: the worker claims nothing now."""
+    idle = fits.when_idle()
+    if idle is None:
+        return fits
+    oldest = session.execute(
+        select(Job.id, Job.spec, _fits(fits).label("fits_now"))
+        .where(claimable & _fits(idle))
+        .order_by(Job.id)
+        .limit(1)
+    ).first()
+    if oldest is None or oldest.fits_now:
+        return fits
+    return fits.leaving_room_for(needs_of(oldest.spec))
 
 
 def _fenced(job_id: int, worker_id: str, attempt: int) -> Any:

@@ -398,6 +398,8 @@ class Worker:
                 free_slots=len(free),
                 free_gpu_slots=sum(1 for slot in free if slot.gpu is not None),
                 optimizers=self.optimizers,
+                slots=len(self.slots),
+                gpu_slots=sum(1 for slot in self.slots if slot.gpu is not None),
             )
             sent = time.monotonic()
             with self.sessions() as session:

@@ -92,6 +92,46 @@ def test_a_worker_claims_only_the_jobs_it_can_run(any_store: sessionmaker[Sessio
         assert claimed is not None and claimed.id == tensorflow
 
 
+@pytest.mark.parametrize(
+    ("first", "free_slots", "free_gpu_slots", "claimed"),
+    [
+        ("ddp2", 1, 0, None),  # one of 2 CPU slots busy: the single job behind it waits too
+        ("ddp2", 2, 0, "ddp2"),
+        ("cuda", 1, 0, "single"),  # its GPU slot busy: a CPU job still takes the free CPU slot
+        ("single", 1, 0, "single"),
+    ],
+)
+def test_a_job_that_needs_more_slots_than_are_free_is_not_overtaken_by_younger_ones(
+    any_store: sessionmaker[Session], first: str, free_slots: int, free_gpu_slots: int, claimed: str | None
+) -> None:
+    """A DDP job needing both slots of a 2-slot worker waited while every single-slot job submitted
+    after it ran in the slot left free (a probe: a steady stream would hold it for ever)."""
+    specs = {
+        "ddp2": spec(batch_size=64, distribution={"strategy": "ddp", "devices": 2}, device="cpu"),
+        "cuda": spec(device="cuda"),
+        "single": spec(device="auto"),
+    }
+    with any_store() as session:
+        ids = {first: store.create_job(session=session, spec=specs[first]).id}
+        if first != "single":
+            ids["single"] = store.create_job(session=session, spec=specs["single"]).id
+        gpu_slots = 1 if first == "cuda" else 0
+        fits = ClaimFilter(
+            frameworks=("torch",),
+            free_slots=free_slots,
+            free_gpu_slots=free_gpu_slots,
+            slots=2,
+            gpu_slots=gpu_slots,
+        )
+        job = store.claim_next(session=session, worker_id="w", lease_s=30, fits=fits)
+        assert (job.id if job else None) == (ids[claimed] if claimed else None)
+        # A worker that could never run the older job (one slot in all) is not held back by it.
+        narrow = ClaimFilter(frameworks=("torch",), free_slots=1, free_gpu_slots=0, slots=1)
+        if first == "ddp2":
+            taken = store.claim_next(session=session, worker_id="narrow", lease_s=30, fits=narrow)
+            assert taken is not None and taken.id == ids["single"]
+
+
 def test_the_store_lets_an_auto_ddp_job_claim_slots_of_one_kind_only(
     any_store: sessionmaker[Session],
 ) -> None:
