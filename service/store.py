@@ -758,11 +758,15 @@ def waiting_reason(
     *, session: Session, job: Job, within_s: float, catalogues: CatalogueCache | None = None
 ) -> str | None:
     """Why a queued job is not running, when no live worker can run it; None: it waits its turn.
-    A running job: what holds it up, as its progress says (None: nothing does). `catalogues`: the
-    API's cache of what live workers offer (None: read from the store)."""
-    if job.status is JobStatus.RUNNING:
+    A running job: what holds it up, as its progress says (None: nothing does); one whose lease
+    expired (its worker died) waits to be taken over as a queued one waits to start, and is told so
+    where no live worker can take it (a DDP job's 2 slots after its 2-slot worker was replaced by a
+    1-slot one). `catalogues`: the API's cache of what live workers offer (None: read from the store)."""
+    lease = as_utc(job.lease_expires_at)
+    stranded = job.status is JobStatus.RUNNING and lease is not None and lease < utcnow()
+    if job.status is JobStatus.RUNNING and not stranded:
         return job.waiting
-    if job.status is not JobStatus.QUEUED:
+    if job.status is not JobStatus.QUEUED and not stranded:
         return None
     workers = live_workers(session=session, within_s=within_s)
     if not workers:

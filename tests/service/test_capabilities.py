@@ -5,6 +5,7 @@ from __future__ import annotations
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -352,6 +353,30 @@ def register(sessions: sessionmaker[Session], worker_id: str, **fields: Any) -> 
         store.register_worker(
             session=session, worker_id=worker_id, catalogue_sha256="0" * 64, **{**values, **fields}
         )
+
+
+def test_a_running_job_whose_worker_died_says_when_no_live_worker_can_take_it_over(
+    any_store: sessionmaker[Session],
+) -> None:
+    """Its 2-slot worker killed and replaced by a 1-slot one, a DDP job read as running, with no word."""
+    with any_store() as session:
+        ddp = spec(batch_size=64, distribution={"strategy": "ddp", "devices": 2})
+        job_id = store.create_job(session=session, spec=ddp).id
+        assert store.claim_next(session=session, worker_id="gone", lease_s=0.01) is not None
+
+    def reason() -> str | None:
+        with any_store() as session:
+            job = store.get_job(session=session, job_id=job_id)
+            assert job is not None and job.status is JobStatus.RUNNING
+            return store.waiting_reason(session=session, job=job, within_s=30)
+
+    register(any_store, "narrow", slots=1)
+    time.sleep(0.05)  # its lease expired
+    assert reason() == (
+        "needs 2 slots of one kind (GPU or CPU-only) (distribution.devices); the largest live worker has 1"
+    )
+    register(any_store, "wide", slots=2)
+    assert reason() is None  # it will be taken over
 
 
 def test_devices_no_live_worker_offers_are_refused_and_waiting_jobs_say_why(
