@@ -429,6 +429,28 @@ class JobSpec(BaseModel):
             )
         return distribution
 
+    @field_validator("distribution")
+    @classmethod
+    def _mirrored_xla_needs_gpus(
+        cls, distribution: Distribution | None, info: ValidationInfo
+    ) -> Distribution | None:
+        # Mirrored over logical CPUs, XLA refuses one replica's variables on another's device: such a
+        # job could only fail at its first step (on GPUs it is Keras's own way, and allowed).
+        if (
+            distribution is not None
+            and distribution.strategy == "mirrored"
+            and distribution.devices > 1
+            and info.data.get("jit_compile")
+            and info.data.get("device") == "cpu"
+        ):
+            raise PydanticCustomError(
+                "mirrored_xla_cpu",
+                "jit_compile (XLA) cannot compile a step mirrored over logical CPUs (device cpu); set "
+                "jit_compile to false, or run on GPUs",
+                {},
+            )
+        return distribution
+
     @property
     def devices(self) -> int:
         """How many devices (and worker slots) the job takes."""

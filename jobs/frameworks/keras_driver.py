@@ -809,6 +809,14 @@ class KerasSession(TrainingSession):
                 )
             devices = [f"/GPU:{first + i}" for i in range(count)]
         else:
+            if spec.jit_compile and count > 1:
+                # XLA places the replicas' step on the first logical CPU and then refuses the others'
+                # variables ("Trying to access resource .../replica_1/... located in device CPU:1").
+                raise ValueError(
+                    f"jit_compile: XLA cannot compile a step mirrored over {count} logical CPUs (TensorFlow "
+                    "refuses one replica's variables on another's device); set jit_compile to false, or "
+                    "run the job on GPUs (device cuda)"
+                )
             cpu = tf.config.list_physical_devices("CPU")[0]
             tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * count)
             devices = [f"/CPU:{i}" for i in range(count)]
@@ -888,12 +896,16 @@ class KerasSession(TrainingSession):
             norm = tf.linalg.global_norm(summed)
             return loss, norm if scale is None else norm / scale
 
+        # XLA compiles each replica's step, as Keras's own fit does: compiled whole, the cross-replica
+        # step read one replica's variables from another's device, which XLA refuses.
+        compiled = tf.function(replica_step, jit_compile=True) if self.spec.jit_compile else replica_step
+
         def step(xs: Any, ys: Any) -> tuple[Any, Any]:
-            losses, norms = strategy.run(replica_step, args=(xs, ys))
+            losses, norms = strategy.run(compiled, args=(xs, ys))
             norm = strategy.experimental_local_results(norms)[0]
             return strategy.reduce("sum", losses, axis=None), norm
 
-        return tf.function(step, jit_compile=self.spec.jit_compile)
+        return tf.function(step)
 
     def _gradients_as_given(self, grads: Sequence[Any]) -> list[Any]:
         """What the optimizer is given: an embedding's gradient is a tf.IndexedSlices (its rows and

@@ -946,3 +946,15 @@ def test_a_class_that_checks_its_rate_as_a_number_when_built_is_told_a_job_gives
     assert "rate_checked.py:" in message and "(`if float(learning_rate) <= 0:`)" in message
     assert "a job always gives it a LearningRateSchedule (OptlabSchedule" in message
     sys.modules.pop("tests_rate_checked", None)
+
+
+def test_a_job_mirrored_over_logical_cpus_under_xla_is_refused_before_it_starts(tmp_path: Path) -> None:
+    """It failed at its first step with XLA's "Trying to access resource .../replica_1/... located in
+    device CPU:1 from device CPU:0" (device `auto` on a host without GPUs: the API cannot tell)."""
+    spec = tf_spec(
+        "adam", "keras", {"lr": 0.01}, jit_compile=True, distribution={"strategy": "mirrored", "devices": 2}
+    )
+    with pytest.raises(
+        ValueError, match=r"^jit_compile: XLA cannot compile a step mirrored over 2 logical CPUs"
+    ):
+        job_of(spec, tmp_path)

@@ -36,6 +36,11 @@ BAD = [
     (body(strategy="ddp", devices=0), "greater than or equal to 1", "devices"),
     (body(strategy="horovod", devices=2), "'ddp' or 'mirrored'", "strategy"),
     (body(strategy="ddp"), "Field required", "devices"),
+    (
+        {**body("tensorflow", strategy="mirrored", devices=2), "jit_compile": True, "device": "cpu"},
+        "jit_compile (XLA) cannot compile a step mirrored over logical CPUs",
+        "distribution",
+    ),
 ]
 
 
