@@ -748,6 +748,16 @@ def touch_worker(*, session: Session, worker_id: str) -> None:
     session.commit()
 
 
+def worker_stopped(*, session: Session, worker_id: str) -> None:
+    """A worker that stopped is not live from now on (`live_workers`), not only once its lease passed."""
+    session.execute(
+        update(WorkerRow)
+        .where(WorkerRow.worker_id == worker_id)
+        .values(last_seen=datetime(1970, 1, 1, tzinfo=UTC))
+    )
+    session.commit()
+
+
 def live_workers(*, session: Session, within_s: float) -> list[WorkerRow]:
     """Workers seen within `within_s` seconds (a lease: a dead one is gone from here as fast as its jobs)."""
     since = utcnow() - timedelta(seconds=within_s)

@@ -301,6 +301,18 @@ class Worker:
             self.pool.close()
         for thread in self.threads:  # each hands its job back (or records how it ended)
             thread.join()
+        self._sign_off()
+
+    def _sign_off(self) -> None:
+        """No longer live, at once: a job it handed back had read as waiting its turn for a lease
+        (no waiting reason), and the API had validated against its catalogue meanwhile."""
+        try:
+            with self.sessions() as session:
+                store.worker_stopped(session=session, worker_id=self.worker_id)
+        except STORE_ERRORS:  # the store away: it is no longer live once its lease has passed
+            log.warning(
+                "worker %s: could not sign off in the job store; it reads as live for a lease", self.worker_id
+            )
 
     def _stay_registered(self) -> None:
         """Live workers are the ones seen within a lease: say so every heartbeat."""

@@ -438,6 +438,16 @@ def test_a_stopping_worker_hands_its_job_back_to_the_queue(
         settings, sessions, stand_in(tmp_path, 'echo started > "$W/started"; exec sleep 300')
     )
     job_id = submit(sessions)
+    with sessions() as session:
+        store.register_worker(
+            session=session,
+            worker_id=worker.worker_id,
+            frameworks=["torch"],
+            devices=["cpu"],
+            gpus=0,
+            slots=1,
+            catalogue_sha256="0" * 64,
+        )
     thread = threading.Thread(target=worker.run_forever)
     thread.start()
     _wait_for(lambda: (settings.jobs_dir / str(job_id) / "attempt-1" / "started").exists())
@@ -447,6 +457,8 @@ def test_a_stopping_worker_hands_its_job_back_to_the_queue(
     job = job_row(sessions, job_id)
     assert job.status == "queued" and job.attempt == 1
     assert job.error is not None and "worker stopped" in job.error["message"]
+    with sessions() as session:  # gone at once, not a lease later: its handed-back job says it waits for one
+        assert store.live_workers(session=session, within_s=settings.lease_s) == []
 
 
 def test_a_study_summary_waiting_on_mlflow_holds_up_no_claim_nor_heartbeat(
