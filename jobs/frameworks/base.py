@@ -11,6 +11,7 @@ user gets the same verdict in every framework.
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import traceback
 import warnings
@@ -50,6 +51,21 @@ _KNOWN_ERRORS: tuple[tuple[re.Pattern[str], str], ...] = (
         "so it works)",
     ),
 )
+
+
+def other_spec(path: Path, saved: Any, current: Any) -> str:
+    """Why a checkpoint written by another job spec is refused, naming the fields that differ (a DDP
+    job's checkpoint resumed by a one-device run had been told "a different job spec" alone)."""
+    written, wanted = saved.model_dump(mode="json"), current.model_dump(mode="json")
+    differ = [
+        f"{name} ({json.dumps(written.get(name))[:80]} there, {json.dumps(wanted.get(name))[:80]} here)"
+        for name in sorted(written.keys() | wanted.keys())
+        if written.get(name) != wanted.get(name)
+    ]
+    return (
+        f"checkpoint {path} was written by a different job spec ({'; '.join(differ)}); refusing to resume: "
+        "a checkpoint resumes the job that wrote it"
+    )
 
 
 def known_fix(error: BaseException) -> str | None:

@@ -66,6 +66,7 @@ from jobs.frameworks.base import (
     TrainingSession,
     WarningSink,
     known_fix,
+    other_spec,
     python_warnings_to,
 )
 from jobs.spec import JobSpec
@@ -1149,8 +1150,9 @@ class KerasSession(TrainingSession):
     def resume(self, path: Path) -> tuple[KerasObjects, int]:
         """Fresh objects with the tf.train.Checkpoint of record read into them, and its step."""
         state = json.loads((path / RESUME_STATE).read_text())
-        if JobSpec.model_validate_json(state["spec"]) != self.spec:
-            raise ValueError(f"checkpoint {path} was written by a different job spec; refusing to resume")
+        saved_spec = JobSpec.model_validate_json(state["spec"])
+        if saved_spec != self.spec:
+            raise ValueError(other_spec(path, saved_spec, self.spec))
         fresh = self.build()
         self._saver(fresh).read(str(path / "ckpt")).assert_consumed()
         step = int(state["step"])

@@ -58,6 +58,7 @@ from jobs.frameworks.base import (
     TrainingSession,
     WarningSink,
     equal_only_to_itself,
+    other_spec,
     python_warnings_to,
     raising_frame,
     source_files,
@@ -1764,7 +1765,7 @@ class TorchSession(TrainingSession):
         checkpoint = load_checkpoint(path)  # its bytes checked before (zip_damage)
         saved_spec = JobSpec.model_validate_json(checkpoint["spec"])
         if saved_spec != self.spec:
-            raise ValueError(f"checkpoint {path} was written by a different job spec; refusing to resume")
+            raise ValueError(other_spec(path, saved_spec, self.spec))
         if checkpoint["data_position"] != checkpoint["step"]:
             raise ValueError(f"checkpoint {path}: data position {checkpoint['data_position']} != step")
         return restore(checkpoint, self.build()), int(checkpoint["step"])

@@ -87,7 +87,9 @@ def test_stop_after_then_resume_equals_a_straight_run(make_job: MakeJob) -> None
 def test_resume_refuses_a_checkpoint_of_another_spec(make_job: MakeJob) -> None:
     first = make_job(digits_spec(steps=10))
     first.run()
-    with pytest.raises(ValueError, match="different job spec"):
+    with pytest.raises(
+        ValueError, match=r"different job spec \(seed \(0 there, 1 here\)\); refusing to resume"
+    ):
         make_job(digits_spec(steps=10, seed=1)).run(resume_from=first.last_checkpoint)
 
 
