@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Annotated
 
-from fastapi import Depends, HTTPException, Request
+from fastapi import Depends, HTTPException, Query, Request
 from sqlalchemy.orm import Session
 
 from jobs.spec import Catalogue, SpecError, SpecT, with_resolved_style
@@ -13,6 +13,16 @@ from service import store
 from service.idempotency import IdempotentRequest
 from service.quotas import CatalogueChanged, Stored, SubmissionQueue
 from service.settings import Settings
+
+# A list's cursor: the page after one whose `next_before` this was (stable while new items are added).
+BeforeQuery = Annotated[
+    int | None,
+    Query(
+        ge=1,
+        le=2**31 - 1,
+        description="only older ones (a lower id): the page after one whose `next_before` this was",
+    ),
+]
 
 
 async def get_settings(request: Request) -> Settings:

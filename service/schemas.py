@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Literal
 
@@ -188,8 +189,9 @@ class CheckSummary(BaseModel):
         return self.model_dump(mode="json", by_alias=True)
 
 
-class JobsPage(BaseModel):
-    items: list[JobRead]
+class Page(BaseModel):
+    """Where a page of a list, newest first, stands."""
+
     total: int
     limit: int
     offset: int
@@ -197,9 +199,17 @@ class JobsPage(BaseModel):
         default=None,
         description=(
             "for the next page, `?before=` this (the last item's id) while the page is full: stable while "
-            "jobs are submitted, where an offset shifts by each new job"
+            "new ones are added, where an offset shifts by each"
         ),
     )
+
+    @staticmethod
+    def next_before_of(ids: Sequence[int], limit: int) -> int | None:
+        return ids[-1] if len(ids) == limit else None
+
+
+class JobsPage(Page):
+    items: list[JobRead]
 
 
 class Health(BaseModel):

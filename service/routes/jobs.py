@@ -13,7 +13,7 @@ from service import store
 from service.admission import device_errors_asking
 from service.auth import CallerDep, submitter
 from service.capabilities import needs_of
-from service.deps import SessionDep, SettingsDep, submit_validated
+from service.deps import BeforeQuery, SessionDep, SettingsDep, submit_validated
 from service.idempotency import REPLAYED_ANSWER, IdempotentRequest, KeyHeader, mark_replayed
 from service.quotas import Stored
 from service.schemas import COMMON, WRITES, JobKind, JobRead, JobsPage, responses
@@ -78,14 +78,7 @@ def list_jobs(
     study: Annotated[int | None, Query(ge=1, le=2**31 - 1, description="only this study's jobs")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
-    before: Annotated[
-        int | None,
-        Query(
-            ge=1,
-            le=2**31 - 1,
-            description="only jobs with a lower id (older): the page after one whose `next_before` this was",
-        ),
-    ] = None,
+    before: BeforeQuery = None,
 ) -> JobsPage:
     jobs, total = store.list_jobs(
         session=session,
@@ -101,7 +94,7 @@ def list_jobs(
         total=total,
         limit=limit,
         offset=offset,
-        next_before=jobs[-1].id if len(jobs) == limit else None,
+        next_before=JobsPage.next_before_of([job.id for job in jobs], limit),
     )
 
 

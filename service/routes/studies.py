@@ -12,7 +12,7 @@ from jobs.spec import Catalogue, StudySpec, study_errors
 from service.admission import device_errors
 from service.auth import CallerDep, submitter
 from service.capabilities import needs_of
-from service.deps import CatalogueDep, SessionDep, SettingsDep
+from service.deps import BeforeQuery, CatalogueDep, SessionDep, SettingsDep
 from service.idempotency import REPLAYED_ANSWER, IdempotentRequest, KeyHeader, mark_replayed
 from service.models import Study
 from service.quotas import queue_room
@@ -117,10 +117,12 @@ def list_studies(
     settings: SettingsDep,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
+    before: BeforeQuery = None,
 ) -> StudiesPage:
-    studies, total = study_store.list_studies(session=session, limit=limit, offset=offset)
+    studies, total = study_store.list_studies(session=session, limit=limit, offset=offset, before_id=before)
     items = [_read(session, study, settings.mlflow_tracking_uri) for study in studies]
-    return StudiesPage(items=items, total=total, limit=limit, offset=offset)
+    next_before = StudiesPage.next_before_of([study.id for study in studies], limit)
+    return StudiesPage(items=items, total=total, limit=limit, offset=offset, next_before=next_before)
 
 
 @router.get("/{study_id}", response_model=StudyRead, responses=responses(*COMMON, 404))

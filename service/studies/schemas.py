@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from jobs.result import JobStatus
 from jobs.tracking import run_overview_url
 from service.models import Job, Study
+from service.schemas import Page
 from service.secrets import redact_url, split_credentials
 from service.store import as_utc
 from service.studies.runs import study_runs_url
@@ -203,8 +204,5 @@ def _mlflow(study: Study, tracking_uri: str) -> StudyMlflow | None:
     )
 
 
-class StudiesPage(BaseModel):
+class StudiesPage(Page):
     items: list[StudyRead]
-    total: int
-    limit: int
-    offset: int

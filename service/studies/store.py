@@ -58,8 +58,12 @@ def get_study(*, session: Session, study_id: int) -> Study | None:
     return session.get(Study, study_id, populate_existing=True)
 
 
-def list_studies(*, session: Session, limit: int, offset: int) -> tuple[list[Study], int]:
-    studies = session.scalars(select(Study).order_by(Study.id.desc()).limit(limit).offset(offset)).all()
+def list_studies(
+    *, session: Session, limit: int, offset: int, before_id: int | None = None
+) -> tuple[list[Study], int]:
+    """A page of studies, newest first (`before_id`: older than that one only), and how many there are."""
+    query = select(Study) if before_id is None else select(Study).where(Study.id < before_id)
+    studies = session.scalars(query.order_by(Study.id.desc()).limit(limit).offset(offset)).all()
     return list(studies), int(session.scalar(select(func.count()).select_from(Study)) or 0)
 
 

@@ -402,6 +402,15 @@ def test_a_failed_or_diverged_job_counts_the_steps_it_ran(
     assert (progress["steps_done"], progress["steps_total"], progress["fraction"]) == (24, 160, 0.15)
 
 
+def test_studies_page_by_before_without_repeats_while_studies_are_created(client: TestClient) -> None:
+    ids = [client.post("/studies", json=STUDY).json()["id"] for _ in range(3)]
+    first = client.get("/studies", params={"limit": 2}).json()
+    client.post("/studies", json=STUDY)  # created between two pages: an offset would repeat one
+    second = client.get("/studies", params={"limit": 2, "before": first["next_before"]}).json()
+    assert [s["id"] for s in first["items"] + second["items"]] == ids[::-1]
+    assert second["next_before"] is None
+
+
 @pytest.mark.parametrize(
     ("method", "path"),
     [("GET", "/studies/99"), ("POST", "/studies/99/cancel"), ("GET", "/studies/99/report")],
