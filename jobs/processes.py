@@ -210,6 +210,12 @@ def is_stopped(pid: int) -> bool:
     return stat.rpartition(")")[2].split()[:1] in (["T"], ["t"])
 
 
+def session_stopped(session_id: int) -> bool:
+    """Whether a process of session `session_id` is stopped (SIGSTOP, SIGTSTP, a debugger): a DDP
+    job's other ranks are in its top process's session, and one rank stopped holds up them all."""
+    return any(fields[0] in ("T", "t") for _, fields in session_processes(session_id))
+
+
 def session_processes(session_id: int) -> list[tuple[int, list[str]]]:
     """Every process of session `session_id` (a job's, which `start_in_own_group` made it lead), with
     the fields of its /proc stat from the state on (the state is [0], field 3 of proc(5)); [] off Linux."""

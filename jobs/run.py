@@ -215,20 +215,36 @@ def with_ranks_end(
     problem: RankProblem | None, status: JobStatus, result: JobResult
 ) -> tuple[JobStatus, JobResult]:
     """A DDP job's end once its other ranks ended: failed where one did not succeed; where one was
-    killed from outside (out of memory), failed with RANK_KILLED, which the worker retries, and rank
-    0's own error (a collective's peer gone) as what followed. A cancel stays a cancel."""
+    killed or stopped from outside (out of memory, an operator), failed with RANK_KILLED, which the
+    worker retries, and rank 0's own error (a collective's peer gone) as what followed; where one
+    failed by its own error, or was found stopped (SIGSTOP), while rank 0 met only the collective it
+    broke, that rank's error, with its traceback (rank 0's words alone had named no fault, the rank's
+    only in its own result). A cancel stays a cancel."""
     if problem is None or status is JobStatus.CANCELLED:
         return status, result
+    then = f"; rank 0 then: {result.error.message}" if result.error else ""
     if problem.killed_from_outside:
-        then = f"; rank 0 then: {result.error.message}" if result.error else ""
         return JobStatus.FAILED, result.with_fields(
             error=ErrorRecord(type=RANK_KILLED, message=problem.message + then)
         )
     if status is JobStatus.SUCCEEDED:
+        traceback = problem.error.traceback if problem.error else None  # the rank's own, where it wrote one
         return JobStatus.FAILED, result.with_fields(
-            error=ErrorRecord(type="RankFailed", message=problem.message)
+            error=ErrorRecord(type="RankFailed", message=problem.message, traceback=traceback)
+        )
+    if status is JobStatus.FAILED and problem.own_fault and _collective_broke(result.error):
+        own = problem.error or ErrorRecord(type="RankStopped", message=problem.message)  # SIGSTOPped
+        message = _clipped(problem.message + then, MESSAGE_LIMIT)
+        return status, result.with_fields(
+            error=ErrorRecord(type=own.type, message=message, traceback=own.traceback)
         )
     return status, result
+
+
+def _collective_broke(error: ErrorRecord | None) -> bool:
+    from jobs.distributed import is_collective_break
+
+    return is_collective_break(error)
 
 
 def start_ranks_if_ddp(
@@ -371,8 +387,12 @@ def run_job(args: argparse.Namespace) -> JobResult:
             error=record.model_copy(update={"message": f"{message}. Fix: {EXIT_FIX}"})
         )
         traceback.print_exception(exc, file=sys.stderr)
-    if ranks is not None:  # DDP: the job succeeded only if every rank did
+    if ranks is not None:  # DDP: the job succeeded only if every rank did, to the same weights
         status, result = with_ranks_end(ranks.finish(stop=status is not JobStatus.SUCCEEDED), status, result)
+        drifted = ranks.drifted(result.params_sha256) if status is JobStatus.SUCCEEDED else None
+        if drifted is not None:
+            print(drifted, file=sys.stderr)  # the job's log too, where a reader of the run looks
+            result = result.with_fields(warnings=[*(result.warnings or []), drifted])
     if isinstance(spec, JobSpec) and job is not None and status is not JobStatus.SUCCEEDED:
         result = result.with_fields(**checkpoints_so_far(job))
     if resume_point and resume_point.warnings:  # the newer checkpoints it passed over, first

@@ -748,6 +748,7 @@ def catalogue_errors(
             )
 
     errors += optimizer_errors(spec.optimizer, spec.framework, catalogue)
+    errors += _distribution_errors(spec, catalogue)
 
     schedule = catalogue.schedule(spec.schedule.name)
     if schedule is None:
@@ -794,6 +795,35 @@ def catalogue_errors(
                 )
             )
     return errors
+
+
+def _distribution_errors(spec: JobSpec, catalogue: Catalogue) -> list[SpecError]:
+    """DDP averages the ranks' gradients in place, which a gradient that carries its graph refuses:
+    an optimizer (or a wrapper's base) that needs backward(create_graph=True) fails at its first step
+    (the `distributed` check skips such a class for the same reason)."""
+    if spec.distribution is None or spec.distribution.strategy != "ddp":
+        return []
+    choice = spec.optimizer
+    optimizer = catalogue.optimizer(choice.name, spec.framework, choice.style)
+    if optimizer is None:
+        return []  # reported at optimizer.name
+    needs, needer = _stated_needs(choice, optimizer), "it"
+    base = choice.base
+    base_entry = catalogue.optimizer(base.name, spec.framework, base.style) if base is not None else None
+    if not needs.create_graph and base is not None and base_entry is not None:
+        needs, needer = _stated_needs(base, base_entry), f"its base {base.name!r}"
+    if not needs.create_graph:
+        return []
+    return [
+        SpecError(
+            loc=["body", "distribution"],
+            msg=f"distribution 'ddp' cannot train {choice.name!r}: {needer} needs "
+            "backward(create_graph=True) "
+            "(Hessian-vector products), and DDP averages the ranks' gradients in place, which a gradient "
+            "carrying its graph refuses (the job would fail at its first step); train it on one device: "
+            f"leave distribution out; received {{'strategy': 'ddp', 'devices': {spec.distribution.devices}}}",
+        )
+    ]
 
 
 def _sets_data_params(component: Component, workload: Mapping[str, Any]) -> bool:

@@ -40,8 +40,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.processes import (
     how_it_ended,
-    is_stopped,
     session_processes,
+    session_stopped,
     signal_group,
     start_in_own_group,
     terminate_group,
@@ -820,20 +820,28 @@ class Supervision:
             )
         return process
 
+    def _cap_logs(self) -> None:
+        """Keep the job's logs under OPTLAB_JOB_LOG_MB: its process's, and a DDP job's other ranks'
+        (`rank-N/log.txt`), which print as much as rank 0 (a plugin printing every step)."""
+        limit = int(self.settings.job_log_mb * job_log.MB)
+        for path, _ in attempt_logs(self.workdir, self.job.attempt):
+            job_log.cap(path, limit)
+
     def _watch(self, process: subprocess.Popen[bytes]) -> Stop | None:
         """Relay progress until the process exits; return why we stopped it, if we did."""
         started = self.claimed_at  # the time limit counts from the claim, for a warm process too
         while process.poll() is None:
             self._show_alive()
-            job_log.cap(self.workdir / LOG_FILE, int(self.settings.job_log_mb * job_log.MB))
+            self._cap_logs()
             progress = read_progress(self.workdir)
             self.last_progress = progress or self.last_progress
             self.own_progress = progress or self.own_progress
             if (self.workdir / FROZEN_FILE).exists():
                 self.stall.restart(time.monotonic())  # frozen while this worker was silent: no stall
-            elif self.last_progress is not None and not self.paused and is_stopped(process.pid):
+            elif self.last_progress is not None and not self.paused and session_stopped(process.pid):
                 # Stopped by someone else (this worker pauses it only while the store is away): it
-                # read as running well, the same step for as long as it stayed stopped.
+                # read as running well, the same step for as long as it stayed stopped. Any of its
+                # processes: a DDP job's rank stopped holds up every rank (its stacks cannot come).
                 self.last_progress = self.last_progress.model_copy(update={"waiting": STOPPED_FROM_OUTSIDE})
                 self.stall.restart(time.monotonic())  # a stop from outside is no stall of its own
             elif not self.paused and (progress is None or progress.waiting is None):

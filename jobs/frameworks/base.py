@@ -301,6 +301,11 @@ class TrainingSession(ABC):
         """Where the loop's work runs (TensorFlow: a device scope); nothing by default."""
         return nullcontext()
 
+    def publication_settled(self, step: int) -> None:
+        """The loop waited for the last checkpoint's publication before taking step's: a DDP job's
+        other ranks wait for rank 0 here (jobs.distributed.rank_0_waited); nothing by default."""
+        return None
+
     def tell_once(self, checkpointed: Checkpointed, step: int, inconclusive: str | None) -> None:
         """A probe step told inconclusive once a job, not at every checkpoint: its cause is the
         class's (a nondeterministic op, random draws), the same each time, and a long job's result

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from jobs.batches import BatchOrder
-from jobs.distributed import Rank, current_rank
+from jobs.distributed import Rank, current_rank, rank_0_waited
 from jobs.errors import free_space_note
 from jobs.frameworks.base import (
     Advice,
@@ -1513,6 +1513,10 @@ class TorchSession(TrainingSession):
         self._clock = DeviceClock(self.torch_device)
         # A stated backward_in_step is proven by this attempt's first step (then False).
         self._backward_in_step_unproven = self.needs.backward_in_step
+
+    def publication_settled(self, step: int) -> None:
+        if self.rank is not None:
+            rank_0_waited(self.rank, step)
 
     def _tensors(self, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.from_numpy(x).to(self.torch_device), torch.from_numpy(y).to(self.torch_device)

@@ -316,6 +316,7 @@ class TrainingJob:
         """Save, reload and verify (the last part with the next step, where the driver leaves it
         there); its publication then runs while training goes on."""
         self._settle_publication(wait=True)  # the one before, so that records stay in order
+        self.session.publication_settled(step)  # a DDP job's other ranks wait for rank 0's wait
         try:
             checkpointed = self.session.checkpoint(
                 objects, step, self.checkpoint_dir, next_step_follows=next_step_follows

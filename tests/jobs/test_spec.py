@@ -533,3 +533,40 @@ def test_an_unknown_optimizer_names_the_sources_that_failed_to_load(catalogue_da
         f". These failed to load, so optimizers they define are not known: {failed} and 1 more "
         "(GET /optimizers lists the errors whole)"
     )
+
+
+DDP = {"strategy": "ddp", "devices": 2}
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "who"),
+    [
+        ({"name": "hessian", "params": {"lr": 0.05}}, "it needs"),  # the catalogue detected it
+        ({"name": "adamw", "params": {"lr": 0.001}, "needs": {"create_graph": True}}, "it needs"),  # stated
+        (
+            {**LOOKAHEAD, "base": {**LOOKAHEAD["base"], "needs": {"create_graph": True}}},
+            "its base 'adamw' needs",
+        ),
+    ],
+    ids=["catalogue", "stated", "wrapper's base"],
+)
+def test_a_ddp_job_of_an_optimizer_that_needs_create_graph_is_refused_at_distribution(
+    wrapper_catalogue: Catalogue, optimizer: dict[str, Any], who: str
+) -> None:
+    # DDP averages gradients in place, which a gradient carrying its graph refuses: it failed at step 1.
+    data = wrapper_catalogue.model_dump()
+    template = next(o for o in data["optimizers"] if o["name"] == "ema_momentum" and o["style"] == "torch")
+    data["optimizers"].append(
+        {**template, "name": "hessian", "needs": {**template["needs"], "create_graph": True}}
+    )
+    catalogue = Catalogue.model_validate(data)
+    spec = JobSpec.model_validate(example(optimizer=optimizer, distribution=DDP))
+    (error,) = catalogue_errors(spec, catalogue, max_steps=MAX_STEPS)
+    assert error.loc == ["body", "distribution"]
+    assert (
+        f"distribution 'ddp' cannot train {optimizer['name']!r}: {who} backward(create_graph=True)"
+        in error.msg
+    )
+    assert "leave distribution out" in error.msg
+    one_device = JobSpec.model_validate(example(optimizer=optimizer))
+    assert catalogue_errors(one_device, catalogue, max_steps=MAX_STEPS) == []

@@ -753,3 +753,56 @@ def test_a_job_that_meets_a_full_disk_as_its_worker_starts_it_goes_back_to_the_q
     job = job_row(sessions, job_id)
     assert job.status == "queued", job.error  # not failed: another worker, or this one with space
     assert job.error is not None and "its worker's disk is full" in job.error["message"]
+
+
+def test_a_ddp_jobs_other_ranks_logs_are_bounded_too(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    """Only rank 0's log was capped: a rank printing every step filled the disk under rank-N/."""
+    body = (
+        'mkdir -p "$W/rank-1"; '
+        "for i in $(seq 1 40); do head -c 51200 /dev/zero | tr '\\0' x; echo \" line $i\"; sleep 0.05; "
+        'done >> "$W/rank-1/log.txt"; exit 1'  # as jobs.distributed opens it: appended to
+    )
+    worker = make_worker(settings.model_copy(update={"job_log_mb": 0.25}), sessions, stand_in(tmp_path, body))
+    job_id = submit(sessions)
+    worker.run_next()
+    log = (settings.jobs_dir / str(job_id) / "attempt-1" / "rank-1" / LOG_FILE).read_text()
+    assert len(log) < 40 * 51200 // 2
+    assert " line 1\n" in log and " line 40\n" in log
+    assert log.count("[optlab: output cut here") == 1
+
+
+def test_a_ddp_job_whose_other_rank_is_stopped_from_outside_says_so(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    """Only the top process (rank 0) was looked at: a rank SIGSTOPped read as a stall, whose stacks it
+    could not write, and then as a collective's timeout."""
+    body = (
+        'echo \'{"step": 3, "total": 10}\' > "$W/progress.json"; '
+        'sh -c \'echo $$ > "$1/pid"; kill -STOP $$\' rank "$W" & wait; '  # rank 1, stopped; rank 0 waits
+        'echo \'{"job_id": "1", "attempt": 1, "workdir": "/w", "status": "succeeded"}\' > "$W/result.json"'
+    )
+    worker = make_worker(settings.model_copy(update={"heartbeat_s": 0.2}), sessions, stand_in(tmp_path, body))
+    job_id = submit(sessions)
+    running = threading.Thread(target=worker.run_next)
+    running.start()
+
+    def waiting() -> str | None:
+        with sessions() as session:
+            job = store.get_job(session=session, job_id=job_id)
+            return None if job is None else job.waiting
+
+    deadline = time.monotonic() + 20
+    try:
+        while waiting() != worker_module.STOPPED_FROM_OUTSIDE and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert waiting() == worker_module.STOPPED_FROM_OUTSIDE
+    finally:  # continued whatever was seen: a process left stopped would hold the worker's thread
+        deadline = time.monotonic() + 10
+        while not list((tmp_path / "jobs").rglob("pid")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        pid = int(next((tmp_path / "jobs").rglob("pid")).read_text())
+        os.kill(pid, signal.SIGCONT)
+        running.join(20)
+    assert job_row(sessions, job_id).status == "succeeded"
