@@ -252,8 +252,8 @@ def _fits(fits: ClaimFilter) -> Any:
 def _offers_optimizers(framework: Any, offered: OfferedOptimizers) -> Any:
     """SQL for "the worker's catalogue has the job's optimizer, and its wrapper's base if it names one,
     for the job's framework". Left unclaimed, a job another worker's plugin offers waits for that
-    worker (claimed here, it had failed as an unknown optimizer). A check job is not filtered: it may
-    name a class in a file, not in any catalogue."""
+    worker (claimed here, it had failed as an unknown optimizer). A check job too: it names a
+    catalogue's optimizer as a training job does (a class in a file is checked locally only)."""
 
     def has(name: Any) -> Any:
         per_framework = [(framework == f) & name.in_(sorted(names)) for f, names in offered.items()]
@@ -261,7 +261,7 @@ def _offers_optimizers(framework: Any, offered: OfferedOptimizers) -> Any:
 
     base = Job.spec[("optimizer", "base", "name")].as_string()
     named = has(Job.spec[("optimizer", "name")].as_string()) & (base.is_(None) | has(base))
-    return (Job.kind == "check") | named
+    return named
 
 
 def _cancel_stranded(session: Session, which: Any, now: datetime) -> None:
@@ -801,10 +801,8 @@ def waiting_reason(
 def _unoffered_optimizer(
     session: Session, job: Job, workers: Sequence[WorkerRow], catalogues: CatalogueCache
 ) -> str | None:
-    """Why a queued training job waits when no live worker's catalogue has its optimizer (or its
+    """Why a queued job (training or check) waits when no live worker's catalogue has its optimizer (or its
     wrapper's base): each worker claims only what its own has (`_fits`); None where one has them."""
-    if job.kind == "check":
-        return None
     published = catalogues.latest(session=session)
     live = {worker.worker_id for worker in workers}
     if published is None or not live & {worker for worker, _ in published.version}:
