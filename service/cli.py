@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
@@ -21,6 +21,9 @@ from jobs.checks.report import CHECK_IDS
 from jobs.result import JobStatus
 from jobs.spec import optimizer_label
 from service.settings import Settings, token_names
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
 
 # The commands whose processes hold secrets (tokens, the job store's URL) while jobs run other
 # people's code as the same user: their environment and memory are kept from other processes.
@@ -142,7 +145,9 @@ same arguments as `python -m jobs.checks`; with --remote, the optlab API queues 
 job (POST /checks) for a registered optimizer and this follows it.
 
 exit status: 0 when no check fails, 1 when one does, 2 for a usage error
-(unknown target, file not found, class not an optimizer, a refused request).
+(unknown target, file not found, class not an optimizer, a file that exits when
+imported, a --json path that cannot be written, a refused request), 130 for Ctrl-C,
+141 when stdout's reader closed the pipe.
 """
 
 CHECK_EXAMPLES = """\
@@ -282,6 +287,10 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
         return 2
+    engine = open_store(settings, "optlab api")  # a bad URL in one line, before any process starts
+    if engine is None:
+        return 2
+    engine.dispose()
     if args.workers == 1:
         uvicorn.run(create_app(settings), host=settings.api_host, port=settings.api_port, log_level="info")
         return 0
@@ -299,11 +308,18 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
-    from service.db import make_engine, migrate, session_factory
+    from service.db import migrate, session_factory
+    from service.secrets import redact_url
     from service.worker import CatalogueError, Worker, install_stop_handlers
 
-    engine = make_engine(settings.resolved_database_url)
-    migrate(engine)
+    engine = open_store(settings, "optlab worker")
+    if engine is None:
+        return 2
+    try:
+        migrate(engine)
+    except Exception as exc:  # unreachable database, no permission: one line, as `db upgrade` says it
+        print(f"optlab worker: {redact_url(settings.resolved_database_url)}: {exc}", file=sys.stderr)
+        return 1
     worker = Worker(settings, session_factory(engine), slots=args.slots)
     install_stop_handlers(worker.stopping.set)
     try:
@@ -318,12 +334,37 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
-    """Migrations on demand (the API and workers still apply them when they start)."""
-    from service.db import make_engine, migrate
+def open_store(settings: Settings, command: str) -> Engine | None:
+    """The job store's engine; None, with one line naming the setting, for a URL SQLAlchemy cannot
+    take (not a URL, a driver not installed) or a data folder that cannot be made."""
+    from sqlalchemy.exc import ArgumentError
+
+    from service.db import make_engine
     from service.secrets import redact_url
 
-    engine = make_engine(settings.resolved_database_url)
+    setting = "OPTLAB_DATABASE_URL" if settings.database_url else "OPTLAB_DATA_DIR"
+    shown = f"{command}: invalid {setting} {redact_url(settings.resolved_database_url)}"
+    try:
+        return make_engine(settings.resolved_database_url)
+    except ArgumentError as exc:  # its message may quote the URL, and so a password: not shown
+        problem = str(exc) if "plugin" in str(exc) else "not a database URL"
+        allowed = "sqlite:////path/to/optlab.db or postgresql+psycopg://user:password@host/optlab"
+        print(f"{shown}: {problem} (as in {allowed})", file=sys.stderr)
+    except ImportError as exc:  # mysql:// without its driver
+        print(f"{shown}: its database driver is not installed ({exc})", file=sys.stderr)
+    except (OSError, ValueError) as exc:  # a data folder that cannot be made, a port that is not a number
+        print(f"{shown}: {exc}", file=sys.stderr)
+    return None
+
+
+def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
+    """Migrations on demand (the API and workers still apply them when they start)."""
+    from service.db import migrate
+    from service.secrets import redact_url
+
+    engine = open_store(settings, "optlab db upgrade")
+    if engine is None:
+        return 2
     try:
         migrate(engine)
     except Exception as exc:  # unreachable database, no permission: one line, no traceback
@@ -342,8 +383,12 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
     spec = read_spec(args.spec, "optlab submit")
     if spec is None:
         return 2
-    url = args.api or os.environ.get("OPTLAB_API_URL") or f"http://{settings.api_host}:{settings.api_port}"
-    client = ApiClient(url)
+    try:
+        client = ApiClient(api_url(args, settings))
+    except ApiError as exc:  # an address that is not one
+        print(f"optlab submit: {exc}", file=sys.stderr)
+        return 2
+    url = client.base_url  # without credentials: it is printed
     job: dict[str, Any] | None = None
     try:
         job = client.submit(spec)
@@ -377,8 +422,12 @@ def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
     spec = read_spec(args.spec, "optlab study")
     if spec is None:
         return 2
-    url = args.api or os.environ.get("OPTLAB_API_URL") or f"http://{settings.api_host}:{settings.api_port}"
-    client = ApiClient(url)
+    try:
+        client = ApiClient(api_url(args, settings))
+    except ApiError as exc:  # an address that is not one
+        print(f"optlab study: {exc}", file=sys.stderr)
+        return 2
+    url = client.base_url  # without credentials: it is printed
     study: dict[str, Any] | None = None
     try:
         study = client.submit_study(spec)
@@ -413,6 +462,14 @@ def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
     if study.get("mlflow"):
         print(f"MLflow: {study['mlflow']['url']}")
     return study_exit_status(study)
+
+
+def api_url(args: argparse.Namespace, settings: Settings) -> str:
+    """--api, else $OPTLAB_API_URL, else the API's own settings; an empty --api is kept, to be refused
+    (it had meant the default)."""
+    if args.api is not None:
+        return str(args.api)
+    return os.environ.get("OPTLAB_API_URL") or f"http://{settings.api_host}:{settings.api_port}"
 
 
 def stopped_waiting(command: str, what: tuple[str, str] | None, listing: str) -> str:
@@ -452,8 +509,21 @@ def read_spec(path: Path, command: str) -> Any:
     except (OSError, ValueError, yaml.YAMLError) as exc:
         print(f"{command}: cannot read {path}: {exc}", file=sys.stderr)
         return None
+    except RecursionError:
+        print(f"{command}: cannot read {path}: {NESTED_TOO_DEEP}", file=sys.stderr)
+        return None
+    if not isinstance(spec, dict):  # an empty file, `null`, a comment-only YAML: None said nothing
+        kinds = {list: "a list", str: "text", bool: "a boolean", int: "a number", float: "a number"}
+        held = f"holds {kinds.get(type(spec), f'a {type(spec).__name__}')}"
+        if spec is None:
+            held = "holds null (or only comments)" if text.strip() else "is empty"
+        print(f"{command}: spec file {path} {held}; a JSON object is expected", file=sys.stderr)
+        return None
     try:
         json.dumps(spec, allow_nan=False)
+    except RecursionError:
+        print(f"{command}: {path}: {NESTED_TOO_DEEP}", file=sys.stderr)
+        return None
     except ValueError as exc:  # NaN or an infinity (json.loads reads them), or a YAML alias inside itself
         finite = "numbers must be finite (JSON has no NaN or Infinity)"
         hint = finite if "float" in str(exc) else "a YAML alias may not refer to what contains it"
@@ -463,6 +533,9 @@ def read_spec(path: Path, command: str) -> Any:
         print(f"{command}: {path}: {exc}: a spec holds JSON's values only", file=sys.stderr)
         return None
     return spec
+
+
+NESTED_TOO_DEEP = "nested too deep to read (the API takes at most 32 levels)"
 
 
 def _yaml_loader(yaml: Any) -> Any:
@@ -487,11 +560,27 @@ def _yaml_loader(yaml: Any) -> Any:
 
 
 def cmd_check(args: argparse.Namespace, settings: Settings) -> int:
-    if args.remote:
+    problem = args.json_path is not None and report_path_problem(args.json_path)
+    if problem:  # said before the run, not in a traceback after it
+        print(f"optlab check: {problem}", file=sys.stderr)
+        return 2
+    if args.remote is not None:  # an empty one too: a usage error, not a local run
         from service.remote_check import run_remote_check
 
         return run_remote_check(args)
     return run_local_check(args, settings)
+
+
+def report_path_problem(path: Path) -> str | None:
+    """Why the report cannot be written at --json's path, or None."""
+    if path.is_dir():
+        return f"--json {path} is a folder; give a file name for the report, as in {path / 'report.json'}"
+    folder = path.parent
+    if not folder.is_dir():
+        return f"--json {path}: the folder {folder} does not exist; create it or give another path"
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        return f"--json {path}: permission denied; give a path you may write to"
+    return None
 
 
 def run_local_check(args: argparse.Namespace, settings: Settings) -> int:
@@ -506,8 +595,30 @@ def run_local_check(args: argparse.Namespace, settings: Settings) -> int:
     ):
         if value is not None:
             command += [option, str(value)]
-    returncode = subprocess.run(command, check=False).returncode
+    try:
+        process = subprocess.Popen(command)
+    except OSError as exc:  # no such interpreter, or not one that can be run
+        print(
+            f"optlab check: cannot run the job environment's Python {settings.job_python!r} "
+            f"(OPTLAB_JOB_PYTHON): {exc.strerror or exc}",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        returncode = process.wait()
+    except KeyboardInterrupt:  # the checker got the Ctrl-C too (one process group): it says where
+        try:
+            returncode = process.wait(timeout=CHECKER_STOP_S)
+        except (KeyboardInterrupt, subprocess.TimeoutExpired):
+            process.kill()
+            process.wait()
+            print("\noptlab check: interrupted", file=sys.stderr)
+            return 130
     return returncode if returncode >= 0 else 128 - returncode  # killed by a signal: as a shell says
+
+
+# How long a Ctrl-C'd checker has to say where it stopped before it is killed.
+CHECKER_STOP_S = 10.0
 
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:

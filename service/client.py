@@ -11,6 +11,7 @@ from typing import Any, TypeVar
 import httpx
 
 from jobs.result import ErrorRecord, JobResult, JobStatus
+from service.secrets import redact_url, split_credentials
 
 T = TypeVar("T")
 
@@ -120,18 +121,36 @@ IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"  # service.idempotency.KEY_HEADER, wi
 # in front of it finds no API (502, 504).
 UNAVAILABLE = (0, 502, 503, 504)
 # Statuses that mean the request itself was wrong (the CLI exits 2 for them, 1 for the rest).
-USAGE_ERRORS = (400, 401, 403, 404, 413, 415, 422)
+USAGE_ERRORS = (400, 401, 403, 404, 405, 413, 415, 422)  # 405: the address is wrong
+
+
+def _not_an_address(url: str, exc: Exception) -> str:
+    shown = url if "@" not in url else redact_url(url)  # one that cannot be parsed shows as *** whole
+    return f"{shown!r} is not an address of an optlab API ({exc}); give its root, as in http://127.0.0.1:8000"
 
 
 class ApiClient:
     def __init__(self, base_url: str, timeout_s: float = 30.0, token: str | None = None) -> None:
-        """`token` defaults to $OPTLAB_TOKEN; it goes in the Authorization header, nowhere else."""
-        self.base_url = base_url.rstrip("/")
+        """`token` defaults to $OPTLAB_TOKEN; it goes in the Authorization header, nowhere else.
+
+        Credentials in the address (`http://user:pw@host`) are dropped, never sent nor shown: httpx
+        made them a Basic Authorization header that replaced the bearer token, and the API takes
+        only bearer tokens (AddressError for an address that is not one, an empty one included)."""
+        if not base_url.strip():
+            raise AddressError("the API address is empty; give its root, as in http://127.0.0.1:8000")
+        try:
+            clean, _, _ = split_credentials(base_url.strip())
+        except ValueError as exc:  # a port that is not a number, an unclosed [IPv6 address
+            raise AddressError(_not_an_address(base_url, exc)) from None
+        self.base_url = clean.rstrip("/")
         # Stripped: a token read from a file with `$(cat ...)` may keep a Windows line's `\r`.
         token = (token if token is not None else os.environ.get("OPTLAB_TOKEN", "")).strip()
         self._token_problem = _token_problem(token)
         headers = {"Authorization": f"Bearer {token}"} if token and not self._token_problem else {}
-        self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
+        try:
+            self._http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=headers)
+        except httpx.InvalidURL as exc:
+            raise AddressError(_not_an_address(base_url, exc)) from None
 
     def close(self) -> None:
         self._http.close()
@@ -250,24 +269,57 @@ class ApiClient:
                 key = kwargs.get("headers", {}).get(IDEMPOTENCY_KEY_HEADER)
                 raise ApiError(0, self._unreachable(exc, attempts, key)) from None
             except (httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:  # no scheme, or not http(s)
-                raise AddressError(
-                    f"{self.base_url!r} is not an address of an optlab API ({exc}); give its root, as in "
-                    "http://127.0.0.1:8000"
-                ) from None
+                raise AddressError(_not_an_address(self.base_url, exc)) from None
             except httpx.HTTPError as exc:  # a malformed request
                 raise ApiError(0, self._unreachable(exc, 1)) from None
+        if response.is_redirect:  # httpx follows none: an http:// address of an https:// API, say
+            raise AddressError(self._redirected(response))
+        try:
+            data = response.json()
+        except ValueError:  # an HTML page (a proxy's login, another server's error), or nothing
+            data = None
         if response.status_code >= 400:
-            try:
-                detail = response.json().get("detail", response.text)
-            except ValueError:
-                detail = response.text
+            if isinstance(data, dict):
+                detail = data.get("detail", response.text)
+            elif data is None and response.text.strip() and "html" not in self._content_type(response):
+                detail = " ".join(response.text.split())[:300]  # a plain-text error is one line
+            else:
+                detail = self._not_json(response, data)
             if response.status_code in (404, 405) and self._names_a_route():
                 detail = (
                     f"{detail} (the address given is {self.base_url!r}: give the API's root, without /jobs)"
                 )
             raise ApiError(response.status_code, detail)
-        data: dict[str, Any] = response.json()
+        if not isinstance(data, dict):  # not the API answering: the address is another server's
+            raise AddressError(
+                f"HTTP {response.status_code}: {self._not_json(response, data)}: is {self.base_url!r} "
+                "the optlab API's root?"
+            )
         return data
+
+    @staticmethod
+    def _content_type(response: httpx.Response) -> str:
+        return response.headers.get("content-type", "").split(";")[0].strip() or "no content type"
+
+    def _not_json(self, response: httpx.Response, data: Any) -> str:
+        """An answer this client cannot read, in one line: where, its status and what it was."""
+        what = "a JSON " + type(data).__name__ if data is not None else self._content_type(response)
+        url = redact_url(str(response.request.url))
+        return f"{response.request.method} {url} answered {what}, not the API's JSON object"
+
+    def _redirected(self, response: httpx.Response) -> str:
+        """Where a redirect points, and the root to give instead (the location less the path asked)."""
+        location = response.headers.get("location", "")
+        target = str(response.request.url.join(location)) if location else ""
+        asked = response.request.url.raw_path.decode("ascii", "replace")
+        root = target[: -len(asked)] if asked and target.endswith(asked) else target
+        shown = redact_url(str(response.request.url))
+        if not root:
+            return f"{shown} answered HTTP {response.status_code}, a redirect without a Location"
+        return (
+            f"{shown} answered HTTP {response.status_code}, a redirect to {redact_url(target)}: "
+            f"give that address instead ({redact_url(root.rstrip('/'))})"
+        )
 
     def _names_a_route(self) -> bool:
         """Whether the address ends in one of the API's own routes (`--api http://host:8000/jobs`), so

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from typing import Any
 
@@ -30,6 +32,7 @@ def check_body(args: argparse.Namespace) -> dict[str, Any]:
             "register it (OPTLAB_PLUGIN_DIRS on the workers) or check it here without --remote"
         )
     params = parse_params(args.params)  # ValueError says what is allowed
+    _refuse_non_finite(params, "--params")  # as a local check does (NaN had failed in the encoder)
     framework = args.framework or (framework_of_style(args.style) if args.style else "torch")
     body: dict[str, Any] = {"framework": framework, "optimizer": {"name": args.target, "params": params}}
     # A spec names its style only where there is a choice (torch's only style goes without saying).
@@ -43,9 +46,21 @@ def check_body(args: argparse.Namespace) -> dict[str, Any]:
     ):
         if text is not None:
             body["optimizer"][key] = parse(text)  # ValueError names the option
+            _refuse_non_finite(body["optimizer"][key], "--" + key.replace("_", "-"))
     if args.only:
         body["checks"] = [check.strip() for check in args.only.split(",") if check.strip()]
     return body
+
+
+def _refuse_non_finite(value: Any, option: str, where: str = "") -> None:
+    """ValueError for a NaN or an infinity in an option's JSON (json.loads reads them; a request
+    cannot carry them), naming where: `--params: betas.1 must be a finite number; received NaN`."""
+    if isinstance(value, float) and not math.isfinite(value):
+        received = "NaN" if math.isnan(value) else ("-" if value < 0 else "") + "Infinity"
+        raise ValueError(f"{option}: {where or 'a value'} must be a finite number; received {received}")
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        _refuse_non_finite(item, option, f"{where}.{key}" if where else str(key))
 
 
 def run_remote_check(args: argparse.Namespace) -> int:
@@ -54,7 +69,12 @@ def run_remote_check(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"optlab check: {exc}", file=sys.stderr)
         return 2
-    client = ApiClient(args.remote)
+    try:
+        client = ApiClient(args.remote)
+    except ApiError as exc:  # an address that is not one
+        print(f"optlab check: {exc}", file=sys.stderr)
+        return 2
+    job: dict[str, Any] | None = None
     try:
         job = client.submit_check(body)
         print(f"check job {job['id']} {job['status']}: {client.base_url}/jobs/{job['id']}", file=sys.stderr)
@@ -62,6 +82,12 @@ def run_remote_check(args: argparse.Namespace) -> int:
     except ApiError as exc:
         print(f"optlab check: {exc}", file=sys.stderr)
         return 2 if exc.is_usage_error else 1
+    except KeyboardInterrupt:  # as submit and study say it: the job goes on, and how to cancel it
+        from service.cli import stopped_waiting
+
+        what = None if job is None else (f"check job {job['id']}", f"{client.base_url}/jobs/{job['id']}")
+        print(stopped_waiting("optlab check", what, f"{client.base_url}/jobs"), file=sys.stderr)
+        return 130
     finally:
         client.close()
     status, result = status_of(final), result_of(final)
@@ -72,9 +98,27 @@ def run_remote_check(args: argparse.Namespace) -> int:
     if result is None or result.report is None:
         raise ValueError(f"check job {final['id']} succeeded without a report in its result: {result}")
     report: dict[str, Any] = result.report
-    print_report_table(report)
-    if final.get("mlflow"):
-        print(f"MLflow run: {final['mlflow']['run_url']}")
+    try:
+        print_report_table(report)
+        if final.get("mlflow"):
+            print(f"MLflow run: {final['mlflow']['run_url']}")
+        sys.stdout.flush()
+        shown = True
+    except (SystemExit, BrokenPipeError):  # stdout's reader went away (`| head`): rich exits 1
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        shown = False
     if args.json_path is not None:
-        args.json_path.write_text(json.dumps(report, indent=2) + "\n")
+        try:
+            args.json_path.write_text(json.dumps(report, indent=2) + "\n")
+        except OSError as exc:  # checked before the run; the path may have changed meanwhile
+            print(
+                f"optlab check: cannot write the report to {args.json_path}: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return 2
+    if not shown:
+        return CLOSED_PIPE
     return 0 if report["summary"]["fail"] == 0 else 1
+
+
+CLOSED_PIPE = 141  # as jobs.checks exits when its table's reader went away: a shell's SIGPIPE status

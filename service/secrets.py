@@ -93,6 +93,8 @@ def redact_url(url: str) -> str:
         clean, username, password = split_credentials(url)
     except ValueError:  # not parseable (a bad port): show nothing of it rather than a secret
         return REDACTED
+    if username is None and password is None and not parts.query:
+        return url  # as given: rebuilt, `sqlite:////tmp/x.db` lost two slashes (an empty netloc)
     if username is not None or password is not None:
         parts = urlsplit(clean)
         parts = parts._replace(netloc=f"{REDACTED}@{parts.netloc}")

@@ -1,7 +1,8 @@
 """`python -m jobs.checks TARGET [--framework F] [--style S] [--params JSON] [--needs JSON]
 [--param-groups JSON] [--base JSON] [--json FILE] [--only IDS]`.
 
-Exit status: 0 when no check fails, 1 when one does, 2 for a usage error.
+Exit status: 0 when no check fails, 1 when one does, 2 for a usage error, 130 for Ctrl-C, 141 when
+stdout's reader closed the pipe.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import sys
 import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -105,10 +107,41 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         print(f"optlab check: {exc}", file=sys.stderr)
         return 2
-    print_report_table(report.to_json())
+    except KeyboardInterrupt:  # Ctrl-C: where it stopped, not the frameworks' traceback
+        print(f"\noptlab check: interrupted {_PROGRESS.where()}", file=sys.stderr)
+        return 130
+    shown = print_table(report.to_json())
     if args.json_path is not None:
-        args.json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        try:
+            args.json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
+        except OSError as exc:  # `optlab check` checks the path first; `python -m jobs.checks` does not
+            print(
+                f"optlab check: cannot write the report to {args.json_path}: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return 2
+    if not shown:
+        return CLOSED_PIPE
     return 0 if report.ok else 1
+
+
+# The exit status when stdout's reader went away (`optlab check ... | head`): a shell's for a process
+# SIGPIPE ended; rich's own exit 1 read as a failed check.
+CLOSED_PIPE = 141
+
+
+def print_table(report: dict[str, Any]) -> bool:
+    """The report's table on stdout; False when its reader closed the pipe (the rest is then
+    quietly dropped: rich has pointed stdout at /dev/null)."""
+    try:
+        print_report_table(report)
+        sys.stdout.flush()
+    except SystemExit:  # rich's Console.on_broken_pipe
+        return False
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return False
+    return True
 
 
 def check(args: argparse.Namespace, params: dict[str, Any], argv: list[str]) -> CheckReport:
@@ -126,10 +159,13 @@ def check(args: argparse.Namespace, params: dict[str, Any], argv: list[str]) -> 
         raise
     except Exception as exc:  # the user's module failed to import
         raise UsageError(f"importing {args.target} failed: {_import_error(exc)}") from None
+    except SystemExit as exc:  # a training script's `sys.exit(main())`: it had exited 0, a false pass
+        raise UsageError(_exited_on_import(args.target, exc)) from None
     if needs_legacy_keras_process(target.style) and not legacy_process:
         reexec_legacy(argv)
     only = [i.strip() for i in args.only.split(",")] if args.only else None
     print(f"Checking {target.name} ({target.style}, {target.qualname})", file=sys.stderr)
+    _PROGRESS.ids = [i for i in CHECK_IDS if only is None or i in only]
     return run_checks(target, params, only=only, on_result=print_progress, setup=parse_setup(args))
 
 
@@ -144,7 +180,36 @@ def _import_error(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{where}"
 
 
+def _exited_on_import(target: str, exc: SystemExit) -> str:
+    """A file (or module) that ends the process when imported, as a script's `sys.exit(main())` does:
+    the checks import it to find the class, so its script code must not run on import."""
+    where = target.rsplit(":", 1)[0] if ":" in target else target
+    return (
+        f"{where} exited when imported (SystemExit: {exc.code}), so its class cannot be checked: "
+        f'put its script code under `if __name__ == "__main__":`'
+    )
+
+
+@dataclass
+class _Progress:
+    """Which check runs now, for the line an interruption prints."""
+
+    ids: list[str] = field(default_factory=list)
+    done: int = 0
+
+    def where(self) -> str:
+        if not self.ids:
+            return "before the checks started (while loading the target)"
+        if self.done >= len(self.ids):
+            return "after the last check"
+        return f"at check {self.ids[self.done]} ({self.done + 1}/{len(self.ids)})"
+
+
+_PROGRESS = _Progress()
+
+
 def print_progress(result: CheckResult, done: int, total: int) -> None:
+    _PROGRESS.done = done
     line = f"  [{done:>2}/{total}] {result.id:<18} {result.status:<4} ({result.duration_s:.1f} s)"
     print(line, file=sys.stderr)
 

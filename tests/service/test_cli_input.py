@@ -59,11 +59,29 @@ UNREADABLE = [
     ("study.yaml", "a: &x [*x]", "Circular reference", "a YAML alias may not refer", "finite"),
     ("missing.json", None, "No such file or directory", "", "finite"),
     ("job.json", "{", "cannot read", "", "finite"),
+    # These exited 2 without a word (read as None, which meant "already said").
+    ("job.json", "null", "holds null", "a JSON object is expected", "finite"),
+    ("study.yaml", "", "is empty", "a JSON object is expected", "finite"),
+    (
+        "study.yaml",
+        "# only a comment",
+        "holds null (or only comments)",
+        "a JSON object is expected",
+        "finite",
+    ),
+    ("job.json", "[1, 2]", "holds a list", "a JSON object is expected", "finite"),
+    ("study.yaml", "!!timestamp 2024-01-01", "holds a date", "a JSON object is expected", "finite"),
+    # A RecursionError's traceback.
+    ("job.json", "[" * 100_000, "nested too deep", "at most 32 levels", "finite"),
+    ("study.yaml", "x: " + "[" * 100_000, "nested too deep", "at most 32 levels", "finite"),
+    ("job.json", '{"a": ' * 5_000 + "1" + "}" * 5_000, "nested too deep", "at most 32 levels", "finite"),
 ]
 
 
 @pytest.mark.parametrize("command", ["study", "submit"])
-@pytest.mark.parametrize(("name", "text", "words", "hint", "no_hint"), UNREADABLE)
+@pytest.mark.parametrize(
+    ("name", "text", "words", "hint", "no_hint"), UNREADABLE, ids=[f"{row[0]}:{row[2]}" for row in UNREADABLE]
+)
 def test_a_spec_that_cannot_be_read_or_sent_is_a_usage_error_naming_it(
     command: str,
     name: str,
