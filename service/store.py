@@ -614,7 +614,6 @@ _LIVE_CATALOGUES = (
     select(CatalogueSnapshot.worker_id, CatalogueSnapshot.published_at)
     .join(WorkerRow, WorkerRow.worker_id == CatalogueSnapshot.worker_id)
     .where(WorkerRow.last_seen >= bindparam("since"))
-    .order_by(CatalogueSnapshot.worker_id)
 )
 
 
@@ -627,7 +626,10 @@ def catalogue_version(*, session: Session, within_s: float) -> CatalogueVersion 
     since = utcnow() - timedelta(seconds=within_s)
     live = session.execute(_LIVE_CATALOGUES, {"since": since}).all()
     if live:
-        return tuple((row.worker_id, row.published_at) for row in live)
+        # Sorted here, as `_load_catalogue` sorts what it read: the database's collation may order
+        # worker ids otherwise (ICU's en-US puts `worker-a` before `Worker-b`), and two versions of one
+        # catalogue had never compared equal (every submission retried, then refused with a 503).
+        return tuple(sorted((row.worker_id, row.published_at) for row in live))
     newest = session.execute(_NEWEST_CATALOGUE).first()
     return None if newest is None else ((newest.worker_id, newest.published_at),)
 

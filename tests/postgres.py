@@ -21,8 +21,9 @@ def database_url(name: str) -> str:
 
 
 @contextmanager
-def throwaway_database(prefix: str = "optlab_test") -> Iterator[str]:
-    """A fresh database named `prefix_<random>`; yields its URL, drops it (and its sessions) after."""
+def throwaway_database(prefix: str = "optlab_test", options: str = "") -> Iterator[str]:
+    """A fresh database named `prefix_<random>` (`options`: CREATE DATABASE's, a collation, say);
+    yields its URL, drops it (and its sessions) after."""
     from sqlalchemy import create_engine, text
     from sqlalchemy.exc import OperationalError
 
@@ -30,7 +31,7 @@ def throwaway_database(prefix: str = "optlab_test") -> Iterator[str]:
     admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
     try:
         with admin.connect() as connection:
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
+            connection.execute(text(f'CREATE DATABASE "{name}" {options}'))
     except OperationalError as exc:
         admin.dispose()
         raise RuntimeError(

@@ -260,6 +260,29 @@ def test_the_api_validates_against_the_catalogues_of_the_live_workers(
         assert store.catalogue_version(session=session, within_s=30) == found.version
 
 
+def test_a_catalogue_of_several_live_workers_is_the_same_version_whatever_the_collation(
+    catalogue_data: dict[str, Any],
+) -> None:
+    """ICU's en-US orders `worker-a` before `Worker-b`, Python the other way: the version asked and
+    the version loaded had never compared equal, so every submission was retried, then refused (503)."""
+    from tests.postgres import throwaway_database
+
+    icu = "TEMPLATE template0 LOCALE_PROVIDER icu ICU_LOCALE 'en-US' LOCALE 'C.UTF-8'"
+    with throwaway_database("optlab_collation", icu) as url:
+        engine = make_engine(url)
+        migrate(engine)
+        sessions = session_factory(engine)
+        for worker in ("Worker-b", "worker-a"):
+            publish_as_worker(sessions, worker, catalogue_data)
+        cache = store.CatalogueCache(within_s=30)
+        with sessions() as session:
+            asked = store.catalogue_version(session=session, within_s=30)
+            loaded = cache.latest(session=session)
+            assert loaded is not None and loaded.version == asked
+            assert cache.latest(session=session) is loaded  # read once, not at every submission
+        engine.dispose()
+
+
 def test_a_queued_job_of_an_optimizer_no_live_worker_offers_says_so(
     any_store: sessionmaker[Session], catalogue_data: dict[str, Any]
 ) -> None:
