@@ -1248,10 +1248,11 @@ class KerasSession(TrainingSession):
 
     def _check_config_has_hyperparameters(self, trained: Any, optimizer: Any, where: str) -> None:
         """Every hyperparameter this job set must come back from the saved config (`optimizer`, the
-        reloaded one) as the job set it, or as the `trained` optimizer holds it where the class turned
-        its input into another value itself (`epsilon or backend.epsilon()` makes 0 1e-7, as tf.keras's
-        own Adam does): the class's choice, not a fault of the save. A get_config() that returns a
-        stored default while the class holds the value it was given still fails.
+        reloaded one) as the job set it, or, for a falsy value the class replaced by its default
+        (`epsilon or backend.epsilon()` makes 0 1e-7, as tf.keras's own Adam does), as the `trained`
+        optimizer holds it: the class's choice, not a fault of the save. A get_config() that returns a
+        stored default while the class holds the value it was given, or a class that ignores a value
+        it was given, still fails.
 
         Comparing the saved and the reloaded config cannot see one missing from both, yet
         the reloaded optimizer would silently run with its default. One the job left at its default
@@ -1275,13 +1276,13 @@ class KerasSession(TrainingSession):
             back = config[name]
             if same_config_value(back, value):
                 continue
+            # A falsy input the class replaced by its default (`epsilon or backend.epsilon()`), held,
+            # reported and got back alike; any other input must come back as given (a class that
+            # ignores it trains with another value than the job asked for).
             held = _held_value(trained, name)
-            if (
-                held is not None
-                and same_config_value(back, held)
-                and same_config_value(reported.get(name), held)
-            ):
-                continue  # the class holds, reports and gets back the value it made of the input
+            replaced = not value and held is not None
+            if replaced and same_config_value(back, held) and same_config_value(reported.get(name), held):
+                continue
             gives = (
                 f" (the trained optimizer's get_config() gives {reported[name]!r})"
                 if name in reported and not same_config_value(reported[name], value)

@@ -458,3 +458,14 @@ def test_a_class_that_turns_its_input_into_another_value_passes_but_a_round_trip
         "back as 1.0"
     )
     forget("tests_constant_sgd")
+    # A class that ignores a value it was given (holds and reports 1.0 for 0.5): the job would train
+    # with another value than it asked for.
+    dirs = plugin(tmp_path, "ignoring_sgd", legacy_scaled_sgd("IgnoringSgd", "1.0"))
+    spec = tf_spec("ignoring_sgd", "tf_legacy", {"lr": 0.05, "scale": 0.5}, steps=4, checkpoint_every=2)
+    with pytest.raises(CheckpointMismatch) as failure:
+        run(spec, tmp_path / "ignoring", dirs)
+    assert str(failure.value) == (
+        "model.h5: hyperparameter 'scale' was 0.5 (the trained optimizer's get_config() gives 1.0) but came "
+        "back as 1.0"
+    )
+    forget("tests_ignoring_sgd")
