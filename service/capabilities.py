@@ -94,24 +94,30 @@ def catalogue_frameworks(catalogue: dict[str, Any]) -> list[str]:
     return sorted({str(o.get("framework")) for o in catalogue.get("optimizers", []) if o.get("framework")})
 
 
-# Per framework, the optimizer names a catalogue has (in any of the framework's styles).
+# Per style (torch, keras, tf_legacy), the optimizer names a catalogue has: a TensorFlow job runs one
+# style, and a name offered in the other is not the job's class.
 OfferedOptimizers = dict[str, frozenset[str]]
 
 
 def offered_optimizers(catalogue: dict[str, Any]) -> OfferedOptimizers:
-    """What a worker's catalogue lets it run, by framework: a plugin that failed to import on this
-    host (or is not deployed here yet) is absent, so the worker leaves its jobs to the others."""
+    """What a worker's catalogue lets it run, by style: a plugin that failed to import on this host
+    (or is not deployed here yet) is absent, so the worker leaves its jobs to the others."""
     offered: dict[str, set[str]] = {}
     for optimizer in catalogue.get("optimizers", []):
-        offered.setdefault(str(optimizer.get("framework")), set()).add(str(optimizer.get("name")))
-    return {framework: frozenset(names) for framework, names in offered.items()}
+        offered.setdefault(str(optimizer.get("style")), set()).add(str(optimizer.get("name")))
+    return {style: frozenset(names) for style, names in offered.items()}
 
 
-def optimizers_named(spec: dict[str, Any]) -> list[str]:
-    """The optimizers a training job's spec runs: its own, and the base a wrapper wraps."""
+def optimizers_named(spec: dict[str, Any]) -> list[tuple[str, str | None]]:
+    """The optimizers a job's spec runs, with the style it names (None: the framework's first): its
+    own, and the base a wrapper wraps."""
     optimizer = spec.get("optimizer") or {}
     base = optimizer.get("base") or {}
-    return [str(name) for name in (optimizer.get("name"), base.get("name")) if name is not None]
+    return [
+        (str(choice["name"]), choice.get("style"))
+        for choice in (optimizer, base)
+        if choice.get("name") is not None
+    ]
 
 
 def catalogue_sha256(catalogue: dict[str, Any]) -> str:

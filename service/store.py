@@ -16,11 +16,11 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import bindparam, false, func, or_, select, update
+from sqlalchemy import bindparam, case, false, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from jobs.result import TERMINAL_STATUSES, AttemptRecord, ErrorRecord, JobResult, JobStatus, Progress
-from jobs.spec import AnySpec, Catalogue, CheckSpec, default_style, framework_of_style
+from jobs.spec import STYLES_OF_FRAMEWORK, AnySpec, Catalogue, CheckSpec, default_style, framework_of_style
 from service.capabilities import JobNeeds, OfferedOptimizers, needs_of, optimizers_named
 from service.db import submission_lock
 from service.models import CatalogueSnapshot, Job, WorkerRow, utcnow
@@ -255,13 +255,17 @@ def _offers_optimizers(framework: Any, offered: OfferedOptimizers) -> Any:
     worker (claimed here, it had failed as an unknown optimizer). A check job too: it names a
     catalogue's optimizer as a training job does (a class in a file is checked locally only)."""
 
-    def has(name: Any) -> Any:
-        per_framework = [(framework == f) & name.in_(sorted(names)) for f, names in offered.items()]
-        return or_(false(), *per_framework)
+    # The style the job runs: the one its spec names (the API stores it resolved), else its framework's first.
+    first = case(*((framework == f, default_style(f)) for f in STYLES_OF_FRAMEWORK), else_=None)
+
+    def has(choice: tuple[str, ...]) -> Any:
+        name = Job.spec[(*choice, "name")].as_string()
+        style = func.coalesce(Job.spec[(*choice, "style")].as_string(), first)
+        offers = [(style == s) & name.in_(sorted(names)) for s, names in offered.items()]
+        return or_(false(), *offers)
 
     base = Job.spec[("optimizer", "base", "name")].as_string()
-    named = has(Job.spec[("optimizer", "name")].as_string()) & (base.is_(None) | has(base))
-    return named
+    return has(("optimizer",)) & (base.is_(None) | has(("optimizer", "base")))
 
 
 def _cancel_stranded(session: Session, which: Any, now: datetime) -> None:
@@ -810,8 +814,8 @@ def _unoffered_optimizer(
     if published is None or not live & {worker for worker, _ in published.version}:
         return None  # no live worker's catalogue to judge by: `catalogue_version` fell back
     framework = needs_of(job.spec).framework
-    for name in optimizers_named(job.spec):
-        if published.catalogue.optimizer(name, framework) is None:
+    for name, style in optimizers_named(job.spec):
+        if published.catalogue.optimizer(name, framework, style) is None:
             return (
                 f"no live worker offers optimizer {name!r} for {framework} jobs (its plugin is missing "
                 "or failed to load where workers run: GET /optimizers lists load errors); it waits "

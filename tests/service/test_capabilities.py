@@ -160,6 +160,10 @@ OPTIMIZER_JOBS: dict[str, dict[str, Any]] = {
     "plugin": {"optimizer": {"name": "sign_momentum"}},
     "builtin": {"optimizer": {"name": "adam"}},
     "tf plugin": {"framework": "tensorflow", "optimizer": {"name": "sign_momentum"}},
+    "legacy plugin": {
+        "framework": "tensorflow",
+        "optimizer": {"name": "sign_momentum", "style": "tf_legacy"},
+    },
     "wrapping plugin": {"optimizer": {"name": "lookahead", "base": {"name": "sign_momentum"}}},
     "wrapping builtin": {"optimizer": {"name": "lookahead", "base": {"name": "adam"}}},
 }
@@ -168,15 +172,29 @@ OPTIMIZER_JOBS: dict[str, dict[str, Any]] = {
 @pytest.mark.parametrize(
     ("offered", "claimable"),
     [
-        (None, ["plugin", "builtin", "tf plugin", "wrapping plugin", "wrapping builtin", "check"]),
+        (
+            None,
+            [
+                "plugin",
+                "builtin",
+                "tf plugin",
+                "legacy plugin",
+                "wrapping plugin",
+                "wrapping builtin",
+                "check",
+            ],
+        ),
         (
             {"torch": {"adam", "sign_momentum", "lookahead"}},
             ["plugin", "builtin", "wrapping plugin", "wrapping builtin", "check"],
         ),
         (
-            {"torch": {"adam", "lookahead"}, "tensorflow": {"sign_momentum"}},
+            {"torch": {"adam", "lookahead"}, "keras": {"sign_momentum"}},
             ["builtin", "tf plugin", "wrapping builtin"],
         ),
+        # Offered in Keras 3's style only: a tf_legacy job of the name is not this worker's (claimed, it
+        # had failed as "no tf_legacy style").
+        ({"tf_legacy": {"sign_momentum"}}, ["legacy plugin"]),
         ({"torch": {"adam", "sign_momentum"}}, ["plugin", "builtin", "check"]),  # no wrapper here
         # A check job names a catalogue's optimizer as a training job does: claimed by a worker without
         # its plugin, it had failed "no optimizer named ... is registered".
