@@ -363,8 +363,8 @@ def _keeping_slots_for_the_oldest(session: Session, claimable: Any, fits: ClaimF
     it waits on, or a steady stream of single-slot jobs would overtake it for ever (a probe saw one
     wait for every later job). None: the worker claims nothing now."""
     idle = fits.when_idle()
-    if idle is None:
-        return fits
+    if idle is None or (fits.free_slots, fits.free_gpu_slots) == (idle.free_slots, idle.free_gpu_slots):
+        return fits  # every slot free: what fits when idle fits now (and a claim costs no more query)
     oldest = session.execute(
         select(Job.id, Job.spec, _fits(fits).label("fits_now"))
         .where(claimable & _fits(idle))

@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.processes import (
     how_it_ended,
+    is_stopped,
     session_processes,
     session_stopped,
     signal_group,
@@ -820,6 +821,14 @@ class Supervision:
             )
         return process
 
+    def _stopped(self, process: subprocess.Popen[bytes]) -> bool:
+        """Whether the job's process, or one of a DDP job's ranks, is stopped (SIGSTOP, a debugger): the
+        ranks' states are read only for a job that has them (reading every process's costs a scan of
+        /proc, at every look)."""
+        if (self.job.spec.get("distribution") or {}).get("devices", 1) > 1:
+            return session_stopped(process.pid)
+        return is_stopped(process.pid)
+
     def _cap_logs(self) -> None:
         """Keep the job's logs under OPTLAB_JOB_LOG_MB: its process's, and a DDP job's other ranks'
         (`rank-N/log.txt`), which print as much as rank 0 (a plugin printing every step)."""
@@ -838,7 +847,7 @@ class Supervision:
             self.own_progress = progress or self.own_progress
             if (self.workdir / FROZEN_FILE).exists():
                 self.stall.restart(time.monotonic())  # frozen while this worker was silent: no stall
-            elif self.last_progress is not None and not self.paused and session_stopped(process.pid):
+            elif self.last_progress is not None and not self.paused and self._stopped(process):
                 # Stopped by someone else (this worker pauses it only while the store is away): it
                 # read as running well, the same step for as long as it stayed stopped. Any of its
                 # processes: a DDP job's rank stopped holds up every rank (its stacks cannot come).

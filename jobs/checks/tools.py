@@ -317,7 +317,16 @@ def clear_refusal(ctx: CheckContext, error: BaseException, about: Collection[str
 
 # The words of a refusal of row-sparse gradients: "does not support sparse gradients", "IndexedSlices
 # not supported", "dense gradients only" (a refusal worded by what the class takes had been a crash).
-SPARSE_WORDS = ("sparse", "indexedslices", "dense")
+SPARSE_WORDS = (
+    "sparse",
+    "indexedslices",
+    "dense gradients only",
+    "dense gradient only",
+    "only dense",
+    "dense only",
+    "supports dense",
+    "support dense",
+)
 # The legacy style's methods that only row-sparse gradients reach: a `raise` of the class's own there
 # refuses them, whatever its words ("SignumLegacy: not implemented").
 SPARSE_METHODS = ("_resource_apply_sparse", "_resource_apply_sparse_duplicate_indices")

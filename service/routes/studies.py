@@ -154,8 +154,8 @@ def study_report(study_id: StudyId, session: SessionDep) -> HTMLResponse:
         why = "it is made once every job has ended"
         if study.finalize_error:  # every job ended, and making it failed: say why, not "wait"
             why = f"making it failed and is retried: {first_line(study.finalize_error)}"
-        elif study.summary_waiting:  # being made, and slow: say what it waits on
-            why = f"it is being made, and {study.summary_waiting.removeprefix('the summary ')}"
+        elif study.summary_waiting:  # being made, and slow: say for how long, and on what
+            why = study.summary_waiting
         raise HTTPException(status_code=409, detail=f"study {study_id} has no report yet: {why}")
     return HTMLResponse(study.report_html)
 

@@ -104,9 +104,9 @@ def _said_while_slow(sessions: Any, study_id: int, tracking_uri: str) -> Iterato
                         session=session,
                         study_id=study_id,
                         note=(
-                            f"the summary has waited {waited:.0f} s on MLflow at "
-                            f"{shown_tracking_uri(tracking_uri)} (it reads the jobs' runs there), which "
-                            "does not answer yet; it goes on by itself once the server answers"
+                            f"the summary has been in the making for {waited:.0f} s: it reads the jobs' "
+                            f"runs from MLflow at {shown_tracking_uri(tracking_uri)}, whose client waits "
+                            "many minutes for a server that does not answer before it gives up"
                         ),
                     )
             except Exception:  # a note only: the store away, say

@@ -157,7 +157,8 @@ def claim_study_to_finalize(*, session: Session, lease_s: float) -> Study | None
     claimed = session.execute(
         update(Study)
         .where(Study.id == candidate, Study.finalized_at.is_(None), free)
-        .values(finalizing_until=now + timedelta(seconds=lease_s))
+        # A note left by a finalizer that stopped mid-way is no longer true: this one says its own.
+        .values(finalizing_until=now + timedelta(seconds=lease_s), summary_waiting=None)
     )
     session.commit()
     if int(getattr(claimed, "rowcount", 0) or 0) != 1:

@@ -13,8 +13,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.result import JobStatus
 from service import store
-from service.models import Job
+from service.models import Job, Study
 from service.settings import Settings
+from service.studies import store as study_store
 
 STUDY: dict[str, Any] = {
     "name": "lion-vs-adam",
@@ -295,8 +296,6 @@ def test_a_report_that_keeps_failing_says_why_not_to_wait(
 ) -> None:
     """Every job ended and the summary failed (retried): "it is made once every job has ended" was
     untrue, and `optlab study --wait` showed nothing but a full bar."""
-    from service.studies import store as study_store
-
     study = client.post("/studies", json=STUDY).json()
     set_jobs(sessions, study["id"], status=JobStatus.SUCCEEDED, step=20)
     with sessions() as session:
@@ -348,18 +347,25 @@ def test_a_summary_that_waits_on_mlflow_says_so_while_it_waits_then_why_it_faile
             time.sleep(0.05)
         seen = client.get(f"/studies/{study['id']}").json()
         assert seen["status"] == "summarizing" and seen["summary_error"] is None
-        assert seen["summary_waiting"].startswith("the summary has waited ")
+        assert seen["summary_waiting"].startswith("the summary has been in the making for ")
         assert (
-            "s on MLflow at http://mlflow.test:5000 (it reads the jobs' runs there), which does not answer"
+            "s: it reads the jobs' runs from MLflow at http://mlflow.test:5000, whose client waits"
             in (seen["summary_waiting"])
         )
         report = client.get(f"/studies/{study['id']}/report").json()["detail"]
-        assert report.startswith(f"study {study['id']} has no report yet: it is being made, and has waited ")
+        assert report.startswith(f"study {study['id']} has no report yet: the summary has been in the making")
     finally:
         answered.set()
         summarizing.join(20)
     failed = client.get(f"/studies/{study['id']}").json()
     assert failed["summary_waiting"] is None and failed["summary_error"] == "ConnectionError: MLflow gave up"
+    # A note a stopped finalizer left is no longer true once another claims the study.
+    with sessions() as session:
+        study_store.record_summary_waiting(session=session, study_id=study["id"], note="left behind")
+        session.execute(update(Study).where(Study.id == study["id"]).values(finalizing_until=None))
+        session.commit()
+        assert study_store.claim_study_to_finalize(session=session, lease_s=60) is not None
+    assert client.get(f"/studies/{study['id']}").json()["summary_waiting"] is None
 
 
 def test_a_study_cancelled_once_may_be_cancelled_again_until_it_is_done(client: TestClient) -> None:

@@ -625,8 +625,11 @@ def test_a_job_process_stopped_from_outside_says_so_until_it_is_continued(
         'echo \'{"step": 3, "total": 10}\' > "$W/progress.json"; echo $$ > "$W/pid"; kill -STOP $$; '
         'echo \'{"job_id": "1", "attempt": 1, "workdir": "/w", "status": "succeeded"}\' > "$W/result.json"'
     )
-    worker = make_worker(settings.model_copy(update={"heartbeat_s": 0.2}), sessions, stand_in(tmp_path, body))
-    job_id = submit(sessions)
+    fast = make_worker(settings.model_copy(update={"heartbeat_s": 0.2}), sessions, stand_in(tmp_path, body))
+    worker = Worker(fast.settings, sessions, worker_id="test-worker", slots=2)  # a DDP job's two slots
+    ddp = SPEC.model_copy(update={"batch_size": 64, "distribution": {"strategy": "ddp", "devices": 2}})
+    with sessions() as session:
+        job_id = store.create_job(session=session, spec=JobSpec.model_validate(ddp.model_dump())).id
     running = threading.Thread(target=worker.run_next)
     running.start()
 
@@ -783,8 +786,11 @@ def test_a_ddp_job_whose_other_rank_is_stopped_from_outside_says_so(
         'sh -c \'echo $$ > "$1/pid"; kill -STOP $$\' rank "$W" & wait; '  # rank 1, stopped; rank 0 waits
         'echo \'{"job_id": "1", "attempt": 1, "workdir": "/w", "status": "succeeded"}\' > "$W/result.json"'
     )
-    worker = make_worker(settings.model_copy(update={"heartbeat_s": 0.2}), sessions, stand_in(tmp_path, body))
-    job_id = submit(sessions)
+    fast = make_worker(settings.model_copy(update={"heartbeat_s": 0.2}), sessions, stand_in(tmp_path, body))
+    worker = Worker(fast.settings, sessions, worker_id="test-worker", slots=2)  # a DDP job's two slots
+    ddp = SPEC.model_copy(update={"batch_size": 64, "distribution": {"strategy": "ddp", "devices": 2}})
+    with sessions() as session:
+        job_id = store.create_job(session=session, spec=JobSpec.model_validate(ddp.model_dump())).id
     running = threading.Thread(target=worker.run_next)
     running.start()
 
