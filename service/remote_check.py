@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import os
 import sys
 from typing import Any
 
-from jobs.checks.report import print_report_table
+from jobs.checks.report import report_ending
 from jobs.result import JobStatus
 from jobs.spec import (
     default_style,
@@ -97,28 +95,5 @@ def run_remote_check(args: argparse.Namespace) -> int:
         return 1
     if result is None or result.report is None:
         raise ValueError(f"check job {final['id']} succeeded without a report in its result: {result}")
-    report: dict[str, Any] = result.report
-    try:
-        print_report_table(report)
-        if final.get("mlflow"):
-            print(f"MLflow run: {final['mlflow']['run_url']}")
-        sys.stdout.flush()
-        shown = True
-    except (SystemExit, BrokenPipeError):  # stdout's reader went away (`| head`): rich exits 1
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        shown = False
-    if args.json_path is not None:
-        try:
-            args.json_path.write_text(json.dumps(report, indent=2) + "\n")
-        except OSError as exc:  # checked before the run; the path may have changed meanwhile
-            print(
-                f"optlab check: cannot write the report to {args.json_path}: {exc.strerror or exc}",
-                file=sys.stderr,
-            )
-            return 2
-    if not shown:
-        return CLOSED_PIPE
-    return 0 if report["summary"]["fail"] == 0 else 1
-
-
-CLOSED_PIPE = 141  # as jobs.checks exits when its table's reader went away: a shell's SIGPIPE status
+    run = f"MLflow run: {final['mlflow']['run_url']}" if final.get("mlflow") else ""
+    return report_ending(result.report, args.json_path, after_table=run)

@@ -8,7 +8,6 @@ stdout's reader closed the pipe.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import traceback
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from jobs.checks.context import LoopSetup
-from jobs.checks.report import CHECK_IDS, CheckReport, CheckResult, print_report_table
+from jobs.checks.report import CHECK_IDS, CheckReport, CheckResult, report_ending
 from jobs.checks.target import (
     UsageError,
     candidate_styles,
@@ -110,38 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C: where it stopped, not the frameworks' traceback
         print(f"\noptlab check: interrupted {_PROGRESS.where()}", file=sys.stderr)
         return 130
-    shown = print_table(report.to_json())
-    if args.json_path is not None:
-        try:
-            args.json_path.write_text(json.dumps(report.to_json(), indent=2) + "\n")
-        except OSError as exc:  # `optlab check` checks the path first; `python -m jobs.checks` does not
-            print(
-                f"optlab check: cannot write the report to {args.json_path}: {exc.strerror or exc}",
-                file=sys.stderr,
-            )
-            return 2
-    if not shown:
-        return CLOSED_PIPE
-    return 0 if report.ok else 1
-
-
-# The exit status when stdout's reader went away (`optlab check ... | head`): a shell's for a process
-# SIGPIPE ended; rich's own exit 1 read as a failed check.
-CLOSED_PIPE = 141
-
-
-def print_table(report: dict[str, Any]) -> bool:
-    """The report's table on stdout; False when its reader closed the pipe (the rest is then
-    quietly dropped: rich has pointed stdout at /dev/null)."""
-    try:
-        print_report_table(report)
-        sys.stdout.flush()
-    except SystemExit:  # rich's Console.on_broken_pipe
-        return False
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return False
-    return True
+    return report_ending(report.to_json(), args.json_path)
 
 
 def check(args: argparse.Namespace, params: dict[str, Any], argv: list[str]) -> CheckReport:

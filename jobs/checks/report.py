@@ -5,7 +5,11 @@ The check ids are stable: users script against them, MLflow logs `checks/<id>`.
 
 from __future__ import annotations
 
+import json
+import os
+import sys
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from jobs.result import finite_json
@@ -149,6 +153,38 @@ class CheckReport:
 
 
 STATUS_COLOUR = {"pass": "green", "fail": "bold red", "warn": "yellow", "skip": "dim"}
+
+
+# The exit status when stdout's reader went away (`optlab check ... | head`): a shell's for a process
+# SIGPIPE ended; rich's own exit 1 read as a failed check.
+CLOSED_PIPE = 141
+
+
+def report_ending(report: dict[str, Any], json_path: Path | None, *, after_table: str = "") -> int:
+    """Show the report (its table, then `after_table`), write its JSON to `json_path`, and the exit
+    status: 0 when no check fails, 1 when one does, 2 for a report that cannot be written, CLOSED_PIPE
+    when stdout's reader went away (the JSON is written all the same)."""
+    shown = True
+    try:
+        print_report_table(report)
+        if after_table:
+            print(after_table)
+        sys.stdout.flush()
+    except (SystemExit, BrokenPipeError):  # rich's Console.on_broken_pipe exits 1
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        shown = False
+    if json_path is not None:
+        try:
+            json_path.write_text(json.dumps(report, indent=2) + "\n")
+        except OSError as exc:  # checked before the run; the path may have changed meanwhile
+            print(
+                f"optlab check: cannot write the report to {json_path}: {exc.strerror or exc}",
+                file=sys.stderr,
+            )
+            return 2
+    if not shown:
+        return CLOSED_PIPE
+    return 0 if report["summary"]["fail"] == 0 else 1
 
 
 def print_report_table(report: dict[str, Any]) -> None:

@@ -617,19 +617,12 @@ def test_a_store_outage_is_logged_once_not_every_heartbeat(
     ]
 
 
-def test_a_job_process_stopped_from_outside_says_so_until_it_is_continued(
-    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+def assert_told_stopped_until_continued(
+    worker: Worker, sessions: sessionmaker[Session], job_id: int, jobs_dir: Path
 ) -> None:
-    """SIGSTOPped, it had read as running well (the same step, nothing waiting) as long as it stayed so."""
-    body = (
-        'echo \'{"step": 3, "total": 10}\' > "$W/progress.json"; echo $$ > "$W/pid"; kill -STOP $$; '
-        'echo \'{"job_id": "1", "attempt": 1, "workdir": "/w", "status": "succeeded"}\' > "$W/result.json"'
-    )
-    fast = make_worker(settings.model_copy(update={"heartbeat_s": 0.2}), sessions, stand_in(tmp_path, body))
-    worker = Worker(fast.settings, sessions, worker_id="test-worker", slots=2)  # a DDP job's two slots
-    ddp = SPEC.model_copy(update={"batch_size": 64, "distribution": {"strategy": "ddp", "devices": 2}})
-    with sessions() as session:
-        job_id = store.create_job(session=session, spec=JobSpec.model_validate(ddp.model_dump())).id
+    """Runs the job, whose stopped process wrote its pid to a `pid` file: its waiting reason must say
+    it is stopped from outside; then it is continued (whatever was seen: a process left stopped would
+    hold the worker's thread) and must succeed."""
     running = threading.Thread(target=worker.run_next)
     running.start()
 
@@ -638,16 +631,26 @@ def test_a_job_process_stopped_from_outside_says_so_until_it_is_continued(
             job = store.get_job(session=session, job_id=job_id)
             return None if job is None else job.waiting
 
-    deadline = time.monotonic() + 20
     try:
-        while waiting() != worker_module.STOPPED_FROM_OUTSIDE and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert waiting() == worker_module.STOPPED_FROM_OUTSIDE
-    finally:  # continued whatever was seen: a process left stopped would hold the worker's thread
-        pid = int(next((tmp_path / "jobs").rglob("pid")).read_text())
-        os.kill(pid, signal.SIGCONT)
+        _wait_for(lambda: waiting() == worker_module.STOPPED_FROM_OUTSIDE, timeout_s=20)
+    finally:
+        _wait_for(lambda: any(jobs_dir.rglob("pid")), timeout_s=10)
+        os.kill(int(next(jobs_dir.rglob("pid")).read_text()), signal.SIGCONT)
         running.join(20)
     assert job_row(sessions, job_id).status == "succeeded"
+
+
+def test_a_job_process_stopped_from_outside_says_so_until_it_is_continued(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    """SIGSTOPped, it had read as running well (the same step, nothing waiting) as long as it stayed so."""
+    body = (
+        'echo \'{"step": 3, "total": 10}\' > "$W/progress.json"; echo $$ > "$W/pid"; kill -STOP $$; '
+        'echo \'{"job_id": "1", "attempt": 1, "workdir": "/w", "status": "succeeded"}\' > "$W/result.json"'
+    )
+    worker = make_worker(settings.model_copy(update={"heartbeat_s": 0.2}), sessions, stand_in(tmp_path, body))
+    job_id = submit(sessions)
+    assert_told_stopped_until_continued(worker, sessions, job_id, tmp_path / "jobs")
 
 
 def test_is_stopped_reads_the_process_state() -> None:
@@ -791,24 +794,4 @@ def test_a_ddp_job_whose_other_rank_is_stopped_from_outside_says_so(
     ddp = SPEC.model_copy(update={"batch_size": 64, "distribution": {"strategy": "ddp", "devices": 2}})
     with sessions() as session:
         job_id = store.create_job(session=session, spec=JobSpec.model_validate(ddp.model_dump())).id
-    running = threading.Thread(target=worker.run_next)
-    running.start()
-
-    def waiting() -> str | None:
-        with sessions() as session:
-            job = store.get_job(session=session, job_id=job_id)
-            return None if job is None else job.waiting
-
-    deadline = time.monotonic() + 20
-    try:
-        while waiting() != worker_module.STOPPED_FROM_OUTSIDE and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert waiting() == worker_module.STOPPED_FROM_OUTSIDE
-    finally:  # continued whatever was seen: a process left stopped would hold the worker's thread
-        deadline = time.monotonic() + 10
-        while not list((tmp_path / "jobs").rglob("pid")) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        pid = int(next((tmp_path / "jobs").rglob("pid")).read_text())
-        os.kill(pid, signal.SIGCONT)
-        running.join(20)
-    assert job_row(sessions, job_id).status == "succeeded"
+    assert_told_stopped_until_continued(worker, sessions, job_id, tmp_path / "jobs")
