@@ -25,6 +25,8 @@ from service.settings import Settings, token_names
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
+    from service.client import ApiClient
+
 # The commands whose processes hold secrets (tokens, the job store's URL) while jobs run other
 # people's code as the same user: their environment and memory are kept from other processes.
 PRIVATE_COMMANDS = frozenset({"serve", "api", "worker", "demo"})
@@ -377,16 +379,14 @@ def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
-    from service.client import ApiClient, ApiError, error_of, status_of
+    from service.client import ApiError, error_of, status_of
     from service.progress import follow_jobs
 
     spec = read_spec(args.spec, "optlab submit")
     if spec is None:
         return 2
-    try:
-        client = ApiClient(api_url(args, settings))
-    except ApiError as exc:  # an address that is not one
-        print(f"optlab submit: {exc}", file=sys.stderr)
+    client = api_client(args, settings, "optlab submit")
+    if client is None:
         return 2
     url = client.base_url  # without credentials: it is printed
     job: dict[str, Any] | None = None
@@ -415,17 +415,15 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
-    from service.client import ApiClient, ApiError
+    from service.client import ApiError
     from service.studies.follow import comparison_lines, follow_study, ranking_table
     from service.studies.summary import StudySummary
 
     spec = read_spec(args.spec, "optlab study")
     if spec is None:
         return 2
-    try:
-        client = ApiClient(api_url(args, settings))
-    except ApiError as exc:  # an address that is not one
-        print(f"optlab study: {exc}", file=sys.stderr)
+    client = api_client(args, settings, "optlab study")
+    if client is None:
         return 2
     url = client.base_url  # without credentials: it is printed
     study: dict[str, Any] | None = None
@@ -462,6 +460,17 @@ def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
     if study.get("mlflow"):
         print(f"MLflow: {study['mlflow']['url']}")
     return study_exit_status(study)
+
+
+def api_client(args: argparse.Namespace, settings: Settings, command: str) -> ApiClient | None:
+    """The client of the API `api_url` names; None, said in a line, for an address that is not one."""
+    from service.client import ApiClient, ApiError
+
+    try:
+        return ApiClient(api_url(args, settings))
+    except ApiError as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
+        return None
 
 
 def api_url(args: argparse.Namespace, settings: Settings) -> str:
