@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         keep_process_private()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll drowns the progress
+    logging.getLogger("alembic.runtime.plugins").setLevel(logging.WARNING)  # 9 "setup plugin" lines a start
     try:
         settings = settings_from(args)
     except ValidationError as exc:
@@ -327,6 +328,9 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     try:
         worker.publish_catalogue()
     except CatalogueError as exc:
+        if worker.stopping.is_set():  # Ctrl-C reached the catalogue's child too: not its fault
+            print("optlab worker: stopped before it had listed its optimizers", file=sys.stderr)
+            return 130
         print(f"optlab worker: {exc}", file=sys.stderr)
         return 1
     except Exception as exc:  # e.g. the database refused the catalogue: say so, not a traceback

@@ -313,7 +313,10 @@ def resolve_base(target: Target, base: Mapping[str, Any]) -> Base:
     refused = base_unserved(target.framework)
     if refused:
         raise UsageError(f"--base: {refused}")
-    found = resolve_target(str(base["name"]), style=target.style)
+    try:
+        found = resolve_target(str(base["name"]), style=target.style)
+    except UsageError as exc:  # which option named it: the target's own name resolves alike
+        raise UsageError(f"--base: {exc}") from None
     owner = f"--base: optimizer {found.name!r} ({found.style})"
     try:
         entry = found.entry.with_needs(base.get("needs") or {})

@@ -212,7 +212,7 @@ def test_a_class_that_runs_backward_on_its_closures_loss_fails_no_check(tmp_path
             ["--base", '{"name": "adamw", "style": "torch"}'],
             "--base takes name, params and needs; received 'style'",
         ),
-        (["--base", '{"name": "nope"}'], "no optimizer named 'nope'"),
+        (["--base", '{"name": "nope"}'], "--base: no optimizer named 'nope'"),
         (
             ["--base", '{"name": "adamw", "params": {"lr": -1}}'],
             "--base: optimizer 'adamw' (torch): lr must be a number > 0; received -1",

@@ -216,6 +216,51 @@ def test_ctrl_c_lets_the_checker_say_where_it_stopped(tmp_path: Path) -> None:
     assert one_line_error(err, "check") == "optlab check: interrupted at check construct (1/1)"
 
 
+LISTING_FOREVER = """#!/bin/sh
+touch "$STARTED"
+exec sleep 60
+"""
+
+
+def test_ctrl_c_while_the_worker_lists_its_optimizers_is_one_line(tmp_path: Path) -> None:
+    """The catalogue's child got the Ctrl-C too (one process group): its KeyboardInterrupt traceback
+    was the worker's error, as if the job environment were broken."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    python = tmp_path / "python"
+    python.write_text(LISTING_FOREVER)
+    python.chmod(0o755)
+    started = tmp_path / "started"
+    env = {
+        **os.environ,
+        "OPTLAB_JOB_PYTHON": str(python),
+        "OPTLAB_DATA_DIR": str(tmp_path),
+        "STARTED": str(started),
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-m", "service.cli", "worker"],
+        cwd=ROOT,
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own group, to send the group a terminal's Ctrl-C
+    )
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 130, err
+    assert "Traceback" not in err and "alembic.runtime.plugins" not in err, err
+    assert err.strip().splitlines()[-1] == "optlab worker: stopped before it had listed its optimizers"
+
+
 @pytest.mark.parametrize("answered", [True, False])
 def test_ctrl_c_while_following_a_remote_check_says_it_goes_on(
     answered: bool,
