@@ -468,13 +468,9 @@ def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
 
 def api_client(args: argparse.Namespace, settings: Settings, command: str) -> ApiClient | None:
     """The client of the API `api_url` names; None, said in a line, for an address that is not one."""
-    from service.client import ApiClient, ApiError
+    from service.client import connect
 
-    try:
-        return ApiClient(api_url(args, settings))
-    except ApiError as exc:
-        print(f"{command}: {exc}", file=sys.stderr)
-        return None
+    return connect(api_url(args, settings), command)
 
 
 def api_url(args: argparse.Namespace, settings: Settings) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -129,6 +130,23 @@ def _not_an_address(url: str, exc: Exception) -> str:
     return f"{shown!r} is not an address of an optlab API ({exc}); give its root, as in http://127.0.0.1:8000"
 
 
+def connect(address: str, command: str) -> ApiClient | None:
+    """The client of the API at `address`; None, said in a line, for an address that is not one.
+    Credentials in it are said to be left out (a proxy asking for them would refuse every request)."""
+    try:
+        client = ApiClient(address)
+    except ApiError as exc:
+        print(f"{command}: {exc}", file=sys.stderr)
+        return None
+    if client.dropped_credentials:
+        print(
+            f"{command}: the credentials in the API address are not sent: the API takes a bearer token "
+            "($OPTLAB_TOKEN) only",
+            file=sys.stderr,
+        )
+    return client
+
+
 class ApiClient:
     def __init__(self, base_url: str, timeout_s: float = 30.0, token: str | None = None) -> None:
         """`token` defaults to $OPTLAB_TOKEN; it goes in the Authorization header, nowhere else.
@@ -139,10 +157,11 @@ class ApiClient:
         if not base_url.strip():
             raise AddressError("the API address is empty; give its root, as in http://127.0.0.1:8000")
         try:
-            clean, _, _ = split_credentials(base_url.strip())
+            clean, user, password = split_credentials(base_url.strip())
         except ValueError as exc:  # a port that is not a number, an unclosed [IPv6 address
             raise AddressError(_not_an_address(base_url, exc)) from None
         self.base_url = clean.rstrip("/")
+        self.dropped_credentials = user is not None or password is not None
         # Stripped: a token read from a file with `$(cat ...)` may keep a Windows line's `\r`.
         token = (token if token is not None else os.environ.get("OPTLAB_TOKEN", "")).strip()
         self._token_problem = _token_problem(token)

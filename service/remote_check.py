@@ -18,7 +18,7 @@ from jobs.spec import (
     parse_params,
     style_choice,
 )
-from service.client import ApiClient, ApiError, error_of, result_of, status_of
+from service.client import ApiError, connect, error_of, result_of, status_of
 from service.progress import follow_jobs
 
 
@@ -67,10 +67,8 @@ def run_remote_check(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"optlab check: {exc}", file=sys.stderr)
         return 2
-    try:
-        client = ApiClient(args.remote)
-    except ApiError as exc:  # an address that is not one
-        print(f"optlab check: {exc}", file=sys.stderr)
+    client = connect(args.remote, "optlab check")
+    if client is None:  # an address that is not one
         return 2
     job: dict[str, Any] | None = None
     try:

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.result import JobResult, JobStatus
 from service import cli, remote_check, store
+from service import client as client_module
 from service.client import ApiClient
 from tests.conftest import ROOT
 
@@ -168,7 +169,7 @@ def remote(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> TestClient:
         api._http = client
         return api
 
-    monkeypatch.setattr(remote_check, "ApiClient", api_client)
+    monkeypatch.setattr(client_module, "ApiClient", api_client)
     return client
 
 

@@ -380,7 +380,7 @@ def test_credentials_in_the_address_are_never_shown_nor_sent_over_the_token(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """They were printed in messages, and httpx made them a Basic header that replaced the bearer
-    token (the API takes bearer tokens only)."""
+    token (the API takes bearer tokens only): they are left out, and said to be."""
     from service import client as client_module
 
     monkeypatch.setattr(client_module, "UNREACHABLE_GRACE_S", 0.0)
@@ -395,6 +395,10 @@ def test_credentials_in_the_address_are_never_shown_nor_sent_over_the_token(
     )
     out, err = capsys.readouterr()
     assert "s3cret" not in out + err and "user" not in out + err, out + err
+    # Said, so that a proxy that asks for them is not a riddle (they had been dropped without a word).
+    assert err.startswith(
+        "optlab submit: the credentials in the API address are not sent: the API takes a bearer token"
+    ), err
     assert status != 201 or out.startswith("job 1 queued: http://api.test:8000/jobs/1")
     assert seen and all(request.headers["authorization"] == "Bearer tok-123" for request in seen)
     assert all(request.url.userinfo == b"" for request in seen)
