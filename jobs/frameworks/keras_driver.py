@@ -1093,7 +1093,18 @@ class KerasSession(TrainingSession):
         is the loop's own next step, compared by `Checkpointed.confirm`; after the last step both
         take one here, and the restored objects are read back to the checkpoint."""
         path = self.checkpoint_path(folder, step)
+        created = not path.exists()
         path.mkdir(exist_ok=True)
+        try:
+            return self._checkpoint_into(path, objects, step, next_step_follows)
+        except OSError:  # a full disk: the model file written before the refused write kept it full
+            if created:
+                remove_path(path)
+            raise
+
+    def _checkpoint_into(
+        self, path: Path, objects: KerasObjects, step: int, next_step_follows: bool
+    ) -> Checkpointed:
         warnings: list[str] = []
         if self._whole_model_due(step):
             warnings = self._whole_model_roundtrip(objects, path / f"model{self.driver.model_suffix}")
