@@ -623,7 +623,20 @@ def run_local_check(args: argparse.Namespace, settings: Settings) -> int:
             process.wait()
             print("\noptlab check: interrupted", file=sys.stderr)
             return 130
+    if returncode not in CHECKER_EXIT_STATUSES:  # it ended without a word (os._exit, a crash, the OOM killer)
+        from jobs.processes import how_it_ended
+
+        print(
+            f"optlab check: the checker's process {how_it_ended(returncode)} before its report: code the "
+            "checks ran ended it (os._exit, a crash in native code, the kernel's out-of-memory killer), in "
+            "the check after the last one shown",
+            file=sys.stderr,
+        )
     return returncode if returncode >= 0 else 128 - returncode  # killed by a signal: as a shell says
+
+
+# What the checker says itself: passed, a check failed, a usage error, Ctrl-C, a closed pipe.
+CHECKER_EXIT_STATUSES = frozenset({0, 1, 2, 130, 141})
 
 
 # How long a Ctrl-C'd checker has to say where it stopped before it is killed.

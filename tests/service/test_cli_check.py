@@ -23,13 +23,15 @@ from tests.conftest import ROOT
 
 FAKE_JOB_PYTHON = """#!/bin/sh
 printf '%s\\n' "$@" > "$FAKE_ARGS_FILE"
+case "$FAKE_EXIT_STATUS" in -*) kill "$FAKE_EXIT_STATUS" $$;; esac  # -9: killed by SIGKILL
 exit "$FAKE_EXIT_STATUS"
 """
 
 
 @pytest.fixture
 def fake_job_python(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A job interpreter that records its arguments and exits with $FAKE_EXIT_STATUS."""
+    """A job interpreter that records its arguments and exits with $FAKE_EXIT_STATUS (a negative one:
+    killed by that signal)."""
     script = tmp_path / "python"
     script.write_text(FAKE_JOB_PYTHON)
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
@@ -50,6 +52,25 @@ def test_the_checker_runs_in_the_job_environment_and_its_exit_status_passes_thro
         "-m", "jobs.checks", "my_opt.py:Sophia", "--params", '{"lr": 0.1}',
         "--style", "torch", "--json", "out.json", "--only", "construct",
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("status", "ended"), [(3, "exited with code 3"), (-9, "was killed by signal SIGKILL")]
+)
+def test_a_checker_that_ends_without_a_word_is_said_to(
+    status: int,
+    ended: str,
+    fake_job_python: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A class whose step calls os._exit(3) (or a checker the kernel killed) ended `optlab check` with
+    that status and no line at all."""
+    monkeypatch.setenv("FAKE_EXIT_STATUS", str(status))
+    assert cli.main(["check", "my_opt.py:Sophia"]) == (status if status > 0 else 128 - status)
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"optlab check: the checker's process {ended} before its report: "), line
+    assert "\n" not in line
 
 
 RECIPE = (
