@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from jobs.checks.report import CheckReport, CheckResult
+from jobs.checks.report import CHECK_TIME_LIMIT_S, CheckReport, CheckResult
 from jobs.report import Reporter
 from jobs.result import CheckOutcome
 from jobs.spec import CheckSpec
@@ -65,6 +65,7 @@ class CheckJob:
             workdir=self.workdir,
             on_result=self._on_result,
             setup=setup_of(self.spec),
+            time_limit_s=CHECK_TIME_LIMIT_S,
         )
         self.artifacts = self._write_report(report)
         return CheckOutcome(

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
-from jobs.checks.report import CHECK_IDS
+from jobs.checks.report import CHECK_IDS, add_check_timeout
 from jobs.result import JobStatus
 from jobs.spec import optimizer_label
 from service.settings import Settings, token_names
@@ -206,6 +206,7 @@ def add_check_parser(commands: Any) -> None:
     check.add_argument(
         "--only", metavar="IDS", help=f"comma-separated check ids (default all: {', '.join(CHECK_IDS)})"
     )
+    add_check_timeout(check)
     check.add_argument(
         "--remote",
         metavar="URL",
@@ -600,6 +601,7 @@ def run_local_check(args: argparse.Namespace, settings: Settings) -> int:
         ("--style", args.style),
         ("--json", args.json_path),
         ("--only", args.only),
+        ("--check-timeout", args.check_timeout),
         *((option, getattr(args, dest)) for option, dest, _ in SETUP_OPTIONS),
     ):
         if value is not None:

@@ -7,7 +7,7 @@ import math
 import sys
 from typing import Any
 
-from jobs.checks.report import report_ending
+from jobs.checks.report import CHECK_TIME_LIMIT_S, report_ending
 from jobs.result import JobStatus
 from jobs.spec import (
     default_style,
@@ -28,6 +28,11 @@ def check_body(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(
             f"--remote checks a registered optimizer by name; received the class reference {args.target}: "
             "register it (OPTLAB_PLUGIN_DIRS on the workers) or check it here without --remote"
+        )
+    if getattr(args, "check_timeout", None) is not None:
+        raise ValueError(
+            f"--check-timeout is for checks run here; a check job gives each check "
+            f"{CHECK_TIME_LIMIT_S:g} s, and its spec's timeout_s bounds the whole: leave it out with --remote"
         )
     params = parse_params(args.params)  # ValueError says what is allowed
     _refuse_non_finite(params, "--params")  # as a local check does (NaN had failed in the encoder)

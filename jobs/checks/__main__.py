@@ -1,5 +1,5 @@
 """`python -m jobs.checks TARGET [--framework F] [--style S] [--params JSON] [--needs JSON]
-[--param-groups JSON] [--base JSON] [--json FILE] [--only IDS]`.
+[--param-groups JSON] [--base JSON] [--json FILE] [--only IDS] [--check-timeout SECONDS]`.
 
 Exit status: 0 when no check fails, 1 when one does, 2 for a usage error, 130 for Ctrl-C, 141 when
 stdout's reader closed the pipe.
@@ -16,7 +16,14 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from jobs.checks.context import LoopSetup
-from jobs.checks.report import CHECK_IDS, CheckReport, CheckResult, report_ending
+from jobs.checks.report import (
+    CHECK_IDS,
+    CHECK_TIME_LIMIT_S,
+    CheckReport,
+    CheckResult,
+    add_check_timeout,
+    report_ending,
+)
 from jobs.checks.target import (
     UsageError,
     candidate_styles,
@@ -48,6 +55,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_setup_arguments(parser)
     parser.add_argument("--json", type=Path, dest="json_path", help="also write the report here")
     parser.add_argument("--only", help=f"comma-separated check ids (default all: {', '.join(CHECK_IDS)})")
+    add_check_timeout(parser)
     return parser.parse_args(argv)
 
 
@@ -134,7 +142,14 @@ def check(args: argparse.Namespace, params: dict[str, Any], argv: list[str]) -> 
     only = [i.strip() for i in args.only.split(",")] if args.only else None
     print(f"Checking {target.name} ({target.style}, {target.qualname})", file=sys.stderr)
     _PROGRESS.ids = [i for i in CHECK_IDS if only is None or i in only]
-    return run_checks(target, params, only=only, on_result=print_progress, setup=parse_setup(args))
+    return run_checks(
+        target,
+        params,
+        only=only,
+        on_result=print_progress,
+        setup=parse_setup(args),
+        time_limit_s=args.check_timeout or CHECK_TIME_LIMIT_S,
+    )
 
 
 def reexec_legacy(argv: list[str]) -> NoReturn:

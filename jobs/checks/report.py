@@ -5,7 +5,9 @@ The check ids are stable: users script against them, MLflow logs `checks/<id>`.
 
 from __future__ import annotations
 
+import argparse
 import json
+import math
 import os
 import sys
 from dataclasses import asdict, dataclass, field
@@ -16,6 +18,34 @@ from jobs.result import finite_json
 
 Status = Literal["pass", "fail", "warn", "skip"]
 STATUSES: tuple[Status, ...] = ("pass", "fail", "warn", "skip")
+
+# How long one check may run before it is stopped (`--check-timeout`; check jobs use it too): the
+# checks' models are tiny and the slowest published classes take seconds, so a check still running
+# then is a step that hangs (a lock, a process group that never forms) or as good as one.
+CHECK_TIME_LIMIT_S = 600.0
+
+
+def check_timeout(text: str) -> float:
+    """`--check-timeout`'s value: seconds, a positive finite number (argparse names the option)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise argparse.ArgumentTypeError(f"seconds, a number > 0; received {text!r}")
+    return seconds
+
+
+def add_check_timeout(parser: argparse.ArgumentParser) -> None:
+    """`--check-timeout` (None when not given), shared by `optlab check`, which passes it through."""
+    parser.add_argument(
+        "--check-timeout",
+        type=check_timeout,
+        metavar="SECONDS",
+        help=f"how long one check may run before it is stopped (default {CHECK_TIME_LIMIT_S:g}): a "
+        "class's step still running then fails its check, and the checks after it are not run",
+    )
+
 
 CHECK_IDS: tuple[str, ...] = (
     "construct",

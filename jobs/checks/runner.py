@@ -6,11 +6,14 @@ and applied to any class of that style (the idea of torch's `optim_db`).
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import signal
 import tempfile
+import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -90,11 +93,14 @@ def run_checks(
     workdir: Path | None = None,
     on_result: Callable[[CheckResult, int, int], None] | None = None,
     setup: LoopSetup | None = None,
+    time_limit_s: float | None = None,
 ) -> CheckReport:
     """All checks (or `only` those) on `target`; `on_result(result, done, total)` after each.
 
     `setup`: what a job's spec would state beyond params (needs, a param-group recipe, the base a
-    wrapper wraps), applied to every build and step the checks take."""
+    wrapper wraps), applied to every build and step the checks take. `time_limit_s`: how long one
+    check may run (the main thread only; None: no limit); the checks after one that ran past it are
+    not run, so a hanging class costs one limit, not one per check."""
     checked = validated_params(target, params)
     setup = setup or LoopSetup()
     validated_setup(target, setup)
@@ -116,8 +122,13 @@ def run_checks(
     with tempfile.TemporaryDirectory(prefix="optlab-check-", dir=workdir) as scratch:
         context = CheckContext(target=target, params=checked, workdir=Path(scratch), setup=setup)
         context.base  # noqa: B018 - resolved now: a bad --base is a usage error, not a failed check
+        hung: CheckResult | None = None
         for number, check_id in enumerate(ids, start=1):
-            result = _run_one(check_id, table, context)
+            if hung is None:
+                result, ran_past_limit = _run_one(check_id, table, context, time_limit_s)
+                hung = result if ran_past_limit else None
+            else:
+                result = CheckResult(id=check_id, status="skip", detail=_after_hang(hung, time_limit_s))
             report.checks.append(result)
             if on_result is not None:
                 on_result(result, number, len(ids))
@@ -125,9 +136,18 @@ def run_checks(
     return report
 
 
-def _run_one(check_id: str, table: Mapping[str, CheckFunction], context: CheckContext) -> CheckResult:
+def _run_one(
+    check_id: str, table: Mapping[str, CheckFunction], context: CheckContext, time_limit_s: float | None
+) -> tuple[CheckResult, bool]:
+    """The check's result, and whether it ran past `time_limit_s` (and was stopped)."""
     started = time.perf_counter()
-    outcome = _outcome(check_id, table, context)
+    ran_past_limit = False
+    try:
+        with _time_limit(time_limit_s):
+            outcome = _outcome(check_id, table, context)
+    except RanPastLimit as stopped:
+        ran_past_limit = True
+        outcome = _past_limit(context, stopped, time_limit_s or 0.0)
     return CheckResult(
         id=check_id,
         status=outcome.status,
@@ -135,7 +155,7 @@ def _run_one(check_id: str, table: Mapping[str, CheckFunction], context: CheckCo
         figure=outcome.figure,
         where=outcome.where,
         duration_s=round(time.perf_counter() - started, 3),
-    )
+    ), ran_past_limit
 
 
 def _outcome(check_id: str, table: Mapping[str, CheckFunction], context: CheckContext) -> Outcome:
@@ -165,6 +185,58 @@ def _outcome(check_id: str, table: Mapping[str, CheckFunction], context: CheckCo
         )
     except SystemExit as exc:  # sys.exit() in the user's code would end these checks without a word
         return failed(exit_message(exc), where=context.where(exc), fix=EXIT_FIX)
+
+
+class RanPastLimit(BaseException):
+    """Raised in a check that runs past its time limit: a BaseException, so that neither a class's
+    `except Exception` nor a check's own handling takes it for the class's error."""
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float | None) -> Iterator[None]:
+    """RanPastLimit in this thread once `seconds` have passed, and every second after (a class that
+    swallows it with a bare `except:` is stopped again); SIGALRM, so a sleep or a blocking wait is
+    interrupted too. The caller's SIGALRM handler and timer (pytest-timeout's) are given back."""
+    if seconds is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def expired(signum: int, frame: Any) -> None:
+        raise RanPastLimit
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    earlier, _ = signal.setitimer(signal.ITIMER_REAL, seconds, 1.0)
+    started = time.monotonic()
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if earlier:
+            signal.setitimer(signal.ITIMER_REAL, max(earlier - (time.monotonic() - started), 0.001))
+
+
+def _past_limit(context: CheckContext, stopped: RanPastLimit, limit_s: float) -> Outcome:
+    """A fail where the class's code was running when the limit came (its step hangs, or as good as);
+    a skip where only optlab's or a framework's was (a machine too busy to judge the class)."""
+    if reached_user_code(context, stopped):
+        return failed(
+            f"did not end within {limit_s:g} s: the class's code was still running when it was stopped",
+            where=context.where(stopped),
+            fix="a step must return: look for a wait that nothing ends (a lock, a queue, a process group "
+            "or collective that never forms) or a loop whose exit condition never comes true",
+        )
+    return skipped(
+        f"not judged: did not end within {limit_s:g} s, stopped in optlab's or a framework's code, not "
+        "the class's; on a busy machine give the checks more time (--check-timeout)"
+    )
+
+
+def _after_hang(hung: CheckResult, limit_s: float | None) -> str:
+    return (
+        f"not run: check {hung.id} did not end within {limit_s or 0:g} s, so the rest were not started "
+        "(each could take as long); once it ends, run them with --only"
+    )
 
 
 def _raised_through_user_code(context: CheckContext, error: Exception) -> bool:

@@ -189,3 +189,67 @@ def test_a_fault_in_a_method_inherited_from_another_file_is_located_there(
     ).checks
     assert result.status == "fail", result.detail
     assert result.where == f"{tmp_path / 'lean_base.py'}:13", result.where  # its raise
+
+
+HANGS = """
+import time
+
+import torch
+
+
+class WaitsForever(torch.optim.SGD):
+    def __init__(self, params, lr=0.01):
+        super().__init__(params, lr=lr)
+
+    def step(self, closure=None):
+        while True:  # a barrier no other process reaches
+            try:
+                time.sleep(3600)
+            except Exception:
+                pass
+"""
+
+
+def test_a_step_that_hangs_fails_its_check_at_the_time_limit_and_the_rest_are_not_started(
+    tmp_path: Path,
+) -> None:
+    """`optlab check` on a class whose step never returns had hung for good (in CI: until the runner's
+    own limit, with no table). The caller's SIGALRM timer (pytest-timeout's) runs on afterwards."""
+    import signal
+
+    path = tmp_path / "hangs.py"
+    path.write_text(HANGS)
+    before, _ = signal.getitimer(signal.ITIMER_REAL)
+    report = run_checks(
+        target_of(f"{path}:WaitsForever"),
+        {},
+        only=["dense_step", "descends"],
+        workdir=tmp_path,
+        time_limit_s=3.0,  # construct's builds alone can take 2 s on a busy machine: not run here
+    )
+    after, _ = signal.getitimer(signal.ITIMER_REAL)
+    dense_step, descends = report.checks
+    assert dense_step.status == "fail", dense_step
+    assert dense_step.detail.startswith("did not end within 3 s: the class's code was still running")
+    assert dense_step.where == f"{path}:{HANGS.splitlines().index('                time.sleep(3600)') + 1}"
+    assert descends.status == "skip"
+    assert descends.detail.startswith("not run: check dense_step did not end within 3 s, so the rest")
+    assert (before == 0) == (after == 0) and after <= before  # given back, not restarted nor dropped
+
+
+def test_a_check_stopped_in_optlabs_own_code_is_not_the_class_fault(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A check still busy in optlab's or a framework's code at the limit says the machine may be too
+    busy to judge: the class's code was not what ran."""
+    import time
+
+    from jobs.checks import common
+
+    monkeypatch.setitem(common.CHECKS, "schedule", lambda ctx: time.sleep(30) or passed("never"))
+    path = tmp_path / "unvalidated.py"
+    path.write_text(UNVALIDATED)
+    report = run_checks(target_of(f"{path}:Unvalidated"), {}, only=["schedule"], time_limit_s=0.5)
+    (schedule,) = report.checks
+    assert schedule.status == "skip", schedule
+    assert schedule.detail.startswith("not judged: did not end within 0.5 s, stopped in optlab's")

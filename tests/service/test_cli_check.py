@@ -73,6 +73,22 @@ def test_a_checker_that_ends_without_a_word_is_said_to(
     assert "\n" not in line
 
 
+def test_a_check_timeout_passes_through_and_is_refused_where_it_cannot_apply(
+    fake_job_python: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FAKE_EXIT_STATUS", "0")
+    assert cli.main(["check", "lion", "--check-timeout", "90"]) == 0
+    assert fake_job_python.read_text().splitlines()[-2:] == ["--check-timeout", "90.0"]
+    capsys.readouterr()
+    assert cli.main(["check", "lion", "--check-timeout", "90", "--remote", "http://optlab.test"]) == 2
+    assert capsys.readouterr().err.startswith("optlab check: --check-timeout is for checks run here; ")
+    for bad in ("0", "nan", "soon"):
+        with pytest.raises(SystemExit) as usage:
+            cli.main(["check", "lion", "--check-timeout", bad])
+        assert usage.value.code == 2
+        assert f"--check-timeout: seconds, a number > 0; received '{bad}'" in capsys.readouterr().err
+
+
 RECIPE = (
     '[{"match": {"ndim": ">=2"}, "params": {"use_muon": true}}, '
     '{"match": "rest", "params": {"use_muon": false}}]'
