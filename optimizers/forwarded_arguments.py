@@ -61,6 +61,51 @@ def constructor_arguments(cls: type, framework_base: type | None) -> list[Argume
     return found
 
 
+def fills_in_the_base(cls: type, framework_base: type, argument: str) -> bool:
+    """Whether the constructor call that hands `cls`'s **kwargs on into `framework_base`'s own
+    constructor fills `argument` itself (by keyword, or by position: `learning_rate` is the first of
+    Keras 3's), as a class that fixes its own rate does (`super().__init__(learning_rate=1.0,
+    **kwargs)`): a caller's `argument` would be given twice. False where it cannot be told."""
+    owner = _constructor_owner(cls)
+    stop = set(framework_base.__mro__)
+    while owner is not None:
+        handoff = _handoff(owner)
+        if handoff is None:
+            return False
+        if handoff.to in stop:
+            leading = _leading_arguments(handoff.to)[: handoff.positional]
+            return argument in handoff.keywords or argument in leading
+        owner = handoff.to
+    return False
+
+
+def _leading_arguments(base: type) -> list[str]:
+    """The positional argument names of the first constructor in `base`'s MRO that names any (Keras
+    3's TensorFlow optimizer takes `*args, **kwargs` on to BaseOptimizer's `learning_rate, ...`)."""
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    for klass in base.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        try:
+            parameters = list(inspect.signature(vars(klass)["__init__"]).parameters.values())[1:]
+        except (TypeError, ValueError):
+            continue
+        names = [p.name for p in parameters if p.kind in positional]
+        if names:
+            return names
+    return []
+
+
+def takes_keywords(cls: type) -> bool:
+    """Whether `cls(...)` takes keyword arguments it does not name (**kwargs); True where its
+    signature cannot be read."""
+    try:
+        parameters = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind is p.VAR_KEYWORD for p in parameters)
+
+
 def _constructor_owner(cls: type) -> type | None:
     """The class of the MRO whose `__init__` a call of `cls` runs."""
     return next((k for k in cls.__mro__ if "__init__" in vars(k)), None)

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from optimizers.forwarded_arguments import constructor_arguments
+from optimizers.forwarded_arguments import constructor_arguments, fills_in_the_base, takes_keywords
 from optimizers.hyperparams import MAX_LIST_LENGTH, Param, ParamType, check_all, is_option_text
 from optimizers.loop_needs import (
     BASE_ARGUMENTS,
@@ -528,9 +528,21 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
             params[name] = Param(
                 name, kind, default, required=required, nullable=nullable, choices=choices, enum_class=members
             )
-    if "lr" not in params and style != "torch":
+    if "lr" not in params and _takes_a_rate_it_does_not_name(cls, style):
         params = {"lr": Param("lr", "float", _KERAS_DEFAULT_LR, low=0.0, low_inclusive=False), **params}
     return params, lr_arg
+
+
+def _takes_a_rate_it_does_not_name(cls: type, style: str) -> bool:
+    """A Keras 3 class that names no learning rate but hands its **kwargs on to Keras's base, which
+    requires one: it takes `learning_rate` there. Not one without **kwargs, nor one that fills the
+    base's `learning_rate` itself (`super().__init__(learning_rate=1.0, **kwargs)`: A2Grad and AliG
+    compute their step), nor a legacy tf.keras class (the legacy base takes no `learning_rate`:
+    COCOB has none): building those with one had raised a TypeError, a false `construct` fail."""
+    if style != "keras" or not takes_keywords(cls):
+        return False
+    base = _style_base(style)
+    return base is None or not fills_in_the_base(cls, base, "learning_rate")
 
 
 def _built_over(cls: type) -> str | None:
@@ -574,11 +586,12 @@ def load_registry(
     every plugin file and the frameworks they import (a Keras plugin would bring TensorFlow into a
     torch job, a torch one torch into a TensorFlow job).
 
-    `plugin_files`: where the catalogue found `wanted` (a worker passes them to its jobs). Those of
-    the folders' files are read first, and the rest only if `wanted` is still not all found: a job
-    of one plugin optimizer then imports neither the others' files (one slow to import, one that
-    imports TensorFlow) nor the frameworks they bring. First still means first in the folders' order,
-    so what a job finds is what the catalogue listed.
+    `plugin_files`: where the catalogue found `wanted` (a worker passes them to its jobs; a user
+    running a job by hand may name a file outside the folders). They are read first, and the
+    folders' other files only if `wanted` is still not all found: a job of one plugin optimizer
+    then imports neither the others' files (one slow to import, one that imports TensorFlow) nor
+    the frameworks they bring. First still means first in the folders' order (then the files
+    outside them), so what a job finds is what the catalogue listed.
     """
     styles = (styles,) if isinstance(styles, str) else tuple(styles)
     unknown = sorted(set(styles) - set(STYLES))
@@ -603,8 +616,11 @@ def load_registry(
         plugin_dirs = [str(d) for d in plugin_dirs_from_environment()]
     files = [path for directory in plugin_dirs for path in sorted(Path(directory).glob("*.py"))]
     if wanted is not None:
-        named = {str(file) for file in plugin_files}
-        first = [path for path in files if str(path) in named]
+        # Each named file, in the folders or not: one named by hand outside them had been passed over
+        # without a word, and the job failed as an unknown optimizer.
+        named = list(dict.fromkeys(str(file) for file in plugin_files))
+        in_folders = [path for path in files if str(path) in named]
+        first = in_folders + [Path(file) for file in named if file not in {str(p) for p in in_folders}]
         for path in first:
             _guarded(registry, str(path), partial(_load_plugin_file, registry, path, styles))
         if first and _holds(registry, wanted):

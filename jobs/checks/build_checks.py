@@ -38,6 +38,7 @@ from jobs.checks.tools import (
     still_steps,
     updates_nothing,
     user_line,
+    wrong_signature,
 )
 from jobs.frameworks.base import Gradient, source_files
 from optimizers.hyperparams import Param
@@ -577,6 +578,9 @@ def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
             f"two vectors) with a clear error ({ctx.describe_error(error)}), so optlab's problems cannot "
             "judge it"
         )
+    wrong = wrong_signature(ctx, error)  # the class's update, called as the framework calls it
+    if wrong is not None:
+        return wrong.failed(ctx.describe_error(error))
     return failed(
         f"the first step on a {shape_text(SHAPES[0])} matrix and two vectors raised "
         f"{ctx.describe_error(error)}",

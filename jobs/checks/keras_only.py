@@ -33,6 +33,7 @@ from jobs.frameworks.keras_driver import (
     XLA_FIX,
     XLA_ONLY_FAILURE,
     KerasDriver,
+    config_fix,
     names_an_unknown_class,
     plain_config,
     tracked_outside,
@@ -160,7 +161,7 @@ def _judge_reload(ctx: CheckContext, kit: KerasDriver, suffix: str, user: _Reloa
                 f"decorate the class with @{kit.serializable_decorator}(package=...) so load_model finds it "
                 "by name"
                 if not_found
-                else "get_config must return exactly what the constructor accepts"
+                else config_fix(user.error, "get_config must return exactly what the constructor accepts")
             ),
         )
     if user.cls is not cls:

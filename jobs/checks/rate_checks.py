@@ -38,6 +38,7 @@ from jobs.checks.tools import (
     still_steps,
     updates_nothing,
     user_line,
+    wrong_signature,
 )
 from jobs.frameworks.base import Driver, ScheduleUnreachable, SparseRows, raising_frame
 from optimizers.loop_needs import user_classes
@@ -64,9 +65,10 @@ def check_schedule(ctx: CheckContext) -> Outcome:
     if updates_nothing(ctx):
         return skipped(MOVES_NOTHING)
     if not ctx.has_lr and ctx.rate_in_groups() is None:
+        groups = ", and no `lr` given to it lands in its param groups" if ctx.target.style == "torch" else ""
         return skipped(
-            "not meaningful: the class takes no learning rate (its constructor declares none, and no `lr` "
-            "given to it lands in its param groups), so there is no rate to schedule"
+            f"not meaningful: the class takes no learning rate (its constructor declares none{groups}), so "
+            "there is no rate to schedule"
         )
     refused = refused_rate(ctx)
     if refused is not None:
@@ -611,6 +613,9 @@ def _sparse_refusal(ctx: CheckContext, error: Exception) -> Outcome:
                 fix="support sparse gradients or drop optlab_supports_sparse",
             )
         return passed(f"refuses sparse gradients with a clear error: {ctx.describe_error(error)}")
+    wrong = wrong_signature(ctx, error)  # the class's sparse method, called as the framework calls it
+    if wrong is not None:
+        return wrong.failed(ctx.describe_error(error))
     if deepest is not None and _left_to_the_base(ctx, error, deepest.name, deepest.filename):
         return failed(
             f"a row-sparse gradient ({driver.sparse_gradient_name}) reached `{deepest.name}`, which the "

@@ -20,7 +20,7 @@ from typing import Any
 from jobs.checks.context import CheckContext, LoopSetup, RecipeNotHonoured, one_line
 from jobs.checks.report import CHECK_IDS, ONLY_FOR_STYLES, CheckReport, CheckResult, Outcome, failed, skipped
 from jobs.checks.target import Target, UsageError
-from jobs.checks.tools import CheckFunction, fix_for_raised, reached_user_code
+from jobs.checks.tools import CheckFunction, fix_for_raised, reached_user_code, wrong_signature
 from jobs.errors import EXIT_FIX, exit_message
 from jobs.frameworks.base import AdvisedError, known_fix
 from optimizers.hyperparams import check_all
@@ -177,6 +177,9 @@ def _outcome(check_id: str, table: Mapping[str, CheckFunction], context: CheckCo
     except Exception as exc:  # the user's code raised somewhere the check did not expect
         if not _raised_through_user_code(context, exc):
             return skipped(_internal_error(exc))
+        wrong = wrong_signature(context, exc)  # the class's method never ran: no line of it to show
+        if wrong is not None:
+            return wrong.failed(context.describe_error(exc))
         where = context.where(exc)
         return failed(
             f"raised {context.describe_error(exc)}",

@@ -56,6 +56,12 @@ def check_config_roundtrip(ctx: CheckContext) -> Outcome:
     where_kept = f"{driver.config_name} carries all {count} hyperparameters with their values and survives"
     if not driver.capabilities.schedule_objects:
         return passed(f"{where_kept} {driver.config_roundtrip_name}", float(count))
+    if not ctx.has_lr:  # it fixes its own rate (A2Grad, COCOB): no schedule to give it
+        return passed(
+            f"{where_kept} {driver.config_roundtrip_name} (the class takes no learning rate, so none was "
+            f"tried with {driver.schedule_name})",
+            float(count),
+        )
     try:
         problem, _ = _config_problem(ctx, schedule=True)
     except (ValueError, TypeError, NotImplementedError) as exc:

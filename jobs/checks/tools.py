@@ -18,13 +18,14 @@ import re
 import tokenize
 import traceback
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 
 from jobs.checks.context import CheckContext
-from jobs.checks.report import Outcome
+from jobs.checks.report import Outcome, failed
 from jobs.frameworks.base import Driver, equal_only_to_itself, known_fix, raising_frame
 from optimizers.loop_needs import user_classes
 
@@ -214,6 +215,53 @@ def method_location(ctx: CheckContext, method: str | None = None) -> str:
     if source is None or source not in ctx.user_files():
         return ctx.where()
     return f"{source}:{first}"
+
+
+_CALLED_WRONGLY = re.compile(
+    r"^(\w+)\.(\w+)\(\) (?:takes \d+ positional|missing \d+ required|got an unexpected keyword)"
+)
+
+
+@dataclass(frozen=True)
+class WrongSignature:
+    """A method of the class the framework called with other arguments than it takes."""
+
+    method: str
+    expected: str  # the framework base's signature of it, as `name(self, ...)`; "" where unknown
+    where: str  # `file:line` of the class's definition of it
+
+    def failed(self, said: str) -> Outcome:
+        """The fail of a check that met it; `said`: the error, described."""
+        takes = f": {self.expected}, as the framework's base declares it" if self.expected else ""
+        return failed(
+            f"the framework called the class's {self.method} with other arguments than it takes: {said}",
+            where=self.where,
+            fix=f"give {self.method} the signature the framework calls it with{takes}",
+        )
+
+
+def wrong_signature(ctx: CheckContext, error: BaseException) -> WrongSignature | None:
+    """Where `error` is a TypeError of the framework calling a method the class defines with other
+    arguments than it declares (legacy `_resource_apply_sparse(self, grad, var)`, which tf.keras calls
+    with `indices` too): the class's method never ran, so no line of it is in the traceback."""
+    if not isinstance(error, TypeError):
+        return None
+    called = _CALLED_WRONGLY.match(str(error))
+    if called is None:
+        return None
+    owner, method = called.groups()
+    ours = [k for k in user_classes(ctx.target.cls) if k.__name__ == owner and method in vars(k)]
+    if not ours:
+        return None
+    theirs = next(
+        (k for k in ctx.target.cls.__mro__ if k not in user_classes(ctx.target.cls) and method in vars(k)),
+        None,
+    )
+    expected = ""
+    if theirs is not None:
+        with contextlib.suppress(TypeError, ValueError):
+            expected = f"{method}{inspect.signature(vars(theirs)[method])}"
+    return WrongSignature(method, expected, method_location(ctx, method))
 
 
 def reached_user_code(ctx: CheckContext, error: BaseException) -> bool:

@@ -418,7 +418,9 @@ class KerasDriver(Driver):
             raise ConfigNotSerialized(
                 f"{cls.__name__}.from_config(get_config()) raised {type(exc).__name__}: "
                 f"{' '.join(str(exc).split())[:300]}",
-                fix="get_config must return exactly the constructor's arguments (plus the base class's)",
+                fix=config_fix(
+                    exc, "get_config must return exactly the constructor's arguments (plus the base class's)"
+                ),
             ) from exc
         try:
             self.current_rate(rebuilt)
@@ -775,7 +777,10 @@ class KerasSession(TrainingSession):
         self.device = self._choose_device(spec.device)
         self.strategy = self._mirrored(spec)  # before anything starts TensorFlow's runtime
         self.lr_multiplier = build_schedule(spec.schedule.name, spec.schedule.params, total_steps=spec.steps)
-        self.base_lr = float(spec.optimizer.params.get("lr", entry.params["lr"].default))
+        # None: the class takes no rate (it fixes its own: A2Grad, COCOB), so no schedule is built for it
+        # (a spec gives such a class the constant one: anything else is refused at submission).
+        declared = entry.params.get("lr")
+        self.base_lr = None if declared is None else float(spec.optimizer.params.get("lr", declared.default))
         self.km.utils.set_random_seed(spec.seed)
         tf.config.experimental.enable_op_determinism()
         self.order = BatchOrder(len(self.dataset.x_train), batch_size=spec.batch_size, seed=spec.seed)
@@ -829,11 +834,15 @@ class KerasSession(TrainingSession):
     def build(self) -> KerasObjects:
         """A fresh model and optimizer as the spec describes them, optimizer variables created."""
         model = self.workload.keras_model(self.spec.workload.params, self.dataset, keras_module=self.km)
-        schedule = self.driver.schedule_class()(
-            self.base_lr, self.spec.schedule.name, self.spec.schedule.params, self.spec.steps
+        rate = (
+            None
+            if self.base_lr is None
+            else self.driver.schedule_class()(
+                self.base_lr, self.spec.schedule.name, self.spec.schedule.params, self.spec.steps
+            )
         )
         try:  # a class that checks its rate as a number (`float(learning_rate) <= 0`) fails here
-            optimizer = self.entry.create(self.spec.optimizer.params, learning_rate=schedule)
+            optimizer = self.entry.create(self.spec.optimizer.params, learning_rate=rate)
             self.driver.create_state(optimizer, model.trainable_variables)
         except Exception as error:
             self._explain_schedule_read(error)
@@ -948,7 +957,7 @@ class KerasSession(TrainingSession):
         The gradients and the update are one graph, so the update's own time cannot be told
         apart: `optimizer_ms` is the whole compiled step's (as under a MirroredStrategy).
         """
-        lr = self.base_lr * self.lr_multiplier(step)
+        lr = None if self.base_lr is None else self.base_lr * self.lr_multiplier(step)
         compiled = objects.step if objects.replicated_step is None else objects.replicated_step
         started = time.perf_counter()
         try:
@@ -1071,7 +1080,10 @@ class KerasSession(TrainingSession):
         """0-d numeric optimizer variables (a `d` estimate), by their short name; Keras has no groups."""
         optimizer = objects.optimizer
         # The step counter, and the rate when a float made it a variable: the loop logs the rate.
-        counters = {id(backing(step_counter(optimizer))), id(backing(optimizer.learning_rate))}
+        counters = {id(backing(step_counter(optimizer)))}
+        rate = getattr(optimizer, "learning_rate", None)  # a legacy class without the hyper has none
+        if rate is not None:
+            counters.add(id(backing(rate)))
         values = {}
         for variable in optimizer_variables_of(optimizer):
             inner = backing(variable)
@@ -1631,6 +1643,27 @@ CONFIG_FIX = (
     "return plain Python values from get_config (floats, not tensors or variables; a schedule through "
     "its serialize())"
 )
+
+
+_GIVEN_TWICE = re.compile(r"got multiple values for keyword argument '(\w+)'")
+
+
+def config_fix(error: BaseException, otherwise: str) -> str:
+    """What to do about a config the class cannot be rebuilt from: where the rebuild gave the base an
+    argument twice, the class fills it itself (`super().__init__(learning_rate=1.0, **kwargs)`) while
+    its config returns the base's too; else `otherwise`."""
+    link: BaseException | None = error
+    while link is not None:
+        given_twice = _GIVEN_TWICE.search(str(link))
+        if given_twice:
+            name = given_twice.group(1)
+            return (
+                f"the constructor passes {name!r} to its base itself, and get_config() returns it too (the "
+                f"base's config has it): leave it out of the config (`config.pop({name!r}, None)` in "
+                "get_config)"
+            )
+        link = link.__cause__ or link.__context__
+    return otherwise
 
 
 def config_not_json(optimizer: Any) -> str | None:

@@ -609,3 +609,101 @@ def test_an_update_xla_cannot_compile_is_a_warn_naming_the_op(workdir: Path) -> 
         "EagerPyFunc; jobs with jit_compile will fail" in outcome.detail
     ), outcome.detail
     assert "Fix: avoid ops XLA cannot compile in the update (tf.py_function" in outcome.detail
+
+
+# -- classes that take no learning rate --------------------------------------------------------------
+
+RATELESS = Path(__file__).parent / "rateless_keras.py"
+
+
+@pytest.mark.parametrize("name", ["SignStep", "LegacySignStep"])
+def test_a_class_that_takes_no_learning_rate_is_built_without_one(name: str, workdir: Path) -> None:
+    """Its catalogue entry had an `lr` no constructor took: `construct` failed it with a TypeError
+    (Keras 3: "got multiple values for keyword argument 'learning_rate'"; legacy: "Unexpected keyword
+    argument"), and so did every job. Every check passes it now, but for the whole-model format's loss
+    of every legacy optimizer's state (a warn said of the framework's SGD too)."""
+    from jobs.checks.runner import run_checks
+
+    target = target_of(f"{RATELESS}:{name}")
+    assert "lr" not in target.entry.params
+    report = run_checks(target, {}, workdir=workdir)
+    outcomes = {r.id: r for r in report.checks}
+    assert [r.id for r in report.checks if r.status == "fail"] == [], report.checks
+    warned = [r.id for r in report.checks if r.status == "warn"]
+    assert warned == ([] if name == "SignStep" else ["save_load_model"]), warned
+    assert outcomes["schedule"].status == "skip"
+    assert "the class takes no learning rate (its constructor declares none)" in outcomes["schedule"].detail
+
+
+def test_a_config_that_gives_back_the_rate_the_class_fills_itself_is_told_to_leave_it_out(
+    workdir: Path,
+) -> None:
+    """from_config(get_config()) gave the base `learning_rate` twice: a true fault, named."""
+    outcome = _run("config_roundtrip", _context(f"{RATELESS}:GivesItsRateBack", workdir))
+    assert outcome.status == "fail", outcome
+    assert "got multiple values for keyword argument 'learning_rate'" in outcome.detail
+    assert "leave it out of the config (`config.pop('learning_rate', None)` in get_config)" in outcome.detail
+
+
+WRONG_SIGNATURES = """
+import keras
+import tensorflow as tf
+import tf_keras
+
+
+class LegacyTwoArgumentSparse(tf_keras.optimizers.legacy.Optimizer):
+    def __init__(self, learning_rate=0.01, name="LegacyTwoArgumentSparse", **kwargs):
+        super().__init__(name, **kwargs)
+        self._set_hyper("learning_rate", learning_rate)
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        return var.assign_sub(self._get_hyper("learning_rate", var.dtype) * grad)
+
+    def _resource_apply_sparse(self, grad, var):  # tf.keras passes indices (and apply_state) too
+        return var.assign_sub(grad)
+
+    def get_config(self):
+        return {**super().get_config(), "learning_rate": self._serialize_hyperparameter("learning_rate")}
+
+
+class NoRateInUpdate(keras.optimizers.Optimizer):
+    def __init__(self, learning_rate=0.01, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+
+    def update_step(self, gradient, variable):  # Keras 3 passes the learning rate too
+        self.assign_sub(variable, 0.01 * gradient)
+"""
+
+
+@pytest.mark.parametrize(
+    ("name", "check_id", "method", "expected"),
+    [
+        (
+            "LegacyTwoArgumentSparse",
+            "sparse",
+            "_resource_apply_sparse",
+            "_resource_apply_sparse(self, grad, handle, indices, apply_state)",
+        ),
+        (
+            "NoRateInUpdate",
+            "dense_step",
+            "update_step",
+            "update_step(self, gradient, variable, learning_rate)",
+        ),
+    ],
+)
+def test_a_method_the_framework_calls_with_other_arguments_is_named_with_its_signature(
+    name: str, check_id: str, method: str, expected: str, tmp_path: Path
+) -> None:
+    """The class's method never ran, so no line of it was on the way: the sparse check had blamed an
+    option of the framework's base, and the line shown was the class statement."""
+    path = tmp_path / "wrong_signatures.py"
+    path.write_text(WRONG_SIGNATURES)
+    outcome = _run(check_id, _context(f"{path}:{name}", tmp_path))
+    assert outcome.status == "fail", outcome
+    assert outcome.detail.startswith(f"the framework called the class's {method} with other arguments"), (
+        outcome
+    )
+    assert f"Fix: give {method} the signature the framework calls it with: {expected}" in outcome.detail
+    line = next(i for i, text in enumerate(WRONG_SIGNATURES.splitlines(), 1) if f"def {method}(" in text)
+    assert outcome.where == f"{path}:{line}"

@@ -3,6 +3,7 @@ the Keras way, and explain failures."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 import textwrap
 from pathlib import Path
@@ -958,3 +959,22 @@ def test_a_job_mirrored_over_logical_cpus_under_xla_is_refused_before_it_starts(
         ValueError, match=r"^jit_compile: XLA cannot compile a step mirrored over 2 logical CPUs"
     ):
         job_of(spec, tmp_path)
+
+
+@pytest.mark.parametrize(("style", "name"), [("keras", "sign_step"), ("tf_legacy", "legacy_sign_step")])
+def test_a_class_that_takes_no_learning_rate_trains_without_one(
+    style: str, name: str, tmp_path: Path
+) -> None:
+    """Built with the `learning_rate` its catalogue entry had made up, it failed at its build with a
+    TypeError (A2Grad, AliG, COCOB). Its steps log no rate, as a torch class without one (AliG)."""
+    folder = tmp_path / "plugins"
+    folder.mkdir()
+    shutil.copy(Path(__file__).parents[1] / "checks" / "rateless_keras.py", folder / "rateless.py")
+    spec = tf_spec(
+        name, style, {}, schedule={"name": "constant"}, steps=20, checkpoint_every=10, eval_every=10
+    )
+    job = job_of(spec, tmp_path / "job", [str(folder)])
+    assert session_of(job).base_lr is None
+    result = job.run()
+    assert result.checkpoints_verified == 2
+    assert result.steps_completed == 20

@@ -10,6 +10,7 @@ from typing import Any
 
 import keras
 import pytest
+import tf_keras
 import torch
 
 from jobs.checks import rate_checks
@@ -78,6 +79,46 @@ class GradientCentralizedAdam(keras.optimizers.Adam):
         self.centralize = centralize
 
 
+class KerasFromScratch(keras.optimizers.Optimizer):
+    """Keras 3's base requires a rate: one handed on through **kwargs is the class's `lr`."""
+
+    def __init__(self, beta: float = 0.9, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.beta = beta
+
+
+class KerasFixedRate(keras.optimizers.Optimizer):
+    """Fills the base's rate itself (A2Grad, AliG): a caller's would be given twice."""
+
+    def __init__(self, beta: float = 0.9, name: str = "fixed", **kwargs: Any) -> None:
+        super().__init__(learning_rate=1.0, name=name, **kwargs)
+        self.beta = beta
+
+
+class KerasFixedRateByPosition(keras.optimizers.Optimizer):
+    """The same, the rate passed first by position (Keras 3's first argument)."""
+
+    def __init__(self, beta: float = 0.9, **kwargs: Any) -> None:
+        super().__init__(1.0, **kwargs)
+        self.beta = beta
+
+
+class KerasNoKeywords(keras.optimizers.Optimizer):
+    """Takes no keyword it does not name: no rate can reach its base."""
+
+    def __init__(self, beta: float = 0.9) -> None:
+        super().__init__(learning_rate=0.5, name="no_keywords")
+        self.beta = beta
+
+
+class LegacyFixedStep(tf_keras.optimizers.legacy.Optimizer):
+    """tf.keras's legacy base takes no learning rate (COCOB names none)."""
+
+    def __init__(self, alpha: float = 100.0, name: str = "LegacyFixedStep", **kwargs: Any) -> None:
+        super().__init__(name, **kwargs)
+        self._set_hyper("alpha", alpha)
+
+
 @pytest.mark.parametrize(
     ("cls", "style", "expected"),
     [
@@ -92,6 +133,11 @@ class GradientCentralizedAdam(keras.optimizers.Adam):
             "keras",
             ["centralize", "lr", "beta_1", "beta_2", "epsilon", "amsgrad", "weight_decay"],
         ),
+        (KerasFromScratch, "keras", ["lr", "beta"]),
+        (KerasFixedRate, "keras", ["beta"]),
+        (KerasFixedRateByPosition, "keras", ["beta"]),
+        (KerasNoKeywords, "keras", ["beta"]),
+        (LegacyFixedStep, "tf_legacy", ["alpha"]),
     ],
     ids=lambda value: getattr(value, "__name__", None),
 )

@@ -592,6 +592,19 @@ def test_a_job_told_where_its_plugin_is_reads_that_file_only(tmp_path: Path) -> 
     assert marker.exists() and elsewhere.get("sign_momentum").source == f"{PLUGIN_SOURCE}{sign}"
 
 
+def test_a_plugin_file_named_outside_the_plugin_folders_is_read(tmp_path: Path) -> None:
+    """`python -m jobs.run spec.json --plugin-file my_opt.py` by hand: the file had been passed over
+    without a word (it was not in OPTLAB_PLUGIN_DIRS) and the job failed as an unknown optimizer."""
+    sign = _write(tmp_path, "sign.py", SIGN_MOMENTUM)
+    found = load_registry([], TORCH_ONLY, wanted=["sign_momentum"], plugin_files=[str(sign)])
+    assert found.get("sign_momentum").source == f"{PLUGIN_SOURCE}{sign}"
+    with pytest.raises(ValueError) as unknown:
+        load_registry([], TORCH_ONLY, wanted=["sign_momentum"], plugin_files=[str(tmp_path / "gone.py")]).get(
+            "sign_momentum"
+        )
+    assert "gone.py" in str(unknown.value) and "file not found" in str(unknown.value)
+
+
 def test_plugin_dirs_come_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "one").mkdir()
     (tmp_path / "two").mkdir()
@@ -1126,12 +1139,18 @@ def test_derive_params_catalogues_learning_rate_as_lr(style: str) -> None:
     }
 
 
-@pytest.mark.parametrize("style", ["keras", "tf_legacy"])
-def test_derive_params_gives_a_keras_class_without_lr_keras_default(style: str) -> None:
-    params, lr_arg = derive_params(_KerasLikeWithoutLr, style)
+def test_derive_params_gives_a_keras_class_without_lr_keras_default() -> None:
+    params, lr_arg = derive_params(_KerasLikeWithoutLr, "keras")
     assert lr_arg == "learning_rate"
     assert list(params) == ["lr", "beta"]
     assert params["lr"] == Param("lr", "float", 1e-3, low=0.0, low_inclusive=False)
+
+
+def test_derive_params_gives_a_legacy_class_without_lr_none() -> None:
+    """tf.keras's legacy base takes no `learning_rate` (COCOB names none): one made up for it had
+    failed its build ("Unexpected keyword argument passed to optimizer: learning_rate")."""
+    params, _ = derive_params(_KerasLikeWithoutLr, "tf_legacy")
+    assert list(params) == ["beta"]
 
 
 def test_derive_params_keeps_a_torch_class_learning_rate_name() -> None:
