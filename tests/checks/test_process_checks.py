@@ -339,3 +339,38 @@ def test_state_shared_by_instances_is_a_fault_not_random_draws(tmp_path: Path) -
     outcome = distributed(context(keras_class, "keras", tmp_path / "keras"))
     assert outcome.status == "fail", outcome.detail
     assert "the class keeps keras_shared_state.py._SHARED['t'] outside its instances" in outcome.detail
+
+
+OWN_MERGE = """
+import keras
+
+
+class OwnBackendStep(keras.optimizers.Optimizer):
+    '''Plain SGD whose `_backend_update_step` steps the variables itself (NoteDance's Lamb does):
+    Keras's TensorFlow optimizer merges the replicas' update there, so each replica steps alone.'''
+
+    def __init__(self, learning_rate=0.05, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        for gradient, variable in zip(grads, trainable_variables):
+            self.update_step(gradient, variable, learning_rate)
+
+    def update_step(self, gradient, variable, learning_rate):
+        self.assign_sub(variable, learning_rate * gradient)
+"""
+
+
+def test_replicas_apart_under_a_class_that_overrides_keras_s_merge_are_told_which_method(
+    tmp_path: Path,
+) -> None:
+    """The fix had said to update only through update_step's variable, which the class does."""
+    path = tmp_path / "own_merge.py"
+    path.write_text(OWN_MERGE)
+    outcome = distributed(context(f"{path}:OwnBackendStep", "keras", tmp_path))
+    assert outcome.status == "fail", outcome
+    assert (
+        "the class overrides _backend_update_step, where Keras merges the replicas' update" in outcome.detail
+    )
+    line = next(i for i, text in enumerate(OWN_MERGE.splitlines(), 1) if "def _backend_update_step" in text)
+    assert outcome.where == f"{path}:{line}"

@@ -23,7 +23,8 @@ from jobs.checks.fresh.results import (
 )
 from jobs.checks.fresh.spawner import ChildFailed, failed_in_child, run_fresh
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
-from jobs.checks.tools import draws_randomly, python_counters, state_shared_by_instances
+from jobs.checks.tools import draws_randomly, method_location, python_counters, state_shared_by_instances
+from optimizers.loop_needs import user_classes
 
 
 def distributed(ctx: CheckContext) -> Outcome:
@@ -166,6 +167,22 @@ def _replicated_counters(ctx: CheckContext, words: Wording) -> str:
     )
 
 
+# Keras 3's TensorFlow optimizer merges the replicas' update in these (maybe_merge_call): a class's
+# own version runs on each replica with its own gradient.
+_MERGING_METHODS = ("_backend_update_step", "_distributed_tf_update_step")
+
+
+def _bypassed_merge(ctx: CheckContext) -> str | None:
+    """The Keras 3 method of the strategy's merge the class overrides (NoteDance's Lamb overrides
+    `_backend_update_step`), or None."""
+    if ctx.target.style != "keras":
+        return None
+    return next(
+        (m for m in _MERGING_METHODS for k in user_classes(ctx.target.cls) if m in vars(k)),
+        None,
+    )
+
+
 def judge(
     ctx: CheckContext, words: Wording, outs: Mapping[str, Path], overrides: Mapping[str, Any]
 ) -> Outcome:
@@ -199,6 +216,18 @@ def judge(
                 f"{words.replica}'s update moves the one value all of them read",
                 where=ctx.where(),
                 fix=COUNTER_FIX,
+                figure=max_abs_difference(first, other),
+            )
+        merge = _bypassed_merge(ctx) if apart else None
+        if merge is not None:
+            return failed(
+                f"under {words.setup}, {words.replica} {number} holds other values than {words.replica} 0 "
+                f"after {DISTRIBUTED_STEPS} steps on the same averaged gradients ({apart}): the class "
+                f"overrides {merge}, where Keras merges the {words.replica}s' update under a strategy, so "
+                f"its version updates each {words.replica} on its own",
+                where=method_location(ctx, merge),
+                fix=f"put the class's math in update_step and leave {merge} to Keras (or end it with "
+                f"super().{merge}(...))",
                 figure=max_abs_difference(first, other),
             )
         if apart:
