@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -258,6 +259,10 @@ def start_ranks_if_ddp(
     return start_ranks(spec, args.argv, workdir, resume_from)
 
 
+# Where a resumed attempt downloads the checkpoint it resumes from (an MLflow run's artifact).
+RESUMED_FROM = "resumed-from"
+
+
 def resume_source(args: argparse.Namespace, spec: AnySpec, workdir: Path) -> ResumePoint | None:
     """`--resume REF` as a local checkpoint (downloaded when REF is an MLflow URI) whose bytes read
     back whole, else the newest earlier verified one that does (jobs.resume.readable_checkpoint)."""
@@ -269,7 +274,7 @@ def resume_source(args: argparse.Namespace, spec: AnySpec, workdir: Path) -> Res
     return readable_checkpoint(
         args.resume,
         damage=driver_for(style_of(spec)).checkpoint_damage,
-        into=workdir / "resumed-from",
+        into=workdir / RESUMED_FROM,
         tracking_uri=args.tracking_uri,
     )
 
@@ -397,6 +402,9 @@ def run_job(args: argparse.Namespace) -> JobResult:
         result = result.with_fields(**checkpoints_so_far(job))
     if resume_point and resume_point.warnings:  # the newer checkpoints it passed over, first
         result = result.with_fields(warnings=[*resume_point.warnings, *(result.warnings or [])])
+    # The download is a copy of a checkpoint the run keeps (a retry downloads it again): it had stayed,
+    # a whole checkpoint more on the worker's disk for every resumed attempt.
+    shutil.rmtree(workdir / RESUMED_FROM, ignore_errors=True)
     result = result.with_fields(status=status, duration_s=round(time.time() - started, 3))
     if mlflow_run is not None:
         # A stop request now would leave the MLflow run RUNNING: finish first (the worker's

@@ -323,6 +323,8 @@ def test_a_resumed_job_ends_bitwise_like_a_straight_run_in_the_same_mlflow_run(
         assert resumed["resumed_from_step"] == killed["checkpoint"]["step"]
     else:
         assert resumed["resumed_from_step"] == 10
+    # The checkpoint it downloaded from the run is a copy: not left on the worker's disk.
+    assert not (jobs[f"resumed-{style}"].workdir / "resumed-from").exists()
 
     run = client.get_run(first_run)
     assert run.info.status == "FINISHED"
