@@ -61,22 +61,29 @@ def constructor_arguments(cls: type, framework_base: type | None) -> list[Argume
     return found
 
 
-def fills_in_the_base(cls: type, framework_base: type, argument: str) -> bool:
-    """Whether the constructor call that hands `cls`'s **kwargs on into `framework_base`'s own
-    constructor fills `argument` itself (by keyword, or by position: `learning_rate` is the first of
-    Keras 3's), as a class that fixes its own rate does (`super().__init__(learning_rate=1.0,
-    **kwargs)`): a caller's `argument` would be given twice. False where it cannot be told."""
+def reaches_the_base(cls: type, framework_base: type, argument: str) -> bool | None:
+    """Whether `argument`, given to `cls(...)` as a keyword it does not name, reaches
+    `framework_base`'s own constructor through the **kwargs each constructor hands on untouched:
+    False where one takes no **kwargs (it refuses the keyword) or the call into the base fills it
+    itself (`super().__init__(learning_rate=1.0, **kwargs)`, or by position: `learning_rate` is the
+    first of Keras 3's); None where the source does not say (unreadable, kwargs changed on the way)."""
     owner = _constructor_owner(cls)
     stop = set(framework_base.__mro__)
-    while owner is not None:
+    while owner is not None and owner not in stop:
+        try:
+            parameters = inspect.signature(vars(owner)["__init__"]).parameters.values()
+        except (TypeError, ValueError):
+            return None
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters):
+            return False
         handoff = _handoff(owner)
         if handoff is None:
-            return False
+            return None
         if handoff.to in stop:
             leading = _leading_arguments(handoff.to)[: handoff.positional]
-            return argument in handoff.keywords or argument in leading
+            return argument not in handoff.keywords and argument not in leading
         owner = handoff.to
-    return False
+    return None
 
 
 def _leading_arguments(base: type) -> list[str]:
@@ -94,16 +101,6 @@ def _leading_arguments(base: type) -> list[str]:
         if names:
             return names
     return []
-
-
-def takes_keywords(cls: type) -> bool:
-    """Whether `cls(...)` takes keyword arguments it does not name (**kwargs); True where its
-    signature cannot be read."""
-    try:
-        parameters = inspect.signature(cls).parameters.values()
-    except (TypeError, ValueError):
-        return True
-    return any(p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 def _constructor_owner(cls: type) -> type | None:

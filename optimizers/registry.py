@@ -26,7 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from optimizers.forwarded_arguments import constructor_arguments, fills_in_the_base, takes_keywords
+from optimizers.forwarded_arguments import constructor_arguments, reaches_the_base
 from optimizers.hyperparams import MAX_LIST_LENGTH, Param, ParamType, check_all, is_option_text
 from optimizers.loop_needs import (
     BASE_ARGUMENTS,
@@ -484,7 +484,9 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
     params: dict[str, Param] = {}
     lr_arg = "lr" if style == "torch" else "learning_rate"
     over = _built_over(cls) if style == "torch" else None
-    for argument in constructor_arguments(cls, _style_base(style)):  # without self; **kwargs followed
+    arguments = constructor_arguments(cls, _style_base(style))  # without self; **kwargs followed
+    names_a_rate = any(argument.parameter.name in _LR_ARGS for argument in arguments)
+    for argument in arguments:
         arg = argument.parameter
         if arg.name == over or (arg.name in _NOT_HYPERPARAMETERS and arg.name not in declared):
             continue
@@ -528,21 +530,27 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
             params[name] = Param(
                 name, kind, default, required=required, nullable=nullable, choices=choices, enum_class=members
             )
-    if "lr" not in params and _takes_a_rate_it_does_not_name(cls, style):
+    # One the class names whose default is no plain number (a schedule object) is still its rate.
+    if "lr" not in params and (names_a_rate or _takes_a_rate_it_does_not_name(cls, style)):
         params = {"lr": Param("lr", "float", _KERAS_DEFAULT_LR, low=0.0, low_inclusive=False), **params}
     return params, lr_arg
 
 
 def _takes_a_rate_it_does_not_name(cls: type, style: str) -> bool:
     """A Keras 3 class that names no learning rate but hands its **kwargs on to Keras's base, which
-    requires one: it takes `learning_rate` there. Not one without **kwargs, nor one that fills the
-    base's `learning_rate` itself (`super().__init__(learning_rate=1.0, **kwargs)`: A2Grad and AliG
-    compute their step), nor a legacy tf.keras class (the legacy base takes no `learning_rate`:
-    COCOB has none): building those with one had raised a TypeError, a false `construct` fail."""
-    if style != "keras" or not takes_keywords(cls):
-        return False
+    requires one: it takes `learning_rate` there. Not one whose keywords stop on the way (no
+    **kwargs), nor one that fills the base's `learning_rate` itself (`super().__init__(
+    learning_rate=1.0, **kwargs)`: A2Grad and AliG compute their step), nor a legacy tf.keras class
+    whose keywords reach the legacy base, which takes none (COCOB): building those with one had
+    raised a TypeError, a false `construct` fail. Where the source does not say, one is assumed, as
+    before (a subclass of a built-in that changes its kwargs on the way takes the built-in's)."""
     base = _style_base(style)
-    return base is None or not fills_in_the_base(cls, base, "learning_rate")
+    if style == "torch" or base is None:
+        return style != "torch"
+    reaches = reaches_the_base(cls, base, "learning_rate")
+    if reaches is None:
+        return True
+    return reaches and style == "keras"
 
 
 def _built_over(cls: type) -> str | None:

@@ -23,16 +23,19 @@ STATUSES: tuple[Status, ...] = ("pass", "fail", "warn", "skip")
 # checks' models are tiny and the slowest published classes take seconds, so a check still running
 # then is a step that hangs (a lock, a process group that never forms) or as good as one.
 CHECK_TIME_LIMIT_S = 600.0
+MAX_CHECK_TIME_LIMIT_S = 86400.0  # what a timer takes on every platform, and longer than any check
 
 
 def check_timeout(text: str) -> float:
-    """`--check-timeout`'s value: seconds, a positive finite number (argparse names the option)."""
+    """`--check-timeout`'s value: seconds, positive and at most a day (argparse names the option)."""
     try:
         seconds = float(text)
     except ValueError:
         seconds = math.nan
-    if not 0 < seconds < math.inf:
-        raise argparse.ArgumentTypeError(f"seconds, a number > 0; received {text!r}")
+    if not 0 < seconds <= MAX_CHECK_TIME_LIMIT_S:
+        raise argparse.ArgumentTypeError(
+            f"seconds, a number > 0 and at most {MAX_CHECK_TIME_LIMIT_S:g} (a day); received {text!r}"
+        )
     return seconds
 
 

@@ -218,7 +218,8 @@ def method_location(ctx: CheckContext, method: str | None = None) -> str:
 
 
 _CALLED_WRONGLY = re.compile(
-    r"^(\w+)\.(\w+)\(\) (?:takes \d+ positional|missing \d+ required|got an unexpected keyword)"
+    r"^(\w+)\.(\w+)\(\) (?:takes (?:from )?\d+ (?:to \d+ )?positional|missing \d+ required|"
+    r"got an unexpected keyword)"
 )
 
 
@@ -251,7 +252,8 @@ def wrong_signature(ctx: CheckContext, error: BaseException) -> WrongSignature |
         return None
     owner, method = called.groups()
     ours = [k for k in user_classes(ctx.target.cls) if k.__name__ == owner and method in vars(k)]
-    if not ours:
+    caller = raising_frame(error)  # the call's own line: the framework's, or it is the class's bug
+    if not ours or method == "__init__" or caller is None or caller.filename in ctx.user_files():
         return None
     theirs = next(
         (k for k in ctx.target.cls.__mro__ if k not in user_classes(ctx.target.cls) and method in vars(k)),

@@ -1653,7 +1653,9 @@ def config_fix(error: BaseException, otherwise: str) -> str:
     argument twice, the class fills it itself (`super().__init__(learning_rate=1.0, **kwargs)`) while
     its config returns the base's too; else `otherwise`."""
     link: BaseException | None = error
-    while link is not None:
+    seen: list[BaseException] = []
+    while link is not None and link not in seen:  # a chain may loop back on itself
+        seen.append(link)
         given_twice = _GIVEN_TWICE.search(str(link))
         if given_twice:
             name = given_twice.group(1)

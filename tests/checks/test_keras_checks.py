@@ -672,6 +672,17 @@ class NoRateInUpdate(keras.optimizers.Optimizer):
 
     def update_step(self, gradient, variable):  # Keras 3 passes the learning rate too
         self.assign_sub(variable, 0.01 * gradient)
+
+
+class CallsItsHelperWrongly(keras.optimizers.Optimizer):
+    def __init__(self, learning_rate=0.01, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+
+    def _scaled(self, gradient, rate):
+        return gradient * rate
+
+    def update_step(self, gradient, variable, learning_rate):
+        self.assign_sub(variable, self._scaled(gradient, learning_rate, 2.0))  # the class's own call
 """
 
 
@@ -706,4 +717,17 @@ def test_a_method_the_framework_calls_with_other_arguments_is_named_with_its_sig
     )
     assert f"Fix: give {method} the signature the framework calls it with: {expected}" in outcome.detail
     line = next(i for i, text in enumerate(WRONG_SIGNATURES.splitlines(), 1) if f"def {method}(" in text)
+    assert outcome.where == f"{path}:{line}"
+
+
+def test_a_method_the_class_itself_calls_wrongly_is_the_line_of_its_call(tmp_path: Path) -> None:
+    """Not the framework's call: the fail shows the class's own line, not a signature to adopt."""
+    path = tmp_path / "wrong_signatures.py"
+    path.write_text(WRONG_SIGNATURES)
+    outcome = _run("dense_step", _context(f"{path}:CallsItsHelperWrongly", tmp_path))
+    assert outcome.status == "fail", outcome
+    assert "the framework called" not in outcome.detail
+    line = next(
+        i for i, text in enumerate(WRONG_SIGNATURES.splitlines(), 1) if "self._scaled(gradient" in text
+    )
     assert outcome.where == f"{path}:{line}"

@@ -253,3 +253,30 @@ def test_a_check_stopped_in_optlabs_own_code_is_not_the_class_fault(
     (schedule,) = report.checks
     assert schedule.status == "skip", schedule
     assert schedule.detail.startswith("not judged: did not end within 0.5 s, stopped in optlab's")
+
+
+def test_the_time_limit_leaves_a_sooner_deadline_alone_and_gives_a_later_one_back() -> None:
+    """pytest-timeout's alarm (or any caller's) had been put off for the whole check, or dropped."""
+    import signal
+    import time
+
+    from jobs.checks.runner import RanPastLimit, _time_limit
+
+    fired: list[int] = []
+    previous = signal.signal(signal.SIGALRM, lambda *_: fired.append(1))
+    previous_timer, _ = signal.getitimer(signal.ITIMER_REAL)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 100.0)  # later than the check's limit: given back
+        with pytest.raises(RanPastLimit), _time_limit(0.2):
+            time.sleep(5)
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 98.0 < remaining < 100.0 and not fired
+        signal.setitimer(signal.ITIMER_REAL, 0.3)  # sooner than the check's limit: it fires as set
+        with _time_limit(60.0):
+            time.sleep(0.6)
+        assert fired == [1]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if previous_timer:
+            signal.setitimer(signal.ITIMER_REAL, previous_timer)

@@ -119,6 +119,37 @@ class LegacyFixedStep(tf_keras.optimizers.legacy.Optimizer):
         self._set_hyper("alpha", alpha)
 
 
+DEFAULT_SCHEDULE = keras.optimizers.schedules.CosineDecay(1e-3, 100)
+
+
+class KerasScheduledByDefault(keras.optimizers.Optimizer):
+    """Names its rate, whose default is a schedule (no plain number): still its rate."""
+
+    def __init__(self, learning_rate: Any = DEFAULT_SCHEDULE) -> None:
+        super().__init__(learning_rate=learning_rate)
+
+
+class KerasParentWithoutKeywords(keras.optimizers.Optimizer):
+    def __init__(self, beta: float = 0.9) -> None:
+        super().__init__(learning_rate=0.1)
+        self.beta = beta
+
+
+class KerasThroughAParentWithoutKeywords(KerasParentWithoutKeywords):
+    """Its keywords stop at a parent that takes none: a rate given to it would be refused there."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+
+
+class LegacyAdamTouchingItsKeywords(tf_keras.optimizers.legacy.Adam):
+    """Changes its kwargs on the way to legacy Adam, so they cannot be followed: Adam's rate is assumed."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("epsilon", 1e-8)
+        super().__init__(**kwargs)
+
+
 @pytest.mark.parametrize(
     ("cls", "style", "expected"),
     [
@@ -138,6 +169,9 @@ class LegacyFixedStep(tf_keras.optimizers.legacy.Optimizer):
         (KerasFixedRateByPosition, "keras", ["beta"]),
         (KerasNoKeywords, "keras", ["beta"]),
         (LegacyFixedStep, "tf_legacy", ["alpha"]),
+        (KerasScheduledByDefault, "keras", ["lr"]),
+        (KerasThroughAParentWithoutKeywords, "keras", ["beta"]),
+        (LegacyAdamTouchingItsKeywords, "tf_legacy", ["lr"]),
     ],
     ids=lambda value: getattr(value, "__name__", None),
 )

@@ -1139,18 +1139,14 @@ def test_derive_params_catalogues_learning_rate_as_lr(style: str) -> None:
     }
 
 
-def test_derive_params_gives_a_keras_class_without_lr_keras_default() -> None:
-    params, lr_arg = derive_params(_KerasLikeWithoutLr, "keras")
+@pytest.mark.parametrize("style", ["keras", "tf_legacy"])
+def test_derive_params_gives_a_keras_class_without_lr_keras_default(style: str) -> None:
+    """Where the source does not say where its **kwargs go (here: nowhere it can follow), a rate is
+    assumed; test_forwarded_arguments has the classes whose source says they take none."""
+    params, lr_arg = derive_params(_KerasLikeWithoutLr, style)
     assert lr_arg == "learning_rate"
     assert list(params) == ["lr", "beta"]
     assert params["lr"] == Param("lr", "float", 1e-3, low=0.0, low_inclusive=False)
-
-
-def test_derive_params_gives_a_legacy_class_without_lr_none() -> None:
-    """tf.keras's legacy base takes no `learning_rate` (COCOB names none): one made up for it had
-    failed its build ("Unexpected keyword argument passed to optimizer: learning_rate")."""
-    params, _ = derive_params(_KerasLikeWithoutLr, "tf_legacy")
-    assert list(params) == ["beta"]
 
 
 def test_derive_params_keeps_a_torch_class_learning_rate_name() -> None:

@@ -177,6 +177,10 @@ def run_fresh(
         _wait(child, role, paths["status"], CHILD_TIMEOUT_S if timeout_s is None else timeout_s)
     except BrokenPipeError:  # the child ended before it read the request
         raise _failure_of(role, child.process.wait(), child.error_path, child.log_path) from None
+    except BaseException:  # a check's time limit, Ctrl-C: the child may be mid-request, never reuse it
+        if child.name in _KEPT:
+            _stop(child.name)
+        raise
     code = int(paths["status"].read_text())
     if code != 0:
         raise _failure_of(role, code, paths["error"], paths["log"])
