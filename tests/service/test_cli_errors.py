@@ -186,6 +186,16 @@ while :; do sleep 0.1; done
 
 def test_ctrl_c_lets_the_checker_say_where_it_stopped(tmp_path: Path) -> None:
     """`optlab check` killed its checker 0.25 s after a Ctrl-C (subprocess.run), before it could."""
+    returncode, err = ctrl_c_once_started(tmp_path, SLOW_TO_STOP, ["check", "lion"])
+    assert returncode == 130
+    assert one_line_error(err, "check") == "optlab check: interrupted at check construct (1/1)"
+
+
+def ctrl_c_once_started(
+    tmp_path: Path, job_python: str, argv: list[str], env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    """`optlab ARGV` with `job_python` (a script that touches $STARTED) as its job environment's
+    Python, sent a terminal's Ctrl-C once that has started: its exit status and stderr."""
     import os
     import signal
     import subprocess
@@ -195,14 +205,13 @@ def test_ctrl_c_lets_the_checker_say_where_it_stopped(tmp_path: Path) -> None:
     from tests.conftest import ROOT
 
     python = tmp_path / "python"
-    python.write_text(SLOW_TO_STOP)
+    python.write_text(job_python)
     python.chmod(0o755)
     started = tmp_path / "started"
-    env = {**os.environ, "OPTLAB_JOB_PYTHON": str(python), "STARTED": str(started)}
     process = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "check", "lion"],
+        [sys.executable, "-m", "service.cli", *argv],
         cwd=ROOT,
-        env=env,
+        env={**os.environ, **(env or {}), "OPTLAB_JOB_PYTHON": str(python), "STARTED": str(started)},
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,  # its own group, to send the group a terminal's Ctrl-C
@@ -212,8 +221,7 @@ def test_ctrl_c_lets_the_checker_say_where_it_stopped(tmp_path: Path) -> None:
         time.sleep(0.05)
     os.killpg(process.pid, signal.SIGINT)
     _, err = process.communicate(timeout=30)
-    assert process.returncode == 130
-    assert one_line_error(err, "check") == "optlab check: interrupted at check construct (1/1)"
+    return process.returncode, err
 
 
 LISTING_FOREVER = """#!/bin/sh
@@ -225,38 +233,10 @@ exec sleep 60
 def test_ctrl_c_while_the_worker_lists_its_optimizers_is_one_line(tmp_path: Path) -> None:
     """The catalogue's child got the Ctrl-C too (one process group): its KeyboardInterrupt traceback
     was the worker's error, as if the job environment were broken."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from tests.conftest import ROOT
-
-    python = tmp_path / "python"
-    python.write_text(LISTING_FOREVER)
-    python.chmod(0o755)
-    started = tmp_path / "started"
-    env = {
-        **os.environ,
-        "OPTLAB_JOB_PYTHON": str(python),
-        "OPTLAB_DATA_DIR": str(tmp_path),
-        "STARTED": str(started),
-    }
-    process = subprocess.Popen(
-        [sys.executable, "-m", "service.cli", "worker"],
-        cwd=ROOT,
-        env=env,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,  # its own group, to send the group a terminal's Ctrl-C
+    returncode, err = ctrl_c_once_started(
+        tmp_path, LISTING_FOREVER, ["worker"], {"OPTLAB_DATA_DIR": str(tmp_path)}
     )
-    deadline = time.monotonic() + 60
-    while not started.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    os.killpg(process.pid, signal.SIGINT)
-    _, err = process.communicate(timeout=30)
-    assert process.returncode == 130, err
+    assert returncode == 130, err
     assert "Traceback" not in err and "alembic.runtime.plugins" not in err, err
     assert err.strip().splitlines()[-1] == "optlab worker: stopped before it had listed its optimizers"
 
