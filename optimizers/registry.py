@@ -544,9 +544,11 @@ def _takes_a_rate_it_does_not_name(cls: type, style: str) -> bool:
     whose keywords reach the legacy base, which takes none (COCOB): building those with one had
     raised a TypeError, a false `construct` fail. Where the source does not say, one is assumed, as
     before (a subclass of a built-in that changes its kwargs on the way takes the built-in's)."""
+    if style == "torch":
+        return False
     base = _style_base(style)
-    if style == "torch" or base is None:
-        return style != "torch"
+    if base is None:  # its framework was never imported, so its source cannot be followed there
+        return True
     reaches = reaches_the_base(cls, base, "learning_rate")
     if reaches is None:
         return True
@@ -628,7 +630,8 @@ def load_registry(
         # without a word, and the job failed as an unknown optimizer.
         named = list(dict.fromkeys(str(file) for file in plugin_files))
         in_folders = [path for path in files if str(path) in named]
-        first = in_folders + [Path(file) for file in named if file not in {str(p) for p in in_folders}]
+        found = {str(path) for path in in_folders}
+        first = in_folders + [Path(file) for file in named if file not in found]
         for path in first:
             _guarded(registry, str(path), partial(_load_plugin_file, registry, path, styles))
         if first and _holds(registry, wanted):

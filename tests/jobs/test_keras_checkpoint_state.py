@@ -439,34 +439,29 @@ def test_a_class_that_turns_its_input_into_another_value_passes_but_a_round_trip
     spec = tf_spec("defaulting_sgd", "tf_legacy", {"lr": 0.05, "scale": 0.0}, steps=4, checkpoint_every=2)
     assert run(spec, tmp_path / "defaulting", dirs).checkpoints_verified == 2
     forget("tests_defaulting_sgd")
-    dirs = plugin(tmp_path, "halving_sgd", legacy_scaled_sgd("HalvingSgd", "scale / 2"))
-    spec = tf_spec("halving_sgd", "tf_legacy", {"lr": 0.05, "scale": 1.0}, steps=4, checkpoint_every=2)
-    with pytest.raises(CheckpointMismatch) as failure:
-        run(spec, tmp_path / "halving", dirs)
-    assert str(failure.value) == (
+
+    def refused(name: str, source: str, scale: float) -> str:
+        """The job of `source`'s class with `scale` fails its round trip: the failure's words."""
+        dirs = plugin(tmp_path, name, source)
+        spec = tf_spec(name, "tf_legacy", {"lr": 0.05, "scale": scale}, steps=4, checkpoint_every=2)
+        with pytest.raises(CheckpointMismatch) as failure:
+            run(spec, tmp_path / name, dirs)
+        forget(f"tests_{name}")
+        return str(failure.value)
+
+    assert refused("halving_sgd", legacy_scaled_sgd("HalvingSgd", "scale / 2"), 1.0) == (
         "model.h5: hyperparameter 'scale' was 1.0 (the trained optimizer's get_config() gives 0.5) but came "
         "back as 0.25"
     )
-    forget("tests_halving_sgd")
     # A get_config() that reports a constant while the class holds the value it was given: still a fault.
     constant = legacy_scaled_sgd("ConstantSgd", "scale").replace("scale=self.scale", "scale=1.0")
-    dirs = plugin(tmp_path, "constant_sgd", constant)
-    spec = tf_spec("constant_sgd", "tf_legacy", {"lr": 0.05, "scale": 0.5}, steps=4, checkpoint_every=2)
-    with pytest.raises(CheckpointMismatch) as failure:
-        run(spec, tmp_path / "constant", dirs)
-    assert str(failure.value) == (
+    assert refused("constant_sgd", constant, 0.5) == (
         "model.h5: hyperparameter 'scale' was 0.5 (the trained optimizer's get_config() gives 1.0) but came "
         "back as 1.0"
     )
-    forget("tests_constant_sgd")
     # A class that ignores a value it was given (holds and reports 1.0 for 0.5): the job would train
     # with another value than it asked for.
-    dirs = plugin(tmp_path, "ignoring_sgd", legacy_scaled_sgd("IgnoringSgd", "1.0"))
-    spec = tf_spec("ignoring_sgd", "tf_legacy", {"lr": 0.05, "scale": 0.5}, steps=4, checkpoint_every=2)
-    with pytest.raises(CheckpointMismatch) as failure:
-        run(spec, tmp_path / "ignoring", dirs)
-    assert str(failure.value) == (
+    assert refused("ignoring_sgd", legacy_scaled_sgd("IgnoringSgd", "1.0"), 0.5) == (
         "model.h5: hyperparameter 'scale' was 0.5 (the trained optimizer's get_config() gives 1.0) but came "
         "back as 1.0"
     )
-    forget("tests_ignoring_sgd")
