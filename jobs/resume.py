@@ -8,7 +8,7 @@ Where checkpoints live (`checkpoint_store`):
   already reaches the tracking server over HTTP (and through it, with `--serve-artifacts`, the
   artifacts), so a job resumes on any host with no further setup; the checkpoint also stays with
   the run it belongs to. The cost is one upload per checkpoint (small for these workloads) and
-  every verified checkpoint kept in the run.
+  every verified checkpoint kept in the run, or the newest `OPTLAB_KEEP_CHECKPOINTS` of them.
 - **`OPTLAB_CHECKPOINT_DIR`** (a folder every worker mounts at the same path): checkpoints are
   written there directly, under `<job>/attempt-<n>/`, the latest two kept, nothing uploaded.
   Cheaper for large models, but it needs a shared filesystem, which a plain docker-compose of GPU
@@ -27,7 +27,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Callable, Sequence
+import sys
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,7 +38,9 @@ from jobs.result import ResumeRecord
 from jobs.tracking import Point, Tracker
 
 CHECKPOINT_DIR_ENV = "OPTLAB_CHECKPOINT_DIR"
+KEEP_CHECKPOINTS_ENV = "OPTLAB_KEEP_CHECKPOINTS"
 RUN_ARTIFACTS = "checkpoints"  # where a run's checkpoints lie among its artifacts
+WORKDIR_CHECKPOINTS = "checkpoints"  # where they are written in the job's folder, but to a shared one
 # A checkpoint's name, by style: `step-00000300.pt` (torch, a file), `step-00000300` (Keras, a folder).
 CHECKPOINT_NAME = re.compile(r"step-(\d+)(\.pt)?")
 # Keys whose values are measurements of time, not results: never compared.
@@ -103,32 +106,81 @@ class SharedFolderCheckpoints:
 
 
 class MlflowCheckpoints:
-    """Uploaded to the job's MLflow run: `runs:/<run_id>/checkpoints/<name>`."""
+    """Uploaded to the job's MLflow run: `runs:/<run_id>/checkpoints/<name>`; every verified one
+    stays there, or the newest `keep` (an earlier attempt's older ones are removed too)."""
 
     folder: Path | None = None
     in_run = True
 
-    def __init__(self, run: Any) -> None:
+    def __init__(self, run: Any, keep: int | None = None) -> None:
         self.run = run  # jobs.tracking.MlflowRun
+        self.keep = keep
 
     def publish(self, path: Path) -> str:
         delivered(self.run)
         self.run.log_artifact(path, RUN_ARTIFACTS)
+        self._keep_the_newest()
         return f"runs:/{self.run.info.run_id}/{RUN_ARTIFACTS}/{path.name}"
 
     def retire(self, path: Path) -> None:
-        remove_checkpoint(path)  # the local copy; every verified one stays in the run
+        remove_checkpoint(path)  # the local copy
+
+    def _keep_the_newest(self) -> None:
+        """Every checkpoint in the run but the newest `keep` removed, on the publication's thread
+        (training goes on meanwhile). Before this one is reported: an attempt that resumes from one
+        removed since takes the newest the run holds (`newer_checkpoint_in_run`)."""
+        if self.keep is None:
+            return
+        try:
+            self._remove_all_but_newest(self.keep)
+        except Exception as exc:  # a store that refuses deletes: the job goes on, keeping them all
+            print(
+                f"optlab: warning: {KEEP_CHECKPOINTS_ENV}={self.keep}: could not remove the older "
+                f"checkpoints from the MLflow run ({type(exc).__name__}: {exc}); this job keeps every one",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.keep = None
+
+    def _remove_all_but_newest(self, keep: int) -> None:
+        client, run_id = self.run.client, self.run.info.run_id
+        listed = client.list_artifacts(run_id, RUN_ARTIFACTS)
+        steps = {name: checkpoint_step(name) for name in (info.path.rsplit("/", 1)[-1] for info in listed)}
+        by_step = sorted((step, name) for name, step in steps.items() if step is not None)
+        if len(by_step) <= keep:
+            return
+        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+
+        artifact_uri = client.get_run(run_id).info.artifact_uri
+        repository = get_artifact_repository(artifact_uri, tracking_uri=self.run.info.tracking_uri)
+        for _, name in by_step[:-keep]:
+            repository.delete_artifacts(f"{RUN_ARTIFACTS}/{name}")
+
+
+def checkpoints_to_keep(environ: Mapping[str, str]) -> int | None:
+    """`OPTLAB_KEEP_CHECKPOINTS`: how many of a job's newest verified checkpoints its MLflow run
+    keeps; None (unset or empty): every one."""
+    raw = environ.get(KEEP_CHECKPOINTS_ENV, "").strip()
+    if not raw:
+        return None
+    if not re.fullmatch(r"[0-9]+", raw) or int(raw) < 1:
+        raise ValueError(
+            f"{KEEP_CHECKPOINTS_ENV}={raw!r}: a whole number of at least 1 (how many of a job's newest "
+            "verified checkpoints its MLflow run keeps), or unset to keep every one"
+        )
+    return int(raw)
 
 
 def checkpoint_store(
-    mlflow_run: Any, *, job: str, attempt: int, environ: dict[str, str] | None = None
+    mlflow_run: Any, *, job: str, attempt: int, environ: Mapping[str, str] | None = None
 ) -> CheckpointStore:
     """The shared folder when `OPTLAB_CHECKPOINT_DIR` is set, else the run's artifacts, else the workdir."""
-    root = (os.environ if environ is None else environ).get(CHECKPOINT_DIR_ENV)
+    environ = os.environ if environ is None else environ
+    root = environ.get(CHECKPOINT_DIR_ENV)
     if root:
         return SharedFolderCheckpoints(Path(root), job, attempt, mlflow_run)
     if mlflow_run is not None:
-        return MlflowCheckpoints(mlflow_run)
+        return MlflowCheckpoints(mlflow_run, keep=checkpoints_to_keep(environ))
     return WorkdirCheckpoints()
 
 
@@ -184,11 +236,25 @@ def readable_checkpoint(
     tensor without a word, and the job would go on from weights it never had. An earlier checkpoint
     costs only the steps since it, trained again: their points are compared, not logged twice.
     """
-    path = fetch_checkpoint(reference, into=into, tracking_uri=tracking_uri)
+    try:
+        path = fetch_checkpoint(reference, into=into, tracking_uri=tracking_uri)
+        moved_on = ""
+    except FileNotFoundError:
+        newer = newer_checkpoint_in_run(reference, tracking_uri=tracking_uri)
+        if newer is None:
+            raise
+        path = fetch_checkpoint(newer, into=into, tracking_uri=tracking_uri)
+        moved_on = (
+            f"checkpoint {checkpoint_name(reference)}, the last one the job's worker knew of, is no longer "
+            f"in its run ({KEEP_CHECKPOINTS_ENV} removes older ones as newer ones are published): resumed "
+            f"from {checkpoint_name(newer)}, the newest verified one the run holds"
+        )
+        reference = newer
     problem = damage(path)
     if problem is None:
-        return ResumePoint(path)
+        return ResumePoint(path, (moved_on,) if moved_on else ())
     latest = f"checkpoint {checkpoint_name(reference)}, the job's last verified one, is damaged: {problem}"
+    latest = f"{moved_on}; {latest}" if moved_on else latest
     passed_over: list[str] = []
     for earlier in earlier_checkpoints(reference, tracking_uri=tracking_uri):
         path = fetch_checkpoint(earlier, into=into, tracking_uri=tracking_uri)
@@ -217,14 +283,33 @@ def checkpoint_step(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def earlier_checkpoints(reference: str, *, tracking_uri: str | None) -> list[str]:
-    """The job's verified checkpoints older than `reference`, newest first, where they lie: every one
-    in the MLflow run (the run keeps each verified checkpoint); in a folder, the ones beside it (the
-    shared folder keeps the one before the latest, the workdir none)."""
-    name = checkpoint_name(reference)
-    step = checkpoint_step(name)
-    if step is None:
-        return []
+def checkpoint_leftovers(folder: Path, *, published_in_run: bool) -> list[Path]:
+    """What an ended attempt's folder holds of checkpoints that nothing reads any more: writes cut
+    short (a process killed mid-save: torch's `.step-N.pt.tmp`, Keras's `partial-*` and `.*.partial`
+    in a step folder) and, where the job's checkpoints are published to its MLflow run, the local
+    copies of them (`step-N.pt`, `step-N/`). Elsewhere a checkpoint in the folder is the one a retry
+    on this host resumes from: kept."""
+    found: list[Path] = []
+    for entry in folder.iterdir() if folder.is_dir() else ():
+        if entry.name.startswith(".") and entry.name.endswith(".tmp"):
+            if checkpoint_step(entry.name[1:-4]) is not None:
+                found.append(entry)
+        elif checkpoint_step(entry.name) is None:
+            continue
+        elif published_in_run:
+            found.append(entry)
+        elif entry.is_dir():
+            found.extend(part for part in entry.iterdir() if _cut_short(part.name))
+    return found
+
+
+def _cut_short(name: str) -> bool:
+    return name.startswith("partial-") or (name.startswith(".") and name.endswith(".partial"))
+
+
+def checkpoints_beside(reference: str, *, tracking_uri: str | None) -> list[tuple[int, str]]:
+    """Every checkpoint where `reference` lies, as (step, reference), newest first: the MLflow run's
+    (each one verified before it was published) or the folder's."""
     if reference.startswith("runs:/"):
         run_id, _, folder = reference[len("runs:/") :].rstrip("/").rpartition("/")[0].partition("/")
         from mlflow import MlflowClient
@@ -236,9 +321,31 @@ def earlier_checkpoints(reference: str, *, tracking_uri: str | None) -> list[str
         parent = Path(reference).parent
         names = [path.name for path in parent.iterdir()] if parent.is_dir() else []
         prefix = f"{parent}/"
-    steps = {other: checkpoint_step(other) for other in names}
-    older = [other for other, at in steps.items() if at is not None and at < step]
-    return [prefix + other for other in sorted(older, key=lambda other: steps[other] or 0, reverse=True)]
+    found = [(step, prefix + name) for name in names if (step := checkpoint_step(name)) is not None]
+    return sorted(found, reverse=True)
+
+
+def earlier_checkpoints(reference: str, *, tracking_uri: str | None) -> list[str]:
+    """The job's verified checkpoints older than `reference`, newest first, where they lie: every one
+    in the MLflow run (the run keeps each verified checkpoint, or the newest OPTLAB_KEEP_CHECKPOINTS);
+    in a folder, the ones beside it (the shared folder keeps the one before the latest, the workdir
+    none)."""
+    step = checkpoint_step(checkpoint_name(reference))
+    if step is None:
+        return []
+    return [other for at, other in checkpoints_beside(reference, tracking_uri=tracking_uri) if at < step]
+
+
+def newer_checkpoint_in_run(reference: str, *, tracking_uri: str | None) -> str | None:
+    """The newest checkpoint in the MLflow run newer than `reference` (gone from it), if any. A
+    worker killed between two reports records a checkpoint the run may have removed since
+    (OPTLAB_KEEP_CHECKPOINTS); any checkpoint in the run was verified before it was published, so
+    the newest is as good a start. In a folder a newer file may be one whose round trip failed: none."""
+    step = checkpoint_step(checkpoint_name(reference))
+    if step is None or not reference.startswith("runs:/"):
+        return None
+    newer = [other for at, other in checkpoints_beside(reference, tracking_uri=tracking_uri) if at > step]
+    return newer[0] if newer else None
 
 
 def logged_points(client: Any, run_id: str) -> dict[str, dict[int, float]]:

@@ -405,6 +405,7 @@ def run_job(args: argparse.Namespace) -> JobResult:
     # The download is a copy of a checkpoint the run keeps (a retry downloads it again): it had stayed,
     # a whole checkpoint more on the worker's disk for every resumed attempt.
     shutil.rmtree(workdir / RESUMED_FROM, ignore_errors=True)
+    remove_published_copy(job)
     result = result.with_fields(status=status, duration_s=round(time.time() - started, 3))
     if mlflow_run is not None:
         # A stop request now would leave the MLflow run RUNNING: finish first (the worker's
@@ -417,6 +418,21 @@ def run_job(args: argparse.Namespace) -> JobResult:
             result = finish_mlflow_run(mlflow_run, result, job, spec)
     reporter.result(result)
     return result
+
+
+def remove_published_copy(job: Job | None) -> None:
+    """The local copy of the job's last checkpoint, where its MLflow run holds it (every one before
+    was removed as it was superseded): it had stayed in the job's folder, a whole model (two for
+    Keras) per job on the worker's disk. Where it is the only copy (the workdir, uploaded at the end
+    below; the shared folder), it stays."""
+    from jobs.frameworks.base import remove_checkpoint
+
+    if (
+        job is not None
+        and job.last_checkpoint is not None
+        and getattr(getattr(job, "store", None), "in_run", False)
+    ):
+        remove_checkpoint(job.last_checkpoint)
 
 
 def checkpoints_so_far(job: Job) -> dict[str, Any]:

@@ -165,6 +165,12 @@ class Settings(BaseSettings):
     job_threads: int | None = Field(
         default=None, gt=0, description="CPU threads per job; default: the worker's cores // its slots"
     )
+    keep_checkpoints: int | None = Field(
+        default=None,
+        ge=1,
+        description="how many of a job's newest verified checkpoints its MLflow run keeps (older ones "
+        "are removed as newer ones come); unset: every one",
+    )
     warm_pool: bool = Field(
         default=True, description="pre-start one job process per slot with its framework imported"
     )
@@ -183,9 +189,9 @@ class Settings(BaseSettings):
             )
         return self
 
-    @field_validator("api_tokens_file", mode="before")
+    @field_validator("api_tokens_file", "keep_checkpoints", mode="before")
     @classmethod
-    def _empty_file_is_none(cls, value: object) -> object:
+    def _empty_is_none(cls, value: object) -> object:
         # `OPTLAB_API_TOKENS_FILE=` (compose's `${VAR:-}`) means no file, not the current folder.
         return None if isinstance(value, str) and not value.strip() else value
 

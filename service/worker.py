@@ -38,6 +38,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from jobs.frameworks.base import remove_checkpoint
 from jobs.processes import (
     how_it_ended,
     is_stopped,
@@ -65,6 +66,7 @@ from jobs.result import (
     read_progress,
     read_result,
 )
+from jobs.resume import KEEP_CHECKPOINTS_ENV, WORKDIR_CHECKPOINTS, checkpoint_leftovers
 from jobs.spec import default_style
 from service import job_log, store
 from service.capabilities import (
@@ -236,6 +238,8 @@ class Worker:
         """The environment of a job on `slots` (before its style's own switch) and its tracking URI."""
         env, tracking_uri = job_environment(os.environ, self.settings.mlflow_tracking_uri)
         env.update(thread_environment(self.job_threads))
+        if self.settings.keep_checkpoints is not None:
+            env[KEEP_CHECKPOINTS_ENV] = str(self.settings.keep_checkpoints)
         # A job freezes itself when this worker is silent for as long as its own lease rule allows
         # (jobs.processes.watch_the_worker); not where the worker looks in on it less often than that.
         silence = self.settings.lease_s - PAUSE_MARGIN_S
@@ -793,9 +797,21 @@ class Supervision:
             for bookkeeping in (WORKER_ALIVE_FILE, FROZEN_FILE):  # the job's folder holds the job's files
                 (self.workdir / bookkeeping).unlink(missing_ok=True)
         outcome = self._conclude(process, stop)
+        self._remove_checkpoint_leftovers()
         if outcome != "lease lost":  # else the run is the new attempt's, and so is what it holds
             self._copy_log_to_run()
         return outcome
+
+    def _remove_checkpoint_leftovers(self) -> None:
+        """Its process is gone: what it left of checkpoints that nothing reads (jobs.resume), a whole
+        model each, goes. A job that ends in order leaves none; one killed (out of memory, kill -9,
+        its lease lost) left a write cut short and, where its checkpoints are in its MLflow run, the
+        local copy of the last one published."""
+        progress = self._latest_progress()
+        reported = progress.checkpoint if progress else None
+        in_run = reported is not None and reported.path.startswith("runs:/")
+        for leftover in checkpoint_leftovers(self.workdir / WORKDIR_CHECKPOINTS, published_in_run=in_run):
+            remove_checkpoint(leftover)
 
     def _start_warm(self, arguments: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
         """The slot's warm process, handed this job; None when there is none fit for it (a job on

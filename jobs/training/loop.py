@@ -30,7 +30,7 @@ from jobs.frameworks import driver_for, style_of
 from jobs.frameworks.base import Checkpointed, Evaluation, StepRecord, TrainingSession
 from jobs.report import Reporter
 from jobs.result import CheckpointRecord, OptimizerState, TrainOutcome
-from jobs.resume import CheckpointStore, WorkdirCheckpoints
+from jobs.resume import WORKDIR_CHECKPOINTS, CheckpointStore, WorkdirCheckpoints
 from jobs.spec import JobSpec
 from jobs.tracking import Point, Tracker
 from jobs.training.publication import Publication
@@ -129,7 +129,7 @@ class TrainingJob:
         self.traces = self.workload.traces_parameters(spec.workload.params)
         self.session: TrainingSession = self.driver.session(spec, entry, self.workload, workdir, base)
         self.store = checkpoints or WorkdirCheckpoints()  # where other attempts find them (jobs.resume)
-        self.checkpoint_dir = self.store.folder or workdir / "checkpoints"
+        self.checkpoint_dir = self.store.folder or workdir / WORKDIR_CHECKPOINTS
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.warnings: list[str] = []
         self.verified: list[CheckpointRecord] = []

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from jobs.resume import earlier_checkpoints
+from jobs.resume import earlier_checkpoints, fetch_checkpoint, readable_checkpoint
 from tests.conftest import ROOT
 from tests.service.durable_helpers import mlflow_server
 
@@ -219,9 +219,12 @@ def jobs(
     started["first-torch"] = runner.start(
         "first-torch", spec_for("torch"), "--job-id", "7", env=shared_folder(root)
     )
+    # Their runs keep the 2 newest checkpoints: torch's (files) and Keras's (folders), in a run of their
+    # own; resumed-tf_legacy's below, in a run whose first attempt kept every one.
     for name, style, strategy in (("ddp", "torch", "ddp"), ("mirrored", "keras", "mirrored")):
         distribution = {"strategy": strategy, "devices": 2}
-        started[name] = runner.start(name, spec_for(style, distribution=distribution, experiment=name))
+        spec = spec_for(style, distribution=distribution, experiment=name)
+        started[name] = runner.start(name, spec, env=KEEP_TWO)
     line_search = {
         "name": "line_search_lbfgs",
         "params": {"lr": 0.5, "max_iter": 4, "line_search_fn": "strong_wolfe"},
@@ -243,13 +246,9 @@ def jobs(
         started["resumed-torch"] = resume_after_kill(runner, started["first-torch"])
         started["fallback-torch"] = resume_past_a_damaged_copy(runner, started["first-torch"])
         for style in STYLES[1:]:
-            first = started[f"straight-{style}"].result()
-            assert first["status"] == "succeeded", first.get("error")
-            started[f"resumed-{style}"] = runner.start(
-                f"resumed-{style}",
-                spec_for(style),
-                "--resume", first["checkpoints"][0]["path"], "--resume-run-id", first["mlflow"]["run_id"],
-                "--attempt", "2",
+            started[f"resumed-{style}"] = resume_from_first_checkpoint(
+                runner, f"resumed-{style}", started[f"straight-{style}"], spec_for(style),
+                env=KEEP_TWO if style == "tf_legacy" else None,
             )  # fmt: skip
         yield started
     finally:
@@ -257,6 +256,23 @@ def jobs(
             if job.process.poll() is None:
                 job.process.kill()
                 job.process.wait()
+
+
+KEEP_TWO = {"OPTLAB_KEEP_CHECKPOINTS": "2"}
+
+
+def resume_from_first_checkpoint(
+    runner: Runner, name: str, first: Job, spec: dict[str, Any], env: dict[str, str] | None = None
+) -> Job:
+    """Another attempt of `first`'s job (`spec`), once it ended, from its first checkpoint in its run."""
+    result = first.result()
+    assert result["status"] == "succeeded", result.get("error")
+    return runner.start(
+        name,
+        spec,
+        "--resume", result["checkpoints"][0]["path"], "--resume-run-id", result["mlflow"]["run_id"],
+        "--attempt", "2", env=env,
+    )  # fmt: skip
 
 
 def resume_after_kill(runner: Runner, first: Job) -> Job:
@@ -377,6 +393,41 @@ def test_a_runs_earlier_checkpoints_are_listed_from_its_artifacts(
     ]
 
 
+@pytest.mark.parametrize(("name", "suffix"), [("ddp", ".pt"), ("mirrored", ""), ("resumed-tf_legacy", "")])
+def test_a_run_keeps_the_newest_checkpoints_it_is_told_to_an_earlier_attempts_older_ones_removed_too(
+    name: str, suffix: str, jobs: dict[str, Job], client: Any
+) -> None:
+    result = jobs[name].result()
+    assert result["status"] == "succeeded", result.get("error")
+    run_id = result["mlflow"]["run_id"]
+    kept = [f"checkpoints/step-{step:08d}{suffix}" for step in (30, 40)]
+    assert [info.path for info in client.list_artifacts(run_id, "checkpoints")] == kept
+    if not suffix:  # a Keras checkpoint is a folder: removed whole, and the ones kept are whole
+        assert client.list_artifacts(run_id, "checkpoints/step-00000020") == []
+        assert all(client.list_artifacts(run_id, folder) for folder in kept)
+    assert result["checkpoints"][-1]["path"] == f"runs:/{run_id}/{kept[-1]}"
+    assert "OPTLAB_KEEP_CHECKPOINTS" not in jobs[name].log.read_text()  # no warning: removed as told
+    # Nor a copy of the last one left in the job's folder: the run holds it.
+    assert list((jobs[name].workdir / "checkpoints").iterdir()) == []
+
+
+def test_an_attempt_whose_checkpoint_its_run_no_longer_keeps_resumes_from_the_newest_it_does(
+    jobs: dict[str, Job], tracking_uri: str, tmp_path: Path
+) -> None:
+    """As when a worker killed between two reports recorded a checkpoint the run removed since."""
+    result = jobs["ddp"].result()
+    gone = result["checkpoints"][0]["path"]  # step 10, removed from the run once step 30 was published
+    point = readable_checkpoint(
+        gone, damage=lambda path: None, into=tmp_path / "x", tracking_uri=tracking_uri
+    )
+    assert point.path.name == "step-00000040.pt"
+    assert point.warnings == (
+        "checkpoint step-00000010.pt, the last one the job's worker knew of, is no longer in its run "
+        "(OPTLAB_KEEP_CHECKPOINTS removes older ones as newer ones are published): resumed from "
+        "step-00000040.pt, the newest verified one the run holds",
+    )
+
+
 def test_a_resume_whose_checkpoint_is_missing_fails_clearly(jobs: dict[str, Job], client: Any) -> None:
     result = jobs["missing"].result()
     assert result["status"] == "failed"
@@ -386,8 +437,14 @@ def test_a_resume_whose_checkpoint_is_missing_fails_clearly(jobs: dict[str, Job]
     assert client.get_run(result["mlflow"]["run_id"]).info.status == "FAILED"
 
 
+def last_checkpoint(result: dict[str, Any], into: Path, tracking_uri: str) -> Path:
+    """The job's last verified checkpoint: downloaded from its MLflow run (a tracked job keeps no
+    copy in its folder), or in its folder (an untracked one)."""
+    return fetch_checkpoint(result["checkpoints"][-1]["path"], into=into, tracking_uri=tracking_uri)
+
+
 def test_a_ddp_job_matches_one_device_with_its_checkpoints_verified_on_every_rank(
-    jobs: dict[str, Job], client: Any
+    jobs: dict[str, Job], client: Any, tracking_uri: str, tmp_path: Path
 ) -> None:
     import torch
 
@@ -399,11 +456,13 @@ def test_a_ddp_job_matches_one_device_with_its_checkpoints_verified_on_every_ran
     assert rank_1["status"] == "succeeded" and rank_1["checkpoints_verified"] == 4
     assert rank_1["params_sha256"] == ddp["params_sha256"]  # the replicas hold bitwise the same weights
 
-    def weights(workdir: Path) -> dict[str, np.ndarray]:
-        saved = torch.load(workdir / "checkpoints" / f"step-{STEPS:08d}.pt", weights_only=True)
+    def weights(name: str) -> dict[str, np.ndarray]:
+        path = last_checkpoint(jobs[name].result(), tmp_path / name, tracking_uri)
+        assert path.name == f"step-{STEPS:08d}.pt"
+        saved = torch.load(path, weights_only=True)
         return {name: tensor.numpy() for name, tensor in saved["model"].items()}
 
-    assert_close(weights(jobs["ddp"].workdir), weights(jobs["straight-torch"].workdir), ddp, single)
+    assert_close(weights("ddp"), weights("straight-torch"), ddp, single)
     assert_one_run(client, ddp)
 
 
@@ -431,17 +490,19 @@ def test_a_ddp_job_whose_optimizer_runs_backward_on_the_closures_loss_keeps_its_
 
 
 def test_a_mirrored_job_matches_one_device_with_its_checkpoints_verified(
-    jobs: dict[str, Job], client: Any
+    jobs: dict[str, Job], client: Any, tracking_uri: str, tmp_path: Path
 ) -> None:
     mirrored, single = jobs["mirrored"].result(), jobs["straight-keras"].result()
     assert mirrored["status"] == "succeeded", mirrored.get("error")
     assert mirrored["device"] == "/CPU:0,/CPU:1 (mirrored)"
     assert mirrored["checkpoints_verified"] == 4
 
-    def weights(workdir: Path) -> dict[str, np.ndarray]:
+    def weights(name: str) -> dict[str, np.ndarray]:
         import h5py
 
-        archive = zipfile.ZipFile(workdir / "checkpoints" / f"step-{STEPS:08d}" / "model.keras")
+        path = last_checkpoint(jobs[name].result(), tmp_path / name, tracking_uri)
+        assert path.name == f"step-{STEPS:08d}"
+        archive = zipfile.ZipFile(path / "model.keras")
         found: dict[str, np.ndarray] = {}
         with h5py.File(io.BytesIO(archive.read("model.weights.h5"))) as weights_file:
             weights_file["layers"].visititems(
@@ -449,7 +510,7 @@ def test_a_mirrored_job_matches_one_device_with_its_checkpoints_verified(
             )
         return found
 
-    assert_close(weights(jobs["mirrored"].workdir), weights(jobs["straight-keras"].workdir), mirrored, single)
+    assert_close(weights("mirrored"), weights("straight-keras"), mirrored, single)
     assert_one_run(client, mirrored)
 
 

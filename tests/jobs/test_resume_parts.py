@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,7 +17,9 @@ from jobs.resume import (
     ResumedTracker,
     SharedFolderCheckpoints,
     WorkdirCheckpoints,
+    checkpoint_leftovers,
     checkpoint_store,
+    checkpoints_to_keep,
     earlier_checkpoints,
     fetch_checkpoint,
     readable_checkpoint,
@@ -102,6 +105,63 @@ def test_the_shared_folder_wins_then_the_run_then_the_workdir(tmp_path: Path) ->
     assert isinstance(checkpoint_store(None, job="7", attempt=2, environ={}), WorkdirCheckpoints)
 
 
+@pytest.mark.parametrize(("value", "kept"), [(None, None), ("", None), (" ", None), ("1", 1), (" 30 ", 30)])
+def test_how_many_checkpoints_a_run_keeps(value: str | None, kept: int | None) -> None:
+    environ = {} if value is None else {"OPTLAB_KEEP_CHECKPOINTS": value}
+    assert checkpoints_to_keep(environ) == kept
+    store = checkpoint_store(FakeRun(), job="7", attempt=1, environ=environ)
+    assert isinstance(store, MlflowCheckpoints) and store.keep == kept
+
+
+@pytest.mark.parametrize("value", ["0", "00", "-3", "2.5", "all", "1e3", "٣", "²"])
+def test_a_number_of_checkpoints_to_keep_under_one_or_not_a_whole_number_is_refused(value: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        checkpoints_to_keep({"OPTLAB_KEEP_CHECKPOINTS": value})
+    assert str(refused.value) == (
+        f"OPTLAB_KEEP_CHECKPOINTS={value!r}: a whole number of at least 1 (how many of a job's newest "
+        "verified checkpoints its MLflow run keeps), or unset to keep every one"
+    )
+
+
+class RefusingRun:
+    """A run on a tracking server that takes uploads but whose artifact listing (the first step of
+    removing any) fails."""
+
+    class info:
+        run_id = "abc"
+        tracking_uri = "http://tracking.test"
+
+    def __init__(self) -> None:
+        self.client, self.delivery = self, SimpleNamespace(flush=lambda: None)
+        self.uploaded: list[str] = []
+        self.asked = 0
+
+    def log_artifact(self, path: Path, folder: str) -> None:
+        self.uploaded.append(f"{folder}/{path.name}")
+
+    def list_artifacts(self, run_id: str, path: str) -> list[object]:
+        self.asked += 1
+        raise PermissionError("403: deleting artifacts is not allowed here")
+
+
+def test_a_run_that_cannot_remove_its_older_checkpoints_keeps_them_and_says_so_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = RefusingRun()
+    store = MlflowCheckpoints(run, keep=1)
+    for step in (10, 20):
+        local = tmp_path / f"step-{step}.pt"
+        local.write_bytes(b"x")
+        assert store.publish(local) == f"runs:/abc/checkpoints/step-{step}.pt"  # published all the same
+    assert run.uploaded == ["checkpoints/step-10.pt", "checkpoints/step-20.pt"]
+    assert run.asked == 1 and store.keep is None  # tried once, then every one is kept
+    assert capsys.readouterr().err == (
+        "optlab: warning: OPTLAB_KEEP_CHECKPOINTS=1: could not remove the older checkpoints from the "
+        "MLflow run (PermissionError: 403: deleting artifacts is not allowed here); this job keeps "
+        "every one\n"
+    )
+
+
 def test_a_missing_local_checkpoint_is_named(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"checkpoint .*step-9\.pt does not exist"):
         fetch_checkpoint(str(tmp_path / "step-9.pt"), into=tmp_path / "x", tracking_uri=None)
@@ -148,6 +208,25 @@ def test_earlier_checkpoints_are_the_older_ones_beside_it_newest_first(kept: Pat
         f"{kept}/step-00000010.pt",
     ]
     assert earlier_checkpoints(str(kept / "model.pt"), tracking_uri=None) == []  # not a checkpoint's name
+
+
+@pytest.mark.parametrize("published_in_run", [False, True])
+def test_an_ended_attempts_checkpoint_leftovers_are_its_cut_writes_and_copies_of_what_the_run_holds(
+    kept: Path, published_in_run: bool
+) -> None:
+    keras = kept / "step-00000050"  # a Keras checkpoint cut short mid-save: its model half written
+    keras.mkdir()
+    for name in ("ckpt.index", "partial-model.keras", ".ckpt.json.partial"):
+        (keras / name).write_bytes(b"x")
+    (kept / "resumed-from").mkdir()
+    cut = [kept / ".step-00000035.pt.tmp", keras / ".ckpt.json.partial", keras / "partial-model.keras"]
+    copies = [kept / f"step-000000{step}0.pt" for step in (1, 2, 3, 4)] + [keras]
+    found = checkpoint_leftovers(kept, published_in_run=published_in_run)
+    if published_in_run:  # the folder goes whole, with what it holds
+        assert sorted(found) == sorted([cut[0], *copies])
+    else:  # the checkpoints are the ones a retry on this host resumes from
+        assert sorted(found) == sorted(cut)
+    assert checkpoint_leftovers(kept / "nowhere", published_in_run=True) == []
 
 
 def test_a_damaged_last_checkpoint_is_passed_over_for_the_newest_earlier_whole_one(kept: Path) -> None:

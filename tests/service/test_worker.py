@@ -82,6 +82,78 @@ def test_result_file_decides_the_status(
     assert worker.run_next() is False  # queue empty
 
 
+def test_the_worker_s_checkpoint_retention_reaches_its_jobs_and_no_other_value(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OPTLAB_KEEP_CHECKPOINTS as the worker read it at its start (in its settings), or none."""
+    monkeypatch.setenv("OPTLAB_KEEP_CHECKPOINTS", "9")  # the shell's, after the settings were read
+    seen = tmp_path / "seen.txt"
+    body = (
+        f'echo "${{OPTLAB_KEEP_CHECKPOINTS-unset}}" >> "{seen}"\n'
+        'echo \'{"job_id": "1", "attempt": 1, "workdir": "/w", "status": "succeeded",'
+        ' "steps_completed": 10}\' > "$W/result.json"'
+    )
+    for keep in (3, None):
+        worker = make_worker(
+            settings.model_copy(update={"keep_checkpoints": keep}), sessions, stand_in(tmp_path, body)
+        )
+        submit(sessions)
+        assert worker.run_next() is True
+    assert seen.read_text().split() == ["3", "unset"]
+
+
+@pytest.mark.parametrize(
+    ("reported", "left"),
+    [
+        # Its checkpoints are in its MLflow run: what lies in its folder is a copy, and goes.
+        ("runs:/r1/checkpoints/step-00000010.pt", []),
+        # In its folder only (no tracking server): the one a retry on this host resumes from stays.
+        ("'\"$W\"'/checkpoints/step-00000010.pt", ["step-00000010.pt"]),
+    ],
+)
+def test_a_killed_attempt_leaves_no_checkpoint_nothing_will_read(
+    reported: str, left: list[str], tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    """Killed mid-save (out of memory, kill -9): a write cut short, and the local copy of the last
+    checkpoint published, a whole model each, had stayed on the worker's disk for good."""
+    body = (
+        'C="$W/checkpoints"; mkdir "$C"\n'
+        'echo x > "$C/step-00000010.pt"; echo x > "$C/.step-00000020.pt.tmp"\n'
+        'echo \'{"step": 15, "total": 40, "checkpoint": {"step": 10, "ok": true, "path": "'
+        + reported
+        + '"}}\' > "$W/progress.json"\nkill -9 $$'
+    )
+    worker = make_worker(settings.model_copy(update={"job_retries": 0}), sessions, stand_in(tmp_path, body))
+    job_id = submit(sessions)
+    assert worker.run_next() is True
+    job = job_row(sessions, job_id)
+    assert job.status == "failed" and job.error is not None and job.error["type"] == "JobProcessDied"
+    folder = settings.jobs_dir / str(job_id) / "attempt-1" / "checkpoints"
+    assert sorted(p.name for p in folder.iterdir()) == left
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("0", "invalid OPTLAB_KEEP_CHECKPOINTS: Input should be greater than or equal to 1"),
+        ("all", "invalid OPTLAB_KEEP_CHECKPOINTS: Input should be a valid integer"),
+    ],
+)
+def test_a_number_of_checkpoints_to_keep_a_job_could_not_is_refused_at_the_start(
+    value: str, words: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from service.cli import main
+
+    monkeypatch.setenv("OPTLAB_KEEP_CHECKPOINTS", value)
+    assert main(["db", "upgrade"]) == 2  # as every command: the settings are read first
+    assert capsys.readouterr().err.startswith(f"optlab: {words}")
+
+
+def test_an_empty_number_of_checkpoints_to_keep_keeps_every_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPTLAB_KEEP_CHECKPOINTS", "")  # compose's `${VAR:-}`
+    assert Settings().keep_checkpoints is None
+
+
 def test_a_result_with_a_renamed_key_fails_the_job_naming_the_key(
     tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
