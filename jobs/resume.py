@@ -283,12 +283,12 @@ def checkpoint_step(name: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def checkpoint_leftovers(folder: Path, *, published_in_run: bool) -> list[Path]:
-    """What an ended attempt's folder holds of checkpoints that nothing reads any more: writes cut
-    short (a process killed mid-save: torch's `.step-N.pt.tmp`, Keras's `partial-*` and `.*.partial`
-    in a step folder) and, where the job's checkpoints are published to its MLflow run, the local
-    copies of them (`step-N.pt`, `step-N/`). Elsewhere a checkpoint in the folder is the one a retry
-    on this host resumes from: kept."""
+def checkpoint_leftovers(folder: Path, *, copies: bool) -> list[Path]:
+    """What an ended attempt's checkpoint folder holds that nothing reads any more: writes cut short
+    (a process killed mid-save: torch's `.step-N.pt.tmp`, Keras's `partial-*` and `.*.partial` in a
+    step folder) and, where its checkpoints are `copies` (the job's are in its MLflow run, or a DDP
+    job's other rank wrote them), every one (`step-N.pt`, `step-N/`). Otherwise a checkpoint in the
+    folder is the one a retry on this host resumes from: kept."""
     found: list[Path] = []
     for entry in folder.iterdir() if folder.is_dir() else ():
         if entry.name.startswith(".") and entry.name.endswith(".tmp"):
@@ -296,7 +296,7 @@ def checkpoint_leftovers(folder: Path, *, published_in_run: bool) -> list[Path]:
                 found.append(entry)
         elif checkpoint_step(entry.name) is None:
             continue
-        elif published_in_run:
+        elif copies:
             found.append(entry)
         elif entry.is_dir():
             found.extend(part for part in entry.iterdir() if _cut_short(part.name))

@@ -405,7 +405,7 @@ def run_job(args: argparse.Namespace) -> JobResult:
     # The download is a copy of a checkpoint the run keeps (a retry downloads it again): it had stayed,
     # a whole checkpoint more on the worker's disk for every resumed attempt.
     shutil.rmtree(workdir / RESUMED_FROM, ignore_errors=True)
-    remove_published_copy(job)
+    remove_checkpoint_copy(job)
     result = result.with_fields(status=status, duration_s=round(time.time() - started, 3))
     if mlflow_run is not None:
         # A stop request now would leave the MLflow run RUNNING: finish first (the worker's
@@ -420,18 +420,19 @@ def run_job(args: argparse.Namespace) -> JobResult:
     return result
 
 
-def remove_published_copy(job: Job | None) -> None:
-    """The local copy of the job's last checkpoint, where its MLflow run holds it (every one before
-    was removed as it was superseded): it had stayed in the job's folder, a whole model (two for
-    Keras) per job on the worker's disk. Where it is the only copy (the workdir, uploaded at the end
-    below; the shared folder), it stays."""
+def remove_checkpoint_copy(job: Job | None) -> None:
+    """The job's last checkpoint where it is a copy (every one before was removed as it was
+    superseded): its MLflow run holds it, or, in a DDP job's other ranks, rank 0's is the job's. It
+    had stayed in the job's folder, a whole model (two for Keras) per job and rank on the worker's
+    disk. Where it is the job's only one (the workdir, uploaded at the end below; the shared folder),
+    it stays."""
+    from jobs.distributed import current_rank
     from jobs.frameworks.base import remove_checkpoint
 
-    if (
-        job is not None
-        and job.last_checkpoint is not None
-        and getattr(getattr(job, "store", None), "in_run", False)
-    ):
+    if job is None or job.last_checkpoint is None:
+        return
+    rank = current_rank()
+    if getattr(getattr(job, "store", None), "in_run", False) or (rank is not None and rank.rank > 0):
         remove_checkpoint(job.last_checkpoint)
 
 

@@ -803,14 +803,17 @@ class Supervision:
         return outcome
 
     def _remove_checkpoint_leftovers(self) -> None:
-        """Its process is gone: what it left of checkpoints that nothing reads (jobs.resume), a whole
-        model each, goes. A job that ends in order leaves none; one killed (out of memory, kill -9,
-        its lease lost) left a write cut short and, where its checkpoints are in its MLflow run, the
-        local copy of the last one published."""
+        """Its processes are gone: what they left of checkpoints that nothing reads (jobs.resume), a
+        whole model each, goes. A job that ends in order leaves none; one killed (out of memory,
+        kill -9, its lease lost) left a write cut short and, where its checkpoints are in its MLflow
+        run, the local copy of the last one published; a DDP job's other ranks, their own copies."""
         progress = self._latest_progress()
         reported = progress.checkpoint if progress else None
         in_run = reported is not None and reported.path.startswith("runs:/")
-        for leftover in checkpoint_leftovers(self.workdir / WORKDIR_CHECKPOINTS, published_in_run=in_run):
+        leftovers = checkpoint_leftovers(self.workdir / WORKDIR_CHECKPOINTS, copies=in_run)
+        for rank in self.workdir.glob("rank-*"):  # never the job's: rank 0's is
+            leftovers += checkpoint_leftovers(rank / WORKDIR_CHECKPOINTS, copies=True)
+        for leftover in leftovers:
             remove_checkpoint(leftover)
 
     def _start_warm(self, arguments: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | None:

@@ -407,8 +407,10 @@ def test_a_run_keeps_the_newest_checkpoints_it_is_told_to_an_earlier_attempts_ol
         assert all(client.list_artifacts(run_id, folder) for folder in kept)
     assert result["checkpoints"][-1]["path"] == f"runs:/{run_id}/{kept[-1]}"
     assert "OPTLAB_KEEP_CHECKPOINTS" not in jobs[name].log.read_text()  # no warning: removed as told
-    # Nor a copy of the last one left in the job's folder: the run holds it.
+    # Nor a copy of the last one left in the job's folder (the run holds it), nor in a DDP job's other
+    # rank's (rank 0's is the job's).
     assert list((jobs[name].workdir / "checkpoints").iterdir()) == []
+    assert list(jobs[name].workdir.glob("rank-*/checkpoints/*")) == []
 
 
 def test_an_attempt_whose_checkpoint_its_run_no_longer_keeps_resumes_from_the_newest_it_does(

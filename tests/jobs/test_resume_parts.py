@@ -210,9 +210,9 @@ def test_earlier_checkpoints_are_the_older_ones_beside_it_newest_first(kept: Pat
     assert earlier_checkpoints(str(kept / "model.pt"), tracking_uri=None) == []  # not a checkpoint's name
 
 
-@pytest.mark.parametrize("published_in_run", [False, True])
+@pytest.mark.parametrize("copies", [False, True])
 def test_an_ended_attempts_checkpoint_leftovers_are_its_cut_writes_and_copies_of_what_the_run_holds(
-    kept: Path, published_in_run: bool
+    kept: Path, copies: bool
 ) -> None:
     keras = kept / "step-00000050"  # a Keras checkpoint cut short mid-save: its model half written
     keras.mkdir()
@@ -221,12 +221,12 @@ def test_an_ended_attempts_checkpoint_leftovers_are_its_cut_writes_and_copies_of
     (kept / "resumed-from").mkdir()
     cut = [kept / ".step-00000035.pt.tmp", keras / ".ckpt.json.partial", keras / "partial-model.keras"]
     copies = [kept / f"step-000000{step}0.pt" for step in (1, 2, 3, 4)] + [keras]
-    found = checkpoint_leftovers(kept, published_in_run=published_in_run)
-    if published_in_run:  # the folder goes whole, with what it holds
+    found = checkpoint_leftovers(kept, copies=copies)
+    if copies:  # the folder goes whole, with what it holds
         assert sorted(found) == sorted([cut[0], *copies])
     else:  # the checkpoints are the ones a retry on this host resumes from
         assert sorted(found) == sorted(cut)
-    assert checkpoint_leftovers(kept / "nowhere", published_in_run=True) == []
+    assert checkpoint_leftovers(kept / "nowhere", copies=True) == []
 
 
 def test_a_damaged_last_checkpoint_is_passed_over_for_the_newest_earlier_whole_one(kept: Path) -> None:

@@ -114,11 +114,13 @@ def test_the_worker_s_checkpoint_retention_reaches_its_jobs_and_no_other_value(
 def test_a_killed_attempt_leaves_no_checkpoint_nothing_will_read(
     reported: str, left: list[str], tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
-    """Killed mid-save (out of memory, kill -9): a write cut short, and the local copy of the last
-    checkpoint published, a whole model each, had stayed on the worker's disk for good."""
+    """Killed mid-save (out of memory, kill -9): a write cut short, the local copy of the last
+    checkpoint published, a DDP job's other rank's own, a whole model each, had stayed on the
+    worker's disk for good."""
     body = (
-        'C="$W/checkpoints"; mkdir "$C"\n'
+        'C="$W/checkpoints"; R="$W/rank-1/checkpoints"; mkdir -p "$C" "$R"\n'
         'echo x > "$C/step-00000010.pt"; echo x > "$C/.step-00000020.pt.tmp"\n'
+        'echo x > "$R/step-00000010.pt"\n'
         'echo \'{"step": 15, "total": 40, "checkpoint": {"step": 10, "ok": true, "path": "'
         + reported
         + '"}}\' > "$W/progress.json"\nkill -9 $$'
@@ -130,6 +132,7 @@ def test_a_killed_attempt_leaves_no_checkpoint_nothing_will_read(
     assert job.status == "failed" and job.error is not None and job.error["type"] == "JobProcessDied"
     folder = settings.jobs_dir / str(job_id) / "attempt-1" / "checkpoints"
     assert sorted(p.name for p in folder.iterdir()) == left
+    assert list((folder.parent / "rank-1" / "checkpoints").iterdir()) == []  # never the job's
 
 
 @pytest.mark.parametrize(
