@@ -23,9 +23,9 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from jobs.checkpoint_files import CHECKPOINT_DIR_ENV
 from jobs.processes import die_with_parent, how_it_ended, is_stopped
 from jobs.result import LOG_FILE, RESULT_FILE, ErrorRecord, JobResult, JobStatus, read_result
-from jobs.resume import CHECKPOINT_DIR_ENV
 from jobs.spec import AnySpec, JobSpec
 
 # How a rank learns its place: set by the rank-0 job process for its children (and itself).

@@ -33,16 +33,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from jobs.frameworks.base import remove_checkpoint
+from jobs.checkpoint_files import (
+    CHECKPOINT_DIR_ENV,
+    KEEP_CHECKPOINTS_ENV,
+    checkpoint_name,
+    checkpoint_step,
+    remove_checkpoint,
+)
 from jobs.result import ResumeRecord
-from jobs.tracking import Point, Tracker
+from jobs.tracking import Point, Tracker, unanswered
 
-CHECKPOINT_DIR_ENV = "OPTLAB_CHECKPOINT_DIR"
-KEEP_CHECKPOINTS_ENV = "OPTLAB_KEEP_CHECKPOINTS"
 RUN_ARTIFACTS = "checkpoints"  # where a run's checkpoints lie among its artifacts
-WORKDIR_CHECKPOINTS = "checkpoints"  # where they are written in the job's folder, but to a shared one
-# A checkpoint's name, by style: `step-00000300.pt` (torch, a file), `step-00000300` (Keras, a folder).
-CHECKPOINT_NAME = re.compile(r"step-(\d+)(\.pt)?")
 # Keys whose values are measurements of time, not results: never compared.
 UNCOMPARED_PREFIXES = ("perf/",)
 
@@ -55,6 +56,10 @@ class CheckpointStore(Protocol):
     # Whether every checkpoint already lies in the MLflow run (no final upload needed).
     in_run: bool
 
+    @property
+    def warnings(self) -> Sequence[str]:
+        """What the job's result should say of the store (read as each publication is settled)."""
+
     def publish(self, path: Path) -> str: ...
 
     def retire(self, path: Path) -> None:
@@ -66,6 +71,7 @@ class WorkdirCheckpoints:
 
     folder: Path | None = None
     in_run = False
+    warnings: Sequence[str] = ()
 
     def publish(self, path: Path) -> str:
         return str(path)
@@ -85,6 +91,7 @@ class SharedFolderCheckpoints:
     """Written straight into the shared folder every worker mounts: the path is the reference."""
 
     in_run = False
+    warnings: Sequence[str] = ()
 
     def __init__(self, root: Path, job: str, attempt: int, run: Any = None) -> None:
         # Each attempt a folder of its own: the loop keeps only its latest checkpoint, and must never
@@ -115,46 +122,54 @@ class MlflowCheckpoints:
     def __init__(self, run: Any, keep: int | None = None) -> None:
         self.run = run  # jobs.tracking.MlflowRun
         self.keep = keep
+        self.warnings: list[str] = []
+        self._artifacts: Any = None  # the run's artifact repository, once a checkpoint is removed
 
     def publish(self, path: Path) -> str:
         delivered(self.run)
         self.run.log_artifact(path, RUN_ARTIFACTS)
-        self._keep_the_newest()
-        return f"runs:/{self.run.info.run_id}/{RUN_ARTIFACTS}/{path.name}"
+        reference = f"runs:/{self.run.info.run_id}/{RUN_ARTIFACTS}/{path.name}"
+        self._keep_the_newest(reference)
+        return reference
 
     def retire(self, path: Path) -> None:
         remove_checkpoint(path)  # the local copy
 
-    def _keep_the_newest(self) -> None:
-        """Every checkpoint in the run but the newest `keep` removed, on the publication's thread
-        (training goes on meanwhile). Before this one is reported: an attempt that resumes from one
-        removed since takes the newest the run holds (`newer_checkpoint_in_run`)."""
+    def _keep_the_newest(self, published: str) -> None:
+        """The run's checkpoints up to `published` but the newest `keep` removed, on the publication's
+        thread (training goes on meanwhile). An attempt that resumes from one removed since its worker
+        recorded it takes the newest the run holds (`newer_checkpoint_in_run`)."""
         if self.keep is None:
             return
         try:
-            self._remove_all_but_newest(self.keep)
-        except Exception as exc:  # a store that refuses deletes: the job goes on, keeping them all
-            print(
-                f"optlab: warning: {KEEP_CHECKPOINTS_ENV}={self.keep}: could not remove the older "
-                f"checkpoints from the MLflow run ({type(exc).__name__}: {exc}); this job keeps every one",
-                file=sys.stderr,
-                flush=True,
+            self._remove_all_but_newest(published, self.keep)
+        except Exception as exc:
+            if unanswered(exc):  # no answer (a restart, a blip): tried again after the next checkpoint
+                return
+            warning = (
+                f"{KEEP_CHECKPOINTS_ENV}={self.keep}: the MLflow server refused to remove the run's older "
+                f"checkpoints ({type(exc).__name__}: {exc}); this job's run keeps every one"
             )
+            print(f"optlab: warning: {warning}", file=sys.stderr, flush=True)
+            self.warnings.append(warning)
             self.keep = None
 
-    def _remove_all_but_newest(self, keep: int) -> None:
-        client, run_id = self.run.client, self.run.info.run_id
-        listed = client.list_artifacts(run_id, RUN_ARTIFACTS)
-        steps = {name: checkpoint_step(name) for name in (info.path.rsplit("/", 1)[-1] for info in listed)}
-        by_step = sorted((step, name) for name, step in steps.items() if step is not None)
-        if len(by_step) <= keep:
+    def _remove_all_but_newest(self, published: str, keep: int) -> None:
+        """Newer ones than `published` (an earlier attempt's, past where this one resumed) stay:
+        this attempt writes over them as it gets there, and the one it just published is kept."""
+        step = checkpoint_step(checkpoint_name(published))
+        run = self.run
+        beside = checkpoints_beside(published, tracking_uri=run.info.tracking_uri, client=run.client)
+        older = [reference for at, reference in beside if step is not None and at <= step][keep:]
+        if not older:
             return
-        from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+        if self._artifacts is None:
+            from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-        artifact_uri = client.get_run(run_id).info.artifact_uri
-        repository = get_artifact_repository(artifact_uri, tracking_uri=self.run.info.tracking_uri)
-        for _, name in by_step[:-keep]:
-            repository.delete_artifacts(f"{RUN_ARTIFACTS}/{name}")
+            artifact_uri = self.run.client.get_run(self.run.info.run_id).info.artifact_uri
+            self._artifacts = get_artifact_repository(artifact_uri, tracking_uri=self.run.info.tracking_uri)
+        for reference in reversed(older):  # the oldest first: one cut short leaves the newer ones
+            self._artifacts.delete_artifacts(f"{RUN_ARTIFACTS}/{checkpoint_name(reference)}")
 
 
 def checkpoints_to_keep(environ: Mapping[str, str]) -> int | None:
@@ -236,25 +251,25 @@ def readable_checkpoint(
     tensor without a word, and the job would go on from weights it never had. An earlier checkpoint
     costs only the steps since it, trained again: their points are compared, not logged twice.
     """
+    gone = ""
     try:
         path = fetch_checkpoint(reference, into=into, tracking_uri=tracking_uri)
-        moved_on = ""
     except FileNotFoundError:
         newer = newer_checkpoint_in_run(reference, tracking_uri=tracking_uri)
         if newer is None:
             raise
         path = fetch_checkpoint(newer, into=into, tracking_uri=tracking_uri)
-        moved_on = (
+        gone = (
             f"checkpoint {checkpoint_name(reference)}, the last one the job's worker knew of, is no longer "
-            f"in its run ({KEEP_CHECKPOINTS_ENV} removes older ones as newer ones are published): resumed "
-            f"from {checkpoint_name(newer)}, the newest verified one the run holds"
+            f"in its run; the newest the run holds is {checkpoint_name(newer)} (each one in a run was "
+            "verified before it was published)"
         )
         reference = newer
     problem = damage(path)
     if problem is None:
-        return ResumePoint(path, (moved_on,) if moved_on else ())
+        return ResumePoint(path, (f"{gone}: resumed from it",) if gone else ())
     latest = f"checkpoint {checkpoint_name(reference)}, the job's last verified one, is damaged: {problem}"
-    latest = f"{moved_on}; {latest}" if moved_on else latest
+    latest = f"{gone}; {latest}" if gone else latest
     passed_over: list[str] = []
     for earlier in earlier_checkpoints(reference, tracking_uri=tracking_uri):
         path = fetch_checkpoint(earlier, into=into, tracking_uri=tracking_uri)
@@ -274,47 +289,19 @@ def readable_checkpoint(
     raise DamagedCheckpoint("; ".join([latest, *passed_over]))
 
 
-def checkpoint_name(reference: str) -> str:
-    return reference.rstrip("/").rsplit("/", 1)[-1]
-
-
-def checkpoint_step(name: str) -> int | None:
-    match = CHECKPOINT_NAME.fullmatch(name)
-    return int(match.group(1)) if match else None
-
-
-def checkpoint_leftovers(folder: Path, *, copies: bool) -> list[Path]:
-    """What an ended attempt's checkpoint folder holds that nothing reads any more: writes cut short
-    (a process killed mid-save: torch's `.step-N.pt.tmp`, Keras's `partial-*` and `.*.partial` in a
-    step folder) and, where its checkpoints are `copies` (the job's are in its MLflow run, or a DDP
-    job's other rank wrote them), every one (`step-N.pt`, `step-N/`). Otherwise a checkpoint in the
-    folder is the one a retry on this host resumes from: kept."""
-    found: list[Path] = []
-    for entry in folder.iterdir() if folder.is_dir() else ():
-        if entry.name.startswith(".") and entry.name.endswith(".tmp"):
-            if checkpoint_step(entry.name[1:-4]) is not None:
-                found.append(entry)
-        elif checkpoint_step(entry.name) is None:
-            continue
-        elif copies:
-            found.append(entry)
-        elif entry.is_dir():
-            found.extend(part for part in entry.iterdir() if _cut_short(part.name))
-    return found
-
-
-def _cut_short(name: str) -> bool:
-    return name.startswith("partial-") or (name.startswith(".") and name.endswith(".partial"))
-
-
-def checkpoints_beside(reference: str, *, tracking_uri: str | None) -> list[tuple[int, str]]:
+def checkpoints_beside(
+    reference: str, *, tracking_uri: str | None, client: Any = None
+) -> list[tuple[int, str]]:
     """Every checkpoint where `reference` lies, as (step, reference), newest first: the MLflow run's
-    (each one verified before it was published) or the folder's."""
+    (each one verified before it was published; listed through `client` where one is given) or the
+    folder's."""
     if reference.startswith("runs:/"):
         run_id, _, folder = reference[len("runs:/") :].rstrip("/").rpartition("/")[0].partition("/")
-        from mlflow import MlflowClient
+        if client is None:
+            from mlflow import MlflowClient
 
-        listed = MlflowClient(tracking_uri=tracking_uri).list_artifacts(run_id, folder)
+            client = MlflowClient(tracking_uri=tracking_uri)
+        listed = client.list_artifacts(run_id, folder)
         names = [info.path.rsplit("/", 1)[-1] for info in listed]
         prefix = f"runs:/{run_id}/{folder}/"
     else:
@@ -337,14 +324,22 @@ def earlier_checkpoints(reference: str, *, tracking_uri: str | None) -> list[str
 
 
 def newer_checkpoint_in_run(reference: str, *, tracking_uri: str | None) -> str | None:
-    """The newest checkpoint in the MLflow run newer than `reference` (gone from it), if any. A
-    worker killed between two reports records a checkpoint the run may have removed since
-    (OPTLAB_KEEP_CHECKPOINTS); any checkpoint in the run was verified before it was published, so
-    the newest is as good a start. In a folder a newer file may be one whose round trip failed: none."""
+    """Where `reference` is gone from its MLflow run, the newest checkpoint the run holds past it, if
+    any. A worker killed between two reports records a checkpoint the run may have removed since
+    (OPTLAB_KEEP_CHECKPOINTS); every checkpoint in a run was verified before it was published, so the
+    newest is as good a start. None where the reference is still listed (its download failed for
+    another reason, which its error says), where the run cannot be listed, and in a folder (a newer
+    file there may be one whose round trip failed)."""
     step = checkpoint_step(checkpoint_name(reference))
     if step is None or not reference.startswith("runs:/"):
         return None
-    newer = [other for at, other in checkpoints_beside(reference, tracking_uri=tracking_uri) if at > step]
+    try:
+        beside = checkpoints_beside(reference, tracking_uri=tracking_uri)
+    except Exception:  # a server that could not serve the download: its error is the one to tell
+        return None
+    if any(other == reference.rstrip("/") for _, other in beside):
+        return None
+    newer = [other for at, other in beside if at > step]
     return newer[0] if newer else None
 
 

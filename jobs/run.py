@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
+from jobs.checkpoint_files import RESUMED_FROM, remove_checkpoint
 from jobs.errors import EXIT_FIX, Cancelled, Diverged, exit_message
 from jobs.frameworks.base import raising_frame
 from jobs.processes import (
@@ -51,11 +52,11 @@ from jobs.result import (
     ResumeRecord,
     TrainOutcome,
 )
+from jobs.resume import ResumePoint
 from jobs.spec import AnySpec, CheckSpec, JobSpec, parse_spec
 
 if TYPE_CHECKING:
     from jobs.distributed import RankProblem
-    from jobs.resume import ResumePoint
 
 TRACEBACK_TAIL_LINES = 40
 # A message and each traceback line are cut to these many characters: an error is read by a person,
@@ -259,10 +260,6 @@ def start_ranks_if_ddp(
     return start_ranks(spec, args.argv, workdir, resume_from)
 
 
-# Where a resumed attempt downloads the checkpoint it resumes from (an MLflow run's artifact).
-RESUMED_FROM = "resumed-from"
-
-
 def resume_source(args: argparse.Namespace, spec: AnySpec, workdir: Path) -> ResumePoint | None:
     """`--resume REF` as a local checkpoint (downloaded when REF is an MLflow URI) whose bytes read
     back whole, else the newest earlier verified one that does (jobs.resume.readable_checkpoint)."""
@@ -427,13 +424,18 @@ def remove_checkpoint_copy(job: Job | None) -> None:
     disk. Where it is the job's only one (the workdir, uploaded at the end below; the shared folder),
     it stays."""
     from jobs.distributed import current_rank
-    from jobs.frameworks.base import remove_checkpoint
 
     if job is None or job.last_checkpoint is None:
         return
     rank = current_rank()
-    if getattr(getattr(job, "store", None), "in_run", False) or (rank is not None and rank.rank > 0):
-        remove_checkpoint(job.last_checkpoint)
+    if published_in_run(job) or (rank is not None and rank.rank > 0):
+        with suppress(OSError):  # a copy it could not remove costs disk, never the job's result
+            remove_checkpoint(job.last_checkpoint)
+
+
+def published_in_run(job: Job | None) -> bool:
+    """Whether the job's checkpoints are published to its MLflow run as each is verified."""
+    return bool(getattr(getattr(job, "store", None), "in_run", False))
 
 
 def checkpoints_so_far(job: Job) -> dict[str, Any]:
@@ -449,8 +451,7 @@ def finish_mlflow_run(mlflow_run: Any, result: JobResult, job: Job | None, spec:
     outcome = result.status.value  # MLflow's FAILED alone does not tell a divergence from a failure
     try:
         try:
-            store = getattr(job, "store", None)
-            if job is not None and job.last_checkpoint is not None and not getattr(store, "in_run", False):
+            if job is not None and job.last_checkpoint is not None and not published_in_run(job):
                 mlflow_run.log_artifact(job.last_checkpoint, "checkpoints")
             for path in getattr(job, "artifacts", []):  # a check job's report.json and report.md
                 mlflow_run.log_artifact(path)

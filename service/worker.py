@@ -38,7 +38,14 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from jobs.frameworks.base import remove_checkpoint
+from jobs.checkpoint_files import (
+    CHECKPOINT_DIR_ENV,
+    KEEP_CHECKPOINTS_ENV,
+    RESUMED_FROM,
+    WORKDIR_CHECKPOINTS,
+    checkpoint_leftovers,
+    remove_checkpoint,
+)
 from jobs.processes import (
     how_it_ended,
     is_stopped,
@@ -66,7 +73,6 @@ from jobs.result import (
     read_progress,
     read_result,
 )
-from jobs.resume import KEEP_CHECKPOINTS_ENV, WORKDIR_CHECKPOINTS, checkpoint_leftovers
 from jobs.spec import default_style
 from service import job_log, store
 from service.capabilities import (
@@ -435,7 +441,7 @@ class Worker:
         claimed now could write nothing, and every queued job had failed within a second, one after
         another ("No space left on device"), where another worker could have run them. Said once
         when it fills and once when it has space again."""
-        shared = os.environ.get("OPTLAB_CHECKPOINT_DIR")  # jobs.resume's; the service imports it not
+        shared = os.environ.get(CHECKPOINT_DIR_ENV)
         folders = [self.settings.jobs_dir, *([Path(shared)] if shared else [])]
         lowest = min((free_bytes(folder), str(folder)) for folder in folders)
         full = lowest[0] < FULL_DISK_BYTES
@@ -803,18 +809,23 @@ class Supervision:
         return outcome
 
     def _remove_checkpoint_leftovers(self) -> None:
-        """Its processes are gone: what they left of checkpoints that nothing reads (jobs.resume), a
-        whole model each, goes. A job that ends in order leaves none; one killed (out of memory,
-        kill -9, its lease lost) left a write cut short and, where its checkpoints are in its MLflow
-        run, the local copy of the last one published; a DDP job's other ranks, their own copies."""
+        """Its processes are gone: what they left of checkpoints that nothing will read (jobs.resume),
+        a whole model each, goes. A job that ends in order leaves none; one killed (out of memory,
+        kill -9, its lease lost) left a write cut short, the local copy of the last checkpoint its
+        MLflow run holds, the one it had downloaded to resume from, a DDP job's other ranks' own. A
+        checkpoint its progress names in its folder (no tracking server) is what a retry resumes from:
+        it stays."""
         progress = self._latest_progress()
         reported = progress.checkpoint if progress else None
-        in_run = reported is not None and reported.path.startswith("runs:/")
-        leftovers = checkpoint_leftovers(self.workdir / WORKDIR_CHECKPOINTS, copies=in_run)
+        keep = Path(reported.path) if reported and not reported.path.startswith("runs:/") else None
+        leftovers = checkpoint_leftovers(self.workdir / WORKDIR_CHECKPOINTS, keep=keep)
         for rank in self.workdir.glob("rank-*"):  # never the job's: rank 0's is
-            leftovers += checkpoint_leftovers(rank / WORKDIR_CHECKPOINTS, copies=True)
-        for leftover in leftovers:
-            remove_checkpoint(leftover)
+            leftovers += checkpoint_leftovers(rank / WORKDIR_CHECKPOINTS, keep=None)
+        for leftover in [*leftovers, self.workdir / RESUMED_FROM]:
+            try:
+                remove_checkpoint(leftover)
+            except OSError as exc:  # disk it could not free, never the job's outcome
+                log.warning("job %s: could not remove %s: %s", self.job.id, leftover, exc)
 
     def _start_warm(self, arguments: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
         """The slot's warm process, handed this job; None when there is none fit for it (a job on

@@ -676,13 +676,3 @@ def python_warnings_to(sink: WarningSink) -> Iterator[None]:
         warnings.simplefilter("always")
         warnings.showwarning = show
         yield
-
-
-def remove_checkpoint(path: Path) -> None:
-    """Delete a checkpoint of any style: one file (torch) or one folder (Keras)."""
-    import shutil
-
-    if path.is_dir():
-        shutil.rmtree(path, ignore_errors=True)
-    else:
-        path.unlink(missing_ok=True)

@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from jobs.checkpoint_files import WORKDIR_CHECKPOINTS
 from jobs.errors import Diverged
 from jobs.frameworks import driver_for, style_of
 from jobs.frameworks.base import Checkpointed, Evaluation, StepRecord, TrainingSession
 from jobs.report import Reporter
 from jobs.result import CheckpointRecord, OptimizerState, TrainOutcome
-from jobs.resume import WORKDIR_CHECKPOINTS, CheckpointStore, WorkdirCheckpoints
+from jobs.resume import CheckpointStore, WorkdirCheckpoints
 from jobs.spec import JobSpec
 from jobs.tracking import Point, Tracker
 from jobs.training.publication import Publication
@@ -365,6 +366,7 @@ class TrainingJob:
         record = CheckpointRecord(step=publication.step, ok=True, path=self._published(publication))
         self.verified.append(record)
         self.reporter.progress(checkpoint=record, force=True)
+        self.warnings.extend(w for w in self.store.warnings if w not in self.warnings)
         if self.last_checkpoint is not None and self.last_checkpoint != publication.path:
             self.store.retire(self.last_checkpoint)  # superseded (jobs.resume: what is kept where)
         self.last_checkpoint = publication.path

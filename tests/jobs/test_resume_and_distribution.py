@@ -413,6 +413,21 @@ def test_a_run_keeps_the_newest_checkpoints_it_is_told_to_an_earlier_attempts_ol
     assert list(jobs[name].workdir.glob("rank-*/checkpoints/*")) == []
 
 
+def test_a_job_whose_checkpoints_are_not_in_a_run_keeps_its_last_ones(
+    jobs: dict[str, Job], tmp_path: Path
+) -> None:
+    """Untracked, its folder holds the job's only copy; the shared folder keeps the last two."""
+    assert jobs["straight-torch"].result()["status"] == "succeeded"
+    assert [p.name for p in (jobs["straight-torch"].workdir / "checkpoints").iterdir()] == [
+        "step-00000040.pt"
+    ]
+    assert jobs["resumed-torch"].result()["status"] == "succeeded"
+    shared = (
+        Path(shared_folder(jobs["resumed-torch"].workdir.parent)["OPTLAB_CHECKPOINT_DIR"]) / "7" / "attempt-2"
+    )
+    assert sorted(p.name for p in shared.iterdir()) == ["step-00000030.pt", "step-00000040.pt"]
+
+
 def test_an_attempt_whose_checkpoint_its_run_no_longer_keeps_resumes_from_the_newest_it_does(
     jobs: dict[str, Job], tracking_uri: str, tmp_path: Path
 ) -> None:
@@ -424,9 +439,9 @@ def test_an_attempt_whose_checkpoint_its_run_no_longer_keeps_resumes_from_the_ne
     )
     assert point.path.name == "step-00000040.pt"
     assert point.warnings == (
-        "checkpoint step-00000010.pt, the last one the job's worker knew of, is no longer in its run "
-        "(OPTLAB_KEEP_CHECKPOINTS removes older ones as newer ones are published): resumed from "
-        "step-00000040.pt, the newest verified one the run holds",
+        "checkpoint step-00000010.pt, the last one the job's worker knew of, is no longer in its run; "
+        "the newest the run holds is step-00000040.pt (each one in a run was verified before it was "
+        "published): resumed from it",
     )
 
 

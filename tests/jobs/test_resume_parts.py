@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from jobs.checkpoint_files import checkpoint_leftovers
 from jobs.distributed import rank_argv
 from jobs.resume import (
     DamagedCheckpoint,
@@ -17,7 +18,6 @@ from jobs.resume import (
     ResumedTracker,
     SharedFolderCheckpoints,
     WorkdirCheckpoints,
-    checkpoint_leftovers,
     checkpoint_store,
     checkpoints_to_keep,
     earlier_checkpoints,
@@ -123,43 +123,92 @@ def test_a_number_of_checkpoints_to_keep_under_one_or_not_a_whole_number_is_refu
     )
 
 
-class RefusingRun:
-    """A run on a tracking server that takes uploads but whose artifact listing (the first step of
-    removing any) fails."""
+class RunWithCheckpoints:
+    """A job's run on a tracking server: what is uploaded is listed, and removed through its
+    artifact repository (this object too), whose removals fail with `refusal` when it is set."""
 
     class info:
         run_id = "abc"
         tracking_uri = "http://tracking.test"
+        artifact_uri = "mlflow-artifacts:/1/abc/artifacts"
 
-    def __init__(self) -> None:
+    def __init__(self, steps: Sequence[int]) -> None:
         self.client, self.delivery = self, SimpleNamespace(flush=lambda: None)
-        self.uploaded: list[str] = []
-        self.asked = 0
+        self.names = [f"step-{step:08d}.pt" for step in steps]
+        self.removed: list[str] = []
+        self.refusal: Exception | None = None
 
     def log_artifact(self, path: Path, folder: str) -> None:
-        self.uploaded.append(f"{folder}/{path.name}")
+        self.names = sorted({*self.names, path.name})
 
-    def list_artifacts(self, run_id: str, path: str) -> list[object]:
-        self.asked += 1
-        raise PermissionError("403: deleting artifacts is not allowed here")
+    def list_artifacts(self, run_id: str, path: str) -> list[SimpleNamespace]:
+        return [SimpleNamespace(path=f"{path}/{name}") for name in self.names]
+
+    def get_run(self, run_id: str) -> SimpleNamespace:
+        return SimpleNamespace(info=self.info)
+
+    def delete_artifacts(self, path: str) -> None:
+        if self.refusal is not None:
+            raise self.refusal
+        self.names.remove(path.rsplit("/", 1)[1])
+        self.removed.append(path)
 
 
-def test_a_run_that_cannot_remove_its_older_checkpoints_keeps_them_and_says_so_once(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    run = RefusingRun()
-    store = MlflowCheckpoints(run, keep=1)
-    for step in (10, 20):
-        local = tmp_path / f"step-{step}.pt"
+@pytest.fixture
+def run(monkeypatch: pytest.MonkeyPatch) -> RunWithCheckpoints:
+    """Its artifact repository is the run itself; an earlier attempt left steps 10 to 40 in it."""
+    import mlflow.store.artifact.artifact_repository_registry as registry
+
+    found = RunWithCheckpoints([10, 20, 30, 40])
+    monkeypatch.setattr(registry, "get_artifact_repository", lambda uri, tracking_uri=None: found)
+    return found
+
+
+def publish_steps(store: MlflowCheckpoints, folder: Path, steps: Sequence[int]) -> None:
+    for step in steps:
+        local = folder / f"step-{step:08d}.pt"
         local.write_bytes(b"x")
-        assert store.publish(local) == f"runs:/abc/checkpoints/step-{step}.pt"  # published all the same
-    assert run.uploaded == ["checkpoints/step-10.pt", "checkpoints/step-20.pt"]
-    assert run.asked == 1 and store.keep is None  # tried once, then every one is kept
-    assert capsys.readouterr().err == (
-        "optlab: warning: OPTLAB_KEEP_CHECKPOINTS=1: could not remove the older checkpoints from the "
-        "MLflow run (PermissionError: 403: deleting artifacts is not allowed here); this job keeps "
-        "every one\n"
+        assert store.publish(local) == f"runs:/abc/checkpoints/{local.name}"  # published all the same
+
+
+def test_a_run_keeps_the_newest_checkpoints_up_to_the_one_just_published(
+    tmp_path: Path, run: RunWithCheckpoints
+) -> None:
+    """An attempt resumed from step 10: the earlier attempt's 30 and 40 are newer than its 20, yet
+    its 20 stays until it has two newer of its own (it writes over 30 and 40 as it gets there)."""
+    store = MlflowCheckpoints(run, keep=2)
+    publish_steps(store, tmp_path, [20])
+    assert run.removed == []
+    publish_steps(store, tmp_path, [30, 40])
+    assert run.removed == ["checkpoints/step-00000010.pt", "checkpoints/step-00000020.pt"]
+    assert run.names == ["step-00000030.pt", "step-00000040.pt"] and store.warnings == []
+
+
+def test_a_run_that_refuses_to_remove_checkpoints_keeps_them_and_the_job_says_so_once(
+    tmp_path: Path, run: RunWithCheckpoints, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run.refusal = PermissionError("403: deleting artifacts is not allowed here")
+    store = MlflowCheckpoints(run, keep=1)
+    publish_steps(store, tmp_path, [50, 60])
+    warning = (
+        "OPTLAB_KEEP_CHECKPOINTS=1: the MLflow server refused to remove the run's older checkpoints "
+        "(PermissionError: 403: deleting artifacts is not allowed here); this job's run keeps every one"
     )
+    assert store.warnings == [warning] and store.keep is None  # tried once: every one is kept
+    assert capsys.readouterr().err == f"optlab: warning: {warning}\n"
+    assert len(run.names) == 6
+
+
+def test_a_server_that_gives_no_answer_has_the_removal_tried_again_after_the_next_checkpoint(
+    tmp_path: Path, run: RunWithCheckpoints, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run.refusal = ConnectionError("connection refused")  # a restart: no answer, no refusal
+    store = MlflowCheckpoints(run, keep=2)
+    publish_steps(store, tmp_path, [50])
+    assert store.keep == 2 and store.warnings == [] and capsys.readouterr().err == ""
+    run.refusal = None
+    publish_steps(store, tmp_path, [60])
+    assert run.names == ["step-00000050.pt", "step-00000060.pt"]
 
 
 def test_a_missing_local_checkpoint_is_named(tmp_path: Path) -> None:
@@ -210,23 +259,24 @@ def test_earlier_checkpoints_are_the_older_ones_beside_it_newest_first(kept: Pat
     assert earlier_checkpoints(str(kept / "model.pt"), tracking_uri=None) == []  # not a checkpoint's name
 
 
-@pytest.mark.parametrize("copies", [False, True])
-def test_an_ended_attempts_checkpoint_leftovers_are_its_cut_writes_and_copies_of_what_the_run_holds(
-    kept: Path, copies: bool
+def test_an_ended_attempts_checkpoint_leftovers_are_all_but_the_one_a_retry_here_resumes_from(
+    kept: Path,
 ) -> None:
     keras = kept / "step-00000050"  # a Keras checkpoint cut short mid-save: its model half written
     keras.mkdir()
-    for name in ("ckpt.index", "partial-model.keras", ".ckpt.json.partial"):
-        (keras / name).write_bytes(b"x")
+    (keras / "partial-model.keras").write_bytes(b"x")
     (kept / "resumed-from").mkdir()
-    cut = [kept / ".step-00000035.pt.tmp", keras / ".ckpt.json.partial", keras / "partial-model.keras"]
-    copies = [kept / f"step-000000{step}0.pt" for step in (1, 2, 3, 4)] + [keras]
-    found = checkpoint_leftovers(kept, copies=copies)
-    if copies:  # the folder goes whole, with what it holds
-        assert sorted(found) == sorted([cut[0], *copies])
-    else:  # the checkpoints are the ones a retry on this host resumes from
-        assert sorted(found) == sorted(cut)
-    assert checkpoint_leftovers(kept / "nowhere", copies=True) == []
+    everything = [kept / f"step-000000{step}0.pt" for step in (1, 2, 3, 4)] + [
+        keras,
+        kept / ".step-00000035.pt.tmp",
+    ]
+    # Its checkpoints are in its MLflow run, or these are a DDP job's other rank's: every one goes.
+    assert sorted(checkpoint_leftovers(kept, keep=None)) == sorted(everything)
+    # In its folder only: the one its progress names stays, for a retry on this host.
+    reported = kept / "step-00000030.pt"
+    left = checkpoint_leftovers(kept, keep=reported)
+    assert sorted(left) == sorted(path for path in everything if path != reported)
+    assert checkpoint_leftovers(kept / "nowhere", keep=None) == []
 
 
 def test_a_damaged_last_checkpoint_is_passed_over_for_the_newest_earlier_whole_one(kept: Path) -> None:

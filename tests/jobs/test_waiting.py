@@ -105,6 +105,7 @@ class SlowStore:
 
     folder = None
     in_run = False
+    warnings = ()
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir

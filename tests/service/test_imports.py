@@ -25,6 +25,7 @@ ALLOWED_FROM_SERVICE = {
     "jobs.data_roots",  # where workloads may read data files: the API checks specs against it
     "jobs.workloads.surfaces",  # the 2-D test functions a study report draws trajectories over
     "jobs.tracking",  # MLflow only: the worker finds experiments and creates a study's parent run
+    "jobs.checkpoint_files",  # checkpoint names: the worker clears what an ended attempt left
 }
 # What the modules the service may import are allowed to import in turn.
 LIGHT = {
@@ -34,6 +35,7 @@ LIGHT = {
     "jobs.workloads.surfaces": {"numpy"},
     "jobs.tracking": {"mlflow", "requests"},  # requests: MLflow's own HTTP client, whose errors it reads
     "jobs.metric_delivery": set(),  # jobs.tracking's delivery process
+    "jobs.checkpoint_files": set(),
 }
 
 
