@@ -44,6 +44,7 @@ from jobs.result import ResumeRecord
 from jobs.tracking import Point, Tracker, unanswered
 
 RUN_ARTIFACTS = "checkpoints"  # where a run's checkpoints lie among its artifacts
+UNANSWERED_REMOVALS = 2  # checkpoints in a row whose older ones' removal got no answer, before it stops
 # Keys whose values are measurements of time, not results: never compared.
 UNCOMPARED_PREFIXES = ("perf/",)
 
@@ -124,6 +125,7 @@ class MlflowCheckpoints:
         self.keep = keep
         self.warnings: list[str] = []
         self._artifacts: Any = None  # the run's artifact repository, once a checkpoint is removed
+        self._unanswered = 0  # removals in a row the server gave no answer to
 
     def publish(self, path: Path) -> str:
         delivered(self.run)
@@ -138,21 +140,27 @@ class MlflowCheckpoints:
     def _keep_the_newest(self, published: str) -> None:
         """The run's checkpoints up to `published` but the newest `keep` removed, on the publication's
         thread (training goes on meanwhile). An attempt that resumes from one removed since its worker
-        recorded it takes the newest the run holds (`newer_checkpoint_in_run`)."""
+        recorded it takes the newest the run holds (`newer_checkpoint_in_run`). A server that gives no
+        answer (a restart) has it tried again with the next checkpoint, UNANSWERED_REMOVALS times in a
+        row at most (MLflow's client retries each for minutes); one that refuses, not again."""
         if self.keep is None:
             return
         try:
             self._remove_all_but_newest(published, self.keep)
+            self._unanswered = 0
+            return
         except Exception as exc:
-            if unanswered(exc):  # no answer (a restart, a blip): tried again after the next checkpoint
+            self._unanswered = self._unanswered + 1 if unanswered(exc) and not refused(exc) else 0
+            if 0 < self._unanswered < UNANSWERED_REMOVALS:
                 return
+            first_line = (str(exc).strip().splitlines() or [""])[0][:200]
             warning = (
-                f"{KEEP_CHECKPOINTS_ENV}={self.keep}: the MLflow server refused to remove the run's older "
-                f"checkpoints ({type(exc).__name__}: {exc}); this job's run keeps every one"
+                f"{KEEP_CHECKPOINTS_ENV}={self.keep}: could not remove the run's older checkpoints "
+                f"({type(exc).__name__}: {first_line}); this attempt keeps every checkpoint from here"
             )
-            print(f"optlab: warning: {warning}", file=sys.stderr, flush=True)
-            self.warnings.append(warning)
-            self.keep = None
+        print(f"optlab: warning: {warning}", file=sys.stderr, flush=True)
+        self.warnings.append(warning)
+        self.keep = None
 
     def _remove_all_but_newest(self, published: str, keep: int) -> None:
         """Newer ones than `published` (an earlier attempt's, past where this one resumed) stay:
@@ -170,6 +178,20 @@ class MlflowCheckpoints:
             self._artifacts = get_artifact_repository(artifact_uri, tracking_uri=self.run.info.tracking_uri)
         for reference in reversed(older):  # the oldest first: one cut short leaves the newer ones
             self._artifacts.delete_artifacts(f"{RUN_ARTIFACTS}/{checkpoint_name(reference)}")
+
+
+def refused(exc: BaseException) -> bool:
+    """Whether the server answered `exc`'s request with a refusal (4xx: not allowed, not found), which
+    `jobs.tracking.unanswered` reads as no answer when requests raised it (HTTPError)."""
+    import requests
+
+    seen: BaseException | None = exc
+    while seen is not None:
+        response = getattr(seen, "response", None)
+        if isinstance(seen, requests.HTTPError) and response is not None and response.status_code < 500:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def checkpoints_to_keep(environ: Mapping[str, str]) -> int | None:

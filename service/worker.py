@@ -809,23 +809,26 @@ class Supervision:
         return outcome
 
     def _remove_checkpoint_leftovers(self) -> None:
-        """Its processes are gone: what they left of checkpoints that nothing will read (jobs.resume),
-        a whole model each, goes. A job that ends in order leaves none; one killed (out of memory,
-        kill -9, its lease lost) left a write cut short, the local copy of the last checkpoint its
-        MLflow run holds, the one it had downloaded to resume from, a DDP job's other ranks' own. A
-        checkpoint its progress names in its folder (no tracking server) is what a retry resumes from:
-        it stays."""
-        progress = self._latest_progress()
-        reported = progress.checkpoint if progress else None
-        keep = Path(reported.path) if reported and not reported.path.startswith("runs:/") else None
-        leftovers = checkpoint_leftovers(self.workdir / WORKDIR_CHECKPOINTS, keep=keep)
-        for rank in self.workdir.glob("rank-*"):  # never the job's: rank 0's is
-            leftovers += checkpoint_leftovers(rank / WORKDIR_CHECKPOINTS, keep=None)
-        for leftover in [*leftovers, self.workdir / RESUMED_FROM]:
-            try:
+        """Its processes are gone: what they left of checkpoints that nothing will read
+        (jobs.checkpoint_files), a whole model each, goes. A job that ends in order leaves none; one
+        killed (out of memory, kill -9, its lease lost) left a write cut short, the local copy of the
+        last checkpoint its MLflow run holds, the one it had downloaded to resume from, a DDP job's
+        other ranks' own. A checkpoint its progress names in its folder (no tracking server) is what
+        a retry resumes from: it stays. Disk it could not free is logged, never the job's outcome
+        (recorded before)."""
+        try:
+            progress = self._latest_progress()
+            reported = progress.checkpoint if progress else None
+            keep = Path(reported.path) if reported and not reported.path.startswith("runs:/") else None
+            leftovers = checkpoint_leftovers(self.workdir / WORKDIR_CHECKPOINTS, keep=keep)
+            for rank in self.workdir.glob("rank-*"):  # never the job's: rank 0's is
+                leftovers += checkpoint_leftovers(rank / WORKDIR_CHECKPOINTS, keep=None)
+            for leftover in [*leftovers, self.workdir / RESUMED_FROM]:
                 remove_checkpoint(leftover)
-            except OSError as exc:  # disk it could not free, never the job's outcome
-                log.warning("job %s: could not remove %s: %s", self.job.id, leftover, exc)
+        except Exception as exc:
+            log.warning(
+                "job %s: could not remove what its attempt left in %s: %s", self.job.id, self.workdir, exc
+            )
 
     def _start_warm(self, arguments: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | None:
         """The slot's warm process, handed this job; None when there is none fit for it (a job on

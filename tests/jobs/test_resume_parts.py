@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import requests
 
 from jobs.checkpoint_files import checkpoint_leftovers
 from jobs.distributed import rank_argv
@@ -184,31 +185,52 @@ def test_a_run_keeps_the_newest_checkpoints_up_to_the_one_just_published(
     assert run.names == ["step-00000030.pt", "step-00000040.pt"] and store.warnings == []
 
 
+def http_error(status: int) -> requests.HTTPError:
+    """What MLflow's artifact client raises for a server's refusal (its raise_for_status)."""
+    response = requests.Response()
+    response.status_code = status
+    return requests.HTTPError(
+        f"{status} Client Error: FORBIDDEN for url: http://tracking.test/x\n<html>", response=response
+    )
+
+
 def test_a_run_that_refuses_to_remove_checkpoints_keeps_them_and_the_job_says_so_once(
     tmp_path: Path, run: RunWithCheckpoints, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run.refusal = PermissionError("403: deleting artifacts is not allowed here")
+    run.refusal = http_error(403)
     store = MlflowCheckpoints(run, keep=1)
-    publish_steps(store, tmp_path, [50, 60])
+    publish_steps(store, tmp_path, [50])  # not tried again: a refusal is no blip
+    assert store.keep is None
+    publish_steps(store, tmp_path, [60])
     warning = (
-        "OPTLAB_KEEP_CHECKPOINTS=1: the MLflow server refused to remove the run's older checkpoints "
-        "(PermissionError: 403: deleting artifacts is not allowed here); this job's run keeps every one"
+        "OPTLAB_KEEP_CHECKPOINTS=1: could not remove the run's older checkpoints (HTTPError: 403 Client "
+        "Error: FORBIDDEN for url: http://tracking.test/x); this attempt keeps every checkpoint from here"
     )
     assert store.warnings == [warning] and store.keep is None  # tried once: every one is kept
     assert capsys.readouterr().err == f"optlab: warning: {warning}\n"
     assert len(run.names) == 6
 
 
-def test_a_server_that_gives_no_answer_has_the_removal_tried_again_after_the_next_checkpoint(
+def test_a_server_that_gives_no_answer_has_the_removal_tried_again_with_the_next_checkpoint(
     tmp_path: Path, run: RunWithCheckpoints, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    run.refusal = ConnectionError("connection refused")  # a restart: no answer, no refusal
+    """A restart: tried again; no answer twice in a row (each had MLflow's client retry for
+    minutes on the publication's thread): not again, saying so."""
     store = MlflowCheckpoints(run, keep=2)
+    run.refusal = requests.ConnectionError("connection refused")
     publish_steps(store, tmp_path, [50])
     assert store.keep == 2 and store.warnings == [] and capsys.readouterr().err == ""
     run.refusal = None
     publish_steps(store, tmp_path, [60])
     assert run.names == ["step-00000050.pt", "step-00000060.pt"]
+    run.refusal = requests.ConnectionError("connection refused")
+    publish_steps(store, tmp_path, [70])
+    assert store.keep == 2 and store.warnings == []
+    publish_steps(store, tmp_path, [80])
+    assert store.keep is None and store.warnings == [
+        "OPTLAB_KEEP_CHECKPOINTS=2: could not remove the run's older checkpoints (ConnectionError: "
+        "connection refused); this attempt keeps every checkpoint from here"
+    ]
 
 
 def test_a_missing_local_checkpoint_is_named(tmp_path: Path) -> None:

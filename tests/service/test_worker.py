@@ -115,12 +115,13 @@ def test_a_killed_attempt_leaves_no_checkpoint_nothing_will_read(
     reported: str, left: list[str], tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
     """Killed mid-save (out of memory, kill -9): a write cut short, the local copy of the last
-    checkpoint published, a DDP job's other rank's own, a whole model each, had stayed on the
-    worker's disk for good."""
+    checkpoint published, a DDP job's other rank's own, the checkpoint it had downloaded to resume
+    from, a whole model each, had stayed on the worker's disk for good."""
     body = (
         'C="$W/checkpoints"; R="$W/rank-1/checkpoints"; mkdir -p "$C" "$R"\n'
         'echo x > "$C/step-00000010.pt"; echo x > "$C/.step-00000020.pt.tmp"\n'
         'echo x > "$R/step-00000010.pt"\n'
+        'mkdir "$W/resumed-from"; echo x > "$W/resumed-from/step-00000005.pt"\n'
         'echo \'{"step": 15, "total": 40, "checkpoint": {"step": 10, "ok": true, "path": "'
         + reported
         + '"}}\' > "$W/progress.json"\nkill -9 $$'
@@ -133,6 +134,7 @@ def test_a_killed_attempt_leaves_no_checkpoint_nothing_will_read(
     folder = settings.jobs_dir / str(job_id) / "attempt-1" / "checkpoints"
     assert sorted(p.name for p in folder.iterdir()) == left
     assert list((folder.parent / "rank-1" / "checkpoints").iterdir()) == []  # never the job's
+    assert not (folder.parent / "resumed-from").exists()  # a download of what its run holds
 
 
 @pytest.mark.parametrize(
