@@ -147,17 +147,19 @@ class MlflowCheckpoints:
             return
         try:
             self._remove_all_but_newest(published, self.keep)
-            self._unanswered = 0
-            return
         except Exception as exc:
-            self._unanswered = self._unanswered + 1 if unanswered(exc) and not refused(exc) else 0
-            if 0 < self._unanswered < UNANSWERED_REMOVALS:
-                return
-            first_line = (str(exc).strip().splitlines() or [""])[0][:200]
-            warning = (
-                f"{KEEP_CHECKPOINTS_ENV}={self.keep}: could not remove the run's older checkpoints "
-                f"({type(exc).__name__}: {first_line}); this attempt keeps every checkpoint from here"
-            )
+            self._unanswered = self._unanswered + 1 if unanswered(exc) else 0
+            if not 0 < self._unanswered < UNANSWERED_REMOVALS:
+                self._stop_removing(exc)
+        else:
+            self._unanswered = 0
+
+    def _stop_removing(self, exc: Exception) -> None:
+        first_line = (str(exc).strip().splitlines() or [""])[0][:200]  # HTTPError holds the whole page
+        warning = (
+            f"{KEEP_CHECKPOINTS_ENV}={self.keep}: could not remove the run's older checkpoints "
+            f"({type(exc).__name__}: {first_line}); this attempt keeps every checkpoint from here"
+        )
         print(f"optlab: warning: {warning}", file=sys.stderr, flush=True)
         self.warnings.append(warning)
         self.keep = None
@@ -165,33 +167,19 @@ class MlflowCheckpoints:
     def _remove_all_but_newest(self, published: str, keep: int) -> None:
         """Newer ones than `published` (an earlier attempt's, past where this one resumed) stay:
         this attempt writes over them as it gets there, and the one it just published is kept."""
-        step = checkpoint_step(checkpoint_name(published))
-        run = self.run
-        beside = checkpoints_beside(published, tracking_uri=run.info.tracking_uri, client=run.client)
-        older = [reference for at, reference in beside if step is not None and at <= step][keep:]
+        step = checkpoint_step(checkpoint_name(published)) or 0
+        run, info = self.run, self.run.info
+        beside = checkpoints_beside(published, tracking_uri=info.tracking_uri, client=run.client)
+        older = [reference for at, reference in beside if at <= step][keep:]
         if not older:
             return
         if self._artifacts is None:
             from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
 
-            artifact_uri = self.run.client.get_run(self.run.info.run_id).info.artifact_uri
-            self._artifacts = get_artifact_repository(artifact_uri, tracking_uri=self.run.info.tracking_uri)
+            artifact_uri = run.client.get_run(info.run_id).info.artifact_uri
+            self._artifacts = get_artifact_repository(artifact_uri, tracking_uri=info.tracking_uri)
         for reference in reversed(older):  # the oldest first: one cut short leaves the newer ones
             self._artifacts.delete_artifacts(f"{RUN_ARTIFACTS}/{checkpoint_name(reference)}")
-
-
-def refused(exc: BaseException) -> bool:
-    """Whether the server answered `exc`'s request with a refusal (4xx: not allowed, not found), which
-    `jobs.tracking.unanswered` reads as no answer when requests raised it (HTTPError)."""
-    import requests
-
-    seen: BaseException | None = exc
-    while seen is not None:
-        response = getattr(seen, "response", None)
-        if isinstance(seen, requests.HTTPError) and response is not None and response.status_code < 500:
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
 
 
 def checkpoints_to_keep(environ: Mapping[str, str]) -> int | None:

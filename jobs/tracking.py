@@ -274,7 +274,8 @@ class TrackingUnreachable(RuntimeError):
 
 def unanswered(exc: BaseException) -> bool:
     """Whether `exc` says the tracking server gave no answer (refused, reset, timed out, or 5xx until
-    the client's retries ran out), not an answer refusing the request. MLflow's client wraps
+    the client's retries ran out), not an answer refusing the request (MLflow's RestException, or
+    requests' HTTPError with a 4xx response, as its artifact client raises). MLflow's client wraps
     requests' error in a plain MlflowException, the original as its context."""
     import requests
     from mlflow.exceptions import RestException
@@ -289,12 +290,19 @@ def unanswered(exc: BaseException) -> bool:
     )
     seen: BaseException | None = exc
     while seen is not None:
-        if isinstance(seen, (RestException, *setup)):
+        if isinstance(seen, (RestException, *setup)) or _refusal(seen):
             return False
         if isinstance(seen, requests.exceptions.RequestException | ConnectionError | TimeoutError):
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def _refusal(exc: BaseException) -> bool:
+    import requests
+
+    response = getattr(exc, "response", None)
+    return isinstance(exc, requests.HTTPError) and response is not None and response.status_code < 500
 
 
 def start_run(tracking_uri: str, *, retry_for_s: float | None = None, **run: Any) -> MlflowRun:

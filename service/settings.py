@@ -192,7 +192,8 @@ class Settings(BaseSettings):
     @field_validator("api_tokens_file", "keep_checkpoints", mode="before")
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
-        # `OPTLAB_API_TOKENS_FILE=` (compose's `${VAR:-}`) means no file, not the current folder.
+        # `OPTLAB_API_TOKENS_FILE=` (compose's `${VAR:-}`) means no file, not the current folder;
+        # `OPTLAB_KEEP_CHECKPOINTS=` keeps every checkpoint.
         return None if isinstance(value, str) and not value.strip() else value
 
     @model_validator(mode="after")

@@ -477,3 +477,13 @@ def test_a_setup_error_is_said_at_once_not_waited_through() -> None:
         except MlflowException as wrapped:
             assert not tracking.unanswered(wrapped)
     assert tracking.unanswered(unanswered_error())
+
+
+def test_a_4xx_from_the_artifact_client_is_an_answer_refusing_not_an_outage() -> None:
+    """MLflow's artifact client raises requests' HTTPError (a RequestException) for a server's 403."""
+    import requests
+
+    refusal, failure = requests.Response(), requests.Response()
+    refusal.status_code, failure.status_code = 403, 503
+    assert not tracking.unanswered(requests.HTTPError("403 Client Error", response=refusal))
+    assert tracking.unanswered(requests.HTTPError("503 Server Error", response=failure))
