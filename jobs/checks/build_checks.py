@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from jobs.checks.context import CheckContext, overrides_note
+from jobs.checks.foreign_methods import counting_calls, never_ran, suspects
 from jobs.checks.rate_checks import dense_refusal
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.checks.tools import (
@@ -412,7 +413,17 @@ def names_argument(message: str, name: str) -> bool:
 @isolated
 def check_dense_step(ctx: CheckContext) -> Outcome:
     """Every variable with a gradient moves, and values and state stay finite. A first step that only
-    builds state (a warm-up) is allowed: movement is required by step WARMUP_STEPS."""
+    builds state (a warm-up) is allowed: movement is required by step WARMUP_STEPS. A method of
+    another optimizer API the class defines and the steps never call is told (foreign_methods.py)."""
+    uncalled = suspects(ctx)
+    if not uncalled:
+        return _dense_step(ctx)
+    with counting_calls(ctx.target.cls, [f.name for f in uncalled]) as calls:
+        outcome = _dense_step(ctx)
+    return never_ran(ctx, [f for f in uncalled if not calls[f.name]], outcome)
+
+
+def _dense_step(ctx: CheckContext) -> Outcome:
     driver = ctx.driver
     try:
         optimizer, variables = fresh(ctx)

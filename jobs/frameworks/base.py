@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
+from jobs.frameworks.foreign import ForeignMethod
 from optimizers.loop_needs import PLAIN, LoopNeeds
 
 if TYPE_CHECKING:
@@ -403,6 +404,9 @@ class Driver(ABC):
     # The framework's own optimizer options that act on each replica's own gradient before the
     # replicas' gradients are summed, with what each does there (Keras 3's clipping, accumulation).
     per_replica_option_effects: ClassVar[Mapping[str, str]] = {}
+    # The style's framework in words ("Keras 3"), and the methods of other optimizer APIs it never calls.
+    api_name: ClassVar[str] = ""
+    foreign_methods: ClassVar[Mapping[str, ForeignMethod]] = {}
 
     @abstractmethod
     def session(

@@ -69,6 +69,7 @@ from jobs.frameworks.base import (
     other_spec,
     python_warnings_to,
 )
+from jobs.frameworks.foreign import ForeignMethod
 from jobs.spec import JobSpec
 from jobs.workloads import Workload
 from optimizers.hyperparams import check_all
@@ -147,12 +148,83 @@ PER_REPLICA_OPTIONS = {
     "replica's copy of the accumulators, so the copies part",
 }
 
+# Methods of the optimizer APIs before Keras 3 that Keras 3 never calls (none is in its code): a
+# class ported from tf.keras that kept one steps with what it inherits in its place.
+_LEGACY_API = "a method of tf.keras's legacy optimizer API (Keras 2's OptimizerV2), which Keras 3 never calls"
+_TF1_API = (
+    "a method of TensorFlow 1's optimizer API (tf.compat.v1.train.Optimizer), which Keras 3 never calls"
+)
+_KERAS3_UPDATE = (
+    "write the update as update_step(self, gradient, variable, learning_rate), with its state made in "
+    "build(self, var_list) by self.add_variable_from_reference; or subclass "
+    "tf_keras.optimizers.legacy.Optimizer and check it with --style tf_legacy"
+)
+_KERAS3_GRADIENTS = (
+    "change the gradients in an override of apply_gradients(self, grads_and_vars) before passing them "
+    "on to super().apply_gradients"
+)
+_GRADIENTS_UNCHANGED = "the gradients reach the update as they were taken"
+_NO_STATE = "the state it would make is never made"
+_NOTHING_PREPARED = "what it would prepare for the update is never prepared"
+_KERAS3_FOREIGN = {
+    "_resource_apply_dense": ForeignMethod(_LEGACY_API, ("update_step",), _KERAS3_UPDATE),
+    "_resource_apply_sparse": ForeignMethod(_LEGACY_API, ("update_step",), _KERAS3_UPDATE),
+    "_resource_apply_sparse_duplicate_indices": ForeignMethod(_LEGACY_API, ("update_step",), _KERAS3_UPDATE),
+    "_apply_dense": ForeignMethod(_TF1_API, ("update_step",), _KERAS3_UPDATE),
+    "_apply_sparse": ForeignMethod(_TF1_API, ("update_step",), _KERAS3_UPDATE),
+    "get_gradients": ForeignMethod(
+        _LEGACY_API, ("apply_gradients", "apply"), _KERAS3_GRADIENTS, lost=_GRADIENTS_UNCHANGED
+    ),
+    "get_updates": ForeignMethod(_LEGACY_API, ("update_step", "apply_gradients", "apply"), _KERAS3_UPDATE),
+    "_create_slots": ForeignMethod(_LEGACY_API, ("build",), _KERAS3_UPDATE, own_work=False, lost=_NO_STATE),
+    "_prepare_local": ForeignMethod(
+        _LEGACY_API, ("build", "update_step"), _KERAS3_UPDATE, own_work=False, lost=_NOTHING_PREPARED
+    ),
+}
+# The same for a legacy tf.keras class: Keras 3's methods, TensorFlow 1's, and the two that tf.keras
+# calls only from get_updates, in TensorFlow 1's graph-mode training (tf_keras's training_v1).
+_KERAS3_API = "a method of Keras 3's optimizer API, which tf.keras's legacy optimizers never call"
+_OLD_TF1_API = (
+    "a method of TensorFlow 1's optimizer API (tf.compat.v1.train.Optimizer), which tf.keras's legacy "
+    "optimizers never call"
+)
+_GRAPH_MODE_ONLY = (
+    "a method tf.keras calls only from get_updates, in TensorFlow 1's graph-mode training, never in "
+    "TensorFlow 2's fit or minimize"
+)
+_LEGACY_UPDATE = (
+    "write the update as _resource_apply_dense(self, grad, var, apply_state=None) (and "
+    "_resource_apply_sparse for sparse gradients), with its slots made in _create_slots; or subclass "
+    "keras.optimizers.Optimizer (Keras 3)"
+)
+_LEGACY_GRADIENTS = (
+    "change the gradients in an override of _compute_gradients(self, loss, var_list, grad_loss=None, "
+    "tape=None), which TensorFlow 2's minimize calls, or of apply_gradients"
+)
+_LEGACY_FOREIGN = {
+    "update_step": ForeignMethod(_KERAS3_API, ("_resource_apply_dense",), _LEGACY_UPDATE),
+    "_apply_dense": ForeignMethod(_OLD_TF1_API, ("_resource_apply_dense",), _LEGACY_UPDATE),
+    "_apply_sparse": ForeignMethod(_OLD_TF1_API, ("_resource_apply_sparse",), _LEGACY_UPDATE),
+    "get_gradients": ForeignMethod(
+        _GRAPH_MODE_ONLY,
+        ("_compute_gradients", "_get_gradients", "apply_gradients"),
+        _LEGACY_GRADIENTS,
+        lost=_GRADIENTS_UNCHANGED,
+    ),
+    "get_updates": ForeignMethod(
+        _GRAPH_MODE_ONLY, ("_resource_apply_dense", "_compute_gradients", "apply_gradients"), _LEGACY_UPDATE
+    ),
+    "build": ForeignMethod(_KERAS3_API, ("_create_slots",), _LEGACY_UPDATE, own_work=False, lost=_NO_STATE),
+}
+
 
 class KerasDriver(Driver):
     """Keras 3 optimizers (`keras.optimizers.Optimizer`) on the TensorFlow backend."""
 
     style: ClassVar[str] = "keras"
     framework: ClassVar[str] = "tensorflow"
+    api_name: ClassVar[str] = "Keras 3"
+    foreign_methods: ClassVar[Mapping[str, ForeignMethod]] = _KERAS3_FOREIGN
     capabilities: ClassVar[Capabilities] = Capabilities(
         whole_model_save=True, schedule_objects=True, resume=True, built_apart_from_variables=True
     )
@@ -605,6 +677,8 @@ class LegacyKerasDriver(KerasDriver):
     driven through `tf_keras` directly, so both Keras styles can share one process."""
 
     style: ClassVar[str] = "tf_legacy"
+    api_name: ClassVar[str] = "tf.keras"
+    foreign_methods: ClassVar[Mapping[str, ForeignMethod]] = _LEGACY_FOREIGN
     # h5 keeps a legacy optimizer's iterations and slots; SavedModel and .keras reload them
     # as zero (the formats' documented behaviour, not the optimizer's).
     model_suffix: ClassVar[str] = ".h5"

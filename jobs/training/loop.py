@@ -29,6 +29,7 @@ from jobs.checkpoint_files import WORKDIR_CHECKPOINTS
 from jobs.errors import Diverged
 from jobs.frameworks import driver_for, style_of
 from jobs.frameworks.base import Checkpointed, Evaluation, StepRecord, TrainingSession
+from jobs.frameworks.foreign import never_called, told, unimplemented_instead
 from jobs.report import Reporter
 from jobs.result import CheckpointRecord, OptimizerState, TrainOutcome
 from jobs.resume import CheckpointStore, WorkdirCheckpoints
@@ -37,7 +38,7 @@ from jobs.tracking import Point, Tracker
 from jobs.training.publication import Publication
 from jobs.workloads import get_workload
 from optimizers.loop_needs import LoopNeeds, base_unserved, loop_problem
-from optimizers.registry import Base, Registry
+from optimizers.registry import Base, Entry, Registry
 
 # A flush reads every value kept since the last one in one transfer (one wait for the device):
 # often enough that progress and MLflow stay live, rarely enough that the wait costs nothing.
@@ -125,6 +126,7 @@ class TrainingJob:
         )
         if problem:
             raise ValueError(f"optimizer.{problem[0]}: {problem[1]}")
+        foreign_methods = self._foreign_methods(entry)
         self.workload = get_workload(spec.workload.name)
         # A 2-D trajectory's `traj/x`, `traj/y`: the parameters read to the host at every step.
         self.traces = self.workload.traces_parameters(spec.workload.params)
@@ -132,12 +134,27 @@ class TrainingJob:
         self.store = checkpoints or WorkdirCheckpoints()  # where other attempts find them (jobs.resume)
         self.checkpoint_dir = self.store.folder or workdir / WORKDIR_CHECKPOINTS
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        self.warnings: list[str] = []
+        self.warnings: list[str] = foreign_methods
         self.verified: list[CheckpointRecord] = []
         self.last_checkpoint: Path | None = None
         self.publication: Publication | None = None  # the latest verified checkpoint, being published
         # A checkpoint whose proof ends with the next step (Checkpointed.confirm), and its step.
         self.unconfirmed: tuple[Checkpointed, int] | None = None
+
+    def _foreign_methods(self, entry: Entry) -> list[str]:
+        """A method of another optimizer API that the class defines runs in no job either: a Keras 3
+        port that kept `_resource_apply_dense` trains with the update it inherits (said in the
+        result's warnings), or, inheriting none, would raise NotImplementedError at its first step
+        (refused before any data is loaded, with the fix)."""
+        warnings = []
+        for foreign in never_called(entry.cls, self.driver.foreign_methods):
+            if not foreign.method.own_work:
+                continue
+            said = told(entry.cls, foreign, self.driver.api_name)
+            if unimplemented_instead(entry.cls, foreign):
+                raise ValueError(f"optimizer.name: optimizer {entry.name!r}: {said}; {foreign.method.fix}")
+            warnings.append(said)
+        return warnings
 
     def run(self, *, resume_from: Path | None = None, stop_after: int | None = None) -> TrainOutcome:
         """Train to `spec.steps` (or `stop_after`), optionally continuing from a checkpoint file."""

@@ -731,3 +731,186 @@ def test_a_method_the_class_itself_calls_wrongly_is_the_line_of_its_call(tmp_pat
         i for i, text in enumerate(WRONG_SIGNATURES.splitlines(), 1) if "self._scaled(gradient" in text
     )
     assert outcome.where == f"{path}:{line}"
+
+
+FOREIGN_METHODS = '''
+import keras
+import tensorflow as tf
+import tf_keras
+
+
+class PortedAdam(keras.optimizers.Adam):
+    """A port from tf.keras that kept its update in the legacy method."""
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        var.assign_sub(0.5 * grad)
+
+
+class CentralizedRMSprop(keras.optimizers.RMSprop):
+    """keras-io's gradient centralization, written in Keras 2's get_gradients."""
+
+    def get_gradients(self, loss, params):
+        return [g - tf.reduce_mean(g) for g in super().get_gradients(loss, params)]
+
+
+class LegacyMethodsOnly(keras.optimizers.Optimizer):
+    """Keras 3's base, tf.keras's methods: no update of Keras 3's own."""
+
+    def __init__(self, learning_rate=0.01, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+
+    def _create_slots(self, var_list):
+        pass
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        var.assign_sub(self.learning_rate * grad)
+
+
+class KerasThreeUpdateInLegacyAdam(tf_keras.optimizers.legacy.Adam):
+    def update_step(self, gradient, variable, learning_rate):
+        variable.assign_sub(0.5 * gradient)
+
+
+class CentralizedLegacyRMSprop(tf_keras.optimizers.legacy.RMSprop):
+    def get_gradients(self, loss, params):
+        return [g - tf.reduce_mean(g) for g in super().get_gradients(loss, params)]
+
+
+class SlotsInCreateSlots(keras.optimizers.Optimizer):
+    """Its update is Keras 3's, its state made where only tf.keras makes it."""
+
+    def __init__(self, learning_rate=0.01, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+
+    def _create_slots(self, var_list):
+        self.momenta = [self.add_variable_from_reference(v, "momentum") for v in var_list]
+
+    def update_step(self, gradient, variable, learning_rate):
+        momentum = self.momenta[self._get_variable_index(variable)]
+        self.assign(momentum, 0.9 * momentum + gradient)
+        self.assign_sub(variable, keras.ops.cast(learning_rate, variable.dtype) * momentum)
+
+
+class BothApis(keras.optimizers.Optimizer):
+    """update_step for Keras 3; tf.keras's methods kept for a legacy base."""
+
+    def __init__(self, learning_rate=0.01, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+
+    def update_step(self, gradient, variable, learning_rate):
+        self.assign_sub(variable, keras.ops.cast(learning_rate, variable.dtype) * gradient)
+
+    def _create_slots(self, var_list):
+        pass
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        var.assign_sub(self.learning_rate * grad)
+
+
+class LazySparseAdam(keras.optimizers.Adam):
+    """Sparse gradients to a method of its own, named like tf.keras's, dense ones to Adam."""
+
+    def apply_gradients(self, grads_and_vars):
+        pairs = list(grads_and_vars)
+        for grad, var in pairs:
+            if isinstance(grad, tf.IndexedSlices):
+                self._resource_apply_sparse(grad.values, var, grad.indices)
+        return super().apply_gradients([(g, v) for g, v in pairs if not isinstance(g, tf.IndexedSlices)])
+
+    def _resource_apply_sparse(self, grad, var, indices, apply_state=None):
+        var.scatter_sub(tf.IndexedSlices(0.01 * grad, indices))
+
+
+class CallsItByABuiltName(keras.optimizers.SGD):
+    """Calls its legacy-named update by a name it builds, which no reading of its code finds."""
+
+    def apply_gradients(self, grads_and_vars):
+        update = getattr(self, "_resource_" + "apply_dense")
+        for grad, var in grads_and_vars:
+            update(grad, var)
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        var.assign_sub(0.01 * grad)
+'''
+
+
+IN_ITS_PLACE = {
+    "PortedAdam": (
+        "_resource_apply_dense",
+        "Keras 3 calls update_step in its place, which the class inherits from Adam (keras): the class "
+        "steps as Adam (keras) does",
+    ),
+    "CentralizedRMSprop": (
+        "get_gradients",
+        "Keras 3 calls apply_gradients in its place, which the class inherits from BaseOptimizer (keras): "
+        "the gradients reach the update as they were taken",
+    ),
+    "LegacyMethodsOnly": (
+        "_resource_apply_dense",
+        "Keras 3 calls update_step in its place, which the class does not define and BaseOptimizer (keras) "
+        "leaves unimplemented (a step raises NotImplementedError)",
+    ),
+    "KerasThreeUpdateInLegacyAdam": (
+        "update_step",
+        "tf.keras calls _resource_apply_dense in its place, which the class inherits from Adam (tf_keras): "
+        "the class steps as Adam (tf_keras) does",
+    ),
+    "CentralizedLegacyRMSprop": (
+        "get_gradients",
+        "tf.keras calls _compute_gradients in its place, which the class inherits from OptimizerV2 "
+        "(tf_keras): the gradients reach the update as they were taken",
+    ),
+}
+
+
+def _line_of(source: str, class_name: str, code: str) -> int:
+    """The first line at or after `class class_name(` that holds `code`."""
+    lines = source.splitlines()
+    start = next(i for i, text in enumerate(lines) if text.startswith(f"class {class_name}("))
+    return next(i for i, text in enumerate(lines[start:], start + 1) if code in text)
+
+
+@pytest.mark.parametrize("name", list(IN_ITS_PLACE))
+def test_a_method_of_another_optimizer_api_that_never_runs_fails_dense_step_at_its_def(
+    name: str, tmp_path: Path
+) -> None:
+    """A port that kept the old API's method steps with what it inherits (or raises the base's
+    NotImplementedError, which had been all the fail said); every other check passed it."""
+    method, in_its_place = IN_ITS_PLACE[name]
+    path = tmp_path / "foreign_methods.py"
+    path.write_text(FOREIGN_METHODS)
+    outcome = _run("dense_step", _context(f"{path}:{name}", tmp_path))
+    assert outcome.status == "fail", outcome
+    assert outcome.detail.startswith(f"{name}.{method} never runs: it is a method "), outcome.detail
+    assert in_its_place in outcome.detail, outcome.detail
+    assert outcome.where == f"{path}:{_line_of(FOREIGN_METHODS, name, f'def {method}(')}"
+    assert "Fix: " in outcome.detail
+
+
+def test_state_made_where_only_tf_keras_makes_it_is_named_on_the_step_that_fails(tmp_path: Path) -> None:
+    path = tmp_path / "foreign_methods.py"
+    path.write_text(FOREIGN_METHODS)
+    outcome = _run("dense_step", _context(f"{path}:SlotsInCreateSlots", tmp_path))
+    assert outcome.status == "fail", outcome
+    assert "momenta" in outcome.detail.split("; SlotsInCreateSlots._create_slots never runs")[0], (
+        outcome.detail
+    )
+    assert (
+        "SlotsInCreateSlots._create_slots never runs: it is a method of tf.keras's legacy optimizer API "
+        "(Keras 2's OptimizerV2), which Keras 3 never calls; Keras 3 calls build in its place"
+    ) in outcome.detail
+    assert "the state it would make is never made" in outcome.detail
+    # The error's own line stays the one shown: the fix goes there or into build.
+    assert outcome.where == f"{path}:{_line_of(FOREIGN_METHODS, 'SlotsInCreateSlots', 'self.momenta[')}"
+
+
+@pytest.mark.parametrize("name", ["BothApis", "LazySparseAdam", "CallsItByABuiltName"])
+def test_a_method_of_another_api_that_the_class_calls_or_backs_with_its_own_is_no_false_alarm(
+    name: str, tmp_path: Path
+) -> None:
+    """Written for both APIs (update_step there too), called by the class's own code, or called by a
+    name built at run time (no reading of the code finds it; the steps show it called)."""
+    path = tmp_path / "foreign_methods.py"
+    path.write_text(FOREIGN_METHODS)
+    outcome = _run("dense_step", _context(f"{path}:{name}", tmp_path))
+    assert outcome.status == "pass", outcome

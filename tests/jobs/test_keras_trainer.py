@@ -978,3 +978,55 @@ def test_a_class_that_takes_no_learning_rate_trains_without_one(
     result = job.run()
     assert result.checkpoints_verified == 2
     assert result.steps_completed == 20
+
+
+PORTED_WITH_LEGACY_METHODS = """
+import keras
+import tensorflow as tf
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class PortedCentralizedAdam(keras.optimizers.Adam):
+    '''A tf.keras port: gradient centralization in Keras 2's get_gradients, Keras 3 never calls it.'''
+
+    def get_gradients(self, loss, params):
+        return [g - tf.reduce_mean(g) for g in super().get_gradients(loss, params)]
+
+
+@keras.saving.register_keras_serializable(package="tests")
+class LegacyUpdateOnKerasThree(keras.optimizers.Optimizer):
+    '''Keras 3's base with tf.keras's update method only.'''
+
+    def __init__(self, learning_rate=0.01, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        var.assign_sub(self.learning_rate * grad)
+"""
+
+
+def test_a_method_of_another_optimizer_api_is_a_warning_of_the_job_or_its_refusal(tmp_path: Path) -> None:
+    """Keras 3 never calls tf.keras's methods: a job of a class that inherits an update in their
+    place trains with it, and says so in its result; one that inherits none is refused when it
+    starts (it had failed at its first step with Keras's bare NotImplementedError)."""
+    dirs = plugin(tmp_path, "ported_with_legacy_methods", PORTED_WITH_LEGACY_METHODS)
+    job = job_of(tf_spec("ported_centralized_adam", "keras", {"lr": 0.01}), tmp_path, dirs)
+    assert job.warnings == [
+        "PortedCentralizedAdam.get_gradients never runs: it is a method of tf.keras's legacy optimizer API "
+        "(Keras 2's OptimizerV2), which Keras 3 never calls; Keras 3 calls apply_gradients in its place, "
+        "which the class inherits from BaseOptimizer (keras): the gradients reach the update as they were "
+        "taken"
+    ]
+    with pytest.raises(ValueError) as refused:
+        job_of(tf_spec("legacy_update_on_keras_three", "keras", {"lr": 0.01}), tmp_path, dirs)
+    message = str(refused.value)
+    assert message.startswith(
+        "optimizer.name: optimizer 'legacy_update_on_keras_three': LegacyUpdateOnKerasThree."
+        "_resource_apply_dense never runs"
+    ), message
+    assert (
+        "leaves unimplemented (a step raises NotImplementedError); write the update as update_step("
+        in message
+    )
+    assert job_of(tf_spec("adam", "keras", {"lr": 0.01}), tmp_path).warnings == []
+    sys.modules.pop("tests_ported_with_legacy_methods", None)
