@@ -80,9 +80,18 @@ def validated_setup(target: Target, setup: LoopSetup) -> None:
                 f"{target.style}: leave --param-groups out"
             )
         try:
-            setup.rules()
+            rules = setup.rules()
         except ValueError as exc:
             raise UsageError(f"--param-groups: {exc}") from None
+        for index, (_, params) in enumerate(rules):
+            # Each group's params as a job's recipe has them judged at submission: a misspelt
+            # hyperparameter is the option's error here too, not a check left unrun.
+            owner = f"--param-groups[{index}]"
+            try:
+                target.entry.group_kwargs(params, owner=owner)
+            except ValueError as exc:
+                said = str(exc)
+                raise UsageError(said if said.startswith(owner) else f"{owner}: {said}") from None
 
 
 def run_checks(

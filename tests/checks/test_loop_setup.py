@@ -209,6 +209,14 @@ def test_a_class_that_runs_backward_on_its_closures_loss_fails_no_check(tmp_path
         (["--param-groups", '[{"match": {"ndim": "two"}}]'], "--param-groups[0].match.ndim: ndim must be"),
         (["--param-groups", '{"match": "rest"}'], "--param-groups must be a JSON list"),
         (
+            ["--param-groups", '[{"match": {"ndim": ">=2"}, "params": {"momentun": 0.9}}]'],
+            "--param-groups[0]: optimizer 'sgd' has no hyperparameter 'momentun'",
+        ),
+        (
+            ["--param-groups", '[{"match": {"ndim": ">=2"}}, {"match": "rest", "params": {"lr": -1}}]'],
+            "--param-groups[1]: lr must be a number > 0; received -1",
+        ),
+        (
             ["--base", '{"name": "adamw", "style": "torch"}'],
             "--base takes name, params and needs; received 'style'",
         ),
@@ -224,6 +232,8 @@ def test_a_class_that_runs_backward_on_its_closures_loss_fails_no_check(tmp_path
         "not an object",
         "bad ndim",
         "not a list",
+        "misspelt group key",
+        "group lr",
         "base key",
         "base",
         "base lr",
