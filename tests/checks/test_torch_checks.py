@@ -1729,3 +1729,49 @@ def test_a_compiler_error_torch_calls_its_own_bug_is_not_blamed_on_the_class(
     assert outcome.status == status, outcome.detail
     assert words in outcome.detail and message in outcome.detail, outcome.detail
     assert (".item()" in outcome.detail) == (status == "warn"), outcome.detail
+
+
+COMPILES_ITS_OWN_HELPER = '''
+import torch
+
+
+def in_bfloat16(graph, example_inputs):
+    """A compiler that runs the graph in bfloat16: compiled code that rounds otherwise than eager."""
+
+    def run(*args):
+        low = [a.bfloat16() if isinstance(a, torch.Tensor) and a.is_floating_point() else a for a in args]
+        return [o.float() if isinstance(o, torch.Tensor) else o for o in graph(*low)]
+
+    return run
+
+
+@torch.compile(backend=in_bfloat16)
+def direction(grad):
+    return grad / (grad.norm() + 1e-8)
+
+
+class NormalizedSGD(torch.optim.Optimizer):
+    """Steps along the normalized gradient, computed by a helper compiled as the reference Muon
+    compiles its Newton-Schulz iteration."""
+
+    def __init__(self, params, lr=0.1):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(direction(p.grad), alpha=-group["lr"])
+'''
+
+
+def test_a_step_that_compiles_its_own_helper_is_no_graph_mode_false_alarm(tmp_path: Path) -> None:
+    """The eager step already runs the helper compiled (inductor by default, here bfloat16), which the
+    trace of the whole step does not: the two differ by the helper's rounding, not by anything dynamo
+    could not see (it had been a warn telling of hidden state)."""
+    path = tmp_path / "compiles_its_own_helper.py"
+    path.write_text(COMPILES_ITS_OWN_HELPER)
+    outcome = CHECKS["graph_mode"](context(f"{path}:NormalizedSGD", tmp_path))
+    assert outcome.status == "skip", outcome.detail
+    assert "the class compiles part of its step itself" in outcome.detail, outcome.detail
