@@ -171,8 +171,9 @@ def extra_key_problem(
 @functools.cache
 def read_group_keys(cls: type) -> frozenset[str] | None:
     """The string keys the class (and its bases) read or write by subscript, `.get`, `.setdefault`,
-    `.pop` or `in`: a superset of the group keys its step reads (state keys too), enough to tell a
-    real key from a typo. None when a class's source cannot be read; `optlab_group_keys` adds keys."""
+    `.pop` or `in`, except those it only ever uses on a parameter's state: a superset of the group
+    keys its step reads, enough to tell a real key from a typo. None when a class's source cannot be
+    read; `optlab_group_keys` adds keys."""
     found: set[str] = set()
     for klass in cls.__mro__:
         keys = _keys_in_source(klass) if klass is not object else frozenset()
@@ -187,25 +188,80 @@ def read_group_keys(cls: type) -> frozenset[str] | None:
 
 @functools.cache
 def _keys_in_source(klass: type) -> frozenset[str] | None:
-    """One class's own literal keys (cached: every torch optimizer shares torch's base class)."""
+    """One class's own literal keys (cached: every torch optimizer shares torch's base class), less
+    those every function uses only on a parameter's state."""
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
     except (OSError, TypeError, SyntaxError):
         return None
-    return frozenset(_literal_keys(tree))
+    kept: set[str] = set()
+    in_functions: set[int] = set()
+    for function in ast.walk(tree):
+        if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            states = _state_names(function)  # per function: `state` may be an argument elsewhere
+            for key, receiver, node in _literal_keys(function):
+                in_functions.add(id(node))
+                if not _is_state(receiver, states):
+                    kept.add(key)
+    kept.update(key for key, _, node in _literal_keys(tree) if id(node) not in in_functions)
+    return frozenset(kept)
 
 
-def _literal_keys(tree: ast.AST) -> Iterable[str]:
+def _literal_keys(tree: ast.AST) -> Iterable[tuple[str, ast.AST | None, ast.AST]]:
+    """Each literal key, what it is read from (None for `key in` several things), and its node."""
     for node in ast.walk(tree):
+        receiver: ast.AST | None
         if isinstance(node, ast.Subscript):
             key: Any = node.slice
+            receiver = node.value
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
             if node.func.attr not in ("get", "setdefault", "pop"):
                 continue
-            key = node.args[0]
+            key, receiver = node.args[0], node.func.value
         elif isinstance(node, ast.Compare) and any(isinstance(op, ast.In | ast.NotIn) for op in node.ops):
             key = node.left
+            receiver = node.comparators[0] if len(node.comparators) == 1 else None
         else:
             continue
         if isinstance(key, ast.Constant) and isinstance(key.value, str):
-            yield key.value
+            yield key.value, receiver, node
+
+
+def _state_names(scope: ast.AST) -> frozenset[str]:
+    """Names a function only ever binds to a parameter's state (`state = self.state[p]`): a key read
+    from one is a state key (SGD's `momentum_buffer`), which no param group sets."""
+    bound: dict[str, bool] = {}
+    for node in ast.walk(scope):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    bound[target.id] = bound.get(target.id, True) and _is_state(node.value, frozenset())
+        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
+            bound.setdefault(node.id, False)  # a loop, a with, a walrus, an annotated or augmented one
+        elif isinstance(node, ast.arg):
+            bound[node.arg] = False
+    # A Name stored by an Assign is also met as a Store above: only Assigns from state keep True.
+    for node in ast.walk(scope):
+        if (
+            isinstance(node, ast.Name)
+            and isinstance(node.ctx, ast.Store)
+            and not _assigned_plainly(scope, node)
+        ):
+            bound[node.id] = False
+    return frozenset(name for name, only_state in bound.items() if only_state)
+
+
+def _assigned_plainly(scope: ast.AST, name: ast.Name) -> bool:
+    """Whether `name` (a Store) is a whole target of an `=` assignment in `scope`."""
+    return any(isinstance(node, ast.Assign) and name in node.targets for node in ast.walk(scope))
+
+
+def _is_state(node: ast.AST | None, states: frozenset[str]) -> bool:
+    """Whether `node` is a parameter's state: `<anything>.state[<key>]`, or a name bound only to one."""
+    if isinstance(node, ast.Name):
+        return node.id in states
+    return (
+        isinstance(node, ast.Subscript)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "state"
+    )

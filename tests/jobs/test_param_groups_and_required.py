@@ -247,6 +247,43 @@ def test_the_keys_a_class_reads_come_from_its_source_and_its_declaration() -> No
     assert "capturable" not in (read_group_keys(Declares) or frozenset())
 
 
+class StateAndGroups(torch.optim.Optimizer):
+    """Keeps `momentum` in each parameter's state, reads `decay` from its groups and from its state
+    alike, and takes a `state` argument elsewhere (which must not make state keys group keys)."""
+
+    def __init__(self, params: Any, lr: float = 0.1, decay: float = 0.0) -> None:
+        super().__init__(params, {"lr": lr, "decay": decay})
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if "momentum" not in state:
+                    state["momentum"] = torch.zeros_like(p)
+                    state["decay"] = group["decay"]
+                state["momentum"].mul_(0.9).add_(p.grad)
+                p.add_(state["momentum"], alpha=-group["lr"] * (1 - state["decay"]))
+
+
+def test_keys_a_class_only_ever_uses_on_a_parameter_s_state_are_no_group_keys() -> None:
+    """A group setting SGD's `momentum_buffer` or a plugin's state key had been passed to the groups
+    unread: the superset of keys held the state's too, so a name that happens to be a state key
+    slipped past as a typo would not."""
+    from optimizers.param_groups import read_group_keys
+
+    assert "momentum_buffer" not in (read_group_keys(torch.optim.SGD) or frozenset())
+    assert not {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"} & (
+        read_group_keys(torch.optim.AdamW) or frozenset()
+    )
+    keys = read_group_keys(StateAndGroups) or frozenset()
+    assert "momentum" not in keys
+    assert {"lr", "decay"} <= keys  # read from its groups too
+
+
 class AuxAdamLike(torch.optim.Optimizer):
     """KellerJordan's SingleDeviceMuonWithAuxAdam in miniature: its only argument, `param_groups`, takes
     groups that must each say `use_muon`; the class fills each group's own defaults and refuses any
