@@ -221,13 +221,13 @@ class ParamGroupRecipe(BaseModel):
         return self.match.rule() if isinstance(self.match, GroupMatch) else GroupRule()
 
 
-class OptimizerChoice(Component):
-    """An optimizer by name; for TensorFlow jobs `style` picks Keras 3 or legacy tf.keras."""
+class OptimizerSetup(BaseModel):
+    """What a spec may state of an optimizer beyond its name and hyperparameters, in a job and in a
+    study's optimizer alike: the optimizer a wrapper wraps, needs the catalogue could not detect,
+    and param groups."""
 
-    style: Literal["keras", "tf_legacy"] | None = Field(
-        default=None,
-        description="tensorflow jobs only: keras (default where both exist) or tf_legacy",
-    )
+    model_config = ConfigDict(extra="forbid", strict=True)
+
     base: OptimizerChoice | None = Field(
         default=None,
         description="wrappers only (needs.base_optimizer, e.g. lookahead, sam): the optimizer they wrap; "
@@ -270,6 +270,19 @@ class OptimizerChoice(Component):
                     {"index": index, "count": len(groups or [])},
                 )
         return groups
+
+    def setup(self) -> dict[str, Any]:
+        """The stated setup as a job spec's optimizer has it (only what is stated)."""
+        return self.model_dump(include={"base", "needs", "param_groups"}, exclude_none=True)
+
+
+class OptimizerChoice(OptimizerSetup, Component):
+    """An optimizer by name; for TensorFlow jobs `style` picks Keras 3 or legacy tf.keras."""
+
+    style: Literal["keras", "tf_legacy"] | None = Field(
+        default=None,
+        description="tensorflow jobs only: keras (default where both exist) or tf_legacy",
+    )
 
     def group_rules(self) -> list[tuple[GroupRule, Mapping[str, Any]]]:
         return [(group.rule(), group.params) for group in self.param_groups or ()]
@@ -1261,10 +1274,9 @@ GridParams = Annotated[
 ]
 
 
-class StudyOptimizer(BaseModel):
-    """One optimizer of a study: fixed hyperparameters, and a list (a grid axis) for any of them."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
+class StudyOptimizer(OptimizerSetup):
+    """One optimizer of a study: fixed hyperparameters, and a list (a grid axis) for any of them;
+    a wrapper's base, needs and param groups as a job states them, the same for every job of it."""
 
     name: Name
     label: Name | None = Field(
@@ -1405,6 +1417,7 @@ class StudySpec(BaseModel):
                 "name": optimizer.name,
                 "style": optimizer.style,
                 "params": {**optimizer.params, **member.grid},
+                **optimizer.setup(),
             },
             "schedule": self.schedule.model_dump(),
             "steps": self.steps,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import sys
+import typing
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -354,13 +355,25 @@ def _form(tag: str) -> str:
 
 
 def _allowed_fields(model: type[BaseModel], parent: list[Any]) -> list[str]:
+    """The fields of the model at `parent` (a list item's, an optional one's); [] where unsure."""
     for part in parent:
+        if isinstance(part, int):
+            continue  # an item of a list: the list's field named its model
         field = model.model_fields.get(str(part))
-        annotation = field.annotation if field is not None else None
-        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+        inner = _model_in(field.annotation) if field is not None else None
+        if inner is None:
             return []
-        model = annotation
+        model = inner
     return list(model.model_fields)
+
+
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The model an annotation holds: itself, or the one in `X | None` or `list[X]`; None for a
+    union of models (which one the body meant is not known here) or none."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    models = {m for m in map(_model_in, typing.get_args(annotation)) if m is not None}
+    return models.pop() if len(models) == 1 else None
 
 
 def _short(value: Any, limit: int = 120) -> str:

@@ -116,6 +116,24 @@ BAD_STUDIES = [
         ["body", "optimizers", 2, "label"],
         "distinct label",
     ),
+    (
+        lambda b: b["optimizers"][1].update(
+            param_groups=[{"match": {"ndim": "<2"}, "params": {"eps_": 0.1}}]
+        ),
+        ["body", "optimizers", 1, "param_groups", 0, "params", "eps_"],
+        "optimizer 'adam' has no hyperparameter 'eps_'",
+    ),
+    (
+        lambda b: b["optimizers"][1].update(base={"name": "sgd"}),
+        ["body", "optimizers", 1, "base"],
+        "adam",
+    ),
+    (
+        # A misspelt field of an optimizer lists the allowed ones, as the body's own fields do.
+        lambda b: b["optimizers"][0].update(groups=[]),
+        ["body", "optimizers", 0, "groups"],
+        "unknown field 'optimizers.0.groups'; allowed: base, needs, param_groups, name, label, style, params",
+    ),
     (lambda b: b.update(seeds=[1, 1]), ["body", "seeds"], "seeds must differ"),
     (lambda b: b.update(eval_every=50), ["body", "eval_every"], "at most steps (20)"),
     (lambda b: b.update(workload={"name": "imagenet"}), ["body", "workload", "name"], "unknown workload"),
@@ -155,6 +173,27 @@ def test_bad_studies_get_422_naming_the_field_and_store_nothing(
     detail = response.json()["detail"]
     assert any(item["loc"] == loc and text in item["msg"] for item in detail), detail
     assert client.get("/studies").json()["total"] == 0 and client.get("/jobs").json()["total"] == 0
+
+
+def test_a_study_s_optimizer_takes_param_groups_and_needs_as_a_job_does(client: TestClient) -> None:
+    """Each job of it gets the same recipe (a Muon hybrid, decay left off the biases): a study had
+    refused the fields, so such setups could not be compared."""
+    recipe = [{"match": {"ndim": "<2"}, "params": {"weight_decay": 0.0}}, {"match": "rest", "params": {}}]
+    body = study_with(lambda b: b["optimizers"][1].update(param_groups=recipe, needs={"closure": False}))
+    response = client.post("/studies", json=body)
+    assert response.status_code == 201, response.text
+    jobs = client.get("/jobs", params={"study": response.json()["id"]}).json()["items"]
+    adam = [j["spec"]["optimizer"] for j in jobs if j["spec"]["optimizer"]["name"] == "adam"]
+    assert len(adam) == 4
+    for optimizer in adam:
+        groups = optimizer["param_groups"]
+        assert [(g["match"], g["params"]) for g in groups] == [
+            ({"ndim": "<2", "name": None}, {"weight_decay": 0.0}),
+            ("rest", {}),
+        ]
+        assert optimizer["needs"] == {"closure": False}
+    lion = [j["spec"]["optimizer"] for j in jobs if j["spec"]["optimizer"]["name"] == "lion"]
+    assert all(o["param_groups"] is None and o["needs"] is None for o in lion)
 
 
 @pytest.mark.parametrize("value", ["NaN", "Infinity", "-Infinity", "1e400"])
