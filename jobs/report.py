@@ -35,6 +35,7 @@ class Reporter:
         self._min_interval_s = min_interval_s
         self._last_write = 0.0
         self._progress: Progress | None = None
+        self._unwritten = False  # merged fields the throttle has kept from the file so far
         self._lock = threading.Lock()
 
     def progress(self, *, force: bool = False, **fields: Any) -> None:
@@ -45,9 +46,14 @@ class Reporter:
             current = self._progress
             self._progress = current.merged(**fields) if current else Progress.model_validate(fields)
             now = time.monotonic()
+            self._unwritten = True
             if force or now - self._last_write >= self._min_interval_s:
-                write_json_atomic(self.workdir / PROGRESS_FILE, self._progress.to_json())
-                self._last_write = now
+                self._write_progress(now)
+
+    def _write_progress(self, now: float) -> None:
+        if self._progress is not None:
+            write_json_atomic(self.workdir / PROGRESS_FILE, self._progress.to_json())
+        self._last_write, self._unwritten = now, False
 
     @contextmanager
     def waiting_on(self, what: str) -> Iterator[None]:
@@ -76,4 +82,9 @@ class Reporter:
                 self.progress(waiting=None, force=True)
 
     def result(self, result: JobResult) -> None:
+        """The result, after the last progress the throttle held back: a job that failed at its
+        step-500 checkpoint had read as at step 243, its last write before the throttle."""
+        with self._lock:
+            if self._unwritten:
+                self._write_progress(time.monotonic())
         write_json_atomic(self.workdir / RESULT_FILE, result.to_json())

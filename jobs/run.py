@@ -439,10 +439,12 @@ def published_in_run(job: Job | None) -> bool:
 
 
 def checkpoints_so_far(job: Job) -> dict[str, Any]:
-    """A trainer that stopped early: the checkpoints it verified and the warnings it gathered."""
+    """A trainer that stopped early: the checkpoints it verified, the warnings it gathered, and the
+    steps it completed (a failure at the step-500 checkpoint: 500)."""
     verified: list[CheckpointRecord] = getattr(job, "verified", [])
     warnings: list[str] = getattr(job, "warnings", [])
-    return {"checkpoints": list(verified), "warnings": warnings}
+    steps: int | None = getattr(job, "steps_completed", None)
+    return {"checkpoints": list(verified), "warnings": warnings, "steps_completed": steps}
 
 
 def finish_mlflow_run(mlflow_run: Any, result: JobResult, job: Job | None, spec: AnySpec | None) -> JobResult:

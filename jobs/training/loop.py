@@ -135,6 +135,7 @@ class TrainingJob:
         self.checkpoint_dir = self.store.folder or workdir / WORKDIR_CHECKPOINTS
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self.warnings: list[str] = foreign_methods
+        self.steps_completed: int | None = None  # in a failed job's result too: where it stopped
         self.verified: list[CheckpointRecord] = []
         self.last_checkpoint: Path | None = None
         self.publication: Publication | None = None  # the latest verified checkpoint, being published
@@ -178,7 +179,7 @@ class TrainingJob:
                 for step in range(start, end):
                     self._train_step(objects, step, window)
                     self._confirm_checkpoint(objects)
-                    done = step + 1
+                    done = self.steps_completed = step + 1
                     evaluates = done % spec.eval_every == 0 or done == end
                     checkpoints = done % spec.checkpoint_every == 0 or done == end
                     # A first step that diverges is named at once; nothing is evaluated or saved unread.

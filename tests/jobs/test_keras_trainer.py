@@ -18,6 +18,7 @@ from jobs.frameworks.base import CheckpointMismatch, Driver
 from jobs.frameworks.keras_driver import GraphModeError, KerasSession
 from jobs.report import Reporter
 from jobs.result import TrainOutcome
+from jobs.run import checkpoints_so_far
 from jobs.spec import JobSpec
 from jobs.tracking import NullTracker
 from jobs.training.loop import TrainingJob
@@ -378,9 +379,12 @@ def test_a_graph_incompatible_update_says_so_and_where(
 
 def test_a_hyperparameter_missing_from_get_config_fails_the_round_trip(tmp_path: Path) -> None:
     dirs = plugin(tmp_path, "forgetful", FORGETFUL)
+    job = job_of(tf_spec("forgetful", "keras", {"lr": 0.01, "decay": 0.25}), tmp_path / "set", dirs)
     with pytest.raises(CheckpointMismatch) as failed:
-        run(tf_spec("forgetful", "keras", {"lr": 0.01, "decay": 0.25}), tmp_path / "set", dirs)
+        job.run()
     assert "hyperparameter 'decay' is missing from Forgetful.get_config()" in str(failed.value)
+    # The failed job's result says where it stopped: at the first checkpoint, after step 15.
+    assert checkpoints_so_far(job)["steps_completed"] == 15
     # Left at its default, `decay` is the default after a reload too: this job loses nothing.
     result = run(
         tf_spec("forgetful", "keras", {"lr": 0.01}, steps=20, checkpoint_every=10), tmp_path / "unset", dirs

@@ -5,12 +5,16 @@ from __future__ import annotations
 import json
 import math
 import typing
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from jobs.report import Reporter
 from jobs.result import (
+    PROGRESS_FILE,
+    RESULT_FILE,
     TERMINAL_STATUSES,
     CheckOutcome,
     JobResult,
@@ -147,3 +151,15 @@ def test_a_huge_error_message_is_cut_with_what_was_left_out() -> None:
     assert record.traceback is not None
     assert max(len(line) for line in record.traceback.splitlines()) < TRACEBACK_LINE_LIMIT + 50
     assert "raise RuntimeError" in record.traceback
+
+
+def test_the_result_comes_after_the_last_progress_the_throttle_held_back(tmp_path: Path) -> None:
+    """A job that failed at its step-500 checkpoint had read as at step 243: the step-500 progress
+    came within the throttle's half second of the last write, and the result was written alone."""
+    reporter = Reporter(tmp_path, min_interval_s=3600)
+    reporter.progress(step=0, total=500, force=True)
+    reporter.progress(step=500, total=500)
+    assert json.loads((tmp_path / PROGRESS_FILE).read_text())["step"] == 0  # held back
+    reporter.result(JobResult(job_id="7", attempt=1, workdir=str(tmp_path), status=JobStatus.FAILED))
+    assert json.loads((tmp_path / PROGRESS_FILE).read_text())["step"] == 500
+    assert json.loads((tmp_path / RESULT_FILE).read_text())["status"] == "failed"
