@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import ssl
 import sys
 import time
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -123,11 +125,40 @@ IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"  # service.idempotency.KEY_HEADER, wi
 UNAVAILABLE = (0, 502, 503, 504)
 # Statuses that mean the request itself was wrong (the CLI exits 2 for them, 1 for the rest).
 USAGE_ERRORS = (400, 401, 403, 404, 405, 413, 415, 422)  # 405: the address is wrong
+# The API's own routes (and its docs'): an address ending in one is not its root.
+API_ROUTES = (
+    "jobs",
+    "studies",
+    "checks",
+    "optimizers",
+    "schedules",
+    "workloads",
+    "docs",
+    "redoc",
+    "openapi.json",
+)
 
 
-def _not_an_address(url: str, exc: Exception) -> str:
+def _not_an_address(url: str, problem: object) -> str:
     shown = url if "@" not in url else redact_url(url)  # one that cannot be parsed shows as *** whole
-    return f"{shown!r} is not an address of an optlab API ({exc}); give its root, as in http://127.0.0.1:8000"
+    return f"{shown!r} is not an address of an optlab API ({problem}); give its root, as in http://127.0.0.1:8000"
+
+
+def _names_no_host(url: str) -> bool:
+    """`http://` (or `https:///jobs`): httpx takes it, and every request then failed as "cannot reach
+    the optlab API at http:", which read as the API being down."""
+    parts = urlsplit(url)
+    return parts.scheme.lower() in ("http", "https") and not parts.hostname
+
+
+def _tls_error(exc: BaseException) -> ssl.SSLError | None:
+    """The TLS error under an httpx ConnectError (httpx wraps httpcore's, which wraps it), if any."""
+    cause: BaseException | None = exc
+    while cause is not None:
+        if isinstance(cause, ssl.SSLError):
+            return cause
+        cause = cause.__cause__ or cause.__context__
+    return None
 
 
 def connect(address: str, command: str) -> ApiClient | None:
@@ -160,6 +191,8 @@ class ApiClient:
             clean, user, password = split_credentials(base_url.strip())
         except ValueError as exc:  # a port that is not a number, an unclosed [IPv6 address
             raise AddressError(_not_an_address(base_url, exc)) from None
+        if _names_no_host(clean):
+            raise AddressError(_not_an_address(base_url, "it names no host"))
         self.base_url = clean.rstrip("/")
         self.dropped_credentials = user is not None or password is not None
         # Stripped: a token read from a file with `$(cat ...)` may keep a Windows line's `\r`.
@@ -277,10 +310,8 @@ class ApiClient:
             try:
                 response = self._http.request(method, path, **kwargs)
                 break
-            except httpx.ConnectError:
-                raise ApiError(
-                    0, f"cannot reach the optlab API at {self.base_url}; is `optlab serve` running?"
-                ) from None
+            except httpx.ConnectError as exc:
+                raise self._not_connected(exc) from None
             except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError) as exc:
                 if attempt < attempts:  # the request may have arrived: its answer did not
                     time.sleep(SUBMIT_RETRY_AFTER_S)
@@ -304,10 +335,10 @@ class ApiClient:
                 detail = " ".join(response.text.split())[:300]  # a plain-text error is one line
             else:
                 detail = self._not_json(response, data)
-            if response.status_code in (404, 405) and self._names_a_route():
-                detail = (
-                    f"{detail} (the address given is {self.base_url!r}: give the API's root, without /jobs)"
-                )
+            route = self._route_named()
+            if response.status_code in (404, 405) and route:
+                given = f"the address given is {self.base_url!r}"
+                detail = f"{detail} ({given}: give the API's root, without /{route})"
             raise ApiError(response.status_code, detail)
         if not isinstance(data, dict):  # not the API answering: the address is another server's
             raise AddressError(
@@ -340,10 +371,23 @@ class ApiClient:
             f"give that address instead ({redact_url(root.rstrip('/'))})"
         )
 
-    def _names_a_route(self) -> bool:
-        """Whether the address ends in one of the API's own routes (`--api http://host:8000/jobs`), so
-        that every path this client adds lands beside the API's, not on them."""
-        return self.base_url.rsplit("/", 1)[-1] in ("jobs", "studies", "checks", "docs")
+    def _route_named(self) -> str | None:
+        """The API's own route the address ends in (`--api http://host:8000/docs`), so that every path
+        this client adds lands beside the API's, not on them; None where it ends in none."""
+        last = self.base_url.rsplit("/", 1)[-1]
+        return last if last in API_ROUTES else None
+
+    def _not_connected(self, exc: httpx.ConnectError) -> ApiError:
+        """No connection: refused (nothing listens there), or a TLS handshake that failed, which
+        for an https:// address of a plain-HTTP server is an address to give as http://."""
+        tls = _tls_error(exc)
+        if tls is None or isinstance(tls, ssl.SSLCertVerificationError) or "://" not in self.base_url:
+            return ApiError(0, f"cannot reach the optlab API at {self.base_url}; is `optlab serve` running?")
+        plain = "http://" + self.base_url.split("://", 1)[1]
+        return AddressError(
+            f"the server at {self.base_url} did not speak TLS (the HTTPS handshake failed: "
+            f"{tls.reason or tls}); if it serves plain HTTP, give {plain}"
+        )
 
     def _unreachable(self, exc: Exception, attempts: int, key: str | None = None) -> str:
         said = f"cannot reach the optlab API at {self.base_url!r} ({type(exc).__name__}: {exc})"

@@ -127,6 +127,8 @@ BAD_ADDRESSES = [
     ("http://[::1", "'http://[::1' is not an address of an optlab API"),
     ("", "the API address is empty"),  # --remote "" ran the checks here
     ("http://user:pw@h:abc", "'***' is not an address"),  # unparseable: no part of it shown
+    # "cannot reach the optlab API at http:" and exit 1, as if the API were down
+    ("http://", "'http://' is not an address of an optlab API (it names no host)"),
 ]
 
 
@@ -150,6 +152,30 @@ def test_an_address_that_cannot_be_parsed_is_a_usage_error(
     assert cli.main(argv) == 2
     line = one_line_error(capsys.readouterr().err, command)
     assert words in line and "pw" not in line, line
+
+
+def test_an_https_address_of_a_plain_http_server_says_it_did_not_speak_tls(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It said "cannot reach ...; is `optlab serve` running?" of a server that was running."""
+    import http.server
+    import threading
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:  # its "Bad request" line is not the CLI's
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    try:
+        assert cli.main(["submit", spec_file(tmp_path), "--api", f"https://127.0.0.1:{port}"]) == 2
+    finally:
+        server.shutdown()
+        server.server_close()
+    line = one_line_error(capsys.readouterr().err, "submit")
+    assert f"the server at https://127.0.0.1:{port} did not speak TLS" in line, line
+    assert line.endswith(f"if it serves plain HTTP, give http://127.0.0.1:{port}"), line
 
 
 # -- 3, 4: Ctrl-C -------------------------------------------------------------------------------------

@@ -126,11 +126,13 @@ def test_an_api_that_is_not_there_is_no_http_status(
     assert capsys.readouterr().err.startswith("optlab submit: cannot reach the optlab API at")
 
 
-def test_an_address_ending_in_a_route_is_told_to_give_the_root() -> None:
-    """`--api http://host:8000/jobs` posted to /jobs/jobs: "HTTP 405: POST is not allowed here" alone."""
+@pytest.mark.parametrize("route", ["jobs", "docs"])
+def test_an_address_ending_in_a_route_is_told_to_give_the_root(route: str) -> None:
+    """`--api http://host:8000/jobs` posted to /jobs/jobs: "HTTP 405: POST is not allowed here" alone;
+    and one ending in /docs was told to give it "without /jobs"."""
     import httpx
 
-    client = ApiClient("http://api.test/jobs")
+    client = ApiClient(f"http://api.test/{route}")
     client._http = httpx.Client(
         base_url=client.base_url,
         transport=httpx.MockTransport(lambda request: httpx.Response(405, json={"detail": "not allowed"})),
@@ -138,8 +140,8 @@ def test_an_address_ending_in_a_route_is_told_to_give_the_root() -> None:
     with pytest.raises(ApiError) as raised:
         client.job(1)
     assert str(raised.value) == (
-        "HTTP 405: not allowed (the address given is 'http://api.test/jobs': give the API's root, "
-        "without /jobs)"
+        f"HTTP 405: not allowed (the address given is 'http://api.test/{route}': give the API's root, "
+        f"without /{route})"
     )
 
 
