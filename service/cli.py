@@ -513,11 +513,11 @@ def read_spec(path: Path, command: str) -> Any:
         text = path.read_text()
         spec = (
             yaml.load(text, Loader=_yaml_loader(yaml))
-            if path.suffix in (".yaml", ".yml")
-            else json.loads(text)
+            if path.suffix in YAML_SUFFIXES
+            else json.loads(text, object_pairs_hook=_keys_once)
         )
     except (OSError, ValueError, yaml.YAMLError) as exc:
-        print(f"{command}: cannot read {path}: {exc}", file=sys.stderr)
+        print(f"{command}: cannot read {path}: {parse_problem(path, exc, yaml)}", file=sys.stderr)
         return None
     except RecursionError:
         print(f"{command}: cannot read {path}: {NESTED_TOO_DEEP}", file=sys.stderr)
@@ -546,6 +546,35 @@ def read_spec(path: Path, command: str) -> Any:
 
 
 NESTED_TOO_DEEP = "nested too deep to read (the API takes at most 32 levels)"
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def parse_problem(path: Path, exc: Exception, yaml: Any) -> str:
+    """Why a spec file did not parse, in one line: where (line, column) and what. PyYAML's own message
+    took four lines, naming "<unicode string>" and drawing a caret; JSON's named no file kind, so a
+    YAML spec in a .txt file read as a bare "Expecting value"."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        problem = str(exc.problem)
+        if "'\\t'" in problem:  # PyYAML says '\t' of a tab: the fix is what a reader needs
+            problem += " (YAML indents with spaces, not tabs)"
+        return f"line {mark.line + 1}, column {mark.column + 1}: {problem}"
+    if isinstance(exc, json.JSONDecodeError):
+        said = f"line {exc.lineno}, column {exc.colno}: {exc.msg}"
+        if path.suffix not in (".json", *YAML_SUFFIXES):
+            said += "; a spec is JSON, or YAML in a file named .yaml or .yml"
+        return said
+    return str(exc)
+
+
+def _keys_once(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are each given once (json.loads keeps the last of two silently)."""
+    spec: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in spec:
+            raise ValueError(f"duplicate key {key!r}: give each key once")
+        spec[key] = value
+    return spec
 
 
 def _yaml_loader(yaml: Any) -> Any:
@@ -555,7 +584,22 @@ def _yaml_loader(yaml: Any) -> Any:
     date (which JSON cannot carry). Here only true and false are booleans, and there are no dates."""
 
     class Loader(yaml.SafeLoader):
-        pass
+        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+            """Refuse a key given twice in one mapping: PyYAML keeps the last silently, so
+            `steps: 50` then `steps: 60` trained 60 steps without a word."""
+            first_lines: dict[str, int] = {}
+            for key_node, _ in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # `<<: *base` merges keys that may be given again beside it
+                line = key_node.start_mark.line + 1
+                if key_node.value in first_lines:
+                    raise yaml.constructor.ConstructorError(
+                        problem=f"duplicate key {key_node.value!r} (also on line "
+                        f"{first_lines[key_node.value]}): give each key once",
+                        problem_mark=key_node.start_mark,
+                    )
+                first_lines[key_node.value] = line
+            return super().construct_mapping(node, deep=deep)
 
     dropped = ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:timestamp")
     Loader.yaml_implicit_resolvers = {

@@ -101,6 +101,55 @@ def test_a_spec_that_cannot_be_read_or_sent_is_a_usage_error_naming_it(
     assert hint in err and no_hint not in err, err
 
 
+# (the spec file's name, its text, what follows "cannot read PATH: ", in one line)
+NOT_PARSED = [
+    # PyYAML's four lines: "<unicode string>", the line quoted, a caret
+    (
+        "job.yaml",
+        "steps: 50\noptimizer:\n\tname: adam\n",
+        "line 3, column 1: found character '\\t' that cannot start any token (YAML indents with spaces, "
+        "not tabs)",
+    ),
+    # Both were read, the last silently winning.
+    (
+        "job.yaml",
+        "steps: 50\nsteps: 60\n",
+        "line 2, column 1: duplicate key 'steps' (also on line 1): give each key once",
+    ),
+    (
+        "job.yaml",
+        "optimizer:\n  name: adam\n  name: lion\n",
+        "line 3, column 3: duplicate key 'name' (also on line 2): give each key once",
+    ),
+    ("job.json", '{"steps": 50, "steps": 60}', "duplicate key 'steps': give each key once"),
+    # A bare "Expecting value: line 1 column 1 (char 0)".
+    (
+        "job.txt",
+        "steps: 50\n",
+        "line 1, column 1: Expecting value; a spec is JSON, or YAML in a file named .yaml or .yml",
+    ),
+]
+
+
+@pytest.mark.parametrize("command", ["study", "submit"])
+@pytest.mark.parametrize(("name", "text", "said"), NOT_PARSED, ids=[row[2][:40] for row in NOT_PARSED])
+def test_a_spec_that_does_not_parse_is_one_line_naming_where_and_what(
+    command: str, name: str, text: str, said: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / name
+    spec.write_text(text)
+    assert cli.main([command, str(spec), "--api", "http://127.0.0.1:9"]) == 2
+    assert capsys.readouterr().err == f"optlab {command}: cannot read {spec}: {said}\n"
+
+
+def test_yaml_merge_keys_may_be_given_again_beside_the_merge() -> None:
+    """Refusing duplicate keys leaves `<<: *base` alone: a key beside it overrides the merged one."""
+    loaded = yaml.load(
+        "base: &b {steps: 1, seed: 2}\njob:\n  <<: *b\n  steps: 5\n", Loader=cli._yaml_loader(yaml)
+    )
+    assert loaded["job"] == {"steps": 5, "seed": 2}
+
+
 @pytest.mark.parametrize("url", ["notaurl", "ftp://127.0.0.1:9", "127.0.0.1:8000"])
 def test_an_address_that_is_not_one_is_a_usage_error_naming_it(
     url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
