@@ -421,7 +421,7 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
     from service.client import ApiError
-    from service.studies.follow import comparison_lines, follow_study, ranking_table
+    from service.studies.follow import comparison_lines, follow_study, problem_lines, ranking_table
     from service.studies.summary import StudySummary
 
     spec = read_spec(args.spec, "optlab study")
@@ -459,7 +459,7 @@ def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
     if study.get("summary"):
         summary = StudySummary.model_validate(study["summary"])
         console.print(ranking_table(summary))
-        for line in [*comparison_lines(summary), *summary.notes]:
+        for line in [*comparison_lines(summary), *summary.notes, *problem_lines(summary)]:
             console.print(Text(line))  # not markup: a note may quote brackets
     print(f"report: {url}{study['report_url']}")  # plain print: an address is never wrapped
     if study.get("mlflow"):

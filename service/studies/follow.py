@@ -127,6 +127,27 @@ def comparison_lines(summary: StudySummary) -> list[str]:
     ]
 
 
+# Problem jobs shown under the ranking, each in a line; the rest are counted (the report lists all).
+PROBLEMS_SHOWN = 5
+PROBLEM_LINE_CHARS = 200
+
+
+def problem_lines(summary: StudySummary, shown: int = PROBLEMS_SHOWN) -> list[str]:
+    """Why jobs did not succeed, in a line each: the terminal said "0/2 ok (2 failed)" and "no
+    succeeded seed" with no word of why, which only the report's table told."""
+    problems = summary.problems
+    if not problems:
+        return []
+    lines = [f"failed, diverged and cancelled jobs ({len(problems)}; the report lists every one):"]
+    for p in problems[:shown]:
+        why = f": {first_line(p.error)}" if p.error else ""
+        line = f"  job {p.job_id} ({p.optimizer} {p.label} seed {p.seed}) {p.status}{why}"
+        lines.append(line if len(line) <= PROBLEM_LINE_CHARS else line[: PROBLEM_LINE_CHARS - 1] + "…")
+    if len(problems) > shown:
+        lines.append(f"  ... and {len(problems) - shown} more")
+    return lines
+
+
 def _interval(stat: Stat | None) -> str:
     if stat is None or stat.ci_low is None or stat.ci_high is None:
         return "-"

@@ -106,3 +106,36 @@ def test_the_wait_goes_on_through_an_api_whose_store_does_not_answer(monkeypatch
     refused = ApiError(404, "no study with id 1")
     with pytest.raises(ApiError, match="no study with id 1"):
         follow_study(Replies(refused), 1, console=Console(file=io.StringIO()), poll_s=0)
+
+
+def test_the_cli_says_why_jobs_failed_in_a_few_lines(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It printed "0/7 ok (7 failed)" and "no succeeded seed" with no word of why (the report said)."""
+    from service import cli
+
+    runs = [
+        StudyRun(
+            job, "adam", {"lr": 0.1}, job, "failed", {}, error=f"ValueError: lr refused {job}\nits detail"
+        )
+        for job in range(7)
+    ]
+    summary = summarize(runs, target=None, baseline=None, selection_metric="val/loss", selection_mode="min")
+    ended = {
+        "id": 3,
+        "status": "done",
+        "jobs": list(range(7)),
+        "summary": summary.model_dump(mode="json"),
+        "report_url": "/studies/3/report",
+        "progress": {"counts": {"failed": 7}},
+    }
+    monkeypatch.setattr(ApiClient, "submit_study", lambda self, body: {**ended, "status": "running"})
+    monkeypatch.setattr("service.studies.follow.follow_study", lambda client, study_id: ended)
+    spec = tmp_path / "study.json"
+    spec.write_text('{"name": "s"}')
+    assert cli.main(["study", str(spec), "--wait", "--api", "http://127.0.0.1:9"]) == 1
+    out = capsys.readouterr().out
+    assert "failed, diverged and cancelled jobs (7; the report lists every one):" in out, out
+    assert "  job 0 (adam lr=0.1 seed 0) failed: ValueError: lr refused 0\n" in out, out
+    assert "lr refused 4" in out and "lr refused 5" not in out and "its detail" not in out, out
+    assert "  ... and 2 more\n" in out, out
