@@ -123,6 +123,17 @@ def optimizer_label(optimizer: Mapping[str, Any]) -> str:
     return str(name)
 
 
+def styled_optimizer_label(optimizer: Mapping[str, Any], framework: str) -> str:
+    """`optimizer_label`, naming a TensorFlow job's style: `lion (tf_legacy) lr=0.0003`. Without it a
+    legacy and a Keras 3 job of one optimizer read alike (in MLflow's charts, in `optlab submit --wait`)."""
+    label = optimizer_label(optimizer)
+    if framework == "torch":
+        return label
+    name, _, rest = label.partition(" ")
+    style = optimizer.get("style") or default_style(framework)
+    return f"{name} ({style}) {rest}".rstrip()
+
+
 def _finite_params(params: dict[str, Any]) -> dict[str, Any]:
     for key, value in params.items():
         if isinstance(value, list):  # betas: [0.9, NaN] is refused at betas.1
@@ -484,11 +495,7 @@ class JobSpec(BaseModel):
         `lookahead(adamw) lr=0.001 digits_mlp seed=0`; a tensorflow job's names its style,
         `ema_momentum (tf_legacy) lr=0.05 digits_mlp seed=0`: its runs and a torch job's of the same
         optimizer had read alike in one experiment's charts."""
-        label = optimizer_label(self.optimizer.model_dump())
-        if self.framework != "torch":
-            name, _, rest = label.partition(" ")
-            style = self.optimizer.style or default_style(self.framework)
-            label = f"{name} ({style}) {rest}".rstrip()
+        label = styled_optimizer_label(self.optimizer.model_dump(), self.framework)
         return f"{label} {self.workload.name} seed={self.seed}"
 
     def flat_params(self) -> dict[str, str]:

@@ -18,8 +18,8 @@ from pydantic import ValidationError
 from pydantic_core import ErrorDetails
 
 from jobs.checks.report import CHECK_IDS, add_check_timeout
-from jobs.result import JobStatus
-from jobs.spec import optimizer_label
+from jobs.result import JobResult, JobStatus
+from jobs.spec import styled_optimizer_label
 from service.settings import Settings, token_names
 
 if TYPE_CHECKING:
@@ -384,7 +384,7 @@ def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
-    from service.client import ApiError, error_of, status_of
+    from service.client import ApiError, error_of, result_of, status_of
     from service.progress import follow_jobs
 
     spec = read_spec(args.spec, "optlab submit")
@@ -400,7 +400,8 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
         print(f"job {job['id']} {job['status']}: {url}/jobs/{job['id']}")
         if not args.wait:
             return 0
-        final = follow_jobs(client, {job["id"]: optimizer_label(job["spec"]["optimizer"])})[job["id"]]
+        label = styled_optimizer_label(job["spec"]["optimizer"], job["spec"].get("framework", "torch"))
+        final = follow_jobs(client, {job["id"]: label})[job["id"]]
     except ApiError as exc:
         print(f"optlab submit: {exc}", file=sys.stderr)
         return 2 if exc.is_usage_error else 1
@@ -411,12 +412,22 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
     finally:
         client.close()
     status, error = status_of(final), error_of(final)
-    print(f"job {final['id']} {status}")
+    print(f"job {final['id']} {status}{final_metrics(result_of(final))}")
     if error is not None:
         print(f"  {error.type}: {error.message}")
     if final.get("mlflow"):
         print(f"  MLflow run: {final['mlflow']['run_url']}")
     return 0 if status is JobStatus.SUCCEEDED else 1
+
+
+def final_metrics(result: JobResult | None) -> str:
+    """`: val/accuracy 0.9611, val/loss 0.1234, train/loss 0.0987`, the job's last evaluation (validation
+    first), as MLflow names them; empty for a job that reached none. "job 7 succeeded" alone had
+    sent the user to MLflow for the one figure they waited for."""
+    final = (result.final if result is not None else None) or {}
+    keys = sorted(final, key=lambda key: (not key.startswith("val_"), key))
+    shown = [f"{key.replace('_', '/', 1)} {final[key]:.4g}" for key in keys]
+    return f": {', '.join(shown)}" if shown else ""
 
 
 def cmd_study(args: argparse.Namespace, settings: Settings) -> int:

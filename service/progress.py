@@ -7,6 +7,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Column
 
 from jobs.result import JobStatus
 from service.client import ApiClient, status_of
@@ -16,12 +17,14 @@ def follow_jobs(
     client: ApiClient, labels: dict[int, str], console: Console | None = None
 ) -> dict[int, dict[str, Any]]:
     """Show one bar per job (step / total, status, latest loss, why it waits) until every job has ended."""
+    # The counts, status, loss and time are kept whole (no_wrap): in a terminal too narrow for every
+    # column the bar shrinks and the label is cut first; the total had read "20000/2…".
     progress = Progress(
         TextColumn("{task.description:<28}"),
         BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[status]:<10} loss {task.fields[loss]}"),
-        TimeElapsedColumn(),
+        MofNCompleteColumn(table_column=Column(no_wrap=True)),
+        TextColumn("{task.fields[status]:<10} loss {task.fields[loss]}", table_column=Column(no_wrap=True)),
+        TimeElapsedColumn(table_column=Column(no_wrap=True)),
         TextColumn("{task.fields[waiting]}"),
         console=console,
     )

@@ -1,0 +1,90 @@
+"""`optlab submit --wait`: its progress bar's label and counter, and the line it ends with (service/cli.py,
+service/progress.py), fed by stand-in clients instead of a running service."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from service import cli
+from service.client import ApiClient
+from service.progress import follow_jobs
+
+TF_LEGACY_JOB = {
+    "id": 7,
+    "status": "queued",
+    "spec": {
+        "framework": "tensorflow",
+        "optimizer": {"name": "lion", "params": {"lr": 3e-4}, "style": "tf_legacy"},
+    },
+}
+RESULT = {"job_id": "7", "attempt": 1, "workdir": "/w", "status": "succeeded"}
+
+
+def submitted(
+    final: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, labels: dict[int, str]
+) -> int:
+    """`optlab submit --wait` of a tf_legacy job whose wait ends with `final`; `labels` gets its bars'."""
+    spec = tmp_path / "job.json"
+    spec.write_text('{"steps": 1}')
+    monkeypatch.setattr(ApiClient, "submit", lambda self, body: TF_LEGACY_JOB)
+
+    def follow(client: ApiClient, shown: dict[int, str]) -> dict[int, dict[str, Any]]:
+        labels.update(shown)
+        return {7: {"id": 7, **final}}
+
+    monkeypatch.setattr("service.progress.follow_jobs", follow)
+    return cli.main(["submit", str(spec), "--wait", "--api", "http://127.0.0.1:9"])
+
+
+def test_the_final_line_shows_the_job_s_last_metrics(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """It ended "job 7 succeeded": the figure waited for was in MLflow only."""
+    final = {"train_loss": 0.0987, "val_loss": 0.12345, "val_accuracy": 0.96111}
+    result = {**RESULT, "final": final}
+    assert submitted({"status": "succeeded", "result": result}, tmp_path, monkeypatch, {}) == 0
+    assert (
+        "job 7 succeeded: val/accuracy 0.9611, val/loss 0.1235, train/loss 0.0987\n"
+        in capsys.readouterr().out
+    )
+
+
+def test_a_job_without_metrics_ends_as_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    error = {"type": "ValueError", "message": "lr refused"}
+    final = {"status": "failed", "result": {**RESULT, "status": "failed"}, "error": error}
+    assert submitted(final, tmp_path, monkeypatch, {}) == 1
+    assert "job 7 failed\n  ValueError: lr refused\n" in capsys.readouterr().out
+
+
+def test_the_bar_of_a_tensorflow_job_names_its_style(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """It read "lion lr=3e-4" for a tf_legacy job, as a Keras 3 job of lion reads."""
+    labels: dict[int, str] = {}
+    submitted({"status": "succeeded", "result": RESULT}, tmp_path, monkeypatch, labels)
+    assert labels == {7: "lion (tf_legacy) lr=3e-4"}
+
+
+class OneJob(ApiClient):
+    """A wait that sees one job at its last step once."""
+
+    def __init__(self) -> None:
+        super().__init__("http://api.test")
+
+    def wait(self, job_ids: list[int], on_update: Any = None, **kwargs: Any) -> dict[int, dict[str, Any]]:
+        job = {"id": 7, "status": "running", "progress": {"step": 20000, "total": 20000}, "latest_loss": 0.5}
+        on_update(job)
+        return {7: job}
+
+
+def test_the_counter_is_whole_in_an_80_column_terminal() -> None:
+    """The other columns squeezed it to "20000/2…"."""
+    out = io.StringIO()
+    follow_jobs(OneJob(), {7: "lion (tf_legacy) lr=3e-4"}, Console(file=out, width=80))
+    last = out.getvalue().splitlines()[-1]
+    assert "20000/20000 running" in last and "loss 0.5000" in last, last
