@@ -12,7 +12,7 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from pydantic_core import ErrorDetails
@@ -662,7 +662,7 @@ def run_local_check(args: argparse.Namespace, settings: Settings) -> int:
         if value is not None:
             command += [option, str(value)]
     try:
-        process = subprocess.Popen(command)
+        process = subprocess.Popen(command, stderr=subprocess.PIPE)
     except OSError as exc:  # no such interpreter, or not one that can be run
         print(
             f"optlab check: cannot run the job environment's Python {settings.job_python!r} "
@@ -670,6 +670,8 @@ def run_local_check(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
         return 2
+    assert process.stderr is not None
+    relay = relay_stderr(process.stderr)
     try:
         returncode = process.wait()
     except KeyboardInterrupt:  # the checker got the Ctrl-C too (one process group): it says where
@@ -678,8 +680,10 @@ def run_local_check(args: argparse.Namespace, settings: Settings) -> int:
         except (KeyboardInterrupt, subprocess.TimeoutExpired):
             process.kill()
             process.wait()
+            relay.join(RELAY_DRAIN_S)
             print("\noptlab check: interrupted", file=sys.stderr)
             return 130
+    relay.join(RELAY_DRAIN_S)  # its last lines before this process's own
     if returncode not in CHECKER_EXIT_STATUSES:  # it ended without a word (os._exit, a crash, the OOM killer)
         from jobs.processes import how_it_ended
 
@@ -690,6 +694,37 @@ def run_local_check(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
     return returncode if returncode >= 0 else 128 - returncode  # killed by a signal: as a shell says
+
+
+# TensorFlow's C++ start-up lines ("oneDNN custom operations are on", "cudart_stub ... Could not find
+# cuda drivers"): TensorFlow 2.21 writes them before absl::InitializeLog, where the checker's
+# TF_CPP_MIN_LOG_LEVEL=2 no longer reaches, so they came before a one-line error. Only absl's INFO
+# lines (`I0000 00:00:... file.cc:153] ...`) and the banner before them are dropped; warnings and
+# errors pass.
+TENSORFLOW_CHATTER = re.compile(
+    r"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|I\d{4} [\d:.]+\s+\d+ [\w.-]+:\d+\] .*"
+)
+# How long the checker's last stderr lines may take to arrive once it has ended (a process it left
+# behind may hold the pipe open).
+RELAY_DRAIN_S = 5.0
+
+
+def relay_stderr(source: IO[bytes]) -> threading.Thread:
+    """Copy the checker's stderr to ours as it comes, a line at a time, less TensorFlow's start-up
+    chatter."""
+
+    def relay() -> None:
+        with source:
+            for raw in iter(source.readline, b""):
+                line = raw.decode(errors="replace")
+                if not TENSORFLOW_CHATTER.fullmatch(line.rstrip("\r\n")):
+                    sys.stderr.write(line)
+                    sys.stderr.flush()
+
+    thread = threading.Thread(target=relay, name="checker-stderr", daemon=True)
+    thread.start()
+    return thread
 
 
 # What the checker says itself: passed, a check failed, a usage error, Ctrl-C, a closed pipe.

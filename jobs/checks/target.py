@@ -209,11 +209,15 @@ def _why_not_here(name: str, failed: Sequence[str]) -> str:
         defined = ", ".join(_classes_in(Path(name))) or "none"
         return f". {name} is a file: add the class, {name}:ClassName (it defines: {defined})"
     said = ""
-    if not plugin_dirs_from_environment():
+    folders = plugin_dirs_from_environment()
+    if not folders:
         said += (
             f". {PLUGIN_DIRS_ENV} is not set in this shell, so no plugin folder was read: set it to the "
             "service's plugin folders, or check on the service with --remote URL"
         )
+    missing = [str(folder) for folder in folders if not folder.is_dir()]
+    if missing:  # a typo in the folder read as the name not being registered
+        said += f". {PLUGIN_DIRS_ENV} names {', '.join(missing)}, which is not a folder here"
     if failed:
         said += f". These failed to load: {'; '.join(failed[:3])}"
     return said

@@ -234,3 +234,14 @@ def test_a_name_that_is_not_registered_here_says_what_usually_hides_it(
         resolve_target("broken", framework="torch")
     assert "OPTLAB_PLUGIN_DIRS" not in str(caught.value)
     assert f". These failed to load: {tmp_path / 'broken.py'} (SyntaxError: " in str(caught.value)
+
+
+def test_a_plugin_folder_that_does_not_exist_is_named_beside_an_unknown_name(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A typo in OPTLAB_PLUGIN_DIRS read only as "no optimizer named ... is registered"."""
+    missing = tmp_path / "plugns"
+    monkeypatch.setenv("OPTLAB_PLUGIN_DIRS", f"{tmp_path}{os.pathsep}{missing}")
+    with pytest.raises(UsageError) as caught:
+        resolve_target("sign_momentum", framework="torch")
+    assert str(caught.value).endswith(f". OPTLAB_PLUGIN_DIRS names {missing}, which is not a folder here")

@@ -54,6 +54,33 @@ def test_the_checker_runs_in_the_job_environment_and_its_exit_status_passes_thro
     ]  # fmt: skip
 
 
+# What TensorFlow 2.21 writes on import whatever TF_CPP_MIN_LOG_LEVEL says, and what it must not hide.
+CHATTER = """WARNING: All log messages before absl::InitializeLog() is called are written to STDERR
+I0000 00:00:1796531635.091789    7780 port.cc:153] oneDNN custom operations are on.
+I0000 00:00:1796531635.092892    7780 cudart_stub.cc:31] Could not find cuda drivers.
+"""
+REAL = """W0000 00:00:1796531635.1    7780 gpu_device.cc:2344] Cannot dlopen some GPU libraries.
+Traceback (most recent call last):
+optlab check: no optimizer named 'nosuch' is registered
+"""
+
+
+def test_tensorflow_s_start_up_chatter_is_dropped_and_nothing_else(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its INFO lines came before the checker's one-line error (TF_CPP_MIN_LOG_LEVEL no longer hides
+    them); a warning, a traceback and the error itself still come through, in order."""
+    (tmp_path / "said").write_text(
+        CHATTER + REAL.splitlines(keepends=True)[0] + CHATTER + "".join(REAL.splitlines(keepends=True)[1:])
+    )
+    script = tmp_path / "python"
+    script.write_text(f"#!/bin/sh\ncat {tmp_path / 'said'} >&2\nexit 2\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("OPTLAB_JOB_PYTHON", str(script))
+    assert cli.main(["check", "nosuch"]) == 2
+    assert capsys.readouterr().err == REAL
+
+
 @pytest.mark.parametrize(
     ("status", "ended"), [(3, "exited with code 3"), (-9, "was killed by signal SIGKILL")]
 )
