@@ -715,12 +715,16 @@ def relay_stderr(source: IO[bytes]) -> threading.Thread:
     chatter."""
 
     def relay() -> None:
+        writable = True
         with source:
-            for raw in iter(source.readline, b""):
+            for raw in iter(source.readline, b""):  # read to the end: a full pipe would stall the checker
                 line = raw.decode(errors="replace")
-                if not TENSORFLOW_CHATTER.fullmatch(line.rstrip("\r\n")):
-                    sys.stderr.write(line)
-                    sys.stderr.flush()
+                if writable and not TENSORFLOW_CHATTER.fullmatch(line.rstrip("\r\n")):
+                    try:
+                        sys.stderr.write(line)
+                        sys.stderr.flush()
+                    except OSError:  # our stderr's reader went away
+                        writable = False
 
     thread = threading.Thread(target=relay, name="checker-stderr", daemon=True)
     thread.start()
