@@ -686,6 +686,22 @@ def _leaves(tree: Any, where: str) -> Iterator[tuple[str, Any]]:
         yield where, tree
 
 
+def _recast_effect(saved: torch.Tensor, loaded: torch.Tensor) -> str:
+    """What a state tensor recast to its parameter's dtype does after a resume: floating-point state
+    in another precision makes the steps round otherwise; integer state keeps its values (a count
+    within float's exact range), only its type changes."""
+    if not saved.is_floating_point() and loaded.is_floating_point():
+        exact = round(2 / torch.finfo(loaded.dtype).eps)  # every whole number up to 2**(mantissa + 1)
+        return (
+            f"integer state comes back as {loaded.dtype}, exact for whole numbers up to {exact:,} only, "
+            "and code that indexes with it or checks its type meets a float"
+        )
+    return (
+        "state kept in another dtype comes back in its parameter's, and the steps after a resume round "
+        "otherwise than uninterrupted ones"
+    )
+
+
 def _tensor_difference(saved: Any, loaded: Any, where: str) -> str | None:
     if not (isinstance(saved, torch.Tensor) and isinstance(loaded, torch.Tensor)):
         return f"{where}: {type(saved).__name__} saved, {type(loaded).__name__} after reload"
@@ -694,12 +710,7 @@ def _tensor_difference(saved: Any, loaded: Any, where: str) -> str | None:
         return (
             f"{where}: {saved.dtype}{list(saved.shape)} saved, "
             f"{loaded.dtype}{list(loaded.shape)} after reload"
-            + (
-                f", the same values ({LOAD_CASTS_STATE}: state kept in another dtype comes back in its "
-                "parameter's, and the steps after a resume round otherwise than uninterrupted ones)"
-                if recast
-                else ""
-            )
+            + (f", the same values ({LOAD_CASTS_STATE}: {_recast_effect(saved, loaded)})" if recast else "")
         )
     if saved.is_sparse or loaded.is_sparse:
         saved, loaded = saved.to_dense(), loaded.to_dense()

@@ -882,6 +882,14 @@ def test_state_a_load_casts_to_another_dtype_is_named_with_its_cause(
     outcome = state_checks.check_state_roundtrip(context(f"{__name__}:{name}", tmp_path))
     assert outcome.status == "fail", outcome.detail
     assert f"torch.{saved}[4, 3] saved, torch.float32[4, 3] after reload, the same values" in outcome.detail
+    # What the recast does, by kind: another precision rounds the steps otherwise; a count keeps its
+    # values (a probe's class resumed to bitwise the same parameters, and had been told otherwise).
+    rounds = "the steps after a resume round otherwise than uninterrupted ones"
+    assert (rounds in outcome.detail) == (saved == "bfloat16"), outcome.detail
+    if saved == "int64":
+        assert "integer state comes back as torch.float32, exact for whole numbers up to 16,777,216" in (
+            outcome.detail
+        )
     assert (
         "torch's load_state_dict casts each state tensor (but `step`) of a floating-point" in outcome.detail
     )
