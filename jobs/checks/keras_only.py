@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from jobs.checks.context import CheckContext, overrides_note
+from jobs.checks.rate_checks import TABLE_SHAPE
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.checks.tools import (
     SHAPES,
@@ -28,7 +29,7 @@ from jobs.checks.tools import (
     updates_nothing,
     user_line,
 )
-from jobs.frameworks.base import known_fix
+from jobs.frameworks.base import SparseRows, known_fix
 from jobs.frameworks.keras_driver import (
     XLA_FIX,
     XLA_ONLY_FAILURE,
@@ -50,10 +51,6 @@ def _kit(ctx: CheckContext) -> KerasDriver:
     driver = ctx.driver
     assert isinstance(driver, KerasDriver), "the Keras checks run only with a Keras driver"
     return driver
-
-
-def _tensors(values: Sequence[np.ndarray | None], kit: KerasDriver) -> list[Any]:
-    return [None if a is None else kit.tf.constant(a) for a in values]
 
 
 def _all_close(a: Sequence[np.ndarray], b: Sequence[np.ndarray], rtol: float, atol: float) -> bool:
@@ -244,8 +241,7 @@ GRAPH_STEPS = 3
 
 
 def check_graph_mode(ctx: CheckContext) -> Outcome:
-    kit = _kit(ctx)
-    grads = [_tensors(arrays(SHAPES, seed=60 + step), kit) for step in range(GRAPH_STEPS)]
+    grads = [arrays(SHAPES, seed=60 + step) for step in range(GRAPH_STEPS)]
     try:
         eager = _run_steps(ctx, grads, compile_with=None)
     except Exception:
@@ -279,6 +275,9 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
             where=user_line(ctx, exc),
             fix=XLA_FIX,
         )
+    sparse = _sparse_graph_fault(ctx)
+    if sparse is not None:
+        return sparse
     xla_diff = max_diff(eager, xla)
     if not _all_close(eager, xla, XLA_RTOL, XLA_ATOL):
         return warned(
@@ -295,6 +294,69 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
     )
 
 
+# Row-sparse steps on an embedding table (unique ids, then a repeated one, in batch order), as an
+# Embedding's gradients come to an optimizer under `fit`'s tf.function.
+SPARSE_GRAPH_ROWS = ([3, 1], [8, 6], [5, 2, 5])
+
+
+def _sparse_graph_fault(ctx: CheckContext) -> Outcome | None:
+    """The sparse path under tf.function, where `fit` runs it: a class whose sparse update works
+    eagerly (the `sparse` check's steps) but not traced (a Python `if` on a hyperparameter tensor in
+    `_resource_apply_sparse_duplicate_indices`) failed every job of an Embedding model at its first
+    step, with every check passed. None where it matches, or where the eager sparse step raises
+    (`sparse` judges that)."""
+    grads = [
+        SparseRows(rows=rows, values=arrays([(len(rows), TABLE_SHAPE[1])], 70 + i)[0], shape=TABLE_SHAPE)
+        for i, rows in enumerate(SPARSE_GRAPH_ROWS)
+    ]
+    try:
+        eager = _run_sparse_steps(ctx, grads, traced=False)
+    except Exception:
+        return None
+    try:
+        graph = _run_sparse_steps(ctx, grads, traced=True)
+    except Exception as exc:
+        return failed(
+            "the update works inside tf.function on dense gradients, and eagerly on row-sparse ones "
+            f"(tf.IndexedSlices, an Embedding's), but not on row-sparse ones inside tf.function, where fit "
+            f"runs it: {_first_line(exc, ctx)}",
+            where=user_line(ctx, exc),
+            fix=known_fix(exc)
+            or "use tensor ops (tf.where, tf.cond) instead of Python if/while on tensor values in the sparse "
+            "path too, and no .numpy(), float(tensor) or .item() there",
+        )
+    if not _all_close(eager, graph, RTOL, ATOL):
+        return failed(
+            f"{len(grads)} row-sparse steps under tf.function differ from the eager ones by up to "
+            f"{max_diff(eager, graph):.3g}: Python state (a counter, a cached value) is frozen when the "
+            "sparse path is traced",
+            where=ctx.target.class_location(),
+            fix="keep anything that changes between steps in optimizer variables, not in Python attributes",
+            figure=max_diff(eager, graph),
+        )
+    return None
+
+
+def _run_sparse_steps(ctx: CheckContext, grads: Sequence[SparseRows], *, traced: bool) -> list[np.ndarray]:
+    """The table and optimizer state after row-sparse steps, eagerly or in one tf.function. The
+    IndexedSlices is made inside the function with its shape a constant, as the gradient of an
+    Embedding's lookup is in `fit` (the table's shape is static there)."""
+    kit = _kit(ctx)
+    tf = kit.tf
+    optimizer, table = fresh(ctx, (TABLE_SHAPE,), **ctx.stateful_overrides())
+
+    def step(values: Any, rows: Any) -> None:
+        gradient = tf.IndexedSlices(values, rows, tf.constant(TABLE_SHAPE, dtype=tf.int64))
+        kit.apply(optimizer, [gradient], table)
+
+    run = tf.function(step) if traced else step
+    with warnings.catch_warnings():  # the framework's notes on sparse tensors are not the user's
+        warnings.simplefilter("ignore")
+        for grad in grads:
+            run(tf.constant(np.array(grad.values, np.float32)), tf.constant(grad.rows, dtype=tf.int64))
+    return kit.values(table) + [value for _, value in kit.state(optimizer)]
+
+
 def _run_steps(
     ctx: CheckContext, grads: Sequence[Sequence[Any]], *, compile_with: bool | None
 ) -> list[np.ndarray]:
@@ -307,7 +369,7 @@ def _run_steps(
 
     run = step if compile_with is None else kit.tf.function(step, jit_compile=compile_with)
     for step_grads in grads:
-        run(list(step_grads))
+        run(kit.gradient_tensors(step_grads))
     return kit.values(variables) + [value for _, value in kit.state(optimizer)]
 
 

@@ -367,12 +367,17 @@ class KerasDriver(Driver):
     ) -> None:
         # Keras optimizers take no closure and no graph: `needs` changes nothing here. A check's step
         # is one update: `applies_per_update` calls with its gradient.
-        tensors = [self._gradient(g) for g in grads]
+        tensors = self.gradient_tensors(grads)
         with warnings.catch_warnings():
             if any(g is None for g in grads):  # "gradients do not exist for variables": expected here
                 warnings.simplefilter("ignore")
             for _ in range(applies_per_update(optimizer)):
                 self.apply(optimizer, tensors, variables)
+
+    def gradient_tensors(self, grads: Sequence[Gradient]) -> list[Any]:
+        """The checks' gradients as TensorFlow gives them to an optimizer: a row-sparse one as the
+        tf.IndexedSlices an Embedding's gradient is."""
+        return [self._gradient(g) for g in grads]
 
     def _gradient(self, grad: Gradient) -> Any:
         tf = self.tf

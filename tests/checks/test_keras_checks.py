@@ -914,3 +914,50 @@ def test_a_method_of_another_api_that_the_class_calls_or_backs_with_its_own_is_n
     path.write_text(FOREIGN_METHODS)
     outcome = _run("dense_step", _context(f"{path}:{name}", tmp_path))
     assert outcome.status == "pass", outcome
+
+
+SPARSE_PATH_ONLY_EAGER = '''
+import tensorflow as tf
+import tf_keras
+
+
+class LazyDecaySGD(tf_keras.optimizers.legacy.Optimizer):
+    """SGD whose sparse path branches in Python on a hyperparameter tensor: fine eagerly, an error
+    when traced, as it is in fit with an Embedding."""
+
+    def __init__(self, learning_rate=0.01, weight_decay=0.0, name="LazyDecaySGD", **kwargs):
+        super().__init__(name, **kwargs)
+        self._set_hyper("learning_rate", learning_rate)
+        self._set_hyper("weight_decay", weight_decay)
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        return var.assign_sub(self._decayed_lr(var.dtype.base_dtype) * grad)
+
+    def _resource_apply_sparse_duplicate_indices(self, grad, handle, indices, **kwargs):
+        if self._get_hyper("weight_decay") != 0.0:
+            return super()._resource_apply_sparse_duplicate_indices(grad, handle, indices, **kwargs)
+        return self._resource_apply_sparse(grad, handle, indices, **kwargs)
+
+    def _resource_apply_sparse(self, grad, var, indices, apply_state=None):
+        return self._resource_scatter_add(var, indices, -self._decayed_lr(var.dtype.base_dtype) * grad)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "learning_rate": self._serialize_hyperparameter("learning_rate"),
+            "weight_decay": self._serialize_hyperparameter("weight_decay"),
+        }
+'''
+
+
+def test_a_sparse_path_that_works_only_eagerly_fails_graph_mode_at_its_line(tmp_path: Path) -> None:
+    """fit runs the sparse path under tf.function too: `sparse` steps it eagerly and graph_mode had
+    stepped only dense gradients, so every check passed a class whose Embedding jobs all fail."""
+    path = tmp_path / "sparse_path_only_eager.py"
+    path.write_text(SPARSE_PATH_ONLY_EAGER)
+    ctx = _context(f"{path}:LazyDecaySGD", tmp_path)
+    assert _run("sparse", ctx).status == "pass"
+    outcome = _run("graph_mode", ctx)
+    assert outcome.status == "fail", outcome
+    assert "but not on row-sparse ones inside tf.function, where fit runs it" in outcome.detail
+    assert outcome.where == f"{path}:{_line_of(SPARSE_PATH_ONLY_EAGER, 'LazyDecaySGD', 'if self._get_hyper')}"
