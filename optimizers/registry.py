@@ -26,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from optimizers.declared_ranges import check_declared_names, declared_param
 from optimizers.forwarded_arguments import constructor_arguments, reaches_the_base
 from optimizers.hyperparams import MAX_LIST_LENGTH, Param, ParamType, check_all, is_option_text
 from optimizers.loop_needs import (
@@ -464,7 +465,8 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
     """Hyperparameters from the constructor signature, ranges from the class's declarations.
 
     Types and defaults come from the signature (written once, in `__init__`); ranges
-    from `optlab_hyperparameters`, the same declarations the constructor validates with.
+    from `optlab_hyperparameters` (`Param`s, or plain dicts of a range: `optimizers.declared_ranges`), the
+    same declarations the constructor validates with.
     Numbers, booleans, tuples of numbers (a pair, `float_pair`; three or more, `float_tuple`) and
     strings are tunable: a string whose annotation lists its values (`Literal["uni", "exp"]`) is a
     `choice` of them, any other (`line_search_fn: str | None`, or a string default) a `str`. An
@@ -479,12 +481,15 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
     catalogued as `lr` whatever the class calls it; the second value returned is the class's own
     name for it.
     """
-    declared: Mapping[str, Param] = getattr(cls, "optlab_hyperparameters", {})
+    declared: Mapping[str, Any] = getattr(cls, "optlab_hyperparameters", None) or {}
     only: Iterable[str] | None = getattr(cls, "optlab_tunable", None)
     params: dict[str, Param] = {}
     lr_arg = "lr" if style == "torch" else "learning_rate"
     over = _built_over(cls) if style == "torch" else None
     arguments = constructor_arguments(cls, _style_base(style))  # without self; **kwargs followed
+    check_declared_names(
+        cls.__name__, declared, [a.parameter.name for a in arguments if a.parameter.name != over]
+    )
     names_a_rate = any(argument.parameter.name in _LR_ARGS for argument in arguments)
     for argument in arguments:
         arg = argument.parameter
@@ -515,7 +520,7 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
         if arg.name in _LR_ARGS:
             lr_arg = arg.name
         if arg.name in declared:
-            param = declared[arg.name]
+            param = declared_param(cls.__name__, arg.name, declared[arg.name], kind)
             if param.type == "float" and isinstance(default, int):
                 default = float(default)  # torch writes `momentum=0`
             params[name] = dataclasses.replace(

@@ -4,7 +4,9 @@ It imports nothing from optlab. Every optimizer class defined here is registered
 under `optlab_name` when set, else its class name in snake_case (`SignMomentum` ->
 `sign_momentum`). Hyperparameters, their types and defaults come from `__init__`'s
 signature; the first docstring line becomes the catalogue's summary and the first
-URL its reference. Keep per-parameter state in `self.state[p]` and hyperparameters
+URL its reference. Ranges are plain dicts in `optlab_hyperparameters` (keys: low, high,
+low_inclusive, high_inclusive, choices, help): the catalogue publishes them and the API refuses a
+job whose values fall outside. Keep per-parameter state in `self.state[p]` and hyperparameters
 in `param_groups`, or the checkpoint round-trip will fail the job (on purpose).
 
 Signum: the sign of a momentum average, Bernstein et al. 2018, https://arxiv.org/abs/1802.04434
@@ -16,7 +18,7 @@ Signum: the sign of a momentum average, Bernstein et al. 2018, https://arxiv.org
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -26,6 +28,14 @@ class SignMomentum(torch.optim.Optimizer):
 
     Bernstein et al., signSGD, 2018: https://arxiv.org/abs/1802.04434
     """
+
+    # The same rules __init__ enforces, published so that a bad job is refused when submitted, not
+    # when it starts. Type and default come from the signature. beta = 1 would freeze the average.
+    optlab_hyperparameters: ClassVar[dict[str, dict[str, Any]]] = {
+        "lr": {"low": 0.0, "low_inclusive": False, "help": "step size"},
+        "beta": {"low": 0.0, "high": 1.0, "high_inclusive": False, "help": "decay of the gradient average"},
+        "weight_decay": {"low": 0.0, "help": "decoupled, scaled by lr"},
+    }
 
     def __init__(self, params: Any, lr: float = 1e-3, beta: float = 0.9, weight_decay: float = 0.0) -> None:
         # Say what is wrong and what is allowed: the service shows this message as is.

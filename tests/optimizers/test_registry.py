@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from optimizers import registry as registry_module
-from optimizers.hyperparams import Param, non_negative, unit_interval
+from optimizers.hyperparams import Param, check_all, non_negative, unit_interval
 from optimizers.registry import (
     BUILTIN_MODULES,
     ENTRY_POINT_GROUP,
@@ -831,6 +831,162 @@ def test_derive_params_reads_a_tensor_lr_default() -> None:
     params, lr_arg = derive_params(TensorLr)
     assert params["lr"] == Param("lr", "float", 0.25, low=0.0, low_inclusive=False)
     assert lr_arg == "lr"
+
+
+class _DictRanges(_Stepping):
+    """Ranges declared as a plugin file can, with no import of optlab: plain dicts."""
+
+    optlab_hyperparameters: ClassVar[dict[str, Any]] = {
+        "beta": {"low": 0.0, "high": 1.0, "high_inclusive": False, "help": "decay"},
+        "weight_decay": {"low": 0},
+        "steps": {"low": 1, "high": 10},
+        "mode": {"choices": ["fast", "slow"]},
+    }
+
+    def __init__(
+        self,
+        params: Any,
+        lr: float = 0.5,
+        beta: float = 0.9,
+        weight_decay: float = 0,
+        steps: int = 3,
+        mode="fast",
+    ) -> None:
+        super().__init__(params, {"lr": lr})
+
+
+def test_ranges_declared_as_plain_dicts_take_type_and_default_from_the_signature() -> None:
+    params, _ = derive_params(_DictRanges)
+    assert params == {
+        "lr": Param("lr", "float", 0.5, low=0.0, low_inclusive=False),
+        "beta": Param("beta", "float", 0.9, low=0.0, high=1.0, high_inclusive=False, help="decay"),
+        "weight_decay": Param("weight_decay", "float", 0.0, low=0.0),
+        "steps": Param("steps", "int", 3, low=1, high=10),
+        "mode": Param("mode", "choice", "fast", choices=("fast", "slow")),
+    }
+    with pytest.raises(ValueError, match=r"^beta must be a number in \[0, 1\); received 1$"):
+        check_all({"beta": 1}, params, owner="probe")
+
+
+def test_a_plugin_declaring_plain_dict_ranges_loads_and_its_jobs_are_held_to_them(tmp_path: Path) -> None:
+    _write(
+        tmp_path,
+        "shrink.py",
+        """
+        import torch
+
+
+        class Shrink(torch.optim.Optimizer):
+            optlab_hyperparameters = {"size": {"low": 0.0, "high": 1.0}}
+
+            def __init__(self, params, lr: float = 1e-3, size: float = 0.5):
+                super().__init__(params, {"lr": lr, "size": size})
+
+            def step(self, closure=None):
+                return None
+        """,
+    )
+    registry = _torch_registry([str(tmp_path)])
+    assert registry.errors == []
+    assert registry.get("shrink").params["size"] == Param("size", "float", 0.5, low=0.0, high=1.0)
+    with pytest.raises(ValueError, match=r"^size must be a number in \[0, 1\]; received 2.0$"):
+        registry.build("shrink", [torch.nn.Parameter(torch.zeros(1))], {"size": 2.0})
+
+
+def test_the_example_plugin_declares_its_ranges_as_plain_dicts() -> None:
+    registry = _torch_registry([str(ROOT / "examples" / "plugins")])
+    assert registry.errors == []
+    params = registry.get("sign_momentum").params
+    assert {name: param.allowed() for name, param in params.items()} == {
+        "lr": "a number > 0",
+        "beta": "a number in [0, 1)",
+        "weight_decay": "a number >= 0",
+    }
+
+
+@pytest.mark.parametrize(
+    ("declared", "said"),
+    [
+        (
+            {"size": {"lo": 0.0}},
+            "Bad.optlab_hyperparameters['size']: unknown key 'lo'; "
+            "allowed: low, high, low_inclusive, high_inclusive, choices, help",
+        ),
+        (
+            {"size": {"default": 0.1}},
+            "Bad.optlab_hyperparameters['size']: unknown key 'default' (default comes from __init__'s "
+            "signature); allowed: low, high, low_inclusive, high_inclusive, choices, help",
+        ),
+        (
+            {"size": {"low": 1.0, "high": 0.0}},
+            "Bad.optlab_hyperparameters['size']: no value fits low=1.0, high=0.0; "
+            "low must be below high (or equal, with both ends inclusive)",
+        ),
+        (
+            {"size": {"low": 1.0, "high": 1.0, "high_inclusive": False}},
+            "Bad.optlab_hyperparameters['size']: no value fits low=1.0, high=1.0, high_inclusive=False; "
+            "low must be below high (or equal, with both ends inclusive)",
+        ),
+        (
+            {"size": {"low": "0"}},
+            "Bad.optlab_hyperparameters['size']: 'low' must be a number or None (unbounded); received '0'",
+        ),
+        (
+            {"size": {"high_inclusive": 0}},
+            "Bad.optlab_hyperparameters['size']: 'high_inclusive' must be True or False; received 0",
+        ),
+        (
+            {"flag": {"low": 0}},
+            "Bad.optlab_hyperparameters['flag']: 'low' and 'high' bound numbers; "
+            "flag is bool (from __init__'s signature)",
+        ),
+        (
+            {"size": {"choices": ["a"]}},
+            "Bad.optlab_hyperparameters['size']: 'choices' lists the values of a string argument; "
+            "size is float (from __init__'s signature)",
+        ),
+        (
+            {"size": [0.0, 1.0]},
+            "Bad.optlab_hyperparameters['size'] must be a dict with keys among low, high, low_inclusive, "
+            "high_inclusive, choices, help (or an optimizers.hyperparams.Param); received list [0.0, 1.0]",
+        ),
+        (
+            {"sise": {"low": 0.0}},
+            "Bad.optlab_hyperparameters declares 'sise', which Bad.__init__ does not take; "
+            "its arguments: lr, size, flag",
+        ),
+        (  # a Param object is held to the same rules
+            {"size": Param("size", "float", None, low=1.0, high=0.0)},
+            "Bad.optlab_hyperparameters['size']: no value fits low=1.0, high=0.0; "
+            "low must be below high (or equal, with both ends inclusive)",
+        ),
+    ],
+    ids=[
+        "unknown key",
+        "default",
+        "low above high",
+        "empty point",
+        "bound not a number",
+        "flag not a bool",
+        "bound on a bool",
+        "choices on a number",
+        "not a dict",
+        "misspelt name",
+        "Param low above high",
+    ],
+)
+def test_a_declaration_that_cannot_apply_is_refused_naming_class_hyperparameter_and_what_is_allowed(
+    declared: dict[str, Any], said: str
+) -> None:
+    class Bad(_Stepping):
+        optlab_hyperparameters = declared
+
+        def __init__(self, params: Any, lr: float = 1e-3, size: float = 0.5, flag: bool = False) -> None:
+            super().__init__(params, {"lr": lr})
+
+    with pytest.raises(ValueError) as caught:
+        derive_params(Bad)
+    assert str(caught.value) == said
 
 
 # The first argument takes the parameters whatever its name (torch's `Optimizer(params, defaults)`);
