@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import bindparam, case, false, func, or_, select, update
+from sqlalchemy import ColumnElement, bindparam, case, false, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from jobs.result import TERMINAL_STATUSES, AttemptRecord, ErrorRecord, JobResult, JobStatus, Progress
@@ -123,25 +123,29 @@ def list_jobs(
     kind: str | None = None,
     study_id: int | None = None,
     before_id: int | None = None,
+    experiment: str | None = None,
+    optimizer: str | None = None,
 ) -> tuple[list[Job], int]:
     """A page of jobs, newest first, and how many match; `status`: one or any of several; `before_id`:
-    older than that job only (a cursor), counted among those that match all the same."""
-    query = select(Job)
-    count = select(func.count()).select_from(Job)
-    if before_id is not None:
-        query = query.where(Job.id < before_id)
+    older than that job only (a cursor), counted among those that match all the same.
+    `experiment` and `optimizer` (its name) are read from the spec: its JSON path expressions work on
+    SQLite and PostgreSQL, as in `latest_checks`, without an index (a filter, not a hot path)."""
+    matching: list[ColumnElement[bool]] = []
     if status is not None:
         statuses = [status] if isinstance(status, str) else list(status)
-        query = query.where(Job.status.in_(statuses))
-        count = count.where(Job.status.in_(statuses))
+        matching.append(Job.status.in_(statuses))
     if kind is not None:
-        query = query.where(Job.kind == kind)
-        count = count.where(Job.kind == kind)
+        matching.append(Job.kind == kind)
     if study_id is not None:
-        query = query.where(Job.study_id == study_id)
-        count = count.where(Job.study_id == study_id)
-    jobs = session.scalars(query.order_by(Job.id.desc()).limit(limit).offset(offset)).all()
-    return list(jobs), int(session.scalar(count) or 0)
+        matching.append(Job.study_id == study_id)
+    if experiment is not None:
+        matching.append(Job.spec["experiment"].as_string() == experiment)
+    if optimizer is not None:
+        matching.append(Job.spec[("optimizer", "name")].as_string() == optimizer)
+    older = [Job.id < before_id] if before_id is not None else []
+    query = select(Job).where(*matching, *older).order_by(Job.id.desc()).limit(limit).offset(offset)
+    count = select(func.count()).select_from(Job).where(*matching)
+    return list(session.scalars(query).all()), int(session.scalar(count) or 0)
 
 
 def latest_checks(*, session: Session, name: str, styles: Iterable[str]) -> dict[str, Job | None]:

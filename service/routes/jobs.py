@@ -8,7 +8,15 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from jobs.result import JobStatus
-from jobs.spec import Catalogue, JobSpec, SpecError, catalogue_errors, timeout_errors
+from jobs.spec import (
+    NAME_PATTERN,
+    SAFE_NAME_PATTERN,
+    Catalogue,
+    JobSpec,
+    SpecError,
+    catalogue_errors,
+    timeout_errors,
+)
 from service import store
 from service.admission import device_errors_asking
 from service.auth import CallerDep, submitter
@@ -76,6 +84,24 @@ def list_jobs(
     ] = None,
     kind: JobKind | None = None,
     study: Annotated[int | None, Query(ge=1, le=2**31 - 1, description="only this study's jobs")] = None,
+    experiment: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=200,
+            pattern=SAFE_NAME_PATTERN,
+            description="only this MLflow experiment's jobs",
+        ),
+    ] = None,
+    optimizer: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=100,
+            pattern=NAME_PATTERN,
+            description="only jobs of this optimizer (its name)",
+        ),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
     offset: Annotated[int, Query(ge=0, le=2**31 - 1)] = 0,
     before: BeforeQuery = None,
@@ -85,6 +111,8 @@ def list_jobs(
         status=status,
         kind=kind,
         study_id=study,
+        experiment=experiment,
+        optimizer=optimizer,
         limit=limit,
         offset=offset,
         before_id=before,

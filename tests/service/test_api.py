@@ -310,6 +310,25 @@ def test_list_filters_by_status_and_paginates(client: TestClient) -> None:
     assert client.get("/jobs", params={"limit": 0}).status_code == 422
 
 
+def test_list_filters_by_experiment_and_optimizer(client: TestClient) -> None:
+    demo_ema = client.post("/jobs", json=GOOD).json()["id"]
+    demo_sgd = client.post("/jobs", json=with_changes(optimizer={"name": "sgd"})).json()["id"]
+    other_ema = client.post("/jobs", json=with_changes(experiment="other run")).json()["id"]
+
+    def ids(**filters: str) -> list[int]:
+        page = client.get("/jobs", params=filters).json()
+        assert page["total"] == len(page["items"]), page
+        return [job["id"] for job in page["items"]]
+
+    assert ids(experiment="demo") == [demo_sgd, demo_ema]
+    assert ids(experiment="other run") == [other_ema]
+    assert ids(optimizer="ema_momentum") == [other_ema, demo_ema]
+    assert ids(experiment="demo", optimizer="sgd") == [demo_sgd]
+    assert ids(optimizer="lion") == []
+    refused = client.get("/jobs", params={"experiment": "../x"})
+    assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["query", "experiment"]
+
+
 def test_cancel(client: TestClient) -> None:
     job = client.post("/jobs", json=GOOD).json()
     cancelled = client.post(f"/jobs/{job['id']}/cancel", json={})
