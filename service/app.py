@@ -26,9 +26,10 @@ from service.db import REQUESTS_AT_ONCE, make_engine, migrate, session_factory
 from service.deps import SessionDep
 from service.guards import BodyGuard, BrowserWriteGuard, InFlightLimit, TrustedHosts
 from service.openapi import install as install_openapi
+from service.query_params import KnownQueryOnly
 from service.quotas import SubmissionQueue
 from service.routes import catalogue, checks, jobs, readiness, studies
-from service.schemas import Health
+from service.schemas import Health, responses
 from service.secrets import keep_process_private, redact_url
 from service.settings import Settings, token_names
 
@@ -74,14 +75,21 @@ def create_app(settings: Settings | None = None, *, run_migrations: bool = True)
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     # Every router needs a token (when tokens are configured); only the probes (/healthz, below,
     # and /readyz) and the docs page (a static page that asks for the token) do not.
+    # Every route refuses a query parameter it does not declare (after the token check).
     for router in (jobs.router, checks.router, studies.router, catalogue.router):
-        app.include_router(router, dependencies=[Depends(authorize)])
-    app.include_router(readiness.router)
+        app.include_router(router, dependencies=[Depends(authorize), KnownQueryOnly])
+    app.include_router(readiness.router, dependencies=[KnownQueryOnly], responses=responses(422))
     log_access_mode(settings)
     redact_access_log()
     install_openapi(app)
 
-    @app.get("/healthz", response_model=Health, tags=["health"])
+    @app.get(
+        "/healthz",
+        response_model=Health,
+        tags=["health"],
+        dependencies=[KnownQueryOnly],
+        responses=responses(422),
+    )
     def healthz(session: SessionDep) -> Health:
         """Alive (a liveness probe): 200 while the process answers, saying how the job store is. A
         store that does not answer is no reason to restart this process (`/readyz` says not ready)."""
@@ -168,6 +176,8 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
                 f"{field} must be printable ASCII, without a space at either end (a UUID is one); "
                 f"received {_short(_header_as_sent(error.get('input')))}"
             )
+        elif loc[:1] == ["query"] and kind == "extra_forbidden":
+            message = error["msg"]  # service.query_params words it: the parameter and the allowed ones
         elif kind == "extra_forbidden":
             allowed = _allowed_fields(BODY_MODELS.get(request.url.path.rstrip("/"), JobSpec), loc[1:-1])
             message = f"unknown field {field!r}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")

@@ -25,6 +25,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from jobs.spec import MAX_LIST_LENGTH, MAX_PARAM_MAGNITUDE, MAX_STRING_LENGTH, OPTION_TEXT_PATTERN, Catalogue
 from service.auth import authorize
+from service.query_params import KnownQueryOnly
 
 log = logging.getLogger("optlab.api")
 
@@ -62,11 +63,11 @@ def install(app: FastAPI) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
     # The document names every registered optimizer: it needs a token like the catalogue does.
-    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(authorize)])
+    @app.get("/openapi.json", include_in_schema=False, dependencies=[Depends(authorize), KnownQueryOnly])
     def openapi_document() -> dict[str, Any]:
         return app.openapi()
 
-    @app.get("/docs", include_in_schema=False, response_class=HTMLResponse)
+    @app.get("/docs", include_in_schema=False, response_class=HTMLResponse, dependencies=[KnownQueryOnly])
     def docs() -> HTMLResponse:
         return HTMLResponse(docs_page(needs_token=bool(app.state.settings.tokens)), headers=DOCS_HEADERS)
 

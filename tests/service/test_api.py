@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from typing import Any
 
 import pytest
+from fastapi.routing import APIRoute
 from fastapi.testclient import TestClient
 
 from service.app import create_app
+from service.query_params import declared_query_parameters
 from service.settings import Settings
 from tests.conftest import ROOT
 
@@ -327,6 +330,60 @@ def test_list_filters_by_experiment_and_optimizer(client: TestClient) -> None:
     assert ids(optimizer="lion") == []
     refused = client.get("/jobs", params={"experiment": "../x"})
     assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["query", "experiment"]
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("/jobs?stat=failed", "unknown query parameter 'stat'; allowed: status, kind, study, experiment, "
+         "optimizer, limit, offset, before"),
+        ("/studies?status=done", "unknown query parameter 'status'; allowed: limit, offset, before"),
+        ("/optimizers?style=keras", "unknown query parameter 'style'; allowed: framework"),
+        ("/jobs/1?verbose=1", "unknown query parameter 'verbose'; this endpoint takes none"),
+        ("/healthz?probe=1", "unknown query parameter 'probe'; this endpoint takes none"),
+    ],
+)  # fmt: skip
+def test_an_unknown_query_parameter_is_refused_naming_it_and_the_allowed_ones(
+    client: TestClient, url: str, said: str
+) -> None:
+    """`GET /jobs?stat=failed` had answered every job, as if filtered."""
+    client.post("/jobs", json=GOOD)
+    response = client.get(url)
+    assert response.status_code == 422
+    name = said.split("'")[1]
+    assert response.json() == {"detail": [{"loc": ["query", name], "msg": said, "type": "extra_forbidden"}]}
+
+
+def test_every_route_refuses_unknown_query_parameters_and_each_is_named(client: TestClient) -> None:
+    response = client.post("/jobs?dry_run=1&verbose=2", json=GOOD)
+    assert response.status_code == 422
+    assert [error["loc"] for error in response.json()["detail"]] == [
+        ["query", "dry_run"],
+        ["query", "verbose"],
+    ]
+    assert client.get("/jobs").json()["total"] == 0  # nothing was stored
+    for route in client.app.routes:  # type: ignore[attr-defined]
+        if not isinstance(route, APIRoute):
+            continue
+        path = re.sub(r"\{[^}]+\}", "1", route.path)
+        for method in route.methods:
+            answer = client.request(method, f"{path}?zz_unknown=1", json={})
+            assert answer.status_code == 422, (method, path, answer.text)
+            assert answer.json()["detail"][0]["loc"] == ["query", "zz_unknown"], (method, path, answer.text)
+
+
+def test_the_query_parameters_a_route_accepts_are_the_ones_its_openapi_operation_documents(
+    client: TestClient,
+) -> None:
+    """A request that keeps to the document is never refused as having an unknown parameter."""
+    document = client.get("/openapi.json").json()
+    for route in client.app.routes:  # type: ignore[attr-defined]
+        if not isinstance(route, APIRoute) or not route.include_in_schema:
+            continue
+        for method in route.methods:
+            operation = document["paths"][route.path][method.lower()]
+            documented = [p["name"] for p in operation.get("parameters", []) if p["in"] == "query"]
+            assert list(declared_query_parameters(route)) == documented, (method, route.path)
 
 
 def test_cancel(client: TestClient) -> None:
