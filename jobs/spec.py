@@ -31,7 +31,7 @@ from jobs.data_roots import resolve_data_path
 from optimizers.hyperparams import MAX_LIST_LENGTH as MAX_LIST_LENGTH  # re-exported for the OpenAPI
 from optimizers.hyperparams import MAX_STRING_LENGTH as MAX_STRING_LENGTH
 from optimizers.hyperparams import OPTION_TEXT_PATTERN as OPTION_TEXT_PATTERN
-from optimizers.hyperparams import Param
+from optimizers.hyperparams import Param, switch_note
 from optimizers.loop_needs import LoopNeeds, loop_problem, needs_unserved_by, recipe_problem
 from optimizers.param_groups import GroupRule, extra_key_problem, parse_ndim
 from optimizers.registry import FRAMEWORK_OF_STYLE, STYLES, unknown_optimizer
@@ -1206,7 +1206,8 @@ def _param_errors(
             errors.append(
                 SpecError(
                     loc=loc,
-                    msg=f"{kind} {component.name!r} has no {word} {key!r}; accepted: {accepted}",
+                    msg=f"{kind} {component.name!r} has no {word} {key!r}; accepted: {accepted}"
+                    + (switch_note(key) if kind == "optimizer" else ""),
                 )
             )
             continue

@@ -257,6 +257,31 @@ def is_option_text(value: Any) -> bool:
     return re.fullmatch(OPTION_TEXT_PATTERN, value) is not None
 
 
+# Constructor arguments that are implementation switches or framework plumbing, not
+# hyperparameters a job should tune (`params` where it is not first: WSAM's `(model, params, ...)`;
+# a torch class's first argument, whatever its name, is the registry's `_built_over`); unless the
+# class declares one in `optlab_hyperparameters` (the built-ins' `fused`): then it offers the
+# switch to jobs, validated like the rest.
+FRAMEWORK_SWITCHES = frozenset({
+    "params", "foreach", "fused", "capturable", "differentiable", "maximize",  # torch
+    "name", "clipnorm", "clipvalue", "global_clipnorm", "use_ema", "ema_momentum",  # keras
+    "ema_overwrite_frequency", "loss_scale_factor", "gradient_accumulation_steps", "jit_compile",
+    "mesh", "is_legacy_optimizer",
+})  # fmt: skip
+
+
+def switch_note(key: str) -> str:
+    """Why a framework's own switch the class takes is no hyperparameter here ("has no
+    hyperparameter 'maximize'" had read as wrong of torch's Adam, which takes it); "" for any
+    other key."""
+    if key not in FRAMEWORK_SWITCHES - {"params", "name"}:
+        return ""
+    return (
+        f" ({key} is one of the framework's own switches, which a job leaves at the class's default: "
+        "it is no hyperparameter unless the class declares it in optlab_hyperparameters)"
+    )
+
+
 def check_all(
     params: Mapping[str, Any], declared: Mapping[str, Param], *, owner: str, partial: bool = False
 ) -> dict[str, Any]:
@@ -271,7 +296,7 @@ def check_all(
         renamed = " (the learning rate is 'lr' here, whatever the class calls it)" if "lr" in declared else ""
         raise ValueError(
             f"{owner} has no hyperparameter {unknown[0]!r}; accepted: {', '.join(declared) or 'none'}"
-            + (renamed if unknown[0] == "learning_rate" else "")
+            + (renamed if unknown[0] == "learning_rate" else switch_note(unknown[0]))
         )
     missing = [name for name, param in declared.items() if param.required and name not in params]
     if missing and not partial:

@@ -28,7 +28,14 @@ from typing import Any
 
 from optimizers.declared_ranges import check_declared_names, declared_param
 from optimizers.forwarded_arguments import constructor_arguments, reaches_the_base
-from optimizers.hyperparams import MAX_LIST_LENGTH, Param, ParamType, check_all, is_option_text
+from optimizers.hyperparams import (
+    FRAMEWORK_SWITCHES,
+    MAX_LIST_LENGTH,
+    Param,
+    ParamType,
+    check_all,
+    is_option_text,
+)
 from optimizers.loop_needs import (
     BASE_ARGUMENTS,
     CLASS_ANNOTATION,
@@ -69,17 +76,6 @@ BUILTIN_MODULES: dict[str, tuple[str, ...]] = {
     for style in STYLES
 }
 
-# Constructor arguments that are implementation switches or framework plumbing, not
-# hyperparameters a job should tune (`params` where it is not first: WSAM's `(model, params, ...)`;
-# a torch class's first argument, whatever its name, is `_built_over`'s); unless the class declares
-# one in `optlab_hyperparameters` (the built-ins' `fused`): then it offers the switch to jobs,
-# validated like the rest.
-_NOT_HYPERPARAMETERS = {
-    "params", "foreach", "fused", "capturable", "differentiable", "maximize",  # torch
-    "name", "clipnorm", "clipvalue", "global_clipnorm", "use_ema", "ema_momentum",  # keras
-    "ema_overwrite_frequency", "loss_scale_factor", "gradient_accumulation_steps", "jit_compile",
-    "mesh", "is_legacy_optimizer",
-}  # fmt: skip
 _LR_ARGS = ("lr", "learning_rate")
 # A wrapper's argument that takes the base optimizer's class (SAM) when it follows the parameters;
 # any other, and one that comes first (timm's Lookahead), takes a built one.
@@ -493,7 +489,7 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
     names_a_rate = any(argument.parameter.name in _LR_ARGS for argument in arguments)
     for argument in arguments:
         arg = argument.parameter
-        if arg.name == over or (arg.name in _NOT_HYPERPARAMETERS and arg.name not in declared):
+        if arg.name == over or (arg.name in FRAMEWORK_SWITCHES and arg.name not in declared):
             continue
         if only is not None and arg.name not in only:
             continue

@@ -323,3 +323,13 @@ def test_nullable_takes_null_besides_its_type_and_says_so() -> None:
     assert check_all({"mode": None}, {"mode": given}, owner="x") == {"mode": None}
     with pytest.raises(ValueError, match=r'mode must be "a", or null; received "b"'):
         check_all({"mode": "b"}, {"mode": given}, owner="x")
+
+
+def test_a_framework_switch_is_told_why_it_is_no_hyperparameter() -> None:
+    """torch's Adam takes `maximize`: "has no hyperparameter 'maximize'" alone read as wrong."""
+    with pytest.raises(ValueError) as caught:
+        check_all({"maximize": True}, {"lr": Param("lr", "float", 0.1)}, owner="optimizer 'adam'")
+    assert str(caught.value).startswith("optimizer 'adam' has no hyperparameter 'maximize'; accepted: lr (")
+    assert "one of the framework's own switches, which a job leaves at the class's default" in str(
+        caught.value
+    )

@@ -1404,7 +1404,9 @@ def test_build_rejects_unknown_hyperparameter_listing_accepted() -> None:
         registry.build("sgd", [torch.nn.Parameter(torch.zeros(1))], {"lr": 0.1, "foreach": True})
     assert str(caught.value) == (
         "optimizer 'sgd' (torch) has no hyperparameter 'foreach'; "
-        "accepted: lr, momentum, dampening, weight_decay, nesterov"
+        "accepted: lr, momentum, dampening, weight_decay, nesterov (foreach is one of the framework's own "
+        "switches, which a job leaves at the class's default: it is no hyperparameter unless the class "
+        "declares it in optlab_hyperparameters)"
     )
 
 

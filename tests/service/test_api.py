@@ -78,6 +78,12 @@ BAD_SPECS = [
     ({"schedule__name": "zigzag"}, ["unknown schedule 'zigzag'", "cosine"], "schedule"),
     ({"workload__name": "imagenet"}, ["unknown workload 'imagenet'", "digits_mlp"], "workload"),
     ({"optimizer__params": {"lr": 0.1, "gamma": 2}}, ["no hyperparameter 'gamma'", "beta"], "gamma"),
+    # torch's own switch, which the class takes: said why it is no hyperparameter here.
+    (
+        {"optimizer__params": {"lr": 0.1, "maximize": True}},
+        ["no hyperparameter 'maximize'", "one of the framework's own switches"],
+        "maximize",
+    ),
     ({"optimizer__params": {"lr": 0}}, ["lr must be a number > 0", "received 0"], "lr"),
     ({"optimizer__params": {"lr": -1.0}}, ["lr must be a number > 0"], "lr"),
     ({"optimizer__params": {"beta": 1.5}}, ["[0, 1)", "received 1.5"], "beta"),
