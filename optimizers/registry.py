@@ -791,6 +791,12 @@ _UPDATE_METHODS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
+def update_methods(style: str) -> tuple[str, ...]:
+    """The methods any one of which makes a class of `style` update (a Keras 3 class's own `apply`
+    does, without `update_step`)."""
+    return _UPDATE_METHODS[style][0]
+
+
 def unfinished(cls: type, style: str) -> str | None:
     """What `cls` leaves to its framework's base class that the base cannot do, as the end of a
     sentence about it; None for a class that can be built and stepped. torch's Optimizer takes its

@@ -35,6 +35,9 @@ class ForeignMethod:
     # named only to explain a first step that raised.
     own_work: bool = True
     lost: str = ""  # what the class's steps lose, where its update still runs ("" for the update)
+    # How many arguments (after self) the other API calls it with, where its name alone does not
+    # make it that API's (`get_gradients(loss, params)`); None: any definition of the name is.
+    called_with: int | None = None
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ def never_called(cls: type, table: Mapping[str, ForeignMethod]) -> list[Foreign]
     found = []
     for name, method in table.items():
         defining = [k for k in own if isinstance(vars(k).get(name), FunctionType)]
-        if not defining:
+        if not defining or not _callable_as(vars(defining[0])[name], method.called_with):
             continue
         if any(other in vars(k) for k in own for other in method.instead):
             continue  # written for both APIs: the style's own method is there too
@@ -98,6 +101,17 @@ def _instead(cls: type, foreign: Foreign) -> tuple[str, type | None]:
     """The method the framework calls in `foreign`'s place, and the class `cls` has it from."""
     instead = next((n for n in foreign.method.instead if hasattr(cls, n)), foreign.method.instead[0])
     return instead, next((k for k in cls.__mro__ if instead in vars(k)), None)
+
+
+def _callable_as(function: FunctionType, arguments: int | None) -> bool:
+    """Whether the other API could call `function` with that many positional arguments after self."""
+    if arguments is None:
+        return True
+    try:
+        inspect.signature(function).bind(None, *([None] * arguments))
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _location(klass: type, name: str) -> str:

@@ -75,7 +75,7 @@ from jobs.workloads import Workload
 from optimizers.hyperparams import check_all
 from optimizers.loop_needs import PLAIN, LoopNeeds
 from optimizers.optional_imports import KERAS_MODULE_OF_STYLE, import_tensorflow
-from optimizers.registry import Base, Entry
+from optimizers.registry import Base, Entry, update_methods
 from optimizers.schedules import build_schedule
 
 # In a Keras checkpoint folder: the step, data position and spec a resumed job reads.
@@ -149,7 +149,8 @@ PER_REPLICA_OPTIONS = {
 }
 
 # Methods of the optimizer APIs before Keras 3 that Keras 3 never calls (none is in its code): a
-# class ported from tf.keras that kept one steps with what it inherits in its place.
+# class ported from tf.keras that kept one steps with what it inherits in its place. A class that
+# defines any of Keras 3's own update methods (its `apply` too) is written for Keras 3 already.
 _LEGACY_API = "a method of tf.keras's legacy optimizer API (Keras 2's OptimizerV2), which Keras 3 never calls"
 _TF1_API = (
     "a method of TensorFlow 1's optimizer API (tf.compat.v1.train.Optimizer), which Keras 3 never calls"
@@ -166,19 +167,25 @@ _KERAS3_GRADIENTS = (
 _GRADIENTS_UNCHANGED = "the gradients reach the update as they were taken"
 _NO_STATE = "the state it would make is never made"
 _NOTHING_PREPARED = "what it would prepare for the update is never prepared"
+# (The registry counts `_resource_apply_dense` as finishing a Keras class too, so that a tf.keras
+# port is catalogued and told here what never runs: it is no method of Keras 3's own.)
+_KERAS3_UPDATES = tuple(m for m in update_methods("keras") if m != "_resource_apply_dense")
+_KERAS3_APPLIES = ("apply_gradients", "apply", "_backend_apply_gradients", "stateless_apply")
 _KERAS3_FOREIGN = {
-    "_resource_apply_dense": ForeignMethod(_LEGACY_API, ("update_step",), _KERAS3_UPDATE),
-    "_resource_apply_sparse": ForeignMethod(_LEGACY_API, ("update_step",), _KERAS3_UPDATE),
-    "_resource_apply_sparse_duplicate_indices": ForeignMethod(_LEGACY_API, ("update_step",), _KERAS3_UPDATE),
-    "_apply_dense": ForeignMethod(_TF1_API, ("update_step",), _KERAS3_UPDATE),
-    "_apply_sparse": ForeignMethod(_TF1_API, ("update_step",), _KERAS3_UPDATE),
+    "_resource_apply_dense": ForeignMethod(_LEGACY_API, _KERAS3_UPDATES, _KERAS3_UPDATE),
+    "_resource_apply_sparse": ForeignMethod(_LEGACY_API, _KERAS3_UPDATES, _KERAS3_UPDATE),
+    "_resource_apply_sparse_duplicate_indices": ForeignMethod(_LEGACY_API, _KERAS3_UPDATES, _KERAS3_UPDATE),
+    "_apply_dense": ForeignMethod(_TF1_API, _KERAS3_UPDATES, _KERAS3_UPDATE),
+    "_apply_sparse": ForeignMethod(_TF1_API, _KERAS3_UPDATES, _KERAS3_UPDATE),
+    # Only as Keras 2 called them, (loss, params): a method of the name that takes other arguments
+    # (an accumulator's own `get_gradients()`) is the class's own.
     "get_gradients": ForeignMethod(
-        _LEGACY_API, ("apply_gradients", "apply"), _KERAS3_GRADIENTS, lost=_GRADIENTS_UNCHANGED
+        _LEGACY_API, _KERAS3_APPLIES, _KERAS3_GRADIENTS, lost=_GRADIENTS_UNCHANGED, called_with=2
     ),
-    "get_updates": ForeignMethod(_LEGACY_API, ("update_step", "apply_gradients", "apply"), _KERAS3_UPDATE),
+    "get_updates": ForeignMethod(_LEGACY_API, _KERAS3_UPDATES, _KERAS3_UPDATE, called_with=2),
     "_create_slots": ForeignMethod(_LEGACY_API, ("build",), _KERAS3_UPDATE, own_work=False, lost=_NO_STATE),
     "_prepare_local": ForeignMethod(
-        _LEGACY_API, ("build", "update_step"), _KERAS3_UPDATE, own_work=False, lost=_NOTHING_PREPARED
+        _LEGACY_API, ("build", *_KERAS3_UPDATES), _KERAS3_UPDATE, own_work=False, lost=_NOTHING_PREPARED
     ),
 }
 # The same for a legacy tf.keras class: Keras 3's methods, TensorFlow 1's, and the two that tf.keras
@@ -201,18 +208,22 @@ _LEGACY_GRADIENTS = (
     "change the gradients in an override of _compute_gradients(self, loss, var_list, grad_loss=None, "
     "tape=None), which TensorFlow 2's minimize calls, or of apply_gradients"
 )
+_LEGACY_UPDATES = update_methods("tf_legacy")
 _LEGACY_FOREIGN = {
-    "update_step": ForeignMethod(_KERAS3_API, ("_resource_apply_dense",), _LEGACY_UPDATE),
-    "_apply_dense": ForeignMethod(_OLD_TF1_API, ("_resource_apply_dense",), _LEGACY_UPDATE),
-    "_apply_sparse": ForeignMethod(_OLD_TF1_API, ("_resource_apply_sparse",), _LEGACY_UPDATE),
+    "update_step": ForeignMethod(_KERAS3_API, _LEGACY_UPDATES, _LEGACY_UPDATE),
+    "_apply_dense": ForeignMethod(_OLD_TF1_API, _LEGACY_UPDATES, _LEGACY_UPDATE),
+    "_apply_sparse": ForeignMethod(
+        _OLD_TF1_API, ("_resource_apply_sparse", *_LEGACY_UPDATES), _LEGACY_UPDATE
+    ),
     "get_gradients": ForeignMethod(
         _GRAPH_MODE_ONLY,
-        ("_compute_gradients", "_get_gradients", "apply_gradients"),
+        ("_compute_gradients", "_get_gradients", "apply_gradients", "_distributed_apply"),
         _LEGACY_GRADIENTS,
         lost=_GRADIENTS_UNCHANGED,
+        called_with=2,
     ),
     "get_updates": ForeignMethod(
-        _GRAPH_MODE_ONLY, ("_resource_apply_dense", "_compute_gradients", "apply_gradients"), _LEGACY_UPDATE
+        _GRAPH_MODE_ONLY, ("_compute_gradients", *_LEGACY_UPDATES), _LEGACY_UPDATE, called_with=2
     ),
     "build": ForeignMethod(_KERAS3_API, ("_create_slots",), _LEGACY_UPDATE, own_work=False, lost=_NO_STATE),
 }

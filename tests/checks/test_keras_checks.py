@@ -821,6 +821,28 @@ class LazySparseAdam(keras.optimizers.Adam):
         var.scatter_sub(tf.IndexedSlices(0.01 * grad, indices))
 
 
+class UpdatesInItsApplyGradients(keras.optimizers.Optimizer):
+    """Keras 3's apply_gradients is its update; a tf.keras method is left over, never called."""
+
+    def __init__(self, learning_rate=0.01, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+
+    def apply_gradients(self, grads_and_vars):
+        for grad, var in grads_and_vars:
+            var.assign_sub(0.01 * grad)
+        self._iterations.assign_add(1)
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        var.assign_sub(self.learning_rate * grad)
+
+
+class OwnGetGradients(keras.optimizers.SGD):
+    """A method of its own that happens to be called get_gradients, with other arguments."""
+
+    def get_gradients(self):
+        return list(self.variables)
+
+
 class CallsItByABuiltName(keras.optimizers.SGD):
     """Calls its legacy-named update by a name it builds, which no reading of its code finds."""
 
@@ -904,7 +926,10 @@ def test_state_made_where_only_tf_keras_makes_it_is_named_on_the_step_that_fails
     assert outcome.where == f"{path}:{_line_of(FOREIGN_METHODS, 'SlotsInCreateSlots', 'self.momenta[')}"
 
 
-@pytest.mark.parametrize("name", ["BothApis", "LazySparseAdam", "CallsItByABuiltName"])
+@pytest.mark.parametrize(
+    "name",
+    ["BothApis", "LazySparseAdam", "CallsItByABuiltName", "UpdatesInItsApplyGradients", "OwnGetGradients"],
+)
 def test_a_method_of_another_api_that_the_class_calls_or_backs_with_its_own_is_no_false_alarm(
     name: str, tmp_path: Path
 ) -> None:
