@@ -396,7 +396,7 @@ def run_job(args: argparse.Namespace) -> JobResult:
             print(drifted, file=sys.stderr)  # the job's log too, where a reader of the run looks
             result = result.with_fields(warnings=[*(result.warnings or []), drifted])
     if isinstance(spec, JobSpec) and job is not None and status is not JobStatus.SUCCEEDED:
-        result = result.with_fields(**checkpoints_so_far(job))
+        result = result.with_fields(**checkpoints_so_far(job, diverged=status is JobStatus.DIVERGED))
     if resume_point and resume_point.warnings:  # the newer checkpoints it passed over, first
         result = result.with_fields(warnings=[*resume_point.warnings, *(result.warnings or [])])
     # The download is a copy of a checkpoint the run keeps (a retry downloads it again): it had stayed,
@@ -438,12 +438,14 @@ def published_in_run(job: Job | None) -> bool:
     return bool(getattr(getattr(job, "store", None), "in_run", False))
 
 
-def checkpoints_so_far(job: Job) -> dict[str, Any]:
+def checkpoints_so_far(job: Job, *, diverged: bool = False) -> dict[str, Any]:
     """A trainer that stopped early: the checkpoints it verified, the warnings it gathered, and the
-    steps it completed (a failure at the step-500 checkpoint: 500)."""
+    steps it completed (a failure at the step-500 checkpoint: 500). Not for a divergence: the
+    flush that finds one comes steps after it, and the job's step is the one its error names
+    (`diverged_at_step`)."""
     verified: list[CheckpointRecord] = getattr(job, "verified", [])
     warnings: list[str] = getattr(job, "warnings", [])
-    steps: int | None = getattr(job, "steps_completed", None)
+    steps: int | None = None if diverged else getattr(job, "steps_completed", None)
     return {"checkpoints": list(verified), "warnings": warnings, "steps_completed": steps}
 
 

@@ -243,9 +243,14 @@ def test_a_use_ema_optimizer_is_evaluated_at_its_moving_average_and_trains_on(tm
 
 
 def test_divergence_names_the_step(tmp_path: Path) -> None:
+    job = job_of(tf_spec("sgd", "keras", {"lr": 1e6}, schedule={"name": "constant"}), tmp_path)
     with pytest.raises(Diverged) as diverged:
-        run(tf_spec("sgd", "keras", {"lr": 1e6}, schedule={"name": "constant"}), tmp_path)
+        job.run()
     assert diverged.value.step < 40
+    # Its result gives no steps_completed (the flush that found it came later): the job's step is
+    # the one its error names, diverged_at_step.
+    assert checkpoints_so_far(job, diverged=True)["steps_completed"] is None
+    assert job.steps_completed is not None and job.steps_completed >= diverged.value.step
 
 
 EAGER_ONLY = """
