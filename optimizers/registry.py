@@ -483,9 +483,11 @@ def derive_params(cls: type, style: str = "torch") -> tuple[dict[str, Param], st
     lr_arg = "lr" if style == "torch" else "learning_rate"
     over = _built_over(cls) if style == "torch" else None
     arguments = constructor_arguments(cls, _style_base(style))  # without self; **kwargs followed
-    check_declared_names(
-        cls.__name__, declared, [a.parameter.name for a in arguments if a.parameter.name != over]
-    )
+    if not _takes_keywords_on(cls):  # with **kwargs a declared name may reach a base's constructor
+        own = vars(cls).get("optlab_hyperparameters") or {}  # a parent's may name what a child fixes
+        check_declared_names(
+            cls.__name__, own, [a.parameter.name for a in arguments if a.parameter.name != over]
+        )
     names_a_rate = any(argument.parameter.name in _LR_ARGS for argument in arguments)
     for argument in arguments:
         arg = argument.parameter
@@ -789,6 +791,15 @@ _UPDATE_METHODS: dict[str, tuple[tuple[str, ...], str]] = {
         "_resource_apply_dense(self, grad, var, apply_state=None)",
     ),
 }
+
+
+def _takes_keywords_on(cls: type) -> bool:
+    """Whether the class's own constructor takes **kwargs; True where its signature cannot be read."""
+    try:
+        parameters = inspect.signature(cls.__init__).parameters.values()  # type: ignore[misc]
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)
 
 
 def update_methods(style: str) -> tuple[str, ...]:

@@ -989,6 +989,31 @@ def test_a_declaration_that_cannot_apply_is_refused_naming_class_hyperparameter_
     assert str(caught.value) == said
 
 
+def test_a_declared_name_that_may_reach_a_base_or_is_a_parent_s_loads() -> None:
+    """Only a class's own declarations are held to its own constructor, and only where it takes no
+    **kwargs: a child that fixes a parent's argument, and a keyword that reaches the base through
+    **kwargs, had made classes that loaded before fail to load."""
+
+    class Parent(_Stepping):
+        optlab_hyperparameters = {"beta": {"low": 0.0, "high": 1.0}}
+
+        def __init__(self, params: Any, lr: float = 1e-3, beta: float = 0.9) -> None:
+            super().__init__(params, {"lr": lr, "beta": beta})
+
+    class FixesBeta(Parent):
+        def __init__(self, params: Any, lr: float = 1e-3) -> None:
+            super().__init__(params, lr, beta=0.0)
+
+    class Forwards(_Stepping):
+        optlab_hyperparameters = {"momentum": {"low": 0.0, "high": 1.0}}
+
+        def __init__(self, params: Any, lr: float = 1e-3, **kwargs: Any) -> None:
+            super().__init__(params, {"lr": lr, **kwargs})
+
+    assert set(derive_params(FixesBeta)[0]) == {"lr"}
+    assert "lr" in derive_params(Forwards)[0]
+
+
 # The first argument takes the parameters whatever its name (torch's `Optimizer(params, defaults)`);
 # unannotated, as KellerJordan's `SingleDeviceMuonWithAuxAdam.__init__(self, param_groups)` writes it,
 # it had been catalogued as a required hyperparameter that no job could send.
