@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -680,10 +681,15 @@ def run_local_check(args: argparse.Namespace, settings: Settings) -> int:
         except (KeyboardInterrupt, subprocess.TimeoutExpired):
             process.kill()
             process.wait()
-            relay.join(RELAY_DRAIN_S)
+            with contextlib.suppress(KeyboardInterrupt):
+                relay.join(RELAY_DRAIN_S)
             print("\noptlab check: interrupted", file=sys.stderr)
             return 130
-    relay.join(RELAY_DRAIN_S)  # its last lines before this process's own
+    try:
+        relay.join(RELAY_DRAIN_S)  # its last lines before this process's own
+    except KeyboardInterrupt:  # while a process the checker left holds its stderr open
+        print("\noptlab check: interrupted", file=sys.stderr)
+        return 130
     if returncode not in CHECKER_EXIT_STATUSES:  # it ended without a word (os._exit, a crash, the OOM killer)
         from jobs.processes import how_it_ended
 

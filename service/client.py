@@ -139,6 +139,10 @@ API_ROUTES = (
 )
 
 
+# OpenSSL's reasons for a plain-HTTP answer to its hello ("record layer failure" from 3.2 on).
+PLAIN_HTTP_TLS_REASONS = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE")
+
+
 def _not_an_address(url: str, problem: object) -> str:
     shown = url if "@" not in url else redact_url(url)  # one that cannot be parsed shows as *** whole
     return f"{shown!r} is not an address of an optlab API ({problem}); give its root, as in http://127.0.0.1:8000"
@@ -381,12 +385,14 @@ class ApiClient:
         """No connection: refused (nothing listens there), or a TLS handshake that failed, which
         for an https:// address of a plain-HTTP server is an address to give as http://."""
         tls = _tls_error(exc)
-        if tls is None or isinstance(tls, ssl.SSLCertVerificationError) or "://" not in self.base_url:
+        # Any other TLS error (a protocol version, a certificate) is a real HTTPS server's.
+        plain_answer = tls is not None and (tls.reason or "") in PLAIN_HTTP_TLS_REASONS
+        if not plain_answer or "://" not in self.base_url:
             return ApiError(0, f"cannot reach the optlab API at {self.base_url}; is `optlab serve` running?")
         plain = "http://" + self.base_url.split("://", 1)[1]
         return AddressError(
             f"the server at {self.base_url} did not speak TLS (the HTTPS handshake failed: "
-            f"{tls.reason or tls}); if it serves plain HTTP, give {plain}"
+            f"{tls.reason if tls is not None else ''}); if it serves plain HTTP, give {plain}"
         )
 
     def _unreachable(self, exc: Exception, attempts: int, key: str | None = None) -> str:
