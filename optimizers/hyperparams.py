@@ -75,8 +75,9 @@ class Param:
             return f"true or false, a number or {TEXT_ALLOWED}"
         if self.type == "bool":
             return "true or false"
-        if self.type == "path":
-            return f'a file path (at most {MAX_PATH_LENGTH} characters) under a data root, or "" for none'
+        if self.type == "path":  # "" means none only where a path may be left out (char_lm's corpus)
+            none = "" if self.required else ', or "" for none'
+            return f"a file path (at most {MAX_PATH_LENGTH} characters) under a data root{none}"
         kind = {
             "float": "a number",
             "number": "a number",
