@@ -152,10 +152,12 @@ class PiecewiseConstant(Schedule):
 
     def __post_init__(self) -> None:
         if len(self.values) != len(self.boundaries) + 1:
+            default = " (values' default, where it is left out)"
             raise ScheduleParamError(
                 "values",
                 f"piecewise_constant needs one more value than boundaries; received {len(self.boundaries)} "
-                f"boundaries and {len(self.values)} values",
+                f"boundaries {self.boundaries} and {len(self.values)} values {self.values}"
+                + (default if self.values == [1.0] else ""),
             )
         if any(
             later <= earlier for earlier, later in zip(self.boundaries, self.boundaries[1:], strict=False)

@@ -128,6 +128,11 @@ BAD_SPECS = [
         ["piecewise_constant needs one more value than boundaries"],
         "values",
     ),
+    (  # values left out: the 1 value received is its default, which the message had not said
+        {"schedule": {"name": "piecewise_constant", "params": {"boundaries": [100, 200]}}},
+        ["received 2 boundaries [100, 200] and 1 values [1.0] (values' default, where it is left out)"],
+        "values",
+    ),
     ({"steps": 0}, ["steps", "greater than 0"], "steps"),
     ({"steps": 10_001}, ["steps must be at most 10000", "10001"], "steps"),
     ({"steps": "300"}, ["steps", "integer"], "steps"),
