@@ -440,8 +440,10 @@ def entry_for_class(cls: type, *, source: str, style: str | None = None) -> Entr
     params, lr_arg = derive_params(cls, style)
     # The class's own docstring only: an undocumented plugin must not borrow torch's.
     doc = inspect.cleandoc(cls.__doc__) if cls.__doc__ else ""
-    summary = getattr(cls, "optlab_summary", None) or (doc.splitlines()[0] if doc else "")
     reference = getattr(cls, "optlab_reference", None) or _first_url(doc)
+    summary = getattr(cls, "optlab_summary", None) or _without_url(
+        doc.splitlines()[0] if doc else "", reference
+    )
     return Entry(
         name=getattr(cls, "optlab_name", None) or snake_case(cls.__name__),
         framework=FRAMEWORK_OF_STYLE[style],
@@ -1056,6 +1058,16 @@ def _resolved(annotation: Any, cls: type) -> Any:
         return eval(annotation, dict(namespace))  # the class's own annotation, as typing evaluates it
     except Exception:
         return annotation
+
+
+def _without_url(line: str, url: str) -> str:
+    """A docstring's first line less the reference URL in brackets that ends it (`Lion
+    (https://arxiv.org/abs/2302.06675)` -> `Lion`): the catalogue had shown it twice. One the sentence
+    reads on (`Paper: https://...`) stays."""
+    if not url:
+        return line
+    ending = re.compile(r"\s*[(\[<]\s*" + re.escape(url) + r"\s*[)\]>]\.?\s*$")
+    return ending.sub("", line) or line
 
 
 def _first_url(text: str) -> str:

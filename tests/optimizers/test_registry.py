@@ -1449,3 +1449,27 @@ def test_a_number_or_tensor_argument_is_a_number_and_a_tuple_of_floats_stays_a_p
     max_lr = entry_for_class(pytorch_optimizer.AliG, source="test").params["max_lr"]
     assert (max_lr.type, max_lr.default, max_lr.nullable) == ("number", None, True)
     assert entry_for_class(torch.optim.Adamax, source="test").params["betas"].type == "float_pair"
+
+
+@pytest.mark.parametrize(
+    ("first_line", "summary"),
+    [
+        ("Lion (https://arxiv.org/abs/2302.06675)", "Lion"),
+        ("Lion <https://arxiv.org/abs/2302.06675>.", "Lion"),
+        ("Lion: https://arxiv.org/abs/2302.06675", "Lion: https://arxiv.org/abs/2302.06675"),
+        ("See https://arxiv.org/abs/2302.06675 for Lion.", "See https://arxiv.org/abs/2302.06675 for Lion."),
+    ],
+    ids=["in brackets", "in angle brackets", "read on after a colon", "inside the sentence"],
+)
+def test_the_summary_leaves_out_the_bracketed_reference_url_that_ends_its_line(
+    first_line: str, summary: str
+) -> None:
+    """The catalogue had shown the URL twice: in the summary and as the reference."""
+
+    class Documented(_Stepping):
+        def __init__(self, params: Any, lr: float = 1e-3) -> None:
+            super().__init__(params, {"lr": lr})
+
+    Documented.__doc__ = f"{first_line}\n\nMore words."
+    entry = entry_for_class(Documented, source="test")
+    assert (entry.summary, entry.reference) == (summary, "https://arxiv.org/abs/2302.06675")
