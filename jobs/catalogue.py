@@ -55,7 +55,7 @@ def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "optimizers": optimizers,
         "schedules": describe_schedules(),
-        "workloads": describe_workloads(),
+        "workloads": describe_workloads(with_parameters=True),
         "errors": errors,
     }
 

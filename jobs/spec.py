@@ -33,7 +33,7 @@ from optimizers.hyperparams import MAX_STRING_LENGTH as MAX_STRING_LENGTH
 from optimizers.hyperparams import OPTION_TEXT_PATTERN as OPTION_TEXT_PATTERN
 from optimizers.hyperparams import Param, switch_note
 from optimizers.loop_needs import LoopNeeds, loop_problem, needs_unserved_by, recipe_problem
-from optimizers.param_groups import GroupRule, extra_key_problem, parse_ndim
+from optimizers.param_groups import GroupRule, extra_key_problem, matches_nothing, parse_ndim, unmatched_rule
 from optimizers.registry import FRAMEWORK_OF_STYLE, STYLES, unknown_optimizer
 from optimizers.schedules import (
     Cosine,
@@ -792,6 +792,7 @@ def catalogue_errors(
             *_multiple_errors(spec.workload, workload),
             *_data_path_errors(spec.workload, workload["params"], data_roots),
         ]
+        errors += _group_match_errors(spec, workload)
         if spec.framework not in workload["frameworks"]:
             errors.append(
                 SpecError(
@@ -844,6 +845,32 @@ def _distribution_errors(spec: JobSpec, catalogue: Catalogue) -> list[SpecError]
             f"leave distribution out; received {{'strategy': 'ddp', 'devices': {spec.distribution.devices}}}",
         )
     ]
+
+
+def _group_match_errors(spec: JobSpec, workload: Mapping[str, Any]) -> list[SpecError]:
+    """A param group that takes no parameter of the model (a name glob's typo), told at submission
+    where the catalogue lists the model's parameters, at the workload's default params (its other
+    params may change them: the job tells then, when it starts)."""
+    parameters = workload.get("parameters")
+    groups = spec.optimizer.param_groups
+    if not groups or not parameters or spec.framework != "torch" or _sets_any_param(spec.workload, workload):
+        return []
+    named = [(str(p["name"]), tuple(p["shape"])) for p in parameters]
+    index = unmatched_rule([group.rule() for group in groups], named)
+    if index is None:
+        return []
+    return [
+        SpecError(
+            loc=["body", "optimizer", "param_groups", index, "match"],
+            msg=f"param_groups[{index}] {matches_nothing(named, f'workload {spec.workload.name!r}')}",
+        )
+    ]
+
+
+def _sets_any_param(component: Component, workload: Mapping[str, Any]) -> bool:
+    """Whether the spec gives any of the workload's params a value other than its default."""
+    defaults = {p["name"]: p["default"] for p in workload["params"]}
+    return any(value != defaults.get(name) for name, value in component.params.items())
 
 
 def _sets_data_params(component: Component, workload: Mapping[str, Any]) -> bool:

@@ -95,13 +95,28 @@ def assign_groups(
         groups = [group for group in groups if group.names]
     for index, group in enumerate(groups):
         if not group.names:
-            # Earlier rules may have taken this one's parameters: first match wins.
-            there = ", ".join(f"{name} (ndim {len(shape)})" for name, shape in named)
-            raise ValueError(
-                f"{owner}[{index}] matches no parameter of the model (earlier groups take their matches "
-                f"first); the model's parameters: {there}"
-            )
+            raise ValueError(f"{owner}[{index}] {matches_nothing(named, 'the model')}")
     return groups + ([rest] if rest.names else [])
+
+
+def unmatched_rule(
+    rules: Sequence[GroupRule], named_shapes: Iterable[tuple[str, Sequence[int]]]
+) -> int | None:
+    """The first rule that no parameter is left for (first match wins), or None."""
+    taken = {
+        next((i for i, rule in enumerate(rules) if rule.matches(name, shape)), None)
+        for name, shape in named_shapes
+    }
+    return next((i for i in range(len(rules)) if i not in taken), None)
+
+
+def matches_nothing(named_shapes: Iterable[tuple[str, Sequence[int]]], model: str) -> str:
+    """The end of a sentence about a rule that takes no parameter of `model`."""
+    there = ", ".join(f"{name} (ndim {len(shape)})" for name, shape in named_shapes)
+    # Earlier rules may have taken this one's parameters: first match wins.
+    return (
+        f"matches no parameter of {model} (earlier groups take their matches first); its parameters: {there}"
+    )
 
 
 # What a group key the optimizer does not catalogue may be set to: JSON has no tuples, and a

@@ -27,8 +27,14 @@ def get_workload(name: str) -> Workload:
     return WORKLOADS[name]
 
 
-def describe_workloads() -> list[dict[str, Any]]:
-    return [workload.describe() for workload in WORKLOADS.values()]
+def describe_workloads(*, with_parameters: bool = False) -> list[dict[str, Any]]:
+    """Each workload's description; `with_parameters`: its torch model's parameters at the default
+    params too (builds each model: the catalogue's process only)."""
+    described = [workload.describe() for workload in WORKLOADS.values()]
+    if with_parameters:
+        for entry, workload in zip(described, WORKLOADS.values(), strict=True):
+            entry["parameters"] = workload.torch_parameters()
+    return described
 
 
 __all__ = ["WORKLOADS", "Dataset", "Target", "Task", "Workload", "describe_workloads", "get_workload"]

@@ -154,6 +154,16 @@ class Workload(ABC):
         2-D test function's `traj/x`, `traj/y`; called only when `traces_parameters(params)`."""
         return {}
 
+    def torch_parameters(self) -> list[dict[str, Any]] | None:
+        """The torch model's parameters at the default params, by name and shape (what a param
+        group's name glob and ndim test match); None where the model depends on a file the spec
+        names. Builds the model: for the catalogue's process, which has torch loaded anyway."""
+        if not self.fixed_data or "torch" not in self.frameworks:
+            return None
+        defaults = {name: param.default for name, param in self.params.items()}
+        model = self.torch_model(defaults, self.load_data(defaults))
+        return [{"name": name, "shape": list(p.shape)} for name, p in model.named_parameters()]
+
     def describe(self) -> dict[str, Any]:
         return {
             "name": self.name,

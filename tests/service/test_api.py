@@ -133,6 +133,11 @@ BAD_SPECS = [
         ["received 2 boundaries [100, 200] and 1 values [1.0] (values' default, where it is left out)"],
         "values",
     ),
+    (  # a name glob that takes nothing: told at submission, with the model's parameters to choose from
+        {"optimizer__param_groups": [{"match": {"name": "head.*"}, "params": {"lr": 0.1}}]},
+        ["param_groups[0] matches no parameter of workload 'digits_mlp'", "logits.weight (ndim 2)"],
+        "match",
+    ),
     ({"steps": 0}, ["steps", "greater than 0"], "steps"),
     ({"steps": 10_001}, ["steps must be at most 10000", "10001"], "steps"),
     ({"steps": "300"}, ["steps", "integer"], "steps"),
@@ -508,3 +513,16 @@ def test_a_compressed_body_is_told_it_is_compressed(client: TestClient) -> None:
         "Content-Encoding 'gzip' is not accepted: send the JSON body uncompressed"
     )
     assert client.get("/jobs").json()["total"] == 0
+
+
+def test_a_group_glob_is_judged_only_at_the_workload_s_default_params(client: TestClient) -> None:
+    """The catalogue lists the model's parameters at the workload's default params (GET /workloads);
+    with others the model may have other parameters (char_lm's `layers`), so the job checks the
+    recipe when it starts."""
+    digits = next(w for w in client.get("/workloads").json()["items"] if w["name"] == "digits_mlp")
+    assert {"name": "hidden_1.weight", "shape": [64, 64]} in digits["parameters"]
+    recipe = [{"match": {"name": "hidden_3.*"}, "params": {"lr": 0.1}}]
+    at_default = client.post("/jobs", json=with_changes(optimizer__param_groups=recipe))
+    assert at_default.status_code == 422, at_default.text
+    narrower = with_changes(optimizer__param_groups=recipe, workload__params={"hidden": 32})
+    assert client.post("/jobs", json=narrower).status_code == 201
