@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import FunctionType
@@ -57,6 +58,8 @@ def never_called(cls: type, table: Mapping[str, ForeignMethod]) -> list[Foreign]
         defining = [k for k in own if isinstance(vars(k).get(name), FunctionType)]
         if not defining or not _callable_as(vars(defining[0])[name], method.called_with):
             continue
+        if all(_passes_through(vars(k)[name]) for k in defining):
+            continue  # nothing of the class's own is lost where it only hands on super()'s
         if any(other in vars(k) for k in own for other in method.instead):
             continue  # written for both APIs: the style's own method is there too
         if _named_in_code_of(own, name):
@@ -101,6 +104,44 @@ def _instead(cls: type, foreign: Foreign) -> tuple[str, type | None]:
     """The method the framework calls in `foreign`'s place, and the class `cls` has it from."""
     instead = next((n for n in foreign.method.instead if hasattr(cls, n)), foreign.method.instead[0])
     return instead, next((k for k in cls.__mro__ if instead in vars(k)), None)
+
+
+def _passes_through(function: FunctionType) -> bool:
+    """Whether the method only returns what the base's method of its name returns (`return
+    super().get_gradients(loss, params)`, through a name or not; a print left commented out):
+    skipped, it changes nothing. False where its source cannot be read."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError, SyntaxError):
+        return False
+    definition = tree.body[0] if tree.body else None
+    if not isinstance(definition, ast.FunctionDef | ast.AsyncFunctionDef):
+        return False
+    body = [
+        s
+        for s in definition.body
+        if not isinstance(s, ast.Pass) and not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
+    ]
+    if len(body) == 1 and isinstance(body[0], ast.Return):
+        return _calls_super(body[0].value, definition.name)
+    if len(body) == 2 and isinstance(body[0], ast.Assign) and isinstance(body[1], ast.Return):
+        assigned, returned = body[0], body[1].value
+        named = len(assigned.targets) == 1 and isinstance(assigned.targets[0], ast.Name)
+        same = named and isinstance(returned, ast.Name) and assigned.targets[0].id == returned.id  # type: ignore[attr-defined]
+        return same and _calls_super(assigned.value, definition.name)
+    return False
+
+
+def _calls_super(node: ast.AST | None, name: str) -> bool:
+    """`super().<name>(...)`, or `super(Cls, self).<name>(...)`."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == name
+        and isinstance(node.func.value, ast.Call)
+        and isinstance(node.func.value.func, ast.Name)
+        and node.func.value.func.id == "super"
+    )
 
 
 def _callable_as(function: FunctionType, arguments: int | None) -> bool:

@@ -843,6 +843,15 @@ class OwnGetGradients(keras.optimizers.SGD):
         return list(self.variables)
 
 
+class PrintAdadelta(keras.optimizers.Adadelta):
+    """A debugging override left in, its print commented out: it hands on what the base returns."""
+
+    def get_gradients(self, loss, params):
+        grads = super().get_gradients(loss, params)
+        # grads[0] = tf.Print(grads[0], [grads[0]])
+        return grads
+
+
 class CallsItByABuiltName(keras.optimizers.SGD):
     """Calls its legacy-named update by a name it builds, which no reading of its code finds."""
 
@@ -928,13 +937,22 @@ def test_state_made_where_only_tf_keras_makes_it_is_named_on_the_step_that_fails
 
 @pytest.mark.parametrize(
     "name",
-    ["BothApis", "LazySparseAdam", "CallsItByABuiltName", "UpdatesInItsApplyGradients", "OwnGetGradients"],
+    [
+        "BothApis",
+        "LazySparseAdam",
+        "CallsItByABuiltName",
+        "UpdatesInItsApplyGradients",
+        "OwnGetGradients",
+        "PrintAdadelta",
+    ],
 )
 def test_a_method_of_another_api_that_the_class_calls_or_backs_with_its_own_is_no_false_alarm(
     name: str, tmp_path: Path
 ) -> None:
-    """Written for both APIs (update_step there too), called by the class's own code, or called by a
-    name built at run time (no reading of the code finds it; the steps show it called)."""
+    """Written for both APIs (update_step there too), called by the class's own code, called by a
+    name built at run time (no reading of the code finds it; the steps show it called), updating in
+    Keras 3's own apply_gradients, a method of the name with other arguments, or one that only hands
+    on what the base's returns."""
     path = tmp_path / "foreign_methods.py"
     path.write_text(FOREIGN_METHODS)
     outcome = _run("dense_step", _context(f"{path}:{name}", tmp_path))
