@@ -967,11 +967,20 @@ def _infer_type(annotation: Any, default: Any = inspect.Parameter.empty) -> Para
 
 def _number_or_tensor(annotation: Any) -> bool:
     """`float | Tensor` (or with `int`, or `None`): torch's way of taking a number or a tensor holding
-    one, as its own `lr: float | Tensor` does. A number here: JSON carries no tensor."""
+    one, as its own `lr: float | Tensor` does; tensorflow-addons' `Union[FloatTensorLike, Callable]`
+    (a tensor, a float or a numpy float, or a schedule) too, whose required `weight_decay` no job or
+    check could give. A number here: JSON carries no tensor and no callable."""
     if typing.get_origin(annotation) not in (typing.Union, types.UnionType):
         return False  # `tuple[float, float]` has float arguments too, and is a pair
     names = {getattr(arg, "__name__", "") for arg in typing.get_args(annotation) if arg is not type(None)}
-    return {"float", "Tensor"} <= names <= {"float", "int", "Tensor"}
+    return "float" in names and bool(names & {"Tensor", "Callable"}) and names <= _NUMBER_LIKE
+
+
+# What a number may also be taken as, by name: a tensor (torch's, TensorFlow's), a numpy scalar, a
+# variable, or a schedule (a callable of the step).
+_NUMBER_LIKE = frozenset(
+    {"float", "int", "Tensor", "Variable", "float16", "float32", "float64", "int32", "int64", "Callable"}
+)
 
 
 # The spellings of "X or None" a postponed annotation (a string) has, X a plain name.

@@ -1473,3 +1473,21 @@ def test_the_summary_leaves_out_the_bracketed_reference_url_that_ends_its_line(
     Documented.__doc__ = f"{first_line}\n\nMore words."
     entry = entry_for_class(Documented, source="test")
     assert (entry.summary, entry.reference) == (summary, "https://arxiv.org/abs/2302.06675")
+
+
+def test_a_number_typed_as_tensorflow_addons_types_it_is_a_number() -> None:
+    """`weight_decay: Union[FloatTensorLike, Callable]` (a tensor, a float or numpy float, or a
+    schedule), required in tensorflow-addons' AdamW: it had been left out of the catalogue, so the
+    class could be neither built nor given the value."""
+    import collections.abc
+
+    import numpy as np
+
+    class DecoupledSGD(_Stepping):
+        def __init__(self, params: Any, weight_decay: Any, lr: float = 1e-3) -> None:
+            super().__init__(params, {"lr": lr, "weight_decay": weight_decay})
+
+    float_tensor_like = torch.Tensor | float | np.float16 | np.float32 | np.float64
+    DecoupledSGD.__init__.__annotations__["weight_decay"] = float_tensor_like | collections.abc.Callable
+    params, _ = derive_params(DecoupledSGD)
+    assert params["weight_decay"].type == "number" and params["weight_decay"].required
