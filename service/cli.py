@@ -399,6 +399,9 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
     try:
         job = client.submit(spec)
         print(f"job {job['id']} {job['status']}: {url}/jobs/{job['id']}")
+        notice = failed_check_notice(client, job["spec"])
+        if notice:
+            print(f"  note: {notice}")
         if not args.wait:
             return 0
         label = styled_optimizer_label(job["spec"]["optimizer"], job["spec"].get("framework", "torch"))
@@ -419,6 +422,31 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
     if final.get("mlflow"):
         print(f"  MLflow run: {final['mlflow']['run_url']}")
     return 0 if status is JobStatus.SUCCEEDED else 1
+
+
+def failed_check_notice(client: ApiClient, spec: dict[str, Any]) -> str | None:
+    """That the job's optimizer failed its latest conformance check, where it did: nothing had said
+    so at submission, and the job ran into what the check had found. None where it passed, was never
+    checked, or the API cannot say (a notice, never the submission's outcome)."""
+    from service.client import ApiError
+
+    optimizer = spec["optimizer"]
+    name, framework = optimizer["name"], spec.get("framework", "torch")
+    try:
+        implementations = client.optimizer(name).get("implementations", [])
+    except ApiError:
+        return None
+    style = optimizer.get("style") or ("torch" if framework == "torch" else None)
+    chosen = [
+        i for i in implementations if i.get("framework") == framework and style in (None, i.get("style"))
+    ]
+    latest = (chosen[0].get("latest_check") if chosen else None) or {}
+    if not latest.get("fail"):
+        return None
+    return (
+        f"optimizer {name!r} ({chosen[0].get('style')}) failed its latest conformance check (check job "
+        f"{latest.get('job_id')}: {', '.join(latest.get('failed', []))}): {client.base_url}/optimizers/{name}"
+    )
 
 
 def final_metrics(result: JobResult | None) -> str:

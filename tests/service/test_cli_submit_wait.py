@@ -88,3 +88,32 @@ def test_the_counter_is_whole_in_an_80_column_terminal() -> None:
     follow_jobs(OneJob(), {7: "lion (tf_legacy) lr=3e-4"}, Console(file=out, width=80))
     last = out.getvalue().splitlines()[-1]
     assert "20000/20000 running" in last and "loss 0.5000" in last, last
+
+
+def _optimizer_detail(fail: int) -> dict[str, Any]:
+    check = {"job_id": 3, "fail": fail, "failed": ["state_roundtrip"] if fail else [], "pass": 17}
+    return {
+        "name": "lion",
+        "implementations": [
+            {"framework": "tensorflow", "style": "keras", "latest_check": None},
+            {"framework": "tensorflow", "style": "tf_legacy", "latest_check": check},
+        ],
+    }
+
+
+@pytest.mark.parametrize("fail", [1, 0], ids=["failed", "passed"])
+def test_a_job_of_an_optimizer_that_failed_its_latest_check_is_noted_at_submission(
+    fail: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing had said so: the job ran into what the check had found (its style's check only)."""
+    spec = tmp_path / "job.json"
+    spec.write_text('{"steps": 1}')
+    monkeypatch.setattr(ApiClient, "submit", lambda self, body: TF_LEGACY_JOB)
+    monkeypatch.setattr(ApiClient, "optimizer", lambda self, name: _optimizer_detail(fail))
+    assert cli.main(["submit", str(spec), "--api", "http://127.0.0.1:9"]) == 0
+    out = capsys.readouterr().out
+    note = (
+        "  note: optimizer 'lion' (tf_legacy) failed its latest conformance check (check job 3: "
+        "state_roundtrip): http://127.0.0.1:9/optimizers/lion\n"
+    )
+    assert (note in out) == bool(fail), out
