@@ -424,6 +424,10 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if status is JobStatus.SUCCEEDED else 1
 
 
+# How long the job's submission waits to say its optimizer failed its latest check: a notice.
+NOTICE_TIMEOUT_S = 5.0
+
+
 def failed_check_notice(client: ApiClient, spec: dict[str, Any]) -> str | None:
     """That the job's optimizer failed its latest conformance check, where it did: nothing had said
     so at submission, and the job ran into what the check had found. None where it passed, was never
@@ -433,7 +437,7 @@ def failed_check_notice(client: ApiClient, spec: dict[str, Any]) -> str | None:
     optimizer = spec["optimizer"]
     name, framework = optimizer["name"], spec.get("framework", "torch")
     try:
-        implementations = client.optimizer(name).get("implementations", [])
+        implementations = client.optimizer(name, timeout_s=NOTICE_TIMEOUT_S).get("implementations", [])
     except ApiError:
         return None
     style = optimizer.get("style") or ("torch" if framework == "torch" else None)

@@ -242,9 +242,10 @@ class ApiClient:
     def job(self, job_id: int) -> dict[str, Any]:
         return self._call("GET", f"/jobs/{job_id}")
 
-    def optimizer(self, name: str) -> dict[str, Any]:
+    def optimizer(self, name: str, *, timeout_s: float | None = None) -> dict[str, Any]:
         """GET /optimizers/{name}: its implementations, each with its latest check's summary."""
-        return self._call("GET", f"/optimizers/{name}")
+        extra: dict[str, Any] = {} if timeout_s is None else {"timeout": timeout_s}
+        return self._call("GET", f"/optimizers/{name}", **extra)
 
     def cancel(self, job_id: int) -> dict[str, Any]:
         # No body, but a JSON content type: the API refuses writes a web page could forge.

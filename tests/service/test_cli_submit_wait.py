@@ -109,7 +109,7 @@ def test_a_job_of_an_optimizer_that_failed_its_latest_check_is_noted_at_submissi
     spec = tmp_path / "job.json"
     spec.write_text('{"steps": 1}')
     monkeypatch.setattr(ApiClient, "submit", lambda self, body: TF_LEGACY_JOB)
-    monkeypatch.setattr(ApiClient, "optimizer", lambda self, name: _optimizer_detail(fail))
+    monkeypatch.setattr(ApiClient, "optimizer", lambda self, name, timeout_s: _optimizer_detail(fail))
     assert cli.main(["submit", str(spec), "--api", "http://127.0.0.1:9"]) == 0
     out = capsys.readouterr().out
     note = (
