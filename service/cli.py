@@ -424,6 +424,18 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
     return 0 if status is JobStatus.SUCCEEDED else 1
 
 
+def study_check_notices(client: ApiClient, spec: dict[str, Any]) -> list[str]:
+    """`failed_check_notice` for each optimizer of a study, once per name and style."""
+    framework = spec.get("framework", "torch")
+    chosen = {(o.get("name"), o.get("style")) for o in spec.get("optimizers", []) if isinstance(o, dict)}
+    notices = [
+        failed_check_notice(client, {"framework": framework, "optimizer": {"name": name, "style": style}})
+        for name, style in sorted(chosen, key=str)
+        if isinstance(name, str)
+    ]
+    return [notice for notice in notices if notice]
+
+
 # How long the job's submission waits to say its optimizer failed its latest check: a notice.
 NOTICE_TIMEOUT_S = 5.0
 
@@ -481,6 +493,8 @@ def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
         print(
             f"study {study['id']} {study['status']}: {len(study['jobs'])} jobs, {url}/studies/{study['id']}"
         )
+        for notice in study_check_notices(client, spec):
+            print(f"  note: {notice}")
         if not args.wait:
             return 0
         study = follow_study(client, study["id"])

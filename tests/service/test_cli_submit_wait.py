@@ -4,6 +4,7 @@ service/progress.py), fed by stand-in clients instead of a running service."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +118,21 @@ def test_a_job_of_an_optimizer_that_failed_its_latest_check_is_noted_at_submissi
         "state_roundtrip): http://127.0.0.1:9/optimizers/lion\n"
     )
     assert (note in out) == bool(fail), out
+
+
+def test_a_study_notes_each_optimizer_that_failed_its_latest_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = tmp_path / "study.json"
+    optimizers = [{"name": "lion", "style": "tf_legacy"}, {"name": "lion", "style": "keras", "label": "k"}]
+    spec.write_text(json.dumps({"framework": "tensorflow", "optimizers": optimizers}))
+    monkeypatch.setattr(
+        ApiClient, "submit_study", lambda self, body: {"id": 4, "status": "running", "jobs": []}
+    )
+    monkeypatch.setattr(ApiClient, "optimizer", lambda self, name, timeout_s: _optimizer_detail(1))
+    assert cli.main(["study", str(spec), "--api", "http://127.0.0.1:9"]) == 0
+    notes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("  note: ")]
+    assert notes == [
+        "  note: optimizer 'lion' (tf_legacy) failed its latest conformance check (check job 3: "
+        "state_roundtrip): http://127.0.0.1:9/optimizers/lion"
+    ]  # the keras implementation was never checked
