@@ -425,15 +425,25 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def study_check_notices(client: ApiClient, spec: dict[str, Any]) -> list[str]:
-    """`failed_check_notice` for each optimizer of a study, once per name and style."""
+    """`failed_check_notice` for each optimizer of a study, once per name and style; none more after
+    a question the API did not answer (each could wait NOTICE_TIMEOUT_S)."""
+    from service.client import ApiError
+
     framework = spec.get("framework", "torch")
     chosen = {(o.get("name"), o.get("style")) for o in spec.get("optimizers", []) if isinstance(o, dict)}
-    notices = [
-        failed_check_notice(client, {"framework": framework, "optimizer": {"name": name, "style": style}})
-        for name, style in sorted(chosen, key=str)
-        if isinstance(name, str)
-    ]
-    return [notice for notice in notices if notice]
+    notices = []
+    for name, style in sorted(chosen, key=str):
+        if not isinstance(name, str):
+            continue
+        try:
+            notice = check_notice(
+                client, {"framework": framework, "optimizer": {"name": name, "style": style}}
+            )
+        except ApiError:
+            break
+        if notice:
+            notices.append(notice)
+    return notices
 
 
 # How long the job's submission waits to say its optimizer failed its latest check: a notice.
@@ -446,12 +456,17 @@ def failed_check_notice(client: ApiClient, spec: dict[str, Any]) -> str | None:
     checked, or the API cannot say (a notice, never the submission's outcome)."""
     from service.client import ApiError
 
-    optimizer = spec["optimizer"]
-    name, framework = optimizer["name"], spec.get("framework", "torch")
     try:
-        implementations = client.optimizer(name, timeout_s=NOTICE_TIMEOUT_S).get("implementations", [])
+        return check_notice(client, spec)
     except ApiError:
         return None
+
+
+def check_notice(client: ApiClient, spec: dict[str, Any]) -> str | None:
+    """`failed_check_notice`, raising ApiError where the API does not answer."""
+    optimizer = spec["optimizer"]
+    name, framework = optimizer["name"], spec.get("framework", "torch")
+    implementations = client.optimizer(name, timeout_s=NOTICE_TIMEOUT_S).get("implementations", [])
     style = optimizer.get("style") or ("torch" if framework == "torch" else None)
     chosen = [
         i for i in implementations if i.get("framework") == framework and style in (None, i.get("style"))

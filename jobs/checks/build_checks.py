@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from jobs.checks.context import CheckContext, overrides_note
-from jobs.checks.foreign_methods import counting_calls, never_ran, suspects
+from jobs.checks.foreign_methods import never_ran, suspects
 from jobs.checks.rate_checks import dense_refusal
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.checks.tools import (
@@ -42,6 +42,7 @@ from jobs.checks.tools import (
     wrong_signature,
 )
 from jobs.frameworks.base import Gradient, source_files
+from jobs.frameworks.foreign import counting_calls
 from optimizers.hyperparams import Param
 
 FROZEN_SHAPE = (7, 2)

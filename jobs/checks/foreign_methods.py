@@ -3,49 +3,15 @@ class's steps are the evidence that they were never called, counted while they r
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from types import FunctionType
-from typing import Any
+from collections.abc import Sequence
 
 from jobs.checks.context import CheckContext
 from jobs.checks.report import Outcome, failed
 from jobs.frameworks.foreign import Foreign, never_called, told
-from optimizers.loop_needs import user_classes
 
 
 def suspects(ctx: CheckContext) -> list[Foreign]:
     return never_called(ctx.target.cls, ctx.driver.foreign_methods)
-
-
-@contextmanager
-def counting_calls(cls: type, names: Sequence[str]) -> Iterator[Counter[str]]:
-    """Each of `names` the class's own code defines counts its calls until the block ends; the
-    class is given back its own functions after it."""
-    calls: Counter[str] = Counter()
-    replaced = []
-    for klass in user_classes(cls):
-        for name in names:
-            function = vars(klass).get(name)
-            if isinstance(function, FunctionType):
-                replaced.append((klass, name, function))
-                setattr(klass, name, _counted(function, name, calls))
-    try:
-        yield calls
-    finally:
-        for klass, name, function in reversed(replaced):
-            setattr(klass, name, function)
-
-
-def _counted(function: Callable[..., Any], name: str, calls: Counter[str]) -> Callable[..., Any]:
-    # Not functools.wraps: autograph converts a function's __wrapped__ source in its place, which
-    # would skip the count.
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls[name] += 1
-        return function(*args, **kwargs)
-
-    return counted
 
 
 def never_ran(ctx: CheckContext, uncalled: Sequence[Foreign], outcome: Outcome) -> Outcome:

@@ -147,6 +147,11 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
     if draws_randomly(ctx):
         # A compiled graph draws its random numbers its own way (and dynamo may break on them).
         return skipped(inconclusive_random("comparing compiled steps with eager ones"))
+    if _compiled_by_the_class(ctx.target.cls.step):  # type: ignore[attr-defined]
+        return skipped(
+            "inconclusive: the class compiles its whole step itself (@torch.compile on step), which torch "
+            "cannot compile again; its compiled step is the one every job and the other checks run"
+        )
     batch = _batch()
     eager_model = _tiny_model()
     compiled_model, start = _twin(eager_model), _twin(eager_model)
@@ -232,6 +237,16 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
         f"{own_compile_note} (figure: max abs difference)",
         difference,
     )
+
+
+def _compiled_by_the_class(step: Any) -> bool:
+    """Whether `step`, through its wrappers (torch's profiling hook, no_grad), is a function
+    torch.compile made: compiling it again raises in torch's own code."""
+    while step is not None:
+        if hasattr(step, "_torchdynamo_orig_callable"):
+            return True
+        step = getattr(step, "__wrapped__", None)
+    return False
 
 
 def _eager_with_its_compile_off(

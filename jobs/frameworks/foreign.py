@@ -14,7 +14,9 @@ from __future__ import annotations
 import ast
 import inspect
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from types import FunctionType
 from typing import Any
@@ -36,9 +38,12 @@ class ForeignMethod:
     # named only to explain a first step that raised.
     own_work: bool = True
     lost: str = ""  # what the class's steps lose, where its update still runs ("" for the update)
-    # How many arguments (after self) the other API calls it with, where its name alone does not
+    # The arguments (after self) the other API calls it with, by name, where its name alone does not
     # make it that API's (`get_gradients(loss, params)`); None: any definition of the name is.
-    called_with: int | None = None
+    called_with: tuple[str, ...] | None = None
+    # Whether it changes the gradients: then a method of `instead` that hands on to the base's is
+    # where the class moved that change; an update handed on to the base's is no update of its own.
+    changes_gradients: bool = False
 
 
 @dataclass(frozen=True)
@@ -56,11 +61,11 @@ def never_called(cls: type, table: Mapping[str, ForeignMethod]) -> list[Foreign]
     found = []
     for name, method in table.items():
         defining = [k for k in own if isinstance(vars(k).get(name), FunctionType)]
-        if not defining or not _callable_as(vars(defining[0])[name], method.called_with):
+        if not defining or not _called_as(vars(defining[0])[name], method.called_with):
             continue
         if all(_passes_through(vars(k)[name]) for k in defining):
             continue  # nothing of the class's own is lost where it only hands on super()'s
-        if any(other in vars(k) for k in own for other in method.instead):
+        if _has_its_own(own, method):
             continue  # written for both APIs: the style's own method is there too
         if _named_in_code_of(own, name):
             continue
@@ -106,53 +111,93 @@ def _instead(cls: type, foreign: Foreign) -> tuple[str, type | None]:
     return instead, next((k for k in cls.__mro__ if instead in vars(k)), None)
 
 
-def _passes_through(function: FunctionType) -> bool:
-    """Whether the method only returns what the base's method of its name returns (`return
-    super().get_gradients(loss, params)`, through a name or not; a print left commented out):
-    skipped, it changes nothing. False where its source cannot be read."""
+def _has_its_own(classes: Sequence[type], method: ForeignMethod) -> bool:
+    """Whether the classes define a method the style calls in `method`'s place: for an update, one
+    that does not merely hand on to the base's of its name (a port's clipping `apply_gradients`
+    that calls super()'s leaves the update the base's)."""
+    for klass in classes:
+        for other in method.instead:
+            function = vars(klass).get(other)
+            if function is None:
+                continue
+            if method.changes_gradients or not isinstance(function, FunctionType):
+                return True
+            if not _hands_on_to_super(function):
+                return True
+    return False
+
+
+def _hands_on_to_super(function: FunctionType) -> bool:
+    """Whether the method calls the base's method of its own name (`super().apply_gradients(...)`);
+    True where its source cannot be read (then it is not taken for an update of its own)."""
+    tree = _definition(function)
+    if tree is None:
+        return True
+    return any(_calls_super(node, tree.name) for node in ast.walk(tree))
+
+
+def _definition(function: FunctionType) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
     except (OSError, TypeError, SyntaxError):
-        return False
+        return None
     definition = tree.body[0] if tree.body else None
-    if not isinstance(definition, ast.FunctionDef | ast.AsyncFunctionDef):
+    return definition if isinstance(definition, ast.FunctionDef | ast.AsyncFunctionDef) else None
+
+
+def _passes_through(function: FunctionType) -> bool:
+    """Whether the method only returns what the base's method of its name returns for the very
+    arguments it was given (`return super().get_gradients(loss, params)`, through a name or not; a
+    print left commented out): skipped, it changes nothing. False where its source cannot be read."""
+    definition = _definition(function)
+    if definition is None:
         return False
+    own = [a.arg for a in definition.args.args[1:]]  # after self
     body = [
         s
         for s in definition.body
         if not isinstance(s, ast.Pass) and not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
     ]
     if len(body) == 1 and isinstance(body[0], ast.Return):
-        return _calls_super(body[0].value, definition.name)
+        return _calls_super(body[0].value, definition.name, own)
     if len(body) == 2 and isinstance(body[0], ast.Assign) and isinstance(body[1], ast.Return):
         assigned, returned = body[0], body[1].value
         named = len(assigned.targets) == 1 and isinstance(assigned.targets[0], ast.Name)
         same = named and isinstance(returned, ast.Name) and assigned.targets[0].id == returned.id  # type: ignore[attr-defined]
-        return same and _calls_super(assigned.value, definition.name)
+        return same and _calls_super(assigned.value, definition.name, own)
     return False
 
 
-def _calls_super(node: ast.AST | None, name: str) -> bool:
-    """`super().<name>(...)`, or `super(Cls, self).<name>(...)`."""
-    return (
+def _calls_super(node: ast.AST | None, name: str, arguments: Sequence[str] | None = None) -> bool:
+    """`super().<name>(...)`, or `super(Cls, self).<name>(...)`; with `arguments`, passing exactly
+    those names, in order (`super().get_gradients(loss * scale, params)` changes something)."""
+    if not (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and node.func.attr == name
         and isinstance(node.func.value, ast.Call)
         and isinstance(node.func.value.func, ast.Name)
         and node.func.value.func.id == "super"
-    )
+    ):
+        return False
+    if arguments is None:
+        return True
+    passed = [a.id if isinstance(a, ast.Name) else None for a in node.args]
+    passed += [
+        k.value.id if isinstance(k.value, ast.Name) and k.arg == k.value.id else None for k in node.keywords
+    ]
+    return passed == list(arguments)
 
 
-def _callable_as(function: FunctionType, arguments: int | None) -> bool:
-    """Whether the other API could call `function` with that many positional arguments after self."""
+def _called_as(function: FunctionType, arguments: tuple[str, ...] | None) -> bool:
+    """Whether `function` takes the other API's arguments, by name, first after self."""
     if arguments is None:
         return True
     try:
-        inspect.signature(function).bind(None, *([None] * arguments))
+        parameters = list(inspect.signature(function).parameters)[1:]
     except (TypeError, ValueError):
         return False
-    return True
+    return tuple(parameters[: len(arguments)]) == arguments
 
 
 def _location(klass: type, name: str) -> str:
@@ -218,3 +263,32 @@ def _unimplemented(function: Any) -> bool:
         and isinstance(body[0], ast.Raise)
         and "NotImplementedError" in ast.unparse(body[0].exc or ast.Constant(None))
     )
+
+
+@contextmanager
+def counting_calls(cls: type, names: Sequence[str]) -> Iterator[Counter[str]]:
+    """Each of `names` the class's own code defines counts its calls until the block ends; the
+    class is given back its own functions after it."""
+    calls: Counter[str] = Counter()
+    replaced = []
+    for klass in user_classes(cls):
+        for name in names:
+            function = vars(klass).get(name)
+            if isinstance(function, FunctionType):
+                replaced.append((klass, name, function))
+                setattr(klass, name, _counted(function, name, calls))
+    try:
+        yield calls
+    finally:
+        for klass, name, function in reversed(replaced):
+            setattr(klass, name, function)
+
+
+def _counted(function: Callable[..., Any], name: str, calls: Counter[str]) -> Callable[..., Any]:
+    # Not functools.wraps: autograph converts a function's __wrapped__ source in its place, which
+    # would skip the count.
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls[name] += 1
+        return function(*args, **kwargs)
+
+    return counted

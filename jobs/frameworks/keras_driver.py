@@ -169,7 +169,14 @@ _NO_STATE = "the state it would make is never made"
 _NOTHING_PREPARED = "what it would prepare for the update is never prepared"
 # (The registry counts `_resource_apply_dense` as finishing a Keras class too, so that a tf.keras
 # port is catalogued and told here what never runs: it is no method of Keras 3's own.)
-_KERAS3_UPDATES = tuple(m for m in update_methods("keras") if m != "_resource_apply_dense")
+_KERAS3_UPDATES = (
+    *(m for m in update_methods("keras") if m != "_resource_apply_dense"),
+    "_backend_apply_gradients",  # the TensorFlow backend's own steps on the way to update_step
+    "_distributed_tf_update_step",
+)
+# As Keras 2 called get_gradients and get_updates: a method of the name that takes other arguments
+# (an accumulator's own `get_gradients()`, a custom loop's `get_gradients(tape, loss)`) is the class's own.
+_KERAS2_ARGUMENTS = ("loss", "params")
 _KERAS3_APPLIES = ("apply_gradients", "apply", "_backend_apply_gradients", "stateless_apply")
 _KERAS3_FOREIGN = {
     "_resource_apply_dense": ForeignMethod(_LEGACY_API, _KERAS3_UPDATES, _KERAS3_UPDATE),
@@ -180,9 +187,14 @@ _KERAS3_FOREIGN = {
     # Only as Keras 2 called them, (loss, params): a method of the name that takes other arguments
     # (an accumulator's own `get_gradients()`) is the class's own.
     "get_gradients": ForeignMethod(
-        _LEGACY_API, _KERAS3_APPLIES, _KERAS3_GRADIENTS, lost=_GRADIENTS_UNCHANGED, called_with=2
+        _LEGACY_API,
+        _KERAS3_APPLIES,
+        _KERAS3_GRADIENTS,
+        lost=_GRADIENTS_UNCHANGED,
+        called_with=_KERAS2_ARGUMENTS,
+        changes_gradients=True,
     ),
-    "get_updates": ForeignMethod(_LEGACY_API, _KERAS3_UPDATES, _KERAS3_UPDATE, called_with=2),
+    "get_updates": ForeignMethod(_LEGACY_API, _KERAS3_UPDATES, _KERAS3_UPDATE, called_with=_KERAS2_ARGUMENTS),
     "_create_slots": ForeignMethod(_LEGACY_API, ("build",), _KERAS3_UPDATE, own_work=False, lost=_NO_STATE),
     "_prepare_local": ForeignMethod(
         _LEGACY_API, ("build", *_KERAS3_UPDATES), _KERAS3_UPDATE, own_work=False, lost=_NOTHING_PREPARED
@@ -220,10 +232,14 @@ _LEGACY_FOREIGN = {
         ("_compute_gradients", "_get_gradients", "apply_gradients", "_distributed_apply"),
         _LEGACY_GRADIENTS,
         lost=_GRADIENTS_UNCHANGED,
-        called_with=2,
+        called_with=_KERAS2_ARGUMENTS,
+        changes_gradients=True,
     ),
     "get_updates": ForeignMethod(
-        _GRAPH_MODE_ONLY, ("_compute_gradients", *_LEGACY_UPDATES), _LEGACY_UPDATE, called_with=2
+        _GRAPH_MODE_ONLY,
+        ("_compute_gradients", *_LEGACY_UPDATES),
+        _LEGACY_UPDATE,
+        called_with=_KERAS2_ARGUMENTS,
     ),
     "build": ForeignMethod(_KERAS3_API, ("_create_slots",), _LEGACY_UPDATE, own_work=False, lost=_NO_STATE),
 }

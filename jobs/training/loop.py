@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from jobs.checkpoint_files import WORKDIR_CHECKPOINTS
 from jobs.errors import Diverged
 from jobs.frameworks import driver_for, style_of
 from jobs.frameworks.base import Checkpointed, Evaluation, StepRecord, TrainingSession
-from jobs.frameworks.foreign import never_called, told, unimplemented_instead
+from jobs.frameworks.foreign import counting_calls, never_called, told
 from jobs.report import Reporter
 from jobs.result import CheckpointRecord, OptimizerState, TrainOutcome
 from jobs.resume import CheckpointStore, WorkdirCheckpoints
@@ -38,7 +39,7 @@ from jobs.tracking import Point, Tracker
 from jobs.training.publication import Publication
 from jobs.workloads import get_workload
 from optimizers.loop_needs import LoopNeeds, base_unserved, loop_problem
-from optimizers.registry import Base, Entry, Registry
+from optimizers.registry import Base, Registry
 
 # A flush reads every value kept since the last one in one transfer (one wait for the device):
 # often enough that progress and MLflow stay live, rarely enough that the wait costs nothing.
@@ -126,7 +127,6 @@ class TrainingJob:
         )
         if problem:
             raise ValueError(f"optimizer.{problem[0]}: {problem[1]}")
-        foreign_methods = self._foreign_methods(entry)
         self.workload = get_workload(spec.workload.name)
         # A 2-D trajectory's `traj/x`, `traj/y`: the parameters read to the host at every step.
         self.traces = self.workload.traces_parameters(spec.workload.params)
@@ -134,7 +134,12 @@ class TrainingJob:
         self.store = checkpoints or WorkdirCheckpoints()  # where other attempts find them (jobs.resume)
         self.checkpoint_dir = self.store.folder or workdir / WORKDIR_CHECKPOINTS
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        self.warnings: list[str] = foreign_methods
+        self.warnings: list[str] = []
+        self.cls = entry.cls
+        # Methods of another optimizer API the class defines that nothing of its own calls: counted
+        # while the job trains, and named in its warnings if they never ran (a Keras 3 port that kept
+        # `_resource_apply_dense` trains with the update it inherits).
+        self.foreign = [f for f in never_called(entry.cls, self.driver.foreign_methods) if f.method.own_work]
         self.steps_completed: int | None = None  # in a failed job's result too: where it stopped
         self.verified: list[CheckpointRecord] = []
         self.last_checkpoint: Path | None = None
@@ -142,30 +147,41 @@ class TrainingJob:
         # A checkpoint whose proof ends with the next step (Checkpointed.confirm), and its step.
         self.unconfirmed: tuple[Checkpointed, int] | None = None
 
-    def _foreign_methods(self, entry: Entry) -> list[str]:
-        """A method of another optimizer API that the class defines runs in no job either: a Keras 3
-        port that kept `_resource_apply_dense` trains with the update it inherits (said in the
-        result's warnings), or, inheriting none, would raise NotImplementedError at its first step
-        (refused before any data is loaded, with the fix)."""
-        warnings = []
-        for foreign in never_called(entry.cls, self.driver.foreign_methods):
-            if not foreign.method.own_work:
-                continue
-            said = told(entry.cls, foreign, self.driver.api_name)
-            if unimplemented_instead(entry.cls, foreign):
-                raise ValueError(f"optimizer.name: optimizer {entry.name!r}: {said}; {foreign.method.fix}")
-            warnings.append(said)
-        return warnings
-
     def run(self, *, resume_from: Path | None = None, stop_after: int | None = None) -> TrainOutcome:
         """Train to `spec.steps` (or `stop_after`), optionally continuing from a checkpoint file."""
         spec, session = self.spec, self.session
         end = min(stop_after, spec.steps) if stop_after is not None else spec.steps
         timings = Timings()
         watch = OptimizerWatch(session, self.tracker)
+        cadence = self._cadence()
+        with counting_calls(self.cls, [f.name for f in self.foreign]) as calls:
+            try:
+                return self._run(session, cadence, timings, watch, calls, resume_from=resume_from, end=end)
+            finally:
+                self._tell_foreign_methods(calls)  # a failed job's too
+
+    def _tell_foreign_methods(self, calls: Counter[str]) -> None:
+        """The methods of another API that never ran in this job, in its warnings (a failed one's
+        too: a first step that raised NotImplementedError is explained there)."""
+        for foreign in self.foreign:
+            said = told(self.cls, foreign, self.driver.api_name)
+            if not calls[foreign.name] and said not in self.warnings:
+                self.warnings.append(said)
+
+    def _run(
+        self,
+        session: TrainingSession,
+        cadence: Cadence,
+        timings: Timings,
+        watch: OptimizerWatch,
+        calls: Counter[str],
+        *,
+        resume_from: Path | None,
+        end: int,
+    ) -> TrainOutcome:
+        spec = self.spec
         train_loss = math.nan
         evaluation: dict[str, float] = {}
-        cadence = self._cadence()
         with session.scope():
             if resume_from is not None:
                 if not self.driver.capabilities.resume:
@@ -204,6 +220,7 @@ class TrainingJob:
                 self._log_step_metrics(objects, end)  # where the last step arrived
             details = session.details(objects)
         step_seconds = sum(timings.step_ms) / 1000
+        self._tell_foreign_methods(calls)  # before the outcome takes its warnings
         return TrainOutcome(
             steps_completed=end,
             resumed_from_step=start if resume_from is not None else None,

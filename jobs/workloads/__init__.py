@@ -33,8 +33,17 @@ def describe_workloads(*, with_parameters: bool = False) -> list[dict[str, Any]]
     described = [workload.describe() for workload in WORKLOADS.values()]
     if with_parameters:
         for entry, workload in zip(described, WORKLOADS.values(), strict=True):
-            entry["parameters"] = workload.torch_parameters()
+            entry["parameters"] = _parameters_or_none(workload)
     return described
+
+
+def _parameters_or_none(workload: Workload) -> list[dict[str, Any]] | None:
+    """The model's parameters, or None where building it fails here: one workload that cannot be
+    built must not cost the whole catalogue (its jobs then judge their recipes when they start)."""
+    try:
+        return workload.torch_parameters()
+    except Exception:
+        return None
 
 
 __all__ = ["WORKLOADS", "Dataset", "Target", "Task", "Workload", "describe_workloads", "get_workload"]

@@ -853,15 +853,43 @@ class PrintAdadelta(keras.optimizers.Adadelta):
 
 
 class CallsItByABuiltName(keras.optimizers.SGD):
-    """Calls its legacy-named update by a name it builds, which no reading of its code finds."""
+    """Calls its legacy-named update by a name it builds, which no reading of its code finds, and
+    hands zeros on to SGD's apply_gradients for the step count."""
 
     def apply_gradients(self, grads_and_vars):
+        pairs = list(grads_and_vars)
         update = getattr(self, "_resource_" + "apply_dense")
-        for grad, var in grads_and_vars:
+        for grad, var in pairs:
             update(grad, var)
+        return super().apply_gradients([(tf.zeros_like(grad), var) for grad, var in pairs])
 
     def _resource_apply_dense(self, grad, var, apply_state=None):
         var.assign_sub(0.01 * grad)
+
+
+class TapeAdam(keras.optimizers.Adam):
+    """A convenience of its own for custom loops, named get_gradients but with other arguments."""
+
+    def get_gradients(self, tape, loss):
+        return tape.gradient(loss, self.variables)
+
+
+class ClippedPort(keras.optimizers.Adam):
+    """A tf.keras port: its sign update kept in _resource_apply_dense, a clipping apply_gradients that
+    hands on to Adam's, so the class trains as Adam."""
+
+    def apply_gradients(self, grads_and_vars):
+        return super().apply_gradients([(tf.clip_by_norm(g, 1.0), v) for g, v in grads_and_vars])
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        var.assign_sub(0.01 * tf.sign(grad))
+
+
+class ScaledLegacyGradients(tf_keras.optimizers.legacy.SGD):
+    """Scales the loss in Keras 2's get_gradients, which TensorFlow 2's fit never calls."""
+
+    def get_gradients(self, loss, params):
+        return super().get_gradients(loss * 2.0, params)
 '''
 
 
@@ -880,6 +908,16 @@ IN_ITS_PLACE = {
         "_resource_apply_dense",
         "Keras 3 calls update_step in its place, which the class does not define and BaseOptimizer (keras) "
         "leaves unimplemented (a step raises NotImplementedError)",
+    ),
+    "ClippedPort": (
+        "_resource_apply_dense",
+        "Keras 3 calls update_step in its place, which the class inherits from Adam (keras): the class "
+        "steps as Adam (keras) does",
+    ),
+    "ScaledLegacyGradients": (
+        "get_gradients",
+        "tf.keras calls _compute_gradients in its place, which the class inherits from OptimizerV2 "
+        "(tf_keras): the gradients reach the update as they were taken",
     ),
     "KerasThreeUpdateInLegacyAdam": (
         "update_step",
@@ -944,6 +982,7 @@ def test_state_made_where_only_tf_keras_makes_it_is_named_on_the_step_that_fails
         "UpdatesInItsApplyGradients",
         "OwnGetGradients",
         "PrintAdadelta",
+        "TapeAdam",
     ],
 )
 def test_a_method_of_another_api_that_the_class_calls_or_backs_with_its_own_is_no_false_alarm(
