@@ -241,9 +241,10 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
 
 def _compiled_by_the_class(step: Any) -> bool:
     """Whether `step`, through its wrappers (torch's profiling hook, no_grad), is a function
-    torch.compile made: compiling it again raises in torch's own code."""
+    torch.compile made: compiling it again raises in torch's own code. Not one dynamo was told to
+    leave alone (`_torchdynamo_disable`), a wrapper torch itself puts on a step it has compiled."""
     while step is not None:
-        if hasattr(step, "_torchdynamo_orig_callable"):
+        if hasattr(step, "_torchdynamo_orig_callable") and not getattr(step, "_torchdynamo_disable", False):
             return True
         step = getattr(step, "__wrapped__", None)
     return False

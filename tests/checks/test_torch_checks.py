@@ -1813,6 +1813,10 @@ def test_a_step_the_class_compiles_itself_is_inconclusive_not_a_warn(tmp_path: P
     outcome = CHECKS["graph_mode"](context(f"{path}:CompiledStepSGD", tmp_path))
     assert outcome.status == "skip", outcome.detail
     assert "the class compiles its whole step itself" in outcome.detail
+    # The wrapper torch puts on a step it has compiled once (dynamo told to leave it alone) is not
+    # the class's compile: LBFGS checked after another test had compiled it had been skipped.
+    CHECKS["graph_mode"](context("torch.optim:LBFGS", tmp_path))
+    assert not torch_only._compiled_by_the_class(torch.optim.LBFGS.step)
 
 
 @pytest.mark.parametrize(("name", "status"), [("NormalizedSGD", "pass"), ("CountingNormalizedSGD", "warn")])
