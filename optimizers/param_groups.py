@@ -89,7 +89,7 @@ def assign_groups(
     groups = [Group([], params) for _, params in rules]
     rest = Group([], {})
     for name, shape in named:
-        index = next((i for i, (rule, _) in enumerate(rules) if rule.matches(name, shape)), None)
+        index = _first_match([rule for rule, _ in rules], name, shape)
         (rest if index is None else groups[index]).names.append(name)
     if skip_unmatched:
         groups = [group for group in groups if group.names]
@@ -103,11 +103,13 @@ def unmatched_rule(
     rules: Sequence[GroupRule], named_shapes: Iterable[tuple[str, Sequence[int]]]
 ) -> int | None:
     """The first rule that no parameter is left for (first match wins), or None."""
-    taken = {
-        next((i for i, rule in enumerate(rules) if rule.matches(name, shape)), None)
-        for name, shape in named_shapes
-    }
+    taken = {_first_match(rules, name, shape) for name, shape in named_shapes}
     return next((i for i in range(len(rules)) if i not in taken), None)
+
+
+def _first_match(rules: Sequence[GroupRule], name: str, shape: Sequence[int]) -> int | None:
+    """The index of the rule that takes a parameter: the first that matches it."""
+    return next((i for i, rule in enumerate(rules) if rule.matches(name, shape)), None)
 
 
 def matches_nothing(named_shapes: Iterable[tuple[str, Sequence[int]]], model: str) -> str:

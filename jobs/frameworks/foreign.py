@@ -89,7 +89,7 @@ def in_its_place(cls: type, foreign: Foreign, api: str) -> str:
     if owner is None:
         return f"{api} calls {instead} in its place, which the class does not have"
     named = f"{owner.__qualname__} ({owner.__module__.split('.')[0]})"
-    if unimplemented_instead(cls, foreign):
+    if _unimplemented_instead(cls, foreign):
         return (
             f"{api} calls {instead} in its place, which the class does not define and {named} leaves "
             "unimplemented (a step raises NotImplementedError)"
@@ -98,7 +98,7 @@ def in_its_place(cls: type, foreign: Foreign, api: str) -> str:
     return f"{api} calls {instead} in its place, which the class inherits from {named}: {effect}"
 
 
-def unimplemented_instead(cls: type, foreign: Foreign) -> bool:
+def _unimplemented_instead(cls: type, foreign: Foreign) -> bool:
     """Whether what the framework calls in the method's place only raises NotImplementedError (the
     abstract update of the framework's base): every step raises."""
     instead, owner = _instead(cls, foreign)

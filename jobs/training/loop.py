@@ -149,14 +149,10 @@ class TrainingJob:
 
     def run(self, *, resume_from: Path | None = None, stop_after: int | None = None) -> TrainOutcome:
         """Train to `spec.steps` (or `stop_after`), optionally continuing from a checkpoint file."""
-        spec, session = self.spec, self.session
-        end = min(stop_after, spec.steps) if stop_after is not None else spec.steps
-        timings = Timings()
-        watch = OptimizerWatch(session, self.tracker)
-        cadence = self._cadence()
+        end = min(stop_after, self.spec.steps) if stop_after is not None else self.spec.steps
         with counting_calls(self.cls, [f.name for f in self.foreign]) as calls:
             try:
-                return self._run(session, cadence, timings, watch, calls, resume_from=resume_from, end=end)
+                return self._run(calls, resume_from=resume_from, end=end)
             finally:
                 self._tell_foreign_methods(calls)  # a failed job's too
 
@@ -168,18 +164,11 @@ class TrainingJob:
             if not calls[foreign.name] and said not in self.warnings:
                 self.warnings.append(said)
 
-    def _run(
-        self,
-        session: TrainingSession,
-        cadence: Cadence,
-        timings: Timings,
-        watch: OptimizerWatch,
-        calls: Counter[str],
-        *,
-        resume_from: Path | None,
-        end: int,
-    ) -> TrainOutcome:
-        spec = self.spec
+    def _run(self, calls: Counter[str], *, resume_from: Path | None, end: int) -> TrainOutcome:
+        spec, session = self.spec, self.session
+        timings = Timings()
+        watch = OptimizerWatch(session, self.tracker)
+        cadence = self._cadence()
         train_loss = math.nan
         evaluation: dict[str, float] = {}
         with session.scope():
