@@ -1019,6 +1019,10 @@ class TorchDriver(Driver):
             # torch.cuda's own refusal ("Torch not compiled with CUDA enabled", "Found no NVIDIA
             # driver"): a step that synchronises with the GPU or puts state there (GaLore's AdamW8bit).
             return "a CUDA device (torch.cuda.is_available() is False here)"
+        if _names_an_accelerator(error, frame) and not torch.cuda.is_available():
+            # The class's own refusal of this machine, in its words (torchao's CPUOffloadOptimizer:
+            # `assert self.device in ["cuda", "xpu"], "CPU Offload currently only supports CUDA & XPU"`).
+            return "a GPU, which its own error names (torch.cuda.is_available() is False here)"
         devices = _devices_torch_requires(error)
         if devices is not None:
             # capturable=True: torch's kernels keep the step count on the device for CUDA graphs, and
@@ -1209,6 +1213,19 @@ _CUDA_FILES = Path(torch.__file__).parent / "cuda"
 # state_steps must be on supported devices: ['cuda', 'xpu', ...]").
 _OPTIM_FILES = Path(torch.__file__).parent / "optim"
 _SUPPORTED_DEVICES = re.compile(r"must be on supported devices: \[([^\]]*)\]")
+
+
+# An accelerator named in an error's message.
+_ACCELERATOR_WORDS = re.compile(r"\b(?:cuda|gpus?|xpu|nvidia)\b", re.IGNORECASE)
+
+
+def _names_an_accelerator(error: BaseException, frame: Any) -> bool:
+    """The error was raised in the class's code (not torch's, whose messages list devices they
+    support, CPU among them) and its message names an accelerator: on a machine without one, that is
+    the class saying what it needs."""
+    torch_files = Path(torch.__file__).parent
+    raised_in_torch = frame is not None and torch_files in Path(frame.filename).parents
+    return not raised_in_torch and _ACCELERATOR_WORDS.search(str(error)) is not None
 
 
 def _devices_torch_requires(error: BaseException) -> list[str] | None:

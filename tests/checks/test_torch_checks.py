@@ -1028,6 +1028,35 @@ class CudaStateSGD(PlainSGD):
         super().__init__(params, {"lr": lr})
 
 
+class OwnDeviceRefusalSGD(PlainSGD):
+    """Refuses a machine without a GPU in its own words, as torchao's CPUOffloadOptimizer does
+    (`assert self.device in ["cuda", "xpu"], "CPU Offload currently only supports CUDA & XPU"`)."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        assert device in ["cuda", "xpu"], "CPU Offload currently only supports CUDA & XPU"
+        super().__init__(params, {"lr": lr})
+
+
+class OwnStepRefusalSGD(PlainSGD):
+    """Builds anywhere, and its step refuses the CPU in its own words."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        super().__init__(params, {"lr": lr})
+
+    def step(self, closure: Any = None) -> Any:
+        if not torch.cuda.is_available():
+            raise RuntimeError("the fused kernel of this optimizer requires a GPU")
+        return super().step(closure)
+
+
+class AlwaysRaisingSGD(PlainSGD):
+    """Raises in its constructor a message that names no accelerator: still a fault of the class."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        raise RuntimeError("momentum buffer could not be allocated")
+
+
 def test_a_class_that_needs_cuda_is_inconclusive_without_it(tmp_path: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("a CUDA device is present: these classes are judged like any other")
@@ -1036,6 +1065,14 @@ def test_a_class_that_needs_cuda_is_inconclusive_without_it(tmp_path: Path) -> N
     assert "steps only with a CUDA device (torch.cuda.is_available() is False here)" in stepping.detail
     building = build_checks.check_construct(context(f"{__name__}:CudaStateSGD", tmp_path))
     assert building.status == "skip" and "builds only with a CUDA device" in building.detail, building.detail
+    own = build_checks.check_construct(context(f"{__name__}:OwnDeviceRefusalSGD", tmp_path))
+    assert own.status == "skip", own.detail
+    assert "builds only with a GPU, which its own error names" in own.detail
+    assert "CPU Offload currently only supports CUDA & XPU" in own.detail
+    own_step = build_checks.check_dense_step(context(f"{__name__}:OwnStepRefusalSGD", tmp_path))
+    assert own_step.status == "skip" and "steps only with a GPU" in own_step.detail, own_step.detail
+    other = build_checks.check_construct(context(f"{__name__}:AlwaysRaisingSGD", tmp_path))
+    assert other.status == "fail" and "GPU" not in other.detail, other.detail
 
 
 class OwnRateSGD(PlainSGD):
