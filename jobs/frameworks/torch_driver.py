@@ -706,11 +706,17 @@ def _tensor_difference(saved: Any, loaded: Any, where: str) -> str | None:
     if not (isinstance(saved, torch.Tensor) and isinstance(loaded, torch.Tensor)):
         return f"{where}: {type(saved).__name__} saved, {type(loaded).__name__} after reload"
     if saved.shape != loaded.shape or saved.dtype != loaded.dtype:
-        recast = saved.shape == loaded.shape and _same_values(saved, loaded)
+        # A floating-point tensor of the same shape is torch's cast, whether or not the values survive
+        # it (float64 state comes back rounded to float32; a count, exactly).
+        recast = saved.shape == loaded.shape and loaded.is_floating_point() and not saved.is_complex()
         return (
             f"{where}: {saved.dtype}{list(saved.shape)} saved, "
             f"{loaded.dtype}{list(loaded.shape)} after reload"
-            + (f", the same values ({LOAD_CASTS_STATE}: {_recast_effect(saved, loaded)})" if recast else "")
+            + (
+                f", {_cast_values(saved, loaded)} ({LOAD_CASTS_STATE}: {_recast_effect(saved, loaded)})"
+                if recast
+                else ""
+            )
         )
     if saved.is_sparse or loaded.is_sparse:
         saved, loaded = saved.to_dense(), loaded.to_dense()
@@ -730,12 +736,14 @@ def _tensor_difference(saved: Any, loaded: Any, where: str) -> str | None:
     return f"{where}: max abs difference {diff:.3g}"
 
 
-def _same_values(saved: Any, loaded: Any) -> bool:
-    """Equal as numbers, the reloaded tensor floating-point and the saved one of any real dtype (an
-    integer count comes back as a float: LOAD_CASTS_STATE), NaN equal to NaN."""
-    if not loaded.is_floating_point() or saved.is_complex():
-        return False
-    return _equal_or_both_nan(saved.detach().cpu().double(), loaded.detach().cpu().double())
+def _cast_values(saved: torch.Tensor, loaded: torch.Tensor) -> str:
+    """What a cast did to a state tensor's values (an integer count comes back as a float, exact;
+    float64 state, rounded), NaN equal to NaN."""
+    a, b = saved.detach().cpu().double(), loaded.detach().cpu().double()
+    if _equal_or_both_nan(a, b):
+        return "the same values"
+    difference = (a - b).abs().nan_to_num(nan=math.inf).max().item()
+    return f"its values rounded by up to {difference:.3g}"
 
 
 def _equal_or_both_nan(a: Any, b: Any) -> bool:

@@ -874,18 +874,36 @@ class RowCountSGD(PerParameter):
         p.sub_(lr * p.grad / count)
 
 
-@pytest.mark.parametrize(("name", "saved"), [("HalfMomentumSGD", "bfloat16"), ("RowCountSGD", "int64")])
+class WideBoundSGD(PerParameter):
+    """A running bound kept in float64 beside float32 parameters (heavyball's PSGD lower bound), which
+    torch's load_state_dict casts down to float32: its values do not survive the cast."""
+
+    def update(self, p: Any, lr: float) -> None:
+        bound = self.state[p].setdefault("bound", torch.zeros((), dtype=torch.float64))
+        bound.copy_(torch.maximum(bound * 0.99, p.grad.double().norm() / 3.0))
+        p.sub_(lr * p.grad / (1.0 + bound.float()))
+
+
+@pytest.mark.parametrize(
+    ("name", "saved", "shape", "values"),
+    [
+        ("HalfMomentumSGD", "bfloat16", "[4, 3]", "the same values"),
+        ("RowCountSGD", "int64", "[4, 3]", "the same values"),
+        ("WideBoundSGD", "float64", "[]", "its values rounded by up to"),
+    ],
+)
 def test_state_a_load_casts_to_another_dtype_is_named_with_its_cause(
-    tmp_path: Path, name: str, saved: str
+    tmp_path: Path, name: str, saved: str, shape: str, values: str
 ) -> None:
-    """Not "keep per-parameter state in self.state[p]", where it is: what torch's load does, and the fix."""
+    """Not "keep per-parameter state in self.state[p]", where it is: what torch's load does, and the
+    fix, whether the values survive the cast (bfloat16 momentum, a count) or not (a float64 bound)."""
     outcome = state_checks.check_state_roundtrip(context(f"{__name__}:{name}", tmp_path))
     assert outcome.status == "fail", outcome.detail
-    assert f"torch.{saved}[4, 3] saved, torch.float32[4, 3] after reload, the same values" in outcome.detail
+    assert f"torch.{saved}{shape} saved, torch.float32{shape} after reload, {values}" in outcome.detail
     # What the recast does, by kind: another precision rounds the steps otherwise; a count keeps its
     # values (a probe's class resumed to bitwise the same parameters, and had been told otherwise).
     rounds = "the steps after a resume round otherwise than uninterrupted ones"
-    assert (rounds in outcome.detail) == (saved == "bfloat16"), outcome.detail
+    assert (rounds in outcome.detail) == (saved != "int64"), outcome.detail
     if saved == "int64":
         assert "integer state comes back as torch.float32, exact for whole numbers up to 16,777,216" in (
             outcome.detail
