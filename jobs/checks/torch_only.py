@@ -9,6 +9,7 @@ unless the check is about a device). The fresh-process checks (`resume_exact`,
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
 import math
@@ -19,6 +20,7 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 
 from jobs.checks.context import CheckContext
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
@@ -216,13 +218,20 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
             "eager, as the trace of the whole step runs it)"
         )
     if not difference <= 1e-5 * max(1.0, scale):
-        sensitivity = _rounding_sensitivity(ctx, start, batch)
+        sensitivity, computed_in = _rounding_sensitivity(ctx, start, batch)
         if difference <= _SENSITIVITY_FACTOR * sensitivity:  # False for NaN: a non-finite compiled step warns
+            nudged = _named(computed_in)
+            amplifies = (
+                "the step amplifies rounding (a line search's branches on the loss)"
+                if computed_in == torch.float32
+                else f"the step computes in {nudged}, whose rounding the compiled graph's other "
+                "order of operations changes"
+            )
             return skipped(
                 f"inconclusive: 3 compiled steps differ from 3 eager steps by {difference:.3g}, and 3 eager "
-                f"steps from a start one rounding step away (each parameter times 1 + float32 eps) differ "
-                f"by {sensitivity:.3g} already: the step amplifies rounding (a line search's branches on "
-                "the loss), so compiled and eager cannot be told apart by their results"
+                f"steps from a start one rounding step away (each parameter times 1 + {nudged} eps) "
+                f"differ by {sensitivity:.3g} already: {amplifies}, so compiled and eager cannot be told "
+                "apart by their results"
             )
         return warned(
             f"3 compiled steps differ from 3 eager steps by {difference:.3g}{own_compile_note}",
@@ -304,27 +313,55 @@ def _compiler_bug(ctx: CheckContext, error: Exception) -> str:
 _SENSITIVITY_FACTOR = 10.0
 
 
-def _rounding_sensitivity(ctx: CheckContext, start: nn.Module, batch: tuple[Tensor, Tensor]) -> float:
+def _rounding_sensitivity(
+    ctx: CheckContext, start: nn.Module, batch: tuple[Tensor, Tensor]
+) -> tuple[float, torch.dtype]:
     """How far 3 eager steps from `start` nudged by one rounding step (every parameter times 1 + eps)
     end from 3 eager steps from `start` itself: torch's LBFGS with a strong-Wolfe line search turns
     such a nudge into 1e-3 in one step, where a plain update keeps it near 1e-7. 0 where a run
-    raises: nothing then excuses the difference."""
+    raises: nothing then excuses the difference.
+
+    The rounding step is that of the least precise floating-point dtype the eager steps compute in
+    (timm's AdaMuon runs its Newton-Schulz iteration in bfloat16, whose rounding the compiled graph's
+    decompositions change), returned beside it."""
+    computed_in = _FloatingDtypes()
     runs = []
     for nudge in (0.0, 1.0):
         replica = _twin(start)
+        eps = torch.finfo(computed_in.least_precise).eps
         with torch.no_grad():
             for p in replica.parameters():
-                p.mul_(1.0 + nudge * torch.finfo(p.dtype).eps)
+                p.mul_(1.0 + nudge * max(eps, torch.finfo(p.dtype).eps))
         try:
             optimizer = _build(ctx, replica.parameters())
             closure = _closure(ctx, replica, batch)
             for _ in range(3):
                 closure()
-                _step(ctx, optimizer.step, closure)
+                with computed_in if not nudge else contextlib.nullcontext():
+                    _step(ctx, optimizer.step, closure)
         except Exception:
-            return 0.0
+            return 0.0, computed_in.least_precise
         runs.append(_snapshot(replica.parameters()))
-    return _max_difference([runs[0]], [runs[1]])
+    return _max_difference([runs[0]], [runs[1]]), computed_in.least_precise
+
+
+class _FloatingDtypes(TorchFunctionMode):
+    """The floating-point dtypes of what torch functions return while it is entered: what a step
+    computes in."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.least_precise = torch.float32
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+    ) -> Any:
+        result = func(*args, **(kwargs or {}))
+        for value in result if isinstance(result, tuple | list) else (result,):
+            if isinstance(value, Tensor) and value.is_floating_point():
+                if torch.finfo(value.dtype).eps > torch.finfo(self.least_precise).eps:
+                    self.least_precise = value.dtype
+        return result
 
 
 def _graphs_compiled() -> int:
@@ -999,3 +1036,7 @@ CHECKS: Mapping[str, CheckFunction] = {
     "closure": check_closure,
     "mixed_precision": check_mixed_precision,
 }
+
+
+def _named(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

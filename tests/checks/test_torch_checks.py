@@ -1500,9 +1500,11 @@ def test_a_line_search_is_judged_within_what_its_rounding_allows(tmp_path: Path)
     batch, start = torch_only._batch(), torch_only._tiny_model()
     # A plain update keeps a rounding-level nudge at rounding level: nothing to excuse a difference.
     # The line search amplifies it 100 to 10,000 times more, by the start (7e-6 to 6e-4 over 8 seeds).
-    plain = torch_only._rounding_sensitivity(context("torch.optim:SGD", tmp_path, momentum=0.9), start, batch)
-    assert plain < 1e-6
-    assert torch_only._rounding_sensitivity(ctx, start, batch) > 10 * plain
+    plain, computed_in = torch_only._rounding_sensitivity(
+        context("torch.optim:SGD", tmp_path, momentum=0.9), start, batch
+    )
+    assert plain < 1e-6 and computed_in == torch.float32
+    assert torch_only._rounding_sensitivity(ctx, start, batch)[0] > 10 * plain
 
 
 def test_a_step_that_returns_none_for_the_closure_s_loss_is_a_warning(tmp_path: Path) -> None:
@@ -1887,3 +1889,30 @@ def test_a_step_that_compiles_its_own_helper_is_compared_with_that_compile_made_
     outcome = CHECKS["graph_mode"](context(f"{path}:{name}", tmp_path))
     assert outcome.status == status, outcome.detail
     assert "the class compiles part of its step itself" in outcome.detail, outcome.detail
+
+
+class HalfPrecisionSumSGD(PerParameter):
+    """Computes its update in bfloat16 and, traced, sums it in another order: as the compiled graph's
+    decompositions of a fused bfloat16 `addmm` round otherwise than eager's (timm's AdaMuon, whose
+    Newton-Schulz iteration runs in bfloat16, differed by 2.5e-5)."""
+
+    def update(self, p: Any, lr: float) -> None:
+        g = p.grad.to(torch.bfloat16)
+        if torch.compiler.is_compiling():
+            u = g + (g * 0.1 + g * 0.01)
+        else:
+            u = g + g * 0.1 + g * 0.01
+        p.sub_(lr * u.to(p.dtype))
+
+
+def test_a_step_computing_in_bfloat16_is_judged_within_bfloat16_rounding(tmp_path: Path) -> None:
+    """The rounding-level nudge that says what rounding alone does to the eager steps is bfloat16's
+    where the step computes in bfloat16: float32's had made its rounding a warn of hidden state."""
+    ctx = context(f"{__name__}:HalfPrecisionSumSGD", tmp_path, lr=0.1)
+    outcome = CHECKS["graph_mode"](ctx)
+    assert outcome.status == "skip", outcome.detail
+    assert "each parameter times 1 + bfloat16 eps" in outcome.detail
+    assert "the step computes in bfloat16" in outcome.detail
+    torch.manual_seed(0)
+    start, batch = torch_only._tiny_model(), torch_only._batch()
+    assert torch_only._rounding_sensitivity(ctx, start, batch)[1] == torch.bfloat16
