@@ -185,8 +185,28 @@ def _differentiates_its_gradients(cls: type) -> bool:
     (`_DIFFERENTIATES_GRADIENTS`): published Hessian-based classes whose docstring says nothing of
     create_graph (torchium's AdaHessian in step(), the official one in its `get_trace()` helper).
     Only what step() calls: a package's base class may carry such a helper for the few of its
-    classes that call it (pytorch-optimizer's Hutchinson estimate)."""
-    return any(_DIFFERENTIATES_GRADIENTS.search(code) for code in _code_step_runs(cls))
+    classes that call it (pytorch-optimizer's Hutchinson estimate).
+
+    Not a helper handed the closure that calls it itself: the gradients it differentiates are the
+    ones its own call of the closure made, with the graph the helper arranges (heavyball's
+    `_double_backward_hvp(closure)` forces create_graph on that backward, and runs only when built
+    for Hessian-vector products), not the loop's backward."""
+    step = _user_method(cls, "step")
+    return any(
+        _DIFFERENTIATES_GRADIENTS.search(code)
+        and (function is step or not _calls_its_closure(function, code))
+        for function in _step_and_its_helpers(cls)
+        if (code := _code(function)) is not None
+    )
+
+
+def _calls_its_closure(function: Callable[..., Any], code: str) -> bool:
+    """`function` takes a closure as an argument (a name with "closure" in it) and calls it."""
+    try:
+        names = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+    return any("closure" in name and re.search(rf"\b{re.escape(name)}\s*\(", code) for name in names)
 
 
 def _runs_backward_on_the_closure_loss(cls: type) -> bool:

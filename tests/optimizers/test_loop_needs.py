@@ -242,6 +242,34 @@ fails: the method is read all the same."""
         return loss, note
 
 
+class HessianOfItsOwnClosureCall(ClosureInSignature):
+    """heavyball's shape: a helper handed the closure calls it itself (heavyball forces create_graph on
+    that backward) and differentiates the gradients it made, only when built for Hessian-vector
+    products; the loop's own backward needs no graph."""
+
+    def step(self, closure: Any = None) -> Any:
+        if closure is not None and self.defaults.get("hvp"):
+            return self._double_backward_hvp(closure)
+        return None
+
+    def _double_backward_hvp(self, closure: Any) -> Any:
+        loss = closure()
+        params = [p for group in self.param_groups for p in group["params"]]
+        grads = [p.grad for p in params]
+        return loss, torch.autograd.grad(grads, params, [torch.ones_like(p) for p in params])
+
+
+class HessianInStepAfterItsClosure(ClosureInSignature):
+    """torchium's AdaHessian: step() itself calls the closure and differentiates the gradients, which
+    the closure's backward must leave with their graph."""
+
+    def step(self, closure: Any = None) -> Any:
+        loss = closure() if closure is not None else None
+        params = [p for group in self.param_groups for p in group["params"]]
+        grads = [p.grad for p in params]
+        return loss, torch.autograd.grad(grads, params, [torch.ones_like(p) for p in params])
+
+
 class HessianInItsBasesStep(HessianInAHelper):
     """A researcher's tweak over their own Hessian class: step() adjusts, then runs the base's."""
 
@@ -282,6 +310,8 @@ SOURCE_SCANS = [
     (HessianInAHelperOfItsBase, LoopNeeds(create_graph=True)),
     (ClosureRefusedInAHelper, LoopNeeds(closure=True)),
     (BackwardUnderAFlushLeftString, LoopNeeds(closure=True, backward_in_step=True)),
+    (HessianOfItsOwnClosureCall, LoopNeeds()),
+    (HessianInStepAfterItsClosure, LoopNeeds(create_graph=True)),
     (HessianInItsBasesStep, LoopNeeds(create_graph=True)),
     (HessianThroughTwoArgumentSuper, LoopNeeds(create_graph=True)),
     (SuperStepOfAFrameworkBase, LoopNeeds()),
