@@ -828,13 +828,20 @@ def _distribution_errors(spec: JobSpec, catalogue: Catalogue) -> list[SpecError]
     optimizer = catalogue.optimizer(choice.name, spec.framework, choice.style)
     if optimizer is None:
         return []  # reported at optimizer.name
-    needs, needer = _stated_needs(choice, optimizer), "it"
+    needs, needer, stated = _stated_needs(choice, optimizer), "it", choice
     base = choice.base
     base_entry = catalogue.optimizer(base.name, spec.framework, base.style) if base is not None else None
     if not needs.create_graph and base is not None and base_entry is not None:
-        needs, needer = _stated_needs(base, base_entry), f"its base {base.name!r}"
+        needs, needer, stated = _stated_needs(base, base_entry), f"its base {base.name!r}", base
     if not needs.create_graph:
         return []
+    # A need the catalogue read from the class's docstring or code, which the spec may correct.
+    read = (
+        ""
+        if "create_graph" in (stated.needs or {})
+        else "; where it does not (the catalogue reads the need from the class's docstring or code), state "
+        '"needs": {"create_graph": false} beside its name'
+    )
     return [
         SpecError(
             loc=["body", "distribution"],
@@ -842,7 +849,8 @@ def _distribution_errors(spec: JobSpec, catalogue: Catalogue) -> list[SpecError]
             "backward(create_graph=True) "
             "(Hessian-vector products), and DDP averages the ranks' gradients in place, which a gradient "
             "carrying its graph refuses (the job would fail at its first step); train it on one device: "
-            f"leave distribution out; received {{'strategy': 'ddp', 'devices': {spec.distribution.devices}}}",
+            f"leave distribution out{read}; received "
+            f"{{'strategy': 'ddp', 'devices': {spec.distribution.devices}}}",
         )
     ]
 

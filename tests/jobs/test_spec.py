@@ -568,5 +568,13 @@ def test_a_ddp_job_of_an_optimizer_that_needs_create_graph_is_refused_at_distrib
         in error.msg
     )
     assert "leave distribution out" in error.msg
+    # A need the catalogue read may be wrong of the class, and the spec may correct it; a stated one not.
+    corrects = '"needs": {"create_graph": false} beside its name'
+    assert (corrects in error.msg) == (who == "it needs" and "needs" not in optimizer), error.msg
     one_device = JobSpec.model_validate(example(optimizer=optimizer))
     assert catalogue_errors(one_device, catalogue, max_steps=MAX_STEPS) == []
+    corrected = JobSpec.model_validate(
+        example(optimizer={**optimizer, "needs": {"create_graph": False}}, distribution=DDP)
+    )
+    if who == "it needs":
+        assert catalogue_errors(corrected, catalogue, max_steps=MAX_STEPS) == []
