@@ -593,12 +593,28 @@ def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
     wrong = wrong_signature(ctx, error)  # the class's update, called as the framework calls it
     if wrong is not None:
         return wrong.failed(ctx.describe_error(error))
+    if _raised_switching_to_training(error):
+        return failed(
+            f"optimizer.train(), which a job calls before each training step, raised "
+            f"{ctx.describe_error(error)}: the class defines train() and eval(), which optlab takes for a "
+            "schedule-free mode switch",
+            where=ctx.where(error),
+            fix="make train() and eval() work for every optimizer the class may hold (a wrapper's base "
+            "without them too), or, where they are no mode switch of the update, declare "
+            'optlab_needs = {"train_eval": False} on the class (--needs \'{"train_eval": false}\')',
+        )
     return failed(
         f"the first step on a {shape_text(SHAPES[0])} matrix and two vectors raised "
         f"{ctx.describe_error(error)}",
         where=ctx.where(error),
         fix=fix_for_raised(error),
     )
+
+
+def _raised_switching_to_training(error: Exception) -> bool:
+    """The error came out of the driver's `to_training` (the class's own train(), called before a
+    training step), not out of the step itself."""
+    return any(frame.f_code.co_name == "to_training" for frame, _ in traceback.walk_tb(error.__traceback__))
 
 
 def _asserted_in_words(ctx: CheckContext, error: Exception) -> bool:

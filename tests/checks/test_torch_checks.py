@@ -1916,3 +1916,27 @@ def test_a_step_computing_in_bfloat16_is_judged_within_bfloat16_rounding(tmp_pat
     torch.manual_seed(0)
     start, batch = torch_only._tiny_model(), torch_only._batch()
     assert torch_only._rounding_sensitivity(ctx, start, batch)[1] == torch.bfloat16
+
+
+class ForwardingModeSGD(torch.optim.SGD):
+    """Forwards train()/eval() to the optimizer it holds, for schedule-free ones, as heavyball's
+    SAMWrapper does; the one it holds here has neither."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        super().__init__(params, lr=lr)
+        self.inner = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=lr)
+
+    def train(self, mode: bool = True) -> Any:
+        return self.inner.train(mode)  # type: ignore[attr-defined]
+
+    def eval(self) -> Any:
+        return self.train(False)
+
+
+def test_a_train_that_raises_is_named_not_the_step(tmp_path: Path) -> None:
+    """It had read "the first step ... raised", and a plain loop never calls train()."""
+    outcome = build_checks.check_dense_step(context(f"{__name__}:ForwardingModeSGD", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert outcome.detail.startswith("optimizer.train(), which a job calls before each training step, raised")
+    assert "AttributeError" in outcome.detail and "the first step" not in outcome.detail
+    assert "--needs '{\"train_eval\": false}'" in outcome.detail
