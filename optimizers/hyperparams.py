@@ -121,7 +121,11 @@ class Param:
         is 1 must still be refused. A required argument has no default: the None published for it
         is not a value a job may send.
         """
-        if self.required or type(value) is not type(self.default):
+        if self.required:
+            return False
+        if _non_finite(self.default) and isinstance(value, str):
+            return value == str(self.default)  # the text `to_json` publishes it as, sent back
+        if type(value) is not type(self.default):
             return False
         if isinstance(value, float) and math.isnan(value):
             return math.isnan(self.default)
@@ -130,8 +134,11 @@ class Param:
     def accept(self, value: Any) -> Any:
         """`value` checked (`check`), except the declared default, valid by definition (Prodigy's
         `growth_rate=inf`, a `None` meaning "off"): the filled-in defaults come back when the
-        optimizer is built, and refusing them would make the class unbuildable."""
-        return value if self.is_default(value) else self.check(value)
+        optimizer is built, and refusing them would make the class unbuildable. A non-finite
+        default sent back as the text the catalogue shows it as ("inf") is that default."""
+        if not self.is_default(value):
+            return self.check(value)
+        return self.default if isinstance(value, str) and _non_finite(self.default) else value
 
     def native(self, value: Any) -> Any:
         """A checked value as the class takes it: the member a `choice` of an enum's names names."""
@@ -249,6 +256,10 @@ class Param:
             if number > self.high or (number == self.high and not self.high_inclusive):
                 return False
         return True
+
+
+def _non_finite(value: Any) -> bool:
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 def is_option_text(value: Any) -> bool:

@@ -278,6 +278,22 @@ def test_a_declared_default_is_valid_by_definition() -> None:
     assert check_all({"clip": None}, {"clip": off}, owner="x") == {"clip": None}
 
 
+@pytest.mark.parametrize("default", [math.inf, -math.inf, math.nan], ids=["inf", "-inf", "nan"])
+def test_a_non_finite_default_sent_back_as_its_published_text_is_that_default(default: float) -> None:
+    """The catalogue shows `max_norm=inf` as "inf" (JSON has no inf), and the API, which reads the
+    catalogue, took "inf" back as the default: the job then refused it ("must be a number")."""
+    declared = Param("max_norm", "float", default)
+    published = Param.from_json(json.loads(json.dumps(declared.to_json(), allow_nan=False)))
+    text = str(default)
+    assert published.accept(text) == text  # the API's side: the default, as it knows it
+    built = check_all({"max_norm": text}, {"max_norm": declared}, owner="x")["max_norm"]
+    assert isinstance(built, float) and (math.isnan(built) if math.isnan(default) else built == default)
+    with pytest.raises(ValueError, match="must be"):
+        declared.accept("infinity")  # only the published text itself
+    with pytest.raises(ValueError, match="must be"):
+        Param("lr", "float", 0.1).accept("inf")  # a finite default makes no text a number
+
+
 def test_a_value_other_than_the_default_is_still_validated() -> None:
     with pytest.raises(ValueError, match="received Infinity"):
         check_all({"lr": math.inf}, {"lr": Param("lr", "float", 0.1, low=0.0)}, owner="x")
