@@ -98,6 +98,7 @@ class SharedFolderCheckpoints:
         # Each attempt a folder of its own: the loop keeps only its latest checkpoint, and must never
         # delete the one another attempt may still be resuming from.
         self.folder: Path | None = root / job / f"attempt-{attempt}"
+        self.attempt = attempt
         self.run = run
         self.previous: Path | None = None
 
@@ -110,7 +111,20 @@ class SharedFolderCheckpoints:
         # this process dies, and must find the one it knows.
         if self.previous is not None:
             remove_checkpoint(self.previous)
+        else:
+            self._remove_earlier_attempts()
         self.previous = path
+
+    def _remove_earlier_attempts(self) -> None:
+        """Once this attempt has two verified checkpoints of its own (the first superseded), the worker
+        knows one of them, and no attempt will resume from an earlier attempt's: their folders, each
+        left with its last two by a killed process, would otherwise stay on the shared disk for good.
+        Attempts are fenced: an earlier one is no longer running."""
+        assert self.folder is not None
+        for folder in self.folder.parent.glob("attempt-*"):
+            number = folder.name.removeprefix("attempt-")
+            if number.isdigit() and int(number) < self.attempt:
+                shutil.rmtree(folder, ignore_errors=True)
 
 
 class MlflowCheckpoints:

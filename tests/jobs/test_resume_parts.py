@@ -252,6 +252,31 @@ def test_the_shared_folder_keeps_the_checkpoint_before_the_latest(tmp_path: Path
     assert sorted(p.name for p in store.folder.iterdir()) == ["step-20.pt", "step-30.pt"]
 
 
+def test_earlier_attempts_leave_the_shared_folder_once_this_one_has_two_checkpoints(tmp_path: Path) -> None:
+    """Each killed attempt had left its last two checkpoints there for good (a probe found six files
+    of one succeeded job). They go once this attempt's first checkpoint is superseded: until then the
+    worker may know only an earlier attempt's, and a retry would resume from it."""
+    for attempt, steps in ((1, (10, 15)), (2, (20, 25))):
+        earlier = tmp_path / "7" / f"attempt-{attempt}"
+        earlier.mkdir(parents=True)
+        for step in steps:
+            (earlier / f"step-{step}.pt").write_bytes(b"x")
+    (tmp_path / "8" / "attempt-1").mkdir(parents=True)  # another job's: not this one's to remove
+    store = SharedFolderCheckpoints(tmp_path, "7", 3)
+    assert store.folder is not None
+    store.folder.mkdir(parents=True)
+    first, second = store.folder / "step-30.pt", store.folder / "step-40.pt"
+    first.write_bytes(b"x")
+    store.publish(first)
+    assert sorted(p.name for p in (tmp_path / "7").iterdir()) == ["attempt-1", "attempt-2", "attempt-3"]
+    second.write_bytes(b"x")
+    store.publish(second)
+    store.retire(first)
+    assert sorted(p.name for p in (tmp_path / "7").iterdir()) == ["attempt-3"]
+    assert sorted(p.name for p in store.folder.iterdir()) == ["step-30.pt", "step-40.pt"]
+    assert (tmp_path / "8" / "attempt-1").is_dir()
+
+
 def damaged_when_named(*names: str) -> Callable[[Path], str | None]:
     return lambda path: "a flipped byte" if path.name in names else None
 
