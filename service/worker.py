@@ -1055,9 +1055,15 @@ class Supervision:
             tried = " (OPTLAB_JOB_RETRIES is 0: it was not started again)"
         else:
             times = "once" if retries == 1 else f"{retries} times"
+            unanswered = error is not None and error.type == TRACKING_UNREACHABLE
+            advice = (
+                "the MLflow server must answer before a job can start its run"
+                if unanswered
+                else "if it runs out of memory, give it a smaller batch or model, or a host with more"
+            )
             tried = (
                 f"; it had been started again {times} after the same, as many times as OPTLAB_JOB_RETRIES "
-                "allows: if it runs out of memory, give it a smaller batch or model, or a host with more"
+                f"allows: {advice}"
             )
         return ErrorRecord(
             type="JobProcessDied", message=what + tried, traceback=error.traceback if error else None

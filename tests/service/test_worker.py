@@ -314,6 +314,10 @@ def test_a_job_stopped_by_a_cause_outside_it_is_retried(
     job = job_row(sessions, job_id)
     assert job.status == "failed" and job.error is not None and job.error["message"].startswith(said)
     assert "started again once after the same" in job.error["message"]
+    # Memory is the advice for a killed rank only: a server that gave no answer is the server's.
+    memory = "if it runs out of memory, give it a smaller batch or model"
+    assert (memory in job.error["message"]) == (error_type == "RankKilled"), job.error["message"]
+    assert ("the MLflow server must answer" in job.error["message"]) == (error_type == "TrackingUnreachable")
 
 
 # Signal 40 is a real-time signal: `signal.Signals` has no name for it, and naming it had crashed
