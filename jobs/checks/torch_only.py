@@ -14,6 +14,7 @@ import inspect
 import logging
 import math
 import re
+import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -793,11 +794,14 @@ def check_closure(ctx: CheckContext) -> Outcome:
     recompute = _closure(ctx, model, batch)
     calls: list[Tensor] = []
     grad_enabled: list[bool] = []
+    called_without_grad: list[str] = []  # where the class's code called it so: the line to change
 
     def closure(backward: bool = True) -> Tensor:
         # Whether the class enabled grad for its closure: optlab's closure re-enables it itself, so
         # such classes still run, but a user's plain closure would not.
         grad_enabled.append(torch.is_grad_enabled())
+        if not grad_enabled[-1] and not called_without_grad:
+            called_without_grad.extend(_user_caller(ctx))
         loss = recompute(backward=backward)
         calls.append(loss)
         return loss
@@ -823,12 +827,25 @@ def check_closure(ctx: CheckContext) -> Outcome:
     facts = _closure_facts(returned, given, len(calls), grad_enabled)
     if facts or returned is None:
         fix_text = _closure_fixes(returned, grad_enabled)
-        return warned("; ".join(facts), where=method_location(ctx), fix=fix_text)
+        where = called_without_grad[0] if called_without_grad and grad_enabled else method_location(ctx)
+        return warned("; ".join(facts), where=where, fix=fix_text)
     which = losses.index(float(returned)) + 1
     return passed(
         f"step(closure) called the closure {len(calls)} time(s) and returned its loss (of call {which})",
         float(returned),
     )
+
+
+def _user_caller(ctx: CheckContext) -> list[str]:
+    """`file:line` of the innermost frame of the user's files on the stack (the line calling the
+    closure), or nothing where none is."""
+    frame = sys._getframe(2)
+    files = ctx.user_files()
+    while frame is not None:
+        if frame.f_code.co_filename in files:
+            return [f"{frame.f_code.co_filename}:{frame.f_lineno}"]
+        frame = frame.f_back
+    return []
 
 
 _ENABLE_GRAD_FIX = "call it as torch's optimizers do: `with torch.enable_grad(): loss = closure()`"

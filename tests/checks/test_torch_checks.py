@@ -1541,6 +1541,13 @@ def test_a_closure_called_with_grad_disabled_is_a_warning_with_the_fix(tmp_path:
     assert "called the closure with grad disabled" in outcome.detail
     assert "element 0 of tensors does not require grad" in outcome.detail
     assert "with torch.enable_grad(): loss = closure()" in outcome.detail
+    # The line that calls it, where the fix goes, not the decorator that starts step()'s source.
+    call = (
+        inspect.getsource(NoGradClosureSGD.step)
+        .splitlines()
+        .index("        loss = None if closure is None else closure()")
+    )
+    assert outcome.where == f"{__file__}:{inspect.getsourcelines(NoGradClosureSGD.step)[1] + call}"
 
 
 class Float32OnlySGD(StepWithoutClosure):
