@@ -1947,3 +1947,26 @@ def test_a_train_that_raises_is_named_not_the_step(tmp_path: Path) -> None:
     assert outcome.detail.startswith("optimizer.train(), which a job calls before each training step, raised")
     assert "AttributeError" in outcome.detail and "the first step" not in outcome.detail
     assert "--needs '{\"train_eval\": false}'" in outcome.detail
+
+
+class PrivateProbeSGD(PerParameter):
+    """Draws Hutchinson-style ±1 probes from a generator of its own, which state_dict() never saves
+    (timm's Adahessian): the probes scale a curvature term that the checks' quadratic loss, whose
+    Hessian is the identity, makes 1 whatever is drawn."""
+
+    def __init__(self, params: object, lr: float = 0.01) -> None:
+        super().__init__(params, lr)
+        self.generator = torch.Generator().manual_seed(2147483647)
+
+    def update(self, p: Any, lr: float) -> None:
+        z = torch.randint(0, 2, p.shape, generator=self.generator).to(p.dtype) * 2 - 1
+        p.sub_(lr * p.grad * (z * z))
+
+
+def test_a_generator_the_save_misses_is_named_though_the_next_step_matched(tmp_path: Path) -> None:
+    """state_roundtrip had passed it: only a differing next step had it read the attributes."""
+    outcome = state_checks.check_state_roundtrip(context(f"{__name__}:PrivateProbeSGD", tmp_path))
+    assert outcome.status == "warn", outcome.detail
+    assert "the next step after reloading matched the uninterrupted one, but self.generator is a random" in (
+        outcome.detail
+    )
