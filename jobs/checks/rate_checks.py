@@ -91,6 +91,14 @@ def check_schedule(ctx: CheckContext) -> Outcome:
     except ScheduleUnreachable as exc:
         if _ignores_its_rate(ctx, grads[:-1], overrides):  # a rate argument kept for show (A2Grad)
             return skipped(f"not meaningful: the update does not depend on {ctx.target.entry.lr_arg} at all")
+        if _own_step_size_at_none(ctx):
+            lr_arg = ctx.target.entry.lr_arg
+            return skipped(
+                f"not meaningful at {lr_arg}=None, the class's default: it then computes its own step size "
+                f"(its param groups hold 'lr': None), so there is no rate to schedule; a schedule applies "
+                f"once an {lr_arg} is given (optimizer.params.lr, or --params '{{\"lr\": ...}}'), and this "
+                "check then holds the class to it"
+            )
         return failed(str(exc), where=method_location(ctx, "__init__"), fix=exc.fix)
     except (ValueError, TypeError, NotImplementedError) as exc:
         if not _names_a_schedule(exc):
@@ -218,6 +226,19 @@ def check_schedule(ctx: CheckContext) -> Outcome:
         f"{decay_note}",
         worst,
     )
+
+
+def _own_step_size_at_none(ctx: CheckContext) -> bool:
+    """Whether the class, left at its default lr=None (none given), keeps 'lr': None in its groups: it
+    computes its own step size then, and a given lr switches it to that rate (timm's Adafactor:
+    relative step at lr=None, writing its step size into group['lr'] each step). Built with lr and
+    2 lr, as _ignores_its_rate builds it, it is in its other mode: that comparison cannot judge it."""
+    declared = ctx.target.entry.params.get("lr")
+    if declared is None or declared.default is not None or ctx.params.get("lr") is not None:
+        return False
+    optimizer, _ = fresh(ctx)
+    groups = getattr(optimizer, "param_groups", None) or []  # ScheduleUnreachable is torch's alone
+    return any("lr" in group and group["lr"] is None for group in groups)
 
 
 def _ignores_its_rate(

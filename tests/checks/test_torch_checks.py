@@ -1127,6 +1127,41 @@ def test_a_class_that_refuses_a_rate_in_its_configuration_is_not_given_one(tmp_p
     assert outcome.status == "pass", outcome.detail
 
 
+class NoneKeptSGD(PlainSGD):
+    """Keeps 'lr': None in its groups whatever lr it is given: a schedule never reaches it."""
+
+    def __init__(self, params: object, lr: float | None = None) -> None:
+        super().__init__(params, {"lr": None, "rate": 0.01 if lr is None else lr})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.sub_(group["rate"] * p.grad)
+        return None
+
+
+def test_a_class_computing_its_own_step_at_its_none_default_is_scheduled_once_given_a_rate(
+    tmp_path: Path,
+) -> None:
+    """Built with lr and 2 lr to see whether it ignores its rate, it had been put in its other mode and
+    failed ("holds 'lr': None ... no schedule has a rate to scale")."""
+    outcome = rate_checks.check_schedule(context("tests.checks.own_step_size:RelativeStepSGD", tmp_path))
+    assert outcome.status == "skip", outcome.detail
+    assert (
+        "not meaningful at lr=None, the class's default: it then computes its own step size" in outcome.detail
+    )
+    assert "a schedule applies once an lr is given" in outcome.detail
+    given = rate_checks.check_schedule(
+        context("tests.checks.own_step_size:RelativeStepSGD", tmp_path, lr=0.01)
+    )
+    assert given.status == "pass", given.detail
+    # An lr given that never reaches the groups still fails.
+    kept = rate_checks.check_schedule(context(f"{__name__}:NoneKeptSGD", tmp_path, lr=0.01))
+    assert kept.status == "fail" and "holds 'lr': None" in kept.detail, kept.detail
+
+
 class SelfDeprecatingSGD(PlainSGD):
     """Announces its own deprecation, as GaLore's copy of transformers' AdamW does."""
 

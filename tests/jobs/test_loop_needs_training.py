@@ -14,6 +14,7 @@ from pytorch_optimizer import SAM, AdaHessian, AliG, Lookahead, ScheduleFreeAdam
 from jobs.frameworks.base import NeedNotServed, ScheduleUnreachable, StateNotRestored
 from optimizers.registry import Base, Registry, entry_for_class, load_registry
 from tests.checks.closure_contracts import LossOnlyLineSearch, OwnBackwardSGD
+from tests.checks.own_step_size import RelativeStepSGD
 
 from .helpers import digits_spec
 
@@ -318,6 +319,34 @@ def test_a_class_keeping_lr_none_trains_on_the_constant_schedule_and_refuses_ano
     )
     with pytest.raises(ScheduleUnreachable, match=r"holds 'lr': None: the class computes its own step size"):
         make_job(cosine, with_registry=registry).run()
+
+
+def test_a_class_computing_its_own_step_at_lr_none_is_scheduled_only_once_given_a_rate(
+    make_job: MakeJob,
+) -> None:
+    """timm's Adafactor at its default lr=None writes its own step size into group['lr'] each step:
+    a spec without an lr trains on the constant schedule, its own step size untouched; another
+    schedule is refused before the first step (never LambdaLR's None * factor, never a schedule
+    claimed and not applied); with an lr given, the schedule drives it."""
+    registry = load_registry(plugin_dirs=[])
+    registry.add(entry_for_class(RelativeStepSGD, source="test"))
+    (name,) = [name for (name, _), entry in registry.entries.items() if entry.cls is RelativeStepSGD]
+    own = digits_spec(optimizer={"name": name, "params": {}}, schedule={"name": "constant"}, steps=6)
+    job = make_job(own, with_registry=registry)
+    result = job.run()
+    assert job.session.build().scheduler is None and result.checkpoints_verified == len(result.checkpoints)
+    cosine = {"name": "cosine"}
+    with pytest.raises(ScheduleUnreachable, match=r"schedule 'cosine': .*holds 'lr': None") as refused:
+        make_job(
+            digits_spec(optimizer={"name": name, "params": {}}, schedule=cosine, steps=6),
+            with_registry=registry,
+        ).run()
+    assert "give the class a rate (optimizer.params.lr)" in refused.value.fix
+    given = digits_spec(optimizer={"name": name, "params": {"lr": 0.05}}, schedule=cosine, steps=6)
+    job = make_job(given, with_registry=registry)
+    job.run()
+    objects = job.session.build()
+    assert objects.scheduler is not None and objects.optimizer.param_groups[0]["relative_step"] is False
 
 
 def test_a_wrapper_built_over_the_model_and_its_base_sharing_a_default_trains(make_job: MakeJob) -> None:
