@@ -44,12 +44,12 @@ def check_config_roundtrip(ctx: CheckContext) -> Outcome:
     where the style has them. Where a reload rebuilds from the constructor call (torch), what
     the constructor keeps elsewhere is noted, not failed: the reload does not lose it."""
     driver = ctx.driver
-    problem, elsewhere = _config_problem(ctx, schedule=False)
+    problem, elsewhere, rebuilt = _config_problem(ctx, schedule=False)
     if problem is not None:
         return problem
     count = len(ctx.target.entry.params)
     if driver.capabilities.rebuilt_from_constructor:
-        return passed(_groups_survive(ctx, count, elsewhere), float(count - len(elsewhere)))
+        return passed(_groups_survive(ctx, count, elsewhere, rebuilt), float(count - len(elsewhere)))
     problem = _stored_as_a_fixed_value(ctx)
     if problem is not None:
         return problem
@@ -63,7 +63,7 @@ def check_config_roundtrip(ctx: CheckContext) -> Outcome:
             float(count),
         )
     try:
-        problem, _ = _config_problem(ctx, schedule=True)
+        problem, _, _ = _config_problem(ctx, schedule=True)
     except (ValueError, TypeError, NotImplementedError) as exc:
         if "schedule" not in str(exc).lower():
             raise
@@ -129,23 +129,31 @@ def _changed(param: Any, default: Any) -> float | int | None:
     return next((value for value in candidates if param.in_range(value)), None)
 
 
-def _groups_survive(ctx: CheckContext, count: int, elsewhere: Sequence[str]) -> str:
+def _groups_survive(ctx: CheckContext, count: int, elsewhere: Sequence[str], rebuilt: Sequence[str]) -> str:
     driver = ctx.driver
     survives = f"{driver.config_name} survives {driver.config_roundtrip_name} unchanged"
+    caches = (
+        f"; {', '.join(rebuilt[:4])}, left out by the class's own save, "
+        f"{'is' if len(rebuilt) == 1 else 'are'} rebuilt by its next step (private by the leading "
+        "underscore: a per-step cache, not a hyperparameter)"
+        if rebuilt
+        else ""
+    )
     if not elsewhere:
-        return f"{survives}, carrying all {count} hyperparameters with their values"
+        return f"{survives}, carrying all {count} hyperparameters with their values{caches}"
     return (
         f"{survives}; {len(elsewhere)} of {count} hyperparameters are not there as given ("
         + "; ".join(elsewhere[:4])
         + (f"; {len(elsewhere) - 4} more" if len(elsewhere) > 4 else "")
         + "): a reload takes those from the constructor call, so none is lost (per-group values and "
-        "schedulers cannot reach them)"
+        f"schedulers cannot reach them){caches}"
     )
 
 
-def _config_problem(ctx: CheckContext, *, schedule: bool) -> tuple[Outcome | None, list[str]]:
-    """The first fault of the config (None if none), and the hyperparameters kept outside it
-    or transformed, where the style's reload rebuilds from the constructor call."""
+def _config_problem(ctx: CheckContext, *, schedule: bool) -> tuple[Outcome | None, list[str], list[str]]:
+    """The first fault of the config (None if none), the hyperparameters kept outside it or
+    transformed, where the style's reload rebuilds from the constructor call, and the private group
+    keys the class's save leaves out and its next step rebuilds (`_rebuilt_caches`), named."""
     driver = ctx.driver
     lr_arg = ctx.target.entry.lr_arg
     # A None left to the class (`beta3: float | None = None`) may be stored as the value the class
@@ -170,8 +178,15 @@ def _config_problem(ctx: CheckContext, *, schedule: bool) -> tuple[Outcome | Non
     )  # legacy: hyperparameters now variables
     if schedule:
         expected.pop(rate_key, None)  # serialized as the schedule, compared with the round trip below
-    fix = driver.advice.keep_hyperparameters
     where = method_location(ctx, "__init__")
+    reloads: list[
+        tuple[Any, list[Any]]
+    ] = []  # the optimizer the round trip loads into (torch), stepped below
+
+    def reload_target() -> Any:
+        reloads.append(fresh(ctx, seed=1))
+        return reloads[-1][0]
+
     try:
         built = driver.config(optimizer)
         problems = (
@@ -180,25 +195,149 @@ def _config_problem(ctx: CheckContext, *, schedule: bool) -> tuple[Outcome | Non
             else _missing(driver.config_name, built, expected, f"after construction{with_what}")
         )
         if problems:
-            return failed("; ".join(problems), where=where, fix=fix), elsewhere
-        reloaded = driver.config_roundtrip(optimizer, lambda: fresh(ctx, seed=1)[0])
+            return (
+                failed("; ".join(problems), where=where, fix=driver.advice.keep_hyperparameters),
+                elsewhere,
+                [],
+            )
+        reloaded = driver.config_roundtrip(optimizer, reload_target)
     except ConfigNotSerialized as exc:
-        return failed(f"{exc}{with_what}", where=where, fix=exc.fix), elsewhere
+        return failed(f"{exc}{with_what}", where=where, fix=exc.fix), elsewhere, []
     when = f"after {driver.config_roundtrip_name}{with_what}"
     problems = [] if from_constructor else _missing(driver.config_name, reloaded, expected, when)
+    if problems:
+        return failed("; ".join(problems), where=where, fix=driver.advice.keep_hyperparameters), elsewhere, []
+    left_out = driver.config_left_out_of_save(optimizer)
+    rebuilt, step_error = _rebuilt_caches(ctx, left_out, reloads)
     for index, (first, again) in enumerate(zip(built, reloaded, strict=True)):
         differing = sorted(
-            k for k in first.keys() | again.keys() if not same_value(first.get(k), again.get(k))
+            k
+            for k in first.keys() | again.keys()
+            if (index, k) not in rebuilt and not same_value(first.get(k), again.get(k))
         )
-        if differing and not problems:
-            key = differing[0]
-            problems.append(
-                f"{driver.config_name}[{index}][{key!r}] was {first.get(key)!r} and is {again.get(key)!r} "
-                f"{when}" + (f" ({len(differing) - 1} more keys)" if len(differing) > 1 else "")
+        if differing:
+            saved_without = (index, differing[0]) in left_out
+            lost = _lost_group_value(
+                ctx, optimizer, index, differing, (first, again), when, saved_without, step_error
             )
-    if problems:
-        return failed("; ".join(problems), where=where, fix=fix), elsewhere
-    return None, elsewhere
+            return lost, elsewhere, []
+    return None, elsewhere, [f"{driver.config_name}[{index}][{key!r}]" for index, key in sorted(rebuilt)]
+
+
+def _rebuilt_caches(
+    ctx: CheckContext, left_out: Sequence[tuple[int, str]], reloads: Sequence[tuple[Any, list[Any]]]
+) -> tuple[set[tuple[int, str]], str | None]:
+    """The group keys the class's own save leaves out on purpose and its next step puts back, with
+    what that step raised, if it did. Only private ones (a leading underscore): heavyball keeps
+    per-step caches so (`_sf_step`) and its state_dict() drops every `_` key, since the next step
+    rebuilds them; a resume is then exact. A key a user could set per group (no underscore) is a
+    hyperparameter, and a lost one stays a fault, as does a cache the next step does not rebuild."""
+    private = [(index, key) for index, key in left_out if key.startswith("_")]
+    if not private or not reloads:
+        return set(), None
+    reloaded, variables = reloads[-1]
+    try:
+        ctx.driver.step(reloaded, variables, arrays(SHAPES, seed=31), ctx.needs)
+    except Exception as exc:
+        return set(), ctx.describe_error(exc)
+    after = ctx.driver.config(reloaded)
+    return {(index, key) for index, key in private if index < len(after) and key in after[index]}, None
+
+
+def _lost_group_value(
+    ctx: CheckContext,
+    optimizer: Any,
+    index: int,
+    differing: Sequence[str],
+    configs: tuple[Mapping[str, Any], Mapping[str, Any]],
+    when: str,
+    saved_without: bool,
+    step_error: str | None,
+) -> Outcome:
+    """The fail for group `index`'s values `differing` after the round trip: the first, said with its
+    cause where it shows (the class's save leaves it out; per-parameter state kept in a group) and
+    pointed at the code that causes it."""
+    driver = ctx.driver
+    first, again = configs
+    key = differing[0]
+    name = f"{driver.config_name}[{index}][{key!r}]"
+    more = f" ({len(differing) - 1} more keys)" if len(differing) > 1 else ""
+    if key not in again:
+        change = f"was {_shown(first[key])} and is missing {when}{more}"
+    elif key not in first:
+        change = f"was missing and is {_shown(again[key])} {when}{more}"
+    else:
+        change = f"was {_shown(first[key])} and is {_shown(again[key])} {when}{more}"
+    if saved_without and key not in again:  # only a torch state_dict() override leaves a group key out
+        why = "the class's own state_dict() leaves it out of the groups it saves"
+        if step_error is not None:
+            why += f", and the next step after the reload raised {step_error}"
+        elif key.startswith("_"):
+            why += ", and its next step does not put it back"
+        return failed(
+            f"{name} {change}: {why}",
+            where=method_location(ctx, "state_dict"),
+            fix="save every param-group key in state_dict() (or leave the save to torch's): "
+            "load_state_dict() restores the groups as saved, so a key left out is lost; only a private "
+            "cache ('_' key) that the next step rebuilds may be left out",
+        )
+    if _keyed_by_arrays(first.get(key)):  # per-parameter state: grokadamw's group['state'][p]
+        return failed(
+            f"{name} holds per-parameter state keyed by the parameters themselves ({_shown(first[key])}) and "
+            f"is not the same {when}{more}: torch saves self.state per parameter and maps it onto the "
+            "reloaded optimizer's parameters, but restores a group's values as saved",
+            where=method_location(ctx),
+            fix=driver.advice.state_in_checkpoint,
+        )
+    overrides = driver.save_overrides(optimizer)
+    fix = driver.advice.keep_hyperparameters
+    if overrides:
+        fix += f" (the class's own {', '.join(f'{m}()' for m in overrides)} must not drop or rewrite them)"
+    return failed(
+        f"{name} {change}",
+        where=method_location(ctx, overrides[0] if overrides else "__init__"),
+        fix=fix,
+    )
+
+
+def _is_array(value: Any) -> bool:
+    return hasattr(value, "shape") and hasattr(value, "dtype")
+
+
+def _keyed_by_arrays(value: Any) -> bool:
+    return isinstance(value, Mapping) and any(_is_array(key) for key in value)
+
+
+def _shown(value: Any, limit: int = 120) -> str:
+    """A group value as a message shows it: an array of more than one element, and any array used as
+    a key, by its kind and shape (a repr prints every element, and a key is there by identity); a
+    mapping or sequence holding such arrays by its first item and size; anything else by its repr,
+    cut at `limit`."""
+    if _is_array(value) and int(np.prod(value.shape)) > 1:
+        return _array_name(value)
+    if isinstance(value, Mapping) and value and _holds_arrays(value):
+        key, item = next(iter(value.items()))
+        first = f"{_array_name(key) if _is_array(key) else _shown(key, 40)}: {_shown(item, 60)}"
+        return "{" + first + (f", ... {len(value)} entries" if len(value) > 1 else "") + "}"
+    if isinstance(value, list | tuple) and value and _holds_arrays(value):
+        return "[" + _shown(value[0], 60) + (f", ... {len(value)} items" if len(value) > 1 else "") + "]"
+    return _cut(" ".join(repr(value).split()), limit)
+
+
+def _holds_arrays(value: Any) -> bool:
+    if _is_array(value):
+        return True
+    if isinstance(value, Mapping):
+        return any(_is_array(key) or _holds_arrays(item) for key, item in value.items())
+    return isinstance(value, list | tuple) and any(_holds_arrays(item) for item in value)
+
+
+def _array_name(value: Any) -> str:
+    return f"<{type(value).__name__} of shape {tuple(value.shape)}>"
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _rate_key(configs: Sequence[Mapping[str, Any]], lr_arg: str) -> str:

@@ -502,6 +502,17 @@ class Driver(ABC):
         missing from an overridden state_dict()'s entry for p). None by default."""
         return []
 
+    def config_left_out_of_save(self, optimizer: Any) -> list[tuple[int, str]]:
+        """(group index, key) of each hyperparameter the optimizer holds that its own save leaves out
+        (torch: a param-group key missing from an overridden state_dict()'s groups). None by default."""
+        return []
+
+    def save_overrides(self, optimizer: Any) -> list[str]:
+        """The class's own methods that replace the framework's save or restore of its configuration
+        (torch: state_dict, load_state_dict, __setstate__): where a value lost in the round trip is
+        dropped. None by default."""
+        return []
+
     def state_sharing_gradients(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
         """The state entries that are a variable's gradient itself (its memory, not a copy), after a
         step. None by default: only torch hands the optimizer a gradient tensor it can keep."""

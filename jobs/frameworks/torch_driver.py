@@ -600,6 +600,27 @@ def keys_left_out_of_save(optimizer: Any) -> list[tuple[int, Any]]:
     return left
 
 
+def group_keys_left_out_of_save(optimizer: Any) -> list[tuple[int, str]]:
+    """(group index, key) of each param-group key that an overridden state_dict() leaves out of the
+    groups it saves (heavyball's drops every `_` key, its per-step caches). torch's own state_dict()
+    saves every key: only an override can leave one out."""
+    if getattr(type(optimizer), "state_dict", None) is torch.optim.Optimizer.state_dict:
+        return []
+    try:
+        saved = optimizer.state_dict().get("param_groups")
+    except Exception:  # a save that fails is reported where it is made
+        return []
+    if not isinstance(saved, Sequence) or len(saved) != len(optimizer.param_groups):
+        return []
+    return [
+        (index, key)
+        for index, (live, kept) in enumerate(zip(optimizer.param_groups, saved, strict=True))
+        if isinstance(kept, Mapping)
+        for key in live
+        if key != "params" and key not in kept
+    ]
+
+
 def left_out_state_difference(uninterrupted: Any, reloaded: Any) -> str | None:
     """Where, after the same step from the saved and from the reloaded objects, state that the class's
     state_dict() leaves out still differs (keys_left_out_of_save), or None.
@@ -799,8 +820,7 @@ class TorchDriver(Driver):
         read_lr_each_step="read the learning rate from the group (group['lr']) inside step() at every step; "
         "never cache it (self.lr, a copy in state or in the group) in __init__ or on the first step",
         keep_hyperparameters="keep each group's hyperparameters in param_groups and let load_state_dict() "
-        "restore them as saved: no state_dict()/load_state_dict() override that drops or rewrites group "
-        "values",
+        "restore them as saved",
         state_on_device="create state with torch.zeros_like(p) (or device=p.device), never a bare "
         "torch.zeros(shape)",
         state_on_device_after_restore="let Optimizer.load_state_dict cast state (do not override it), or "
@@ -936,6 +956,16 @@ class TorchDriver(Driver):
 
     def state_left_out_of_save(self, optimizer: Any) -> list[str]:
         return [f"state[param {index}][{key!r}]" for index, key in keys_left_out_of_save(optimizer)]
+
+    def config_left_out_of_save(self, optimizer: Any) -> list[tuple[int, str]]:
+        return group_keys_left_out_of_save(optimizer)
+
+    def save_overrides(self, optimizer: Any) -> list[str]:
+        return [
+            name
+            for name in ("state_dict", "load_state_dict", "__setstate__")
+            if getattr(type(optimizer), name, None) is not getattr(torch.optim.Optimizer, name)
+        ]
 
     def state_sharing_gradients(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
         grads = [p.grad for p in variables if p.grad is not None and p.grad.layout is torch.strided]

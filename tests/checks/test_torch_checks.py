@@ -18,6 +18,7 @@ from jobs.checks.report import CHECK_IDS  # noqa: E402
 from jobs.checks.runner import checks_for_style, validated_params  # noqa: E402
 from jobs.checks.target import resolve_target  # noqa: E402
 from optimizers.hyperparams import Param, unit_interval  # noqa: E402
+from tests.checks.group_state import GroupStateSGD  # noqa: E402
 
 BROKEN = Path(__file__).parent / "broken"
 CHECKS = checks_for_style("torch")
@@ -852,6 +853,107 @@ def test_tensors_in_the_groups_are_compared_by_value(tmp_path: Path) -> None:
     more than one value is ambiguous`) pinned on the class."""
     outcome = state_checks.check_config_roundtrip(context(f"{__name__}:DistanceSGD", tmp_path))
     assert outcome.status == "pass", outcome.detail
+
+
+class CachesLeftOut(PlainSGD):
+    """Drops every `_` key from the groups it saves, as heavyball's state_dict() does."""
+
+    def state_dict(self) -> dict[str, Any]:
+        saved = super().state_dict()
+        for group in saved["param_groups"]:
+            for key in [k for k in group if k.startswith("_")]:
+                del group[key]
+        return saved
+
+
+class StepCacheSGD(CachesLeftOut):
+    """Keeps a per-step cache in each group (heavyball's `_sf_step`), which its next step rebuilds."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        super().__init__(params, {"lr": lr})
+
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            group["_scale"] = torch.tensor(group["lr"])
+        return super().step(closure)
+
+
+class InitCacheSGD(CachesLeftOut):
+    """A private value set once, in __init__, and left out of the save: the next step lacks it."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        super().__init__(params, {"lr": lr, "_decay": 0.01})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in (p for p in group["params"] if p.grad is not None):
+                p.mul_(1 - group["_decay"])
+        return super().step(closure)
+
+
+class DroppedMomentumSGD(PlainSGD):
+    """Leaves a hyperparameter a user sets per group out of its save."""
+
+    def __init__(self, params: object, lr: float = 0.1, momentum: float = 0.9) -> None:
+        super().__init__(params, {"lr": lr, "momentum": momentum})
+
+    def state_dict(self) -> dict[str, Any]:
+        saved = super().state_dict()
+        for group in saved["param_groups"]:
+            del group["momentum"]
+        return saved
+
+
+@pytest.mark.parametrize(
+    ("cls", "status", "says", "at"),
+    [
+        # A private cache the class's save leaves out on purpose and its next step rebuilds: no loss.
+        (
+            StepCacheSGD,
+            "pass",
+            "param_groups[0]['_scale'], left out by the class's own save, is rebuilt",
+            "",
+        ),
+        # Private but set only in __init__: the next step after a reload fails for want of it.
+        (
+            InitCacheSGD,
+            "fail",
+            "param_groups[0]['_decay'] was 0.01 and is missing after state_dict() -> load_state_dict(): "
+            "the class's own state_dict() leaves it out of the groups it saves, and the next step after the "
+            "reload raised KeyError: '_decay'",
+            "state_dict",
+        ),
+        # A hyperparameter (no underscore) left out of the save stays a loss, said as missing (not None).
+        (
+            DroppedMomentumSGD,
+            "fail",
+            "param_groups[0]['momentum'] was 0.9 and is missing after state_dict() -> load_state_dict(): the "
+            "class's own state_dict() leaves it out of the groups it saves",
+            "state_dict",
+        ),
+        # Per-parameter state in a group: summarised, not printed, and told where state belongs.
+        (
+            GroupStateSGD,
+            "fail",
+            "param_groups[0]['state'] holds per-parameter state keyed by the parameters themselves "
+            "({<Parameter of shape (4, 3)>: <Tensor of shape (4, 3)>, ... 3 entries})",
+            "step",
+        ),
+    ],
+)
+def test_group_keys_a_save_leaves_out_or_cannot_carry(
+    cls: type, status: str, says: str, at: str, tmp_path: Path
+) -> None:
+    outcome = state_checks.check_config_roundtrip(context(f"{cls.__module__}:{cls.__name__}", tmp_path))
+    assert outcome.status == status, outcome.detail
+    assert says in outcome.detail, outcome.detail
+    assert len(outcome.detail) < 600, outcome.detail  # a repr of every tensor had made 1,600
+    if at:
+        method = inspect.unwrap(getattr(cls, at))
+        assert outcome.where == f"{inspect.getsourcefile(method)}:{inspect.getsourcelines(method)[1]}"
+    if cls is GroupStateSGD:
+        assert "Fix: keep per-parameter state in self.state[p]" in outcome.detail
 
 
 class HalfMomentumSGD(PerParameter):
