@@ -123,6 +123,19 @@ def test_a_resumed_run_that_fails_on_a_key_its_save_left_out_is_told_which(tmp_p
     assert "Fix: save every key of self.state[p] in state_dict()" in outcome.detail
 
 
+def test_per_parameter_state_in_a_param_group_is_named_briefly_with_its_cause(tmp_path: Path) -> None:
+    """grokadamw's GrokAdamW: the message had printed every Parameter's repr as a key (2,612 chars)."""
+    outcome = resume_exact(context("tests.checks.group_state:GroupStateSGD", "torch", tmp_path))
+    assert outcome.status == "fail"
+    assert "optimizer/param_groups/0/state/<Parameter 4 of shape (8, 6)>" in outcome.detail, outcome.detail
+    assert "Parameter containing" not in outcome.detail and len(outcome.detail) < 1000, outcome.detail
+    assert (
+        "param_groups[0]['state'] holds per-parameter state keyed by the parameters themselves"
+        in outcome.detail
+    )
+    assert "Fix: keep per-parameter state in self.state[p]" in outcome.detail
+
+
 MISBEHAVING_UNDER_DDP = """
 import time
 

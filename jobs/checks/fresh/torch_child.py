@@ -38,6 +38,7 @@ from jobs.frameworks.base import StateDifference
 from jobs.frameworks.torch_driver import (
     KEEP_STATE_DTYPE_FIX,
     LOAD_CASTS_STATE,
+    TorchDriver,
     clear_gradients,
     closure_loss_over_ranks,
     closure_result,
@@ -213,7 +214,11 @@ def _flatten(value: Any, key: str) -> Arrays:
             tensor = tensor.float()  # exact: numpy has no bfloat16
         return {key: tensor.numpy().copy()}
     if isinstance(value, Mapping):
-        return {k: v for name, item in value.items() for k, v in _flatten(item, f"{key}/{name}").items()}
+        return {
+            k: v
+            for position, (name, item) in enumerate(value.items())
+            for k, v in _flatten(item, f"{key}/{_part(name, position)}").items()
+        }
     if isinstance(value, list | tuple):
         return {k: v for index, item in enumerate(value) for k, v in _flatten(item, f"{key}/{index}").items()}
     if isinstance(value, bool | int | float | complex):
@@ -251,7 +256,9 @@ def load_difference(
     ctx: CheckContext, overrides: Mapping[str, Any], checkpoint: Path
 ) -> StateDifference | None:
     """A state tensor `load_state_dict` cast to its parameter's dtype (ProdigyPlusScheduleFree's
-    bfloat16 `p0`): the next steps then round otherwise than the uninterrupted ones."""
+    bfloat16 `p0`): the next steps then round otherwise than the uninterrupted ones. Or per-parameter
+    state kept in a param group keyed by the parameters (grokadamw's group['state'][p]): loaded as
+    saved, it is keyed by the saved run's parameters, and the resumed run's find none of it."""
     try:
         with torch.random.fork_rng(devices=[]):
             model = tiny_model()
@@ -261,10 +268,40 @@ def load_difference(
             optimizer.load_state_dict(saved["optimizer"])
     except Exception:  # the resumed run got this far in its process: no cause to add here
         return None
+    keyed = _keyed_by_other_parameters(optimizer)
+    if keyed is not None:
+        return StateDifference(
+            f"param_groups{keyed} holds per-parameter state keyed by the parameters themselves, which "
+            "load_state_dict() restores as saved: keyed by the saved run's parameters, none of which is a "
+            "parameter of the resumed run",
+            fix=TorchDriver.advice.state_in_checkpoint,
+        )
     found = first_difference(saved["optimizer"], optimizer.state_dict(), "state_dict")
     if found is None or LOAD_CASTS_STATE not in found:
         return None
     return StateDifference(found, fix=KEEP_STATE_DTYPE_FIX)
+
+
+def _keyed_by_other_parameters(optimizer: Any) -> str | None:
+    """`[index][key]` of the first param-group value that is a mapping keyed by tensors none of which
+    is one of the optimizer's parameters, or None."""
+    own = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    for index, group in enumerate(optimizer.param_groups):
+        for key, value in group.items():
+            if key == "params" or not isinstance(value, Mapping) or not value:
+                continue
+            keys = list(value)
+            if all(isinstance(k, torch.Tensor) and id(k) not in own for k in keys):
+                return f"[{index}][{key!r}]"
+    return None
+
+
+def _part(name: Any, position: int) -> str:
+    """A mapping's key as part of an array's name: a tensor key (a dict keyed by the parameters
+    themselves) by its position, kind and shape, not by a repr that prints every element."""
+    if isinstance(name, torch.Tensor):
+        return f"<{type(name).__name__} {position} of shape {tuple(name.shape)}>"
+    return str(name)
 
 
 # -- the fresh child and its forks ---------------------------------------------------------------------
