@@ -9,12 +9,14 @@ unless the check is about a device). The fresh-process checks (`resume_exact`,
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import inspect
 import logging
 import math
 import re
 import sys
+import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -439,6 +441,17 @@ def check_param_groups(ctx: CheckContext) -> Outcome:
         difference = _max_difference(two_groups, alone)
         if difference > 1e-6:
             transformed = _stored_transformed(ctx, halved)
+            derived = None if transformed else _derived_at_construction(ctx, halved)
+            if derived is not None:
+                key, said = derived
+                return failed(
+                    f"a second param group with {settings} does not step like a single-group optimizer built "
+                    f"with those values (max abs difference {difference:.3g} after 2 steps){said}",
+                    where=_where_init_sets(ctx, key),
+                    figure=difference,
+                    fix=f"derive {key} in step() from the group being updated (store None, or nothing, until "
+                    "a value is given), so a group given its own values derives its own from them",
+                )
             read, at = ("", "") if transformed else _read_outside_the_group(ctx)
             return failed(
                 f"a second param group with {settings} does not step like a single-group optimizer built "
@@ -499,6 +512,62 @@ def _stored_transformed(ctx: CheckContext, settings: Mapping[str, Any]) -> str:
     )
 
 
+def _derived_at_construction(ctx: CheckContext, halved: Mapping[str, Any]) -> tuple[str, str] | None:
+    """A group value the constructor derives from others (timm's Mars: `betas_1d=betas_1d or betas`;
+    AdamWLegacy: `max_lr_snapshot` from lr): built with `halved`, a single-group optimizer's group
+    holds another value for it than one built with the class's own values, while a group given
+    `halved` as its own inherits the constructor's. Named (key, sentence) only where giving the
+    second group the derived values too makes it step alike: then they are the cause. Else None."""
+    own = _build(ctx, _tiny_model().parameters()).param_groups[0]
+    given = _build(ctx, _tiny_model().parameters(), **halved).param_groups[0]
+    settings = {native(ctx, k) for k in halved}
+    derived = {
+        key: value
+        for key, value in given.items()
+        if key != "params" and key not in settings and key in own and not same_value(own[key], value)
+    }
+    if not derived:
+        return None
+    two_groups, alone = _two_groups(ctx, dict(halved), second_group=derived)
+    if _max_difference(two_groups, alone) > 1e-6:
+        return None
+    key = next(iter(derived))
+    others = f" (and {', '.join(list(derived)[1:])})" if len(derived) > 1 else ""
+    return key, (
+        f": the constructor derives {key}{others} from the values it is given ({_shown(derived[key])} when "
+        f"built with those values, {_shown(own[key])} with its own), and a group given its own values "
+        f"inherits the constructor's {key}; given the derived value as well, the group steps alike"
+    )
+
+
+def _where_init_sets(ctx: CheckContext, key: str) -> str:
+    """`file:line` where a constructor of the class's names `key` in its body (`betas_1d=...` in the
+    defaults it builds, `defaults["key"]`), else its `def __init__`."""
+    for klass in user_classes(ctx.target.cls):
+        init = vars(klass).get("__init__")
+        if not inspect.isfunction(init):
+            continue
+        try:
+            lines, first = inspect.getsourcelines(init)
+            path = inspect.getsourcefile(init)
+            tree = ast.parse(textwrap.dedent("".join(lines)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        function = tree.body[0]
+        if not isinstance(function, ast.FunctionDef):
+            continue
+        body = [node for statement in function.body for node in ast.walk(statement)]  # the signature's not
+        named = [
+            node.lineno
+            for node in body
+            if (isinstance(node, ast.keyword) and node.arg == key)
+            or (isinstance(node, ast.Constant) and node.value == key)
+        ]
+        if named:
+            return f"{path}:{first + min(named) - 1}"
+    return method_location(ctx, "__init__")
+
+
 _ADDED_GROUP_FIX = "keep no per-group bookkeeping outside param_groups (e.g. lists built in __init__)"
 _ADDED_STATE_FIX = (
     "create a parameter's state in step() when it has none (`if not state: ...`), not only in __init__: "
@@ -513,18 +582,23 @@ SECOND = 1  # the index of the second group's parameters in `_two_groups`' resul
 
 
 def _two_groups(
-    ctx: CheckContext, halved: dict[str, Any], *, as_defaults: bool = False
+    ctx: CheckContext,
+    halved: dict[str, Any],
+    *,
+    as_defaults: bool = False,
+    second_group: Mapping[str, Any] | None = None,
 ) -> tuple[list[list[Tensor]], list[list[Tensor]]]:
-    """Two steps of one optimizer over two groups (the second with `halved`; both, given to the
-    constructor, if `as_defaults`), and of one single-group optimizer per group: each group's
-    parameters afterwards, from both. More, up to `WARMUP_STEPS`, until the parameters have moved:
-    a warm-up that builds state only (RAdam_4step's first four steps) compares nothing."""
+    """Two steps of one optimizer over two groups (the second with `halved`, and `second_group`'s
+    group values as they are; both, given to the constructor, if `as_defaults`), and of one
+    single-group optimizer per group: each group's parameters afterwards, from both. More, up to
+    `WARMUP_STEPS`, until the parameters have moved: a warm-up that builds state only (RAdam_4step's
+    first four steps) compares nothing."""
     model = _tiny_model()
     first, second = list(model[0].parameters()), list(model[2].parameters())
     if as_defaults:
         optimizer = _build(ctx, [{"params": first}, {"params": second}], **halved)
     else:
-        settings = {native(ctx, k): v for k, v in halved.items()}
+        settings = {**{native(ctx, k): v for k, v in halved.items()}, **(second_group or {})}
         optimizer = _build(ctx, [{"params": first}, {"params": second, **settings}])
     # One model per reference optimizer, given the two-group model's parameters of the other group
     # before every step: each then sees the gradients the two-group model sees for its group, from a
@@ -676,13 +750,18 @@ def _fresh_group_step(ctx: CheckContext, lr: dict[str, float]) -> Tensor:
 _ONE_FOR_ALL_GROUPS = re.compile(r"self\.defaults\s*(?:\[|\.get\()|self\.param_groups\s*\[\s*0\s*\]")
 
 
+# Methods a step never runs: a read there does not reach a group's update (AdamWLegacy's
+# __setstate__ fills in `self.defaults` for old pickles, and runs only when loading).
+_NOT_STEPPING = frozenset({"__init__", "__setstate__", "__getstate__", "state_dict", "load_state_dict"})
+
+
 def _read_outside_the_group(ctx: CheckContext) -> tuple[str, str]:
     """Where a method of the class (not its constructor) reads a value for every group at once, and
     the words saying so; ("", "") where none does. The likely cause of a group's values not reaching
     its update, pointed at where the fix goes."""
     for klass in user_classes(ctx.target.cls):
         for name, function in vars(klass).items():
-            if name == "__init__" or not inspect.isfunction(function):
+            if name in _NOT_STEPPING or not inspect.isfunction(function):
                 continue
             try:  # unwrapped: torch wraps `step` in hooks defined in its own file
                 lines, first = inspect.getsourcelines(inspect.unwrap(function))

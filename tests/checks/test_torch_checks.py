@@ -1496,6 +1496,85 @@ def test_betas_read_from_the_defaults_fail_param_groups(tmp_path: Path, cls: typ
     assert outcome.where == f"{__file__}:{inspect.getsourcelines(step)[1] + line}"
 
 
+class DerivedBetasAdam(PlainSGD):
+    """Resolves a default from another argument once, in __init__, as timm's Mars does
+    (`betas_1d=betas_1d or betas`): a group given its own betas keeps the constructor's for its
+    1-D parameters."""
+
+    def __init__(
+        self,
+        params: object,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        betas_1d: tuple[float, float] | None = None,
+    ) -> None:
+        super().__init__(params, {"lr": lr, "betas": betas, "betas_1d": betas_1d or betas})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in (p for p in group["params"] if p.grad is not None):
+                beta, _ = group["betas"] if p.ndim >= 2 else group["betas_1d"]
+                state = self.state[p]
+                if not state:
+                    state["m"] = torch.zeros_like(p)
+                state["m"].mul_(beta).add_(p.grad, alpha=1 - beta)
+                p.sub_(group["lr"] * state["m"])
+        return None
+
+
+class SnapshotDecaySGD(PlainSGD):
+    """Snapshots the constructor's lr into every group's defaults (timm's AdamWLegacy with
+    corrected_weight_decay), and fills it in for old pickles in __setstate__, which no step runs."""
+
+    def __init__(self, params: object, lr: float = 0.1, weight_decay: float = 0.5) -> None:
+        defaults = {"lr": lr, "weight_decay": weight_decay, "max_lr": float(lr)}
+        super().__init__(params, defaults)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self.defaults.setdefault("max_lr", float(self.defaults["lr"]))
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in (p for p in group["params"] if p.grad is not None):
+                p.mul_(1 - group["weight_decay"] * group["lr"] ** 2 / group["max_lr"])
+        return super().step(closure)
+
+
+class DerivedButDefaultsBetasAdam(DefaultsBetasAdam):
+    """Derives a value it never reads, and reads its betas from self.defaults: the read is the cause."""
+
+    def __init__(self, params: object, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999)) -> None:
+        torch.optim.Optimizer.__init__(self, params, {"lr": lr, "betas": betas, "beta_sum": sum(betas)})
+
+
+@pytest.mark.parametrize(
+    ("cls", "says", "line"),
+    [
+        (DerivedBetasAdam, "the constructor derives betas_1d from the values it is given", "betas_1d"),
+        (SnapshotDecaySGD, "the constructor derives max_lr from the values it is given", "max_lr"),
+        (
+            DerivedButDefaultsBetasAdam,
+            '`beta1, beta2 = self.defaults["betas"]` in step() reads one value for every group',
+            "self.defaults",
+        ),
+    ],
+)
+def test_param_groups_names_a_default_the_constructor_derives_where_it_does(
+    cls: type, says: str, line: str, tmp_path: Path
+) -> None:
+    """Mars's fail had said to read hyperparameters from the group (which it does) at `def step`;
+    AdamWLegacy's had blamed its __setstate__, which never runs in the check."""
+    outcome = torch_only.check_param_groups(context(f"{__name__}:{cls.__name__}", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert says in outcome.detail, outcome.detail
+    path, number = outcome.where.rsplit(":", 1)
+    assert line in Path(path).read_text().splitlines()[int(number) - 1], outcome.where
+    assert "__setstate__" not in outcome.detail
+
+
 class TensorDefaultSGD(PlainSGD):
     """Its default rate a float32 tensor (torch allows one): halved, 0.0005000000237487257 as a float."""
 
