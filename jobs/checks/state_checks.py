@@ -313,7 +313,7 @@ def _shown(value: Any, limit: int = 120) -> str:
     a key, by its kind and shape (a repr prints every element, and a key is there by identity); a
     mapping or sequence holding such arrays by its first item and size; anything else by its repr,
     cut at `limit`."""
-    if _is_array(value) and int(np.prod(value.shape)) > 1:
+    if _is_array(value) and _elements(value) > 1:
         return _array_name(value)
     if isinstance(value, Mapping) and value and _holds_arrays(value):
         key, item = next(iter(value.items()))
@@ -330,6 +330,13 @@ def _holds_arrays(value: Any) -> bool:
     if isinstance(value, Mapping):
         return any(_is_array(key) or _holds_arrays(item) for key, item in value.items())
     return isinstance(value, list | tuple) and any(_holds_arrays(item) for item in value)
+
+
+def _elements(value: Any) -> int:
+    try:
+        return int(np.prod(tuple(value.shape)))
+    except (TypeError, ValueError):  # a dimension not known yet (a symbolic shape): not one element
+        return 2
 
 
 def _array_name(value: Any) -> str:
