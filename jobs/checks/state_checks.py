@@ -44,12 +44,12 @@ def check_config_roundtrip(ctx: CheckContext) -> Outcome:
     where the style has them. Where a reload rebuilds from the constructor call (torch), what
     the constructor keeps elsewhere is noted, not failed: the reload does not lose it."""
     driver = ctx.driver
-    problem, elsewhere, rebuilt = _config_problem(ctx, schedule=False)
+    problem, elsewhere, caches = _config_problem(ctx, schedule=False)
     if problem is not None:
         return problem
     count = len(ctx.target.entry.params)
     if driver.capabilities.rebuilt_from_constructor:
-        return passed(_groups_survive(ctx, count, elsewhere, rebuilt), float(count - len(elsewhere)))
+        return passed(_groups_survive(ctx, count, elsewhere, caches), float(count - len(elsewhere)))
     problem = _stored_as_a_fixed_value(ctx)
     if problem is not None:
         return problem
@@ -129,16 +129,9 @@ def _changed(param: Any, default: Any) -> float | int | None:
     return next((value for value in candidates if param.in_range(value)), None)
 
 
-def _groups_survive(ctx: CheckContext, count: int, elsewhere: Sequence[str], rebuilt: Sequence[str]) -> str:
+def _groups_survive(ctx: CheckContext, count: int, elsewhere: Sequence[str], caches: str) -> str:
     driver = ctx.driver
     survives = f"{driver.config_name} survives {driver.config_roundtrip_name} unchanged"
-    caches = (
-        f"; {', '.join(rebuilt[:4])}, left out by the class's own save, "
-        f"{'is' if len(rebuilt) == 1 else 'are'} rebuilt by its next step (private by the leading "
-        "underscore: a per-step cache, not a hyperparameter)"
-        if rebuilt
-        else ""
-    )
     if not elsewhere:
         return f"{survives}, carrying all {count} hyperparameters with their values{caches}"
     return (
@@ -150,10 +143,10 @@ def _groups_survive(ctx: CheckContext, count: int, elsewhere: Sequence[str], reb
     )
 
 
-def _config_problem(ctx: CheckContext, *, schedule: bool) -> tuple[Outcome | None, list[str], list[str]]:
+def _config_problem(ctx: CheckContext, *, schedule: bool) -> tuple[Outcome | None, list[str], str]:
     """The first fault of the config (None if none), the hyperparameters kept outside it or
-    transformed, where the style's reload rebuilds from the constructor call, and the private group
-    keys the class's save leaves out and its next step rebuilds (`_rebuilt_caches`), named."""
+    transformed, where the style's reload rebuilds from the constructor call, and what the pass
+    says of the private group keys the class's save leaves out (`_caches_left_out`)."""
     driver = ctx.driver
     lr_arg = ctx.target.entry.lr_arg
     # A None left to the class (`beta3: float | None = None`) may be stored as the value the class
@@ -179,9 +172,9 @@ def _config_problem(ctx: CheckContext, *, schedule: bool) -> tuple[Outcome | Non
     if schedule:
         expected.pop(rate_key, None)  # serialized as the schedule, compared with the round trip below
     where = method_location(ctx, "__init__")
-    reloads: list[
-        tuple[Any, list[Any]]
-    ] = []  # the optimizer the round trip loads into (torch), stepped below
+    # The optimizer the round trip loads into (torch builds one, Keras's from_config another way),
+    # kept so that a next step can show what a cache the class's save leaves out does to it.
+    reloads: list[tuple[Any, list[Any]]] = []
 
     def reload_target() -> Any:
         reloads.append(fresh(ctx, seed=1))
@@ -198,50 +191,69 @@ def _config_problem(ctx: CheckContext, *, schedule: bool) -> tuple[Outcome | Non
             return (
                 failed("; ".join(problems), where=where, fix=driver.advice.keep_hyperparameters),
                 elsewhere,
-                [],
+                "",
             )
         reloaded = driver.config_roundtrip(optimizer, reload_target)
     except ConfigNotSerialized as exc:
-        return failed(f"{exc}{with_what}", where=where, fix=exc.fix), elsewhere, []
+        return failed(f"{exc}{with_what}", where=where, fix=exc.fix), elsewhere, ""
     when = f"after {driver.config_roundtrip_name}{with_what}"
     problems = [] if from_constructor else _missing(driver.config_name, reloaded, expected, when)
     if problems:
-        return failed("; ".join(problems), where=where, fix=driver.advice.keep_hyperparameters), elsewhere, []
+        return failed("; ".join(problems), where=where, fix=driver.advice.keep_hyperparameters), elsewhere, ""
     left_out = driver.config_left_out_of_save(optimizer)
-    rebuilt, step_error = _rebuilt_caches(ctx, left_out, reloads)
+    caches, step_error = _caches_left_out(ctx, left_out, reloads)
     for index, (first, again) in enumerate(zip(built, reloaded, strict=True)):
         differing = sorted(
             k
             for k in first.keys() | again.keys()
-            if (index, k) not in rebuilt and not same_value(first.get(k), again.get(k))
+            if (index, k) not in caches and not same_value(first.get(k), again.get(k))
         )
         if differing:
             saved_without = (index, differing[0]) in left_out
             lost = _lost_group_value(
                 ctx, optimizer, index, differing, (first, again), when, saved_without, step_error
             )
-            return lost, elsewhere, []
-    return None, elsewhere, [f"{driver.config_name}[{index}][{key!r}]" for index, key in sorted(rebuilt)]
+            return lost, elsewhere, ""
+    return None, elsewhere, _caches_said(driver.config_name, caches)
 
 
-def _rebuilt_caches(
+def _caches_left_out(
     ctx: CheckContext, left_out: Sequence[tuple[int, str]], reloads: Sequence[tuple[Any, list[Any]]]
-) -> tuple[set[tuple[int, str]], str | None]:
-    """The group keys the class's own save leaves out on purpose and its next step puts back, with
-    what that step raised, if it did. Only private ones (a leading underscore): heavyball keeps
-    per-step caches so (`_sf_step`) and its state_dict() drops every `_` key, since the next step
-    rebuilds them; a resume is then exact. A key a user could set per group (no underscore) is a
-    hyperparameter, and a lost one stays a fault, as does a cache the next step does not rebuild."""
+) -> tuple[dict[tuple[int, str], bool], str | None]:
+    """The private group keys (a leading underscore) the class's own save leaves out on purpose, each
+    with whether the next step after the reload put it back, where that step runs; else what the step
+    raised. heavyball keeps per-step caches so (`_sf_step`) and its state_dict() drops every `_` key:
+    its next step rebuilds them, and a resume is exact. Not a config fault then; whether a resumed run
+    matches is resume_exact's to judge. A key a user could set per group (no underscore) is a
+    hyperparameter: a lost one stays a fault, as does a cache a next step cannot run without."""
     private = [(index, key) for index, key in left_out if key.startswith("_")]
     if not private or not reloads:
-        return set(), None
+        return {}, None
     reloaded, variables = reloads[-1]
     try:
         ctx.driver.step(reloaded, variables, arrays(SHAPES, seed=31), ctx.needs)
     except Exception as exc:
-        return set(), ctx.describe_error(exc)
+        return {}, ctx.describe_error(exc)
     after = ctx.driver.config(reloaded)
-    return {(index, key) for index, key in private if index < len(after) and key in after[index]}, None
+    return {(index, key): index < len(after) and key in after[index] for index, key in private}, None
+
+
+def _caches_said(config_name: str, caches: Mapping[tuple[int, str], bool]) -> str:
+    """What the pass adds for the caches `_caches_left_out` found ('' for none)."""
+    if not caches:
+        return ""
+    named = [f"{config_name}[{index}][{key!r}]" for index, key in sorted(caches)]
+    shown = ", ".join(named[:4]) + (f" and {len(named) - 4} more" if len(named) > 4 else "")
+    if all(caches.values()):
+        after = "rebuilt by the next step"
+    elif not any(caches.values()):
+        after = "not rebuilt by the next step, which ran without it (resume_exact judges a resumed run)"
+    else:
+        after = "rebuilt or done without by the next step (resume_exact judges a resumed run)"
+    return (
+        f"; {shown}, left out by the class's own save on purpose, private by the leading underscore: a "
+        f"cache, not a hyperparameter, {after}"
+    )
 
 
 def _lost_group_value(
@@ -272,14 +284,12 @@ def _lost_group_value(
         why = "the class's own state_dict() leaves it out of the groups it saves"
         if step_error is not None:
             why += f", and the next step after the reload raised {step_error}"
-        elif key.startswith("_"):
-            why += ", and its next step does not put it back"
         return failed(
             f"{name} {change}: {why}",
             where=method_location(ctx, "state_dict"),
             fix="save every param-group key in state_dict() (or leave the save to torch's): "
             "load_state_dict() restores the groups as saved, so a key left out is lost; only a private "
-            "cache ('_' key) that the next step rebuilds may be left out",
+            "cache ('_' key) that a step can do without, or rebuilds, may be left out",
         )
     if _keyed_by_arrays(first.get(key)):  # per-parameter state: grokadamw's group['state'][p]
         return failed(

@@ -136,6 +136,16 @@ def test_per_parameter_state_in_a_param_group_is_named_briefly_with_its_cause(tm
     assert "Fix: keep per-parameter state in self.state[p]" in outcome.detail
 
 
+def test_a_private_group_value_a_save_drops_and_a_step_does_without_fails_resume_exact(
+    tmp_path: Path,
+) -> None:
+    """config_roundtrip lets it go as a cache (heavyball drops every `_` key on purpose); the resumed
+    run, which steps on without it, still shows the fault."""
+    outcome = resume_exact(context("tests.checks.group_state:PrivateDefaultSGD", "torch", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert "fresh process differ" in outcome.detail
+
+
 MISBEHAVING_UNDER_DDP = """
 import time
 

@@ -18,7 +18,7 @@ from jobs.checks.report import CHECK_IDS  # noqa: E402
 from jobs.checks.runner import checks_for_style, validated_params  # noqa: E402
 from jobs.checks.target import resolve_target  # noqa: E402
 from optimizers.hyperparams import Param, unit_interval  # noqa: E402
-from tests.checks.group_state import GroupStateSGD  # noqa: E402
+from tests.checks.group_state import GroupStateSGD, PrivateDefaultSGD  # noqa: E402
 
 BROKEN = Path(__file__).parent / "broken"
 CHECKS = checks_for_style("torch")
@@ -912,7 +912,16 @@ class DroppedMomentumSGD(PlainSGD):
         (
             StepCacheSGD,
             "pass",
-            "param_groups[0]['_scale'], left out by the class's own save, is rebuilt",
+            "param_groups[0]['_scale'], left out by the class's own save on purpose, private by the leading "
+            "underscore: a cache, not a hyperparameter, rebuilt by the next step",
+            "",
+        ),
+        # One the next step does without (read with a default): resume_exact judges what that does.
+        (
+            PrivateDefaultSGD,
+            "pass",
+            "param_groups[0]['_decay'], left out by the class's own save on purpose, private by the leading "
+            "underscore: a cache, not a hyperparameter, not rebuilt by the next step, which ran without it",
             "",
         ),
         # Private but set only in __init__: the next step after a reload fails for want of it.
