@@ -950,6 +950,13 @@ class DroppedMomentumSGD(PlainSGD):
             "step",
         ),
     ],
+    ids=[
+        "rebuilt-cache",
+        "cache-done-without",
+        "cache-a-step-needs",
+        "hyperparameter",
+        "per-parameter-state",
+    ],
 )
 def test_group_keys_a_save_leaves_out_or_cannot_carry(
     cls: type, status: str, says: str, at: str, tmp_path: Path
