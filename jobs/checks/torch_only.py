@@ -529,10 +529,8 @@ def _derived_at_construction(ctx: CheckContext, halved: Mapping[str, Any]) -> tu
         }
         if not derived or _max_difference(*_two_groups(ctx, dict(halved), second_group=derived)) > 1e-6:
             return None
-    except (
-        Exception
-    ):  # a group the class refuses with those values: no cause shown, the fail stands as it was
-        return None
+    except Exception:
+        return None  # a group the class refuses with those values: no cause shown, the fail stands as it was
     key = next(iter(derived))
     others = f" (and {', '.join(list(derived)[1:])})" if len(derived) > 1 else ""
     return key, (
@@ -558,7 +556,8 @@ def _where_init_sets(ctx: CheckContext, key: str) -> str:
         function = tree.body[0]
         if not isinstance(function, ast.FunctionDef):
             continue
-        body = [node for statement in function.body for node in ast.walk(statement)]  # the signature's not
+        # The body only: the signature (`betas_1d=None`) names the argument too.
+        body = [node for statement in function.body for node in ast.walk(statement)]
         named = [
             node.lineno
             for node in body
