@@ -19,6 +19,7 @@ import sys
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -919,7 +920,7 @@ def check_closure(ctx: CheckContext) -> Outcome:
 def _user_caller(ctx: CheckContext) -> list[str]:
     """`file:line` of the innermost frame of the user's files on the stack (the line calling the
     closure), or nothing where none is."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     files = ctx.user_files()
     while frame is not None:
         if frame.f_code.co_filename in files:
