@@ -72,7 +72,8 @@ class Param:
         if self.type == "str":
             return TEXT_ALLOWED
         if self.type == "any":
-            return f"true or false, a number or {TEXT_ALLOWED}"
+            scalars = f"true or false, a number or {TEXT_ALLOWED}"
+            return f"{scalars}, or a list of at most {MAX_LIST_LENGTH} of those"
         if self.type == "bool":
             return "true or false"
         if self.type == "path":  # "" means none only where a path may be left out (char_lm's corpus)
@@ -205,9 +206,11 @@ class Param:
                 raise wrong
             return [value]
         if self.type == "any":  # kept as given: the class's own code judges it
-            if isinstance(value, bool | int) or is_option_text(value):
-                return [value]
-            return [self._number(value, wrong, integer=False)]
+            if isinstance(value, list | tuple):  # Keras Muon's `exclude_layers=["embedding"]`
+                if len(value) > MAX_LIST_LENGTH or any(isinstance(item, list | tuple) for item in value):
+                    raise wrong
+                return [[self._any_scalar(item, wrong) for item in value]]
+            return [self._any_scalar(value, wrong)]
         if self.type == "float_pair":
             if not isinstance(value, list | tuple) or len(value) != 2:
                 raise wrong
@@ -225,6 +228,12 @@ class Param:
             if isinstance(value, int) and not isinstance(value, bool):
                 return [value]
         return [self._number(value, wrong, integer=self.type == "int")]
+
+    @classmethod
+    def _any_scalar(cls, value: Any, wrong: ValueError) -> Any:
+        if isinstance(value, bool | int) or is_option_text(value):
+            return value
+        return cls._number(value, wrong, integer=False)
 
     @staticmethod
     def _number(value: Any, wrong: ValueError, *, integer: bool) -> float | int:

@@ -275,7 +275,9 @@ def _value_schema(param: dict[str, Any]) -> dict[str, Any]:
     if kind == "float_pair":
         return {"type": "array", "items": number, "minItems": 2, "maxItems": 2}
     if kind == "any":
-        return {"anyOf": [{"type": "boolean"}, number, option_text]}
+        scalar = [{"type": "boolean"}, number, option_text]
+        listed = {"type": "array", "items": {"anyOf": scalar}, "maxItems": MAX_LIST_LENGTH}
+        return {"anyOf": [*scalar, listed]}
     if kind == "float_tuple":
         return {"type": "array", "items": number, "minItems": 1, "maxItems": MAX_LIST_LENGTH}
     if kind in ("int_list", "float_list"):

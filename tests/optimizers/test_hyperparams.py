@@ -349,3 +349,15 @@ def test_a_framework_switch_is_told_why_it_is_no_hyperparameter() -> None:
     assert "one of the framework's own switches, which a job leaves at the class's default" in str(
         caught.value
     )
+
+
+def test_an_unannotated_argument_takes_a_list_of_scalars_as_given() -> None:
+    """Keras's Muon takes `exclude_layers=None`, a list of layer names: the catalogue reads it as
+    `any`, which took scalars only, so the class could not be checked or trained with its option."""
+    excluded = Param("exclude_layers", "any", None, nullable=True)
+    assert excluded.accept(["embedding", "dense"]) == ["embedding", "dense"]
+    assert excluded.accept([0.1, 2, True]) == [0.1, 2, True]
+    assert excluded.accept("dense") == "dense"  # a scalar, as before
+    for wrong in ([["nested"]], ["x"] * 65, ["\x00"], [math.nan]):
+        with pytest.raises(ValueError, match="or a list of at most 64 of those"):
+            excluded.accept(wrong)
