@@ -85,6 +85,7 @@ from service.capabilities import (
     offered_optimizers,
     visible_gpus,
 )
+from service.mlflow_import import mlflow_client
 from service.models import Job
 from service.plugins import PluginWatcher, fingerprint, plugin_dirs_from_environment, plugin_files_by_name
 from service.secrets import job_environment, split_credentials
@@ -1160,14 +1161,10 @@ def copy_log(tracking_uri: str, job_id: int, run_id: str, log_path: Path, name: 
     """Copy `log_path` (its excerpt: service.job_log) to the run's artifacts as `logs/<name>`; False
     where it could not (the server down: the job's outcome stands all the same)."""
     try:
-        from mlflow.tracking import MlflowClient  # the client only: no framework comes with it
-
         with tempfile.TemporaryDirectory(prefix="optlab-log-") as folder:
             copy = Path(folder) / name
             copy.write_bytes(job_log.excerpt(log_path))
-            MlflowClient(tracking_uri=split_credentials(tracking_uri)[0]).log_artifact(
-                run_id, str(copy), "logs"
-            )
+            mlflow_client(split_credentials(tracking_uri)[0]).log_artifact(run_id, str(copy), "logs")
     except Exception:
         log.exception("job %s: could not copy its log to MLflow run %s", job_id, run_id)
         return False
@@ -1178,11 +1175,9 @@ def end_mlflow_run(tracking_uri: str, job_id: int, run_id: str, status: str, *, 
     """End a job's MLflow run as `status` if it is still RUNNING (`force`: whatever it is); False
     where the server could not be asked (down: the job's outcome is recorded all the same)."""
     try:
-        from mlflow.tracking import MlflowClient  # the client only: no framework comes with it
-
         from jobs.tracking import end_run
 
-        client = MlflowClient(tracking_uri=split_credentials(tracking_uri)[0])
+        client = mlflow_client(split_credentials(tracking_uri)[0])
         if force or client.get_run(run_id).info.status == "RUNNING":
             # The worker ends a run FAILED for a failure of its own finding (a limit, a crash, retries
             # spent), never for a divergence, which the job reports itself.

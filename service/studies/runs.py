@@ -13,6 +13,7 @@ from typing import Any
 
 from jobs.spec import StudyMember, StudySpec, grid_text, mlflow_param_text
 from jobs.tracking import MAX_PARAMS_PER_BATCH, OUTCOME_TAG, experiment_chart_url, experiment_id_for
+from service import mlflow_import
 from service.models import Job, Study
 from service.secrets import split_credentials
 from service.studies import store as study_store
@@ -25,9 +26,8 @@ RESERVED_TAGS |= {"study", "study_id", "study_role", "seed", OUTCOME_TAG}
 
 
 def mlflow_client(tracking_uri: str) -> Any:
-    from mlflow import MlflowClient
-
-    return MlflowClient(tracking_uri=tracking_uri)
+    # Through service.mlflow_import: the finalizer's thread and a job's may import MLflow at once.
+    return mlflow_import.mlflow_client(tracking_uri)
 
 
 def child_tags(study: Study, member: StudyMember) -> dict[str, str]:

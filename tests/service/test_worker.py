@@ -6,10 +6,12 @@ arguments (`-m jobs.run SPEC --workdir DIR ...`) and misbehaves on purpose.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import stat
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -876,3 +878,49 @@ def test_a_ddp_job_whose_other_rank_is_stopped_from_outside_says_so(
     with sessions() as session:
         job_id = store.create_job(session=session, spec=JobSpec.model_validate(ddp.model_dump())).id
     assert_told_stopped_until_continued(worker, sessions, job_id, tmp_path / "jobs")
+
+
+FIRST_IMPORTS_AT_ONCE = """
+import json, logging, sys, threading
+from service import worker
+from service.studies import runs
+seen = []
+class Seen(logging.Handler):
+    def emit(self, record):
+        seen.append(f"{record.getMessage()} {record.exc_info[1] if record.exc_info else ''}")
+logging.getLogger("optlab.worker").addHandler(Seen())
+go = threading.Barrier(2)
+def ending_a_run():  # a job's thread ending the run an earlier attempt left open
+    go.wait()
+    worker.end_mlflow_run("http://127.0.0.1:9", 1, "r-1", "KILLED", force=False)
+def finalizing():  # the study finalizer's thread
+    go.wait()
+    try:
+        runs.mlflow_client("http://127.0.0.1:9")
+    except Exception as exc:
+        seen.append(f"mlflow_client: {type(exc).__name__}: {exc}")
+threads = [threading.Thread(target=ending_a_run), threading.Thread(target=finalizing)]
+[t.start() for t in threads]; [t.join() for t in threads]
+import mlflow
+runs.mlflow_client("http://127.0.0.1:9")
+print(json.dumps({"seen": seen, "version": mlflow.version.VERSION}))
+"""
+
+
+def test_two_threads_first_importing_mlflow_at_once_leave_it_whole(tmp_path: Path) -> None:
+    """A job's thread and the study finalizer imported MLflow for the first time at once: MLflow's
+    circular imports met half done (ImportError), and the half-made module broke every later use in
+    that worker. In a fresh process, with real threads, as the worker runs them."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0",  # the closed port answers at once: no retries
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", FIRST_IMPORTS_AT_ONCE], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    outcome = json.loads(done.stdout.strip().splitlines()[-1])
+    assert outcome["version"]
+    broken = [line for line in outcome["seen"] if "partially initialized" in line or "ImportError" in line]
+    assert not broken, broken
