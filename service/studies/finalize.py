@@ -17,6 +17,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -44,6 +45,7 @@ FINALIZE_LEASE_S = 600.0
 # After this long, and as long again each time, a summary being made says on its study that it waits.
 SLOW_SUMMARY_NOTE_S = 30.0
 RETRY_AFTER_ERROR_S = 30.0
+NOT_IN_MLFLOW = "The summary and the report are kept by optlab only, not in MLflow"
 # Without a target, the best grid point is the one with the lowest final validation loss.
 DEFAULT_SELECTION: tuple[str, Literal["min", "max"]] = ("val/loss", "min")
 
@@ -60,7 +62,7 @@ def finalize_next_study(*, sessions: Any, tracking_uri: str, within_s: float) ->
         return False
     try:
         with _said_while_slow(sessions, study.id, tracking_uri):
-            summary, report = finalize(
+            finalized = finalize(
                 sessions=sessions,
                 tracking_uri=tracking_uri,
                 study=study,
@@ -80,10 +82,14 @@ def finalize_next_study(*, sessions: Any, tracking_uri: str, within_s: float) ->
         study_store.record_summary(
             session=session,
             study_id=study.id,
-            summary=summary.model_dump(mode="json"),
-            report_html=report.html,
+            summary=finalized.summary.model_dump(mode="json"),
+            report_html=finalized.report.html,
+            not_in_mlflow=finalized.not_in_mlflow,
         )
-    log.info("study %s: summary recorded", study.id)
+    if finalized.not_in_mlflow:
+        log.warning("study %s: summary recorded, not in MLflow: %s", study.id, finalized.not_in_mlflow)
+    else:
+        log.info("study %s: summary recorded", study.id)
     return True
 
 
@@ -134,9 +140,15 @@ def target_of(spec: StudySpec, catalogue: Catalogue | None) -> TargetRule | None
     return TargetRule(metric=str(default["metric"]), mode=default["mode"], value=float(default["value"]))
 
 
-def finalize(
-    *, sessions: Any, tracking_uri: str, study: Study, catalogue: Catalogue | None
-) -> tuple[StudySummary, Report]:
+@dataclass(frozen=True)
+class Finalized:
+    summary: StudySummary
+    report: Report
+    # Why the parent run does not hold them (deleted); None when it does.
+    not_in_mlflow: str | None = None
+
+
+def finalize(*, sessions: Any, tracking_uri: str, study: Study, catalogue: Catalogue | None) -> Finalized:
     spec = StudySpec.model_validate(study.spec)
     client = mlflow_client(tracking_uri)
     with sessions() as session:
@@ -155,8 +167,9 @@ def finalize(
     )
     # A study cancelled before any job started has no parent run yet: its summary needs one.
     parent = ensure_parent_run(sessions=sessions, tracking_uri=tracking_uri, study=study)
-    if target is not None:  # the spec's, logged at the start already, or its workload's default
-        log_missing_params(client, parent, target_params(target.metric, target.mode, target.value))
+    gone = parent_run_gone(client, parent)
+    if gone is not None:  # said where the summary is read (the API, the CLI, the report)
+        summary = summary.model_copy(update={"notes": [*summary.notes, f"{NOT_IN_MLFLOW}: {gone}."]})
     with sessions() as session:
         recorded = study_store.get_study(session=session, study_id=study.id)
     assert recorded is not None and recorded.experiment_id is not None
@@ -169,8 +182,34 @@ def finalize(
         mlflow_url=url,
         setup=setup_of(spec),
     )
-    log_to_parent(client, parent, study, summary, report, status=parent_run_status(study, jobs))
-    return summary, report
+    if gone is None:
+        try:
+            if target is not None:  # the spec's, logged at the start already, or its workload's default
+                log_missing_params(client, parent, target_params(target.metric, target.mode, target.value))
+            log_to_parent(client, parent, study, summary, report, status=parent_run_status(study, jobs))
+        except Exception:
+            gone = parent_run_gone(client, parent)  # deleted meanwhile? Else (a server down): retried
+            if gone is None:
+                raise
+    return Finalized(summary, report, f"{NOT_IN_MLFLOW}: {gone}" if gone else None)
+
+
+def parent_run_gone(client: Any, run_id: str) -> str | None:
+    """Why the study's parent run can take the summary no more (deleted, in MLflow's UI say, or
+    removed from the server), else None. MLflow refuses every write to a deleted run, and always
+    will: retried, the study had stayed `summarizing` for ever, neither cancellable nor reported. A
+    server that cannot be reached raises here, and the summary is tried again."""
+    from mlflow.exceptions import RestException
+
+    try:
+        run = client.get_run(run_id)
+    except RestException as exc:
+        if exc.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return f"its parent run {run_id} no longer exists in MLflow"
+        raise
+    if run.info.lifecycle_stage == "deleted":
+        return f"its parent run {run_id} was deleted in MLflow"
+    return None
 
 
 def parent_run_status(study: Study, jobs: list[Job]) -> Literal["KILLED", "FINISHED"]:

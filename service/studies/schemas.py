@@ -104,7 +104,10 @@ class StudyRead(BaseModel):
     jobs: list[StudyJob]
     mlflow: StudyMlflow | None = Field(description="null until its first job started")
     summary: StudySummary | None = Field(description="statistics, ranking, comparisons; once done")
-    summary_error: str | None = Field(description="why the summary could not be made yet (retried)")
+    summary_error: str | None = Field(
+        description="why the summary could not be made yet (retried); once done, why MLflow does not "
+        "hold it (its parent run was deleted)"
+    )
     summary_waiting: str | None = Field(
         description="what the summary, being made, has waited on for long (MLflow not answering)"
     )

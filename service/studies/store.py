@@ -166,7 +166,16 @@ def claim_study_to_finalize(*, session: Session, lease_s: float) -> Study | None
     return get_study(session=session, study_id=candidate)
 
 
-def record_summary(*, session: Session, study_id: int, summary: dict[str, Any], report_html: str) -> None:
+def record_summary(
+    *,
+    session: Session,
+    study_id: int,
+    summary: dict[str, Any],
+    report_html: str,
+    not_in_mlflow: str | None = None,
+) -> None:
+    """The study is done; `not_in_mlflow`: why its parent run does not hold the summary (deleted),
+    kept as its `summary_error`, a summary recorded all the same."""
     session.execute(
         update(Study)
         .where(Study.id == study_id)
@@ -175,7 +184,7 @@ def record_summary(*, session: Session, study_id: int, summary: dict[str, Any], 
             report_html=report_html,
             finalized_at=utcnow(),
             finalizing_until=None,
-            finalize_error=None,
+            finalize_error=not_in_mlflow,
             summary_waiting=None,
         )
     )

@@ -5,14 +5,17 @@ for MlflowClient and a real SQLite store."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from sqlalchemy import update
 from sqlalchemy.orm import Session, sessionmaker
 
+from jobs.result import JobStatus
 from jobs.spec import MAX_MLFLOW_PARAM_CHARS, Catalogue, StudyMember, StudySpec, study_errors
-from service.models import Study
+from service.models import Job, Study
 from service.studies import finalize as finalize_module
 from service.studies import runs as study_runs
 from service.studies import store as study_store
@@ -78,7 +81,10 @@ class FakeClient:
             self.params[run_id][param.key] = param.value
 
     def get_run(self, run_id: str) -> SimpleNamespace:
-        return SimpleNamespace(data=SimpleNamespace(params=dict(self.params[run_id])))
+        return SimpleNamespace(
+            info=SimpleNamespace(lifecycle_stage="active"),
+            data=SimpleNamespace(params=dict(self.params[run_id])),
+        )
 
     def log_dict(self, run_id: str, data: Any, path: str) -> None:
         return None
@@ -212,3 +218,32 @@ def test_the_report_links_the_studys_own_runs_and_its_parent_records_the_default
     assert again is not None
     finalize(sessions, again, Catalogue.model_validate(data))
     assert mlflow.params[run_id]["target.value"] == "0.9"
+
+
+def test_a_study_whose_parent_run_was_deleted_is_done_with_its_summary_kept_by_optlab(
+    sessions: sessionmaker[Session], catalogue_data: dict[str, Any], tmp_path: Path
+) -> None:
+    """The parent run deleted in MLflow's UI while the study ran: every write to it was refused, and
+    the summary was retried every 30 s for ever, the study `summarizing`, neither cancellable nor
+    reported. Against a real MLflow (SQLite) store."""
+    from mlflow.tracking import MlflowClient
+
+    tracking_uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    study = make_study(sessions, catalogue_data, experiment="deleted-parent")
+    parent = ensure_parent_run(sessions=sessions, tracking_uri=tracking_uri, study=study)
+    MlflowClient(tracking_uri).delete_run(parent)
+    with sessions() as session:
+        session.execute(update(Job).where(Job.study_id == study.id).values(status=JobStatus.CANCELLED))
+        session.commit()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(finalize_module, "collect_runs", lambda client, study, jobs: [])
+        assert finalize_module.finalize_next_study(sessions=sessions, tracking_uri=tracking_uri, within_s=60)
+    with sessions() as session:
+        done = study_store.get_study(session=session, study_id=study.id)
+        assert done is not None
+        read = StudyRead.from_row(
+            done, study_store.study_jobs(session=session, study_id=study.id), tracking_uri=tracking_uri
+        )
+    assert read.status == "done" and read.summary is not None and read.report_url is not None
+    assert read.summary_error is not None and f"parent run {parent} was deleted" in read.summary_error
+    assert any(f"parent run {parent} was deleted" in note for note in read.summary.notes)
