@@ -43,6 +43,7 @@ jobs.metric_delivery ACK_FD`).
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import math
 import os
@@ -96,6 +97,29 @@ class PermanentDeliveryError(RuntimeError):
     """The server refused a batch for good (a 4xx other than 408 or 429): retrying cannot help."""
 
 
+class RunDeleted(MetricDeliveryError):
+    """The job's run was deleted (in MLflow's UI, say) while the job ran: MLflow refuses every point
+    logged to it from then on, so the job stops at once rather than train to its end unrecorded and
+    then fail on ending the run."""
+
+    def __init__(self, lost: int, reason: str) -> None:
+        RuntimeError.__init__(
+            self,
+            "the job's MLflow run was deleted while the job ran, and MLflow refuses every metric point "
+            f"logged to it, so the job stopped: {reason}",
+        )
+        self.lost = lost
+        self.reason = reason
+
+
+def refuses_a_deleted_run(exc: BaseException) -> bool:
+    """Whether `exc` is MLflow's answer to a write to a deleted run (INVALID_PARAMETER_VALUE, `The run
+    <id> must be in the 'active' state. Current state is deleted.`), from the REST call or MLflow's
+    client: no other answer says so, and it is final."""
+    text = str(exc)
+    return "must be in the 'active' state" in text and "Current state is deleted" in text
+
+
 class MetricSink(Protocol):
     """What the training side logs through: the delivery process's client or the in-process logger."""
 
@@ -121,6 +145,7 @@ class RetryingSender:
         self._retry_for_s = retry_for_s
         self.lost = 0
         self.last_error = ""
+        self.run_deleted = ""  # the server's refusal, once it said the run was deleted
 
     def deliver(self, batch: list[Any]) -> None:
         deadline = time.monotonic() + (0.0 if self.lost else self._retry_for_s)
@@ -131,7 +156,13 @@ class RetryingSender:
                 return
             except Exception as exc:
                 self.last_error = describe(exc)
-                if isinstance(exc, PermanentDeliveryError) or time.monotonic() + delay > deadline:
+                if refuses_a_deleted_run(exc):
+                    self.run_deleted = self.last_error
+                if (
+                    self.run_deleted
+                    or isinstance(exc, PermanentDeliveryError)
+                    or time.monotonic() + delay > deadline
+                ):
                     self.lost += len(batch)
                     return
                 time.sleep(delay)
@@ -267,6 +298,7 @@ class DeliveryProcess:
         self._processed = 0  # acknowledged: delivered or counted lost by the delivery process
         self._lost = 0
         self._last_error = ""
+        self._run_deleted = ""  # the delivery process's word that the run was deleted
         self._acks = FrameBuffer()
         self._last_write = time.monotonic()
         self._closed = False
@@ -321,6 +353,7 @@ class DeliveryProcess:
             self._buffer.append(row)
             if len(self._buffer) >= self._target.max_batch or self._batch_is_old():
                 self._send_buffer()
+            self._stop_if_run_deleted()
 
     def metrics(self, points: Sequence[Row]) -> None:
         with self._lock:
@@ -332,9 +365,14 @@ class DeliveryProcess:
             self._buffer.extend(points)
             if len(self._buffer) >= self._target.max_batch or self._batch_is_old():
                 self._send_buffer()
+            self._stop_if_run_deleted()
 
     def _batch_is_old(self) -> bool:
         return time.monotonic() - self._last_write >= self._interval_s
+
+    def _stop_if_run_deleted(self) -> None:
+        if self._run_deleted:
+            raise RunDeleted(self._lost, self._run_deleted)
 
     def flush(self) -> None:
         """Return once every point logged before this call is in the tracking server (or counted as
@@ -356,6 +394,7 @@ class DeliveryProcess:
                     if self._fallback is None:
                         self._read_acknowledgements()  # the training thread may have read them too
                         if self._processed >= mark:
+                            self._stop_if_run_deleted()
                             return
                         if self._processed > seen:
                             seen, last_progress = self._processed, time.monotonic()
@@ -376,7 +415,8 @@ class DeliveryProcess:
             if self._closed:
                 return
             self._closed = True  # nothing is logged from here on
-        self.flush()
+        with contextlib.suppress(RunDeleted):  # raised below, once the process is stopped
+            self.flush()
         with self._lock:
             lost, reason = self._lost, self._last_error
             if self._fallback is None:
@@ -384,8 +424,11 @@ class DeliveryProcess:
             else:
                 try:
                     self._fallback.close()
+                except RunDeleted:
+                    raise
                 except MetricDeliveryError as exc:
                     lost, reason = lost + exc.lost, exc.reason
+            self._stop_if_run_deleted()
         if lost:
             raise MetricDeliveryError(lost, reason)
 
@@ -443,8 +486,9 @@ class DeliveryProcess:
             return False
         if not data:
             raise _DeliveryProcessGone("its acknowledgement pipe closed")
-        for processed, lost, last_error in self._acks.feed(data):
+        for processed, lost, last_error, run_deleted in self._acks.feed(data):
             self._processed, self._lost, self._last_error = processed, lost, last_error or self._last_error
+            self._run_deleted = run_deleted or self._run_deleted
         while self._unacknowledged and (
             self._unacknowledged[0].start + self._unacknowledged[0].count <= self._processed
         ):
@@ -647,7 +691,7 @@ def receive(source: BinaryIO, inbox: Inbox, deadline_s: float) -> None:
 
 def acknowledge(stream: BinaryIO, processed: int, sender: RetryingSender) -> None:
     try:
-        stream.write(frame(pickle.dumps((processed, sender.lost, sender.last_error))))
+        stream.write(frame(pickle.dumps((processed, sender.lost, sender.last_error, sender.run_deleted))))
     except OSError:
         pass  # the job is gone: deliver what is left all the same
 

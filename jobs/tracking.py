@@ -12,6 +12,7 @@ Library code uses `MlflowClient` with an explicit run id, never the fluent API.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import tempfile
@@ -32,6 +33,7 @@ from jobs.metric_delivery import (
     MetricSink,
     RetryingSender,
     Row,
+    RunDeleted,
 )
 
 __all__ = ["MAX_METRICS_PER_BATCH", "MetricDeliveryError"]
@@ -99,6 +101,7 @@ class BatchedMetricLogger:
 
     def metric(self, key: str, value: float, step: int) -> None:
         point = Point(key, float(value), int(step), int(time.time() * 1000))
+        self._stop_if_run_deleted()
         with self._cond:
             if self._closing:
                 raise RuntimeError("metric logged after close()")
@@ -108,6 +111,7 @@ class BatchedMetricLogger:
                 self._cond.notify_all()
 
     def metrics(self, points: Sequence[Row]) -> None:
+        self._stop_if_run_deleted()
         with self._cond:
             if self._closing:
                 raise RuntimeError("metrics logged after close()")
@@ -127,15 +131,23 @@ class BatchedMetricLogger:
                 self._cond.notify_all()
                 self._cond.wait()
             self._flush_requested = False
+        self._stop_if_run_deleted()
 
     def close(self) -> None:
-        self.flush()
+        with contextlib.suppress(RunDeleted):  # raised below, once the thread has ended
+            self.flush()
         with self._cond:
             self._closing = True
             self._cond.notify_all()
         self._thread.join()
+        self._stop_if_run_deleted()
         if self._sender.lost:
             raise MetricDeliveryError(self._sender.lost, self._sender.last_error)
+
+    def _stop_if_run_deleted(self) -> None:
+        """Stop the job at its next metric once MLflow said its run was deleted (RunDeleted)."""
+        if self._sender.run_deleted:
+            raise RunDeleted(self._sender.lost, self._sender.run_deleted)
 
     def _run(self) -> None:
         while True:
@@ -419,6 +431,8 @@ class MlflowRun:
         or KILLED."""
         try:
             self.delivery.close()
+        except RunDeleted:  # MLflow refuses to end or tag a deleted run: the job's error says why
+            raise
         except BaseException:
             # The run lost points: MLflow must not call it FINISHED, and the job fails for it.
             end_run(self._client, self.info.run_id, "FAILED", outcome="failed")

@@ -1178,7 +1178,10 @@ def end_mlflow_run(tracking_uri: str, job_id: int, run_id: str, status: str, *, 
         from jobs.tracking import end_run
 
         client = mlflow_client(split_credentials(tracking_uri)[0])
-        if force or client.get_run(run_id).info.status == "RUNNING":
+        run = client.get_run(run_id)
+        if run.info.lifecycle_stage == "deleted":  # MLflow refuses to end it; the UI lists it nowhere
+            log.info("job %s: MLflow run %s was deleted: not ended %s", job_id, run_id, status)
+        elif force or run.info.status == "RUNNING":
             # The worker ends a run FAILED for a failure of its own finding (a limit, a crash, retries
             # spent), never for a divergence, which the job reports itself.
             end_run(client, run_id, status, outcome=JobStatus.FAILED.value if status == "FAILED" else None)

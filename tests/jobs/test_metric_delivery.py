@@ -471,3 +471,26 @@ def test_the_wire_keeps_plain_builtins_only() -> None:
     rows = metric_delivery.decode_rows(payload)
     assert rows == [("a", 0.5, 3, 7), ("b", 1.0, 2, 8)]
     assert b"numpy" not in payload and {type(value) for _, value, _, _ in rows} == {float}
+
+
+@pytest.mark.parametrize("delivery", ["process", "thread"])
+def test_a_run_deleted_while_the_job_runs_stops_it_at_the_next_flush_naming_the_run(
+    client: Any, server_uri: str, delivery: Any
+) -> None:
+    """The run deleted in MLflow's UI mid-job: every point was counted lost and the job trained on to
+    its last step, then failed on a raw RestException from ending the run."""
+    run = MlflowRun(
+        server_uri, experiment="metric-delivery", run_name="deleted", params={}, tags={}, delivery=delivery
+    )
+    run.metrics(points(range(10)))
+    run.delivery.flush()
+    client.delete_run(run.info.run_id)
+    run.metrics(points(range(10, 20)))
+    with pytest.raises(MetricDeliveryError, match="MLflow run was deleted") as raised:
+        run.delivery.flush()
+    assert isinstance(raised.value, metric_delivery.RunDeleted) and run.info.run_id in str(raised.value)
+    with pytest.raises(metric_delivery.RunDeleted):  # no more training: the next metric says so too
+        run.metrics(points(range(20, 21)))
+    with pytest.raises(metric_delivery.RunDeleted, match=run.info.run_id):
+        run.end("FAILED", outcome="failed")  # MLflow refuses to end it: not tried
+    assert steps_of(client, run.info.run_id, "train/loss") == list(range(10))

@@ -617,7 +617,7 @@ class RecordingMlflow:
         pass
 
     def get_run(self, run_id: str) -> Any:
-        return SimpleNamespace(info=SimpleNamespace(status="RUNNING"))
+        return SimpleNamespace(info=SimpleNamespace(status="RUNNING", lifecycle_stage="active"))
 
     def set_tag(self, run_id: str, key: str, value: str) -> None:
         self.calls.append(("set_tag", run_id, key, value))
