@@ -13,7 +13,8 @@ costs nothing but the idle process: the job starts cold, and the slot warms the 
 
 A warm process is started with exactly the environment a job on its slot gets (the slot's
 CUDA_VISIBLE_DEVICES, set before the framework could initialise CUDA; the thread count; the
-legacy-Keras switch of `tf_legacy`) and is used only if that is still the job's environment. Like
+legacy-Keras switch of `tf_legacy`) and is used only if that is still the job's environment (less
+MLflow's private `_MLFLOW_*` variables, which MLflow sets on the worker itself). Like
 a cold job it leads its own session (the worker's signals, the reaper and the memory limit work on
 the session, not on the job's pid). It dies with the worker: it gets SIGTERM when the thread that
 started it ends (PR_SET_PDEATHSIG), and an idle one also exits on end of file on stdin, which the
@@ -94,7 +95,8 @@ class WarmPool:
         if warm is None:
             return None
         wanted = style_environment(environment, style)
-        if warm.process.poll() is None and warm.style == style and warm.environment == wanted:
+        same = variables_that_matter(warm.environment) == variables_that_matter(wanted)
+        if warm.process.poll() is None and warm.style == style and same:
             return warm.process
         if warm.process.poll() is None:
             why = "its style" if warm.style != style else "its environment changed"
@@ -123,6 +125,17 @@ class WarmPool:
                 env=environment,
             )
         return WarmProcess(style=style, environment=environment, process=process)
+
+
+# MLflow's private variables, which it sets in os.environ on itself (its first import in the worker
+# adds _MLFLOW_TELEMETRY_SESSION_ID): they change nothing a job does, and had made the first job after
+# every worker start run cold ("its environment changed").
+SET_BY_MLFLOW_ON_ITSELF = "_MLFLOW_"
+
+
+def variables_that_matter(environment: Mapping[str, str]) -> dict[str, str]:
+    """The variables that decide how a job runs: the environment less MLflow's private ones."""
+    return {k: v for k, v in environment.items() if not k.startswith(SET_BY_MLFLOW_ON_ITSELF)}
 
 
 def style_of_stored_spec(spec: dict[str, Any]) -> str:

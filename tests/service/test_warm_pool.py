@@ -62,6 +62,22 @@ def test_the_pool_never_holds_more_than_one_idle_process_per_slot(stand_in_pytho
     assert warm_processes(os.getpid()) == []
 
 
+def test_variables_mlflow_sets_on_itself_leave_a_warm_process_usable(stand_in_python: str) -> None:
+    """The worker's first MLflow import sets _MLFLOW_TELEMETRY_SESSION_ID in its environment: the
+    first job after every worker start had run cold ("its environment changed")."""
+    pool = WarmPool(stand_in_python)
+    taken = None
+    try:
+        pool.fill([0], environment, first_style="torch")
+        taken = pool.take(0, "torch", {**environment(0), "_MLFLOW_TELEMETRY_SESSION_ID": "5f3c"})
+        assert taken is not None
+    finally:
+        pool.close()
+        if taken is not None and taken.stdin is not None:
+            taken.stdin.close()
+            taken.wait(timeout=10)
+
+
 def test_a_warm_process_exits_on_end_of_file_having_run_nothing(tmp_path: Path) -> None:
     """An idle warm process dies with its worker however it died: its stdin ends (the kernel closes
     the worker's end of the pipe), even without the SIGTERM it also gets."""
