@@ -176,8 +176,8 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
                 f"{field} must be printable ASCII, without a space at either end (a UUID is one); "
                 f"received {_short(_header_as_sent(error.get('input')))}"
             )
-        elif loc[:1] == ["query"] and kind == "extra_forbidden":
-            message = error["msg"]  # service.query_params words it: the parameter and the allowed ones
+        elif loc[:1] == ["query"] and kind in ("extra_forbidden", "repeated_query_parameter"):
+            message = error["msg"]  # service.query_params words it: the parameter (and the allowed ones)
         elif kind == "extra_forbidden":
             allowed = _allowed_fields(BODY_MODELS.get(request.url.path.rstrip("/"), JobSpec), loc[1:-1])
             message = f"unknown field {field!r}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")

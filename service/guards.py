@@ -253,8 +253,40 @@ def json_body_problem(body: bytes) -> str | None:
             f"the body is not valid UTF-8 (byte 0x{body[exc.start]:02x} at offset {exc.start}); "
             "JSON bodies must be UTF-8"
         )
-    if text.count("[") + text.count("{") <= MAX_JSON_DEPTH:
-        return None  # cannot nest deeper than it has brackets: no need to walk it character by character
+    if text.count("[") + text.count("{") > MAX_JSON_DEPTH and _too_deep(text):
+        return f"the body nests JSON arrays and objects deeper than {MAX_JSON_DEPTH} levels"
+    key = _key_given_twice(text) if "{" in text else None
+    if key is not None:
+        return f"the body gives the key {key!r} twice in one JSON object; give each key once"
+    return None
+
+
+def _key_given_twice(text: str) -> str | None:
+    """The first key a JSON object in `text` gives twice: Python's parser, as FastAPI's, keeps the
+    last value silently (`{"lr": 0.1, "lr": 0.2}` trained at 0.2), where the CLI refuses the same
+    file. A second parse of a body of at most OPTLAB_MAX_BODY_BYTES, only for bodies with an object;
+    a body that is no JSON is left to FastAPI to word."""
+    twice: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        if not twice and len(items) > 1:
+            seen: set[str] = set()
+            for key, _ in items:
+                if key in seen:
+                    twice.append(key)
+                    break
+                seen.add(key)
+        return dict(items)
+
+    try:
+        json.loads(text, object_pairs_hook=pairs)
+    except ValueError:
+        return None
+    return twice[0] if twice else None
+
+
+def _too_deep(text: str) -> bool:
+    """Whether `text` nests arrays and objects deeper than MAX_JSON_DEPTH (strings skipped)."""
     depth = deepest = 0
     in_string = escaped = False
     for char in text:
@@ -271,7 +303,7 @@ def json_body_problem(body: bytes) -> str | None:
             depth += 1
             deepest = max(deepest, depth)
             if deepest > MAX_JSON_DEPTH:
-                return f"the body nests JSON arrays and objects deeper than {MAX_JSON_DEPTH} levels"
+                return True
         elif char in "]}":
             depth -= 1
-    return None
+    return False

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from fastapi import Depends, Request
+from fastapi._compat import field_annotation_is_sequence
 from fastapi.dependencies.models import Dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
@@ -23,21 +24,33 @@ async def refuse_unknown_query_parameters(request: Request) -> None:
     route = request.scope.get("route")
     if not isinstance(route, APIRoute):
         return  # not a FastAPI route: nothing declares its parameters
-    allowed = declared_query_parameters(route)
-    unknown = [name for name in request.query_params if name not in allowed]
-    if unknown:
-        raise RequestValidationError([_unknown(name, allowed) for name in unknown])
+    declared = declared_query_parameters(route)
+    allowed = tuple(declared)
+    unknown = [name for name in request.query_params if name not in declared]
+    # FastAPI reads the last of a repeated single-valued parameter: `?limit=1&limit=2` had listed 2.
+    repeated = [
+        name
+        for name in request.query_params
+        if declared.get(name) is False and len(request.query_params.getlist(name)) > 1
+    ]
+    if unknown or repeated:
+        raise RequestValidationError(
+            [_unknown(name, allowed) for name in unknown] + [_repeated(name) for name in repeated]
+        )
 
 
-def declared_query_parameters(route: APIRoute) -> tuple[str, ...]:
-    """The query parameters `route` reads, by the name a client sends (an alias where one is set).
-    Walked each request: a few dependencies deep, microseconds (a route is not hashable to cache by)."""
-    return tuple(dict.fromkeys(_query_names(route.dependant)))
+def declared_query_parameters(route: APIRoute) -> dict[str, bool]:
+    """The query parameters `route` reads, by the name a client sends (an alias where one is set),
+    each with whether it takes a list (may be repeated). Walked each request: a few dependencies
+    deep, microseconds (a route is not hashable to cache by)."""
+    return dict(_query_names(route.dependant))
 
 
-def _query_names(dependant: Dependant) -> Iterator[str]:
-    """The query parameters of `dependant` and of every dependency under it."""
-    yield from (field.alias for field in dependant.query_params)
+def _query_names(dependant: Dependant) -> Iterator[tuple[str, bool]]:
+    """The query parameters of `dependant` and of every dependency under it, each with whether it
+    takes a list, as FastAPI itself decides it."""
+    for field in dependant.query_params:
+        yield field.alias, field_annotation_is_sequence(field.field_info.annotation)
     for dependency in dependant.dependencies:
         yield from _query_names(dependency)
 
@@ -49,6 +62,14 @@ def _unknown(name: str, allowed: tuple[str, ...]) -> dict[str, Any]:
         "type": "extra_forbidden",
         "msg": f"unknown query parameter {name!r}; "
         + (f"allowed: {', '.join(allowed)}" if allowed else "this endpoint takes none"),
+    }
+
+
+def _repeated(name: str) -> dict[str, Any]:
+    return {
+        "loc": ("query", name),
+        "type": "repeated_query_parameter",
+        "msg": f"query parameter {name!r} is given more than once; it takes one value",
     }
 
 

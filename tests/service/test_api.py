@@ -368,6 +368,36 @@ def test_an_unknown_query_parameter_is_refused_naming_it_and_the_allowed_ones(
     assert response.json() == {"detail": [{"loc": ["query", name], "msg": said, "type": "extra_forbidden"}]}
 
 
+def test_a_single_valued_query_parameter_given_twice_is_refused_naming_it(client: TestClient) -> None:
+    """`GET /jobs?limit=1&limit=2` had listed two jobs: FastAPI reads the last value."""
+    response = client.get("/jobs?limit=1&limit=2")
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"] == [
+        {
+            "loc": ["query", "limit"],
+            "msg": "query parameter 'limit' is given more than once; it takes one value",
+            "type": "repeated_query_parameter",
+        }
+    ]
+    assert client.get("/jobs?status=queued&status=running").status_code == 200  # a list: repeated
+
+
+def test_a_key_given_twice_in_a_json_body_is_refused_naming_it(client: TestClient) -> None:
+    """`{"lr": 0.1, "lr": 0.2}` had trained at 0.2 without a word; the CLI refuses the same file."""
+    body = json.dumps(GOOD).replace('"lr": 0.05', '"lr": 0.1, "lr": 0.2').encode()
+    assert b'"lr": 0.1, "lr": 0.2' in body
+    response = client.post("/jobs", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"] == [
+        {
+            "loc": ["body"],
+            "msg": "the body gives the key 'lr' twice in one JSON object; give each key once",
+            "type": "json_invalid",
+        }
+    ]
+    assert client.get("/jobs").json()["total"] == 0  # nothing was stored
+
+
 def test_unknown_query_parameters_are_each_named_and_nothing_is_done(client: TestClient) -> None:
     response = client.post("/jobs?dry_run=1&verbose=2", json=GOOD)
     assert response.status_code == 422
