@@ -139,6 +139,8 @@ class WorkerRow(Base):
     catalogue_sha256: Mapped[str] = mapped_column(String(64))
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     last_seen: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    # Why it claims no job now (its disk is full); None while it claims. Kept by its heartbeat.
+    not_claiming: Mapped[str | None] = mapped_column(Text)
 
 
 class IdempotencyKey(Base):

@@ -753,8 +753,13 @@ def register_worker(
     session.commit()
 
 
-def touch_worker(*, session: Session, worker_id: str) -> None:
-    session.execute(update(WorkerRow).where(WorkerRow.worker_id == worker_id).values(last_seen=utcnow()))
+def touch_worker(*, session: Session, worker_id: str, not_claiming: str | None = None) -> None:
+    """The worker is live; `not_claiming`: why it claims no job now (None: it claims)."""
+    session.execute(
+        update(WorkerRow)
+        .where(WorkerRow.worker_id == worker_id)
+        .values(last_seen=utcnow(), not_claiming=not_claiming)
+    )
     session.commit()
 
 
@@ -805,6 +810,11 @@ def waiting_reason(
             "(distribution.devices); "
             f"the largest live worker has {largest}"
         )
+    able = [w for w in workers if needs.framework in w.frameworks]
+    if all(w.not_claiming for w in able):  # the disk of each that could run it is full, say
+        said = "; ".join(f"worker {w.worker_id}: {w.not_claiming}" for w in able[:3])
+        more = f" (and {len(able) - 3} more)" if len(able) > 3 else ""
+        return f"no live worker that could run it claims jobs now: {said}{more}"
     return _unoffered_optimizer(session, job, workers, catalogues or CatalogueCache(within_s=within_s))
 
 

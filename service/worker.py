@@ -215,6 +215,9 @@ class Worker:
         self.pool = WarmPool(settings.job_python) if settings.warm_pool else None
         self.pool_failing = False  # the last fill failed (logged once, not on every poll)
         self.disk_full = False  # the jobs' folder had no space at the last look (logged once)
+        # Why it claims nothing now (its disk is full), told to the store with each heartbeat, so a
+        # queued job's waiting_reason says so.
+        self.not_claiming: str | None = None
 
     def publish_catalogue(self) -> dict[str, Any]:
         # Taken before producing: a file changed meanwhile is published again on the next poll.
@@ -331,7 +334,7 @@ class Worker:
         if time.monotonic() - self.seen_at < self.settings.heartbeat_s:
             return
         with self.sessions() as session:
-            store.touch_worker(session=session, worker_id=self.worker_id)
+            store.touch_worker(session=session, worker_id=self.worker_id, not_claiming=self.not_claiming)
         self.seen_at = time.monotonic()
 
     def close_runs_forever(self) -> None:
@@ -456,7 +459,12 @@ class Worker:
             )
         elif self.disk_full and not full:
             log.info("worker %s: %s has space again: it claims jobs again", self.worker_id, lowest[1])
+        if full != self.disk_full:
+            self.seen_at = -float("inf")  # said with the next heartbeat, now, not a heartbeat later
         self.disk_full = full
+        self.not_claiming = (
+            f"the file system of {lowest[1]} is full ({lowest[0]} bytes free)" if full else None
+        )
         return full
 
     def start_next(self) -> bool:

@@ -826,6 +826,47 @@ def test_a_worker_whose_disk_is_full_claims_nothing_and_says_so_once(
     assert "has space again: it claims jobs again" in said[1]
 
 
+def test_a_job_queued_while_the_only_live_workers_disk_is_full_says_so(
+    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its `waiting_reason` had read null, as if it only waited its turn."""
+    import shutil
+
+    worker = make_worker(settings, sessions, stand_in(tmp_path, "true"))
+    with sessions() as session:  # a live worker, as its start registers it
+        store.register_worker(
+            session=session,
+            worker_id=worker.worker_id,
+            frameworks=["torch"],
+            devices=["cpu"],
+            gpus=0,
+            slots=1,
+            catalogue_sha256="0" * 64,
+        )
+    job_id = submit(sessions)
+
+    def reason() -> str | None:
+        with sessions() as session:
+            job = store.get_job(session=session, job_id=job_id)
+            assert job is not None
+            return store.waiting_reason(session=session, job=job, within_s=settings.lease_s)
+
+    assert reason() is None  # it waits its turn
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=4096))
+    assert worker.run_next() is False
+    worker._stay_registered()  # its heartbeat, at once after the disk filled
+    said = reason()
+    assert said is not None and said.startswith("no live worker that could run it claims jobs now")
+    assert f"worker {worker.worker_id}: the file system of " in said and "is full (4096 bytes free)" in said
+    monkeypatch.setattr(shutil, "disk_usage", real)
+    assert worker.claim() is not None  # space again: it claims, and says so with the heartbeat
+    worker._stay_registered()
+    with sessions() as session:
+        (row,) = store.live_workers(session=session, within_s=settings.lease_s)
+        assert row.not_claiming is None
+
+
 def test_a_job_that_meets_a_full_disk_as_its_worker_starts_it_goes_back_to_the_queue(
     tmp_path: Path, settings: Settings, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
 ) -> None:
