@@ -374,6 +374,45 @@ class KerasDriver(Driver):
     # full-matrix preconditioner (n x n per variable, as Shampoo-like updates build) must fit.
     cost_shapes: ClassVar[tuple[tuple[int, ...], ...]] = ((16, 16), (16,), (16, 8), (8,), (8, 1), (1,))
 
+    def random_state(self) -> bytes:
+        """Where TensorFlow's eager op-seed stream and Keras 3's global SeedGenerator stand: an eager
+        `tf.random.normal` takes its op seed from the first, an unseeded `keras.random.*` draws from
+        the second (b"" parts where there is none yet)."""
+        context = _tf_context()
+        stream = getattr(context, "_rng", None)
+        parts = [
+            repr(getattr(context, "_seed", None)).encode(),
+            repr(stream.getstate()).encode() if stream else b"",
+        ]
+        draws = _keras_global_draws(self.style)
+        if draws is not None and draws[0] is not None:
+            parts.append(np.array(draws[0].state.numpy()).tobytes())
+        return b"|".join(parts)
+
+    @contextmanager
+    def isolated(self, seed: int = 0) -> Iterator[None]:
+        """TensorFlow's global seed set to `seed` (which restarts the op seeds eager random ops take,
+        and clears the kernels that hold their streams) and, in Keras 3, a fresh global SeedGenerator
+        from it, as `keras.utils.set_random_seed` does; the caller's seed given back afterwards. A
+        class that draws by design (SGLD's `tf.random.normal` noise) then draws the same numbers in
+        two eager runs that make the same random ops in the same order."""
+        context = _tf_context()
+        seed_before = getattr(context, "_seed", None)
+        stream = getattr(context, "_rng", None)
+        stream_before = stream.getstate() if stream is not None and seed_before is not None else None
+        keras_before = _keras_global_draws(self.style)
+        self.tf.random.set_seed(seed)
+        if keras_before is not None:
+            _set_keras_global_draws(None, seed)
+        try:
+            yield
+        finally:
+            self.tf.random.set_seed(seed_before)
+            if stream_before is not None:
+                context._rng.setstate(stream_before)
+            if keras_before is not None:
+                _set_keras_global_draws(*keras_before)
+
     def variables(self, arrays: Sequence[np.ndarray]) -> list[Any]:
         return [self.km.Variable(np.array(a, dtype=np.float32)) for a in arrays]
 
@@ -1659,6 +1698,42 @@ class KerasSession(TrainingSession):
                 f"device {requested!r} requested, but this host has {len(gpus)} GPUs for TensorFlow"
             )
         return f"/GPU:{index}"
+
+
+def _tf_context() -> Any:
+    """TensorFlow's eager context: it holds the global seed and the stream eager op seeds come from
+    (no public API reads where that stream stands)."""
+    from tensorflow.python.eager import context
+
+    return context.context()
+
+
+def _keras_global_draws(style: str) -> tuple[Any, Any] | None:
+    """Keras 3's global SeedGenerator (None until an unseeded `keras.random.*` draw makes one) and the
+    seed `keras.utils.set_random_seed` recorded; None for legacy tf.keras, which has neither."""
+    if style != "keras":
+        return None
+    try:  # Keras's own modules, not its public API: a Keras without them is left alone
+        from keras.src.backend.common import global_state
+        from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
+        from keras.src.utils.rng_utils import GLOBAL_RANDOM_SEED
+    except ImportError:
+        return None
+    return (
+        global_state.get_global_attribute(GLOBAL_SEED_GENERATOR),
+        global_state.get_global_attribute(GLOBAL_RANDOM_SEED),
+    )
+
+
+def _set_keras_global_draws(generator: Any, seed: Any) -> None:
+    """Keras 3's global SeedGenerator and recorded seed set (a None generator is made afresh from the
+    seed at the next unseeded draw, as after `keras.utils.set_random_seed`)."""
+    from keras.src.backend.common import global_state
+    from keras.src.random.seed_generator import GLOBAL_SEED_GENERATOR
+    from keras.src.utils.rng_utils import GLOBAL_RANDOM_SEED
+
+    global_state.set_global_attribute(GLOBAL_SEED_GENERATOR, generator)
+    global_state.set_global_attribute(GLOBAL_RANDOM_SEED, seed)
 
 
 def compare_optimizers(saved: Any, loaded: Any, where: str) -> None:

@@ -1043,3 +1043,131 @@ def test_a_sparse_path_that_works_only_eagerly_fails_graph_mode_at_its_line(tmp_
     assert outcome.status == "fail", outcome
     assert "but not on row-sparse ones inside tf.function, where fit runs it" in outcome.detail
     assert outcome.where == f"{path}:{_line_of(SPARSE_PATH_ONLY_EAGER, 'LazyDecaySGD', 'if self._get_hyper')}"
+
+
+RANDOM_BY_DESIGN = '''
+import keras
+import tensorflow as tf
+import tf_keras
+from keras import ops
+
+
+class SGLD(keras.optimizers.Optimizer):
+    """Langevin dynamics (Welling & Teh 2011), its noise drawn with tf.random.normal as published
+    SGLD code draws it: random by design."""
+
+    def __init__(self, learning_rate=1e-3, temperature=1e-4, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+        self.temperature = temperature
+
+    def update_step(self, gradient, variable, learning_rate):
+        lr = ops.cast(learning_rate, variable.dtype)
+        noise = tf.random.normal(tf.shape(variable), dtype=variable.dtype)
+        step = -lr * tf.convert_to_tensor(gradient)
+        self.assign_add(variable, step + tf.sqrt(2.0 * lr * self.temperature) * noise)
+
+    def get_config(self):
+        return {**super().get_config(), "temperature": self.temperature}
+
+
+class LegacySGLD(tf_keras.optimizers.legacy.Optimizer):
+    def __init__(self, learning_rate=1e-3, temperature=1e-4, name="LegacySGLD", **kwargs):
+        super().__init__(name, **kwargs)
+        self._set_hyper("learning_rate", learning_rate)
+        self.temperature = temperature
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        lr = self._decayed_lr(var.dtype.base_dtype)
+        noise = tf.random.normal(tf.shape(var), dtype=var.dtype.base_dtype)
+        return var.assign_sub(lr * grad - tf.sqrt(2.0 * lr * self.temperature) * noise)
+
+    def _resource_apply_sparse(self, grad, var, indices, apply_state=None):
+        dense = tf.convert_to_tensor(tf.IndexedSlices(grad, indices, tf.shape(var, out_type=indices.dtype)))
+        return self._resource_apply_dense(dense, var, apply_state)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "learning_rate": self._serialize_hyperparameter("learning_rate"),
+            "temperature": self.temperature,
+        }
+
+
+class StatelessSGLD(SGLD):
+    """Noise a pure function of (variable, step): deterministic, but XLA's generator is not
+    TensorFlow's kernel's, so steps with jit_compile=True draw other numbers."""
+
+    def update_step(self, gradient, variable, learning_rate):
+        lr = ops.cast(learning_rate, variable.dtype)
+        index = tf.cast(self._get_variable_index(variable), tf.int64)
+        seed = tf.stack([index, tf.cast(self.iterations, tf.int64)])
+        noise = tf.random.stateless_normal(tf.shape(variable), seed=seed, dtype=variable.dtype)
+        step = -lr * tf.convert_to_tensor(gradient)
+        self.assign_add(variable, step + tf.sqrt(2.0 * lr * self.temperature) * noise)
+
+
+class CachedRateSGLD(SGLD):
+    """Random by design and a true fault: the rate read once, so no schedule reaches it."""
+
+    def __init__(self, learning_rate=1e-3, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+        self.fixed_rate = float(learning_rate)
+
+    def update_step(self, gradient, variable, learning_rate):
+        super().update_step(gradient, variable, self.fixed_rate)
+
+
+class BranchingSGLD(SGLD):
+    """Random by design and a true fault: a Python `if` on a tensor, which fails when traced."""
+
+    def update_step(self, gradient, variable, learning_rate):
+        if tf.reduce_sum(tf.abs(gradient)) > 0:
+            super().update_step(gradient, variable, learning_rate)
+'''
+
+
+@pytest.fixture(scope="module")
+def random_by_design(workdir: Path) -> Path:
+    path = workdir / "random_by_design.py"
+    path.write_text(RANDOM_BY_DESIGN)
+    return path
+
+
+@pytest.mark.parametrize("name", ["SGLD", "LegacySGLD"])
+def test_a_class_that_draws_by_design_is_compared_on_the_same_draws_or_left_inconclusive(
+    name: str, random_by_design: Path, workdir: Path
+) -> None:
+    """SGLD's noise had failed five checks, each blaming something else (a cached rate, the sparse
+    path, frozen Python state, a hidden attribute): each compared run is seeded alike, and the
+    comparison that cannot draw alike (eager against traced) is an inconclusive skip saying why."""
+    ctx = _context(f"{random_by_design}:{name}", workdir)
+    for check_id in ("schedule", "sparse", "state_roundtrip", "resume_exact"):
+        outcome = _run(check_id, ctx)
+        assert outcome.status in ("pass", "warn"), (check_id, outcome)
+        assert outcome.status == "pass" or "densifies" in outcome.detail, (check_id, outcome)
+    graph = _run("graph_mode", ctx)
+    assert graph.status == "skip", graph
+    assert "the class draws random numbers" in graph.detail, graph.detail
+
+
+def test_a_class_whose_draws_xla_makes_otherwise_is_inconclusive_under_xla(
+    random_by_design: Path, workdir: Path
+) -> None:
+    """Stateless draws equal under tf.function, not under XLA, whose generator is its own: not a warn
+    that the class's math differs."""
+    outcome = _run("graph_mode", _context(f"{random_by_design}:StatelessSGLD", workdir))
+    assert outcome.status == "skip", outcome
+    assert "inconclusive under XLA: the class draws random numbers" in outcome.detail, outcome.detail
+    assert "tf.function match the eager ones" in outcome.detail, outcome.detail
+
+
+def test_a_class_that_draws_by_design_still_fails_its_true_faults(
+    random_by_design: Path, workdir: Path
+) -> None:
+    cached = _run("schedule", _context(f"{random_by_design}:CachedRateSGLD", workdir))
+    assert cached.status == "fail", cached
+    assert "never cache" in cached.detail, cached.detail
+    branching = _run("graph_mode", _context(f"{random_by_design}:BranchingSGLD", workdir))
+    assert branching.status == "fail", branching
+    assert "not inside tf.function" in branching.detail, branching.detail
+    assert branching.where.endswith(f":{_line_of(RANDOM_BY_DESIGN, 'BranchingSGLD', 'if tf.reduce_sum')}")

@@ -30,6 +30,7 @@ from jobs.checks.fresh.plan import (
     Wording,
 )
 from jobs.checks.fresh.results import MODEL, OPTIMIZER, Arrays, Run, save_run
+from jobs.checks.tools import same_draws
 from jobs.frameworks import driver_for
 from jobs.frameworks.base import StateDifference
 from jobs.frameworks.keras_driver import KerasDriver, optimizer_variables_of
@@ -142,12 +143,23 @@ def settings() -> dict[str, Any]:
     }
 
 
+# The seeds of the steps before the split and of those after it, set alike in the straight run, in
+# the one saved and in the resumed one: a class that draws by design (SGLD's tf.random.normal noise)
+# then draws the same numbers in each. No checkpoint holds where TensorFlow's op-seeded streams stand,
+# so a resumed process must start them again; a deterministic class is not changed by a seed.
+FIRST_DRAWS, RESUMED_DRAWS = SEED, SEED + 1
+
+
 def run_and_save(ctx: CheckContext, overrides: Mapping[str, Any], checkpoint: Path) -> Run:
-    model, optimizer = build(ctx, overrides)
-    train(ctx, model, optimizer, range(RESUME_STEPS))
+    with same_draws(ctx, FIRST_DRAWS):
+        model, optimizer = build(ctx, overrides)
+        train(ctx, model, optimizer, range(RESUME_SPLIT))
+        with same_draws(ctx, RESUMED_DRAWS):
+            train(ctx, model, optimizer, range(RESUME_SPLIT, RESUME_STEPS))
     straight = Run(*snapshot(model, optimizer))
-    model, optimizer = build(ctx, overrides)
-    train(ctx, model, optimizer, range(RESUME_SPLIT))
+    with same_draws(ctx, FIRST_DRAWS):
+        model, optimizer = build(ctx, overrides)
+        train(ctx, model, optimizer, range(RESUME_SPLIT))
     driver(ctx).tf.train.Checkpoint(model=model, optimizer=optimizer).write(str(checkpoint))
     return straight
 
@@ -195,7 +207,8 @@ def resume(request: Mapping[str, Any], ctx: CheckContext) -> None:
             "tf.train.Checkpoint: saved values found no variable in a freshly built optimizer "
             f"(state created outside build / _create_slots?): {' '.join(str(exc).split())[:200]}"
         ) from None
-    train(ctx, model, optimizer, range(RESUME_SPLIT, RESUME_STEPS))
+    with same_draws(ctx, RESUMED_DRAWS):
+        train(ctx, model, optimizer, range(RESUME_SPLIT, RESUME_STEPS))
     arrays, labels = snapshot(model, optimizer)
     save_run(request["out"], arrays, labels=labels)
 
