@@ -5,7 +5,7 @@ keeps and how it survives a save, written once over the drivers.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -174,18 +174,37 @@ def _config_problem(ctx: CheckContext, *, schedule: bool) -> tuple[Outcome | Non
     where = method_location(ctx, "__init__")
     # The optimizer the round trip loads into (torch builds one, Keras's from_config another way),
     # kept so that a next step can show what a cache the class's save leaves out does to it.
-    reloads: list[tuple[Any, list[Any]]] = []
+    reload_targets: list[tuple[Any, list[Any]]] = []
 
     def reload_target() -> Any:
-        reloads.append(fresh(ctx, seed=1))
-        return reloads[-1][0]
+        reload_targets.append(fresh(ctx, seed=1))
+        return reload_targets[-1][0]
+
+    def held_on_reload(name: str, value: Any) -> bool:
+        """Whether a reload holds `value` where no key of the config holds it as given (a wrapper's rate
+        in its serialized inner optimizer). A value no key holds is read back built changed (the
+        rate is, halved): a reload that drops it falls back to the default it was built with."""
+        is_rate = name == rate_key
+        if is_rate or name in driver.config(optimizer)[0]:
+            return driver.reload_holds(optimizer, name, value, is_rate=is_rate)
+        param = ctx.target.entry.params.get(name)
+        other = None if param is None else (not value if isinstance(value, bool) else _changed(param, value))
+        if other is None:  # a value no other can stand for (a name, a list): not shown to be kept
+            return False
+        try:
+            changed, _ = fresh(ctx, **{name: other})  # type: ignore[arg-type]
+        except Exception:  # refused alone (a rule between arguments): not shown to be kept
+            return False
+        return driver.reload_holds(changed, name, other, is_rate=False)
 
     try:
         built = driver.config(optimizer)
         problems = (
             []
             if from_constructor
-            else _missing(driver.config_name, built, expected, f"after construction{with_what}")
+            else _missing(
+                driver.config_name, built, expected, f"after construction{with_what}", held_on_reload
+            )
         )
         if problems:
             return (
@@ -197,11 +216,13 @@ def _config_problem(ctx: CheckContext, *, schedule: bool) -> tuple[Outcome | Non
     except ConfigNotSerialized as exc:
         return failed(f"{exc}{with_what}", where=where, fix=exc.fix), elsewhere, ""
     when = f"after {driver.config_roundtrip_name}{with_what}"
-    problems = [] if from_constructor else _missing(driver.config_name, reloaded, expected, when)
+    problems = (
+        [] if from_constructor else _missing(driver.config_name, reloaded, expected, when, held_on_reload)
+    )
     if problems:
         return failed("; ".join(problems), where=where, fix=driver.advice.keep_hyperparameters), elsewhere, ""
     left_out = driver.config_left_out_of_save(optimizer)
-    caches, step_error = _caches_left_out(ctx, left_out, reloads)
+    caches, step_error = _caches_left_out(ctx, left_out, reload_targets)
     for index, (first, again) in enumerate(zip(built, reloaded, strict=True)):
         differing = sorted(
             k
@@ -380,12 +401,24 @@ def _kept_elsewhere(configs: Sequence[Mapping[str, Any]], expected: Mapping[str,
 
 
 def _missing(
-    config_name: str, configs: Sequence[Mapping[str, Any]], expected: Mapping[str, Any], when: str
+    config_name: str,
+    configs: Sequence[Mapping[str, Any]],
+    expected: Mapping[str, Any],
+    when: str,
+    reloads: Callable[[str, Any], bool] | None = None,
 ) -> list[str]:
     """Comparing a config with its reload cannot see an argument missing from both: a reloaded
-    optimizer would silently use its default. So each built value is looked for by name."""
+    optimizer would silently use its default. So each built value is looked for by name, and where
+    no key holds it as given, in what `reloads` says an optimizer rebuilt from the config holds (a
+    wrapper's rate inside its serialized inner optimizer)."""
     problems = []
     for name, value in expected.items():
+        if (
+            reloads is not None
+            and any(not same_value(c.get(name), value) for c in configs)
+            and reloads(name, value)
+        ):
+            continue
         for index, config in enumerate(configs):
             # One config (a Keras get_config(), a single param group) is named without an index.
             where = f"{config_name}[{index}]" if len(configs) > 1 else config_name

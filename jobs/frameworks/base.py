@@ -570,6 +570,12 @@ class Driver(ABC):
     def config_roundtrip_name(self) -> str:
         """The round trip `config_roundtrip` takes, for the detail."""
 
+    def reload_holds(self, optimizer: Any, name: str, value: Any, *, is_rate: bool) -> bool:
+        """Whether an optimizer the style's reload rebuilds from `optimizer`'s config holds `value` for
+        hyperparameter `name` where the config has no such key, or another value under it (only for
+        styles whose reload rebuilds from the config: Keras)."""
+        return False
+
     def learning_rate_schedule(self, lr: float) -> Any:
         """A schedule object starting at `lr` (only where `capabilities.schedule_objects`)."""
         raise NotImplementedError(f"{self.style} optimizers take no schedule objects")

@@ -577,6 +577,36 @@ class KerasDriver(Driver):
             ) from exc
         return [plain_config(rebuilt)]
 
+    def reload_holds(self, optimizer: Any, name: str, value: Any, *, is_rate: bool) -> bool:
+        """Rebuilt as `load_model` rebuilds it (the config through JSON, then `from_config`), the
+        optimizer holds `value` for `name`: under that key in its own config, as its attribute of
+        that name, or, for the rate, as the rate it steps with. A wrapper keeps its rate in its
+        serialized inner optimizer (Keras's LossScaleOptimizer, the Model Garden's Lookahead), a
+        torch-style port takes `lr` and hands Keras's `learning_rate` back to its base: both reload
+        it, though no top-level key of theirs holds it."""
+        try:
+            config = json.loads(json.dumps(optimizer.get_config(), default=_numpy_scalar))
+            rebuilt = type(optimizer).from_config(config)
+        except Exception:  # the round trip's own failure is judged where config_roundtrip makes it
+            return False
+        readings = [plain_config(rebuilt).get(name), _held_value(rebuilt, name)]
+        if is_rate:
+            with suppress(Exception):  # a rate that cannot be read is not the value given
+                readings += [_held_value(rebuilt, "learning_rate"), float(self.current_rate(rebuilt))]
+        return any(reading is not None and self._same_given(reading, value) for reading in readings)
+
+    def _same_given(self, held: Any, given: Any) -> bool:
+        """`held` is what `given` built: the same value, or the optimizer a name given for one
+        (`inner_optimizer="adam"`) builds."""
+        if same_config_value(held, given):
+            return True
+        if not isinstance(given, str) or not hasattr(held, "get_config"):
+            return False
+        try:
+            return type(held) is type(self.km.optimizers.get(given))
+        except Exception:  # not a name Keras knows
+            return False
+
     def current_rate(self, optimizer: Any) -> Any:
         """The rate the optimizer would step with now, read as its update reads it."""
         return optimizer.learning_rate
