@@ -27,6 +27,7 @@ from jobs.checks.tools import (
     missing_key_left_out,
     native,
     plain_numbers,
+    refused_rate,
     same_draws,
     same_value,
     takes_a_rate,
@@ -60,6 +61,13 @@ def check_config_roundtrip(ctx: CheckContext) -> Outcome:
         return passed(
             f"{where_kept} {driver.config_roundtrip_name} (the class takes no learning rate, so none was "
             f"tried with {driver.schedule_name})",
+            float(count),
+        )
+    refused = refused_rate(ctx)
+    if refused is not None:  # it sets its own step size with these values (Adafactor's relative step)
+        return passed(
+            f"{where_kept} {driver.config_roundtrip_name} (not tried with {driver.schedule_name}: with these "
+            f"hyperparameters the class refuses a learning rate, {ctx.describe_error(refused)})",
             float(count),
         )
     try:

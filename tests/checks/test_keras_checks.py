@@ -1260,3 +1260,50 @@ def test_a_wrapper_whose_reload_loses_its_rate_still_fails_config_roundtrip(tmp_
     outcome = _run("config_roundtrip", _context(f"{path}:RateLostWrapper", tmp_path))
     assert outcome.status == "fail", outcome
     assert "'learning_rate'" in outcome.detail and "would silently use its default" in outcome.detail, outcome
+
+
+RELATIVE_STEP = '''
+import keras
+
+
+class RelativeStep(keras.optimizers.Optimizer):
+    """As transformers' Adafactor: no manual rate with relative_step=True, its own step size instead."""
+
+    def __init__(self, learning_rate=None, scale=0.01, relative_step=True, **kwargs):
+        if learning_rate is not None and relative_step:
+            raise ValueError("Cannot combine manual `lr` and `relative_step=True` options")
+        super().__init__(learning_rate=1.0 if learning_rate is None else learning_rate, **kwargs)
+        self.manual_lr = learning_rate
+        self.scale = scale
+        self.relative_step = relative_step
+
+    def update_step(self, gradient, variable, learning_rate):
+        step = keras.ops.cast(self.iterations + 1, variable.dtype)
+        rate = self.scale / keras.ops.sqrt(step) if self.relative_step else learning_rate
+        self.assign_sub(variable, keras.ops.cast(rate, variable.dtype) * gradient)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"scale": self.scale, "relative_step": self.relative_step})
+        return {**config, "learning_rate": self.manual_lr}
+
+
+class ForgetfulRelativeStep(RelativeStep):
+    def get_config(self):
+        config = super().get_config()
+        del config["scale"]
+        return config
+'''
+
+
+def test_a_class_that_refuses_a_rate_by_design_is_given_none_in_config_roundtrip(tmp_path: Path) -> None:
+    """transformers' Adafactor refuses a manual rate with relative_step=True: config_roundtrip had
+    built it with a schedule anyway and failed on the refusal; the rest is still checked."""
+    path = tmp_path / "relative_step.py"
+    path.write_text(RELATIVE_STEP)
+    outcome = _run("config_roundtrip", _context(f"{path}:RelativeStep", tmp_path))
+    assert outcome.status == "pass", outcome.detail
+    assert "the class refuses a learning rate" in outcome.detail, outcome.detail
+    forgetful = _run("config_roundtrip", _context(f"{path}:ForgetfulRelativeStep", tmp_path))
+    assert forgetful.status == "fail", forgetful
+    assert "'scale'" in forgetful.detail, forgetful.detail
