@@ -168,12 +168,16 @@ def _config_problem(ctx: CheckContext, *, schedule: bool) -> tuple[Outcome | Non
     learning_rate = driver.learning_rate_schedule(ctx.lr * 0.5) if schedule else None
     with_what = f" (built with {driver.schedule_name})" if schedule else ""
     optimizer, variables = fresh(ctx, learning_rate=learning_rate, **halved)
-    rate_key = _rate_key(driver.config(optimizer), lr_arg)
+    try:
+        configs = driver.config(optimizer)
+    except ConfigNotSerialized as exc:  # a get_config that returns None
+        return failed(f"{exc}{with_what}", where=method_location(ctx, exc.method), fix=exc.fix), []
+    rate_key = _rate_key(configs, lr_arg)
     if rate_key != lr_arg and lr_arg in expected:
         expected[rate_key] = expected.pop(lr_arg)
     from_constructor = driver.capabilities.rebuilt_from_constructor
     # As constructed: a class may adapt its groups' values in training by design (an adaptive lr).
-    elsewhere = _kept_elsewhere(driver.config(optimizer), expected) if from_constructor else []
+    elsewhere = _kept_elsewhere(configs, expected) if from_constructor else []
     driver.step(
         optimizer, variables, arrays(SHAPES, seed=30), ctx.needs
     )  # legacy: hyperparameters now variables
@@ -222,7 +226,7 @@ def _config_problem(ctx: CheckContext, *, schedule: bool) -> tuple[Outcome | Non
             )
         reloaded = driver.config_roundtrip(optimizer, reload_target)
     except ConfigNotSerialized as exc:
-        return failed(f"{exc}{with_what}", where=where, fix=exc.fix), elsewhere, ""
+        return failed(f"{exc}{with_what}", where=method_location(ctx, exc.method), fix=exc.fix), elsewhere, ""
     when = f"after {driver.config_roundtrip_name}{with_what}"
     problems = (
         [] if from_constructor else _missing(driver.config_name, reloaded, expected, when, held_on_reload)

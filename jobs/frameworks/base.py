@@ -127,7 +127,12 @@ class AdvisedError(Exception):
 
 
 class ConfigNotSerialized(AdvisedError):
-    """The optimizer's hyperparameters cannot be written or read back."""
+    """The optimizer's hyperparameters cannot be written or read back; `method` is the class's method
+    at fault (the constructor, unless said)."""
+
+    def __init__(self, message: str, fix: str, method: str = "__init__") -> None:
+        super().__init__(message, fix)
+        self.method = method
 
 
 class StateNotRestored(AdvisedError):

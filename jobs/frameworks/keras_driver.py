@@ -546,6 +546,15 @@ class KerasDriver(Driver):
                 f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
                 fix=CONFIG_FIX,
             ) from exc
+        # TensorFlow Probability's VariationalSGD has `def get_config(self): pass`.
+        if not isinstance(config, Mapping):
+            raise ConfigNotSerialized(
+                f"{type(optimizer).__name__}.get_config() returned {config!r}, not a dict: no saved model "
+                "can hold the optimizer's hyperparameters, and load_model cannot rebuild it",
+                fix="return a dict of every constructor argument (config = super().get_config(); "
+                "config.update({...}); return config)",
+                method="get_config",
+            )
         return [plain_config(optimizer)]
 
     @property

@@ -1307,3 +1307,33 @@ def test_a_class_that_refuses_a_rate_by_design_is_given_none_in_config_roundtrip
     forgetful = _run("config_roundtrip", _context(f"{path}:ForgetfulRelativeStep", tmp_path))
     assert forgetful.status == "fail", forgetful
     assert "'scale'" in forgetful.detail, forgetful.detail
+
+
+UNFINISHED_CONFIG = '''
+import tf_keras
+
+
+class UnfinishedConfig(tf_keras.optimizers.legacy.Optimizer):
+    """As TensorFlow Probability's VariationalSGD: a get_config that returns None."""
+
+    def __init__(self, learning_rate=0.01, name="UnfinishedConfig", **kwargs):
+        super().__init__(name, **kwargs)
+        self._set_hyper("learning_rate", learning_rate)
+
+    def get_config(self):
+        pass
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        return var.assign_sub(self._decayed_lr(var.dtype.base_dtype) * grad)
+'''
+
+
+def test_a_get_config_that_returns_none_fails_config_roundtrip_at_its_line(tmp_path: Path) -> None:
+    """It had been an inconclusive "optlab's check failed: TypeError ... in plain_config"."""
+    path = tmp_path / "unfinished_config.py"
+    path.write_text(UNFINISHED_CONFIG)
+    outcome = _run("config_roundtrip", _context(f"{path}:UnfinishedConfig", tmp_path))
+    assert outcome.status == "fail", outcome
+    assert "get_config() returned None, not a dict" in outcome.detail, outcome.detail
+    assert "return a dict of every constructor argument" in outcome.detail, outcome.detail
+    assert outcome.where == f"{path}:{_line_of(UNFINISHED_CONFIG, 'UnfinishedConfig', 'def get_config')}"
