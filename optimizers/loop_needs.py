@@ -26,8 +26,9 @@ from typing import Any
 # A class states what detection cannot see (or corrects it) with, e.g.,
 # `optlab_needs = {"create_graph": True}`.
 NEEDS_ATTRIBUTE = "optlab_needs"
-# Constructor arguments that take the optimizer a wrapper wraps.
-BASE_ARGUMENTS = ("base_optimizer", "optimizer", "base")
+# Constructor arguments that take the optimizer a wrapper wraps (`inner_optimizer`: Keras's
+# LossScaleOptimizer, whose required optimizer object no hyperparameter can give).
+BASE_ARGUMENTS = ("base_optimizer", "optimizer", "base", "inner_optimizer")
 # A first constructor argument that asks for the model (K-FAC-style optimizers such as SINGD hook its
 # layers; LOMO fuses its update into backward) or its named parameters (adam-mini), not parameters.
 NAMED_PARAMETERS_ARGUMENTS = ("named_parameters", "named_params")
@@ -446,10 +447,18 @@ def unserved(name: str, needs: LoopNeeds, framework: str) -> str | None:
         return None
     if needs.base_optimizer is not None and "base_optimizer" in missing:
         # Not "name a base" (base_problem's advice): no base makes a wrapper trainable here.
-        return (
+        said = (
             f"optimizer {name!r} wraps a base optimizer (its {needs.base_optimizer!r} argument), and "
             f"{framework} jobs and checks build no wrapper around a base optimizer (wrappers run in torch "
             "jobs)"
+        )
+        if framework != "tensorflow":
+            return said
+        return (
+            f"{said}; to check it, check the optimizer it wraps by itself, or a subclass whose constructor "
+            "builds that optimizer from its own hyperparameters (def __init__(self, learning_rate=1e-3, "
+            "**kwargs): super().__init__(keras.optimizers.Adam(learning_rate), **kwargs)), which checks and "
+            "jobs can build"
         )
     return (
         f"optimizer {name!r} needs {' and '.join(missing)}, which {framework} training steps cannot "

@@ -1337,3 +1337,19 @@ def test_a_get_config_that_returns_none_fails_config_roundtrip_at_its_line(tmp_p
     assert "get_config() returned None, not a dict" in outcome.detail, outcome.detail
     assert "return a dict of every constructor argument" in outcome.detail, outcome.detail
     assert outcome.where == f"{path}:{_line_of(UNFINISHED_CONFIG, 'UnfinishedConfig', 'def get_config')}"
+
+
+class ScaledLoss(keras.optimizers.LossScaleOptimizer):
+    """Keras's LossScaleOptimizer as the README registers a framework class: its required
+    `inner_optimizer` takes an optimizer object, which no hyperparameter can give."""
+
+
+def test_keras_s_loss_scale_optimizer_is_told_that_it_wraps_one_and_how_to_check_it(workdir: Path) -> None:
+    """It had been a required hyperparameter "true or false, a number or a string", and given as
+    "adam", a construct failing on a learning_rate the checker passed itself."""
+    ctx = _context(f"{__name__}:ScaledLoss", workdir)
+    assert "inner_optimizer" not in ctx.target.entry.params
+    outcome = _run("construct", ctx)
+    assert outcome.status == "skip", outcome.detail
+    assert "wraps a base optimizer (its 'inner_optimizer' argument)" in outcome.detail, outcome.detail
+    assert "check the optimizer it wraps by itself, or a subclass" in outcome.detail, outcome.detail
