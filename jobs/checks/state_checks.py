@@ -5,7 +5,7 @@ keeps and how it survives a save, written once over the drivers.
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -44,11 +44,67 @@ def check_config_roundtrip(ctx: CheckContext) -> Outcome:
     style's round trip into an optimizer built with other values; with a schedule object too
     where the style has them. Where a reload rebuilds from the constructor call (torch), what
     the constructor keeps elsewhere is noted, not failed: the reload does not lose it."""
+    unkept = [] if ctx.driver.capabilities.rebuilt_from_constructor else _unkept_switches(ctx)
+    outcome = _config_roundtrip(ctx, unkept)
+    if not unkept or outcome.status != "pass":
+        return outcome
+    names = ", ".join(repr(name) for name in unkept)
+    return warned(
+        f"{names} {'is' if len(unkept) == 1 else 'are'} not in {ctx.driver.config_name}, so a reloaded "
+        f"optimizer takes the default whatever was given; built with other values, {UNKEPT_STEPS} steps are "
+        "bitwise the same, so no update depends on it (a logging switch: adabelief-tf's print_change_log); "
+        f"the rest of the config survives: {outcome.detail}",
+        where=method_location(ctx, "get_config"),
+        fix=ctx.driver.advice.keep_hyperparameters,
+        figure=outcome.figure,
+    )
+
+
+# Steps an argument get_config leaves out is compared over, built with two values.
+UNKEPT_STEPS = 3
+
+
+def _unkept_switches(ctx: CheckContext) -> list[str]:
+    """The arguments get_config leaves out whose value changes no step (each built with its value and
+    another, `UNKEPT_STEPS` steps bitwise alike): a reload loses the setting, not the training."""
     driver = ctx.driver
-    problem, elsewhere, caches = _config_problem(ctx, schedule=False)
+    try:
+        config = driver.config(fresh(ctx)[0])[0]
+    except Exception:  # judged where the check builds it
+        return []
+    found = []
+    for name, value in with_defaults(ctx.target, ctx.params).items():
+        param = ctx.target.entry.params.get(name)
+        if name == "lr" or value is None or param is None or native(ctx, name) in config:
+            continue
+        other = not value if isinstance(value, bool) else _changed(param, value)
+        if other is not None and _same_steps(ctx, {name: value}, {name: other}):
+            found.append(name)
+    return found
+
+
+def _same_steps(ctx: CheckContext, *builds: Mapping[str, Any]) -> bool:
+    """Whether optimizers built with each of `builds` step bitwise alike (on the same draws)."""
+    runs = []
+    for overrides in builds:
+        with same_draws(ctx, seed=3):
+            try:
+                optimizer, variables = fresh(ctx, **overrides)
+                for step in range(UNKEPT_STEPS):
+                    ctx.driver.step(optimizer, variables, arrays(SHAPES, seed=40 + step), ctx.needs)
+            except Exception:  # refused alone, or a step that fails: not shown to change nothing
+                return False
+            runs.append(ctx.driver.values(variables) + [value for _, value in ctx.driver.state(optimizer)])
+    return all(max_diff(runs[0], run) == 0 for run in runs[1:])
+
+
+def _config_roundtrip(ctx: CheckContext, unkept: Collection[str]) -> Outcome:
+    """config_roundtrip, `unkept` (arguments no step depends on) left out of what must be kept."""
+    driver = ctx.driver
+    problem, elsewhere, caches = _config_problem(ctx, schedule=False, unkept=unkept)
     if problem is not None:
         return problem
-    count = len(ctx.target.entry.params)
+    count = len(ctx.target.entry.params) - len(unkept)
     if driver.capabilities.rebuilt_from_constructor:
         return passed(_groups_survive(ctx, count, elsewhere, caches), float(count - len(elsewhere)))
     problem = _stored_as_a_fixed_value(ctx)
@@ -71,7 +127,7 @@ def check_config_roundtrip(ctx: CheckContext) -> Outcome:
             float(count),
         )
     try:
-        problem, _, _ = _config_problem(ctx, schedule=True)
+        problem, _, _ = _config_problem(ctx, schedule=True, unkept=unkept)
     except (ValueError, TypeError, NotImplementedError) as exc:
         if "schedule" not in str(exc).lower():
             raise
@@ -151,16 +207,23 @@ def _groups_survive(ctx: CheckContext, count: int, elsewhere: Sequence[str], cac
     )
 
 
-def _config_problem(ctx: CheckContext, *, schedule: bool) -> tuple[Outcome | None, list[str], str]:
+def _config_problem(
+    ctx: CheckContext, *, schedule: bool, unkept: Collection[str] = ()
+) -> tuple[Outcome | None, list[str], str]:
     """The first fault of the config (None if none), the hyperparameters kept outside it or
     transformed, where the style's reload rebuilds from the constructor call, and what the pass
-    says of the private group keys the class's save leaves out (`_caches_left_out`)."""
+    says of the private group keys the class's save leaves out (`_caches_left_out`); `unkept`
+    (arguments no step depends on) are left out of what must be kept."""
     driver = ctx.driver
     lr_arg = ctx.target.entry.lr_arg
     # A None left to the class (`beta3: float | None = None`) may be stored as the value the class
     # derives from it, and a reload that passes that value on builds the same optimizer: nothing to
     # compare.
-    expected = {native(ctx, k): v for k, v in with_defaults(ctx.target, ctx.params).items() if v is not None}
+    expected = {
+        native(ctx, k): v
+        for k, v in with_defaults(ctx.target, ctx.params).items()
+        if v is not None and k not in unkept
+    }
     # The rate halved, so a stored default cannot pass (unless the class refuses one: Adafactor).
     halved: dict[str, Any] = {"lr": ctx.lr * 0.5} if takes_a_rate(ctx) else {}
     if halved:

@@ -1353,3 +1353,36 @@ def test_keras_s_loss_scale_optimizer_is_told_that_it_wraps_one_and_how_to_check
     assert outcome.status == "skip", outcome.detail
     assert "wraps a base optimizer (its 'inner_optimizer' argument)" in outcome.detail, outcome.detail
     assert "check the optimizer it wraps by itself, or a subclass" in outcome.detail, outcome.detail
+
+
+LOGGING_SWITCH = '''
+import tf_keras
+
+
+class ChattySGD(tf_keras.optimizers.legacy.Optimizer):
+    """As adabelief-tf: a switch that only prints, left out of get_config."""
+
+    def __init__(self, learning_rate=0.01, print_change_log=True, name="ChattySGD", **kwargs):
+        super().__init__(name, **kwargs)
+        if print_change_log:
+            print("Note: defaults changed in 0.2")
+        self._set_hyper("learning_rate", learning_rate)
+
+    def _resource_apply_dense(self, grad, var, apply_state=None):
+        return var.assign_sub(self._decayed_lr(var.dtype.base_dtype) * grad)
+
+    def get_config(self):
+        return {**super().get_config(), "learning_rate": self._serialize_hyperparameter("learning_rate")}
+'''
+
+
+def test_a_switch_left_out_of_get_config_that_changes_no_step_is_a_warn(tmp_path: Path) -> None:
+    """Not "a reloaded optimizer would silently use its default" as a fail: no update depends on it.
+    One that changes the steps (tests/checks/broken/keras_config_roundtrip.py's nesterov) still fails."""
+    path = tmp_path / "logging_switch.py"
+    path.write_text(LOGGING_SWITCH)
+    outcome = _run("config_roundtrip", _context(f"{path}:ChattySGD", tmp_path))
+    assert outcome.status == "warn", outcome
+    assert "'print_change_log' is not in get_config()" in outcome.detail, outcome.detail
+    assert "no update depends on it" in outcome.detail, outcome.detail
+    assert outcome.where == f"{path}:{_line_of(LOGGING_SWITCH, 'ChattySGD', 'def get_config')}"
