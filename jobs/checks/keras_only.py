@@ -9,6 +9,7 @@ the check is about compilation, so a graph-only fault fails only `graph_mode`.
 
 from __future__ import annotations
 
+import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -65,11 +66,18 @@ def _all_close(a: Sequence[np.ndarray], b: Sequence[np.ndarray], rtol: float, at
     )
 
 
+# A terminal's colour and weight codes (`\x1b[1m`), which Keras writes into some error messages.
+_TERMINAL_STYLE = re.compile(r"\x1b\[[0-9;]*m")
+
+
 def _first_line(error: BaseException, ctx: CheckContext) -> str:
     """The error in one line; for an autograph error (which quotes the traced code first, the
     user's line included) its last line, where the actual complaint is."""
-    text = str(error)
+    text = _TERMINAL_STYLE.sub("", str(error))  # Keras sets "in user code:" in bold
     if "in user code:" in text:
+        # Keras ends an error raised inside a layer or op of its own (LossScaleOptimizer's Cond) with the
+        # arguments that received it ("Arguments received by Cond.call(): • kwargs=..."): not the error.
+        text = text.split("\nArguments received by ", 1)[0]
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         last = lines[-1][:300]
         return last if last.startswith(type(error).__name__) else f"{type(error).__name__}: {last}"

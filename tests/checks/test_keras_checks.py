@@ -1386,3 +1386,43 @@ def test_a_switch_left_out_of_get_config_that_changes_no_step_is_a_warn(tmp_path
     assert "'print_change_log' is not in get_config()" in outcome.detail, outcome.detail
     assert "no update depends on it" in outcome.detail, outcome.detail
     assert outcome.where == f"{path}:{_line_of(LOGGING_SWITCH, 'ChattySGD', 'def get_config')}"
+
+
+TRACED_ONLY_ERROR = '''
+import keras
+import tensorflow as tf
+
+
+class RelaxedTraceMomentum(keras.optimizers.Optimizer):
+    """A helper whose relaxed trace (reduce_retracing) compares unknown dims: an error only when
+    traced, which LossScaleOptimizer's tf.cond reports with Keras's "Arguments received by" block."""
+
+    def build(self, var_list):
+        if self.built:
+            return
+        super().build(var_list)
+        self._bufs = self.add_optimizer_variables(var_list, "buf")
+
+    @tf.function(reduce_retracing=True)
+    def _normalise(self, g):
+        if g.shape[0] > g.shape[1]:
+            return tf.transpose(tf.transpose(g) / (tf.norm(g) + 1e-7))
+        return g / (tf.norm(g) + 1e-7)
+
+    def update_step(self, gradient, variable, learning_rate):
+        buf = self._bufs[self._get_variable_index(variable)]
+        self.assign(buf, 0.9 * buf + tf.convert_to_tensor(gradient))
+        update = self._normalise(buf) if len(variable.shape) == 2 else buf
+        self.assign_sub(variable, tf.cast(learning_rate, variable.dtype) * update)
+'''
+
+
+def test_an_error_raised_when_traced_is_quoted_by_its_own_line_in_mixed_precision(tmp_path: Path) -> None:
+    """Not the last line of Keras's "Arguments received by Cond.call()" block ("• kwargs=<class
+    'inspect._empty'>"), which had been quoted as the error."""
+    path = tmp_path / "traced_only_error.py"
+    path.write_text(TRACED_ONLY_ERROR)
+    outcome = _run("mixed_precision", _context(f"{path}:RelaxedTraceMomentum", tmp_path))
+    assert outcome.status == "fail", outcome
+    assert "raised TypeError: '>' not supported between instances of 'NoneType'" in outcome.detail, outcome
+    assert "kwargs=" not in outcome.detail and "\x1b" not in outcome.detail, outcome.detail
