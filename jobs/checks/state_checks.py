@@ -78,7 +78,11 @@ def _unkept_switches(ctx: CheckContext) -> list[str]:
         if name == "lr" or value is None or param is None or native(ctx, name) in config:
             continue
         other = not value if isinstance(value, bool) else _changed(param, value)
-        if other is not None and _same_steps(ctx, {name: value}, {name: other}):
+        if other is None or not _same_steps(ctx, {name: value}, {name: other}):
+            continue
+        # Not where a reload gives it back all the same (a wrapper's, in its serialized inner optimizer).
+        built_other, _ = fresh(ctx, **{name: other})  # type: ignore[arg-type]
+        if not driver.reload_holds(built_other, name, other, is_rate=False):
             found.append(name)
     return found
 
