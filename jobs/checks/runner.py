@@ -58,6 +58,13 @@ def checks_for_style(style: str) -> Mapping[str, CheckFunction]:
 
 def validated_params(target: Target, params: Mapping[str, Any]) -> dict[str, Any]:
     """`params` checked against the class's hyperparameters; UsageError names the bad one."""
+    base_argument = target.entry.needs.base_optimizer
+    if base_argument in params:  # an optimizer object (LossScaleOptimizer's inner_optimizer): no JSON value
+        wrapped = (
+            f"--params: {base_argument!r} takes the optimizer {target.name!r} wraps, not a hyperparameter"
+        )
+        refused = unserved(target.name, target.entry.needs, target.framework)
+        raise UsageError(f"{wrapped}: {refused}" if refused else f"{wrapped}; name it with --base")
     try:
         return check_all(params, target.entry.params, owner=f"optimizer {target.name!r} ({target.style})")
     except (TypeError, ValueError) as exc:

@@ -20,7 +20,8 @@ import tf_keras
 
 from jobs.checks.context import CheckContext
 from jobs.checks.report import CHECK_IDS, ONLY_FOR_STYLES, Outcome
-from jobs.checks.runner import checks_for_style
+from jobs.checks.runner import checks_for_style, validated_params
+from jobs.checks.target import UsageError
 from tests.checks.tables import BROKEN_DIR, target_of
 
 
@@ -1353,6 +1354,10 @@ def test_keras_s_loss_scale_optimizer_is_told_that_it_wraps_one_and_how_to_check
     assert outcome.status == "skip", outcome.detail
     assert "wraps a base optimizer (its 'inner_optimizer' argument)" in outcome.detail, outcome.detail
     assert "check the optimizer it wraps by itself, or a subclass" in outcome.detail, outcome.detail
+    with pytest.raises(
+        UsageError, match=r"--params: 'inner_optimizer' takes the optimizer 'ScaledLoss' wraps"
+    ):
+        validated_params(ctx.target, {"inner_optimizer": "adam"})
 
 
 LOGGING_SWITCH = '''
