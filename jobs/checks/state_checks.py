@@ -238,7 +238,7 @@ def _config_problem(
     try:
         configs = driver.config(optimizer)
     except ConfigNotSerialized as exc:  # a get_config that returns None
-        return failed(f"{exc}{with_what}", where=method_location(ctx, exc.method), fix=exc.fix), []
+        return failed(f"{exc}{with_what}", where=method_location(ctx, exc.method), fix=exc.fix), [], ""
     rate_key = _rate_key(configs, lr_arg)
     if rate_key != lr_arg and lr_arg in expected:
         expected[rate_key] = expected.pop(lr_arg)
