@@ -224,18 +224,19 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
     if not difference <= 1e-5 * max(1.0, scale):
         sensitivity, computed_in = _rounding_sensitivity(ctx, start, batch)
         if difference <= _SENSITIVITY_FACTOR * sensitivity:  # False for NaN: a non-finite compiled step warns
-            nudged = _named(computed_in)
-            amplifies = (
-                "the step amplifies rounding (a line search's branches on the loss)"
+            low = _named(computed_in)
+            rounding = (
+                "3 eager steps from a start one rounding step away (each parameter times 1 + float32 eps) "
+                f"differ by {sensitivity:.3g} already: the step amplifies rounding (a line search's "
+                "branches on the loss)"
                 if computed_in == torch.float32
-                else f"the step computes in {nudged}, whose rounding the compiled graph's other "
-                "order of operations changes"
+                else f"3 eager steps from a start one rounding step away, or with their {low} made float32, "
+                f"differ by {sensitivity:.3g} already: the step computes in {low}, whose rounding the "
+                "compiled graph's other order of operations changes"
             )
             return skipped(
-                f"inconclusive: 3 compiled steps differ from 3 eager steps by {difference:.3g}, and 3 eager "
-                f"steps from a start one rounding step away (each parameter times 1 + {nudged} eps) "
-                f"differ by {sensitivity:.3g} already: {amplifies}, so compiled and eager cannot be told "
-                "apart by their results"
+                f"inconclusive: 3 compiled steps differ from 3 eager steps by {difference:.3g}, and "
+                f"{rounding}, so compiled and eager cannot be told apart by their results"
             )
         return warned(
             f"3 compiled steps differ from 3 eager steps by {difference:.3g}{own_compile_note}",
@@ -320,33 +321,55 @@ _SENSITIVITY_FACTOR = 10.0
 def _rounding_sensitivity(
     ctx: CheckContext, start: nn.Module, batch: tuple[Tensor, Tensor]
 ) -> tuple[float, torch.dtype]:
-    """How far 3 eager steps from `start` nudged by one rounding step (every parameter times 1 + eps)
-    end from 3 eager steps from `start` itself: torch's LBFGS with a strong-Wolfe line search turns
-    such a nudge into 1e-3 in one step, where a plain update keeps it near 1e-7. 0 where a run
-    raises: nothing then excuses the difference.
-
-    The rounding step is that of the least precise floating-point dtype the eager steps compute in
-    (timm's AdaMuon runs its Newton-Schulz iteration in bfloat16, whose rounding the compiled graph's
-    decompositions change), returned beside it."""
+    """What rounding alone does to 3 eager steps from `start`, beside the least precise floating-point
+    dtype they compute in: how far 3 eager steps from `start` nudged by one float32 rounding step
+    (every parameter times 1 + eps) end from 3 eager steps from `start` itself (torch's LBFGS with a
+    strong-Wolfe line search turns such a nudge into 1e-3 in one step, where a plain update keeps it
+    near 1e-7); and, where the step computes in bfloat16 or float16, how far the same steps with those
+    made float32 end from it (timm's AdaMuon runs its Newton-Schulz iteration in bfloat16, whose
+    rounding the compiled graph's other order of operations changes: this bounds what that can do,
+    where a bfloat16-sized nudge of every parameter would excuse a 3% difference). 0 where a run
+    raises: nothing then excuses the difference."""
     computed_in = _FloatingDtypes()
     runs = []
-    for nudge in (0.0, 1.0):
+    for nudge, mode in ((0.0, computed_in), (1.0, None), (0.0, _InFloat32())):
+        if isinstance(mode, _InFloat32) and computed_in.least_precise == torch.float32:
+            break
         replica = _twin(start)
-        eps = torch.finfo(computed_in.least_precise).eps
         with torch.no_grad():
             for p in replica.parameters():
-                p.mul_(1.0 + nudge * max(eps, torch.finfo(p.dtype).eps))
+                p.mul_(1.0 + nudge * torch.finfo(p.dtype).eps)
         try:
             optimizer = _build(ctx, replica.parameters())
             closure = _closure(ctx, replica, batch)
             for _ in range(3):
                 closure()
-                with computed_in if not nudge else contextlib.nullcontext():
+                with mode if mode is not None else contextlib.nullcontext():
                     _step(ctx, optimizer.step, closure)
         except Exception:
             return 0.0, computed_in.least_precise
         runs.append(_snapshot(replica.parameters()))
-    return _max_difference([runs[0]], [runs[1]]), computed_in.least_precise
+    return max(_max_difference([runs[0]], [run]) for run in runs[1:]), computed_in.least_precise
+
+
+# What a step computes in below float32: made float32 by `_InFloat32`.
+_LOW_PRECISION = (torch.bfloat16, torch.float16)
+
+
+class _InFloat32(TorchFunctionMode):
+    """Every bfloat16 or float16 a torch function is asked for made float32 (a dtype argument,
+    `.bfloat16()`, `.half()`): the step without its low-precision rounding."""
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+    ) -> Any:
+        if getattr(func, "__name__", "") in ("bfloat16", "half") and isinstance(args[0], Tensor):
+            return args[0].float() if args[0].dtype != torch.float64 else args[0]
+        kwargs = {
+            key: torch.float32 if value in _LOW_PRECISION else value for key, value in (kwargs or {}).items()
+        }
+        args = [torch.float32 if isinstance(a, torch.dtype) and a in _LOW_PRECISION else a for a in args]
+        return func(*args, **kwargs)
 
 
 class _FloatingDtypes(TorchFunctionMode):
