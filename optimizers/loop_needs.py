@@ -188,26 +188,61 @@ def _differentiates_its_gradients(cls: type) -> bool:
     Only what step() calls: a package's base class may carry such a helper for the few of its
     classes that call it (pytorch-optimizer's Hutchinson estimate).
 
-    Not a helper handed the closure that calls it itself: the gradients it differentiates are the
-    ones its own call of the closure made, with the graph the helper arranges (heavyball's
-    `_double_backward_hvp(closure)` forces create_graph on that backward, and runs only when built
-    for Hessian-vector products), not the loop's backward."""
-    step = _user_method(cls, "step")
+    Not a helper handed the closure that runs it under a graph arrangement of its own and
+    differentiates what that call made (heavyball's `_double_backward_hvp(closure)` calls it under
+    `patch_backward()`, which forces create_graph on that backward, and runs only when built for
+    Hessian-vector products): the loop's backward needs no graph for it. A helper that calls its
+    closure plainly (or under `torch.enable_grad()` alone) differentiates gradients the loop's
+    closure made, which must keep their graph."""
     return any(
         _DIFFERENTIATES_GRADIENTS.search(code)
-        and (function is step or not _calls_its_closure(function, code))
+        and (function.__name__ == "step" or not _graphs_its_own_closure_call(function, code))
         for function in _step_and_its_helpers(cls)
         if (code := _code(function)) is not None
     )
 
 
-def _calls_its_closure(function: Callable[..., Any], code: str) -> bool:
-    """`function` takes a closure as an argument (a name with "closure" in it) and calls it."""
+# Context managers that switch grad recording or precision, and so arrange no graph of their own.
+_GRAD_SWITCHES = frozenset({"enable_grad", "no_grad", "set_grad_enabled", "inference_mode", "autocast"})
+
+
+def _graphs_its_own_closure_call(function: Callable[..., Any], code: str) -> bool:
+    """`function` takes a closure as an argument (a name with "closure" in it) and calls it where it
+    arranges the backward's graph itself: `create_graph=True` in its own code, or the call inside a
+    `with` other than a grad switch (heavyball's `with torch.enable_grad(), patch_backward():`)."""
     try:
-        names = inspect.signature(function).parameters
+        names = [name for name in inspect.signature(function).parameters if "closure" in name]
     except (TypeError, ValueError):
         return False
-    return any("closure" in name and re.search(rf"\b{re.escape(name)}\s*\(", code) for name in names)
+    if not names or not any(re.search(rf"\b{re.escape(name)}\s*\(", code) for name in names):
+        return False
+    if re.search(r"create_graph\s*=\s*True", code):
+        return True
+    tree = _parsed(function)
+    if tree is None:
+        return False
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.With | ast.AsyncWith):
+            continue
+        arranged = any(_called_name(item.context_expr) not in _GRAD_SWITCHES for item in node.items)
+        calls = (
+            call
+            for statement in node.body
+            for call in ast.walk(statement)
+            if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in names
+        )
+        if arranged and any(True for _ in calls):
+            return True
+    return False
+
+
+def _called_name(expression: ast.expr) -> str:
+    """The name a `with` item calls (`patch_backward` of `patch_backward()`, `enable_grad` of
+    `torch.enable_grad()`), '' for anything else."""
+    if not isinstance(expression, ast.Call):
+        return ""
+    func = expression.func
+    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
 
 
 def _runs_backward_on_the_closure_loss(cls: type) -> bool:

@@ -4,6 +4,7 @@ where detection cannot see it."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import pytest
@@ -242,10 +243,16 @@ fails: the method is read all the same."""
         return loss, note
 
 
+@contextlib.contextmanager
+def patch_backward() -> Any:
+    """Stands in for heavyball's: it makes every backward in its scope keep its graph."""
+    yield
+
+
 class HessianOfItsOwnClosureCall(ClosureInSignature):
-    """heavyball's shape: a helper handed the closure calls it itself (heavyball forces create_graph on
-    that backward) and differentiates the gradients it made, only when built for Hessian-vector
-    products; the loop's own backward needs no graph."""
+    """heavyball's shape: a helper handed the closure calls it under a patch of its own that forces
+    create_graph on that backward, and differentiates the gradients it made, only when built for
+    Hessian-vector products; the loop's own backward needs no graph."""
 
     def step(self, closure: Any = None) -> Any:
         if closure is not None and self.defaults.get("hvp"):
@@ -253,7 +260,20 @@ class HessianOfItsOwnClosureCall(ClosureInSignature):
         return None
 
     def _double_backward_hvp(self, closure: Any) -> Any:
-        loss = closure()
+        with torch.enable_grad(), patch_backward():
+            loss = closure()
+        params = [p for group in self.param_groups for p in group["params"]]
+        grads = [p.grad for p in params]
+        return loss, torch.autograd.grad(grads, params, [torch.ones_like(p) for p in params])
+
+
+class HessianOfAPlainClosureCallInAHelper(HessianOfItsOwnClosureCall):
+    """The helper calls the closure under torch.enable_grad() alone: the gradients it differentiates
+    are the ones the loop's closure made, which must keep their graph."""
+
+    def _double_backward_hvp(self, closure: Any) -> Any:
+        with torch.enable_grad():
+            loss = closure()
         params = [p for group in self.param_groups for p in group["params"]]
         grads = [p.grad for p in params]
         return loss, torch.autograd.grad(grads, params, [torch.ones_like(p) for p in params])
@@ -268,6 +288,14 @@ class HessianInStepAfterItsClosure(ClosureInSignature):
         params = [p for group in self.param_groups for p in group["params"]]
         grads = [p.grad for p in params]
         return loss, torch.autograd.grad(grads, params, [torch.ones_like(p) for p in params])
+
+
+class HessianInStepOfItsBase(HessianInStepAfterItsClosure):
+    """A user's tweak of a torchium-style AdaHessian that hands on to its step(): the base's step()
+    calls the closure and differentiates the gradients, though reached as a helper."""
+
+    def step(self, closure: Any = None) -> Any:
+        return super().step(closure)
 
 
 class HessianInItsBasesStep(HessianInAHelper):
@@ -311,7 +339,9 @@ SOURCE_SCANS = [
     (ClosureRefusedInAHelper, LoopNeeds(closure=True)),
     (BackwardUnderAFlushLeftString, LoopNeeds(closure=True, backward_in_step=True)),
     (HessianOfItsOwnClosureCall, LoopNeeds()),
+    (HessianOfAPlainClosureCallInAHelper, LoopNeeds(create_graph=True)),
     (HessianInStepAfterItsClosure, LoopNeeds(create_graph=True)),
+    (HessianInStepOfItsBase, LoopNeeds(create_graph=True)),
     (HessianInItsBasesStep, LoopNeeds(create_graph=True)),
     (HessianThroughTwoArgumentSuper, LoopNeeds(create_graph=True)),
     (SuperStepOfAFrameworkBase, LoopNeeds()),
