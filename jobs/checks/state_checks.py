@@ -4,6 +4,7 @@ keeps and how it survives a save, written once over the drivers.
 
 from __future__ import annotations
 
+import copy
 import pickle
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
@@ -291,7 +292,9 @@ def _config_problem(
                 elsewhere,
                 "",
             )
-        reloaded = driver.config_roundtrip(optimizer, reload_target)
+        # A copy: the next step that `_caches_left_out` runs on the reloaded optimizer changes a group's
+        # tensors in place (a per-group step count), which the comparison below must not see.
+        reloaded = _copied(driver.config_roundtrip(optimizer, reload_target))
     except ConfigNotSerialized as exc:
         return failed(f"{exc}{with_what}", where=method_location(ctx, exc.method), fix=exc.fix), elsewhere, ""
     when = f"after {driver.config_roundtrip_name}{with_what}"
@@ -315,6 +318,14 @@ def _config_problem(
             )
             return lost, elsewhere, ""
     return None, elsewhere, _caches_said(driver.config_name, caches)
+
+
+def _copied(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`configs` with their values copied (as they stand), where they can be; else as given."""
+    try:
+        return copy.deepcopy(configs)
+    except Exception:  # a value that cannot be copied (a lock, a module): compared as it is
+        return configs
 
 
 def _caches_left_out(

@@ -878,6 +878,21 @@ class StepCacheSGD(CachesLeftOut):
         return super().step(closure)
 
 
+class CountedStepCacheSGD(StepCacheSGD):
+    """Counts its steps in a tensor kept in each group, in place (saved and restored by torch), beside
+    its private cache: the next step that shows the cache rebuilt must not count as a changed value."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        super().__init__(params, lr)
+        for group in self.param_groups:
+            group["step"] = torch.zeros((), dtype=torch.int64)
+
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            group["step"].add_(1)
+        return super().step(closure)
+
+
 class InitCacheSGD(CachesLeftOut):
     """A private value set once, in __init__, and left out of the save: the next step lacks it."""
 
@@ -911,6 +926,14 @@ class DroppedMomentumSGD(PlainSGD):
         # A private cache the class's save leaves out on purpose and its next step rebuilds: no loss.
         (
             StepCacheSGD,
+            "pass",
+            "param_groups[0]['_scale'], left out by the class's own save on purpose, private by the leading "
+            "underscore: a cache, not a hyperparameter, rebuilt by the next step",
+            "",
+        ),
+        # Beside a group value the next step changes in place (a step count): compared as reloaded.
+        (
+            CountedStepCacheSGD,
             "pass",
             "param_groups[0]['_scale'], left out by the class's own save on purpose, private by the leading "
             "underscore: a cache, not a hyperparameter, rebuilt by the next step",
@@ -952,6 +975,7 @@ class DroppedMomentumSGD(PlainSGD):
     ],
     ids=[
         "rebuilt-cache",
+        "rebuilt-cache-beside-a-count",
         "cache-done-without",
         "cache-a-step-needs",
         "hyperparameter",
