@@ -2265,3 +2265,23 @@ def test_a_generator_the_save_misses_is_named_though_the_next_step_matched(tmp_p
     assert "the next step after reloading matched the uninterrupted one, but self.generator is a random" in (
         outcome.detail
     )
+
+
+class IdleGeneratorSGD(PlainSGD):
+    """Holds an unseeded generator it draws from only when built with noise (off by default)."""
+
+    def __init__(self, params: object, lr: float = 0.1, noise: float = 0.0) -> None:
+        super().__init__(params, {"lr": lr})
+        self.noise, self.generator = noise, torch.Generator()
+        self.generator.seed()  # a nondeterministic seed: each build draws otherwise
+
+    def step(self, closure: Any = None) -> Any:
+        if self.noise:
+            for p in (p for group in self.param_groups for p in group["params"]):
+                p.add_(torch.randn(p.shape, generator=self.generator), alpha=self.noise)
+        return super().step(closure)
+
+
+def test_a_generator_no_step_drew_from_is_no_warning(tmp_path: Path) -> None:
+    outcome = state_checks.check_state_roundtrip(context(f"{__name__}:IdleGeneratorSGD", tmp_path))
+    assert outcome.status == "pass", outcome.detail
