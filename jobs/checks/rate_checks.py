@@ -4,6 +4,7 @@ the drivers.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 import re
@@ -92,13 +93,7 @@ def check_schedule(ctx: CheckContext) -> Outcome:
         if _ignores_its_rate(ctx, grads[:-1], overrides):  # a rate argument kept for show (A2Grad)
             return skipped(f"not meaningful: the update does not depend on {ctx.target.entry.lr_arg} at all")
         if _own_step_size_at_none(ctx):
-            lr_arg = ctx.target.entry.lr_arg
-            return skipped(
-                f"not meaningful at {lr_arg}=None, the class's default: it then computes its own step size "
-                f"(its param groups hold 'lr': None), so there is no rate to schedule; a schedule applies "
-                f"once an {lr_arg} is given (optimizer.params.lr, or --params '{{\"lr\": ...}}'), and this "
-                "check then holds the class to it"
-            )
+            return _judged_given_a_rate(ctx)
         return failed(str(exc), where=method_location(ctx, "__init__"), fix=exc.fix)
     except (ValueError, TypeError, NotImplementedError) as exc:
         if not _names_a_schedule(exc):
@@ -239,6 +234,24 @@ def _own_step_size_at_none(ctx: CheckContext) -> bool:
     optimizer, _ = fresh(ctx)
     groups = getattr(optimizer, "param_groups", None) or []  # ScheduleUnreachable is torch's alone
     return any("lr" in group and group["lr"] is None for group in groups)
+
+
+def _judged_given_a_rate(ctx: CheckContext) -> Outcome:
+    """The check of a class that computes its own step size at its lr=None default, run with an lr
+    given, the mode a schedule reaches (a rate cached when given still fails), said so."""
+    lr_arg, rate = ctx.target.entry.lr_arg, ctx.lr
+    said = (
+        f"at {lr_arg}=None, the class's default, it computes its own step size (its param groups hold "
+        f"'lr': None), so no schedule reaches it; a schedule applies once an {lr_arg} is given, and "
+        f"given {lr_arg}={rate:g}: "
+    )
+    before = ctx.params
+    ctx.params = {**before, "lr": rate}
+    try:
+        outcome = check_schedule(ctx)
+    finally:
+        ctx.params = before
+    return dataclasses.replace(outcome, detail=said + outcome.detail)
 
 
 def _ignores_its_rate(

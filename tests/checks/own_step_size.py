@@ -35,3 +35,23 @@ class RelativeStepSGD(torch.optim.Optimizer):
                 state["momentum_buffer"].mul_(group["momentum"]).add_(p.grad)
                 p.add_(state["momentum_buffer"], alpha=-group["lr"])
         return loss
+
+
+class CachedRateWhenGivenSGD(RelativeStepSGD):
+    """The same, but a given lr is read once, at construction, and never from the group again: a
+    schedule never reaches it."""
+
+    def __init__(self, params: Iterable[Any], lr: float | None = None, momentum: float = 0.9) -> None:
+        super().__init__(params, lr, momentum)
+        self.given_rate = lr
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    rate = self.given_rate if self.given_rate is not None else 1e-2
+                    p.add_(p.grad, alpha=-rate)
+                    if group["relative_step"]:
+                        group["lr"] = rate
+        return None

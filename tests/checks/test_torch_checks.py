@@ -1290,11 +1290,16 @@ def test_a_class_computing_its_own_step_at_its_none_default_is_scheduled_once_gi
     """Built with lr and 2 lr to see whether it ignores its rate, it had been put in its other mode and
     failed ("holds 'lr': None ... no schedule has a rate to scale")."""
     outcome = rate_checks.check_schedule(context("tests.checks.own_step_size:RelativeStepSGD", tmp_path))
-    assert outcome.status == "skip", outcome.detail
-    assert (
-        "not meaningful at lr=None, the class's default: it then computes its own step size" in outcome.detail
+    assert outcome.status == "pass", outcome.detail
+    assert outcome.detail.startswith(
+        "at lr=None, the class's default, it computes its own step size (its param groups hold 'lr': None)"
     )
-    assert "a schedule applies once an lr is given" in outcome.detail
+    assert "a schedule applies once an lr is given, and given lr=0.001: " in outcome.detail
+    # The mode a schedule reaches is judged, left at the default too: a rate cached when given fails.
+    cached = rate_checks.check_schedule(
+        context("tests.checks.own_step_size:CachedRateWhenGivenSGD", tmp_path)
+    )
+    assert cached.status == "fail", cached.detail
     given = rate_checks.check_schedule(
         context("tests.checks.own_step_size:RelativeStepSGD", tmp_path, lr=0.01)
     )
