@@ -66,7 +66,7 @@ from jobs.frameworks.base import (
 from jobs.frameworks.torch_compile import compile_clock, compiled
 from jobs.spec import JobSpec
 from jobs.workloads import Workload
-from optimizers.loop_needs import FRAMEWORK_PACKAGES, PLAIN, LoopNeeds, recipe_problem
+from optimizers.loop_needs import FRAMEWORK_PACKAGES, PLAIN, LoopNeeds, recipe_problem, user_classes
 from optimizers.registry import Base, Entry
 from optimizers.schedules import build_schedule
 
@@ -961,10 +961,13 @@ class TorchDriver(Driver):
         return group_keys_left_out_of_save(optimizer)
 
     def save_overrides(self, optimizer: Any) -> list[str]:
+        # The user's own (their package's): torch's SGD, Adam and AdamW define __setstate__ themselves,
+        # which a subclass of them did not write and cannot be told to change.
+        own = user_classes(type(optimizer))
         return [
             name
             for name in ("state_dict", "load_state_dict", "__setstate__")
-            if getattr(type(optimizer), name, None) is not getattr(torch.optim.Optimizer, name)
+            if any(name in vars(klass) for klass in own)
         ]
 
     def state_sharing_gradients(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:

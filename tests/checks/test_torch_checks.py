@@ -2290,3 +2290,17 @@ class IdleGeneratorSGD(PlainSGD):
 def test_a_generator_no_step_drew_from_is_no_warning(tmp_path: Path) -> None:
     outcome = state_checks.check_state_roundtrip(context(f"{__name__}:IdleGeneratorSGD", tmp_path))
     assert outcome.status == "pass", outcome.detail
+
+
+class OwnSaveAdamW(torch.optim.AdamW):
+    def state_dict(self) -> dict[str, Any]:
+        return super().state_dict()
+
+
+def test_the_save_overrides_named_are_the_users_own() -> None:
+    """torch's AdamW defines __setstate__ itself: a subclass had been told to change "its own"."""
+    from jobs.frameworks.torch_driver import TorchDriver
+
+    params = [torch.nn.Parameter(torch.ones(2))]
+    assert TorchDriver().save_overrides(torch.optim.AdamW(params)) == []
+    assert TorchDriver().save_overrides(OwnSaveAdamW(params)) == ["state_dict"]
