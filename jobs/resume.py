@@ -111,15 +111,13 @@ class SharedFolderCheckpoints:
         # this process dies, and must find the one it knows.
         if self.previous is not None:
             remove_checkpoint(self.previous)
-        else:
-            self._remove_earlier_attempts()
         self.previous = path
 
-    def _remove_earlier_attempts(self) -> None:
-        """Once this attempt has two verified checkpoints of its own (the first superseded), the worker
-        knows one of them, and no attempt will resume from an earlier attempt's: their folders, each
-        left with its last two by a killed process, would otherwise stay on the shared disk for good.
-        Attempts are fenced: an earlier one is no longer running."""
+    def remove_earlier_attempts(self) -> None:
+        """Once the job has succeeded, no attempt will resume from an earlier attempt's checkpoints:
+        their folders, each left with its last two by a killed process, would otherwise stay on the
+        shared disk for good. Not sooner: while the job runs, the store may still name one of them
+        (a worker that could not relay this attempt's reports through a store outage)."""
         assert self.folder is not None
         for folder in self.folder.parent.glob("attempt-*"):
             number = folder.name.removeprefix("attempt-")

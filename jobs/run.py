@@ -52,7 +52,7 @@ from jobs.result import (
     ResumeRecord,
     TrainOutcome,
 )
-from jobs.resume import ResumePoint
+from jobs.resume import ResumePoint, SharedFolderCheckpoints
 from jobs.spec import AnySpec, CheckSpec, JobSpec, parse_spec
 
 if TYPE_CHECKING:
@@ -403,6 +403,9 @@ def run_job(args: argparse.Namespace) -> JobResult:
     # a whole checkpoint more on the worker's disk for every resumed attempt.
     shutil.rmtree(workdir / RESUMED_FROM, ignore_errors=True)
     remove_checkpoint_copy(job)
+    store = getattr(job, "store", None)
+    if status is JobStatus.SUCCEEDED and isinstance(store, SharedFolderCheckpoints):
+        store.remove_earlier_attempts()  # no attempt resumes a succeeded job
     result = result.with_fields(status=status, duration_s=round(time.time() - started, 3))
     if mlflow_run is not None:
         # A stop request now would leave the MLflow run RUNNING: finish first (the worker's

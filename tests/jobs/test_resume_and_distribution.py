@@ -416,7 +416,8 @@ def test_a_run_keeps_the_newest_checkpoints_it_is_told_to_an_earlier_attempts_ol
 def test_a_job_whose_checkpoints_are_not_in_a_run_keeps_its_last_ones(
     jobs: dict[str, Job], tmp_path: Path
 ) -> None:
-    """Untracked, its folder holds the job's only copy; the shared folder keeps the last two."""
+    """Untracked, its folder holds the job's only copy; the shared folder keeps the last two, and
+    drops an earlier attempt's once the job has succeeded."""
     assert jobs["straight-torch"].result()["status"] == "succeeded"
     assert [p.name for p in (jobs["straight-torch"].workdir / "checkpoints").iterdir()] == [
         "step-00000040.pt"
@@ -426,6 +427,8 @@ def test_a_job_whose_checkpoints_are_not_in_a_run_keeps_its_last_ones(
         Path(shared_folder(jobs["resumed-torch"].workdir.parent)["OPTLAB_CHECKPOINT_DIR"]) / "7" / "attempt-2"
     )
     assert sorted(p.name for p in shared.iterdir()) == ["step-00000030.pt", "step-00000040.pt"]
+    # The killed attempt's folder goes once the job has succeeded: no attempt resumes from it then.
+    assert sorted(p.name for p in shared.parent.iterdir()) == ["attempt-2"]
 
 
 def test_an_attempt_whose_checkpoint_its_run_no_longer_keeps_resumes_from_the_newest_it_does(

@@ -252,10 +252,10 @@ def test_the_shared_folder_keeps_the_checkpoint_before_the_latest(tmp_path: Path
     assert sorted(p.name for p in store.folder.iterdir()) == ["step-20.pt", "step-30.pt"]
 
 
-def test_earlier_attempts_leave_the_shared_folder_once_this_one_has_two_checkpoints(tmp_path: Path) -> None:
+def test_earlier_attempts_leave_the_shared_folder_once_the_job_succeeded(tmp_path: Path) -> None:
     """Each killed attempt had left its last two checkpoints there for good (a probe found six files
-    of one succeeded job). They go once this attempt's first checkpoint is superseded: until then the
-    worker may know only an earlier attempt's, and a retry would resume from it."""
+    of one succeeded job). They go once the job has succeeded; not as this attempt publishes, since
+    the store may still name one of them while the worker cannot relay this attempt's reports."""
     for attempt, steps in ((1, (10, 15)), (2, (20, 25))):
         earlier = tmp_path / "7" / f"attempt-{attempt}"
         earlier.mkdir(parents=True)
@@ -265,15 +265,16 @@ def test_earlier_attempts_leave_the_shared_folder_once_this_one_has_two_checkpoi
     store = SharedFolderCheckpoints(tmp_path, "7", 3)
     assert store.folder is not None
     store.folder.mkdir(parents=True)
-    first, second = store.folder / "step-30.pt", store.folder / "step-40.pt"
-    first.write_bytes(b"x")
-    store.publish(first)
+    paths = [store.folder / f"step-{step}.pt" for step in (30, 40, 50)]
+    for previous, path in zip([None, *paths], paths, strict=False):
+        path.write_bytes(b"x")
+        store.publish(path)
+        if previous is not None:
+            store.retire(previous)
     assert sorted(p.name for p in (tmp_path / "7").iterdir()) == ["attempt-1", "attempt-2", "attempt-3"]
-    second.write_bytes(b"x")
-    store.publish(second)
-    store.retire(first)
+    store.remove_earlier_attempts()
     assert sorted(p.name for p in (tmp_path / "7").iterdir()) == ["attempt-3"]
-    assert sorted(p.name for p in store.folder.iterdir()) == ["step-30.pt", "step-40.pt"]
+    assert sorted(p.name for p in store.folder.iterdir()) == ["step-40.pt", "step-50.pt"]
     assert (tmp_path / "8" / "attempt-1").is_dir()
 
 
