@@ -1256,8 +1256,12 @@ _OPTIM_FILES = Path(torch.__file__).parent / "optim"
 _SUPPORTED_DEVICES = re.compile(r"must be on supported devices: \[([^\]]*)\]")
 
 
-# An accelerator named in an error's message.
+# An accelerator named in an error's message, and words of a need ("only supports CUDA", "requires a
+# GPU"): a message that only mentions a device (a shape or dtype error naming one) says no need.
 _ACCELERATOR_WORDS = re.compile(r"\b(?:cuda|gpus?|xpu|nvidia)\b", re.IGNORECASE)
+_NEED_WORDS = re.compile(
+    r"\b(?:only|supports?|supported|requires?|required|needs?|available)\b", re.IGNORECASE
+)
 
 
 def _names_an_accelerator(error: BaseException, frame: Any) -> bool:
@@ -1266,7 +1270,8 @@ def _names_an_accelerator(error: BaseException, frame: Any) -> bool:
     the class saying what it needs."""
     torch_files = Path(torch.__file__).parent
     raised_in_torch = frame is not None and torch_files in Path(frame.filename).parents
-    return not raised_in_torch and _ACCELERATOR_WORDS.search(str(error)) is not None
+    said = str(error)
+    return not raised_in_torch and bool(_ACCELERATOR_WORDS.search(said) and _NEED_WORDS.search(said))
 
 
 def _devices_torch_requires(error: BaseException) -> list[str] | None:

@@ -1211,10 +1211,11 @@ class OwnStepRefusalSGD(PlainSGD):
 
 
 class AlwaysRaisingSGD(PlainSGD):
-    """Raises in its constructor a message that names no accelerator: still a fault of the class."""
+    """Raises in its constructor a message that names an accelerator but no need of one: still a
+    fault of the class."""
 
     def __init__(self, params: object, lr: float = 0.1) -> None:
-        raise RuntimeError("momentum buffer could not be allocated")
+        raise RuntimeError("momentum buffer could not be allocated like the CUDA one")
 
 
 def test_a_class_that_needs_cuda_is_inconclusive_without_it(tmp_path: Path) -> None:
