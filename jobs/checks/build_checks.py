@@ -594,6 +594,10 @@ def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
     if wrong is not None:
         return wrong.failed(ctx.describe_error(error))
     if _raised_switching_to_training(error):
+        # Handed on to an object without the method (heavyball's SAMWrapper to a base that has none): a
+        # switch the class may not need. Anything else is a broken switch of a schedule-free class, where
+        # turning it off would train at the wrong point.
+        handed_on = isinstance(error, AttributeError) and _NO_SWITCH.search(str(error)) is not None
         return failed(
             f"optimizer.train(), which a job calls before each training step, raised "
             f"{ctx.describe_error(error)}: the class defines train() and eval(), which optlab takes for a "
@@ -601,7 +605,10 @@ def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
             where=ctx.where(error),
             fix="make train() and eval() work for every optimizer the class may hold (a wrapper's base "
             "without them too), or, where they are no mode switch of the update, declare "
-            'optlab_needs = {"train_eval": False} on the class (--needs \'{"train_eval": false}\')',
+            'optlab_needs = {"train_eval": False} on the class (--needs \'{"train_eval": false}\')'
+            if handed_on
+            else "make train() work: a job calls it before every training step, and eval() before "
+            "evaluating and saving",
         )
     return failed(
         f"the first step on a {shape_text(SHAPES[0])} matrix and two vectors raised "
@@ -609,6 +616,10 @@ def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
         where=ctx.where(error),
         fix=fix_for_raised(error),
     )
+
+
+# What an object without a mode switch says when one is handed on to it.
+_NO_SWITCH = re.compile(r"no attribute '(?:train|eval)'")
 
 
 def _raised_switching_to_training(error: Exception) -> bool:

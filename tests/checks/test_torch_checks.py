@@ -2305,3 +2305,23 @@ def test_the_save_overrides_named_are_the_users_own() -> None:
     params = [torch.nn.Parameter(torch.ones(2))]
     assert TorchDriver().save_overrides(torch.optim.AdamW(params)) == []
     assert TorchDriver().save_overrides(OwnSaveAdamW(params)) == ["state_dict"]
+
+
+class BrokenSwitchSGD(PlainSGD):
+    """A schedule-free-style switch with a bug of its own: turning the switch off is no fix."""
+
+    def __init__(self, params: object, lr: float = 0.1) -> None:
+        super().__init__(params, {"lr": lr})
+
+    def train(self, mode: bool = True) -> Any:
+        raise RuntimeError("the averaged point was never set")
+
+    def eval(self) -> Any:
+        return self.train(False)
+
+
+def test_a_broken_switch_of_its_own_is_not_told_to_turn_the_switch_off(tmp_path: Path) -> None:
+    outcome = build_checks.check_dense_step(context(f"{__name__}:BrokenSwitchSGD", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert outcome.detail.startswith("optimizer.train(), which a job calls before each training step, raised")
+    assert "train_eval" not in outcome.detail and "Fix: make train() work" in outcome.detail
