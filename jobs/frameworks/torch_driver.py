@@ -579,17 +579,23 @@ def verify_next_step(
     )
 
 
+def _saved_by_an_override(optimizer: Any, part: str) -> Any:
+    """`part` of what an overridden state_dict() saves; None where torch's own saves (every key: only
+    an override can leave one out) or the save fails (reported where it is made)."""
+    if getattr(type(optimizer), "state_dict", None) is torch.optim.Optimizer.state_dict:
+        return None
+    try:
+        return optimizer.state_dict().get(part)
+    except Exception:
+        return None
+
+
 def keys_left_out_of_save(optimizer: Any) -> list[tuple[int, Any]]:
     """(parameter index, key) of each `optimizer.state[p]` entry that an overridden state_dict() leaves
     out of the entry it saves for p. torch's own state_dict() saves every key: only an override can
     leave one out, and it is judged only where the override saves the parameter's entry at all (a
     wrapper may save its own state elsewhere, under keys of its own)."""
-    if getattr(type(optimizer), "state_dict", None) is torch.optim.Optimizer.state_dict:
-        return []
-    try:
-        saved = optimizer.state_dict().get("state")
-    except Exception:  # a save that fails is reported where it is made
-        return []
+    saved = _saved_by_an_override(optimizer, "state")
     if not isinstance(saved, Mapping):
         return []
     left = []
@@ -604,12 +610,7 @@ def group_keys_left_out_of_save(optimizer: Any) -> list[tuple[int, str]]:
     """(group index, key) of each param-group key that an overridden state_dict() leaves out of the
     groups it saves (heavyball's drops every `_` key, its per-step caches). torch's own state_dict()
     saves every key: only an override can leave one out."""
-    if getattr(type(optimizer), "state_dict", None) is torch.optim.Optimizer.state_dict:
-        return []
-    try:
-        saved = optimizer.state_dict().get("param_groups")
-    except Exception:  # a save that fails is reported where it is made
-        return []
+    saved = _saved_by_an_override(optimizer, "param_groups")
     if not isinstance(saved, Sequence) or len(saved) != len(optimizer.param_groups):
         return []
     return [
