@@ -1212,10 +1212,11 @@ def test_derive_params_catalogues_optional_numbers_options_and_tuples(postponed:
     assert given["betas"] == (0.8, 0.9, 1.0)  # a tuple, as the class's default is
     with pytest.raises(ValueError, match=r"betas must be a list of 1 to 64 numbers; received \[\]"):
         entry.kwargs({"betas": []})
-    # An unannotated None (Ranger21's `num_epochs`): any scalar, kept as given, for the class to judge.
-    for value in (3, 0.5, True, "auto", None):
+    # An unannotated None (Ranger21's `num_epochs`): any scalar, or a list of them, kept as given, for
+    # the class to judge.
+    for value in (3, 0.5, True, "auto", None, [3, "auto"]):
         assert entry.kwargs({"num_epochs": value})["num_epochs"] == value
-    for refused in ([3], {"n": 3}, float("nan"), "tab\there"):
+    for refused in ([[3]], {"n": 3}, float("nan"), "tab\there"):
         with pytest.raises(ValueError, match=r"num_epochs must be true or false, a number or a string"):
             entry.kwargs({"num_epochs": refused})
     with pytest.raises(ValueError, match=r"warm_up must be an integer, or null; received 2.5"):

@@ -152,7 +152,8 @@ OPTIONAL_AND_OPTION_VALUES = [
     ("epoch_scheduled", "num_epochs", 3, True),
     ("epoch_scheduled", "num_epochs", "auto", True),
     ("epoch_scheduled", "num_epochs", None, True),
-    ("epoch_scheduled", "num_epochs", [3], False),
+    ("epoch_scheduled", "num_epochs", [3], True),  # a list of scalars, as Keras Muon's exclude_layers
+    ("epoch_scheduled", "num_epochs", [[3]], False),
     ("epoch_scheduled", "num_epochs", {"epochs": 3}, False),
     ("epoch_scheduled", "lr", None, True),
     ("epoch_scheduled", "lr", "auto", False),
