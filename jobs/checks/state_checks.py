@@ -170,7 +170,11 @@ def _stored_as_a_fixed_value(ctx: CheckContext) -> Outcome | None:
         except Exception:  # refused alone (a rule between arguments): nothing to compare
             continue
         held = getattr(optimizer, key, None)
-        if key in config and same_value(held, value) and not same_value(config[key], value):
+        try:
+            fixed = key in config and same_value(held, value) and not same_value(config[key], value)
+        except Exception:  # a value the optimizer holds in a form that cannot take it: not compared
+            continue
+        if fixed:
             return failed(
                 f"{driver.config_name}[{key!r}] is {config[key]!r} for an optimizer built with "
                 f"{key}={value!r} (and holding it as self.{key}): the config stores a fixed value, so a "
@@ -189,7 +193,8 @@ def _changed(param: Any, default: Any) -> float | int | None:
         return None
     if not isinstance(default, int | float):
         return None
-    if param.type == "int":
+    if param.type == "int" or (param.type == "number" and isinstance(default, int)):
+        # A count written as an integer stays one (adabelief-tf's `total_steps=0` in an int32 variable).
         candidates: list[float | int] = [default + 1, default - 1]
     elif default == 0:
         candidates = [0.01]

@@ -1378,6 +1378,17 @@ class ChattySGD(tf_keras.optimizers.legacy.Optimizer):
 
     def get_config(self):
         return {**super().get_config(), "learning_rate": self._serialize_hyperparameter("learning_rate")}
+
+
+class CountingChattySGD(ChattySGD):
+    """adabelief-tf's `total_steps=0` too: an unannotated count the class keeps as an integer hyper."""
+
+    def __init__(self, learning_rate=0.01, total_steps=0, print_change_log=True, name="ChattySGD", **kwargs):
+        super().__init__(learning_rate, print_change_log, name, **kwargs)
+        self._set_hyper("total_steps", int(total_steps))
+
+    def get_config(self):
+        return {**super().get_config(), "total_steps": self._serialize_hyperparameter("total_steps")}
 '''
 
 
@@ -1391,6 +1402,11 @@ def test_a_switch_left_out_of_get_config_that_changes_no_step_is_a_warn(tmp_path
     assert "'print_change_log' is not in get_config()" in outcome.detail, outcome.detail
     assert "no update depends on it" in outcome.detail, outcome.detail
     assert outcome.where == f"{path}:{_line_of(LOGGING_SWITCH, 'ChattySGD', 'def get_config')}"
+    # An integer count, built changed as an integer: 0.01 had met the class's int32 tensor, and the
+    # comparison's own TypeError was reported as the class's fault.
+    counting = _run("config_roundtrip", _context(f"{path}:CountingChattySGD", tmp_path))
+    assert counting.status == "warn", counting
+    assert "'print_change_log' is not in get_config()" in counting.detail, counting.detail
 
 
 TRACED_ONLY_ERROR = '''
