@@ -78,11 +78,11 @@ def _unkept_switches(ctx: CheckContext) -> list[str]:
         param = ctx.target.entry.params.get(name)
         if name == "lr" or value is None or param is None or native(ctx, name) in config:
             continue
-        other = not value if isinstance(value, bool) else _changed(param, value)
+        other = _other_value(param, value)
         if other is None or not _same_steps(ctx, {name: value}, {name: other}):
             continue
         # Not where a reload gives it back all the same (a wrapper's, in its serialized inner optimizer).
-        built_other, _ = fresh(ctx, **{name: other})  # type: ignore[arg-type]
+        built_other, _ = fresh(ctx, **{name: other})
         if not driver.reload_holds(built_other, name, other, is_rate=False):
             found.append(name)
     return found
@@ -185,6 +185,11 @@ def _stored_as_a_fixed_value(ctx: CheckContext) -> Outcome | None:
     return None
 
 
+def _other_value(param: Any, value: Any) -> Any:
+    """A value to build with instead of `value`: a flag flipped, a number `_changed`; else None."""
+    return not value if isinstance(value, bool) else _changed(param, value)
+
+
 def _changed(param: Any, default: Any) -> float | int | None:
     """A value of a number hyperparameter other than `default` (the one the check builds with),
     within its allowed range: halved in (0, 1) (a beta, an epsilon), else doubled, or 0.01 for a
@@ -270,14 +275,14 @@ def _config_problem(
         in its serialized inner optimizer). A value no key holds is read back built changed (the
         rate is, halved): a reload that drops it falls back to the default it was built with."""
         is_rate = name == rate_key
-        if is_rate or name in driver.config(optimizer)[0]:
+        if is_rate or name in configs[0]:
             return driver.reload_holds(optimizer, name, value, is_rate=is_rate)
         param = ctx.target.entry.params.get(name)
-        other = None if param is None else (not value if isinstance(value, bool) else _changed(param, value))
+        other = None if param is None else _other_value(param, value)
         if other is None:  # a value no other can stand for (a name, a list): not shown to be kept
             return False
         try:
-            changed, _ = fresh(ctx, **{name: other})  # type: ignore[arg-type]
+            changed, _ = fresh(ctx, **{name: other})
         except Exception:  # refused alone (a rule between arguments): not shown to be kept
             return False
         return driver.reload_holds(changed, name, other, is_rate=False)
