@@ -5,8 +5,10 @@ attempt reached."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+import queue
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from service.models import Job, Study
 from service.studies.summary import MetricPoint, StudyRun
@@ -14,14 +16,16 @@ from service.studies.summary import MetricPoint, StudyRun
 # Metric histories are fetched one (run, key) at a time: a few at once, not a few hundred in a row.
 FETCH_THREADS = 8
 
+Item = TypeVar("Item")
+Value = TypeVar("Value")
+
 
 def collect_runs(client: Any, study: Study, jobs: list[Job]) -> list[StudyRun]:
     """One `StudyRun` per member of the study, in member order; a job that never reached MLflow
     (cancelled while queued, failed at start) has an empty history but is still there."""
     by_id = {job.id: job for job in jobs}
     run_ids = [_run_id(by_id.get(member["job_id"])) for member in study.members]
-    with ThreadPoolExecutor(FETCH_THREADS) as pool:
-        histories = list(pool.map(lambda run_id: history_of(client, run_id), run_ids))
+    histories = map_on_daemon_threads(lambda run_id: history_of(client, run_id), run_ids, FETCH_THREADS)
     runs = []
     for member, run_id, history in zip(study.members, run_ids, histories, strict=True):
         job = by_id.get(member["job_id"])
@@ -47,6 +51,44 @@ def collect_runs(client: Any, study: Study, jobs: list[Job]) -> list[StudyRun]:
             )
         )
     return runs
+
+
+def map_on_daemon_threads(
+    call: Callable[[Item], Value], items: list[Item], threads: int
+) -> list[Value]:
+    """`[call(item) for item in items]`, `threads` at a time, in order; the first error is raised once
+    all have ended. Daemon threads, not a `ThreadPoolExecutor`: the interpreter joins an executor's
+    threads at exit, so a worker told to stop while a summary waited on an MLflow server that takes
+    connections and never answers had not exited until the server answered (many minutes). A stopped
+    worker leaves its claim on the study to expire; the next worker does the summary again."""
+    todo: queue.SimpleQueue[tuple[int, Item]] = queue.SimpleQueue()
+    for index, item in enumerate(items):
+        todo.put((index, item))
+    results: dict[int, Value] = {}
+    errors: dict[int, BaseException] = {}
+
+    def work() -> None:
+        while True:
+            try:
+                index, item = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                results[index] = call(item)
+            except BaseException as exc:  # re-raised in the caller's thread, in item order
+                errors[index] = exc
+
+    workers = [
+        threading.Thread(target=work, name=f"optlab-fetch-{n}", daemon=True)
+        for n in range(min(threads, len(items)))
+    ]
+    for thread in workers:
+        thread.start()
+    for thread in workers:
+        thread.join()
+    if errors:
+        raise errors[min(errors)]
+    return [results[index] for index in range(len(items))]
 
 
 def history_of(client: Any, run_id: str | None) -> dict[str, list[MetricPoint]]:

@@ -96,3 +96,51 @@ def test_the_result_says_how_the_job_resumed_how_it_timed_and_what_it_trained() 
     assert (torch.resumed_from, torch.params_sha256, torch.update_timed_apart) == (1000, "ab", True)
     assert (keras.resumed_from, keras.params_sha256, keras.update_timed_apart) == (None, None, False)
     assert (killed.resumed_from, killed.update_timed_apart) == (None, True)
+
+
+STOP_WHILE_FETCHING = """
+import threading, time
+from types import SimpleNamespace
+from service.models import Study
+from service.studies.collect import collect_runs
+
+class NeverAnswers:
+    def get_run(self, run_id):
+        threading.Event().wait()  # a server that takes the connection and never answers
+
+study = Study(id=1, name="s", spec={}, members=[{"job_id": 1, "optimizer": "adam", "grid": {}, "seed": 0}])
+job = SimpleNamespace(id=1, mlflow={"run_id": "run1"})
+threading.Thread(target=collect_runs, args=(NeverAnswers(), study, [job]), daemon=True).start()
+time.sleep(0.5)
+print("main thread done", flush=True)
+"""
+
+
+def test_a_process_whose_summary_waits_on_mlflow_still_exits() -> None:
+    """The worker's study finalizer is a daemon thread: the fetches it starts must not hold the process
+    at exit (an executor's threads are joined then), or a worker told to stop waits for the server."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", STOP_WHILE_FETCHING], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert "main thread done" in done.stdout
+
+
+def test_fetches_keep_their_order_and_raise_the_first_error() -> None:
+    from service.studies.collect import map_on_daemon_threads
+
+    assert map_on_daemon_threads(lambda n: n * n, list(range(20)), 8) == [n * n for n in range(20)]
+    assert map_on_daemon_threads(lambda n: n, [], 8) == []
+
+    def refuse(n: int) -> int:
+        if n in (3, 7):
+            raise ValueError(f"run {n} refused")
+        return n
+
+    import pytest
+
+    with pytest.raises(ValueError, match="run 3 refused"):
+        map_on_daemon_threads(refuse, list(range(10)), 4)
