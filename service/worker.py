@@ -118,6 +118,9 @@ RESULT_RETRY_WHEN_STOPPING_S = 30.0
 STORE_ERRORS = (OperationalError, DBAPIError)
 # After a failed re-publish of the catalogue (the job environment broke), wait this long.
 REPUBLISH_RETRY_S = 30.0
+# The outcome tag of an attempt's MLflow run that the job's next attempt started afresh beside: its
+# process, stopped by a worker shutting down or a SIGTERM from outside, had tagged it `cancelled`.
+INTERRUPTED = "interrupted"
 
 
 class CatalogueError(RuntimeError):
@@ -793,8 +796,12 @@ class Supervision:
             # this attempt holds is renewed only once its process is watched.
             # Its run id now: this attempt's own is in its progress soon.
             predecessor = str((self.job.mlflow or {}).get("run_id"))
+            # Tagged `interrupted`: its process, stopped, had tagged it `cancelled`, and the job goes on.
             threading.Thread(
-                target=self._end_run, args=(predecessor, "KILLED"), kwargs={"force": False}, daemon=True
+                target=self._end_run,
+                args=(predecessor, "KILLED"),
+                kwargs={"force": False, "outcome": INTERRUPTED},
+                daemon=True,
             ).start()
         arguments = self.arguments(spec_path, tracking_uri)
         self._show_alive()  # before the job starts: its watch begins only where the file is there
@@ -1146,8 +1153,10 @@ class Supervision:
 
         threading.Thread(target=copy, name=f"optlab-log-copy-{self.job.id}", daemon=True).start()
 
-    def _end_run(self, run_id: str, status: str, *, force: bool) -> None:
-        end_mlflow_run(self.settings.mlflow_tracking_uri, self.job.id, run_id, status, force=force)
+    def _end_run(self, run_id: str, status: str, *, force: bool, outcome: str | None = None) -> None:
+        end_mlflow_run(
+            self.settings.mlflow_tracking_uri, self.job.id, run_id, status, force=force, outcome=outcome
+        )
 
 
 def attempt_logs(workdir: Path, attempt: int) -> list[tuple[Path, str]]:
@@ -1179,11 +1188,14 @@ def copy_log(tracking_uri: str, job_id: int, run_id: str, log_path: Path, name: 
     return True
 
 
-def end_mlflow_run(tracking_uri: str, job_id: int, run_id: str, status: str, *, force: bool) -> bool:
+def end_mlflow_run(
+    tracking_uri: str, job_id: int, run_id: str, status: str, *, force: bool, outcome: str | None = None
+) -> bool:
     """End a job's MLflow run as `status` if it is still RUNNING (`force`: whatever it is); False
-    where the server could not be asked (down: the job's outcome is recorded all the same)."""
+    where the server could not be asked (down: the job's outcome is recorded all the same). An
+    `outcome` given is its tag whether or not the run had ended."""
     try:
-        from jobs.tracking import end_run
+        from jobs.tracking import OUTCOME_TAG, end_run
 
         client = mlflow_client(split_credentials(tracking_uri)[0])
         run = client.get_run(run_id)
@@ -1192,8 +1204,11 @@ def end_mlflow_run(tracking_uri: str, job_id: int, run_id: str, status: str, *, 
         elif force or run.info.status == "RUNNING":
             # The worker ends a run FAILED for a failure of its own finding (a limit, a crash, retries
             # spent), never for a divergence, which the job reports itself.
-            end_run(client, run_id, status, outcome=JobStatus.FAILED.value if status == "FAILED" else None)
+            failed = JobStatus.FAILED.value if status == "FAILED" else None
+            end_run(client, run_id, status, outcome=outcome or failed)
             log.info("job %s: MLflow run %s ended %s by the worker", job_id, run_id, status)
+        elif outcome is not None:
+            client.set_tag(run_id, OUTCOME_TAG, outcome)
     except Exception:
         log.exception("job %s: could not end MLflow run %s as %s", job_id, run_id, status)
         return False

@@ -53,9 +53,7 @@ def collect_runs(client: Any, study: Study, jobs: list[Job]) -> list[StudyRun]:
     return runs
 
 
-def map_on_daemon_threads(
-    call: Callable[[Item], Value], items: list[Item], threads: int
-) -> list[Value]:
+def map_on_daemon_threads(call: Callable[[Item], Value], items: list[Item], threads: int) -> list[Value]:
     """`[call(item) for item in items]`, `threads` at a time, in order; the first error is raised once
     all have ended. Daemon threads, not a `ThreadPoolExecutor`: the interpreter joins an executor's
     threads at exit, so a worker told to stop while a summary waited on an MLflow server that takes

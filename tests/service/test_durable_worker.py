@@ -185,14 +185,20 @@ def test_a_job_process_killed_from_outside_resumes_then_fails_its_run_and_a_stub
     assert not (workdirs[stubborn] / "result.json").exists()
 
 
+@pytest.mark.parametrize("stopped_itself", [False, True])
 def test_an_attempt_that_starts_afresh_ends_the_run_its_predecessor_left_running(
-    tmp_path: Path, mlflow_url: str
+    tmp_path: Path, mlflow_url: str, stopped_itself: bool
 ) -> None:
     """Attempt 1 died before any checkpoint (kill -9 of everything): attempt 2 trains in a run of its
-    own, and attempt 1's had stayed RUNNING beside it for good."""
+    own, and attempt 1's had stayed RUNNING beside it for good. Or attempt 1 was stopped by a SIGTERM
+    (its worker shutting down) and ended its run itself, tagged `cancelled` as a job stopped is, though
+    the job went on: either way the run is tagged `interrupted`."""
     client = MlflowClient(tracking_uri=mlflow_url)
     experiment_id = experiment_id_for(client, f"afresh-{tmp_path.name}")
     orphan = client.create_run(experiment_id).info.run_id
+    if stopped_itself:
+        client.set_tag(orphan, "outcome", "cancelled")
+        client.set_terminated(orphan, "KILLED")
     program, _ = stand_in(tmp_path)
     settings = Settings(
         data_dir=tmp_path,
@@ -214,7 +220,12 @@ def test_an_attempt_that_starts_afresh_ends_the_run_its_predecessor_left_running
         store.requeue_job(session=session, job_id=job_id, worker_id="dead", attempt=1, reason="died")
     Worker(settings, sessions, worker_id="alive").run_next()
     assert row(sessions, job_id).status is JobStatus.SUCCEEDED
-    wait_until(lambda: client.get_run(orphan).info.status == "KILLED", 30, "the orphan run to end")
+
+    def ended_interrupted() -> bool:
+        run = client.get_run(orphan)
+        return run.info.status == "KILLED" and run.data.tags.get("outcome") == "interrupted"
+
+    wait_until(ended_interrupted, 30, "the orphan run to end, tagged interrupted")
 
 
 STAND_IN = """#!/bin/sh
