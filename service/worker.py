@@ -1177,15 +1177,28 @@ def attempt_logs(workdir: Path, attempt: int) -> list[tuple[Path, str]]:
 def copy_log(tracking_uri: str, job_id: int, run_id: str, log_path: Path, name: str) -> bool:
     """Copy `log_path` (its excerpt: service.job_log) to the run's artifacts as `logs/<name>`; False
     where it could not (the server down: the job's outcome stands all the same)."""
+    client = None
     try:
+        client = mlflow_client(split_credentials(tracking_uri)[0])
         with tempfile.TemporaryDirectory(prefix="optlab-log-") as folder:
             copy = Path(folder) / name
             copy.write_bytes(job_log.excerpt(log_path))
-            mlflow_client(split_credentials(tracking_uri)[0]).log_artifact(run_id, str(copy), "logs")
+            client.log_artifact(run_id, str(copy), "logs")
     except Exception:
-        log.exception("job %s: could not copy its log to MLflow run %s", job_id, run_id)
+        if client is not None and _run_deleted(client, run_id):  # in MLflow's UI, say: no fault of ours
+            log.info("job %s: MLflow run %s was deleted: its log %s not copied there", job_id, run_id, name)
+        else:
+            log.exception("job %s: could not copy its log to MLflow run %s", job_id, run_id)
         return False
     return True
+
+
+def _run_deleted(client: Any, run_id: str) -> bool:
+    """Whether the run is deleted (or gone from the server); False where that cannot be told."""
+    try:
+        return bool(client.get_run(run_id).info.lifecycle_stage == "deleted")
+    except Exception as exc:
+        return getattr(exc, "error_code", None) == "RESOURCE_DOES_NOT_EXIST"
 
 
 def end_mlflow_run(

@@ -675,6 +675,42 @@ def test_a_data_parallel_attempts_rank_logs_are_copied_to_its_run_beside_rank_0s
     assert Path(client.download_artifacts(run_id, "logs/attempt-2-rank-1.txt")).read_text() == "rank 1 fault"
 
 
+class RefusingArtifacts:
+    """A client whose server refuses the log's upload; `deleted`: because the run was deleted."""
+
+    def __init__(self, deleted: bool) -> None:
+        self.deleted = deleted
+
+    def log_artifact(self, run_id: str, path: str, folder: str) -> None:
+        raise RuntimeError("the server refused the upload")
+
+    def get_run(self, run_id: str) -> Any:
+        stage = "deleted" if self.deleted else "active"
+        return SimpleNamespace(info=SimpleNamespace(lifecycle_stage=stage))
+
+
+@pytest.mark.parametrize("deleted", [True, False])
+def test_a_log_copy_refused_for_a_deleted_run_is_one_line_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, deleted: bool
+) -> None:
+    """A user deleted the job's run in MLflow's UI while it ran: a server that refuses the log's copy
+    to it had put a traceback in the worker's log for what is no fault; any other refusal keeps it."""
+    monkeypatch.setattr(worker_module, "mlflow_client", lambda uri: RefusingArtifacts(deleted))
+    log_file = tmp_path / "log.txt"
+    log_file.write_text("the job's log\n")
+    with caplog.at_level("INFO", logger="optlab.worker"):
+        assert not worker_module.copy_log("http://m.test", 7, "r-7", log_file, "attempt-1.txt")
+    (said,) = [r for r in caplog.records if r.name == "optlab.worker"]
+    if deleted:
+        assert (
+            said.getMessage() == "job 7: MLflow run r-7 was deleted: its log attempt-1.txt not copied there"
+        )
+        assert said.exc_info is None
+    else:
+        assert said.getMessage() == "job 7: could not copy its log to MLflow run r-7"
+        assert said.exc_info is not None
+
+
 def test_a_store_outage_is_logged_once_not_every_heartbeat(
     tmp_path: Path, settings: Settings, sessions: sessionmaker[Session], caplog: pytest.LogCaptureFixture
 ) -> None:
