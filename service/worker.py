@@ -92,6 +92,7 @@ from service.secrets import job_environment, split_credentials
 from service.settings import Settings
 from service.stall import StallWatch
 from service.store import ClaimFilter, Lease
+from service.studies import store as study_store
 from service.studies.finalize import finalize_next_study
 from service.studies.runs import child_arguments
 from service.warm_pool import WarmPool, hand_over, style_of_stored_spec
@@ -118,6 +119,8 @@ RESULT_RETRY_WHEN_STOPPING_S = 30.0
 STORE_ERRORS = (OperationalError, DBAPIError)
 # After a failed re-publish of the catalogue (the job environment broke), wait this long.
 REPUBLISH_RETRY_S = 30.0
+# How long a stopping worker lets a summary being made finish before it gives the study back.
+FINISH_SUMMARY_S = 5.0
 # The outcome tag of an attempt's MLflow run that the job's next attempt started afresh beside: its
 # process, stopped by a worker shutting down or a SIGTERM from outside, had tagged it `cancelled`.
 INTERRUPTED = "interrupted"
@@ -211,6 +214,7 @@ class Worker:
         self.past_first_step: set[int] = set()
         self.lock = threading.Lock()
         self.threads: list[threading.Thread] = []
+        self.finalizing: set[int] = set()  # studies whose summary its finalizer is making
         self.frameworks: tuple[str, ...] = ALL_FRAMEWORKS
         self.optimizers: OfferedOptimizers | None = None  # before the catalogue is known: claim any
         self.seen_at = 0.0
@@ -319,7 +323,29 @@ class Worker:
             self.pool.close()
         for thread in self.threads:  # each hands its job back (or records how it ended)
             thread.join()
+        finalizer.join(FINISH_SUMMARY_S)  # a summary nearly made is finished
+        self._give_back_studies()
         self._sign_off()
+
+    def _give_back_studies(self) -> None:
+        """The studies whose summaries this worker leaves unfinished (its finalizer, a daemon thread,
+        waits on MLflow, say), for the next worker to make at once: it had waited for the claim to
+        expire, the study reading "summarizing" with no reason meanwhile."""
+        unfinished = set(self.finalizing)
+        if not unfinished:
+            return
+        try:
+            with self.sessions() as session:
+                study_store.release_finalize_claims(session=session, study_ids=unfinished)
+            log.info(
+                "worker %s: left the summaries of studies %s to the next worker",
+                self.worker_id,
+                sorted(unfinished),
+            )
+        except STORE_ERRORS:  # the store away: the claims expire (FINALIZE_LEASE_S)
+            log.warning(
+                "worker %s: could not give back its claims on studies %s", self.worker_id, sorted(unfinished)
+            )
 
     def _sign_off(self) -> None:
         """No longer live, at once: a job it handed back had read as waiting its turn for a lease
@@ -358,6 +384,7 @@ class Worker:
                 sessions=self.sessions,
                 tracking_uri=self.settings.mlflow_tracking_uri,
                 within_s=self.settings.lease_s,
+                holding=self.finalizing,
             )
 
         self._keep_doing(finalize, "summarize ended studies", self.settings.poll_interval_s)

@@ -20,12 +20,49 @@ Item = TypeVar("Item")
 Value = TypeVar("Value")
 
 
-def collect_runs(client: Any, study: Study, jobs: list[Job]) -> list[StudyRun]:
+# Metrics the summary and the report read point by point (curves, medians, time to a target, the first
+# evaluation); of any other (train/lr, train/grad_norm, one point per step each, optim/*) only the last
+# value is read, which the run itself holds: their whole histories had been most of a long job's fetch.
+WHOLE_HISTORY_KEYS = frozenset({"train/loss"})
+WHOLE_HISTORY_PREFIXES = ("val/", "traj/", "perf/")
+
+
+class ReadProgress:
+    """How many of a study's runs have been read from MLflow so far, for the note a slow summary
+    shows (`service.studies.finalize`)."""
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.read = 0
+        self._lock = threading.Lock()
+
+    def one_more(self) -> None:
+        with self._lock:
+            self.read += 1
+
+
+def collect_runs(
+    client: Any,
+    study: Study,
+    jobs: list[Job],
+    *,
+    also_whole: frozenset[str] = frozenset(),
+    progress: ReadProgress | None = None,
+) -> list[StudyRun]:
     """One `StudyRun` per member of the study, in member order; a job that never reached MLflow
-    (cancelled while queued, failed at start) has an empty history but is still there."""
+    (cancelled while queued, failed at start) has an empty history but is still there. `also_whole`:
+    metrics read whole besides `WHOLE_HISTORY_KEYS` (the study's target and selection metrics)."""
     by_id = {job.id: job for job in jobs}
     run_ids = [_run_id(by_id.get(member["job_id"])) for member in study.members]
-    histories = map_on_daemon_threads(lambda run_id: history_of(client, run_id), run_ids, FETCH_THREADS)
+    progress = progress or ReadProgress()
+    progress.total = len(run_ids)
+
+    def read(run_id: str | None) -> dict[str, list[MetricPoint]]:
+        history = history_of(client, run_id, whole=WHOLE_HISTORY_KEYS | also_whole)
+        progress.one_more()
+        return history
+
+    histories = map_on_daemon_threads(read, run_ids, FETCH_THREADS)
     runs = []
     for member, run_id, history in zip(study.members, run_ids, histories, strict=True):
         job = by_id.get(member["job_id"])
@@ -89,15 +126,21 @@ def map_on_daemon_threads(call: Callable[[Item], Value], items: list[Item], thre
     return [results[index] for index in range(len(items))]
 
 
-def history_of(client: Any, run_id: str | None) -> dict[str, list[MetricPoint]]:
-    """Every metric of the run, each point with its seconds since the run started."""
+def history_of(
+    client: Any, run_id: str | None, *, whole: frozenset[str] = WHOLE_HISTORY_KEYS
+) -> dict[str, list[MetricPoint]]:
+    """Every metric of the run, each point with its seconds since the run started: whole for the keys
+    in `whole` and those under `WHOLE_HISTORY_PREFIXES`, the last point only for the rest."""
     if run_id is None:
         return {}
     run = client.get_run(run_id)
     start_ms = run.info.start_time
+    # The run's latest point of each metric (its largest step), as MLflow keeps it with the run.
+    latest = {metric.key: metric for metric in getattr(run.data, "_metric_objs", None) or []}
     history: dict[str, list[MetricPoint]] = {}
     for key in sorted(run.data.metrics):
-        points = client.get_metric_history(run_id, key)
+        read_whole = key in whole or key.startswith(WHOLE_HISTORY_PREFIXES) or key not in latest
+        points = client.get_metric_history(run_id, key) if read_whole else [latest[key]]
         history[key] = sorted(
             (
                 MetricPoint(step=p.step, seconds=(p.timestamp - start_ms) / 1000, value=p.value)

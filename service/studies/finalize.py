@@ -27,7 +27,7 @@ from jobs.workloads.surfaces import surface_for
 from service import store
 from service.models import Job, Study
 from service.studies import store as study_store
-from service.studies.collect import collect_runs
+from service.studies.collect import ReadProgress, collect_runs
 from service.studies.report import Report, StudySetup, Surface, render_report
 from service.studies.runs import (
     ensure_parent_run,
@@ -41,8 +41,10 @@ from service.studies.summary import StudySummary, TargetRule, summarize
 
 log = logging.getLogger("optlab.worker")
 
-FINALIZE_LEASE_S = 600.0
-# After this long, and as long again each time, a summary being made says on its study that it waits.
+# A claim renewed every `SLOW_SUMMARY_NOTE_S` while its summary is being made: a worker killed then
+# holds the study for this long at most (it had been ten minutes of "summarizing" with no reason).
+FINALIZE_LEASE_S = 120.0
+# After this long, and as long again each time, a summary being made says on its study how far it is.
 SLOW_SUMMARY_NOTE_S = 30.0
 RETRY_AFTER_ERROR_S = 30.0
 NOT_IN_MLFLOW = "The summary and the report are kept by optlab only, not in MLflow"
@@ -50,9 +52,12 @@ NOT_IN_MLFLOW = "The summary and the report are kept by optlab only, not in MLfl
 DEFAULT_SELECTION: tuple[str, Literal["min", "max"]] = ("val/loss", "min")
 
 
-def finalize_next_study(*, sessions: Any, tracking_uri: str, within_s: float) -> bool:
+def finalize_next_study(
+    *, sessions: Any, tracking_uri: str, within_s: float, holding: set[int] | None = None
+) -> bool:
     """Finalize one ended study, if there is one; False when there was none. `within_s`: the lease
-    within which a worker is live (its catalogue counts: `store.catalogue_version`)."""
+    within which a worker is live (its catalogue counts: `store.catalogue_version`). `holding`: the
+    caller's set of studies claimed and not yet done, for a worker that stops to give back."""
     with sessions() as session:
         study = study_store.claim_study_to_finalize(session=session, lease_s=FINALIZE_LEASE_S)
         # Read only for a claimed study: this runs on every poll of every worker, and the catalogue
@@ -60,13 +65,25 @@ def finalize_next_study(*, sessions: Any, tracking_uri: str, within_s: float) ->
         catalogue = store.latest_catalogue(session=session, within_s=within_s) if study is not None else None
     if study is None:
         return False
+    holding = holding if holding is not None else set()
+    holding.add(study.id)
     try:
-        with _said_while_slow(sessions, study.id, tracking_uri):
+        _finalize_claimed(sessions, tracking_uri, study, catalogue.catalogue if catalogue else None)
+    finally:
+        holding.discard(study.id)
+    return True
+
+
+def _finalize_claimed(sessions: Any, tracking_uri: str, study: Study, catalogue: Catalogue | None) -> None:
+    progress = ReadProgress()
+    try:
+        with _said_while_slow(sessions, study.id, tracking_uri, progress):
             finalized = finalize(
                 sessions=sessions,
                 tracking_uri=tracking_uri,
                 study=study,
-                catalogue=catalogue.catalogue if catalogue else None,
+                catalogue=catalogue,
+                progress=progress,
             )
     except Exception as exc:  # MLflow unreachable, say: shown on the study and tried again
         log.exception("study %s: could not compute its summary", study.id)
@@ -77,7 +94,7 @@ def finalize_next_study(*, sessions: Any, tracking_uri: str, within_s: float) ->
                 error=f"{type(exc).__name__}: {exc}",
                 retry_s=RETRY_AFTER_ERROR_S,
             )
-        return True
+        return
     with sessions() as session:
         study_store.record_summary(
             session=session,
@@ -90,31 +107,31 @@ def finalize_next_study(*, sessions: Any, tracking_uri: str, within_s: float) ->
         log.warning("study %s: summary recorded, not in MLflow: %s", study.id, finalized.not_in_mlflow)
     else:
         log.info("study %s: summary recorded", study.id)
-    return True
 
 
 @contextlib.contextmanager
-def _said_while_slow(sessions: Any, study_id: int, tracking_uri: str) -> Iterator[None]:
-    """Say on the study, every `SLOW_SUMMARY_NOTE_S` while its summary is being made, for how long it
-    has waited: MLflow's client waits out a server that takes connections and never answers (stopped,
-    overloaded) for many minutes before it raises, and the study had read "summarizing" all along."""
+def _said_while_slow(
+    sessions: Any, study_id: int, tracking_uri: str, progress: ReadProgress
+) -> Iterator[None]:
+    """Every `SLOW_SUMMARY_NOTE_S` while its summary is being made: renew the study's claim, and say
+    on it for how long it has been made and how many runs are read (a long job's runs take a while),
+    and, where none was read since the last note, that MLflow's client waits out a server that takes
+    connections and never answers (stopped, overloaded) for many minutes before it raises."""
     done = threading.Event()
     started = time.monotonic()
+    read_before = -1
 
     def note() -> None:
+        nonlocal read_before
         while not done.wait(SLOW_SUMMARY_NOTE_S):
-            waited = time.monotonic() - started
+            said = _slow_note(time.monotonic() - started, progress, read_before, tracking_uri)
+            read_before = progress.read
             try:
                 with sessions() as session:
-                    study_store.record_summary_waiting(
-                        session=session,
-                        study_id=study_id,
-                        note=(
-                            f"the summary has been in the making for {waited:.0f} s: it reads the jobs' "
-                            f"runs from MLflow at {shown_tracking_uri(tracking_uri)}, whose client waits "
-                            "many minutes for a server that does not answer before it gives up"
-                        ),
+                    study_store.renew_finalize_claim(
+                        session=session, study_id=study_id, lease_s=FINALIZE_LEASE_S
                     )
+                    study_store.record_summary_waiting(session=session, study_id=study_id, note=said)
             except Exception:  # a note only: the store away, say
                 log.warning(
                     "study %s: could not say that its summary waits on MLflow", study_id, exc_info=True
@@ -127,6 +144,23 @@ def _said_while_slow(sessions: Any, study_id: int, tracking_uri: str) -> Iterato
     finally:
         done.set()
         noting.join()
+
+
+def _slow_note(waited: float, progress: ReadProgress, read_before: int, tracking_uri: str) -> str:
+    server = shown_tracking_uri(tracking_uri)
+    said = f"the summary has been in the making for {waited:.0f} s: "
+    if not progress.total:  # not reading runs yet (the store, the catalogue) or no longer
+        return (
+            f"{said}it reads the jobs' runs from MLflow at {server}, whose client waits many minutes "
+            "for a server that does not answer before it gives up"
+        )
+    said += f"{progress.read} of {progress.total} runs read from MLflow at {server}"
+    if progress.read == read_before and progress.read < progress.total:
+        said += (
+            f", none in the last {SLOW_SUMMARY_NOTE_S:.0f} s (a run of many steps takes a while; MLflow's "
+            "client also waits many minutes for a server that does not answer before it gives up)"
+        )
+    return said
 
 
 def target_of(spec: StudySpec, catalogue: Catalogue | None) -> TargetRule | None:
@@ -148,14 +182,21 @@ class Finalized:
     not_in_mlflow: str | None = None
 
 
-def finalize(*, sessions: Any, tracking_uri: str, study: Study, catalogue: Catalogue | None) -> Finalized:
+def finalize(
+    *,
+    sessions: Any,
+    tracking_uri: str,
+    study: Study,
+    catalogue: Catalogue | None,
+    progress: ReadProgress | None = None,
+) -> Finalized:
     spec = StudySpec.model_validate(study.spec)
     client = mlflow_client(tracking_uri)
     with sessions() as session:
         jobs = study_store.study_jobs(session=session, study_id=study.id)
-    runs = collect_runs(client, study, jobs)
     target = target_of(spec, catalogue)
     metric, mode = (target.metric, target.mode) if target is not None else DEFAULT_SELECTION
+    runs = collect_runs(client, study, jobs, also_whole=frozenset({metric}), progress=progress)
     summary = summarize(
         runs,
         target=target,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from datetime import timedelta
 from typing import Any
 
@@ -187,6 +188,29 @@ def record_summary(
             finalize_error=not_in_mlflow,
             summary_waiting=None,
         )
+    )
+    session.commit()
+
+
+def renew_finalize_claim(*, session: Session, study_id: int, lease_s: float) -> None:
+    """The claim on a study whose summary is still being made, for `lease_s` more."""
+    session.execute(
+        update(Study)
+        .where(Study.id == study_id, Study.finalized_at.is_(None))
+        .values(finalizing_until=utcnow() + timedelta(seconds=lease_s))
+    )
+    session.commit()
+
+
+def release_finalize_claims(*, session: Session, study_ids: Collection[int]) -> None:
+    """Claims a stopping worker gives back, its summaries unfinished: the next worker makes them at
+    once, not once the claims expire."""
+    if not study_ids:
+        return
+    session.execute(
+        update(Study)
+        .where(Study.id.in_(list(study_ids)), Study.finalized_at.is_(None))
+        .values(finalizing_until=None, summary_waiting=None)
     )
     session.commit()
 

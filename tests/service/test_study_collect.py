@@ -144,3 +144,69 @@ def test_fetches_keep_their_order_and_raise_the_first_error() -> None:
 
     with pytest.raises(ValueError, match="run 3 refused"):
         map_on_daemon_threads(refuse, list(range(10)), 4)
+
+
+class LongRunMlflow:
+    """One run of per-step metrics: the summary reads train/loss, val/*, perf/* and its selection
+    metric point by point, and of the rest (train/lr, train/grad_norm, optim/*) only the last value."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def get_run(self, run_id: str) -> Any:
+        keys = [
+            "train/loss",
+            "train/lr",
+            "train/grad_norm",
+            "val/loss",
+            "perf/step_time_ms",
+            "optim/lr",
+            "my/score",
+        ]
+        latest = [SimpleNamespace(key=key, step=300, timestamp=2_000, value=0.5) for key in keys]
+        return SimpleNamespace(
+            info=SimpleNamespace(start_time=1_000),
+            data=SimpleNamespace(metrics={m.key: m.value for m in latest}, _metric_objs=latest),
+        )
+
+    def get_metric_history(self, run_id: str, key: str) -> list[Any]:
+        self.asked.append(key)
+        return [SimpleNamespace(step=s, timestamp=1_000 + s, value=float(s)) for s in (1, 2, 300)]
+
+
+def test_only_the_metrics_read_point_by_point_are_fetched_whole_and_runs_read_are_counted() -> None:
+    from service.studies.collect import ReadProgress
+
+    study = Study(
+        id=1,
+        name="s",
+        spec={},
+        members=[{"job_id": n, "optimizer": "adam", "grid": {}, "seed": n} for n in (1, 2)],
+    )
+    jobs = [job(n, JobStatus.SUCCEEDED, attempt=1, result={}) for n in (1, 2)]
+    client, progress = LongRunMlflow(), ReadProgress()
+    first, _ = collect_runs(client, study, jobs, also_whole=frozenset({"my/score"}), progress=progress)
+    assert sorted(set(client.asked)) == ["my/score", "perf/step_time_ms", "train/loss", "val/loss"]
+    assert [p.step for p in first.history["train/loss"]] == [1, 2, 300]
+    assert first.history["train/lr"] == [MetricPoint(step=300, seconds=1.0, value=0.5)]
+    assert (progress.read, progress.total) == (2, 2)
+
+
+def test_a_slow_summary_says_how_many_runs_it_read_and_blames_mlflow_only_where_none_came() -> None:
+    from service.studies.collect import ReadProgress
+    from service.studies.finalize import _slow_note
+
+    progress = ReadProgress()
+    assert _slow_note(30, progress, -1, "http://m:5000") == (
+        "the summary has been in the making for 30 s: it reads the jobs' runs from MLflow at "
+        "http://m:5000, whose client waits many minutes for a server that does not answer before it gives up"
+    )
+    progress.total, progress.read = 12, 5
+    assert _slow_note(60, progress, 3, "http://m:5000") == (
+        "the summary has been in the making for 60 s: 5 of 12 runs read from MLflow at http://m:5000"
+    )
+    assert _slow_note(90, progress, 5, "http://m:5000").endswith(
+        "5 of 12 runs read from MLflow at http://m:5000, none in the last 30 s (a run of many steps takes "
+        "a while; MLflow's client also waits many minutes for a server that does not answer before it "
+        "gives up)"
+    )

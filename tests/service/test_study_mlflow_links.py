@@ -186,7 +186,7 @@ def finalize(sessions: sessionmaker[Session], study: Study, catalogue: Catalogue
         return Report(html="<p>", images={})
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(finalize_module, "collect_runs", lambda client, study, jobs: [])
+        patch.setattr(finalize_module, "collect_runs", lambda client, study, jobs, **_: [])
         patch.setattr(finalize_module, "render_report", render)
         finalize_module.finalize(
             sessions=sessions, tracking_uri="http://h:5000", study=study, catalogue=catalogue
@@ -236,7 +236,7 @@ def test_a_study_whose_parent_run_was_deleted_is_done_with_its_summary_kept_by_o
         session.execute(update(Job).where(Job.study_id == study.id).values(status=JobStatus.CANCELLED))
         session.commit()
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(finalize_module, "collect_runs", lambda client, study, jobs: [])
+        patch.setattr(finalize_module, "collect_runs", lambda client, study, jobs, **_: [])
         assert finalize_module.finalize_next_study(sessions=sessions, tracking_uri=tracking_uri, within_s=60)
     with sessions() as session:
         done = study_store.get_study(session=session, study_id=study.id)

@@ -577,6 +577,68 @@ def test_a_study_summary_waiting_on_mlflow_holds_up_no_claim_nor_heartbeat(
         thread.join(timeout=30)
 
 
+def test_a_worker_that_stops_mid_summary_gives_its_study_back_at_once(
+    tmp_path: Path,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+    catalogue_data: dict[str, Any],
+) -> None:
+    """Stopped (SIGTERM) while its summary waited on MLflow, the worker exited and the study read
+    "summarizing" with no reason until the claim expired, ten minutes; now it is free for the next
+    worker at once, and the claim itself is shorter and renewed while the summary is being made."""
+    from sqlalchemy import select
+
+    from jobs.spec import Catalogue, StudySpec, study_errors
+    from service.models import Study
+    from service.studies import finalize as finalize_module
+    from service.studies import store as study_store
+
+    spec = StudySpec.model_validate(
+        {
+            "name": "stopped",
+            "workload": {"name": "digits_mlp"},
+            "optimizers": [{"name": "sgd", "params": {"lr": [0.1]}}],
+            "seeds": [0],
+            "steps": 10,
+        }
+    )
+    errors, members = study_errors(spec, Catalogue.model_validate(catalogue_data), max_steps=100, max_jobs=10)
+    assert not errors
+    with sessions() as session:
+        study = study_store.create_study(session=session, spec=spec, jobs=members, submitted_by="alice")
+        session.execute(update(Job).where(Job.study_id == study.id).values(status=JobStatus.SUCCEEDED))
+        session.commit()
+    answered, summarizing = threading.Event(), threading.Event()
+
+    def waits_on_mlflow(**_: Any) -> Any:
+        summarizing.set()
+        answered.wait(60)
+        raise ConnectionError("MLflow gave up")
+
+    monkeypatch.setattr(finalize_module, "finalize", waits_on_mlflow)
+    monkeypatch.setattr(worker_module, "FINISH_SUMMARY_S", 0.1)
+    worker = make_worker(settings, sessions, stand_in(tmp_path, "exit 0"))
+    thread = threading.Thread(target=worker.run_forever)
+    thread.start()
+    try:
+        _wait_for(summarizing.is_set)
+        with sessions() as session:
+            held = session.scalars(select(Study.finalizing_until).where(Study.id == study.id)).one()
+        assert held is not None
+        assert finalize_module.FINALIZE_LEASE_S <= 120
+        worker.stopping.set()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+        with sessions() as session:
+            claimed = study_store.claim_study_to_finalize(session=session, lease_s=60)
+        assert claimed is not None and claimed.id == study.id
+    finally:
+        answered.set()
+        worker.stopping.set()
+        thread.join(timeout=30)
+
+
 def test_catalogue_failure_is_reported(
     tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
