@@ -785,6 +785,11 @@ class Supervision:
             command += ["--resume", str(job.checkpoint_ref), "--resume-run-id", run_id]
         return command
 
+    def _local_checkpoint_ref(self) -> Path | None:
+        """The checkpoint this attempt resumes from, where it lies in a folder (no tracking server)."""
+        ref = self.job.checkpoint_ref
+        return Path(ref) if ref and not str(ref).startswith("runs:/") else None
+
     def resumed_run_id(self) -> str | None:
         """The MLflow run a later attempt resumes in (from the job's last verified checkpoint); None
         for a first attempt, a check job, or one with no checkpoint to resume from."""
@@ -813,6 +818,7 @@ class Supervision:
             self._end_mlflow_run("FAILED", force=False)  # one an earlier attempt left open, if any
             return JobStatus.FAILED
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self._remove_earlier_attempts_leftovers(keep=self._local_checkpoint_ref())
         spec_path = self.workdir / "spec.json"
         spec_path.write_text(json.dumps(self.job.spec, indent=2))
         env, tracking_uri = self.environment()
@@ -847,9 +853,29 @@ class Supervision:
                 (self.workdir / bookkeeping).unlink(missing_ok=True)
         outcome = self._conclude(process, stop)
         self._remove_checkpoint_leftovers()
+        if outcome == JobStatus.SUCCEEDED:  # no attempt resumes from an earlier one's checkpoint now
+            self._remove_earlier_attempts_leftovers(keep=None)
         if outcome != "lease lost":  # else the run is the new attempt's, and so is what it holds
             self._copy_log_to_run()
         return outcome
+
+    def _remove_earlier_attempts_leftovers(self, *, keep: Path | None) -> None:
+        """What earlier attempts of the job on this host left of checkpoints, but `keep`: an attempt
+        whose worker was killed with it (kill -9, the host's out-of-memory killer) had no supervisor
+        left to remove them, and a write cut short (a whole model) stayed for good. Disk it could
+        not free is logged, never the job's outcome."""
+        try:
+            for folder in self.workdir.parent.glob("attempt-*"):
+                number = folder.name.removeprefix("attempt-")
+                if not number.isdigit() or int(number) >= self.job.attempt:
+                    continue
+                leftovers = checkpoint_leftovers(folder / WORKDIR_CHECKPOINTS, keep=keep)
+                for rank in folder.glob("rank-*"):
+                    leftovers += checkpoint_leftovers(rank / WORKDIR_CHECKPOINTS, keep=None)
+                for leftover in [*leftovers, folder / RESUMED_FROM]:
+                    remove_checkpoint(leftover)
+        except Exception as exc:
+            log.warning("job %s: could not remove what its earlier attempts left: %s", self.job.id, exc)
 
     def _remove_checkpoint_leftovers(self) -> None:
         """Its processes are gone: what they left of checkpoints that nothing will read

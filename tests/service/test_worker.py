@@ -139,6 +139,36 @@ def test_a_killed_attempt_leaves_no_checkpoint_nothing_will_read(
     assert not (folder.parent / "resumed-from").exists()  # a download of what its run holds
 
 
+@pytest.mark.parametrize("in_run", [True, False])
+def test_an_attempt_killed_with_its_worker_leaves_no_checkpoint_for_good(
+    in_run: bool, tmp_path: Path, settings: Settings, sessions: sessionmaker[Session]
+) -> None:
+    """Its worker was killed with it (kill -9), so no supervisor removed what it left: the next
+    attempt's worker does, keeping only the checkpoint it resumes from where that lies in the folder,
+    and that one too once the job has succeeded. A write cut short had stayed for good."""
+    job_id = submit(sessions)
+    earlier = settings.jobs_dir / str(job_id) / "attempt-1" / "checkpoints"
+    earlier.mkdir(parents=True)
+    for name in ("step-00000020.pt", ".step-00000040.pt.tmp"):
+        (earlier / name).write_text("x")
+    ref = "runs:/r1/checkpoints/step-00000020.pt" if in_run else str(earlier / "step-00000020.pt")
+    with sessions() as session:  # attempt 1 ran on a worker that died with it
+        store.claim_next(session=session, worker_id="dead", lease_s=30)
+        store.requeue_job(session=session, job_id=job_id, worker_id="dead", attempt=1, reason="died")
+        session.execute(update(Job).where(Job.id == job_id).values(checkpoint_ref=ref))
+        session.commit()
+    body = (
+        'ls -A "$W/../attempt-1/checkpoints" > "$W/seen"\n'
+        'echo \'{"job_id": "1", "attempt": 2, "workdir": "/w", "status": "succeeded"}\' > "$W/result.json"'
+    )
+    worker = make_worker(settings, sessions, stand_in(tmp_path, body))
+    assert worker.run_next() is True
+    assert job_row(sessions, job_id).status == "succeeded"
+    seen = (earlier.parent.parent / "attempt-2" / "seen").read_text().split()
+    assert seen == ([] if in_run else ["step-00000020.pt"])
+    assert list(earlier.iterdir()) == []
+
+
 @pytest.mark.parametrize(
     ("value", "words"),
     [
