@@ -359,6 +359,8 @@ def run_job(args: argparse.Namespace) -> JobResult:
             mlflow = MlflowInfo.model_validate(mlflow_run.info.to_json())
             result = result.with_fields(mlflow=mlflow)
             reporter.progress(mlflow=mlflow, force=True)
+            for warning in getattr(mlflow_run, "warnings", []):  # the job's log, as it happens
+                print(warning, file=sys.stderr)
         resume_point = resume_source(args, spec, workdir)
         resume_from = resume_point.path if resume_point else None
         if resume_point and resume_point.warnings:
@@ -399,6 +401,9 @@ def run_job(args: argparse.Namespace) -> JobResult:
         result = result.with_fields(**checkpoints_so_far(job, diverged=status is JobStatus.DIVERGED))
     if resume_point and resume_point.warnings:  # the newer checkpoints it passed over, first
         result = result.with_fields(warnings=[*resume_point.warnings, *(result.warnings or [])])
+    started_with = getattr(mlflow_run, "warnings", None) or []  # its experiment restored, say
+    if started_with:
+        result = result.with_fields(warnings=[*started_with, *(result.warnings or [])])
     # The download is a copy of a checkpoint the run keeps (a retry downloads it again): it had stayed,
     # a whole checkpoint more on the worker's disk for every resumed attempt.
     shutil.rmtree(workdir / RESUMED_FROM, ignore_errors=True)

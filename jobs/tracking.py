@@ -200,9 +200,10 @@ EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
 
 
-def experiment_id_for(client: Any, name: str) -> str:
+def experiment_id_for(client: Any, name: str, *, warnings: list[str] | None = None) -> str:
     """The id of experiment `name` (an `MlflowClient`), created or restored as needed and marked
-    as a model-training experiment."""
+    as a model-training experiment. A deleted one is restored (MLflow keeps a deleted experiment's
+    name: none of that name can be created), which `warnings` is told, with what to do instead."""
     from mlflow.exceptions import MlflowException
 
     for _ in range(3):
@@ -210,6 +211,8 @@ def experiment_id_for(client: Any, name: str) -> str:
         if experiment is not None:
             if experiment.lifecycle_stage == "deleted":
                 client.restore_experiment(experiment.experiment_id)
+                if warnings is not None:
+                    warnings.append(restored_experiment_warning(name, experiment.experiment_id))
             if experiment.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
                 client.set_experiment_tag(experiment.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
             return str(experiment.experiment_id)
@@ -218,6 +221,15 @@ def experiment_id_for(client: Any, name: str) -> str:
         except MlflowException:
             continue  # another job created it between our two calls
     raise RuntimeError(f"could not create or find MLflow experiment {name!r}")
+
+
+def restored_experiment_warning(name: str, experiment_id: str) -> str:
+    return (
+        f"MLflow experiment {name!r} (id {experiment_id}) had been deleted: it was restored to take this "
+        "run, and the runs it held before are shown again (MLflow keeps a deleted experiment's name, so "
+        "none of that name can be created). To start afresh, give the job another `experiment`, or "
+        "remove the deleted one for good first (`mlflow gc` on the tracking server)"
+    )
 
 
 def tracking_server(tracking_uri: str) -> str:
@@ -356,6 +368,7 @@ class MlflowRun:
         from mlflow import MlflowClient
 
         self._client = MlflowClient(tracking_uri=tracking_uri)
+        self.warnings: list[str] = []  # what starting the run did that the job's result should say
         if resume_run_id:  # a resumed attempt: the job's run, back to RUNNING, its params kept
             run = self._existing_run(resume_run_id)
             self.info = RunInfo(tracking_uri, run.info.experiment_id, resume_run_id)
@@ -440,7 +453,7 @@ class MlflowRun:
         end_run(self._client, self.info.run_id, status, outcome=outcome)
 
     def _experiment_id(self, name: str) -> str:
-        return experiment_id_for(self._client, name)
+        return experiment_id_for(self._client, name, warnings=self.warnings)
 
     def _log_params(self, params: Mapping[str, str]) -> None:
         from mlflow.entities import Param

@@ -9,6 +9,7 @@ conditional update: the first recorded run is the parent; a worker whose own new
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 from jobs.spec import StudyMember, StudySpec, grid_text, mlflow_param_text
@@ -17,6 +18,8 @@ from service import mlflow_import
 from service.models import Job, Study
 from service.secrets import split_credentials
 from service.studies import store as study_store
+
+log = logging.getLogger("optlab.worker")
 
 PARENT_ROLE = "parent"
 CHILD_ROLE = "child"
@@ -65,7 +68,10 @@ def ensure_parent_run(*, sessions: Any, tracking_uri: str, study: Study) -> str:
         return study.parent_run_id
     spec = StudySpec.model_validate(study.spec)
     client = mlflow_client(tracking_uri)
-    experiment_id = experiment_id_for(client, spec.experiment_name)
+    restored: list[str] = []
+    experiment_id = experiment_id_for(client, spec.experiment_name, warnings=restored)
+    for warning in restored:  # its jobs' runs find the experiment restored: the study's start says it
+        log.warning("study %s: %s", study.id, warning)
     found = client.search_runs(
         [experiment_id],
         filter_string=study_filter(study.id, PARENT_ROLE),

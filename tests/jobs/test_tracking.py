@@ -204,6 +204,11 @@ class FakeMlflowClient:
         )
         return experiment_id
 
+    def restore_experiment(self, experiment_id: str) -> None:
+        for experiment in self.experiments.values():
+            if experiment.experiment_id == experiment_id:
+                experiment.lifecycle_stage = "active"
+
     def set_experiment_tag(self, experiment_id: str, key: str, value: str) -> None:
         for experiment in self.experiments.values():
             if experiment.experiment_id == experiment_id:
@@ -291,6 +296,22 @@ def test_runs_share_an_existing_experiment(client: FakeMlflowClient) -> None:
     assert first.info.experiment_id == second.info.experiment_id == "1"
     for run in (first, second):
         run.end("FINISHED")
+
+
+def test_a_deleted_experiment_restored_for_a_run_is_said_in_its_warnings(client: FakeMlflowClient) -> None:
+    """MLflow keeps a deleted experiment's name, so the job's run restores it, and every run it held
+    before showed again in the UI without a word; the job's result says so now, and what to do."""
+    client.experiments["demo"] = SimpleNamespace(experiment_id="4", lifecycle_stage="deleted", tags={})
+    run, again = start_run(), start_run()
+    assert client.experiments["demo"].lifecycle_stage == "active"
+    (said,) = run.warnings
+    assert said.startswith(
+        "MLflow experiment 'demo' (id 4) had been deleted: it was restored to take this run"
+    )
+    assert "give the job another `experiment`" in said
+    assert again.warnings == []  # active again: nothing to say
+    for started in (run, again):
+        started.end("FINISHED")
 
 
 def test_lost_metrics_end_the_mlflow_run_as_failed(client: FakeMlflowClient) -> None:
