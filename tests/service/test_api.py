@@ -556,3 +556,38 @@ def test_a_group_glob_is_judged_only_at_the_workload_s_default_params(client: Te
     assert at_default.status_code == 422, at_default.text
     narrower = with_changes(optimizer__param_groups=recipe, workload__params={"hidden": 32})
     assert client.post("/jobs", json=narrower).status_code == 201
+
+
+def test_a_session_the_store_dropped_after_the_answer_is_one_line_not_an_unhandled_error(
+    client: TestClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    """pg_terminate_backend under load: the answer had been sent whole, then closing the request's
+    session failed its rollback, logged as an unhandled error with two tracebacks."""
+    from sqlalchemy.exc import OperationalError
+
+    made = client.app.state.sessions  # type: ignore[attr-defined]
+
+    def dropped_at_close() -> Any:
+        session = made()
+        real_close = session.close
+
+        def close() -> None:
+            real_close()
+            raise OperationalError("ROLLBACK", {}, Exception("server closed the connection unexpectedly"))
+
+        session.close = close
+        return session
+
+    client.app.state.sessions = dropped_at_close  # type: ignore[attr-defined]
+    try:
+        with caplog.at_level("WARNING"):
+            answer = client.get("/jobs")
+    finally:
+        client.app.state.sessions = made  # type: ignore[attr-defined]
+    assert answer.status_code == 200, answer.text
+    said = [r for r in caplog.records if r.name.startswith("optlab")]
+    assert [r.getMessage() for r in said] == [
+        "could not close a store session after its request (the answer stands): "
+        "(builtins.Exception) server closed the connection unexpectedly"
+    ]
+    assert said[0].exc_info is None
