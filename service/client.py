@@ -348,6 +348,9 @@ class ApiClient:
             if response.status_code in (404, 405) and route:
                 given = f"the address given is {self.base_url!r}"
                 detail = f"{detail} ({given}: give the API's root, without /{route})"
+            elif response.status_code == 404 and detail == "Not Found" and self._has_path():
+                # The server's own 404 for a route it lacks, not the API's for a missing job or study.
+                detail = f"{detail} (no such route under {self.base_url!r}: give the optlab API's root)"
             raise ApiError(response.status_code, detail)
         if not isinstance(data, dict):  # not the API answering: the address is another server's
             raise AddressError(
@@ -379,6 +382,9 @@ class ApiClient:
             f"{shown} answered HTTP {response.status_code}, a redirect to {redact_url(target)}: "
             f"give that address instead ({redact_url(root.rstrip('/'))})"
         )
+
+    def _has_path(self) -> bool:
+        return urlsplit(self.base_url).path.strip("/") != ""
 
     def _route_named(self) -> str | None:
         """The API's own route the address ends in (`--api http://host:8000/docs`), so that every path

@@ -194,6 +194,36 @@ def test_an_address_ending_in_a_route_is_told_to_give_the_root(route: str) -> No
     )
 
 
+@pytest.mark.parametrize(
+    ("address", "detail", "said"),
+    [
+        # A path the server has no route under: its own "Not Found".
+        (
+            "http://api.test/api/v1",
+            "Not Found",
+            "HTTP 404: Not Found (no such route under 'http://api.test/api/v1': give the optlab API's root)",
+        ),
+        # The API's own 404 of a job it does not hold is told as it is.
+        ("http://api.test/api/v1", "job 1 not found", "HTTP 404: job 1 not found"),
+        ("http://api.test", "Not Found", "HTTP 404: Not Found"),
+    ],
+)
+def test_an_address_with_a_path_the_server_lacks_is_told_to_give_the_root(
+    address: str, detail: str, said: str
+) -> None:
+    """`--api http://host:8731/api/v1` had said only "HTTP 404: Not Found"."""
+    import httpx
+
+    client = ApiClient(address)
+    client._http = httpx.Client(
+        base_url=client.base_url,
+        transport=httpx.MockTransport(lambda request: httpx.Response(404, json={"detail": detail})),
+    )
+    with pytest.raises(ApiError) as raised:
+        client.job(1)
+    assert str(raised.value) == said
+
+
 def test_a_refusal_s_problems_are_printed_at_their_fields() -> None:
     """ "lr must be a number > 0" alone did not say which param group's lr was refused."""
     from service.client import format_detail

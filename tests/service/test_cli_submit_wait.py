@@ -136,3 +136,25 @@ def test_a_study_notes_each_optimizer_that_failed_its_latest_check(
         "  note: optimizer 'lion' (tf_legacy) failed its latest conformance check (check job 3: "
         "state_roundtrip): http://127.0.0.1:9/optimizers/lion"
     ]  # the keras implementation was never checked
+
+
+def test_a_wait_the_api_refuses_midway_says_the_job_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The token was revoked while `optlab submit --wait` followed the job: it had said only
+    "HTTP 401: ...", as if the job had been refused."""
+    from service.client import ApiError
+
+    spec = tmp_path / "job.json"
+    spec.write_text('{"steps": 1}')
+    monkeypatch.setattr(ApiClient, "submit", lambda self, body: TF_LEGACY_JOB)
+
+    def refused(client: ApiClient, shown: dict[int, str]) -> dict[int, dict[str, Any]]:
+        raise ApiError(401, "the bearer token is not one this API knows")
+
+    monkeypatch.setattr("service.progress.follow_jobs", refused)
+    assert cli.main(["submit", str(spec), "--wait", "--api", "http://127.0.0.1:9"]) == 2  # the token: usage
+    assert capsys.readouterr().err.splitlines() == [
+        "optlab submit: HTTP 401: the bearer token is not one this API knows",
+        "  job 7 goes on: http://127.0.0.1:9/jobs/7",
+    ]
