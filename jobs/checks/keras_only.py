@@ -40,6 +40,7 @@ from jobs.frameworks.keras_driver import (
     XLA_FIX,
     XLA_ONLY_FAILURE,
     KerasDriver,
+    applies_per_update,
     config_fix,
     names_an_unknown_class,
     plain_config,
@@ -213,7 +214,9 @@ def _whole_model_reload(kit: KerasDriver, build: Callable[[], Any], path: Any) -
     x = kit.tf.constant(arrays([(8, 4)], seed=51)[0])
     with kit.tf.GradientTape() as tape:
         loss = kit.tf.reduce_mean(kit.tf.square(model(x)))
-    kit.apply(optimizer, tape.gradient(loss, variables), variables)
+    grads = tape.gradient(loss, variables)
+    for _ in range(applies_per_update(optimizer)):  # one update, so its state has values to compare
+        kit.apply(optimizer, grads, variables)
     try:
         with _quiet():
             model.save(path)
@@ -407,14 +410,17 @@ def _run_sparse_steps(ctx: CheckContext, grads: Sequence[SparseRows], *, traced:
 
         run = tf.function(step) if traced else step
         for grad in grads:
-            run(tf.constant(np.array(grad.values, np.float32)), tf.constant(grad.rows, dtype=tf.int64))
+            for _ in range(applies_per_update(optimizer)):  # one update each, as in _run_steps
+                run(tf.constant(np.array(grad.values, np.float32)), tf.constant(grad.rows, dtype=tf.int64))
     return kit.values(table) + [value for _, value in kit.state(optimizer)]
 
 
 def _run_steps(
     ctx: CheckContext, grads: Sequence[Sequence[Any]], *, compile_with: bool | None
 ) -> list[np.ndarray]:
-    """Variables and optimizer state after the steps: eagerly (None), tf.function, or XLA (True)."""
+    """Variables and optimizer state after the steps: eagerly (None), tf.function, or XLA (True).
+    Each step is one update: with `gradient_accumulation_steps` that many calls, each one traced
+    call as `fit` makes one a batch (a fixed count of calls had compared no update at all)."""
     kit = _kit(ctx)
     with same_draws(ctx, seed=GRAPH_DRAWS):  # as in _run_sparse_steps
         optimizer, variables = fresh(ctx, **ctx.stateful_overrides())
@@ -424,7 +430,9 @@ def _run_steps(
 
         run = step if compile_with is None else kit.tf.function(step, jit_compile=compile_with)
         for step_grads in grads:
-            run(kit.gradient_tensors(step_grads))
+            tensors = kit.gradient_tensors(step_grads)
+            for _ in range(applies_per_update(optimizer)):
+                run(tensors)
     return kit.values(variables) + [value for _, value in kit.state(optimizer)]
 
 
@@ -473,18 +481,25 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
     )
 
 
+MIXED_PRECISION_STEPS = 3
+
+
 def _mixed_precision_steps(kit: KerasDriver, model: Any, inner: Any) -> list[float]:
+    """The loss scale after each of the steps. A step is one update of the wrapped optimizer: with
+    its `gradient_accumulation_steps`, that many apply() calls, each on a batch's gradients as `fit`
+    makes them (three calls had made no update of a class accumulating four, a fail)."""
     tf = kit.tf
     x, y = (tf.constant(a) for a in arrays([(16, 4), (16, 1)], seed=81))
     variables = model.trainable_variables
     optimizer = kit.loss_scale_optimizer(inner, initial_scale=2.0**8)
     scales = []
-    for _ in range(3):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(tf.cast(model(x), tf.float32) - y))
-            scaled = kit.scaled_loss(optimizer, loss)
-        grads = kit.unscaled_gradients(optimizer, tape.gradient(scaled, variables))
-        kit.apply(optimizer, grads, variables)
+    for _ in range(MIXED_PRECISION_STEPS):
+        for _ in range(applies_per_update(inner)):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(tf.square(tf.cast(model(x), tf.float32) - y))
+                scaled = kit.scaled_loss(optimizer, loss)
+            grads = kit.unscaled_gradients(optimizer, tape.gradient(scaled, variables))
+            kit.apply(optimizer, grads, variables)
         scales.append(kit.loss_scale(optimizer))
     return scales
 

@@ -90,12 +90,63 @@ class AccumulatingAdam(keras.optimizers.Adam):
         super().__init__(learning_rate=learning_rate, **kwargs)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("check_id", ["dense_step", "descends", "schedule", "state_roundtrip", "graph_mode"])
-def test_keras_gradient_accumulation_set_by_the_class_is_no_false_alarm(check_id: str, workdir: Path) -> None:
+class AccumulatingAdamByFour(keras.optimizers.Adam):
+    """As a TPU-memory recipe: one update every four apply() calls, more than the three steps
+    graph_mode and mixed_precision compare."""
+
+    def __init__(self, learning_rate: float = 0.01, **kwargs: object) -> None:
+        kwargs.setdefault("gradient_accumulation_steps", 4)
+        super().__init__(learning_rate=learning_rate, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", ["AccumulatingAdam", "AccumulatingAdamByFour"])
+@pytest.mark.parametrize(
+    "check_id",
+    ["dense_step", "descends", "schedule", "state_roundtrip", "graph_mode", "mixed_precision"],
+)
+def test_keras_gradient_accumulation_set_by_the_class_is_no_false_alarm(
+    check_id: str, name: str, workdir: Path
+) -> None:
     """A check's step is one update: with the option, that many apply() calls (the schedule check
-    had failed: every other call moves nothing)."""
-    outcome = _run(check_id, _context(f"{__name__}:AccumulatingAdam", workdir))
+    had failed: every other call moves nothing; mixed_precision's three calls had made no update of
+    a class accumulating four, a fail saying the wrapped optimizer must apply the gradients)."""
+    outcome = _run(check_id, _context(f"{__name__}:{name}", workdir))
     assert outcome.status == "pass", outcome
+
+
+class AccumulatingPythonCounterRMSprop(keras.optimizers.Optimizer):
+    """A Python step counter in apply(), frozen when traced, behind an accumulation of four."""
+
+    def __init__(self, learning_rate: float = 1e-3, **kwargs: object) -> None:
+        kwargs.setdefault("gradient_accumulation_steps", 4)
+        super().__init__(learning_rate=learning_rate, **kwargs)  # type: ignore[arg-type]
+        self._t = 0
+
+    def build(self, var_list: list[keras.Variable]) -> None:
+        if self.built:
+            return
+        super().build(var_list)
+        self._ms = self.add_optimizer_variables(var_list, "ms")
+
+    def apply(self, grads: list[object], trainable_variables: object = None) -> object:
+        self._t += 1
+        return super().apply(grads, trainable_variables)  # type: ignore[arg-type]
+
+    def update_step(self, gradient: object, variable: keras.Variable, learning_rate: object) -> None:
+        ms = self._ms[self._get_variable_index(variable)]
+        g = keras.ops.cast(gradient, variable.dtype)
+        self.assign(ms, 0.9 * ms + 0.1 * keras.ops.square(g))
+        correction = 1.0 - 0.9**self._t
+        rate = keras.ops.cast(learning_rate, variable.dtype)
+        self.assign_sub(variable, rate * g / (keras.ops.sqrt(ms / correction) + 1e-7))
+
+
+def test_graph_mode_compares_updates_not_calls_of_an_accumulating_class(workdir: Path) -> None:
+    """Three apply() calls of a class accumulating four updated nothing, eagerly or traced: the
+    Python counter frozen by tf.function passed graph_mode, as it fails without accumulation."""
+    outcome = _run("graph_mode", _context(f"{__name__}:AccumulatingPythonCounterRMSprop", workdir))
+    assert outcome.status == "fail", outcome
+    assert "frozen when the function is traced" in outcome.detail, outcome.detail
 
 
 class AveragedSGD(keras.optimizers.SGD):
