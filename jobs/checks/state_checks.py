@@ -190,10 +190,19 @@ def _other_value(param: Any, value: Any) -> Any:
     return not value if isinstance(value, bool) else _changed(param, value)
 
 
+# A number this small is an epsilon (or a decay) whose half the step may not see: AdaBelief's 1e-16
+# added to a second moment of 1e-5 is below float32's resolution, halved or not. It is built with
+# a value orders of magnitude larger instead, at most `SEEN_VALUE`.
+TINY = 1e-3
+SEEN_VALUE = 1e-3
+
+
 def _changed(param: Any, default: Any) -> float | int | None:
     """A value of a number hyperparameter other than `default` (the one the check builds with),
-    within its allowed range: halved in (0, 1) (a beta, an epsilon), else doubled, or 0.01 for a
-    default of 0; None for other kinds."""
+    within its allowed range, and one the step can see: a small positive one (below `TINY`, an
+    epsilon) made 1e6 times larger, at most `SEEN_VALUE` (halving 1e-16 changed no bit of a step,
+    so a get_config that lost AdaBelief's epsilon was taken for one losing a logging switch); else
+    halved in (0, 1) (a beta), doubled, or 0.01 for a default of 0; None for other kinds."""
     if param.type not in ("float", "int", "number") or isinstance(default, bool):
         return None
     if not isinstance(default, int | float):
@@ -203,6 +212,8 @@ def _changed(param: Any, default: Any) -> float | int | None:
         candidates: list[float | int] = [default + 1, default - 1]
     elif default == 0:
         candidates = [0.01]
+    elif 0 < default < TINY:
+        candidates = [min(default * 1e6, SEEN_VALUE), default * 2, default * 0.5]
     else:
         candidates = [default * 0.5, default * 2] if 0 < abs(default) < 1 else [default * 2, default * 0.5]
     return next((value for value in candidates if param.in_range(value)), None)

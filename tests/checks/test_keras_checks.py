@@ -1460,6 +1460,40 @@ def test_a_switch_left_out_of_get_config_that_changes_no_step_is_a_warn(tmp_path
     assert "'print_change_log' is not in get_config()" in counting.detail, counting.detail
 
 
+class ForgetsItsTinyEpsilon(keras.optimizers.Optimizer):
+    """AdaBelief's epsilon=1e-16, left out of get_config: half of it changes no bit of a step."""
+
+    def __init__(self, learning_rate: float = 1e-3, epsilon: float = 1e-16, **kwargs: object) -> None:
+        super().__init__(learning_rate=learning_rate, **kwargs)  # type: ignore[arg-type]
+        self.epsilon = epsilon
+
+    def build(self, var_list: list[keras.Variable]) -> None:
+        if self.built:
+            return
+        super().build(var_list)
+        self._s = self.add_optimizer_variables(var_list, "s")
+
+    def update_step(self, gradient: object, variable: keras.Variable, learning_rate: object) -> None:
+        s = self._s[self._get_variable_index(variable)]
+        g = keras.ops.cast(gradient, variable.dtype)
+        self.assign(s, 0.999 * s + 0.001 * keras.ops.square(g) + self.epsilon)
+        rate = keras.ops.cast(learning_rate, variable.dtype)
+        self.assign_sub(variable, rate * g / (keras.ops.sqrt(s) + self.epsilon))
+
+    def get_config(self) -> dict[str, object]:
+        return super().get_config()  # epsilon forgotten
+
+
+def test_a_tiny_epsilon_left_out_of_get_config_fails_config_roundtrip(workdir: Path) -> None:
+    """Built with 1e-16 and half of it, three steps were bitwise alike, so the lost epsilon was a
+    warn saying no update depends on it; built with a value the step can see, it is the fail it is
+    (a switch that only prints stays a warn: the test above)."""
+    outcome = _run("config_roundtrip", _context(f"{__name__}:ForgetsItsTinyEpsilon", workdir))
+    assert outcome.status == "fail", outcome
+    assert "'epsilon' is not in get_config()" in outcome.detail, outcome.detail
+    assert "no update depends on it" not in outcome.detail, outcome.detail
+
+
 TRACED_ONLY_ERROR = '''
 import keras
 import tensorflow as tf
