@@ -397,3 +397,58 @@ def test_replicas_apart_under_a_class_that_overrides_keras_s_merge_are_told_whic
     )
     line = next(i for i, text in enumerate(OWN_MERGE.splitlines(), 1) if "def _backend_update_step" in text)
     assert outcome.where == f"{path}:{line}"
+
+
+RAISES_UNDER_A_STRATEGY = """
+import keras
+from keras import ops
+
+
+class IntOfIterations(keras.optimizers.Optimizer):
+    '''A warm-up chosen by a Python if on int(self.iterations): a MirroredVariable under a strategy.'''
+
+    def __init__(self, learning_rate=0.05, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+
+    def update_step(self, gradient, variable, learning_rate):
+        scale = 0.5 if int(self.iterations) < 2 else 1.0
+        self.assign_sub(variable, ops.cast(learning_rate, variable.dtype) * scale * gradient)
+
+
+class LazySlot(keras.optimizers.Optimizer):
+    '''Momentum whose buffers are made in the first update.'''
+
+    def __init__(self, learning_rate=0.05, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+        self._bufs = {}
+
+    def update_step(self, gradient, variable, learning_rate):
+        key = id(variable)
+        if key not in self._bufs:
+            self._bufs[key] = self.add_variable_from_reference(variable, "buf")
+        buf = self._bufs[key]
+        self.assign(buf, 0.9 * buf + gradient)
+        self.assign_sub(variable, ops.cast(learning_rate, variable.dtype) * buf)
+"""
+
+
+@pytest.mark.parametrize(
+    ("class_name", "says", "fix"),
+    [
+        ("IntOfIterations", "not 'MirroredVariable'", "read no Python number from a variable in the update"),
+        ("LazySlot", "colocate_vars_with", "create every variable in build()"),
+    ],
+)
+def test_a_distributed_run_that_raises_gets_the_fix_for_its_error(
+    class_name: str, says: str, fix: str, tmp_path: Path
+) -> None:
+    """One sentence about variables made lazily had been the fix for every error, int(self.iterations)
+    of a MirroredVariable's too."""
+    path = tmp_path / "raises_under_a_strategy.py"
+    path.write_text(RAISES_UNDER_A_STRATEGY)
+    outcome = distributed(context(f"{path}:{class_name}", "keras", tmp_path))
+    assert outcome.status == "fail", outcome
+    assert says in outcome.detail, outcome.detail
+    assert f"Fix: {fix}" in outcome.detail, outcome.detail
+    other = {"IntOfIterations": "never lazily", "LazySlot": "read no Python number"}[class_name]
+    assert other not in outcome.detail, outcome.detail

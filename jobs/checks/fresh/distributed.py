@@ -8,6 +8,7 @@ on one device, and the result must equal one device's within rounding (`plan.py`
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -58,9 +59,7 @@ def distributed(ctx: CheckContext) -> Outcome:
                 f"backward(create_graph=True), which this class needs ({exc.observed}); DDP does not serve "
                 "such gradients, so optlab cannot compare it with one device"
             )
-        return failed_in_child(
-            exc, runs.WORDING.setup, where=ctx.where(), fix=runs.WORDING.distributed_child_fix
-        )
+        return failed_in_child(exc, runs.WORDING.setup, where=ctx.where(), fix=_child_fix(runs.WORDING, exc))
     outcome = judge(ctx, runs.WORDING, outs, overrides)
     if outcome.status == "fail" and ctx.needs.closure:
         observed = "the ranks part from one process fed the averaged gradient"
@@ -68,6 +67,17 @@ def distributed(ctx: CheckContext) -> Outcome:
     if outcome.status == "fail":
         return _judged_without_per_replica_options(ctx, request, outcome) or outcome
     return outcome
+
+
+def _child_fix(words: Wording, exc: ChildFailed) -> str:
+    """The advice for the error a distributed run raised, by its kind: a typed error's own, the
+    style's for what its line says (one sentence about variables made lazily had been given for
+    every error, `int(self.iterations)` of a MirroredVariable's too), else the style's general one
+    ('' for `failed_in_child`'s)."""
+    if exc.fix:
+        return exc.fix
+    matching = (fix for pattern, fix in words.distributed_child_fixes if re.search(pattern, exc.observed))
+    return next(matching, words.distributed_child_fix)
 
 
 def _judged_without_per_replica_options(

@@ -45,8 +45,26 @@ WORDING = Wording(
     replica="replica",
     single="one device",
     reference="one device on the full batch",
-    distributed_child_fix="create every variable in build() (add_variable_from_reference; legacy: "
-    "_create_slots), never lazily in the update, which runs per replica under a strategy",
+    distributed_child_fix="",
+    distributed_child_fixes=(
+        # A variable made in the first update, on one replica, outside the strategy's scope.
+        (
+            r"colocate_vars_with|(?i:variable creation|creat\w* (?:a |the )?(?:new )?(?:slot )?variable"
+            r"|non-first call)",
+            "create every variable in build() (add_variable_from_reference; legacy: _create_slots), never "
+            "lazily in the update, which runs per replica under a strategy",
+        ),
+        # A Python number read from a variable in the update: int(self.iterations), a Python if on it.
+        (
+            r"(?:argument must be|not supported between instances of|cannot be interpreted as).*"
+            r"'\w*(?:Mirrored|SyncOnRead|Distributed|PerReplica)\w*'",
+            "read no Python number from a variable in the update (int(), float(), bool(), a Python if or "
+            "comparison on self.iterations or a slot): under a strategy it is a MirroredVariable, one value "
+            "per replica, which Python cannot read; compute with ops on it (ops.where, ops.cond, "
+            "ops.cast(self.iterations, variable.dtype); legacy: tf.where, tf.cond), which tf.function needs "
+            "too",
+        ),
+    ),
     apart_fix="update only through the variable passed to update_step and its slots, so every replica "
     "takes the same step",
     layout_fix="create every slot in build() with add_variable_from_reference (legacy: _create_slots with "

@@ -57,6 +57,9 @@ class Wording:
     layout_fix: str  # the optimizer state is not what the single run has
     beyond_fix: str  # the replicas' result differs from the single run's beyond rounding
     evaluation: str = ""  # the switch to evaluation weights a resume saves after ('' where none)
+    # The fix by the kind of error a distributed run raised, before `distributed_child_fix`: (a regular
+    # expression searched in the error's line, its fix), the first that matches.
+    distributed_child_fixes: tuple[tuple[str, str], ...] = ()
 
 
 class FreshRuns(Protocol):
