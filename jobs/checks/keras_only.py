@@ -29,6 +29,7 @@ from jobs.checks.tools import (
     inconclusive_random,
     isolated,
     max_diff,
+    method_location,
     same_draws,
     same_value,
     updates_nothing,
@@ -58,6 +59,23 @@ def _kit(ctx: CheckContext) -> KerasDriver:
     driver = ctx.driver
     assert isinstance(driver, KerasDriver), "the Keras checks run only with a Keras driver"
     return driver
+
+
+def _non_finite(values: Sequence[np.ndarray]) -> int:
+    """How many of the arrays hold a NaN or an infinity."""
+    return sum(not bool(np.all(np.isfinite(v))) for v in values if np.issubdtype(v.dtype, np.inexact))
+
+
+def _non_finite_update(ctx: CheckContext, observed: str, figure: int) -> Outcome:
+    """The fail where both sides of a comparison are non-finite: NaN against NaN is no difference of
+    the check's own (a frozen Python counter, float16 maths), the update itself is non-finite."""
+    return failed(
+        f"{observed}: the update itself makes non-finite values, whatever this check changes (dense_step "
+        "names the first), so nothing here is compared",
+        where=method_location(ctx),
+        fix=_kit(ctx).advice.finite_state,
+        figure=float(figure),
+    )
 
 
 def _all_close(a: Sequence[np.ndarray], b: Sequence[np.ndarray], rtol: float, atol: float) -> bool:
@@ -277,6 +295,13 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
             or "use tensor ops (tf.where, tf.cond, ops.where) instead of Python if/while on tensor values, "
             "and no .numpy(), float(tensor) or .item() in the update",
         )
+    if _non_finite(eager) and _non_finite(graph):
+        return _non_finite_update(
+            ctx,
+            f"{GRAPH_STEPS} steps eagerly and under tf.function both end with non-finite variables or state "
+            f"({_non_finite(eager)} and {_non_finite(graph)} arrays)",
+            _non_finite(eager),
+        )
     diff = max_diff(eager, graph)
     # TensorFlow gives a random op traced in a function other op seeds than the same op run eagerly, so
     # a class that draws by design (SGLD's tf.random.normal) differs there whatever it does: only what
@@ -380,6 +405,13 @@ def _sparse_graph_fault(ctx: CheckContext, *, compare: bool = True) -> Outcome |
             or "use tensor ops (tf.where, tf.cond) instead of Python if/while on tensor values in the sparse "
             "path too, and no .numpy(), float(tensor) or .item() there",
         )
+    if compare and _non_finite(eager) and _non_finite(graph):
+        return _non_finite_update(
+            ctx,
+            f"{len(grads)} row-sparse steps eagerly and under tf.function both end with a non-finite "
+            "table or state",
+            _non_finite(eager),
+        )
     if compare and not _all_close(eager, graph, RTOL, ATOL):
         return failed(
             f"{len(grads)} row-sparse steps under tf.function differ from the eager ones by up to "
@@ -461,6 +493,13 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
     finally:
         mixed.set_global_policy(previous)
     if not all(np.all(np.isfinite(w)) for w in after):
+        if _non_finite_in_float32(ctx):
+            return _non_finite_update(
+                ctx,
+                f"weights became non-finite under mixed_float16 with {kit.loss_scale_name}, and in float32 "
+                "without mixed precision too",
+                _non_finite(after),
+            )
         return failed(
             f"weights became non-finite under mixed_float16 with {kit.loss_scale_name}",
             where=ctx.target.class_location(),
@@ -482,6 +521,23 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
 
 
 MIXED_PRECISION_STEPS = 3
+
+
+def _non_finite_in_float32(ctx: CheckContext) -> bool:
+    """Whether the same steps under the float32 policy make non-finite weights too: then float16 is
+    not the cause (the dtype advice would mislead), the update is."""
+    kit = _kit(ctx)
+    mixed = kit.km.mixed_precision
+    previous = mixed.global_policy()
+    try:
+        mixed.set_global_policy("float32")
+        model = kit.tiny_model(seed=80, hidden=8)
+        _mixed_precision_steps(kit, model, ctx.build())
+        return _non_finite([np.array(w) for w in model.get_weights()]) > 0
+    except Exception:  # raising in float32 is not what the mixed-precision fail is about
+        return False
+    finally:
+        mixed.set_global_policy(previous)
 
 
 def _mixed_precision_steps(kit: KerasDriver, model: Any, inner: Any) -> list[float]:

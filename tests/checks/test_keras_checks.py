@@ -1494,6 +1494,46 @@ def test_a_tiny_epsilon_left_out_of_get_config_fails_config_roundtrip(workdir: P
     assert "no update depends on it" not in outcome.detail, outcome.detail
 
 
+class OffByOneAdam(keras.optimizers.Adam):
+    """Adam's bias correction at step `iterations`, not `iterations + 1`: 1 - beta**0 is 0, and the
+    first update divides by it."""
+
+    def update_step(self, gradient: object, variable: keras.Variable, learning_rate: object) -> None:
+        m = self._momentums[self._get_variable_index(variable)]
+        v = self._velocities[self._get_variable_index(variable)]
+        g = keras.ops.cast(gradient, variable.dtype)
+        step = keras.ops.cast(self.iterations, variable.dtype)
+        self.assign(m, 0.9 * m + 0.1 * g)
+        self.assign(v, 0.999 * v + 0.001 * keras.ops.square(g))
+        corrected = (m / (1 - keras.ops.power(0.9, step))) / keras.ops.sqrt(
+            v / (1 - keras.ops.power(0.999, step))
+        )
+        self.assign_sub(variable, keras.ops.cast(learning_rate, variable.dtype) * corrected)
+
+
+@pytest.mark.parametrize(
+    ("check_id", "blamed"),
+    [("graph_mode", "Python state (a counter"), ("mixed_precision", "float16 gradients")],
+)
+def test_a_non_finite_update_is_named_not_a_cause_of_the_check_s_own(
+    check_id: str, blamed: str, workdir: Path
+) -> None:
+    """NaN against NaN had been blamed on a frozen Python counter (graph_mode) and on float16 maths
+    (mixed_precision); the update is non-finite in plain float32 eager steps (dense_step's fail)."""
+    outcome = _run(check_id, _context(f"{__name__}:OffByOneAdam", workdir))
+    assert outcome.status == "fail", outcome
+    assert "the update itself makes non-finite values" in outcome.detail, outcome.detail
+    assert "division by a zero state" in outcome.detail, outcome.detail
+    assert blamed not in outcome.detail, outcome.detail
+    assert outcome.where.endswith(f"test_keras_checks.py:{_line_of_def('OffByOneAdam')}"), outcome.where
+
+
+def _line_of_def(class_name: str) -> int:
+    source = Path(__file__).read_text().splitlines()
+    start = source.index(f"class {class_name}(keras.optimizers.Adam):")
+    return next(i for i in range(start, len(source)) if "def update_step" in source[i]) + 1
+
+
 TRACED_ONLY_ERROR = '''
 import keras
 import tensorflow as tf

@@ -452,3 +452,35 @@ def test_a_distributed_run_that_raises_gets_the_fix_for_its_error(
     assert f"Fix: {fix}" in outcome.detail, outcome.detail
     other = {"IntOfIterations": "never lazily", "LazySlot": "read no Python number"}[class_name]
     assert other not in outcome.detail, outcome.detail
+
+
+OFF_BY_ONE = """
+import keras
+
+
+class OffByOneAdam(keras.optimizers.Adam):
+    '''Adam's bias correction at step `iterations`, not `iterations + 1`: the first update divides by 0.'''
+
+    def update_step(self, gradient, variable, learning_rate):
+        m = self._momentums[self._get_variable_index(variable)]
+        v = self._velocities[self._get_variable_index(variable)]
+        step = keras.ops.cast(self.iterations, variable.dtype)
+        self.assign(m, 0.9 * m + 0.1 * gradient)
+        self.assign(v, 0.999 * v + 0.001 * keras.ops.square(gradient))
+        first, second = 1 - keras.ops.power(0.9, step), 1 - keras.ops.power(0.999, step)
+        corrected = (m / first) / keras.ops.sqrt(v / second)
+        self.assign_sub(variable, keras.ops.cast(learning_rate, variable.dtype) * corrected)
+"""
+
+
+def test_replicas_and_one_device_both_non_finite_are_told_the_update_is(tmp_path: Path) -> None:
+    """inf against inf had been "differs from one device ... beyond rounding", told to compute
+    gradient statistics after aggregation."""
+    path = tmp_path / "off_by_one.py"
+    path.write_text(OFF_BY_ONE)
+    outcome = distributed(context(f"{path}:OffByOneAdam", "keras", tmp_path))
+    assert outcome.status == "fail", outcome
+    assert "the update itself makes non-finite values, on one device too" in outcome.detail, outcome.detail
+    assert "beyond rounding" not in outcome.detail and "aggregation" not in outcome.detail, outcome.detail
+    line = next(i for i, text in enumerate(OFF_BY_ONE.splitlines(), 1) if "def update_step" in text)
+    assert outcome.where == f"{path}:{line}"

@@ -13,9 +13,12 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from jobs.checks.context import CheckContext, overrides_note
 from jobs.checks.fresh.plan import DISTRIBUTED_STEPS, INITIAL, REPLICA_RUNS, SINGLE, Wording, runs_for
 from jobs.checks.fresh.results import (
+    Run,
     beyond_tolerance,
     first_difference,
     layout_difference,
@@ -67,6 +70,15 @@ def distributed(ctx: CheckContext) -> Outcome:
     if outcome.status == "fail":
         return _judged_without_per_replica_options(ctx, request, outcome) or outcome
     return outcome
+
+
+def _non_finite(run: Run) -> list[str]:
+    """The labels of the run's floating-point arrays that hold a NaN or an infinity."""
+    return [
+        run.label(key)
+        for key, value in run.arrays.items()
+        if value.dtype.kind in "fc" and not bool(np.all(np.isfinite(value)))
+    ]
 
 
 def _child_fix(words: Wording, exc: ChildFailed) -> str:
@@ -251,6 +263,18 @@ def judge(
                 figure=max_abs_difference(first, other),
             )
     figure = max_abs_difference(single, first)
+    unbounded = _non_finite(single)
+    if unbounded and _non_finite(first):
+        # NaN against NaN is no difference of the replicas' (a per-replica gradient statistic): the update
+        # is non-finite on one device too.
+        return failed(
+            f"{words.setup} and {words.single} both end with non-finite values after {DISTRIBUTED_STEPS} "
+            f"steps ({', '.join(unbounded[:3])}): the update itself makes non-finite values, on "
+            f"{words.single} too (dense_step names the first), so nothing here is compared",
+            where=method_location(ctx),
+            fix=ctx.driver.advice.finite_state,
+            figure=float(len(unbounded)),
+        )
     far = beyond_tolerance(single, first, load_run(outs[INITIAL]))
     if far:
         counters = _replicated_counters(ctx, words)
