@@ -449,14 +449,20 @@ def check_sparse(ctx: CheckContext) -> Outcome:
     first = [_rows(first_rows, seed=20)]
     diff = _sparse_vs_reference(ctx, first, after_first, against_dense=True) if takes_dense else 0.0
     if not np.all(np.isfinite(after_first)) or diff > 0:
+        own = _own_sparse_method(ctx) if takes_dense else None
         return failed(
             f"the rows a row-sparse gradient ({driver.sparse_gradient_name}) touches differ by up to "
             f"{diff:.3g} from the same optimizer on the equivalent dense gradient"
+            + (
+                f": the class's {own} computes them otherwise than its {driver.advice.update_method}"
+                if own
+                else ""
+            )
             if takes_dense
             else f"after a row-sparse gradient ({driver.sparse_gradient_name}) the table is not finite",
             where=sparse_method,
             figure=diff,
-            fix=driver.advice.sparse_update,
+            fix=_touched_rows_fix(ctx, own) if own else driver.advice.sparse_update,
         )
     if not takes_dense and not _moves_touched_rows(ctx, first_rows):
         return failed(
@@ -672,6 +678,26 @@ def _sparse_refusal(ctx: CheckContext, error: Exception) -> Outcome:
         f"{ctx.describe_error(error)}",
         where=user_line(ctx, error),
         fix=driver.advice.sparse_update,
+    )
+
+
+def _own_sparse_method(ctx: CheckContext) -> str | None:
+    """The style's sparse update method (legacy tf.keras's `_resource_apply_sparse`) where the class
+    defines one of its own, apart from its dense update; else None."""
+    method = ctx.driver.advice.sparse_update_method
+    if method is None or method == ctx.driver.advice.update_method:
+        return None
+    return method if any(method in vars(k) for k in user_classes(ctx.target.cls)) else None
+
+
+def _touched_rows_fix(ctx: CheckContext, method: str) -> str:
+    """A class that has its sparse method had been told to implement it: its math is what differs."""
+    dense = ctx.driver.advice.update_method
+    return (
+        f"make {method} compute on the touched rows what {dense} computes on them (the same math on the "
+        "gathered rows of the variable and its slots), and write the result back as it is meant: "
+        "_resource_scatter_add adds a change to the rows, _resource_scatter_update replaces them with a "
+        "new value"
     )
 
 

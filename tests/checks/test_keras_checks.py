@@ -515,9 +515,16 @@ class SortedIdsLegacySGD(HyperRateSGD):
 
 
 def test_a_sparse_path_right_only_for_sorted_ids_fails_at_the_sparse_method(workdir: Path) -> None:
+    """A class that has its _resource_apply_sparse is told where its math differs, not (as it had
+    been) to implement it."""
     outcome = _run("sparse", _context(f"{__name__}:SortedIdsLegacySGD", workdir))
     assert outcome.status == "fail", outcome.detail
     assert "differ by up to" in outcome.detail
+    assert "the class's _resource_apply_sparse computes them otherwise than its _resource_apply_dense" in (
+        outcome.detail
+    )
+    assert "Fix: make _resource_apply_sparse compute on the touched rows" in outcome.detail, outcome.detail
+    assert "implement _resource_apply_sparse" not in outcome.detail, outcome.detail
     line = int(outcome.where.rsplit(":", 1)[1])
     assert "def _resource_apply_sparse" in Path(__file__).read_text().splitlines()[line - 1]
 
