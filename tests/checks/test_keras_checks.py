@@ -1508,7 +1508,7 @@ class OffByOneAdam(keras.optimizers.Adam):
     def update_step(self, gradient: object, variable: keras.Variable, learning_rate: object) -> None:
         m = self._momentums[self._get_variable_index(variable)]
         v = self._velocities[self._get_variable_index(variable)]
-        g = keras.ops.cast(gradient, variable.dtype)
+        g = tf.convert_to_tensor(gradient)  # an Embedding's IndexedSlices made dense
         step = keras.ops.cast(self.iterations, variable.dtype)
         self.assign(m, 0.9 * m + 0.1 * g)
         self.assign(v, 0.999 * v + 0.001 * keras.ops.square(g))
@@ -1520,13 +1520,18 @@ class OffByOneAdam(keras.optimizers.Adam):
 
 @pytest.mark.parametrize(
     ("check_id", "blamed"),
-    [("graph_mode", "Python state (a counter"), ("mixed_precision", "float16 gradients")],
+    [
+        ("graph_mode", "Python state (a counter"),
+        ("mixed_precision", "float16 gradients"),
+        ("sparse", "handle tf.IndexedSlices"),
+    ],
 )
 def test_a_non_finite_update_is_named_not_a_cause_of_the_check_s_own(
     check_id: str, blamed: str, workdir: Path
 ) -> None:
-    """NaN against NaN had been blamed on a frozen Python counter (graph_mode) and on float16 maths
-    (mixed_precision); the update is non-finite in plain float32 eager steps (dense_step's fail)."""
+    """NaN against NaN had been blamed on a frozen Python counter (graph_mode), on float16 maths
+    (mixed_precision) and on the sparse path (sparse); the update is non-finite in plain float32 eager
+    steps on dense gradients (dense_step's fail)."""
     outcome = _run(check_id, _context(f"{__name__}:OffByOneAdam", workdir))
     assert outcome.status == "fail", outcome
     assert "the update itself makes non-finite values" in outcome.detail, outcome.detail
