@@ -44,6 +44,7 @@ from jobs.frameworks.keras_driver import (
     applies_per_update,
     config_fix,
     names_an_unknown_class,
+    optimizer_variables_of,
     plain_config,
     tracked_outside,
     xla_cannot_compile,
@@ -479,8 +480,9 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
         mixed.set_global_policy("mixed_float16")
         model = kit.tiny_model(seed=80, hidden=8)
         before = [np.array(w) for w in model.get_weights()]
+        inner = ctx.build()
         try:
-            scales = _mixed_precision_steps(kit, model, ctx.build())
+            scales = _mixed_precision_steps(kit, model, inner)
         except Exception as exc:
             return failed(
                 f"training under a mixed_float16 policy with {kit.loss_scale_name} raised "
@@ -513,10 +515,38 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
             where=ctx.target.class_location(),
             fix="the wrapped optimizer must apply the unscaled gradients it is given",
         )
+    half = _half_precision_state(inner, model.trainable_variables)
+    if half:
+        return warned(
+            f"{len(scales)} steps under a mixed_float16 policy with {kit.loss_scale_name} are finite and "
+            f"update the weights, but the optimizer keeps {half} while the variables they belong to are "
+            "float32: that state is rounded to half precision every step (a momentum's small contributions "
+            "vanish), where Keras's own optimizers keep each slot in its variable's dtype",
+            where=method_location(ctx, "build"),
+            fix="create each slot in its variable's dtype (add_variable_from_reference(variable, name), or "
+            "add_variable(shape, dtype=variable.dtype)), not in the policy's compute dtype",
+        )
     return passed(
         f"{len(scales)} steps under a mixed_float16 policy with {kit.loss_scale_name}: finite, weights "
         "updated",
         figure=scales[-1] if scales else None,
+    )
+
+
+def _half_precision_state(optimizer: Any, variables: Sequence[Any]) -> str:
+    """The optimizer's float16/bfloat16 state of the shape of a float32 variable it trains (a slot
+    made in the policy's compute dtype), said by name and count ('' where none)."""
+    shapes = {tuple(v.shape) for v in variables if str(getattr(v.dtype, "name", v.dtype)) == "float32"}
+    found: dict[tuple[str, str], int] = {}
+    for state in optimizer_variables_of(optimizer):
+        dtype = str(getattr(state.dtype, "name", state.dtype))
+        shape = tuple(state.shape)
+        if dtype in ("float16", "bfloat16") and shape and shape in shapes:
+            name = str(getattr(state, "path", None) or state.name).rsplit("/", 1)[-1].split(":", 1)[0]
+            found[(name, dtype)] = found.get((name, dtype), 0) + 1
+    return ", ".join(
+        f"{name!r} in {dtype} ({count} variable{'s' if count > 1 else ''})"
+        for (name, dtype), count in found.items()
     )
 
 

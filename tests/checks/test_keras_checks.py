@@ -74,7 +74,16 @@ GOOD = [
 
 @pytest.mark.parametrize(
     "check_id",
-    ["construct", "dense_step", "descends", "none_grads", "schedule", "config_roundtrip", "state_roundtrip"],
+    [
+        "construct",
+        "dense_step",
+        "descends",
+        "none_grads",
+        "schedule",
+        "config_roundtrip",
+        "state_roundtrip",
+        "mixed_precision",
+    ],
 )
 @pytest.mark.parametrize(("text", "style"), GOOD, ids=lambda v: str(v))
 def test_good_optimizers_pass(check_id: str, text: str, style: str | None, workdir: Path) -> None:
@@ -1544,6 +1553,44 @@ def _line_of_def(class_name: str) -> int:
     source = Path(__file__).read_text().splitlines()
     start = source.index(f"class {class_name}(keras.optimizers.Adam):")
     return next(i for i in range(start, len(source)) if "def update_step" in source[i]) + 1
+
+
+class HalfMomentumSGD(keras.optimizers.Optimizer):
+    """Momentum kept in the policy's compute dtype "to halve its memory": float16 under
+    mixed_float16, for float32 variables."""
+
+    def __init__(self, learning_rate: float = 0.01, **kwargs: object) -> None:
+        super().__init__(learning_rate=learning_rate, **kwargs)  # type: ignore[arg-type]
+
+    def build(self, var_list: list[keras.Variable]) -> None:
+        if self.built:
+            return
+        super().build(var_list)
+        dtype = keras.mixed_precision.global_policy().compute_dtype
+        self._bufs = [self.add_variable(shape=v.shape, dtype=dtype, name="momentum") for v in var_list]
+
+    def update_step(self, gradient: object, variable: keras.Variable, learning_rate: object) -> None:
+        buf = self._bufs[self._get_variable_index(variable)]
+        g = keras.ops.cast(gradient, variable.dtype)
+        self.assign(buf, keras.ops.cast(0.9 * keras.ops.cast(buf, variable.dtype) + g, buf.dtype))
+        rate = keras.ops.cast(learning_rate, variable.dtype)
+        self.assign_sub(variable, rate * keras.ops.cast(buf, variable.dtype))
+
+
+def test_float16_state_for_float32_variables_under_mixed_float16_is_a_warn_naming_it(workdir: Path) -> None:
+    """It had passed; Keras's own optimizers keep slots in the variable's dtype (the GOOD list's
+    mixed_precision passes: Adam, legacy SGD, both Lions)."""
+    outcome = _run("mixed_precision", _context(f"{__name__}:HalfMomentumSGD", workdir))
+    assert outcome.status == "warn", outcome
+    assert "keeps 'momentum' in float16 (4 variables)" in outcome.detail, outcome.detail
+    assert "add_variable_from_reference" in outcome.detail, outcome.detail
+    assert outcome.where.endswith(f"test_keras_checks.py:{_line_of_method('HalfMomentumSGD', 'build')}")
+
+
+def _line_of_method(class_name: str, method: str) -> int:
+    source = Path(__file__).read_text().splitlines()
+    start = next(i for i, text in enumerate(source) if text.startswith(f"class {class_name}("))
+    return next(i for i in range(start, len(source)) if f"def {method}(" in source[i]) + 1
 
 
 TRACED_ONLY_ERROR = '''
