@@ -33,7 +33,13 @@ from jobs.checks.tools import (
     same_value,
     takes_a_rate,
 )
-from jobs.frameworks.base import ConfigNotSerialized, Driver, StateNotRestored
+from jobs.frameworks.base import (
+    CHANGED_BY_SAVE_FIX,
+    ConfigNotSerialized,
+    Driver,
+    StateNotRestored,
+    changed_by_save_said,
+)
 
 # -- config_roundtrip --------------------------------------------------------------------------------
 
@@ -679,6 +685,8 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
     unstepped = _generator_states(optimizer)
     for seed in (40, 41, 42):
         driver.step(optimizer, variables, arrays(SHAPES, seed), ctx.needs)
+    # First: what the save call took from the live state is put back, so what follows sees the save.
+    changed = driver.state_changed_by_save(optimizer)
     left = driver.state_left_out_of_save(optimizer)
     evaluation = driver.to_evaluation(optimizer, ctx.needs)
     saved = driver.save_state(optimizer, variables, ctx.workdir / "state_roundtrip")
@@ -694,12 +702,16 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
         return failed(str(exc), where=method_location(ctx), fix=exc.fix)
     fix = LEFT_OUT_FIX if left else driver.advice.state_in_checkpoint
     left_out = f"; {left_out_said(left)}" if left else ""
+    where = method_location(ctx)
+    if changed:  # the cause, and its line: the override that edits the live state as it saves
+        fix, left_out = CHANGED_BY_SAVE_FIX, f"; {changed_by_save_said(changed)}"
+        where = method_location(ctx, "state_dict")
     found = driver.state_difference(optimizer, restored)
     if found:
         return failed(
             f"the restored optimizer's state differs: {found.detail}{left_out}",
-            where=method_location(ctx),
-            fix=found.fix or fix,
+            where=where,
+            fix=fix if changed else found.fix or fix,
         )
     if evaluation is not None:
         driver.to_evaluation(restored, ctx.needs)  # what a user does before evaluating the reloaded model
@@ -724,7 +736,7 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
                     raise
                 return failed(  # a KeyError, as a rule: the step wants a key the save left out
                     f"the next step after reloading raised {ctx.describe_error(exc)}{left_out}",
-                    where=ctx.where(exc),
+                    where=where if changed else ctx.where(exc),
                     fix=fix,
                 )
     state = driver.state(optimizer)
@@ -737,10 +749,15 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
         named = f"; here {'; '.join(unsaved)}" if unsaved else ""
         return failed(
             f"the restored state matched, but the next step after reloading differs from the uninterrupted "
-            f"one by up to {diff:.3g}: with equal saved state, a next step differs only when the optimizer "
-            "keeps state the save does not see (a Python attribute, a dict of tensors it does not track)"
-            f"{named}{left_out}",
-            where=method_location(ctx),
+            f"one by up to {diff:.3g}"
+            + (
+                f"{left_out}"
+                if changed
+                else ": with equal saved state, a next step differs only when the optimizer keeps state the "
+                "save does not see (a Python attribute, a dict of tensors it does not track)"
+                f"{named}{left_out}"
+            ),
+            where=where,
             figure=diff,
             fix=fix,
         )
@@ -762,6 +779,8 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
     memory = _memory(driver.optimizer_state_bytes(optimizer), driver.values(variables))
     # Left out but rebuilt alike for one step: whether it matters over a run is resume_exact's to say.
     rebuilt = f"; {left_out_said(left)} (rebuilt alike for the next step)" if left else ""
+    if changed:
+        rebuilt = f"; {changed_by_save_said(changed)} (rebuilt alike for the next step)"
     return passed(
         f"{driver.state_format} into a fresh optimizer: {len(state)} state tensors ({memory}) identical"
         f"{evaluated} and the next step bitwise equal{overrides_note(overrides)}{rebuilt}",

@@ -330,15 +330,23 @@ def left_out_of_save(ctx: CheckContext, overrides: Mapping[str, Any]) -> list[st
     overridden state_dict() that drops a key of self.state[p]), named. Asked only to explain a
     failure: an optimizer that cannot be stepped here explains nothing, and leaves that failure as
     it was."""
+    return save_faults(ctx, overrides)[1]
+
+
+def save_faults(ctx: CheckContext, overrides: Mapping[str, Any]) -> tuple[list[str], list[str]]:
+    """What an optimizer stepped three times loses to its own save: the live state the save call
+    removed or changed (Driver.state_changed_by_save, put back), and the state it leaves out
+    (left_out_of_save). Asked only to explain a failure, as that is."""
     if type(ctx.driver).state_left_out_of_save is Driver.state_left_out_of_save:
-        return []  # a style whose save sees everything the optimizer holds
+        return [], []  # a style whose save sees everything the optimizer holds
     try:
         optimizer, variables = fresh(ctx, **overrides)
         for seed in (40, 41, 42):
             ctx.driver.step(optimizer, variables, arrays(SHAPES, seed), ctx.needs)
-        return ctx.driver.state_left_out_of_save(optimizer)
+        changed = ctx.driver.state_changed_by_save(optimizer)  # first: it puts back what the save took
+        return changed, ctx.driver.state_left_out_of_save(optimizer)
     except Exception:
-        return []
+        return [], []
 
 
 def missing_key_left_out(observed: str, left: Sequence[str]) -> bool:

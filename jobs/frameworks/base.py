@@ -113,6 +113,24 @@ def equal_only_to_itself(value: Any) -> bool:
     )
 
 
+def changed_by_save_said(changed: Sequence[str]) -> str:
+    """What an optimizer's state_dict() call changed of its live state (Driver.state_changed_by_save),
+    said as a cause: the checks and a job's checkpoint say it alike."""
+    more = f" and {len(changed) - 4} more" if len(changed) > 4 else ""
+    return (
+        f"calling state_dict() changed the optimizer's live state ({', '.join(changed[:4])}{more}): "
+        "what super().state_dict() returns under 'state' is self.state[p] itself, not a copy, so every "
+        "save also changes the state training goes on with"
+    )
+
+
+CHANGED_BY_SAVE_FIX = (
+    "copy before editing what super().state_dict() returns: build new dicts ({k: v for k, v in "
+    "s.items() if k != key}) or start from copy.deepcopy(super().state_dict()); never pop, replace or "
+    "change its entries in place"
+)
+
+
 class CheckpointMismatch(Exception):
     """The reloaded objects differ from the ones that were saved."""
 
@@ -505,6 +523,12 @@ class Driver(ABC):
     def state_left_out_of_save(self, optimizer: Any) -> list[str]:
         """State the optimizer holds that its own save leaves out (torch: keys of self.state[p]
         missing from an overridden state_dict()'s entry for p). None by default."""
+        return []
+
+    def state_changed_by_save(self, optimizer: Any) -> list[str]:
+        """What the optimizer's own save removed or changed of the state it goes on training with,
+        each named with how (torch: an overridden state_dict() that edits the dicts super().state_dict()
+        returns, which are self.state[p] itself), put back as it was. None by default."""
         return []
 
     def config_left_out_of_save(self, optimizer: Any) -> list[tuple[int, str]]:

@@ -41,6 +41,7 @@ from jobs.batches import BatchOrder
 from jobs.distributed import Rank, current_rank, rank_0_waited
 from jobs.errors import free_space_note
 from jobs.frameworks.base import (
+    CHANGED_BY_SAVE_FIX,
     Advice,
     Capabilities,
     Checkpointed,
@@ -57,6 +58,7 @@ from jobs.frameworks.base import (
     TimeSpent,
     TrainingSession,
     WarningSink,
+    changed_by_save_said,
     equal_only_to_itself,
     other_spec,
     python_warnings_to,
@@ -163,10 +165,13 @@ OPTIMIZER_INIT_ATTRIBUTES = frozenset(
 )
 
 
-def state_dict_of(name: str, part: Any) -> Any:
-    """`part.state_dict()`; an optimizer that never ran torch.optim.Optimizer.__init__ is told so."""
+def state_dict_of(name: str, part: Any) -> tuple[Any, list[str]]:
+    """`part.state_dict()`, and what the call removed or changed of an optimizer's live state, put
+    back (saved_state_dict); an optimizer that never ran torch.optim.Optimizer.__init__ is told so."""
     try:
-        return part.state_dict()
+        if isinstance(getattr(part, "param_groups", None), list):
+            return saved_state_dict(part)
+        return part.state_dict(), []
     except AttributeError as exc:
         if exc.name not in OPTIMIZER_INIT_ATTRIBUTES:
             raise
@@ -178,10 +183,200 @@ def state_dict_of(name: str, part: Any) -> Any:
         ) from exc
 
 
-def save_checkpoint(path: Path, objects: TrainObjects, *, step: int, spec_json: str) -> None:
-    """Write atomically, so a crash mid-save never leaves a torn checkpoint behind."""
+def _state_dict(part: Any) -> Any:
+    """What `part.state_dict()` saves, an optimizer's live state left as it was (saved_state_dict)."""
+    if isinstance(getattr(part, "param_groups", None), list):
+        return saved_state_dict(part)[0]
+    return part.state_dict()
+
+
+# -- a state_dict() that changes the live state ------------------------------------------------------------
+#
+# torch's state_dict() returns the optimizer's own per-parameter dicts under "state" (only the keys are
+# renumbered), so an override that edits what super().state_dict() returns (`s.pop('exp_avg_sq')`)
+# edits the state training goes on with: every save then wipes it. A save and a reload of such a class
+# agree with each other (both lack it), so the driver keeps the live state as it was before the call,
+# puts back what the call took, and hands on what the call said it saves.
+
+
+@dataclass
+class _LiveEntry:
+    """One entry of `optimizer.state` as it was before a state_dict() call: the dict itself, its
+    values (the objects, not copies), each tensor's version counter and, where asked, its values."""
+
+    key: Any
+    entry: MutableMapping[Any, Any]
+    values: dict[Any, Any]
+    versions: dict[Any, int]
+    copies: dict[Any, torch.Tensor]
+
+
+def _live_entries(optimizer: Any, *, copy_values: bool) -> list[_LiveEntry]:
+    state = getattr(optimizer, "state", None)
+    if not isinstance(state, Mapping):
+        return []
+    found = []
+    for key, entry in list(state.items()):
+        if not isinstance(entry, MutableMapping):
+            continue  # a number kept beside the entries (SPAM's state["total_step"]): saved by value
+        tensors = {k: v for k, v in entry.items() if isinstance(v, torch.Tensor)}
+        found.append(
+            _LiveEntry(
+                key,
+                entry,
+                dict(entry),
+                {k: _version_of(v) for k, v in tensors.items()},
+                {k: v.detach().clone() for k, v in tensors.items()} if copy_values else {},
+            )
+        )
+    return found
+
+
+def _version_of(tensor: torch.Tensor) -> int:
+    """How many times the tensor was changed in place (-1 for one that does not count: an inference
+    tensor)."""
+    try:
+        return int(tensor._version)
+    except RuntimeError:
+        return -1
+
+
+def _same_tensor_values(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype or a.layout != b.layout:
+        return False
+    a, b = (a.to_dense(), b.to_dense()) if a.is_sparse else (a, b)
+    return _equal_or_both_nan(a.detach().cpu(), b.detach().cpu())
+
+
+def _same_object_value(before: Any, now: Any) -> bool:
+    """Whether a value a state_dict() call put in place of another holds the same: a tensor by its
+    values, anything else by ==; what cannot be compared counts as the same (nothing to blame)."""
+    if isinstance(before, torch.Tensor) or isinstance(now, torch.Tensor):
+        both = isinstance(before, torch.Tensor) and isinstance(now, torch.Tensor)
+        return both and _same_tensor_values(before, now)
+    try:
+        return bool(before == now)
+    except Exception:
+        return True
+
+
+def _live_changes(optimizer: Any, entries: Sequence[_LiveEntry]) -> list[str]:
+    """What a state_dict() call removed or changed of `entries` (`state[param 0]['exp_avg_sq']
+    removed`); keys it added are not counted (a class may fill in bookkeeping as it saves)."""
+    index = {id(p): i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
+    state = optimizer.state
+    changed = []
+    for live in entries:
+        tensor_key = isinstance(live.key, torch.Tensor)
+        where = f"state[param {index.get(id(live.key), '?')}]" if tensor_key else f"state[{live.key!r}]"
+        now = state.get(live.key) if isinstance(state, Mapping) else None
+        if not isinstance(now, Mapping):
+            changed += [f"{where}[{key!r}] removed" for key in live.values]
+            continue
+        for key, before in live.values.items():
+            if key not in now:
+                changed.append(f"{where}[{key!r}] removed")
+            elif now[key] is not before:
+                if not _same_object_value(before, now[key]):
+                    changed.append(f"{where}[{key!r}] replaced by other values")
+            elif key in live.copies and _version_of(before) != live.versions[key]:
+                if not _same_tensor_values(live.copies[key], before):
+                    changed.append(f"{where}[{key!r}] changed in place")
+    return changed
+
+
+def _put_back(optimizer: Any, entries: Sequence[_LiveEntry]) -> None:
+    """The live state as `entries` had it: each entry dict in its place, holding its values again,
+    and tensors changed in place given their values back where they were copied."""
+    state = optimizer.state
+    with torch.no_grad():
+        for live in entries:
+            if state.get(live.key) is not live.entry:
+                state[live.key] = live.entry
+            for key, before in live.values.items():
+                if live.entry.get(key) is not before:
+                    live.entry[key] = before
+            for key, values in live.copies.items():
+                tensor = live.values[key]
+                if _version_of(tensor) != live.versions[key]:
+                    tensor.copy_(values)
+
+
+def _apart_from(saved: Any, entries: Sequence[_LiveEntry]) -> Any:
+    """`saved` with each of its "state" entries that is a live entry dict replaced by a copy, and each
+    tensor the call changed in place by a copy of what it holds now, so that putting the live state
+    back does not change what the call saved."""
+    if not isinstance(saved, Mapping) or not isinstance(saved.get("state"), Mapping):
+        return saved
+    live = {id(e.entry) for e in entries}
+    changed = {
+        id(e.values[key])
+        for e in entries
+        for key in e.copies
+        if _version_of(e.values[key]) != e.versions[key]
+    }
+
+    def apart(value: Any) -> Any:
+        return value.clone() if isinstance(value, torch.Tensor) and id(value) in changed else value
+
+    return {
+        **saved,
+        "state": {
+            k: {key: apart(value) for key, value in v.items()} if id(v) in live else v
+            for k, v in saved["state"].items()
+        },
+    }
+
+
+def saved_state_dict(optimizer: Any, *, copy_values: bool = False) -> tuple[Any, list[str]]:
+    """`optimizer.state_dict()`, and what the call removed or changed of the live state (see above),
+    which is put back: the optimizer goes on as it was, what is returned is what the class saves.
+    A tensor changed in place is seen and put back only where its values were copied first: with
+    `copy_values`, and for a class whose save was once seen changing a tensor in place (a job's state
+    is not copied at every save)."""
+    cls = type(optimizer)
+    if getattr(cls, "state_dict", None) is torch.optim.Optimizer.state_dict:
+        return optimizer.state_dict(), []  # torch's own changes nothing
+    entries = _live_entries(optimizer, copy_values=copy_values or cls in _SAVES_CHANGING_IN_PLACE)
+    saved = optimizer.state_dict()
+    if any(_version_of(e.values[k]) != v for e in entries for k, v in e.versions.items()):
+        _SAVES_CHANGING_IN_PLACE.add(cls)  # copied from now on
+    changed = _live_changes(optimizer, entries)
+    if changed:
+        saved = _apart_from(saved, entries)
+        _put_back(optimizer, entries)
+    return saved, changed
+
+
+# Classes whose state_dict() was seen changing a state tensor in place: their values are copied first.
+_SAVES_CHANGING_IN_PLACE: set[type] = set()
+
+
+def live_state_note(optimizer: Any, changed: Sequence[str]) -> str:
+    """What a job says of a state_dict() call that changed the optimizer's live state: the change, the
+    override's line and the fix."""
+    where = _method_line(type(optimizer), "state_dict")
+    return f"{changed_by_save_said(changed)} (at {where}). Fix: {CHANGED_BY_SAVE_FIX}"
+
+
+@contextmanager
+def blaming(note: str | None) -> Iterator[None]:
+    """A checkpoint that does not verify, told what the save call changed of the live state (`note`)."""
+    try:
+        yield
+    except CheckpointMismatch as exc:
+        if note is None:
+            raise
+        raise CheckpointMismatch(f"{exc}; {note}") from exc
+
+
+def save_checkpoint(path: Path, objects: TrainObjects, *, step: int, spec_json: str) -> list[str]:
+    """Write atomically, so a crash mid-save never leaves a torn checkpoint behind. Returns what the
+    optimizer's state_dict() call removed or changed of its live state, which was put back
+    (saved_state_dict): the file holds what the class saves, training goes on from what it held."""
+    parts = {name: state_dict_of(name, part) for name, part in objects.parts().items()}
     payload = {
-        **{name: state_dict_of(name, part) for name, part in objects.parts().items()},
+        **{name: saved for name, (saved, _) in parts.items()},
         "rng": rng_state(),
         "step": step,
         # Batches are a pure function of (seed, step), so the step is the data position.
@@ -196,6 +391,7 @@ def save_checkpoint(path: Path, objects: TrainObjects, *, step: int, spec_json: 
         with suppress(OSError):  # a folder that refused the file may refuse this too
             tmp.unlink(missing_ok=True)
         raise OSError(f"could not write the checkpoint {path}: {exc}{free_space_note(path.parent)}") from exc
+    return [change for _, changed in parts.values() for change in changed]
 
 
 def clear_gradients(optimizer: Any) -> None:
@@ -415,9 +611,19 @@ def verify_roundtrip(
 def verify_state(original: TrainObjects, reloaded: TrainObjects) -> None:
     """Every part's state_dict() reloads bitwise."""
     for name, part in original.parts().items():
-        found = first_difference(part.state_dict(), reloaded.parts()[name].state_dict(), name)
-        if found:
-            raise CheckpointMismatch(f"checkpoint round-trip lost state: {found}")
+        saved, loaded = _state_dict(part), reloaded.parts()[name]
+        found = first_difference(saved, _state_dict(loaded), name)
+        if not found:
+            continue
+        raise CheckpointMismatch(f"checkpoint round-trip lost state: {found}")
+
+
+def _method_line(cls: type, method: str | None) -> str:
+    """`file:line` of `cls`'s `method`, or the class's name where it cannot be read."""
+    with suppress(OSError, TypeError):
+        function = inspect.unwrap(getattr(cls, method or "__init__"))
+        return f"{inspect.getsourcefile(function)}:{inspect.getsourcelines(function)[1]}"
+    return f"{cls.__qualname__}.{method}"
 
 
 def holds_a_rate(group: Mapping[str, Any]) -> bool:
@@ -537,7 +743,7 @@ def verify_next_step(
     differences = []
     for name, saved, loaded, start in (
         ("model", uninterrupted.model.state_dict(), reloaded.model.state_dict(), before),
-        ("optimizer", uninterrupted.optimizer.state_dict(), reloaded.optimizer.state_dict(), None),
+        ("optimizer", _state_dict(uninterrupted.optimizer), _state_dict(reloaded.optimizer), None),
     ):
         found = first_difference(saved, loaded, name)
         if found:
@@ -585,7 +791,7 @@ def _saved_by_an_override(optimizer: Any, part: str) -> Any:
     if getattr(type(optimizer), "state_dict", None) is torch.optim.Optimizer.state_dict:
         return None
     try:
-        return optimizer.state_dict().get(part)
+        return saved_state_dict(optimizer)[0].get(part)
     except Exception:
         return None
 
@@ -958,6 +1164,9 @@ class TorchDriver(Driver):
     def state_left_out_of_save(self, optimizer: Any) -> list[str]:
         return [f"state[param {index}][{key!r}]" for index, key in keys_left_out_of_save(optimizer)]
 
+    def state_changed_by_save(self, optimizer: Any) -> list[str]:
+        return saved_state_dict(optimizer, copy_values=True)[1]
+
     def config_left_out_of_save(self, optimizer: Any) -> list[tuple[int, str]]:
         return group_keys_left_out_of_save(optimizer)
 
@@ -1039,7 +1248,7 @@ class TorchDriver(Driver):
 
     def config_roundtrip(self, optimizer: Any, fresh: Callable[[], Any]) -> list[dict[str, Any]]:
         reloaded = fresh()
-        reloaded.load_state_dict(optimizer.state_dict())
+        reloaded.load_state_dict(_state_dict(optimizer))
         return self.config(reloaded)
 
     @property
@@ -1116,14 +1325,15 @@ class TorchDriver(Driver):
     def save_state(self, optimizer: Any, variables: Sequence[Any], folder: Path) -> Any:
         path = folder / "optimizer_state.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(optimizer.state_dict(), path)
+        torch.save(_state_dict(optimizer), path)
         return path
 
     def restore_state(self, optimizer: Any, variables: Sequence[Any], saved: Any) -> None:
         optimizer.load_state_dict(load_as_a_user_loads(saved))
 
     def state_difference(self, saved: Any, restored: Any) -> StateDifference | None:
-        found = first_difference(saved.state_dict(), restored.state_dict(), "state_dict")
+        saved_state = _state_dict(saved)
+        found = first_difference(saved_state, _state_dict(restored), "state_dict")
         if found is None:
             return None
         if _setstate_loads_nothing(saved, restored):
@@ -1316,7 +1526,7 @@ def _tensors_in(name: str, value: Any, depth: int = 3) -> Iterator[tuple[str, to
 
 def _saved_state_tensors(optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.Tensor]]:
     try:
-        saved = optimizer.state_dict().get("state", {})
+        saved = _state_dict(optimizer).get("state", {})
     except Exception:  # a state_dict() that cannot run here is the round-trip checks' to report
         return []
     return [
@@ -1554,6 +1764,9 @@ def mean_over_ranks(value: torch.Tensor) -> torch.Tensor:
 class TorchSession(TrainingSession):
     """A job's model, optimizer and LambdaLR scheduler; the checkpoint is one torch.save dict."""
 
+    # A state_dict() call that changed the optimizer's live state was told (`_tell_live_change`).
+    told_live_change: bool = False
+
     def __init__(self, spec: JobSpec, entry: Entry, workload: Workload, base: Base | None = None) -> None:
         self.spec = spec
         self.entry = entry
@@ -1787,7 +2000,8 @@ class TorchSession(TrainingSession):
         (at the end, where the reloaded objects must stay as they were saved)."""
         path = self.checkpoint_path(folder, step)
         self._eval_mode(objects)  # what is saved are the weights the user evaluates
-        save_checkpoint(path, objects, step=step, spec_json=self.spec.model_dump_json())
+        changed = save_checkpoint(path, objects, step=step, spec_json=self.spec.model_dump_json())
+        note = live_state_note(objects.optimizer, changed) if changed else None
         checkpoint = load_checkpoint(path)  # the file, read back once as a user reads it
         probe_batch = self.batch(min(step, self.spec.steps - 1))
 
@@ -1799,7 +2013,8 @@ class TorchSession(TrainingSession):
 
         if next_step_follows:
             reloaded = restore(checkpoint, self.build())
-            verify_state(objects, reloaded)
+            with blaming(note):
+                verify_state(objects, reloaded)
 
             def as_the_loop_steps(candidate: TrainObjects) -> None:
                 probe(candidate)
@@ -1811,9 +2026,12 @@ class TorchSession(TrainingSession):
             # implementation warns here. Only then is the saved model kept, to size a difference.
             before = checkpoint["model"] if ran else None
             checkpointed = Checkpointed(reloaded, path)
+            self._tell_live_change(checkpointed, step, note)
 
             def confirm(stepped: TrainObjects) -> None:
-                self.tell_once(checkpointed, step, verify_next_step(objects, stepped, ran=ran, before=before))
+                with blaming(note):
+                    inconclusive = verify_next_step(objects, stepped, ran=ran, before=before)
+                self.tell_once(checkpointed, step, inconclusive)
 
             checkpointed.confirm = confirm
             return checkpointed
@@ -1831,11 +2049,22 @@ class TorchSession(TrainingSession):
         # The saved model, which nothing steps (load_state_dict copies it into `reloaded`): what the
         # probe's step changed, should a nondeterministic op make the two steps differ.
         checkpointed = Checkpointed(reloaded, path)
-        inconclusive = verify_roundtrip(
-            objects, reloaded, twin, probe_at_a_training_rate, checkpoint["model"]
-        )
+        with blaming(note):
+            inconclusive = verify_roundtrip(
+                objects, reloaded, twin, probe_at_a_training_rate, checkpoint["model"]
+            )
         self.tell_once(checkpointed, step, inconclusive)
+        self._tell_live_change(checkpointed, step, note)
         return checkpointed
+
+    def _tell_live_change(self, checkpointed: Checkpointed, step: int, note: str | None) -> None:
+        """A save that changed the live state, where the checkpoint verified all the same: once a job."""
+        if note and not self.told_live_change:
+            self.told_live_change = True
+            checkpointed.warnings.append(
+                f"step {step}: {note} (the job trains on from the state as it was before the call, which "
+                "optlab put back; told once a job)"
+            )
 
     def checkpoint_path(self, folder: Path, step: int) -> Path:
         return folder / f"step-{step:08d}.pt"

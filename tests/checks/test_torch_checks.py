@@ -1061,6 +1061,105 @@ def test_state_a_load_casts_to_another_dtype_is_named_with_its_cause(
     assert "Fix: cast such state back to its own dtype after loading" in resumed.detail
 
 
+class MomentumPerParameter(PerParameter):
+    """Momentum and a per-step cache, kept in self.state[p]; a momentum missing starts afresh."""
+
+    def update(self, p: Any, lr: float) -> None:
+        state = self.state[p]
+        buffer = state.setdefault("momentum", torch.zeros_like(p))
+        buffer.mul_(0.9).add_(p.grad)
+        state["last_grad"] = p.grad.clone()
+        p.sub_(lr * buffer)
+
+
+class PoppedSaveSGD(MomentumPerParameter):
+    """Pops the momentum from what super().state_dict() returns, as SPAM's "save space" override:
+    those dicts are self.state[p] itself, so each save wipes the momentum training goes on with."""
+
+    def state_dict(self) -> dict[str, Any]:
+        saved = super().state_dict()
+        for entry in saved["state"].values():
+            entry.pop("momentum", None)
+        return saved
+
+
+class ZeroedSaveSGD(MomentumPerParameter):
+    """Zeroes the momentum in what it saves, in place: the live momentum with it."""
+
+    def state_dict(self) -> dict[str, Any]:
+        saved = super().state_dict()
+        for entry in saved["state"].values():
+            entry["momentum"].zero_()
+        return saved
+
+
+class HalvedSaveSGD(MomentumPerParameter):
+    """Saves the momentum in bfloat16, written back into the dicts super().state_dict() returns."""
+
+    def state_dict(self) -> dict[str, Any]:
+        saved = super().state_dict()
+        for entry in saved["state"].values():
+            entry["momentum"] = entry["momentum"].to(torch.bfloat16)
+        return saved
+
+
+class PoppedCacheSGD(MomentumPerParameter):
+    """Pops a cache every step writes afresh: the live state loses it, training does not."""
+
+    def state_dict(self) -> dict[str, Any]:
+        saved = super().state_dict()
+        for entry in saved["state"].values():
+            entry.pop("last_grad", None)
+        return saved
+
+
+class CopiedSaveSGD(MomentumPerParameter):
+    """Leaves the momentum out of copies: the live state is intact, the save lacks it."""
+
+    def state_dict(self) -> dict[str, Any]:
+        saved = super().state_dict()
+        saved["state"] = {
+            i: {k: v for k, v in e.items() if k != "momentum"} for i, e in saved["state"].items()
+        }
+        return saved
+
+
+@pytest.mark.parametrize(
+    ("name", "status", "says"),
+    [
+        ("PoppedSaveSGD", "fail", "state[param 0]['momentum'] removed, state[param 1]['momentum'] removed"),
+        ("ZeroedSaveSGD", "fail", "state[param 0]['momentum'] changed in place"),
+        ("HalvedSaveSGD", "fail", "state[param 0]['momentum'] replaced by other values"),
+        # No false alarm: what the save takes, the next step writes afresh.
+        ("PoppedCacheSGD", "pass", "state[param 0]['last_grad'] removed"),
+        # A save that copies keeps the message that names what it leaves out.
+        ("CopiedSaveSGD", "fail", "state_dict() leaves out state[param 0]['momentum']"),
+    ],
+)
+def test_a_state_dict_that_edits_the_live_state_is_named_with_its_line_and_fix(
+    tmp_path: Path, name: str, status: str, says: str
+) -> None:
+    """A save and a reload of such a class agree (both lack what the save took): the checks compare the
+    live state before and after the call, name what it removed or changed, and put it back."""
+    roundtrip = state_checks.check_state_roundtrip(context(f"{__name__}:{name}", tmp_path))
+    resumed = CHECKS["resume_exact"](context(f"{__name__}:{name}", tmp_path))
+    if status == "pass":
+        assert roundtrip.status == "pass", roundtrip.detail
+        assert f"calling state_dict() changed the optimizer's live state ({says}" in roundtrip.detail
+        assert roundtrip.detail.endswith("(rebuilt alike for the next step)"), roundtrip.detail
+        assert resumed.status == "pass", resumed.detail
+        return
+    live = name != "CopiedSaveSGD"
+    for outcome in (roundtrip, resumed):
+        assert outcome.status == "fail", outcome.detail
+        assert says in outcome.detail, outcome.detail
+        assert ("calling state_dict() changed the optimizer's live state" in outcome.detail) == live
+        if live:  # the override's line, and the fix for it
+            method = inspect.unwrap(globals()[name].state_dict)
+            assert outcome.where == f"{__file__}:{inspect.getsourcelines(method)[1]}", outcome.where
+            assert "Fix: copy before editing what super().state_dict() returns" in outcome.detail
+
+
 class SparseOnlySGD(torch.optim.Optimizer):
     """Takes only sparse gradients, as torch's SparseAdam; sums a repeated row's gradients."""
 

@@ -292,6 +292,66 @@ def test_state_left_out_of_state_dict_is_caught_even_where_the_probe_step_does_n
     roundtrip(tmp_path, CacheLeftOut)  # written afresh by every step: nothing lost
 
 
+class LiveEditedMomentum(StateMomentum):
+    """BROKEN on purpose, as SPAM's "save space" override: it pops the momentum from what
+    super().state_dict() returns, which is self.state[p] itself, so every save also wipes the momentum
+    training goes on with (and the step starts it afresh). A save and a reload agree (both lack it)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        saved = super().state_dict()
+        for entry in saved["state"].values():
+            entry.pop("momentum", None)
+        return saved
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                state.setdefault("updates", torch.tensor(0.0))
+                state.setdefault("momentum", torch.zeros_like(p))
+                state["updates"] += 1
+                state["momentum"].mul_(group["beta"]).add_(p.grad)
+                p.add_(state["momentum"], alpha=-group["lr"])
+
+
+class LiveEditedCache(CacheLeftOut):
+    """Correct in effect: it pops a per-step cache from the live state as it saves, and every step
+    writes the cache afresh: training goes on alike, so the checkpoint verifies."""
+
+    def state_dict(self) -> dict[str, Any]:
+        saved = torch.optim.Optimizer.state_dict(self)
+        for entry in saved["state"].values():
+            entry.pop("last_grad", None)
+        return saved
+
+
+LIVE_EDIT = (
+    r"calling state_dict\(\) changed the optimizer's live state \(state\[param 0\]\['momentum'\] removed, "
+    r"state\[param 1\]\['momentum'\] removed\).* \(at .*test_torch_driver_checkpoint.py:\d+\)\. Fix: copy "
+    r"before editing what super\(\).state_dict\(\) returns"
+)
+
+
+def test_a_state_dict_that_edits_the_live_state_is_put_back_and_its_loss_caught(tmp_path: Path) -> None:
+    original = build(LiveEditedMomentum)
+    for _ in range(3):
+        train_step(original)
+    path = tmp_path / "step-3.pt"
+    changed = save_checkpoint(path, original, step=3, spec_json="{}")
+    assert changed == ["state[param 0]['momentum'] removed", "state[param 1]['momentum'] removed"]
+    # Training goes on from the state as it was; the file holds what the class saves.
+    assert all("momentum" in entry for entry in original.optimizer.state.values())
+    assert "momentum" not in load_checkpoint(path)["optimizer"]["state"][0]
+    # So the reload no longer agrees with the objects saved: the loss shows.
+    with pytest.raises(CheckpointMismatch, match="the next step differs"):
+        roundtrip(tmp_path, LiveEditedMomentum)
+
+
+def test_a_live_cache_a_save_drops_and_the_step_rebuilds_is_no_loss(tmp_path: Path) -> None:
+    roundtrip(tmp_path, LiveEditedCache)  # raises CheckpointMismatch on a loss
+
+
 # -- the same, inside a real job ---------------------------------------------------------------------
 
 
@@ -324,6 +384,30 @@ def test_a_job_fails_its_first_checkpoint_when_state_is_outside_state_dict(
     with pytest.raises(CheckpointMismatch, match="the next step differs"):
         job.run()
     assert [(c.step, c.ok) for c in job.verified] == [(first, False)]
+
+
+@FIRST_CHECKPOINT
+def test_a_job_fails_its_first_checkpoint_when_state_dict_edits_the_live_state(
+    make_job: Callable[..., Any], first: int
+) -> None:
+    job = make_job(
+        broken_spec("live_edited_momentum", first), with_registry=registry_with(LiveEditedMomentum)
+    )
+    with pytest.raises(
+        CheckpointMismatch, match=LIVE_EDIT.replace(r"state\[param 1\]\['momentum'\] removed\)", "")
+    ):
+        job.run()
+    assert [(c.step, c.ok) for c in job.verified] == [(first, False)]
+
+
+def test_a_job_whose_save_drops_a_cache_the_step_rebuilds_trains_on_and_is_told_once(
+    make_job: Callable[..., Any],
+) -> None:
+    job = make_job(broken_spec("live_edited_cache", 4), with_registry=registry_with(LiveEditedCache))
+    result = job.run()
+    assert all(c.ok for c in result.checkpoints)
+    (warning,) = [w for w in result.warnings if "live state" in w]
+    assert "state[param 0]['last_grad'] removed" in warning and warning.endswith("told once a job)")
 
 
 def test_a_job_whose_state_holds_a_type_of_its_own_fails_saying_how_to_allow_it(

@@ -13,7 +13,14 @@ from jobs.checks.fresh.plan import RESUME_SPLIT, RESUME_STEPS, runs_for
 from jobs.checks.fresh.results import first_difference, largest_difference, load_run
 from jobs.checks.fresh.spawner import ChildFailed, child_for, failed_in_child, run_fresh
 from jobs.checks.report import Outcome, failed, passed
-from jobs.checks.tools import LEFT_OUT_FIX, left_out_of_save, left_out_said, missing_key_left_out
+from jobs.checks.tools import (
+    LEFT_OUT_FIX,
+    left_out_said,
+    method_location,
+    missing_key_left_out,
+    save_faults,
+)
+from jobs.frameworks.base import CHANGED_BY_SAVE_FIX, changed_by_save_said
 
 
 def resume_exact(ctx: CheckContext) -> Outcome:
@@ -33,8 +40,14 @@ def resume_exact(ctx: CheckContext) -> Outcome:
         run_fresh(ctx, "resume", request)
     except ChildFailed as exc:
         # A KeyError after the reload for a key the save left out: named, with its fix.
-        left = [] if exc.timed_out or "KeyError" not in exc.observed else left_out_of_save(ctx, overrides)
+        changed: list[str] = []
+        left: list[str] = []
+        if not exc.timed_out and "KeyError" in exc.observed:
+            changed, left = save_faults(ctx, overrides)
         if missing_key_left_out(exc.observed, left):
+            if changed:
+                said = f"the resumed run failed: {exc.observed}; {changed_by_save_said(changed)}"
+                return failed(said, where=method_location(ctx, "state_dict"), fix=CHANGED_BY_SAVE_FIX)
             said = f"the resumed run failed: {exc.observed}; {left_out_said(left)}"
             return failed(said, where=exc.where or ctx.where(), fix=LEFT_OUT_FIX)
         return failed_in_child(exc, "the resumed run", where=ctx.where(), fix=words.resume_child_fix)
@@ -52,15 +65,16 @@ def resume_exact(ctx: CheckContext) -> Outcome:
         )
     # A cause the load itself shows, named with its own fix; else state the save never saw.
     cause = runs.load_difference(ctx, overrides, checkpoint)
-    left = [] if cause else left_out_of_save(ctx, overrides)
+    changed, left = ([], []) if cause else save_faults(ctx, overrides)
     most, figure = largest_difference(straight, resumed)
     return failed(
         f"{steps} differ: {difference}"
         + (f"; the largest difference, {figure:.3g}, is in {most}" if most and most not in difference else "")
         + (f"; loading the checkpoint changed its state: {cause.detail}" if cause else "")
-        + (f"; {left_out_said(left)}" if left else ""),
-        where=ctx.where(),
+        + (f"; {changed_by_save_said(changed)}" if changed else f"; {left_out_said(left)}" if left else ""),
+        where=method_location(ctx, "state_dict") if changed else ctx.where(),
         fix=(cause.fix if cause and cause.fix else None)
+        or (CHANGED_BY_SAVE_FIX if changed else None)
         or (LEFT_OUT_FIX if left else None)
         or f"keep {words.state_home} (never in a class attribute, module global or other Python "
         f"attribute), so {words.saver} saves it",
