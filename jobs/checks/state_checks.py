@@ -710,7 +710,7 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
     if found:
         return failed(
             f"the restored optimizer's state differs: {found.detail}{left_out}",
-            where=where,
+            where=method_location(ctx, found.method) if found.method and not changed else where,
             fix=fix if changed else found.fix or fix,
         )
     if evaluation is not None:

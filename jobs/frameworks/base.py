@@ -213,6 +213,7 @@ class StateDifference:
 
     detail: str
     fix: str | None = None
+    method: str | None = None  # the class's method at fault, where the difference shows one
 
 
 @dataclass(frozen=True)

@@ -504,6 +504,49 @@ SETSTATE_SAID = (
 SETSTATE_FIX = "call super().__setstate__(state) in __setstate__ (then fill in what older saves lack)"
 
 
+LOAD_DROPS_FIX = {
+    "load_state_dict": "keep every key super().load_state_dict(state_dict) loads into self.state[p]: change "
+    "a value after it in place or replace it (a cast: state[key] = state[key].to(dtype)), never pop or "
+    "delete it (a key older saves lack: fill it in, as torch's own optimizers do)",
+    "__setstate__": "call super().__setstate__(state) and keep every key of self.state[p] it sets: fill in "
+    "what older saves lack, never pop or delete a saved key",
+}
+
+
+def _own_load_overrides(cls: type) -> list[str]:
+    """The class's own load methods (its package's, not torch's), load_state_dict first."""
+    own = user_classes(cls)
+    return [name for name in ("load_state_dict", "__setstate__") if any(name in vars(k) for k in own)]
+
+
+def dropped_by_load(saved: Any, restored: Any) -> StateDifference | None:
+    """Keys of a parameter's entry that the `saved` state_dict holds and the live state of the optimizer
+    it was loaded into lacks, where the class overrides load_state_dict() or __setstate__ (through which
+    torch's load sets the state): torch's own load keeps every key, so the override dropped them, and
+    is the method at fault. None otherwise."""
+    overrides = _own_load_overrides(type(restored))
+    state = saved.get("state") if isinstance(saved, Mapping) else None
+    if not overrides or not isinstance(state, Mapping):
+        return None
+    params = [p for group in restored.param_groups for p in group["params"]]
+    keys = []
+    for index, entry in state.items():
+        if not isinstance(index, int) or not isinstance(entry, Mapping) or not 0 <= index < len(params):
+            continue
+        live = restored.state.get(params[index])
+        if isinstance(live, Mapping) and live:  # an entry loaded, short of keys the save holds
+            keys += [f"state[param {index}][{key!r}]" for key in entry if key not in live]
+    if not keys:
+        return None
+    method, them = overrides[0], "it" if len(keys) == 1 else "them"
+    return StateDifference(
+        f"the saved state_dict holds {', '.join(keys[:4])}, and the optimizer it was loaded into lacks "
+        f"{them}: the class's own {method}() drops {them} as it loads",
+        fix=LOAD_DROPS_FIX[method],
+        method=method,
+    )
+
+
 def _setstate_loads_nothing(saved: Any, restored: Any) -> bool:
     """A restored optimizer with no state at all where the saved one has some, whose class overrides
     __setstate__: an override that never calls super().__setstate__ drops everything loaded."""
@@ -615,6 +658,11 @@ def verify_state(original: TrainObjects, reloaded: TrainObjects) -> None:
         found = first_difference(saved, _state_dict(loaded), name)
         if not found:
             continue
+        dropped = dropped_by_load(saved, loaded) if name == "optimizer" else None
+        if dropped is not None:  # the class's own load method, named with its line and fix
+            found += (
+                f": {dropped.detail} (at {_method_line(type(loaded), dropped.method)}). Fix: {dropped.fix}"
+            )
         raise CheckpointMismatch(f"checkpoint round-trip lost state: {found}")
 
 
@@ -1337,7 +1385,10 @@ class TorchDriver(Driver):
         if found is None:
             return None
         if _setstate_loads_nothing(saved, restored):
-            return StateDifference(f"{found}; {SETSTATE_SAID}", fix=SETSTATE_FIX)
+            return StateDifference(f"{found}; {SETSTATE_SAID}", fix=SETSTATE_FIX, method="__setstate__")
+        dropped = dropped_by_load(saved_state, restored)
+        if dropped is not None:
+            return StateDifference(f"{found}: {dropped.detail}", fix=dropped.fix, method=dropped.method)
         return StateDifference(found, fix=KEEP_STATE_DTYPE_FIX if LOAD_CASTS_STATE in found else None)
 
     @contextmanager

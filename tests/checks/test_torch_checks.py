@@ -1160,6 +1160,73 @@ def test_a_state_dict_that_edits_the_live_state_is_named_with_its_line_and_fix(
             assert "Fix: copy before editing what super().state_dict() returns" in outcome.detail
 
 
+class DroppingLoadSGD(MomentumPerParameter):
+    """Re-derives its state after a reload, and pops the momentum instead of casting it (NovoGrad's
+    port): the save holds it, the loaded optimizer does not, and its next step starts it afresh."""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        for entry in self.state.values():
+            entry.pop("momentum", None)
+
+
+class DroppingSetstateSGD(MomentumPerParameter):
+    """The same, in __setstate__, through which torch's load_state_dict() sets the state."""
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        for entry in self.state.values():
+            entry.pop("momentum", None)
+
+
+class CastingLoadSGD(MomentumPerParameter):
+    """Overrides load_state_dict() and keeps every key (it casts one back): nothing to blame."""
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        for entry in self.state.values():
+            entry["momentum"] = entry["momentum"].to(torch.float32)
+
+
+@pytest.mark.parametrize(
+    ("name", "method"),
+    [
+        ("DroppingLoadSGD", "load_state_dict"),
+        ("DroppingSetstateSGD", "__setstate__"),
+        ("CastingLoadSGD", None),
+    ],
+)
+def test_a_key_the_class_s_own_load_drops_is_blamed_on_that_method(
+    tmp_path: Path, name: str, method: str | None
+) -> None:
+    """Not "keep per-parameter state in self.state[p]" at the step, where it is: the override's line."""
+    outcome = state_checks.check_state_roundtrip(context(f"{__name__}:{name}", tmp_path))
+    if method is None:
+        assert outcome.status == "pass", outcome.detail
+        return
+    assert outcome.status == "fail", outcome.detail
+    assert "missing after reload: ['momentum']" in outcome.detail, outcome.detail
+    assert (
+        "the saved state_dict holds state[param 0]['momentum'], state[param 1]['momentum'], "
+        "state[param 2]['momentum'], and the optimizer it was loaded into lacks them: the class's own "
+        f"{method}() drops them"
+    ) in outcome.detail, outcome.detail
+    line = inspect.getsourcelines(getattr(globals()[name], method))[1]
+    assert outcome.where == f"{__file__}:{line}", outcome.where
+    fix = (
+        "keep every key super().load_state_dict"
+        if method == "load_state_dict"
+        else "call super().__setstate__"
+    )
+    assert f"Fix: {fix}" in outcome.detail, outcome.detail
+    assert "Fix: keep per-parameter state in self.state[p]" not in outcome.detail
+    # resume_exact's difference has the same cause, at the same line.
+    resumed = CHECKS["resume_exact"](context(f"{__name__}:{name}", tmp_path))
+    assert resumed.status == "fail", resumed.detail
+    assert f"the class's own {method}() drops them as it loads" in resumed.detail, resumed.detail
+    assert resumed.where == outcome.where, resumed.where
+
+
 class SparseOnlySGD(torch.optim.Optimizer):
     """Takes only sparse gradients, as torch's SparseAdam; sums a repeated row's gradients."""
 

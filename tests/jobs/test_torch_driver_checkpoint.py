@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 import threading
@@ -233,8 +234,18 @@ def test_a_correct_optimizer_survives_the_roundtrip(tmp_path: Path, optimizer_cl
 
 
 def test_state_dropped_on_load_is_named(tmp_path: Path) -> None:
-    with pytest.raises(CheckpointMismatch, match=r"optimizer\['state'\]\[0\]: keys differ .*\['updates'\]"):
+    with pytest.raises(
+        CheckpointMismatch, match=r"optimizer\['state'\]\[0\]: keys differ .*\['updates'\]"
+    ) as caught:
         roundtrip(tmp_path, ForgetfulMomentum)
+    # By the class's own load_state_dict(), at its line, with the fix for it.
+    method = ForgetfulMomentum.load_state_dict
+    assert (
+        "the saved state_dict holds state[param 0]['updates'], state[param 1]['updates'], and the optimizer "
+        "it was loaded into lacks them: the class's own load_state_dict() drops them as it loads "
+        f"(at {inspect.getsourcefile(method)}:{inspect.getsourcelines(method)[1]}). Fix: keep every key "
+        "super().load_state_dict(state_dict) loads"
+    ) in str(caught.value)
 
 
 @pytest.mark.parametrize("optimizer_cls", [AttributeMomentum, LazyAttributeMomentum])

@@ -43,6 +43,18 @@ def resume_exact(ctx: CheckContext) -> Outcome:
         changed: list[str] = []
         left: list[str] = []
         if not exc.timed_out and "KeyError" in exc.observed:
+            dropped = runs.load_difference(ctx, overrides, checkpoint)
+            if (
+                dropped is not None
+                and dropped.method is not None
+                and _key_named(exc.observed, dropped.detail)
+            ):
+                return failed(  # a key the class's own load dropped, wanted by the next step
+                    f"the resumed run failed: {exc.observed}; loading the checkpoint changed its state: "
+                    f"{dropped.detail}",
+                    where=method_location(ctx, dropped.method),
+                    fix=dropped.fix or words.resume_child_fix,
+                )
             changed, left = save_faults(ctx, overrides)
         if missing_key_left_out(exc.observed, left):
             if changed:
@@ -72,7 +84,11 @@ def resume_exact(ctx: CheckContext) -> Outcome:
         + (f"; the largest difference, {figure:.3g}, is in {most}" if most and most not in difference else "")
         + (f"; loading the checkpoint changed its state: {cause.detail}" if cause else "")
         + (f"; {changed_by_save_said(changed)}" if changed else f"; {left_out_said(left)}" if left else ""),
-        where=method_location(ctx, "state_dict") if changed else ctx.where(),
+        where=method_location(ctx, "state_dict")
+        if changed
+        else method_location(ctx, cause.method)
+        if cause and cause.method
+        else ctx.where(),
         fix=(cause.fix if cause and cause.fix else None)
         or (CHANGED_BY_SAVE_FIX if changed else None)
         or (LEFT_OUT_FIX if left else None)
@@ -80,3 +96,9 @@ def resume_exact(ctx: CheckContext) -> Outcome:
         f"attribute), so {words.saver} saves it",
         figure=figure,
     )
+
+
+def _key_named(observed: str, detail: str) -> bool:
+    """Whether a KeyError (`KeyError: 'exp_avg_sq'`) is for a key `detail` names (`[...]['exp_avg_sq']`)."""
+    key = observed.rpartition("KeyError: ")[2].split()[0] if "KeyError: " in observed else ""
+    return bool(key) and f"[{key}]" in detail

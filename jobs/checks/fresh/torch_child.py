@@ -42,6 +42,7 @@ from jobs.frameworks.torch_driver import (
     clear_gradients,
     closure_loss_over_ranks,
     closure_result,
+    dropped_by_load,
     first_difference,
     load_as_a_user_loads,
     rng_state,
@@ -277,7 +278,12 @@ def load_difference(
             fix=TorchDriver.advice.state_in_checkpoint,
         )
     found = first_difference(saved["optimizer"], optimizer.state_dict(), "state_dict")
-    if found is None or LOAD_CASTS_STATE not in found:
+    if found is None:
+        return None
+    dropped = dropped_by_load(saved["optimizer"], optimizer)  # by the class's own load method
+    if dropped is not None:
+        return dropped
+    if LOAD_CASTS_STATE not in found:
         return None
     return StateDifference(found, fix=KEEP_STATE_DTYPE_FIX)
 
