@@ -721,9 +721,49 @@ def _added_group_raised(ctx: CheckContext, what: str, error: Exception) -> Outco
             where=method_location(ctx, "__init__"),
             fix=_BASE_INIT_FIX,
         )
+    key = _group_key_added_groups_lack(ctx, error)
+    if key is not None:  # a key of the groups, not of a parameter's state
+        own = _defines(ctx, "add_param_group")
+        return failed(
+            f"{raised}: {key!r} is a key of the constructor's param groups that a group added later lacks ("
+            + (
+                "the class's own add_param_group() does not set it"
+                if own
+                else "torch's add_param_group fills a new group from self.defaults, which do not hold it"
+            )
+            + ")",
+            where=method_location(ctx, "add_param_group" if own else "__init__"),
+            fix=f"set the key in add_param_group (param_group.setdefault({key!r}, ...)) or in defaults "
+            "(the dict given to super().__init__(params, defaults)), so a group added later has it",
+        )
     # A KeyError on the added group's parameters: their state was made in __init__, for the first.
     fix = _ADDED_STATE_FIX if isinstance(error, KeyError) else _ADDED_GROUP_FIX
     return failed(raised, where=method_location(ctx), fix=fix)
+
+
+def _defines(ctx: CheckContext, method: str) -> bool:
+    """Whether the class's own code (its package's, not torch's) defines `method`."""
+    return any(method in vars(klass) for klass in user_classes(ctx.target.cls))
+
+
+def _group_key_added_groups_lack(ctx: CheckContext, error: Exception) -> str | None:
+    """The key of a KeyError where it is a group key: held by the groups the constructor made (or by
+    self.defaults) and missing from a group add_param_group adds (Lookahead's `lookahead_alpha`,
+    set for the constructor's groups only). None otherwise (a parameter's state, as a rule)."""
+    key = error.args[0] if isinstance(error, KeyError) and error.args else None
+    if not isinstance(key, str):
+        return None
+    try:
+        with same_draws(ctx, seed=3):
+            model = _tiny_model()
+            optimizer = _build(ctx, list(model[0].parameters()))
+            optimizer.add_param_group({"params": [nn.Parameter(_EXTRA_START.clone())]})
+    except Exception:  # the add itself raised: not a key the added group lacks
+        return None
+    *built, added = optimizer.param_groups
+    defaults = getattr(optimizer, "defaults", None)
+    held = any(key in group for group in built) or (isinstance(defaults, Mapping) and key in defaults)
+    return key if held and key not in added else None
 
 
 _EXTRA_START = torch.linspace(-1.0, 1.0, 5)

@@ -145,6 +145,79 @@ def test_a_wrapper_without_defaults_is_told_what_add_param_group_lacks(tmp_path:
     assert result.where == f"{path}:8", result.where  # its __init__
 
 
+# Lookahead v2 before its fix: the constructor's groups get the wrapper's own group keys, a group
+# added later does not (its add_param_group hands it to the base as it is).
+GROUP_KEY_LOOKAHEAD = """
+from collections import defaultdict
+
+import torch
+from torch.optim.optimizer import Optimizer
+
+
+class GroupKeyLookahead(Optimizer):
+    def __init__(self, optimizer, k=2, alpha=0.5):
+        self.optimizer, self.k, self.alpha = optimizer, k, alpha
+        groups = optimizer.param_groups
+        Optimizer.__setstate__(
+            self, {"defaults": optimizer.defaults, "state": defaultdict(dict), "param_groups": groups}
+        )
+        for group in self.param_groups:
+            group["counter"] = 0
+            group.setdefault("lookahead_alpha", alpha)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = self.optimizer.step(closure)
+        for group in self.param_groups:
+            if group["counter"] == 0:
+                for p in group["params"]:
+                    slow = self.state[p].setdefault("slow", p.detach().clone())
+                    slow.add_(p - slow, alpha=group["lookahead_alpha"])
+                    p.copy_(slow)
+            group["counter"] = (group["counter"] + 1) % self.k
+        return loss
+
+    def add_param_group(self, param_group):
+        param_group["counter"] = 0
+        self.optimizer.add_param_group(param_group)
+"""
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["add_param_group without the key", "with it"])
+def test_a_group_key_an_added_group_lacks_is_told_to_be_set_in_add_param_group(
+    tmp_path: Path, fixed: bool
+) -> None:
+    """Not "create a parameter's state in step()": the KeyError's key is a group key the constructor's
+    groups hold and the added group lacks, so the fix is to set it where groups are added."""
+    text = GROUP_KEY_LOOKAHEAD
+    if fixed:
+        sets = '        param_group.setdefault("lookahead_alpha", self.alpha)\n'
+        text = text.replace(
+            '        param_group["counter"] = 0\n', '        param_group["counter"] = 0\n' + sets
+        )
+    path = tmp_path / "group_key_lookahead.py"
+    path.write_text(text)
+    setup = LoopSetup(base={"name": "adamw", "params": {"lr": 0.01}})
+    target = target_of(f"{path}:GroupKeyLookahead")
+    (result,) = run_checks(target, {}, only=["param_groups"], setup=setup, workdir=tmp_path).checks
+    if fixed:
+        assert "KeyError" not in result.detail, result.detail
+        return
+    assert result.status == "fail", result.detail
+    assert (
+        "raised KeyError: 'lookahead_alpha': 'lookahead_alpha' is a key of the constructor's param groups"
+        in (result.detail)
+    )
+    assert "the class's own add_param_group() does not set it" in result.detail
+    assert (
+        "Fix: set the key in add_param_group (param_group.setdefault('lookahead_alpha', ...)) or in defaults"
+        in (result.detail)
+    )
+    assert "create a parameter's state in step()" not in result.detail
+    line = next(n for n, code in enumerate(text.splitlines(), 1) if "def add_param_group" in code)
+    assert result.where == f"{path}:{line}", result.where
+
+
 def test_a_wrapper_over_a_base_with_modes_is_timed_against_the_base_in_training_mode(tmp_path: Path) -> None:
     # facebookresearch's schedule-free AdamW refuses to step until optimizer.train(): the base alone,
     # timed as the yardstick, is switched to training as the wrapper's base is.

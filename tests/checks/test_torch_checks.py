@@ -2179,6 +2179,40 @@ def test_state_made_only_in_init_is_told_to_be_made_in_step(tmp_path: Path) -> N
     assert "Fix: create a parameter's state in step() when it has none" in outcome.detail
 
 
+class GroupBetaSGD(PlainSGD):
+    """Gives the constructor's groups a key its defaults lack: torch's add_param_group fills a group
+    added later from the defaults, so that group has none."""
+
+    def __init__(self, params: Any, lr: float = 0.1) -> None:
+        super().__init__(params, {"lr": lr})
+        for group in self.param_groups:
+            group["beta"] = 0.5
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in (p for p in group["params"] if p.grad is not None):
+                p.sub_(group["lr"] * group["beta"] * p.grad)
+        return None
+
+
+def test_a_group_key_the_defaults_lack_is_told_to_be_set_in_defaults(tmp_path: Path) -> None:
+    outcome = CHECKS["param_groups"](context(f"{__name__}:GroupBetaSGD", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert (
+        "raised KeyError: 'beta': 'beta' is a key of the constructor's param groups that a group added"
+        in (outcome.detail)
+    )
+    assert (
+        "torch's add_param_group fills a new group from self.defaults, which do not hold it" in outcome.detail
+    )
+    assert "Fix: set the key in add_param_group (param_group.setdefault('beta', ...)) or in defaults" in (
+        outcome.detail
+    )
+    method = GroupBetaSGD.__init__
+    assert outcome.where == f"{__file__}:{inspect.getsourcelines(method)[1]}", outcome.where
+
+
 class InnerMomentumSGD(torch.optim.Optimizer):
     """Steps an SGD with momentum of its own, over its groups: that inner optimizer's momentum is in
     no state this class saves."""
