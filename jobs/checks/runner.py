@@ -20,7 +20,13 @@ from typing import Any
 from jobs.checks.context import CheckContext, LoopSetup, RecipeNotHonoured, one_line
 from jobs.checks.report import CHECK_IDS, ONLY_FOR_STYLES, CheckReport, CheckResult, Outcome, failed, skipped
 from jobs.checks.target import Target, UsageError
-from jobs.checks.tools import CheckFunction, fix_for_raised, reached_user_code, wrong_signature
+from jobs.checks.tools import (
+    CheckFunction,
+    fix_for_raised,
+    method_location,
+    reached_user_code,
+    wrong_signature,
+)
 from jobs.errors import EXIT_FIX, exit_message
 from jobs.frameworks.base import AdvisedError, known_fix
 from optimizers.hyperparams import check_all
@@ -196,6 +202,14 @@ def _outcome(check_id: str, table: Mapping[str, CheckFunction], context: CheckCo
         wrong = wrong_signature(context, exc)  # the class's method never ran: no line of it to show
         if wrong is not None:
             return wrong.failed(context.describe_error(exc))
+        skipped_init = context.driver.base_init_skipped(exc)
+        if skipped_init is not None:  # one cause behind every check's AttributeError: said at __init__
+            said, fix = skipped_init
+            return failed(
+                f"raised {context.describe_error(exc)}: {said}",
+                where=method_location(context, "__init__"),
+                fix=fix,
+            )
         where = context.where(exc)
         return failed(
             f"raised {context.describe_error(exc)}",

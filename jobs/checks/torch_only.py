@@ -721,6 +721,10 @@ def _added_group_raised(ctx: CheckContext, what: str, error: Exception) -> Outco
             where=method_location(ctx, "__init__"),
             fix=_BASE_INIT_FIX,
         )
+    skipped_init = ctx.driver.base_init_skipped(error)
+    if skipped_init is not None:  # a hook dict torch's methods read, which Optimizer.__init__ sets
+        said, fix = skipped_init
+        return failed(f"{raised}: {said}", where=method_location(ctx, "__init__"), fix=fix)
     key = _group_key_added_groups_lack(ctx, error)
     if key is not None:  # a key of the groups, not of a parameter's state
         own = _defines(ctx, "add_param_group")

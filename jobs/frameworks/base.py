@@ -526,6 +526,11 @@ class Driver(ABC):
         missing from an overridden state_dict()'s entry for p). None by default."""
         return []
 
+    def base_init_skipped(self, error: BaseException) -> tuple[str, str] | None:
+        """What to say and the fix where `error` shows the class never ran its framework base's
+        constructor (torch: an attribute torch.optim.Optimizer.__init__ sets, missing); else None."""
+        return None
+
     def state_changed_by_save(self, optimizer: Any) -> list[str]:
         """What the optimizer's own save removed or changed of the state it goes on training with,
         each named with how (torch: an overridden state_dict() that edits the dicts super().state_dict()

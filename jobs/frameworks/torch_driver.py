@@ -165,6 +165,34 @@ OPTIMIZER_INIT_ATTRIBUTES = frozenset(
 )
 
 
+# torch's own methods read these too; a class that never ran Optimizer.__init__ lacks them all.
+NEVER_RAN_INIT_ATTRIBUTES = OPTIMIZER_INIT_ATTRIBUTES | {"defaults", "_zero_grad_profile_name"}
+NEVER_RAN_INIT_SAID = (
+    "the class never ran torch.optim.Optimizer.__init__, which sets self.defaults and the hook dicts "
+    "(_optimizer_step_pre_hooks and five more) that torch's step hooks, zero_grad(), state_dict(), "
+    "load_state_dict() and add_param_group() read"
+)
+NEVER_RAN_INIT_FIX = (
+    "call super().__init__(params, defaults) in __init__; a wrapper that takes over its base's groups: "
+    "super().__init__(optimizer.param_groups, optimizer.defaults) (where its own add_param_group does not "
+    "hand those groups to its base again), or keep torch's hook dicts with "
+    "torch.optim.Optimizer.__setstate__(self, {'defaults': optimizer.defaults, 'state': defaultdict(dict), "
+    "'param_groups': optimizer.param_groups})"
+)
+
+
+def never_ran_optimizer_init(error: BaseException) -> bool:
+    """Whether `error` is a torch optimizer's missing attribute that torch.optim.Optimizer.__init__
+    sets, on an instance that lacks its hook dicts: the class never ran it (lonePatient's Lookahead,
+    a wrapper that takes its base's param_groups and state). A class that ran it has them all."""
+    if not isinstance(error, AttributeError) or error.name not in NEVER_RAN_INIT_ATTRIBUTES:
+        return False
+    instance = getattr(error, "obj", None)
+    return isinstance(instance, torch.optim.Optimizer) and not all(
+        hasattr(instance, name) for name in OPTIMIZER_INIT_ATTRIBUTES
+    )
+
+
 def state_dict_of(name: str, part: Any) -> tuple[Any, list[str]]:
     """`part.state_dict()`, and what the call removed or changed of an optimizer's live state, put
     back (saved_state_dict); an optimizer that never ran torch.optim.Optimizer.__init__ is told so."""
@@ -1211,6 +1239,11 @@ class TorchDriver(Driver):
 
     def state_left_out_of_save(self, optimizer: Any) -> list[str]:
         return [f"state[param {index}][{key!r}]" for index, key in keys_left_out_of_save(optimizer)]
+
+    def base_init_skipped(self, error: BaseException) -> tuple[str, str] | None:
+        if not never_ran_optimizer_init(error):
+            return None
+        return NEVER_RAN_INIT_SAID, NEVER_RAN_INIT_FIX
 
     def state_changed_by_save(self, optimizer: Any) -> list[str]:
         return saved_state_dict(optimizer, copy_values=True)[1]

@@ -218,6 +218,83 @@ def test_a_group_key_an_added_group_lacks_is_told_to_be_set_in_add_param_group(
     assert result.where == f"{path}:{line}", result.where
 
 
+# lonePatient's Lookahead v1: takes over its base's param_groups and makes a state of its own, and
+# never runs torch.optim.Optimizer.__init__, so it lacks the hook dicts torch's methods read.
+UNINITIALISED_LOOKAHEAD = """
+from collections import defaultdict
+
+import torch
+from torch.optim.optimizer import Optimizer
+
+
+class UninitialisedLookahead(Optimizer):
+    def __init__(self, optimizer, k=2, alpha=0.5):
+        self.optimizer, self.k, self.alpha, self.steps = optimizer, k, alpha, 0
+        self.param_groups = optimizer.param_groups
+        self.state = defaultdict(dict)
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = self.optimizer.step(closure)
+        self.steps += 1
+        for group in self.param_groups:
+            for p in group["params"]:
+                slow = self.state[p].setdefault("slow", p.detach().clone())
+                if self.steps % self.k == 0:
+                    slow.add_(p - slow, alpha=self.alpha)
+                    p.copy_(slow)
+        return loss
+
+    def state_dict(self):
+        return {"fast": self.optimizer.state_dict(), "slow": super().state_dict()}
+
+    def load_state_dict(self, state_dict):
+        self.optimizer.load_state_dict(state_dict["fast"])
+        super().load_state_dict(state_dict["slow"])
+
+    def add_param_group(self, param_group):
+        self.optimizer.add_param_group(param_group)
+"""
+KEEPS_HOOKS = (
+    "        self.state = defaultdict(dict)\n",
+    "        Optimizer.__setstate__(self, {'defaults': optimizer.defaults, 'state': defaultdict(dict), "
+    "'param_groups': optimizer.param_groups})\n        self.steps = 0\n",
+)
+
+
+@pytest.mark.parametrize(
+    "initialised", [False, True], ids=["never runs Optimizer.__init__", "keeps its hooks"]
+)
+def test_a_class_that_never_runs_optimizer_init_is_told_so_at_its_init(
+    tmp_path: Path, initialised: bool
+) -> None:
+    """Not a cascade of AttributeErrors on torch's hook dicts, each at whatever line met one, with the
+    generic fix: the one cause, at the class's __init__, with the call to make."""
+    text = UNINITIALISED_LOOKAHEAD.replace(*KEEPS_HOOKS) if initialised else UNINITIALISED_LOOKAHEAD
+    path = tmp_path / "uninitialised_lookahead.py"
+    path.write_text(text)
+    setup = LoopSetup(base={"name": "adamw", "params": {"lr": 0.01}})
+    only = ["config_roundtrip", "state_roundtrip", "resume_exact"]
+    report = run_checks(
+        target_of(f"{path}:UninitialisedLookahead"), {}, only=only, setup=setup, workdir=tmp_path
+    )
+    if initialised:  # a class that has what __init__ sets is never told it lacks it
+        assert all("never ran" not in r.detail for r in report.checks), report.checks
+        return
+    line = next(n for n, code in enumerate(text.splitlines(), 1) if "def __init__" in code)
+    for result in report.checks:
+        assert result.status == "fail", result.detail
+        assert (
+            "object has no attribute '_optimizer_" in result.detail or "attribute 'defaults'" in result.detail
+        )
+        assert (
+            "the class never ran torch.optim.Optimizer.__init__, which sets self.defaults and the hook dicts"
+            in (result.detail)
+        )
+        assert "Fix: call super().__init__(params, defaults) in __init__; a wrapper" in result.detail
+        assert result.where == f"{path}:{line}", (result.id, result.where)
+
+
 def test_a_wrapper_over_a_base_with_modes_is_timed_against_the_base_in_training_mode(tmp_path: Path) -> None:
     # facebookresearch's schedule-free AdamW refuses to step until optimizer.train(): the base alone,
     # timed as the yardstick, is switched to training as the wrapper's base is.

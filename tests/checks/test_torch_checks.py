@@ -2213,6 +2213,34 @@ def test_a_group_key_the_defaults_lack_is_told_to_be_set_in_defaults(tmp_path: P
     assert outcome.where == f"{__file__}:{inspect.getsourcelines(method)[1]}", outcome.where
 
 
+class SkipsInitSGD(PlainSGD):
+    """Never runs torch.optim.Optimizer.__init__."""
+
+    def __init__(self, params: Any, lr: float = 0.1) -> None:
+        self.param_groups = [{"params": list(params), "lr": lr}]
+        self.state = {}
+
+
+def _attribute_error(call: Callable[[], Any]) -> AttributeError:
+    with pytest.raises(AttributeError) as raised:
+        call()
+    return raised.value
+
+
+def test_a_missing_init_attribute_is_blamed_on_init_only_where_the_hooks_are_missing() -> None:
+    from jobs.frameworks.torch_driver import never_ran_optimizer_init
+
+    params = [torch.nn.Parameter(torch.ones(2))]
+    assert never_ran_optimizer_init(_attribute_error(SkipsInitSGD(params).state_dict))
+    assert never_ran_optimizer_init(
+        _attribute_error(lambda: SkipsInitSGD(params).add_param_group({"params": []}))
+    )
+    ran = torch.optim.SGD(params, lr=0.1)
+    del ran.defaults  # an attribute __init__ sets, gone from a class that ran it: another cause
+    assert not never_ran_optimizer_init(_attribute_error(lambda: ran.add_param_group({"params": []})))
+    assert not never_ran_optimizer_init(_attribute_error(lambda: SkipsInitSGD(params).momentum))
+
+
 class InnerMomentumSGD(torch.optim.Optimizer):
     """Steps an SGD with momentum of its own, over its groups: that inner optimizer's momentum is in
     no state this class saves."""

@@ -28,6 +28,7 @@ from typing import Any
 from jobs.checks.context import CheckContext, LoopSetup, one_line
 from jobs.checks.fresh.plan import FreshRuns, runs_for
 from jobs.checks.target import resolve_target
+from jobs.checks.tools import method_location
 from jobs.processes import exit_without_teardown
 
 
@@ -125,13 +126,17 @@ def report_failure(task: Mapping[str, Any], context: CheckContext | None, exc: B
     error_path = Path(task["error_path"])
     if not error_path.exists():
         where = context.where(exc) if context is not None else _deepest_frame(exc)
+        error, fix = one_line(exc), getattr(exc, "fix", "")
+        skipped_init = context.driver.base_init_skipped(exc) if context is not None else None
+        if context is not None and skipped_init is not None:  # said at __init__, as in the checking process
+            error, fix = f"{error}: {skipped_init[0]}", skipped_init[1]
+            where = method_location(context, "__init__")
         # Whole or not at all, and the first wins: two DDP ranks often fail at the same moment,
         # and a reader must never see a file one of them is still writing.
         partial = error_path.with_name(f"{error_path.name}.{os.getpid()}.partial")
         # A typed error's advice (StateNotRestored's `fix`) crosses the process boundary with it.
-        fix = getattr(exc, "fix", "")
         fix = fix if isinstance(fix, str) else ""
-        partial.write_text(json.dumps({"error": one_line(exc), "where": where, "fix": fix}))
+        partial.write_text(json.dumps({"error": error, "where": where, "fix": fix}))
         try:
             os.link(partial, error_path)
         except FileExistsError:
