@@ -1246,7 +1246,10 @@ class TorchDriver(Driver):
         return NEVER_RAN_INIT_SAID, NEVER_RAN_INIT_FIX
 
     def state_changed_by_save(self, optimizer: Any) -> list[str]:
-        return saved_state_dict(optimizer, copy_values=True)[1]
+        try:
+            return saved_state_dict(optimizer, copy_values=True)[1]
+        except Exception:  # a state_dict() that cannot run: the save itself reports it
+            return []
 
     def config_left_out_of_save(self, optimizer: Any) -> list[tuple[int, str]]:
         return group_keys_left_out_of_save(optimizer)
