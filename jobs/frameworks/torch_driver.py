@@ -1474,16 +1474,11 @@ class TorchDriver(Driver):
             torch.set_num_threads(threads)
 
     def where_time_goes(self, slow: Callable[[], Any], reference: Callable[[], Any]) -> TimeSpent:
-        events, wall_us = _aten_events(slow)
+        events, wall_us, syncs = _aten_events(slow)
         if not events:
             return TimeSpent("no aten ops recorded")
         events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
         top = ", ".join(f"{e.key} x{e.count // PROFILED_CALLS}" for e in events[:4])
-        # aten::item calls aten::_local_scalar_dense: count each host sync once.
-        syncs = (
-            max((e.count for e in events if e.key in ("aten::item", "aten::_local_scalar_dense")), default=0)
-            // PROFILED_CALLS
-        )
         many_syncs = syncs > 8
         sync_note = f"{syncs} host syncs (aten::item / _local_scalar_dense) per step; " if many_syncs else ""
         # Most of the step inside ops (not Python around them: a loop of small products per row is
@@ -1516,9 +1511,10 @@ class TorchDriver(Driver):
 PROFILED_CALLS = 3
 
 
-def _aten_events(update: Callable[[], Any]) -> tuple[list[Any], float]:
+def _aten_events(update: Callable[[], Any]) -> tuple[list[Any], float, int]:
     """The aten ops of PROFILED_CALLS profiled calls of `update` (`count`: all of theirs, so per call
-    divided by PROFILED_CALLS), and their wall time in microseconds."""
+    divided by PROFILED_CALLS), their wall time in microseconds, and the host syncs a call of the
+    class's own code makes."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU]) as profiler:
@@ -1526,7 +1522,25 @@ def _aten_events(update: Callable[[], Any]) -> tuple[list[Any], float]:
         for _ in range(PROFILED_CALLS):
             update()
         wall_us = (time.perf_counter() - started) * 1e6
-    return [e for e in profiler.key_averages() if e.key.startswith("aten::")], wall_us
+    own_syncs = sum(1 for event in profiler.events() if _own_host_sync(event)) // PROFILED_CALLS
+    return [e for e in profiler.key_averages() if e.key.startswith("aten::")], wall_us, own_syncs
+
+
+_HOST_SYNCS = frozenset({"aten::item", "aten::_local_scalar_dense"})
+
+
+def _own_host_sync(event: Any) -> bool:
+    """A host sync the class's code asked for: counted once (aten::item calls _local_scalar_dense), and
+    not one a linear-algebra op makes itself (on the CPU each torch.linalg.eigh, inv, cholesky, svd
+    reads its LAPACK info with aten::item to raise on failure: the decomposition's, not the class's)."""
+    if event.name not in _HOST_SYNCS:
+        return False
+    parent = event.cpu_parent
+    while parent is not None:
+        if parent.name in _HOST_SYNCS or _is_linear_algebra(parent.name):
+            return False
+        parent = parent.cpu_parent
+    return True
 
 
 # Matrix products, decompositions and solves: what a preconditioner (Shampoo, Muon's Newton-Schulz
@@ -1535,6 +1549,11 @@ _MATRIX_PRODUCTS = frozenset({"mm", "bmm", "addmm", "baddbmm", "addbmm", "matmul
 _DECOMPOSITIONS = frozenset(
     {"svd", "qr", "cholesky", "cholesky_solve", "cholesky_inverse", "triangular_solve"}
 )
+
+
+def _is_linear_algebra(op: str) -> bool:
+    """An aten linear-algebra op, its error check (aten::_linalg_check_errors) among them."""
+    return op.startswith("aten::") and ("linalg" in op or _is_matrix_math(op))
 
 
 def _is_matrix_math(op: str) -> bool:
