@@ -515,16 +515,23 @@ def check_sparse(ctx: CheckContext) -> Outcome:
             "the update touches the whole table every step (O(table) work, e.g. momentum or weight decay on "
             "all rows)"
         )
+    made_dense = _made_dense(ctx, first_rows, second_rows)
+    if made_dense:
+        notes.append(
+            f"densifies: step() turns the sparse gradient into a dense tensor (to_dense() at {made_dense}): "
+            "every step costs the whole table (O(table) work) however few rows the gradient touches"
+        )
     if notes:
         return warned(
             "sparse gradients work, but " + "; ".join(notes),
-            where=sparse_method,
-            figure=float(len(densified)) if densified else repeated_diff,
+            where=made_dense or sparse_method,
+            figure=float(len(densified)) if densified or made_dense else repeated_diff,
             fix=(
                 "sum repeated indices first (unique + segment sum) before squaring or taking signs; "
                 if repeated_diff > 0
                 else ""
             )
+            + ("keep the gradient sparse (no to_dense()): " if made_dense else "")
             + "for large embeddings update only the touched rows (gather, compute, scatter: LazyAdam-style), "
             "weight decay included",
         )
@@ -540,6 +547,20 @@ def check_sparse(ctx: CheckContext) -> Outcome:
         "touch, and those match the dense computation (figure: rows changed outside the gradient)",
         0.0,
     )
+
+
+def _made_dense(ctx: CheckContext, first_rows: list[int], second_rows: list[int]) -> str:
+    """`file:line` where a step after the first turns the sparse gradient into a dense tensor, or "".
+    Watched in a run of its own, whose errors are not this check's to judge, and after the first step,
+    where a class may densify once to size its state (SM3's accumulators)."""
+    optimizer, table = fresh(ctx, (TABLE_SHAPE,))
+    try:
+        _sparse_step(ctx, optimizer, table, _rows(first_rows, seed=20))
+        with ctx.driver.densifying(TABLE_SHAPE, ctx.user_files()) as lines:
+            _sparse_step(ctx, optimizer, table, _rows(second_rows, seed=21))
+    except Exception:
+        return ""
+    return lines[0] if lines else ""
 
 
 def _rows(rows: list[int], seed: int) -> SparseRows:

@@ -620,6 +620,12 @@ class Driver(ABC):
     def sparse_gradient_name(self) -> str:
         """What a row-sparse gradient is in the framework (`nn.Embedding(sparse=True)`)."""
 
+    def densifying(self, shape: tuple[int, ...], files: set[str]) -> AbstractContextManager[list[str]]:
+        """While inside, `file:line` in `files` of each call that turns a sparse tensor of `shape`
+        into a dense one (torch's `to_dense()`): a step that does so costs the whole table however few
+        rows its gradient touches. Nothing where the framework has no such call to watch."""
+        return nullcontext([])
+
     @abstractmethod
     def refusal_files(self, cls: type) -> set[str]:
         """Files whose `raise` is a deliberate refusal: the class's own and the framework's optimizers'."""

@@ -23,6 +23,7 @@ import re
 import struct
 import sys
 import time
+import traceback
 import warnings
 import zipfile
 from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
@@ -36,6 +37,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from jobs.batches import BatchOrder
 from jobs.distributed import Rank, current_rank, rank_0_waited
@@ -1339,6 +1341,12 @@ class TorchDriver(Driver):
     def sparse_gradient_name(self) -> str:
         return "nn.Embedding(sparse=True)"
 
+    @contextmanager
+    def densifying(self, shape: tuple[int, ...], files: set[str]) -> Iterator[list[str]]:
+        lines: list[str] = []
+        with _Densifying(tuple(shape), files, lines):
+            yield lines
+
     def refusal_files(self, cls: type) -> set[str]:
         return source_files(cls) | set(_files_under(Path(torch.optim.__file__).parent))
 
@@ -1734,6 +1742,30 @@ def _sparse_quadratic(
         drift = param.detach()[rows] - start[rows]
         param.grad = torch.sparse_coo_tensor(indices, values + drift / repeats, grad.shape)
     return value
+
+
+class _Densifying(TorchFunctionMode):
+    """Records `file:line` (the innermost frame in `files`) of each `to_dense()` (`Tensor.to_dense`,
+    `torch.Tensor.to_dense`, after `coalesce()` too) of a sparse tensor of `shape`; changes nothing."""
+
+    def __init__(self, shape: tuple[int, ...], files: set[str], lines: list[str]) -> None:
+        super().__init__()
+        self.shape, self.files, self.lines = shape, files, lines
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
+    ) -> Any:
+        if (
+            getattr(func, "__name__", "") == "to_dense"
+            and args
+            and isinstance(args[0], torch.Tensor)
+            and args[0].layout != torch.strided
+            and tuple(args[0].shape) == self.shape
+        ):
+            frames = [f for f in traceback.extract_stack() if f.filename in self.files]
+            if frames:
+                self.lines.append(f"{frames[-1].filename}:{frames[-1].lineno}")
+        return func(*args, **(kwargs or {}))
 
 
 def _torch_gradient(grad: np.ndarray | SparseRows) -> torch.Tensor:

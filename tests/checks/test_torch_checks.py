@@ -221,6 +221,54 @@ class DecayEveryRow(torch.optim.Optimizer):
                     p.add_(p.grad, alpha=-group["lr"])
 
 
+class DensifyingSGD(torch.optim.Optimizer):
+    """SGD that turns each sparse gradient dense first (as a ported SM3 did: `grad = grad.to_dense()`):
+    untouched rows get a zero update and stay put, yet every step costs the whole table. `how` picks
+    the spelling of the conversion; "first step only" densifies once, to size its state (SM3's
+    accumulators), which costs nothing per step."""
+
+    def __init__(self, params: object, lr: float = 0.1, how: str = "method") -> None:
+        super().__init__(params, {"lr": lr, "how": how})
+
+    @torch.no_grad()
+    def step(self, closure: object = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                grad, state = p.grad, self.state[p]
+                if grad is None:
+                    continue
+                if not state:
+                    state["rows"] = torch.zeros(p.shape[0]).add_(grad.to_dense().abs().sum(1))
+                if not grad.is_sparse:
+                    pass
+                elif group["how"] == "method":
+                    grad = grad.to_dense()
+                elif group["how"] == "coalesced":
+                    grad = torch.Tensor.to_dense(grad.coalesce())
+                p.add_(grad, alpha=-group["lr"])
+
+
+@pytest.mark.parametrize(
+    ("how", "status"), [("method", "warn"), ("coalesced", "warn"), ("first step only", "pass")]
+)
+def test_a_step_that_turns_sparse_gradients_dense_is_told_so_at_its_line(
+    how: str, status: str, tmp_path: Path
+) -> None:
+    """It had passed: the rows it leaves alone do not move, which was all `sparse` looked at."""
+    outcome = rate_checks.check_sparse(context(f"{__name__}:DensifyingSGD", tmp_path, how=how))
+    assert outcome.status == status, outcome.detail
+    if status == "warn":
+        assert "densifies: step() turns the sparse gradient into a dense tensor" in outcome.detail
+        file, line = outcome.where.rsplit(":", 1)
+        assert file == __file__ and "to_dense(" in Path(file).read_text().splitlines()[int(line) - 1]
+
+
+@pytest.mark.parametrize("name", ["SparseAdam", "SGD", "Adagrad"])
+def test_torchs_sparse_updates_are_not_told_they_densify(name: str, tmp_path: Path) -> None:
+    outcome = rate_checks.check_sparse(context(f"torch.optim:{name}", tmp_path))
+    assert outcome.status == "pass", outcome.detail
+
+
 class SortedRowsSGD(torch.optim.Optimizer):
     """SGD whose sparse path sorts the ids (for locality) and leaves their values in batch order:
     right only while a gradient's ids come sorted, which an Embedding's do not."""
@@ -324,8 +372,11 @@ def test_a_class_that_needs_a_graph_gets_a_sparse_gradient_with_one(tmp_path: Pa
     expected[1] -= 0.5 * torch.from_numpy(values[0])
     expected[3] -= 0.5 * torch.from_numpy(values[1] + values[2])  # a repeated row's gradients add up
     assert torch.allclose(table.detach(), expected), (table, expected)
+    # Its step multiplies by `p.grad.to_dense()`: told so, and nothing else.
     outcome = rate_checks.check_sparse(context(f"{__name__}:NewtonRows", tmp_path))
-    assert outcome.status == "pass", outcome.detail
+    assert outcome.status == "warn", outcome.detail
+    assert outcome.detail.startswith("sparse gradients work, but densifies: step() turns the sparse gradient")
+    assert ";" not in outcome.detail
 
 
 def test_construct_accepts_torch_wording_for_the_argument() -> None:
