@@ -1089,9 +1089,53 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
         return failed(
             f"after a step on bfloat16 parameters: {problem}", where=method_location(ctx), fix=_PRECISION_FIX
         )
+    # A bf16 step may rightly round a small update away; not one that float32 makes many bf16 ulps long.
+    if all(torch.equal(p.detach(), old) for p, old in zip(model.parameters(), before, strict=True)):
+        unwritten = _moves_past_bfloat16(ctx, before, batch)
+        if unwritten:
+            return failed(
+                "a step on bfloat16 parameters moved none of them, where the same step on float32 "
+                f"parameters with the same values moves {unwritten} by more than {_BF16_ULPS} bfloat16 "
+                "spacings at their values, which no rounding takes away: the update never reaches the "
+                "bfloat16 parameters (a float32 copy such as `param.detach().float()` updated and never "
+                "written back; on float32 parameters `.float()` returns the parameter itself, so float32 "
+                "training hides it)",
+                where=method_location(ctx),
+                figure=float(unwritten),
+                fix="write the updated copy back into the parameter (`param.copy_(param_fp32)`), or update "
+                "the parameter in place",
+            )
     parts.append("a step on bfloat16 parameters")
     parts.append(_grad_scaler_part(ctx))
     return passed("; ".join(parts) + ": finite, parameters keep their dtype")
+
+
+# How many bfloat16 spacings (ulps at a value) a float32 step must move a value by before a bfloat16
+# step that leaves it alone is no longer rounding: round to nearest moves it past half of one.
+_BF16_ULPS = 4
+
+
+def _moves_past_bfloat16(ctx: CheckContext, start: list[Tensor], batch: tuple[Tensor, Tensor]) -> int:
+    """How many of the values `start` (bfloat16) the class's same step, on float32 parameters with
+    those values, moves by more than _BF16_ULPS bfloat16 spacings; 0 where that step cannot be taken."""
+    model = _tiny_model()
+    with torch.no_grad():
+        for param, value in zip(model.parameters(), start, strict=True):
+            param.copy_(value.float())
+    try:
+        optimizer = _build(ctx, model.parameters())
+        closure = _precision_closure(ctx, model, batch, autocast=False)
+        closure()
+        _step(ctx, optimizer.step, closure)
+    except Exception:
+        return 0
+    moved = 0
+    for param, value in zip(model.parameters(), start, strict=True):
+        wide = value.float()
+        exponent = torch.floor(torch.log2(wide.abs().clamp_min(torch.finfo(torch.bfloat16).tiny)))
+        spacing = torch.exp2(exponent - 7)  # bfloat16 keeps 7 explicit bits of mantissa
+        moved += int(((param.detach() - wide).abs() > _BF16_ULPS * spacing).sum())
+    return moved
 
 
 def _precision_closure(

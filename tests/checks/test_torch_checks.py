@@ -2096,19 +2096,45 @@ class Float32StateSGD(StepWithoutClosure):
         return None
 
 
+class Float32CopySGD(StepWithoutClosure):
+    """Steps a float32 copy of each parameter (`p.detach().float()`), and writes it back only where
+    `write_back`: on float32 parameters `.float()` is the parameter itself, so only bf16 ones stay put.
+    `lr` small enough (1e-6) rounds a right bf16 update away, which is no fault."""
+
+    def __init__(self, params: Any, lr: float = 0.1, write_back: bool = False) -> None:
+        super().__init__(params, lr)
+        self.write_back = write_back
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                param_fp32 = p.detach().float()
+                param_fp32.add_(p.grad.float(), alpha=-group["lr"])
+                if self.write_back:
+                    p.copy_(param_fp32)
+        return None
+
+
 @pytest.mark.parametrize(
-    ("name", "status", "words"),
+    ("name", "status", "words", "params"),
     [
-        ("Float32OnlySGD", "pass", "refuses bfloat16 parameters with a clear error"),
-        ("Float32StateSGD", "fail", "expected both vectors to have same dtype"),
+        ("Float32OnlySGD", "pass", "refuses bfloat16 parameters with a clear error", {}),
+        ("Float32StateSGD", "fail", "expected both vectors to have same dtype", {}),
+        ("Float32CopySGD", "fail", "the update never reaches the bfloat16 parameters", {}),
+        ("Float32CopySGD", "pass", "a step on bfloat16 parameters", {"write_back": True}),
+        ("Float32CopySGD", "pass", "a step on bfloat16 parameters", {"write_back": True, "lr": 1e-6}),
+        ("Float32CopySGD", "pass", "a step on bfloat16 parameters", {"lr": 1e-6}),
     ],
 )
-def test_mixed_precision_accepts_a_clear_refusal_of_the_dtype_only(
-    name: str, status: str, words: str, tmp_path: Path
+def test_mixed_precision_on_bfloat16_parameters(
+    name: str, status: str, words: str, params: dict[str, Any], tmp_path: Path
 ) -> None:
     from jobs.checks.runner import _outcome
 
-    outcome = _outcome("mixed_precision", CHECKS, context(f"{__name__}:{name}", tmp_path))
+    outcome = _outcome("mixed_precision", CHECKS, context(f"{__name__}:{name}", tmp_path, **params))
     assert outcome.status == status, outcome.detail
     assert words in outcome.detail
 
