@@ -69,8 +69,25 @@ def other_spec(path: Path, saved: Any, current: Any) -> str:
     )
 
 
+# Errors known by their type, whose message does not say the cause: torch.compile's
+# FailOnRecompileLimitHit says only "Hard failure due to fullgraph=True".
+_KNOWN_ERROR_TYPES: Mapping[str, str] = {
+    "FailOnRecompileLimitHit": (
+        "a torch.compile'd function of the class was compiled again for each new value of a Python number "
+        "it is given (a step count, a bias correction such as 1 - beta1 ** step: compiled code is "
+        "specialised on them), until torch's recompile limit (torch._dynamo.config.recompile_limit, 8), "
+        "where fullgraph=True makes it raise: a job fails the same way after a few steps. Pass the numbers "
+        "that change every step as tensors (torch.tensor(value), as torch's own optimizers keep `step`), "
+        "or compile with dynamic=True"
+    ),
+}
+
+
 def known_fix(error: BaseException) -> str | None:
-    """The fix for `error` where its message names a known cause, else None."""
+    """The fix for `error` where its type or message names a known cause, else None."""
+    by_type = _KNOWN_ERROR_TYPES.get(type(error).__name__)
+    if by_type is not None:
+        return by_type
     message = str(error)
     return next((fix for pattern, fix in _KNOWN_ERRORS if pattern.search(message)), None)
 

@@ -2139,6 +2139,42 @@ def test_mixed_precision_on_bfloat16_parameters(
     assert words in outcome.detail
 
 
+@torch.compile(fullgraph=True, dynamic=False)
+def _compiled_update(param: Any, grad: Any, lr: float, correction: float) -> None:
+    param.sub_(grad * (lr / correction))
+
+
+class CompiledOnFloats(StepWithoutClosure):
+    """Its compiled update takes the step's bias correction as a Python float (a new value every step):
+    compiled anew each step until torch's recompile limit, where fullgraph=True raises
+    FailOnRecompileLimitHit, whose message says only "Hard failure due to fullgraph=True"."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    state = self.state[p]
+                    state["step"] = state.get("step", 0) + 1
+                    _compiled_update(p, p.grad, group["lr"], 1 - 0.9 ** state["step"])
+        return None
+
+
+def test_a_compiled_step_at_the_recompile_limit_is_told_why_and_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It had been told only "the error above and its line say why"."""
+    from jobs.checks.runner import _outcome
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)  # the limit's cause, in fewer compiles
+
+    outcome = _outcome("descends", CHECKS, context(f"{__name__}:CompiledOnFloats", tmp_path))
+    assert outcome.status == "fail" and "FailOnRecompileLimitHit" in outcome.detail, outcome.detail
+    fix = outcome.detail.split("Fix:")[1]
+    assert "compiled again for each new value of a Python number" in fix
+    assert "as tensors" in fix and "dynamic=True" in fix
+
+
 class KwargsSGD(torch.optim.Optimizer):
     """Takes its hyperparameters as **kwargs (no `lr` argument to catalogue); its groups hold 'lr'.
     `cached` reads the rate once into self.lr, so no scheduler reaches the update: the fault."""

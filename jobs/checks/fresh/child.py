@@ -29,6 +29,7 @@ from jobs.checks.context import CheckContext, LoopSetup, one_line
 from jobs.checks.fresh.plan import FreshRuns, runs_for
 from jobs.checks.target import resolve_target
 from jobs.checks.tools import method_location
+from jobs.frameworks.base import known_fix
 from jobs.processes import exit_without_teardown
 
 
@@ -135,7 +136,7 @@ def report_failure(task: Mapping[str, Any], context: CheckContext | None, exc: B
         # and a reader must never see a file one of them is still writing.
         partial = error_path.with_name(f"{error_path.name}.{os.getpid()}.partial")
         # A typed error's advice (StateNotRestored's `fix`) crosses the process boundary with it.
-        fix = fix if isinstance(fix, str) else ""
+        fix = fix if isinstance(fix, str) and fix else known_fix(exc) or ""
         partial.write_text(json.dumps({"error": error, "where": where, "fix": fix}))
         try:
             os.link(partial, error_path)
