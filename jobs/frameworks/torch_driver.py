@@ -1344,8 +1344,12 @@ class TorchDriver(Driver):
     @contextmanager
     def densifying(self, shape: tuple[int, ...], files: set[str]) -> Iterator[list[str]]:
         lines: list[str] = []
-        with _Densifying(tuple(shape), files, lines):
-            yield lines
+        watch = _Densifying(tuple(shape), files)
+        try:
+            with watch:
+                yield lines
+        finally:
+            lines.extend(line for line in watch.lines if line not in watch.flattened)
 
     def refusal_files(self, cls: type) -> set[str]:
         return source_files(cls) | set(_files_under(Path(torch.optim.__file__).parent))
@@ -1746,26 +1750,46 @@ def _sparse_quadratic(
 
 class _Densifying(TorchFunctionMode):
     """Records `file:line` (the innermost frame in `files`) of each `to_dense()` (`Tensor.to_dense`,
-    `torch.Tensor.to_dense`, after `coalesce()` too) of a sparse tensor of `shape`; changes nothing."""
+    `torch.Tensor.to_dense`, after `coalesce()` too) of a sparse tensor of `shape`; changes nothing.
+    A line whose dense result is then flattened to one vector (`.view(-1)`) is kept apart: a method
+    over all parameters as one vector (LBFGS, torchmin's BFGS) works on the whole table by design."""
 
-    def __init__(self, shape: tuple[int, ...], files: set[str], lines: list[str]) -> None:
+    def __init__(self, shape: tuple[int, ...], files: set[str]) -> None:
         super().__init__()
-        self.shape, self.files, self.lines = shape, files, lines
+        self.shape, self.files = shape, files
+        self.lines: list[str] = []
+        self.flattened: set[str] = set()
+        self.made: dict[int, tuple[torch.Tensor, str]] = {}  # the tensor held: its id stays its own
 
     def __torch_function__(
         self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Mapping[str, Any] | None = None
     ) -> Any:
-        if (
-            getattr(func, "__name__", "") == "to_dense"
-            and args
-            and isinstance(args[0], torch.Tensor)
-            and args[0].layout != torch.strided
-            and tuple(args[0].shape) == self.shape
-        ):
-            frames = [f for f in traceback.extract_stack() if f.filename in self.files]
-            if frames:
-                self.lines.append(f"{frames[-1].filename}:{frames[-1].lineno}")
-        return func(*args, **(kwargs or {}))
+        result = func(*args, **(kwargs or {}))
+        name = getattr(func, "__name__", "")
+        source = args[0] if args and isinstance(args[0], torch.Tensor) else None
+        if source is None:
+            return result
+        if name == "to_dense" and source.layout != torch.strided and tuple(source.shape) == self.shape:
+            caller = _calling_frame()
+            if caller is not None and caller.filename in self.files:
+                line = f"{caller.filename}:{caller.lineno}"
+                self.lines.append(line)
+                self.made[id(result)] = (result, line)
+        elif name in ("view", "reshape", "flatten") and id(source) in self.made:
+            if isinstance(result, torch.Tensor) and result.dim() == 1:
+                self.flattened.add(self.made[id(source)][1])
+        return result
+
+
+def _calling_frame() -> traceback.FrameSummary | None:
+    """The frame that called the torch function a mode is handling: the innermost outside the mode and
+    torch's package (a closure of optlab's that densifies for its loss is optlab's line, not the
+    class's that called the closure)."""
+    torch_files = Path(torch.__file__).parent
+    for frame in reversed(traceback.extract_stack()[:-1]):  # less this function's own frame
+        if frame.name != "__torch_function__" and torch_files not in Path(frame.filename).parents:
+            return frame
+    return None
 
 
 def _torch_gradient(grad: np.ndarray | SparseRows) -> torch.Tensor:

@@ -225,7 +225,8 @@ class DensifyingSGD(torch.optim.Optimizer):
     """SGD that turns each sparse gradient dense first (as a ported SM3 did: `grad = grad.to_dense()`):
     untouched rows get a zero update and stay put, yet every step costs the whole table. `how` picks
     the spelling of the conversion; "first step only" densifies once, to size its state (SM3's
-    accumulators), which costs nothing per step."""
+    accumulators), which costs nothing per step; "one vector" flattens the dense gradient, as a method
+    over all parameters as one vector does by design (LBFGS, torchmin's Minimizer)."""
 
     def __init__(self, params: object, lr: float = 0.1, how: str = "method") -> None:
         super().__init__(params, {"lr": lr, "how": how})
@@ -245,11 +246,14 @@ class DensifyingSGD(torch.optim.Optimizer):
                     grad = grad.to_dense()
                 elif group["how"] == "coalesced":
                     grad = torch.Tensor.to_dense(grad.coalesce())
+                elif group["how"] == "one vector":  # as LBFGS and torchmin gather every gradient
+                    grad = grad.to_dense().view(-1).view(p.shape)
                 p.add_(grad, alpha=-group["lr"])
 
 
 @pytest.mark.parametrize(
-    ("how", "status"), [("method", "warn"), ("coalesced", "warn"), ("first step only", "pass")]
+    ("how", "status"),
+    [("method", "warn"), ("coalesced", "warn"), ("first step only", "pass"), ("one vector", "pass")],
 )
 def test_a_step_that_turns_sparse_gradients_dense_is_told_so_at_its_line(
     how: str, status: str, tmp_path: Path
@@ -263,7 +267,7 @@ def test_a_step_that_turns_sparse_gradients_dense_is_told_so_at_its_line(
         assert file == __file__ and "to_dense(" in Path(file).read_text().splitlines()[int(line) - 1]
 
 
-@pytest.mark.parametrize("name", ["SparseAdam", "SGD", "Adagrad"])
+@pytest.mark.parametrize("name", ["SparseAdam", "SGD", "Adagrad", "LBFGS"])
 def test_torchs_sparse_updates_are_not_told_they_densify(name: str, tmp_path: Path) -> None:
     outcome = rate_checks.check_sparse(context(f"torch.optim:{name}", tmp_path))
     assert outcome.status == "pass", outcome.detail
