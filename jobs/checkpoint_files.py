@@ -45,3 +45,23 @@ def checkpoint_leftovers(folder: Path, *, keep: Path | None) -> list[Path]:
         if checkpoint_step(name) is not None and (keep is None or entry.resolve() != keep.resolve()):
             found.append(entry)
     return found
+
+
+def earlier_attempts(job_folder: Path, attempt: int) -> list[Path]:
+    """The folders (`attempt-N`) in `job_folder` of the job's attempts before `attempt`."""
+    found = []
+    for folder in job_folder.glob("attempt-*"):
+        number = folder.name.removeprefix("attempt-")
+        if number.isdigit() and int(number) < attempt:
+            found.append(folder)
+    return sorted(found)
+
+
+def attempt_leftovers(attempt_folder: Path, *, keep: Path | None) -> list[Path]:
+    """What an ended attempt's folder holds of checkpoints that nothing will read (`checkpoint_leftovers`
+    of its own, and of a DDP job's other ranks, never the job's: rank 0's is), and the download it
+    resumed from: all but `keep`."""
+    leftovers = checkpoint_leftovers(attempt_folder / WORKDIR_CHECKPOINTS, keep=keep)
+    for rank in attempt_folder.glob("rank-*"):
+        leftovers += checkpoint_leftovers(rank / WORKDIR_CHECKPOINTS, keep=None)
+    return [*leftovers, attempt_folder / RESUMED_FROM]

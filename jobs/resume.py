@@ -38,6 +38,7 @@ from jobs.checkpoint_files import (
     KEEP_CHECKPOINTS_ENV,
     checkpoint_name,
     checkpoint_step,
+    earlier_attempts,
     remove_checkpoint,
 )
 from jobs.result import ResumeRecord
@@ -119,10 +120,8 @@ class SharedFolderCheckpoints:
         shared disk for good. Not sooner: while the job runs, the store may still name one of them
         (a worker that could not relay this attempt's reports through a store outage)."""
         assert self.folder is not None
-        for folder in self.folder.parent.glob("attempt-*"):
-            number = folder.name.removeprefix("attempt-")
-            if number.isdigit() and int(number) < self.attempt:
-                shutil.rmtree(folder, ignore_errors=True)
+        for folder in earlier_attempts(self.folder.parent, self.attempt):
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 class MlflowCheckpoints:

@@ -408,7 +408,7 @@ def cmd_submit(args: argparse.Namespace, settings: Settings) -> int:
         final = follow_jobs(client, {job["id"]: label})[job["id"]]
     except ApiError as exc:
         print(f"optlab submit: {exc}", file=sys.stderr)
-        if job is not None:  # it failed the waiting, not the job (a token revoked meanwhile, say)
+        if job is not None and exc.status_code != 404:  # the waiting failed, not the job (a token revoked)
             print(f"  job {job['id']} goes on: {url}/jobs/{job['id']}", file=sys.stderr)
         return 2 if exc.is_usage_error else 1
     except KeyboardInterrupt:
@@ -517,7 +517,7 @@ def cmd_study(args: argparse.Namespace, settings: Settings) -> int:
         study = follow_study(client, study["id"])
     except ApiError as exc:
         print(f"optlab study: {exc}", file=sys.stderr)
-        if study is not None:  # it failed the waiting, not the study
+        if study is not None and exc.status_code != 404:  # the waiting failed, not the study
             print(f"  study {study['id']} goes on: {url}/studies/{study['id']}", file=sys.stderr)
         return 2 if exc.is_usage_error else 1
     except KeyboardInterrupt:

@@ -41,9 +41,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from jobs.checkpoint_files import (
     CHECKPOINT_DIR_ENV,
     KEEP_CHECKPOINTS_ENV,
-    RESUMED_FROM,
-    WORKDIR_CHECKPOINTS,
-    checkpoint_leftovers,
+    attempt_leftovers,
+    earlier_attempts,
     remove_checkpoint,
 )
 from jobs.processes import (
@@ -337,6 +336,7 @@ class Worker:
         try:
             with self.sessions() as session:
                 study_store.release_finalize_claims(session=session, study_ids=unfinished)
+            self.finalizing.difference_update(unfinished)  # its finalizer renews them no more
             log.info(
                 "worker %s: left the summaries of studies %s to the next worker",
                 self.worker_id,
@@ -865,14 +865,8 @@ class Supervision:
         left to remove them, and a write cut short (a whole model) stayed for good. Disk it could
         not free is logged, never the job's outcome."""
         try:
-            for folder in self.workdir.parent.glob("attempt-*"):
-                number = folder.name.removeprefix("attempt-")
-                if not number.isdigit() or int(number) >= self.job.attempt:
-                    continue
-                leftovers = checkpoint_leftovers(folder / WORKDIR_CHECKPOINTS, keep=keep)
-                for rank in folder.glob("rank-*"):
-                    leftovers += checkpoint_leftovers(rank / WORKDIR_CHECKPOINTS, keep=None)
-                for leftover in [*leftovers, folder / RESUMED_FROM]:
+            for folder in earlier_attempts(self.workdir.parent, self.job.attempt):
+                for leftover in attempt_leftovers(folder, keep=keep):
                     remove_checkpoint(leftover)
         except Exception as exc:
             log.warning("job %s: could not remove what its earlier attempts left: %s", self.job.id, exc)
@@ -889,10 +883,7 @@ class Supervision:
             progress = self._latest_progress()
             reported = progress.checkpoint if progress else None
             keep = Path(reported.path) if reported and not reported.path.startswith("runs:/") else None
-            leftovers = checkpoint_leftovers(self.workdir / WORKDIR_CHECKPOINTS, keep=keep)
-            for rank in self.workdir.glob("rank-*"):  # never the job's: rank 0's is
-                leftovers += checkpoint_leftovers(rank / WORKDIR_CHECKPOINTS, keep=None)
-            for leftover in [*leftovers, self.workdir / RESUMED_FROM]:
+            for leftover in attempt_leftovers(self.workdir, keep=keep):
                 remove_checkpoint(leftover)
         except Exception as exc:
             log.warning(

@@ -95,7 +95,7 @@ def map_on_daemon_threads(call: Callable[[Item], Value], items: list[Item], thre
     all have ended. Daemon threads, not a `ThreadPoolExecutor`: the interpreter joins an executor's
     threads at exit, so a worker told to stop while a summary waited on an MLflow server that takes
     connections and never answers had not exited until the server answered (many minutes). A stopped
-    worker leaves its claim on the study to expire; the next worker does the summary again."""
+    worker gives its claim on the study back; the next worker makes the summary again."""
     todo: queue.SimpleQueue[tuple[int, Item]] = queue.SimpleQueue()
     for index, item in enumerate(items):
         todo.put((index, item))

@@ -16,7 +16,7 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -68,16 +68,24 @@ def finalize_next_study(
     holding = holding if holding is not None else set()
     holding.add(study.id)
     try:
-        _finalize_claimed(sessions, tracking_uri, study, catalogue.catalogue if catalogue else None)
+        _finalize_claimed(
+            sessions,
+            tracking_uri,
+            study,
+            catalogue.catalogue if catalogue else None,
+            held=lambda: study.id in holding,
+        )
     finally:
         holding.discard(study.id)
     return True
 
 
-def _finalize_claimed(sessions: Any, tracking_uri: str, study: Study, catalogue: Catalogue | None) -> None:
+def _finalize_claimed(
+    sessions: Any, tracking_uri: str, study: Study, catalogue: Catalogue | None, *, held: Callable[[], bool]
+) -> None:
     progress = ReadProgress()
     try:
-        with _said_while_slow(sessions, study.id, tracking_uri, progress):
+        with _said_while_slow(sessions, study.id, tracking_uri, progress, held=held):
             finalized = finalize(
                 sessions=sessions,
                 tracking_uri=tracking_uri,
@@ -111,19 +119,20 @@ def _finalize_claimed(sessions: Any, tracking_uri: str, study: Study, catalogue:
 
 @contextlib.contextmanager
 def _said_while_slow(
-    sessions: Any, study_id: int, tracking_uri: str, progress: ReadProgress
+    sessions: Any, study_id: int, tracking_uri: str, progress: ReadProgress, *, held: Callable[[], bool]
 ) -> Iterator[None]:
-    """Every `SLOW_SUMMARY_NOTE_S` while its summary is being made: renew the study's claim, and say
-    on it for how long it has been made and how many runs are read (a long job's runs take a while),
-    and, where none was read since the last note, that MLflow's client waits out a server that takes
-    connections and never answers (stopped, overloaded) for many minutes before it raises."""
+    """Every `SLOW_SUMMARY_NOTE_S` while its summary is being made and the claim is `held` (a worker
+    that stops gives it back): renew the study's claim, and say on it for how long it has been made
+    and how many runs are read (a long job's runs take a while), and, where none was read since the
+    last note, that MLflow's client waits out a server that takes connections and never answers
+    (stopped, overloaded) for many minutes before it raises."""
     done = threading.Event()
     started = time.monotonic()
     read_before = -1
 
     def note() -> None:
         nonlocal read_before
-        while not done.wait(SLOW_SUMMARY_NOTE_S):
+        while not done.wait(SLOW_SUMMARY_NOTE_S) and held():
             said = _slow_note(time.monotonic() - started, progress, read_before, tracking_uri)
             read_before = progress.read
             try:
@@ -149,13 +158,18 @@ def _said_while_slow(
 def _slow_note(waited: float, progress: ReadProgress, read_before: int, tracking_uri: str) -> str:
     server = shown_tracking_uri(tracking_uri)
     said = f"the summary has been in the making for {waited:.0f} s: "
-    if not progress.total:  # not reading runs yet (the store, the catalogue) or no longer
+    if not progress.total:  # not reading runs yet (the store, the catalogue)
         return (
             f"{said}it reads the jobs' runs from MLflow at {server}, whose client waits many minutes "
             "for a server that does not answer before it gives up"
         )
+    if progress.read == progress.total:  # the report is drawn and logged to the parent run
+        return (
+            f"{said}all {progress.total} runs read from MLflow at {server}; the report is being made "
+            "and logged to the study's parent run"
+        )
     said += f"{progress.read} of {progress.total} runs read from MLflow at {server}"
-    if progress.read == read_before and progress.read < progress.total:
+    if progress.read == read_before:
         said += (
             f", none in the last {SLOW_SUMMARY_NOTE_S:.0f} s (a run of many steps takes a while; MLflow's "
             "client also waits many minutes for a server that does not answer before it gives up)"

@@ -224,10 +224,11 @@ def record_summary_waiting(*, session: Session, study_id: int, note: str | None)
 
 
 def record_finalize_error(*, session: Session, study_id: int, error: str, retry_s: float) -> None:
-    """The summary could not be made (MLflow unreachable, say): shown, and tried again after `retry_s`."""
+    """The summary could not be made (MLflow unreachable, say): shown, and tried again after `retry_s`.
+    Never on a study done meanwhile (a worker that stopped gave it back, and another made it)."""
     session.execute(
         update(Study)
-        .where(Study.id == study_id)
+        .where(Study.id == study_id, Study.finalized_at.is_(None))
         .values(
             finalize_error=error[-4000:],
             summary_waiting=None,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.result import JobStatus
@@ -406,6 +406,44 @@ def test_a_summary_that_waits_on_mlflow_says_so_while_it_waits_then_why_it_faile
         assert study_store.claim_study_to_finalize(session=session, lease_s=60) is not None
     assert client.get(f"/studies/{study['id']}").json()["summary_waiting"] is None
 
+
+@pytest.mark.parametrize("held", [True, False])
+def test_a_claim_is_renewed_while_its_summary_is_made_and_only_while_held(
+    client: TestClient, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch, held: bool
+) -> None:
+    """Renewed every note, a claim outlives its two minutes for a summary of long jobs; one its worker
+    gave back (stopping) is renewed no more, so the next worker may take the study at once."""
+    import time
+
+    from service.studies import finalize
+    from service.studies.collect import ReadProgress
+
+    study = client.post("/studies", json=STUDY).json()
+    set_jobs(sessions, study["id"], status=JobStatus.SUCCEEDED, step=20)
+    with sessions() as session:
+        assert study_store.claim_study_to_finalize(session=session, lease_s=1) is not None
+        before = session.scalars(select(Study.finalizing_until).where(Study.id == study["id"])).one()
+    monkeypatch.setattr(finalize, "SLOW_SUMMARY_NOTE_S", 0.05)
+    with finalize._said_while_slow(sessions, study["id"], "http://m:5000", ReadProgress(), held=lambda: held):
+        time.sleep(0.5)
+    with sessions() as session:
+        after = session.scalars(select(Study.finalizing_until).where(Study.id == study["id"])).one()
+    seen = client.get(f"/studies/{study['id']}").json()
+    if held:
+        assert after > before and seen["summary_waiting"].startswith("the summary has been in the making")
+    else:
+        assert after == before and seen["summary_waiting"] is None
+
+
+def test_an_error_of_a_summary_given_back_never_lands_on_the_study_another_worker_finished(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    study = client.post("/studies", json=STUDY).json()
+    with sessions() as session:
+        study_store.record_summary(session=session, study_id=study["id"], summary={"x": 1}, report_html="<p>")
+        study_store.record_finalize_error(session=session, study_id=study["id"], error="late", retry_s=30)
+        done = study_store.get_study(session=session, study_id=study["id"])
+    assert done is not None and done.finalize_error is None and done.finalizing_until is None
 
 def test_a_study_cancelled_once_may_be_cancelled_again_until_it_is_done(client: TestClient) -> None:
     """A retried cancel (its answer lost) is answered as a cancelled job's is: 200, nothing changed."""

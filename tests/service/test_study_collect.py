@@ -205,6 +205,12 @@ def test_a_slow_summary_says_how_many_runs_it_read_and_blames_mlflow_only_where_
     assert _slow_note(60, progress, 3, "http://m:5000") == (
         "the summary has been in the making for 60 s: 5 of 12 runs read from MLflow at http://m:5000"
     )
+    progress.read = 12
+    assert _slow_note(120, progress, 12, "http://m:5000") == (
+        "the summary has been in the making for 120 s: all 12 runs read from MLflow at http://m:5000; the "
+        "report is being made and logged to the study's parent run"
+    )
+    progress.read = 5
     assert _slow_note(90, progress, 5, "http://m:5000").endswith(
         "5 of 12 runs read from MLflow at http://m:5000, none in the last 30 s (a run of many steps takes "
         "a while; MLflow's client also waits many minutes for a server that does not answer before it "
