@@ -198,7 +198,7 @@ def _other_value(param: Any, value: Any) -> Any:
 
 # A number this small is an epsilon (or a decay) whose half the step may not see: AdaBelief's 1e-16
 # added to a second moment of 1e-5 is below float32's resolution, halved or not. It is built with
-# a value orders of magnitude larger instead, at most `SEEN_VALUE`.
+# a value orders of magnitude larger instead, at most `SEEN_VALUE` (but never less than twice it).
 TINY = 1e-3
 SEEN_VALUE = 1e-3
 
@@ -206,8 +206,9 @@ SEEN_VALUE = 1e-3
 def _changed(param: Any, default: Any) -> float | int | None:
     """A value of a number hyperparameter other than `default` (the one the check builds with),
     within its allowed range, and one the step can see: a small positive one (below `TINY`, an
-    epsilon) made 1e6 times larger, at most `SEEN_VALUE` (halving 1e-16 changed no bit of a step,
-    so a get_config that lost AdaBelief's epsilon was taken for one losing a logging switch); else
+    epsilon) made 1e6 times larger, at most `SEEN_VALUE` but at least twice the default (halving
+    1e-16 changed no bit of a step, so a get_config that lost AdaBelief's epsilon was taken for one
+    losing a logging switch); where that is out of range, doubled or halved; else
     halved in (0, 1) (a beta), doubled, or 0.01 for a default of 0; None for other kinds."""
     if param.type not in ("float", "int", "number") or isinstance(default, bool):
         return None
@@ -219,7 +220,9 @@ def _changed(param: Any, default: Any) -> float | int | None:
     elif default == 0:
         candidates = [0.01]
     elif 0 < default < TINY:
-        candidates = [min(default * 1e6, SEEN_VALUE), default * 2, default * 0.5]
+        # At least twice the default: capped at SEEN_VALUE alone, 9e-4 had been built as 1e-3, a change
+        # smaller than the halving it replaced, and a lost value there likelier read as changing no step.
+        candidates = [max(min(default * 1e6, SEEN_VALUE), default * 2), default * 2, default * 0.5]
     else:
         candidates = [default * 0.5, default * 2] if 0 < abs(default) < 1 else [default * 2, default * 0.5]
     return next((value for value in candidates if param.in_range(value)), None)

@@ -1500,14 +1500,43 @@ class ForgetsItsTinyEpsilon(keras.optimizers.Optimizer):
         return super().get_config()  # epsilon forgotten
 
 
-def test_a_tiny_epsilon_left_out_of_get_config_fails_config_roundtrip(workdir: Path) -> None:
+class ForgetsItsSmallEpsilon(ForgetsItsTinyEpsilon):
+    """An epsilon of 9e-4, left out of get_config: built x1e6 capped at 1e-3, it had changed by x1.1 only."""
+
+    def __init__(self, learning_rate: float = 1e-3, epsilon: float = 9e-4, **kwargs: object) -> None:
+        super().__init__(learning_rate=learning_rate, epsilon=epsilon, **kwargs)
+
+
+@pytest.mark.parametrize("class_name", ["ForgetsItsTinyEpsilon", "ForgetsItsSmallEpsilon"])
+def test_a_small_epsilon_left_out_of_get_config_fails_config_roundtrip(
+    class_name: str, workdir: Path
+) -> None:
     """Built with 1e-16 and half of it, three steps were bitwise alike, so the lost epsilon was a
     warn saying no update depends on it; built with a value the step can see, it is the fail it is
     (a switch that only prints stays a warn: the test above)."""
-    outcome = _run("config_roundtrip", _context(f"{__name__}:ForgetsItsTinyEpsilon", workdir))
+    outcome = _run("config_roundtrip", _context(f"{__name__}:{class_name}", workdir))
     assert outcome.status == "fail", outcome
     assert "'epsilon' is not in get_config()" in outcome.detail, outcome.detail
     assert "no update depends on it" not in outcome.detail, outcome.detail
+
+
+@pytest.mark.parametrize(
+    ("default", "high"),
+    [(1e-16, None), (1e-8, None), (5e-4, None), (9e-4, None), (9.99e-4, None), (9e-4, 1e-3), (1e-16, 1e-10)],
+)
+def test_a_small_number_is_probed_at_least_twice_or_half_its_default(
+    default: float, high: float | None
+) -> None:
+    """config_roundtrip builds a number other than its default to tell a lost value from a kept one:
+    capped at 1e-3, a default of 9e-4 had been built as 1e-3 (x1.1), less than the halving it replaced,
+    so a lost value there was likelier read as one no step depends on."""
+    from jobs.checks.state_checks import _changed
+    from optimizers.hyperparams import Param
+
+    param = Param(name="epsilon", type="float", default=default, low=0.0, high=high)
+    value = _changed(param, default)
+    assert value is not None and param.in_range(value), value
+    assert value >= 2 * default or value <= default / 2, value
 
 
 class OffByOneAdam(keras.optimizers.Adam):
