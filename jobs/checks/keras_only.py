@@ -515,16 +515,21 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
             where=ctx.target.class_location(),
             fix="the wrapped optimizer must apply the unscaled gradients it is given",
         )
-    half = _half_precision_state(inner, model.trainable_variables)
+    half, dtypes = _half_precision_state(inner, model.trainable_variables)
     if half:
         return warned(
             f"{len(scales)} steps under a mixed_float16 policy with {kit.loss_scale_name} are finite and "
             f"update the weights, but the optimizer keeps {half} while the variables they belong to are "
-            "float32: that state is rounded to half precision every step (a momentum's small contributions "
-            "vanish), where Keras's own optimizers keep each slot in its variable's dtype",
+            f"float32: {'; '.join(_HALF_PRECISION_COST[dtype] for dtype in dtypes)}, where Keras's own "
+            "optimizers keep each slot in its variable's dtype",
             where=method_location(ctx, "build"),
             fix="create each slot in its variable's dtype (add_variable_from_reference(variable, name), or "
-            "add_variable(shape, dtype=variable.dtype)), not in the policy's compute dtype",
+            "add_variable(shape, dtype=variable.dtype)), not in the policy's compute dtype"
+            + (
+                "; if bfloat16 state is meant to save memory, this is the precision it costs"
+                if "bfloat16" in dtypes
+                else ""
+            ),
         )
     return passed(
         f"{len(scales)} steps under a mixed_float16 policy with {kit.loss_scale_name}: finite, weights "
@@ -533,21 +538,33 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
     )
 
 
-def _half_precision_state(optimizer: Any, variables: Sequence[Any]) -> str:
+# What a slot kept in a 16-bit float costs, by dtype: float16 narrows both range and precision,
+# bfloat16 keeps float32's range and loses only precision ("small contributions vanish" had been said
+# of both).
+_HALF_PRECISION_COST = {
+    "float16": "float16 state is rounded to 11 significant bits every step and flushes values below "
+    "6e-8 to zero (a momentum's small contributions vanish)",
+    "bfloat16": "bfloat16 state keeps float32's range but is rounded to 8 significant bits every step "
+    "(a change under 1/256 of the value it is added to is lost: precision, not range)",
+}
+
+
+def _half_precision_state(optimizer: Any, variables: Sequence[Any]) -> tuple[str, list[str]]:
     """The optimizer's float16/bfloat16 state of the shape of a float32 variable it trains (a slot
-    made in the policy's compute dtype), said by name and count ('' where none)."""
+    made in the policy's compute dtype), said by name and count ('' where none), and those dtypes."""
     shapes = {tuple(v.shape) for v in variables if str(getattr(v.dtype, "name", v.dtype)) == "float32"}
     found: dict[tuple[str, str], int] = {}
     for state in optimizer_variables_of(optimizer):
         dtype = str(getattr(state.dtype, "name", state.dtype))
         shape = tuple(state.shape)
-        if dtype in ("float16", "bfloat16") and shape and shape in shapes:
+        if dtype in _HALF_PRECISION_COST and shape and shape in shapes:
             name = str(getattr(state, "path", None) or state.name).rsplit("/", 1)[-1].split(":", 1)[0]
             found[(name, dtype)] = found.get((name, dtype), 0) + 1
-    return ", ".join(
+    said = ", ".join(
         f"{name!r} in {dtype} ({count} variable{'s' if count > 1 else ''})"
         for (name, dtype), count in found.items()
     )
+    return said, sorted({dtype for _, dtype in found})
 
 
 MIXED_PRECISION_STEPS = 3

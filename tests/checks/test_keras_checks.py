@@ -1588,6 +1588,8 @@ class HalfMomentumSGD(keras.optimizers.Optimizer):
     """Momentum kept in the policy's compute dtype "to halve its memory": float16 under
     mixed_float16, for float32 variables."""
 
+    SLOT_DTYPE: str | None = None  # None: the policy's compute dtype
+
     def __init__(self, learning_rate: float = 0.01, **kwargs: object) -> None:
         super().__init__(learning_rate=learning_rate, **kwargs)  # type: ignore[arg-type]
 
@@ -1595,7 +1597,7 @@ class HalfMomentumSGD(keras.optimizers.Optimizer):
         if self.built:
             return
         super().build(var_list)
-        dtype = keras.mixed_precision.global_policy().compute_dtype
+        dtype = self.SLOT_DTYPE or keras.mixed_precision.global_policy().compute_dtype
         self._bufs = [self.add_variable(shape=v.shape, dtype=dtype, name="momentum") for v in var_list]
 
     def update_step(self, gradient: object, variable: keras.Variable, learning_rate: object) -> None:
@@ -1606,12 +1608,36 @@ class HalfMomentumSGD(keras.optimizers.Optimizer):
         self.assign_sub(variable, rate * keras.ops.cast(buf, variable.dtype))
 
 
-def test_float16_state_for_float32_variables_under_mixed_float16_is_a_warn_naming_it(workdir: Path) -> None:
+class BFloat16MomentumSGD(HalfMomentumSGD):
+    """Momentum kept in bfloat16 on purpose, to save memory: float32's range, 8 bits of precision."""
+
+    SLOT_DTYPE = "bfloat16"
+
+
+@pytest.mark.parametrize(
+    ("class_name", "said", "not_said"),
+    [
+        ("HalfMomentumSGD", ["in float16 (4 variables)", "small contributions vanish"], ["bfloat16"]),
+        (
+            "BFloat16MomentumSGD",
+            ["in bfloat16 (4 variables)", "keeps float32's range", "precision, not range"],
+            ["vanish", "flushes"],
+        ),
+    ],
+)
+def test_16_bit_state_for_float32_variables_under_mixed_float16_is_a_warn_naming_it(
+    class_name: str, said: list[str], not_said: list[str], workdir: Path
+) -> None:
     """It had passed; Keras's own optimizers keep slots in the variable's dtype (the GOOD list's
-    mixed_precision passes: Adam, legacy SGD, both Lions)."""
-    outcome = _run("mixed_precision", _context(f"{__name__}:HalfMomentumSGD", workdir))
+    mixed_precision passes: Adam, legacy SGD, both Lions). State kept in bfloat16 had been told its
+    small contributions vanish, as float16's do: bfloat16 keeps float32's range and loses precision."""
+    outcome = _run("mixed_precision", _context(f"{__name__}:{class_name}", workdir))
     assert outcome.status == "warn", outcome
-    assert "keeps 'momentum' in float16 (4 variables)" in outcome.detail, outcome.detail
+    assert "keeps 'momentum' in" in outcome.detail, outcome.detail
+    for words in said:
+        assert words in outcome.detail, (words, outcome.detail)
+    for words in not_said:
+        assert words not in outcome.detail, (words, outcome.detail)
     assert "add_variable_from_reference" in outcome.detail, outcome.detail
     assert outcome.where.endswith(f"test_keras_checks.py:{_line_of_method('HalfMomentumSGD', 'build')}")
 
