@@ -28,10 +28,14 @@ from jobs.checks.tools import (
     fresh,
     inconclusive_random,
     isolated,
+    made_non_finite,
     max_diff,
     method_location,
+    non_finite,
+    non_finite_update,
     same_draws,
     same_value,
+    shape_text,
     updates_nothing,
     user_line,
 )
@@ -62,26 +66,29 @@ def _kit(ctx: CheckContext) -> KerasDriver:
     return driver
 
 
-def _non_finite(values: Sequence[np.ndarray]) -> int:
-    """How many of the arrays hold a NaN or an infinity."""
-    return sum(not bool(np.all(np.isfinite(v))) for v in values if np.issubdtype(v.dtype, np.inexact))
-
-
-def _non_finite_update(ctx: CheckContext, observed: str, figure: int) -> Outcome:
-    """The fail where both sides of a comparison are non-finite: NaN against NaN is no difference of
-    the check's own (a frozen Python counter, float16 maths), the update itself is non-finite."""
-    return failed(
-        f"{observed}: the update itself makes non-finite values, whatever this check changes (dense_step "
-        "names the first), so nothing here is compared",
-        where=method_location(ctx),
-        fix=_kit(ctx).advice.finite_state,
-        figure=float(figure),
-    )
+def _made_non_finite(
+    ctx: CheckContext, shapes: Sequence[tuple[int, ...]], *sides: list[np.ndarray]
+) -> list[str]:
+    """`made_non_finite` over runs of `_run_steps` or `_run_sparse_steps` on variables of `shapes`
+    (their values, then the optimizer state, in the same order each run), against the same build
+    before any step; said as 'variable (4, 3)' or the state's name."""
+    if not all(any(non_finite(value) for value in side) for side in sides):
+        return []  # nothing to judge: no second build
+    kit = _kit(ctx)
+    with same_draws(ctx, seed=GRAPH_DRAWS), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # as the runs judged are built
+        optimizer, variables = fresh(ctx, shapes, **ctx.stateful_overrides())
+        names = [f"variable {shape_text(tuple(shape))}" for shape in shapes] + [
+            n for n, _ in kit.state(optimizer)
+        ]
+        start = kit.values(variables) + [value for _, value in kit.state(optimizer)]
+    found = made_non_finite(dict(enumerate(start)), *(dict(enumerate(side)) for side in sides))
+    return [names[i] for i in found]
 
 
 def _all_close(a: Sequence[np.ndarray], b: Sequence[np.ndarray], rtol: float, atol: float) -> bool:
     return len(a) == len(b) and all(
-        x.shape == y.shape and np.allclose(x, y, rtol=rtol, atol=atol, equal_nan=False)
+        x.shape == y.shape and np.allclose(x, y, rtol=rtol, atol=atol, equal_nan=True)
         for x, y in zip(a, b, strict=True)
     )
 
@@ -296,12 +303,13 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
             or "use tensor ops (tf.where, tf.cond, ops.where) instead of Python if/while on tensor values, "
             "and no .numpy(), float(tensor) or .item() in the update",
         )
-    if _non_finite(eager) and _non_finite(graph):
-        return _non_finite_update(
+    unbounded = _made_non_finite(ctx, SHAPES, eager, graph)
+    if unbounded:
+        return non_finite_update(
             ctx,
-            f"{GRAPH_STEPS} steps eagerly and under tf.function both end with non-finite variables or state "
-            f"({_non_finite(eager)} and {_non_finite(graph)} arrays)",
-            _non_finite(eager),
+            f"{GRAPH_STEPS} steps eagerly and under tf.function both end with non-finite values",
+            unbounded,
+            regardless="whatever this check changes",
         )
     diff = max_diff(eager, graph)
     # TensorFlow gives a random op traced in a function other op seeds than the same op run eagerly, so
@@ -406,12 +414,13 @@ def _sparse_graph_fault(ctx: CheckContext, *, compare: bool = True) -> Outcome |
             or "use tensor ops (tf.where, tf.cond) instead of Python if/while on tensor values in the sparse "
             "path too, and no .numpy(), float(tensor) or .item() there",
         )
-    if compare and _non_finite(eager) and _non_finite(graph):
-        return _non_finite_update(
+    unbounded = _made_non_finite(ctx, (TABLE_SHAPE,), eager, graph) if compare else []
+    if unbounded:
+        return non_finite_update(
             ctx,
-            f"{len(grads)} row-sparse steps eagerly and under tf.function both end with a non-finite "
-            "table or state",
-            _non_finite(eager),
+            f"{len(grads)} row-sparse steps eagerly and under tf.function both end with non-finite values",
+            unbounded,
+            regardless="whatever this check changes",
         )
     if compare and not _all_close(eager, graph, RTOL, ATOL):
         return failed(
@@ -495,12 +504,15 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
     finally:
         mixed.set_global_policy(previous)
     if not all(np.all(np.isfinite(w)) for w in after):
-        if _non_finite_in_float32(ctx):
-            return _non_finite_update(
+        float32 = _float32_weights(ctx)
+        unbounded = made_non_finite(dict(enumerate(before)), dict(enumerate(after)), dict(enumerate(float32)))
+        if unbounded:
+            return non_finite_update(
                 ctx,
                 f"weights became non-finite under mixed_float16 with {kit.loss_scale_name}, and in float32 "
                 "without mixed precision too",
-                _non_finite(after),
+                [f"weight {i} {shape_text(before[i].shape)}" for i in unbounded],
+                regardless="whatever the dtype",
             )
         return failed(
             f"weights became non-finite under mixed_float16 with {kit.loss_scale_name}",
@@ -570,9 +582,10 @@ def _half_precision_state(optimizer: Any, variables: Sequence[Any]) -> tuple[str
 MIXED_PRECISION_STEPS = 3
 
 
-def _non_finite_in_float32(ctx: CheckContext) -> bool:
-    """Whether the same steps under the float32 policy make non-finite weights too: then float16 is
-    not the cause (the dtype advice would mislead), the update is."""
+def _float32_weights(ctx: CheckContext) -> list[np.ndarray]:
+    """The weights after the same steps under the float32 policy (none where they raise, which is not
+    what the mixed-precision fail is about): where they are non-finite too, float16 is not the cause
+    (the dtype advice would mislead), the update is."""
     kit = _kit(ctx)
     mixed = kit.km.mixed_precision
     previous = mixed.global_policy()
@@ -580,9 +593,9 @@ def _non_finite_in_float32(ctx: CheckContext) -> bool:
         mixed.set_global_policy("float32")
         model = kit.tiny_model(seed=80, hidden=8)
         _mixed_precision_steps(kit, model, ctx.build())
-        return _non_finite([np.array(w) for w in model.get_weights()]) > 0
+        return [np.array(w) for w in model.get_weights()]
     except Exception:  # raising in float32 is not what the mixed-precision fail is about
-        return False
+        return []
     finally:
         mixed.set_global_policy(previous)
 

@@ -28,14 +28,18 @@ from jobs.checks.tools import (
     clear_refusal,
     fresh,
     isolated,
+    made_non_finite,
     max_diff,
     method_location,
+    non_finite,
+    non_finite_update,
     raised_in,
     reached_user_code,
     refusal_files,
     refused_rate,
     refuses_dense,
     same_draws,
+    shape_text,
     still_steps,
     updates_nothing,
     user_line,
@@ -448,15 +452,18 @@ def check_sparse(ctx: CheckContext) -> Outcome:
     after_first = driver.values(table)[0]
     first = [_rows(first_rows, seed=20)]
     diff = _sparse_vs_reference(ctx, first, after_first, against_dense=True) if takes_dense else 0.0
-    if takes_dense and not np.all(np.isfinite(after_first)) and _dense_non_finite(ctx, first):
-        # NaN against NaN is no fault of the sparse path's: the update is non-finite on a dense gradient too.
-        return failed(
+    unbounded = (
+        made_non_finite({"table": start}, {"table": after_first}, {"table": _dense_table(ctx, first)})
+        if takes_dense and non_finite(after_first)
+        else []
+    )
+    if unbounded:  # NaN against NaN is no fault of the sparse path's: the dense update makes them too
+        return non_finite_update(
+            ctx,
             f"a row-sparse gradient ({driver.sparse_gradient_name}) and the equivalent dense one both make "
-            "the table non-finite in one step: the update itself makes non-finite values, whatever the "
-            "gradient's form (dense_step names the first), so the sparse path is not compared",
-            where=method_location(ctx),
-            figure=float(np.sum(~np.isfinite(after_first))),
-            fix=driver.advice.finite_state,
+            "the table non-finite in one step",
+            [f"table {shape_text(TABLE_SHAPE)}"],
+            regardless="whatever the gradient's form",
         )
     if not np.all(np.isfinite(after_first)) or diff > 0:
         own = _own_sparse_method(ctx) if takes_dense else None
@@ -712,16 +719,17 @@ def _sparse_refusal(ctx: CheckContext, error: Exception) -> Outcome:
     )
 
 
-def _dense_non_finite(ctx: CheckContext, grads: Sequence[SparseRows]) -> bool:
-    """Whether the same optimizer's dense steps on `grads` make the table non-finite too."""
+def _dense_table(ctx: CheckContext, grads: Sequence[SparseRows]) -> np.ndarray:
+    """The table after the same optimizer's dense steps on `grads` (an empty array where they raise:
+    not shown non-finite, the sparse step's difference stands)."""
     with same_draws(ctx, seed=_COMPARED_DRAWS):
         optimizer, table = fresh(ctx, (TABLE_SHAPE,))
         try:
             for grad in grads:
                 ctx.driver.step(optimizer, table, [_dense(grad)], ctx.needs)
-        except Exception:  # not shown non-finite: the difference stands
-            return False
-    return not bool(np.all(np.isfinite(ctx.driver.values(table)[0])))
+        except Exception:
+            return np.zeros(0, np.float32)
+    return ctx.driver.values(table)[0]
 
 
 def _own_sparse_method(ctx: CheckContext) -> str | None:

@@ -20,7 +20,7 @@ import traceback
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 
@@ -189,12 +189,52 @@ def fresh(
 def max_diff(a: Sequence[np.ndarray], b: Sequence[np.ndarray]) -> float:
     if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b, strict=True)):
         return math.inf
-    diffs = [
-        float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64))))
-        for x, y in zip(a, b, strict=True)
-        if x.size
-    ]
+    with np.errstate(invalid="ignore"):  # inf - inf is NaN, as before, without a RuntimeWarning printed
+        diffs = [
+            float(np.max(np.abs(x.astype(np.float64) - y.astype(np.float64))))
+            for x, y in zip(a, b, strict=True)
+            if x.size
+        ]
     return max(diffs, default=0.0)
+
+
+def non_finite(value: np.ndarray) -> bool:
+    """Whether a floating-point array holds a NaN or an infinity (integers never do)."""
+    return value.dtype.kind in "fc" and not bool(np.all(np.isfinite(value)))
+
+
+Key = TypeVar("Key")
+
+
+def made_non_finite(start: Mapping[Key, np.ndarray], *sides: Mapping[Key, np.ndarray]) -> list[Key]:
+    """The arrays (by key) that were finite at `start`, before any step (weights; state read when
+    built), and end non-finite, in the same shape, on every one of `sides`: the update itself makes
+    non-finite values, whatever a check changes between its sides (NaN against NaN is no difference
+    of its own). The one judgement graph_mode, sparse, mixed_precision and distributed make. State
+    non-finite from the start, as a "lowest loss seen" kept at +inf until a loss comes, is no sign
+    of it: the checks compare it as any array, equal where both sides hold the same NaN or inf (it
+    had failed as "the update itself makes non-finite values")."""
+    return [
+        key
+        for key, value in start.items()
+        if value.dtype.kind in "fc"
+        and not non_finite(value)
+        and all(key in side and side[key].shape == value.shape and non_finite(side[key]) for side in sides)
+    ]
+
+
+def non_finite_update(ctx: CheckContext, observed: str, names: Sequence[str], *, regardless: str) -> Outcome:
+    """The fail where `made_non_finite` names arrays (`names`, said after `observed`): no cause of the
+    check's own (a frozen Python counter, float16 maths, the sparse path, the replicas) is blamed,
+    and dense_step's fix is given. `regardless` says what the check changed that is not the cause."""
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return failed(
+        f"{observed} ({shown}): the update itself makes non-finite values, {regardless} (dense_step names "
+        "the first), so nothing here is compared",
+        where=method_location(ctx),
+        fix=ctx.driver.advice.finite_state,
+        figure=float(len(names)),
+    )
 
 
 def shape_text(shape: tuple[int, ...]) -> str:

@@ -1584,6 +1584,63 @@ def _line_of_def(class_name: str) -> int:
     return next(i for i in range(start, len(source)) if "def update_step" in source[i]) + 1
 
 
+class BestLossSGD(keras.optimizers.Optimizer):
+    """SGD that also keeps the lowest loss a callback reported: +inf, by design, until one does."""
+
+    def __init__(self, learning_rate: float = 0.01, **kwargs: object) -> None:
+        super().__init__(learning_rate=learning_rate, **kwargs)  # type: ignore[arg-type]
+
+    def build(self, var_list: list[keras.Variable]) -> None:
+        if self.built:
+            return
+        super().build(var_list)
+        self.best_loss = self.add_variable(
+            (), initializer=keras.initializers.Constant(np.inf), name="best_loss"
+        )
+
+    def update_step(self, gradient: object, variable: keras.Variable, learning_rate: object) -> None:
+        self.assign_sub(variable, keras.ops.cast(learning_rate, variable.dtype) * gradient)
+
+
+@pytest.mark.parametrize("check_id", ["graph_mode", "sparse", "mixed_precision"])
+def test_state_non_finite_from_its_build_on_both_sides_is_no_non_finite_update(
+    check_id: str, workdir: Path
+) -> None:
+    """+inf against +inf in a state that starts at +inf had failed graph_mode as "the update itself
+    makes non-finite values": only what was finite before any step (the weights) can say so."""
+    outcome = _run(check_id, _context(f"{__name__}:BestLossSGD", workdir))
+    assert outcome.status == "pass", outcome
+
+
+class NanRatioSGD(keras.optimizers.Optimizer):
+    """SGD with a diagnostic slot built as zeros and divided by itself each step: NaN from the first
+    step, while the weights stay finite."""
+
+    def __init__(self, learning_rate: float = 0.01, **kwargs: object) -> None:
+        super().__init__(learning_rate=learning_rate, **kwargs)  # type: ignore[arg-type]
+
+    def build(self, var_list: list[keras.Variable]) -> None:
+        if self.built:
+            return
+        super().build(var_list)
+        self._ratios = self.add_optimizer_variables(var_list, "ratio")
+
+    def update_step(self, gradient: object, variable: keras.Variable, learning_rate: object) -> None:
+        ratio = self._ratios[self._get_variable_index(variable)]
+        self.assign(ratio, ratio / ratio)
+        self.assign_sub(variable, keras.ops.cast(learning_rate, variable.dtype) * gradient)
+
+
+def test_state_made_non_finite_by_the_update_is_named_with_finite_weights(workdir: Path) -> None:
+    """A slot finite when built and NaN after the steps, eagerly and traced, is the update's doing
+    (state is judged where it was finite before any step), not a frozen Python counter."""
+    outcome = _run("graph_mode", _context(f"{__name__}:NanRatioSGD", workdir))
+    assert outcome.status == "fail", outcome
+    assert "the update itself makes non-finite values" in outcome.detail, outcome.detail
+    assert "ratio" in outcome.detail and "variable (4, 3)" not in outcome.detail, outcome.detail
+    assert "Python state (a counter" not in outcome.detail, outcome.detail
+
+
 class HalfMomentumSGD(keras.optimizers.Optimizer):
     """Momentum kept in the policy's compute dtype "to halve its memory": float16 under
     mixed_float16, for float32 variables."""

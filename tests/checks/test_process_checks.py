@@ -484,3 +484,37 @@ def test_replicas_and_one_device_both_non_finite_are_told_the_update_is(tmp_path
     assert "beyond rounding" not in outcome.detail and "aggregation" not in outcome.detail, outcome.detail
     line = next(i for i, text in enumerate(OFF_BY_ONE.splitlines(), 1) if "def update_step" in text)
     assert outcome.where == f"{path}:{line}"
+
+
+BEST_LOSS = """
+import math
+
+import keras
+
+
+class BestLossSGD(keras.optimizers.Optimizer):
+    '''SGD that also keeps the lowest loss a callback reported: +inf, by design, until one does.'''
+
+    def __init__(self, learning_rate=0.01, **kwargs):
+        super().__init__(learning_rate=learning_rate, **kwargs)
+
+    def build(self, variables):
+        if self.built:
+            return
+        super().build(variables)
+        at_inf = keras.initializers.Constant(math.inf)
+        self.best_loss = self.add_variable((), initializer=at_inf, name="best_loss")
+
+    def update_step(self, gradient, variable, learning_rate):
+        self.assign_sub(variable, keras.ops.cast(learning_rate, variable.dtype) * gradient)
+"""
+
+
+def test_state_at_inf_from_its_build_on_replicas_and_one_device_passes(tmp_path: Path) -> None:
+    """+inf against +inf in a state built at +inf had failed as "the update itself makes non-finite
+    values": only the weights, finite before any step, can say so (the test above: they do)."""
+    path = tmp_path / "best_loss.py"
+    path.write_text(BEST_LOSS)
+    outcome = distributed(context(f"{path}:BestLossSGD", "keras", tmp_path))
+    assert outcome.status == "pass", outcome
+    assert "max abs difference to one device inf" not in outcome.detail, outcome.detail

@@ -2681,3 +2681,75 @@ def test_a_broken_switch_of_its_own_is_not_told_to_turn_the_switch_off(tmp_path:
     assert outcome.status == "fail", outcome.detail
     assert outcome.detail.startswith("optimizer.train(), which a job calls before each training step, raised")
     assert "train_eval" not in outcome.detail and "Fix: make train() work" in outcome.detail
+
+
+TORCH_NON_FINITE = """
+import math
+
+import torch
+
+
+class BestLossSGD(torch.optim.Optimizer):
+    '''SGD keeping the lowest loss a callback reported: +inf, by design, until one does.'''
+
+    def __init__(self, params, lr=0.01):
+        super().__init__(params, dict(lr=lr))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if not self.state[p]:
+                    self.state[p]["best"] = torch.tensor(math.inf)
+                p.add_(p.grad, alpha=-group["lr"])
+
+
+class OffByOneAdam(torch.optim.Optimizer):
+    '''Adam's bias correction at the step before this one: 1 - beta**0 is 0, the first update NaN.'''
+
+    def __init__(self, params, lr=0.01):
+        super().__init__(params, dict(lr=lr))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"], state["m"], state["v"] = 0, torch.zeros_like(p), torch.zeros_like(p)
+                t = state["step"]
+                state["step"] += 1
+                state["m"].mul_(0.9).add_(p.grad, alpha=0.1)
+                state["v"].mul_(0.999).addcmul_(p.grad, p.grad, value=0.001)
+                corrected = (state["m"] / (1 - 0.9**t)) / (state["v"] / (1 - 0.999**t)).sqrt()
+                p.add_(corrected, alpha=-group["lr"])
+"""
+
+
+@pytest.mark.parametrize(
+    ("class_name", "status"),
+    [("BestLossSGD", "pass"), ("OffByOneAdam", "fail")],
+)
+def test_distributed_judges_non_finite_values_by_what_was_finite_before_any_step(
+    class_name: str, status: str, tmp_path: Path
+) -> None:
+    """State kept at +inf from its first step on ranks and one process alike had failed as "the update
+    itself makes non-finite values" (it had passed before that fail was added); parameters made NaN
+    by the update (a bias correction off by one) still fail so."""
+    from jobs.checks.fresh import distributed
+
+    path = tmp_path / "non_finite.py"
+    path.write_text(TORCH_NON_FINITE)
+    outcome = distributed(context(f"{path}:{class_name}", tmp_path))
+    assert outcome.status == status, outcome
+    if status == "fail":
+        assert "the update itself makes non-finite values, on one process too" in outcome.detail, (
+            outcome.detail
+        )
+        assert "beyond rounding" not in outcome.detail, outcome.detail
+    else:
+        assert "max abs difference to one process 0 " in outcome.detail, outcome.detail

@@ -13,12 +13,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from jobs.checks.context import CheckContext, overrides_note
 from jobs.checks.fresh.plan import DISTRIBUTED_STEPS, INITIAL, REPLICA_RUNS, SINGLE, Wording, runs_for
 from jobs.checks.fresh.results import (
-    Run,
     beyond_tolerance,
     first_difference,
     layout_difference,
@@ -27,7 +24,14 @@ from jobs.checks.fresh.results import (
 )
 from jobs.checks.fresh.spawner import ChildFailed, failed_in_child, run_fresh
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
-from jobs.checks.tools import draws_randomly, method_location, python_counters, state_shared_by_instances
+from jobs.checks.tools import (
+    draws_randomly,
+    made_non_finite,
+    method_location,
+    non_finite_update,
+    python_counters,
+    state_shared_by_instances,
+)
 from optimizers.loop_needs import user_classes
 
 
@@ -70,15 +74,6 @@ def distributed(ctx: CheckContext) -> Outcome:
     if outcome.status == "fail":
         return _judged_without_per_replica_options(ctx, request, outcome) or outcome
     return outcome
-
-
-def _non_finite(run: Run) -> list[str]:
-    """The labels of the run's floating-point arrays that hold a NaN or an infinity."""
-    return [
-        run.label(key)
-        for key, value in run.arrays.items()
-        if value.dtype.kind in "fc" and not bool(np.all(np.isfinite(value)))
-    ]
 
 
 def _child_fix(words: Wording, exc: ChildFailed) -> str:
@@ -263,19 +258,17 @@ def judge(
                 figure=max_abs_difference(first, other),
             )
     figure = max_abs_difference(single, first)
-    unbounded = _non_finite(single)
-    if unbounded and _non_finite(first):
-        # NaN against NaN is no difference of the replicas' (a per-replica gradient statistic): the update
-        # is non-finite on one device too.
-        return failed(
+    initial = load_run(outs[INITIAL])
+    unbounded = made_non_finite(initial.arrays, single.arrays, first.arrays)
+    if unbounded:  # NaN against NaN is no difference of the replicas' (a per-replica gradient statistic)
+        return non_finite_update(
+            ctx,
             f"{words.setup} and {words.single} both end with non-finite values after {DISTRIBUTED_STEPS} "
-            f"steps ({', '.join(unbounded[:3])}): the update itself makes non-finite values, on "
-            f"{words.single} too (dense_step names the first), so nothing here is compared",
-            where=method_location(ctx),
-            fix=ctx.driver.advice.finite_state,
-            figure=float(len(unbounded)),
+            "steps",
+            [single.label(key) for key in unbounded],
+            regardless=f"on {words.single} too",
         )
-    far = beyond_tolerance(single, first, load_run(outs[INITIAL]))
+    far = beyond_tolerance(single, first, initial)
     if far:
         counters = _replicated_counters(ctx, words)
         return failed(
