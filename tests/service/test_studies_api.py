@@ -445,6 +445,7 @@ def test_an_error_of_a_summary_given_back_never_lands_on_the_study_another_worke
         done = study_store.get_study(session=session, study_id=study["id"])
     assert done is not None and done.finalize_error is None and done.finalizing_until is None
 
+
 def test_a_study_cancelled_once_may_be_cancelled_again_until_it_is_done(client: TestClient) -> None:
     """A retried cancel (its answer lost) is answered as a cancelled job's is: 200, nothing changed."""
     study = client.post("/studies", json=STUDY).json()
