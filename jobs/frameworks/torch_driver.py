@@ -195,13 +195,19 @@ def never_ran_optimizer_init(error: BaseException) -> bool:
     )
 
 
+def _saved_and_changed(part: Any) -> tuple[Any, list[str]]:
+    """`part.state_dict()`, and what the call removed or changed of an optimizer's live state (anything
+    with param_groups), put back (saved_state_dict); a model or scheduler changes nothing."""
+    if isinstance(getattr(part, "param_groups", None), list):
+        return saved_state_dict(part)
+    return part.state_dict(), []
+
+
 def state_dict_of(name: str, part: Any) -> tuple[Any, list[str]]:
-    """`part.state_dict()`, and what the call removed or changed of an optimizer's live state, put
-    back (saved_state_dict); an optimizer that never ran torch.optim.Optimizer.__init__ is told so."""
+    """_saved_and_changed, for a checkpoint: an optimizer that never ran torch.optim.Optimizer.__init__
+    is told so."""
     try:
-        if isinstance(getattr(part, "param_groups", None), list):
-            return saved_state_dict(part)
-        return part.state_dict(), []
+        return _saved_and_changed(part)
     except AttributeError as exc:
         if exc.name not in OPTIMIZER_INIT_ATTRIBUTES:
             raise
@@ -215,9 +221,7 @@ def state_dict_of(name: str, part: Any) -> tuple[Any, list[str]]:
 
 def _state_dict(part: Any) -> Any:
     """What `part.state_dict()` saves, an optimizer's live state left as it was (saved_state_dict)."""
-    if isinstance(getattr(part, "param_groups", None), list):
-        return saved_state_dict(part)[0]
-    return part.state_dict()
+    return _saved_and_changed(part)[0]
 
 
 # -- a state_dict() that changes the live state ------------------------------------------------------------
@@ -227,6 +231,11 @@ def _state_dict(part: Any) -> Any:
 # edits the state training goes on with: every save then wipes it. A save and a reload of such a class
 # agree with each other (both lack it), so the driver keeps the live state as it was before the call,
 # puts back what the call took, and hands on what the call said it saves.
+#
+# Cost: torch's own state_dict() is never watched. An override's call costs a dict of references per
+# entry; tensor values are compared (torch.equal, on their device) only where a tensor's identity or
+# version counter moved, and copied first only in the checks or for a class once seen changing values
+# in place (a version bump that changed no value, `add_(0)`, is learned as harmless, once).
 
 
 @dataclass
@@ -271,115 +280,264 @@ def _version_of(tensor: torch.Tensor) -> int:
         return -1
 
 
+def _bumped(live: _LiveEntry, key: Any) -> bool:
+    return _version_of(live.values[key]) != live.versions[key]
+
+
 def _same_tensor_values(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype or a.layout != b.layout:
+    """Equal shape, layout, dtype, device and values (NaN equal to NaN), compared where the tensors
+    are: no copy to the host."""
+    if (a.shape, a.dtype, a.layout, a.device) != (b.shape, b.dtype, b.layout, b.device):
         return False
-    a, b = (a.to_dense(), b.to_dense()) if a.is_sparse else (a, b)
-    return _equal_or_both_nan(a.detach().cpu(), b.detach().cpu())
+    a, b = (a.detach(), b.detach())
+    if a.is_sparse:
+        a, b = a.to_dense(), b.to_dense()
+    if a.is_meta:
+        return True  # no values to compare
+    return bool(torch.equal(a, b)) or _equal_or_both_nan(a, b)
 
 
-def _same_object_value(before: Any, now: Any) -> bool:
-    """Whether a value a state_dict() call put in place of another holds the same: a tensor by its
-    values, anything else by ==; what cannot be compared counts as the same (nothing to blame)."""
+def _values_moved(copied: torch.Tensor, tensor: torch.Tensor) -> bool:
+    return not _same_tensor_values(copied, tensor)
+
+
+def _tensor_replaced(before: torch.Tensor, now: torch.Tensor) -> str | None:
+    """How a tensor a state_dict() call put in place of another differs from it, or None."""
+    if before.device != now.device:
+        return f"moved from {before.device} to {now.device}"
+    if before.dtype != now.dtype:
+        return f"cast from {before.dtype} to {now.dtype}"
+    if not _same_tensor_values(before, now):
+        return "replaced by other values"
+    return None
+
+
+def _as_number(value: Any) -> float | complex | None:
+    """A Python number, or a one-element tensor's value; None for anything else."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().item() if value.numel() == 1 and not value.is_meta else None
+    return value if isinstance(value, (int, float, complex)) and not isinstance(value, bool) else None
+
+
+def _kind_of(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor"
+    return f"a Python {type(value).__name__}"
+
+
+def _replaced(before: Any, now: Any) -> tuple[str, bool] | None:
+    """How a value a state_dict() call put in place of another differs: (said, whether only its kind
+    changed, the value kept: tensor(3.) into 3.0), or None where it holds the same. State created by
+    the call where there was None is an addition, not a change; what cannot be compared counts as the
+    same (nothing to blame)."""
+    if before is None:
+        return None
+    if isinstance(before, torch.Tensor) and isinstance(now, torch.Tensor):
+        if before.requires_grad != now.requires_grad and _tensor_replaced(before, now) is None:
+            return f"now {'' if now.requires_grad else 'no longer '}requiring grad, the value kept", True
+        said = _tensor_replaced(before, now)
+        return None if said is None else (said, False)
     if isinstance(before, torch.Tensor) or isinstance(now, torch.Tensor):
-        both = isinstance(before, torch.Tensor) and isinstance(now, torch.Tensor)
-        return both and _same_tensor_values(before, now)
+        a, b = _as_number(before), _as_number(now)
+        if a is not None and b is not None and (a == b or _both_nan(a, b)):
+            return f"turned from {_kind_of(before)} into {_kind_of(now)} of the same value ({b!r})", True
+        return "replaced by other values", False
     try:
-        return bool(before == now)
+        if _both_nan(before, now) or bool(before == now):
+            if type(before) is type(now):
+                return None
+            return f"turned from {_kind_of(before)} into {_kind_of(now)} of the same value ({now!r})", True
     except Exception:
-        return True
+        return None
+    return "replaced by other values", False
 
 
-def _live_changes(optimizer: Any, entries: Sequence[_LiveEntry]) -> list[str]:
+@dataclass
+class _Changes:
+    """What a state_dict() call changed of the live state: `said`, each a change that matters; `kinds`,
+    values the call swapped for another kind of the same value (reported only where the next step
+    sees it: _kind_changes_that_matter); `in_place`, whether a tensor's values were changed in place."""
+
+    said: list[str]
+    kinds: list[tuple[str, Any, Any, Any]]  # (said, state key, entry key, the value the call left)
+    in_place: bool
+
+
+def _live_changes(optimizer: Any, entries: Sequence[_LiveEntry]) -> _Changes:
     """What a state_dict() call removed or changed of `entries` (`state[param 0]['exp_avg_sq']
     removed`); keys it added are not counted (a class may fill in bookkeeping as it saves)."""
     index = {id(p): i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
     state = optimizer.state
-    changed = []
+    found = _Changes([], [], in_place=False)
     for live in entries:
         tensor_key = isinstance(live.key, torch.Tensor)
         where = f"state[param {index.get(id(live.key), '?')}]" if tensor_key else f"state[{live.key!r}]"
         now = state.get(live.key) if isinstance(state, Mapping) else None
         if not isinstance(now, Mapping):
-            changed += [f"{where}[{key!r}] removed" for key in live.values]
+            found.said += [f"{where}[{key!r}] removed" for key in live.values]
             continue
         for key, before in live.values.items():
             if key not in now:
-                changed.append(f"{where}[{key!r}] removed")
+                found.said.append(f"{where}[{key!r}] removed")
             elif now[key] is not before:
-                if not _same_object_value(before, now[key]):
-                    changed.append(f"{where}[{key!r}] replaced by other values")
-            elif key in live.copies and _version_of(before) != live.versions[key]:
-                if not _same_tensor_values(live.copies[key], before):
-                    changed.append(f"{where}[{key!r}] changed in place")
-    return changed
+                how = _replaced(before, now[key])
+                if how is not None:
+                    if how[1]:
+                        found.kinds.append((f"{where}[{key!r}] {how[0]}", live.key, key, now[key]))
+                    else:
+                        found.said.append(f"{where}[{key!r}] {how[0]}")
+            elif key in live.copies and _bumped(live, key) and _values_moved(live.copies[key], before):
+                found.said.append(f"{where}[{key!r}] changed in place")
+                found.in_place = True
+    return found
 
 
 def _put_back(optimizer: Any, entries: Sequence[_LiveEntry]) -> None:
-    """The live state as `entries` had it: each entry dict in its place, holding its values again,
-    and tensors changed in place given their values back where they were copied."""
+    """The live state as `entries` had it: each entry dict in its place, holding its values again
+    (not a None the call filled in: an addition), and tensors changed in place given their values back
+    where they were copied."""
     state = optimizer.state
     with torch.no_grad():
         for live in entries:
             if state.get(live.key) is not live.entry:
                 state[live.key] = live.entry
             for key, before in live.values.items():
-                if live.entry.get(key) is not before:
+                if live.entry.get(key) is not before and not (before is None and key in live.entry):
                     live.entry[key] = before
             for key, values in live.copies.items():
-                tensor = live.values[key]
-                if _version_of(tensor) != live.versions[key]:
-                    tensor.copy_(values)
+                if _bumped(live, key):
+                    live.values[key].copy_(values)
 
 
 def _apart_from(saved: Any, entries: Sequence[_LiveEntry]) -> Any:
-    """`saved` with each of its "state" entries that is a live entry dict replaced by a copy, and each
-    tensor the call changed in place by a copy of what it holds now, so that putting the live state
-    back does not change what the call saved."""
-    if not isinstance(saved, Mapping) or not isinstance(saved.get("state"), Mapping):
-        return saved
+    """`saved` with every live entry dict it holds, at any depth (under "state", or wrapped:
+    {"wrapped": super().state_dict()}, a Lookahead's nested dicts, lists and tuples), replaced by a
+    copy, and each tensor the call changed in place by a copy of what it holds now, so that putting
+    the live state back does not change what the call saved. Containers holding neither are kept."""
     live = {id(e.entry) for e in entries}
-    changed = {
-        id(e.values[key])
-        for e in entries
-        for key in e.copies
-        if _version_of(e.values[key]) != e.versions[key]
-    }
+    changed = {id(e.values[key]) for e in entries for key in e.copies if _bumped(e, key)}
+    seen: dict[int, Any] = {}
 
     def apart(value: Any) -> Any:
-        return value.clone() if isinstance(value, torch.Tensor) and id(value) in changed else value
+        if isinstance(value, torch.Tensor):
+            return value.clone() if id(value) in changed else value
+        if id(value) in seen:
+            return seen[id(value)]
+        seen[id(value)] = value  # a cycle meets the container as it is
+        if isinstance(value, Mapping):
+            items = {k: apart(v) for k, v in value.items()}
+            if id(value) in live or any(items[k] is not v for k, v in value.items()):
+                copied = copy.copy(value) if isinstance(value, dict) else dict(value)
+                copied.update(items)
+                seen[id(value)] = copied
+        elif isinstance(value, (list, tuple)):
+            members = [apart(v) for v in value]
+            if any(a is not b for a, b in zip(members, value, strict=True)):
+                if isinstance(value, list):
+                    seen[id(value)] = members
+                elif hasattr(value, "_fields"):
+                    seen[id(value)] = type(value)(*members)
+                else:
+                    seen[id(value)] = tuple(members)
+        return seen[id(value)]
 
-    return {
-        **saved,
-        "state": {
-            k: {key: apart(value) for key, value in v.items()} if id(v) in live else v
-            for k, v in saved["state"].items()
-        },
-    }
+    return apart(saved)
+
+
+def _optimizer_copy(optimizer: Any, kinds: Sequence[tuple[str, Any, Any, Any]] = ()) -> Any:
+    """A deep copy of `optimizer` with its parameters' gradients (deepcopy leaves them out), holding
+    each value `kinds` names as the call left it (set after the copy: a class's __setstate__, Adam's,
+    turns a float step back into a tensor); None where it cannot be copied."""
+    memo: dict[int, Any] = {}
+    try:
+        copied = copy.deepcopy(optimizer, memo)
+        for group in optimizer.param_groups:
+            for p in group["params"]:
+                if isinstance(p, torch.Tensor) and p.grad is not None and id(p) in memo:
+                    memo[id(p)].grad = p.grad.detach().clone()
+        for _, state_key, key, value in kinds:
+            copied.state[memo.get(id(state_key), state_key)][key] = copy.deepcopy(value)
+    except Exception:
+        return None
+    return copied
+
+
+def _next_step_sees(changed: Any, kept: Any) -> str | None:
+    """How the next step of `changed` (the state as the call left it) differs from that of `kept`
+    (as it was), on the gradients the parameters hold; None where they agree or `kept` cannot step
+    here (a step that needs a closure: nothing shown, nothing to blame)."""
+    steps: list[BaseException | None] = []
+    for optimizer in (kept, changed):
+        with torch.random.fork_rng():  # the same draws in both, the process's own left as they were
+            torch.manual_seed(0)
+            try:
+                optimizer.step()
+                steps.append(None)
+            except Exception as exc:
+                steps.append(exc)
+    if steps[0] is not None:
+        return None
+    if steps[1] is not None:
+        return f"the next step then raises {type(steps[1]).__name__}: {steps[1]}"
+    pairs = zip(
+        (p for g in kept.param_groups for p in g["params"]),
+        (p for g in changed.param_groups for p in g["params"]),
+        strict=False,
+    )
+    if any(not _same_tensor_values(a, b) for a, b in pairs):
+        return "the next step then gives other parameters"
+    return None
 
 
 def saved_state_dict(optimizer: Any, *, copy_values: bool = False) -> tuple[Any, list[str]]:
     """`optimizer.state_dict()`, and what the call removed or changed of the live state (see above),
     which is put back: the optimizer goes on as it was, what is returned is what the class saves.
     A tensor changed in place is seen and put back only where its values were copied first: with
-    `copy_values`, and for a class whose save was once seen changing a tensor in place (a job's state
-    is not copied at every save)."""
+    `copy_values` (the checks), and for a class whose save was once seen changing a tensor's values in
+    place (a job's state is not copied at every save). A value swapped for another kind of the same
+    value (tensor(3.) into 3.0) is put back, and said only with `copy_values` and where the next step
+    sees it (torch's Adam raises on a float step)."""
     cls = type(optimizer)
     if getattr(cls, "state_dict", None) is torch.optim.Optimizer.state_dict:
         return optimizer.state_dict(), []  # torch's own changes nothing
-    entries = _live_entries(optimizer, copy_values=copy_values or cls in _SAVES_CHANGING_IN_PLACE)
+    copying = copy_values or cls in _SAVES_CHANGING_IN_PLACE or cls in _SAVES_TO_COMPARE
+    entries = _live_entries(optimizer, copy_values=copying)
     saved = optimizer.state_dict()
-    if any(_version_of(e.values[k]) != v for e in entries for k, v in e.versions.items()):
-        _SAVES_CHANGING_IN_PLACE.add(cls)  # copied from now on
-    changed = _live_changes(optimizer, entries)
+    found = _live_changes(optimizer, entries)
+    if any(_bumped(e, k) for e in entries for k in e.versions):
+        _learn_in_place(cls, compared=copying, changed=found.in_place)
+    if not (found.said or found.kinds):
+        return saved, []
+    saved = _apart_from(saved, entries)
+    _put_back(optimizer, entries)
+    said = found.said
+    if found.kinds and copy_values:  # only where the next step sees it
+        as_left, kept = _optimizer_copy(optimizer, found.kinds), _optimizer_copy(optimizer)
+        sees = _next_step_sees(as_left, kept) if as_left is not None and kept is not None else None
+        if sees:
+            said = said + [f"{kind[0]}: {sees}" for kind in found.kinds]
+    return saved, said
+
+
+def _learn_in_place(cls: type, *, compared: bool, changed: bool) -> None:
+    """What a class's save that bumped a state tensor's version counter tells of its next saves: one
+    that changed values is copied from now on; one not compared is compared at its next save; one that
+    changed none (`add_(0)`, a copy_ of the same values) is not copied again for it."""
     if changed:
-        saved = _apart_from(saved, entries)
-        _put_back(optimizer, entries)
-    return saved, changed
+        _SAVES_CHANGING_IN_PLACE.add(cls)
+    elif compared:
+        _SAVES_TO_COMPARE.discard(cls)
+        _SAVES_KEEPING_VALUES.add(cls)
+    elif cls not in _SAVES_KEEPING_VALUES:
+        _SAVES_TO_COMPARE.add(cls)
 
 
-# Classes whose state_dict() was seen changing a state tensor in place: their values are copied first.
+# Classes whose state_dict() was seen changing a state tensor's values in place: copied first.
 _SAVES_CHANGING_IN_PLACE: set[type] = set()
+# Classes whose state_dict() bumped a version counter, not yet compared: copied at their next save.
+_SAVES_TO_COMPARE: set[type] = set()
+# Classes whose state_dict() bumped a version counter and changed no value: not copied for it.
+_SAVES_KEEPING_VALUES: set[type] = set()
 
 
 def live_state_note(optimizer: Any, changed: Sequence[str]) -> str:
@@ -568,13 +726,34 @@ def dropped_by_load(saved: Any, restored: Any) -> StateDifference | None:
             keys += [f"state[param {index}][{key!r}]" for key in entry if key not in live]
     if not keys:
         return None
-    method, them = overrides[0], "it" if len(keys) == 1 else "them"
+    methods, them = _dropping(saved, restored, overrides), "it" if len(keys) == 1 else "them"
     return StateDifference(
         f"the saved state_dict holds {', '.join(keys[:4])}, and the optimizer it was loaded into lacks "
-        f"{them}: the class's own {method}() drops {them} as it loads",
-        fix=LOAD_DROPS_FIX[method],
-        method=method,
+        f"{them}: the class's own {' or '.join(f'{m}()' for m in methods)} drops {them} as it loads",
+        fix="; ".join(LOAD_DROPS_FIX[m] for m in methods),
+        method=methods[0],
     )
+
+
+def _dropping(saved: Any, restored: Any, overrides: list[str]) -> list[str]:
+    """Which of the class's own load methods drops a saved key: where it defines both, torch's
+    load_state_dict() is run on a copy, through the class's __setstate__ alone: a key lost there is
+    __setstate__'s, else load_state_dict()'s; both where that cannot be run."""
+    if len(overrides) < 2:
+        return overrides
+    try:
+        probe = copy.deepcopy(restored)
+        torch.optim.Optimizer.load_state_dict(probe, saved)
+        params = [p for group in probe.param_groups for p in group["params"]]
+        kept = all(
+            key in probe.state.get(params[index], {})
+            for index, entry in saved["state"].items()
+            if isinstance(index, int) and isinstance(entry, Mapping) and 0 <= index < len(params)
+            for key in entry
+        )
+    except Exception:
+        return overrides
+    return ["load_state_dict"] if kept else ["__setstate__"]
 
 
 def _setstate_loads_nothing(saved: Any, restored: Any) -> bool:

@@ -1195,7 +1195,7 @@ class CopiedSaveSGD(MomentumPerParameter):
     [
         ("PoppedSaveSGD", "fail", "state[param 0]['momentum'] removed, state[param 1]['momentum'] removed"),
         ("ZeroedSaveSGD", "fail", "state[param 0]['momentum'] changed in place"),
-        ("HalvedSaveSGD", "fail", "state[param 0]['momentum'] replaced by other values"),
+        ("HalvedSaveSGD", "fail", "state[param 0]['momentum'] cast from torch.float32 to torch.bfloat16"),
         # No false alarm: what the save takes, the next step writes afresh.
         ("PoppedCacheSGD", "pass", "state[param 0]['last_grad'] removed"),
         # A save that copies keeps the message that names what it leaves out.

@@ -16,6 +16,9 @@ from torch import nn
 
 from jobs.frameworks.base import StateNotRestored
 from jobs.frameworks.torch_driver import (
+    _SAVES_CHANGING_IN_PLACE,
+    _SAVES_KEEPING_VALUES,
+    _SAVES_TO_COMPARE,
     CheckpointMismatch,
     TrainObjects,
     first_difference,
@@ -23,6 +26,7 @@ from jobs.frameworks.torch_driver import (
     restore,
     rng_state,
     save_checkpoint,
+    saved_state_dict,
     set_rng_state,
     verify_roundtrip,
     zip_damage,
@@ -361,6 +365,140 @@ def test_a_state_dict_that_edits_the_live_state_is_put_back_and_its_loss_caught(
 
 def test_a_live_cache_a_save_drops_and_the_step_rebuilds_is_no_loss(tmp_path: Path) -> None:
     roundtrip(tmp_path, LiveEditedCache)  # raises CheckpointMismatch on a loss
+
+
+class WrappedLiveEditedMomentum(LiveEditedMomentum):
+    """LiveEditedMomentum's pop, in a save that wraps what super().state_dict() returns, Lookahead-style:
+    the entries under "wrapped" are self.state[p] too."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"wrapped": (super().state_dict(),), "version": 2}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict["wrapped"][0])
+
+
+def test_a_wrapped_save_that_edits_the_live_state_keeps_what_it_saves_apart(tmp_path: Path) -> None:
+    """Putting the live state back had put the popped momentum back into what is saved too (only a
+    top-level "state" was copied), so the file held it and the loss hid."""
+    original = build(WrappedLiveEditedMomentum)
+    for _ in range(3):
+        train_step(original)
+    path = tmp_path / "step-3.pt"
+    changed = save_checkpoint(path, original, step=3, spec_json="{}")
+    assert changed == ["state[param 0]['momentum'] removed", "state[param 1]['momentum'] removed"]
+    assert all("momentum" in entry for entry in original.optimizer.state.values())
+    assert "momentum" not in load_checkpoint(path)["optimizer"]["wrapped"][0]["state"][0]
+    with pytest.raises(CheckpointMismatch, match="the next step differs"):
+        roundtrip(tmp_path, WrappedLiveEditedMomentum)
+
+
+class MovedMomentum(StateMomentum):
+    """Moves the momentum to another device in what it saves, written into the live dicts: on a GPU
+    job, `s[k] = v.cpu()` moves the state training goes on with to the CPU. ('meta' stands for the
+    other device here.)"""
+
+    def state_dict(self) -> dict[str, Any]:
+        saved = super().state_dict()
+        for entry in saved["state"].values():
+            entry["momentum"] = entry["momentum"].to("meta")
+        return saved
+
+
+class NoOpInPlaceMomentum(StateMomentum):
+    """Touches its momentum in place as it saves, changing no value (`add_(0)`): correct."""
+
+    def state_dict(self) -> dict[str, Any]:
+        saved = super().state_dict()
+        for entry in saved["state"].values():
+            entry["momentum"].add_(0)
+        return saved
+
+
+class ZeroedMomentum(StateMomentum):
+    """Zeroes the live momentum in place as it saves."""
+
+    def state_dict(self) -> dict[str, Any]:
+        saved = super().state_dict()
+        for entry in saved["state"].values():
+            entry["momentum"].zero_()
+        return saved
+
+
+class ClonedMomentum(StateMomentum):
+    """Saves copies of its tensors, written into the live dicts: new objects, the same values."""
+
+    def state_dict(self) -> dict[str, Any]:
+        saved = super().state_dict()
+        for entry in saved["state"].values():
+            entry.update({k: v.clone() for k, v in entry.items()})
+        return saved
+
+
+def test_a_save_that_moves_live_state_to_another_device_is_named_and_put_back() -> None:
+    """Values alone had been compared (both copied to the CPU): a move was no change, and the job
+    went on with the state where the save had put it."""
+    objects = build(MovedMomentum)
+    for _ in range(2):
+        train_step(objects)
+    _, changed = saved_state_dict(objects.optimizer)
+    assert changed == [
+        "state[param 0]['momentum'] moved from cpu to meta",
+        "state[param 1]['momentum'] moved from cpu to meta",
+    ]
+    assert all(entry["momentum"].device.type == "cpu" for entry in objects.optimizer.state.values())
+
+
+@pytest.mark.parametrize(
+    ("optimizer_cls", "copied_from_now_on"),
+    [
+        (NoOpInPlaceMomentum, False),
+        (ZeroedMomentum, True),
+        (ClonedMomentum, False),
+        (torch.optim.Adam, False),
+    ],
+)
+def test_a_save_is_copied_first_only_where_it_changed_values_and_compared_where_the_tensors_are(
+    monkeypatch: pytest.MonkeyPatch, optimizer_cls: OptimizerClass, copied_from_now_on: bool
+) -> None:
+    """A version bump that changed no value (add_(0)) had had every later save of the class clone all
+    its state, and every comparison copied tensors to the host: x27 a save for 25M parameters."""
+    objects = build(optimizer_cls)
+    train_step(objects)
+    clones = []
+    real_clone = torch.Tensor.clone
+
+    def counted_clone(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        clones.append(tensor)
+        return real_clone(tensor, *args, **kwargs)
+
+    def no_host_copy(tensor: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        raise AssertionError("a state tensor copied to the host to be compared")
+
+    monkeypatch.setattr(torch.Tensor, "cpu", no_host_copy)
+    saved_state_dict(objects.optimizer, copy_values=True)  # the checks': compared, and learned from
+    monkeypatch.setattr(torch.Tensor, "clone", counted_clone)
+    for _ in range(3):  # a job's saves
+        train_step(objects)
+        saved_state_dict(objects.optimizer)
+    assert (type(objects.optimizer) in _SAVES_CHANGING_IN_PLACE) == copied_from_now_on
+    if not copied_from_now_on:
+        assert clones == [] if optimizer_cls is not ClonedMomentum else len(clones) == 3 * 4
+    if optimizer_cls is not torch.optim.Adam:  # the live momentum, as it was (put back where zeroed)
+        assert all(entry["momentum"].abs().sum() > 0 for entry in objects.optimizer.state.values())
+
+
+def test_a_no_op_in_place_save_first_seen_in_a_job_is_compared_once_then_never_copied() -> None:
+    class FirstSeenInAJob(NoOpInPlaceMomentum):
+        pass
+
+    objects = build(FirstSeenInAJob)
+    train_step(objects)
+    saved_state_dict(objects.optimizer)  # a bump, nothing copied to compare: compared at the next save
+    assert FirstSeenInAJob in _SAVES_TO_COMPARE
+    saved_state_dict(objects.optimizer)
+    assert FirstSeenInAJob not in _SAVES_TO_COMPARE | _SAVES_CHANGING_IN_PLACE
+    assert FirstSeenInAJob in _SAVES_KEEPING_VALUES
 
 
 # -- the same, inside a real job ---------------------------------------------------------------------
