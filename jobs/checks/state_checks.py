@@ -38,6 +38,7 @@ from jobs.frameworks.base import (
     ConfigNotSerialized,
     Driver,
     StateNotRestored,
+    changed_by_save_explains,
     changed_by_save_said,
 )
 
@@ -706,15 +707,19 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
     fix = LEFT_OUT_FIX if left else driver.advice.state_in_checkpoint
     left_out = f"; {left_out_said(left)}" if left else ""
     where = method_location(ctx)
-    if changed:  # the cause, and its line: the override that edits the live state as it saves
-        fix, left_out = CHANGED_BY_SAVE_FIX, f"; {changed_by_save_said(changed)}"
+    if changed_by_save_explains(changed, left):  # the cause, and its line: the override that edits
+        fix, left_out = CHANGED_BY_SAVE_FIX, f"; {changed_by_save_said(changed)}"  # the live state
         where = method_location(ctx, "state_dict")
+    elif changed:  # said beside what the save leaves out of copies, which keeps its line and fix
+        left_out += f"; {changed_by_save_said(changed)}"
     found = driver.state_difference(optimizer, restored)
     if found:
+        # A cause the difference shows itself (a load override that drops a key, a cast) keeps its own
+        # line and fix; the save's change of the live state is then only said beside it.
+        if found.method or found.fix:
+            where, fix = method_location(ctx, found.method), found.fix or fix
         return failed(
-            f"the restored optimizer's state differs: {found.detail}{left_out}",
-            where=method_location(ctx, found.method) if found.method and not changed else where,
-            fix=fix if changed else found.fix or fix,
+            f"the restored optimizer's state differs: {found.detail}{left_out}", where=where, fix=fix
         )
     if evaluation is not None:
         driver.to_evaluation(restored, ctx.needs)  # what a user does before evaluating the reloaded model
@@ -737,9 +742,13 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
             except Exception as exc:
                 if stepped is optimizer or not missing_key_left_out(f"{type(exc).__name__}: {exc}", left):
                     raise
-                return failed(  # a KeyError, as a rule: the step wants a key the save left out
+                # A KeyError, as a rule: the step wants a key the save left out; the save's change of
+                # the live state is its cause only where it removed that key.
+                if not any(_key_of_error(exc) in change for change in changed):
+                    where, fix = ctx.where(exc), LEFT_OUT_FIX
+                return failed(
                     f"the next step after reloading raised {ctx.describe_error(exc)}{left_out}",
-                    where=where if changed else ctx.where(exc),
+                    where=where,
                     fix=fix,
                 )
     state = driver.state(optimizer)
@@ -782,6 +791,14 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
     memory = _memory(driver.optimizer_state_bytes(optimizer), driver.values(variables))
     # Left out but rebuilt alike for one step: whether it matters over a run is resume_exact's to say.
     rebuilt = f"; {left_out_said(left)} (rebuilt alike for the next step)" if left else ""
+    seen = [change for change in changed if ": the next step then " in change]
+    if seen:  # a value swapped for another kind that the class's own next step cannot take
+        return failed(
+            f"the round trip is exact, but {changed_by_save_said(seen)}; optlab put it back, a training "
+            "loop of a user's own does not",
+            where=method_location(ctx, "state_dict"),
+            fix=CHANGED_BY_SAVE_FIX,
+        )
     if changed:
         rebuilt = f"; {changed_by_save_said(changed)} (rebuilt alike for the next step)"
     return passed(
@@ -789,6 +806,12 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
         f"{evaluated} and the next step bitwise equal{overrides_note(overrides)}{rebuilt}",
         0.0,
     )
+
+
+def _key_of_error(exc: BaseException) -> str:
+    """The key a KeyError names, quoted as a change names it (`['momentum']`); else a string no change
+    holds."""
+    return f"[{exc.args[0]!r}]" if isinstance(exc, KeyError) and exc.args else "\0"
 
 
 def _memory(state_bytes: int, params: Sequence[Any]) -> str:

@@ -141,6 +141,14 @@ def changed_by_save_said(changed: Sequence[str]) -> str:
     )
 
 
+def changed_by_save_explains(changed: Sequence[str], left: Sequence[str]) -> bool:
+    """Whether what a state_dict() call changed of the live state (`state[param 0]['m'] removed`) is
+    the cause of a loss, as far as the save shows: there is a change, and it accounts for every key
+    the save leaves out (one left out of copies besides, the live state intact, is a cause of its own,
+    told as such: the change is then only said beside it)."""
+    return bool(changed) and all(any(c.startswith(f"{key} ") for c in changed) for key in left)
+
+
 CHANGED_BY_SAVE_FIX = (
     "copy before editing what super().state_dict() returns: build new dicts ({k: v for k, v in "
     "s.items() if k != key}) or start from copy.deepcopy(super().state_dict()); never pop, replace or "
@@ -540,7 +548,7 @@ class Driver(ABC):
 
     def state_left_out_of_save(self, optimizer: Any) -> list[str]:
         """State the optimizer holds that its own save leaves out (torch: keys of self.state[p]
-        missing from an overridden state_dict()'s entry for p). None by default."""
+        missing from an overridden state_dict()'s entry for p). An empty list by default."""
         return []
 
     def base_init_skipped(self, error: BaseException) -> tuple[str, str] | None:
@@ -551,12 +559,14 @@ class Driver(ABC):
     def state_changed_by_save(self, optimizer: Any) -> list[str]:
         """What the optimizer's own save removed or changed of the state it goes on training with,
         each named with how (torch: an overridden state_dict() that edits the dicts super().state_dict()
-        returns, which are self.state[p] itself), put back as it was. None by default."""
+        returns, which are self.state[p] itself), put back as it was. An empty list by default: a style
+        whose save hands back no live object of the optimizer's state changes none."""
         return []
 
     def config_left_out_of_save(self, optimizer: Any) -> list[tuple[int, str]]:
         """(group index, key) of each hyperparameter the optimizer holds that its own save leaves out
-        (torch: a param-group key missing from an overridden state_dict()'s groups). None by default."""
+        (torch: a param-group key missing from an overridden state_dict()'s groups). An empty list by
+        default."""
         return []
 
     def save_overrides(self, optimizer: Any) -> list[str]:

@@ -20,7 +20,7 @@ from jobs.checks.tools import (
     missing_key_left_out,
     save_faults,
 )
-from jobs.frameworks.base import CHANGED_BY_SAVE_FIX, changed_by_save_said
+from jobs.frameworks.base import CHANGED_BY_SAVE_FIX, changed_by_save_explains, changed_by_save_said
 
 
 def resume_exact(ctx: CheckContext) -> Outcome:
@@ -57,7 +57,7 @@ def resume_exact(ctx: CheckContext) -> Outcome:
                 )
             changed, left = save_faults(ctx, overrides)
         if missing_key_left_out(exc.observed, left):
-            if changed:
+            if _key_named(exc.observed, "; ".join(changed)):  # the key the save took from the live state
                 said = f"the resumed run failed: {exc.observed}; {changed_by_save_said(changed)}"
                 return failed(said, where=method_location(ctx, "state_dict"), fix=CHANGED_BY_SAVE_FIX)
             said = f"the resumed run failed: {exc.observed}; {left_out_said(left)}"
@@ -78,19 +78,21 @@ def resume_exact(ctx: CheckContext) -> Outcome:
     # A cause the load itself shows, named with its own fix; else state the save never saw.
     cause = runs.load_difference(ctx, overrides, checkpoint)
     changed, left = ([], []) if cause else save_faults(ctx, overrides)
+    ours = changed_by_save_explains(changed, left)  # else said beside what the save leaves out
     most, figure = largest_difference(straight, resumed)
     return failed(
         f"{steps} differ: {difference}"
         + (f"; the largest difference, {figure:.3g}, is in {most}" if most and most not in difference else "")
         + (f"; loading the checkpoint changed its state: {cause.detail}" if cause else "")
-        + (f"; {changed_by_save_said(changed)}" if changed else f"; {left_out_said(left)}" if left else ""),
+        + (f"; {left_out_said(left)}" if left and not ours else "")
+        + (f"; {changed_by_save_said(changed)}" if changed else ""),
         where=method_location(ctx, "state_dict")
-        if changed
+        if ours
         else method_location(ctx, cause.method)
         if cause and cause.method
         else ctx.where(),
         fix=(cause.fix if cause and cause.fix else None)
-        or (CHANGED_BY_SAVE_FIX if changed else None)
+        or (CHANGED_BY_SAVE_FIX if ours else None)
         or (LEFT_OUT_FIX if left else None)
         or f"keep {words.state_home} (never in a class attribute, module global or other Python "
         f"attribute), so {words.saver} saves it",
