@@ -9,6 +9,7 @@ the check is about compilation, so a graph-only fault fails only `graph_mode`.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -483,10 +484,7 @@ def _run_steps(
 
 def check_mixed_precision(ctx: CheckContext) -> Outcome:
     kit = _kit(ctx)
-    mixed = kit.km.mixed_precision
-    previous = mixed.global_policy()
-    try:
-        mixed.set_global_policy("mixed_float16")
+    with _global_policy(kit, "mixed_float16"):
         model = kit.tiny_model(seed=80, hidden=8)
         before = [np.array(w) for w in model.get_weights()]
         inner = ctx.build()
@@ -501,8 +499,6 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
                 "keep the base class's apply/apply_gradients signature",
             )
         after = model.get_weights()
-    finally:
-        mixed.set_global_policy(previous)
     if not all(np.all(np.isfinite(w)) for w in after):
         float32 = _float32_weights(ctx)
         unbounded = made_non_finite(dict(enumerate(before)), dict(enumerate(after)), dict(enumerate(float32)))
@@ -587,15 +583,23 @@ def _float32_weights(ctx: CheckContext) -> list[np.ndarray]:
     what the mixed-precision fail is about): where they are non-finite too, float16 is not the cause
     (the dtype advice would mislead), the update is."""
     kit = _kit(ctx)
+    with _global_policy(kit, "float32"):
+        try:
+            model = kit.tiny_model(seed=80, hidden=8)
+            _mixed_precision_steps(kit, model, ctx.build())
+            return [np.array(w) for w in model.get_weights()]
+        except Exception:  # raising in float32 is not what the mixed-precision fail is about
+            return []
+
+
+@contextlib.contextmanager
+def _global_policy(kit: KerasDriver, name: str) -> Iterator[None]:
+    """Keras's global dtype policy set to `name` for the block, and the one before put back."""
     mixed = kit.km.mixed_precision
     previous = mixed.global_policy()
     try:
-        mixed.set_global_policy("float32")
-        model = kit.tiny_model(seed=80, hidden=8)
-        _mixed_precision_steps(kit, model, ctx.build())
-        return [np.array(w) for w in model.get_weights()]
-    except Exception:  # raising in float32 is not what the mixed-precision fail is about
-        return []
+        mixed.set_global_policy(name)
+        yield
     finally:
         mixed.set_global_policy(previous)
 
