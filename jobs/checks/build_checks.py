@@ -432,6 +432,7 @@ def _dense_step(ctx: CheckContext) -> Outcome:
         ctx.mark_step_raises()
         return _first_step_raised(ctx, exc)
     before = driver.values(variables)
+    built = _non_finite_as_built(driver, optimizer)
     unchanged: list[int] = []
     bad: list[str] = []
     for step in range(WARMUP_STEPS):
@@ -445,7 +446,7 @@ def _dense_step(ctx: CheckContext) -> Outcome:
         after = driver.values(variables)
         unchanged = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if np.array_equal(a, b)]
         bad = [f"variable {shape_text(SHAPES[i])}" for i, a in enumerate(after) if not np.all(np.isfinite(a))]
-        bad += [name for name, value in driver.state(optimizer) if not _finite(value)]
+        bad += _state_made_non_finite(driver, optimizer, built)
         if bad or not unchanged:
             break
     steps = step + 1
@@ -552,6 +553,7 @@ def _not_finite_after_a_zero_gradient(ctx: CheckContext) -> list[str]:
     have judged the class's errors)."""
     driver = ctx.driver
     optimizer, variables = fresh(ctx)
+    built = _non_finite_as_built(driver, optimizer)
     try:
         driver.step(optimizer, variables, arrays(SHAPES, seed=1), ctx.needs)
         for seed in range(2, 2 + ZERO_GRADIENT_STEPS):
@@ -565,7 +567,7 @@ def _not_finite_after_a_zero_gradient(ctx: CheckContext) -> list[str]:
         for i, a in enumerate(driver.values(variables))
         if not np.all(np.isfinite(a))
     ]
-    return bad + [name for name, value in driver.state(optimizer) if not _finite(value)]
+    return bad + _state_made_non_finite(driver, optimizer, built)
 
 
 def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
@@ -687,6 +689,32 @@ def _moves_small_variables(ctx: CheckContext) -> bool:
     for step in range(WARMUP_STEPS):
         driver.step(optimizer, variables, arrays(SHAPES, seed=1 + step), ctx.needs)
     return max_diff(driver.values(variables), start) > 0
+
+
+def _non_finite_as_built(driver: Any, optimizer: Any) -> dict[str, np.ndarray]:
+    """The optimizer's state that is not finite before any step (Keras builds it; torch's comes with
+    the first step), by name."""
+    return {name: value.copy() for name, value in driver.state(optimizer) if not _finite(value)}
+
+
+def _state_made_non_finite(driver: Any, optimizer: Any, built: Mapping[str, np.ndarray]) -> list[str]:
+    """The state not finite now, but what still holds exactly what it held as built: a sentinel, as a
+    "lowest loss seen" kept at +inf until a loss comes, which the steps leave alone, is no step gone
+    wrong (it had failed as "not finite")."""
+    return [
+        name
+        for name, value in driver.state(optimizer)
+        if not _finite(value) and not _as_built(built.get(name), value)
+    ]
+
+
+def _as_built(built: np.ndarray | None, value: np.ndarray) -> bool:
+    """Whether `value` holds exactly what it held as built (NaN where it held NaN)."""
+    return (
+        built is not None
+        and built.shape == value.shape
+        and bool(np.array_equal(built, value, equal_nan=True))
+    )
 
 
 def _finite(value: np.ndarray) -> bool:

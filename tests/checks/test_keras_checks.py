@@ -1602,12 +1602,13 @@ class BestLossSGD(keras.optimizers.Optimizer):
         self.assign_sub(variable, keras.ops.cast(learning_rate, variable.dtype) * gradient)
 
 
-@pytest.mark.parametrize("check_id", ["graph_mode", "sparse", "mixed_precision"])
+@pytest.mark.parametrize("check_id", ["graph_mode", "sparse", "mixed_precision", "dense_step"])
 def test_state_non_finite_from_its_build_on_both_sides_is_no_non_finite_update(
     check_id: str, workdir: Path
 ) -> None:
     """+inf against +inf in a state that starts at +inf had failed graph_mode as "the update itself
-    makes non-finite values": only what was finite before any step (the weights) can say so."""
+    makes non-finite values": only what was finite before any step (the weights) can say so. And
+    dense_step had failed it as "not finite" after one step, though the steps left it as built."""
     outcome = _run(check_id, _context(f"{__name__}:BestLossSGD", workdir))
     assert outcome.status == "pass", outcome
 
@@ -1633,7 +1634,10 @@ class NanRatioSGD(keras.optimizers.Optimizer):
 
 def test_state_made_non_finite_by_the_update_is_named_with_finite_weights(workdir: Path) -> None:
     """A slot finite when built and NaN after the steps, eagerly and traced, is the update's doing
-    (state is judged where it was finite before any step), not a frozen Python counter."""
+    (state is judged where it was finite before any step), not a frozen Python counter; dense_step
+    names it too."""
+    dense = _run("dense_step", _context(f"{__name__}:NanRatioSGD", workdir))
+    assert dense.status == "fail" and "not finite" in dense.detail and "ratio" in dense.detail, dense
     outcome = _run("graph_mode", _context(f"{__name__}:NanRatioSGD", workdir))
     assert outcome.status == "fail", outcome
     assert "the update itself makes non-finite values" in outcome.detail, outcome.detail
