@@ -3,6 +3,7 @@ published catalogue while the worker runs, within seconds, with its load errors 
 
 from __future__ import annotations
 
+import copy
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from jobs.spec import Catalogue, JobSpec
 from service import store
+from service import worker as worker_module
 from service.plugins import PLUGIN_DIRS_ENV, PluginWatcher
 from service.settings import Settings
 from service.worker import Supervision, Worker
@@ -52,14 +54,25 @@ def test_an_edit_or_a_removal_is_a_change(tmp_path: Path) -> None:
 
 @pytest.fixture
 def running_worker(
-    tmp_path: Path, settings: Settings, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path,
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    monkeypatch: pytest.MonkeyPatch,
+    catalogue_data: dict[str, Any],
 ) -> Iterator[tuple[Path, Worker]]:
-    """A worker that published its catalogue and watches `plugins/` (as `optlab worker` does)."""
+    """A worker that published its catalogue and watches `plugins/` (as `optlab worker` does).
+
+    Its first catalogue, from an empty plugin folder, is the one `python -m jobs.catalogue` printed
+    for the whole test run (`catalogue_data`: no plugin folders, the same output), not a fourth
+    production of its own (it imports torch and TensorFlow twice); each one it publishes again
+    after a change below is produced afresh, as `optlab worker` does."""
     folder = tmp_path / "plugins"
     folder.mkdir()
     monkeypatch.setenv(PLUGIN_DIRS_ENV, str(folder))
     worker = Worker(settings.model_copy(update={"plugin_poll_s": 0.2}), sessions, worker_id="watching")
-    worker.publish_catalogue()
+    with pytest.MonkeyPatch.context() as first:
+        first.setattr(worker_module, "produce_catalogue", lambda _settings: copy.deepcopy(catalogue_data))
+        worker.publish_catalogue()
     watching = threading.Thread(target=worker.refresh_catalogue_forever, daemon=True)
     watching.start()
     yield folder, worker
