@@ -24,6 +24,10 @@ from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from tests.jobs.test_run_entrypoint import Job, start_job
 from tests.jobs.test_tracking import FakeMlflowClient
 
+# The module fixture's check jobs start once: on one pytest-xdist worker, not on each one that
+# runs some of these tests.
+pytestmark = pytest.mark.xdist_group("run_checks")
+
 LION: dict[str, Any] = {
     "kind": "check",
     "framework": "torch",

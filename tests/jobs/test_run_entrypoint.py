@@ -22,6 +22,10 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 JOB_TIMEOUT_S = 180  # a safety net against hangs on a loaded machine
+
+# The module fixture's job processes start once: on one pytest-xdist worker (ungrouped, its tests
+# went to both, and each worker started all seven processes, the endless one included).
+pytestmark = pytest.mark.xdist_group("run_entrypoint")
 CANCEL_WITHIN_S = 15
 
 ADAM_40: dict[str, Any] = {
