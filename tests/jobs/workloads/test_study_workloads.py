@@ -20,7 +20,12 @@ from optimizers.registry import load_registry
 from tests.jobs.test_optimizer_metrics import RecordingTracker
 from tests.jobs.workloads.conftest import NPZ_FILE
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread", "data_root")
+# Every workload is trained once (`runs`): on one pytest-xdist worker, not on each one that runs
+# some of these tests.
+pytestmark = [
+    pytest.mark.usefixtures("one_torch_thread", "data_root"),
+    pytest.mark.xdist_group("study_workloads"),
+]
 
 TINY_LM = {"layers": 1, "width": 16, "heads": 2, "context": 16, "corpus_chars": 20_000}
 # workload -> (params, optimizer, lr, the val metrics it logs beside val/loss)
