@@ -48,6 +48,10 @@ from tests.service.durable_helpers import (
     write_plugin,
 )
 
+# One MLflow server for the module (`mlflow_url`): its tests on one pytest-xdist worker (ungrouped,
+# they went to both, and each worker started a server of its own).
+pytestmark = pytest.mark.xdist_group("durable_worker")
+
 
 @pytest.fixture(scope="module")
 def mlflow_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
