@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import platform
 import re
 import signal
 import stat
@@ -501,6 +502,26 @@ def wait_for_warm_process(parent: int) -> int:
     return int(found[0])
 
 
+def waits_for_its_order(pid: int) -> bool:
+    """Whether warm process `pid` has warmed up: blocked in read(2) of its stdin (fd 0), where
+    jobs.warm waits for its order (/proc/PID/syscall: the call's number, then its arguments)."""
+    try:
+        number, fd = Path(f"/proc/{pid}/syscall").read_text().split()[:2]
+    except (OSError, ValueError):  # gone, or running ("running" alone)
+        return False
+    return fd == "0x0" and number == READ_SYSCALL.get(platform.machine(), "0")
+
+
+READ_SYSCALL = {"x86_64": "0", "aarch64": "63"}
+
+
+def process_age_s(pid: int) -> float:
+    """Seconds since process `pid` started (its start time in /proc, in clock ticks since boot)."""
+    started_ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    uptime_s = float(Path("/proc/uptime").read_text().split()[0])
+    return uptime_s - started_ticks / os.sysconf("SC_CLK_TCK")
+
+
 def test_a_warm_job_runs_as_a_cold_one_and_gets_the_worker_s_thread_count(
     tmp_path: Path,
     mlflow_url: str,
@@ -557,9 +578,15 @@ def test_a_warm_job_runs_as_a_cold_one_and_gets_the_worker_s_thread_count(
     assert (workdir / "log.txt").stat().st_size > 0  # its output went to the job's log
 
     # The next job's process was started while this one ran, long before its claim: a time limit
-    # counted from the process's start would stop it before its first step.
+    # counted from the process's start would stop it before its first step. Waited for until it is
+    # 6 s old and has warmed up (a fixed 6 s had let a process still importing torch on a loaded
+    # machine take the job, which then made no step within its 5 s).
     replacement = wait_for_warm_process(os.getpid())
-    time.sleep(6)
+    wait_until(
+        lambda: process_age_s(replacement) >= 6 and waits_for_its_order(replacement),
+        120,
+        "the next warm process, 6 s old, to wait for its job",
+    )
     limited = submit(sessions, slow_spec(experiment, steps=5000, timeout_s=5))
     job = wait_until(lambda: ended(sessions, limited), 60, "the time-limited job to end")
     assert any(f"runs in a warm process (pid {replacement})" in r.getMessage() for r in caplog.records)
