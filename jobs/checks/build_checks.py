@@ -30,6 +30,7 @@ from jobs.checks.tools import (
     fix_for_raised,
     fresh,
     isolated,
+    listed,
     max_diff,
     method_location,
     native,
@@ -433,8 +434,11 @@ def _dense_step(ctx: CheckContext) -> Outcome:
         return _first_step_raised(ctx, exc)
     before = driver.values(variables)
     built = _non_finite_as_built(driver, optimizer)
+    first_seen: dict[str, FirstSeen] = {}
     unchanged: list[int] = []
     bad: list[str] = []
+    waiting: list[str] = []
+    moved_by: int | None = None
     for step in range(WARMUP_STEPS):
         try:
             driver.step(optimizer, variables, arrays(SHAPES, seed=1 + step), ctx.needs)
@@ -445,10 +449,14 @@ def _dense_step(ctx: CheckContext) -> Outcome:
             return _first_step_raised(ctx, exc)
         after = driver.values(variables)
         unchanged = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if np.array_equal(a, b)]
+        moved_by = moved_by or (None if unchanged else step + 1)
         bad = [f"variable {shape_text(SHAPES[i])}" for i, a in enumerate(after) if not np.all(np.isfinite(a))]
-        bad += _state_made_non_finite(driver, optimizer, built)
-        if bad or not unchanged:
+        made, waiting = _state_made_non_finite_by_steps(driver, optimizer, built, first_seen, step)
+        bad += made
+        # Non-finite state a step has just set is watched for SENTINEL_STEPS more steps first.
+        if bad or (not unchanged and not waiting):
             break
+    bad += waiting  # set too late to be watched: judged as made by the steps, as before
     steps = step + 1
     after_steps = "one step" if steps == 1 else f"{steps} steps"
     ctx.notes["moves_nothing"] = len(unchanged) == len(variables)
@@ -476,6 +484,8 @@ def _dense_step(ctx: CheckContext) -> Outcome:
             figure=float(len(unchanged)),
             fix=driver.advice.in_place_update,
         )
+    steps = moved_by or steps
+    after_steps = "one step" if steps == 1 else f"{steps} steps"
     smallest = min(float(np.max(np.abs(a - b))) for a, b in zip(before, after, strict=True))
     zero = _not_finite_after_a_zero_gradient(ctx)
     if zero:
@@ -489,6 +499,14 @@ def _dense_step(ctx: CheckContext) -> Outcome:
             "add an epsilon, or leave a variable whose gradient norm is 0 as it is",
         )
     warmup = f" (the first {steps - 1} step(s) only built state: a warm-up)" if steps > 1 else ""
+    sentinels = [name for name, seen in first_seen.items() if seen.left_alone]
+    sentinel = (
+        f" but for {listed(sentinels, 3)}, "
+        "non-finite as a step set it and no step since wrote it: a sentinel (a 'lowest loss seen' kept at "
+        "+inf until a loss comes), not a step gone wrong"
+        if sentinels
+        else ""
+    )
     # Read after the steps above, whose last gradients the variables still hold.
     aliases = driver.state_sharing_gradients(optimizer, variables)
     if aliases:
@@ -512,8 +530,8 @@ def _dense_step(ctx: CheckContext) -> Outcome:
             "torch-optimizer's do), or say in the class's documentation that zero weights stay zero",
         )
     return passed(
-        f"{after_steps} changed all {len(variables)} variables{warmup}; values and state finite, a gradient "
-        "of zeros too (figure: smallest largest change)",
+        f"{after_steps} changed all {len(variables)} variables{warmup}; values and state finite{sentinel}; "
+        "a gradient of zeros too (figure: smallest largest change)",
         smallest,
     )
 
@@ -556,6 +574,12 @@ def _not_finite_after_a_zero_gradient(ctx: CheckContext) -> list[str]:
     built = _non_finite_as_built(driver, optimizer)
     try:
         driver.step(optimizer, variables, arrays(SHAPES, seed=1), ctx.needs)
+        # What the ordinary first step left non-finite, dense_step's own steps have judged: a sentinel
+        # there stays one here while no zero-gradient step writes it.
+        non_finite_now = {name for name, value in driver.state(optimizer) if not _finite(value)}
+        set_by_first = {
+            name: writes for name, writes in driver.state_writes(optimizer).items() if name in non_finite_now
+        }
         for seed in range(2, 2 + ZERO_GRADIENT_STEPS):
             grads = arrays(SHAPES, seed=seed)
             grads[0] = np.zeros_like(grads[0])
@@ -567,7 +591,12 @@ def _not_finite_after_a_zero_gradient(ctx: CheckContext) -> list[str]:
         for i, a in enumerate(driver.values(variables))
         if not np.all(np.isfinite(a))
     ]
-    return bad + _state_made_non_finite(driver, optimizer, built)
+    writes = driver.state_writes(optimizer)
+    return bad + [
+        name
+        for name in _state_made_non_finite(driver, optimizer, built)
+        if not (name in set_by_first and _same_writes(set_by_first[name], writes.get(name)))
+    ]
 
 
 def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
@@ -706,6 +735,51 @@ def _state_made_non_finite(driver: Any, optimizer: Any, built: Mapping[str, np.n
         for name, value in driver.state(optimizer)
         if not _finite(value) and not _as_built(built.get(name), value)
     ]
+
+
+# Steps that must leave alone non-finite state a step has just set before it counts as a sentinel.
+SENTINEL_STEPS = 2
+
+
+@dataclass
+class FirstSeen:
+    """A state array as the step that made it non-finite left it: its object and its write count."""
+
+    writes: tuple[Any, int]
+    step: int
+    left_alone: bool = False
+
+
+def _state_made_non_finite_by_steps(
+    driver: Any, optimizer: Any, built: Mapping[str, np.ndarray], first_seen: dict[str, FirstSeen], step: int
+) -> tuple[list[str], list[str]]:
+    """(state the steps made non-finite, state just made non-finite and still watched). torch makes
+    its state in the first step, so a sentinel (a "lowest loss seen" set to +inf) cannot be told from
+    a step gone wrong by what it was built as: it is the array a step set non-finite and the next
+    SENTINEL_STEPS steps never wrote, neither in place nor replaced (a moment gone to inf is written
+    by every step, and inf stays inf; it had failed as "not finite"). Where the framework counts no
+    writes (Keras, whose state is built before any step), what `_state_made_non_finite` says."""
+    writes = driver.state_writes(optimizer)
+    made, waiting = [], []
+    for name in _state_made_non_finite(driver, optimizer, built):
+        seen, now = first_seen.get(name), writes.get(name)
+        if now is None:
+            made.append(name)
+        elif seen is None:
+            first_seen[name] = FirstSeen(now, step)
+            waiting.append(name)
+        elif not _same_writes(seen.writes, now):
+            seen.left_alone = False
+            made.append(name)
+        elif step - seen.step < SENTINEL_STEPS:
+            waiting.append(name)
+        else:
+            seen.left_alone = True
+    return made, waiting
+
+
+def _same_writes(seen: tuple[Any, int] | None, now: tuple[Any, int] | None) -> bool:
+    return seen is not None and now is not None and seen[0] is now[0] and seen[1] == now[1]
 
 
 def _as_built(built: np.ndarray | None, value: np.ndarray) -> bool:

@@ -23,6 +23,7 @@ from jobs.checks.tools import (
     fresh,
     isolated,
     left_out_said,
+    listed,
     max_diff,
     method_location,
     missing_key_left_out,
@@ -385,7 +386,7 @@ def _caches_said(config_name: str, caches: Mapping[tuple[int, str], bool]) -> st
     if not caches:
         return ""
     named = [f"{config_name}[{index}][{key!r}]" for index, key in sorted(caches)]
-    shown = ", ".join(named[:4]) + (f" and {len(named) - 4} more" if len(named) > 4 else "")
+    shown = listed(named, 4)
     if all(caches.values()):
         after = "rebuilt by the next step"
     elif not any(caches.values()):

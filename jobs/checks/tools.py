@@ -227,7 +227,7 @@ def non_finite_update(ctx: CheckContext, observed: str, names: Sequence[str], *,
     """The fail where `made_non_finite` names arrays (`names`, said after `observed`): no cause of the
     check's own (a frozen Python counter, float16 maths, the sparse path, the replicas) is blamed,
     and dense_step's fix is given. `regardless` says what the check changed that is not the cause."""
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    shown = listed(names, 3)
     return failed(
         f"{observed} ({shown}): the update itself makes non-finite values, {regardless} (dense_step names "
         "the first), so nothing here is compared",
@@ -235,6 +235,11 @@ def non_finite_update(ctx: CheckContext, observed: str, names: Sequence[str], *,
         fix=ctx.driver.advice.finite_state,
         figure=float(len(names)),
     )
+
+
+def listed(names: Sequence[str], most: int) -> str:
+    """The first `most` names, comma-separated, and how many more there are."""
+    return ", ".join(names[:most]) + (f" and {len(names) - most} more" if len(names) > most else "")
 
 
 def shape_text(shape: tuple[int, ...]) -> str:

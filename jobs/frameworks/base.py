@@ -546,6 +546,13 @@ class Driver(ABC):
         """How many state tensors there are, which are trainable or are (alias) a variable, and
         which are trainable only as the framework's own optimizers keep some (worth a warning)."""
 
+    def state_writes(self, optimizer: Any) -> dict[str, tuple[Any, int]]:
+        """Each state array's object and a count of the writes to it, by the name `state()` gives it,
+        where the framework keeps such a count (torch's version counter), so that state a step set
+        and the later steps never wrote can be told from state the steps keep writing. Empty (not
+        known) by default."""
+        return {}
+
     def state_left_out_of_save(self, optimizer: Any) -> list[str]:
         """State the optimizer holds that its own save leaves out (torch: keys of self.state[p]
         missing from an overridden state_dict()'s entry for p). An empty list by default."""

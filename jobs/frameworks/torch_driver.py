@@ -1380,6 +1380,11 @@ class TorchDriver(Driver):
     def state(self, optimizer: Any) -> list[tuple[str, np.ndarray]]:
         return [(name, _numpy(t)) for name, t in state_tensors(optimizer)]
 
+    def state_writes(self, optimizer: Any) -> dict[str, tuple[Any, int]]:
+        # `_version` counts in-place writes; the tensor itself is kept (not its id, which a new
+        # tensor may reuse), so a replaced entry is another object.
+        return {name: (tensor, tensor._version) for name, tensor in state_tensors(optimizer)}
+
     def state_of(self, optimizer: Any, variables: Sequence[Any], index: int) -> list[np.ndarray]:
         """A tensor that other parameters' state holds too is the group's, not this parameter's:
         Distributed Shampoo keeps one step counter per group and puts that very tensor under every

@@ -2858,6 +2858,41 @@ class BestLossSGD(torch.optim.Optimizer):
                 p.add_(p.grad, alpha=-group["lr"])
 
 
+class InfScaleSGD(torch.optim.Optimizer):
+    '''SGD whose state goes to +inf at its first step and is written in place at every step after it
+    (inf stays inf): no sentinel, a step gone wrong.'''
+
+    def __init__(self, params, lr=0.01):
+        super().__init__(params, dict(lr=lr))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if not self.state[p]:
+                    self.state[p]["scale"] = torch.ones_like(p) / 0.0
+                self.state[p]["scale"].mul_(0.5)
+                p.add_(p.grad, alpha=-group["lr"])
+
+
+class InfRatioSGD(torch.optim.Optimizer):
+    '''SGD keeping a ratio over a zero denominator: +-inf, replaced by a new tensor at every step.'''
+
+    def __init__(self, params, lr=0.01):
+        super().__init__(params, dict(lr=lr))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                self.state[p]["ratio"] = p.grad.abs() / torch.zeros_like(p)
+                p.add_(p.grad, alpha=-group["lr"])
+
+
 class OffByOneAdam(torch.optim.Optimizer):
     '''Adam's bias correction at the step before this one: 1 - beta**0 is 0, the first update NaN.'''
 
@@ -2905,3 +2940,31 @@ def test_distributed_judges_non_finite_values_by_what_was_finite_before_any_step
         assert "beyond rounding" not in outcome.detail, outcome.detail
     else:
         assert "max abs difference to one process 0 " in outcome.detail, outcome.detail
+
+
+@pytest.mark.parametrize(
+    ("class_name", "status", "said"),
+    [
+        (
+            "BestLossSGD",
+            "pass",
+            "state finite but for state[param 0]['best'], state[param 1]['best'], state[param 2]['best'], "
+            "non-finite as a step set it and no step since wrote it: a sentinel",
+        ),
+        ("InfScaleSGD", "fail", "after 2 steps these are not finite: state[param 0]['scale']"),
+        ("InfRatioSGD", "fail", "after 2 steps these are not finite: state[param 0]['ratio']"),
+        ("OffByOneAdam", "fail", "after one step these are not finite: variable"),
+    ],
+)
+def test_dense_step_tells_a_sentinel_torch_state_from_state_the_steps_keep_non_finite(
+    class_name: str, status: str, said: str, tmp_path: Path
+) -> None:
+    """torch makes its state in the first step, so state at +inf by design (a lowest loss seen, until
+    a loss comes) had failed dense_step as "not finite after one step": state a step set non-finite
+    and the next steps never wrote is a sentinel. State the steps write while it stays infinite, in
+    place or replaced, still fails, named."""
+    path = tmp_path / "non_finite.py"
+    path.write_text(TORCH_NON_FINITE)
+    outcome = build_checks.check_dense_step(context(f"{path}:{class_name}", tmp_path))
+    assert outcome.status == status, outcome
+    assert said in outcome.detail, outcome.detail
