@@ -34,10 +34,12 @@ from jobs.checks.tools import (
     max_diff,
     method_location,
     native,
+    non_finite_update,
     raised_in,
     refuses_dense,
     shape_text,
     still_steps,
+    update_made_non_finite,
     updates_nothing,
     user_line,
     wrong_signature,
@@ -460,6 +462,7 @@ def _dense_step(ctx: CheckContext) -> Outcome:
     steps = step + 1
     after_steps = "one step" if steps == 1 else f"{steps} steps"
     ctx.notes["moves_nothing"] = len(unchanged) == len(variables)
+    ctx.notes["non_finite_update"] = bool(bad)
     if bad:
         return failed(
             f"after {after_steps} these are not finite: {', '.join(bad[:6])}",
@@ -820,6 +823,18 @@ def check_descends(ctx: CheckContext) -> Outcome:
         if not math.isfinite(end) or end < start:
             break
     ratio = end / start
+    non_finite = [
+        f"variable {shape_text(SHAPES[i])}"
+        for i, value in enumerate(driver.values(variables))
+        if not np.all(np.isfinite(value))
+    ]
+    if non_finite and update_made_non_finite(ctx):  # the fix is then no sign or rate (its own fail's)
+        return non_finite_update(
+            ctx,
+            f"the loss went from {start:.4g} to {end:.4g} in {steps_taken} steps on a quadratic",
+            non_finite,
+            regardless="not a sign or a rate too large",
+        )
     if not math.isfinite(end) or end >= start:
         return failed(
             f"the loss went from {start:.4g} to {end:.4g} in {steps_taken} steps on a well-conditioned "

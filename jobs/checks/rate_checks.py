@@ -41,6 +41,7 @@ from jobs.checks.tools import (
     same_draws,
     shape_text,
     still_steps,
+    update_made_non_finite,
     updates_nothing,
     user_line,
     wrong_signature,
@@ -115,6 +116,14 @@ def check_schedule(ctx: CheckContext) -> Outcome:
             "between steps",
         )
     by_hand = updates(rates, how=BY_HAND)
+    unbounded = _non_finite_in(scheduled)
+    if unbounded and update_made_non_finite(ctx):  # neither way of setting the rate is then at fault
+        return non_finite_update(
+            ctx,
+            f"steps under {driver.schedule_name} end with non-finite values",
+            unbounded,
+            regardless="whatever sets the rate",
+        )
     decay_note = (
         " (weight_decay set to 0 for this check: decay need not follow the rate)" if overrides else ""
     )
@@ -349,6 +358,15 @@ def _seeded_updates(
         driver.step(optimizer, variables, step_grads, ctx.needs)
         updates.append([a - b for a, b in zip(driver.values(variables), before, strict=True)])
     return updates[warmup:]
+
+
+def _non_finite_in(updates: Sequence[Sequence[np.ndarray]]) -> list[str]:
+    """The variables (by shape) whose update in some step holds a NaN or an infinity."""
+    return [
+        f"variable {shape_text(SHAPES[i])}"
+        for i in range(len(SHAPES))
+        if any(non_finite(np.asarray(update[i])) for update in updates)
+    ]
 
 
 def _differing(

@@ -540,6 +540,13 @@ def _what_it_holds(value: Any) -> Any:
         return value
 
 
+def update_made_non_finite(ctx: CheckContext) -> bool:
+    """`dense_step` saw plain steps make variables or state non-finite: a check that then sees
+    non-finite values blames the update (`non_finite_update`), not a cause of its own (a sign, a
+    schedule, an added group, bfloat16)."""
+    return ctx.notes.get("non_finite_update", False) is True
+
+
 def updates_nothing(ctx: CheckContext) -> bool:
     """`dense_step` saw no variable move: checks that need movement say so instead of failing."""
     return ctx.notes.get("moves_nothing", False) is True

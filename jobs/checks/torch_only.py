@@ -39,11 +39,13 @@ from jobs.checks.tools import (
     isolated,
     method_location,
     native,
+    non_finite_update,
     raised_in,
     refusal_files,
     same_draws,
     same_value,
     takes_a_rate,
+    update_made_non_finite,
     updates_nothing,
     user_line,
 )
@@ -674,6 +676,13 @@ def _added_group_problem(
         except Exception as exc:
             return _added_group_raised(ctx, f"add_param_group({given}) after 2 steps, then a step", exc)
     extra = added[-1][0]
+    if not bool(torch.isfinite(extra).all()) and update_made_non_finite(ctx):  # not the added group's
+        return non_finite_update(
+            ctx,
+            f"a param group added with add_param_group({given}) after 2 steps ends non-finite",
+            ["the added group's parameter"],
+            regardless="whatever the groups",
+        )
     if not bool(torch.isfinite(extra).all()):
         return failed(
             f"a param group added with add_param_group({given}) after 2 steps is not finite after a step",
@@ -1061,11 +1070,8 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
         if problem != _NO_CHANGE:
             break
     if problem:
-        return failed(
-            f"after {WARMUP_STEPS if problem == _NO_CHANGE else 'a'} step(s) under bf16 autocast: {problem}",
-            where=method_location(ctx),
-            fix=_PRECISION_FIX,
-        )
+        when = f"after {WARMUP_STEPS if problem == _NO_CHANGE else 'a'} step(s) under bf16 autocast"
+        return _precision_failed(ctx, model, optimizer, when, problem)
     parts.append("a step under CPU bf16 autocast")
     # bfloat16 parameters: gradients and (for torch's own optimizers) state in bf16 too.
     model = _tiny_model().to(torch.bfloat16)
@@ -1086,9 +1092,7 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
         )
     problem = _precision_problem(model, optimizer, before, torch.bfloat16, require_change=False)
     if problem:
-        return failed(
-            f"after a step on bfloat16 parameters: {problem}", where=method_location(ctx), fix=_PRECISION_FIX
-        )
+        return _precision_failed(ctx, model, optimizer, "after a step on bfloat16 parameters", problem)
     # A bf16 step may rightly round a small update away; not one that float32 makes many bf16 ulps long.
     if all(torch.equal(p.detach(), old) for p, old in zip(model.parameters(), before, strict=True)):
         unwritten = _moves_past_bfloat16(ctx, before, batch)
@@ -1170,6 +1174,26 @@ _PRECISION_FIX = (
 )
 
 
+def _not_finite(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """The parameters and optimizer state holding a NaN or an infinity, by name."""
+    return _nonfinite((n, p.detach()) for n, p in model.named_parameters()) + _nonfinite(
+        state_tensors(optimizer)
+    )
+
+
+def _precision_failed(
+    ctx: CheckContext, model: nn.Module, optimizer: torch.optim.Optimizer, when: str, problem: str
+) -> Outcome:
+    """The fail for `problem` seen `when`; where it is values gone non-finite and plain float32
+    steps made them so too (dense_step), the update's, not bfloat16's (whose fix had been given)."""
+    unbounded = _not_finite(model, optimizer)
+    if unbounded and update_made_non_finite(ctx):
+        return non_finite_update(
+            ctx, f"{when} values end non-finite", unbounded, regardless="whatever the precision"
+        )
+    return failed(f"{when}: {problem}", where=method_location(ctx), fix=_PRECISION_FIX)
+
+
 def _precision_problem(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -1182,7 +1206,7 @@ def _precision_problem(
     wrong = [f"{n} is {p.dtype}" for n, p in params if p.dtype != dtype]
     if wrong:
         return f"parameters changed dtype from {dtype}: {', '.join(wrong)}"
-    bad = _nonfinite((n, p.detach()) for n, p in params) + _nonfinite(state_tensors(optimizer))
+    bad = _not_finite(model, optimizer)
     if bad:
         return f"not finite: {', '.join(bad)}"
     if require_change and all(

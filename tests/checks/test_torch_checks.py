@@ -2968,3 +2968,32 @@ def test_dense_step_tells_a_sentinel_torch_state_from_state_the_steps_keep_non_f
     outcome = build_checks.check_dense_step(context(f"{path}:{class_name}", tmp_path))
     assert outcome.status == status, outcome
     assert said in outcome.detail, outcome.detail
+
+
+def test_checks_after_dense_step_blame_a_non_finite_update_not_a_cause_of_their_own(tmp_path: Path) -> None:
+    """An update that makes NaN (a bias correction off by one) had been told by descends to check its
+    signs, by param_groups to keep no bookkeeping outside param_groups and by mixed_precision to make
+    its state with zeros_like: once dense_step has seen plain steps make non-finite values, each says
+    it is the update's and gives dense_step's fix."""
+    path = tmp_path / "non_finite.py"
+    path.write_text(TORCH_NON_FINITE)
+    ctx = context(f"{path}:OffByOneAdam", tmp_path)
+    assert CHECKS["dense_step"](ctx).status == "fail"
+    for check_id in ("descends", "schedule", "param_groups", "mixed_precision"):
+        outcome = CHECKS[check_id](ctx)
+        assert outcome.status == "fail", (check_id, outcome)
+        assert "the update itself makes non-finite values" in outcome.detail, (check_id, outcome.detail)
+        assert "guard divisions and square roots with an epsilon" in outcome.detail, (
+            check_id,
+            outcome.detail,
+        )
+
+
+def test_a_rate_too_large_for_the_quadratic_keeps_descends_own_fix(tmp_path: Path) -> None:
+    """SGD at a rate that overshoots a quadratic more each step overflows to non-finite values over
+    many steps, while its first steps are finite (dense_step passes): that is the rate, as descends says."""
+    ctx = context("torch.optim:SGD", tmp_path, lr=3.0)
+    assert CHECKS["dense_step"](ctx).status == "pass"
+    outcome = CHECKS["descends"](ctx)
+    assert outcome.status == "fail", outcome
+    assert "not far too large" in outcome.detail and "makes non-finite values" not in outcome.detail, outcome
