@@ -22,6 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
@@ -37,6 +38,7 @@ from jobs.checks.tools import (
     draws_randomly,
     inconclusive_random,
     isolated,
+    made_non_finite,
     method_location,
     native,
     non_finite_update,
@@ -136,6 +138,10 @@ def _nonfinite(named: Iterable[tuple[str, Tensor]]) -> list[str]:
     return [name for name, t in named if t.is_floating_point() and not bool(torch.isfinite(t).all())]
 
 
+def _numpy_parameters(model: nn.Module) -> dict[str, np.ndarray]:
+    return {name: p.detach().double().numpy() for name, p in model.named_parameters()}
+
+
 def _max_abs(a: Tensor, b: Tensor) -> float:
     return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
 
@@ -199,6 +205,14 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
         for logger, level in zip(quiet, levels, strict=True):
             logger.setLevel(level)
         torch._dynamo.reset()
+    unbounded = made_non_finite(*(_numpy_parameters(m) for m in (start, eager_model, compiled_model)))
+    if unbounded:  # NaN against NaN says nothing of compiling: the update's (a warn had blamed dynamo)
+        return non_finite_update(
+            ctx,
+            "3 eager steps and 3 compiled steps both end with non-finite values",
+            unbounded,
+            regardless="compiled or not",
+        )
     difference = max(
         _max_abs(a.detach(), b.detach())
         for a, b in zip(eager_model.parameters(), compiled_model.parameters(), strict=True)

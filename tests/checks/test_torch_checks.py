@@ -2973,13 +2973,14 @@ def test_dense_step_tells_a_sentinel_torch_state_from_state_the_steps_keep_non_f
 def test_checks_after_dense_step_blame_a_non_finite_update_not_a_cause_of_their_own(tmp_path: Path) -> None:
     """An update that makes NaN (a bias correction off by one) had been told by descends to check its
     signs, by param_groups to keep no bookkeeping outside param_groups and by mixed_precision to make
-    its state with zeros_like: once dense_step has seen plain steps make non-finite values, each says
-    it is the update's and gives dense_step's fix."""
+    its state with zeros_like, and graph_mode had warned of a compiled difference of nan: once
+    dense_step has seen plain steps make non-finite values, each says it is the update's and gives
+    dense_step's fix (graph_mode wherever eager and compiled steps both end non-finite)."""
     path = tmp_path / "non_finite.py"
     path.write_text(TORCH_NON_FINITE)
     ctx = context(f"{path}:OffByOneAdam", tmp_path)
     assert CHECKS["dense_step"](ctx).status == "fail"
-    for check_id in ("descends", "schedule", "param_groups", "mixed_precision"):
+    for check_id in ("descends", "schedule", "param_groups", "mixed_precision", "graph_mode"):
         outcome = CHECKS[check_id](ctx)
         assert outcome.status == "fail", (check_id, outcome)
         assert "the update itself makes non-finite values" in outcome.detail, (check_id, outcome.detail)
