@@ -1442,12 +1442,20 @@ class StudySpec(BaseModel):
         return sum(optimizer.point_count() for optimizer in self.optimizers) * len(self.seeds)
 
     def members(self) -> list[tuple[int, StudyMember]]:
-        """(optimizer index, member) for every job, optimizer by optimizer, grid point, then seed."""
+        """(optimizer index, member) for every job, in the order they are queued (and so run): round by
+        round, a round being one seed at the k-th grid point of every optimizer that has one, the
+        optimizer that goes first turning each round. Queued optimizer by optimizer, a change of the
+        machine's load during the study was booked to whichever optimizer ran then (forward+backward,
+        the same work for all, took 27 ms a step for one and 13 ms for adam); interleaved, it falls on
+        all alike."""
+        points = [optimizer.points() for optimizer in self.optimizers]
+        count = len(self.optimizers)
+        rounds = [(seed, k) for seed in self.seeds for k in range(max(len(p) for p in points))]
         return [
-            (index, StudyMember(optimizer=optimizer.key, grid=point, seed=seed))
-            for index, optimizer in enumerate(self.optimizers)
-            for point in optimizer.points()
-            for seed in self.seeds
+            (index, StudyMember(optimizer=self.optimizers[index].key, grid=points[index][k], seed=seed))
+            for number, (seed, k) in enumerate(rounds)
+            for index in ((number + offset) % count for offset in range(count))
+            if k < len(points[index])
         ]
 
     def job_spec(self, index: int, member: StudyMember) -> JobSpec:
