@@ -729,7 +729,9 @@ def seed_time_text(seed: SeedTime) -> str:
         return f"seed {seed.seed}: step {seed.step} ({num(seed.seconds, 3)} s)"
     if seed.status == "succeeded":
         return f"seed {seed.seed}: not reached"
-    return f"seed {seed.seed}: {seed.status}, not counted"
+    if seed.status == "cancelled":  # stopped: neither reached nor not reached
+        return f"seed {seed.seed}: cancelled, not counted"
+    return f"seed {seed.seed}: {seed.status}, not reached"
 
 
 def measured_at_evaluations(summary: StudySummary) -> bool:

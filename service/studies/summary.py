@@ -20,7 +20,8 @@ Rules that decide the figures (kept here, in one place):
   first logged point that meets it. Any other job is listed with its status and has not reached
   it (a job that met the target and diverged later is not an optimizer that reaches it; a
   cancelled one's seconds stand on a seed the ranking leaves out), so "reached 2/2" stands on the
-  same seeds as the ranking's n=2.
+  same seeds as the ranking's n=2. A failed or diverged job counts as not reached; a cancelled one
+  is listed and not counted (it was stopped, the optimizer did not fail to reach the target).
 - Optimizers whose mean final selection metric is exactly equal share a rank (1, 2, 2, 4): the
   ranking orders means, and the order of a tie is no finding.
 - An interval is cut to the values its quantity can take (`jobs.spec.METRIC_BOUNDS`: accuracy in [0, 1],
@@ -205,7 +206,7 @@ class TimeToTarget(_Model):
     target: Target
     seeds: list[SeedTime]  # every job of the grid point, whatever its status
     reached: int  # succeeded jobs that met it
-    not_reached: int  # ended jobs that did not reach it (those that did not succeed among them)
+    not_reached: int  # ended jobs that did not reach it: succeeded, failed or diverged (not cancelled)
     pending: int  # queued or running jobs
     steps: Stat  # over the seeds that reached it
     seconds: Stat
@@ -651,7 +652,8 @@ def time_to_target(runs: list[StudyRun], target: TargetRule, *, steps: int | Non
         target=Target(metric=target.metric, mode=target.mode, value=target.value),
         seeds=seeds,
         reached=len(reached),
-        not_reached=sum(1 for s in seeds if not s.reached and s.status in ENDED),
+        # a cancelled job is listed, not counted: it stopped before the optimizer could reach the target
+        not_reached=sum(1 for s in seeds if not s.reached and s.status in ENDED - {"cancelled"}),
         pending=sum(1 for s in seeds if s.status not in ENDED),
         succeeded=sum(1 for s in seeds if s.status == "succeeded"),
         steps=describe((float(s.step) for s in reached if s.step is not None), at_least=0.0, at_most=steps),

@@ -435,6 +435,30 @@ def test_time_to_target_shows_the_succeeded_seeds_it_counts() -> None:
     html = time_to_target_html(summary) + ranking_html(summary)
     assert "3/3" not in html and html.count("2/2") == 2
     assert "seed 0: cancelled, not counted" in html
+    # the probe's study 2 read "reached 2/2 | not reached 1", that 1 the cancelled seed
+    row = re.search(r"<tr><td>adam lr=0.003</td>(.*?)</tr>", html)
+    assert row is not None and re.findall(r"<td[^>]*>([^<]*)</td>", row.group(1))[:2] == ["2/2", "0"]
+
+
+def test_a_diverged_seed_is_not_reached_and_a_cancelled_one_is_not_counted() -> None:
+    runs = [
+        StudyRun(job, "adam", {"lr": 0.003}, seed, status, {"val/loss": [MetricPoint(500, 1.0, 0.4)]})
+        for job, seed, status in ((29, 0, "cancelled"), (30, 1, "succeeded"), (31, 2, "diverged"))
+    ]
+    summary = summarize(
+        runs,
+        target=TargetRule("val/loss", "min", 0.5),
+        baseline=None,
+        selection_metric="val/loss",
+        selection_mode="min",
+    )
+    ttt = summary.grid_points[0].time_to_target
+    assert ttt is not None and (ttt.reached, ttt.not_reached) == (
+        1,
+        1,
+    )  # the diverged seed, not the cancelled
+    html = time_to_target_html(summary)
+    assert "seed 0: cancelled, not counted" in html and "seed 2: diverged, not reached" in html
 
 
 def test_the_header_says_what_the_study_ran() -> None:

@@ -859,7 +859,8 @@ def test_time_to_target_counts_only_succeeded_jobs_as_the_ranking_does() -> None
     )
     ttt = summary.grid_points[0].time_to_target
     assert ttt is not None
-    assert (ttt.reached, ttt.succeeded, ttt.not_reached, ttt.seconds.n) == (2, 2, 1, 2)
+    # listed, not counted: "reached 2/2, not reached 1" had counted the cancelled seed as not reached
+    assert (ttt.reached, ttt.succeeded, ttt.not_reached, ttt.seconds.n) == (2, 2, 0, 2)
     assert ttt.seconds.mean == pytest.approx((1.0 + 0.5) / 2)
     assert ttt.seeds[0].status == "cancelled" and not ttt.seeds[0].reached
     row = summary.ranking[0]
