@@ -82,6 +82,7 @@ def collect_runs(
                 attempt=job.attempt if job is not None and job.attempt else 1,
                 interrupted_at=_interrupted_at(job),
                 resumed_from=_resumed_from(result),
+                new_run=_started_afresh(result),
                 # A Keras job (its result names the style) times its one compiled step as the update.
                 update_timed_apart=result.get("style") is None,
                 params_sha256=_str_or_none(result.get("params_sha256")),
@@ -168,6 +169,15 @@ def _resumed_from(result: dict[str, Any]) -> int | None:
     resume = result.get("resume")
     step = resume.get("from_step") if isinstance(resume, dict) else result.get("resumed_from_step")
     return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def _started_afresh(result: dict[str, Any]) -> bool:
+    """Whether the result says its attempt resumed nothing: a later attempt resumes in the job's MLflow
+    run only from a checkpoint (`--resume-run-id`, which records `resume`); with none yet it trains
+    from step 0 in a new run. False where there is no result to say."""
+    if "status" not in result:
+        return False
+    return _resumed_from(result) is None
 
 
 def _str_or_none(value: Any) -> str | None:

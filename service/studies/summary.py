@@ -38,7 +38,9 @@ Rules that decide the figures (kept here, in one place):
   interval), seeds that changed nothing (by the trained parameters' hash, or every final train/
   and val/ value: never the selection metric alone), a succeeded job whose selection metric ended
   worse than its first evaluation by more than WORSE_MARGIN, a job interrupted after it ran steps
-  (as its attempts went: resumed from a checkpoint, run again from the start, or ended failed), and
+  (as its attempts went: resumed from a checkpoint or from the start in the same MLflow run, its
+  seconds including the time it was down; started afresh in a new run, its seconds from that start;
+  or ended failed), and
   a best grid value at the edge of its axis. Notes never change which point is best.
 - JSON holds no NaN or infinity: an undefined figure is None (and the models refuse
   non-finite floats).
@@ -130,9 +132,12 @@ class StudyRun:
     # The step an earlier attempt reached before it was cut short (its worker stopped, its process was
     # killed): this one resumed from there, in the same run. None: no earlier attempt ran a step.
     interrupted_at: int | None = None
-    # The checkpoint step its last attempt started from (0: from the start); None where it did not
-    # resume or its result does not say (a job that ended without writing one).
+    # The checkpoint step its last attempt started from (0: from the start), in the same MLflow run;
+    # None where it did not resume or its result does not say (a job that ended without writing one).
     resumed_from: int | None = None
+    # True where its result says its last attempt resumed nothing: with no checkpoint to resume from it
+    # trained from step 0 in a new MLflow run, its seconds counted from that run's start.
+    new_run: bool = False
     # False where its driver times the whole step as the optimizer step (Keras compiles the gradients
     # and the update into one graph: jobs/frameworks/keras_driver.py `train_step`).
     update_timed_apart: bool = True
@@ -1169,17 +1174,27 @@ def resumed_notes(runs: Sequence[StudyRun]) -> list[str]:
 
 
 def resumed_note(run: StudyRun) -> str:
-    """One job's interruption: how it ran again and how it ended. A succeeded one's points' seconds
-    count from its MLflow run's start, so its time to target and its curves against time include the
-    time it was down."""
+    """One job's interruption: how it ran again and how it ended. Its points' seconds count from its
+    MLflow run's start: resumed in the same run, its time to target and its curves against time include
+    the time it was down; started afresh in a new run (no checkpoint yet), they count from the new
+    start and the interrupted attempt's time is not in them (it had read "ran again ...: its seconds
+    include the time it was down" for a job that started over at step 0 in a new run)."""
     who = f"job {run.job_id} ({run.optimizer} {grid_label(run.grid)} seed={run.seed})"
+    fresh = run.status == "succeeded" and run.resumed_from is None and run.new_run
     if run.resumed_from:
         again = f"resumed from its checkpoint of step {run.resumed_from}"
     elif run.resumed_from == 0:
-        again = "ran again from the start"
+        again = "ran again from the start in the same MLflow run"
+    elif fresh:
+        again = "ran again from the start in a new MLflow run"
     else:
         again = "ran again"
     interrupted = f"was interrupted at step {run.interrupted_at} and {again} (attempt {run.attempt})"
+    if fresh:
+        return (
+            f"{who} {interrupted}: its seconds count from that run's start, the interrupted attempt's "
+            "time not in them."
+        )
     if run.status == "succeeded":
         return f"{who} {interrupted}: its seconds include the time it was down."
     return f"{who} {interrupted}, then ended {run.status}: it is left out of the statistics."

@@ -96,6 +96,33 @@ def test_the_result_says_how_the_job_resumed_how_it_timed_and_what_it_trained() 
     assert (torch.resumed_from, torch.params_sha256, torch.update_timed_apart) == (1000, "ab", True)
     assert (keras.resumed_from, keras.params_sha256, keras.update_timed_apart) == (None, None, False)
     assert (killed.resumed_from, killed.update_timed_apart) == (None, True)
+    assert (torch.new_run, killed.new_run) == (False, False)  # resumed in its run; no result to say
+
+
+def test_a_job_that_ran_again_before_its_first_checkpoint_started_a_new_run() -> None:
+    """The service probe's job 20: its worker was killed at step 24, before the first checkpoint, and the
+    next attempt trained from step 0 in a new MLflow run (a resume in the same run records `resume`)."""
+    study = Study(
+        id=1,
+        name="s",
+        spec={"steps": 150, "eval_every": 25, "seeds": [0]},
+        members=[
+            {"job_id": job_id, "optimizer": "sgd", "grid": {"lr": 0.05}, "seed": 0} for job_id in (20, 21)
+        ],
+    )
+    interrupted = [
+        {"attempt": 1, "step": 24, "ended": "lease expired"},
+        {"attempt": 2, "step": 150, "ended": "succeeded"},
+    ]
+    afresh = {"status": "succeeded", "resume": None, "resumed_from_step": None}
+    same_run = {"status": "succeeded", "resume": {"from_step": 0}, "resumed_from_step": None}
+    jobs = [
+        job(20, JobStatus.SUCCEEDED, attempt=2, result=afresh, history=interrupted),
+        job(21, JobStatus.SUCCEEDED, attempt=2, result=same_run, history=interrupted),
+    ]
+    new, resumed = collect_runs(FakeMlflow(), study, jobs)
+    assert (new.interrupted_at, new.resumed_from, new.new_run) == (24, None, True)
+    assert (resumed.interrupted_at, resumed.resumed_from, resumed.new_run) == (24, 0, False)
 
 
 STOP_WHILE_FETCHING = """

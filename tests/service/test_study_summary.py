@@ -749,15 +749,22 @@ def test_a_resumed_job_is_noted_as_its_attempts_went() -> None:
         replace(make_run(9, "lion", 4, **lion), attempt=2),  # type: ignore[arg-type]
         replace(make_run(10, "lion", 5, **lion), attempt=2, interrupted_at=700, resumed_from=0),  # type: ignore[arg-type]
         replace(make_run(11, "lion", 6, grid={"lr": 3e-4}, status="failed"), attempt=3, interrupted_at=700),
+        # the service probe's job 20: killed at step 24, before its first checkpoint, it trained again
+        # from step 0 in a new MLflow run; it had read "ran again (attempt 2): its seconds include the
+        # time it was down", wrong on both counts
+        replace(make_run(12, "lion", 7, **lion), attempt=2, interrupted_at=24, new_run=True),  # type: ignore[arg-type]
     ]
     notes = [note for note in summary_of(runs).notes if note.startswith("job ")]
     assert notes == [
         "job 8 (lion lr=0.0003 seed=3) was interrupted at step 1300 and resumed from its checkpoint of step "
         "1000 (attempt 2): its seconds include the time it was down.",
-        "job 10 (lion lr=0.0003 seed=5) was interrupted at step 700 and ran again from the start "
-        "(attempt 2): its seconds include the time it was down.",
+        "job 10 (lion lr=0.0003 seed=5) was interrupted at step 700 and ran again from the start in the same "
+        "MLflow run (attempt 2): its seconds include the time it was down.",
         "job 11 (lion lr=0.0003 seed=6) was interrupted at step 700 and ran again (attempt 3), then ended "
         "failed: it is left out of the statistics.",
+        "job 12 (lion lr=0.0003 seed=7) was interrupted at step 24 and ran again from the start in a new "
+        "MLflow run (attempt 2): its seconds count from that run's start, the interrupted attempt's time "
+        "not in them.",
     ]
 
 
