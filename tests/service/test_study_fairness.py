@@ -5,11 +5,22 @@ finding: forward+backward read 27 ms a step for one optimizer and 13 ms for adam
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 
 from jobs.spec import StudySpec
+from service.studies.report import time_split_html, time_to_target_html
+from service.studies.summary import (
+    MetricPoint,
+    StudyRun,
+    StudySummary,
+    TargetRule,
+    machine_load_note,
+    summarize,
+)
 
 STUDY: dict[str, Any] = {
     "name": "fair",
@@ -80,3 +91,76 @@ def test_the_service_numbers_jobs_in_that_order(client: TestClient) -> None:
         ("adam", 2),
         ("sgd", 4),
     ]
+
+
+# --- timings disturbed by machine load ---------------------------------------------------------------
+
+
+def timed_runs(
+    optimizer: str, first_id: int, step_and_update_ms: list[tuple[float, float]]
+) -> list[StudyRun]:
+    """Succeeded jobs of `optimizer` at lr=1e-3 with their own step and optimizer step medians."""
+    return [
+        StudyRun(
+            job_id=first_id + seed,
+            optimizer=optimizer,
+            grid={"lr": 1e-3},
+            seed=seed,
+            status="succeeded",
+            history={
+                "val/accuracy": [MetricPoint(60, 1.0, 0.9), MetricPoint(120, 2.0, 0.95)],
+                "val/loss": [MetricPoint(60, 1.0, 0.4), MetricPoint(120, 2.0, 0.3)],
+            },
+            step_time_ms_median=step,
+            optimizer_step_ms_median=update,
+        )
+        for seed, (step, update) in enumerate(step_and_update_ms)
+    ]
+
+
+def summary_of(runs: list[StudyRun]) -> StudySummary:
+    return summarize(
+        runs,
+        target=TargetRule("val/accuracy", "max", 0.92),
+        baseline="adam",
+        selection_metric="val/accuracy",
+        selection_mode="max",
+        steps=120,
+        eval_every=60,
+    )
+
+
+# The service probe's study: each job's step time median (ms), probe_momentum's jobs run first, then
+# adam's, while the machine's load changed; forward+backward (the same model and batch) read 27.3 ms a
+# step for the one and 13.05 ms for the other.
+PROBE = timed_runs("probe_momentum", 1, [(28.7, 0.8), (22.0, 0.7), (27.5, 0.8), (53.4, 0.9)]) + timed_runs(
+    "adam", 5, [(47.8, 0.6), (12.3, 0.6), (9.5, 0.6), (15.1, 0.7)]
+)
+
+
+def test_forward_backward_apart_between_optimizers_says_the_timings_were_disturbed() -> None:
+    summary = summary_of(PROBE)
+    fb = {s.optimizer: s.forward_backward_ms for s in summary.time_split}
+    assert fb == {"probe_momentum": pytest.approx(27.3), "adam": pytest.approx(13.05)}
+    (note,) = [n for n in summary.notes if "machine load" in n]
+    assert note.startswith(
+        "Timings were disturbed by machine load: forward+backward, the part of a step the optimizer does not "
+        "change, took 27.3 ms a step for probe_momentum and 13.1 ms for adam (2.1x)"
+    )
+    assert "seconds to target and the step times do not compare the optimizers fairly" in note
+    # the report says it beside the seconds and the step times, not only among the notes at the end
+    time_split, time_to_target = time_split_html(summary), time_to_target_html(summary)
+    assert 'class="warning"' in time_split and "machine load" in time_split
+    assert 'class="warning"' in time_to_target and "machine load" in time_to_target
+
+
+def test_forward_backward_within_the_ratio_or_not_timed_apart_says_nothing() -> None:
+    close = timed_runs("sgd", 1, [(10.0, 1.0), (11.0, 1.0)]) + timed_runs(
+        "adam", 5, [(13.0, 1.5), (14.0, 1.5)]
+    )
+    assert not [n for n in summary_of(close).notes if "machine load" in n]  # 9.5 and 12: 1.26x
+    keras = [replace(run, update_timed_apart=False) for run in PROBE]  # one compiled step: no split
+    summary = summary_of(keras)
+    assert not [n for n in summary.notes if "machine load" in n]
+    assert 'class="warning"' not in time_split_html(summary)
+    assert machine_load_note(summary_of(PROBE[:4]).time_split) is None  # one optimizer: nothing to compare
