@@ -14,6 +14,7 @@ import base64
 import html
 import io
 import math
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -36,6 +37,7 @@ from service.studies.summary import (
     TimeToTarget,
     format_value,
     grid_label,
+    machine_load_note,
     unstable,
 )
 
@@ -263,7 +265,8 @@ def sensitivity_plot(summary: StudySummary) -> Plot | None:
         f"Final {metric} versus {keys} per optimizer: mean over succeeded seeds with its 95% confidence "
         "interval (none with one seed); the star marks the grid point chosen as best, an x at the top "
         "edge a grid point with no result where jobs diverged or failed. Lines of one optimizer (its "
-        "other grid values) share its colour and differ in their dashes.",
+        "other grid values) share its colour and differ in their dashes; at a value two optimizers tried, "
+        "their points are drawn a little apart along the axis, so neither hides the other.",
         png_bytes(figure),
     )
 
@@ -293,12 +296,25 @@ def _draw_sensitivity(axes: Axes, summary: StudySummary, key: str, optimizers: l
     xs_all = [p.grid[key] for p in summary.grid_points if p.optimizer in optimizers and key in p.grid]
     numeric = all(is_number(x) for x in xs_all)
     categories = sorted({format_value(x) for x in xs_all})
+    logarithmic = numeric and log_axis(key, [float(x) for x in xs_all if isinstance(x, int | float)])
+    nudge = dodge(optimizers, xs_all, numeric=numeric, logarithmic=logarithmic, categories=len(categories))
+    # how many of the panel's optimizers tried each value (by its text: a list or None is a value too)
+    tried_by = Counter(
+        label
+        for opt in optimizers
+        for label in {
+            format_value(p.grid[key]) for p in summary.grid_points if p.optimizer == opt and key in p.grid
+        }
+    )
 
-    def position(x: GridValue) -> float:
-        """On the axis: the number itself, else the index of its category."""
+    def position(x: GridValue, opt: str) -> float:
+        """On the axis: the number itself, else the index of its category; at a value another optimizer
+        also tried, moved aside by the optimizer's dodge, so its point is not hidden under the other's
+        marker (probe_momentum's lr=0.003 sat under adam's star)."""
+        shift = nudge[opt] if tried_by[format_value(x)] > 1 else 0.0
         if numeric and isinstance(x, int | float):
-            return float(x)
-        return float(categories.index(format_value(x)))
+            return float(x) * 10**shift if logarithmic else float(x) + shift
+        return float(categories.index(format_value(x))) + shift
 
     drawn = marked = False
     for opt in optimizers:
@@ -312,7 +328,7 @@ def _draw_sensitivity(axes: Axes, summary: StudySummary, key: str, optimizers: l
         for number, (rest_label, line) in enumerate(lines.items()):
             shown = sorted(
                 (
-                    (position(p.grid[key]), m.final.mean, m.final)
+                    (position(p.grid[key], opt), m.final.mean, m.final)
                     for p in line
                     if (m := p.metric(metric)) is not None and m.final.mean is not None
                 ),
@@ -334,13 +350,13 @@ def _draw_sensitivity(axes: Axes, summary: StudySummary, key: str, optimizers: l
             drawn = True
         # A rate where every seed diverged or failed has no mean to draw: without a mark, it read as
         # a rate never tried.
-        lost = [position(p.grid[key]) for p in points if lost_to_instability(p, metric)]
+        lost = [position(p.grid[key], opt) for p in points if lost_to_instability(p, metric)]
         if lost:
             mark_lost(axes, lost, colour(summary, opt))
             marked = True
         if best is not None and key in best.grid and (m := best.metric(metric)) and m.final.mean is not None:
             axes.plot(
-                [position(best.grid[key])],
+                [position(best.grid[key], opt)],
                 [m.final.mean],
                 marker="*",
                 markersize=16,
@@ -349,7 +365,7 @@ def _draw_sensitivity(axes: Axes, summary: StudySummary, key: str, optimizers: l
             )
     if not (drawn or marked):
         return False
-    if numeric and spans_decades([position(x) for x in xs_all]):
+    if logarithmic:
         axes.set_xscale("log")
     if not numeric:
         axes.set_xticks(range(len(categories)), [plain(c) for c in categories])
@@ -365,6 +381,37 @@ def _draw_sensitivity(axes: Axes, summary: StudySummary, key: str, optimizers: l
 
 
 LOST_LABEL = "diverged or failed"
+# A sensitivity axis whose positive values span more than this factor is drawn log (a learning rate's
+# always is): 0.001 to 0.01 drawn linear had bunched the small rates together.
+SENSITIVITY_LOG_SPAN = 3.0
+# How far apart the optimizers of one panel are drawn, as a fraction of the axis's width: enough to
+# see two markers at one value, little enough to read the value off the axis.
+DODGE_FRACTION = 0.025
+
+
+def log_axis(key: str, values: Sequence[float]) -> bool:
+    """Whether the sensitivity axis of `key` is drawn log: every value positive, and `key` a learning
+    rate or the values spanning more than SENSITIVITY_LOG_SPAN."""
+    if not values or min(values) <= 0:
+        return False
+    return key == "lr" or max(values) / min(values) > SENSITIVITY_LOG_SPAN
+
+
+def dodge(
+    optimizers: Sequence[str], xs: Sequence[GridValue], *, numeric: bool, logarithmic: bool, categories: int
+) -> dict[str, float]:
+    """Each optimizer's shift along the axis (in decades on a log axis, else in its units), centred on
+    the true value: the optimizers of a panel side by side at a value they both tried."""
+    if numeric:
+        values = [float(x) for x in xs if isinstance(x, int | float)]
+        if logarithmic:
+            values = [math.log10(v) for v in values]
+        width = (max(values) - min(values)) if values else 0.0
+        width = width or (1.0 if logarithmic else abs(values[0]) if values and values[0] else 1.0)
+    else:
+        width = float(max(categories - 1, 1))
+    middle = (len(optimizers) - 1) / 2
+    return {opt: (index - middle) * DODGE_FRACTION * width for index, opt in enumerate(optimizers)}
 
 
 def lost_to_instability(point: GridPointSummary, metric: str) -> bool:
@@ -526,6 +573,7 @@ th { background: #f3f3f3; } td.num { text-align: right; font-variant-numeric: ta
 figure { margin: 1.2em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { color: #555; font-size: 0.9em; } pre { white-space: pre-wrap; margin: 0; font-size: 0.9em; }
 .address { overflow-wrap: anywhere; }
+.warning { color: #7a4b00; background: #fff6e0; border-left: 3px solid #e0a020; padding: 0.3em 0.6em; }
 """
 
 
@@ -709,6 +757,7 @@ def time_to_target_html(summary: StudySummary) -> str:
     return (
         "<h2>Time to target</h2>"
         + f'<p class="meta">{esc(granularity_text(summary))}</p>'
+        + load_warning_html(summary)
         + table(
             [
                 "optimizer at best point",
@@ -769,6 +818,13 @@ def cadence_text(summary: StudySummary) -> str:
     return f", every {every} steps (eval_every)"
 
 
+def load_warning_html(summary: StudySummary) -> str:
+    """The note on timings disturbed by machine load, beside the figures it is about (the notes come
+    last on the page, after the seconds they cast doubt on)."""
+    note = machine_load_note(summary.time_split)
+    return f'<p class="warning">{esc(note)}</p>' if note else ""
+
+
 def time_split_html(summary: StudySummary) -> str:
     rows = [
         [
@@ -791,6 +847,7 @@ def time_split_html(summary: StudySummary) -> str:
     )
     return (
         "<h2>Time split</h2>"
+        + load_warning_html(summary)
         + meta
         + table(
             [

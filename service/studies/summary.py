@@ -41,7 +41,9 @@ Rules that decide the figures (kept here, in one place):
   (as its attempts went: resumed from a checkpoint or from the start in the same MLflow run, its
   seconds including the time it was down; started afresh in a new run, its seconds from that start;
   or ended failed), and
-  a best grid value at the edge of its axis. Notes never change which point is best.
+  a best grid value at the edge of its axis, and timings disturbed by machine load (forward+backward,
+  the same for every optimizer, more than LOAD_RATIO apart between them). Notes never change which
+  point is best.
 - JSON holds no NaN or infinity: an undefined figure is None (and the models refuse
   non-finite floats).
 """
@@ -440,7 +442,10 @@ def summarize(
         steps=steps,
     )
     comparisons = compare_to_baseline(summary, runs) if baseline in optimizers else []
-    return summary.model_copy(update={"comparisons": comparisons})
+    load_note = machine_load_note(summary.time_split)
+    return summary.model_copy(
+        update={"comparisons": comparisons, "notes": [*notes, *([load_note] if load_note else [])]}
+    )
 
 
 def ranking_by_optimizer(ranking: list[RankingRow], optimizers: list[str]) -> list[RankingRow]:
@@ -904,6 +909,35 @@ def time_split(optimizer: str, runs: Sequence[StudyRun], best_label: str | None)
         optimizer_step_ms=median_or_none(optimizer_step),
         state_bytes=median_or_none(state),
         state_label=best_label if state else None,
+    )
+
+
+# How far apart the optimizers' forward+backward may be before the timings are said to be disturbed: the
+# same model and batch for each, it moves with the machine's load only (the service probe saw 27 ms a
+# step for one optimizer and 13 ms for adam, on a machine shared with other work).
+LOAD_RATIO = 1.5
+
+
+def machine_load_note(splits: Sequence[TimeSplit]) -> str | None:
+    """A note where the optimizers' forward+backward medians differ by more than LOAD_RATIO: the part of a
+    step an optimizer does not change moved with the machine's load, which then weighed on the seconds
+    and step times of some optimizers more than others. None where it did not, or fewer than two
+    optimizers timed it (a Keras job does not time it apart)."""
+    timed = [s for s in splits if s.forward_backward_ms is not None and s.forward_backward_ms > 0]
+    if len(timed) < 2:
+        return None
+    fastest = min(timed, key=lambda s: s.forward_backward_ms or 0.0)
+    slowest = max(timed, key=lambda s: s.forward_backward_ms or 0.0)
+    low, high = fastest.forward_backward_ms or 0.0, slowest.forward_backward_ms or 0.0
+    if high <= LOAD_RATIO * low:
+        return None
+    return (
+        f"Timings were disturbed by machine load: forward+backward, the part of a step the optimizer does "
+        f"not change, took {high:.3g} ms a step for {slowest.optimizer} and {low:.3g} ms for "
+        f"{fastest.optimizer} ({high / low:.1f}x), so the seconds to target and the step times do not "
+        "compare the optimizers fairly in this study: compare steps to target, or run it again on a "
+        "quieter machine (unless an optimizer asks for more of that part, backward(create_graph=True) "
+        "or a closure, whose cost is its own)."
     )
 
 

@@ -27,6 +27,7 @@ from service.studies.report import (
     Surface,
     cadence_text,
     error_bar,
+    log_axis,
     ranking_html,
     render_report,
     sensitivity_figure,
@@ -343,6 +344,45 @@ def test_optimizers_tuned_over_different_hyperparameters_each_get_a_panel() -> N
     assert [t.get_text() for t in bottom.get_legend().get_texts()] == ["prodigy"]
     dashes = {bars.get_label(): bars.lines[0].get_linestyle() for bars in top.containers}
     assert dashes["adamw (wd=0)"] != dashes["adamw (wd=0.1)"]
+
+
+def test_the_learning_rate_axis_is_log_and_two_optimizers_at_one_rate_are_both_seen() -> None:
+    """The service probe's study 1: lr 0.001 to 0.01 (a factor of 10, not more) was drawn on a linear axis,
+    and probe_momentum's point at lr=0.003 sat under adam's star at the same rate, unseen."""
+    finals = {("probe_momentum", 0.001): 0.90, ("probe_momentum", 0.003): 0.9222, ("adam", 0.003): 0.9236}
+    finals[("adam", 0.01)] = 0.91
+    runs = [
+        StudyRun(
+            index * 2 + seed + 1,
+            opt,
+            {"lr": lr},
+            seed,
+            "succeeded",
+            {"val/accuracy": [MetricPoint(120, 1.0, value + 0.001 * seed)]},
+        )
+        for index, ((opt, lr), value) in enumerate(finals.items())
+        for seed in (0, 1)
+    ]
+    summary = summarize(
+        runs, target=None, baseline=None, selection_metric="val/accuracy", selection_mode="max"
+    )
+    figure = sensitivity_figure(summary)
+    assert figure is not None
+    (axes,) = figure.axes
+    assert axes.get_xscale() == "log"
+    at_0_003 = {
+        line.get_color(): x
+        for line in axes.get_lines()
+        for x in np.asarray(line.get_xdata(), dtype=float).tolist()
+        if line.get_marker() in ("o", "*") and abs(math.log10(x / 0.003)) < 0.05
+    }
+    momentum, adam = at_0_003[COLOURS[0]], at_0_003[COLOURS[1]]
+    # apart, on either side of the rate, and close enough to read the rate off the axis
+    assert momentum < 0.003 < adam and max(adam / momentum, momentum / adam) < 1.2
+    # a hyperparameter other than the rate stays linear where its values span a factor of 3 or less
+    assert (
+        not log_axis("momentum", [0.5, 0.9]) and log_axis("momentum", [0.1, 0.9]) and log_axis("lr", [0.01])
+    )
 
 
 LOST = "diverged or failed"
