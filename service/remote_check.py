@@ -18,7 +18,7 @@ from jobs.spec import (
     parse_params,
     style_choice,
 )
-from service.client import ApiError, connect, error_of, result_of, status_of
+from service.client import ApiClient, ApiError, connect, error_of, result_of, status_of
 from service.progress import follow_jobs
 
 
@@ -66,6 +66,38 @@ def _refuse_non_finite(value: Any, option: str, where: str = "") -> None:
         _refuse_non_finite(item, option, f"{where}.{key}" if where else str(key))
 
 
+# The hint on a refused check is worth a short wait, not the client's usual one.
+HINT_TIMEOUT_S = 10.0
+
+
+def other_framework_hint(client: ApiClient, body: dict[str, Any]) -> str | None:
+    """For a refused check of a name the service holds only in another framework than the one asked for
+    (torch unless --framework or --style said otherwise): where it is, and the option that checks it
+    there. A local `optlab check NAME` looks in every style; the remote one had answered a name
+    registered for TensorFlow only with a 422 and no word of --framework. None where the name is not
+    registered, or is in the framework asked for (the refusal is about something else)."""
+    name, framework = body["optimizer"]["name"], body["framework"]
+    try:
+        implementations = client.optimizer(name, timeout_s=HINT_TIMEOUT_S).get("implementations") or []
+    except ApiError:  # not registered at all (the refusal said so), or no answer: nothing to add
+        return None
+    styles: dict[str, list[str]] = {}
+    for implementation in implementations:
+        styles.setdefault(str(implementation.get("framework")), []).append(str(implementation.get("style")))
+    if not styles or framework in styles:
+        return None
+    ways = [
+        # the framework's default style goes without saying; another must be named
+        f"--framework {other}" if default_style(other) in found else f"--style {found[0]}"
+        for other, found in sorted(styles.items())
+        if other in ("torch", "tensorflow")
+    ]
+    where = "; ".join(f"{other} (style {', '.join(found)})" for other, found in sorted(styles.items()))
+    if not ways:
+        return None
+    return f"{name!r} is registered for {where}, not for {framework}: check it there with {' or '.join(ways)}"
+
+
 def run_remote_check(args: argparse.Namespace) -> int:
     try:
         body = check_body(args)
@@ -81,7 +113,8 @@ def run_remote_check(args: argparse.Namespace) -> int:
         print(f"check job {job['id']} {job['status']}: {client.base_url}/jobs/{job['id']}", file=sys.stderr)
         final = follow_jobs(client, {job["id"]: f"check {args.target}"})[job["id"]]
     except ApiError as exc:
-        print(f"optlab check: {exc}", file=sys.stderr)
+        hint = other_framework_hint(client, body) if job is None and exc.status_code == 422 else None
+        print(f"optlab check: {exc}" + (f"\n{hint}" if hint else ""), file=sys.stderr)
         return 2 if exc.is_usage_error else 1
     except KeyboardInterrupt:  # as submit and study say it: the job goes on, and how to cancel it
         from service.cli import stopped_waiting

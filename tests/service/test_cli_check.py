@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from jobs.result import JobResult, JobStatus
 from service import cli, remote_check, store
 from service import client as client_module
+from service.app import create_app
 from service.client import ApiClient
+from service.settings import Settings
 from tests.conftest import ROOT
 
 FAKE_JOB_PYTHON = """#!/bin/sh
@@ -301,3 +304,74 @@ def test_a_remote_check_shows_the_report_and_fails_when_a_check_does(
     with sessions() as session:
         (job,), _ = store.list_jobs(session=session, status=None, kind="check", limit=10, offset=0)
     assert job.spec["checks"] == ["construct", "sparse"]
+
+
+@pytest.fixture
+def remote_with_keras_only(
+    settings: Settings,
+    sessions: sessionmaker[Session],
+    catalogue_data: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[TestClient]:
+    """The test app, its catalogue holding `keras_sign_adam` for Keras only and `legacy_lion` for
+    tf_legacy only (a user's plugins; the built-ins all exist for torch)."""
+    keras = next(o for o in catalogue_data["optimizers"] if o["style"] == "keras")
+    legacy = next(o for o in catalogue_data["optimizers"] if o["style"] == "tf_legacy")
+    extra = [{**keras, "name": "keras_sign_adam"}, {**legacy, "name": "legacy_lion"}]
+    catalogue = {**catalogue_data, "optimizers": [*catalogue_data["optimizers"], *extra]}
+    with sessions() as session:
+        store.publish_catalogue(session=session, worker_id="test-worker", catalogue=catalogue)
+    with TestClient(create_app(settings), raise_server_exceptions=False) as test_client:
+
+        def api_client(base_url: str) -> ApiClient:
+            api = ApiClient(base_url)
+            api._http = KeptOpen(test_client)  # each `optlab check` closes its client as it ends
+            return api
+
+        monkeypatch.setattr(client_module, "ApiClient", api_client)
+        yield test_client
+
+
+class KeptOpen:
+    """The test app's client, which one command's close must leave open for the next."""
+
+    def __init__(self, client: TestClient) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_remote_check_of_a_name_registered_for_tensorflow_only_says_how_to_ask_for_it(
+    remote_with_keras_only: TestClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The service probe: `optlab check probe_sign_adam --remote URL` answered "HTTP 422: ... exists for
+    tensorflow only; this job's framework is 'torch'" and no word of --framework."""
+    assert cli.main(["check", "keras_sign_adam", "--remote", "http://optlab.test"]) == 2
+    err = capsys.readouterr().err
+    assert "exists for tensorflow only" in err  # the API's refusal, as it was
+    assert (
+        "'keras_sign_adam' is registered for tensorflow (style keras), not for torch: check it there with "
+        "--framework tensorflow"
+    ) in err
+    # a name only in tf_legacy: --framework tensorflow would ask for keras; its style says where
+    assert cli.main(["check", "legacy_lion", "--remote", "http://optlab.test"]) == 2
+    assert "check it there with --style tf_legacy" in capsys.readouterr().err
+    # a name the service does not hold, or a refusal about something else: nothing added
+    assert cli.main(["check", "nope", "--remote", "http://optlab.test"]) == 2
+    assert "registered for" not in capsys.readouterr().err
+    bad = [
+        "check",
+        "keras_sign_adam",
+        "--framework",
+        "tensorflow",
+        "--params",
+        '{"nope": 1}',
+        "--remote",
+        "x",
+    ]
+    assert cli.main([*bad[:-1], "http://optlab.test"]) == 2
+    assert "registered for" not in capsys.readouterr().err
