@@ -386,7 +386,7 @@ LOST_LABEL = "diverged or failed"
 SENSITIVITY_LOG_SPAN = 3.0
 # How far apart the optimizers of one panel are drawn, as a fraction of the axis's width: enough to
 # see two markers at one value, little enough to read the value off the axis.
-DODGE_FRACTION = 0.025
+DODGE_FRACTION = 0.04
 
 
 def log_axis(key: str, values: Sequence[float]) -> bool:
