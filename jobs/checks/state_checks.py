@@ -5,7 +5,10 @@ keeps and how it survives a save, written once over the drivers.
 from __future__ import annotations
 
 import copy
+import functools
+import inspect
 import pickle
+import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
@@ -16,11 +19,14 @@ from jobs.checks.context import CheckContext, overrides_note, with_defaults
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.checks.tools import (
     LEFT_OUT_FIX,
+    RANDOM_GENERATORS,
     SHAPES,
+    WARMUP_STEPS,
     CheckFunction,
     arrays,
     attributes_written_by_the_user,
     fresh,
+    generator_kind,
     isolated,
     left_out_said,
     listed,
@@ -42,6 +48,7 @@ from jobs.frameworks.base import (
     changed_by_save_explains,
     changed_by_save_said,
 )
+from optimizers.hyperparams import FRAMEWORK_SWITCHES
 
 # -- config_roundtrip --------------------------------------------------------------------------------
 
@@ -53,9 +60,15 @@ def check_config_roundtrip(ctx: CheckContext) -> Outcome:
     style's round trip into an optimizer built with other values; with a schedule object too
     where the style has them. Where a reload rebuilds from the constructor call (torch), what
     the constructor keeps elsewhere is noted, not failed: the reload does not lose it."""
-    unkept = [] if ctx.driver.capabilities.rebuilt_from_constructor else _unkept_switches(ctx)
-    outcome = _config_roundtrip(ctx, unkept)
-    if not unkept or outcome.status != "pass":
+    from_constructor = ctx.driver.capabilities.rebuilt_from_constructor
+    unkept = [] if from_constructor else _unkept_switches(ctx)
+    ignored = _ignored_arguments(ctx) if from_constructor else []
+    outcome = _config_roundtrip(ctx, unkept, ignored)
+    if outcome.status != "pass":
+        return outcome
+    if from_constructor:
+        return _torch_arguments_act(ctx, ignored, outcome)
+    if not unkept:
         return outcome
     names = ", ".join(repr(name) for name in unkept)
     return warned(
@@ -96,14 +109,14 @@ def _unkept_switches(ctx: CheckContext) -> list[str]:
     return found
 
 
-def _same_steps(ctx: CheckContext, *builds: Mapping[str, Any]) -> bool:
+def _same_steps(ctx: CheckContext, *builds: Mapping[str, Any], steps: int = UNKEPT_STEPS) -> bool:
     """Whether optimizers built with each of `builds` step bitwise alike (on the same draws)."""
     runs = []
     for overrides in builds:
         with same_draws(ctx, seed=3):
             try:
                 optimizer, variables = fresh(ctx, **overrides)
-                for step in range(UNKEPT_STEPS):
+                for step in range(steps):
                     ctx.driver.step(optimizer, variables, arrays(SHAPES, seed=40 + step), ctx.needs)
             except Exception:  # refused alone, or a step that fails: not shown to change nothing
                 return False
@@ -111,15 +124,157 @@ def _same_steps(ctx: CheckContext, *builds: Mapping[str, Any]) -> bool:
     return all(max_diff(runs[0], run) == 0 for run in runs[1:])
 
 
-def _config_roundtrip(ctx: CheckContext, unkept: Collection[str]) -> Outcome:
-    """config_roundtrip, `unkept` (arguments no step depends on) left out of what must be kept."""
+# Steps an argument a torch class keeps in no param group is compared over, built with two values:
+# enough for one that acts late (a warm-up, an update every few steps) to show.
+IGNORED_STEPS = WARMUP_STEPS
+# Arguments that may rightly change no step at the checks' settings: the framework's own switches
+# (judged below where they have a definition to meet) and logging, device and seed plumbing.
+_PLUMBING = re.compile(r"verbose|print|log|debug|device|seed|name|warn", re.IGNORECASE)
+
+
+def _ignored_arguments(ctx: CheckContext) -> list[str]:
+    """The constructor's arguments a torch class keeps in no param group whose value changes none of
+    `IGNORED_STEPS` steps (built with it and with another, bitwise alike): accepted and never acting
+    (QHAdam's `nus` stored as `nu` and read back as a default). A reload takes them from the
+    constructor call, so only an argument no step reads is worth saying."""
+    try:
+        groups = ctx.driver.config(fresh(ctx)[0])
+    except Exception:  # judged where the check builds it
+        return []
+    found = []
+    for name, value in with_defaults(ctx.target, ctx.params).items():
+        param, key = ctx.target.entry.params.get(name), native(ctx, name)
+        if name == "lr" or value is None or param is None or any(key in group for group in groups):
+            continue
+        if key in FRAMEWORK_SWITCHES or _PLUMBING.search(key):
+            continue
+        other = _other_value(param, value)
+        if other is not None and _same_steps(ctx, {name: value}, {name: other}, steps=IGNORED_STEPS):
+            found.append(name)
+    return found
+
+
+def _torch_arguments_act(ctx: CheckContext, ignored: Sequence[str], outcome: Outcome) -> Outcome:
+    """config_roundtrip's pass, or a warn naming the arguments that are accepted but do not act as
+    given: those in no group that change no step, a `maximize` or `foreach` that does not meet torch's
+    definition (see `_switch_problems`)."""
+    said, fixes, where = [], [], None
+    if ignored:
+        values = with_defaults(ctx.target, ctx.params)
+        params = ctx.target.entry.params
+        tried = "; ".join(
+            f"{name}={values[name]!r} and {_other_value(params[name], values[name])!r}" for name in ignored
+        )
+        names = ", ".join(repr(name) for name in ignored)
+        said.append(
+            f"{names} {'is' if len(ignored) == 1 else 'are'} accepted but kept in no param group, and built "
+            f"with another value ({tried}) did not change any of {IGNORED_STEPS} steps: the value given "
+            "never acts (stored under another name, or read back as a default)"
+        )
+        fixes.append(
+            "pass each argument into the defaults given to Optimizer.__init__ under its own name and read it "
+            "from the group in step(); drop an argument the update does not use"
+        )
+        where = method_location(ctx, "__init__")
+    for problem, fix in _switch_problems(ctx):
+        said.append(problem)
+        fixes.append(fix)
+        where = where or method_location(ctx, "step")
+    if not said:
+        return outcome
+    return warned(
+        "; ".join(said) + f"; the rest of the config: {outcome.detail}",
+        where=where or ctx.where(),
+        fix="; ".join(fixes),
+        figure=outcome.figure,
+    )
+
+
+# Steps a torch switch's two settings are compared over, and how far apart (relative to the variables'
+# size, at least 1) they may end: float rounding (torch's ASGD's foreach path is 1.2e-7 from its loop),
+# not another update.
+SWITCH_STEPS = 3
+SWITCH_TOLERANCE = 1e-5
+
+
+def _switch_problems(ctx: CheckContext) -> list[tuple[str, str]]:
+    """Where the torch class's constructor takes them, `maximize=True` on gradients g must step like
+    `maximize=False` on -g (torch's definition), and `foreach=True` like `foreach=False`: jobs leave
+    both at their defaults, but a user's own loop sets them. Each problem with its fix."""
+    entry = ctx.entry
+    if (
+        ctx.target.style != "torch"
+        or entry.needs.base_optimizer is not None
+        or entry.needs.model_argument is not None
+        or ctx.setup.param_groups
+    ):
+        return []
+    try:
+        takes = inspect.signature(entry.cls).parameters
+    except (TypeError, ValueError):
+        return []
+    problems = []
+    if "maximize" in takes:
+        apart = _switch_apart(ctx, ({"maximize": True}, 1.0), ({"maximize": False}, -1.0))
+        if apart is not None:
+            problems.append(
+                (
+                    f"built with maximize=True, {SWITCH_STEPS} steps on gradients g end up to {apart:.3g} "
+                    "from maximize=False on -g, which torch defines them to equal: maximize is accepted but "
+                    "not honoured",
+                    "negate the gradient where group['maximize'] is set (`grad = -p.grad if maximize else "
+                    "p.grad`), as torch's optimizers do",
+                )
+            )
+    if "foreach" in takes:
+        apart = _switch_apart(ctx, ({"foreach": True}, 1.0), ({"foreach": False}, 1.0))
+        if apart is not None:
+            problems.append(
+                (
+                    f"built with foreach=True, {SWITCH_STEPS} steps end up to {apart:.3g} from foreach=False "
+                    "on the same gradients: the foreach path computes another update than the per-parameter "
+                    "loop",
+                    "make the foreach path compute the update the loop does (run both on the same gradients)",
+                )
+            )
+    return problems
+
+
+def _switch_apart(ctx: CheckContext, *runs: tuple[Mapping[str, Any], float]) -> float | None:
+    """How far the variables end after `SWITCH_STEPS` steps of each run (switches given to the
+    constructor, a sign the gradients take), where more than `SWITCH_TOLERANCE` allows; None where
+    they are close, or a run cannot be made (a switch refused: nothing shown)."""
+    ends = []
+    for switches, sign in runs:
+        kwargs = {**ctx.entry.kwargs(ctx.params), **switches}
+        with same_draws(ctx, seed=5):
+            try:
+                variables = ctx.driver.variables(arrays(SHAPES, 0, mean=1.0))
+                optimizer = ctx.driver.optimizer_over(functools.partial(ctx.entry.cls, **kwargs), variables)
+                for step in range(SWITCH_STEPS):
+                    grads = [sign * g for g in arrays(SHAPES, seed=50 + step)]
+                    ctx.driver.step(optimizer, variables, grads, ctx.needs)
+                ends.append(ctx.driver.values(variables))
+            except Exception:  # refused, or a step that fails: judged by the other checks
+                return None
+    apart = max_diff(*ends)
+    size = max([1.0] + [float(np.max(np.abs(end))) for end in ends[0] if end.size])
+    return apart if apart > SWITCH_TOLERANCE * size else None
+
+
+def _config_roundtrip(ctx: CheckContext, unkept: Collection[str], ignored: Collection[str] = ()) -> Outcome:
+    """config_roundtrip, `unkept` (arguments no step depends on) left out of what must be kept;
+    `ignored` (torch: arguments in no group that change no step) said apart from those a reload
+    gives back."""
     driver = ctx.driver
     problem, elsewhere, caches = _config_problem(ctx, schedule=False, unkept=unkept)
     if problem is not None:
         return problem
     count = len(ctx.target.entry.params) - len(unkept)
     if driver.capabilities.rebuilt_from_constructor:
-        return passed(_groups_survive(ctx, count, elsewhere, caches), float(count - len(elsewhere)))
+        kept = [note for name, note in elsewhere.items() if name not in ignored]
+        said = _groups_survive(ctx, count - len(ignored), kept, caches)
+        return passed(said, float(count - len(elsewhere)))
     problem = _stored_as_a_fixed_value(ctx)
     if problem is not None:
         return problem
@@ -194,8 +349,26 @@ def _stored_as_a_fixed_value(ctx: CheckContext) -> Outcome | None:
 
 
 def _other_value(param: Any, value: Any) -> Any:
-    """A value to build with instead of `value`: a flag flipped, a number `_changed`; else None."""
-    return not value if isinstance(value, bool) else _changed(param, value)
+    """A value to build with instead of `value`: a flag flipped, a number `_changed`, a tuple or list
+    of numbers (betas, QHAdam's nus) each halved; else None."""
+    if isinstance(value, bool):
+        return not value
+    if (
+        param.type in _HALVED_EACH
+        and isinstance(value, list | tuple)
+        and value
+        and all(_is_number(v) for v in value)
+    ):
+        return type(value)(item * 0.5 for item in value)
+    return _changed(param, value)
+
+
+# Hyperparameter kinds that hold several numbers, each changed alone where one is tried other.
+_HALVED_EACH = ("float_pair", "float_tuple", "float_list")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 # A number this small is an epsilon (or a decay) whose half the step may not see: AdaBelief's 1e-16
@@ -246,7 +419,7 @@ def _groups_survive(ctx: CheckContext, count: int, elsewhere: Sequence[str], cac
 
 def _config_problem(
     ctx: CheckContext, *, schedule: bool, unkept: Collection[str] = ()
-) -> tuple[Outcome | None, list[str], str]:
+) -> tuple[Outcome | None, dict[str, str], str]:
     """The first fault of the config (None if none), the hyperparameters kept outside it or
     transformed, where the style's reload rebuilds from the constructor call, and what the pass
     says of the private group keys the class's save leaves out (`_caches_left_out`); `unkept`
@@ -271,13 +444,15 @@ def _config_problem(
     try:
         configs = driver.config(optimizer)
     except ConfigNotSerialized as exc:  # a get_config that returns None
-        return failed(f"{exc}{with_what}", where=method_location(ctx, exc.method), fix=exc.fix), [], ""
+        return failed(f"{exc}{with_what}", where=method_location(ctx, exc.method), fix=exc.fix), {}, ""
     rate_key = _rate_key(configs, lr_arg)
     if rate_key != lr_arg and lr_arg in expected:
         expected[rate_key] = expected.pop(lr_arg)
     from_constructor = driver.capabilities.rebuilt_from_constructor
     # As constructed: a class may adapt its groups' values in training by design (an adaptive lr).
-    elsewhere = _kept_elsewhere(configs, expected) if from_constructor else []
+    elsewhere = (
+        _kept_elsewhere(configs, expected, _recipe_values(ctx, len(configs))) if from_constructor else {}
+    )
     driver.step(
         optimizer, variables, arrays(SHAPES, seed=30), ctx.needs
     )  # legacy: hyperparameters now variables
@@ -508,18 +683,46 @@ def _rate_key(configs: Sequence[Mapping[str, Any]], lr_arg: str) -> str:
     return lr_arg
 
 
-def _kept_elsewhere(configs: Sequence[Mapping[str, Any]], expected: Mapping[str, Any]) -> list[str]:
-    """Each hyperparameter not in every group as given, in a few words."""
-    notes = []
+def _kept_elsewhere(
+    configs: Sequence[Mapping[str, Any]], expected: Mapping[str, Any], recipe: Sequence[Mapping[str, Any]]
+) -> dict[str, str]:
+    """Each hyperparameter not in every group as given, in a few words, by name. A group the recipe
+    gave a value of its own (`weight_decay: 0.0` for biases) is compared with that value."""
+    notes = {}
     for name, value in expected.items():
         absent = [config for config in configs if name not in config]
         if absent:
-            notes.append(f"{name!r} not in {'any' if len(absent) == len(configs) else 'every'} group")
+            notes[name] = f"{name!r} not in {'any' if len(absent) == len(configs) else 'every'} group"
             continue
-        stored = next((config[name] for config in configs if not same_value(config[name], value)), None)
+        given = [
+            recipe[index].get(name, value) if index < len(recipe) else value for index in range(len(configs))
+        ]
+        stored = next(
+            (
+                (config[name], was)
+                for config, was in zip(configs, given, strict=True)
+                if not same_value(config[name], was)
+            ),
+            None,
+        )
         if stored is not None:
-            notes.append(f"{name!r} stored as {stored!r}, given {value!r}")
+            notes[name] = f"{name!r} stored as {stored[0]!r}, given {stored[1]!r}"
     return notes
+
+
+def _recipe_values(ctx: CheckContext, count: int) -> list[dict[str, Any]]:
+    """The values the param-group recipe gives each of the `count` groups a check's optimizer has
+    (none without a recipe, or where its groups do not line up with them)."""
+    if not ctx.setup.param_groups:
+        return []
+    try:
+        # The recipe's groups over the check's variables, as `ctx.build` makes them.
+        groups = ctx._grouped(ctx.driver.variables(arrays(SHAPES, 0)))
+    except Exception:  # a recipe the check's variables cannot take: compared with the constructor's
+        return []
+    if len(groups) != count:
+        return []
+    return [{key: value for key, value in group.items() if key != "params"} for group in groups]
 
 
 def _missing(
@@ -611,7 +814,7 @@ def _unsaved_generators(stepped: Any, restored: Any, only: Collection[str] | Non
     if only is not None:
         written &= set(only)
     return [
-        f"self.{name} is a random number generator ({'.'.join(_generator_kind(value))}) the save does not "
+        f"self.{name} is a random number generator ({'.'.join(generator_kind(value))}) the save does not "
         "hold, so the restored one draws other numbers: save its state in state_dict() "
         "(get_state() gives it as a tensor) or draw from torch's global generator, which a job's checkpoint "
         "saves"
@@ -656,17 +859,9 @@ def _same_arrays(mine: Sequence[np.ndarray], theirs: Sequence[np.ndarray]) -> bo
     )
 
 
-# Random number generators by their type's module and name: their state is what they draw next.
-_GENERATORS = {("torch", "Generator"), ("random", "Random"), ("numpy", "Generator"), ("numpy", "RandomState")}
-
-
-def _generator_kind(value: Any) -> tuple[str, str]:
-    return type(value).__module__.split(".")[0], type(value).__name__  # torch._C.Generator: torch's
-
-
 def _random_state(value: Any) -> bytes | None:
     """A random number generator's state as bytes (None for anything else)."""
-    if _generator_kind(value) not in _GENERATORS:
+    if generator_kind(value) not in RANDOM_GENERATORS:
         return None
     if hasattr(value, "bit_generator"):  # numpy's Generator
         state: Any = value.bit_generator.state

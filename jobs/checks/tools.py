@@ -69,27 +69,143 @@ def same_draws(ctx: CheckContext, seed: int = 0) -> Iterator[None]:
 
 def draws_randomly(ctx: CheckContext) -> bool:
     """Whether the class's steps draw random numbers (by design: random state, random masks,
-    Hutchinson probes): a step moved a global RNG (the framework's, numpy's, Python's), or the same
-    gradients from two seeds give different values or state (a generator of its own). Comparisons
-    that cannot give both sides the same draws are then inconclusive. Cached."""
-    known = ctx.notes.get("draws_randomly")
-    if isinstance(known, bool):
+    Hutchinson probes); comparisons that cannot give both sides the same draws are then
+    inconclusive. See `run_to_run`."""
+    return run_to_run(ctx) == "draws"
+
+
+def varies_without_drawing(ctx: CheckContext) -> bool:
+    """Whether two runs on the same gradients step differently although the class draws no random
+    numbers (torch): an order that changes from run to run (a set of parameters, a dict keyed by id)
+    changes float rounding. See `run_to_run`."""
+    return run_to_run(ctx) == "varies"
+
+
+# How two fresh runs of the class on the same gradients compare: alike (or apart only through state
+# every instance shares, a fault the callers' comparisons must still see), apart because the steps
+# draw random numbers, or apart although nothing is drawn.
+RunToRun = Literal["alike", "draws", "varies"]
+# The seeds of the runs compared, until two differ: an order taken from ids is alike in two runs
+# about one time in three, so a few more runs show it (a drawing class differs at the second).
+RUN_SEEDS = (1, 2, 3, 4, 5)
+
+# Why run-to-run differences without a drawn number are not called random.
+VARIES_WITHOUT_DRAWING = (
+    "two runs on the same gradients step differently although the class draws no random numbers (no "
+    "random generator moved, none among its attributes or state, no random op ran): an order that "
+    "changes from run to run (iterating a set of parameters, a dict keyed by id() or hash) sums the "
+    "same numbers in another order, so float rounding differs"
+)
+VARIES_WITHOUT_DRAWING_FIX = (
+    "iterate group['params'] (and the groups) in their given order, never a set() or a dict keyed by "
+    "id(); keep a reduction's order fixed"
+)
+
+
+def run_to_run(ctx: CheckContext) -> RunToRun:
+    """Up to five fresh runs from other seeds on the same gradients. Called random only with evidence: a step
+    moved a global RNG (the framework's, numpy's, Python's), or, where the runs differ, a random
+    generator sits in the class's attributes, state or module, or a random op ran in a step (torch;
+    Keras's differences are taken for draws as before). Cached."""
+    known = ctx.notes.get("run_to_run")
+    if known in ("alike", "draws", "varies"):
         return known
     driver = ctx.driver
-    runs, moved_a_generator = [], False
-    for seed in (1, 2):
+    runs, moved_a_generator, built = [], False, []
+    for seed in RUN_SEEDS:
         with same_draws(ctx, seed):
             optimizer, variables = fresh(ctx)
+            # Kept alive, so each run's tensors get new ids: an order taken from ids (a set of
+            # parameters) then differs between runs as it does between processes.
+            built.append((optimizer, variables))
             before = _global_random_states(ctx)
             for step in range(WARMUP_STEPS):
                 driver.step(optimizer, variables, arrays(SHAPES, seed=60 + step), ctx.needs)
             moved_a_generator = moved_a_generator or _global_random_states(ctx) != before
             runs.append(driver.values(variables) + [value for _, value in driver.state(optimizer)])
+        if moved_a_generator or max_diff(runs[0], runs[-1]) > 0:
+            break
+    answer: RunToRun
+    if moved_a_generator:
+        answer = "draws"
     # Runs that differ because an earlier one changed what every instance shares (a module-level
     # step counter) are not random: that is a fault, which the callers' comparisons must still see.
-    answer = moved_a_generator or (max_diff(*runs) > 0 and not state_shared_by_instances(ctx))
-    ctx.notes["draws_randomly"] = answer
+    elif max_diff(runs[0], runs[-1]) == 0 or state_shared_by_instances(ctx):
+        answer = "alike"
+    elif ctx.target.style != "torch" or _holds_a_generator(ctx, built[-1][0]) or _random_op_ran(ctx):
+        answer = "draws"
+    else:
+        answer = "varies"
+    ctx.notes["run_to_run"] = answer
     return answer
+
+
+# Random number generators by their type's module and name: their state is what they draw next.
+RANDOM_GENERATORS = {
+    ("torch", "Generator"),
+    ("random", "Random"),
+    ("numpy", "Generator"),
+    ("numpy", "RandomState"),
+}
+
+
+def generator_kind(value: Any) -> tuple[str, str]:
+    return type(value).__module__.split(".")[0], type(value).__name__  # torch._C.Generator: torch's
+
+
+def _holds_a_generator(ctx: CheckContext, optimizer: Any) -> bool:
+    """Whether a random number generator sits in the optimizer's attributes or state (three levels
+    down: `self.state[p]["gen"]`), or at the top of the user's classes or their modules."""
+    holders: list[Any] = [optimizer]
+    for cls in user_classes(ctx.target.entry.cls):
+        holders += [cls, inspect.getmodule(cls)]
+    return any(
+        _generator_in(value, depth=3)
+        for holder in holders
+        if holder is not None
+        for value in list(vars(holder).values())
+    )
+
+
+def _generator_in(value: Any, depth: int) -> bool:
+    if generator_kind(value) in RANDOM_GENERATORS:
+        return True
+    if depth == 0 or isinstance(value, type) or inspect.ismodule(value):
+        return False
+    items = (
+        list(value.values())
+        if isinstance(value, Mapping)
+        else list(value)
+        if isinstance(value, list | tuple)
+        else []
+    )
+    return any(_generator_in(item, depth - 1) for item in items[:64])
+
+
+def _random_op_ran(ctx: CheckContext) -> bool:
+    """Whether a random op (one torch tags nondeterministic_seeded: randn, normal_, bernoulli_,
+    randperm ...) ran in the class's steps, whatever generator it drew from (a module-level one, one
+    made in the step). A step that cannot run under the watch is taken to draw, as before."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode  # torch only: a random op's tag
+
+    seen: list[str] = []
+
+    class RandomOps(TorchDispatchMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if torch.Tag.nondeterministic_seeded in func.tags:
+                seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with same_draws(ctx, 1):
+        optimizer, variables = fresh(ctx)
+        try:
+            with RandomOps():
+                for step in range(3):
+                    ctx.driver.step(optimizer, variables, arrays(SHAPES, seed=60 + step), ctx.needs)
+        except Exception:  # not observable so: not shown to draw nothing
+            return True
+    return bool(seen)
 
 
 def state_shared_by_instances(ctx: CheckContext) -> list[str]:
