@@ -1684,11 +1684,16 @@ class TorchDriver(Driver):
         in_ops = not many_syncs and op_time > 0.5 * wall_us
         if in_ops and matrix_time > 0.5 * op_time:
             return TimeSpent(f"most time in {top}", in_matrix_math=True)
-        if in_ops:
-            calls = sum(e.count for e in events) // PROFILED_CALLS
+        calls = sum(e.count for e in events) // PROFILED_CALLS
+        if in_ops or syncs == 0:
             reference_calls = sum(e.count for e in _aten_events(reference)[0]) // PROFILED_CALLS
+            counted = f"{calls} op calls a step against the yardstick's {reference_calls}"
+        if in_ops:
+            return TimeSpent(f"most time in {top}; {counted}", in_tensor_ops=True)
+        if syncs == 0:  # no host sync, and the ops themselves short: each op's fixed cost on small tensors
             return TimeSpent(
-                f"most time in {top}; {calls} op calls a step against the yardstick's {reference_calls}",
+                f"no host syncs, and most of the step outside the ops' own work: per-op overhead on small "
+                f"tensors, {counted} (most time in {top})",
                 in_tensor_ops=True,
             )
         return TimeSpent(f"{sync_note}most time in {top}")
