@@ -27,8 +27,8 @@ from optimizers.hyperparams import Param  # noqa: E402
 
 def context(name: str, tmp_path: Path, setup: LoopSetup | None = None, **params: object) -> CheckContext:
     target = resolve_target(f"{__name__}:{name}", framework="torch")
-    extra = {"setup": setup} if setup is not None else {}
-    return CheckContext(target=target, params=validated_params(target, params), workdir=tmp_path, **extra)
+    params = validated_params(target, params)
+    return CheckContext(target=target, params=params, workdir=tmp_path, setup=setup or LoopSetup())
 
 
 class PlainLoop(torch.optim.Optimizer):
