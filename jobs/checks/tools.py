@@ -112,7 +112,8 @@ def run_to_run(ctx: CheckContext) -> RunToRun:
         return known
     driver = ctx.driver
     runs, moved_a_generator, built = [], False, []
-    for seed in RUN_SEEDS:
+    # Keras's differences are taken for draws whatever shows them: two runs, as before, are enough.
+    for seed in RUN_SEEDS if ctx.target.style == "torch" else RUN_SEEDS[:2]:
         with same_draws(ctx, seed):
             optimizer, variables = fresh(ctx)
             # Kept alive, so each run's tensors get new ids: an order taken from ids (a set of
