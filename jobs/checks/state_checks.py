@@ -118,7 +118,7 @@ def _same_steps(ctx: CheckContext, *builds: Mapping[str, Any], steps: int = UNKE
                 optimizer, variables = fresh(ctx, **overrides)
                 for step in range(steps):
                     ctx.driver.step(optimizer, variables, arrays(SHAPES, seed=40 + step), ctx.needs)
-            except Exception:  # refused alone, or a step that fails: not shown to change nothing
+            except (Exception, SystemExit):  # refused alone, a step that fails, an import that exits
                 return False
             runs.append(ctx.driver.values(variables) + [value for _, value in ctx.driver.state(optimizer)])
     return all(max_diff(runs[0], run) == 0 for run in runs[1:])
@@ -128,8 +128,11 @@ def _same_steps(ctx: CheckContext, *builds: Mapping[str, Any], steps: int = UNKE
 # enough for one that acts late (a warm-up, an update every few steps) to show.
 IGNORED_STEPS = WARMUP_STEPS
 # Arguments that may rightly change no step at the checks' settings: the framework's own switches
-# (judged below where they have a definition to meet) and logging, device and seed plumbing.
-_PLUMBING = re.compile(r"verbose|print|log|debug|device|seed|name|warn", re.IGNORECASE)
+# (judged below where they have a definition to meet), logging, device and seed plumbing, and a
+# switch to another implementation of the same update (lion-pytorch's `use_triton`).
+_PLUMBING = re.compile(
+    r"verbose|print|log|debug|device|seed|name|warn|triton|cuda|kernel|compile|fused|foreach", re.IGNORECASE
+)
 
 
 def _ignored_arguments(ctx: CheckContext) -> list[str]:
@@ -149,9 +152,26 @@ def _ignored_arguments(ctx: CheckContext) -> list[str]:
         if key in FRAMEWORK_SWITCHES or _PLUMBING.search(key):
             continue
         other = _other_value(param, value)
-        if other is not None and _same_steps(ctx, {name: value}, {name: other}, steps=IGNORED_STEPS):
+        woken = _modes_on(ctx, name)
+        builds = ({**woken, name: value}, {**woken, name: other})
+        if other is not None and _same_steps(ctx, *builds, steps=IGNORED_STEPS):
             found.append(name)
     return found
+
+
+def _modes_on(ctx: CheckContext, name: str) -> dict[str, Any]:
+    """The other number arguments given as 0, each made `_changed` (weight_decay 0.01): a switch for a
+    mode they turn off (lion-pytorch's `decoupled_weight_decay` with no decay) acts only with them on."""
+    values = with_defaults(ctx.target, ctx.params)
+    woken = {}
+    for other, value in values.items():
+        param = ctx.target.entry.params.get(other)
+        if other in (name, "lr") or param is None or not _is_number(value) or value != 0:
+            continue
+        changed = _changed(param, value)
+        if changed is not None:
+            woken[other] = changed
+    return woken
 
 
 def _torch_arguments_act(ctx: CheckContext, ignored: Sequence[str], outcome: Outcome) -> Outcome:

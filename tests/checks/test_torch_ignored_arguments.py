@@ -187,6 +187,24 @@ class VerboseSwitch(PlainLoop):
         self.verbose = verbose
 
 
+class DecoupledSwitch(PlainLoop):
+    """A switch for a mode that no decay turns off (lion-pytorch's `decoupled_weight_decay` with its
+    default weight_decay=0): it acts once the decay is on, so it is not said never to act."""
+
+    def __init__(
+        self, params: Any, lr: float = 0.01, weight_decay: float = 0.0, decoupled_weight_decay: bool = False
+    ) -> None:
+        torch.optim.Optimizer.__init__(
+            self, params, {"lr": lr, "momentum": 0.9, "weight_decay": weight_decay}
+        )
+        self.decoupled = decoupled_weight_decay
+
+    def update(self, p: Any, grad: Any, group: dict[str, Any]) -> None:
+        decay = group["weight_decay"] * (group["lr"] if self.decoupled else 1.0)
+        p.mul_(1 - decay)
+        super().update(p, grad, group)
+
+
 class MaximizeIgnored(PlainLoop):
     """Takes maximize, stores it, never reads it (the probe's f03)."""
 
@@ -225,6 +243,7 @@ class ForeachDiffers(PlainLoop):
         ("ForeachDiffers", "warn", "the foreach path computes another update"),
         ("NusKeptAsAttribute", "pass", "'nus' not in any group): a reload takes those from the constructor"),
         ("VerboseSwitch", "pass", "'verbose' not in any group"),
+        ("DecoupledSwitch", "pass", "'decoupled_weight_decay' not in any group"),
         ("MaximizeHonoured", "pass", "unchanged, carrying all 1 hyperparameters"),
         ("PlainLoop", "pass", "carrying all 2 hyperparameters"),
     ],
