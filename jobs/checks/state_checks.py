@@ -136,18 +136,23 @@ _PLUMBING = re.compile(
 
 
 def _ignored_arguments(ctx: CheckContext) -> list[str]:
-    """The constructor's arguments a torch class keeps in no param group whose value changes none of
-    `IGNORED_STEPS` steps (built with it and with another, bitwise alike): accepted and never acting
-    (QHAdam's `nus` stored as `nu` and read back as a default). A reload takes them from the
-    constructor call, so only an argument no step reads is worth saying."""
+    """The constructor's arguments a torch class reads from its param groups by name but keeps in no
+    group, whose value changes none of `IGNORED_STEPS` steps (built with it and with another, bitwise
+    alike): accepted and never acting (QHAdam's `nus` stored as `nu`, read back as a default)."""
     try:
         groups = ctx.driver.config(fresh(ctx)[0])
     except Exception:  # judged where the check builds it
         return []
+    # Only an argument the step reads from its group under its own name (`group.get("nus", ...)`) that
+    # no group holds: one kept elsewhere and unseen in a few steps is likelier a mode not taken
+    # (AdaBelief's `n_sma_threshold` without `rectify`, an argument for the save alone).
+    read = ctx.target.entry.group_keys() or frozenset()
     found = []
     for name, value in with_defaults(ctx.target, ctx.params).items():
         param, key = ctx.target.entry.params.get(name), native(ctx, name)
-        if name == "lr" or value is None or param is None or any(key in group for group in groups):
+        if name == "lr" or value is None or param is None or key not in read:
+            continue
+        if any(key in group for group in groups):
             continue
         if key in FRAMEWORK_SWITCHES or _PLUMBING.search(key):
             continue
@@ -187,9 +192,10 @@ def _torch_arguments_act(ctx: CheckContext, ignored: Sequence[str], outcome: Out
         )
         names = ", ".join(repr(name) for name in ignored)
         said.append(
-            f"{names} {'is' if len(ignored) == 1 else 'are'} accepted but kept in no param group, and built "
-            f"with another value ({tried}) did not change any of {IGNORED_STEPS} steps: the value given "
-            "never acts (stored under another name, or read back as a default)"
+            f"{names} {'is' if len(ignored) == 1 else 'are'} accepted but kept in no param group, though the "
+            f"step reads the groups for {'it' if len(ignored) == 1 else 'them'}, and built with another "
+            f"value ({tried}) did not change any of {IGNORED_STEPS} steps: the value given never acts "
+            "(stored under another name, read back as a default)"
         )
         fixes.append(
             "pass each argument into the defaults given to Optimizer.__init__ under its own name and read it "
