@@ -157,26 +157,34 @@ def _ignored_arguments(ctx: CheckContext) -> list[str]:
         if key in FRAMEWORK_SWITCHES or _PLUMBING.search(key):
             continue
         other = _other_value(param, value)
-        woken = _modes_on(ctx, name)
-        builds = ({**woken, name: value}, {**woken, name: other})
-        if other is not None and _same_steps(ctx, *builds, steps=IGNORED_STEPS):
+        if other is not None and all(
+            _same_steps(ctx, {**modes, name: value}, {**modes, name: other}, steps=IGNORED_STEPS)
+            for modes in _modes_on(ctx, name)
+        ):
             found.append(name)
     return found
 
 
-def _modes_on(ctx: CheckContext, name: str) -> dict[str, Any]:
-    """The other number arguments given as 0, each made `_changed` (weight_decay 0.01): a switch for a
-    mode they turn off (lion-pytorch's `decoupled_weight_decay` with no decay) acts only with them on."""
+def _modes_on(ctx: CheckContext, name: str) -> list[dict[str, Any]]:
+    """The settings an argument is tried under besides `name`: the other number arguments given as 0
+    each made `_changed` (weight_decay 0.01: a switch for a mode they turn off, as lion-pytorch's
+    `decoupled_weight_decay` with no decay, acts only with them on), alone and with each other value
+    of a choice or flag (A2Grad keeps `rho` in its groups only for `variant='exp'`)."""
     values = with_defaults(ctx.target, ctx.params)
-    woken = {}
+    params = ctx.target.entry.params
+    woken: dict[str, Any] = {}
+    modes: list[dict[str, Any]] = []
     for other, value in values.items():
-        param = ctx.target.entry.params.get(other)
-        if other in (name, "lr") or param is None or not _is_number(value) or value != 0:
+        param = params.get(other)
+        if other in (name, "lr") or param is None:
             continue
-        changed = _changed(param, value)
-        if changed is not None:
+        if _is_number(value) and value == 0 and (changed := _changed(param, value)) is not None:
             woken[other] = changed
-    return woken
+        elif isinstance(value, bool):
+            modes.append({other: not value})
+        elif param.type == "choice":
+            modes += [{other: choice} for choice in param.choices if choice != value]
+    return [woken] + [{**woken, **mode} for mode in modes]
 
 
 def _torch_arguments_act(ctx: CheckContext, ignored: Sequence[str], outcome: Outcome) -> Outcome:
