@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -205,6 +205,21 @@ class DecoupledSwitch(PlainLoop):
         super().update(p, grad, group)
 
 
+class VariantRho(PlainLoop):
+    """`rho` is put in the groups, and read, only for variant='exp' (A2Grad): a mode not taken at the
+    default variant, not an argument that never acts."""
+
+    def __init__(
+        self, params: Any, lr: float = 0.01, rho: float = 0.5, variant: Literal["uni", "exp"] = "uni"
+    ) -> None:
+        defaults = {"lr": lr, "momentum": 0.9, **({"rho": rho} if variant == "exp" else {})}
+        torch.optim.Optimizer.__init__(self, params, defaults)
+        self.variant = variant
+
+    def update(self, p: Any, grad: Any, group: dict[str, Any]) -> None:
+        super().update(p, grad * (group["rho"] if self.variant == "exp" else 1.0), group)
+
+
 class MaximizeIgnored(PlainLoop):
     """Takes maximize, stores it, never reads it (the probe's f03)."""
 
@@ -244,6 +259,7 @@ class ForeachDiffers(PlainLoop):
         ("NusKeptAsAttribute", "pass", "'nus' not in any group): a reload takes those from the constructor"),
         ("VerboseSwitch", "pass", "'verbose' not in any group"),
         ("DecoupledSwitch", "pass", "'decoupled_weight_decay' not in any group"),
+        ("VariantRho", "pass", "'rho' not in any group"),
         ("MaximizeHonoured", "pass", "unchanged, carrying all 1 hyperparameters"),
         ("PlainLoop", "pass", "carrying all 2 hyperparameters"),
     ],
