@@ -37,6 +37,7 @@ from jobs.checks.tools import (
     non_finite_update,
     raised_in,
     refuses_dense,
+    same_draws,
     shape_text,
     still_steps,
     update_made_non_finite,
@@ -47,6 +48,7 @@ from jobs.checks.tools import (
 from jobs.frameworks.base import Gradient, source_files
 from jobs.frameworks.foreign import counting_calls
 from optimizers.hyperparams import Param
+from optimizers.loop_needs import user_classes
 
 FROZEN_SHAPE = (7, 2)
 LATER_FROZEN_SHAPE = (2, 6)
@@ -532,11 +534,181 @@ def _dense_step(ctx: CheckContext) -> Outcome:
             fix="where the weight's norm is 0, take a trust ratio of 1 (as LAMB's reference code and "
             "torch-optimizer's do), or say in the class's documentation that zero weights stay zero",
         )
+    second_look = _decay_grows_weights(ctx) or _state_keeps_growing(ctx)
+    if second_look is not None:
+        return second_look
     return passed(
         f"{after_steps} changed all {len(variables)} variables{warmup}; values and state finite{sentinel}; "
         "a gradient of zeros too (figure: smallest largest change)",
         smallest,
     )
+
+
+# -- dense_step's second looks: which way weight decay acts, state that grows with the steps -------
+
+# The argument names a weight decay goes by (catalogue names).
+DECAY_ARGUMENTS = ("weight_decay", "wd")
+# Decay values tried, the first the class accepts: large enough that AdamW's lr * wd shrink shows
+# in float32 within DECAY_STEPS steps even at a learning rate of 1e-4.
+DECAY_VALUES = (0.5, 0.1)
+DECAY_STEPS = 5
+# Relative growth of a variable's norm beyond rounding (float32's epsilon is 1.2e-7; a norm-preserving
+# update rounds back to its norm within a few of those).
+DECAY_GROWTH = 1e-5
+
+
+def _decay_grows_weights(ctx: CheckContext) -> Outcome | None:
+    """A warn where weight decay inflates the weights (`p.mul_(1 + lr * wd)`): from the same start,
+    DECAY_STEPS steps of zero gradients with decay end with every variable's norm larger than the
+    same steps without it, pointing the same way (a shrink so large it overshoots flips the sign and
+    is no growth of this kind). Nothing to say where the steps raise or end non-finite, or where
+    decay leaves zero-gradient steps alone (decay toward the initial weights, cautious decay), or
+    keeps the norm (Nero). Torch only: Keras's base class applies `weight_decay` itself."""
+    if ctx.target.style != "torch":
+        return None
+    found = _decay_argument(ctx)
+    if found is None:
+        return None
+    name, value = found
+    try:
+        decayed = _after_zero_gradients(ctx, {name: value})
+        plain = _after_zero_gradients(ctx, {name: 0.0})
+    except Exception:  # a class that refuses zero gradients or these values says so elsewhere
+        return None
+    if not all(np.all(np.isfinite(a)) for a in decayed + plain):
+        return None
+    grown = [_grew_from_decay(d, p) for d, p in zip(decayed, plain, strict=True)]
+    if not all(ratio is not None for ratio in grown):
+        return None
+    smallest = min(ratio for ratio in grown if ratio is not None)
+    where, code = line_computing_with(ctx, name, _DECAYS)
+    quoted = f" (`{code}`)" if code else ""
+    return warned(
+        f"weight decay makes the weights larger: {DECAY_STEPS} steps of zero gradients with "
+        f"{native(ctx, name)}={value} end with every variable's norm larger than the same steps with "
+        f"{native(ctx, name)}=0 (by a factor of at least {smallest:.6g}){quoted}: the decay has the "
+        "wrong sign",
+        where=where or method_location(ctx),
+        figure=smallest,
+        fix="decay must shrink the weights: `p.mul_(1 - lr * weight_decay)` (decoupled, as AdamW) or "
+        "`grad = grad.add(p, alpha=weight_decay)` (L2, as Adam)",
+    )
+
+
+def _decay_argument(ctx: CheckContext) -> tuple[str, float] | None:
+    """(the class's weight-decay argument, a positive value to try) where it takes one as a number
+    and accepts both that value and 0; else None."""
+    for name in DECAY_ARGUMENTS:
+        param = ctx.target.entry.params.get(name)
+        if param is None or param.type not in ("float", "number"):
+            continue
+        for value in DECAY_VALUES:
+            try:
+                param.check(0.0)
+                param.check(value)
+            except ValueError:
+                continue
+            return name, value
+    return None
+
+
+def _after_zero_gradients(ctx: CheckContext, overrides: Mapping[str, Any]) -> list[np.ndarray]:
+    """The variables after DECAY_STEPS steps of zero gradients from a fresh optimizer built with
+    `overrides`, every random draw as in any other such run."""
+    with same_draws(ctx):
+        optimizer, variables = fresh(ctx, **overrides)
+        for _ in range(DECAY_STEPS):
+            ctx.driver.step(optimizer, variables, [np.zeros(s, dtype=np.float32) for s in SHAPES], ctx.needs)
+    return ctx.driver.values(variables)
+
+
+def _grew_from_decay(decayed: np.ndarray, plain: np.ndarray) -> float | None:
+    """How many times larger `decayed`'s norm is than `plain`'s, where it is larger beyond rounding
+    and points the same way; else None."""
+    a, b = decayed.astype(np.float64).ravel(), plain.astype(np.float64).ravel()
+    norm_a, norm_b = float(np.linalg.norm(a)), float(np.linalg.norm(b))
+    if norm_b == 0 or norm_a <= norm_b * (1 + DECAY_GROWTH) or float(a @ b) <= 0:
+        return None
+    return norm_a / norm_b
+
+
+# Steps after which the optimizer's state bytes are first compared: most classes hold all their
+# state by then, and hold no more after.
+GROWTH_FIRST = (8, 16)
+# Where state grew between those, it is compared again well past any usual bounded history (torch's
+# LBFGS keeps history_size=100 pairs, AdaShift a queue of keep_num gradients).
+GROWTH_LATER = (240, 256)
+
+
+def _state_keeps_growing(ctx: CheckContext) -> Outcome | None:
+    """A warn where the optimizer's state bytes still grow after GROWTH_LATER[0] steps: a history
+    kept forever (a list appended every step), whose memory and step time grow with the job until it
+    runs out of memory. Cheap for most classes: past GROWTH_FIRST only where state grew there."""
+    driver = ctx.driver
+    try:
+        optimizer, variables = fresh(ctx)
+        sizes: dict[int, int] = {}
+        names: dict[int, dict[str, int]] = {}
+        for step in range(1, GROWTH_LATER[1] + 1):
+            driver.step(optimizer, variables, arrays(SHAPES, seed=300 + step % 7), ctx.needs)
+            if step in GROWTH_FIRST + GROWTH_LATER:
+                sizes[step] = driver.optimizer_state_bytes(optimizer)
+                names[step] = {name: value.size for name, value in driver.state(optimizer)}
+            if step == GROWTH_FIRST[1] and sizes[step] <= sizes[GROWTH_FIRST[0]]:
+                return None
+    except Exception:  # a class that cannot take so many steps says so in its own checks
+        return None
+    first, last = GROWTH_LATER
+    if sizes[last] <= sizes[first]:
+        return None
+    growing = _growing_containers(names[first], names[last])
+    return warned(
+        f"the optimizer's state keeps growing: {sizes[first]} bytes after {first} steps, {sizes[last]} after "
+        f"{last} ({listed(growing, 4) or 'its tensors'} grow): memory and step time grow with the job "
+        "until it runs out of memory",
+        where=method_location(ctx),
+        figure=float(sizes[last] - sizes[first]),
+        fix="bound what is kept: `collections.deque(maxlen=...)` for a history, or keep a running "
+        "statistic (a sum or an exponential average) instead of every past value",
+    )
+
+
+def _growing_containers(before: Mapping[str, int], after: Mapping[str, int]) -> list[str]:
+    """The state entries that are new or larger in `after`, an entry of a list named by the list
+    (`state[param 0]['history']`, not each `[n]` of it)."""
+    grown = [name for name, size in after.items() if size > before.get(name, -1)]
+    return list(dict.fromkeys(re.sub(r"(\[\d+\])+$", "", name) for name in grown))
+
+
+# What a line that applies a decay does: a multiplication or an in-place update.
+_DECAYS = re.compile(r"\*|\.(mul|add|sub|addcmul|lerp)_?\(")
+
+
+def line_computing_with(ctx: CheckContext, key: str, computing: re.Pattern[str]) -> tuple[str, str]:
+    """(`file:line`, code) of the first line of the class's own methods (its constructor aside)
+    that uses `key` (`group["weight_decay"]`, or a name taken from it) as `computing` says; ("", "")
+    where none is found."""
+    quoted = re.compile(rf"""\[\s*['"]{re.escape(key)}['"]\s*\]|\b{re.escape(key)}\b""")
+    for klass in user_classes(ctx.target.cls):
+        for method, function in vars(klass).items():
+            if method == "__init__" or not inspect.isfunction(function):
+                continue
+            try:  # unwrapped: torch wraps `step` in hooks defined in its own file
+                lines, first = inspect.getsourcelines(inspect.unwrap(function))
+                path = inspect.getsourcefile(inspect.unwrap(function))
+            except (OSError, TypeError):
+                continue
+            names = [quoted]
+            for offset, line in enumerate(lines):
+                code = line.split("#", 1)[0]
+                if not any(n.search(code) for n in names):
+                    continue
+                alias = re.match(r"\s*(\w+)\s*=[^=]", code)
+                if alias and not computing.search(code):
+                    names.append(re.compile(rf"\b{alias.group(1)}\b"))  # `wd = group["weight_decay"]`
+                elif computing.search(code):
+                    return f"{path}:{first + offset}", line.strip()
+    return "", ""
 
 
 # Steps with one variable's gradient all zeros, after one ordinary step: an unused parameter keeps a

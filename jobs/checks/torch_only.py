@@ -27,15 +27,19 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
+from jobs.checks.build_checks import line_computing_with
 from jobs.checks.context import CheckContext
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.checks.tools import (
     MOVES_NOTHING,
+    SHAPES,
     WARMUP_STEPS,
     CheckFunction,
+    arrays,
     clear_refusal,
     code_only,
     draws_randomly,
+    fresh,
     inconclusive_random,
     isolated,
     made_non_finite,
@@ -427,7 +431,77 @@ def check_param_groups(ctx: CheckContext) -> Outcome:
     """Two groups, the second with every hyperparameter that lives in the groups halved, against
     one single-group optimizer per setting (or, where the update couples the groups by design,
     against the same two groups with equal settings); then a group added after two steps, against
-    a fresh optimizer over it and against the same group present, idle, from the start."""
+    a fresh optimizer over it and against the same group present, idle, from the start. Where that
+    finds no fault, a value a step keeps in the group and bumps once per parameter (a step count
+    counting parameters) is a warn."""
+    outcome = _param_groups_compared(ctx)
+    if outcome.status == "fail":
+        return outcome
+    return _group_counts_parameters(ctx) or outcome
+
+
+# Steps after which the groups' numbers are read: each of the last two must add one per parameter.
+COUNTED_STEPS = 3
+
+
+def _group_counts_parameters(ctx: CheckContext) -> Outcome | None:
+    """A warn where a numeric group value rises, step after step, by exactly the number of the
+    group's parameters (more than one): `group['step'] += 1` inside the loop over parameters, so
+    bias correction runs that many times too fast and differs from parameter to parameter. A group
+    counter rising by one a step (Distributed Shampoo's) is right; None then, and where the steps
+    raise."""
+    driver = ctx.driver
+    try:
+        with same_draws(ctx):
+            optimizer, variables = fresh(ctx)
+            seen = []
+            for step in range(COUNTED_STEPS):
+                driver.step(optimizer, variables, arrays(SHAPES, seed=1 + step), ctx.needs)
+                seen.append([_numbers(group) for group in optimizer.param_groups])
+    except Exception:  # the checks before have judged the steps' errors
+        return None
+    for index, group in enumerate(optimizer.param_groups):
+        count = len(group["params"])
+        rises = [
+            {key: after[key] - before[key] for key in after.keys() & before.keys()}
+            for before, after in zip(
+                [step[index] for step in seen], [step[index] for step in seen[1:]], strict=False
+            )
+        ]
+        counting = [key for key in rises[0] if count > 1 and all(r.get(key) == count for r in rises)]
+        if counting:
+            key = counting[0]
+            where, code = line_computing_with(ctx, key, _BUMPS)
+            quoted = f" (`{code}`)" if code else ""
+            return warned(
+                f"param group {index}'s {key!r} rises by {count} a step, once per parameter of the group's "
+                f"{count}{quoted}: a step count kept in the group and bumped inside the loop over parameters "
+                "counts parameters, not steps (bias correction then runs that many times too fast, and "
+                "differs from parameter to parameter)",
+                where=where or method_location(ctx),
+                figure=float(count),
+                fix="count steps once per group, before the loop over its parameters, or keep the count "
+                "per parameter in self.state[p]['step'] as torch's Adam does",
+            )
+    return None
+
+
+# What a line that bumps a counter does.
+_BUMPS = re.compile(r"\+=|\+\s*1\b")
+
+
+def _numbers(group: Mapping[str, Any]) -> dict[str, float]:
+    """A param group's numeric values (a one-element tensor as its number; flags aside)."""
+    found: dict[str, float] = {}
+    for key, value in group.items():
+        if isinstance(value, Tensor) and value.numel() == 1:
+            value = value.item()
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            found[str(key)] = float(value)
+    return found
+
+
+def _param_groups_compared(ctx: CheckContext) -> Outcome:
     if draws_randomly(ctx):
         return skipped(inconclusive_random("comparing two groups with separately built optimizers"))
     probe = ctx.build(_tiny_model().parameters())
