@@ -551,6 +551,8 @@ DECAY_ARGUMENTS = ("weight_decay", "wd")
 # Decay values tried, the first the class accepts: large enough that AdamW's lr * wd shrink shows
 # in float32 within DECAY_STEPS steps even at a learning rate of 1e-4.
 DECAY_VALUES = (0.5, 0.1)
+# Odd: a right decay so large that it overshoots (1 - lr * wd below -1) flips the weights' sign an
+# odd number of times, which `_grew_from_decay` tells from growth.
 DECAY_STEPS = 5
 # Relative growth of a variable's norm beyond rounding (float32's epsilon is 1.2e-7; a norm-preserving
 # update rounds back to its norm within a few of those).
