@@ -634,42 +634,44 @@ def _grew_from_decay(decayed: np.ndarray, plain: np.ndarray) -> float | None:
     return norm_a / norm_b
 
 
-# Steps after which the optimizer's state bytes are first compared: most classes hold all their
-# state by then, and hold no more after.
-GROWTH_FIRST = (8, 16)
-# Where state grew between those, it is compared again well past any usual bounded history (torch's
-# LBFGS keeps history_size=100 pairs, AdaShift a queue of keep_num gradients).
-GROWTH_LATER = (240, 256)
+# Windows of steps (after, after) over which the optimizer's state bytes are compared, one after
+# another while they grow: most classes hold all their state by the first, and hold no more after;
+# a bounded history (torch's LBFGS keeps history_size=100 pairs, AdaShift a queue of keep_num
+# gradients) stops growing in a later one; the last is well past any usual bound.
+GROWTH_WINDOWS = ((8, 16), (64, 72), (128, 136), (240, 256))
 
 
 def _state_keeps_growing(ctx: CheckContext) -> Outcome | None:
-    """A warn where the optimizer's state bytes still grow after GROWTH_LATER[0] steps: a history
-    kept forever (a list appended every step), whose memory and step time grow with the job until it
-    runs out of memory. Cheap for most classes: past GROWTH_FIRST only where state grew there."""
+    """A warn where the optimizer's state bytes grow in every one of GROWTH_WINDOWS: a history kept
+    forever (a list appended every step), whose memory and step time grow with the job until it
+    runs out of memory. Cheap for most classes: the steps stop at the first window without growth.
+    Torch only: Keras builds an optimizer's variables once, in `build()`, and a step cannot add any."""
+    if ctx.target.style != "torch":
+        return None
     driver = ctx.driver
     try:
         optimizer, variables = fresh(ctx)
-        sizes: dict[int, int] = {}
-        names: dict[int, dict[str, int]] = {}
-        for step in range(1, GROWTH_LATER[1] + 1):
-            driver.step(optimizer, variables, arrays(SHAPES, seed=300 + step % 7), ctx.needs)
-            if step in GROWTH_FIRST + GROWTH_LATER:
-                sizes[step] = driver.optimizer_state_bytes(optimizer)
-                names[step] = {name: value.size for name, value in driver.state(optimizer)}
-            if step == GROWTH_FIRST[1] and sizes[step] <= sizes[GROWTH_FIRST[0]]:
+        step = 0
+        for first, last in GROWTH_WINDOWS:
+            sizes: dict[int, tuple[int, dict[str, int]]] = {}
+            while step < last:
+                step += 1
+                driver.step(optimizer, variables, arrays(SHAPES, seed=300 + step % 7), ctx.needs)
+                if step in (first, last):
+                    names = {name: value.size for name, value in driver.state(optimizer)}
+                    sizes[step] = (driver.optimizer_state_bytes(optimizer), names)
+            if sizes[last][0] <= sizes[first][0]:
                 return None
     except Exception:  # a class that cannot take so many steps says so in its own checks
         return None
-    first, last = GROWTH_LATER
-    if sizes[last] <= sizes[first]:
-        return None
-    growing = _growing_containers(names[first], names[last])
+    (before, before_names), (after, after_names) = sizes[first], sizes[last]
+    growing = _growing_containers(before_names, after_names)
     return warned(
-        f"the optimizer's state keeps growing: {sizes[first]} bytes after {first} steps, {sizes[last]} after "
-        f"{last} ({listed(growing, 4) or 'its tensors'} grow): memory and step time grow with the job "
-        "until it runs out of memory",
+        f"the optimizer's state keeps growing: {before} bytes after {first} steps, {after} after {last} "
+        f"({listed(growing, 4) or 'its tensors'} grow): memory and step time grow with the job until it "
+        "runs out of memory",
         where=method_location(ctx),
-        figure=float(sizes[last] - sizes[first]),
+        figure=float(after - before),
         fix="bound what is kept: `collections.deque(maxlen=...)` for a history, or keep a running "
         "statistic (a sum or an exponential average) instead of every past value",
     )
