@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import inspect
+import itertools
 import logging
 import math
 import re
@@ -462,13 +463,7 @@ def _group_counts_parameters(ctx: CheckContext) -> Outcome | None:
         return None
     for index, group in enumerate(optimizer.param_groups):
         count = len(group["params"])
-        rises = [
-            {key: after[key] - before[key] for key in after.keys() & before.keys()}
-            for before, after in zip(
-                [step[index] for step in seen], [step[index] for step in seen[1:]], strict=False
-            )
-        ]
-        counting = [key for key in rises[0] if count > 1 and all(r.get(key) == count for r in rises)]
+        counting = _rising_by(count, [numbers[index] for numbers in seen]) if count > 1 else []
         if counting:
             key = counting[0]
             where, code = line_computing_with(ctx, key, _BUMPS)
@@ -484,6 +479,15 @@ def _group_counts_parameters(ctx: CheckContext) -> Outcome | None:
                 "per parameter in self.state[p]['step'] as torch's Adam does",
             )
     return None
+
+
+def _rising_by(count: int, history: Sequence[Mapping[str, float]]) -> list[str]:
+    """The keys whose value rises by exactly `count` from each step of `history` to the next."""
+    rises = [
+        {key: after[key] - before[key] for key in after.keys() & before.keys()}
+        for before, after in itertools.pairwise(history)
+    ]
+    return sorted(key for key in rises[0] if all(rise.get(key) == count for rise in rises))
 
 
 # What a line that bumps a counter does.
