@@ -32,26 +32,35 @@ def build_part(styles: Iterable[str]) -> dict[str, Any]:
     registry = load_registry(styles=tuple(styles))
     return {
         "optimizers": [entry.describe() for entry in registry.entries.values()],
-        "errors": [{"source": e.source, "error": e.error} for e in registry.errors],
+        "errors": [
+            {"source": e.source, "error": e.error, "scope": "file" if e.whole_file else "class"}
+            for e in registry.errors
+        ],
     }
 
 
 def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One catalogue from the per-process parts.
 
-    A plugin file that failed in one process but registered optimizers in another is
-    not an error (e.g. one written for `tf.keras` under TF_USE_LEGACY_KERAS=1).
+    A plugin file that failed as a whole in one process but registered optimizers in another is
+    not an error (e.g. one written for `tf.keras` under TF_USE_LEGACY_KERAS=1). Every other error
+    stays: one a class met in the process that loaded its file (a bad declaration, a name taken) had
+    been dropped too wherever the file registered another class, so the class vanished unexplained.
     """
     from optimizers.registry import PLUGIN_SOURCE
 
     optimizers = [optimizer for part in parts for optimizer in part["optimizers"]]
-    registered = {optimizer["source"] for optimizer in optimizers}
+    registered_by_part = [{optimizer["source"] for optimizer in part["optimizers"]} for part in parts]
     errors: list[dict[str, str]] = []
-    for part in parts:
+    for index, part in enumerate(parts):
+        elsewhere = set().union(*(sources for i, sources in enumerate(registered_by_part) if i != index))
         for error in part["errors"]:
-            if f"{PLUGIN_SOURCE}{error['source']}" in registered or error in errors:
+            whole_file = error.get("scope", "file") == "file"
+            if whole_file and f"{PLUGIN_SOURCE}{error['source']}" in elsewhere:
                 continue
-            errors.append(error)
+            said = {"source": error["source"], "error": error["error"]}
+            if said not in errors:
+                errors.append(said)
     return {
         "optimizers": optimizers,
         "schedules": describe_schedules(),

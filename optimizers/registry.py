@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import enum
+import hashlib
 import importlib
 import importlib.metadata
 import inspect
@@ -114,6 +115,8 @@ class Entry:
     lr_arg: str = "lr"
     # What the optimizer needs from the training loop (closure, create_graph, train/eval, ...).
     needs: LoopNeeds = field(default_factory=LoopNeeds)
+    # A plugin file's sha256 as it was read: a job submitted against it refuses to run other code.
+    sha256: str | None = None
 
     def create(
         self,
@@ -288,7 +291,15 @@ class Entry:
             "summary": self.summary,
             "reference": self.reference,
             "source": self.source,
+            "sha256": self.sha256,
         }
+
+    def where(self) -> str:
+        """`probe_torch.py:ProbeMomentum (line 12)`: the class and where it is, for a person to read."""
+        file = (
+            self.source.removeprefix(PLUGIN_SOURCE) if self.source.startswith(PLUGIN_SOURCE) else self.source
+        )
+        return class_place(self.cls, file)
 
 
 @dataclass(frozen=True)
@@ -303,24 +314,69 @@ class Base:
 class LoadError:
     source: str
     error: str
+    # False where one class of the file was refused (the file's other classes may be registered);
+    # True where the file as a whole failed (an import error, no optimizer class in it).
+    whole_file: bool = True
+
+
+def class_place(cls: type, file: str) -> str:
+    """`probe_torch.py:ProbeMomentum (line 12)`, or without the line where the source cannot say."""
+    name = f"{Path(file).name}:{cls.__qualname__}" if file.endswith(".py") else f"{file}:{cls.__qualname__}"
+    try:
+        line = inspect.getsourcelines(cls)[1]
+    except (OSError, TypeError):
+        return name
+    return f"{name} (line {line})"
 
 
 @dataclass
 class Registry:
-    """Entries keyed by (name, style): one name may exist once in each style."""
+    """Entries keyed by (name, style): one name may exist once in each style.
+
+    Two plugin classes that claim one name in one style take it from each other: neither is
+    registered under it (`clashes`), so adding a file never changes what a name runs; a plugin class
+    that claims a name a built-in or an installed package holds is refused, and they keep it.
+    """
 
     entries: dict[tuple[str, str], Entry] = field(default_factory=dict)
     errors: list[LoadError] = field(default_factory=list)
+    clashes: dict[tuple[str, str], list[Entry]] = field(default_factory=dict)
 
     def add(self, entry: Entry) -> None:
         key = (entry.name, entry.style)
+        if key in self.clashes:
+            self.clashes[key].append(entry)
+            return
         if key in self.entries:
             first = self.entries[key]
+            if _from_a_plugin(first) and _from_a_plugin(entry):
+                self.clashes[key] = [self.entries.pop(key), entry]
+                return
+            fix = (
+                "a plugin cannot take a built-in's or an installed package's name, which keeps it: set "
+                "another `optlab_name` on the plugin's class, or rename the class"
+                if _from_a_plugin(entry)
+                else "set a distinct `optlab_name` on one of them"
+            )
             raise ValueError(
                 f"optimizer name {entry.name!r} ({entry.style} style) is registered twice: by "
-                f"{first.source} and by {entry.source}; set a distinct `optlab_name` on one of them"
+                f"{first.source} and by {entry.source}; {fix}"
             )
         self.entries[key] = entry
+
+    def clash_errors(self) -> list[LoadError]:
+        """One error per file of a clash, each naming every class that claims the name and the fix."""
+        errors: list[LoadError] = []
+        for (name, style), claimants in self.clashes.items():
+            places = "; ".join(f"{claimant.where()} in {_plugin_file(claimant)}" for claimant in claimants)
+            said = (
+                f"optimizer name {name!r} ({style} style) is claimed by {len(claimants)} plugin classes: "
+                f"{places}. None of them is registered under it, so no job runs either: rename all but "
+                "one (set `optlab_name` on the class, or rename the class)"
+            )
+            for file in dict.fromkeys(_plugin_file(claimant) for claimant in claimants):
+                errors.append(LoadError(source=file, error=said, whole_file=False))
+        return errors
 
     def names(self) -> list[str]:
         return sorted({name for name, _ in self.entries})
@@ -344,11 +400,23 @@ class Registry:
         """Construct torch optimizer `name` over `model_params`; `lr` maps to the class's own name."""
         return self.get(name, style).create(hyperparams, model_params=model_params)
 
-    def load_module(self, module: ModuleType, source: str, styles: Iterable[str] = STYLES) -> None:
-        """Register every optimizer class defined in `module` (not those it imports) of `styles`."""
+    def load_module(
+        self, module: ModuleType, source: str, styles: Iterable[str] = STYLES, *, sha256: str | None = None
+    ) -> None:
+        """Register every optimizer class defined in `module` (not those it imports) of `styles`, each
+        on its own: a class refused (a bad declaration, a name taken) is an error of its own, and the
+        file's other classes are still registered (the first refusal had dropped the classes after it
+        and the refusal itself, where the file registered one before it)."""
+        file = source.removeprefix(PLUGIN_SOURCE)
         for cls, style in optimizer_classes(module):
-            if style in styles:
-                self.add(entry_for_class(cls, source=source, style=style))
+            if style not in styles:
+                continue
+            try:
+                entry = entry_for_class(cls, source=source, style=style)
+                self.add(dataclasses.replace(entry, sha256=sha256))
+            except Exception as exc:
+                said = f"class {class_place(cls, file)} is not registered: {_load_error_text(exc, file)}"
+                self.errors.append(LoadError(source=file, error=said, whole_file=False))
 
 
 def register(
@@ -607,12 +675,28 @@ def load_registry(
     then imports neither the others' files (one slow to import, one that imports TensorFlow) nor
     the frameworks they bring. First still means first in the folders' order (then the files
     outside them), so what a job finds is what the catalogue listed.
+
+    Two plugin classes that claim one name in one style are both refused (`Registry.clashes`), each
+    file's error naming them all.
     """
     styles = (styles,) if isinstance(styles, str) else tuple(styles)
+    registry = Registry()
+    _fill(registry, plugin_dirs, styles, wanted, plugin_files)
+    registry.errors += registry.clash_errors()
+    return registry
+
+
+def _fill(
+    registry: Registry,
+    plugin_dirs: Iterable[str] | None,
+    styles: tuple[str, ...],
+    wanted: Iterable[str] | None,
+    plugin_files: Iterable[str],
+) -> None:
+    """`load_registry`'s loading, into `registry`."""
     unknown = sorted(set(styles) - set(STYLES))
     if unknown:
         raise ValueError(f"unknown style {unknown[0]!r}; known: {', '.join(STYLES)}")
-    registry = Registry()
     for style in styles:
         # A style's built-ins import its framework first in a process: Keras's without the optional
         # libraries it imports just in case (optimizers/optional_imports.py).
@@ -626,7 +710,7 @@ def load_registry(
         load = partial(_load_entry_point, registry, entry_point, styles)
         _guarded(registry, f"entry point {entry_point.name}", load)
     if wanted is not None and _holds(registry, wanted):
-        return registry
+        return
     if plugin_dirs is None:
         plugin_dirs = [str(d) for d in plugin_dirs_from_environment()]
     files = [path for directory in plugin_dirs for path in sorted(Path(directory).glob("*.py"))]
@@ -640,11 +724,10 @@ def load_registry(
         for path in first:
             _guarded(registry, str(path), partial(_load_plugin_file, registry, path, styles))
         if first and _holds(registry, wanted):
-            return registry
+            return
         files = [path for path in files if path not in first]
     for path in files:
         _guarded(registry, str(path), partial(_load_plugin_file, registry, path, styles))
-    return registry
 
 
 def unknown_optimizer(name: str, known: Sequence[str], failed: Sequence[tuple[str, str]]) -> str:
@@ -708,14 +791,23 @@ def _load_entry_point(
         registry.add(entry_for_class(loaded, source=source, style=style))
 
 
+def _from_a_plugin(entry: Entry) -> bool:
+    return entry.source.startswith(PLUGIN_SOURCE)
+
+
+def _plugin_file(entry: Entry) -> str:
+    return entry.source.removeprefix(PLUGIN_SOURCE)
+
+
 def _load_plugin_file(registry: Registry, path: Path, styles: tuple[str, ...]) -> None:
     module = import_file(path, prefix="optlab_plugin")
+    sha256 = hashlib.sha256(path.read_bytes()).hexdigest()
     if not optimizer_classes(module):
         raise ValueError(
             f"{path} defines no optimizer class (a subclass of {OPTIMIZER_BASES}){_unfinished_note(module)}"
             f"{_foreign_note(module)}{_imported_note(module)}"
         )
-    registry.load_module(module, f"{PLUGIN_SOURCE}{path}", styles)
+    registry.load_module(module, f"{PLUGIN_SOURCE}{path}", styles, sha256=sha256)
 
 
 def _unfinished_note(module: ModuleType) -> str:

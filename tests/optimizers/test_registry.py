@@ -528,14 +528,62 @@ def test_a_class_on_another_keras_apis_optimizer_base_is_told_which_and_what_to_
     assert "subclass tf_keras.optimizers.legacy.Optimizer" in error
 
 
-def test_same_name_in_two_plugin_files_keeps_the_first(tmp_path: Path) -> None:
-    first = _write(tmp_path, "a_first.py", SIGN_MOMENTUM)
-    second = _write(tmp_path, "b_second.py", SIGN_MOMENTUM)
+def test_same_name_in_two_plugin_files_registers_neither_and_names_both_in_each(tmp_path: Path) -> None:
+    """The file whose name sorted first had kept the name, and the one in use was listed as the error:
+    dropping a file in changed what a name trained. Now neither runs, and each file says why."""
+    first = _write(tmp_path, "b_first.py", SIGN_MOMENTUM)
+    second = _write(tmp_path, "a_second.py", SIGN_MOMENTUM)
     registry = _torch_registry([str(tmp_path)])
-    assert registry.get("sign_momentum").source == f"plugin {first}"
-    [error] = registry.errors
-    assert error.source == str(second)
-    assert "optimizer name 'sign_momentum' (torch style) is registered twice" in error.error
+    assert "sign_momentum" not in registry.names()
+    assert sorted(error.source for error in registry.errors) == sorted([str(first), str(second)])
+    for error in registry.errors:
+        assert error.error.startswith(
+            "optimizer name 'sign_momentum' (torch style) is claimed by 2 plugin classes: "
+        )
+        assert f"b_first.py:SignMomentum (line 8) in {first}" in error.error
+        assert f"a_second.py:SignMomentum (line 8) in {second}" in error.error
+        assert "None of them is registered under it" in error.error
+        assert "rename all but one (set `optlab_name` on the class, or rename the class)" in error.error
+    # A job that reads only the file it was validated against still finds its class there.
+    alone = load_registry([str(tmp_path)], TORCH_ONLY, wanted=["sign_momentum"], plugin_files=[str(first)])
+    assert alone.get("sign_momentum").source == f"plugin {first}" and alone.errors == []
+
+
+def test_a_plugin_file_registers_each_good_class_and_lists_each_refused_one(tmp_path: Path) -> None:
+    """The first refused class had ended the file's loading: its good classes before it registered,
+    the ones after it and the refusal itself vanished (the catalogue then dropped the error too)."""
+    path = _write(
+        tmp_path,
+        "mixed.py",
+        """
+        import torch
+
+
+        class Lion(torch.optim.SGD):  # the user's own, named like the built-in
+            pass
+
+
+        class HalfBad(torch.optim.SGD):
+            optlab_hyperparameters = {"lr": {"hi": 1.0}}
+
+
+        class HalfFine(torch.optim.SGD):
+            pass
+        """,
+    )
+    registry = _torch_registry([str(tmp_path)])
+    assert "half_fine" in registry.names() and "half_bad" not in registry.names()
+    assert registry.get("lion").source == "builtin:optimizers.torch.lion"
+    assert [error.whole_file for error in registry.errors] == [False, False]
+    lion, bad = _errors_for(registry, path)
+    assert lion.startswith("class mixed.py:Lion (line 5) is not registered: ValueError: optimizer name 'lion'")
+    assert "by builtin:optimizers.torch.lion and by plugin" in lion
+    assert "a plugin cannot take a built-in's or an installed package's name, which keeps it" in lion
+    assert "set another `optlab_name` on the plugin's class, or rename the class" in lion
+    assert bad == (
+        "class mixed.py:HalfBad (line 9) is not registered: ValueError: HalfBad.optlab_hyperparameters['lr']: "
+        "unknown key 'hi'; allowed: low, high, low_inclusive, high_inclusive, choices, help"
+    )
 
 
 def test_plugins_are_read_only_when_a_wanted_name_is_not_built_in(tmp_path: Path) -> None:
