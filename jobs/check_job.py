@@ -58,6 +58,9 @@ class CheckJob:
             style=optimizer.style,
             plugin_files=self.plugin_files,
         )
+        from jobs.optimizer_source import held_to_record
+
+        held_to_record(optimizer, target.entry)  # the class it was submitted for, or no checks at all
         report = run_checks(
             target,
             optimizer.params,

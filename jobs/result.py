@@ -21,7 +21,7 @@ from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class JobStatus(StrEnum):
@@ -99,6 +99,34 @@ RANK_KILLED = "RankKilled"
 # the job's run was to be started or resumed: nothing of the job was lost, and the worker starts it
 # again as it does one killed from outside.
 TRACKING_UNREACHABLE = "TrackingUnreachable"
+
+
+class OptimizerSource(Record):
+    """Where an optimizer's class came from: the catalogue's `source` (`plugin /srv/plugins/mine.py`,
+    `builtin:optimizers.torch.lion`), the class, and for a plugin file the sha256 of its text. The
+    service records it in a job's spec when it accepts the job (plugin optimizers), and the job in its
+    result: a job whose optimizer now comes from elsewhere, or whose file changed, fails at its start."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    source: str = Field(max_length=2000)
+    class_name: str = Field(max_length=500)
+    sha256: str | None = Field(default=None, max_length=64)
+
+    def where(self) -> str:
+        """`mine.py:MyOptimizer`, as a person reads it (the path is in `source`)."""
+        file = self.source.removeprefix(PLUGIN_SOURCE)
+        return f"{Path(file).name if file != self.source else file}:{self.class_name}"
+
+    def tags(self, prefix: str) -> dict[str, str]:
+        """As MLflow tags: `<prefix>_source`, `<prefix>_class` and, for a plugin, `<prefix>_sha256`."""
+        tags = {f"{prefix}_source": self.source, f"{prefix}_class": self.class_name}
+        return tags | ({f"{prefix}_sha256": self.sha256} if self.sha256 else {})
+
+
+# An entry's `source` when a plugin file registered it (optimizers.registry.PLUGIN_SOURCE, which this
+# light module does not import).
+PLUGIN_SOURCE = "plugin "
 
 
 class ErrorRecord(Record):
@@ -252,6 +280,9 @@ class JobResult(Record):
     diverged_at_step: int | None = None
     resume: ResumeRecord | None = None  # a resumed attempt in the job's existing MLflow run
     threads: int | None = None  # CPU threads the worker gave the job (OPTLAB_JOB_THREADS)
+    # The class that trained, and a wrapper's base's: where each came from (OptimizerSource).
+    optimizer_source: OptimizerSource | None = None
+    base_source: OptimizerSource | None = None
     # TrainOutcome's fields
     steps_completed: int | None = None
     resumed_from_step: int | None = None

@@ -48,6 +48,7 @@ from jobs.result import (
     JobResult,
     JobStatus,
     MlflowInfo,
+    OptimizerSource,
     Outcome,
     ResumeRecord,
     TrainOutcome,
@@ -58,6 +59,8 @@ from jobs.spec import AnySpec, CheckSpec, JobSpec, parse_spec
 if TYPE_CHECKING:
     from jobs.distributed import RankProblem
 
+# Where the optimizer and a wrapper's base came from, by role ("optimizer", "base").
+Sources = dict[str, OptimizerSource]
 TRACEBACK_TAIL_LINES = 40
 # A message and each traceback line are cut to these many characters: an error is read by a person,
 # and a plugin's 2 MB message had made its job's record, and every listing of jobs, megabytes.
@@ -164,29 +167,47 @@ def make_job(
     reporter: Reporter,
     checkpoints: Any = None,
     plugin_files: Sequence[str] = (),
-) -> Job:
-    """The trainer for the spec's framework, or the check job; imports only what that needs."""
+) -> tuple[Job, Sources]:
+    """The trainer for the spec's framework, or the check job; imports only what that needs. With the
+    sources of the optimizer and its base it loaded (a check job finds its own: none here).
+
+    A spec that records where its optimizer came from (the service's, at submission) is held to it
+    (`jobs.optimizer_source`), and its files are read first, whatever the worker names."""
+    from jobs.optimizer_source import recorded_plugin_files
+
+    choices = [spec.optimizer, spec.optimizer.base]
+    plugin_files = list(dict.fromkeys([*recorded_plugin_files(choices), *plugin_files]))
     if isinstance(spec, CheckSpec):
         from jobs.check_job import CheckJob
 
-        return CheckJob(spec, workdir=workdir, tracker=tracker, reporter=reporter, plugin_files=plugin_files)
+        check = CheckJob(spec, workdir=workdir, tracker=tracker, reporter=reporter, plugin_files=plugin_files)
+        return check, {}
     from jobs.frameworks import style_of
+    from jobs.optimizer_source import loaded_entry, source_of
     from jobs.training.loop import TrainingJob
     from optimizers.registry import load_registry
 
     base = spec.optimizer.base
     wanted = [spec.optimizer.name] + ([base.name] if base is not None else [])
     registry = load_registry(styles=(style_of(spec),), wanted=wanted, plugin_files=plugin_files)
-    return TrainingJob(
+    # Before anything trains: the class it was validated against, or a failure naming both.
+    sources = {
+        role: source_of(loaded_entry(registry, choice, style_of(spec)))
+        for role, choice in (("optimizer", spec.optimizer), ("base", base))
+        if choice is not None
+    }
+    job = TrainingJob(
         spec, registry=registry, workdir=workdir, tracker=tracker, reporter=reporter, checkpoints=checkpoints
     )
+    return job, sources
 
 
 def start_job(
     spec: AnySpec, args: argparse.Namespace, *, workdir: Path, mlflow_run: Any, reporter: Reporter
-) -> tuple[Job, Any]:
+) -> tuple[Job, Any, Sources]:
     """The job with its tracker and checkpoint store; for a resumed attempt (`--resume-run-id`) also
-    the tracker that skips the points the run holds (jobs.resume.ResumedTracker), else None."""
+    the tracker that skips the points the run holds (jobs.resume.ResumedTracker), else None; and
+    where its optimizer (and a wrapper's base) came from."""
     from jobs.resume import ResumedTracker, checkpoint_store, logged_points
     from jobs.tracking import NullTracker
 
@@ -202,7 +223,7 @@ def start_job(
         )
     name = args.job_id or (mlflow_run.info.run_id if mlflow_run is not None else workdir.name)
     store = checkpoint_store(mlflow_run, job=name, attempt=args.attempt)
-    job = make_job(
+    job, sources = make_job(
         spec,
         workdir=workdir,
         tracker=tracker,
@@ -210,7 +231,23 @@ def start_job(
         checkpoints=store,
         plugin_files=args.plugin_file,
     )
-    return job, resumed
+    return job, resumed, sources
+
+
+def record_sources(sources: Sources, result: JobResult, mlflow_run: Any) -> JobResult:
+    """Where the optimizer that trains came from, in the result and as the run's tags
+    (`optimizer_source`, `optimizer_class`, `optimizer_sha256`; `base_...` for a wrapper's base)."""
+    result = result.with_fields(**{f"{role}_source": source for role, source in sources.items()})
+    if mlflow_run is None or not sources:
+        return result
+    tags = {key: value for role, source in sources.items() for key, value in source.tags(role).items()}
+    try:
+        mlflow_run.set_tags(tags)
+    except Exception as exc:  # the result has them; a server that did not answer costs the job nothing
+        missed = f"the run's optimizer_source tags were not set ({exc}); result.json has them"
+        print(missed, file=sys.stderr)
+        result = result.with_fields(warnings=[*(result.warnings or []), missed])
+    return result
 
 
 def with_ranks_end(
@@ -366,7 +403,10 @@ def run_job(args: argparse.Namespace) -> JobResult:
         if resume_point and resume_point.warnings:
             print(*resume_point.warnings, sep="\n", file=sys.stderr)  # the job's log, as it happens
         ranks = start_ranks_if_ddp(spec, args, workdir, resume_from)
-        job, resumed = start_job(spec, args, workdir=workdir, mlflow_run=mlflow_run, reporter=reporter)
+        job, resumed, sources = start_job(
+            spec, args, workdir=workdir, mlflow_run=mlflow_run, reporter=reporter
+        )
+        result = record_sources(sources, result, mlflow_run)
         outcome = job.run(resume_from=resume_from, stop_after=args.stop_after)
         result = result.with_outcome(outcome, kind=outcome_kind(spec))
         if resumed is not None:

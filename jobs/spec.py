@@ -28,13 +28,14 @@ from pydantic_core import PydanticCustomError
 
 from jobs.checks.report import CHECK_IDS
 from jobs.data_roots import resolve_data_path
+from jobs.result import OptimizerSource
 from optimizers.hyperparams import MAX_LIST_LENGTH as MAX_LIST_LENGTH  # re-exported for the OpenAPI
 from optimizers.hyperparams import MAX_STRING_LENGTH as MAX_STRING_LENGTH
 from optimizers.hyperparams import OPTION_TEXT_PATTERN as OPTION_TEXT_PATTERN
 from optimizers.hyperparams import Param, switch_note
 from optimizers.loop_needs import LoopNeeds, loop_problem, needs_unserved_by, recipe_problem
 from optimizers.param_groups import GroupRule, extra_key_problem, matches_nothing, parse_ndim, unmatched_rule
-from optimizers.registry import FRAMEWORK_OF_STYLE, STYLES, unknown_optimizer
+from optimizers.registry import FRAMEWORK_OF_STYLE, PLUGIN_SOURCE, STYLES, unknown_optimizer
 from optimizers.schedules import (
     Cosine,
     LinearWarmup,
@@ -293,6 +294,11 @@ class OptimizerChoice(OptimizerSetup, Component):
     style: Literal["keras", "tf_legacy"] | None = Field(
         default=None,
         description="tensorflow jobs only: keras (default where both exist) or tf_legacy",
+    )
+    source: OptimizerSource | None = Field(
+        default=None,
+        description="set by the service when it accepts the job (one sent is replaced): the plugin "
+        "class the job was validated against; the job fails at its start if the name now runs another",
     )
 
     def group_rules(self) -> list[tuple[GroupRule, Mapping[str, Any]]]:
@@ -1146,6 +1152,34 @@ def with_resolved_style(spec: SpecT, catalogue: Catalogue) -> SpecT:
         return spec
     optimizer = spec.optimizer.model_copy(update={"style": chosen["style"]})
     return spec.model_copy(update={"optimizer": optimizer})
+
+
+def with_sources(spec: SpecT, catalogue: Catalogue) -> SpecT:
+    """The spec with `source` set on its optimizer and a wrapper's base: where the catalogue found a
+    plugin's class (None for a built-in's or a package's, which no file dropped in can change). The
+    job then runs that class or fails at its start (jobs.optimizer_source), never another one that
+    took the name meanwhile."""
+    optimizer = _with_source(spec.optimizer, spec.framework, catalogue)
+    if optimizer.base is not None:
+        optimizer = optimizer.model_copy(
+            update={"base": _with_source(optimizer.base, spec.framework, catalogue)}
+        )
+    return spec.model_copy(update={"optimizer": optimizer})
+
+
+def _with_source(choice: OptimizerChoice, framework: str, catalogue: Catalogue) -> OptimizerChoice:
+    found = catalogue.optimizer(choice.name, framework, choice.style)
+    return choice.model_copy(update={"source": None if found is None else catalogue_source(found)})
+
+
+def catalogue_source(optimizer: Mapping[str, Any]) -> OptimizerSource | None:
+    """A catalogue entry's plugin class, as a job records it; None for any other entry."""
+    source = str(optimizer.get("source") or "")
+    if not source.startswith(PLUGIN_SOURCE):
+        return None
+    # `class` is `<module>.<qualname>`, and a plugin's module name has no dot (`optlab_plugin_<stem>_<hash>`).
+    class_name = str(optimizer.get("class") or "").partition(".")[2]
+    return OptimizerSource(source=source, class_name=class_name, sha256=optimizer.get("sha256"))
 
 
 def _schedule_build_errors(spec: JobSpec) -> list[SpecError]:

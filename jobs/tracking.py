@@ -419,6 +419,12 @@ class MlflowRun:
                 raise ValueError(f"--resume-run-id {run_id}: no such MLflow run ({exc.message})") from None
             raise
 
+    def set_tags(self, tags: Mapping[str, str]) -> None:
+        """Tags learnt once the job started (where its optimizer's class came from)."""
+        from mlflow.entities import RunTag
+
+        self._client.log_batch(self.info.run_id, tags=[RunTag(key, value) for key, value in tags.items()])
+
     def metric(self, key: str, value: float, step: int) -> None:
         self.delivery.metric(key, value, step)
 

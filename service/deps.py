@@ -10,7 +10,7 @@ from fastapi import Depends, HTTPException, Query, Request
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from jobs.spec import Catalogue, SpecError, SpecT, with_resolved_style
+from jobs.spec import Catalogue, SpecError, SpecT, with_resolved_style, with_sources
 from service import store
 from service.idempotency import IdempotentRequest
 from service.quotas import CatalogueChanged, Stored, SubmissionQueue
@@ -130,7 +130,8 @@ def submit_validated(
                 errors = errors_in(published.catalogue)
         if errors:
             raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
-        resolved = with_resolved_style(spec, published.catalogue)
+        # As the job will run it: its style, and the plugin class it was validated against.
+        resolved = with_sources(with_resolved_style(spec, published.catalogue), published.catalogue)
         try:
             return submissions.submit(
                 resolved, submitted_by=submitted_by, catalogue=published.version, idempotency=idempotency

@@ -19,6 +19,7 @@ from optimizers.registry import PLUGIN_DIRS_ENV, PLUGIN_SOURCE, plugin_dirs_from
 
 __all__ = [
     "PLUGIN_DIRS_ENV",
+    "PLUGIN_SOURCE",
     "PluginWatcher",
     "fingerprint",
     "plugin_dirs_from_environment",

@@ -86,7 +86,13 @@ from service.capabilities import (
 )
 from service.mlflow_import import mlflow_client
 from service.models import Job
-from service.plugins import PluginWatcher, fingerprint, plugin_dirs_from_environment, plugin_files_by_name
+from service.plugins import (
+    PLUGIN_SOURCE,
+    PluginWatcher,
+    fingerprint,
+    plugin_dirs_from_environment,
+    plugin_files_by_name,
+)
 from service.secrets import job_environment, split_credentials
 from service.settings import Settings
 from service.stall import StallWatch
@@ -756,12 +762,21 @@ class Supervision:
         return [self.settings.job_python, "-m", "jobs.run", *self.arguments(spec_path, tracking_uri)]
 
     def plugin_file_arguments(self) -> list[str]:
-        """Where the catalogue found the job's optimizer and its base, if plugins define them: the job
-        reads those files and not every plugin file (optimizers.registry.load_registry)."""
+        """Where the job's optimizer and its base are, if plugins define them: the file the job was
+        validated against (its spec records it), else where this worker's catalogue found the name.
+        The job reads those files and not every plugin file (optimizers.registry.load_registry), and
+        fails at its start if the name now runs another class (jobs.optimizer_source)."""
         optimizer = self.job.spec.get("optimizer") or {}
-        names = [optimizer.get("name"), (optimizer.get("base") or {}).get("name")]
-        files = [file for name in names if name for file in self.worker.plugin_files.get(name, [])]
+        files = [
+            file for choice in (optimizer, optimizer.get("base")) if choice for file in self._files_of(choice)
+        ]
         return [argument for file in dict.fromkeys(files) for argument in ("--plugin-file", file)]
+
+    def _files_of(self, choice: dict[str, Any]) -> list[str]:
+        recorded = str((choice.get("source") or {}).get("source") or "")
+        if recorded.startswith(PLUGIN_SOURCE):
+            return [recorded.removeprefix(PLUGIN_SOURCE)]
+        return self.worker.plugin_files.get(str(choice.get("name")), [])
 
     def arguments(self, spec_path: Path, tracking_uri: str) -> list[str]:
         """The arguments of `python -m jobs.run` for this job."""

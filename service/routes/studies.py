@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Path, Query, Request, Response
 from fastapi.responses import HTMLResponse
 from sqlalchemy.orm import Session
 
-from jobs.spec import Catalogue, StudySpec, study_errors
+from jobs.spec import Catalogue, StudySpec, study_errors, with_sources
 from service.admission import device_errors
 from service.auth import CallerDep, submitter
 from service.capabilities import needs_of
@@ -99,6 +99,7 @@ def _stored_study(
         errors += device_errors(needs, spec.device, session=session, settings=settings)
     if errors:
         raise HTTPException(status_code=422, detail=[e.model_dump() for e in errors])
+    jobs = [(member, with_sources(job, catalogue)) for member, job in jobs]  # the classes validated against
     with queue_room(
         session=session, settings=settings, submitted_by=submitted_by, jobs=len(jobs), idempotency=key
     ) as earlier:

@@ -312,3 +312,15 @@ def test_a_run_whose_artifacts_were_lost_ends_failed_and_says_so() -> None:
     result = JobResult(job_id="1", attempt=1, workdir="/tmp/w", status="succeeded")
     assert finish_mlflow_run(run, result, None, None).status == "failed"
     assert run.ended == ("FAILED", "failed")
+
+
+def test_a_jobs_result_says_which_class_trained_and_where_it_came_from(jobs: dict[str, Job]) -> None:
+    """Nothing had shown which file or class a job ran (a second plugin file had swapped the class
+    under a queued job's name unseen)."""
+    _, raised = jobs["plugin_raises"].result()  # the class was loaded and built, then its step raised
+    source = raised["optimizer_source"]
+    assert source["source"].startswith("plugin ") and source["source"].endswith("exploding_momentum.py")
+    assert source["class_name"] == "ExplodingMomentum" and len(source["sha256"]) == 64
+    _, straight = jobs["straight"].result()
+    assert straight["optimizer_source"]["source"] == "builtin:optimizers.torch.adam"
+    assert straight["optimizer_source"].get("sha256") is None

@@ -66,6 +66,7 @@ def test_submit_returns_the_queued_job(client: TestClient) -> None:
         "base": None,
         "needs": None,
         "param_groups": None,
+        "source": None,  # a built-in's: no plugin file can change it
     }
     assert job["progress"] == {"step": 0, "total": 300, "fraction": 0.0}
     assert job["created_at"].endswith("Z") or "+00:00" in job["created_at"]
