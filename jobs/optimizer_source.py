@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from jobs.result import OptimizerSource
 from jobs.spec import OptimizerChoice
-from optimizers.registry import Entry, Registry
+from optimizers.registry import PLUGIN_SOURCE, Entry, Registry
 
 
 class OptimizerSourceChanged(ValueError):
@@ -29,7 +29,7 @@ def source_of(entry: Entry) -> OptimizerSource:
 def recorded_plugin_files(choices: Sequence[OptimizerChoice | None]) -> list[str]:
     """The plugin files the spec records for its optimizer and base: the job reads those first."""
     sources = [choice.source for choice in choices if choice is not None and choice.source is not None]
-    return [source.source.split(" ", 1)[1] for source in sources if source.source.startswith("plugin ")]
+    return [s.source.removeprefix(PLUGIN_SOURCE) for s in sources if s.source.startswith(PLUGIN_SOURCE)]
 
 
 def loaded_entry(registry: Registry, choice: OptimizerChoice, style: str) -> Entry:
@@ -63,7 +63,8 @@ def held_to_record(choice: OptimizerChoice, entry: Entry) -> None:
             f"for {recorded.where()} ({recorded.source}), and its hyperparameters were checked against "
             "that class: resubmit the job to train the one there now"
         )
-    if now.sha256 != recorded.sha256:
+    # A catalogue published before files were hashed records none: the file and class still hold.
+    if recorded.sha256 is not None and now.sha256 != recorded.sha256:
         raise OptimizerSourceChanged(
             f"optimizer {choice.name!r} ({recorded.where()}) was edited after the job was submitted: its "
             f"file's sha256 is {_short(now.sha256)} now, {_short(recorded.sha256)} then, and the job's "

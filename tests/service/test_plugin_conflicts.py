@@ -57,6 +57,17 @@ def submitted_spec(settings: Settings, optimizer: dict[str, Any]) -> dict[str, A
     return stored
 
 
+def study_job_spec(settings: Settings, optimizer: dict[str, Any]) -> dict[str, Any]:
+    """The spec the API stored for the first job of a study of `optimizer`."""
+    body = {"name": "probe", "workload": {"name": "digits_mlp"}, "optimizers": [optimizer], "steps": 5}
+    with TestClient(create_app(settings), raise_server_exceptions=False) as client:
+        answer = client.post("/studies", json=body)
+        assert answer.status_code == 201, answer.text
+        job_id = answer.json()["jobs"][0]["job_id"]
+        stored: dict[str, Any] = client.get(f"/jobs/{job_id}").json()["spec"]
+    return stored
+
+
 def test_a_job_records_the_class_it_was_validated_against_and_a_second_file_takes_no_name(
     running_worker: tuple[Path, Worker], settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
@@ -71,6 +82,8 @@ def test_a_job_records_the_class_it_was_validated_against_and_a_second_file_take
     assert source["class_name"] == "ProbeMomentum"
     assert len(source["sha256"]) == 64
     assert submitted_spec(settings, {"name": "sgd", "params": {"lr": 0.1}})["optimizer"]["source"] is None
+    in_a_study = study_job_spec(settings, {"name": "probe_momentum", "params": {"lr": [0.01]}})
+    assert in_a_study["optimizer"]["source"] == source
 
     # A colleague's file whose name sorts first claims the name too: neither registers it now.
     theirs = folder / "a_dup.py"
