@@ -33,6 +33,7 @@ def test_a_check_is_queued_as_a_job_of_kind_check(client: TestClient) -> None:
             "base": None,
             "needs": None,
             "param_groups": None,
+            "source": None,  # a built-in's: no plugin file can change it
         },
         "checks": ["dense_step", "construct"],
         "experiment": "optimizer-checks",
