@@ -63,7 +63,8 @@ class PluginWatcher:
 
 def plugin_files_by_name(catalogue: Mapping[str, Any]) -> dict[str, list[str]]:
     """Each plugin optimizer's name -> the files the catalogue found it in (one per style it is in).
-    A job is told these (`jobs.run --plugin-file`), so it reads its own optimizer's file only."""
+    A job whose spec records no file of its own (one the API validated does) is told these
+    (`jobs.run --plugin-file`), so it reads its own optimizer's file only."""
     files: dict[str, list[str]] = {}
     for optimizer in catalogue.get("optimizers", []):
         source = str(optimizer.get("source") or "")
