@@ -57,7 +57,11 @@ def held_to_record(choice: OptimizerChoice, entry: Entry) -> None:
     if recorded is None:
         return
     now = source_of(entry)
-    if (now.source, now.class_name) != (recorded.source, recorded.class_name):
+    # The same class in a file of the same text is the class validated, wherever this host keeps it
+    # (plugin folders mounted at other paths on another GPU host).
+    same_text = recorded.sha256 is not None and now.sha256 == recorded.sha256
+    moved = now.source != recorded.source and not same_text
+    if moved or now.class_name != recorded.class_name:
         raise OptimizerSourceChanged(
             f"optimizer {choice.name!r} now comes from {now.where()} ({now.source}); the job was submitted "
             f"for {recorded.where()} ({recorded.source}), and its hyperparameters were checked against "

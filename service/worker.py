@@ -774,9 +774,12 @@ class Supervision:
 
     def _files_of(self, choice: dict[str, Any]) -> list[str]:
         recorded = str((choice.get("source") or {}).get("source") or "")
-        if recorded.startswith(PLUGIN_SOURCE):
+        found_here = self.worker.plugin_files.get(str(choice.get("name")), [])
+        # A host that keeps its plugin folder elsewhere reads its own copy; the job then holds it to
+        # the recorded class and file text.
+        if recorded.startswith(PLUGIN_SOURCE) and Path(recorded.removeprefix(PLUGIN_SOURCE)).is_file():
             return [recorded.removeprefix(PLUGIN_SOURCE)]
-        return self.worker.plugin_files.get(str(choice.get("name")), [])
+        return found_here
 
     def arguments(self, spec_path: Path, tracking_uri: str) -> list[str]:
         """The arguments of `python -m jobs.run` for this job."""

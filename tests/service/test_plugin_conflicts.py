@@ -241,3 +241,28 @@ def test_the_result_and_the_runs_tags_say_which_class_trained() -> None:
     }
     assert source.where() == "mine.py:Mine"
     assert PLUGIN_SOURCE == "plugin "  # jobs.result's own copy of the prefix
+
+
+def test_the_same_file_in_another_hosts_plugin_folder_is_the_class_validated(tmp_path: Path) -> None:
+    """A GPU host may mount its plugin folder at another path: the same class in a file of the same
+    text is the one the job was validated against (it had failed as "now comes from ..."); another
+    text there still fails, naming both files."""
+    here, there = tmp_path / "api_host", tmp_path / "gpu_host"
+    for folder in (here, there):
+        folder.mkdir()
+        (folder / "probe_torch.py").write_text(PROBE)
+    source = recorded(here / "probe_torch.py", "ProbeMomentum")
+    choice = JobSpec.model_validate(
+        {
+            "workload": {"name": "digits_mlp"},
+            "optimizer": {"name": "probe_momentum", "source": source.model_dump()},
+            "steps": 3,
+        }
+    ).optimizer
+    entry = loaded_entry(load_registry([str(there)], ("torch",)), choice, "torch")
+    assert entry.source == f"plugin {there / 'probe_torch.py'}"
+    (there / "probe_torch.py").write_text(PROBE.replace("weight_decay", "decay_of_weights"))
+    with pytest.raises(
+        OptimizerSourceChanged, match="now comes from probe_torch.py:ProbeMomentum .*gpu_host"
+    ):
+        loaded_entry(load_registry([str(there)], ("torch",)), choice, "torch")
