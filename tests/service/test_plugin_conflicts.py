@@ -263,6 +263,6 @@ def test_the_same_file_in_another_hosts_plugin_folder_is_the_class_validated(tmp
     assert entry.source == f"plugin {there / 'probe_torch.py'}"
     (there / "probe_torch.py").write_text(PROBE.replace("weight_decay", "decay_of_weights"))
     with pytest.raises(
-        OptimizerSourceChanged, match="now comes from probe_torch.py:ProbeMomentum .*gpu_host"
+        OptimizerSourceChanged, match=r"now comes from probe_torch\.py:ProbeMomentum .*gpu_host"
     ):
         loaded_entry(load_registry([str(there)], ("torch",)), choice, "torch")
