@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from jobs.checks.context import CheckContext, overrides_note
-from jobs.checks.rate_checks import TABLE_SHAPE
+from jobs.checks.rate_checks import POSITIVE_SCHEDULE_FACTORS, TABLE_SHAPE
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.checks.tools import (
     SHAPES,
@@ -326,6 +326,9 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
             "add_variable), not in Python attributes",
             figure=diff,
         )
+    frozen = None if random_graph else _frozen_schedule(ctx, grads)
+    if frozen is not None:
+        return frozen
     # Before XLA: a warn of XLA's would otherwise hide a sparse fault, which is a fail.
     sparse = _sparse_graph_fault(ctx, compare=not random_graph)
     if sparse is not None:
@@ -366,6 +369,36 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
     return passed(
         f"{GRAPH_STEPS} steps under tf.function and with jit_compile=True match the eager ones",
         figure=max(diff, xla_diff),
+    )
+
+
+def _frozen_schedule(ctx: CheckContext, grads: Sequence[Sequence[Any]]) -> Outcome | None:
+    """The same steps eagerly and under tf.function, with a schedule whose rate changes every step.
+    A rate read in Python code that runs only when traced (a legacy `_create_slots` caching
+    `_decayed_lr`, which runs under init_scope at every eager call but once in a function) follows the
+    schedule eagerly, where `schedule` steps, and is frozen in every `fit` job. None where they match,
+    where the class takes no rate, or where a schedule makes it raise (`schedule` judges that)."""
+    if not ctx.has_lr:
+        return None
+    rates = [ctx.lr * factor for factor in POSITIVE_SCHEDULE_FACTORS[: len(grads)]]
+    try:
+        eager = _run_steps(ctx, grads, compile_with=None, rates=rates)
+        graph = _run_steps(ctx, grads, compile_with=False, rates=rates)
+    except Exception:
+        return None
+    if _all_close(eager, graph, RTOL, ATOL) or any(non_finite(value) for value in eager + graph):
+        return None
+    diff = max_diff(eager, graph)
+    shown = [round(rate, 8) for rate in rates]
+    return failed(
+        f"with a LearningRateSchedule of rates {shown}, {GRAPH_STEPS} steps under tf.function (every fit "
+        f"job) differ from the eager ones by up to {diff:.3g}, though at a constant rate they match: the "
+        "schedule's rate is read at trace time, so Python state frozen when the function is traced keeps "
+        "the first step's rate for the whole job",
+        where=ctx.target.class_location(),
+        fix=f"{_kit(ctx).advice.read_lr_each_step}; a value computed in _create_slots, build or any code "
+        "that runs eagerly (init_scope) is computed once when traced",
+        figure=diff,
     )
 
 
@@ -459,14 +492,19 @@ def _run_sparse_steps(ctx: CheckContext, grads: Sequence[SparseRows], *, traced:
 
 
 def _run_steps(
-    ctx: CheckContext, grads: Sequence[Sequence[Any]], *, compile_with: bool | None
+    ctx: CheckContext,
+    grads: Sequence[Sequence[Any]],
+    *,
+    compile_with: bool | None,
+    rates: Sequence[float] | None = None,
 ) -> list[np.ndarray]:
     """Variables and optimizer state after the steps: eagerly (None), tf.function, or XLA (True).
     Each step is one update: with `gradient_accumulation_steps` that many calls, each one traced
-    call as `fit` makes one a batch (a fixed count of calls had compared no update at all)."""
+    call as `fit` makes one a batch (a fixed count of calls had compared no update at all). With
+    `rates`, the optimizer is built over a schedule of them, one per update."""
     kit = _kit(ctx)
     with same_draws(ctx, seed=GRAPH_DRAWS):  # as in _run_sparse_steps
-        optimizer, variables = fresh(ctx, **ctx.stateful_overrides())
+        optimizer, variables = _built_for_steps(ctx, rates)
 
         def step(step_grads: list[Any]) -> None:
             kit.apply(optimizer, step_grads, variables)
@@ -477,6 +515,19 @@ def _run_steps(
             for _ in range(applies_per_update(optimizer)):
                 run(tensors)
     return kit.values(variables) + [value for _, value in kit.state(optimizer)]
+
+
+def _built_for_steps(ctx: CheckContext, rates: Sequence[float] | None) -> tuple[Any, list[Any]]:
+    """A fresh optimizer for `_run_steps`: at the built rate, or over a schedule of `rates` that
+    counts apply() calls as Keras does (a step of `gradient_accumulation_steps` is that many)."""
+    if rates is None:
+        return fresh(ctx, **ctx.stateful_overrides())
+    kit = _kit(ctx)
+    optimizer, variables = fresh(ctx, learning_rate=kit.piecewise(rates, 1), **ctx.stateful_overrides())
+    calls = applies_per_update(optimizer)
+    if calls == 1:
+        return optimizer, variables
+    return fresh(ctx, learning_rate=kit.piecewise(rates, calls), **ctx.stateful_overrides())
 
 
 # -- mixed_precision ----------------------------------------------------------------------------------------

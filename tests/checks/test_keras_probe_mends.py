@@ -1,0 +1,89 @@
+"""Faults a probe of the Keras 3 and legacy tf.keras checks found passed or misdiagnosed
+(/tmp/probe_keras/REPORT.md: M1..M6, F1, D1..D3, C1), each as a small class here, with the check
+that now catches it, and the correct pattern beside it where one could be taken for the fault.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from jobs.checks.context import CheckContext
+from jobs.checks.report import Outcome
+from jobs.checks.runner import checks_for_style
+from tests.checks.tables import target_of
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    yield tmp_path_factory.mktemp("keras-probe-mends")
+
+
+def _run(check_id: str, name: str, workdir: Path, style: str | None = None) -> Outcome:
+    ctx = CheckContext(target=target_of(f"{__name__}:{name}", style), params={}, workdir=workdir)
+    return checks_for_style(ctx.target.style)[check_id](ctx)
+
+
+class _LegacyMomentum(tf_keras.optimizers.legacy.Optimizer):
+    """Legacy heavy-ball momentum, correct: the base the legacy faults below change one thing of."""
+
+    def __init__(
+        self,
+        learning_rate: object = 0.01,
+        momentum: float = 0.9,
+        name: str = "LegacyMomentum",
+        **kwargs: object,
+    ) -> None:
+        super().__init__(name, **kwargs)
+        self._set_hyper("learning_rate", learning_rate)
+        self._set_hyper("momentum", momentum)
+
+    def _create_slots(self, var_list: list[tf.Variable]) -> None:
+        for var in var_list:
+            self.add_slot(var, "momentum")
+
+    def _resource_apply_dense(self, grad: tf.Tensor, var: tf.Variable, apply_state: object = None) -> object:
+        dtype = var.dtype.base_dtype
+        slot = self.get_slot(var, "momentum")
+        velocity = slot.assign(self._get_hyper("momentum", dtype) * slot + grad)
+        return var.assign_sub(self._decayed_lr(dtype) * velocity)
+
+    def get_config(self) -> dict[str, object]:
+        config: dict[str, object] = super().get_config()
+        config["learning_rate"] = self._serialize_hyperparameter("learning_rate")
+        config["momentum"] = self._serialize_hyperparameter("momentum")
+        return config
+
+
+class TraceCachedRateMomentum(_LegacyMomentum):
+    """M1: the rate read in _create_slots, which apply_gradients runs under init_scope at every eager
+    call but only once, when traced, inside a tf.function: eager steps follow a schedule, fit's do not."""
+
+    def _create_slots(self, var_list: list[tf.Variable]) -> None:
+        super()._create_slots(var_list)
+        self._rate_cache = float(self._decayed_lr(tf.float32).numpy())
+
+    def _resource_apply_dense(self, grad: tf.Tensor, var: tf.Variable, apply_state: object = None) -> object:
+        dtype = var.dtype.base_dtype
+        slot = self.get_slot(var, "momentum")
+        velocity = slot.assign(self._get_hyper("momentum", dtype) * slot + grad)
+        return var.assign_sub(tf.constant(self._rate_cache, dtype) * velocity)
+
+
+# -- M1: a rate frozen when traced --------------------------------------------------------------------------
+
+
+def test_a_rate_cached_when_traced_fails_graph_mode(workdir: Path) -> None:
+    outcome = _run("graph_mode", "TraceCachedRateMomentum", workdir, "tf_legacy")
+    assert outcome.status == "fail", outcome.detail
+    assert "LearningRateSchedule" in outcome.detail and "read at trace time" in outcome.detail
+    assert "test_keras_probe_mends.py:" in outcome.where
+
+
+def test_a_rate_read_every_step_passes_graph_mode(workdir: Path) -> None:
+    outcome = _run("graph_mode", "_LegacyMomentum", workdir, "tf_legacy")
+    assert outcome.status == "pass", outcome.detail
