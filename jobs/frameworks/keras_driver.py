@@ -584,7 +584,46 @@ class KerasDriver(Driver):
                 fix="from_config must turn a serialized schedule (a dict in the config) back into one, as "
                 "the base class's from_config does, before calling the constructor",
             ) from exc
+        lost = self._schedule_lost(optimizer, rebuilt, config)
+        if lost is not None:
+            raise lost
         return [plain_config(rebuilt)]
+
+    def _schedule_lost(
+        self, optimizer: Any, rebuilt: Any, config: Mapping[str, Any]
+    ) -> ConfigNotSerialized | None:
+        """Where the optimizer steps with a LearningRateSchedule and the one `from_config` rebuilds
+        does not: every reload (load_model, a job's first and last checkpoints) then trains at a
+        constant rate, though the config survives the round trip (it holds the same number twice)."""
+        if self.rate_is_a_schedule(optimizer) is not True or self.rate_is_a_schedule(rebuilt) is not False:
+            return None  # no schedule to lose, or kept where this cannot read it (a wrapper's inner)
+        stored = config.get("learning_rate")
+        if isinstance(stored, Mapping):  # the schedule was serialized: from_config dropped it
+            return ConfigNotSerialized(
+                f"{type(optimizer).__name__}.from_config() rebuilds an optimizer with a constant rate from a "
+                "config that holds the serialized schedule: a reloaded optimizer never follows its schedule",
+                fix="pass the config's learning_rate through keras.optimizers.schedules.deserialize in "
+                "from_config, as the base class's from_config does, or leave from_config to the base class",
+                method="from_config",
+            )
+        shown = f" ({stored!r})" if isinstance(stored, int | float) else ""
+        return ConfigNotSerialized(
+            f"get_config() stores the schedule's current value{shown} instead of the schedule, so an "
+            "optimizer from_config() rebuilds (every load_model, a job's reload) trains at a constant rate",
+            fix=self.advice_schedule_in_config,
+            method="get_config",
+        )
+
+    advice_schedule_in_config: ClassVar[str] = (
+        "store the serialized schedule: keras.optimizers.schedules.serialize(self._learning_rate), what "
+        "super().get_config() already does (or self._serialize_hyperparameter(self._learning_rate))"
+    )
+
+    def rate_is_a_schedule(self, optimizer: Any) -> bool | None:
+        """Whether the optimizer keeps its rate as a LearningRateSchedule (Keras 3's `_learning_rate`);
+        None where it keeps none there (a wrapper keeps its inner optimizer's)."""
+        rate = getattr(optimizer, "_learning_rate", None)
+        return None if rate is None else isinstance(rate, self.schedules.LearningRateSchedule)
 
     def reload_holds(self, optimizer: Any, name: str, value: Any, *, is_rate: bool) -> bool:
         """Rebuilt as `load_model` rebuilds it (the config through JSON, then `from_config`), the
@@ -809,6 +848,17 @@ class LegacyKerasDriver(KerasDriver):
 
     def create_state(self, optimizer: Any, variables: Sequence[Any]) -> None:
         optimizer._create_all_weights(list(variables))  # the legacy API's only way to make slots now
+
+    advice_schedule_in_config: ClassVar[str] = (
+        "store the serialized schedule: config['learning_rate'] = "
+        "self._serialize_hyperparameter('learning_rate'), what the base class's get_config does"
+    )
+
+    def rate_is_a_schedule(self, optimizer: Any) -> bool | None:
+        hyper = getattr(optimizer, "_hyper", {})
+        if "learning_rate" not in hyper:
+            return None
+        return isinstance(hyper["learning_rate"], self.schedules.LearningRateSchedule)
 
     def current_rate(self, optimizer: Any) -> Any:
         # `learning_rate` hands back whatever is stored, a schedule's config dict too; the update

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import keras
 import pytest
 import tensorflow as tf
 import tf_keras
@@ -86,4 +87,41 @@ def test_a_rate_cached_when_traced_fails_graph_mode(workdir: Path) -> None:
 
 def test_a_rate_read_every_step_passes_graph_mode(workdir: Path) -> None:
     outcome = _run("graph_mode", "_LegacyMomentum", workdir, "tf_legacy")
+    assert outcome.status == "pass", outcome.detail
+
+
+# -- M2: a schedule stored as its current value -------------------------------------------------------------
+
+
+class ValueConfigAdam(keras.optimizers.Adam):
+    """M2: get_config stores the rate the schedule gives now: a reload trains at that rate for good."""
+
+    def get_config(self) -> dict[str, object]:
+        config: dict[str, object] = super().get_config()
+        config["learning_rate"] = float(keras.ops.convert_to_numpy(self.learning_rate))
+        return config
+
+
+class ValueConfigMomentum(_LegacyMomentum):
+    """M2, legacy: the current value of `_decayed_lr` stored where the serialized schedule belongs."""
+
+    def get_config(self) -> dict[str, object]:
+        config = super().get_config()
+        config["learning_rate"] = float(self._decayed_lr(tf.float32).numpy())
+        return config
+
+
+@pytest.mark.parametrize(("name", "style"), [("ValueConfigAdam", None), ("ValueConfigMomentum", "tf_legacy")])
+def test_a_schedule_stored_as_its_value_fails_config_roundtrip(
+    name: str, style: str | None, workdir: Path
+) -> None:
+    outcome = _run("config_roundtrip", name, workdir, style)
+    assert outcome.status == "fail", outcome.detail
+    assert "stores the schedule's current value" in outcome.detail and "constant rate" in outcome.detail
+    assert "_serialize_hyperparameter" in outcome.detail
+    assert "test_keras_probe_mends.py:" in outcome.where
+
+
+def test_a_serialized_schedule_passes_config_roundtrip(workdir: Path) -> None:
+    outcome = _run("config_roundtrip", "_LegacyMomentum", workdir, "tf_legacy")
     assert outcome.status == "pass", outcome.detail
