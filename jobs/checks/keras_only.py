@@ -326,7 +326,7 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
             "add_variable), not in Python attributes",
             figure=diff,
         )
-    frozen = None if random_graph else _frozen_schedule(ctx, grads)
+    frozen = _draws_only_when_traced(ctx) if random_graph else _frozen_schedule(ctx, grads)
     if frozen is not None:
         return frozen
     # Before XLA: a warn of XLA's would otherwise hide a sparse fault, which is a fail.
@@ -404,6 +404,15 @@ def _frozen_schedule(ctx: CheckContext, grads: Sequence[Sequence[Any]]) -> Outco
 
 def _random_ops(ctx: CheckContext) -> list[str]:
     """The random ops a traced step runs (functions it calls included), stateless ones too."""
+    return sorted(op for op in _traced_op_types(ctx) if _is_random(op))
+
+
+def _is_random(op: str) -> bool:
+    return op in OP_SEEDED_RANDOM_OPS or "Random" in op or op.startswith(("Rng", "Stateful"))
+
+
+def _traced_op_types(ctx: CheckContext) -> set[str]:
+    """The op types of a traced step, those of the functions it calls included."""
     kit = _kit(ctx)
     optimizer, variables = fresh(ctx, **ctx.stateful_overrides())
     grads = kit.gradient_tensors(arrays(SHAPES, seed=60))
@@ -412,7 +421,30 @@ def _random_ops(ctx: CheckContext) -> list[str]:
     ops = {op.type for op in graph.get_operations()}
     for function in graph.as_graph_def().library.function:
         ops.update(node.op for node in function.node_def)
-    return sorted(op for op in ops if op in OP_SEEDED_RANDOM_OPS or "Random" in op or op.startswith("Rng"))
+    return ops
+
+
+def _draws_only_when_traced(ctx: CheckContext) -> Outcome | None:
+    """A class that draws random numbers in its steps (numpy's or Python's RNG moved) whose traced
+    step runs no random op: numpy drew once, when the function was traced, and the graph adds those
+    same numbers at every step of every `fit` job. A class drawing with TensorFlow or Keras ops has
+    them in its graph, and one that calls Python each step (tf.py_function) draws anew: None."""
+    try:
+        ops = _traced_op_types(ctx)
+    except Exception:  # the trace itself is judged by the comparison that ran it
+        return None
+    if any(_is_random(op) or "PyFunc" in op for op in ops):
+        return None
+    return failed(
+        "the class draws random numbers in its steps, but its step under tf.function (every fit job) runs "
+        "no random op: numpy's or Python's random drew once, when the function was traced, and the same "
+        f"numbers are added at every step (its {GRAPH_STEPS} traced steps differ from the eager ones, which "
+        "draw anew each call)",
+        where=ctx.target.class_location(),
+        fix="draw with keras.random.* (keras.random.normal(shape, seed=self.seed_generator), a "
+        "keras.random.SeedGenerator made in __init__) or tf.random ops, never np.random or Python's random "
+        "in the update",
+    )
 
 
 # Row-sparse steps on an embedding table (unique ids, then a repeated one, in batch order), as an

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import keras
+import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
@@ -125,3 +126,55 @@ def test_a_schedule_stored_as_its_value_fails_config_roundtrip(
 def test_a_serialized_schedule_passes_config_roundtrip(workdir: Path) -> None:
     outcome = _run("config_roundtrip", "_LegacyMomentum", workdir, "tf_legacy")
     assert outcome.status == "pass", outcome.detail
+
+
+# -- M3: numpy noise, drawn once when traced ----------------------------------------------------------------
+
+
+class NumpyNoiseSGD(keras.optimizers.Optimizer):
+    """M3: SGLD noise drawn with numpy in update_step: under tf.function it is drawn once, when
+    traced, and the same 'noise' is added at every step."""
+
+    def update_step(self, gradient: object, variable: keras.Variable, learning_rate: object) -> None:
+        noise = np.random.normal(0.0, 1e-3, size=tuple(variable.shape)).astype("float32")
+        rate = keras.ops.cast(learning_rate, variable.dtype)
+        self.assign_sub(variable, keras.ops.multiply(gradient, rate) + noise)
+
+
+class SeededSGLD(keras.optimizers.Optimizer):
+    """SGLD as Keras documents random draws in layers: a SeedGenerator, keras.random in the step.
+    Its generator's state is not among optimizer.variables, so a checkpoint misses it (F1)."""
+
+    def __init__(self, learning_rate: float = 0.01, seed: int = 0, **kwargs: object) -> None:
+        super().__init__(learning_rate=learning_rate, **kwargs)  # type: ignore[arg-type]
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
+
+    def update_step(self, gradient: object, variable: keras.Variable, learning_rate: object) -> None:
+        noise = keras.random.normal(tuple(variable.shape), stddev=1e-3, seed=self.seed_generator)
+        rate = keras.ops.cast(learning_rate, variable.dtype)
+        self.assign_sub(variable, keras.ops.multiply(gradient, rate) + noise)
+
+    def get_config(self) -> dict[str, object]:
+        config: dict[str, object] = super().get_config()
+        config["seed"] = self.seed
+        return config
+
+
+class TrackedSeedSGLD(SeededSGLD):
+    """SeededSGLD with its generator's state registered, so every save holds it (F1's fix)."""
+
+    def build(self, var_list: list[keras.Variable]) -> None:
+        super().build(var_list)
+        self._track_variable(self.seed_generator.state)
+
+
+def test_numpy_noise_frozen_when_traced_fails_graph_mode(workdir: Path) -> None:
+    outcome = _run("graph_mode", "NumpyNoiseSGD", workdir)
+    assert outcome.status == "fail", outcome.detail
+    assert "runs no random op" in outcome.detail and "keras.random" in outcome.detail
+
+
+def test_keras_random_noise_stays_an_inconclusive_graph_mode(workdir: Path) -> None:
+    outcome = _run("graph_mode", "SeededSGLD", workdir)
+    assert outcome.status == "skip", outcome.detail
