@@ -524,6 +524,21 @@ def check_sparse(ctx: CheckContext) -> Outcome:
         f"with a repeated index (ids {repeated_rows}, two steps) the touched rows differ by up to "
         f"{repeated_diff:.3g} from the same gradients with each id's rows summed first"
     )
+    # tf.keras's base class sums them for every built-in, unless an override skips it (legacy SGD's own
+    # does only where its update is linear); anything else that differs there (clipnorm's clip of the
+    # unsummed values) tf.keras's own optimizers do too.
+    summed_apart = repeated_diff > REPEATS_ROUNDING and ctx.target.style == "tf_legacy"
+    override = _summing_overridden(ctx) if summed_apart else None
+    if override is not None:
+        return failed(
+            f"{repeats} (tf.keras's own optimizers sum them first: the base class's "
+            f"{SUMMING_METHOD} does, before _resource_apply_sparse, and the class's override of it skips "
+            "that, so every Embedding batch with a repeated id updates its rows wrongly)",
+            where=override,
+            figure=repeated_diff,
+            fix=f"leave {SUMMING_METHOD} to the base class, or sum the repeated indices in it first "
+            "(tf.unique, then tf.math.unsorted_segment_sum) before the update",
+        )
     if repeated_diff > 0 and driver.capabilities.sums_repeated_rows:
         return failed(
             repeats + " (the framework's own optimizers sum them first)",
@@ -649,6 +664,19 @@ def _moves_touched_rows(ctx: CheckContext, rows: list[int]) -> bool:
         if _rows_changed(start, ctx.driver.values(table)[0], exclude=[]):
             return True
     return False
+
+
+# The legacy tf.keras method whose base sums a row-sparse gradient's repeated indices before it calls
+# `_resource_apply_sparse`, for every built-in that does not override it.
+SUMMING_METHOD = "_resource_apply_sparse_duplicate_indices"
+# More than float32 rounding of a+b added at once or one after the other (values about 1).
+REPEATS_ROUNDING = 1e-6
+
+
+def _summing_overridden(ctx: CheckContext) -> str | None:
+    """Where the user's class overrides `SUMMING_METHOD`, if it does."""
+    where = method_location(ctx, SUMMING_METHOD)
+    return None if where == ctx.where() else where
 
 
 def _sparse_vs_reference(

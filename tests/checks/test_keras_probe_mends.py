@@ -60,6 +60,15 @@ class _LegacyMomentum(tf_keras.optimizers.legacy.Optimizer):
         config["momentum"] = self._serialize_hyperparameter("momentum")
         return config
 
+    def _resource_apply_sparse(
+        self, grad: tf.Tensor, var: tf.Variable, indices: tf.Tensor, apply_state: object = None
+    ) -> object:
+        dtype = var.dtype.base_dtype
+        slot = self.get_slot(var, "momentum")
+        rows = self._get_hyper("momentum", dtype) * tf.gather(slot, indices) + grad
+        with tf.control_dependencies([self._resource_scatter_update(slot, indices, rows)]):
+            return self._resource_scatter_add(var, indices, -self._decayed_lr(dtype) * rows)
+
 
 class TraceCachedRateMomentum(_LegacyMomentum):
     """M1: the rate read in _create_slots, which apply_gradients runs under init_scope at every eager
@@ -178,3 +187,28 @@ def test_numpy_noise_frozen_when_traced_fails_graph_mode(workdir: Path) -> None:
 def test_keras_random_noise_stays_an_inconclusive_graph_mode(workdir: Path) -> None:
     outcome = _run("graph_mode", "SeededSGLD", workdir)
     assert outcome.status == "skip", outcome.detail
+
+
+# -- M6: a legacy override that skips the base class's summing of repeated ids ------------------------------
+
+
+class UnsummedSparseMomentum(_LegacyMomentum):
+    """M6: repeated ids go straight to the gather / scatter_update path: all but one of their rows
+    are lost in the momentum. tf.keras's base class sums them first for every built-in."""
+
+    def _resource_apply_sparse_duplicate_indices(
+        self, grad: tf.Tensor, handle: tf.Variable, indices: tf.Tensor, **kwargs: object
+    ) -> object:
+        return self._resource_apply_sparse(grad, handle, indices, **kwargs)
+
+
+def test_a_legacy_override_that_skips_summing_repeated_ids_fails_sparse(workdir: Path) -> None:
+    outcome = _run("sparse", "UnsummedSparseMomentum", workdir, "tf_legacy")
+    assert outcome.status == "fail", outcome.detail
+    assert "_resource_apply_sparse_duplicate_indices" in outcome.detail and "skips that" in outcome.detail
+    assert "test_keras_probe_mends.py:" in outcome.where
+
+
+def test_a_legacy_sparse_update_the_base_sums_repeats_for_passes_sparse(workdir: Path) -> None:
+    outcome = _run("sparse", "_LegacyMomentum", workdir, "tf_legacy")
+    assert outcome.status == "pass", outcome.detail
