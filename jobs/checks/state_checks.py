@@ -843,15 +843,23 @@ def _unsaved_generators(stepped: Any, restored: Any, only: Collection[str] | Non
     """The random number generators the optimizer keeps as attributes of its own that would draw
     differently in the restored optimizer: state the save never saw (SGLD's, a Hutchinson probe's);
     `only` those named, where given (the ones the steps drew from)."""
+    said = []
+    for name in _unsaved_generator_names(stepped, restored, only):
+        value = getattr(stepped, name)
+        said.append(
+            f"self.{name} is a random number generator ({'.'.join(generator_kind(value))}) the save does "
+            f"not hold, so the restored one draws other numbers: {_generator_advice(name, value)}"
+        )
+    return said
+
+
+def _unsaved_generator_names(stepped: Any, restored: Any, only: Collection[str] | None = None) -> list[str]:
     theirs = getattr(restored, "__dict__", {})
     written = attributes_written_by_the_user(type(stepped))
     if only is not None:
         written &= set(only)
     return [
-        f"self.{name} is a random number generator ({'.'.join(generator_kind(value))}) the save does not "
-        "hold, so the restored one draws other numbers: save its state in state_dict() "
-        "(get_state() gives it as a tensor) or draw from torch's global generator, which a job's checkpoint "
-        "saves"
+        name
         for name, value in getattr(stepped, "__dict__", {}).items()
         if name in written
         and (state := _random_state(value)) is not None
@@ -893,10 +901,46 @@ def _same_arrays(mine: Sequence[np.ndarray], theirs: Sequence[np.ndarray]) -> bo
     )
 
 
+# Keras 3's generator, which keeps its state in a variable of its own.
+_KERAS_SEED_GENERATOR = ("keras", "SeedGenerator")
+
+
+def _generator_advice(name: str, value: Any) -> str:
+    """How to make a save hold the generator kept as `self.<name>`."""
+    if generator_kind(value) == _KERAS_SEED_GENERATOR:
+        return _keras_seed_fix(name)
+    return (
+        "save its state in state_dict() (get_state() gives it as a tensor) or draw from torch's global "
+        "generator, which a job's checkpoint saves"
+    )
+
+
+def _unsaved_seed_generator_fix(stepped: Any, restored: Any) -> str | None:
+    """The fix for the first Keras SeedGenerator the save does not hold, if there is one."""
+    return next(
+        (
+            _keras_seed_fix(name)
+            for name in _unsaved_generator_names(stepped, restored)
+            if generator_kind(getattr(stepped, name)) == _KERAS_SEED_GENERATOR
+        ),
+        None,
+    )
+
+
+def _keras_seed_fix(name: str) -> str:
+    return (
+        f"its state is a variable that is not among optimizer.variables, which every checkpoint and "
+        f"whole-model save holds; register it in build(): self._track_variable(self.{name}.state)"
+    )
+
+
+
 def _random_state(value: Any) -> bytes | None:
     """A random number generator's state as bytes (None for anything else)."""
     if generator_kind(value) not in RANDOM_GENERATORS:
         return None
+    if generator_kind(value) == _KERAS_SEED_GENERATOR:
+        return bytes(np.asarray(value.state.numpy()).tobytes())
     if hasattr(value, "bit_generator"):  # numpy's Generator
         state: Any = value.bit_generator.state
     else:
@@ -989,6 +1033,7 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
     if diff > 0:
         unsaved = _unsaved_attributes(optimizer, restored)
         named = f"; here {'; '.join(unsaved)}" if unsaved else ""
+        fix = _unsaved_seed_generator_fix(optimizer, restored) or fix
         return failed(
             f"the restored state matched, but the next step after reloading differs from the uninterrupted "
             f"one by up to {diff:.3g}"
@@ -1012,7 +1057,8 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
             f"the next step after reloading matched the uninterrupted one, but {'; '.join(generators)}; "
             "the checks' loss does not show what it draws, a model's does (resume_exact)",
             where=method_location(ctx),
-            fix="save the generator's state in state_dict() and load it back (get_state() and set_state()), "
+            fix=_unsaved_seed_generator_fix(optimizer, restored)
+            or "save the generator's state in state_dict() and load it back (get_state() and set_state()), "
             "or draw from torch's global generator, which a job's checkpoint saves",
         )
     evaluated = ""

@@ -147,6 +147,7 @@ RANDOM_GENERATORS = {
     ("random", "Random"),
     ("numpy", "Generator"),
     ("numpy", "RandomState"),
+    ("keras", "SeedGenerator"),
 }
 
 

@@ -212,3 +212,20 @@ def test_a_legacy_override_that_skips_summing_repeated_ids_fails_sparse(workdir:
 def test_a_legacy_sparse_update_the_base_sums_repeats_for_passes_sparse(workdir: Path) -> None:
     outcome = _run("sparse", "_LegacyMomentum", workdir, "tf_legacy")
     assert outcome.status == "pass", outcome.detail
+
+
+# -- F1: a Keras SeedGenerator a save does not hold ---------------------------------------------------------
+
+
+def test_an_untracked_seed_generator_is_named_with_the_keras_fix(workdir: Path) -> None:
+    outcome = _run("state_roundtrip", "SeededSGLD", workdir)
+    assert outcome.status == "fail", outcome.detail
+    assert "self.seed_generator is a random number generator (keras.SeedGenerator)" in outcome.detail
+    assert "Fix: " in outcome.detail
+    fix = outcome.detail.split("Fix: ", 1)[1]
+    assert "self._track_variable(self.seed_generator.state)" in fix and "torch" not in fix
+
+
+def test_a_tracked_seed_generator_passes_state_roundtrip(workdir: Path) -> None:
+    outcome = _run("state_roundtrip", "TrackedSeedSGLD", workdir)
+    assert outcome.status == "pass", outcome.detail
