@@ -357,7 +357,7 @@ def _stored_as_a_fixed_value(ctx: CheckContext) -> Outcome | None:
     for name, param in ctx.target.entry.params.items():
         if name == "lr":
             continue  # compared halved at the build above
-        value = _changed(param, built_with.get(name))
+        value = _other_value(param, built_with.get(name))  # a switch flipped too (amsgrad=True)
         if value is None:
             continue
         key = native(ctx, name)
@@ -379,7 +379,35 @@ def _stored_as_a_fixed_value(ctx: CheckContext) -> Outcome | None:
                 where=method_location(ctx, "get_config"),
                 fix=f"store the value the optimizer was built with ({key!r}: self.{key})",
             )
+        if key in config and same_value(held, value):
+            dropped = _dropped_by_from_config(ctx, optimizer, key, value)
+            if dropped is not None:
+                return dropped
     return None
+
+
+def _dropped_by_from_config(ctx: CheckContext, optimizer: Any, key: str, value: Any) -> Outcome | None:
+    """A `from_config` of the class's own that loses `key` (a whitelist of keys written before a
+    switch was added): the config holds the value built, the optimizer it rebuilds holds another, so
+    every reload silently falls back to the default. None where the rebuild cannot be made (the
+    round trip itself judges that) or holds the value."""
+    driver = ctx.driver
+    try:
+        reloaded = driver.config_roundtrip(optimizer, lambda: fresh(ctx)[0])[0]
+    except Exception:
+        return None
+    if key not in reloaded or same_value(reloaded[key], value):
+        return None
+    if driver.reload_holds(optimizer, key, value, is_rate=False):
+        return None
+    return failed(
+        f"{key} built as {value!r} comes back from {driver.config_roundtrip_name} as {reloaded[key]!r}, "
+        f"though {driver.config_name} holds {value!r}: from_config drops it, so every reload (load_model, a "
+        "job's checkpoints) silently uses the default",
+        where=method_location(ctx, "from_config"),
+        fix="pass every key of the config on to the constructor in from_config (convert what needs it, "
+        "then cls(**config)), or leave from_config to the base class",
+    )
 
 
 def _other_value(param: Any, value: Any) -> Any:

@@ -229,3 +229,28 @@ def test_an_untracked_seed_generator_is_named_with_the_keras_fix(workdir: Path) 
 def test_a_tracked_seed_generator_passes_state_roundtrip(workdir: Path) -> None:
     outcome = _run("state_roundtrip", "TrackedSeedSGLD", workdir)
     assert outcome.status == "pass", outcome.detail
+
+
+# -- M4: a from_config that drops a switch ------------------------------------------------------------------
+
+
+class WhitelistAdam(keras.optimizers.Adam):
+    """M4: from_config keeps the keys written before amsgrad was added: a reload turns AMSGrad off."""
+
+    @classmethod
+    def from_config(cls, config: dict[str, object], custom_objects: object = None) -> WhitelistAdam:
+        kept = ("learning_rate", "beta_1", "beta_2", "epsilon", "name")
+        return cls(**{key: config[key] for key in kept if key in config})  # type: ignore[arg-type]
+
+
+def test_a_from_config_that_drops_a_switch_fails_config_roundtrip(workdir: Path) -> None:
+    outcome = _run("config_roundtrip", "WhitelistAdam", workdir)
+    assert outcome.status == "fail", outcome.detail
+    assert "amsgrad built as True comes back from from_config() as False" in outcome.detail
+    assert "test_keras_probe_mends.py:" in outcome.where
+
+
+def test_keras_s_own_from_config_keeps_every_switch(workdir: Path) -> None:
+    ctx = CheckContext(target=target_of("keras.optimizers:Adam"), params={}, workdir=workdir)
+    outcome = checks_for_style(ctx.target.style)["config_roundtrip"](ctx)
+    assert outcome.status == "pass", outcome.detail
