@@ -357,7 +357,9 @@ class KerasDriver(Driver):
         sign_of_update="subtract lr * direction from the variable (self.assign_sub)",
         deprecated_call="tf.cast(x, tf.float32) instead of tf.to_float(x)",
         sparse_update="handle tf.IndexedSlices (gather the touched rows, apply the same math, scatter them "
-        "back), or raise a clear error saying sparse gradients are not supported",
+        "back), or make the gradient dense first (gradient = tf.convert_to_tensor(gradient): correct, though "
+        "every step then costs the whole table; keras.ops.convert_to_tensor and ops.cast keep it sparse), or "
+        "raise a clear error saying sparse gradients are not supported",
         read_lr_each_step="use the learning_rate argument update_step receives every step; never cache "
         "float(self.learning_rate) in __init__ or build",
         keep_hyperparameters="store each constructor argument as given and return it from get_config "

@@ -254,3 +254,32 @@ def test_keras_s_own_from_config_keeps_every_switch(workdir: Path) -> None:
     ctx = CheckContext(target=target_of("keras.optimizers:Adam"), params={}, workdir=workdir)
     outcome = checks_for_style(ctx.target.style)["config_roundtrip"](ctx)
     assert outcome.status == "pass", outcome.detail
+
+
+# -- C1: a Keras 3 update that crashes on tf.IndexedSlices is offered the one-line dense fix -----------------
+
+
+class ScaledSGD(keras.optimizers.Optimizer):
+    """SGD whose math (a Python float times the gradient) raises on tf.IndexedSlices."""
+
+    def update_step(self, gradient: object, variable: keras.Variable, learning_rate: object) -> None:
+        self.assign_sub(variable, 0.5 * gradient * keras.ops.cast(learning_rate, variable.dtype))  # type: ignore[operator]
+
+
+class DensifiedScaledSGD(ScaledSGD):
+    """ScaledSGD with its gradient made dense first, the fix offered."""
+
+    def update_step(self, gradient: object, variable: keras.Variable, learning_rate: object) -> None:
+        super().update_step(tf.convert_to_tensor(gradient), variable, learning_rate)
+
+
+def test_a_sparse_crash_is_offered_to_make_the_gradient_dense(workdir: Path) -> None:
+    outcome = _run("sparse", "ScaledSGD", workdir)
+    assert outcome.status == "fail", outcome.detail
+    assert "gradient = tf.convert_to_tensor(gradient)" in outcome.detail
+
+
+def test_a_gradient_made_dense_passes_sparse(workdir: Path) -> None:
+    """Plain SGD moves no row the gradient did not touch, dense or not."""
+    outcome = _run("sparse", "DensifiedScaledSGD", workdir)
+    assert outcome.status == "pass", outcome.detail
