@@ -34,6 +34,7 @@ from jobs.checks.tools import (
     method_location,
     non_finite,
     non_finite_update,
+    raised_in,
     same_draws,
     same_value,
     shape_text,
@@ -622,11 +623,59 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
                 else ""
             ),
         )
+    uncast = _bfloat16_fault(ctx)
+    if uncast is not None:
+        return uncast
     return passed(
         f"{len(scales)} steps under a mixed_float16 policy with {kit.loss_scale_name}: finite, weights "
         "updated",
         figure=scales[-1] if scales else None,
     )
+
+
+def _bfloat16_fault(ctx: CheckContext) -> Outcome | None:
+    """One step on bfloat16 variables (a model under a "bfloat16" policy, or built in half precision),
+    which mixed_float16 never gives the optimizer (its variables stay float32): a rate never cast to the
+    variable's dtype raises there in the class's own line. Keras 3 only; judged only where Keras's
+    own SGD steps the same variables, and not for a deliberate `raise` of the class's."""
+    kit = _kit(ctx)
+    if kit.style != "keras":
+        return None
+    try:
+        _bfloat16_step(ctx, lambda: kit.plain_reference_sgd())
+    except Exception:  # the framework itself cannot: nothing to ask of the class
+        return None
+    try:
+        _bfloat16_step(ctx, lambda: ctx.build(**ctx.stateful_overrides()))
+    except Exception as exc:
+        message = str(exc)
+        if ctx.user_frame(exc) is None or raised_in(exc, ctx.user_files(), by="raise"):
+            return None
+        if "bfloat16" not in message and "dtype" not in message:
+            return None
+        return failed(
+            f"one step on bfloat16 variables (a model under a 'bfloat16' policy, or built in half precision) "
+            f"raised {_first_line(exc, ctx)}, while Keras's own SGD steps the same variables; mixed_float16 "
+            "keeps the variables float32, so only this shows it",
+            where=user_line(ctx, exc),
+            fix="cast every float the update mixes with the variable to its dtype "
+            "(ops.cast(learning_rate, variable.dtype), and the same for a hyperparameter or state of another "
+            "dtype)",
+        )
+    return None
+
+
+def _bfloat16_step(ctx: CheckContext, build: Callable[[], Any]) -> None:
+    """One update of the optimizer `build` makes, over bfloat16 variables with bfloat16 gradients."""
+    kit = _kit(ctx)
+    values = arrays(SHAPES, seed=85, mean=1.0)
+    variables = [kit.km.Variable(value, dtype="bfloat16") for value in values]
+    optimizer = kit.optimizer_over(lambda _: build(), variables)
+    grads = [kit.tf.constant(value, dtype=kit.tf.bfloat16) for value in arrays(SHAPES, seed=86)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(applies_per_update(optimizer)):
+            kit.apply(optimizer, grads, variables)
 
 
 # What a slot kept in a 16-bit float costs, by dtype: float16 narrows both range and precision,

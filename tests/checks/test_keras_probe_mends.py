@@ -283,3 +283,28 @@ def test_a_gradient_made_dense_passes_sparse(workdir: Path) -> None:
     """Plain SGD moves no row the gradient did not touch, dense or not."""
     outcome = _run("sparse", "DensifiedScaledSGD", workdir)
     assert outcome.status == "pass", outcome.detail
+
+
+# -- M5: a rate never cast to the variable's dtype ----------------------------------------------------------
+
+
+class UncastRateSGD(keras.optimizers.Optimizer):
+    """M5: the float32 rate mixed with the variable uncast: fine under mixed_float16 (float32
+    variables), raises on bfloat16 ones."""
+
+    def update_step(self, gradient: object, variable: keras.Variable, learning_rate: object) -> None:
+        variable.assign(variable - learning_rate * gradient)  # type: ignore[operator]
+
+
+def test_a_rate_never_cast_fails_mixed_precision_on_bfloat16_variables(workdir: Path) -> None:
+    outcome = _run("mixed_precision", "UncastRateSGD", workdir)
+    assert outcome.status == "fail", outcome.detail
+    assert (
+        "bfloat16 variables" in outcome.detail and "ops.cast(learning_rate, variable.dtype)" in outcome.detail
+    )
+    assert "test_keras_probe_mends.py:" in outcome.where
+
+
+def test_a_rate_cast_passes_mixed_precision(workdir: Path) -> None:
+    outcome = _run("mixed_precision", "ScaledSGD", workdir)
+    assert outcome.status == "pass", outcome.detail
