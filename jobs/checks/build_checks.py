@@ -1071,12 +1071,25 @@ def check_none_grads(ctx: CheckContext) -> Outcome:
                 f"the state of a variable that {label} gradient (None) changed by {state_moved:.3g}"
             )
     if problems:
+        override = _gradients_pass_through(ctx)
         return failed(
-            "; ".join(problems),
-            where=method_location(ctx),
+            "; ".join(problems)
+            + (
+                f" (the class's own {override}() override, which hands the gradients to the update it "
+                "inherits, is where a None gradient is first seen: one replaced there, by zeros, steps the "
+                "variable)"
+                if override
+                else ""
+            ),
+            where=method_location(ctx, override),
             figure=float(len(problems)),
             fix="leave a variable whose gradient is None alone: no weight decay, no momentum step, no state "
-            "update for it",
+            "update for it"
+            + (
+                f"; your {override}() override must pass None gradients on as None, or drop them"
+                if override
+                else ""
+            ),
         )
     if not updates_nothing(ctx) and max_diff(after[:2], saved[:2]) == 0:
         return failed(
@@ -1089,6 +1102,26 @@ def check_none_grads(ctx: CheckContext) -> Outcome:
         f"bitwise unchanged over 2 steps; the others were updated{overrides_note(overrides)}",
         0.0,
     )
+
+
+# Keras methods a class may override to change the gradients before its update method sees them.
+GRADIENT_PASSING_METHODS = ("apply_gradients", "apply")
+
+
+def _gradients_pass_through(ctx: CheckContext) -> str | None:
+    """The Keras method (apply, apply_gradients) the user's class overrides in a class more derived
+    than the one its update method comes from: the update is inherited, and the override is the
+    class's own code on the gradients' way (ZeroFillAdam's apply() filling None with zeros)."""
+    mro = ctx.target.cls.__mro__
+    update = ctx.driver.advice.update_method
+
+    def defined_at(method: str) -> int:
+        return next((i for i, cls in enumerate(mro) if method in vars(cls)), len(mro))
+
+    for method in GRADIENT_PASSING_METHODS:
+        if defined_at(method) < defined_at(update) and method_location(ctx, method) != ctx.where():
+            return method
+    return None
 
 
 CHECKS: Mapping[str, CheckFunction] = {

@@ -308,3 +308,27 @@ def test_a_rate_never_cast_fails_mixed_precision_on_bfloat16_variables(workdir: 
 def test_a_rate_cast_passes_mixed_precision(workdir: Path) -> None:
     outcome = _run("mixed_precision", "ScaledSGD", workdir)
     assert outcome.status == "pass", outcome.detail
+
+
+# -- D2: none_grads points at the class's own apply() override --------------------------------------------
+
+
+class ZeroFillAdam(keras.optimizers.Adam):
+    """D2: apply() replaces None gradients by zeros, so a frozen variable moves on its momentum."""
+
+    def apply(self, grads: list[object], trainable_variables: object = None) -> object:
+        if trainable_variables is not None:
+            grads = [
+                keras.ops.zeros_like(v) if g is None else g
+                for g, v in zip(grads, trainable_variables, strict=True)  # type: ignore[call-overload]
+            ]
+        return super().apply(grads, trainable_variables)  # type: ignore[arg-type]
+
+
+def test_none_grads_points_at_the_apply_override_that_fills_them(workdir: Path) -> None:
+    outcome = _run("none_grads", "ZeroFillAdam", workdir)
+    assert outcome.status == "fail", outcome.detail
+    assert "the class's own apply() override" in outcome.detail
+    line = int(outcome.where.rsplit(":", 1)[1])
+    source = Path(__file__).read_text().splitlines()
+    assert "def apply(" in source[line - 1]
