@@ -362,7 +362,7 @@ def _stored_as_a_fixed_value(ctx: CheckContext) -> Outcome | None:
             continue
         key = native(ctx, name)
         try:
-            optimizer, _ = fresh(ctx, **{name: value})  # type: ignore[arg-type]
+            optimizer, _ = fresh(ctx, **{name: value})
             config = driver.config(optimizer)[0]
         except Exception:  # refused alone (a rule between arguments): nothing to compare
             continue
