@@ -47,6 +47,7 @@ from jobs.checks.tools import (
     wrong_signature,
 )
 from jobs.frameworks.base import Driver, ScheduleUnreachable, SparseRows, raising_frame
+from jobs.frameworks.keras_driver import KerasDriver, applies_per_update
 from optimizers.loop_needs import user_classes
 
 # -- schedule ----------------------------------------------------------------------------------------
@@ -115,6 +116,9 @@ def check_schedule(ctx: CheckContext) -> Outcome:
             fix=f"accept a schedule and {driver.advice.read_lr_each_step}; until then, set the rate by hand "
             "between steps",
         )
+    miscounted = _counts_iterations_itself(ctx)
+    if miscounted is not None:  # the schedule is then asked at the wrong step: the cause, not a cached rate
+        return miscounted
     by_hand = updates(rates, how=BY_HAND)
     unbounded = _non_finite_in(scheduled)
     if unbounded and update_made_non_finite(ctx):  # neither way of setting the rate is then at fault
@@ -234,6 +238,54 @@ def check_schedule(ctx: CheckContext) -> Outcome:
         f"{decay_note}",
         worst,
     )
+
+
+# A Keras class writing the step count Keras keeps (`self.iterations.assign_add(1)` in update_step).
+_WRITES_ITERATIONS = re.compile(r"\biterations\.assign(?:_add|_sub)?\(")
+COUNTED_STEPS = 3
+
+
+def _counts_iterations_itself(ctx: CheckContext) -> Outcome | None:
+    """A Keras class that writes `self.iterations`, which Keras increments once per apply(): where its
+    steps then count other than the applies made, the schedule is asked at the wrong step (and bias
+    corrections and warm-ups read the wrong count). Judged only where the class's own source writes it,
+    at that line."""
+    driver = ctx.driver
+    written_at = _iterations_written_at(ctx)
+    if not isinstance(driver, KerasDriver) or written_at is None:
+        return None
+    try:
+        optimizer, variables = fresh(ctx)
+        for step in range(COUNTED_STEPS):
+            driver.step(optimizer, variables, arrays(SHAPES, seed=90 + step), ctx.needs)
+        counted = int(np.asarray(optimizer.iterations))
+    except Exception:  # a step that raises is dense_step's to judge
+        return None
+    expected = COUNTED_STEPS * applies_per_update(optimizer)
+    if counted == expected:
+        return None
+    return failed(
+        f"after {COUNTED_STEPS} steps ({expected} apply() calls) self.iterations is {counted}: the class "
+        "changes it itself, and Keras already increments it once per apply(), so a schedule is asked for the "
+        "rate of a later step (and bias corrections or warm-ups read the wrong count)",
+        where=written_at,
+        fix="never assign to self.iterations; where the class needs a count of its own, keep it in a "
+        "variable made with self.add_variable in build",
+    )
+
+
+def _iterations_written_at(ctx: CheckContext) -> str | None:
+    """`file:line` where the user's class (or a base of theirs) writes `iterations`, if it does."""
+    for cls in user_classes(ctx.target.cls):
+        try:
+            lines, first = inspect.getsourcelines(cls)
+            source = inspect.getsourcefile(cls)
+        except (OSError, TypeError):
+            continue
+        for offset, line in enumerate(lines):
+            if _WRITES_ITERATIONS.search(line) and not line.lstrip().startswith("#"):
+                return f"{source}:{first + offset}"
+    return None
 
 
 def _own_step_size_at_none(ctx: CheckContext) -> bool:

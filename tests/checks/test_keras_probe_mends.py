@@ -332,3 +332,22 @@ def test_none_grads_points_at_the_apply_override_that_fills_them(workdir: Path) 
     line = int(outcome.where.rsplit(":", 1)[1])
     source = Path(__file__).read_text().splitlines()
     assert "def apply(" in source[line - 1]
+
+
+# -- D1: self.iterations written by the class --------------------------------------------------------------
+
+
+class CountingSGD(keras.optimizers.Optimizer):
+    """D1: increments self.iterations in update_step, which Keras already does once per apply()."""
+
+    def update_step(self, gradient: object, variable: keras.Variable, learning_rate: object) -> None:
+        self.assign_sub(variable, keras.ops.multiply(gradient, keras.ops.cast(learning_rate, variable.dtype)))
+        self.iterations.assign_add(1)
+
+
+def test_iterations_counted_by_hand_fails_schedule_at_that_line(workdir: Path) -> None:
+    outcome = _run("schedule", "CountingSGD", workdir)
+    assert outcome.status == "fail", outcome.detail
+    assert "self.iterations is" in outcome.detail and "never assign to self.iterations" in outcome.detail
+    line = int(outcome.where.rsplit(":", 1)[1])
+    assert "self.iterations.assign_add(1)" in Path(__file__).read_text().splitlines()[line - 1]
