@@ -651,8 +651,8 @@ def _bfloat16_fault(ctx: CheckContext) -> Outcome | None:
         message = str(exc)
         if ctx.user_frame(exc) is None or raised_in(exc, ctx.user_files(), by="raise"):
             return None
-        if "bfloat16" not in message and "dtype" not in message:
-            return None
+        if "bfloat16" not in message or not _MIXED_DTYPES.search(message):
+            return None  # not two dtypes mixed (a kernel with no bfloat16 version, as eigh has)
         return failed(
             f"one step on bfloat16 variables (a model under a 'bfloat16' policy, or built in half precision) "
             f"raised {_first_line(exc, ctx)}, while Keras's own SGD steps the same variables; mixed_float16 "
@@ -663,6 +663,12 @@ def _bfloat16_fault(ctx: CheckContext) -> Outcome | None:
             "dtype)",
         )
     return None
+
+
+# TensorFlow's words for an op given two dtypes: eagerly, and when traced.
+_MIXED_DTYPES = re.compile(
+    r"expected to be a \w+ tensor but is a \w+ tensor|has type \w+ that does not match type"
+)
 
 
 def _bfloat16_step(ctx: CheckContext, build: Callable[[], Any]) -> None:
