@@ -962,7 +962,6 @@ def _keras_seed_fix(name: str) -> str:
     )
 
 
-
 def _random_state(value: Any) -> bytes | None:
     """A random number generator's state as bytes (None for anything else)."""
     if generator_kind(value) not in RANDOM_GENERATORS:
