@@ -344,6 +344,9 @@ class Registry:
 
     def add(self, entry: Entry) -> None:
         key = (entry.name, entry.style)
+        known = [self.entries[key]] if key in self.entries else self.clashes.get(key, [])
+        if any(other.cls is entry.cls for other in known):  # an alias (`OldName = Adan`): one class
+            return
         if key in self.clashes:
             self.clashes[key].append(entry)
             return

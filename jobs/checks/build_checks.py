@@ -938,9 +938,10 @@ def _state_made_non_finite_by_steps(
     SENTINEL_STEPS steps never wrote, neither in place nor replaced (a moment gone to inf is written
     by every step, and inf stays inf; it had failed as "not finite"). Where the framework counts no
     writes (Keras, whose state is built before any step), what `_state_made_non_finite` says."""
-    writes = driver.state_writes(optimizer)
+    names = _state_made_non_finite(driver, optimizer, built)
+    writes = driver.state_writes(optimizer) if names else {}
     made, waiting = [], []
-    for name in _state_made_non_finite(driver, optimizer, built):
+    for name in names:
         seen, now = first_seen.get(name), writes.get(name)
         if now is None:
             made.append(name)

@@ -1383,7 +1383,13 @@ class TorchDriver(Driver):
     def state_writes(self, optimizer: Any) -> dict[str, tuple[Any, int]]:
         # `_version` counts in-place writes; the tensor itself is kept (not its id, which a new
         # tensor may reuse), so a replaced entry is another object.
-        return {name: (tensor, tensor._version) for name, tensor in state_tensors(optimizer)}
+        writes = {}
+        for name, tensor in state_tensors(optimizer):
+            try:
+                writes[name] = (tensor, tensor._version)
+            except RuntimeError:  # an inference tensor (a step under inference_mode) counts no writes
+                continue
+        return writes
 
     def state_of(self, optimizer: Any, variables: Sequence[Any], index: int) -> list[np.ndarray]:
         """A tensor that other parameters' state holds too is the group's, not this parameter's:

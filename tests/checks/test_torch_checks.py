@@ -2998,3 +2998,25 @@ def test_a_rate_too_large_for_the_quadratic_keeps_descends_own_fix(tmp_path: Pat
     outcome = CHECKS["descends"](ctx)
     assert outcome.status == "fail", outcome
     assert "not far too large" in outcome.detail and "makes non-finite values" not in outcome.detail, outcome
+
+
+class InferenceModeSGD(StepWithoutClosure):
+    """Heavy-ball SGD stepping under torch.inference_mode(): its state is inference tensors, which
+    count no writes (reading their version counter raises)."""
+
+    @torch.inference_mode()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    buffer = self.state[p].setdefault("momentum", torch.zeros_like(p))
+                    buffer.mul_(0.9).add_(p.grad)
+                    p.sub_(group["lr"] * buffer)
+        return None
+
+
+def test_dense_step_passes_state_made_under_inference_mode(tmp_path: Path) -> None:
+    """Watching state for sentinels read each tensor's version counter, which an inference tensor
+    refuses: the check had stopped with "optlab's check failed"."""
+    outcome = build_checks.check_dense_step(context(f"{__name__}:InferenceModeSGD", tmp_path))
+    assert outcome.status == "pass", outcome

@@ -549,6 +549,15 @@ def test_same_name_in_two_plugin_files_registers_neither_and_names_both_in_each(
     assert alone.get("sign_momentum").source == f"plugin {first}" and alone.errors == []
 
 
+def test_a_class_aliased_in_its_file_registers_once(tmp_path: Path) -> None:
+    """`OldName = SignMomentum` names the same class twice: it had been read as two classes claiming
+    one name, and neither registered."""
+    path = _write(tmp_path, "aliased.py", SIGN_MOMENTUM)
+    path.write_text(path.read_text() + "\n\nOldName = SignMomentum\n")
+    registry = _torch_registry([str(tmp_path)])
+    assert "sign_momentum" in registry.names() and registry.errors == [], registry.errors
+
+
 def test_a_plugin_file_registers_each_good_class_and_lists_each_refused_one(tmp_path: Path) -> None:
     """The first refused class had ended the file's loading: its good classes before it registered,
     the ones after it and the refusal itself vanished (the catalogue then dropped the error too)."""
