@@ -140,7 +140,8 @@ def _ignored_arguments(ctx: CheckContext) -> list[str]:
     group, whose value changes none of `IGNORED_STEPS` steps (built with it and with another, bitwise
     alike): accepted and never acting (QHAdam's `nus` stored as `nu`, read back as a default)."""
     try:
-        groups = ctx.driver.config(fresh(ctx)[0])
+        built = fresh(ctx)[0]
+        groups = ctx.driver.config(built)
     except Exception:  # judged where the check builds it
         return []
     # Only an argument the step reads from its group under its own name (`group.get("nus", ...)`) that
@@ -155,6 +156,10 @@ def _ignored_arguments(ctx: CheckContext) -> list[str]:
         if any(key in group for group in groups):
             continue
         if key in FRAMEWORK_SWITCHES or _PLUMBING.search(key):
+            continue
+        # Kept as an attribute under its own name, it is the fallback a group may override
+        # (`group.get("max_grad_norm", self.max_grad_norm)`): it acts, maybe only past the checks' scale.
+        if same_value(getattr(built, key, None), value):
             continue
         other = _other_value(param, value)
         if other is not None and all(

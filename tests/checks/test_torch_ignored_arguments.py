@@ -66,7 +66,7 @@ class PlainLoop(torch.optim.Optimizer):
 class OrderFromTheClock(PlainLoop):
     """A global norm summed in an order that changes from run to run (as a set of the parameters'
     does, the probe's f13, whose order follows their ids), weighted by position so that every order
-    sums to another value; nothing is drawn. The clock, not a set, so that the order surely differs
+    sums to another value, a float32 rounding apart (about 1e-6); nothing is drawn. The clock, not a set, so that the order surely differs
     between the runs a test compares."""
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -75,7 +75,7 @@ class OrderFromTheClock(PlainLoop):
             orders = list(itertools.permutations(params))
             total = torch.zeros(())
             for p in orders[time.perf_counter_ns() // 1000 % len(orders)]:
-                total = total * 0.5 + p.grad.pow(2).sum()
+                total = total * (1 - 2**-20) + p.grad.pow(2).sum()  # apart at rounding's scale only
             for p in params:
                 p.grad.mul_(0.5 / (total.sqrt() + 1e-6))
         return super().step(closure)
@@ -125,9 +125,34 @@ class GeneratorPerStep(PlainLoop):
         super().update(p, grad + 1e-3 * torch.randn(p.shape, generator=generator), group)
 
 
+class _NumpyNoise:
+    """A helper object holding an unseeded numpy generator: not among the optimizer's attributes, and
+    numpy's draws are no torch op."""
+
+    def __init__(self) -> None:
+        import numpy as np
+
+        self.rng = np.random.default_rng()
+
+    def like(self, p: Any) -> Any:
+        return torch.from_numpy(self.rng.standard_normal(tuple(p.shape)).astype("float32"))
+
+
+class HiddenNumpyNoise(PlainLoop):
+    """SGLD-style noise of 1e-3 from `_NumpyNoise`: runs apart far beyond an order's rounding."""
+
+    def __init__(self, params: Any, lr: float = 0.01, momentum: float = 0.9) -> None:
+        super().__init__(params, lr, momentum)
+        self.source = _NumpyNoise()
+
+    def update(self, p: Any, grad: Any, group: dict[str, Any]) -> None:
+        super().update(p, grad + 1e-3 * self.source.like(p), group)
+
+
 @pytest.mark.parametrize(
     ("name", "expected"),
     [
+        ("HiddenNumpyNoise", "draws"),
         ("OrderFromTheClock", "varies"),
         ("GlobalNoise", "draws"),
         ("OwnGenerator", "draws"),
@@ -232,6 +257,20 @@ class MaximizeHonoured(MaximizeIgnored):
         super().update(p, -grad if group["maximize"] else grad, group)
 
 
+class ClipFallback(PlainLoop):
+    """A clip whose threshold a group may override, the constructor's kept as the fallback
+    (`group.get("max_grad_norm", self.max_grad_norm)`): it acts, only past the checks' gradients."""
+
+    def __init__(self, params: Any, lr: float = 0.01, max_grad_norm: float = 100.0) -> None:
+        torch.optim.Optimizer.__init__(self, params, {"lr": lr, "momentum": 0.9})
+        self.max_grad_norm = max_grad_norm
+
+    def update(self, p: Any, grad: Any, group: dict[str, Any]) -> None:
+        limit = group.get("max_grad_norm", self.max_grad_norm)
+        norm = grad.norm()
+        super().update(p, grad * (limit / norm) if norm > limit else grad, group)
+
+
 class ForeachDiffers(PlainLoop):
     """A foreach path that forgets a factor its loop applies (the probe's f08)."""
 
@@ -262,6 +301,7 @@ class ForeachDiffers(PlainLoop):
         ("VariantRho", "pass", "'rho' not in any group"),
         ("MaximizeHonoured", "pass", "unchanged, carrying all 1 hyperparameters"),
         ("PlainLoop", "pass", "carrying all 2 hyperparameters"),
+        ("ClipFallback", "pass", "'max_grad_norm' not in any group"),
     ],
 )
 def test_config_roundtrip_warns_of_arguments_that_never_act(
