@@ -211,7 +211,9 @@ def check_graph_mode(ctx: CheckContext) -> Outcome:
             logger.setLevel(level)
         torch._dynamo.reset()
     unbounded = made_non_finite(*(_numpy_parameters(m) for m in (start, eager_model, compiled_model)))
-    if unbounded:  # NaN against NaN says nothing of compiling: the update's (a warn had blamed dynamo)
+    # NaN against NaN says nothing of compiling: the update's, where dense_step saw it too (a warn had
+    # blamed dynamo); otherwise the warn below stands.
+    if unbounded and update_made_non_finite(ctx):
         return non_finite_update(
             ctx,
             "3 eager steps and 3 compiled steps both end with non-finite values",
@@ -1260,6 +1262,7 @@ _LOW_PRECISION_WORDS = (
     *("dtype", "precision"),
 )
 _NO_CHANGE = "no parameter changed"
+_NOT_FINITE = "not finite: "
 _PRECISION_FIX = (
     "create state with torch.zeros_like(p) (same dtype and device) or keep an explicit float32 copy, and "
     "update parameters in place (p.add_) so their dtype never changes"
@@ -1279,7 +1282,7 @@ def _precision_failed(
     """The fail for `problem` seen `when`; where it is values gone non-finite and plain float32
     steps made them so too (dense_step), the update's, not bfloat16's (whose fix had been given)."""
     unbounded = _not_finite(model, optimizer)
-    if unbounded and update_made_non_finite(ctx):
+    if problem.startswith(_NOT_FINITE) and unbounded and update_made_non_finite(ctx):
         return non_finite_update(
             ctx, f"{when} values end non-finite", unbounded, regardless="whatever the precision"
         )
@@ -1300,7 +1303,7 @@ def _precision_problem(
         return f"parameters changed dtype from {dtype}: {', '.join(wrong)}"
     bad = _not_finite(model, optimizer)
     if bad:
-        return f"not finite: {', '.join(bad)}"
+        return f"{_NOT_FINITE}{', '.join(bad)}"
     if require_change and all(
         torch.equal(p.detach(), old) for (_, p), old in zip(params, before, strict=True)
     ):
