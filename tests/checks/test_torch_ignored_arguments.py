@@ -66,8 +66,8 @@ class PlainLoop(torch.optim.Optimizer):
 class OrderFromTheClock(PlainLoop):
     """A global norm summed in an order that changes from run to run (as a set of the parameters'
     does, the probe's f13, whose order follows their ids), weighted by position so that every order
-    sums to another value, a float32 rounding apart (about 1e-6); nothing is drawn. The clock, not a set, so that the order surely differs
-    between the runs a test compares."""
+    sums to another value, a float32 rounding apart (about 1e-6); nothing is drawn. The clock, not a
+    set, so that the order surely differs between the runs a test compares."""
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         with torch.no_grad():
