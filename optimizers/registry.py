@@ -345,7 +345,8 @@ class Registry:
     def add(self, entry: Entry) -> None:
         key = (entry.name, entry.style)
         known = [self.entries[key]] if key in self.entries else self.clashes.get(key, [])
-        if any(other.cls is entry.cls for other in known):  # an alias (`OldName = Adan`): one class
+        # An alias in its file (`OldName = Adan`): one class from one source, not two claiming a name.
+        if any(other.cls is entry.cls and other.source == entry.source for other in known):
             return
         if key in self.clashes:
             self.clashes[key].append(entry)
