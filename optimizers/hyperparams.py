@@ -271,6 +271,11 @@ def _non_finite(value: Any) -> bool:
     return isinstance(value, float) and not math.isfinite(value)
 
 
+def is_number(value: Any) -> bool:
+    """An int or a float, not a bool (which Python counts as an int)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def is_option_text(value: Any) -> bool:
     """Whether `value` is a string a `str` param takes (`OPTION_TEXT_PATTERN`, `MAX_STRING_LENGTH`)."""
     if not isinstance(value, str) or len(value) > MAX_STRING_LENGTH:

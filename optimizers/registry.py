@@ -35,6 +35,7 @@ from optimizers.hyperparams import (
     Param,
     ParamType,
     check_all,
+    is_number,
     is_option_text,
 )
 from optimizers.loop_needs import (
@@ -296,10 +297,7 @@ class Entry:
 
     def where(self) -> str:
         """`probe_torch.py:ProbeMomentum (line 12)`: the class and where it is, for a person to read."""
-        file = (
-            self.source.removeprefix(PLUGIN_SOURCE) if self.source.startswith(PLUGIN_SOURCE) else self.source
-        )
-        return class_place(self.cls, file)
+        return class_place(self.cls, _plugin_file(self))
 
 
 @dataclass(frozen=True)
@@ -800,6 +798,7 @@ def _from_a_plugin(entry: Entry) -> bool:
 
 
 def _plugin_file(entry: Entry) -> str:
+    """A plugin entry's file; any other entry's source as it is."""
     return entry.source.removeprefix(PLUGIN_SOURCE)
 
 
@@ -939,7 +938,7 @@ def _hyperparameter_first(cls: type) -> str | None:
     guess it: a subclass that takes the parameters first and hands them on says it. None for any
     other class."""
     first = _first_positional(cls)
-    if first is None or not _is_number(first.default):
+    if first is None or not is_number(first.default):
         return None
     keywords = [name for name in inspect.signature(cls).parameters if "param" in name]
     takes = (
@@ -1018,11 +1017,7 @@ def _plain_default_of(kind: ParamType, default: Any, choices: tuple[str, ...] = 
         return is_option_text(default)
     if kind == "choice":
         return default in choices
-    return _is_number(default)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+    return is_number(default)
 
 
 def _infer_type(annotation: Any, default: Any = inspect.Parameter.empty) -> ParamType | None:
@@ -1045,17 +1040,17 @@ def _infer_type(annotation: Any, default: Any = inspect.Parameter.empty) -> Para
         return "any"  # unannotated `beta1=None` (transformers' Adafactor): the class judges what is sent
     if isinstance(default, bool):
         return "bool"
-    if _is_number(default):
+    if is_number(default):
         # Unannotated `weight_decay=0` is a float in practice: accept any number as given.
         return "number"
     if isinstance(default, str):
         return "str"
-    if isinstance(default, tuple) and all(_is_number(x) for x in default):
+    if isinstance(default, tuple) and all(is_number(x) for x in default):
         if len(default) == 2:
             return "float_pair"
         if 3 <= len(default) <= MAX_LIST_LENGTH:
             return "float_tuple"  # Adan's three `betas`, TRAC's six
-    if isinstance(default, list) and 1 <= len(default) <= MAX_LIST_LENGTH and all(map(_is_number, default)):
+    if isinstance(default, list) and 1 <= len(default) <= MAX_LIST_LENGTH and all(map(is_number, default)):
         # `betas=[0.9, 0.999]`, written as a list: a list again, as the class's default is.
         return "int_list" if all(isinstance(x, int) for x in default) else "float_list"
     return None

@@ -30,6 +30,7 @@ from jobs.checks.tools import (
     fix_for_raised,
     fresh,
     isolated,
+    line_computing_with,
     listed,
     max_diff,
     method_location,
@@ -48,7 +49,6 @@ from jobs.checks.tools import (
 from jobs.frameworks.base import Gradient, source_files
 from jobs.frameworks.foreign import counting_calls
 from optimizers.hyperparams import Param
-from optimizers.loop_needs import user_classes
 
 FROZEN_SHAPE = (7, 2)
 LATER_FROZEN_SHAPE = (2, 6)
@@ -454,7 +454,7 @@ def _dense_step(ctx: CheckContext) -> Outcome:
         after = driver.values(variables)
         unchanged = [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if np.array_equal(a, b)]
         moved_by = moved_by or (None if unchanged else step + 1)
-        bad = [f"variable {shape_text(SHAPES[i])}" for i, a in enumerate(after) if not np.all(np.isfinite(a))]
+        bad = _non_finite_variables(after)
         made, waiting = _state_made_non_finite_by_steps(driver, optimizer, built, first_seen, step)
         bad += made
         # Non-finite state a step has just set is watched for SENTINEL_STEPS more steps first.
@@ -688,33 +688,6 @@ def _growing_containers(before: Mapping[str, int], after: Mapping[str, int]) -> 
 _DECAYS = re.compile(r"\*|\.(mul|add|sub|addcmul|lerp)_?\(")
 
 
-def line_computing_with(ctx: CheckContext, key: str, computing: re.Pattern[str]) -> tuple[str, str]:
-    """(`file:line`, code) of the first line of the class's own methods (its constructor aside)
-    that uses `key` (`group["weight_decay"]`, or a name taken from it) as `computing` says; ("", "")
-    where none is found."""
-    quoted = re.compile(rf"""\[\s*['"]{re.escape(key)}['"]\s*\]|\b{re.escape(key)}\b""")
-    for klass in user_classes(ctx.target.cls):
-        for method, function in vars(klass).items():
-            if method == "__init__" or not inspect.isfunction(function):
-                continue
-            try:  # unwrapped: torch wraps `step` in hooks defined in its own file
-                lines, first = inspect.getsourcelines(inspect.unwrap(function))
-                path = inspect.getsourcefile(inspect.unwrap(function))
-            except (OSError, TypeError):
-                continue
-            names = [quoted]
-            for offset, line in enumerate(lines):
-                code = line.split("#", 1)[0]
-                if not any(n.search(code) for n in names):
-                    continue
-                alias = re.match(r"\s*(\w+)\s*=[^=]", code)
-                if alias and not computing.search(code):
-                    names.append(re.compile(rf"\b{alias.group(1)}\b"))  # `wd = group["weight_decay"]`
-                elif computing.search(code):
-                    return f"{path}:{first + offset}", line.strip()
-    return "", ""
-
-
 # Steps with one variable's gradient all zeros, after one ordinary step: an unused parameter keeps a
 # zero gradient under zero_grad(set_to_none=False), step after step.
 ZERO_GRADIENT_STEPS = 2
@@ -765,11 +738,7 @@ def _not_finite_after_a_zero_gradient(ctx: CheckContext) -> list[str]:
             driver.step(optimizer, variables, grads, ctx.needs)
     except Exception:
         return []
-    bad = [
-        f"variable {shape_text(SHAPES[i])}"
-        for i, a in enumerate(driver.values(variables))
-        if not np.all(np.isfinite(a))
-    ]
+    bad = _non_finite_variables(driver.values(variables))
     writes = driver.state_writes(optimizer)
     return bad + [
         name
@@ -899,6 +868,11 @@ def _moves_small_variables(ctx: CheckContext) -> bool:
     return max_diff(driver.values(variables), start) > 0
 
 
+def _non_finite_variables(values: Sequence[np.ndarray]) -> list[str]:
+    """The checks' variables (of SHAPES) holding a NaN or an infinity, by shape."""
+    return [f"variable {shape_text(SHAPES[i])}" for i, value in enumerate(values) if not _finite(value)]
+
+
 def _non_finite_as_built(driver: Any, optimizer: Any) -> dict[str, np.ndarray]:
     """The optimizer's state that is not finite before any step (Keras builds it; torch's comes with
     the first step), by name."""
@@ -1000,11 +974,7 @@ def check_descends(ctx: CheckContext) -> Outcome:
         if not math.isfinite(end) or end < start:
             break
     ratio = end / start
-    non_finite = [
-        f"variable {shape_text(SHAPES[i])}"
-        for i, value in enumerate(driver.values(variables))
-        if not np.all(np.isfinite(value))
-    ]
+    non_finite = _non_finite_variables(driver.values(variables))
     if non_finite and update_made_non_finite(ctx):  # the fix is then no sign or rate (its own fail's)
         return non_finite_update(
             ctx,

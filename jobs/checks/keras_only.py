@@ -551,16 +551,19 @@ def _run_steps(
 
 
 def _built_for_steps(ctx: CheckContext, rates: Sequence[float] | None) -> tuple[Any, list[Any]]:
-    """A fresh optimizer for `_run_steps`: at the built rate, or over a schedule of `rates` that
-    counts apply() calls as Keras does (a step of `gradient_accumulation_steps` is that many)."""
+    """A fresh optimizer for `_run_steps`: at the built rate, or over a schedule of `rates`, one per
+    update, as `schedule` builds it (the driver's `scheduled`: apply() calls counted as Keras does)."""
+    overrides = ctx.stateful_overrides()
     if rates is None:
-        return fresh(ctx, **ctx.stateful_overrides())
+        return fresh(ctx, **overrides)
     kit = _kit(ctx)
-    optimizer, variables = fresh(ctx, learning_rate=kit.piecewise(rates, 1), **ctx.stateful_overrides())
-    calls = applies_per_update(optimizer)
-    if calls == 1:
-        return optimizer, variables
-    return fresh(ctx, learning_rate=kit.piecewise(rates, calls), **ctx.stateful_overrides())
+    variables = kit.variables(arrays(SHAPES, 0, mean=1.0))
+
+    def create(params: Any, learning_rate: Any) -> Any:
+        return ctx.build(params, learning_rate=learning_rate, **overrides)
+
+    optimizer, _ = kit.scheduled(create, variables, rates, ctx.target.entry.lr_arg)
+    return optimizer, variables
 
 
 # -- mixed_precision ----------------------------------------------------------------------------------------

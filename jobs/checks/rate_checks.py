@@ -44,6 +44,7 @@ from jobs.checks.tools import (
     update_made_non_finite,
     updates_nothing,
     user_line,
+    user_method_lines,
     wrong_signature,
 )
 from jobs.frameworks.base import Driver, ScheduleUnreachable, SparseRows, raising_frame
@@ -276,16 +277,8 @@ def _counts_iterations_itself(ctx: CheckContext) -> Outcome | None:
 
 def _iterations_written_at(ctx: CheckContext) -> str | None:
     """`file:line` where the user's class (or a base of theirs) writes `iterations`, if it does."""
-    for cls in user_classes(ctx.target.cls):
-        try:
-            lines, first = inspect.getsourcelines(cls)
-            source = inspect.getsourcefile(cls)
-        except (OSError, TypeError):
-            continue
-        for offset, line in enumerate(lines):
-            if _WRITES_ITERATIONS.search(line) and not line.lstrip().startswith("#"):
-                return f"{source}:{first + offset}"
-    return None
+    written = (found.where for found in user_method_lines(ctx) if _WRITES_ITERATIONS.search(found.code))
+    return next(written, None)
 
 
 def _own_step_size_at_none(ctx: CheckContext) -> bool:

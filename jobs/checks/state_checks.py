@@ -36,6 +36,7 @@ from jobs.checks.tools import (
     native,
     plain_numbers,
     refused_rate,
+    same_arrays,
     same_draws,
     same_value,
     takes_a_rate,
@@ -48,7 +49,7 @@ from jobs.frameworks.base import (
     changed_by_save_explains,
     changed_by_save_said,
 )
-from optimizers.hyperparams import FRAMEWORK_SWITCHES
+from optimizers.hyperparams import FRAMEWORK_SWITCHES, is_number
 
 # -- config_roundtrip --------------------------------------------------------------------------------
 
@@ -183,7 +184,7 @@ def _modes_on(ctx: CheckContext, name: str) -> list[dict[str, Any]]:
         param = params.get(other)
         if other in (name, "lr") or param is None:
             continue
-        if _is_number(value) and value == 0 and (changed := _changed(param, value)) is not None:
+        if is_number(value) and value == 0 and (changed := _changed(param, value)) is not None:
             woken[other] = changed
         elif isinstance(value, bool):
             modes.append({other: not value})
@@ -424,7 +425,7 @@ def _other_value(param: Any, value: Any) -> Any:
         param.type in _HALVED_EACH
         and isinstance(value, list | tuple)
         and value
-        and all(_is_number(v) for v in value)
+        and all(is_number(v) for v in value)
     ):
         return type(value)(item * 0.5 for item in value)
     return _changed(param, value)
@@ -432,10 +433,6 @@ def _other_value(param: Any, value: Any) -> Any:
 
 # Hyperparameter kinds that hold several numbers, each changed alone where one is tried other.
 _HALVED_EACH = ("float_pair", "float_tuple", "float_list")
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 # A number this small is an epsilon (or a decay) whose half the step may not see: AdaBelief's 1e-16
@@ -850,14 +847,14 @@ def _unsaved_attributes(stepped: Any, restored: Any) -> list[str]:
         f"self.{name} holds {len(kept)} array(s) ({type(value).__name__}) that differ in the restored "
         "optimizer: the save does not see them; keep them in the optimizer's saved state"
         for name, value in mine.items()
-        if (kept := _arrays_in(value)) and not _same_arrays(kept, _arrays_in(theirs.get(name)))
+        if (kept := _arrays_in(value)) and not same_arrays(kept, _arrays_in(theirs.get(name)))
     ]
     inner = [
         f"self.{name} is an optimizer of its own ({type(value).__name__}) whose state the save does not "
         f"hold: put its state_dict() in yours and load it back, or share its state (`self.state = "
         f"self.{name}.state`)"
         for name, value in mine.items()
-        if (kept := _inner_state(value)) and not _same_arrays(kept, _inner_state(theirs.get(name)))
+        if (kept := _inner_state(value)) and not same_arrays(kept, _inner_state(theirs.get(name)))
     ]
     return numbers + generators + arrays_kept + inner
 
@@ -925,13 +922,6 @@ def _arrays_in(value: Any) -> list[np.ndarray]:
             except (TypeError, ValueError, RuntimeError):
                 return []  # not readable as numbers here: say nothing of it
     return found
-
-
-def _same_arrays(mine: Sequence[np.ndarray], theirs: Sequence[np.ndarray]) -> bool:
-    return len(mine) == len(theirs) and all(
-        a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
-        for a, b in zip(mine, theirs, strict=True)
-    )
 
 
 # Keras 3's generator, which keeps its state in a variable of its own.

@@ -131,7 +131,7 @@ def run_to_run(ctx: CheckContext) -> RunToRun:
         answer = "draws"
     # Runs that differ because an earlier one changed what every instance shares (a module-level
     # step counter) are not random: that is a fault, which the callers' comparisons must still see.
-    elif _alike(runs[0], runs[-1]) or state_shared_by_instances(ctx):
+    elif same_arrays(runs[0], runs[-1]) or state_shared_by_instances(ctx):
         answer = "alike"
     elif (
         ctx.target.style != "torch"
@@ -152,8 +152,8 @@ def run_to_run(ctx: CheckContext) -> RunToRun:
 ORDER_ROUNDING = 1e-5
 
 
-def _alike(first: Sequence[np.ndarray], second: Sequence[np.ndarray]) -> bool:
-    """Bitwise the same runs, NaN where both hold NaN (an update that makes NaN makes it alike)."""
+def same_arrays(first: Sequence[np.ndarray], second: Sequence[np.ndarray]) -> bool:
+    """Bitwise the same arrays, NaN where both hold NaN (an update that makes NaN makes it alike)."""
     return len(first) == len(second) and all(
         a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind in "fc")
         for a, b in zip(first, second, strict=True)
@@ -736,6 +736,54 @@ def python_counters(ctx: CheckContext) -> list[str]:
         return []
     written = attributes_written_by_the_user(type(optimizer))
     return sorted(f"self.{name}" for name in after.keys() & written if before.get(name) != after[name])
+
+
+@dataclass(frozen=True)
+class MethodLine:
+    """One source line of a method of the user's class: the method, `file:line`, the line as written,
+    and the same line with comments and string insides blanked (`code_only`)."""
+
+    method: str
+    where: str
+    line: str
+    code: str
+
+
+def user_method_lines(ctx: CheckContext, skip: Collection[str] = ()) -> Iterator[MethodLine]:
+    """Every line of the methods the user's classes define (their bases of the user's too), method
+    by method, but those named in `skip`: what the scans that read a class's source by pattern read."""
+    for klass in user_classes(ctx.target.cls):
+        for name, function in vars(klass).items():
+            if name in skip or not inspect.isfunction(function):
+                continue
+            try:  # unwrapped: torch wraps `step` in hooks defined in its own file
+                lines, first = inspect.getsourcelines(inspect.unwrap(function))
+                path = inspect.getsourcefile(inspect.unwrap(function))
+            except (OSError, TypeError):
+                continue
+            for offset, (line, code) in enumerate(zip(lines, code_only(lines), strict=True)):
+                yield MethodLine(name, f"{path}:{first + offset}", line, code)
+
+
+def line_computing_with(ctx: CheckContext, key: str, computing: re.Pattern[str]) -> tuple[str, str]:
+    """(`file:line`, code) of the first line of the class's own methods (its constructor aside)
+    that uses `key` (`group["weight_decay"]`, or a name taken from it) as `computing` says; ("", "")
+    where none is found."""
+    quoted = re.compile(rf"""\[\s*['"]{re.escape(key)}['"]\s*\]|\b{re.escape(key)}\b""")
+    names: list[re.Pattern[str]] = []
+    method = None
+    for found in user_method_lines(ctx, skip=("__init__",)):
+        if found.method != method:  # a name taken from the key holds it in its own method only
+            method, names = found.method, [quoted]
+        code = found.line.split("#", 1)[0]  # the key's quotes kept: `code_only` blanks what they hold
+        if not any(name.search(code) for name in names):
+            continue
+        alias = re.match(r"\s*(\w+)\s*=[^=]", code)
+        if alias and not computing.search(code):
+            names.append(re.compile(rf"\b{alias.group(1)}\b"))  # `wd = group["weight_decay"]`
+        elif computing.search(code):
+            return found.where, found.line.strip()
+    return "", ""
 
 
 def code_only(lines: Sequence[str]) -> list[str]:

@@ -28,7 +28,6 @@ import torch
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from jobs.checks.build_checks import line_computing_with
 from jobs.checks.context import CheckContext
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.checks.tools import (
@@ -38,11 +37,11 @@ from jobs.checks.tools import (
     CheckFunction,
     arrays,
     clear_refusal,
-    code_only,
     draws_randomly,
     fresh,
     inconclusive_random,
     isolated,
+    line_computing_with,
     made_non_finite,
     method_location,
     native,
@@ -55,6 +54,7 @@ from jobs.checks.tools import (
     update_made_non_finite,
     updates_nothing,
     user_line,
+    user_method_lines,
 )
 from jobs.frameworks.base import raising_frame
 from jobs.frameworks.torch_driver import closure_result, state_tensors
@@ -931,22 +931,10 @@ def _read_outside_the_group(ctx: CheckContext) -> tuple[str, str]:
     """Where a method of the class (not its constructor) reads a value for every group at once, and
     the words saying so; ("", "") where none does. The likely cause of a group's values not reaching
     its update, pointed at where the fix goes."""
-    for klass in user_classes(ctx.target.cls):
-        for name, function in vars(klass).items():
-            if name in _NOT_STEPPING or not inspect.isfunction(function):
-                continue
-            try:  # unwrapped: torch wraps `step` in hooks defined in its own file
-                lines, first = inspect.getsourcelines(inspect.unwrap(function))
-                path = inspect.getsourcefile(inspect.unwrap(function))
-            except (OSError, TypeError):
-                continue
-            for offset, (line, code_of_line) in enumerate(zip(lines, code_only(lines), strict=True)):
-                if _ONE_FOR_ALL_GROUPS.search(code_of_line):
-                    code = line.strip()
-                    return (
-                        f"; `{code}` in {name}() reads one value for every group",
-                        f"{path}:{first + offset}",
-                    )
+    for found in user_method_lines(ctx, skip=_NOT_STEPPING):
+        if _ONE_FOR_ALL_GROUPS.search(found.code):
+            said = f"; `{found.line.strip()}` in {found.method}() reads one value for every group"
+            return said, found.where
     return "", ""
 
 

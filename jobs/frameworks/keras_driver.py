@@ -496,14 +496,14 @@ class KerasDriver(Driver):
     def scheduled(
         self, create: Callable[[Any, Any], Any], variables: Sequence[Any], rates: Sequence[float], lr_arg: str
     ) -> tuple[Any, Callable[[int], None]]:
-        optimizer = create(None, self.piecewise(rates, calls=1))
+        optimizer = create(None, self._piecewise(rates, calls=1))
         calls = applies_per_update(optimizer)
         if calls > 1:  # Keras asks the schedule at every apply(): a step's rate is the last call's
-            optimizer = create(None, self.piecewise(rates, calls))
+            optimizer = create(None, self._piecewise(rates, calls))
         self.create_state(optimizer, variables)
         return optimizer, lambda step: None  # the optimizer asks its schedule each step
 
-    def piecewise(self, rates: Sequence[float], calls: int) -> Any:
+    def _piecewise(self, rates: Sequence[float], calls: int) -> Any:
         """A schedule of `rates`, one per update of `calls` apply() calls."""
         boundaries = [calls * (number + 1) - 1 for number in range(len(rates) - 1)]
         return self.schedules.PiecewiseConstantDecay(boundaries, list(rates))
