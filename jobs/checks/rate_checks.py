@@ -48,7 +48,6 @@ from jobs.checks.tools import (
     wrong_signature,
 )
 from jobs.frameworks.base import Driver, ScheduleUnreachable, SparseRows, raising_frame
-from jobs.frameworks.keras_driver import KerasDriver, applies_per_update
 from optimizers.loop_needs import user_classes
 
 # -- schedule ----------------------------------------------------------------------------------------
@@ -253,16 +252,18 @@ def _counts_iterations_itself(ctx: CheckContext) -> Outcome | None:
     at that line."""
     driver = ctx.driver
     written_at = _iterations_written_at(ctx)
-    if not isinstance(driver, KerasDriver) or written_at is None:
+    if written_at is None:
         return None
     try:
         optimizer, variables = fresh(ctx)
         for step in range(COUNTED_STEPS):
             driver.step(optimizer, variables, arrays(SHAPES, seed=90 + step), ctx.needs)
-        counted = int(np.asarray(optimizer.iterations))
+        counts = driver.framework_step_count(optimizer, COUNTED_STEPS)
     except Exception:  # a step that raises is dense_step's to judge
         return None
-    expected = COUNTED_STEPS * applies_per_update(optimizer)
+    if counts is None:
+        return None
+    counted, expected = counts
     if counted == expected:
         return None
     return failed(

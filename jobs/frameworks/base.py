@@ -645,6 +645,12 @@ class Driver(ABC):
         styles whose reload rebuilds from the config: Keras)."""
         return False
 
+    def framework_step_count(self, optimizer: Any, updates: int) -> tuple[int, int] | None:
+        """The step count the framework itself keeps on `optimizer` and what it should read after
+        `updates` updates, or None where the framework keeps none (torch: a class's own counters are
+        its state). Keras: `iterations`, incremented once per apply()."""
+        return None
+
     def learning_rate_schedule(self, lr: float) -> Any:
         """A schedule object starting at `lr` (only where `capabilities.schedule_objects`)."""
         raise NotImplementedError(f"{self.style} optimizers take no schedule objects")

@@ -661,6 +661,9 @@ class KerasDriver(Driver):
         """The rate the optimizer would step with now, read as its update reads it."""
         return optimizer.learning_rate
 
+    def framework_step_count(self, optimizer: Any, updates: int) -> tuple[int, int] | None:
+        return int(np.asarray(optimizer.iterations)), updates * applies_per_update(optimizer)
+
     def learning_rate_schedule(self, lr: float) -> Any:
         return self.schedules.ExponentialDecay(lr, decay_steps=10, decay_rate=0.5)
 
