@@ -924,7 +924,7 @@ def _state_made_non_finite_by_steps(
             waiting.append(name)
         elif not _same_writes(seen.writes, now):
             seen.left_alone = False
-            made.append(name)
+            made.append(f"{name} (non-finite since step {seen.step + 1})")
         elif step - seen.step < SENTINEL_STEPS:
             waiting.append(name)
         else:

@@ -2951,8 +2951,16 @@ def test_distributed_judges_non_finite_values_by_what_was_finite_before_any_step
             "state finite but for state[param 0]['best'], state[param 1]['best'], state[param 2]['best'], "
             "non-finite as a step set it and no step since wrote it: a sentinel",
         ),
-        ("InfScaleSGD", "fail", "after 2 steps these are not finite: state[param 0]['scale']"),
-        ("InfRatioSGD", "fail", "after 2 steps these are not finite: state[param 0]['ratio']"),
+        (
+            "InfScaleSGD",
+            "fail",
+            "after 2 steps these are not finite: state[param 0]['scale'] (non-finite since step 1)",
+        ),
+        (
+            "InfRatioSGD",
+            "fail",
+            "after 2 steps these are not finite: state[param 0]['ratio'] (non-finite since step 1)",
+        ),
         ("OffByOneAdam", "fail", "after one step these are not finite: variable"),
     ],
 )
@@ -2962,7 +2970,7 @@ def test_dense_step_tells_a_sentinel_torch_state_from_state_the_steps_keep_non_f
     """torch makes its state in the first step, so state at +inf by design (a lowest loss seen, until
     a loss comes) had failed dense_step as "not finite after one step": state a step set non-finite
     and the next steps never wrote is a sentinel. State the steps write while it stays infinite, in
-    place or replaced, still fails, named."""
+    place or replaced, still fails, named with the step that first made it non-finite."""
     path = tmp_path / "non_finite.py"
     path.write_text(TORCH_NON_FINITE)
     outcome = build_checks.check_dense_step(context(f"{path}:{class_name}", tmp_path))
