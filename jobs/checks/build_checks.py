@@ -36,6 +36,7 @@ from jobs.checks.tools import (
     method_location,
     native,
     non_finite_update,
+    own_code,
     raised_in,
     refuses_dense,
     same_draws,
@@ -322,7 +323,7 @@ def _more_than_one_worker(ctx: CheckContext, error: BaseException) -> str | None
     """A refusal the class raises itself because it was built for one worker: it is written for
     data-parallel training, which the checks of a single process cannot judge."""
     message = str(error)
-    refused = raised_in(error, ctx.user_files(), by="raise")
+    refused = raised_in(error, own_code(ctx), by="raise")
     if refused and _ONE_WORKER.search(message) and _REFUSES.search(message):
         return (
             "more than one worker (it is written for data-parallel training, and the checks run it in "
@@ -761,7 +762,7 @@ def _first_step_raised(ctx: CheckContext, error: Exception) -> Outcome:
     need = ctx.driver.unmet_need(error) or _step_contract_of_its_own(ctx, error)
     if need is not None:
         return skipped(f"inconclusive: the class steps only with {need}: {ctx.describe_error(error)}")
-    raised = raised_in(error, ctx.user_files(), by="raise")
+    raised = raised_in(error, own_code(ctx), by="raise")
     refused = raised and isinstance(error, ValueError | TypeError | NotImplementedError)
     if refused or _asserted_in_words(ctx, error):
         return skipped(
@@ -812,7 +813,7 @@ def _asserted_in_words(ctx: CheckContext, error: Exception) -> bool:
     family) in the class's own file: a refusal that says what it refuses, though an assert. A bare
     assert says nothing, and stays a fault."""
     in_words = isinstance(error, AssertionError) and bool(str(error).strip())
-    return in_words and raised_in(error, ctx.user_files(), by="assert")
+    return in_words and raised_in(error, own_code(ctx), by="assert")
 
 
 # A step that unpacks what its closure returns (`loss, output = closure()`, as Hessian-free

@@ -34,6 +34,7 @@ from jobs.checks.tools import (
     method_location,
     non_finite,
     non_finite_update,
+    own_code,
     raised_in,
     same_draws,
     same_value,
@@ -652,7 +653,7 @@ def _bfloat16_fault(ctx: CheckContext) -> Outcome | None:
         _bfloat16_step(ctx, lambda: ctx.build(**ctx.stateful_overrides()))
     except Exception as exc:
         message = str(exc)
-        if ctx.user_frame(exc) is None or raised_in(exc, ctx.user_files(), by="raise"):
+        if ctx.user_frame(exc) is None or raised_in(exc, own_code(ctx), by="raise"):
             return None
         if "bfloat16" not in message or not _MIXED_DTYPES.search(message):
             return None  # not two dtypes mixed (a kernel with no bfloat16 version, as eigh has)

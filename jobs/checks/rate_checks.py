@@ -33,6 +33,7 @@ from jobs.checks.tools import (
     method_location,
     non_finite,
     non_finite_update,
+    own_code,
     raised_in,
     reached_user_code,
     refusal_files,
@@ -770,9 +771,7 @@ def _sparse_refusal(ctx: CheckContext, error: Exception) -> Outcome:
     # A raise in the class's own sparse method: the framework's base one raises too, for a class that
     # left it out, which is a fault (`_left_to_the_base` below), so only the user's files count.
     in_own_sparse_method = (
-        deepest is not None
-        and deepest.name in SPARSE_METHODS
-        and raised_in(error, ctx.user_files(), by="raise")
+        deepest is not None and deepest.name in SPARSE_METHODS and raised_in(error, own_code(ctx), by="raise")
     )
     if clear_refusal(ctx, error, SPARSE_WORDS) or in_own_sparse_method:
         if ctx.target.entry.supports_sparse:

@@ -15,9 +15,10 @@ import inspect
 import math
 import random
 import re
+import sys
 import tokenize
 import traceback
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Container, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -27,7 +28,7 @@ import numpy as np
 from jobs.checks.context import CheckContext
 from jobs.checks.report import Outcome, failed
 from jobs.frameworks.base import Driver, equal_only_to_itself, known_fix, raising_frame
-from optimizers.loop_needs import user_classes
+from optimizers.loop_needs import FRAMEWORK_PACKAGES, user_classes
 
 CheckFunction = Callable[[CheckContext], Outcome]
 
@@ -493,7 +494,7 @@ def user_line(ctx: CheckContext, error: BaseException) -> str:
 
 
 def raised_in(
-    error: BaseException, files: Collection[str | None], *, by: Literal["raise", "assert"] | None = None
+    error: BaseException, files: Container[str | None], *, by: Literal["raise", "assert"] | None = None
 ) -> bool:
     """Whether `error` was raised in one of `files`; with `by`, by that statement there: `raise` (a
     deliberate refusal, not a crash such as calling a closure that is None), or `assert`."""
@@ -503,13 +504,61 @@ def raised_in(
     return by is None or (frame.line or "").lstrip().startswith(by)
 
 
-def refusal_files(ctx: CheckContext) -> set[str]:
+@dataclass(frozen=True)
+class RefusalFiles:
     """Files whose `raise` is a deliberate refusal: the class's own, the framework's optimizers', and
-    those of the base optimizer a wrapper wraps."""
-    files = ctx.driver.refusal_files(ctx.target.cls)
-    if ctx.base is not None:
-        files |= ctx.driver.refusal_files(ctx.base.entry.cls)
-    return files
+    those of the base optimizer a wrapper wraps; and the user's helpers beside their class (another
+    module of its package, a file beside its plugin file: `check_shape(p)` raising "only 2-D
+    parameters" for it had read as a crash), never an installed package under that folder."""
+
+    files: frozenset[str]
+    homes: tuple[Path, ...]
+
+    def __contains__(self, filename: object) -> bool:
+        if not isinstance(filename, str):
+            return False
+        return filename in self.files or any(_in_home(Path(filename), home) for home in self.homes)
+
+
+def _in_home(file: Path, home: Path) -> bool:
+    if not file.is_relative_to(home):
+        return False
+    return not {"site-packages", "dist-packages"} & set(file.relative_to(home).parts)
+
+
+def code_home(cls: type) -> Path | None:
+    """The folder of the user's code that holds `cls`: its top-level package's, or its file's where
+    the module is a lone file (a plugin file); None for a framework's own class."""
+    top = (cls.__module__ or "").split(".")[0]
+    if not user_classes(cls) or top in FRAMEWORK_PACKAGES or top in ("jobs", "numpy"):
+        return None
+    package_path = list(getattr(sys.modules.get(top), "__path__", None) or [])
+    if package_path:
+        return Path(package_path[0])
+    try:
+        file = inspect.getsourcefile(cls)
+    except TypeError:
+        return None
+    return Path(file).parent if file else None
+
+
+def _classes(ctx: CheckContext) -> list[type]:
+    return [ctx.target.cls] + ([ctx.base.entry.cls] if ctx.base is not None else [])
+
+
+def _homes(ctx: CheckContext) -> tuple[Path, ...]:
+    return tuple(home for home in map(code_home, _classes(ctx)) if home is not None)
+
+
+def refusal_files(ctx: CheckContext) -> RefusalFiles:
+    files = set().union(*(ctx.driver.refusal_files(cls) for cls in _classes(ctx)))
+    return RefusalFiles(frozenset(files), _homes(ctx))
+
+
+def own_code(ctx: CheckContext) -> RefusalFiles:
+    """The user's code whose `raise` or `assert` is the class's own refusal: its files and its bases'
+    (ctx.user_files), and their helpers beside them (RefusalFiles)."""
+    return RefusalFiles(frozenset(ctx.user_files()), _homes(ctx))
 
 
 def left_out_of_save(ctx: CheckContext, overrides: Mapping[str, Any]) -> list[str]:
