@@ -1052,6 +1052,17 @@ def check_state_roundtrip(ctx: CheckContext) -> Outcome:
         driver.values(variables) + [v for _, v in state],
         driver.values(restored_variables) + [v for _, v in driver.state(restored)],
     )
+    keyed_off = driver.state_keyed_off_variables(optimizer)
+    if diff > 0 and keyed_off:
+        return failed(
+            f"the next step after reloading differs from the uninterrupted one: the optimizer keeps state "
+            f"under keys that are none of its parameters ({listed(keyed_off, 3)}), and the save names state "
+            "by each parameter's place, so the reloaded optimizer, over other parameter objects, finds none "
+            "of it and starts afresh",
+            where=method_location(ctx),
+            fix="key per-parameter state by the parameter itself, `self.state[p]`, never by `id(p)`, an "
+            "index or a name",
+        )
     if diff > 0:
         unsaved = _unsaved_attributes(optimizer, restored)
         named = f"; here {'; '.join(unsaved)}" if unsaved else ""

@@ -558,6 +558,12 @@ class Driver(ABC):
         missing from an overridden state_dict()'s entry for p). An empty list by default."""
         return []
 
+    def state_keyed_off_variables(self, optimizer: Any) -> list[str]:
+        """Keys of the optimizer's per-variable state that are no variable of it (torch: `self.state`
+        keyed by `id(p)`, an index or a name), described; a save maps state to variables by their
+        place, so a reloaded optimizer finds none of it. An empty list by default."""
+        return []
+
     def base_init_skipped(self, error: BaseException) -> tuple[str, str] | None:
         """What to say and the fix where `error` shows the class never ran its framework base's
         constructor (torch: an attribute torch.optim.Optimizer.__init__ sets, missing); else None."""

@@ -721,7 +721,7 @@ def dropped_by_load(saved: Any, restored: Any) -> StateDifference | None:
     for index, entry in state.items():
         if not isinstance(index, int) or not isinstance(entry, Mapping) or not 0 <= index < len(params):
             continue
-        live = restored.state.get(params[index])
+        live = _state_entry(restored, params[index])
         if isinstance(live, Mapping) and live:  # an entry loaded, short of keys the save holds
             keys += [f"state[param {index}][{key!r}]" for key in entry if key not in live]
     if not keys:
@@ -746,7 +746,7 @@ def _dropping(saved: Any, restored: Any, overrides: list[str]) -> list[str]:
         torch.optim.Optimizer.load_state_dict(probe, saved)
         params = [p for group in probe.param_groups for p in group["params"]]
         kept = all(
-            key in probe.state.get(params[index], {})
+            key in (_state_entry(probe, params[index]) or {})
             for index, entry in saved["state"].items()
             if isinstance(index, int) and isinstance(entry, Mapping) and 0 <= index < len(params)
             for key in entry
@@ -1063,7 +1063,7 @@ def keys_left_out_of_save(optimizer: Any) -> list[tuple[int, Any]]:
         return []
     left = []
     for index, param in enumerate(p for group in optimizer.param_groups for p in group["params"]):
-        live, kept = optimizer.state.get(param), saved.get(index)
+        live, kept = _state_entry(optimizer, param), saved.get(index)
         if isinstance(live, Mapping) and isinstance(kept, Mapping) and kept:
             left += [(index, key) for key in live if key not in kept]
     return left
@@ -1097,7 +1097,7 @@ def left_out_state_difference(uninterrupted: Any, reloaded: Any) -> str | None:
     params = [p for group in uninterrupted.param_groups for p in group["params"]]
     reloaded_params = [p for group in reloaded.param_groups for p in group["params"]]
     for index, key in keys_left_out_of_save(uninterrupted):
-        kept = reloaded.state.get(reloaded_params[index]) if index < len(reloaded_params) else None
+        kept = _state_entry(reloaded, reloaded_params[index]) if index < len(reloaded_params) else None
         if not isinstance(kept, Mapping) or key not in kept:
             continue
         where = f"optimizer.state[param {index}][{_key_name(key)!r}]"
@@ -1396,7 +1396,7 @@ class TorchDriver(Driver):
         Distributed Shampoo keeps one step counter per group and puts that very tensor under every
         parameter, so it counts on while a parameter without a gradient is left alone."""
         param = variables[index]
-        state = optimizer.state.get(param, {})
+        state = _state_entry(optimizer, param) or {}
         held_elsewhere = {
             _same_memory(tensor)
             for other, others_state in optimizer.state.items()
@@ -1431,6 +1431,14 @@ class TorchDriver(Driver):
 
     def state_left_out_of_save(self, optimizer: Any) -> list[str]:
         return [f"state[param {index}][{key!r}]" for index, key in keys_left_out_of_save(optimizer)]
+
+    def state_keyed_off_variables(self, optimizer: Any) -> list[str]:
+        params = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        return [
+            f"{type(key).__name__} {key!r}"[:60]
+            for key in optimizer.state
+            if not (isinstance(key, torch.Tensor) and id(key) in params)
+        ]
 
     def base_init_skipped(self, error: BaseException) -> tuple[str, str] | None:
         if not never_ran_optimizer_init(error):
@@ -2549,3 +2557,10 @@ class DeviceClock:
 def optimizer_state_bytes(optimizer: Any) -> int:
     """Bytes the optimizer's state holds, each tensor in its own dtype."""
     return sum(tensor_bytes(tensor) for _, tensor in state_tensors(optimizer))
+
+
+def _state_entry(optimizer: Any, param: Any) -> Any:
+    """`optimizer.state[param]`, found by identity (None where there is none): a class keying its state
+    by `id(p)` or by index puts ints beside the tensors, and a lookup that compares an int with a
+    tensor raises ("Boolean value of Tensor with more than one value is ambiguous")."""
+    return next((entry for key, entry in optimizer.state.items() if key is param), None)
