@@ -24,7 +24,7 @@ from service import store
 from service.auth import authorize
 from service.db import REQUESTS_AT_ONCE, make_engine, migrate, session_factory
 from service.deps import SessionDep
-from service.guards import BodyGuard, BrowserWriteGuard, InFlightLimit, TrustedHosts
+from service.guards import BodyGuard, BrowserWriteGuard, InFlightLimit, TrustedHosts, is_json_media_type
 from service.openapi import install as install_openapi
 from service.query_params import KnownQueryOnly
 from service.quotas import SubmissionQueue
@@ -150,10 +150,25 @@ def log_access_mode(settings: Settings) -> None:
     log.info("trusted hosts: %s", ", ".join(settings.trusted_host_names))
 
 
+# Pydantic's error for a body that is not an object: what a JSON body arrives as when its request
+# says it is something else (FastAPI reads the body as JSON only under a JSON content type).
+_NOT_AN_OBJECT = ("model_attributes_type", "dict_type", "model_type")
+
+
 def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
     """FastAPI's 422 shape, with messages that name the field, what is allowed and what came."""
+    errors = list(exc.errors())
+    content_type = request.headers.get("content-type")
+    if not is_json_media_type(content_type) and any(
+        list(e.get("loc", ())) == ["body"] and e.get("type") in _NOT_AN_OBJECT for e in errors
+    ):
+        # A body sent as text/plain (or with no content type) had been told it "should be a valid
+        # dictionary", quoting the very JSON object it was.
+        shown = "none" if content_type is None else repr(content_type[:100])
+        message = f"send the body as JSON, with `Content-Type: application/json` (received {shown})"
+        return JSONResponse(status_code=415, content={"detail": message})
     detail = []
-    for error in _merged_unions(list(exc.errors()), getattr(exc, "body", None)):
+    for error in _merged_unions(errors, getattr(exc, "body", None)):
         loc = list(error.get("loc", ()))
         kind = error.get("type", "value_error")
         field = ".".join(str(part) for part in loc[1:]) or "body"

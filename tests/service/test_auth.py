@@ -3,6 +3,7 @@ trusted hosts, writes a web page could forge, queue quotas, and tokens never sho
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -568,3 +569,19 @@ def test_an_open_api_declares_no_token(client: TestClient) -> None:
         if "security" in operation
     ]
     assert declared == []
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", None])
+def test_a_json_body_sent_as_something_else_is_told_its_content_type(
+    locked: TestClient, content_type: str | None
+) -> None:
+    """With a token, the write guard lets any content type through; the body, then not read as JSON,
+    had been told "Input should be a valid dictionary or object", quoting the JSON object it was."""
+    headers = {"Authorization": f"Bearer {WRITER}"} | ({"content-type": content_type} if content_type else {})
+    response = locked.post("/jobs", content=json.dumps(GOOD).encode(), headers=headers)
+    assert response.status_code == 415, response.text
+    shown = repr(content_type) if content_type else "none"
+    assert response.json()["detail"] == (
+        f"send the body as JSON, with `Content-Type: application/json` (received {shown})"
+    )
+    assert locked.get("/jobs", headers={"Authorization": f"Bearer {WRITER}"}).json()["total"] == 0
