@@ -172,11 +172,17 @@ def _validation_error(request: Request, exc: RequestValidationError) -> JSONResp
         loc = list(error.get("loc", ()))
         kind = error.get("type", "value_error")
         field = ".".join(str(part) for part in loc[1:]) or "body"
-        message = f"{field}: {error.get('msg', 'invalid')}"
+        said = str(error.get("msg", "invalid"))
+        # A validator's own words may name the field already (`optimizer.needs: unknown need 'foo'`).
+        message = said if said.startswith(f"{field}: ") else f"{field}: {said}"
         ctx = error.get("ctx") or {}
         if kind == "json_invalid":
             loc = ["body"]
             message = f"the body is not valid JSON ({ctx.get('error', 'decode error')})"
+        elif loc[1:] == ["steps"] and kind == "less_than_equal":
+            # The schema's bound is the 32-bit one; the server's own cap is the one to name.
+            cap = request.app.state.settings.max_steps
+            message = f"steps must be at most {cap} (OPTLAB_MAX_STEPS); received {_short(error.get('input'))}"
         elif (
             kind
             in ("finite_number", "number_too_large", "number_too_small", "empty_grid", "repeated_grid_value")

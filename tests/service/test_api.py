@@ -141,6 +141,8 @@ BAD_SPECS = [
     ),
     ({"steps": 0}, ["steps", "greater than 0"], "steps"),
     ({"steps": 10_001}, ["steps must be at most 10000", "10001"], "steps"),
+    # Past the schema's 32-bit bound: the server's cap, not "less than or equal to 2147483647".
+    ({"steps": 10**12}, ["steps must be at most 10000 (OPTLAB_MAX_STEPS); received 1000000000000"], "steps"),
     ({"steps": "300"}, ["steps", "integer"], "steps"),
     ({"steps": 3.5}, ["steps"], "steps"),
     ({"batch_size": 5000}, ["batch_size must be at most the training set size"], "batch_size"),
@@ -205,6 +207,14 @@ def test_bad_specs_get_422_naming_the_field(
         assert text in messages, messages
     assert any(field in map(str, item["loc"]) for item in detail), detail
     assert client.get("/jobs").json()["total"] == 0, "a rejected request stored something"
+
+
+def test_a_validators_message_that_names_its_field_is_not_prefixed_twice(client: TestClient) -> None:
+    """It had read `optimizer.needs: optimizer.needs: unknown need 'foo'`."""
+    response = client.post("/jobs", json=with_changes(optimizer__needs={"foo": True}))
+    assert response.status_code == 422, response.text
+    [problem] = response.json()["detail"]
+    assert problem["msg"].startswith("optimizer.needs: unknown need 'foo'; known: closure"), problem
 
 
 @pytest.mark.parametrize(
