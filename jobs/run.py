@@ -516,6 +516,9 @@ def finish_mlflow_run(mlflow_run: Any, result: JobResult, job: Job | None, spec:
         finally:
             mlflow_run.end(mlflow_status, outcome=outcome)  # flushes metrics; the run never stays RUNNING
     except Exception as exc:
+        if result.error is not None:  # the job's own failure stays its error (often this one's cause)
+            said = f"its run's last files were not stored either: {type(exc).__name__}: {exc}"
+            return result.with_fields(status=JobStatus.FAILED, warnings=[*(result.warnings or []), said])
         result = result.with_fields(status=JobStatus.FAILED, error=error_record(exc))
     return result
 

@@ -432,12 +432,37 @@ class MlflowRun:
         self.delivery.metrics(points)
 
     def log_artifact(self, path: Path, artifact_path: str | None = None) -> None:
-        """A file, or a folder (a checkpoint made of several files) under its own name."""
-        if path.is_dir():
-            target = f"{artifact_path}/{path.name}" if artifact_path else path.name
-            self._client.log_artifacts(self.info.run_id, str(path), target)
-        else:
-            self._client.log_artifact(self.info.run_id, str(path), artifact_path)
+        """A file, or a folder (a checkpoint made of several files) under its own name. Where the
+        server's artifact root is a folder the client writes itself, an OSError names that store."""
+        try:
+            if path.is_dir():
+                target = f"{artifact_path}/{path.name}" if artifact_path else path.name
+                self._client.log_artifacts(self.info.run_id, str(path), target)
+            else:
+                self._client.log_artifact(self.info.run_id, str(path), artifact_path)
+        except OSError as exc:
+            store = self._artifact_folder() if exc.errno is not None else None
+            if store is None:  # a request that failed (requests' errors are OSErrors too): as it is
+                raise
+            # It had read as a bare "[Errno 1] Operation not permitted: '/srv/mlartifacts/4/…'".
+            raise OSError(
+                exc.errno,
+                f"could not store {path.name} in the MLflow run's artifact store, the folder {store}, "
+                f"which this process writes itself (the server's artifact root is a folder, not served): "
+                f"{exc.strerror or exc}. Make that folder writable from this host, start the server with "
+                "--serve-artifacts, or set OPTLAB_CHECKPOINT_DIR to keep checkpoints in a shared folder",
+            ) from exc
+
+    def _artifact_folder(self) -> str | None:
+        """The run's artifact store where it is a folder this process writes itself, else None."""
+        try:
+            uri = self._client.get_run(self.info.run_id).info.artifact_uri
+        except Exception:  # the server gone too: nothing more to say than the error itself
+            return None
+        scheme, _, rest = uri.partition(":")
+        if scheme == "file":
+            return rest.removeprefix("//")
+        return uri if uri.startswith("/") else None
 
     def log_json(self, name: str, data: Any) -> None:
         with tempfile.TemporaryDirectory() as tmp:

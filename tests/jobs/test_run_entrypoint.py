@@ -314,6 +314,21 @@ def test_a_run_whose_artifacts_were_lost_ends_failed_and_says_so() -> None:
     assert run.ended == ("FAILED", "failed")
 
 
+def test_a_failed_jobs_own_error_stays_when_its_last_files_cannot_be_stored_either() -> None:
+    """An unwritable artifact store failed the step-500 checkpoint's publication, and then the run's
+    spec.json: the second error had replaced the first, its cause, as the job's error."""
+    from jobs.result import ErrorRecord, JobResult
+    from jobs.run import finish_mlflow_run
+
+    run = EndedRun(upload_fails=True)
+    cause = ErrorRecord(type="PermissionError", message="could not store step-00000500.pt ...")
+    result = JobResult(job_id="1", attempt=1, workdir="/tmp/w", status="failed", error=cause)
+    finished = finish_mlflow_run(run, result, None, None)
+    assert finished.status == "failed" and finished.error == cause
+    assert finished.warnings == ["its run's last files were not stored either: OSError: artifact store full"]
+    assert run.ended == ("FAILED", "failed")
+
+
 def test_a_jobs_result_says_which_class_trained_and_where_it_came_from(jobs: dict[str, Job]) -> None:
     """Nothing had shown which file or class a job ran (a second plugin file had swapped the class
     under a queued job's name unseen)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -193,6 +194,12 @@ class FakeMlflowClient:
         self.events: list[str] = []  # tagging and ending, in order
         self.server_down = False
         self.params_refused = False
+        self.artifact_uri = "mlflow-artifacts:/1/run-1/artifacts"
+        self.artifact_error: OSError | None = None
+
+    def log_artifact(self, run_id: str, local_path: str, artifact_path: str | None = None) -> None:
+        if self.artifact_error is not None:
+            raise self.artifact_error
 
     def get_experiment_by_name(self, name: str) -> SimpleNamespace | None:
         return self.experiments.get(name)
@@ -241,7 +248,7 @@ class FakeMlflowClient:
 
     def get_run(self, run_id: str) -> SimpleNamespace:
         return SimpleNamespace(
-            info=SimpleNamespace(experiment_id="1"),
+            info=SimpleNamespace(experiment_id="1", artifact_uri=self.artifact_uri),
             data=SimpleNamespace(params={}, tags=self.tags.get(run_id, {})),
         )
 
@@ -508,3 +515,26 @@ def test_a_4xx_from_the_artifact_client_is_an_answer_refusing_not_an_outage() ->
     refusal.status_code, failure.status_code = 403, 503
     assert not tracking.unanswered(requests.HTTPError("403 Client Error", response=refusal))
     assert tracking.unanswered(requests.HTTPError("503 Server Error", response=failure))
+
+
+def test_an_artifact_store_this_process_cannot_write_is_named_with_the_fix(
+    client: FakeMlflowClient, tmp_path: Path
+) -> None:
+    """A server whose artifact root is a folder has its clients write there themselves: one they could
+    not write had read as a bare "[Errno 1] Operation not permitted: '/srv/mlartifacts/4/…'"."""
+    run = start_run()
+    client.artifact_uri = "file:///srv/mlartifacts/1/run-1/artifacts"
+    client.artifact_error = PermissionError(1, "Operation not permitted", "/srv/mlartifacts/1/run-1")
+    checkpoint = tmp_path / "step-00000500.pt"
+    checkpoint.write_bytes(b"weights")
+    with pytest.raises(PermissionError) as raised:
+        run.log_artifact(checkpoint, "checkpoints")
+    message = str(raised.value)
+    assert "could not store step-00000500.pt in the MLflow run's artifact store, the folder " in message
+    assert "/srv/mlartifacts/1/run-1/artifacts" in message and "--serve-artifacts" in message
+    # A store reached over HTTP: a failed request (an OSError too) stays as it was.
+    client.artifact_uri = "mlflow-artifacts:/1/run-1/artifacts"
+    with pytest.raises(PermissionError) as raised:
+        run.log_artifact(checkpoint, "checkpoints")
+    assert str(raised.value) == "[Errno 1] Operation not permitted: '/srv/mlartifacts/1/run-1'"
+    run.end("FINISHED")
