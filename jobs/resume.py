@@ -59,6 +59,10 @@ class CheckpointStore(Protocol):
     in_run: bool
 
     @property
+    def server(self) -> str | None:
+        """The tracking server a publication waits on, as a message names it (None: on none)."""
+
+    @property
     def warnings(self) -> Sequence[str]:
         """What the job's result should say of the store (read as each publication is settled)."""
 
@@ -73,6 +77,7 @@ class WorkdirCheckpoints:
 
     folder: Path | None = None
     in_run = False
+    server = None
     warnings: Sequence[str] = ()
 
     def publish(self, path: Path) -> str:
@@ -102,6 +107,10 @@ class SharedFolderCheckpoints:
         self.attempt = attempt
         self.run = run
         self.previous: Path | None = None
+
+    @property
+    def server(self) -> str | None:
+        return self.run.info.server if self.run is not None else None  # its metrics are delivered first
 
     def publish(self, path: Path) -> str:
         delivered(self.run)
@@ -137,6 +146,10 @@ class MlflowCheckpoints:
         self.warnings: list[str] = []
         self._artifacts: Any = None  # the run's artifact repository, once a checkpoint is removed
         self._unanswered = 0  # removals in a row the server gave no answer to
+
+    @property
+    def server(self) -> str | None:
+        return str(self.run.info.server)
 
     def publish(self, path: Path) -> str:
         delivered(self.run)

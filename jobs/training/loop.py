@@ -401,8 +401,10 @@ class TrainingJob:
         if publication.done():
             return publication.reference()
         step = publication.step
+        # Said where the wait lies: a tracking server that stopped answering had gone unnamed.
+        to = f" to the MLflow server at {self.store.server}" if self.store.server else ""
         with self.reporter.waiting_on(
-            f"waiting to publish the checkpoint of step {step} (its metrics, then the file)"
+            f"waiting to publish the checkpoint of step {step} (its metrics, then the file){to}"
         ):
             return publication.reference()
 

@@ -52,6 +52,7 @@ class Store:
     folder: Path | None = None
     in_run = True
     warnings = ()
+    server = None
 
     def __init__(
         self, losses: Losses, *, wait_for_steps: int = 0, steps: int = 0, delay_s: float = 0.0

@@ -106,6 +106,7 @@ class SlowStore:
     folder = None
     in_run = False
     warnings = ()
+    server = "http://mlflow.test:5000"
 
     def __init__(self, workdir: Path) -> None:
         self.workdir = workdir
@@ -135,5 +136,8 @@ def test_a_checkpoint_publication_that_holds_training_up_is_shown(tmp_path: Path
     # The loop waits on each publication (before the next checkpoint, at the end): shown each time.
     assert len(store.seen) == 2
     for shown, step in zip(store.seen, [2, 4], strict=True):
-        assert shown is not None and shown.startswith(f"waiting to publish the checkpoint of step {step} ")
+        assert shown is not None and shown.startswith(
+            f"waiting to publish the checkpoint of step {step} (its metrics, then the file) to the MLflow "
+            "server at http://mlflow.test:5000: "
+        )
     assert waiting_in(tmp_path) is None
