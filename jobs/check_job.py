@@ -20,6 +20,7 @@ from jobs.tracking import Tracker
 
 if TYPE_CHECKING:
     from jobs.checks.context import LoopSetup
+    from jobs.checks.target import Target
 
 REPORT_JSON = "report.json"
 REPORT_MARKDOWN = "report.md"
@@ -32,13 +33,13 @@ class CheckJob:
         self,
         spec: CheckSpec,
         *,
+        target: Target,
         workdir: Path,
         tracker: Tracker,
         reporter: Reporter,
-        plugin_files: Sequence[str] = (),
     ) -> None:
         self.spec = spec
-        self.plugin_files = plugin_files  # where the catalogue found the optimizer (jobs.run --plugin-file)
+        self.target = target  # the class the spec names, as `check_target` resolved it
         self.workdir = workdir
         self.tracker = tracker
         self.reporter = reporter
@@ -49,21 +50,10 @@ class CheckJob:
         if resume_from is not None or stop_after is not None:
             raise ValueError("--resume and --stop-after are for training jobs; a check job always runs whole")
         from jobs.checks.runner import run_checks
-        from jobs.checks.target import resolve_target
 
-        optimizer = self.spec.optimizer
-        target = resolve_target(
-            optimizer.name,
-            framework=self.spec.framework,
-            style=optimizer.style,
-            plugin_files=self.plugin_files,
-        )
-        from jobs.optimizer_source import held_to_record
-
-        held_to_record(optimizer, target.entry)  # the class it was submitted for, or no checks at all
         report = run_checks(
-            target,
-            optimizer.params,
+            self.target,
+            self.spec.optimizer.params,
             only=self.spec.check_ids(),
             workdir=self.workdir,
             on_result=self._on_result,
@@ -86,6 +76,20 @@ class CheckJob:
         as_markdown = self.workdir / REPORT_MARKDOWN
         as_markdown.write_text(report.to_markdown())
         return [as_json, as_markdown]
+
+
+def check_target(spec: CheckSpec, plugin_files: Sequence[str]) -> Target:
+    """The class the spec names, found where the catalogue found it (`plugin_files`: jobs.run
+    --plugin-file), and the one it was submitted for, or no checks at all."""
+    from jobs.checks.target import resolve_target
+    from jobs.optimizer_source import held_to_record
+
+    optimizer = spec.optimizer
+    target = resolve_target(
+        optimizer.name, framework=spec.framework, style=optimizer.style, plugin_files=plugin_files
+    )
+    held_to_record(optimizer, target.entry)
+    return target
 
 
 def setup_of(spec: CheckSpec) -> LoopSetup:

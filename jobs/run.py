@@ -169,7 +169,7 @@ def make_job(
     plugin_files: Sequence[str] = (),
 ) -> tuple[Job, Sources]:
     """The trainer for the spec's framework, or the check job; imports only what that needs. With the
-    sources of the optimizer and its base it loaded (a check job finds its own: none here).
+    sources of the optimizer and its base it loaded (a check job's: the class it checks).
 
     A spec that records where its optimizer came from (the service's, at submission) is held to it
     (`jobs.optimizer_source`), and its files are read first, whatever the worker names."""
@@ -177,13 +177,15 @@ def make_job(
 
     choices = [spec.optimizer, spec.optimizer.base]
     plugin_files = list(dict.fromkeys([*recorded_plugin_files(choices), *plugin_files]))
-    if isinstance(spec, CheckSpec):
-        from jobs.check_job import CheckJob
-
-        check = CheckJob(spec, workdir=workdir, tracker=tracker, reporter=reporter, plugin_files=plugin_files)
-        return check, {}
-    from jobs.frameworks import style_of
     from jobs.optimizer_source import loaded_entry, source_of
+
+    if isinstance(spec, CheckSpec):
+        from jobs.check_job import CheckJob, check_target
+
+        target = check_target(spec, plugin_files)
+        check = CheckJob(spec, target=target, workdir=workdir, tracker=tracker, reporter=reporter)
+        return check, {"optimizer": source_of(target.entry)}
+    from jobs.frameworks import style_of
     from jobs.training.loop import TrainingJob
     from optimizers.registry import load_registry
 

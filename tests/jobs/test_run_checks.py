@@ -182,6 +182,11 @@ def test_a_check_job_becomes_an_mlflow_run_with_one_metric_per_check(
     assert json.loads(mlflow_client.artifacts["report.json"])["summary"]["warned"] == ["descends"]
     assert "| dense_step | fail |" in mlflow_client.artifacts["report.md"]
     assert mlflow_client.terminated == [("run-1", "FINISHED")]
+    # The class it checked, as a training job records the class it trained.
+    source = {"source": "builtin:optimizers.torch.lion", "class_name": "Lion", "sha256": None}
+    assert result["optimizer_source"] == source and "warnings" not in result, result
+    tags = mlflow_client.tags["run-1"]
+    assert (tags["optimizer_source"], tags["optimizer_class"]) == (source["source"], "Lion")
 
 
 def test_sigterm_during_the_checks_cancels_the_job_and_kills_the_run(

@@ -225,7 +225,11 @@ class FakeMlflowClient:
         self.runs.append({"experiment_id": experiment_id, "run_name": run_name, "tags": tags})
         return SimpleNamespace(info=SimpleNamespace(run_id=f"run-{len(self.runs)}"))
 
-    def log_batch(self, run_id: str, metrics: Any = (), params: Any = (), synchronous: bool = True) -> None:
+    def log_batch(
+        self, run_id: str, metrics: Any = (), params: Any = (), tags: Any = (), synchronous: bool = True
+    ) -> None:
+        for tag in tags:
+            self.tags.setdefault(run_id, {})[tag.key] = tag.value
         if params and self.params_refused:
             raise ValueError("param value too long")
         if params:
