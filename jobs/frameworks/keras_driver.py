@@ -647,15 +647,29 @@ class KerasDriver(Driver):
 
     def _same_given(self, held: Any, given: Any) -> bool:
         """`held` is what `given` built: the same value, or the optimizer a name given for one
-        (`inner_optimizer="adam"`) builds."""
+        (`inner_optimizer="adam"`) builds. A held optimizer may be kept serialized, as Keras's
+        LossScaleOptimizer keeps its inner one: it is the optimizer a reload deserializes it to."""
         if same_config_value(held, given):
             return True
-        if not isinstance(given, str) or not hasattr(held, "get_config"):
+        held = self._as_optimizer(held)
+        if not isinstance(given, str) or held is None:
             return False
         try:
             return type(held) is type(self.km.optimizers.get(given))
         except Exception:  # not a name Keras knows
             return False
+
+    def _as_optimizer(self, value: Any) -> Any:
+        """`value` as an optimizer: itself where it is one, deserialized where it is an optimizer
+        serialized (`{"class_name": ..., "config": ...}`), else None."""
+        if hasattr(value, "get_config"):
+            return value
+        if not (isinstance(value, dict) and {"class_name", "config"} <= value.keys()):
+            return None
+        try:
+            return self.km.optimizers.deserialize(value)
+        except Exception:  # not an optimizer Keras can rebuild
+            return None
 
     def current_rate(self, optimizer: Any) -> Any:
         """The rate the optimizer would step with now, read as its update reads it."""
