@@ -558,6 +558,21 @@ def check_sparse(ctx: CheckContext) -> Outcome:
     densified = _rows_changed(start, after_first, exclude=first_rows) | _rows_changed(
         after_first, driver.values(table)[0], exclude=second_rows
     )
+    moved_apart = (
+        _still_in_dense_steps(ctx, [first[0], _rows(second_rows, seed=21)], densified)
+        if takes_dense
+        else set()
+    )
+    if moved_apart:
+        return failed(
+            f"the sparse path computes other math than the dense path on rows the gradient did not touch: "
+            f"{len(moved_apart)} of {TABLE_SHAPE[0]} such rows ({sorted(moved_apart)}) changed under the "
+            f"row-sparse steps ({driver.sparse_gradient_name}), and the same optimizer's dense steps on the "
+            "zero-padded gradients leave them unchanged",
+            where=sparse_method,
+            figure=float(len(moved_apart)),
+            fix=_untouched_rows_fix(ctx),
+        )
     repeated = [_rows(repeated_rows, seed=22), _rows(repeated_rows, seed=25)]
     with same_draws(ctx, seed=_COMPARED_DRAWS):
         repeated_optimizer, repeated_table = fresh(ctx, (TABLE_SHAPE,))
@@ -821,6 +836,41 @@ def _dense_table(ctx: CheckContext, grads: Sequence[SparseRows]) -> np.ndarray:
         except Exception:
             return np.zeros(0, np.float32)
     return ctx.driver.values(table)[0]
+
+
+def _still_in_dense_steps(ctx: CheckContext, grads: Sequence[SparseRows], moved: set[int]) -> set[int]:
+    """Of `moved`, rows that sparse steps on `grads` changed outside their gradients, those the same
+    optimizer's dense steps on the zero-padded gradients leave unchanged in every step (none where a
+    dense step raises: not shown to differ). Where the dense steps move them too (Adam's momentum on
+    rows of zero gradient), the sparse path only does the same O(table) work."""
+    if not moved:
+        return set()
+    driver = ctx.driver
+    dense_moved: set[int] = set()
+    with same_draws(ctx, seed=_COMPARED_DRAWS):
+        optimizer, table = fresh(ctx, (TABLE_SHAPE,))
+        try:
+            for grad in grads:
+                before = driver.values(table)[0]
+                driver.step(optimizer, table, [_dense(grad)], ctx.needs)
+                dense_moved |= _rows_changed(before, driver.values(table)[0], exclude=grad.rows)
+        except Exception:
+            return set()
+    return moved - dense_moved
+
+
+def _untouched_rows_fix(ctx: CheckContext) -> str:
+    advice = ctx.driver.advice
+    sparse_path = (
+        advice.sparse_update_method
+        if advice.sparse_update_method not in (None, advice.update_method)
+        else f"the sparse branch of {advice.update_method}"
+    )
+    return (
+        f"make {sparse_path} leave the rows the gradient did not touch as {advice.update_method} leaves them "
+        "with a zero gradient there: update only the touched rows (gather them and their slots, compute, "
+        "scatter back)"
+    )
 
 
 def _own_sparse_method(ctx: CheckContext) -> str | None:

@@ -5,12 +5,15 @@ where one could be taken for the other.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import keras
 import pytest
+import tensorflow as tf
+import tf_keras
 from keras import ops
 
 from jobs.checks.context import CheckContext
@@ -22,6 +25,11 @@ from tests.checks.tables import target_of
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield tmp_path_factory.mktemp("keras-probe32")
+
+
+def _line_of(class_name: str, method: str) -> int:
+    """The line of `def method` in this file's class `class_name`."""
+    return inspect.getsourcelines(getattr(globals()[class_name], method))[1]
 
 
 def _run(
@@ -93,3 +101,113 @@ def test_an_inner_optimizer_serialized_as_another_fails_config_roundtrip(workdir
     outcome = _run("config_roundtrip", "DefaultInnerLookahead", workdir, params={"optimizer": "sgd"})
     assert outcome.status == "fail", outcome.detail
     assert "get_config()['optimizer']" in outcome.detail and "expected 'sgd'" in outcome.detail
+
+
+class MaskedMomentum(keras.optimizers.Optimizer):
+    """Momentum kept only where the gradient is non-zero (lazy by design), its sparse path as lazy:
+    the gathered rows updated, the rest left. Correct."""
+
+    def __init__(self, learning_rate: float = 0.01, momentum: float = 0.9, **kwargs: Any) -> None:
+        super().__init__(learning_rate=learning_rate, **kwargs)
+        self.momentum = momentum
+
+    def build(self, var_list: list[Any]) -> None:
+        if self.built:
+            return
+        super().build(var_list)
+        self._velocities = self.add_optimizer_variables(var_list, "velocity")
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        velocity = self._velocities[self._get_variable_index(variable)]
+        lr = ops.cast(learning_rate, variable.dtype)
+        if isinstance(gradient, tf.IndexedSlices):
+            self._sparse_step(gradient, variable, velocity, lr)
+            return
+        touched = ops.cast(ops.not_equal(gradient, 0), variable.dtype)
+        self.assign(velocity, touched * (self.momentum * velocity + gradient) + (1 - touched) * velocity)
+        self.assign_sub(variable, lr * touched * velocity)
+
+    def _sparse_step(self, gradient: Any, variable: Any, velocity: Any, lr: Any) -> None:
+        rows, position = tf.unique(gradient.indices)
+        summed = tf.math.unsorted_segment_sum(gradient.values, position, tf.size(rows))
+        new_rows = self.momentum * tf.gather(velocity.value, rows) + summed
+        self.assign(velocity, tf.IndexedSlices(new_rows, rows))
+        self.assign_sub(variable, tf.IndexedSlices(lr * new_rows, rows))
+
+    def get_config(self) -> dict[str, Any]:
+        config: dict[str, Any] = super().get_config()
+        config["momentum"] = self.momentum
+        return config
+
+
+class DecayAllRowsMomentum(MaskedMomentum):
+    """The sparse path decays every row's momentum and steps every row with it; the dense path, on a
+    zero-padded gradient, leaves the untouched rows still."""
+
+    def _sparse_step(self, gradient: Any, variable: Any, velocity: Any, lr: Any) -> None:
+        self.assign(velocity, self.momentum * velocity)
+        self.assign_add(velocity, gradient)
+        self.assign_sub(variable, lr * velocity)
+
+
+class LegacyDecayAllRowsMomentum(tf_keras.optimizers.legacy.Optimizer):
+    """The same fault in tf.keras's legacy API: masked momentum in _resource_apply_dense, every row
+    decayed and stepped in _resource_apply_sparse."""
+
+    def __init__(self, learning_rate: Any = 0.01, momentum: float = 0.9, name: str = "Decay", **kwargs: Any):
+        super().__init__(name, **kwargs)
+        self._set_hyper("learning_rate", learning_rate)
+        self._set_hyper("momentum", momentum)
+
+    def _create_slots(self, var_list: list[Any]) -> None:
+        for var in var_list:
+            self.add_slot(var, "momentum")
+
+    def _resource_apply_dense(self, grad: Any, var: Any, apply_state: Any = None) -> Any:
+        dtype = var.dtype.base_dtype
+        slot = self.get_slot(var, "momentum")
+        touched = tf.cast(tf.not_equal(grad, 0), dtype)
+        velocity = touched * (self._get_hyper("momentum", dtype) * slot + grad) + (1 - touched) * slot
+        return tf.group(slot.assign(velocity), var.assign_sub(self._decayed_lr(dtype) * touched * velocity))
+
+    def _resource_apply_sparse(self, grad: Any, var: Any, indices: Any, apply_state: Any = None) -> Any:
+        slot = self.get_slot(var, "momentum")
+        decayed = slot.assign(self._get_hyper("momentum", var.dtype.base_dtype) * slot)
+        with tf.control_dependencies([decayed]):
+            added = slot.scatter_add(tf.IndexedSlices(grad, indices))
+        with tf.control_dependencies([added]):
+            return var.assign_sub(self._decayed_lr(var.dtype.base_dtype) * slot)
+
+    def get_config(self) -> dict[str, Any]:
+        config: dict[str, Any] = super().get_config()
+        config["learning_rate"] = self._serialize_hyperparameter("learning_rate")
+        config["momentum"] = self._serialize_hyperparameter("momentum")
+        return config
+
+
+@pytest.mark.parametrize(
+    ("name", "style", "method"),
+    [
+        ("DecayAllRowsMomentum", None, "the sparse branch of update_step"),
+        ("LegacyDecayAllRowsMomentum", "tf_legacy", "_resource_apply_sparse"),
+    ],
+)
+def test_a_sparse_path_moving_rows_the_dense_path_keeps_still_fails_sparse(
+    workdir: Path, name: str, style: str | None, method: str
+) -> None:
+    outcome = _run("sparse", name, workdir, style)
+    assert outcome.status == "fail", outcome.detail
+    assert "other math than the dense path on rows the gradient did not touch" in outcome.detail
+    assert f"Fix: make {method} leave the rows the gradient did not touch" in outcome.detail
+    assert outcome.where.endswith(f"test_keras_probe32.py:{_line_of(name, method.split()[-1])}")
+
+
+def test_untouched_rows_the_dense_path_moves_too_stay_a_densify_warn(workdir: Path) -> None:
+    ctx = CheckContext(target=target_of("keras.optimizers:Adam"), params={}, workdir=workdir)
+    outcome = checks_for_style(ctx.target.style)["sparse"](ctx)
+    assert outcome.status == "warn" and "densifies: 2 of 10 rows" in outcome.detail, outcome.detail
+
+
+def test_a_lazy_sparse_path_beside_a_masked_dense_one_passes_sparse(workdir: Path) -> None:
+    outcome = _run("sparse", "MaskedMomentum", workdir)
+    assert outcome.status == "pass", outcome.detail
