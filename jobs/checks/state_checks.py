@@ -50,6 +50,7 @@ from jobs.frameworks.base import (
     changed_by_save_said,
 )
 from optimizers.hyperparams import FRAMEWORK_SWITCHES, is_number
+from optimizers.loop_needs import user_classes
 
 # -- config_roundtrip --------------------------------------------------------------------------------
 
@@ -67,6 +68,9 @@ def check_config_roundtrip(ctx: CheckContext) -> Outcome:
     outcome = _config_roundtrip(ctx, unkept, ignored)
     if outcome.status != "pass":
         return outcome
+    bypass = clipping_bypassed(ctx)
+    if bypass is not None:
+        return _clipping_never_runs(ctx, bypass)
     if from_constructor:
         return _torch_arguments_act(ctx, ignored, outcome)
     if not unkept:
@@ -85,6 +89,64 @@ def check_config_roundtrip(ctx: CheckContext) -> Outcome:
 
 # Steps an argument get_config leaves out is compared over, built with two values.
 UNKEPT_STEPS = 3
+# The framework's methods a class may override to apply the gradients itself.
+APPLYING_METHODS = ("apply_gradients", "apply")
+
+
+def clipping_bypassed(ctx: CheckContext) -> str | None:
+    """The class's own override of the framework's apply method (apply, apply_gradients) that never
+    runs the base's: built with the framework's clipping, its steps are bitwise those without, where
+    the same gradients clipped by hand step otherwise (so a class whose update ignores the gradient's
+    scale, a sign or a normalised update, is not taken for one). Decided once per check run."""
+    if "clipping_bypassed" not in ctx.notes:
+        ctx.notes["clipping_bypassed"] = _clipping_bypassed(ctx)
+    bypass: str | None = ctx.notes["clipping_bypassed"]
+    return bypass
+
+
+def _clipping_bypassed(ctx: CheckContext) -> str | None:
+    clipping = ctx.driver.gradient_clipping
+    own = user_classes(ctx.target.cls)
+    override = next((m for m in APPLYING_METHODS if any(m in vars(k) for k in own)), None)
+    if clipping is None or override is None:
+        return None
+    grads = [arrays(SHAPES, seed=40 + step) for step in range(UNKEPT_STEPS)]
+    norm = clipping[1]
+    by_hand = [[g * min(1.0, norm / float(np.linalg.norm(g))) for g in step] for step in grads]
+    try:
+        plain = _stepped(ctx, grads)
+        if max_diff(_stepped(ctx, grads, clipping), plain) or not max_diff(_stepped(ctx, by_hand), plain):
+            return None
+    except (Exception, SystemExit):  # a class that refuses the setting, or a step that fails: not judged
+        return None
+    return override
+
+
+def _stepped(
+    ctx: CheckContext, grads: Sequence[Sequence[Any]], setting: tuple[str, float] | None = None
+) -> list[Any]:
+    """The variables and state after steps on `grads`, with the framework's `setting` set on the built
+    optimizer (a user sets it in the constructor; the registry builds with the class's own params)."""
+    with same_draws(ctx, seed=3):
+        optimizer, variables = fresh(ctx)
+        if setting is not None:
+            setattr(optimizer, *setting)
+        for step_grads in grads:
+            ctx.driver.step(optimizer, variables, step_grads, ctx.needs)
+    return ctx.driver.values(variables) + [value for _, value in ctx.driver.state(optimizer)]
+
+
+def _clipping_never_runs(ctx: CheckContext, method: str) -> Outcome:
+    name, norm = ctx.driver.gradient_clipping or ("", 0.0)
+    return failed(
+        f"built with {name}={norm:g}, {UNKEPT_STEPS} steps are bitwise those without it, where the same "
+        f"gradients clipped by hand step otherwise: the class's {method}() override never runs the base "
+        f"class's {method}(), so {ctx.driver.api_name}'s gradient clipping never runs (nor its weight_decay, "
+        "use_ema and loss scaling)",
+        where=method_location(ctx, method),
+        fix=f"override update_step for the class's math and leave {method}() to the base class, or call "
+        f"super().{method}(...) from the override with the gradients it changed",
+    )
 
 
 def _unkept_switches(ctx: CheckContext) -> list[str]:

@@ -453,6 +453,9 @@ class Driver(ABC):
     # The framework's own optimizer options that act on each replica's own gradient before the
     # replicas' gradients are summed, with what each does there (Keras 3's clipping, accumulation).
     per_replica_option_effects: ClassVar[Mapping[str, str]] = {}
+    # The constructor argument by which the framework's base class clips each variable's gradient to a
+    # norm in its own apply method, and a norm that clips the checks' gradients (Keras: clipnorm).
+    gradient_clipping: ClassVar[tuple[str, float] | None] = None
     # The style's framework in words ("Keras 3"), and the methods of other optimizer APIs it never calls.
     api_name: ClassVar[str] = ""
     foreign_methods: ClassVar[Mapping[str, ForeignMethod]] = {}

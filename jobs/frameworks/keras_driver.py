@@ -261,6 +261,7 @@ class KerasDriver(Driver):
     serializable_decorator: ClassVar[str] = "keras.saving.register_keras_serializable"
     loss_scale_name: ClassVar[str] = "keras.mixed_precision.LossScaleOptimizer"
     per_replica_option_effects: ClassVar[Mapping[str, str]] = PER_REPLICA_OPTIONS
+    gradient_clipping: ClassVar[tuple[str, float] | None] = ("clipnorm", 1e-3)
     rate_set_by_hand: ClassVar[str] = (
         "`optimizer.learning_rate = rate`, as the LearningRateScheduler and ReduceLROnPlateau callbacks "
         "set it"

@@ -211,3 +211,68 @@ def test_untouched_rows_the_dense_path_moves_too_stay_a_densify_warn(workdir: Pa
 def test_a_lazy_sparse_path_beside_a_masked_dense_one_passes_sparse(workdir: Path) -> None:
     outcome = _run("sparse", "MaskedMomentum", workdir)
     assert outcome.status == "pass", outcome.detail
+
+
+class CentredMomentum(MaskedMomentum):
+    """Gradient centralisation in apply(), which then hands the centred gradients to the base's own
+    apply(): Keras's clipping, weight decay and EMA run. Correct."""
+
+    def apply(self, grads: list[Any], trainable_variables: Any = None) -> Any:
+        return super().apply([_centred(g) for g in grads], trainable_variables)
+
+
+class CliplessMomentum(MaskedMomentum):
+    """apply() overridden with a loop of its own over update_step: the base's apply(), which clips the
+    gradients (clipnorm), decays the weights and keeps the EMA, never runs."""
+
+    def apply(self, grads: list[Any], trainable_variables: Any = None) -> Any:
+        variables = self._trainable_variables if trainable_variables is None else trainable_variables
+        if not self.built:
+            self.build(variables)
+        rate = self._get_current_learning_rate()
+        for gradient, variable in zip(grads, variables, strict=True):
+            if gradient is not None:
+                self.update_step(_centred(gradient), variable, rate)
+        self.iterations.assign_add(1)
+        return self.iterations
+
+
+class SignSGD(keras.optimizers.Optimizer):
+    """Stateless sign descent with an apply() that hands on to the base's: a clipped gradient steps as
+    the unclipped one (its sign is the same), which is no sign that clipping was skipped. Correct."""
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        self.assign_sub(variable, ops.cast(learning_rate, variable.dtype) * ops.sign(gradient))
+
+    def apply(self, grads: list[Any], trainable_variables: Any = None) -> Any:
+        return super().apply(grads, trainable_variables)
+
+
+def _centred(gradient: Any) -> Any:
+    if len(gradient.shape) < 2:
+        return gradient
+    return gradient - ops.mean(gradient, axis=tuple(range(len(gradient.shape) - 1)), keepdims=True)
+
+
+def test_an_apply_override_that_never_runs_the_base_s_fails_config_roundtrip(workdir: Path) -> None:
+    outcome = _run("config_roundtrip", "CliplessMomentum", workdir)
+    assert outcome.status == "fail", outcome.detail
+    assert (
+        "apply() override never runs the base class's apply(), so Keras 3's gradient clipping"
+        in outcome.detail
+    )
+    assert "Fix: override update_step" in outcome.detail and "super().apply(...)" in outcome.detail
+    assert outcome.where.endswith(f"test_keras_probe32.py:{_line_of('CliplessMomentum', 'apply')}")
+
+
+@pytest.mark.parametrize("name", ["CentredMomentum", "SignSGD"])
+def test_an_apply_override_handing_on_to_the_base_passes_config_roundtrip(workdir: Path, name: str) -> None:
+    outcome = _run("config_roundtrip", name, workdir)
+    assert outcome.status == "pass", outcome.detail
+
+
+def test_distributed_names_the_apply_override_that_bypasses_the_merge(workdir: Path) -> None:
+    outcome = _run("distributed", "CliplessMomentum", workdir)
+    assert outcome.status == "fail", outcome.detail
+    assert "the class overrides apply, where Keras merges the replicas' update" in outcome.detail
+    assert outcome.where.endswith(f"test_keras_probe32.py:{_line_of('CliplessMomentum', 'apply')}")

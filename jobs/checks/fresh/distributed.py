@@ -24,6 +24,7 @@ from jobs.checks.fresh.results import (
 )
 from jobs.checks.fresh.spawner import ChildFailed, failed_in_child, run_fresh
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
+from jobs.checks.state_checks import clipping_bypassed
 from jobs.checks.tools import (
     draws_randomly,
     made_non_finite,
@@ -191,13 +192,14 @@ _MERGING_METHODS = ("_backend_update_step", "_distributed_tf_update_step")
 
 def _bypassed_merge(ctx: CheckContext) -> str | None:
     """The Keras 3 method of the strategy's merge the class overrides (NoteDance's Lamb overrides
-    `_backend_update_step`), or None."""
+    `_backend_update_step`), or its apply() override that never runs the base's, which merges there
+    (`clipping_bypassed`), or None."""
     if ctx.target.style != "keras":
         return None
     return next(
         (m for m in _MERGING_METHODS for k in user_classes(ctx.target.cls) if m in vars(k)),
         None,
-    )
+    ) or clipping_bypassed(ctx)
 
 
 def judge(
