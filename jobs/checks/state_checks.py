@@ -40,6 +40,7 @@ from jobs.checks.tools import (
     same_draws,
     same_value,
     takes_a_rate,
+    user_method_lines,
 )
 from jobs.frameworks.base import (
     CHANGED_BY_SAVE_FIX,
@@ -108,7 +109,7 @@ def _clipping_bypassed(ctx: CheckContext) -> str | None:
     clipping = ctx.driver.gradient_clipping
     own = user_classes(ctx.target.cls)
     override = next((m for m in APPLYING_METHODS if any(m in vars(k) for k in own)), None)
-    if clipping is None or override is None:
+    if clipping is None or override is None or _hands_on_to_an_apply(ctx, override):
         return None
     grads = [arrays(SHAPES, seed=40 + step) for step in range(UNKEPT_STEPS)]
     norm = clipping[1]
@@ -120,6 +121,16 @@ def _clipping_bypassed(ctx: CheckContext) -> str | None:
     except (Exception, SystemExit):  # a class that refuses the setting, or a step that fails: not judged
         return None
     return override
+
+
+# A call of an optimizer's apply method: super()'s, or an inner optimizer's (a wrapper shaped as Keras's
+# LossScaleOptimizer, whose own clipnorm is never applied either: clipping is the inner's).
+_APPLY_CALL = re.compile(r"\.(?:apply|apply_gradients)\(")
+
+
+def _hands_on_to_an_apply(ctx: CheckContext, method: str) -> bool:
+    """Whether the class's `method` override calls an optimizer's apply (its base's, a wrapped one's)."""
+    return any(found.method == method and _APPLY_CALL.search(found.code) for found in user_method_lines(ctx))
 
 
 def _stepped(
@@ -585,6 +596,7 @@ def _config_problem(
     if schedule:
         expected.pop(rate_key, None)  # serialized as the schedule, compared with the round trip below
     where = method_location(ctx, "__init__")
+    required = {native(ctx, name) for name, param in ctx.target.entry.params.items() if param.required}
     # The optimizer the round trip loads into (torch builds one, Keras's from_config another way),
     # kept so that a next step can show what a cache the class's save leaves out does to it.
     reload_targets: list[tuple[Any, list[Any]]] = []
@@ -616,7 +628,12 @@ def _config_problem(
             []
             if from_constructor
             else _missing(
-                driver.config_name, built, expected, f"after construction{with_what}", held_on_reload
+                driver.config_name,
+                built,
+                expected,
+                f"after construction{with_what}",
+                held_on_reload,
+                required,
             )
         )
         if problems:
@@ -632,7 +649,9 @@ def _config_problem(
         return failed(f"{exc}{with_what}", where=method_location(ctx, exc.method), fix=exc.fix), elsewhere, ""
     when = f"after {driver.config_roundtrip_name}{with_what}"
     problems = (
-        [] if from_constructor else _missing(driver.config_name, reloaded, expected, when, held_on_reload)
+        []
+        if from_constructor
+        else _missing(driver.config_name, reloaded, expected, when, held_on_reload, required)
     )
     if problems:
         return failed("; ".join(problems), where=where, fix=driver.advice.keep_hyperparameters), elsewhere, ""
@@ -857,11 +876,13 @@ def _missing(
     expected: Mapping[str, Any],
     when: str,
     reloads: Callable[[str, Any], bool] | None = None,
+    required: Collection[str] = (),
 ) -> list[str]:
     """Comparing a config with its reload cannot see an argument missing from both: a reloaded
     optimizer would silently use its default. So each built value is looked for by name, and where
     no key holds it as given, in what `reloads` says an optimizer rebuilt from the config holds (a
-    wrapper's rate inside its serialized inner optimizer)."""
+    wrapper's rate inside its serialized inner optimizer). An argument in `required` has no default
+    to fall back on: the reload raises instead."""
     problems = []
     for name, value in expected.items():
         if (
@@ -875,8 +896,13 @@ def _missing(
             where = f"{config_name}[{index}]" if len(configs) > 1 else config_name
             if name not in config:
                 problems.append(
-                    f"hyperparameter {name!r} is not in {where} {when}; a reloaded optimizer "
-                    "would silently use its default"
+                    f"hyperparameter {name!r} is not in {where} {when}; "
+                    + (
+                        "the constructor requires it (no default), so a reload raises TypeError for the "
+                        "missing argument"
+                        if name in required
+                        else "a reloaded optimizer would silently use its default"
+                    )
                 )
                 break
             if not same_value(config[name], value):
