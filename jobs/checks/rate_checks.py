@@ -544,7 +544,7 @@ def check_sparse(ctx: CheckContext) -> Outcome:
             else f"after a row-sparse gradient ({driver.sparse_gradient_name}) the table is not finite",
             where=sparse_method,
             figure=diff,
-            fix=_touched_rows_fix(ctx, own) if own else driver.advice.sparse_update,
+            fix=_touched_rows_fix(ctx, own) if own else _sparse_branch_fix(ctx, after_first),
         )
     if not takes_dense and not _moves_touched_rows(ctx, first_rows):
         return failed(
@@ -890,6 +890,20 @@ def _touched_rows_fix(ctx: CheckContext, method: str) -> str:
         "gathered rows of the variable and its slots), and write the result back as it is meant: "
         "_resource_scatter_add adds a change to the rows, _resource_scatter_update replaces them with a "
         "new value"
+    )
+
+
+def _sparse_branch_fix(ctx: CheckContext, after_first: np.ndarray) -> str:
+    """Where the sparse step ran and only its values differ from the dense path's, the class handles
+    sparse gradients in its update method: its math there is what to mend, not the handling (the
+    advice for a crash). A table made non-finite is left that advice."""
+    advice = ctx.driver.advice
+    if not np.all(np.isfinite(after_first)):
+        return advice.sparse_update
+    return (
+        f"make the sparse branch of {advice.update_method} compute on the touched rows what its dense path "
+        "computes on them (the same math on the gathered rows of the variable and its state), and write the "
+        "result back as it is meant: a change added to the rows, or the rows replaced by their new value"
     )
 
 

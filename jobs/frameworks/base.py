@@ -37,6 +37,13 @@ if TYPE_CHECKING:
 # the checks and the jobs' own errors give the same advice.
 _KNOWN_ERRORS: tuple[tuple[re.Pattern[str], str], ...] = (
     (
+        # Keras 3's apply() knows only the variables the base class's build() recorded.
+        re.compile(r"can only be called for the variables it was originally built with"),
+        "call super().build(var_list) at the start of the class's build(): Keras's base build() records "
+        "the variables the optimizer updates (and sets self.built), and a build() that skips it leaves none "
+        "known to apply()",
+    ),
+    (
         re.compile(r"a leaf Variable that requires grad is being used in an in-place operation"),
         "the update runs with autograd recording: decorate step() with @torch.no_grad() (as torch's own "
         "optimizers do), or wrap the in-place update in `with torch.no_grad():`",

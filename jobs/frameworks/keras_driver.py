@@ -359,8 +359,8 @@ class KerasDriver(Driver):
         deprecated_call="tf.cast(x, tf.float32) instead of tf.to_float(x)",
         sparse_update="handle tf.IndexedSlices (gather the touched rows, apply the same math, scatter them "
         "back), or make the gradient dense first (gradient = tf.convert_to_tensor(gradient): correct, though "
-        "every step then costs the whole table; keras.ops.convert_to_tensor and ops.cast keep it sparse), or "
-        "raise a clear error saying sparse gradients are not supported",
+        "every step then costs the whole table; keras.ops.convert_to_tensor, with sparse=False too, and "
+        "ops.cast keep it sparse), or raise a clear error saying sparse gradients are not supported",
         read_lr_each_step="use the learning_rate argument update_step receives every step; never cache "
         "float(self.learning_rate) in __init__ or build",
         keep_hyperparameters="store each constructor argument as given and return it from get_config "
@@ -540,14 +540,18 @@ class KerasDriver(Driver):
         return "get_config()"
 
     def config(self, optimizer: Any) -> list[dict[str, Any]]:
+        config: Any = None
         try:
             config = optimizer.get_config()
             json.dumps(config, default=_numpy_scalar)
         except Exception as exc:
+            key = _unserializable_key(config)
             raise ConfigNotSerialized(
-                "get_config() is not JSON-serializable: "
-                f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
-                fix=CONFIG_FIX,
+                "get_config() is not JSON-serializable"
+                + (f" (its {key!r} holds a {type(config[key]).__name__})" if key else "")
+                + f": {type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
+                fix=self.advice_value_in_config.format(key=key) if key else CONFIG_FIX,
+                method="get_config" if key else "__init__",
             ) from exc
         # TensorFlow Probability's VariationalSGD has `def get_config(self): pass`.
         if not isinstance(config, Mapping):
@@ -617,6 +621,11 @@ class KerasDriver(Driver):
             method="get_config",
         )
 
+    # The fix for a config key that holds a variable or tensor ({key}: its name).
+    advice_value_in_config: ClassVar[str] = (
+        'store the argument as given in config["{key}"], a plain Python value (a float), not a variable '
+        "or tensor made from it"
+    )
     advice_schedule_in_config: ClassVar[str] = (
         "store the serialized schedule: keras.optimizers.schedules.serialize(self._learning_rate), what "
         "super().get_config() already does (or self._serialize_hyperparameter(self._learning_rate))"
@@ -869,6 +878,10 @@ class LegacyKerasDriver(KerasDriver):
     def create_state(self, optimizer: Any, variables: Sequence[Any]) -> None:
         optimizer._create_all_weights(list(variables))  # the legacy API's only way to make slots now
 
+    advice_value_in_config: ClassVar[str] = (
+        'store the serialized value, not the hyperparameter\'s variable: config["{key}"] = '
+        'self._serialize_hyperparameter("{key}"), as the base class stores the learning rate'
+    )
     advice_schedule_in_config: ClassVar[str] = (
         "store the serialized schedule: config['learning_rate'] = "
         "self._serialize_hyperparameter('learning_rate'), what the base class's get_config does"
@@ -1984,6 +1997,18 @@ def remove_path(path: Path) -> None:
             shutil.rmtree(path)
         else:
             path.unlink(missing_ok=True)
+
+
+def _unserializable_key(config: Any) -> str | None:
+    """The first key of `config` whose value JSON cannot write (a variable, a tensor), or None."""
+    if not isinstance(config, Mapping):
+        return None
+    for key, value in config.items():
+        try:
+            json.dumps(value, default=_numpy_scalar)
+        except Exception:
+            return str(key)
+    return None
 
 
 def _numpy_scalar(value: Any) -> Any:

@@ -276,3 +276,102 @@ def test_distributed_names_the_apply_override_that_bypasses_the_merge(workdir: P
     assert outcome.status == "fail", outcome.detail
     assert "the class overrides apply, where Keras merges the replicas' update" in outcome.detail
     assert outcome.where.endswith(f"test_keras_probe32.py:{_line_of('CliplessMomentum', 'apply')}")
+
+
+class RequiredMomentum(MaskedMomentum):
+    """`momentum` has no default and get_config leaves it out: a reload raises TypeError."""
+
+    def __init__(self, momentum: float, learning_rate: float = 0.01, **kwargs: Any) -> None:
+        super().__init__(learning_rate=learning_rate, momentum=momentum, **kwargs)
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        del config["momentum"]
+        return config
+
+
+def test_a_required_argument_left_out_of_the_config_is_said_to_make_the_reload_raise(workdir: Path) -> None:
+    outcome = _run("config_roundtrip", "RequiredMomentum", workdir, params={"momentum": 0.9})
+    assert outcome.status == "fail", outcome.detail
+    assert (
+        "'momentum' is not in get_config() after construction; the constructor requires it" in outcome.detail
+    )
+    assert "a reload raises TypeError for the missing argument" in outcome.detail
+    assert "silently use its default" not in outcome.detail
+
+
+class LegacyRawHyperMomentum(LegacyDecayAllRowsMomentum):
+    """get_config returns the hyperparameter's variable, `self._get_hyper("momentum")`, not its value."""
+
+    def get_config(self) -> dict[str, Any]:
+        config = super().get_config()
+        config["momentum"] = self._get_hyper("momentum")
+        return config
+
+
+def test_a_variable_in_a_legacy_config_is_named_at_get_config_with_its_serialized_fix(workdir: Path) -> None:
+    outcome = _run("config_roundtrip", "LegacyRawHyperMomentum", workdir, "tf_legacy")
+    assert outcome.status == "fail", outcome.detail
+    assert "get_config() is not JSON-serializable (its 'momentum' holds a" in outcome.detail
+    assert 'Fix: store the serialized value, not the hyperparameter\'s variable: config["momentum"] = ' in (
+        outcome.detail
+    )
+    assert 'self._serialize_hyperparameter("momentum")' in outcome.detail
+    assert outcome.where.endswith(f"test_keras_probe32.py:{_line_of('LegacyRawHyperMomentum', 'get_config')}")
+
+
+class NoSuperBuildMomentum(MaskedMomentum):
+    """build() makes the slots without super().build(var_list): Keras's apply() knows no variable."""
+
+    def build(self, var_list: list[Any]) -> None:
+        self._velocities = [self.add_variable_from_reference(v, "velocity") for v in var_list]
+
+
+def test_a_build_without_super_build_is_told_to_call_it(workdir: Path) -> None:
+    outcome = _run("dense_step", "NoSuperBuildMomentum", workdir)
+    assert outcome.status == "fail", outcome.detail
+    assert "Fix: call super().build(var_list) at the start of the class's build()" in outcome.detail
+
+
+class AddingSparseMomentum(MaskedMomentum):
+    """The sparse branch adds the step to the touched rows (assign_add where assign_sub belongs)."""
+
+    def _sparse_step(self, gradient: Any, variable: Any, velocity: Any, lr: Any) -> None:
+        rows, position = tf.unique(gradient.indices)
+        summed = tf.math.unsorted_segment_sum(gradient.values, position, tf.size(rows))
+        new_rows = self.momentum * tf.gather(velocity.value, rows) + summed
+        self.assign(velocity, tf.IndexedSlices(new_rows, rows))
+        self.assign_add(variable, tf.IndexedSlices(lr * new_rows, rows))
+
+
+def test_a_sparse_branch_whose_values_differ_is_told_to_mend_its_math(workdir: Path) -> None:
+    outcome = _run("sparse", "AddingSparseMomentum", workdir)
+    assert outcome.status == "fail", outcome.detail
+    assert "differ by up to" in outcome.detail
+    assert "Fix: make the sparse branch of update_step compute on the touched rows what its dense path" in (
+        outcome.detail
+    )
+
+
+class OpsDenseRMSprop(keras.optimizers.Optimizer):
+    """Takes `keras.ops.convert_to_tensor(gradient, sparse=False)` for densifying, which on TensorFlow
+    leaves a tf.IndexedSlices as it is: the math then crashes on it."""
+
+    def build(self, var_list: list[Any]) -> None:
+        if self.built:
+            return
+        super().build(var_list)
+        self._squares = self.add_optimizer_variables(var_list, "square")
+
+    def update_step(self, gradient: Any, variable: Any, learning_rate: Any) -> None:
+        gradient = ops.convert_to_tensor(gradient, sparse=False)
+        square = self._squares[self._get_variable_index(variable)]
+        self.assign(square, 0.9 * square + 0.1 * gradient * gradient)
+        step = ops.cast(learning_rate, variable.dtype) * gradient / (ops.sqrt(square) + 1e-7)
+        self.assign_sub(variable, step)
+
+
+def test_a_sparse_crash_says_that_sparse_false_keeps_the_gradient_sparse(workdir: Path) -> None:
+    outcome = _run("sparse", "OpsDenseRMSprop", workdir)
+    assert outcome.status == "fail", outcome.detail
+    assert "keras.ops.convert_to_tensor, with sparse=False too, and ops.cast keep it sparse" in outcome.detail
