@@ -253,6 +253,84 @@ def state_shared_by_instances(ctx: CheckContext) -> list[str]:
     return changed
 
 
+@dataclass(frozen=True)
+class Aliasing:
+    """State that shares storage with a parameter, first seen after `seen_after` steps, that changes
+    the update: a twin with a copy of its own steps differently."""
+
+    names: list[str]
+    seen_after: int
+
+    def said(self) -> str:
+        """The state named, and why sharing a parameter's storage is a fault here."""
+        return (
+            f"{listed(self.names, 3)} {'shares' if len(self.names) == 1 else 'share'} storage with a model "
+            f"parameter (from step {self.seen_after}), and that changes the update: with a copy of its own "
+            "the steps after differ, since each step of the parameter moves the state too (a kept "
+            "`p.detach()` follows the weights it should remember; after `p.data = saved` the weights and the "
+            "saved copy are one tensor)"
+        )
+
+
+ALIASING_FIX = (
+    "keep a copy of its own: `p.detach().clone()` where state is made from a parameter, and put saved "
+    "weights back with `p.copy_(saved)`, never `p.data = saved`"
+)
+# A line that makes state one tensor with a parameter: `state["init"] = p.detach()` (no clone),
+# `p.data = state["slow"]`.
+_ALIASING_LINE = re.compile(r"\]\s*=\s*[\w.]+\.(?:detach\(\)|data)\s*$|\b\w+\.data\s*=[^=]")
+
+
+def state_aliasing(ctx: CheckContext) -> Aliasing | None:
+    """State sharing a parameter's storage that changes the update, looked for after each of
+    WARMUP_STEPS steps (Lookahead's `p.data = slow` comes only every k steps); None where there is
+    none, or where it changes nothing (SAM's saved weights, rewritten before they are read). Cached."""
+    if "state_aliasing" in ctx.notes:
+        found: Aliasing | None = ctx.notes["state_aliasing"]
+        return found
+    found = None
+    overrides = ctx.stateful_overrides()
+    with contextlib.suppress(Exception), same_draws(ctx, seed=7):  # a step that raises: the others say
+        optimizer, variables = fresh(ctx, **overrides)
+        for step in range(WARMUP_STEPS):
+            ctx.driver.step(optimizer, variables, arrays(SHAPES, seed=90 + step), ctx.needs)
+            names = ctx.driver.state_sharing_variables(optimizer, variables)
+            if names:
+                found = Aliasing(names, step + 1) if _aliasing_acts(ctx, overrides, step + 1) else None
+                break
+    ctx.notes["state_aliasing"] = found
+    return found
+
+
+def _aliasing_acts(ctx: CheckContext, overrides: Mapping[str, Any], seen_after: int) -> bool:
+    """Two equal optimizers `seen_after` steps in, one with each state tensor that shares a parameter's
+    storage given a copy of its own: whether WARMUP_STEPS more steps part them (several, since a
+    decay toward kept weights equal to the parameter's at that moment shows only later)."""
+    runs = []
+    for unshare in (False, True):
+        with same_draws(ctx, seed=7):
+            optimizer, variables = fresh(ctx, **overrides)
+            for step in range(seen_after):
+                ctx.driver.step(optimizer, variables, arrays(SHAPES, seed=90 + step), ctx.needs)
+            if unshare:
+                ctx.driver.unshare_state(optimizer, variables)
+            values: list[np.ndarray] = []
+            for step in range(seen_after, seen_after + WARMUP_STEPS):
+                ctx.driver.step(optimizer, variables, arrays(SHAPES, seed=90 + step), ctx.needs)
+                values += ctx.driver.values(variables)
+            runs.append(values)
+    return not same_arrays(runs[0], runs[1])
+
+
+def aliasing_location(ctx: CheckContext) -> str:
+    """`file:line` of the first line of the class's methods that makes state one tensor with a
+    parameter; the update method's where none reads so."""
+    for found in user_method_lines(ctx):
+        if _ALIASING_LINE.search(found.code):
+            return found.where
+    return method_location(ctx)
+
+
 def _shared_arrays(ctx: CheckContext) -> dict[str, bytes]:
     """The bytes of every tensor or variable (anything with a shape and a dtype that numpy reads)
     the user's classes, and the modules they are defined in, hold as attributes."""

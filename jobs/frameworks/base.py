@@ -603,6 +603,12 @@ class Driver(ABC):
         step. None by default: only torch hands the optimizer a gradient tensor it can keep."""
         return []
 
+    def state_sharing_variables(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
+        """The state entries that share storage with one of `variables` (torch: a kept `p.detach()`,
+        or saved weights put back with `p.data = saved`). None by default: only torch's state can
+        alias a parameter."""
+        return []
+
     def unshare_state(self, optimizer: Any, variables: Sequence[Any]) -> int:
         """Give every state tensor that shares storage with one of `variables` a copy of its own, in
         place; how many there were. None by default: only torch's state can alias a parameter."""

@@ -1469,6 +1469,10 @@ class TorchDriver(Driver):
         storages = _storages(grads)
         return [name for name, tensor in state_tensors(optimizer) if _in_storages(tensor, storages)]
 
+    def state_sharing_variables(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
+        storages = _storages(variables)
+        return [name for name, tensor in state_tensors(optimizer) if _in_storages(tensor, storages)]
+
     def unshare_state(self, optimizer: Any, variables: Sequence[Any]) -> int:
         storages = _storages(variables)
         copied = 0

@@ -666,7 +666,7 @@ def test_state_aliasing_a_parameter_fails_only_where_it_is_read(tmp_path: Path) 
     copied = state_checks.check_state_untrainable(context(f"{__name__}:CopiedSam", tmp_path))
     assert copied.status == "pass" and "harmless here" in copied.detail, copied.detail
     aliased = state_checks.check_state_untrainable(context(f"{__name__}:AliasedMomentum", tmp_path))
-    assert aliased.status == "fail" and "shares storage with a model parameter" in aliased.detail
+    assert aliased.status == "fail" and "share storage with a model parameter" in aliased.detail
 
 
 class MatricesOnly(PlainSGD):

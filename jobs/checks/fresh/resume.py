@@ -14,13 +14,16 @@ from jobs.checks.fresh.results import first_difference, largest_difference, load
 from jobs.checks.fresh.spawner import ChildFailed, child_for, failed_in_child, run_fresh
 from jobs.checks.report import Outcome, failed, passed
 from jobs.checks.tools import (
+    ALIASING_FIX,
     LEFT_OUT_FIX,
     VARIES_WITHOUT_DRAWING,
     VARIES_WITHOUT_DRAWING_FIX,
+    aliasing_location,
     left_out_said,
     method_location,
     missing_key_left_out,
     save_faults,
+    state_aliasing,
     varies_without_drawing,
 )
 from jobs.frameworks.base import CHANGED_BY_SAVE_FIX, changed_by_save_explains, changed_by_save_said
@@ -86,6 +89,15 @@ def resume_exact(ctx: CheckContext) -> Outcome:
     # Nothing the save shows, and steps that differ from run to run without a drawn number: the order
     # is at fault, not state kept outside the save (which the fix below would otherwise say).
     varies = not (cause or changed or left) and varies_without_drawing(ctx)
+    # State one tensor with a parameter, which the save writes as a copy of its own: the cause.
+    aliasing = None if cause or changed or left else state_aliasing(ctx)
+    if aliasing is not None:
+        return failed(
+            f"{steps} differ: {difference}; {aliasing.said()}, and a reload gives it a copy of its own",
+            where=aliasing_location(ctx),
+            fix=ALIASING_FIX,
+            figure=figure,
+        )
     return failed(
         f"{steps} differ: {difference}"
         + (f"; the largest difference, {figure:.3g}, is in {most}" if most and most not in difference else "")

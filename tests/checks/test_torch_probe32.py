@@ -1,0 +1,126 @@
+"""The torch faults a probe of hand-written optimizers found named wrongly or missed: state that is one
+tensor with a parameter, a zero_grad that does not clear, a mutable default changed by the steps,
+parameters of one shape sharing a state tensor, a switch read from self.defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from jobs.checks import state_checks  # noqa: E402
+from jobs.checks.context import CheckContext  # noqa: E402
+from jobs.checks.fresh.resume import resume_exact  # noqa: E402
+from jobs.checks.runner import validated_params  # noqa: E402
+from jobs.checks.target import resolve_target  # noqa: E402
+
+
+def context(text: str, tmp_path: Path, **params: object) -> CheckContext:
+    target = resolve_target(text, framework="torch")
+    return CheckContext(target=target, params=validated_params(target, params), workdir=tmp_path)
+
+
+def line_of(cls: type, text: str) -> str:
+    """`file:line` of the first line of this file holding `text` below the class statement."""
+    lines = Path(__file__).read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"class {cls.__name__}("))
+    number = next(i for i in range(start, len(lines)) if text in lines[i]) + 1
+    return f"{__file__}:{number}"
+
+
+# --- state that is one tensor with a parameter -------------------------------------------------------
+
+
+class DecayToInit(torch.optim.Optimizer):
+    """SGD with momentum and decay toward the initial weights (L2-SP), the initial weights kept with
+    `p.detach()`, no clone: they move with the parameter, and the decay never acts."""
+
+    def __init__(
+        self, params: Any, lr: float = 0.01, momentum: float = 0.9, weight_decay: float = 0.1
+    ) -> None:
+        super().__init__(params, {"lr": lr, "momentum": momentum, "weight_decay": weight_decay})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["init"] = p.detach()
+                    state["buf"] = torch.zeros_like(p)
+                d = p.grad.add(p - state["init"], alpha=group["weight_decay"])
+                state["buf"].mul_(group["momentum"]).add_(d)
+                p.add_(state["buf"], alpha=-group["lr"])
+        return loss
+
+
+class AliasedLookahead(torch.optim.Optimizer):
+    """Lookahead over SGD with momentum putting the slow weights back with `p.data = slow` every k
+    steps: after step k the parameter and its slow weights are one tensor."""
+
+    def __init__(
+        self, params: Any, lr: float = 0.01, momentum: float = 0.9, k: int = 5, alpha: float = 0.5
+    ) -> None:
+        super().__init__(params, {"lr": lr, "momentum": momentum, "k": k, "alpha": alpha})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["buf"] = torch.zeros_like(p)
+                    state["slow"] = p.clone()
+                state["step"] += 1
+                state["buf"].mul_(group["momentum"]).add_(p.grad)
+                p.add_(state["buf"], alpha=-group["lr"])
+                if state["step"] % group["k"] == 0:
+                    state["slow"].lerp_(p, group["alpha"])
+                    p.data = state["slow"]
+        return loss
+
+
+def test_state_kept_as_a_view_of_the_parameter_fails_naming_the_sharing(tmp_path: Path) -> None:
+    """A one-step twin cannot show it (the kept view equals the parameter at that moment): several
+    steps do, and the fail names the sharing, its line and the clone."""
+    outcome = state_checks.check_state_untrainable(context(f"{__name__}:DecayToInit", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert "['init'] share storage with a model parameter" in outcome.detail, outcome.detail
+    assert outcome.where == line_of(DecayToInit, 'state["init"] = p.detach()')
+    assert "p.detach().clone()" in outcome.detail
+
+
+def test_slow_weights_put_back_with_p_data_fail_after_the_k_th_step(tmp_path: Path) -> None:
+    """Lookahead at k=5 shares storage only from step 5: looked at after each step, it is seen."""
+    outcome = state_checks.check_state_untrainable(context(f"{__name__}:AliasedLookahead", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert "['slow'] share storage" in outcome.detail and "(from step 5)" in outcome.detail
+    assert outcome.where == line_of(AliasedLookahead, 'p.data = state["slow"]')
+    assert "p.copy_(saved)" in outcome.detail
+
+
+def test_the_round_trips_blame_the_sharing_not_an_attribute(tmp_path: Path) -> None:
+    """A reload gives the kept weights a copy of their own: state_roundtrip and resume_exact say so,
+    not "a Python attribute"."""
+    ctx = context(f"{__name__}:DecayToInit", tmp_path)
+    for outcome in (state_checks.check_state_roundtrip(ctx), resume_exact(ctx)):
+        assert outcome.status == "fail", outcome.detail
+        assert "share storage with a model parameter" in outcome.detail, outcome.detail
+        assert "a Python attribute" not in outcome.detail
+        assert "p.detach().clone()" in outcome.detail
