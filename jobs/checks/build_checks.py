@@ -25,6 +25,7 @@ from jobs.checks.tools import (
     MOVES_NOTHING,
     SHAPES,
     WARMUP_STEPS,
+    ZERO_GRAD_FIX,
     CheckFunction,
     arrays,
     fix_for_raised,
@@ -46,6 +47,8 @@ from jobs.checks.tools import (
     updates_nothing,
     user_line,
     wrong_signature,
+    zero_grad_keeps,
+    zero_grad_said,
 )
 from jobs.frameworks.base import Gradient, source_files
 from jobs.frameworks.foreign import counting_calls
@@ -1062,6 +1065,14 @@ def check_none_grads(ctx: CheckContext) -> Outcome:
                 if override
                 else ""
             ),
+        )
+    kept = zero_grad_keeps(ctx)
+    if kept:  # what makes a gradient None between steps in every torch loop
+        return failed(
+            f"gradients set to ones, then {zero_grad_said(kept)}",
+            where=method_location(ctx, "zero_grad"),
+            figure=float(len(kept)),
+            fix=ZERO_GRAD_FIX,
         )
     if not updates_nothing(ctx) and max_diff(after[:2], saved[:2]) == 0:
         return failed(

@@ -19,6 +19,7 @@ from jobs.checks.context import CheckContext, overrides_note, with_defaults
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.checks.tools import (
     ALIASING_FIX,
+    CHANGED_DEFAULT_FIX,
     LEFT_OUT_FIX,
     RANDOM_GENERATORS,
     SHAPES,
@@ -27,6 +28,8 @@ from jobs.checks.tools import (
     aliasing_location,
     arrays,
     attributes_written_by_the_user,
+    changed_defaults,
+    changed_defaults_said,
     fresh,
     generator_kind,
     isolated,
@@ -75,6 +78,14 @@ def check_config_roundtrip(ctx: CheckContext) -> Outcome:
     bypass = clipping_bypassed(ctx)
     if bypass is not None:
         return _clipping_never_runs(ctx, bypass)
+    defaults = changed_defaults(ctx)
+    if defaults:  # the config a later optimizer is built with is not the one written
+        return failed(
+            changed_defaults_said(defaults),
+            where=method_location(ctx, "__init__"),
+            figure=float(len(defaults)),
+            fix=CHANGED_DEFAULT_FIX,
+        )
     if from_constructor:
         return _torch_arguments_act(ctx, ignored, outcome)
     if not unkept:

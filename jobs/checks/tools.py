@@ -8,6 +8,7 @@ and state back as numpy; `jobs.frameworks` says how for each style.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import enum
 import functools
@@ -16,6 +17,7 @@ import math
 import random
 import re
 import sys
+import textwrap
 import tokenize
 import traceback
 from collections.abc import Callable, Collection, Container, Iterator, Mapping, Sequence
@@ -131,8 +133,9 @@ def run_to_run(ctx: CheckContext) -> RunToRun:
     if moved_a_generator:
         answer = "draws"
     # Runs that differ because an earlier one changed what every instance shares (a module-level
-    # step counter) are not random: that is a fault, which the callers' comparisons must still see.
-    elif same_arrays(runs[0], runs[-1]) or state_shared_by_instances(ctx):
+    # step counter, a default list a step writes) are not random: that is a fault, which the callers'
+    # comparisons must still see.
+    elif same_arrays(runs[0], runs[-1]) or state_shared_by_instances(ctx) or changed_defaults(ctx):
         answer = "alike"
     elif (
         ctx.target.style != "torch"
@@ -331,6 +334,35 @@ def aliasing_location(ctx: CheckContext) -> str:
     return method_location(ctx)
 
 
+ZERO_GRAD_FIX = (
+    "clear every gradient in zero_grad(): `p.grad = None` where set_to_none, else `p.grad.zero_()` (the "
+    "call, with its parentheses), or call super().zero_grad(set_to_none)"
+)
+
+
+def zero_grad_keeps(ctx: CheckContext) -> list[str]:
+    """The calls of the class's own zero_grad() that leave gradients nonzero (a `p.grad.zero_` without
+    its call): every loop's gradients then pile up across steps. Cached; empty where there is no
+    override, or where building or the call raises (the checks that build say why)."""
+    known = ctx.notes.get("zero_grad_keeps")
+    if isinstance(known, list):
+        return known
+    kept: list[str] = []
+    with contextlib.suppress(Exception):
+        optimizer, variables = fresh(ctx, **ctx.stateful_overrides())
+        kept = ctx.driver.gradients_kept_by_zero_grad(optimizer, variables)
+    ctx.notes["zero_grad_keeps"] = kept
+    return kept
+
+
+def zero_grad_said(kept: Sequence[str]) -> str:
+    """Why a loop's steps part from what they should be where zero_grad() keeps the gradients."""
+    return (
+        f"the class's own {' and '.join(kept)} left gradients nonzero, so a loop's gradients pile up "
+        "across steps (each step gets the sum of every gradient so far)"
+    )
+
+
 def _shared_arrays(ctx: CheckContext) -> dict[str, bytes]:
     """The bytes of every tensor or variable (anything with a shape and a dtype that numpy reads)
     the user's classes, and the modules they are defined in, hold as attributes."""
@@ -346,6 +378,71 @@ def _shared_arrays(ctx: CheckContext) -> dict[str, bytes]:
             if not name.startswith("__"):
                 found.update(_arrays_in(f"{prefix}.{name}", value, depth=2))
     return found
+
+
+def changed_defaults(ctx: CheckContext) -> list[str]:
+    """The mutable defaults of the user's classes' `__init__` (a list, dict or set written as a literal)
+    that an optimizer built with them holds in its param groups as that very object, and that no longer
+    hold the value written: changed in place (`betas[1] = ...` on a group's list), so every optimizer
+    built later without that argument starts from the changed value. Read against the source after a
+    few steps (earlier ones may have changed it already). Cached."""
+    known = ctx.notes.get("changed_defaults")
+    if isinstance(known, list):
+        return known
+    held: list[int] = []
+    with contextlib.suppress(Exception), same_draws(ctx, 1):  # a step that raises: the others say
+        optimizer, variables = fresh(ctx)
+        held = [id(value) for group in optimizer.param_groups for value in group.values()]
+        for step in range(3):
+            ctx.driver.step(optimizer, variables, arrays(SHAPES, seed=60 + step), ctx.needs)
+    changed = []
+    for cls in user_classes(ctx.target.entry.cls):
+        init = vars(cls).get("__init__")
+        if not inspect.isfunction(init):
+            continue
+        current = {name: p.default for name, p in inspect.signature(init).parameters.items()}
+        for name, written in _literal_defaults(init).items():
+            now = current.get(name)
+            if isinstance(written, list | dict | set) and id(now) in held and now != written:
+                changed.append(f"`{name}` (written {written!r}, now {now!r}) of {cls.__qualname__}.__init__")
+    ctx.notes["changed_defaults"] = changed
+    return changed
+
+
+def _literal_defaults(function: Callable[..., Any]) -> dict[str, Any]:
+    """The defaults of `function` as its source writes them, where a literal (`[0.9, 0.999]`)."""
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    definition = tree.body[0]
+    if not isinstance(definition, ast.FunctionDef | ast.AsyncFunctionDef):
+        return {}
+    arguments = definition.args
+    positional = [*arguments.posonlyargs, *arguments.args]
+    pairs = [
+        *zip(positional[len(positional) - len(arguments.defaults) :], arguments.defaults, strict=True),
+        *((a, d) for a, d in zip(arguments.kwonlyargs, arguments.kw_defaults, strict=True) if d is not None),
+    ]
+    found = {}
+    for argument, default in pairs:
+        with contextlib.suppress(ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            found[argument.arg] = ast.literal_eval(default)
+    return found
+
+
+def changed_defaults_said(names: Sequence[str]) -> str:
+    return (
+        f"the class changed the default {listed(names, 2)} in place (the param groups hold that very "
+        "object, and a step writes it): every optimizer built later without that argument starts from the "
+        "changed value, not the one written"
+    )
+
+
+CHANGED_DEFAULT_FIX = (
+    "make the default immutable (a tuple: `betas=(0.9, 0.999)`), or copy it in __init__ "
+    "(`betas = list(betas)`) before it goes into the param groups"
+)
 
 
 def _arrays_in(name: str, value: Any, depth: int) -> dict[str, bytes]:

@@ -609,6 +609,12 @@ class Driver(ABC):
         alias a parameter."""
         return []
 
+    def gradients_kept_by_zero_grad(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
+        """The calls of the class's own gradient-clearing method (torch: a `zero_grad` override) that
+        leave gradients of `variables` nonzero, as written (`zero_grad(set_to_none=False)`). None by
+        default: only torch's loops ask the optimizer to clear gradients."""
+        return []
+
     def unshare_state(self, optimizer: Any, variables: Sequence[Any]) -> int:
         """Give every state tensor that shares storage with one of `variables` a copy of its own, in
         place; how many there were. None by default: only torch's state can alias a parameter."""

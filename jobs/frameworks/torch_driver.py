@@ -1473,6 +1473,27 @@ class TorchDriver(Driver):
         storages = _storages(variables)
         return [name for name, tensor in state_tensors(optimizer) if _in_storages(tensor, storages)]
 
+    def gradients_kept_by_zero_grad(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
+        if not any("zero_grad" in vars(klass) for klass in user_classes(type(optimizer))):
+            return []  # torch's own clears
+        calls = {"zero_grad(set_to_none=True)": True, "zero_grad(set_to_none=False)": False}
+        if not _takes_set_to_none(optimizer.zero_grad):
+            calls = {"zero_grad()": True}
+        kept = []
+        for call, set_to_none in calls.items():
+            with torch.no_grad():
+                for param in variables:
+                    param.grad = torch.ones_like(param)
+            if len(calls) > 1:
+                optimizer.zero_grad(set_to_none=set_to_none)
+            else:
+                optimizer.zero_grad()
+            if any(p.grad is not None and bool(p.grad.ne(0).any()) for p in variables):
+                kept.append(call)
+        for param in variables:
+            param.grad = None
+        return kept
+
     def unshare_state(self, optimizer: Any, variables: Sequence[Any]) -> int:
         storages = _storages(variables)
         copied = 0

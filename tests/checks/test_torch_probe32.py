@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from jobs.checks import state_checks  # noqa: E402
+from jobs.checks import build_checks, state_checks, tools  # noqa: E402
 from jobs.checks.context import CheckContext  # noqa: E402
 from jobs.checks.fresh.resume import resume_exact  # noqa: E402
 from jobs.checks.runner import validated_params  # noqa: E402
@@ -124,3 +124,103 @@ def test_the_round_trips_blame_the_sharing_not_an_attribute(tmp_path: Path) -> N
         assert "share storage with a model parameter" in outcome.detail, outcome.detail
         assert "a Python attribute" not in outcome.detail
         assert "p.detach().clone()" in outcome.detail
+
+
+# --- a zero_grad override that does not clear ---------------------------------------------------------
+
+
+class PlainSGD(torch.optim.Optimizer):
+    def __init__(self, params: Any, lr: float = 0.01) -> None:
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.sub_(group["lr"] * p.grad)
+        return loss
+
+
+class ZeroGradNoop(PlainSGD):
+    """`p.grad.zero_` without the call: the gradients are never cleared."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.grad.detach_()
+                    p.grad.zero_  # noqa: B018
+
+
+class ZeroGradOwn(PlainSGD):
+    """A zero_grad of its own that clears, without set_to_none: no fault."""
+
+    def zero_grad(self) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad = None
+
+
+def test_a_zero_grad_that_does_not_clear_fails_at_the_override(tmp_path: Path) -> None:
+    ctx = context(f"{__name__}:ZeroGradNoop", tmp_path)
+    outcome = build_checks.check_none_grads(ctx)
+    assert outcome.status == "fail", outcome.detail
+    assert (
+        "zero_grad(set_to_none=True) and zero_grad(set_to_none=False) left gradients nonzero"
+        in outcome.detail
+    )
+    assert outcome.where == line_of(ZeroGradNoop, "def zero_grad")
+    assert "p.grad.zero_()" in outcome.detail
+    resumed = resume_exact(ctx)
+    assert resumed.status == "fail" and "gradients pile up across steps" in resumed.detail, resumed.detail
+    assert resumed.where == outcome.where
+    own = build_checks.check_none_grads(context(f"{__name__}:ZeroGradOwn", tmp_path))
+    assert own.status == "pass", own.detail
+
+
+# --- a mutable default changed by the steps -----------------------------------------------------------
+
+
+class AnnealedBetaSGD(torch.optim.Optimizer):
+    """Momentum annealed toward 0.99 in place in the group's list, which is the default list itself."""
+
+    def __init__(self, params: Any, lr: float = 0.01, betas: list[float] = [0.5, 0.5]) -> None:  # noqa: B006
+        super().__init__(params, {"lr": lr, "betas": betas})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            betas = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                buf = self.state[p].setdefault("buf", torch.zeros_like(p))
+                buf.mul_(betas[0]).add_(p.grad)
+                p.add_(buf, alpha=-group["lr"])
+            betas[0] = min(0.99, betas[0] + 0.1)
+        return None
+
+
+class TupleBetaSGD(AnnealedBetaSGD):
+    """The same with a tuple default copied into a list of its own: no fault."""
+
+    def __init__(self, params: Any, lr: float = 0.01, betas: tuple[float, float] = (0.5, 0.5)) -> None:
+        super().__init__(params, lr, list(betas))
+
+
+def test_a_default_list_changed_by_the_steps_is_named_and_not_called_random(tmp_path: Path) -> None:
+    ctx = context(f"{__name__}:AnnealedBetaSGD", tmp_path)
+    assert tools.run_to_run(ctx) != "draws"  # the runs differ since each starts from a later default
+    outcome = state_checks.check_config_roundtrip(ctx)
+    assert outcome.status == "fail", outcome.detail
+    assert "the class changed the default `betas` (written [0.5, 0.5], now [0.99, 0.5])" in outcome.detail
+    assert "every optimizer built later without that argument starts from the changed value" in outcome.detail
+    assert outcome.where == line_of(AnnealedBetaSGD, "def __init__")
+    assert "a tuple" in outcome.detail
+    copied = state_checks.check_config_roundtrip(context(f"{__name__}:TupleBetaSGD", tmp_path))
+    assert copied.status == "pass", copied.detail

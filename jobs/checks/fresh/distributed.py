@@ -26,12 +26,15 @@ from jobs.checks.fresh.spawner import ChildFailed, failed_in_child, run_fresh
 from jobs.checks.report import Outcome, failed, passed, skipped, warned
 from jobs.checks.state_checks import clipping_bypassed
 from jobs.checks.tools import (
+    ZERO_GRAD_FIX,
     draws_randomly,
     made_non_finite,
     method_location,
     non_finite_update,
     python_counters,
     state_shared_by_instances,
+    zero_grad_keeps,
+    zero_grad_said,
 )
 from optimizers.loop_needs import user_classes
 
@@ -69,6 +72,15 @@ def distributed(ctx: CheckContext) -> Outcome:
             )
         return failed_in_child(exc, runs.WORDING.setup, where=ctx.where(), fix=_child_fix(runs.WORDING, exc))
     outcome = judge(ctx, runs.WORDING, outs, overrides)
+    kept = zero_grad_keeps(ctx) if outcome.status == "fail" else []
+    if kept:  # not the all-reduce: each rank's gradients pile up, and one process's differently
+        return failed(
+            f"{outcome.detail.split('. Fix: ')[0].removesuffix(f' (at {outcome.where})')}; the cause: "
+            f"{zero_grad_said(kept)}",
+            where=method_location(ctx, "zero_grad"),
+            fix=ZERO_GRAD_FIX,
+            figure=outcome.figure,
+        )
     if outcome.status == "fail" and ctx.needs.closure:
         observed = "the ranks part from one process fed the averaged gradient"
         return _judged_with_the_loss_over_ranks(ctx, request, observed, outcome.figure) or outcome

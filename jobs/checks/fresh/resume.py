@@ -15,16 +15,22 @@ from jobs.checks.fresh.spawner import ChildFailed, child_for, failed_in_child, r
 from jobs.checks.report import Outcome, failed, passed
 from jobs.checks.tools import (
     ALIASING_FIX,
+    CHANGED_DEFAULT_FIX,
     LEFT_OUT_FIX,
     VARIES_WITHOUT_DRAWING,
     VARIES_WITHOUT_DRAWING_FIX,
+    ZERO_GRAD_FIX,
     aliasing_location,
+    changed_defaults,
+    changed_defaults_said,
     left_out_said,
     method_location,
     missing_key_left_out,
     save_faults,
     state_aliasing,
     varies_without_drawing,
+    zero_grad_keeps,
+    zero_grad_said,
 )
 from jobs.frameworks.base import CHANGED_BY_SAVE_FIX, changed_by_save_explains, changed_by_save_said
 
@@ -89,6 +95,22 @@ def resume_exact(ctx: CheckContext) -> Outcome:
     # Nothing the save shows, and steps that differ from run to run without a drawn number: the order
     # is at fault, not state kept outside the save (which the fix below would otherwise say).
     varies = not (cause or changed or left) and varies_without_drawing(ctx)
+    defaults = [] if cause or changed or left else changed_defaults(ctx)
+    if defaults:  # the resumed run's optimizer is built from the default as written, the straight one's not
+        return failed(
+            f"{steps} differ: {difference}; {changed_defaults_said(defaults)}",
+            where=method_location(ctx, "__init__"),
+            fix=CHANGED_DEFAULT_FIX,
+            figure=figure,
+        )
+    kept = [] if cause or changed or left else zero_grad_keeps(ctx)
+    if kept:  # the resumed run starts from cleared gradients, the straight one from every one so far
+        return failed(
+            f"{steps} differ: {difference}; {zero_grad_said(kept)}, and the resumed run starts without them",
+            where=method_location(ctx, "zero_grad"),
+            fix=ZERO_GRAD_FIX,
+            figure=figure,
+        )
     # State one tensor with a parameter, which the save writes as a copy of its own: the cause.
     aliasing = None if cause or changed or left else state_aliasing(ctx)
     if aliasing is not None:
