@@ -42,6 +42,7 @@ from jobs.checks.tools import (
     inconclusive_random,
     isolated,
     line_computing_with,
+    listed,
     made_non_finite,
     method_location,
     native,
@@ -559,6 +560,16 @@ def _param_groups_compared(ctx: CheckContext) -> Outcome:
             )
     else:
         difference = _max_difference(two_groups, alone)
+        dropped = _dropped_by_add_param_group(ctx, halved) if difference > 1e-6 else ""
+        if dropped:
+            return failed(
+                f"a second param group with {settings} does not step like a single-group optimizer built "
+                f"with those values (max abs difference {difference:.3g} after 2 steps): {dropped}",
+                where=method_location(ctx, "add_param_group"),
+                figure=difference,
+                fix="pass the group given on whole, super().add_param_group(param_group), after filling "
+                "what it lacks with param_group.setdefault(key, value); never a new dict of some of its keys",
+            )
         if difference > 1e-6:
             transformed = _stored_transformed(ctx, halved)
             derived = None if transformed else _derived_at_construction(ctx, halved)
@@ -846,6 +857,35 @@ def _added_group_raised(ctx: CheckContext, what: str, error: Exception) -> Outco
     # A KeyError on the added group's parameters: their state was made in __init__, for the first.
     fix = _ADDED_STATE_FIX if isinstance(error, KeyError) else _ADDED_GROUP_FIX
     return failed(raised, where=method_location(ctx), fix=fix)
+
+
+def _dropped_by_add_param_group(ctx: CheckContext, halved: Mapping[str, Any]) -> str:
+    """What the class's own add_param_group() (which torch's Optimizer.__init__ calls for every group)
+    leaves out of a group given `halved`: the keys of self.defaults the group then lacks, and the
+    values given that it does not hold; "" where it keeps them, or the class does not override it."""
+    if not _defines(ctx, "add_param_group"):
+        return ""
+    model = _tiny_model()
+    settings = {native(ctx, k): v for k, v in halved.items()}
+    try:
+        optimizer = _build(
+            ctx,
+            [{"params": list(model[0].parameters())}, {"params": list(model[2].parameters()), **settings}],
+        )
+    except Exception:  # the groups refused: the comparison above said so
+        return ""
+    group = optimizer.param_groups[-1]
+    defaults = getattr(optimizer, "defaults", None)
+    lacking = [key for key in defaults if key not in group] if isinstance(defaults, Mapping) else []
+    lost = [key for key, value in settings.items() if key in group and not same_value(group[key], value)]
+    if not lacking and not lost:
+        return ""
+    said = [f"lacks {listed(lacking, 4)} (read then from elsewhere)"] if lacking else []
+    said += [f"holds other values of {listed(lost, 4)} than given"] if lost else []
+    return (
+        "the class's own add_param_group(), through which torch's Optimizer.__init__ adds every group, "
+        f"keeps only part of the group: the second group {' and '.join(said)}"
+    )
 
 
 def _defines(ctx: CheckContext, method: str) -> bool:

@@ -11,7 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from jobs.checks import build_checks, state_checks, tools  # noqa: E402
+from jobs.checks import build_checks, state_checks, tools, torch_only  # noqa: E402
 from jobs.checks.context import CheckContext  # noqa: E402
 from jobs.checks.fresh.resume import resume_exact  # noqa: E402
 from jobs.checks.runner import validated_params  # noqa: E402
@@ -224,3 +224,44 @@ def test_a_default_list_changed_by_the_steps_is_named_and_not_called_random(tmp_
     assert "a tuple" in outcome.detail
     copied = state_checks.check_config_roundtrip(context(f"{__name__}:TupleBetaSGD", tmp_path))
     assert copied.status == "pass", copied.detail
+
+
+# --- an add_param_group override that drops the group's values ----------------------------------------
+
+
+class MomentumSGD(torch.optim.Optimizer):
+    def __init__(self, params: Any, lr: float = 0.01, momentum: float = 0.9) -> None:
+        super().__init__(params, {"lr": lr, "momentum": momentum})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                buf = self.state[p].setdefault("buf", torch.zeros_like(p))
+                buf.mul_(group["momentum"]).add_(p.grad)
+                p.add_(buf, alpha=-group["lr"])
+        return loss
+
+
+class DropsGroupValues(MomentumSGD):
+    """Keeps only params and lr of a group: a group's own momentum is lost."""
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        lr = param_group.get("lr", self.defaults["lr"])
+        super().add_param_group({"params": param_group["params"], "lr": lr})
+
+
+def test_an_add_param_group_override_that_drops_values_is_named(tmp_path: Path) -> None:
+    """Not the lr line it reads self.defaults in: the override that keeps only part of the group."""
+    outcome = torch_only.check_param_groups(context(f"{__name__}:DropsGroupValues", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert "the class's own add_param_group()" in outcome.detail, outcome.detail
+    assert "holds other values of momentum than given" in outcome.detail
+    assert outcome.where == line_of(DropsGroupValues, "def add_param_group")
+    assert "super().add_param_group(param_group)" in outcome.detail
