@@ -1206,6 +1206,14 @@ def check_mixed_precision(ctx: CheckContext) -> Outcome:
     except Exception as exc:
         # A class written for float32 training may refuse low precision in words, as `sparse` accepts
         # a clear refusal of sparse gradients; a crash inside a torch op stays the class's fault.
+        kernel = _NO_LOW_PRECISION_KERNEL.search(str(exc))
+        if kernel and not clear_refusal(ctx, exc, _LOW_PRECISION_WORDS):
+            return failed(
+                f"{parts[0]} passed, but a step on bfloat16 parameters raised {ctx.describe_error(exc)}: "
+                f"torch has no bfloat16 kernel of `{kernel.group(1)}`, so bfloat16 training stops there",
+                where=user_line(ctx, exc),
+                fix="compute that op in float32 (`x.float()`) and cast the result back (`.to(x.dtype)`)",
+            )
         if not clear_refusal(ctx, exc, _LOW_PRECISION_WORDS):
             raise
         return passed(
@@ -1284,6 +1292,8 @@ def _precision_closure(
     return closure
 
 
+# torch's words for an op with no kernel for a dtype: `"linalg_eigh_cpu" not implemented for 'BFloat16'`.
+_NO_LOW_PRECISION_KERNEL = re.compile(r"""["']?([\w.]+)["']? not implemented for 'BFloat16'""")
 # Words with which a refusal names the dtype or precision it refuses (torch's dtype names included).
 _LOW_PRECISION_WORDS = (
     *("bfloat16", "bf16", "float16", "fp16", "half", "float32", "fp32"),

@@ -265,3 +265,35 @@ def test_an_add_param_group_override_that_drops_values_is_named(tmp_path: Path) 
     assert "holds other values of momentum than given" in outcome.detail
     assert outcome.where == line_of(DropsGroupValues, "def add_param_group")
     assert "super().add_param_group(param_group)" in outcome.detail
+
+
+# --- a torch op without a bfloat16 kernel -------------------------------------------------------------
+
+
+class EighPreconditioned(MomentumSGD):
+    """Preconditions matrices by an eigendecomposition, which torch does not compute in bfloat16."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                g = p.grad
+                if g.ndim == 2:
+                    _, vectors = torch.linalg.eigh(g.T @ g + torch.eye(g.shape[1], dtype=g.dtype))
+                    g = g @ vectors @ vectors.T
+                p.add_(g, alpha=-group["lr"])
+        return loss
+
+
+def test_an_op_without_a_bfloat16_kernel_fails_with_the_float32_fix(tmp_path: Path) -> None:
+    outcome = torch_only.check_mixed_precision(context(f"{__name__}:EighPreconditioned", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert "torch has no bfloat16 kernel of `linalg_eigh_cpu`" in outcome.detail, outcome.detail
+    assert outcome.where == line_of(EighPreconditioned, "torch.linalg.eigh(")
+    assert "compute that op in float32 (`x.float()`) and cast the result back" in outcome.detail
