@@ -30,6 +30,7 @@ from jobs.checks.tools import (
     attributes_written_by_the_user,
     changed_defaults,
     changed_defaults_said,
+    draws_randomly,
     fresh,
     generator_kind,
     isolated,
@@ -44,6 +45,7 @@ from jobs.checks.tools import (
     same_arrays,
     same_draws,
     same_value,
+    shape_text,
     state_aliasing,
     takes_a_rate,
     user_method_lines,
@@ -1371,6 +1373,9 @@ def check_state_untrainable(ctx: CheckContext) -> Outcome:
             figure=float(len(offending)),
             fix=driver.advice.untrainable_state,
         )
+    shared_by_two = _state_shared_by_equal_shapes(ctx, overrides)
+    if shared_by_two is not None:
+        return shared_by_two
     if as_builtins_do:
         return warned(
             f"{len(as_builtins_do)} of {count} optimizer state tensors are trainable scalars: "
@@ -1387,6 +1392,74 @@ def check_state_untrainable(ctx: CheckContext) -> Outcome:
         f"{overrides_note(overrides)}",
         0.0,
     )
+
+
+# Two parameters of one shape: a class that keeps state per shape (one buffer "to save memory") hands
+# them one tensor, which the checks' other variables, all of other shapes, cannot show.
+EQUAL_SHAPES = ((4, 3), (4, 3))
+# How far apart two parameters stepped together may end from each stepped by an optimizer of its own
+# before their shared state counts as acting: rounding of one order of summation against another.
+SHARED_STATE_APART = 1e-6
+
+
+def _state_shared_by_equal_shapes(ctx: CheckContext, overrides: Mapping[str, Any]) -> Outcome | None:
+    """The fail where two parameters of one shape, given different gradients, hold one state tensor (of
+    more than one element) AND step otherwise than each does with an optimizer of its own: a buffer
+    shared by shape mixes their updates. Scratch space shared on purpose steps alike, and a coupling
+    by design (a global norm) shares no state tensor: both stay silent. None where nothing is shared."""
+    driver = ctx.driver
+    grads = [arrays(EQUAL_SHAPES, seed=70 + step) for step in range(3)]
+    start = arrays(EQUAL_SHAPES, seed=0, mean=1.0)
+    try:
+        with same_draws(ctx, seed=7):
+            optimizer, variables = _over(ctx, start, overrides)
+            for grad in grads:
+                driver.step(optimizer, variables, grad, ctx.needs)
+            shared = driver.state_shared_between(optimizer, variables)
+        # Separately built optimizers cannot draw alike: a class that draws is not compared.
+        if not shared or draws_randomly(ctx):
+            return None
+        together, alone = driver.values(variables), []
+        for index in range(2):
+            with same_draws(ctx, seed=7):
+                single, single_variables = _over(ctx, [start[index]], overrides)
+                for grad in grads:
+                    driver.step(single, single_variables, [grad[index]], ctx.needs)
+                alone += driver.values(single_variables)
+    except Exception:  # steps the checks' other variables take are judged there
+        return None
+    apart = max_diff(together, alone)
+    if apart <= SHARED_STATE_APART:
+        return None
+    key = shared[0]
+    return failed(
+        f"two parameters of one shape {shape_text(EQUAL_SHAPES[0])}, given different gradients, hold one "
+        f"state tensor under {listed([repr(k) for k in shared], 3)}, and step otherwise than each does "
+        f"with an optimizer of its own (by up to {apart:.3g} after 3 steps): each one's update moves the "
+        "other's state (a buffer kept per shape, not per parameter)",
+        where=_line_setting_state(ctx, key),
+        figure=apart,
+        fix=f"give each parameter a state tensor of its own: `self.state[p][{key!r}] = torch.zeros_like(p)`, "
+        "never one looked up by shape or shared between parameters",
+    )
+
+
+def _over(
+    ctx: CheckContext, values: Sequence[np.ndarray], overrides: Mapping[str, Any]
+) -> tuple[Any, list[Any]]:
+    """An optimizer with the user's params over new variables holding `values`."""
+    variables = ctx.driver.variables(values)
+    return ctx.driver.optimizer_over(lambda params: ctx.build(params, **overrides), variables), variables
+
+
+def _line_setting_state(ctx: CheckContext, key: str) -> str:
+    """`file:line` of the first line of the class's methods that sets state `key`; the update
+    method's where none is found."""
+    setting = re.compile(rf"""\[\s*['"]{re.escape(key)}['"]\s*\]\s*=[^=]""")
+    for found in user_method_lines(ctx):
+        if setting.search(found.line):
+            return found.where
+    return method_location(ctx)
 
 
 CHECKS: Mapping[str, CheckFunction] = {

@@ -609,6 +609,12 @@ class Driver(ABC):
         alias a parameter."""
         return []
 
+    def state_shared_between(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
+        """The keys of the first variable's state whose tensor (of more than one element) shares
+        storage with a state tensor of the second's. None by default: only torch's state holds
+        tensors a class can hand to two parameters."""
+        return []
+
     def gradients_kept_by_zero_grad(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
         """The calls of the class's own gradient-clearing method (torch: a `zero_grad` override) that
         leave gradients of `variables` nonzero, as written (`zero_grad(set_to_none=False)`). None by

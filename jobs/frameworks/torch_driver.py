@@ -1473,6 +1473,18 @@ class TorchDriver(Driver):
         storages = _storages(variables)
         return [name for name, tensor in state_tensors(optimizer) if _in_storages(tensor, storages)]
 
+    def state_shared_between(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
+        first, second = (_state_entry(optimizer, p) or {} for p in variables[:2])
+        if not isinstance(first, Mapping) or not isinstance(second, Mapping):
+            return []
+        # The very tensor (not two views of one flat buffer, which some classes keep on purpose).
+        theirs = {_same_memory(tensor) for value in second.values() for _, tensor in _tensors_in("", value)}
+        return [
+            str(key)
+            for key, value in first.items()
+            if any(t.numel() > 1 and _same_memory(t) in theirs for _, t in _tensors_in("", value))
+        ]
+
     def gradients_kept_by_zero_grad(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
         if not any("zero_grad" in vars(klass) for klass in user_classes(type(optimizer))):
             return []  # torch's own clears

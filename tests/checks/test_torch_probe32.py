@@ -297,3 +297,57 @@ def test_an_op_without_a_bfloat16_kernel_fails_with_the_float32_fix(tmp_path: Pa
     assert "torch has no bfloat16 kernel of `linalg_eigh_cpu`" in outcome.detail, outcome.detail
     assert outcome.where == line_of(EighPreconditioned, "torch.linalg.eigh(")
     assert "compute that op in float32 (`x.float()`) and cast the result back" in outcome.detail
+
+
+# --- parameters of one shape sharing a state tensor ---------------------------------------------------
+
+
+class MomentumByShape(MomentumSGD):
+    """One momentum buffer per shape "to save memory": parameters of equal shape mix their momenta."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        by_shape: dict[Any, Any] = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "buf" not in state:
+                    state["buf"] = by_shape.setdefault(p.shape, torch.zeros_like(p))
+                state["buf"].mul_(group["momentum"]).add_(p.grad)
+                p.add_(state["buf"], alpha=-group["lr"])
+        return None
+
+
+class ScratchByShape(MomentumSGD):
+    """A scratch tensor per shape, shared on purpose and overwritten before each use: no fault."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        scratch: dict[Any, Any] = {}
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if "buf" not in state:
+                    state["buf"] = torch.zeros_like(p)
+                    state["scratch"] = scratch.setdefault(p.shape, torch.empty_like(p))
+                state["buf"].mul_(group["momentum"]).add_(p.grad)
+                torch.mul(state["buf"], group["lr"], out=state["scratch"])
+                p.sub_(state["scratch"])
+        return None
+
+
+def test_parameters_of_one_shape_sharing_a_buffer_fail_naming_the_key(tmp_path: Path) -> None:
+    outcome = state_checks.check_state_untrainable(context(f"{__name__}:MomentumByShape", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert (
+        "two parameters of one shape (4, 3), given different gradients, hold one state tensor under 'buf'"
+        in (outcome.detail)
+    )
+    assert outcome.where == line_of(MomentumByShape, 'state["buf"] = by_shape.setdefault')
+    assert "a state tensor of its own" in outcome.detail
+    scratch = state_checks.check_state_untrainable(context(f"{__name__}:ScratchByShape", tmp_path))
+    assert scratch.status == "pass", scratch.detail
