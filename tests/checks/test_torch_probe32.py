@@ -351,3 +351,48 @@ def test_parameters_of_one_shape_sharing_a_buffer_fail_naming_the_key(tmp_path: 
     assert "a state tensor of its own" in outcome.detail
     scratch = state_checks.check_state_untrainable(context(f"{__name__}:ScratchByShape", tmp_path))
     assert scratch.status == "pass", scratch.detail
+
+
+# --- a switch read from self.defaults -----------------------------------------------------------------
+
+
+class NesterovSwitch(torch.optim.Optimizer):
+    """SGD with momentum and a `nesterov` switch kept in the groups, read from each group."""
+
+    def __init__(self, params: Any, lr: float = 0.01, momentum: float = 0.9, nesterov: bool = False) -> None:
+        super().__init__(params, {"lr": lr, "momentum": momentum, "nesterov": nesterov})
+
+    def nesterov(self, group: dict[str, Any]) -> bool:
+        return bool(group["nesterov"])
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                buf = self.state[p].setdefault("buf", torch.zeros_like(p))
+                buf.mul_(group["momentum"]).add_(p.grad)
+                update = p.grad.add(buf, alpha=group["momentum"]) if self.nesterov(group) else buf
+                p.add_(update, alpha=-group["lr"])
+        return loss
+
+
+class NesterovFromDefaults(NesterovSwitch):
+    """The switch read from self.defaults: a group's own `nesterov` is ignored."""
+
+    def nesterov(self, group: dict[str, Any]) -> bool:
+        return bool(self.defaults["nesterov"])
+
+
+def test_a_switch_read_from_defaults_is_caught_by_a_group_of_the_other_setting(tmp_path: Path) -> None:
+    outcome = torch_only.check_param_groups(context(f"{__name__}:NesterovFromDefaults", tmp_path))
+    assert outcome.status == "fail", outcome.detail
+    assert "nesterov=True does not step like a single-group optimizer" in outcome.detail, outcome.detail
+    assert outcome.where == line_of(NesterovFromDefaults, 'return bool(self.defaults["nesterov"])')
+    own = torch_only.check_param_groups(context(f"{__name__}:NesterovSwitch", tmp_path))
+    assert own.status == "pass" and "nesterov=True" in own.detail, own.detail
