@@ -59,7 +59,6 @@ from jobs.checks.tools import (
 )
 from jobs.frameworks.base import raising_frame
 from jobs.frameworks.torch_driver import closure_result, state_tensors
-from optimizers.hyperparams import FRAMEWORK_SWITCHES
 from optimizers.loop_needs import PLAIN, LoopNeeds, user_classes
 
 SEED = 0
@@ -1005,19 +1004,11 @@ def _group_keys(optimizer: Any) -> set[str]:
 
 
 def _halved_settings(ctx: CheckContext, group_keys: set[str]) -> dict[str, Any]:
-    """Declared numeric hyperparameters kept in the groups, halved where that stays valid, and the
-    switches kept there flipped (a group's own `amsgrad`, which a class reading self.defaults ignores);
-    torch's own switches (foreach, fused, maximize...) are no group's math."""
+    """Declared numeric hyperparameters kept in the groups, halved where that stays valid."""
     halved: dict[str, Any] = {}
     for name, param in ctx.target.entry.params.items():
         value = ctx.params.get(name, param.default)
-        if native(ctx, name) not in group_keys:
-            continue
-        if param.type == "bool" and isinstance(value, bool) and native(ctx, name) not in FRAMEWORK_SWITCHES:
-            if _steps_alone(ctx, {name: not value}):
-                halved[name] = not value
-            continue
-        if param.type not in ("float", "number", *_HALVED_EACH):
+        if native(ctx, name) not in group_keys or param.type not in ("float", "number", *_HALVED_EACH):
             continue
         candidate: Any
         if param.type in _HALVED_EACH:  # betas as a pair, Adan's three, a list
