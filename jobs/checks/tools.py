@@ -682,46 +682,64 @@ def raised_in(
 @dataclass(frozen=True)
 class RefusalFiles:
     """Files whose `raise` is a deliberate refusal: the class's own, the framework's optimizers', and
-    those of the base optimizer a wrapper wraps; and the user's helpers beside their class (another
-    module of its package, a file beside its plugin file: `check_shape(p)` raising "only 2-D
-    parameters" for it had read as a crash), never an installed package under that folder."""
+    those of the base optimizer a wrapper wraps; and the user's helpers beside their class (`homes`:
+    another module of its package, a file beside its plugin file: `check_shape(p)` raising "only 2-D
+    parameters" for it had read as a crash), never an installed package's, Python's or optlab's."""
 
     files: frozenset[str]
-    homes: tuple[Path, ...]
+    homes: tuple[CodeHome, ...]
 
     def __contains__(self, filename: object) -> bool:
         if not isinstance(filename, str):
             return False
-        return filename in self.files or any(_in_home(Path(filename), home) for home in self.homes)
+        return filename in self.files or any(home.holds(Path(filename)) for home in self.homes)
 
 
-def _in_home(file: Path, home: Path) -> bool:
-    if not file.is_relative_to(home):
-        return False
-    return not {"site-packages", "dist-packages"} & set(file.relative_to(home).parts)
+# Code under these is never the user's, wherever their class lives (a plugin in a folder that also
+# holds a virtual environment, a pyenv install or an optlab checkout).
+_NOT_THE_USERS = tuple(
+    Path(p).resolve() for p in {sys.prefix, sys.base_prefix, str(Path(__file__).resolve().parents[2])}
+)
 
 
-def code_home(cls: type) -> Path | None:
-    """The folder of the user's code that holds `cls`: its top-level package's, or its file's where
-    the module is a lone file (a plugin file); None for a framework's own class."""
+@dataclass(frozen=True)
+class CodeHome:
+    """Where the user's code beside a class lies: its package's folder, at any depth, or the folder
+    of a lone file (a plugin file), whose other files only, not its subfolders."""
+
+    folder: Path
+    recursive: bool
+
+    def holds(self, file: Path) -> bool:
+        if file.parent != self.folder and not (self.recursive and file.is_relative_to(self.folder)):
+            return False
+        if {"site-packages", "dist-packages"} & set(file.relative_to(self.folder).parts):
+            return False
+        # A root the folder itself lies under (a package installed in the environment) is its own.
+        outside = [root for root in _NOT_THE_USERS if not self.folder.is_relative_to(root)]
+        return not any(file.is_relative_to(root) for root in outside)
+
+
+def code_home(cls: type) -> CodeHome | None:
+    """The user's code that holds `cls` (CodeHome); None for a framework's own class."""
     top = (cls.__module__ or "").split(".")[0]
     if not user_classes(cls) or top in FRAMEWORK_PACKAGES or top in ("jobs", "numpy"):
         return None
     package_path = list(getattr(sys.modules.get(top), "__path__", None) or [])
     if package_path:
-        return Path(package_path[0])
+        return CodeHome(Path(package_path[0]), recursive=True)
     try:
         file = inspect.getsourcefile(cls)
     except TypeError:
         return None
-    return Path(file).parent if file else None
+    return CodeHome(Path(file).parent, recursive=False) if file else None
 
 
 def _classes(ctx: CheckContext) -> list[type]:
     return [ctx.target.cls] + ([ctx.base.entry.cls] if ctx.base is not None else [])
 
 
-def _homes(ctx: CheckContext) -> tuple[Path, ...]:
+def _homes(ctx: CheckContext) -> tuple[CodeHome, ...]:
     return tuple(home for home in map(code_home, _classes(ctx)) if home is not None)
 
 

@@ -16,7 +16,7 @@ from jobs.checks import build_checks, rate_checks, torch_only  # noqa: E402
 from jobs.checks.context import CheckContext  # noqa: E402
 from jobs.checks.runner import validated_params  # noqa: E402
 from jobs.checks.target import resolve_target  # noqa: E402
-from jobs.checks.tools import RefusalFiles  # noqa: E402
+from jobs.checks.tools import CodeHome, RefusalFiles  # noqa: E402
 
 HELPERS = """
 def dense_grad(p, name):
@@ -101,9 +101,29 @@ def test_a_dtype_refusal_in_the_users_helper_is_a_documented_limit(beside: Path,
 
 
 def test_an_installed_package_under_the_users_folder_is_not_their_code(tmp_path: Path) -> None:
-    """A virtual environment inside the project folder: torch's own `raise` there is no refusal."""
-    files = RefusalFiles(frozenset(), (tmp_path,))
+    """A package's folder counts at any depth, but not a virtual environment inside it."""
+    files = RefusalFiles(frozenset(), (CodeHome(tmp_path, recursive=True),))
     assert str(tmp_path / "helpers.py") in files
     assert str(tmp_path / "pkg" / "deep" / "helpers.py") in files
     assert str(tmp_path / ".venv" / "lib" / "python3.11" / "site-packages" / "torch" / "x.py") not in files
     assert str(tmp_path.parent / "elsewhere.py") not in files
+
+
+def test_a_lone_files_home_is_its_folder_not_what_lies_below_it(tmp_path: Path) -> None:
+    """A plugin file kept in a home folder beside a pyenv install or an optlab checkout: the review found
+    optlab's own torch_driver.py and a stdlib copyreg.py below it read as the user's refusals."""
+    files = RefusalFiles(frozenset(), (CodeHome(tmp_path, recursive=False),))
+    assert str(tmp_path / "helpers.py") in files
+    assert str(tmp_path / "optlab" / "jobs" / "frameworks" / "torch_driver.py") not in files
+    assert str(tmp_path / "env" / "lib" / "python3.11" / "copyreg.py") not in files
+
+
+def test_python_and_optlab_are_never_the_users_code() -> None:
+    """Even where the user's folder holds them (a package folder around a virtual environment)."""
+    import sys
+
+    import jobs.checks.tools as tools
+
+    home = CodeHome(Path("/"), recursive=True)
+    assert not home.holds(Path(tools.__file__).resolve())
+    assert not home.holds(Path(sys.base_prefix).resolve() / "lib" / "python3.11" / "copyreg.py")
