@@ -442,7 +442,9 @@ class MlflowRun:
                 self._client.log_artifact(self.info.run_id, str(path), artifact_path)
         except OSError as exc:
             store = self._artifact_folder() if exc.errno is not None else None
-            if store is None:  # a request that failed (requests' errors are OSErrors too): as it is
+            # As it is: a request that failed (requests' errors are OSErrors too), or a file of the job's
+            # own it could not read (the checkpoint gone: its own error names it).
+            if store is None or str(exc.filename or "").startswith(str(path)):
                 raise
             # It had read as a bare "[Errno 1] Operation not permitted: '/srv/mlartifacts/4/…'".
             raise OSError(

@@ -569,9 +569,9 @@ class Driver(ABC):
         return []
 
     def state_keyed_off_variables(self, optimizer: Any) -> list[str]:
-        """Keys of the optimizer's per-variable state that are no variable of it (torch: `self.state`
-        keyed by `id(p)`, an index or a name), described; a save maps state to variables by their
-        place, so a reloaded optimizer finds none of it. An empty list by default."""
+        """Keys of the optimizer's per-variable state that a reload cannot give back to a variable
+        (torch: `self.state` keyed by `id(p)` or an index), described; a save maps state to variables
+        by their place, so a reloaded optimizer finds none of it. An empty list by default."""
         return []
 
     def base_init_skipped(self, error: BaseException) -> tuple[str, str] | None:

@@ -1061,9 +1061,9 @@ def keys_left_out_of_save(optimizer: Any) -> list[tuple[int, Any]]:
     saved = _saved_by_an_override(optimizer, "state")
     if not isinstance(saved, Mapping):
         return []
-    left = []
+    left, states = [], _states_by_identity(optimizer)
     for index, param in enumerate(p for group in optimizer.param_groups for p in group["params"]):
-        live, kept = _state_entry(optimizer, param), saved.get(index)
+        live, kept = states.get(id(param)), saved.get(index)
         if isinstance(live, Mapping) and isinstance(kept, Mapping) and kept:
             left += [(index, key) for key in live if key not in kept]
     return left
@@ -1096,12 +1096,13 @@ def left_out_state_difference(uninterrupted: Any, reloaded: Any) -> str | None:
     the reload does not have at all is not judged (a cache the class rebuilds when it needs it)."""
     params = [p for group in uninterrupted.param_groups for p in group["params"]]
     reloaded_params = [p for group in reloaded.param_groups for p in group["params"]]
+    states, reloaded_states = _states_by_identity(uninterrupted), _states_by_identity(reloaded)
     for index, key in keys_left_out_of_save(uninterrupted):
-        kept = _state_entry(reloaded, reloaded_params[index]) if index < len(reloaded_params) else None
+        kept = reloaded_states.get(id(reloaded_params[index])) if index < len(reloaded_params) else None
         if not isinstance(kept, Mapping) or key not in kept:
             continue
         where = f"optimizer.state[param {index}][{_key_name(key)!r}]"
-        found = first_difference(uninterrupted.state[params[index]][key], kept[key], where)
+        found = first_difference(states[id(params[index])][key], kept[key], where)
         if found:
             return (
                 f"checkpoint round-trip lost state: {where} is left out of what the optimizer's "
@@ -1433,12 +1434,9 @@ class TorchDriver(Driver):
         return [f"state[param {index}][{key!r}]" for index, key in keys_left_out_of_save(optimizer)]
 
     def state_keyed_off_variables(self, optimizer: Any) -> list[str]:
-        params = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        return [
-            f"{type(key).__name__} {key!r}"[:60]
-            for key in optimizer.state
-            if not (isinstance(key, torch.Tensor) and id(key) in params)
-        ]
+        # Integer keys only (`id(p)`, an index): torch's save keeps any other key as it is, and a
+        # string key ("meta") comes back under its name, where the class finds it.
+        return [f"int {key!r}" for key in optimizer.state if isinstance(key, int)]
 
     def base_init_skipped(self, error: BaseException) -> tuple[str, str] | None:
         if not never_ran_optimizer_init(error):
@@ -2600,4 +2598,10 @@ def _state_entry(optimizer: Any, param: Any) -> Any:
     """`optimizer.state[param]`, found by identity (None where there is none): a class keying its state
     by `id(p)` or by index puts ints beside the tensors, and a lookup that compares an int with a
     tensor raises ("Boolean value of Tensor with more than one value is ambiguous")."""
-    return next((entry for key, entry in optimizer.state.items() if key is param), None)
+    return _states_by_identity(optimizer).get(id(param))
+
+
+def _states_by_identity(optimizer: Any) -> dict[int, Any]:
+    """Each parameter's `optimizer.state` entry by the parameter's id, once for a pass over them all
+    (a job's checkpoint check looks up every parameter's)."""
+    return {id(key): entry for key, entry in optimizer.state.items() if isinstance(key, torch.Tensor)}

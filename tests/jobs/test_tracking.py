@@ -536,6 +536,12 @@ def test_an_artifact_store_this_process_cannot_write_is_named_with_the_fix(
     message = str(raised.value)
     assert "could not store step-00000500.pt in the MLflow run's artifact store, the folder " in message
     assert "/srv/mlartifacts/1/run-1/artifacts" in message and "--serve-artifacts" in message
+    # The job's own file it could not read: its own error, which names that file, as it was.
+    client.artifact_error = FileNotFoundError(2, "No such file or directory", str(checkpoint))
+    with pytest.raises(FileNotFoundError) as missing:
+        run.log_artifact(checkpoint, "checkpoints")
+    assert "artifact store" not in str(missing.value)
+    client.artifact_error = PermissionError(1, "Operation not permitted", "/srv/mlartifacts/1/run-1")
     # A store reached over HTTP: a failed request (an OSError too) stays as it was.
     client.artifact_uri = "mlflow-artifacts:/1/run-1/artifacts"
     with pytest.raises(PermissionError) as raised:
