@@ -1460,7 +1460,7 @@ def _line_setting_state(ctx: CheckContext, key: str) -> str:
     method's where none is found."""
     setting = re.compile(rf"""\[\s*['"]{re.escape(key)}['"]\s*\]\s*=[^=]""")
     for found in user_method_lines(ctx):
-        if setting.search(found.code):
+        if setting.search(found.line):  # the line as written: `code` blanks the key's string
             return found.where
     return method_location(ctx)
 
