@@ -114,7 +114,8 @@ def clipping_bypassed(ctx: CheckContext) -> str | None:
     """The class's own override of the framework's apply method (apply, apply_gradients) that never
     runs the base's: built with the framework's clipping, its steps are bitwise those without, where
     the same gradients clipped by hand step otherwise (so a class whose update ignores the gradient's
-    scale, a sign or a normalised update, is not taken for one). Decided once per check run."""
+    scale, a sign or a normalised update, is not taken for one); not a wrapper's, which holds another
+    optimizer (`_a_wrapper`). Decided once per check run."""
     if "clipping_bypassed" not in ctx.notes:
         ctx.notes["clipping_bypassed"] = _clipping_bypassed(ctx)
     bypass: str | None = ctx.notes["clipping_bypassed"]
@@ -125,7 +126,7 @@ def _clipping_bypassed(ctx: CheckContext) -> str | None:
     clipping = ctx.driver.gradient_clipping
     own = user_classes(ctx.target.cls)
     override = next((m for m in APPLYING_METHODS if any(m in vars(k) for k in own)), None)
-    if clipping is None or override is None or _hands_on_to_an_apply(ctx, override):
+    if clipping is None or override is None or _hands_on_to_an_apply(ctx, override) or _a_wrapper(ctx):
         return None
     grads = [arrays(SHAPES, seed=40 + step) for step in range(UNKEPT_STEPS)]
     norm = clipping[1]
@@ -147,6 +148,40 @@ _APPLY_CALL = re.compile(r"\.(?:apply|apply_gradients)\(")
 def _hands_on_to_an_apply(ctx: CheckContext, method: str) -> bool:
     """Whether the class's `method` override calls an optimizer's apply (its base's, a wrapped one's)."""
     return any(found.method == method and _APPLY_CALL.search(found.code) for found in user_method_lines(ctx))
+
+
+def _a_wrapper(ctx: CheckContext) -> bool:
+    """Whether the built optimizer holds another of its framework's optimizers (an attribute whose value
+    is one, or a list, tuple, set or dict of them): a wrapper, which hands the step on to its inner
+    optimizer's apply however deep in its helpers (Keras's LossScaleOptimizer: apply -> _common_apply ->
+    inner_optimizer.apply), and whose own clipping setting is not applied, as Keras's own is not (the
+    clipping is the inner optimizer's). A wrapper is not judged by this look."""
+    try:
+        optimizer, _ = fresh(ctx)
+    except (Exception, SystemExit):  # a class that cannot be built: judged where the check builds it
+        return False
+    own = set(user_classes(ctx.target.cls))
+    # The framework's root optimizer class: the most basic of the class's bases defining an apply method.
+    roots = [
+        k
+        for k in type(optimizer).__mro__
+        if k not in own and k is not object and any(m in vars(k) for m in APPLYING_METHODS)
+    ]
+    if not roots:
+        return False
+    try:
+        values = list(vars(optimizer).values())
+    except TypeError:  # no __dict__
+        return False
+    held: list[Any] = []
+    for value in values:
+        if isinstance(value, Mapping):
+            held.extend(value.values())
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            held.extend(value)
+        else:
+            held.append(value)
+    return any(isinstance(item, roots[-1]) and item is not optimizer for item in held)
 
 
 def _stepped(

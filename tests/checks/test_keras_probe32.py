@@ -248,6 +248,53 @@ class SignSGD(keras.optimizers.Optimizer):
         return super().apply(grads, trainable_variables)
 
 
+class HelperWrapper(keras.optimizers.Optimizer):
+    """A wrapper shaped as Keras's LossScaleOptimizer: apply() hands on to a helper, which calls the
+    inner optimizer's apply (apply -> _common_apply -> inner_optimizer.apply). Its own clipnorm is not
+    applied, as Keras's LossScaleOptimizer's is not: clipping is the inner optimizer's. Correct."""
+
+    def __init__(self, inner_optimizer: Any = "adam", learning_rate: Any = None, **kwargs: Any) -> None:
+        inner = keras.optimizers.get(inner_optimizer)
+        if learning_rate is not None:
+            inner.learning_rate = learning_rate
+        super().__init__(learning_rate=0.0, **kwargs)
+        self.inner_optimizer = inner
+
+    def build(self, var_list: list[Any]) -> None:
+        if self.built:
+            return
+        self.inner_optimizer.build(var_list)
+        super().build(var_list)
+
+    @property
+    def learning_rate(self) -> Any:
+        return self.inner_optimizer.learning_rate
+
+    @learning_rate.setter
+    def learning_rate(self, value: Any) -> None:
+        self.inner_optimizer.learning_rate = value
+
+    def apply(self, grads: list[Any], trainable_variables: Any = None) -> None:
+        if not self.built:
+            self.build(trainable_variables)
+        self._common_apply(grads, trainable_variables)
+
+    def _common_apply(self, grads: list[Any], trainable_variables: Any) -> None:
+        self.inner_optimizer.apply(grads, trainable_variables)
+        self._iterations.assign_add(1)
+
+    def get_config(self) -> dict[str, Any]:
+        config: dict[str, Any] = super().get_config()
+        del config["learning_rate"]
+        return {**config, "inner_optimizer": keras.optimizers.serialize(self.inner_optimizer)}
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any], custom_objects: Any = None) -> HelperWrapper:
+        config = dict(config)
+        inner = keras.optimizers.deserialize(config.pop("inner_optimizer"), custom_objects=custom_objects)
+        return cls(inner_optimizer=inner, **config)
+
+
 def _centred(gradient: Any) -> Any:
     if len(gradient.shape) < 2:
         return gradient
@@ -268,6 +315,11 @@ def test_an_apply_override_that_never_runs_the_base_s_fails_config_roundtrip(wor
 @pytest.mark.parametrize("name", ["CentredMomentum", "SignSGD"])
 def test_an_apply_override_handing_on_to_the_base_passes_config_roundtrip(workdir: Path, name: str) -> None:
     outcome = _run("config_roundtrip", name, workdir)
+    assert outcome.status == "pass", outcome.detail
+
+
+def test_a_wrapper_calling_its_inner_apply_from_a_helper_passes_config_roundtrip(workdir: Path) -> None:
+    outcome = _run("config_roundtrip", "HelperWrapper", workdir)
     assert outcome.status == "pass", outcome.detail
 
 
