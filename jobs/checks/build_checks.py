@@ -1069,7 +1069,7 @@ def check_none_grads(ctx: CheckContext) -> Outcome:
     kept = zero_grad_keeps(ctx)
     if kept:  # what makes a gradient None between steps in every torch loop
         return failed(
-            f"gradients set to ones, then {zero_grad_said(kept)}",
+            f"gradients set to ones and a step taken, then {zero_grad_said(kept)}",
             where=method_location(ctx, "zero_grad"),
             figure=float(len(kept)),
             fix=ZERO_GRAD_FIX,

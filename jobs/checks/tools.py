@@ -341,16 +341,17 @@ ZERO_GRAD_FIX = (
 
 
 def zero_grad_keeps(ctx: CheckContext) -> list[str]:
-    """The calls of the class's own zero_grad() that leave gradients nonzero (a `p.grad.zero_` without
-    its call): every loop's gradients then pile up across steps. Cached; empty where there is no
-    override, or where building or the call raises (the checks that build say why)."""
+    """The calls of the class's own zero_grad() that leave gradients nonzero after a step, as a loop
+    calls it (a `p.grad.zero_` without its call): every loop's gradients then pile up across steps.
+    Cached; empty where there is no override, or where building, the step or the call raises (the
+    checks that build and step say why)."""
     known = ctx.notes.get("zero_grad_keeps")
     if isinstance(known, list):
         return known
     kept: list[str] = []
     with contextlib.suppress(Exception):
         optimizer, variables = fresh(ctx, **ctx.stateful_overrides())
-        kept = ctx.driver.gradients_kept_by_zero_grad(optimizer, variables)
+        kept = ctx.driver.gradients_kept_by_zero_grad(optimizer, variables, ctx.needs)
     ctx.notes["zero_grad_keeps"] = kept
     return kept
 

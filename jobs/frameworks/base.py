@@ -615,10 +615,13 @@ class Driver(ABC):
         tensors a class can hand to two parameters."""
         return []
 
-    def gradients_kept_by_zero_grad(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
+    def gradients_kept_by_zero_grad(
+        self, optimizer: Any, variables: Sequence[Any], needs: LoopNeeds = PLAIN
+    ) -> list[str]:
         """The calls of the class's own gradient-clearing method (torch: a `zero_grad` override) that
-        leave gradients of `variables` nonzero, as written (`zero_grad(set_to_none=False)`). None by
-        default: only torch's loops ask the optimizer to clear gradients."""
+        leave gradients of `variables` nonzero after a step (as a loop calls it), as written
+        (`zero_grad(set_to_none=False)`). None by default: only torch's loops ask the optimizer to
+        clear gradients."""
         return []
 
     def unshare_state(self, optimizer: Any, variables: Sequence[Any]) -> int:

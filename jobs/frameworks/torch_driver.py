@@ -1483,7 +1483,9 @@ class TorchDriver(Driver):
             if any(t.numel() > 1 and _same_memory(t) in theirs for _, t in _tensors_in("", value))
         ]
 
-    def gradients_kept_by_zero_grad(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
+    def gradients_kept_by_zero_grad(
+        self, optimizer: Any, variables: Sequence[Any], needs: LoopNeeds = PLAIN
+    ) -> list[str]:
         if not any("zero_grad" in vars(klass) for klass in user_classes(type(optimizer))):
             return []  # torch's own clears
         calls = {"zero_grad(set_to_none=True)": True, "zero_grad(set_to_none=False)": False}
@@ -1491,9 +1493,11 @@ class TorchDriver(Driver):
             calls = {"zero_grad()": True}
         kept = []
         for call, set_to_none in calls.items():
-            with torch.no_grad():
-                for param in variables:
-                    param.grad = torch.ones_like(param)
+            # As a loop asks it: after a step over gradients of ones, never on an optimizer that has not
+            # stepped (a class may free the gradients it used in step(), or clear only the parameters it
+            # holds state for; either leaves none behind in a loop).
+            ones = [np.ones(tuple(p.shape), dtype=np.float32) for p in variables]
+            self.step(optimizer, variables, ones, needs)
             if len(calls) > 1:
                 optimizer.zero_grad(set_to_none=set_to_none)
             else:

@@ -183,6 +183,48 @@ def test_a_zero_grad_that_does_not_clear_fails_at_the_override(tmp_path: Path) -
     assert own.status == "pass", own.detail
 
 
+class FreeingSGD(PlainSGD):
+    """Frees each gradient once its step has used it (as fused-backward optimizers do): its zero_grad()
+    has nothing left to clear and is a no-op by design. No fault."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        super().step(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad = None
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing to clear: step() frees every gradient it used."""
+
+
+class StateZeroSGD(PlainSGD):
+    """Momentum SGD clearing the gradients of the parameters it has stepped (those holding state), as a
+    loop only ever asks it to after a step. No fault."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    buf = self.state[p].setdefault("buf", torch.zeros_like(p))
+                    p.sub_(buf.mul_(0.9).add_(p.grad), alpha=group["lr"])
+        return None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.state:
+            p.grad = None
+
+
+@pytest.mark.parametrize("name", ["FreeingSGD", "StateZeroSGD"])
+def test_a_zero_grad_is_judged_after_a_step_as_a_loop_calls_it(name: str, tmp_path: Path) -> None:
+    """Gradients set on an optimizer that never stepped are no loop's: these clear every gradient a
+    step leaves, and pass."""
+    outcome = build_checks.check_none_grads(context(f"{__name__}:{name}", tmp_path))
+    assert outcome.status == "pass", outcome.detail
+
+
 # --- a mutable default changed by the steps -----------------------------------------------------------
 
 
