@@ -1435,6 +1435,9 @@ def check_state_untrainable(ctx: CheckContext) -> Outcome:
 # Two parameters of one shape: a class that keeps state per shape (one buffer "to save memory") hands
 # them one tensor, which the checks' other variables, all of other shapes, cannot show.
 EQUAL_SHAPES = ((4, 3), (4, 3))
+# A third parameter, of another shape, stepped with them: a tensor it holds too is the group's (statistics
+# of the whole group every parameter holds, shared by design), not a buffer kept per shape.
+OTHER_SHAPE = (2, 5)  # two-dimensional as they are: a class for matrices steps it too
 # How far apart two parameters stepped together may end from each stepped by an optimizer of its own
 # before their shared state counts as acting: rounding of one order of summation against another.
 SHARED_STATE_APART = 1e-6
@@ -1442,12 +1445,14 @@ SHARED_STATE_APART = 1e-6
 
 def _state_shared_by_equal_shapes(ctx: CheckContext, overrides: Mapping[str, Any]) -> Outcome | None:
     """The fail where two parameters of one shape, given different gradients, hold one state tensor (of
-    more than one element) AND step otherwise than each does with an optimizer of its own: a buffer
-    shared by shape mixes their updates. Scratch space shared on purpose steps alike, and a coupling
-    by design (a global norm) shares no state tensor: both stay silent. None where nothing is shared."""
+    more than one element, of their shape) AND step otherwise than each does with an optimizer of its
+    own: a buffer shared by shape mixes their updates. Scratch space shared on purpose steps alike, and
+    a coupling by design (a global norm) shares no tensor of their shape, or one a third parameter of
+    another shape holds too: all stay silent. None where nothing is shared."""
     driver = ctx.driver
-    grads = [arrays(EQUAL_SHAPES, seed=70 + step) for step in range(3)]
-    start = arrays(EQUAL_SHAPES, seed=0, mean=1.0)
+    shapes = (*EQUAL_SHAPES, OTHER_SHAPE)
+    grads = [arrays(shapes, seed=70 + step) for step in range(3)]
+    start = arrays(shapes, seed=0, mean=1.0)
     try:
         with same_draws(ctx, seed=7):
             optimizer, variables = _over(ctx, start, overrides)
@@ -1457,7 +1462,7 @@ def _state_shared_by_equal_shapes(ctx: CheckContext, overrides: Mapping[str, Any
         # Separately built optimizers cannot draw alike: a class that draws is not compared.
         if not shared or draws_randomly(ctx):
             return None
-        together, alone = driver.values(variables), []
+        together, alone = driver.values(variables[:2]), []
         for index in range(2):
             with same_draws(ctx, seed=7):
                 single, single_variables = _over(ctx, [start[index]], overrides)

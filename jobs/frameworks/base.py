@@ -610,8 +610,9 @@ class Driver(ABC):
         return []
 
     def state_shared_between(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
-        """The keys of the first variable's state whose tensor (of more than one element) shares
-        storage with a state tensor of the second's. None by default: only torch's state holds
+        """The keys of the first variable's state whose tensor (of more than one element, and of the
+        variable's own shape) is a state tensor of the second's too, and of no further variable of
+        another shape (a group-level one, shared by design). None by default: only torch's state holds
         tensors a class can hand to two parameters."""
         return []
 

@@ -1472,15 +1472,26 @@ class TorchDriver(Driver):
         return [name for name, tensor in state_tensors(optimizer) if _in_storages(tensor, storages)]
 
     def state_shared_between(self, optimizer: Any, variables: Sequence[Any]) -> list[str]:
-        first, second = (_state_entry(optimizer, p) or {} for p in variables[:2])
-        if not isinstance(first, Mapping) or not isinstance(second, Mapping):
+        entries = [_state_entry(optimizer, p) or {} for p in variables]
+        if not all(isinstance(entry, Mapping) for entry in entries):
             return []
-        # The very tensor (not two views of one flat buffer, which some classes keep on purpose).
-        theirs = {_same_memory(tensor) for value in second.values() for _, tensor in _tensors_in("", value)}
+
+        def held(entry: Mapping[Any, Any]) -> set[tuple[Any, ...]]:
+            return {_same_memory(tensor) for value in entry.values() for _, tensor in _tensors_in("", value)}
+
+        # The very tensor (not two views of one flat buffer, which some classes keep on purpose), of the
+        # parameter's own shape (a buffer kept per shape), and held by no parameter of another shape: a
+        # group-level tensor every parameter holds (statistics of the whole group) is shared by design.
+        shape = tuple(variables[0].shape)
+        others = zip(variables[2:], entries[2:], strict=True)
+        theirs = held(entries[1]).difference(*(held(entry) for p, entry in others if tuple(p.shape) != shape))
         return [
             str(key)
-            for key, value in first.items()
-            if any(t.numel() > 1 and _same_memory(t) in theirs for _, t in _tensors_in("", value))
+            for key, value in entries[0].items()
+            if any(
+                t.numel() > 1 and tuple(t.shape) == shape and _same_memory(t) in theirs
+                for _, t in _tensors_in("", value)
+            )
         ]
 
     def gradients_kept_by_zero_grad(

@@ -393,3 +393,54 @@ def test_parameters_of_one_shape_sharing_a_buffer_fail_naming_the_key(tmp_path: 
     assert "a state tensor of its own" in outcome.detail
     scratch = state_checks.check_state_untrainable(context(f"{__name__}:ScratchByShape", tmp_path))
     assert scratch.status == "pass", scratch.detail
+
+
+class GroupNormSGD(MomentumSGD):
+    """SGD normalised by an EMA of the group's global gradient norm: one group-level tensor [ema, count]
+    that every parameter of the group holds (so state_dict saves it with them). Coupled by design: no
+    fault."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            stats = next((self.state[p]["stats"] for p in params if "stats" in self.state[p]), None)
+            if stats is None:
+                stats = torch.zeros(2)
+            for p in params:
+                self.state[p]["stats"] = stats
+            norm = torch.sqrt(sum((p.grad.float() ** 2).sum() for p in params))
+            stats[0].mul_(0.9).add_(norm * 0.1)
+            stats[1].add_(1)
+            scale = stats[0] / (1 - 0.9 ** stats[1])
+            for p in params:
+                p.add_(p.grad / (scale + 1e-8), alpha=-group["lr"])
+        return None
+
+
+class GroupSquareSGD(GroupNormSGD):
+    """The same with a group-level tensor shaped as the checks' two equal parameters are, (4, 3): held
+    by the parameter of another shape too, it is the group's, not a buffer kept per shape. No fault."""
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            held = (self.state[p]["sums"] for p in params if "sums" in self.state[p])
+            shared = next(held, torch.zeros(4, 3))
+            for p in params:
+                self.state[p]["sums"] = shared
+            shared.add_(sum(float(p.grad.abs().sum()) for p in params))
+            for p in params:
+                p.add_(p.grad / float(shared[0, 0]), alpha=-group["lr"])
+        return None
+
+
+@pytest.mark.parametrize("name", ["GroupNormSGD", "GroupSquareSGD"])
+def test_a_group_level_tensor_every_parameter_holds_is_no_buffer_per_shape(name: str, tmp_path: Path) -> None:
+    """Of another shape than the parameters', or held by a parameter of another shape too: coupled by
+    design, it passes."""
+    outcome = state_checks.check_state_untrainable(context(f"{__name__}:{name}", tmp_path))
+    assert outcome.status == "pass", outcome.detail
