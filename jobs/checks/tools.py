@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import copy
 import enum
 import functools
 import inspect
@@ -383,20 +384,40 @@ def _shared_arrays(ctx: CheckContext) -> dict[str, bytes]:
 
 def changed_defaults(ctx: CheckContext) -> list[str]:
     """The mutable defaults of the user's classes' `__init__` (a list, dict or set written as a literal)
-    that an optimizer built with them holds in its param groups as that very object, and that no longer
-    hold the value written: changed in place (`betas[1] = ...` on a group's list), so every optimizer
-    built later without that argument starts from the changed value. Read against the source after a
-    few steps (earlier ones may have changed it already). Cached."""
+    that an optimizer built with them holds in its param groups as that very object, and that its steps
+    change in place (`betas[1] = ...` on a group's list), so every optimizer built later without that
+    argument starts from the changed value. Each is put back to the value written first (earlier checks'
+    steps may have changed it already), and what the steps do is judged against its value once built: a
+    class completing it once in __init__, alike every time, changes nothing later. Cached; only where
+    the driver's optimizers keep their hyperparameters in param groups (torch)."""
     known = ctx.notes.get("changed_defaults")
     if isinstance(known, list):
         return known
-    held: list[int] = []
+    changed: list[str] = []
+    ctx.notes["changed_defaults"] = changed
+    if not ctx.driver.capabilities.param_groups:
+        return changed
+    defaults = _mutable_defaults(ctx)
+    for _, _, written, now in defaults:
+        _put_back(now, written)
+    built: dict[int, Any] = {}
     with contextlib.suppress(Exception), same_draws(ctx, 1):  # a step that raises: the others say
         optimizer, variables = fresh(ctx)
-        held = [id(value) for group in optimizer.param_groups for value in group.values()]
+        held = {id(value) for group in optimizer.param_groups for value in group.values()}
+        built = {id(now): copy.deepcopy(now) for _, _, _, now in defaults if id(now) in held}
         for step in range(3):
             ctx.driver.step(optimizer, variables, arrays(SHAPES, seed=60 + step), ctx.needs)
-    changed = []
+    for owner, name, written, now in defaults:
+        if id(now) in built and not _equal(now, built[id(now)]):
+            once = "" if _equal(built[id(now)], written) else f", {built[id(now)]!r} once built"
+            changed.append(f"`{name}` (written {written!r}{once}, {now!r} after 3 steps) of {owner}.__init__")
+    return changed
+
+
+def _mutable_defaults(ctx: CheckContext) -> list[tuple[str, str, Any, Any]]:
+    """(class, argument, value written, the default object itself) for each default of the user's
+    classes' `__init__` written as a list, dict or set literal and still of that type."""
+    found = []
     for cls in user_classes(ctx.target.entry.cls):
         init = vars(cls).get("__init__")
         if not inspect.isfunction(init):
@@ -404,10 +425,27 @@ def changed_defaults(ctx: CheckContext) -> list[str]:
         current = {name: p.default for name, p in inspect.signature(init).parameters.items()}
         for name, written in _literal_defaults(init).items():
             now = current.get(name)
-            if isinstance(written, list | dict | set) and id(now) in held and now != written:
-                changed.append(f"`{name}` (written {written!r}, now {now!r}) of {cls.__qualname__}.__init__")
-    ctx.notes["changed_defaults"] = changed
-    return changed
+            if isinstance(written, list | dict | set) and isinstance(now, type(written)):
+                found.append((cls.__qualname__, name, written, now))
+    return found
+
+
+def _put_back(now: list[Any] | dict[Any, Any] | set[Any], written: Any) -> None:
+    """`now`, the default object itself, holding the value written again, in place."""
+    with contextlib.suppress(Exception):  # a subclass of list that refuses it: judged as it is
+        if isinstance(now, list):
+            now[:] = copy.deepcopy(written)
+        else:
+            now.clear()
+            now.update(copy.deepcopy(written))
+
+
+def _equal(a: Any, b: Any) -> bool:
+    """Whether two values compare equal; so where comparing raises (tensors put in a list)."""
+    try:
+        return bool(a == b)
+    except Exception:
+        return True
 
 
 def _literal_defaults(function: Callable[..., Any]) -> dict[str, Any]:
