@@ -398,6 +398,8 @@ def changed_defaults(ctx: CheckContext) -> list[str]:
     if not ctx.driver.capabilities.param_groups:
         return changed
     defaults = _mutable_defaults(ctx)
+    if not defaults:  # most classes: nothing to build and step for
+        return changed
     for _, _, written, now in defaults:
         _put_back(now, written)
     built: dict[int, Any] = {}
